@@ -1,0 +1,31 @@
+"""User-facing errors: one line, exit code 2, nothing written (see docs/architecture.md)."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Iterable
+
+
+class UserError(Exception):
+    """Bad input from the user. The CLI prints ``str(err)`` on one line and exits with code 2."""
+
+
+class ConfigError(UserError):
+    """A config problem, rendered as ``FILE: KEY: REASON`` (file omitted when unknown)."""
+
+    def __init__(self, file: str | None, key: str | None, reason: str):
+        self.file, self.key, self.reason = file, key, reason
+        parts = [str(p) for p in (file, key) if p]
+        super().__init__(": ".join(parts + [reason]))
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """' (did you mean 'x'?)' when a close match exists, else ''."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def unknown_choice(kind: str, word: str, choices: Iterable[str]) -> str:
+    """Message for an unknown name: "unknown method 'grpp' (did you mean 'grpo'?); valid: a, b"."""
+    choices = sorted(str(c) for c in choices)
+    return f"unknown {kind} '{word}'{did_you_mean(word, choices)}; valid: {', '.join(choices)}"

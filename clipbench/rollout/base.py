@@ -1,0 +1,39 @@
+"""One interface for every sampler backend.
+
+A rollout of P prompts x n samples is grouped by prompt: prompt i owns rows i*n .. i*n+n-1.
+Token ids are plain Python lists (ragged); the trainer pads them itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+@dataclass
+class Rollout:
+    prompt_ids: list[list[int]]            # (P*n) ragged: tokens of the prompt of each row
+    completion_ids: list[list[int]]        # (P*n) ragged: sampled tokens, EOS included when generated
+    texts: list[str]                       # (P*n) decoded completions (special tokens skipped)
+    truncated: list[bool]                  # (P*n) True when max_new_tokens was hit before EOS
+    sampler_logp: list[list[float]] | None = None  # (P*n) ragged: sampler's log-prob of each token
+    stats: dict = field(default_factory=dict)       # backend timings etc.
+
+    def __len__(self) -> int:
+        return len(self.completion_ids)
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    name: str
+
+    def generate(self, prompts: list[str], n: int, *, seed: int) -> Rollout:
+        """Sample ``n`` completions of each prompt. Same weights + same seed -> same rollout."""
+        ...
+
+    def sync_weights(self, model) -> None:
+        """Make the sampler sample from ``model``'s current weights (after an optimizer step)."""
+        ...
+
+    def close(self) -> None:
+        ...
