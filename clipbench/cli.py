@@ -1,0 +1,153 @@
+"""The `clipbench` command: a thin Typer app. Each verb parses its options and calls one function."""
+
+from __future__ import annotations
+
+import sys
+from functools import wraps
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from clipbench.errors import UserError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="clipbench: which clipping rule wins, where, and why. Ablations of GRPO-style policy-loss "
+    "clipping rules with a built-in GRPO loop, MLflow tracking and Avg@k / Pass@k reports.",
+)
+
+RESULTS = typer.Option(Path("results"), "--results-dir", help="Results store (source of truth).")
+TRACKING = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, "
+                        "else sqlite:///<results-dir>/mlflow.db).")
+
+
+def _user_errors(fn):
+    """Bad input: one line on stderr, exit code 2."""
+
+    @wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UserError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2)
+
+    return wrapper
+
+
+@app.command()
+@_user_errors
+def sweep(
+    file: Path = typer.Argument(..., help="Sweep YAML (see sweeps/)."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="key=value applied to every run."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; write nothing."),
+    json_out: bool = typer.Option(False, "--json", help="With --dry-run: one JSON object per run."),
+    results_dir: Path = RESULTS,
+    jobs: int = typer.Option(1, "--jobs", "-j", help="Local worker processes."),
+    launcher: Optional[str] = typer.Option(None, "--launcher", help="Hydra launcher plugin: joblib, submitit_slurm, ray."),
+    retry_failed: bool = typer.Option(False, "--retry-failed", help="Rerun runs that failed."),
+    tracking_uri: Optional[str] = TRACKING,
+):
+    """Expand a declarative sweep into runs and execute them (resumable)."""
+    from clipbench.sweep.commands import sweep_command
+
+    sweep_command(file, overrides or [], dry_run=dry_run, json_out=json_out, results_dir=results_dir,
+                  jobs=jobs, launcher=launcher, retry_failed=retry_failed, tracking_uri=tracking_uri)
+
+
+@app.command()
+@_user_errors
+def train(
+    recipe: Path = typer.Argument(..., help="Recipe YAML (see recipes/)."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="Dotted key=value overrides."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from its last checkpoint."),
+    results_dir: Path = RESULTS,
+    tracking_uri: Optional[str] = TRACKING,
+):
+    """Run one training run end to end."""
+    from clipbench.train.commands import train_command
+
+    train_command(recipe, overrides or [], resume=resume, results_dir=results_dir, tracking_uri=tracking_uri)
+
+
+@app.command("eval")
+@_user_errors
+def eval_(
+    model: str = typer.Option(..., "--model", help="HF name, local path, builtin:arith-tiny, or a run dir."),
+    benchmarks: str = typer.Option("aime24,aime25,amc23", "--benchmarks", help="Comma-separated."),
+    n: int = typer.Option(64, "--n", help="Samples per problem."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Local copies of the benchmarks."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Problems per benchmark."),
+    max_new_tokens: int = typer.Option(1024, "--max-new-tokens"),
+    temperature: float = typer.Option(1.0, "--temperature"),
+    seed: int = typer.Option(0, "--seed"),
+    backend: str = typer.Option("auto", "--backend", help="auto | hf | vllm"),
+    out: Optional[Path] = typer.Option(None, "--out", help="Directory for the correctness matrices."),
+):
+    """Avg@n and unbiased Pass@k of a model on benchmarks."""
+    from clipbench.eval.commands import eval_command
+
+    eval_command(model=model, benchmarks=benchmarks, n=n, data_dir=data_dir, limit=limit,
+                 max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, backend=backend, out=out)
+
+
+@app.command()
+@_user_errors
+def report(
+    sweep: Optional[str] = typer.Argument(None, help="Sweep name (default: every sweep in the results dir)."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="Method the Gain row compares against."),
+    fmt: str = typer.Option("rich", "--format", help="rich | markdown | latex | csv | html"),
+    results_dir: Path = RESULTS,
+    out: Optional[Path] = typer.Option(None, "--out", help="Output directory for files (default results/reports/<sweep>)."),
+):
+    """Comparison tables (Table 3 layout), clip-quadrant table and training-dynamics plots."""
+    from clipbench.report.commands import report_command
+
+    report_command(sweep, baseline=baseline, fmt=fmt, results_dir=results_dir, out=out)
+
+
+@app.command()
+@_user_errors
+def methods():
+    """Every registered clip rule: parameters with defaults, the rule, and where it comes from."""
+    from clipbench.objectives.catalog import print_methods
+
+    print_methods()
+
+
+@app.command("base-model")
+@_user_errors
+def base_model(
+    task: str = typer.Argument("arith", help="Task of the built-in base model."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Directory (default: the clipbench cache)."),
+    force: bool = typer.Option(False, "--force", help="Rebuild even when cached."),
+    seed: int = typer.Option(0, "--seed"),
+):
+    """Build the tiny built-in base model (tokenizer + small Qwen3, SFT) used by builtin:arith-tiny."""
+    from clipbench.train.base_model import build_base_model
+
+    path = build_base_model(task, out, seed=seed, force=force)
+    typer.echo(str(path))
+
+
+@app.command()
+@_user_errors
+def sync(
+    sweep: Optional[str] = typer.Argument(None, help="Sweep name (default: all)."),
+    results_dir: Path = RESULTS,
+    tracking_uri: Optional[str] = TRACKING,
+):
+    """Replay runs and metrics missing from MLflow (after the server was unreachable)."""
+    from clipbench.tracking.sync import sync_command
+
+    sync_command(sweep, results_dir=results_dir, tracking_uri=tracking_uri)
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

@@ -1,0 +1,117 @@
+"""The run config: every default of a run lives here (method parameters live in METHODS).
+
+A recipe YAML is merged over these dataclasses (OmegaConf structured config), so an unknown key or
+a wrong type is an error naming the key. Choices below are validated in `clipbench.config.load`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+# Closed choices, checked by `load.validate` (the objective methods and aggregations are checked
+# against `clipbench.objectives`, their one registry).
+CHOICES: dict[str, tuple[str, ...]] = {
+    "model.dtype": ("float32", "bfloat16", "float16", "auto"),
+    "model.device": ("auto", "cpu", "cuda"),
+    "task.name": ("arith", "math"),
+    "task.template": ("auto", "dapo", "plain"),
+    "sampler.backend": ("auto", "hf", "vllm"),
+    "sampler.old_logp": ("recompute", "sampler"),
+    "train.advantage": ("group", "group_mean", "rloo"),
+}
+
+
+@dataclass
+class ModelConfig:
+    name: str = "builtin:arith-tiny"  # HF name, local path, or builtin:arith-tiny
+    dtype: str = "float32"
+    device: str = "auto"  # auto: cuda when available, else cpu
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class TaskConfig:
+    name: str = "arith"  # arith | math
+    path: Optional[str] = None  # math: .jsonl/.parquet file, directory, or HF dataset name
+    split: str = "train"
+    template: str = "auto"  # auto: dapo for math, the task's own format for arith
+    limit: Optional[int] = None  # cap on training problems
+    # arith knobs (ignored by math)
+    operands: int = 2
+    digits: int = 2
+    ops: str = "+-"
+    train_size: int = 20000
+    test_size: int = 500
+
+
+@dataclass
+class SamplerConfig:
+    backend: str = "auto"  # auto: vllm when installed and a GPU is present, else hf
+    group_size: int = 8  # G samples per prompt
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_p: float = 1.0
+    old_logp: str = "recompute"  # recompute: training policy once per rollout; sampler: backend's
+    gpu_memory_utilization: float = 0.3  # vllm only
+
+
+@dataclass
+class OverlongConfig:
+    enabled: bool = False  # DAPO overlong reward shaping
+    buffer: int = 8  # soft penalty over the last `buffer` tokens before max_new_tokens
+    penalty: float = 1.0  # reward - penalty * (len - (max - buffer)) / buffer; truncated: -penalty
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 40  # rollout steps
+    prompts_per_step: int = 8  # P
+    mini_batches: int = 4  # optimizer steps per rollout batch (and epoch): >1 makes updates off-policy
+    epochs: int = 1
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    warmup_steps: int = 0
+    advantage: str = "group"
+    agg: str = "token-mean"
+    beta: float = 0.0  # KL-to-reference weight (k3); 0 keeps no reference model
+    grad_clip: float = 1.0
+    dynamic_sampling: bool = False  # DAPO: drop all-equal groups, draw more prompts
+    max_resample_rounds: int = 3  # cap on extra draws per step when dynamic_sampling
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)
+    checkpoint_every: int = 10  # rollout steps between checkpoints (and at the end)
+    log_histograms: bool = True
+
+
+@dataclass
+class EvalConfig:
+    every: int = 0  # rollout steps between evaluations; 0 = only at the start and the end
+    benchmarks: List[str] = field(default_factory=lambda: ["arith"])
+    n: int = 8  # samples per problem
+    limit: Optional[int] = 64  # problems per benchmark (None = all)
+    data_dir: Optional[str] = None  # local copies of the benchmarks (else HF dataset names)
+    temperature: float = 1.0
+    max_new_tokens: Optional[int] = None  # default: sampler.max_new_tokens
+    at_start: bool = True
+
+
+@dataclass
+class TrackingConfig:
+    mlflow: bool = True
+    tracking_uri: Optional[str] = None  # default: MLFLOW_TRACKING_URI, else sqlite in results dir
+    experiment: str = "clipbench"
+    batch_every: int = 10  # optimizer steps per MLflow log_batch
+
+
+@dataclass
+class RunConfig:
+    seed: int = 0
+    name: Optional[str] = None  # display name; the run_id is a hash of the resolved config
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    objective: Dict[str, Any] = field(default_factory=lambda: {"method": "grpo"})
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)

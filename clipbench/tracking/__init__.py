@@ -1,0 +1,1 @@
+"""Results store (source of truth) and the MLflow mirror."""

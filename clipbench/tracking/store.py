@@ -1,0 +1,196 @@
+"""The results store: one directory per run, plain files, atomic writes. The source of truth.
+
+    <results>/<sweep>/<run_id>/config.yaml     resolved run config
+    <results>/<sweep>/<run_id>/status.json     {"state": pending|running|finished|failed, ...}
+    <results>/<sweep>/<run_id>/metrics.jsonl   one JSON object per optimizer step (append-only)
+    <results>/<sweep>/<run_id>/hist/log_ratio.jsonl   log-ratio histograms per optimizer step
+    <results>/<sweep>/<run_id>/eval/step_<k>/<benchmark>.json   correctness matrix + summary
+    <results>/<sweep>/<run_id>/checkpoints/last/     model, optimizer, RNG state, step
+
+Whole files are written to a temp file in the same directory and `os.replace`d, so a `kill -9` at
+any moment leaves either the old or the new file. Appended jsonl files may end in a torn line after
+a crash; readers skip it and resume truncates it away.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+STATES = ("pending", "running", "finished", "failed")
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _jsonable(x: Any) -> Any:
+    if hasattr(x, "item") and callable(x.item):  # 0-d tensors / numpy scalars
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None if math.isnan(x) else (1e308 if x > 0 else -1e308)
+    return x
+
+
+def dumps(obj: Any) -> str:
+    if isinstance(obj, dict):
+        obj = {k: _jsonable(v) for k, v in obj.items()}
+    return json.dumps(obj, sort_keys=False, default=_jsonable)
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=1, default=_jsonable) + "\n")
+
+
+def read_json(path: str | Path, default: Any = None) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return default
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """All complete lines; a torn last line (crash mid-append) is skipped."""
+    rows = []
+    try:
+        with open(path) as f:
+            for line in f:
+                if not line.endswith("\n"):
+                    break
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    break
+    except FileNotFoundError:
+        pass
+    return rows
+
+
+class RunDir:
+    """The files of one run. Cheap to construct; touches nothing until written."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    # paths
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.yaml"
+
+    @property
+    def status_path(self) -> Path:
+        return self.path / "status.json"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def hist_path(self) -> Path:
+        return self.path / "hist" / "log_ratio.jsonl"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.path / "checkpoints" / "last"
+
+    def eval_path(self, step: int, benchmark: str) -> Path:
+        return self.path / "eval" / f"step_{step:06d}" / f"{benchmark}.json"
+
+    # config and status
+    def write_config(self, cfg: dict) -> None:
+        atomic_write_text(self.config_path, yaml.safe_dump(cfg, sort_keys=False))
+
+    def read_config(self) -> dict | None:
+        try:
+            return yaml.safe_load(self.config_path.read_text())
+        except FileNotFoundError:
+            return None
+
+    def status(self) -> dict:
+        return read_json(self.status_path, {"state": "pending"})
+
+    def set_status(self, state: str, **extra: Any) -> None:
+        assert state in STATES, state
+        cur = self.status()
+        cur.update(extra)
+        cur["state"] = state
+        atomic_write_json(self.status_path, cur)
+
+    # metrics (append-only jsonl)
+    def append_jsonl(self, path: Path, rows: Iterable[dict]) -> None:
+        rows = list(rows)
+        if not rows:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._drop_torn_tail(path)
+        with open(path, "a") as f:
+            f.write("".join(dumps(r) + "\n" for r in rows))
+            f.flush()
+            os.fsync(f.fileno())
+
+    def append_metrics(self, rows: Iterable[dict]) -> None:
+        self.append_jsonl(self.metrics_path, rows)
+
+    def read_metrics(self) -> list[dict]:
+        return read_jsonl(self.metrics_path)
+
+    def append_hist(self, rows: Iterable[dict]) -> None:
+        self.append_jsonl(self.hist_path, rows)
+
+    def truncate_after(self, step: int) -> None:
+        """Keep only rows with row['step'] < step in every jsonl (resume from a checkpoint at step)."""
+        for path in (self.metrics_path, self.hist_path):
+            if path.exists():
+                keep = [r for r in read_jsonl(path) if r.get("step", -1) < step]
+                atomic_write_text(path, "".join(dumps(r) + "\n" for r in keep))
+
+    @staticmethod
+    def _drop_torn_tail(path: Path) -> None:
+        if not path.exists() or path.stat().st_size == 0:
+            return
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) == b"\n":
+                return
+        rows = read_jsonl(path)
+        atomic_write_text(path, "".join(dumps(r) + "\n" for r in rows))
+
+    # evaluation outputs
+    def write_eval(self, step: int, benchmark: str, payload: dict) -> Path:
+        p = self.eval_path(step, benchmark)
+        atomic_write_json(p, payload)
+        return p
+
+    def read_evals(self) -> dict[int, dict[str, dict]]:
+        """{step: {benchmark: payload}} for every finished evaluation."""
+        out: dict[int, dict[str, dict]] = {}
+        root = self.path / "eval"
+        if not root.exists():
+            return out
+        for d in sorted(root.glob("step_*")):
+            step = int(d.name.split("_")[1])
+            for f in sorted(d.glob("*.json")):
+                out.setdefault(step, {})[f.stem] = json.loads(f.read_text())
+        return out
