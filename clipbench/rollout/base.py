@@ -27,8 +27,12 @@ class Rollout:
 class Sampler(Protocol):
     name: str
 
-    def generate(self, prompts: list[str], n: int, *, seed: int) -> Rollout:
-        """Sample ``n`` completions of each prompt. Same weights + same seed -> same rollout."""
+    def generate(self, prompts: list[str], n: int, *, seed: int, temperature: float | None = None,
+                 max_new_tokens: int | None = None, top_p: float | None = None) -> Rollout:
+        """Sample ``n`` completions of each prompt. Same weights + same seed -> same rollout.
+
+        ``temperature`` / ``max_new_tokens`` / ``top_p`` override the sampler's settings for this
+        call (evaluation samples with its own settings)."""
         ...
 
     def sync_weights(self, model) -> None:
