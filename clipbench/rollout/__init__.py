@@ -1,0 +1,50 @@
+"""Sampler backends behind one interface (`Sampler`, `Rollout` in base.py).
+
+    hf    transformers generate from the training model (the embedded default on CPU)
+    vllm  in-process vllm.LLM, weights synced after every optimizer step (extra: .[vllm])
+    auto  vllm when it is installed and a GPU is present, else hf
+"""
+
+from __future__ import annotations
+
+from clipbench.errors import UserError, unknown_choice
+from clipbench.rollout.base import Rollout, Sampler
+
+BACKENDS = ("auto", "hf", "vllm")
+
+
+def resolve_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise UserError("sampler.backend: " + unknown_choice("backend", backend, BACKENDS))
+    if backend != "auto":
+        return backend
+    import torch
+
+    from clipbench.rollout import vllm as vllm_backend
+
+    return "vllm" if vllm_backend.is_available() and torch.cuda.is_available() else "hf"
+
+
+def build_sampler(backend: str, model, tokenizer, *, model_path: str | None = None, max_new_tokens: int,
+                  temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, return_logprobs: bool = False,
+                  dtype: str = "float32", gpu_memory_utilization: float = 0.3,
+                  max_model_len: int | None = None) -> Sampler:
+    """The sampler for `backend` over `model` (the training policy)."""
+    backend = resolve_backend(backend)
+    if backend == "hf":
+        from clipbench.rollout.hf import HFSampler
+
+        return HFSampler(model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
+                         top_p=top_p, return_logprobs=return_logprobs)
+    from clipbench.rollout import vllm as vllm_backend
+
+    if not vllm_backend.is_available():
+        raise UserError("sampler.backend: 'vllm' is not installed; pip install -e '.[vllm]' or use backend=hf")
+    sampler = vllm_backend.VLLMSampler(model_path or model.name_or_path, tokenizer, max_new_tokens=max_new_tokens,
+                                       temperature=temperature, top_p=top_p, seed=seed, dtype=dtype,
+                                       gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len)
+    sampler.sync_weights(model)
+    return sampler
+
+
+__all__ = ["BACKENDS", "Rollout", "Sampler", "build_sampler", "resolve_backend"]
