@@ -1,0 +1,87 @@
+"""Evaluation benchmarks by name: Hugging Face datasets by default, local files with ``data_dir``.
+
+    load_benchmark("aime24")                        # datasets.load_dataset("HuggingFaceH4/aime_2024", split="train")
+    load_benchmark("aime24", data_dir="data/")      # data/aime24.jsonl (offline)
+    load_benchmark("arith")                         # ArithTask's test split (no files)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping
+
+from clipbench.errors import UserError, unknown_choice
+from clipbench.tasks.base import Problem
+from clipbench.tasks.grader import grade
+from clipbench.tasks.math import load_problems
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    hf_name: str | None            # None: generated, not loaded (arith)
+    hf_split: str = "test"
+    hf_config: str | None = None
+    local_file: str | None = None  # file name inside a --data-dir
+    description: str = ""
+
+
+BENCHMARKS: dict[str, Benchmark] = {
+    b.name: b
+    for b in (
+        Benchmark("aime24", "HuggingFaceH4/aime_2024", "train", None, "aime24.jsonl", "AIME 2024 I+II, 30 problems"),
+        Benchmark("aime25", "yentinglin/aime_2025", "train", None, "aime25.jsonl", "AIME 2025 I+II, 30 problems"),
+        Benchmark("amc23", "math-ai/amc23", "test", None, "amc23.jsonl", "AMC 12 2023, 40 problems"),
+        Benchmark("math500", "HuggingFaceH4/MATH-500", "test", None, "math500.jsonl", "MATH-500 (Lightman et al.)"),
+        Benchmark("gsm8k", "openai/gsm8k", "test", "main", "gsm8k_test.jsonl", "GSM8K test, 1319 problems"),
+        Benchmark("arith", None, description="ArithTask's held-out test split"),
+    )
+}
+
+
+def get_benchmark(name: str) -> Benchmark:
+    if name not in BENCHMARKS:
+        raise UserError(unknown_choice("benchmark", name, BENCHMARKS))
+    return BENCHMARKS[name]
+
+
+def _arith_task(arith: Mapping | None):
+    from clipbench.tasks.arith import ArithTask  # lazy: owned by the arith module
+
+    return ArithTask(**dict(arith or {}))
+
+
+def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | None = None,
+                   template: str = "dapo", *, arith: Mapping | None = None) -> list[Problem]:
+    """Problems of benchmark ``name`` (first ``limit``), prompts rendered with ``template``.
+
+    With ``data_dir`` the benchmark's local file is read from it; otherwise the Hugging Face dataset
+    is loaded (which needs the network or the HF cache). ``arith`` takes ``ArithTask`` keyword
+    arguments (operands, digits, ...) and ignores ``data_dir``/``template``.
+    """
+    bench = get_benchmark(name)
+    if limit is not None and limit < 0:
+        raise UserError(f"benchmark '{name}': limit must be >= 0, got {limit}")
+    if bench.hf_name is None:
+        problems = list(_arith_task(arith).test_problems())
+        return problems if limit is None else problems[:limit]
+    if data_dir is not None:
+        path = Path(data_dir).expanduser() / bench.local_file
+        if not path.is_file():
+            raise UserError(f"benchmark '{name}': no file {bench.local_file} in {data_dir}")
+        return load_problems(path, template, limit=limit, label=name)
+    try:
+        return load_problems(bench.hf_name, template, bench.hf_split, limit, config=bench.hf_config, label=name)
+    except UserError as e:
+        raise UserError(
+            f"benchmark '{name}': {e}; offline? pass --data-dir DIR holding {bench.local_file}"
+        ) from None
+
+
+def benchmark_grader(name: str, *, arith: Mapping | None = None) -> Callable[[str, Problem], bool]:
+    """``is_correct(completion, problem)`` for the benchmark's problems."""
+    bench = get_benchmark(name)
+    if bench.hf_name is None:
+        return _arith_task(arith).is_correct
+    return lambda completion, problem: grade(completion, problem.answer)

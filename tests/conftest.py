@@ -1,0 +1,26 @@
+"""Shared fixtures. The benchmark files live outside the package: $CLIPBENCH_DATA_DIR, default
+<repo>/../shared/data."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# Tests never reach the Hugging Face hub, and keep the datasets cache out of the home directory.
+# (Set before anything imports `datasets`, which reads these at import time.)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_CACHE", str(Path(tempfile.gettempdir()) / "clipbench-tests-hf-datasets"))
+
+DEFAULT_DATA_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    path = Path(os.environ.get("CLIPBENCH_DATA_DIR", DEFAULT_DATA_DIR))
+    if not (path / "aime24.jsonl").is_file():
+        pytest.skip(f"benchmark data not found in {path} (set CLIPBENCH_DATA_DIR)")
+    return path
