@@ -22,7 +22,7 @@ TIMEOUT_S = 3                  # math-verify parse / verify timeout (main thread
 FALLBACK_TAIL_CHARS = 2000     # without Answer:/\boxed, math-verify scans this tail of the text
 MAX_ANSWER_CHARS = 1000        # longer "answers" are not answers
 
-_ANSWER_LINE = re.compile(r"answer\s*:(.*)", re.IGNORECASE)
+_ANSWER_MARK = re.compile(r"answer\s*:", re.IGNORECASE)
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*")
 _GSM8K_MARK = "####"
 _NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|[+-]?\.\d+")
@@ -76,19 +76,26 @@ def _clean(answer: str) -> str:
 
 
 def extract_answer(completion: str) -> str | None:
-    """The final answer a completion states: the last ``Answer: X`` line (a ``\\boxed{}`` inside it
-    is unwrapped; an empty line takes the next non-empty one), else the last ``\\boxed{X}``, else
-    None."""
+    """The final answer a completion states, or None.
+
+    The last ``Answer: X`` line (a ``\\boxed{}`` inside it is unwrapped; when nothing follows the
+    colon, the next non-empty line is the answer), unless a ``\\boxed{X}`` comes after it (e.g. the
+    model echoed the instruction "of the form Answer: $Answer" and then boxed its result); else the
+    last ``\\boxed{X}``.
+    """
     if not isinstance(completion, str):
         return None
     lines = completion.splitlines()
     for i in range(len(lines) - 1, -1, -1):
-        matches = list(_ANSWER_LINE.finditer(lines[i]))
-        if not matches:
+        marks = list(_ANSWER_MARK.finditer(lines[i]))
+        if not marks:
             continue
-        content = matches[-1].group(1).strip()
-        if not content.strip("*$ ").strip():
-            content = next((ln.strip() for ln in lines[i + 1 :] if ln.strip()), "")
+        content, last = lines[i][marks[-1].end():].strip(), i
+        if not content.strip("*$ "):
+            last = next((j for j in range(i + 1, len(lines)) if lines[j].strip()), i)
+            content = lines[last].strip() if last > i else ""
+        if last_boxed("\n".join(lines[last + 1:])) is not None:
+            break  # a later \boxed{} wins
         boxed = last_boxed(content)
         answer = _clean(boxed if boxed is not None else content)
         if answer:
@@ -139,6 +146,12 @@ def _looks_explosive(s: str) -> bool:
     return bool(_EXPLOSIVE.search(s))
 
 
+def _unbalanced(s: str) -> bool:
+    """Brackets that cannot close: (), [] counted together (intervals mix them), {} apart."""
+    opens, closes = s.count("(") + s.count("["), s.count(")") + s.count("]")
+    return opens != closes or s.count("{") != s.count("}")
+
+
 def _timeout() -> int | None:
     return TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
 
@@ -174,7 +187,7 @@ def _grade_strings(pred: str, gold: str) -> bool:
         return g_num == p_num
     if len(pred) > MAX_ANSWER_CHARS:
         return False
-    if _looks_explosive(pred):
+    if _looks_explosive(pred) or _unbalanced(pred):
         return False
     gold_parsed = _mv_parse(gold)
     pred_parsed = _mv_parse(pred)

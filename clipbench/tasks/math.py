@@ -66,10 +66,15 @@ def _flatten(row: dict, prefix: str = "") -> dict:
 def _read_json(path: Path) -> list[dict]:
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".jsonl":
-        try:
-            return [json.loads(line) for line in text.splitlines() if line.strip()]
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}: line {e.lineno}: not valid JSON lines ({e.msg})") from None
+        rows = []
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise UserError(f"{path}: line {lineno}: not valid JSON ({e.msg})") from None
+        return rows
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
@@ -85,7 +90,9 @@ def _read_json(path: Path) -> list[dict]:
 
 def _from_datasets(obj, split: str, label: str) -> list[dict]:
     """Rows of a ``datasets.Dataset``, or of ``split`` of a ``DatasetDict``."""
-    if hasattr(obj, "keys") and not hasattr(obj, "column_names"):
+    import datasets
+
+    if isinstance(obj, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         if split not in obj:
             raise UserError(f"{label}: no split '{split}'; available: {', '.join(sorted(obj))}")
         obj = obj[split]
