@@ -86,6 +86,8 @@ def test_normalize_gold():
     ("Answer: D", "\\text{(C)}", False),
     ("Answer: \\frac{1}{3}", "0.5", False),
     ("Answer: 17 or 18", "18", False),                              # hedging is not an answer
+    ("Answer: 2 pi", "2", False),                                   # math words are not units
+    ("Answer: 2\\pi \\text{ cm}", "2\\pi", True),
     ("Answer: 19", "x\n#### 18", False),
 ])
 def test_grade_examples(completion, gold, expected):

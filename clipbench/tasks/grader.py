@@ -8,8 +8,9 @@ intervals and sets compare as mathematical objects.
 
 ``grade`` never raises: any parsing/verification error or timeout counts as incorrect. math-verify's
 timeouts use ``signal.alarm``, which only works in the main thread; elsewhere they are switched off.
-In both cases ``_looks_explosive`` first rejects answers (power towers, huge powers/factorials)
-whose sympy evaluation could hang or burn the whole timeout.
+In both cases answers that could hang sympy or burn the whole timeout (power towers, huge
+powers/factorials: ``_looks_explosive``; brackets that cannot close: ``_unbalanced``) are rejected
+before parsing.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ _ANSWER_MARK = re.compile(r"answer\s*:", re.IGNORECASE)
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*")
 _GSM8K_MARK = "####"
 _NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|[+-]?\.\d+")
-_TRAILING_WORDS = re.compile(r"([+-]?[\d.,]*\d)\s+([A-Za-z][A-Za-z .]*)")
+_TRAILING_WORDS = re.compile(r"([+-]?[\d.,]*\d)\s+([A-Za-z]{2,}[A-Za-z .]*)")
+_MATH_WORDS = {"pi", "sqrt", "infinity", "infty"}
 _EXPLOSIVE = re.compile(
     r"\^\s*\{[^{}]*\^"                    # 9^{9^9}: a power in a braced exponent
     r"|\^\s*\d+\s*\^"                     # 9^9^9
@@ -138,7 +140,9 @@ def _as_number(s: str) -> Decimal | None:
 def _strip_trailing_words(s: str) -> str:
     """'18 dollars' -> '18' (a number followed only by plain words); anything else unchanged."""
     m = _TRAILING_WORDS.fullmatch(s.strip())
-    return m.group(1) if m else s
+    if not m or _MATH_WORDS & {w.lower() for w in re.findall(r"[A-Za-z]+", m.group(2))}:
+        return s
+    return m.group(1)
 
 
 def _looks_explosive(s: str) -> bool:
