@@ -1,0 +1,54 @@
+"""`clipbench train RECIPE [key=value ...]`: validate, then one run into <results>/train/<run_id>/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from clipbench.config import load_run_config, run_id
+from clipbench.tracking.store import RunDir
+from clipbench.train.checkpoint import find_checkpoint
+
+
+def train_command(recipe: Path, overrides: list[str], *, resume: bool, results_dir: Path,
+                  tracking_uri: str | None) -> dict:
+    from clipbench.train.loop import run_training
+
+    console = Console(stderr=True)
+    cfg = load_run_config(recipe, overrides)  # raises ConfigError before anything is written
+    rd = RunDir(Path(results_dir) / "train" / run_id(cfg))
+    if resume and find_checkpoint(rd.checkpoint_dir) is None:
+        console.print(f"[yellow]no checkpoint in {rd.path}; starting from step 0[/]")
+    sink = _sink(cfg, results_dir, tracking_uri, rd)
+    console.print(f"run {rd.run_id}: {cfg.objective['method']} on {cfg.task.name}, {cfg.train.steps} steps -> {rd.path}")
+
+    def progress(ev: dict) -> None:
+        console.print(f"  step {ev['step']:>4}/{ev['steps']}  reward {ev['reward']:.3f}  acc {ev['accuracy']:.3f}  "
+                      f"entropy {ev['entropy']:.3f}  clip events {int(ev['clip_events'])}")
+
+    status = "FAILED"
+    try:
+        summary = run_training(cfg, rd.path, resume=resume, sink=sink, progress=progress)
+        status = "FINISHED"
+    except BaseException:
+        if rd.status_path.exists():
+            rd.set_status("failed")
+        raise
+    finally:
+        sink.close(status)
+    evals = {k: v for k, v in summary.items() if k.startswith("eval/")}
+    for k, v in sorted(evals.items()):
+        console.print(f"  {k} = {v:.4f}")
+    console.print(f"finished: {rd.path}")
+    return summary
+
+
+def _sink(cfg, results_dir: Path, tracking_uri: str | None, rd: RunDir):
+    from clipbench.tracking.sink import NullSink
+
+    if not cfg.tracking.mlflow:
+        return NullSink()
+    from clipbench.tracking.mlflow_sink import run_sink
+
+    return run_sink(cfg, rd, results_dir=results_dir, sweep="train", tracking_uri=tracking_uri)

@@ -1,0 +1,64 @@
+"""Policy log-probs of sampled completions, batched the way they were generated.
+
+Rows are laid out as  [pad ... pad | prompt | completion | pad ... pad]:
+prompts left-padded to a common width Lp (as in generation), completions right-padded to T.
+Position ids count real tokens only, so the forward pass sees the same positions as `generate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from clipbench.train.logprobs import entropy_from_logits, selective_log_softmax
+
+
+@dataclass
+class Packed:
+    input_ids: torch.Tensor  # (B, Lp + T)
+    attention_mask: torch.Tensor  # (B, Lp + T)
+    position_ids: torch.Tensor  # (B, Lp + T)
+    completion_ids: torch.Tensor  # (B, T)
+    completion_mask: torch.Tensor  # (B, T) float, 1.0 on real completion tokens
+
+    def to(self, device) -> "Packed":
+        return Packed(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.position_ids,
+                                              self.completion_ids, self.completion_mask)))
+
+
+def pack(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int) -> Packed:
+    B = len(prompt_ids)
+    Lp = max(len(p) for p in prompt_ids)
+    T = max(1, max(len(c) for c in completion_ids))
+    ids = torch.full((B, Lp + T), pad_id, dtype=torch.long)
+    att = torch.zeros((B, Lp + T), dtype=torch.long)
+    cmask = torch.zeros((B, T))
+    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+        ids[i, Lp - len(p):Lp] = torch.tensor(p, dtype=torch.long)
+        att[i, Lp - len(p):Lp] = 1
+        if c:
+            ids[i, Lp:Lp + len(c)] = torch.tensor(c, dtype=torch.long)
+            att[i, Lp:Lp + len(c)] = 1
+            cmask[i, :len(c)] = 1.0
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    return Packed(ids, att, pos, ids[:, Lp:], cmask)
+
+
+def completion_logprobs(model, batch: Packed, *, temperature: float = 1.0, with_entropy: bool = True,
+                        entropy_chunk: int = 1024):
+    """(logp (B, T) with grad if enabled, entropy (B, T) detached or None) of the completion tokens
+    under `model`, with logits divided by the sampling temperature (the distribution sampled from)."""
+    T = batch.completion_ids.shape[1]
+    # logits at position j predict token j+1: keep the last T+1 positions, drop the final one.
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids, use_cache=False, logits_to_keep=T + 1)
+    logits = out.logits[:, :-1, :]  # (B, T, V)
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = selective_log_softmax(logits, batch.completion_ids)  # (B, T)
+    ent = None
+    if with_entropy:
+        with torch.no_grad():
+            ent = entropy_from_logits(logits.detach(), chunk_size=entropy_chunk)
+    return logp, ent
