@@ -37,6 +37,7 @@ class TaskConfig:
     split: str = "train"
     template: str = "auto"  # auto: dapo for math, the task's own format for arith
     limit: Optional[int] = None  # cap on training problems
+    holdout: int = 0  # math: problems held out of the training file as its test split
     # arith knobs (ignored by math)
     operands: int = 2
     digits: int = 2

@@ -136,8 +136,7 @@ def collect_rollout(cfg: RunConfig, step: int, task, pool, sampler) -> dict:
 
 def eval_suite(cfg: RunConfig, task) -> dict[str, tuple[list, Callable]]:
     """{benchmark: (problems, grade(completion, problem) -> bool)} for the run's eval config."""
-    from clipbench.tasks.benchmarks import load_benchmark
-    from clipbench.tasks.grader import grade
+    from clipbench.tasks.benchmarks import benchmark_grader, load_benchmark
 
     suite = {}
     for name in cfg.eval.benchmarks:
@@ -146,7 +145,7 @@ def eval_suite(cfg: RunConfig, task) -> dict[str, tuple[list, Callable]]:
             suite[name] = (problems, task.is_correct)
         else:
             problems = load_benchmark(name, data_dir=cfg.eval.data_dir, limit=cfg.eval.limit)
-            suite[name] = (problems, lambda c, p: grade(c, p.answer))
+            suite[name] = (problems, benchmark_grader(name))
     return suite
 
 
