@@ -1,0 +1,255 @@
+"""Running a sweep's runs: one at a time in this process, or in N local worker processes.
+
+The results store decides what to do with each run (it is the source of truth):
+
+    status finished                      -> skipped
+    status failed                        -> skipped, rerun (from its checkpoint if any) with --retry-failed
+    otherwise, with a complete checkpoint -> resumed: run_training(..., resume=True)
+    otherwise                            -> started from scratch (run_training cleans the directory)
+
+Each run is trained under its run lock (`<sweep>/.locks/<run_id>.lock`); a process that cannot take
+the lock at once skips the run ("locked"), so two sweep processes on one results dir share the work.
+A run that raises is marked failed (error and traceback in status.json) and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import threading
+import time
+import traceback
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+from clipbench.tracking.lock import try_run_lock
+from clipbench.tracking.store import RunDir, atomic_write_json
+
+OUTCOMES = ("finished", "resumed", "skipped", "failed-skipped", "locked", "failed", "crashed")
+
+
+@dataclass(frozen=True)
+class RunTask:
+    """Everything a (possibly remote) worker needs for one run; picklable."""
+
+    results_dir: str
+    sweep: str
+    run_id: str
+    config: dict
+    label: str = ""
+    retry_failed: bool = False
+    tracking_uri: str | None = None
+    parent_run_id: str | None = None
+    threads: int | None = None  # torch intra-op threads in this worker (None: leave torch's default)
+
+    @property
+    def run_dir(self) -> RunDir:
+        return RunDir(Path(self.results_dir) / self.sweep / self.run_id)
+
+
+def checkpoint_step(rd: RunDir) -> int | None:
+    """The step of the run's newest complete checkpoint (as clipbench.train.checkpoint finds it)."""
+    for d in (rd.checkpoint_dir, rd.checkpoint_dir.parent / "prev"):
+        try:
+            return int(json.loads((d / "state.json").read_text())["step"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def classify(rd: RunDir, retry_failed: bool = False) -> str:
+    """'finished' | 'failed' (to skip) | 'resume' | 'start' -- from the store alone."""
+    state = rd.status().get("state", "pending")
+    if state == "finished":
+        return "finished"
+    if state == "failed" and not retry_failed:
+        return "failed"
+    return "resume" if checkpoint_step(rd) is not None else "start"
+
+
+def _outcome(task: RunTask, outcome: str, t0: float, **extra) -> dict:
+    return {"run_id": task.run_id, "label": task.label, "outcome": outcome,
+            "seconds": round(time.time() - t0, 2), **extra}
+
+
+def _make_sink(task: RunTask, cfg, rd: RunDir, resume: bool):
+    from clipbench.tracking.sink import NullSink
+
+    if not cfg.tracking.mlflow:
+        return NullSink()
+    from clipbench.tracking.mlflow_sink import run_sink
+
+    return run_sink(cfg, rd, results_dir=task.results_dir, sweep=task.sweep, tracking_uri=task.tracking_uri,
+                    parent_run_id=task.parent_run_id, run_name=task.label or None, resume=resume)
+
+
+def run_one(task: RunTask, *, progress: Callable[[dict], None] | None = None,
+            on_start: Callable[[str, int, str], None] | None = None) -> dict:
+    """Train (or skip, or resume) one run of a sweep. Returns {"run_id", "outcome", ...}; never raises
+    for a failing run (KeyboardInterrupt/SystemExit propagate and leave the run resumable)."""
+    t0 = time.time()
+    rd = task.run_dir
+    sweep_dir = rd.path.parent
+    with try_run_lock(sweep_dir, task.run_id) as got:
+        if not got:
+            return _outcome(task, "locked", t0)
+        action = classify(rd, task.retry_failed)  # re-read under the lock: another process may have finished it
+        if action == "finished":
+            return _outcome(task, "skipped", t0)
+        if action == "failed":
+            return _outcome(task, "failed-skipped", t0, error=rd.status().get("error"))
+
+        if task.threads:
+            import torch
+
+            torch.set_num_threads(task.threads)
+        from clipbench.config import from_dict
+        from clipbench.train.checkpoint import find_checkpoint
+        from clipbench.train.loop import run_training
+
+        cfg = from_dict(task.config)
+        resume = find_checkpoint(rd.checkpoint_dir) is not None
+        from_step = checkpoint_step(rd) if resume else None
+        prev = rd.status() if rd.status_path.exists() else {}
+        rd.path.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(rd.status_path, {
+            **{k: v for k, v in prev.items() if k not in ("error", "traceback")},
+            "state": "running", "sweep": task.sweep, "attempts": int(prev.get("attempts", 0)) + 1,
+            "resumed_from": from_step, "pid": os.getpid(),
+        })
+        if on_start:
+            on_start(task.run_id, cfg.train.steps, "resume" if resume else "start")
+        sink = _make_sink(task, cfg, rd, resume)
+        try:
+            summary = run_training(cfg, rd.path, resume=resume, sink=sink, progress=progress)
+        except Exception as e:  # noqa: BLE001 - a failing run must not stop the sweep
+            rd.set_status("failed", error=f"{type(e).__name__}: {e}"[:2000], traceback=traceback.format_exc()[-8000:],
+                          failed_at=time.time())
+            sink.close("FAILED")
+            return _outcome(task, "failed", t0, error=f"{type(e).__name__}: {e}"[:500])
+        except BaseException:
+            sink.close("KILLED")
+            raise
+        sink.close("FINISHED")
+        offline = getattr(sink, "offline", False) and cfg.tracking.mlflow
+        last = {k: v for k, v in (summary.get("last") or {}).items() if k in ("reward/mean", "accuracy", "entropy")}
+        evals = {k: v for k, v in summary.items() if k.startswith("eval/")}
+        return _outcome(task, "resumed" if resume else "finished", t0, resumed_from=from_step,
+                        mlflow_offline=bool(offline), last=last, evals=evals)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sequential and process-pool execution
+
+
+def run_sequential(tasks: list[RunTask], ui=None) -> list[dict]:
+    out = []
+    for task in tasks:
+        started = []
+
+        def on_start(rid, steps, action, _t=task):
+            started.append(action)
+            if ui is not None:
+                ui.start_run(rid, _t.label, steps)
+
+        res = run_one(task, progress=ui.callback(task.run_id) if ui is not None else None, on_start=on_start)
+        if ui is not None:
+            ui.end_run(task.run_id, res["outcome"], task.label, _detail(res))
+        out.append(res)
+    return out
+
+
+_QUEUE = None
+
+
+def _pool_init(q, threads: int) -> None:
+    global _QUEUE
+    _QUEUE = q
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(threads)
+
+
+def _pool_run(task: RunTask) -> dict:
+    q = _QUEUE
+
+    def send(*msg):
+        if q is not None:
+            try:
+                q.put_nowait(msg)
+            except Exception:  # noqa: BLE001 - progress is cosmetic
+                pass
+
+    return run_one(task, progress=lambda ev: send("event", task.run_id, ev),
+                   on_start=lambda rid, steps, action: send("start", rid, steps, action))
+
+
+def threads_per_worker(jobs: int) -> int:
+    return max(1, (os.cpu_count() or 1) // max(jobs, 1))
+
+
+def run_parallel(tasks: list[RunTask], jobs: int, ui=None) -> list[dict]:
+    """N spawned worker processes (torch threads = cores // N each); progress flows back on a queue."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    threads = threads_per_worker(jobs)
+    tasks = [replace(t, threads=threads) for t in tasks]
+    labels = {t.run_id: t.label for t in tasks}
+    stop = threading.Event()
+
+    def pump():
+        while not stop.is_set() or not q.empty():
+            try:
+                msg = q.get(timeout=0.2)
+            except (queue_mod.Empty, EOFError, OSError):
+                continue
+            if ui is None:
+                continue
+            if msg[0] == "start":
+                ui.start_run(msg[1], labels.get(msg[1], ""), msg[2])
+            elif msg[0] == "event":
+                ui.event(msg[1], msg[2])
+
+    th = threading.Thread(target=pump, daemon=True)
+    th.start()
+    out = []
+    try:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_pool_init, initargs=(q, threads)) as ex:
+            futs = {ex.submit(_pool_run, t): t for t in tasks}
+            for fut in as_completed(futs):
+                task = futs[fut]
+                try:
+                    res = fut.result()
+                except BrokenProcessPool as e:
+                    res = {"run_id": task.run_id, "label": task.label, "outcome": "crashed", "error": str(e)}
+                except Exception as e:  # noqa: BLE001
+                    res = {"run_id": task.run_id, "label": task.label, "outcome": "crashed",
+                           "error": f"{type(e).__name__}: {e}"}
+                time.sleep(0.05)  # let the pump drain the run's last events
+                if ui is not None:
+                    ui.end_run(task.run_id, res["outcome"], task.label, _detail(res))
+                out.append(res)
+    finally:
+        stop.set()
+        th.join(timeout=2)
+    return out
+
+
+def _detail(res: dict) -> str:
+    if res.get("error"):
+        return str(res["error"]).splitlines()[0][:160]
+    parts = []
+    if res.get("resumed_from") is not None:
+        parts.append(f"from step {res['resumed_from']}")
+    for k, v in (res.get("evals") or {}).items():
+        if k.endswith("/avg@n"):
+            parts.append(f"{k} {v:.3f}")
+    if res.get("seconds"):
+        parts.append(f"{res['seconds']:.0f}s")
+    if res.get("mlflow_offline"):
+        parts.append("mlflow offline")
+    return "  ".join(parts)

@@ -1,0 +1,116 @@
+"""A small Hydra app that trains one run of a frozen manifest, for Hydra's launcher plugins.
+
+`clipbench sweep FILE --launcher joblib|submitit_slurm|submitit_local|ray` freezes the manifest,
+then starts this app in multirun mode over the run ids still to do:
+
+    python -m clipbench.sweep.hydra_app --multirun manifest=/abs/results/s/manifest.json \\
+        run_id='1bd04df439fd','e6071dc50487' hydra/launcher=submitit_slurm \\
+        hydra.launcher.partition=gpu hydra.launcher.gpus_per_node=1 hydra.launcher.timeout_min=240
+
+Each job is one run (`clipbench.sweep.execute.run_one`: run lock, skip / resume / start, status in
+the store). Launcher settings come from `hydra.*` overrides on the `clipbench sweep` command line.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from clipbench.errors import UserError, unknown_choice
+
+# launcher name -> (plugin module, pip package); None: built into hydra-core.
+LAUNCHERS: dict[str, tuple[str, str] | None] = {
+    "basic": None,
+    "joblib": ("hydra_plugins.hydra_joblib_launcher", "hydra-joblib-launcher"),
+    "submitit_slurm": ("hydra_plugins.hydra_submitit_launcher", "hydra-submitit-launcher"),
+    "submitit_local": ("hydra_plugins.hydra_submitit_launcher", "hydra-submitit-launcher"),
+    "ray": ("hydra_plugins.hydra_ray_launcher", "hydra-ray-launcher"),
+}
+# Hydra override values are parsed by its grammar; a run id like 123e45678901 would become a float.
+MAX_IDS_PER_CALL = 4000  # keeps one argv element well under Linux's 128 KiB limit
+
+
+@dataclass
+class RunJob:
+    manifest: str = "???"
+    run_id: str = "???"
+    retry_failed: bool = False
+    tracking_uri: Optional[str] = None
+    parent_run_id: Optional[str] = None
+    threads: Optional[int] = None
+
+
+def check_launcher(name: str) -> None:
+    if name not in LAUNCHERS:
+        raise UserError("--launcher: " + unknown_choice("launcher", name, LAUNCHERS))
+    plugin = LAUNCHERS[name]
+    if plugin is not None and importlib.util.find_spec(plugin[0]) is None:
+        raise UserError(f"--launcher {name}: the Hydra plugin is not installed; pip install {plugin[1]}")
+
+
+def _quote(s: str) -> str:
+    return "'" + str(s).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def hydra_command(manifest: str | Path, run_ids: list[str], *, launcher: str, jobs: int | None,
+                  hydra_overrides: list[str] = (), retry_failed: bool = False, tracking_uri: str | None = None,
+                  parent_run_id: str | None = None, threads: int | None = None, sweep_dir: str | Path) -> list[str]:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    cmd = [sys.executable, "-m", "clipbench.sweep.hydra_app", "--multirun",
+           f"manifest={_quote(Path(manifest).resolve())}",
+           "run_id=" + ",".join(_quote(r) for r in run_ids),
+           f"hydra/launcher={launcher}",
+           f"hydra.sweep.dir={_quote(Path(sweep_dir).resolve() / '.hydra' / stamp)}",
+           "hydra.sweep.subdir=${run_id}",
+           f"retry_failed={str(bool(retry_failed)).lower()}"]
+    if tracking_uri:
+        cmd.append(f"tracking_uri={_quote(tracking_uri)}")
+    if parent_run_id:
+        cmd.append(f"parent_run_id={_quote(parent_run_id)}")
+    if threads:
+        cmd.append(f"threads={int(threads)}")
+    if launcher == "joblib" and jobs and not any(o.startswith("hydra.launcher.n_jobs=") for o in hydra_overrides):
+        cmd.append(f"hydra.launcher.n_jobs={int(jobs)}")
+    return cmd + list(hydra_overrides)
+
+
+def launch(manifest: str | Path, run_ids: list[str], **kw) -> int:
+    """Run the Hydra app over `run_ids` (in chunks); returns the worst exit code."""
+    rc = 0
+    for i in range(0, len(run_ids), MAX_IDS_PER_CALL):
+        cmd = hydra_command(manifest, run_ids[i:i + MAX_IDS_PER_CALL], **kw)
+        rc = max(rc, subprocess.run(cmd).returncode)
+    return rc
+
+
+def _register() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="clipbench_run", node=RunJob)
+
+
+def _job(cfg) -> dict:
+    from clipbench.sweep.execute import run_one
+    from clipbench.sweep.worker import task_from_manifest
+
+    task = task_from_manifest(cfg.manifest, str(cfg.run_id), retry_failed=bool(cfg.retry_failed),
+                              tracking_uri=cfg.tracking_uri, parent_run_id=cfg.parent_run_id, threads=cfg.threads)
+    res = run_one(task)
+    print(f"{res['outcome']:>9} {task.run_id} {task.label}", flush=True)
+    return res
+
+
+def main() -> None:  # pragma: no cover - exercised through `clipbench sweep --launcher`
+    import hydra
+
+    _register()
+    hydra.main(version_base=None, config_path=None, config_name="clipbench_run")(_job)()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

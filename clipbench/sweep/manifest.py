@@ -1,0 +1,111 @@
+"""The frozen manifest: `<results>/<sweep>/manifest.json`, written once, then only appended to.
+
+    {"sweep": name, "source": sweep file, "base": recipe, "created": iso time, "updated": iso time,
+     "runs": {run_id: resolved config}, "points": {run_id: {axis key: value}}}
+
+A rerun never re-plans a run already in the manifest: the current sweep file is expanded only to
+find runs it adds (appended, with a warning). A grid point that is already frozen keeps its frozen
+config even if the recipe or the overrides changed since (warning), so editing a recipe mid-sweep
+cannot change runs that are under way.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from clipbench.sweep.expand import Expansion, label
+from clipbench.sweep.spec import SweepSpec
+from clipbench.tracking.lock import manifest_lock
+from clipbench.tracking.store import atomic_write_json, read_json
+
+MANIFEST = "manifest.json"
+
+
+def manifest_path(results_dir: str | Path, sweep: str) -> Path:
+    return Path(results_dir) / sweep / MANIFEST
+
+
+def read_manifest(path: str | Path) -> dict | None:
+    m = read_json(path)
+    if m is not None and not isinstance(m.get("runs"), dict):
+        raise ValueError(f"{path}: not a clipbench manifest (no 'runs' mapping)")
+    return m
+
+
+@dataclass(frozen=True)
+class Merge:
+    manifest: dict
+    new: list[str]  # run ids appended (all of them for a new manifest)
+    kept_frozen: list[str]  # current grid points whose frozen config differs from today's expansion
+    not_in_file: list[str]  # frozen runs the current sweep file no longer produces
+    changed: bool  # the manifest must be (re)written
+    warnings: list[str]
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _pkey(point: dict) -> str:
+    return json.dumps(point, sort_keys=True, default=str)
+
+
+def merge(existing: dict | None, spec: SweepSpec, exp: Expansion) -> Merge:
+    """Pure: the manifest after this invocation (nothing is written)."""
+    if existing is None:
+        m = {"sweep": spec.name, "source": str(spec.file.resolve()), "base": str(spec.base), "created": _now(),
+             "runs": dict(exp.runs), "points": dict(exp.points)}
+        return Merge(m, list(exp.runs), [], [], True, [])
+    runs = dict(existing["runs"])
+    points = dict(existing.get("points", {}))
+    frozen_by_point = {_pkey(p): rid for rid, p in points.items()}
+    new, kept = [], []
+    for rid, cfg in exp.runs.items():
+        if rid in runs:
+            continue
+        if _pkey(exp.points[rid]) in frozen_by_point:
+            kept.append(rid)
+            continue
+        runs[rid] = cfg
+        points[rid] = exp.points[rid]
+        new.append(rid)
+    current = set(exp.runs) | {frozen_by_point[_pkey(exp.points[r])] for r in kept}
+    gone = [rid for rid in existing["runs"] if rid not in current]
+    warnings = []
+    src = str(spec.file.resolve())
+    if existing.get("source") and existing["source"] != src:
+        warnings.append(f"the manifest of sweep '{spec.name}' was frozen from {existing['source']}, not {src}")
+    if kept:
+        warnings.append(f"{len(kept)} run(s) of the current sweep file differ from their frozen configs "
+                        "(the recipe or overrides changed); the frozen configs are kept. Use a new sweep "
+                        "name to plan them afresh")
+    if new:
+        shown = ", ".join(f"{r} ({label(points[r])})" for r in new[:5]) + (" ..." if len(new) > 5 else "")
+        warnings.append(f"{len(new)} new run(s) appended to the frozen manifest: {shown}")
+    if gone:
+        warnings.append(f"{len(gone)} frozen run(s) are no longer produced by the sweep file; they stay in the manifest")
+    m = dict(existing, runs=runs, points=points)
+    if new:
+        m["updated"] = _now()
+    return Merge(m, new, kept, gone, bool(new), warnings)
+
+
+def freeze(results_dir: str | Path, spec: SweepSpec, exp: Expansion) -> Merge:
+    """Write (or append to) the manifest under the sweep's manifest lock; atomic."""
+    path = manifest_path(results_dir, spec.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with manifest_lock(path.parent):
+        result = merge(read_manifest(path), spec, exp)
+        if result.changed:
+            atomic_write_json(path, result.manifest)
+    return result
+
+
+def manifest_runs(manifest: dict[str, Any]) -> list[tuple[str, dict, dict]]:
+    """[(run_id, config, point)] in manifest order."""
+    points = manifest.get("points", {})
+    return [(rid, cfg, points.get(rid, {})) for rid, cfg in manifest["runs"].items()]

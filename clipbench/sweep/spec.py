@@ -1,0 +1,191 @@
+"""A sweep file, parsed and checked for shape (expansion and the config checks live in expand.py).
+
+    name: nsr_vs_decay                     # optional (default: the file's stem); the results sub-dir
+    description: ...                       # optional, free text
+    base: ../recipes/quickstart.yaml       # the recipe every run starts from (relative to this file)
+    overrides: {train.steps: 40}           # optional, applied to every run (dotted or nested keys)
+    grid:                                  # cartesian product over dotted keys of the run config
+      objective.method: [dapo, nsr, decay]
+      seed: [0, 1, 2]
+    zip: {train.lr: [1e-5, 2e-5], train.warmup_steps: [0, 10]}   # optional: axes varying together
+    exclude: [{objective.method: nsr, seed: 2}]                  # optional: partial assignments
+
+`zip` may also be a list of such mappings (several independent zip groups). Every problem is a
+`ConfigError(file, key, reason)`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from clipbench.config import flatten, parse_overrides, read_yaml
+from clipbench.errors import ConfigError, did_you_mean
+
+TOP_KEYS = ("name", "description", "base", "overrides", "grid", "zip", "exclude")
+# Sub-directories of a results dir that are not sweeps (or belong to `clipbench train`).
+RESERVED_NAMES = ("train", "reports", "bench", "eval", "mlartifacts")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One dimension of the product: a grid axis (one key) or a zip group (several keys)."""
+
+    keys: tuple[str, ...]
+    values: tuple[tuple[Any, ...], ...]  # one tuple (a value per key) per position on the axis
+    where: str  # the key prefix for messages: "grid" or "zip" / "zip[1]"
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    name: str
+    file: Path
+    base: Path
+    overrides: dict[str, Any]  # dotted key -> value, from the sweep file
+    cli_overrides: dict[str, Any] = field(default_factory=dict)  # dotted key -> value, command line
+    axes: tuple[Axis, ...] = ()
+    exclude: tuple[dict[str, Any], ...] = ()
+    description: str = ""
+
+    @property
+    def source(self) -> str:
+        return str(self.file)
+
+    @property
+    def axis_keys(self) -> list[str]:
+        return [k for ax in self.axes for k in ax.keys]
+
+
+def load_sweep(path: str | Path, cli_overrides: list[str] | tuple[str, ...] = ()) -> SweepSpec:
+    """Read and shape-check a sweep file. Nothing is written."""
+    path = Path(path)
+    src = str(path)
+    data = read_yaml(path)
+    for k in data:
+        if k not in TOP_KEYS:
+            raise ConfigError(src, str(k), "unknown key" + did_you_mean(str(k), TOP_KEYS) + f"; valid keys: {', '.join(TOP_KEYS)}")
+
+    name = data.get("name", path.stem)
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ConfigError(src, "name", f"expected a directory-safe name (letters, digits, '_', '-', '.'), got {name!r}")
+    if name in RESERVED_NAMES:
+        raise ConfigError(src, "name", f"'{name}' is reserved; reserved names: {', '.join(RESERVED_NAMES)}")
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise ConfigError(src, "description", f"expected a string, got {type(description).__name__}")
+
+    base = data.get("base")
+    if base is None:
+        raise ConfigError(src, "base", "missing: the recipe every run starts from, e.g. base: ../recipes/quickstart.yaml")
+    if not isinstance(base, str):
+        raise ConfigError(src, "base", f"expected a path to a recipe, got {base!r}")
+    base_path = (path.resolve().parent / base).resolve()
+    if not base_path.is_file():
+        raise ConfigError(src, "base", f"recipe not found: {base_path}")
+
+    overrides = _dotted_mapping(data.get("overrides", {}), src, "overrides")
+    cli = flatten(parse_overrides(cli_overrides, "command line")) if cli_overrides else {}
+
+    axes: list[Axis] = []
+    grid = data.get("grid", {})
+    if grid is None:
+        grid = {}
+    if not isinstance(grid, Mapping):
+        raise ConfigError(src, "grid", f"expected a mapping of dotted keys to lists, got {type(grid).__name__}")
+    for key, values in grid.items():
+        key = _key(key, src, "grid")
+        axes.append(Axis((key,), tuple((v,) for v in _values(values, src, f"grid.{key}")), "grid"))
+
+    zips = data.get("zip")
+    if zips is not None:
+        groups = [zips] if isinstance(zips, Mapping) else zips
+        if not isinstance(groups, list) or not all(isinstance(g, Mapping) for g in groups):
+            raise ConfigError(src, "zip", "expected a mapping of dotted keys to equal-length lists (or a list of them)")
+        for i, group in enumerate(groups):
+            where = "zip" if isinstance(zips, Mapping) else f"zip[{i}]"
+            if not group:
+                raise ConfigError(src, where, "empty: give at least one key")
+            keys = [_key(k, src, where) for k in group]
+            cols = [_values(group[k0], src, f"{where}.{k}") for k0, k in zip(group, keys)]
+            lengths = {k: len(c) for k, c in zip(keys, cols)}
+            if len(set(lengths.values())) > 1:
+                raise ConfigError(src, where, "zipped lists must have the same length, got "
+                                  + ", ".join(f"{k}: {n}" for k, n in lengths.items()))
+            axes.append(Axis(tuple(keys), tuple(zip(*cols)), where))
+
+    if not axes:
+        raise ConfigError(src, "grid", "empty: give at least one axis, e.g. grid: {seed: [0, 1, 2]}")
+    seen: dict[str, str] = {}
+    for ax in axes:
+        for k in ax.keys:
+            if k in seen:
+                raise ConfigError(src, f"{ax.where}.{k}", f"'{k}' is already an axis in {seen[k]}")
+            seen[k] = ax.where
+    for k in overrides:
+        if k in seen:
+            raise ConfigError(src, f"overrides.{k}", f"'{k}' is also an axis in {seen[k]}; remove one of them")
+
+    exclude = data.get("exclude", [])
+    if exclude is None:
+        exclude = []
+    if not isinstance(exclude, list):
+        raise ConfigError(src, "exclude", f"expected a list of partial assignments, got {type(exclude).__name__}")
+    excl: list[dict] = []
+    for i, item in enumerate(exclude):
+        if not isinstance(item, Mapping) or not item:
+            raise ConfigError(src, f"exclude[{i}]", f"expected a non-empty mapping of axis keys to values, got {item!r}")
+        entry = {}
+        for k, v in item.items():
+            k = _key(k, src, f"exclude[{i}]")
+            if k not in seen:
+                raise ConfigError(src, f"exclude[{i}].{k}", "not an axis of this sweep" + did_you_mean(k, seen)
+                                  + f"; axes: {', '.join(seen)}")
+            entry[k] = v
+        excl.append(entry)
+
+    return SweepSpec(name=name, file=path, base=base_path, overrides=overrides, cli_overrides=cli,
+                     axes=tuple(axes), exclude=tuple(excl), description=description)
+
+
+def _key(k: Any, src: str, where: str) -> str:
+    if not isinstance(k, str) or not k or k.startswith(".") or k.endswith(".") or ".." in k:
+        raise ConfigError(src, f"{where}.{k}", "expected a dotted key of the run config, e.g. train.lr")
+    return k
+
+
+def _values(values: Any, src: str, where: str) -> list:
+    if not isinstance(values, list):
+        raise ConfigError(src, where, f"expected a list of values, got {values!r}")
+    if not values:
+        raise ConfigError(src, where, "empty list: give at least one value")
+    for i, v in enumerate(values):
+        if isinstance(v, Mapping):
+            raise ConfigError(src, where, f"value {i} is a mapping; sweep leaf keys (e.g. model.name), not sections")
+        if any(_same(v, w) for w in values[:i]):
+            raise ConfigError(src, where, f"duplicate value {v!r}")
+    return values
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b or (isinstance(a, (int, float)) and isinstance(b, (int, float))
+                                             and not isinstance(a, bool) and not isinstance(b, bool) and a == b)
+
+
+def _dotted_mapping(d: Any, src: str, where: str) -> dict[str, Any]:
+    """A mapping with dotted and/or nested keys -> {dotted leaf key: value}."""
+    if d is None:
+        return {}
+    if not isinstance(d, Mapping):
+        raise ConfigError(src, where, f"expected a mapping of dotted keys to values, got {type(d).__name__}")
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        k = _key(k, src, where)
+        if isinstance(v, Mapping) and v:
+            for sub, val in _dotted_mapping(v, src, f"{where}.{k}").items():
+                out[f"{k}.{sub}"] = val
+        else:
+            out[k] = v
+    return out
