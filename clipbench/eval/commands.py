@@ -1,0 +1,176 @@
+"""`clipbench eval --model PATH_OR_RUN --benchmarks aime24,aime25,amc23 --n 64`.
+
+``--model`` is an HF name, a local model directory, ``builtin:arith-tiny``, or a run directory of
+the results store (``<results>/<sweep>/<run_id>``: its last checkpoint is evaluated, with the run's
+dtype, and ``arith`` uses the run's own task settings). Prints Avg@n and Pass@k per benchmark and
+writes one correctness-matrix payload per benchmark plus ``summary.json`` to ``--out`` (default
+``results/eval/<model-slug>/``).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from clipbench.errors import UserError
+from clipbench.tracking.store import atomic_write_json
+
+DEFAULT_OUT_ROOT = Path("results") / "eval"
+
+
+@dataclass
+class EvalTarget:
+    """What to load: model path/name, dtype, and (for a run dir) the run's config."""
+
+    model: str
+    slug: str
+    dtype: str = "float32"
+    run_config: dict | None = None
+    arith: dict = field(default_factory=dict)
+
+
+def slugify(text: str) -> str:
+    """'Qwen/Qwen3-4B-Base' -> 'Qwen--Qwen3-4B-Base'; anything else unsafe in a file name -> '-'."""
+    s = text.strip().rstrip("/").replace("/", "--").replace(":", "-")
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", s).strip("-.") or "model"
+
+
+def _arith_knobs(cfg: dict) -> dict:
+    task = cfg.get("task", {}) or {}
+    if task.get("name") != "arith":
+        return {}
+    from clipbench.tasks import ARITH_KNOBS
+
+    knobs = {k: task[k] for k in ARITH_KNOBS if task.get(k) is not None}
+    knobs.setdefault("seed", cfg.get("seed", 0))  # build_task: the run seed draws the problems
+    return knobs
+
+
+def resolve_target(model: str, default_dtype: str) -> EvalTarget:
+    """A run directory (config.yaml + checkpoints/last/model) or a model name/path."""
+    path = Path(model).expanduser()
+    if (path / "config.yaml").is_file():
+        from clipbench.tracking.store import RunDir
+        from clipbench.train.checkpoint import find_checkpoint
+
+        rd = RunDir(path)
+        cfg = rd.read_config() or {}
+        ckpt = find_checkpoint(rd.checkpoint_dir)
+        if ckpt is None or not (ckpt / "model").is_dir():
+            raise UserError(f"--model {model}: run directory has no checkpoint ({rd.checkpoint_dir}/model); "
+                            f"train it first or pass a model name")
+        dtype = str(cfg.get("model", {}).get("dtype", default_dtype))
+        return EvalTarget(model=str(ckpt / "model"), slug=slugify(f"{path.parent.name}/{path.name}"), dtype=dtype,
+                          run_config=cfg, arith=_arith_knobs(cfg))
+    return EvalTarget(model=model, slug=slugify(model), dtype=default_dtype)
+
+
+def parse_benchmarks(text: str) -> list[str]:
+    from clipbench.tasks.benchmarks import get_benchmark
+
+    names = [b.strip() for b in text.split(",") if b.strip()]
+    if not names:
+        raise UserError("--benchmarks: give at least one benchmark, e.g. aime24,aime25,amc23")
+    for b in names:
+        get_benchmark(b)  # UserError with did-you-mean
+    return list(dict.fromkeys(names))
+
+
+def load_suite(names: list[str], *, data_dir: Path | None, limit: int | None, template: str,
+               arith: dict) -> tuple[dict, dict]:
+    """({benchmark: problems}, {benchmark: grade(completion, problem)})."""
+    from clipbench.tasks.benchmarks import benchmark_grader, load_benchmark
+
+    problems, graders = {}, {}
+    for name in names:
+        problems[name] = load_benchmark(name, data_dir=data_dir, limit=limit, template=template, arith=arith)
+        if not problems[name]:
+            raise UserError(f"benchmark '{name}': no problems loaded")
+        graders[name] = benchmark_grader(name, arith=arith)
+    return problems, graders
+
+
+def summary_table(payloads: dict[str, dict], title: str) -> Table:
+    """Rich table: one row per benchmark, Avg@n and Pass@k (percent)."""
+    from clipbench.report.stats import ks_for
+
+    n = min(p["n"] for p in payloads.values())
+    ks = ks_for(n)
+    table = Table(title=title)
+    table.add_column("Benchmark")
+    table.add_column("Problems", justify="right")
+    table.add_column(f"Avg@{n}", justify="right")
+    for k in ks:
+        table.add_column(f"Pass@{k}", justify="right")
+    for name, p in payloads.items():
+        s = p["summary"]
+        table.add_row(name, str(len(p["problem_ids"])), f"{100 * s['avg@n']:.1f}",
+                      *[f"{100 * s[f'pass@{k}']:.1f}" if f"pass@{k}" in s else "" for k in ks])
+    return table
+
+
+def eval_command(*, model: str, benchmarks: str, n: int, data_dir: Path | None, limit: int | None,
+                 max_new_tokens: int, temperature: float, seed: int, backend: str, out: Path | None) -> dict:
+    from clipbench.eval.runner import evaluate
+
+    if n < 1:
+        raise UserError(f"--n must be >= 1, got {n}")
+    if limit is not None and limit < 1:
+        raise UserError(f"--limit must be >= 1, got {limit}")
+    if max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    if not temperature > 0:
+        raise UserError(f"--temperature must be > 0, got {temperature}")
+    if data_dir is not None and not Path(data_dir).is_dir():
+        raise UserError(f"--data-dir {data_dir}: not a directory")
+    names = parse_benchmarks(benchmarks)
+    console = Console(stderr=True)
+
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    target = resolve_target(model, "bfloat16" if device == "cuda" else "float32")
+    template = "dapo"
+    if target.run_config:
+        template = (target.run_config.get("task", {}) or {}).get("template") or "dapo"
+        template = "dapo" if template == "auto" else template
+    problems, graders = load_suite(names, data_dir=data_dir, limit=limit, template=template, arith=target.arith)
+
+    from clipbench.rollout import build_sampler, resolve_backend
+    from clipbench.train.base_model import load_model_and_tokenizer, resolve_model_name
+
+    path = resolve_model_name(target.model, log=lambda m: console.print(m))
+    lm, tok = load_model_and_tokenizer(path, dtype=target.dtype, device=device)
+    resolved = resolve_backend(backend)
+    sampler = build_sampler(resolved, lm, tok, model_path=path, max_new_tokens=max_new_tokens,
+                            temperature=temperature, seed=seed, dtype=target.dtype)
+    out_dir = Path(out) if out is not None else DEFAULT_OUT_ROOT / target.slug
+    console.print(f"evaluating {model} ({resolved}, {device}) on {', '.join(names)}: n={n}, seed={seed} -> {out_dir}")
+
+    def progress(name: str, payload: dict) -> None:
+        atomic_write_json(out_dir / f"{name}.json", payload)
+        console.print(f"  {name}: avg@{n} {100 * payload['summary']['avg@n']:.1f}%  "
+                      f"({len(payload['problem_ids'])} problems, {payload['seconds']:.0f}s)")
+
+    t0 = time.perf_counter()
+    try:
+        payloads = evaluate(sampler, problems, n=n, seed=seed, grade=graders, temperature=temperature,
+                            max_new_tokens=max_new_tokens, progress=progress)
+    finally:
+        sampler.close()
+    summary: dict[str, Any] = {
+        "model": model, "resolved_model": path, "backend": resolved, "n": n, "seed": seed,
+        "temperature": temperature, "max_new_tokens": max_new_tokens, "limit": limit,
+        "seconds": time.perf_counter() - t0,
+        "benchmarks": {name: p["summary"] for name, p in payloads.items()},
+    }
+    atomic_write_json(out_dir / "summary.json", summary)
+    Console().print(summary_table(payloads, f"{model}: Avg@{n} / Pass@k (%), seed {seed}"))
+    console.print(f"correctness matrices: {out_dir}")
+    return summary

@@ -1,0 +1,125 @@
+"""Evaluate a sampler on benchmarks: n samples per problem, graded, as correctness matrices.
+
+    payloads = evaluate(sampler, {"aime24": problems, ...}, n=64, seed=0)
+    evaluate_and_store(run_dir, step, sampler, problems_by_benchmark, n=8, seed=0)  # the trainer
+
+One payload per benchmark (what ``RunDir.write_eval`` stores and the report reads):
+
+    {"benchmark": str, "n": int, "seed": int, "problem_ids": [P ids], "correct": P x n 0/1 lists,
+     "summary": clipbench.eval.passk.summarize(correct) without per-problem arrays,
+     "temperature", "max_new_tokens", "truncated_fraction", "mean_completion_tokens", "seconds"}
+
+Seeding: the prompts of a benchmark are sampled in batches of ``batch_prompts``; batch b of
+benchmark B is generated with the seed ``SeedSequence([seed, crc32(B), b])`` (one 31-bit word), so
+each benchmark's samples depend only on the seed, the benchmark and the batching, never on which
+other benchmarks are evaluated alongside it.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from clipbench.eval.passk import summarize
+from clipbench.tasks.base import Problem
+
+Grade = Callable[[str, Problem], bool]
+DEFAULT_BATCH_PROMPTS = 16
+
+
+def batch_seed(seed: int, benchmark: str, batch: int) -> int:
+    """The sampler seed of one batch: independent streams per (seed, benchmark, batch)."""
+    words = np.random.SeedSequence([int(seed), zlib.crc32(benchmark.encode()), int(batch)]).generate_state(1)
+    return int(words[0] >> 1)  # 31 bits: fits every backend's seed type
+
+
+def _grader(grade: Grade | Mapping[str, Grade] | None, benchmark: str) -> Grade:
+    """``grade`` itself, its entry for ``benchmark``, or the benchmark's own grader."""
+    if callable(grade):
+        return grade
+    if isinstance(grade, Mapping) and benchmark in grade:
+        return grade[benchmark]
+    from clipbench.tasks.benchmarks import benchmark_grader
+
+    return benchmark_grader(benchmark)
+
+
+def _public_summary(correct: np.ndarray) -> dict:
+    s = summarize(correct)
+    s.pop("per_problem", None)
+    return s
+
+
+def evaluate_benchmark(sampler, name: str, problems: Sequence[Problem], *, n: int, seed: int, grade: Grade,
+                       temperature: float | None = None, max_new_tokens: int | None = None,
+                       batch_prompts: int | None = DEFAULT_BATCH_PROMPTS) -> dict:
+    """The payload of one benchmark (see the module docstring)."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1 samples per problem, got {n}")
+    if not problems:
+        raise ValueError(f"benchmark '{name}' has no problems to evaluate")
+    t0 = time.perf_counter()
+    step = len(problems) if not batch_prompts else int(batch_prompts)
+    if step < 1:
+        raise ValueError(f"batch_prompts must be >= 1 or None, got {batch_prompts}")
+    correct = np.zeros((len(problems), n), dtype=np.int8)  # (P, n)
+    truncated, lengths = 0, 0
+    for b, start in enumerate(range(0, len(problems), step)):
+        chunk = problems[start:start + step]
+        out = sampler.generate([p.prompt for p in chunk], n, seed=batch_seed(seed, name, b),
+                               temperature=temperature, max_new_tokens=max_new_tokens)
+        if len(out.texts) != len(chunk) * n:
+            raise RuntimeError(f"sampler {getattr(sampler, 'name', sampler)!r} returned {len(out.texts)} "
+                               f"completions for {len(chunk)} prompts x n={n}")
+        for i, problem in enumerate(chunk):  # prompt i owns rows i*n .. i*n+n-1
+            for j in range(n):
+                correct[start + i, j] = bool(grade(out.texts[i * n + j], problem))
+        truncated += sum(bool(t) for t in out.truncated)
+        lengths += sum(len(c) for c in out.completion_ids)
+    total = len(problems) * n
+    return {
+        "benchmark": name,
+        "n": n,
+        "seed": int(seed),
+        "problem_ids": [p.id for p in problems],
+        "correct": correct.tolist(),
+        "summary": _public_summary(correct),
+        "temperature": temperature,
+        "max_new_tokens": max_new_tokens,
+        "truncated_fraction": truncated / total,
+        "mean_completion_tokens": lengths / total,
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def evaluate(sampler, problems_by_benchmark: Mapping[str, Sequence[Problem]], *, n: int, seed: int,
+             grade: Grade | Mapping[str, Grade] | None = None, temperature: float | None = None,
+             max_new_tokens: int | None = None, batch_prompts: int | None = DEFAULT_BATCH_PROMPTS,
+             progress: Callable[[str, dict], None] | None = None) -> dict[str, dict]:
+    """{benchmark: payload}: ``n`` samples per problem from ``sampler``, graded.
+
+    ``grade(completion, problem) -> bool``: one callable for every benchmark, a mapping
+    {benchmark: callable}, or None for each benchmark's own grader
+    (``clipbench.tasks.benchmarks.benchmark_grader``: math-verify, or arith's exact integer).
+    ``temperature`` / ``max_new_tokens`` override the sampler's settings (None keeps them).
+    """
+    out = {}
+    for name, problems in problems_by_benchmark.items():
+        out[name] = evaluate_benchmark(sampler, name, list(problems), n=n, seed=seed, grade=_grader(grade, name),
+                                       temperature=temperature, max_new_tokens=max_new_tokens,
+                                       batch_prompts=batch_prompts)
+        if progress is not None:
+            progress(name, out[name])
+    return out
+
+
+def evaluate_and_store(run_dir, step: int, sampler, problems_by_benchmark: Mapping[str, Sequence[Problem]],
+                       **kwargs) -> dict[str, dict]:
+    """``evaluate`` and write each payload to ``run_dir.write_eval(step, benchmark, payload)``."""
+    payloads = evaluate(sampler, problems_by_benchmark, **kwargs)
+    for name, payload in payloads.items():
+        run_dir.write_eval(step, name, {**payload, "step": int(step)})
+    return payloads

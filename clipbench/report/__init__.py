@@ -1,0 +1,9 @@
+"""Comparison reports from the results store: Table 3 layout, significance, clip quadrants, plots.
+
+    from clipbench.report.commands import report_command, build_report
+    sweep = load_sweep(results_dir, name); result = analyze(sweep, baseline); tables = build_tables(result, paper)
+
+Modules: ``load`` (runs, labels), ``stats`` (pass@k per problem, CIs, paired bootstrap),
+``analysis`` (numbers), ``tables`` (display strings), ``render`` (rich/markdown/latex/csv/html),
+``plots`` (matplotlib figures), ``paper`` (the ABC-GRPO paper's reference numbers).
+"""

@@ -1,0 +1,284 @@
+"""Numbers of a report, computed from a loaded sweep: plain dicts (JSON-able), no formatting.
+
+    analyze(sweep, baseline=None) -> dict
+      {"sweep", "baseline", "runs": {...counts...},
+       "blocks": [{"model", "n", "ks", "metrics", "labels": {label: {"method", "seeds", "run_ids", "final_steps"}},
+                   "benchmarks": {bench: {"problems", "n", "rows": {label: MetricRow}, "base": MetricRow|None}},
+                   "average": {"rows": {label: MetricRow}, "base": MetricRow|None},
+                   "gain": {label: {bench|"average": {metric: percent|None}}}}],
+       "quadrants": {block: {label: {...shares...}}}}
+    MetricRow = {"seeds", "problems", "metrics": {metric: {"mean", "std", "ci": [lo, hi], "p", "per_seed"}}}
+
+Values are fractions in [0, 1] (the renderers print percent). See ``stats`` for the statistics.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from clipbench.report import stats
+from clipbench.report.load import Run, Sweep, resolve_baseline
+
+QUADRANTS = ("q1", "q2", "q3", "q4")
+CELLS = ("q1", "q2", "q3", "q4", "zero_adv", "on_policy")
+BASE_LABEL = "base (step 0)"
+
+
+# ---- per-benchmark evaluation values ----------------------------------------------------------
+
+def _payload_at(run: Run, bench: str, step: int | None) -> dict | None:
+    if step is None:
+        return None
+    return run.evals.get(step, {}).get(bench)
+
+
+def _initial_step(run: Run) -> int | None:
+    """The step-0 evaluation of a run (the base model), when it was evaluated before training."""
+    if not run.evals:
+        return None
+    first = min(run.evals)
+    return first if first == 0 and first != run.final_step else None
+
+
+def seed_values(runs: Sequence[Run], bench: str, ks: Sequence[int], *, initial: bool = False):
+    """Per-problem values of each run (seed) on one benchmark, aligned by problem id.
+
+    Returns (problem_ids, {metric: (S, P) array}, run_ids) over the problems every run evaluated,
+    or None when no run has the benchmark. ``initial`` takes the step-0 evaluation instead of the
+    final (largest) step.
+    """
+    payloads = []
+    for r in runs:
+        p = _payload_at(r, bench, _initial_step(r) if initial else r.final_step)
+        if p is not None:
+            payloads.append((r, p))
+    if not payloads:
+        return None
+    common = [str(i) for i in payloads[0][1]["problem_ids"]]
+    shared = set(common)
+    for _, p in payloads[1:]:
+        shared &= {str(i) for i in p["problem_ids"]}
+    ids = [i for i in common if i in shared]
+    values: dict[str, list[np.ndarray]] = {m: [] for m in stats.metric_names(ks)}
+    for _, p in payloads:
+        index = {str(pid): j for j, pid in enumerate(p["problem_ids"])}
+        correct = np.asarray(p["correct"], dtype=float)[[index[i] for i in ids]]  # (P, n)
+        for m, v in stats.per_problem_values(correct, ks).items():
+            values[m].append(v)
+    return ids, {m: np.stack(v) for m, v in values.items()}, [r.run_id for r, _ in payloads]
+
+
+def metric_row(values: Mapping[str, np.ndarray], problems: int) -> dict:
+    """{metric: mean +- std over seeds, t CI over problems (seeds averaged per problem)}."""
+    out = {}
+    for m, v in values.items():  # v: (S, P)
+        per_seed = v.mean(axis=1)
+        mean, std = stats.mean_std(per_seed)
+        out[m] = {"mean": mean, "std": std, "ci": list(stats.t_interval(v.mean(axis=0))), "p": None,
+                  "per_seed": per_seed.tolist()}
+    seeds = int(next(iter(values.values())).shape[0]) if values else 0
+    return {"seeds": seeds, "problems": problems, "metrics": out}
+
+
+def _paired_diffs(a_ids, a_vals: np.ndarray, b_ids, b_vals: np.ndarray) -> np.ndarray:
+    """Per-problem differences (seed-averaged a - seed-averaged b) over the problems both have."""
+    a = dict(zip(a_ids, a_vals.mean(axis=0)))
+    b = dict(zip(b_ids, b_vals.mean(axis=0)))
+    shared = sorted(i for i in a if i in b)  # a canonical order: the bootstrap draw is order-free
+    return np.array([a[i] - b[i] for i in shared])
+
+
+# ---- one block (one base model) ---------------------------------------------------------------
+
+def block_n(runs: Sequence[Run], benches: Sequence[str]) -> int:
+    """Samples per problem: the smallest n among the final evaluations (Pass@k needs k <= n)."""
+    ns = [int(r.evals[r.final_step][b]["n"]) for r in runs if r.final_step is not None
+          for b in benches if b in r.evals[r.final_step]]
+    return min(ns) if ns else 0
+
+
+def block_benchmarks(runs: Sequence[Run]) -> list[str]:
+    out: dict[str, None] = {}
+    for r in runs:
+        if r.final_step is not None:
+            out.update(dict.fromkeys(sorted(r.evals[r.final_step])))
+    return list(out)
+
+
+def analyze_block(model: str, runs: Sequence[Run], labels: Sequence[str], baseline: str | None, *,
+                  resamples: int = stats.BOOTSTRAP_RESAMPLES, seed: int = stats.BOOTSTRAP_SEED) -> dict:
+    evaluated = [r for r in runs if r.final_step is not None]
+    benches = block_benchmarks(evaluated)
+    n = block_n(evaluated, benches)
+    ks = stats.ks_for(n)
+    metrics = stats.metric_names(ks)
+    by_label = {lb: [r for r in evaluated if r.label == lb] for lb in labels}
+    by_label = {lb: rs for lb, rs in by_label.items() if rs}
+    base_runs = by_label.get(baseline) or (next(iter(by_label.values())) if by_label else [])
+
+    block: dict = {"model": model, "n": n, "ks": ks, "metrics": metrics, "benchmarks": {}, "gain": {},
+                   "labels": {lb: {"method": rs[0].method, "seeds": sorted(r.seed for r in rs),
+                                   "run_ids": [r.run_id for r in rs],
+                                   "final_steps": sorted({r.final_step for r in rs})}
+                              for lb, rs in by_label.items()}}
+    raw: dict[str, dict[str, tuple]] = {}  # bench -> label -> (ids, values)
+    for bench in benches:
+        entry = {"rows": {}, "base": None, "problems": 0, "n": n}
+        raw[bench] = {}
+        for lb, rs in by_label.items():
+            got = seed_values(rs, bench, ks)
+            if got is None:
+                continue
+            ids, values, _ = got
+            raw[bench][lb] = (ids, values)
+            entry["rows"][lb] = metric_row(values, len(ids))
+            entry["problems"] = max(entry["problems"], len(ids))
+        got = seed_values(base_runs, bench, ks, initial=True)
+        if got is not None:
+            entry["base"] = metric_row(got[1], len(got[0]))
+            raw[bench][BASE_LABEL] = (got[0], got[1])
+        block["benchmarks"][bench] = entry
+
+    block["average"] = _average(raw, by_label, metrics, benches)
+    if baseline in by_label:
+        _compare(block, raw, baseline, metrics, benches, resamples=resamples, seed=seed)
+    return block
+
+
+def _average(raw, by_label, metrics, benches) -> dict:
+    """The Average block: unweighted mean over benchmarks (the paper's Average rows)."""
+    out = {"rows": {}, "base": None, "benchmarks": list(benches)}
+    for lb in list(by_label) + [BASE_LABEL]:
+        have = [b for b in benches if lb in raw[b]]
+        if len(have) != len(benches) or not benches:
+            continue
+        row = {"seeds": min(raw[b][lb][1][metrics[0]].shape[0] for b in benches),
+               "problems": sum(len(raw[b][lb][0]) for b in benches), "metrics": {}}
+        for m in metrics:
+            per_seed = _average_per_seed([raw[b][lb][1][m] for b in benches])
+            mean, std = stats.mean_std(per_seed)
+            mean = float(np.mean([raw[b][lb][1][m].mean(axis=0).mean() for b in benches]))
+            ci = stats.combined_t_interval([raw[b][lb][1][m].mean(axis=0) for b in benches])
+            row["metrics"][m] = {"mean": mean, "std": std, "ci": list(ci), "p": None, "per_seed": per_seed}
+        if lb == BASE_LABEL:
+            out["base"] = row
+        else:
+            out["rows"][lb] = row
+    return out
+
+
+def _average_per_seed(arrays: Sequence[np.ndarray]) -> list[float]:
+    """Per seed (the i-th run of each benchmark), the mean over benchmarks; seeds all benchmarks share."""
+    s = min(a.shape[0] for a in arrays)
+    return [float(np.mean([a[i].mean() for a in arrays])) for i in range(s)]
+
+
+def _compare(block, raw, baseline, metrics, benches, *, resamples: int, seed: int) -> None:
+    """Gain (%) and paired-bootstrap p-values of every label vs the baseline, in place."""
+    for lb in block["labels"]:
+        if lb == baseline:
+            continue
+        gains: dict[str, dict] = {}
+        for bench in benches:
+            rows = block["benchmarks"][bench]["rows"]
+            if lb not in rows or baseline not in rows:
+                continue
+            gains[bench] = {}
+            for m in metrics:
+                cell = rows[lb]["metrics"][m]
+                gains[bench][m] = stats.gain_percent(cell["mean"], rows[baseline]["metrics"][m]["mean"])
+                d = _paired_diffs(raw[bench][lb][0], raw[bench][lb][1][m],
+                                  raw[bench][baseline][0], raw[bench][baseline][1][m])
+                cell["p"] = stats.paired_bootstrap_p([d], resamples=resamples, seed=seed)
+                cell["delta"] = float(d.mean()) if d.size else math.nan
+        avg_rows = block["average"]["rows"]
+        if lb in avg_rows and baseline in avg_rows:
+            gains["average"] = {}
+            for m in metrics:
+                cell = avg_rows[lb]["metrics"][m]
+                gains["average"][m] = stats.gain_percent(cell["mean"], avg_rows[baseline]["metrics"][m]["mean"])
+                diffs = [_paired_diffs(raw[b][lb][0], raw[b][lb][1][m], raw[b][baseline][0], raw[b][baseline][1][m])
+                         for b in benches]
+                cell["p"] = stats.paired_bootstrap_p(diffs, resamples=resamples, seed=seed)
+                cell["delta"] = float(np.mean([d.mean() for d in diffs]))
+        block["gain"][lb] = gains
+
+
+# ---- clip quadrants ---------------------------------------------------------------------------
+
+def _sum_key(rows: Sequence[Mapping], key: str) -> float:
+    return float(sum(r.get(key) or 0.0 for r in rows))
+
+
+def run_quadrants(metrics: Sequence[Mapping]) -> dict | None:
+    """Shares of one run, summed over all its optimizer steps; None when nothing was logged.
+
+    ``share`` (%): each quadrant's ``q{i}/out_of_band`` / the sum over Q1-Q4 (the paper's Figure 4f);
+    ``zero_grad`` / ``rescued`` / ``out_of_band`` (%): summed over all six cells, / all tokens.
+    """
+    tokens = sum(_sum_key(metrics, f"{c}/tokens") for c in CELLS)
+    if tokens == 0:
+        return None
+    events = {q: _sum_key(metrics, f"{q}/out_of_band") for q in QUADRANTS}
+    total = sum(events.values())
+    return {
+        "events": total,
+        "tokens": tokens,
+        "share": {q: (100.0 * events[q] / total if total else math.nan) for q in QUADRANTS},
+        "zero_grad": 100.0 * sum(_sum_key(metrics, f"{c}/zero_grad") for c in CELLS) / tokens,
+        "rescued": 100.0 * sum(_sum_key(metrics, f"{c}/rescued") for c in CELLS) / tokens,
+        "out_of_band": 100.0 * sum(_sum_key(metrics, f"{c}/out_of_band") for c in CELLS) / tokens,
+    }
+
+
+def label_quadrants(runs: Sequence[Run]) -> dict | None:
+    """Mean +- std over seeds of each run's shares (each seed weighs the same)."""
+    per_run = [q for q in (run_quadrants(r.metrics) for r in runs) if q is not None]
+    if not per_run:
+        return None
+
+    def ms(values):
+        m, s = stats.mean_std(values)
+        return {"mean": m, "std": s}
+
+    return {
+        "seeds": len(per_run),
+        "events": sum(q["events"] for q in per_run),
+        "tokens": sum(q["tokens"] for q in per_run),
+        "share": {k: ms([q["share"][k] for q in per_run]) for k in QUADRANTS},
+        **{k: ms([q[k] for q in per_run]) for k in ("zero_grad", "rescued", "out_of_band")},
+    }
+
+
+# ---- the whole sweep --------------------------------------------------------------------------
+
+def analyze(sweep: Sweep, baseline: str | None = None, *, resamples: int = stats.BOOTSTRAP_RESAMPLES,
+            seed: int = stats.BOOTSTRAP_SEED) -> dict:
+    labels = sweep.labels()
+    methods = {r.label: r.method for r in sweep.runs}
+    base = resolve_baseline(labels, methods, baseline)
+    states: dict[str, int] = {}
+    for r in sweep.runs:
+        states[r.state] = states.get(r.state, 0) + 1
+    blocks = sweep.blocks()
+    out = {
+        "sweep": sweep.name,
+        "baseline": base,
+        "bootstrap": {"resamples": resamples, "seed": seed, "test": "paired, two-sided, null-centred"},
+        "ci": {"level": stats.CI_LEVEL, "method": "Student t over problems (seeds averaged per problem)"},
+        "runs": {"total": len(sweep.runs), "states": states,
+                 "without_eval": [r.run_id for r in sweep.runs if r.final_step is None]},
+        "blocks": [analyze_block(model, rs, labels, base, resamples=resamples, seed=seed) for model, rs in blocks.items()],
+        "quadrants": {},
+    }
+    for model, rs in blocks.items():
+        q = {}
+        for lb in labels:
+            got = label_quadrants([r for r in rs if r.label == lb])
+            if got is not None:
+                q[lb] = got
+        out["quadrants"][model] = q
+    return out

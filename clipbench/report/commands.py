@@ -1,0 +1,121 @@
+"""`clipbench report [SWEEP] --baseline METHOD --format rich|markdown|latex|csv|html`.
+
+Reads the results store only (works offline). Writes to ``--out`` (default
+``<results>/reports/<sweep>/``): ``report.json`` (every number) always, plus
+    markdown  report.md and the figures as plots/*.png
+    latex     report.tex (booktabs fragment)
+    csv       one <table>.csv per table
+    html      report.html: one self-contained page (tables + figures as base64 PNG)
+rich prints the tables to the terminal. Paths written are printed, the HTML page last.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from clipbench.errors import UserError, unknown_choice
+from clipbench.report import paper as paper_ref
+from clipbench.report import render
+from clipbench.report.analysis import analyze
+from clipbench.report.load import Sweep, list_sweeps, load_sweep
+from clipbench.report.tables import Table, build_tables, model_title
+from clipbench.tracking.store import atomic_write_json
+
+
+def header_lines(sweep: Sweep, result: dict) -> list[str]:
+    states = ", ".join(f"{v} {k}" for k, v in sorted(result["runs"]["states"].items()))
+    lines = [f"Sweep '{sweep.name}' ({sweep.path}): {result['runs']['total']} runs ({states}).",
+             f"Models: {', '.join(model_title(b['model']) for b in result['blocks'])}. "
+             f"Baseline: {result['baseline'] or 'none (no Gain row or p-values)'}."]
+    for b in result["blocks"]:
+        seeds = "; ".join(f"{lb}: seeds {', '.join(map(str, info['seeds']))} (final step "
+                          f"{'/'.join(map(str, info['final_steps']))})" for lb, info in b["labels"].items())
+        if seeds:
+            lines.append(f"{model_title(b['model'])}: {seeds}.")
+    missing = result["runs"]["without_eval"]
+    if missing:
+        lines.append(f"Not in the tables (no evaluation yet): {len(missing)} run(s): {', '.join(missing)}.")
+    return lines
+
+
+def build_report(results_dir: Path, sweep_name: str, baseline: str | None):
+    """(sweep, analysis dict, tables, header lines) for one sweep; UserError when it has nothing to show."""
+    sweep = load_sweep(results_dir, sweep_name)
+    result = analyze(sweep, baseline)
+    tables = build_tables(result, paper_ref.load_paper())
+    if not any(t.key in ("table3", "quadrants") for t in tables):
+        states = ", ".join(f"{v} {k}" for k, v in sorted(result["runs"]["states"].items()))
+        raise UserError(f"sweep '{sweep_name}' has no evaluations or clip metrics yet ({len(sweep.runs)} runs: "
+                        f"{states}); run `clipbench sweep` to finish it")
+    return sweep, result, tables, header_lines(sweep, result)
+
+
+def _figures_png(sweep: Sweep, result: dict) -> dict[str, bytes]:
+    from clipbench.report.plots import close_figures, make_figures
+
+    figs = make_figures(sweep, result)
+    out = {}
+    for name, fig in figs.items():
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        out[name] = buf.getvalue()
+    close_figures(figs)
+    return out
+
+
+def write_report(sweep: Sweep, result: dict, tables: list[Table], header: list[str], fmt: str, out_dir: Path,
+                 console=None) -> list[Path]:
+    """Write the files of one format (and report.json); returns the paths written (HTML page last)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    title = f"clipbench report: {sweep.name}"
+    written: list[Path] = []
+    atomic_write_json(out_dir / "report.json", result)
+    written.append(out_dir / "report.json")
+    if fmt == "rich":
+        console = console or render.report_console()
+        for line in header:
+            console.print(line, highlight=False)
+        console.print()
+        render.print_rich(tables, console)
+    elif fmt == "markdown":
+        rel = {}
+        for name, png in _figures_png(sweep, result).items():
+            p = out_dir / "plots" / f"{name}.png"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(png)
+            rel[name] = f"plots/{name}.png"
+            written.append(p)
+        written.append(render.write_text(out_dir / "report.md", render.markdown_document(title, header, tables, rel)))
+    elif fmt == "latex":
+        written.append(render.write_text(out_dir / "report.tex", render.latex_document(tables)))
+    elif fmt == "csv":
+        for name, t in zip(render.unique_names(tables), tables):
+            written.append(render.write_text(out_dir / f"{name}.csv", render.to_csv(t)))
+    elif fmt == "html":
+        page = render.html_document(title, header, tables, _figures_png(sweep, result))
+        written.append(render.write_text(out_dir / "report.html", page))
+    return written
+
+
+def report_command(sweep: str | None, *, baseline: str | None, fmt: str, results_dir: Path,
+                   out: Path | None) -> list[Path]:
+    if fmt not in render.FORMATS:
+        raise UserError("--format: " + unknown_choice("format", fmt, render.FORMATS))
+    results_dir = Path(results_dir)
+    names = [sweep] if sweep else list_sweeps(results_dir)
+    if not names:
+        raise UserError(f"no sweeps with runs in {results_dir}; run `clipbench sweep FILE --results-dir {results_dir}` first")
+    written: list[Path] = []
+    for name in names:
+        s, result, tables, header = build_report(results_dir, name, baseline)
+        if out is None:
+            out_dir = results_dir / "reports" / name
+        else:
+            out_dir = Path(out) if len(names) == 1 else Path(out) / name
+        paths = write_report(s, result, tables, header, fmt, out_dir)
+        written += paths
+        for p in paths:
+            if p.suffix != ".png" and not (fmt == "rich" and p.name == "report.json"):
+                print(p)
+    return written

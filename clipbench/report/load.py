@@ -1,0 +1,186 @@
+"""Read a sweep from the results store (offline: plain files only) and group its runs.
+
+A sweep's runs live in ``<results>/<sweep>/<run_id>/`` (docs/architecture.md). Runs are grouped
+into *blocks* by base model (the paper's Table 3 has one block per model) and, within a block, by
+*method label*: the objective method plus the settings that vary within the sweep (e.g.
+``nsr(p=0.5)``). The runs of one label differ only by seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from clipbench.errors import UserError, did_you_mean
+from clipbench.tracking.store import RunDir, read_jsonl
+
+# Config keys that never make a method label: identity/bookkeeping, the seed (seeds are pooled),
+# the model (it makes the block) and evaluation settings.
+_NOT_IN_LABEL_PREFIXES = ("seed", "name", "tracking.", "model.name", "eval.", "train.checkpoint_every",
+                          "train.log_histograms")
+
+
+@dataclass
+class Run:
+    run_id: str
+    path: Path
+    config: dict
+    state: str
+    metrics: list[dict] = field(default_factory=list)
+    evals: dict[int, dict[str, dict]] = field(default_factory=dict)
+    hist: list[dict] = field(default_factory=list)
+    label: str = ""
+
+    @property
+    def method(self) -> str:
+        return str(self.config.get("objective", {}).get("method", "?"))
+
+    @property
+    def seed(self) -> int:
+        return int(self.config.get("seed", 0))
+
+    @property
+    def model(self) -> str:
+        return str(self.config.get("model", {}).get("name", "?"))
+
+    @property
+    def final_step(self) -> int | None:
+        return max(self.evals) if self.evals else None
+
+    def eps_band(self) -> tuple[float, float]:
+        """The run's reference band (eps_low, eps_high) as the objectives log it: 0.2/0.2 by default."""
+        obj = self.config.get("objective", {})
+        lo = obj.get("eps_low", obj.get("eps2", 0.2))
+        hi = obj.get("eps_high", obj.get("eps1", 0.2))
+        return float(lo), float(hi)
+
+
+@dataclass
+class Sweep:
+    name: str
+    path: Path
+    runs: list[Run]
+
+    def blocks(self) -> dict[str, list[Run]]:
+        """{model name: runs}, in order of first appearance."""
+        out: dict[str, list[Run]] = {}
+        for r in self.runs:
+            out.setdefault(r.model, []).append(r)
+        return out
+
+    def labels(self) -> list[str]:
+        return list(dict.fromkeys(r.label for r in self.runs))
+
+
+def list_sweeps(results_dir: str | Path) -> list[str]:
+    """Sweep names: directories of the results store holding at least one run (a config.yaml)."""
+    root = Path(results_dir)
+    if not root.is_dir():
+        return []
+    names = []
+    for d in sorted(root.iterdir()):
+        if d.is_dir() and d.name not in ("reports", "eval") and any(d.glob("*/config.yaml")):
+            names.append(d.name)
+    return names
+
+
+def load_sweep(results_dir: str | Path, name: str) -> Sweep:
+    """All runs of a sweep, labelled; UserError listing the sweeps that exist when unknown or empty."""
+    root = Path(results_dir)
+    sweeps = list_sweeps(root)
+    if name not in sweeps:
+        where = f" in {root}" if root.is_dir() else f": results dir {root} does not exist"
+        valid = ", ".join(sweeps) if sweeps else "(none)"
+        raise UserError(f"no runs for sweep '{name}'{where}{did_you_mean(name, sweeps)}; sweeps with runs: {valid}")
+    runs = [load_run(d) for d in sorted((root / name).iterdir()) if (d / "config.yaml").is_file()]
+    assign_labels(runs)
+    return Sweep(name=name, path=root / name, runs=runs)
+
+
+def load_run(path: str | Path) -> Run:
+    rd = RunDir(path)
+    return Run(run_id=rd.run_id, path=rd.path, config=rd.read_config() or {}, state=rd.status().get("state", "pending"),
+               metrics=rd.read_metrics(), evals=rd.read_evals(), hist=read_jsonl(rd.hist_path))
+
+
+def _flatten(d: Mapping, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = tuple(v) if isinstance(v, list) else v
+    return out
+
+
+def _fmt_value(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, tuple):
+        return "[" + ",".join(_fmt_value(x) for x in v) + "]"
+    return str(v)
+
+
+def _in_label(key: str) -> bool:
+    return not any(key == p or key.startswith(p) for p in _NOT_IN_LABEL_PREFIXES)
+
+
+def assign_labels(runs: list[Run]) -> None:
+    """Set ``run.label``: method, plus ``(k=v, ...)`` for the settings that vary within its block.
+
+    Within the runs of one base model (a block: settings tied to the model, like batch sizes, vary
+    with it and are no label): objective parameters count when they vary among the runs of the same
+    method (method defaults differ between methods by design); other settings count when they vary
+    across the block. Keys are shown by their last component unless that is ambiguous.
+    """
+    blocks: dict[str, list[Run]] = {}
+    for r in runs:
+        blocks.setdefault(r.model, []).append(r)
+    for block in blocks.values():
+        _assign_block_labels(block)
+
+
+def _assign_block_labels(runs: list[Run]) -> None:
+    flat = {r.run_id: _flatten(r.config) for r in runs}
+    keys = sorted({k for f in flat.values() for k in f})
+    varying_global = [k for k in keys if not k.startswith("objective.") and _in_label(k)
+                      and len({flat[r.run_id].get(k) for r in runs}) > 1]
+    by_method: dict[str, list[Run]] = {}
+    for r in runs:
+        by_method.setdefault(r.method, []).append(r)
+    varying_obj = {
+        m: [k for k in keys if k.startswith("objective.") and k != "objective.method"
+            and len({flat[r.run_id].get(k) for r in rs}) > 1]
+        for m, rs in by_method.items()
+    }
+    all_keys = varying_global + [k for ks in varying_obj.values() for k in ks]
+    last = [k.rsplit(".", 1)[-1] for k in all_keys]
+
+    def short(k: str) -> str:
+        tail = k.rsplit(".", 1)[-1]
+        return tail if last.count(tail) == 1 or k.startswith("objective.") else k
+
+    for r in runs:
+        f = flat[r.run_id]
+        parts = [f"{short(k)}={_fmt_value(f.get(k))}" for k in varying_obj[r.method] + varying_global]
+        r.label = r.method + (f"({', '.join(parts)})" if parts else "")
+
+
+def resolve_baseline(labels: list[str], methods_by_label: Mapping[str, str], baseline: str | None) -> str | None:
+    """The label the Gain row compares against: an exact label, or a method with exactly one label.
+
+    ``None`` picks 'grpo' when the sweep has exactly one grpo label, else no baseline."""
+    if baseline is None:
+        grpo = [lb for lb in labels if methods_by_label[lb] == "grpo"]
+        return grpo[0] if len(grpo) == 1 else None
+    if baseline in labels:
+        return baseline
+    matches = [lb for lb in labels if methods_by_label[lb] == baseline]
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        raise UserError(f"--baseline '{baseline}' matches several labels; pick one of: {', '.join(matches)}")
+    raise UserError(f"unknown baseline '{baseline}'{did_you_mean(baseline, labels)}; "
+                    f"methods in this sweep: {', '.join(labels)}")

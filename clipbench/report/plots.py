@@ -1,0 +1,257 @@
+"""Training-dynamics plots (matplotlib, Agg backend, PNG): one line per method, seed band shaded.
+
+    figs = make_figures(sweep, result)   # {name: Figure}, entropy first
+    paths = save_figures(figs, out_dir)  # {name: Path to PNG}
+
+Lines are the mean over seeds; the shaded band is the min-max over seeds (only where at least two
+seeds have a value). Figures: ``entropy`` (token entropy per optimizer step), ``reward`` (mean
+reward per rollout step), ``eval`` (Avg@n and Pass@n per benchmark over the evaluation steps),
+``quadrants`` (share of clip events per quadrant per rollout step) and ``log_ratio_hist`` (the
+distribution of log r pooled over steps and seeds, split by the sign of A, with the clip bounds).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from clipbench.report import stats  # noqa: E402
+from clipbench.report.analysis import QUADRANTS  # noqa: E402
+from clipbench.report.load import Run, Sweep  # noqa: E402
+from clipbench.report.tables import BENCH_TITLES, metric_title, model_title, ordered_benchmarks  # noqa: E402
+
+DPI = 100
+COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+
+
+def series_key(run: Run, multi_block: bool) -> str:
+    return f"{model_title(run.model)}: {run.label}" if multi_block else run.label
+
+
+def group_runs(sweep: Sweep, baseline: str | None = None) -> dict[str, list[Run]]:
+    """{series name: runs (seeds)}: the baseline's series first, then in label order."""
+    multi = len(sweep.blocks()) > 1
+    runs = sorted(sweep.runs, key=lambda r: r.label != baseline)  # stable: keeps the label order
+    out: dict[str, list[Run]] = {}
+    for r in runs:
+        out.setdefault(series_key(r, multi), []).append(r)
+    return out
+
+
+def seed_frame(runs: Sequence[Run], extract: Callable[[Run], Mapping[float, float]]) -> pd.DataFrame:
+    """Index x, one column per run (seed): values from ``extract(run) -> {x: y}``; NaN where missing."""
+    cols = {r.run_id: pd.Series(dict(extract(r)), dtype=float) for r in runs}
+    cols = {k: v for k, v in cols.items() if len(v)}
+    if not cols:
+        return pd.DataFrame()
+    return pd.DataFrame(cols).sort_index()
+
+
+def metric_by(run: Run, key: str, x: str) -> dict[float, float]:
+    """{x: mean of metric ``key`` over the rows with that x} from metrics.jsonl."""
+    acc: dict[float, list[float]] = {}
+    for row in run.metrics:
+        v = row.get(key)
+        if x in row and isinstance(v, (int, float)) and math.isfinite(v):
+            acc.setdefault(float(row[x]), []).append(float(v))
+    return {k: float(np.mean(v)) for k, v in acc.items()}
+
+
+def draw_band(ax, frame: pd.DataFrame, label: str, color: str) -> None:
+    """Mean line over seeds and the min-max band where >= 2 seeds have a value."""
+    if frame.empty:
+        return
+    mean = frame.mean(axis=1)
+    ax.plot(frame.index.values, mean.values, label=label, color=color, linewidth=1.6)
+    count = frame.notna().sum(axis=1)
+    if (count >= 2).any():
+        lo, hi = frame.min(axis=1), frame.max(axis=1)
+        ok = (count >= 2).values
+        ax.fill_between(frame.index.values, lo.where(ok).values, hi.where(ok).values, color=color, alpha=0.2,
+                        linewidth=0)
+
+
+def _finish(fig: Figure, axes, title: str) -> Figure:
+    handles, labels = [], []
+    for ax in np.ravel(axes):
+        for h, lb in zip(*ax.get_legend_handles_labels()):
+            if lb not in labels:
+                handles.append(h)
+                labels.append(lb)
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), frameon=False)
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.08 if handles else 0, 1, 0.95))
+    return fig
+
+
+def line_figure(groups: Mapping[str, list[Run]], key: str, x: str, title: str, ylabel: str,
+                scale: float = 1.0) -> Figure | None:
+    frames = {name: seed_frame(rs, lambda r: metric_by(r, key, x)) * scale for name, rs in groups.items()}
+    frames = {k: v for k, v in frames.items() if not v.empty}
+    if not frames:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=DPI)
+    for i, (name, frame) in enumerate(frames.items()):
+        draw_band(ax, frame, name, COLORS[i % len(COLORS)])
+    ax.set_xlabel("optimizer step" if x == "opt_step" else "rollout step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    return _finish(fig, ax, f"{title} (mean over seeds; band: min-max)")
+
+
+def _first_key(groups: Mapping[str, list[Run]], candidates: Sequence[str]) -> str | None:
+    for key in candidates:
+        if any(key in row for rs in groups.values() for r in rs for row in r.metrics[:50]):
+            return key
+    return None
+
+
+def eval_figure(groups: Mapping[str, list[Run]], result: dict) -> Figure | None:
+    """Avg@n and Pass@n (largest k) per benchmark over the evaluation steps."""
+    benches = ordered_benchmarks({b for blk in result["blocks"] for b in blk["benchmarks"]})
+    n = min((blk["n"] for blk in result["blocks"] if blk["n"]), default=0)
+    if not benches or not n:
+        return None
+    metrics = ["avg"] + ([f"pass@{n}"] if n > 1 else [])
+    ks = [n] if n > 1 else []
+
+    def extract(run: Run, bench: str, metric: str) -> dict[float, float]:
+        out = {}
+        for step, payloads in run.evals.items():
+            p = payloads.get(bench)
+            if p is not None:
+                correct = np.asarray(p["correct"], dtype=float)[:, :n]  # (P, n): the common n
+                out[float(step)] = 100 * float(stats.per_problem_values(correct, ks)[metric].mean())
+        return out
+
+    fig, axes = plt.subplots(len(metrics), len(benches), figsize=(4.2 * len(benches) + 0.6, 3.2 * len(metrics)),
+                             dpi=DPI, squeeze=False)
+    for j, bench in enumerate(benches):
+        for i, metric in enumerate(metrics):
+            ax = axes[i][j]
+            for c, (name, rs) in enumerate(groups.items()):
+                draw_band(ax, seed_frame(rs, lambda r: extract(r, bench, metric)), name, COLORS[c % len(COLORS)])
+            ax.set_title(f"{BENCH_TITLES.get(bench, bench)}: {metric_title(metric, n)}", fontsize=10)
+            ax.set_xlabel("rollout step")
+            ax.set_ylabel("%")
+            ax.grid(alpha=0.3)
+    return _finish(fig, axes, f"Evaluation over training (n = {n}; mean over seeds; band: min-max)")
+
+
+def quadrant_shares_by_step(run: Run) -> dict[str, dict[float, float]]:
+    """{q: {rollout step: share of that step's Q1-Q4 clip events, %}}."""
+    per_step: dict[float, dict[str, float]] = {}
+    for row in run.metrics:
+        if "step" not in row:
+            continue
+        acc = per_step.setdefault(float(row["step"]), dict.fromkeys(QUADRANTS, 0.0))
+        for q in QUADRANTS:
+            acc[q] += float(row.get(f"{q}/out_of_band") or 0.0)
+    out: dict[str, dict[float, float]] = {q: {} for q in QUADRANTS}
+    for step, acc in per_step.items():
+        total = sum(acc.values())
+        if total > 0:
+            for q in QUADRANTS:
+                out[q][step] = 100 * acc[q] / total
+    return out
+
+
+def quadrant_figure(groups: Mapping[str, list[Run]]) -> Figure | None:
+    shares = {name: {r.run_id: quadrant_shares_by_step(r) for r in rs} for name, rs in groups.items()}
+    if not any(s[q] for by_run in shares.values() for s in by_run.values() for q in QUADRANTS):
+        return None
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.8), dpi=DPI, sharey=True)
+    for i, q in enumerate(QUADRANTS):
+        ax = axes[i]
+        for c, (name, rs) in enumerate(groups.items()):
+            draw_band(ax, seed_frame(rs, lambda r: shares[name][r.run_id][q]), name, COLORS[c % len(COLORS)])
+        ax.set_title(f"{q.upper()} share of clip events", fontsize=10)
+        ax.set_xlabel("rollout step")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("% of Q1-Q4 events")
+    return _finish(fig, axes, "Clip events by quadrant over training (mean over seeds; band: min-max)")
+
+
+def _hist_arrays(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(bin centres (B,), pos counts (B,), neg counts (B,)) summed over steps; under/overflow dropped."""
+    if not run.hist:
+        return None
+    edges = np.asarray(run.hist[0]["edges"], dtype=float)
+    pos = np.zeros(len(edges) + 1)
+    neg = np.zeros(len(edges) + 1)
+    for row in run.hist:
+        p, m = np.asarray(row["pos"], dtype=float), np.asarray(row["neg"], dtype=float)
+        if len(p) == len(edges) - 1:  # plain bins: pad with empty under/overflow
+            p, m = np.pad(p, 1), np.pad(m, 1)
+        pos += p
+        neg += m
+    centres = (edges[:-1] + edges[1:]) / 2
+    return centres, pos[1:-1], neg[1:-1]
+
+
+def hist_figure(groups: Mapping[str, list[Run]]) -> Figure | None:
+    data = {name: [h for h in (_hist_arrays(r) for r in rs) if h is not None] for name, rs in groups.items()}
+    data = {k: v for k, v in data.items() if v}
+    if not data:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), dpi=DPI, sharey=True)
+    for c, (name, hs) in enumerate(data.items()):
+        color = COLORS[c % len(COLORS)]
+        centres = hs[0][0]
+        for ax, idx, sign in ((axes[0], 1, "A > 0"), (axes[1], 2, "A < 0")):
+            counts = np.sum([h[idx] for h in hs if len(h[idx]) == len(centres)], axis=0)
+            total = counts.sum()
+            if total > 0:
+                ax.step(centres, counts / total, where="mid", label=name, color=color, linewidth=1.4)
+            ax.set_title(f"log r, tokens with {sign}", fontsize=10)
+        lo, hi = groups[name][0].eps_band()
+        for ax in axes:
+            for b in (math.log(1 - lo) if lo < 1 else None, math.log(1 + hi)):
+                if b is not None:
+                    ax.axvline(b, color=color, linestyle="--", linewidth=0.8, alpha=0.7)
+    for ax in axes:
+        ax.set_yscale("log")
+        ax.set_xlabel("log r = logp - old_logp")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("fraction of tokens (pooled over steps and seeds)")
+    return _finish(fig, axes, "Log-ratio near the clip bounds (dashed: each method's log(1 - eps_low), log(1 + eps_high))")
+
+
+def make_figures(sweep: Sweep, result: dict) -> dict[str, Figure]:
+    """Every figure that has data, in display order (entropy first)."""
+    groups = group_runs(sweep, result.get("baseline"))
+    figs: dict[str, Figure | None] = {}
+    ent = _first_key(groups, ("entropy", "entropy/mean"))
+    figs["entropy"] = line_figure(groups, ent, "opt_step", "Token entropy", "nats / token") if ent else None
+    rew = _first_key(groups, ("reward/mean", "reward"))
+    figs["reward"] = line_figure(groups, rew, "step", "Mean reward", "reward") if rew else None
+    figs["eval"] = eval_figure(groups, result)
+    figs["quadrants"] = quadrant_figure(groups)
+    figs["log_ratio_hist"] = hist_figure(groups)
+    return {k: v for k, v in figs.items() if v is not None}
+
+
+def save_figures(figs: Mapping[str, Figure], out_dir: str | Path) -> dict[str, Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, fig in figs.items():
+        path = out / f"{name}.png"
+        fig.savefig(path, format="png")
+        paths[name] = path
+    return paths
+
+
+def close_figures(figs: Mapping[str, Figure]) -> None:
+    for fig in figs.values():
+        plt.close(fig)

@@ -1,0 +1,137 @@
+"""The statistics behind the report: pure numpy functions over per-problem values.
+
+The problem is the unit of evaluation (docs/objectives.md, "Evaluation metrics"):
+
+- per problem, Avg@n is its mean correctness over n samples and Pass@k the unbiased estimator
+  ``1 - C(n-c, k) / C(n, k)`` (``clipbench.eval.passk``); seeds of one method are averaged per
+  problem first;
+- a 95% confidence interval over problems is Student's t interval of the mean of those per-problem
+  values (``t_interval``); the Average over benchmarks combines the benchmarks' standard errors with
+  Welch-Satterthwaite degrees of freedom (``combined_t_interval``);
+- a method is compared with the baseline by a paired bootstrap over problems (paired by problem
+  id): resample problems with replacement, recompute the mean difference, and report the two-sided
+  p-value of the null-centred bootstrap, ``(1 + #{|d*_b - d| >= |d|}) / (B + 1)``
+  (``paired_bootstrap_p``). Benchmarks are resampled separately (stratified) for the Average.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 0
+CI_LEVEL = 0.95
+
+
+def ks_for(n: int) -> list[int]:
+    """Pass@k columns for n samples: 2, 4, 8, ... below n, then n (the paper's k in {2..64} for n=64)."""
+    if n < 2:
+        return []
+    ks, k = [], 2
+    while k < n:
+        ks.append(k)
+        k *= 2
+    return ks + [n]
+
+
+def metric_names(ks: Sequence[int]) -> list[str]:
+    """['avg', 'pass@2', ...]: 'avg' is Avg@n (mean correctness, the unbiased Pass@1)."""
+    return ["avg"] + [f"pass@{k}" for k in ks]
+
+
+def per_problem_values(correct: np.ndarray, ks: Sequence[int]) -> dict[str, np.ndarray]:
+    """correct (P, n) 0/1 -> {'avg': (P,), 'pass@k': (P,)} per-problem values in [0, 1]."""
+    from clipbench.eval.passk import pass_at_k_array
+
+    correct = np.asarray(correct, dtype=float)
+    if correct.ndim != 2:
+        raise ValueError(f"correctness matrix must be 2-D (problems x samples), got shape {correct.shape}")
+    n = correct.shape[1]
+    c = correct.sum(axis=1).astype(np.int64)  # (P,)
+    out = {"avg": correct.mean(axis=1)}
+    for k in ks:
+        out[f"pass@{k}"] = pass_at_k_array(n, c, k)  # raises ValueError when k > n
+    return out
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample std (ddof=1; 0.0 for a single value) over seeds."""
+    v = np.asarray(values, dtype=float)
+    if v.size == 0:
+        return math.nan, math.nan
+    return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
+
+
+def t_interval(values: Sequence[float], level: float = CI_LEVEL) -> tuple[float, float]:
+    """Student's t confidence interval of the mean of ``values`` (one per problem).
+
+    (lo, hi) = mean -+ t_{(1+level)/2, P-1} * s / sqrt(P); a degenerate (mean, mean) when P < 2 or s = 0.
+    """
+    from scipy.stats import t as student_t
+
+    v = np.asarray(values, dtype=float)
+    m = float(v.mean())
+    if v.size < 2:
+        return m, m
+    se = float(v.std(ddof=1)) / math.sqrt(v.size)
+    if se == 0.0:
+        return m, m
+    h = float(student_t.ppf(0.5 + level / 2, df=v.size - 1)) * se
+    return m - h, m + h
+
+
+def combined_t_interval(groups: Sequence[Sequence[float]], level: float = CI_LEVEL) -> tuple[float, float]:
+    """CI of the unweighted mean over groups (benchmarks) of each group's mean over its problems.
+
+    se^2 = sum_b s_b^2 / P_b / B^2; degrees of freedom by Welch-Satterthwaite,
+    df = (sum_b v_b)^2 / sum_b v_b^2 / (P_b - 1) with v_b = s_b^2 / P_b.
+    """
+    from scipy.stats import t as student_t
+
+    arrays = [np.asarray(g, dtype=float) for g in groups]
+    m = float(np.mean([a.mean() for a in arrays]))
+    if any(a.size < 2 for a in arrays):
+        return m, m
+    v = np.array([a.var(ddof=1) / a.size for a in arrays])
+    if v.sum() == 0.0:
+        return m, m
+    df = v.sum() ** 2 / sum(vb**2 / (a.size - 1) for vb, a in zip(v, arrays) if vb > 0)
+    se = math.sqrt(v.sum()) / len(arrays)
+    h = float(student_t.ppf(0.5 + level / 2, df=df)) * se
+    return m - h, m + h
+
+
+def paired_bootstrap_p(diffs_by_group: Sequence[Sequence[float]], *, resamples: int = BOOTSTRAP_RESAMPLES,
+                       seed: int = BOOTSTRAP_SEED) -> float:
+    """Two-sided paired-bootstrap p-value that the mean difference is zero.
+
+    ``diffs_by_group``: per benchmark, the per-problem differences (method - baseline), paired by
+    problem id and averaged over seeds. The statistic is the unweighted mean over groups of each
+    group's mean difference (one group: the plain mean). Problems are resampled with replacement
+    within each group, ``resamples`` times, from ``np.random.default_rng(seed)``; the p-value is
+    ``(1 + #{|d*_b - d| >= |d|}) / (resamples + 1)`` (null-centred bootstrap; 1.0 when d == 0).
+    """
+    groups = [np.asarray(g, dtype=float) for g in diffs_by_group]
+    if not groups or any(g.size == 0 for g in groups):
+        return math.nan
+    rng = np.random.default_rng(seed)
+    observed = float(np.mean([g.mean() for g in groups]))
+    boot = np.zeros(resamples)
+    for g in groups:  # (resamples, P_b) indices per group, one draw per group in a fixed order
+        idx = rng.integers(0, g.size, size=(resamples, g.size))
+        boot += g[idx].mean(axis=1)
+    boot /= len(groups)
+    extreme = np.abs(boot - observed) >= abs(observed) - 1e-12
+    return float((1 + extreme.sum()) / (resamples + 1))
+
+
+def gain_percent(method: float, baseline: float) -> float | None:
+    """The paper's Gain: (m - b) / b * 100; None (printed blank) when b == 0 or either is missing."""
+    if baseline is None or method is None or not math.isfinite(baseline) or not math.isfinite(method):
+        return None
+    if baseline == 0:
+        return None
+    return (method - baseline) / baseline * 100.0

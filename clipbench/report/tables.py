@@ -1,0 +1,264 @@
+"""Display tables (strings) from the numbers of ``analysis.analyze``; every renderer reads these.
+
+Tables of a report, per block (base model):
+- ``table3``: the paper's Table 3 layout: per benchmark one row per method, Avg@n and Pass@k
+  (k = 2, 4, ..., n), mean +- std over seeds in %, an Average block and Gain rows (% vs the
+  baseline), the paper's reference rows inline when model and benchmark are the paper's;
+- ``significance``: Avg@n and Pass@n with 95% CIs over problems, the difference from the baseline
+  (percentage points) and its paired-bootstrap p-value;
+and once: ``quadrants`` (share of clip events per quadrant, like the paper's Figure 4f) and, for a
+grpo-vs-abc sweep on other models, ``paper_reference`` (the paper's Table 3 as printed).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from clipbench.report import paper as paper_ref
+from clipbench.report.analysis import BASE_LABEL, QUADRANTS
+
+BENCH_ORDER = ("aime24", "aime25", "amc23", "math500", "gsm8k", "arith")
+BENCH_TITLES = {"aime24": "AIME24", "aime25": "AIME25", "amc23": "AMC23", "math500": "MATH500",
+                "gsm8k": "GSM8K", "arith": "arith"}
+QUADRANT_TITLES = {"q1": "Q1 (A>0, r>1)", "q2": "Q2 (A>0, r<1)", "q3": "Q3 (A<0, r<1)", "q4": "Q4 (A<0, r>1)"}
+
+
+@dataclass
+class Table:
+    key: str                       # table3 | significance | quadrants | paper_reference
+    title: str
+    columns: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    styles: list[str] = field(default_factory=list)   # per row: "" | base | ref | gain | refgain | average
+    notes: list[str] = field(default_factory=list)
+    beside: str | None = None      # key of a table to show next to this one (html)
+
+    def add(self, cells: list[str], style: str = "") -> None:
+        assert len(cells) == len(self.columns), (cells, self.columns)
+        self.rows.append([str(c) for c in cells])
+        self.styles.append(style)
+
+
+# ---- formatting -------------------------------------------------------------------------------
+
+def pct(x: float | None) -> str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}"
+
+
+def mean_std_cell(cell: dict, seeds: int) -> str:
+    s = pct(cell["mean"])
+    return f"{s} ± {100 * cell['std']:.1f}" if seeds > 1 and s else s
+
+
+def gain_cell(g: float | None) -> str:
+    return "" if g is None else f"{g:+.1f}%"
+
+
+def p_cell(p: float | None) -> str:
+    if p is None or (isinstance(p, float) and math.isnan(p)):
+        return ""
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def ci_cell(cell: dict) -> str:
+    """'mean [lo, hi]' in %, the interval clipped to [0, 100] (a t interval of a proportion can leave it)."""
+    lo, hi = cell["ci"]
+    return f"{pct(cell['mean'])} [{pct(max(lo, 0.0))}, {pct(min(hi, 1.0))}]"
+
+
+def metric_title(metric: str, n: int) -> str:
+    return f"Avg@{n}" if metric == "avg" else "Pass@" + metric.split("@")[1]
+
+
+def ordered_benchmarks(benches) -> list[str]:
+    known = [b for b in BENCH_ORDER if b in benches]
+    return known + sorted(b for b in benches if b not in BENCH_ORDER)
+
+
+def model_title(model: str) -> str:
+    return model.rstrip("/").rsplit("/", 1)[-1]
+
+
+def ordered_labels(block: dict, baseline: str | None) -> list[str]:
+    labels = list(block["labels"])
+    return ([baseline] if baseline in labels else []) + [lb for lb in labels if lb != baseline]
+
+
+# ---- Table 3 layout ---------------------------------------------------------------------------
+
+def table3(block: dict, baseline: str | None, paper: dict | None) -> Table:
+    n, metrics = block["n"], block["metrics"]
+    cols = ["Benchmark", "Method", "Seeds"] + [metric_title(m, n) for m in metrics]
+    t = Table("table3", f"Table 3 layout: {model_title(block['model'])} (Avg@{n} / Pass@k, %)", cols)
+    paper_key = paper_ref.paper_model_key(block["model"], paper) if paper else None
+    labels = ordered_labels(block, baseline)
+
+    def section(bench_title: str, entry: dict, gains: dict, bench_key: str) -> None:
+        first = [True]
+
+        def row(method: str, seeds: str, values: list[str], style: str = "") -> None:
+            t.add([bench_title if first[0] else "", method, seeds, *values], style)
+            first[0] = False
+
+        if paper_key is not None and bench_key in paper["models"][paper_key]["rows"]:
+            titles = paper["models"][paper_key]["row_titles"]
+            for m in paper_ref.PAPER_METHODS:
+                vals = [paper_ref.paper_value(paper, paper_key, bench_key, m, metric) for metric in metrics]
+                row(f"paper: {titles[m]}", "", ["" if v is None else f"{v:.1f}" for v in vals], "ref")
+            vals = [paper_ref.paper_value(paper, paper_key, bench_key, "gain", metric) for metric in metrics]
+            row("paper: Gain (ABC-GRPO vs GRPO)", "", [gain_cell(v) for v in vals], "refgain")
+        if entry.get("base"):
+            b = entry["base"]
+            row(BASE_LABEL, str(b["seeds"]), [mean_std_cell(b["metrics"][m], b["seeds"]) for m in metrics], "base")
+        for lb in labels:
+            r = entry["rows"].get(lb)
+            if r is not None:
+                row(lb, str(r["seeds"]), [mean_std_cell(r["metrics"][m], r["seeds"]) for m in metrics],
+                    "baseline" if lb == baseline else "")
+        for lb in labels:
+            g = gains.get(lb, {}).get(bench_key)
+            if g is not None:
+                row(f"Gain: {lb} vs {baseline}", "", [gain_cell(g.get(m)) for m in metrics], "gain")
+
+    for bench in ordered_benchmarks(block["benchmarks"]):
+        entry = block["benchmarks"][bench]
+        title = f"{BENCH_TITLES.get(bench, bench)} (P={entry['problems']})"
+        section(title, entry, block["gain"], bench)
+    avg = block["average"]
+    if len(block["benchmarks"]) > 1 and avg["rows"]:
+        problems = sum(block["benchmarks"][b]["problems"] for b in avg["benchmarks"])
+        section(f"Average ({len(avg['benchmarks'])} benchmarks, P={problems})", avg, block["gain"], "average")
+    t.notes = [
+        f"Each cell: mean ± std over seeds (Seeds column; no ± with one seed) of the mean over the "
+        f"benchmark's problems (P in the Benchmark column), in %; n = {n} samples per problem, "
+        f"Pass@k is the unbiased estimator; the final evaluation (largest step) of every run.",
+    ]
+    if baseline:
+        t.notes.append(f"Gain = (method - baseline) / baseline x 100 on the unrounded means, as the paper's "
+                       f"Gain row; blank when the baseline is 0. Baseline: {baseline}.")
+    if any(block["benchmarks"][b].get("base") for b in block["benchmarks"]):
+        t.notes.append(f"'{BASE_LABEL}': the evaluation before training of the baseline runs (the base model).")
+    if paper_key is not None:
+        t.notes.append("'paper:' rows: ABC-GRPO paper (arXiv 2601.03895) Table 3 as printed (Avg@64, Pass@k, "
+                       "n = 64); blank where the paper leaves it blank or has no such column.")
+    return t
+
+
+# ---- significance -----------------------------------------------------------------------------
+
+def significance(block: dict, baseline: str | None, resamples: int, seed: int) -> Table:
+    n, metrics = block["n"], block["metrics"]
+    headline = [metrics[0]] + ([metrics[-1]] if len(metrics) > 1 else [])
+    cols = ["Benchmark", "Method", "Seeds x problems"]
+    for m in headline:
+        cols += [f"{metric_title(m, n)} [95% CI]", "Δ (pp)", "p"]
+    t = Table("significance", f"Significance vs {baseline or '(no baseline)'}: {model_title(block['model'])}", cols)
+    entries = [(b, block["benchmarks"][b]) for b in ordered_benchmarks(block["benchmarks"])]
+    if len(entries) > 1 and block["average"]["rows"]:
+        entries.append(("average", block["average"]))
+    for bench, entry in entries:
+        first = True
+        for lb in ordered_labels(block, baseline):
+            r = entry["rows"].get(lb)
+            if r is None:
+                continue
+            title = "Average" if bench == "average" else BENCH_TITLES.get(bench, bench)
+            cells = [title if first else "", lb, f"{r['seeds']} x {r['problems']}"]
+            for m in headline:
+                c = r["metrics"][m]
+                delta = c.get("delta")
+                cells += [ci_cell(c), "" if delta is None else f"{100 * delta:+.1f}", p_cell(c.get("p"))]
+            t.add(cells, "baseline" if lb == baseline else "")
+            first = False
+    t.notes = [
+        "95% CI: Student t interval over problems of the per-problem values (each problem's value averaged "
+        "over seeds first), clipped to [0, 100]; for Average, the benchmarks' standard errors combined "
+        "(Welch-Satterthwaite df).",
+        f"p: two-sided paired bootstrap vs the baseline, problems paired by id and resampled with replacement "
+        f"({resamples} resamples, numpy default_rng({seed}); stratified by benchmark for Average); "
+        f"p = (1 + #{{|d* - d| >= |d|}}) / (B + 1). Δ: method - baseline in percentage points.",
+    ]
+    return t
+
+
+# ---- clip quadrants ---------------------------------------------------------------------------
+
+def quadrants(q_by_block: dict, baseline: str | None, paper: dict | None, show_paper: bool) -> Table | None:
+    cols = ["Method", "Seeds", "Clip events"] + [QUADRANT_TITLES[q] for q in QUADRANTS] + \
+           ["Out of band (% tok)", "Zero-grad (% tok)", "Rescued (% tok)"]
+    t = Table("quadrants", "Clip events by quadrant (% of out-of-band tokens, summed over steps)", cols)
+    multi = len(q_by_block) > 1
+    for model, q in q_by_block.items():
+        labels = ([baseline] if baseline in q else []) + [lb for lb in q if lb != baseline]
+        for lb in labels:
+            e = q[lb]
+            s = e["seeds"]
+
+            def ms(d):
+                if d["mean"] is None or math.isnan(d["mean"]):
+                    return ""
+                return f"{d['mean']:.1f} ± {d['std']:.1f}" if s > 1 else f"{d['mean']:.1f}"
+
+            name = f"{model_title(model)}: {lb}" if multi else lb
+            t.add([name, str(s), f"{int(e['events']):,}"] + [ms(e["share"][k]) for k in QUADRANTS]
+                  + [ms(e["out_of_band"]), ms(e["zero_grad"]), ms(e["rescued"])])
+    if not t.rows:
+        return None
+    if show_paper and paper:
+        f = paper["figure4f"]
+        shares = f["share_of_clip_events_percent"]
+        t.add([f"paper: GRPO, {model_title(f['model'])} (Fig. 4f)", "", ""] + [f"{shares[k]:.1f}" for k in QUADRANTS]
+              + ["", "", ""], "ref")
+    t.notes = [
+        "A clip event is a token outside the run's reference band [1 - eps_low, 1 + eps_high] (0.2/0.2 for "
+        "methods without eps). Quadrant shares: each quadrant's events / all Q1-Q4 events over all optimizer "
+        "steps of a run, then mean ± std over seeds (they sum to 100% per run).",
+        "Out of band / zero-grad / rescued: tokens of all cells (incl. zero advantage) / all tokens.",
+    ]
+    if show_paper and paper:
+        t.notes.append("paper row: the ABC-GRPO paper's Section 5.4 / Figure 4f as printed (its four shares sum to 88.4%).")
+    return t
+
+
+# ---- the paper's Table 3 as a reference -------------------------------------------------------
+
+def paper_reference(paper: dict) -> Table:
+    cols = ["Benchmark", "Method"] + paper["column_titles"]
+    t = Table("paper_reference", "Reference: ABC-GRPO paper, Table 3 (Qwen3 base models, n = 64, %)", cols)
+    for key, model in paper["models"].items():
+        for bench, rows in model["rows"].items():
+            title = f"{model['title']}: {paper['benchmarks'][bench]}"
+            for i, m in enumerate(paper_ref.PAPER_METHODS):
+                t.add([title if i == 0 else "", model["row_titles"][m]] + [f"{v:.1f}" for v in rows[m]],
+                      "baseline" if m == "grpo" else "")
+            t.add(["", "Gain"] + [gain_cell(v) for v in rows["gain"]], "gain")
+    t.notes = ["Printed for reference only: different models, benchmarks and scale from this sweep. Compare the "
+               "shape (which method wins, how the Gain grows with k), not the numbers."]
+    return t
+
+
+def build_tables(result: dict, paper: dict | None) -> list[Table]:
+    baseline = result["baseline"]
+    methods = {info["method"] for b in result["blocks"] for info in b["labels"].values()}
+    show_paper = paper is not None and paper_ref.compares_grpo_abc(methods)
+    tables: list[Table] = []
+    inline = False
+    for block in result["blocks"]:
+        if not block["labels"]:
+            continue
+        t = table3(block, baseline, paper if show_paper else None)
+        inline |= any(s == "ref" for s in t.styles)
+        tables.append(t)
+        if baseline:
+            tables.append(significance(block, baseline, result["bootstrap"]["resamples"], result["bootstrap"]["seed"]))
+    if show_paper and not inline:
+        ref = paper_reference(paper)
+        for t in tables:
+            if t.key == "table3":
+                t.beside = ref.key
+        tables.insert(1 if tables else 0, ref)
+    q = quadrants(result["quadrants"], baseline, paper, show_paper)
+    if q is not None:
+        tables.append(q)
+    return tables
