@@ -1,0 +1,224 @@
+"""Procedurally generated integer arithmetic: the built-in task of the tiny base model.
+
+Format (what the trainer, the samplers and the tiny base model all use):
+
+    prompt     "37+45="          operands and operators with no spaces, then '='
+    completion "82" + EOS        the exact integer value; negative values as "-3"
+
+Expressions follow the usual precedence ('*' binds tighter than '+' and '-', then left to right),
+exactly as Python evaluates the same string.
+
+Splits are disjoint *by expression*, independent of the seed: an expression is held out iff the
+first 8 bytes of ``sha256("clipbench-arith:" + expression)`` mod 1000 are below
+``HELD_OUT_PER_MILLE``. Test problems are distinct held-out expressions; train problems are drawn
+with replacement from the other expressions. So no seed's train split ever contains any seed's
+test expression, which keeps the base model (trained on seed 0's train split) honest on every test
+split.
+
+Reward: the completion's leading integer (see ``parse_leading_int``) equals the answer -> 1.0,
+else 0.0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import random
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Sequence
+
+from clipbench.errors import did_you_mean
+from clipbench.tasks.base import Problem
+
+VALID_OPS = "+-*"
+MAX_OPERANDS = 8
+MAX_DIGITS = 6
+HELD_OUT_PER_MILLE = 100          # 10% of all expressions are reserved for test
+ENUMERATE_LIMIT = 200_000          # spaces this small are enumerated exactly
+_HASH_SALT = b"clipbench-arith:"
+_LEADING_INT = re.compile(r"\s*(-?\d+)")
+
+
+def parse_leading_int(completion: str) -> int | None:
+    """The integer a completion states first, or None.
+
+    Definition: skip leading whitespace; then an optional '-' followed by one or more ASCII digits,
+    read up to the first non-digit character or the end of the string. Anything else at the start
+    (empty text, '+', a letter, a lone '-') means no integer. Leading zeros are allowed ("082" is 82).
+    """
+    m = _LEADING_INT.match(completion)
+    return int(m.group(1)) if m else None
+
+
+def evaluate(operands: Sequence[int], ops: Sequence[str]) -> int:
+    """Value of ``operands[0] ops[0] operands[1] ...`` with '*' before '+'/'-', left to right."""
+    if len(ops) != len(operands) - 1:
+        raise ValueError(f"need len(ops) == len(operands) - 1, got {len(ops)} and {len(operands)}")
+    total, sign, term = 0, 1, operands[0]
+    for op, x in zip(ops, operands[1:]):
+        if op == "*":
+            term *= x
+        elif op in "+-":
+            total += sign * term
+            sign, term = (1 if op == "+" else -1), x
+        else:
+            raise ValueError(f"unknown operator {op!r}; valid: {', '.join(VALID_OPS)}")
+    return total + sign * term
+
+
+def render(operands: Sequence[int], ops: Sequence[str]) -> str:
+    """'37+45-12' for operands (37, 45, 12) and ops ('+', '-')."""
+    parts = [str(operands[0])]
+    for op, x in zip(ops, operands[1:]):
+        parts += [op, str(x)]
+    return "".join(parts)
+
+
+def is_held_out(expression: str) -> bool:
+    """True iff the expression belongs to the test partition (seed-independent)."""
+    digest = hashlib.sha256(_HASH_SALT + expression.encode()).digest()
+    return int.from_bytes(digest[:8], "big") % 1000 < HELD_OUT_PER_MILLE
+
+
+def _check_int(name: str, value, lo: int, hi: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"arith: {name} must be an integer, got {value!r}")
+    if value < lo or (hi is not None and value > hi):
+        rng = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+        raise ValueError(f"arith: {name} must be in {rng}, got {value}")
+    return value
+
+
+def _check_ops(ops) -> str:
+    if not isinstance(ops, str) or not ops:
+        raise ValueError(f"arith: ops must be a non-empty string of operators from {VALID_OPS!r}, got {ops!r}")
+    bad = [c for c in ops if c not in VALID_OPS]
+    if bad:
+        raise ValueError(
+            f"arith: unknown operator {bad[0]!r} in ops={ops!r}{did_you_mean(bad[0], VALID_OPS)}; "
+            f"valid: {', '.join(VALID_OPS)}"
+        )
+    if len(set(ops)) != len(ops):
+        raise ValueError(f"arith: ops={ops!r} repeats an operator; list each of {VALID_OPS!r} at most once")
+    return ops
+
+
+@dataclass(frozen=True)
+class ArithTask:
+    """Integer arithmetic over ``operands`` numbers of up to ``digits`` digits joined by ``ops``.
+
+    Operands are uniform on ``0 .. 10**digits - 1``; operators uniform on ``ops``.
+    """
+
+    seed: int = 0
+    operands: int = 2
+    digits: int = 2
+    ops: str = "+-"
+    train_size: int = 20000
+    test_size: int = 500
+
+    name = "arith"
+
+    def __post_init__(self):
+        _check_int("seed", self.seed, 0)
+        _check_int("operands", self.operands, 2, MAX_OPERANDS)
+        _check_int("digits", self.digits, 1, MAX_DIGITS)
+        _check_ops(self.ops)
+        _check_int("train_size", self.train_size, 1)
+        _check_int("test_size", self.test_size, 1)
+        capacity = self.held_out_capacity
+        if self.test_size > capacity:
+            raise ValueError(
+                f"arith: test_size={self.test_size} exceeds the {capacity} held-out expressions "
+                f"available for operands={self.operands} digits={self.digits} ops={self.ops!r}; "
+                f"lower test_size or raise digits/operands"
+            )
+
+    # ---- the expression space -------------------------------------------------------------
+    @property
+    def space_size(self) -> int:
+        """Number of distinct (operands, ops) tuples."""
+        return (10 ** self.digits) ** self.operands * len(self.ops) ** (self.operands - 1)
+
+    @property
+    def held_out_capacity(self) -> int:
+        """Distinct test expressions available: exact when enumerable, else a safe quarter of the
+        expected held-out count (rejection sampling stays cheap below it)."""
+        if self.space_size <= ENUMERATE_LIMIT:
+            return len(self._held_out_pool)
+        return self.space_size * HELD_OUT_PER_MILLE // 1000 // 4
+
+    @cached_property
+    def _held_out_pool(self) -> list[tuple[tuple[int, ...], tuple[str, ...]]]:
+        """All held-out expressions (only built when the space is enumerable), sorted."""
+        values = range(10 ** self.digits)
+        pool = []
+        for nums in itertools.product(values, repeat=self.operands):
+            for ops in itertools.product(self.ops, repeat=self.operands - 1):
+                if is_held_out(render(nums, ops)):
+                    pool.append((nums, ops))
+        return pool
+
+    def _draw(self, rng: random.Random) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        hi = 10 ** self.digits - 1
+        nums = tuple(rng.randint(0, hi) for _ in range(self.operands))
+        ops = tuple(rng.choice(self.ops) for _ in range(self.operands - 1))
+        return nums, ops
+
+    def _rng(self, split: str) -> random.Random:
+        # str seeds are hashed with sha512 by random.Random: stable across runs and PYTHONHASHSEED.
+        return random.Random(f"clipbench-arith:{self.seed}:{self.operands}:{self.digits}:{self.ops}:{split}")
+
+    def _problem(self, split: str, i: int, nums, ops) -> Problem:
+        expr = render(nums, ops)
+        value = evaluate(nums, ops)
+        return Problem(
+            id=f"arith-{split}-{i:05d}",
+            prompt=f"{expr}=",
+            answer=str(value),
+            meta={"expression": expr, "operands": list(nums), "ops": list(ops)},
+        )
+
+    # ---- splits ---------------------------------------------------------------------------
+    @cached_property
+    def _train(self) -> tuple[Problem, ...]:
+        rng = self._rng("train")
+        out = []
+        while len(out) < self.train_size:
+            nums, ops = self._draw(rng)
+            if not is_held_out(render(nums, ops)):
+                out.append(self._problem("train", len(out), nums, ops))
+        return tuple(out)
+
+    @cached_property
+    def _test(self) -> tuple[Problem, ...]:
+        rng = self._rng("test")
+        if self.space_size <= ENUMERATE_LIMIT:
+            chosen = rng.sample(self._held_out_pool, self.test_size)
+        else:
+            seen, chosen = set(), []
+            while len(chosen) < self.test_size:
+                nums, ops = self._draw(rng)
+                expr = render(nums, ops)
+                if expr not in seen and is_held_out(expr):
+                    seen.add(expr)
+                    chosen.append((nums, ops))
+        return tuple(self._problem("test", i, nums, ops) for i, (nums, ops) in enumerate(chosen))
+
+    def train_problems(self, n: int | None = None) -> Sequence[Problem]:
+        """The first ``n`` (default all ``train_size``) train problems; drawn with replacement."""
+        return self._train if n is None else self._train[: _check_int("n", n, 0, self.train_size)]
+
+    def test_problems(self, n: int | None = None) -> Sequence[Problem]:
+        """The first ``n`` (default all ``test_size``) test problems; distinct expressions."""
+        return self._test if n is None else self._test[: _check_int("n", n, 0, self.test_size)]
+
+    # ---- scoring --------------------------------------------------------------------------
+    def is_correct(self, completion: str, problem: Problem) -> bool:
+        stated = parse_leading_int(completion)
+        return stated is not None and stated == int(problem.answer)
+
+    def reward(self, completion: str, problem: Problem) -> float:
+        return 1.0 if self.is_correct(completion, problem) else 0.0

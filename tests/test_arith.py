@@ -1,0 +1,165 @@
+"""ArithTask: determinism, disjoint splits, knobs, evaluation and the exact-integer reward."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from clipbench.tasks.arith import (
+    HELD_OUT_PER_MILLE,
+    ArithTask,
+    evaluate,
+    is_held_out,
+    parse_leading_int,
+    render,
+)
+from clipbench.tasks.base import Problem, Task
+
+
+def _prompts(problems):
+    return [p.prompt for p in problems]
+
+
+def test_is_a_task_and_default_format():
+    task = ArithTask()
+    assert isinstance(task, Task)
+    p = task.test_problems()[0]
+    assert isinstance(p, Problem)
+    assert p.prompt == p.meta["expression"] + "="
+    assert p.answer == str(eval(p.meta["expression"]))  # noqa: S307 - digits and +- only
+    assert len(task.train_problems()) == 20000 and len(task.test_problems()) == 500
+
+
+def test_same_seed_same_problems_other_seed_other_problems():
+    a, b, c = ArithTask(seed=3), ArithTask(seed=3), ArithTask(seed=4)
+    assert a.train_problems() == b.train_problems()
+    assert a.test_problems() == b.test_problems()
+    assert _prompts(a.train_problems()[:200]) != _prompts(c.train_problems()[:200])
+    assert _prompts(a.test_problems()) != _prompts(c.test_problems())
+
+
+def test_prefix_n_is_consistent_with_full_split():
+    task = ArithTask(train_size=300, test_size=40)
+    assert task.train_problems(10) == task.train_problems()[:10]
+    assert task.test_problems(7) == task.test_problems()[:7]
+    with pytest.raises(ValueError, match="n must be in 0..40"):
+        task.test_problems(41)
+
+
+@pytest.mark.parametrize("knobs", [{}, {"operands": 3, "digits": 2, "ops": "+-*"}, {"digits": 4}])
+def test_splits_disjoint_across_seeds(knobs):
+    """No expression of any seed's test split appears in any seed's train split."""
+    tasks = [ArithTask(seed=s, train_size=5000, test_size=200, **knobs) for s in (0, 1)]
+    train = set().union(*(_prompts(t.train_problems()) for t in tasks))
+    test = set().union(*(_prompts(t.test_problems()) for t in tasks))
+    assert train.isdisjoint(test)
+    for t in tasks:
+        assert len(set(_prompts(t.test_problems()))) == t.test_size  # test problems are distinct
+        assert all(is_held_out(p.meta["expression"]) for p in t.test_problems())
+        assert not any(is_held_out(p.meta["expression"]) for p in t.train_problems())
+
+
+def test_held_out_fraction_is_about_ten_percent():
+    """Exact count over the 2-digit +- space (20000 expressions); binomial sd = sqrt(20000*.1*.9) = 42."""
+    exprs = [render(n, o) for n in itertools.product(range(100), repeat=2) for o in itertools.product("+-")]
+    held = sum(map(is_held_out, exprs))
+    expected = len(exprs) * HELD_OUT_PER_MILLE / 1000   # 2000
+    assert abs(held - expected) < 5 * 42
+    assert ArithTask().held_out_capacity == held        # enumerable space: exact capacity
+
+
+def test_difficulty_knobs_change_problems():
+    base = ArithTask(train_size=2000, test_size=100)
+    three = ArithTask(operands=3, train_size=2000, test_size=100)
+    assert all(len(p.meta["operands"]) == 3 and len(p.meta["ops"]) == 2 for p in three.train_problems())
+    one_digit = ArithTask(digits=1, ops="+", train_size=500, test_size=5)
+    assert all(0 <= x <= 9 for p in one_digit.train_problems() for x in p.meta["operands"])
+    assert {o for p in one_digit.train_problems() for o in p.meta["ops"]} == {"+"}
+    five = ArithTask(digits=5, train_size=2000, test_size=100)
+    assert max(x for p in five.train_problems() for x in p.meta["operands"]) >= 10**4  # P(miss) = 0.1^4000
+    mul = ArithTask(ops="*", train_size=2000, test_size=100)
+    assert {o for p in mul.train_problems() for o in p.meta["ops"]} == {"*"}
+    assert _prompts(base.train_problems()) != _prompts(three.train_problems())
+    # operators are uniform: 2000 draws of '+' vs '-' -> count('+') ~ Bin(2000, .5), sd 22.4
+    plus = sum(p.meta["ops"] == ["+"] for p in base.train_problems())
+    assert abs(plus - 1000) < 5 * 22.4
+
+
+def test_answers_match_python_evaluation_brute_force():
+    """The evaluator agrees with Python's own precedence on every 1-digit 3-operand expression."""
+    for nums in itertools.product(range(10), repeat=3):
+        for ops in itertools.product("+-*", repeat=2):
+            assert evaluate(nums, ops) == eval(render(nums, ops)), render(nums, ops)  # noqa: S307
+    task = ArithTask(operands=4, digits=2, ops="+-*", train_size=1000, test_size=100)
+    for p in list(task.train_problems()) + list(task.test_problems()):
+        assert int(p.answer) == eval(p.meta["expression"])  # noqa: S307
+
+
+def test_golden_values():
+    assert evaluate([37, 45, 12], ["+", "-"]) == 70          # 37+45=82, 82-12=70
+    assert evaluate([2, 3, 4], ["+", "*"]) == 14             # 3*4 first
+    assert evaluate([10, 2, 3], ["-", "-"]) == 5             # left to right
+    assert evaluate([3, 5], ["-"]) == -2
+    assert render([37, 45, 12], ["+", "-"]) == "37+45-12"
+
+
+@pytest.mark.parametrize(
+    "completion, answer, reward",
+    [
+        ("82", "82", 1.0),
+        (" 82<eos>", "82", 1.0),     # leading space, then stops at the first non-digit
+        ("82<eos>", "82", 1.0),
+        ("82\n17", "82", 1.0),       # only the first integer counts
+        ("082", "82", 1.0),          # integer value, leading zeros allowed
+        ("8", "82", 0.0),
+        ("821", "82", 0.0),          # the whole digit run is the integer
+        ("-3", "-3", 1.0),
+        ("3", "-3", 0.0),
+        ("-3", "3", 0.0),
+        ("- 3", "-3", 0.0),          # '-' must touch the digits
+        ("+82", "82", 0.0),          # no leading '+'
+        ("", "82", 0.0),
+        ("   ", "82", 0.0),
+        ("-", "0", 0.0),
+        ("x82", "82", 0.0),          # must start (after whitespace) with the integer
+        ("-0", "0", 1.0),
+    ],
+)
+def test_reward_golden(completion, answer, reward):
+    task = ArithTask(train_size=1, test_size=1)
+    problem = Problem(id="p", prompt="?=", answer=answer)
+    assert task.reward(completion, problem) == reward
+    assert task.is_correct(completion, problem) is (reward == 1.0)
+
+
+def test_parse_leading_int():
+    assert parse_leading_int("\t-12=") == -12
+    assert parse_leading_int("12-3") == 12
+    assert parse_leading_int("abc") is None
+
+
+@pytest.mark.parametrize(
+    "knobs, message",
+    [
+        ({"operands": 1}, "operands must be in 2..8"),
+        ({"operands": 2.0}, "operands must be an integer"),
+        ({"digits": 0}, "digits must be in 1..6"),
+        ({"digits": True}, "digits must be an integer"),
+        ({"ops": ""}, "ops must be a non-empty string"),
+        ({"ops": "+/"}, "unknown operator '/'"),
+        ({"ops": "++"}, "repeats an operator"),
+        ({"seed": -1}, "seed must be in >= 0"),
+        ({"train_size": 0}, "train_size must be in >= 1"),
+        ({"digits": 1, "ops": "+", "test_size": 500}, "exceeds the .* held-out expressions"),
+    ],
+)
+def test_bad_knobs(knobs, message):
+    with pytest.raises(ValueError, match=message):
+        ArithTask(**knobs)
+
+
+def test_large_space_uses_rejection_sampling():
+    task = ArithTask(operands=3, digits=3, train_size=100, test_size=300)  # 10^9 * 4 expressions
+    assert task.space_size == 10**9 * 4
+    assert len(set(_prompts(task.test_problems()))) == 300
