@@ -13,14 +13,15 @@ from clipbench.train.checkpoint import find_checkpoint
 
 def train_command(recipe: Path, overrides: list[str], *, resume: bool, results_dir: Path,
                   tracking_uri: str | None) -> dict:
-    from clipbench.train.loop import run_training
+    from clipbench.train.loop import preflight, run_training
 
     console = Console(stderr=True)
     cfg = load_run_config(recipe, overrides)  # raises ConfigError before anything is written
     rd = RunDir(Path(results_dir) / "train" / run_id(cfg))
     if resume and find_checkpoint(rd.checkpoint_dir) is None:
         console.print(f"[yellow]no checkpoint in {rd.path}; starting from step 0[/]")
-    sink = _sink(cfg, results_dir, tracking_uri, rd)
+    preflight(cfg)  # model, task and benchmarks load: still nothing written
+    sink = _sink(cfg, results_dir, tracking_uri, rd, resume)
     console.print(f"run {rd.run_id}: {cfg.objective['method']} on {cfg.task.name}, {cfg.train.steps} steps -> {rd.path}")
 
     def progress(ev: dict) -> None:
@@ -44,11 +45,11 @@ def train_command(recipe: Path, overrides: list[str], *, resume: bool, results_d
     return summary
 
 
-def _sink(cfg, results_dir: Path, tracking_uri: str | None, rd: RunDir):
+def _sink(cfg, results_dir: Path, tracking_uri: str | None, rd: RunDir, resume: bool):
     from clipbench.tracking.sink import NullSink
 
     if not cfg.tracking.mlflow:
         return NullSink()
     from clipbench.tracking.mlflow_sink import run_sink
 
-    return run_sink(cfg, rd, results_dir=results_dir, sweep="train", tracking_uri=tracking_uri)
+    return run_sink(cfg, rd, results_dir=results_dir, sweep="train", tracking_uri=tracking_uri, resume=resume)

@@ -171,6 +171,22 @@ def run_eval(cfg: RunConfig, rd: RunDir, step: int, sampler, suite, sink: Metric
 # The run
 
 
+def preflight(cfg: RunConfig) -> None:
+    """Fail before anything is written: the model resolves and its config loads, the task builds,
+    the eval benchmarks load. Raises UserError (one line, exit 2 at the CLI)."""
+    from transformers import AutoConfig
+
+    from clipbench.errors import UserError
+
+    name = resolve_model_name(cfg.model.name)
+    try:
+        AutoConfig.from_pretrained(name)
+    except (OSError, ValueError, KeyError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"model.name: cannot load '{cfg.model.name}': {reason}") from None
+    eval_suite(cfg, build_task(cfg.task))
+
+
 def run_training(cfg: RunConfig, run_dir: Path, *, resume: bool = False, sink: MetricSink | None = None,
                  progress: Callable[[dict], None] | None = None) -> dict:
     sink = sink or NullSink()
