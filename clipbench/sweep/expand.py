@@ -240,7 +240,11 @@ def expand(spec: SweepSpec) -> Expansion:
             methods.append(m)
     else:
         methods = [method]
-    known_params = {p for m in methods for p in METHODS[m].defaults}
+    # Parameters are checked against the sweep file's methods too: a command line that pins the
+    # method (objective.method=dapo) makes the file's `p` axis inapplicable, not wrong.
+    file_methods = [v for ax in spec.axes for k, col in zip(ax.keys, zip(*ax.values)) if k == METHOD_KEY
+                    for v in col if isinstance(v, str) and v in METHODS]
+    known_params = {p for m in set(methods) | set(file_methods) for p in METHODS[m].defaults}
 
     def check_param(name: str, value: Any, psrc: str, where: str, *, drop_unknown: bool = False) -> bool:
         """False when the parameter belongs to no method of the sweep (and may be dropped)."""

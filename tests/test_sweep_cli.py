@@ -1,0 +1,144 @@
+"""`clipbench sweep` through the CLI: bad sweep files (one line naming file, key and reason, exit 2,
+nothing written), --dry-run and --json (nothing written)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from clipbench.cli import app
+from clipbench.config import run_id
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPE = REPO / "recipes" / "quickstart.yaml"
+runner = CliRunner()
+
+GOOD = {"name": "cli", "base": str(RECIPE),
+        "grid": {"objective.method": ["dapo", "nsr"], "objective.p": [0.5, 1.0], "seed": [0, 1]}}
+
+
+def sweep(tmp_path: Path, *args: str):
+    res = tmp_path / "results"
+    return runner.invoke(app, ["sweep", *args, "--results-dir", str(res)]), res
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    return p
+
+
+def with_(**changes) -> str:
+    body = json.loads(json.dumps(GOOD))
+    for k, v in changes.items():
+        if v is None:
+            body.pop(k, None)
+        else:
+            body[k] = v
+    return yaml.safe_dump(body, sort_keys=False)
+
+
+# (case id, sweep file text, expected key in the message, expected reason fragment)
+BAD = [
+    ("yaml-syntax", "name: x\ngrid: {seed: [0, 1]\n", "line", "YAML syntax error"),
+    ("unknown-top-key", with_(gird={"seed": [0]}), "gird", "unknown key (did you mean 'grid'?)"),
+    ("grid-not-mapping", with_(grid=[1, 2]), "grid", "expected a mapping"),
+    ("axis-not-list", with_(grid={"seed": 3}), "grid.seed", "expected a list of values"),
+    ("axis-wrong-type", with_(grid={"train.steps": ["ten"]}), "grid.train.steps", "could not be converted to Integer"),
+    ("unknown-axis-key", with_(grid={"train.stepz": [1, 2]}), "grid.train.stepz", "did you mean 'train.steps'?"),
+    ("unknown-method", with_(grid={"objective.method": ["grpo", "nsrr"]}), "grid.objective.method",
+     "unknown method 'nsrr' (did you mean 'nsr'?)"),
+    ("unknown-param", with_(grid={"objective.method": ["nsr"], "objective.pp": [0.5]}), "grid.objective.pp",
+     "has parameter 'pp' (did you mean 'p'?)"),
+    ("param-of-no-method-in-grid", with_(grid={"objective.method": ["grpo", "dapo"], "objective.p": [0.5]}),
+     "grid.objective.p", "no method in this sweep (dapo, grpo) has parameter 'p'; only decay, nsr have it"),
+    ("empty-grid", with_(grid={}), "grid", "empty"),
+    ("empty-axis", with_(grid={"seed": []}), "grid.seed", "empty list"),
+    ("negative-eps", with_(grid={"objective.method": ["grpo"], "objective.eps_low": [0.2, -0.1]}),
+     "grid.objective.eps_low", "-0.1"),
+    ("p-above-one", with_(grid={"objective.method": ["nsr"], "objective.p": [0.5, 1.5]}), "grid.objective.p", "1.5"),
+    ("p-below-zero-in-overrides", with_(grid={"objective.method": ["nsr"], "seed": [0]}, overrides={"objective.p": -0.5}),
+     "overrides.objective.p", "-0.5"),
+    ("missing-base-file", with_(base="nowhere/recipe.yaml"), "base", "recipe not found"),
+    ("missing-base-key", with_(base=None), "base", "missing"),
+    ("unknown-override-key", with_(overrides={"train.lrr": 1.0}), "overrides.train.lrr", "did you mean 'train.lr'?"),
+    ("override-bad-value", with_(overrides={"train.steps": 0}), "overrides.train.steps", "must be >= 1"),
+    ("override-is-axis", with_(overrides={"seed": 3}), "overrides.seed", "also an axis"),
+    ("zip-unequal", with_(zip={"train.lr": [1.0e-5, 2.0e-5], "train.warmup_steps": [0]}), "zip", "same length"),
+    ("exclude-not-axis", with_(exclude=[{"train.lr": 1.0e-5}]), "exclude[0].train.lr", "not an axis"),
+    ("bad-name", with_(name="a b/c"), "name", "directory-safe"),
+    ("cross-field-override", with_(overrides={"train.mini_batches": 100}), "overrides.train.mini_batches",
+     "cannot split"),
+    ("cross-field-in-a-run", with_(grid={"sampler.group_size": [8, 2], "train.mini_batches": [4, 32]}),
+     "train.mini_batches", "cannot split a batch of 16 sequences (prompts_per_step x group_size) (in the run"),
+]
+
+
+@pytest.mark.parametrize("case,text,key,reason", BAD, ids=[b[0] for b in BAD])
+def test_bad_sweep_files_exit_2_with_one_line_and_write_nothing(tmp_path, case, text, key, reason):
+    f = write(tmp_path, text)
+    result, res = sweep(tmp_path, str(f))
+    assert result.exit_code == 2, (case, result.output)
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, lines
+    line = lines[0]
+    assert line.startswith(f"error: {f}: ") or line.startswith(f"error: {RECIPE}"), line
+    assert f": {key}" in line, line
+    assert reason in line, line
+    assert not res.exists() or not any(res.iterdir())
+
+
+def test_bad_command_line_override_names_the_command_line(tmp_path):
+    f = write(tmp_path, with_())
+    result, res = sweep(tmp_path, str(f), "train.stepz=3")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == ("error: command line: train.stepz: unknown key 'train.stepz' "
+                                     "(did you mean 'train.steps'?)")
+    assert not res.exists()
+
+
+def test_missing_sweep_file(tmp_path):
+    result, res = sweep(tmp_path, str(tmp_path / "nope.yaml"))
+    assert result.exit_code == 2 and "file not found" in result.stderr and not res.exists()
+
+
+def test_bad_jobs_and_launcher(tmp_path):
+    f = write(tmp_path, with_())
+    r1, res = sweep(tmp_path, str(f), "--jobs", "0")
+    assert r1.exit_code == 2 and "--jobs must be >= 1" in r1.stderr
+    r2, res = sweep(tmp_path, str(f), "--launcher", "jooblib")
+    assert r2.exit_code == 2 and "unknown launcher 'jooblib' (did you mean 'joblib'?)" in r2.stderr
+    r3, res = sweep(tmp_path, str(f), "hydra.launcher.n_jobs=2")
+    assert r3.exit_code == 2 and "needs --launcher" in r3.stderr
+    assert not res.exists()
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
+    f = write(tmp_path, with_())
+    result, res = sweep(tmp_path, str(f), "--dry-run", "train.steps=3")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    # 2 methods x 2 p x 2 seeds = 8 points; dapo has no p: 2 dapo + 4 nsr = 6 runs
+    assert "6 runs from 8 grid points" in out
+    for col in ("run_id", "method", "parameters", "seed", "steps"):
+        assert col in out
+    assert out.count("│ nsr ") == 4 and out.count("│ dapo ") == 2
+    assert "p=0.5" in out and "p=1" in out
+    assert not res.exists()
+
+
+def test_json_prints_one_object_per_run(tmp_path):
+    f = write(tmp_path, with_())
+    result, res = sweep(tmp_path, str(f), "--json", "train.steps=3")
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(rows) == 6
+    for r in rows:
+        assert set(r) == {"run_id", "config"}
+        assert run_id(r["config"]) == r["run_id"]
+        assert r["config"]["train"]["steps"] == 3
+    assert not res.exists()
