@@ -37,7 +37,7 @@ def to_rich(t: Table):
         rt.add_column(c, justify="left" if i < 2 else "right", no_wrap=i > 0)
     prev = None
     for row, style in zip(t.rows, t.styles):
-        if row[0] and prev is not None:
+        if t.sections and row[0] and prev is not None:
             rt.add_section()
         rt.add_row(*row, style=styles.get(style))
         prev = row
@@ -112,7 +112,7 @@ def to_latex(t: Table) -> str:
            f"\\begin{{tabular}}{{{spec}}}", r"\toprule",
            " & ".join(latex_escape(c) for c in t.columns) + r" \\", r"\midrule"]
     for i, (row, style) in enumerate(zip(t.rows, t.styles)):
-        if row[0] and i > 0:
+        if t.sections and row[0] and i > 0:
             out.append(r"\midrule")
         cells = [latex_escape(c) for c in row]
         if style in ("ref", "refgain"):
@@ -180,7 +180,7 @@ def to_html_table(t: Table) -> str:
     out.append("</tr></thead><tbody>")
     for i, (row, style) in enumerate(zip(t.rows, t.styles)):
         classes = [style] if style else []
-        if row[0] and i > 0:
+        if t.sections and row[0] and i > 0:
             classes.append("section")
         cls = f' class="{" ".join(classes)}"' if classes else ""
         out.append(f"<tr{cls}>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>")

@@ -33,6 +33,7 @@ class Table:
     styles: list[str] = field(default_factory=list)   # per row: "" | base | ref | gain | refgain | average
     notes: list[str] = field(default_factory=list)
     beside: str | None = None      # key of a table to show next to this one (html)
+    sections: bool = True          # a non-empty first cell starts a new section (a rule above it)
 
     def add(self, cells: list[str], style: str = "") -> None:
         assert len(cells) == len(self.columns), (cells, self.columns)
@@ -187,7 +188,8 @@ def significance(block: dict, baseline: str | None, resamples: int, seed: int) -
 def quadrants(q_by_block: dict, baseline: str | None, paper: dict | None, show_paper: bool) -> Table | None:
     cols = ["Method", "Seeds", "Clip events"] + [QUADRANT_TITLES[q] for q in QUADRANTS] + \
            ["Out of band (% tok)", "Zero-grad (% tok)", "Rescued (% tok)"]
-    t = Table("quadrants", "Clip events by quadrant (% of out-of-band tokens, summed over steps)", cols)
+    t = Table("quadrants", "Clip events by quadrant (% of out-of-band tokens, summed over steps)", cols,
+              sections=False)
     multi = len(q_by_block) > 1
     for model, q in q_by_block.items():
         labels = ([baseline] if baseline in q else []) + [lb for lb in q if lb != baseline]

@@ -1,0 +1,161 @@
+"""The evaluation runner: scripted fake sampler (logic only) and the real HF sampler on a tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from clipbench.eval.runner import batch_seed, evaluate, evaluate_and_store
+from clipbench.rollout.base import Rollout
+from clipbench.tasks.base import Problem
+from clipbench.tracking.store import RunDir
+
+
+class ScriptedSampler:
+    """Completions come from a script: completion j of prompt p is script[p][j]; records every call.
+    A fake only to unit-test the runner's bookkeeping (no model)."""
+
+    name = "scripted"
+
+    def __init__(self, script: dict[str, list[str]]):
+        self.script = script
+        self.calls: list[dict] = []
+
+    def generate(self, prompts, n, *, seed, temperature=None, max_new_tokens=None, top_p=None):
+        self.calls.append({"prompts": list(prompts), "n": n, "seed": seed, "temperature": temperature,
+                           "max_new_tokens": max_new_tokens})
+        texts = [self.script[p][j] for p in prompts for j in range(n)]  # prompt i owns rows i*n .. i*n+n-1
+        ids = [[len(t)] * (1 + len(t) % 3) for t in texts]  # token counts 1..3, deterministic
+        return Rollout(prompt_ids=[[0]] * len(texts), completion_ids=ids, texts=texts,
+                       truncated=[t.endswith("...") for t in texts])
+
+    def sync_weights(self, model):
+        pass
+
+    def close(self):
+        pass
+
+
+PROBLEMS = [Problem("p0", "1+1=", "2"), Problem("p1", "2+2=", "4"), Problem("p2", "3+4=", "7")]
+SCRIPT = {
+    "1+1=": ["2", "3", "2", "2"],        # 3 of 4 correct
+    "2+2=": ["5", "5...", "4", "1"],     # 1 of 4 correct
+    "3+4=": ["0", "1", "2", "3..."],     # 0 of 4 correct
+}
+
+
+def exact(completion: str, problem: Problem) -> bool:
+    return completion == problem.answer
+
+
+def test_correctness_matrix_and_summary_golden():
+    sampler = ScriptedSampler(SCRIPT)
+    out = evaluate(sampler, {"toy": PROBLEMS}, n=4, seed=7, grade=exact, temperature=0.6, max_new_tokens=9,
+                   batch_prompts=2)
+    p = out["toy"]
+    assert p["problem_ids"] == ["p0", "p1", "p2"]
+    assert p["correct"] == [[1, 0, 1, 1], [0, 0, 1, 0], [0, 0, 0, 0]]
+    s = p["summary"]
+    # avg@4 = (3 + 1 + 0) / 12 = 1/3; pass@2 per problem = 1 - C(4-c, 2)/6: c=3 -> 1, c=1 -> 1/2, c=0 -> 0
+    assert s["avg@n"] == pytest.approx(1 / 3)
+    assert s["pass@1"] == pytest.approx(1 / 3)
+    assert s["pass@2"] == pytest.approx((1 + 0.5 + 0) / 3)
+    assert s["pass@4"] == pytest.approx(2 / 3)
+    assert s["num_problems"] == 3 and s["n"] == 4 and "per_problem" not in s
+    assert p["truncated_fraction"] == pytest.approx(2 / 12)
+    assert p["n"] == 4 and p["seed"] == 7 and p["temperature"] == 0.6 and p["max_new_tokens"] == 9
+    # two batches (2 + 1 prompts), each with its own seed; overrides forwarded to the sampler
+    assert [c["prompts"] for c in sampler.calls] == [["1+1=", "2+2="], ["3+4="]]
+    assert [c["seed"] for c in sampler.calls] == [batch_seed(7, "toy", 0), batch_seed(7, "toy", 1)]
+    assert all(c["temperature"] == 0.6 and c["max_new_tokens"] == 9 and c["n"] == 4 for c in sampler.calls)
+    json.dumps(p)  # JSON-able as stored
+
+
+def test_batch_seeds_are_deterministic_and_distinct():
+    seeds = {batch_seed(s, b, i) for s in (0, 1) for b in ("aime24", "amc23") for i in range(3)}
+    assert len(seeds) == 12
+    assert batch_seed(3, "aime24", 1) == batch_seed(3, "aime24", 1)
+    assert all(0 <= s < 2**31 for s in seeds)
+    assert batch_seed(2**62, "x", 0) >= 0  # the trainer's 63-bit derived seeds work
+
+
+def test_benchmark_samples_do_not_depend_on_other_benchmarks():
+    a = ScriptedSampler(SCRIPT)
+    b = ScriptedSampler(SCRIPT)
+    evaluate(a, {"toy": PROBLEMS}, n=2, seed=1, grade=exact)
+    evaluate(b, {"other": PROBLEMS[:1], "toy": PROBLEMS}, n=2, seed=1, grade=exact)
+    assert a.calls[0]["seed"] == b.calls[1]["seed"]
+
+
+def test_grade_per_benchmark_and_default_grader():
+    sampler = ScriptedSampler({"1+1=": ["2", "Answer: 2"], "2+2=": ["4", "The answer is 5"]})
+    out = evaluate(sampler, {"a": PROBLEMS[:1], "b": PROBLEMS[1:2]}, n=2, seed=0,
+                   grade={"a": exact, "b": lambda c, p: "4" in c})
+    assert out["a"]["correct"] == [[1, 0]] and out["b"]["correct"] == [[1, 0]]
+    # None: the benchmark's own grader (arith: the leading integer must equal the answer)
+    arith = [Problem("arith-test-00000", "12+30=", "42")]
+    out = evaluate(ScriptedSampler({"12+30=": ["42", "42 ", "43", "x42"]}), {"arith": arith}, n=4, seed=0)
+    assert out["arith"]["correct"] == [[1, 1, 0, 0]]
+
+
+def test_evaluate_and_store_writes_the_run_dir(tmp_path):
+    rd = RunDir(tmp_path / "run")
+    evaluate_and_store(rd, 10, ScriptedSampler(SCRIPT), {"toy": PROBLEMS}, n=4, seed=3, grade=exact)
+    evals = rd.read_evals()
+    assert list(evals) == [10] and list(evals[10]) == ["toy"]
+    assert evals[10]["toy"]["correct"][0] == [1, 0, 1, 1] and evals[10]["toy"]["step"] == 10
+    assert rd.eval_path(10, "toy").is_file()
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        evaluate(ScriptedSampler(SCRIPT), {"toy": PROBLEMS}, n=0, seed=0, grade=exact)
+    with pytest.raises(ValueError, match="no problems"):
+        evaluate(ScriptedSampler(SCRIPT), {"toy": []}, n=1, seed=0, grade=exact)
+
+    class Short(ScriptedSampler):
+        def generate(self, prompts, n, **kw):
+            r = super().generate(prompts, n, **kw)
+            return Rollout(r.prompt_ids[:-1], r.completion_ids[:-1], r.texts[:-1], r.truncated[:-1])
+
+    with pytest.raises(RuntimeError, match="returned 3 completions for 1 prompts x n=4"):
+        evaluate(Short(SCRIPT), {"toy": PROBLEMS[:1]}, n=4, seed=0, grade=exact)
+
+
+# ---- the real HF sampler on a tiny random Qwen3 (no download, a few seconds) ---------------------
+
+@pytest.fixture(scope="module")
+def tiny_hf():
+    torch = pytest.importorskip("torch")
+    from clipbench.train.base_model import Recipe, build_model, build_tokenizer
+
+    tok = build_tokenizer(["12+30=42"])
+    recipe = Recipe(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64)
+    model = build_model(recipe, tok, torch.Generator().manual_seed(0))
+    return model, tok
+
+
+def test_real_hf_sampler(tiny_hf):
+    from clipbench.rollout.hf import HFSampler
+    from clipbench.tasks.arith import ArithTask
+
+    model, tok = tiny_hf
+    sampler = HFSampler(model, tok, max_new_tokens=6, temperature=1.0)
+    problems = list(ArithTask(seed=0).test_problems(5))
+    # a grade that depends on the text only, to check which completion landed in which cell:
+    def even_length(c, p):
+        return len(c) % 2 == 0
+
+    out = evaluate(sampler, {"arith": problems}, n=3, seed=11, grade=even_length, batch_prompts=2)["arith"]
+    assert np.asarray(out["correct"]).shape == (5, 3)
+    # regenerate batch 1 (problems 2, 3) directly with its seed: the same texts, in the same cells
+    again = sampler.generate([p.prompt for p in problems[2:4]], 3, seed=batch_seed(11, "arith", 1))
+    expect = [[int(even_length(again.texts[i * 3 + j], None)) for j in range(3)] for i in range(2)]
+    assert out["correct"][2:4] == expect
+    # deterministic: the same seed gives the same matrix; real arith grading gives 0/1 cells
+    assert evaluate(sampler, {"arith": problems}, n=3, seed=11, grade=even_length, batch_prompts=2)["arith"]["correct"] == out["correct"]
+    graded = evaluate(sampler, {"arith": problems}, n=3, seed=11)["arith"]
+    assert set(np.asarray(graded["correct"]).ravel()) <= {0, 1}
+    assert 0 < graded["mean_completion_tokens"] <= 6

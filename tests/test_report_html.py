@@ -1,0 +1,77 @@
+"""The HTML report: self-contained, and rendered by headless Chromium with the tables on the page.
+
+Chromium: `bash scripts/install_chromium.sh` (Debian's `chromium` package); the browser tests are
+skipped with that hint when it is not installed.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clipbench.report.commands import report_command
+
+FIXTURE = Path(__file__).parent / "fixtures" / "make_report_fixture.py"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed: run `bash scripts/install_chromium.sh`")
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory) -> Path:
+    spec = importlib.util.spec_from_file_location("make_report_fixture", FIXTURE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    root = mod.build(tmp_path_factory.mktemp("results"))
+    out = tmp_path_factory.mktemp("report")
+    report_command("fixture", baseline="grpo", fmt="html", results_dir=root, out=out)
+    return out / "report.html"
+
+
+def test_page_is_self_contained(page):
+    html = page.read_text()
+    assert html.startswith("<!DOCTYPE html>")
+    assert not re.search(r"""(src|href)=["'](https?:|//|file:)""", html)  # nothing fetched from outside
+    assert "<script" not in html
+    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
+    assert len(images) == 5  # entropy, reward, eval, quadrants, log-ratio histogram
+    assert all(base64.b64decode(b)[:8] == b"\x89PNG\r\n\x1a\n" for b in images)
+    for title in ("Table 3 layout: builtin:arith-tiny", "Significance vs grpo", "Clip events by quadrant",
+                  "Reference: ABC-GRPO paper, Table 3"):
+        assert title in html
+
+
+def _chromium(*args: str, tmp: Path, timeout: int = 90) -> subprocess.CompletedProcess:
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={tmp / 'profile'}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_screenshot_and_dom(page, tmp_path):
+    shot = tmp_path / "shot.png"
+    proc = _chromium(f"--screenshot={shot}", "--window-size=1200,2000", page.as_uri(), tmp=tmp_path)
+    assert shot.is_file(), proc.stderr[-2000:]
+    from PIL import Image
+
+    with Image.open(shot) as im:
+        assert im.size == (1200, 2000)
+        px = np.asarray(im.convert("RGB"))
+    colours = np.unique(px.reshape(-1, 3), axis=0)
+    assert len(colours) > 50 and px.std() > 10  # text and tables, not a blank or single-colour page
+
+    dom = _chromium("--dump-dom", page.as_uri(), tmp=tmp_path).stdout
+    # the rendered DOM holds the tables: the Table 3 rows and the Gain cells as text
+    assert "Table 3 layout: builtin:arith-tiny (Avg@4 / Pass@k, %)" in dom
+    assert re.search(r"<td>abc</td><td>2</td><td>56\.2 ± 0\.0</td><td>72\.9 ± 2\.9</td><td>87\.5 ± 17\.7</td>", dom)
+    assert "<td>Gain: abc vs grpo</td><td></td><td>+38.5%</td><td>+34.6%</td><td>+16.7%</td>" in dom
+    assert "<td>Qwen3-4B-ABC-GRPO</td><td>25.9</td>" in dom
+    assert dom.count("<table>") == 4

@@ -1,0 +1,102 @@
+"""Training-dynamics figures: the expected series (inspected on the matplotlib objects) and valid PNGs."""
+
+from __future__ import annotations
+
+import importlib.util
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clipbench.report.analysis import analyze
+from clipbench.report.load import load_sweep
+from clipbench.report.plots import close_figures, make_figures, save_figures
+
+FIXTURE = Path(__file__).parent / "fixtures" / "make_report_fixture.py"
+
+
+def _fixture_module():
+    spec = importlib.util.spec_from_file_location("make_report_fixture", FIXTURE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def figs(tmp_path_factory):
+    root = _fixture_module().build(tmp_path_factory.mktemp("results"))
+    sweep = load_sweep(root, "fixture")
+    figs = make_figures(sweep, analyze(sweep, "grpo", resamples=50))
+    yield figs
+    close_figures(figs)
+
+
+def _lines(ax) -> dict[str, object]:
+    return {ln.get_label(): ln for ln in ax.get_lines() if not ln.get_label().startswith("_")}
+
+
+def test_figure_order_entropy_first(figs):
+    assert list(figs) == ["entropy", "reward", "eval", "quadrants", "log_ratio_hist"]
+
+
+def test_entropy_series(figs):
+    ax = figs["entropy"].axes[0]
+    lines = _lines(ax)
+    assert list(lines) == ["grpo", "abc", "nsr"]  # the baseline first, one line per method
+    # fixture entropy = 1 - 0.1 * opt_step (+0.2 for abc) + 0.01 * seed: mean over seeds 0, 1 adds 0.005
+    x, y = lines["abc"].get_data()
+    assert list(x) == [1, 2, 3, 4]
+    assert np.allclose(y, [1.2 - 0.1 * s + 0.005 for s in (1, 2, 3, 4)])
+    # the seed band (min-max) is a filled polygon per method: 3 collections
+    assert len(ax.collections) == 3
+    band = ax.collections[1].get_paths()[0].vertices[:, 1]  # abc: between 1.2-0.1s and 1.21-0.1s
+    assert band.min() == pytest.approx(1.2 - 0.4) and band.max() == pytest.approx(1.21 - 0.1)
+
+
+def test_reward_is_per_rollout_step(figs):
+    x, y = _lines(figs["reward"].axes[0])["grpo"].get_data()
+    assert list(x) == [0, 1]  # rollout steps
+    assert np.allclose(y, [0.325, 0.425])  # 0.3 + 0.1 * step + 0.05 * mean seed (0.5)
+
+
+def test_eval_panels(figs):
+    titles = [ax.get_title() for ax in figs["eval"].axes]
+    assert titles == ["GSM8K: Avg@4", "arith: Avg@4", "GSM8K: Pass@4", "arith: Pass@4"]
+    x, y = _lines(figs["eval"].axes[1])["abc"].get_data()
+    assert list(x) == [0, 2] and np.allclose(y, [18.75, 56.25])  # base 3/16, final 9/16
+
+
+def test_quadrant_shares_over_steps(figs):
+    axes = figs["quadrants"].axes
+    assert [ax.get_title() for ax in axes] == [f"Q{i} share of clip events" for i in (1, 2, 3, 4)]
+    _, y = _lines(axes[3])["grpo"].get_data()
+    assert np.allclose(y, [40.0, 40.0])
+    total = sum(_lines(ax)["nsr"].get_data()[1] for ax in axes)
+    assert np.allclose(total, 100.0)
+
+
+def test_log_ratio_histogram(figs):
+    ax = figs["log_ratio_hist"].axes[0]
+    x, y = _lines(ax)["grpo"].get_data()
+    assert len(x) == 40 and y.sum() == pytest.approx(1.0)  # a distribution over the 40 bins
+    assert x[0] == pytest.approx(-0.4875) and x[-1] == pytest.approx(0.4875)  # bin centres
+    assert ax.get_yscale() == "log"
+    # dashed bounds: grpo log(0.8), log(1.2); nsr log(0.8), log(1.28)
+    xs = sorted({round(ln.get_xdata()[0], 4) for ln in ax.get_lines() if ln.get_linestyle() == "--"})
+    assert xs == [round(np.log(0.8), 4), round(np.log(1.2), 4), round(np.log(1.28), 4)]
+
+
+def test_pngs_are_valid(figs, tmp_path):
+    paths = save_figures(figs, tmp_path)
+    for name, p in paths.items():
+        data = p.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n", name
+        assert data[12:16] == b"IHDR"
+        width, height = struct.unpack(">II", data[16:24])
+        assert width > 300 and height > 200, (name, width, height)
+        from PIL import Image
+
+        with Image.open(p) as im:
+            px = np.asarray(im.convert("L"))
+        assert px.std() > 5, name  # not a blank image
