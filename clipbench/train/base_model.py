@@ -1,0 +1,449 @@
+"""The tiny built-in base model (``builtin:arith-tiny``): a char-level Qwen3 SFT'd on arith.
+
+It is built on first use (about a minute on 2 CPU cores) into the cache and then loaded exactly like
+any Hugging Face model (``AutoModelForCausalLM`` / ``AutoTokenizer``), so the trainer and the samplers
+need no special case.
+
+Format (see ``clipbench.tasks.arith``): the tokenizer is character level and prepends ``<bos>``;
+prompt ``"37+45="`` -> tokens ``<bos> 3 7 + 4 5 =``; completion ``"82"`` -> tokens ``8 2 <eos>``.
+
+SFT stops by a measured criterion, not a step count: every ``eval_every`` steps it samples one
+completion at temperature 1.0 for each problem of a validation slice (train-partition expressions
+removed from the SFT data) and stops at the first evaluation whose accuracy reaches
+``stop_at_sampled_acc``. The result must leave GRPO signal: test accuracy at temperature 1.0 inside
+``TARGET_BAND``. The measured test accuracies (sampled and greedy) go into ``clipbench_base.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from clipbench.errors import UserError, unknown_choice
+
+BUILTIN_PREFIX = "builtin:"
+BUILTIN_MODELS = {"arith-tiny": "arith"}   # builtin name -> task it is built for
+TASK_TO_BUILTIN = {task: name for name, task in BUILTIN_MODELS.items()}
+META_FILE = "clipbench_base.json"
+TARGET_BAND = (0.15, 0.60)                 # sampled (T=1) test accuracy that leaves GRPO signal
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
+ALPHABET = "0123456789+-*= "               # every character arith prompts/answers can contain
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that determines the built model (recorded in ``clipbench_base.json``)."""
+
+    # task the model is SFT'd on (ArithTask knobs)
+    operands: int = 2
+    digits: int = 2
+    ops: str = "+-"
+    train_size: int = 20000
+    test_size: int = 500
+    # model (Qwen3 architecture)
+    hidden_size: int = 128
+    num_layers: int = 3
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 32
+    intermediate_size: int = 256
+    max_position_embeddings: int = 128
+    init_std: float = 0.02
+    # SFT
+    batch_size: int = 128
+    lr: float = 3e-3
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.98)
+    warmup_steps: int = 50
+    grad_clip: float = 1.0
+    max_steps: int = 4000
+    eval_every: int = 50
+    val_size: int = 256
+    stop_at_sampled_acc: float = 0.30
+    # final measurement on the test split
+    test_samples_per_problem: int = 4
+    num_threads: int = 1          # fixed: CPU results depend on the thread count; 1 is also robust
+                                  # when other processes share the cores
+
+
+DEFAULT_RECIPE = Recipe()
+
+
+# ---- cache and names ----------------------------------------------------------------------------
+def cache_root() -> Path:
+    """``$CLIPBENCH_CACHE`` or ``~/.cache/clipbench``."""
+    env = os.environ.get("CLIPBENCH_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "clipbench"
+
+
+def builtin_path(name: str) -> Path:
+    return cache_root() / "models" / name
+
+
+def _is_built(path: Path) -> bool:
+    return (path / META_FILE).is_file()
+
+
+def resolve_model_name(name: str, *, log: Callable[[str], None] = print) -> str:
+    """``builtin:<name>`` -> its cache path (built on first use, under a file lock); others unchanged."""
+    if not isinstance(name, str) or not name:
+        raise UserError(f"model.name: expected a non-empty string, got {name!r}")
+    if not name.startswith(BUILTIN_PREFIX):
+        return name
+    short = name[len(BUILTIN_PREFIX):]
+    if short not in BUILTIN_MODELS:
+        valid = [BUILTIN_PREFIX + n for n in BUILTIN_MODELS]
+        raise UserError("model.name: " + unknown_choice("built-in model", name, valid))
+    path = builtin_path(short)
+    if not _is_built(path):
+        from filelock import FileLock
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(path.parent / f".{short}.lock")):
+            if not _is_built(path):  # another process may have built it while we waited
+                log(f"building {name} into {path} (first use, about a minute)")
+                build_base_model(BUILTIN_MODELS[short], path, log=log)
+    return str(path)
+
+
+def _looks_local(name: str) -> bool:
+    """A filesystem path rather than a hub id ('org/model'): absolute, ./ ../ ~ prefixed, or existing."""
+    return os.path.isabs(name) or name.startswith(("./", "../", "~", ".\\")) or os.path.exists(name)
+
+
+def load_model_and_tokenizer(name: str, dtype: str = "float32", device: str = "cpu"):
+    """(model, tokenizer) for an HF name, a local path or a ``builtin:`` name; same code path for all."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype not in DTYPES:
+        raise UserError("model.dtype: " + unknown_choice("dtype", dtype, DTYPES))
+    path = resolve_model_name(name)
+    if _looks_local(path) and not Path(path).expanduser().is_dir():
+        raise UserError(f"model.name: cannot load '{name}': no such directory {path}")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).to(device)
+    except (OSError, ValueError, KeyError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"model.name: cannot load '{name}': {reason}") from None
+    return model, tokenizer
+
+
+# ---- tokenizer and model ------------------------------------------------------------------------
+def build_tokenizer(corpus: Sequence[str]):
+    """Char-level WordLevel tokenizer trained on ``ALPHABET`` + corpus; prepends <bos>, never <eos>."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    trainer = trainers.WordLevelTrainer(special_tokens=list(SPECIAL_TOKENS), min_frequency=1, show_progress=False)
+    tok.train_from_iterator([ALPHABET, *corpus], trainer)
+    bos_id = tok.token_to_id(BOS)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, bos_id)]
+    )
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK,
+        padding_side="left", model_input_names=["input_ids", "attention_mask"],
+    )
+
+
+def build_model(recipe: Recipe, tokenizer, generator: torch.Generator):
+    """A fresh Qwen3ForCausalLM, initialised from ``generator`` (not the global RNG)."""
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=recipe.hidden_size,
+        intermediate_size=recipe.intermediate_size,
+        num_hidden_layers=recipe.num_layers,
+        num_attention_heads=recipe.num_heads,
+        num_key_value_heads=recipe.num_kv_heads,
+        head_dim=recipe.head_dim,
+        max_position_embeddings=recipe.max_position_embeddings,
+        initializer_range=recipe.init_std,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = Qwen3ForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # tied lm_head is listed once (as embed_tokens)
+            if p.dim() == 1:  # RMSNorm scales
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, recipe.init_std, generator=generator)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return model
+
+
+def count_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())  # tied weights counted once
+
+
+# ---- SFT data -----------------------------------------------------------------------------------
+def encode_sft(tokenizer, prompts: Sequence[str], answers: Sequence[str]):
+    """Right-padded SFT tensors for ``<bos> prompt answer <eos>``.
+
+    Returns input_ids (N, L), attention_mask (N, L) and loss_mask (N, L): loss_mask[i, t] = 1 iff
+    token t+1 is a completion token (answer or <eos>), i.e. position t predicts the completion.
+    """
+    p_ids = tokenizer(list(prompts))["input_ids"]                              # each starts with <bos>
+    a_ids = tokenizer(list(answers), add_special_tokens=False)["input_ids"]
+    seqs = [p + a + [tokenizer.eos_token_id] for p, a in zip(p_ids, a_ids)]
+    L = max(map(len, seqs))
+    n = len(seqs)
+    input_ids = torch.full((n, L), tokenizer.pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((n, L), dtype=torch.long)
+    loss_mask = torch.zeros((n, L), dtype=torch.float32)
+    for i, (p, s) in enumerate(zip(p_ids, seqs)):
+        input_ids[i, : len(s)] = torch.tensor(s)
+        attention_mask[i, : len(s)] = 1
+        loss_mask[i, len(p) - 1 : len(s) - 1] = 1.0   # positions predicting answer tokens and <eos>
+    return input_ids, attention_mask, loss_mask
+
+
+def sft_loss(model, input_ids, attention_mask, loss_mask) -> torch.Tensor:
+    """Mean cross-entropy over completion tokens (teacher forcing). Shapes: all (B, L)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits   # (B, L, V)
+    targets = input_ids[:, 1:]                                                  # (B, L-1)
+    nll = torch.nn.functional.cross_entropy(
+        logits[:, :-1].flatten(0, 1).float(), targets.flatten(), reduction="none"
+    ).view_as(targets)                                                          # (B, L-1)
+    m = loss_mask[:, :-1]
+    return (nll * m).sum() / m.sum()
+
+
+# ---- sampling (explicit generator; the GRPO trainer uses model.generate instead) ----------------
+@torch.no_grad()
+def sample_completions(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int,
+                       temperature: float, generator: torch.Generator | None,
+                       batch_size: int = 512) -> list[str]:
+    """Decode completions of left-padded prompts; ``temperature == 0`` means greedy.
+
+    Positions follow the attention mask (cumsum - 1), as ``model.generate`` does with left padding.
+    """
+    model.eval()
+    out: list[str] = []
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    for start in range(0, len(prompts), batch_size):
+        enc = tokenizer(list(prompts[start : start + batch_size]), padding=True, return_tensors="pt")
+        ids, mask = enc["input_ids"], enc["attention_mask"]                         # (B, P)
+        n_prompt = ids.shape[1]
+        done = torch.zeros(ids.shape[0], dtype=torch.bool)
+        for _ in range(max_new_tokens):
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1].float()  # (B, V)
+            if temperature == 0:
+                nxt = logits.argmax(-1)
+            else:
+                probs = torch.softmax(logits / temperature, dim=-1)
+                nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)   # (B,)
+            nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
+            ids = torch.cat([ids, nxt[:, None]], dim=1)
+            mask = torch.cat([mask, (~done).long()[:, None]], dim=1)
+            done |= nxt == eos
+            if bool(done.all()):
+                break
+        out += tokenizer.batch_decode(ids[:, n_prompt:], skip_special_tokens=True)
+    return out
+
+
+def accuracy(task, problems, completions: Sequence[str]) -> float:
+    return sum(task.is_correct(c, p) for c, p in zip(completions, problems)) / max(len(problems), 1)
+
+
+def max_answer_tokens(problems) -> int:
+    """Longest answer in characters (= tokens, char level) + 1 for <eos>."""
+    return max(len(p.answer) for p in problems) + 1
+
+
+# ---- the build ----------------------------------------------------------------------------------
+def _split_validation(problems, val_size: int):
+    """(sft, val): val = the first ``val_size`` distinct expressions; every copy of them leaves sft."""
+    val, seen = [], set()
+    for p in problems:
+        if len(val) == val_size:
+            break
+        if p.prompt not in seen:
+            seen.add(p.prompt)
+            val.append(p)
+    sft = [p for p in problems if p.prompt not in seen]
+    return sft, val
+
+
+def _lr_at(step: int, recipe: Recipe) -> float:
+    """Linear warmup, then constant."""
+    return recipe.lr * min(1.0, (step + 1) / max(recipe.warmup_steps, 1))
+
+
+def train_sft(model, tokenizer, task, recipe: Recipe, seed: int, log: Callable[[str], None]) -> dict:
+    """SFT until sampled validation accuracy reaches ``recipe.stop_at_sampled_acc`` (or max_steps)."""
+    sft, val = _split_validation(task.train_problems(), recipe.val_size)
+    input_ids, attn, loss_mask = encode_sft(tokenizer, [p.prompt for p in sft], [p.answer for p in sft])
+    max_new = max_answer_tokens(task.train_problems()) + 1
+    g_batch = torch.Generator().manual_seed(seed * 1000 + 1)
+    g_eval = torch.Generator().manual_seed(seed * 1000 + 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=recipe.betas,
+                            weight_decay=recipe.weight_decay)
+    history, step, reached = [], 0, False
+    t0 = time.perf_counter()
+    while step < recipe.max_steps and not reached:
+        model.train()
+        for group in opt.param_groups:
+            group["lr"] = _lr_at(step, recipe)
+        idx = torch.randint(0, input_ids.shape[0], (recipe.batch_size,), generator=g_batch)    # (B,)
+        loss = sft_loss(model, input_ids[idx], attn[idx], loss_mask[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+        opt.step()
+        step += 1
+        if step % recipe.eval_every == 0 or step == recipe.max_steps:
+            comps = sample_completions(model, tokenizer, [p.prompt for p in val], max_new_tokens=max_new,
+                                       temperature=1.0, generator=g_eval)
+            acc = accuracy(task, val, comps)
+            last_loss = float(loss.detach())
+            history.append({"step": step, "loss": round(last_loss, 5), "val_sampled_acc": acc})
+            log(f"  sft step {step:5d}  loss {last_loss:.4f}  val sampled acc {acc:.3f}"
+                f"  ({time.perf_counter() - t0:.0f}s)")
+            reached = acc >= recipe.stop_at_sampled_acc
+    return {"steps": step, "reached_target": reached, "history": history,
+            "sft_examples": len(sft), "val_size": len(val), "max_new_tokens": max_new}
+
+
+def measure_test_accuracy(model, tokenizer, task, recipe: Recipe, seed: int) -> dict:
+    """Sampled (T=1, ``test_samples_per_problem`` each) and greedy accuracy on the full test split."""
+    test = list(task.test_problems())
+    max_new = max_answer_tokens(task.train_problems()) + 1
+    g = torch.Generator().manual_seed(seed * 1000 + 3)
+    k = recipe.test_samples_per_problem
+    rep = [p for p in test for _ in range(k)]
+    sampled = accuracy(task, rep, sample_completions(model, tokenizer, [p.prompt for p in rep],
+                                                     max_new_tokens=max_new, temperature=1.0, generator=g))
+    greedy = accuracy(task, test, sample_completions(model, tokenizer, [p.prompt for p in test],
+                                                     max_new_tokens=max_new, temperature=0.0, generator=None))
+    n = len(rep)
+    return {"test_sampled_acc": sampled, "test_sampled_n": n,
+            "test_sampled_se": math.sqrt(max(sampled * (1 - sampled), 1e-12) / n),
+            "test_greedy_acc": greedy, "test_greedy_n": len(test)}
+
+
+def _make_task(task: str, recipe: Recipe, seed: int):
+    if task not in TASK_TO_BUILTIN:
+        raise UserError(unknown_choice("base-model task", task, TASK_TO_BUILTIN))
+    from clipbench.tasks.arith import ArithTask
+
+    return ArithTask(seed=seed, operands=recipe.operands, digits=recipe.digits, ops=recipe.ops,
+                     train_size=recipe.train_size, test_size=recipe.test_size)
+
+
+def _portable_tokenizer_class(path: Path) -> None:
+    """Name the tokenizer class 'PreTrainedTokenizerFast', which transformers 4.x and 5.x both load
+    (5.x writes its own alias 'TokenizersBackend'), so a vLLM env with another version can read it."""
+    cfg_path = path / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def _atomic_replace_dir(tmp: Path, out_dir: Path) -> None:
+    """Move ``tmp`` to ``out_dir``; an existing ``out_dir`` is swapped out first, then deleted."""
+    old = None
+    if out_dir.exists():
+        old = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.old-"))
+        os.replace(out_dir, old / "x")
+    os.replace(tmp, out_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def build_base_model(task: str = "arith", out_dir: str | Path | None = None, *, seed: int = 0,
+                     force: bool = False, log: Callable[[str], None] = print,
+                     recipe: Recipe = DEFAULT_RECIPE) -> Path:
+    """Train the tokenizer and the tiny Qwen3 for ``task`` and save them to ``out_dir``.
+
+    ``out_dir`` defaults to the cache path of the task's builtin model. An already built ``out_dir``
+    is returned untouched unless ``force``. Written atomically (temp dir beside it + ``os.replace``).
+    Deterministic for a fixed seed and recipe on CPU (same weights twice).
+    """
+    arith = _make_task(task, recipe, seed)
+    out_dir = Path(out_dir) if out_dir is not None else builtin_path(TASK_TO_BUILTIN[task])
+    if _is_built(out_dir) and not force:
+        return out_dir
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(recipe.num_threads)
+    try:
+        train = arith.train_problems()
+        tokenizer = build_tokenizer([p.prompt for p in train] + [p.answer for p in train])
+        model = build_model(recipe, tokenizer, torch.Generator().manual_seed(seed))
+        n_params = count_parameters(model)
+        log(f"building {task} base model: Qwen3 {recipe.num_layers}x{recipe.hidden_size}, "
+            f"{n_params} parameters, vocab {len(tokenizer)}")
+        sft = train_sft(model, tokenizer, arith, recipe, seed, log)
+        measured = measure_test_accuracy(model, tokenizer, arith, recipe, seed)
+    finally:
+        torch.set_num_threads(old_threads)
+    build_s = time.perf_counter() - t0
+    lo, hi = TARGET_BAND
+    in_band = lo <= measured["test_sampled_acc"] <= hi
+    log(f"  test accuracy: sampled (T=1) {measured['test_sampled_acc']:.3f}, greedy "
+        f"{measured['test_greedy_acc']:.3f}; {sft['steps']} steps in {build_s:.0f}s")
+    if not in_band:
+        log(f"  WARNING: sampled accuracy outside the target band [{lo}, {hi}]")
+    meta = {
+        "name": BUILTIN_PREFIX + TASK_TO_BUILTIN[task],
+        "task": {"name": task, "seed": seed, "operands": recipe.operands, "digits": recipe.digits,
+                 "ops": recipe.ops, "train_size": recipe.train_size, "test_size": recipe.test_size},
+        "format": {"prompt": "<expression>=", "completion": "<integer><eos>", "example": "37+45= -> 82",
+                   "bos_prepended": True, "char_level": True},
+        "recipe": dataclasses.asdict(recipe),
+        "seed": seed,
+        "parameters": n_params,
+        "vocab_size": len(tokenizer),
+        "sft": sft,
+        "measured": {**measured, "target_band": list(TARGET_BAND), "in_band": in_band},
+        "build_seconds": round(build_s, 2),
+        "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
+    }
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it 0700; the final dir gets the usual mode
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        _portable_tokenizer_class(tmp)
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        _atomic_replace_dir(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def read_build_info(path: str | Path) -> dict:
+    """The ``clipbench_base.json`` a build wrote."""
+    return json.loads((Path(path) / META_FILE).read_text())

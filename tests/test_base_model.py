@@ -1,0 +1,231 @@
+"""The tiny built-in base model: a real build (about a minute on one CPU thread), reload through the
+plain Hugging Face path, tokenizer, sampling with model.generate, name resolution and errors."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
+
+from clipbench.errors import UserError
+from clipbench.tasks.arith import ArithTask
+from clipbench.train import base_model as bm
+
+# One worker builds the model once for the whole module (pytest -n 2 --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("base_model")
+
+SMALL = bm.Recipe(  # a 1-layer model and 30 steps: for determinism and plumbing, not accuracy
+    train_size=2000, test_size=50, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
+    head_dim=8, intermediate_size=64, max_steps=30, eval_every=15, val_size=32,
+    test_samples_per_problem=1,
+)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("clipbench-cache")
+
+
+@pytest.fixture(scope="module")
+def built(cache) -> Path:
+    """The default recipe, built where ``builtin:arith-tiny`` resolves under ``cache``."""
+    logs: list[str] = []
+    t0 = time.perf_counter()
+    path = bm.build_base_model("arith", cache / "models" / "arith-tiny", seed=0, log=logs.append)
+    print(f"full build: {time.perf_counter() - t0:.1f}s; " + " | ".join(logs[-2:]))
+    return path
+
+
+@pytest.fixture(scope="module")
+def loaded(built):
+    model = AutoModelForCausalLM.from_pretrained(built)
+    tok = AutoTokenizer.from_pretrained(built)
+    return model.eval(), tok
+
+
+def test_build_measures_accuracy_inside_the_grpo_band(built):
+    info = bm.read_build_info(built)
+    m = info["measured"]
+    # 2000 samples at T=1 -> se about 0.011; the band is what leaves GRPO signal
+    assert 0.15 <= m["test_sampled_acc"] <= 0.60, m
+    assert m["in_band"] is True and m["test_sampled_n"] == 500 * 4
+    assert m["test_greedy_acc"] >= m["test_sampled_acc"] - 3 * m["test_sampled_se"]  # greedy is no worse
+    sft = info["sft"]
+    assert sft["reached_target"] is True and sft["steps"] < bm.DEFAULT_RECIPE.max_steps
+    last = sft["history"][-1]
+    assert last["val_sampled_acc"] >= bm.DEFAULT_RECIPE.stop_at_sampled_acc
+    assert all(h["val_sampled_acc"] < bm.DEFAULT_RECIPE.stop_at_sampled_acc for h in sft["history"][:-1])
+    assert info["build_seconds"] < 180
+    assert info["recipe"] == json.loads(json.dumps(bm.dataclasses.asdict(bm.DEFAULT_RECIPE)))
+
+
+def test_reload_through_auto_classes(built, loaded):
+    model, tok = loaded
+    assert isinstance(model, Qwen3ForCausalLM)
+    cfg = model.config
+    assert cfg.tie_word_embeddings and model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert cfg.vocab_size == len(tok) == 19  # 4 specials + 15 characters of ALPHABET
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads) == (3, 128, 4, 2)
+    n_params = sum(p.numel() for p in model.parameters())
+    assert n_params == bm.read_build_info(built)["parameters"]
+    # 19*128 embed + 3 * (q 128*128 + k,v 2*128*64 + o 128*128 + mlp 3*128*256 + norms 2*128 + qk-norms 2*32) + 128
+    assert n_params == 19 * 128 + 3 * (128 * 128 + 2 * 128 * 64 + 128 * 128 + 3 * 128 * 256 + 2 * 128 + 2 * 32) + 128
+    gen = model.generation_config
+    assert (gen.eos_token_id, gen.pad_token_id, gen.bos_token_id) == (tok.eos_token_id, tok.pad_token_id, tok.bos_token_id)
+    assert len({tok.eos_token_id, tok.pad_token_id, tok.bos_token_id}) == 3
+    assert json.loads((built / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
+
+
+def test_tokenizer_is_char_level_and_round_trips(loaded):
+    _, tok = loaded
+    assert tok.padding_side == "left"
+    for text in ["37+45=", "82", "-3", "12*3-7=", "0", bm.ALPHABET]:
+        ids = tok(text)["input_ids"]
+        assert ids[0] == tok.bos_token_id and tok.eos_token_id not in ids
+        assert len(ids) == len(text) + 1  # one token per character, plus <bos>
+        assert tok.decode(ids, skip_special_tokens=True) == text
+        assert tok(text, add_special_tokens=False)["input_ids"] == ids[1:]
+    assert tok.convert_ids_to_tokens(tok("9/")["input_ids"]) == ["<bos>", "9", "<unk>"]
+    batch = tok(["1+2=", "10+20="], padding=True)
+    assert batch["attention_mask"] == [[0, 0, 1, 1, 1, 1, 1], [1] * 7]
+    tok.padding_side = "right"  # configurable by callers
+    assert tok(["1+2=", "10+20="], padding=True)["attention_mask"][0] == [1, 1, 1, 1, 1, 0, 0]
+    tok.padding_side = "left"
+
+
+def _generate(model, tok, prompts, **kw):
+    enc = tok(prompts, padding=True, return_tensors="pt")
+    out = model.generate(**enc, max_new_tokens=5, **kw)
+    return out[:, enc["input_ids"].shape[1]:]  # (B, new)
+
+
+def test_generate_samples_with_left_padding_and_stops_at_eos(loaded):
+    """Sampled accuracy through model.generate (what the GRPO trainer uses), 500 problems x 1 sample
+    at T=1. The build measured ~0.3-0.4 (se 0.011); with n=500 the sd of this estimate is at most
+    0.022, so (0.10, 0.70) is > 9 sd away from anything inside the band."""
+    model, tok = loaded
+    task = ArithTask()
+    test = list(task.test_problems())
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        new = _generate(model, tok, [p.prompt for p in test], do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
+    texts = tok.batch_decode(new, skip_special_tokens=True)
+    acc = sum(task.is_correct(t, p) for t, p in zip(texts, test)) / len(test)
+    assert 0.10 < acc < 0.70, acc
+    own = bm.read_build_info(model.name_or_path)["measured"]["test_sampled_acc"]
+    assert abs(acc - own) < 0.10  # same distribution as the build's own sampler: diff sd ~0.025
+    stopped = 0
+    for row in new.tolist():
+        if tok.eos_token_id in row:
+            stopped += 1
+            cut = row.index(tok.eos_token_id)
+            assert all(t == tok.pad_token_id for t in row[cut + 1:])  # nothing after EOS but padding
+    assert stopped >= 0.95 * len(test)  # answers have <= 3 chars, 5 new tokens allowed
+
+
+def test_greedy_generate_matches_own_sampler_and_is_padding_invariant(loaded):
+    model, tok = loaded
+    prompts = [p.prompt for p in ArithTask().test_problems(64)]
+    hf = tok.batch_decode(_generate(model, tok, prompts, do_sample=False), skip_special_tokens=True)
+    own = bm.sample_completions(model, tok, prompts, max_new_tokens=5, temperature=0.0, generator=None)
+    assert hf == own
+    alone = [tok.decode(_generate(model, tok, [p], do_sample=False)[0], skip_special_tokens=True) for p in prompts[:8]]
+    assert alone == hf[:8]
+
+
+def test_resolve_model_name(cache, built, monkeypatch):
+    monkeypatch.setenv("CLIPBENCH_CACHE", str(cache))
+    monkeypatch.setattr(bm, "build_base_model", lambda *a, **k: pytest.fail("must not rebuild"))
+    assert bm.resolve_model_name("builtin:arith-tiny") == str(built)
+    assert bm.resolve_model_name("Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B"
+    assert bm.resolve_model_name("/some/local/dir") == "/some/local/dir"
+    with pytest.raises(UserError, match=r"model.name: unknown built-in model 'builtin:arith-tny' "
+                                        r"\(did you mean 'builtin:arith-tiny'\?\); valid: builtin:arith-tiny"):
+        bm.resolve_model_name("builtin:arith-tny")
+    with pytest.raises(UserError, match="non-empty string"):
+        bm.resolve_model_name("")
+
+
+def test_resolve_builds_once_under_concurrency(tmp_path, monkeypatch):
+    """Two threads resolve the missing builtin at once: the file lock lets one build it."""
+    monkeypatch.setenv("CLIPBENCH_CACHE", str(tmp_path))
+    calls = []
+
+    def fake_build(task, out_dir, **kw):
+        calls.append(task)
+        time.sleep(0.5)
+        Path(out_dir).mkdir(parents=True)
+        (Path(out_dir) / bm.META_FILE).write_text("{}")
+        return Path(out_dir)
+
+    monkeypatch.setattr(bm, "build_base_model", fake_build)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(bm.resolve_model_name("builtin:arith-tiny", log=lambda m: None)))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == ["arith"]
+    assert results == [str(tmp_path / "models" / "arith-tiny")] * 2
+
+
+def test_load_model_and_tokenizer(cache, built, tmp_path, monkeypatch):
+    monkeypatch.setenv("CLIPBENCH_CACHE", str(cache))
+    model, tok = bm.load_model_and_tokenizer("builtin:arith-tiny", dtype="bfloat16")
+    assert isinstance(model, Qwen3ForCausalLM) and model.dtype == torch.bfloat16
+    assert tok.eos_token_id == model.generation_config.eos_token_id
+    with pytest.raises(UserError, match=r"model.dtype: unknown dtype 'fp32'"):
+        bm.load_model_and_tokenizer(str(built), dtype="fp32")
+    with pytest.raises(UserError, match=r"^model.name: cannot load '/nonexistent/model': no such directory"):
+        bm.load_model_and_tokenizer("/nonexistent/model")
+    with pytest.raises(UserError, match=rf"^model.name: cannot load '{tmp_path}': "):
+        bm.load_model_and_tokenizer(str(tmp_path))  # a directory without a model
+    # conftest sets HF_HUB_OFFLINE=1: an unavailable hub name fails at once
+    with pytest.raises(UserError, match=r"^model.name: cannot load 'no-such-org/no-such-model': "):
+        bm.load_model_and_tokenizer("no-such-org/no-such-model")
+
+
+def test_build_is_deterministic_and_atomic(tmp_path):
+    """Same seed -> byte-identical weights and tokenizer; a forced rebuild replaces the directory
+    in place; an existing build is returned untouched without force."""
+    logs: list[str] = []
+    a = bm.build_base_model("arith", tmp_path / "a", seed=5, recipe=SMALL, log=logs.append)
+    b = bm.build_base_model("arith", tmp_path / "b", seed=5, recipe=SMALL, log=lambda m: None)
+    for name in ("model.safetensors", "tokenizer.json", "config.json", "generation_config.json"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    ia, ib = bm.read_build_info(a), bm.read_build_info(b)
+    assert ia["measured"] == ib["measured"] and ia["sft"] == ib["sft"]
+    # 30 steps of a 1-layer model cannot reach the target: recorded, and warned about
+    assert ia["sft"]["reached_target"] is False and ia["sft"]["steps"] == 30
+    assert any("WARNING" in m for m in logs)
+
+    c = bm.build_base_model("arith", tmp_path / "a", seed=6, recipe=SMALL, log=lambda m: None)  # no force
+    assert bm.read_build_info(c)["seed"] == 5
+    c = bm.build_base_model("arith", tmp_path / "a", seed=6, recipe=SMALL, force=True, log=lambda m: None)
+    assert bm.read_build_info(c)["seed"] == 6
+    assert (a / "model.safetensors").read_bytes() != (b / "model.safetensors").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]  # no temp dirs left behind
+
+
+def test_unknown_task():
+    with pytest.raises(UserError, match=r"unknown base-model task 'arth' \(did you mean 'arith'\?\)"):
+        bm.build_base_model("arth")
+
+
+def test_sft_loss_only_on_completion_tokens():
+    """encode_sft marks exactly the positions that predict answer tokens and <eos>."""
+    tok = bm.build_tokenizer(["12+3=", "15"])
+    ids, attn, lm = bm.encode_sft(tok, ["12+3=", "1-9="], ["15", "-8"])
+    # "<bos>12+3=15<eos>": 9 tokens; positions 5,6,7 ('=', '1', '5') predict '1', '5', <eos>
+    assert ids.shape == (2, 9)
+    assert lm[0].tolist() == [0, 0, 0, 0, 0, 1, 1, 1, 0]
+    assert attn[0].tolist() == [1] * 9
+    # "<bos>1-9=-8<eos>" is 8 tokens, right-padded to 9
+    assert lm[1].tolist() == [0, 0, 0, 0, 1, 1, 1, 0, 0] and attn[1].tolist() == [1] * 8 + [0]
+    assert ids[1, -1].item() == tok.pad_token_id
