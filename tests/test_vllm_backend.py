@@ -211,9 +211,15 @@ def test_same_seed_same_rollout(sampler):
 def test_same_seed_same_rollout_across_engines(sampler, tiny):
     """Per-request seeds: the rollout does not depend on the engine (or its seed)."""
     model_dir, tok = tiny
+    states = (torch.random.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())
+    setter, threads = torch.set_num_threads, torch.get_num_threads()
     with vb.VLLMSampler(str(model_dir), tok, max_new_tokens=24, seed=123, max_model_len=128) as other:
         assert other.generate(PROMPTS, 4, seed=5).completion_ids == \
             sampler.generate(PROMPTS, 4, seed=5).completion_ids
+    # starting an engine (vLLM seeds every global RNG and stubs torch.set_num_threads) left no trace
+    assert torch.equal(torch.random.get_rng_state(), states[0]) and random.getstate() == states[1]
+    assert np.array_equal(np.random.get_state()[1], states[2])
+    assert torch.set_num_threads is setter and torch.get_num_threads() == threads
 
 
 def perturb(model, steps=3):
@@ -237,9 +243,13 @@ def test_sync_weights_after_update_matches_hf(tiny):
     hf = load_hf(model_dir)
     embed_before = hf.model.embed_tokens.weight.detach().clone()
     seq = tok("12+3=15")["input_ids"] + [EOS]
-    with vb.VLLMSampler(hf, tok, max_new_tokens=16, temperature=0.9, seed=0, max_model_len=64) as s:
+    # a prompt longer than one KV block (128 tokens on CPU) gets its first block prefix-cached
+    long_prompt = ("12+34=46 " * 16)[:140]
+    with vb.VLLMSampler(hf, tok, max_new_tokens=16, temperature=0.9, seed=0, max_model_len=256) as s:
+        assert s._llm.llm_engine.vllm_config.cache_config.block_size <= 128
         ref0 = torch.tensor(s.sequence_logprobs(seq))
         assert (ref0 - hf_token_logprobs(hf, seq[:1], seq[1:])).abs().max() < TOL  # same start
+        assert max_row_error(hf, s.generate([long_prompt], 2, seed=3), temperature=0.9) < TOL
         perturb(hf)
         assert (hf.model.embed_tokens.weight - embed_before).abs().max() > 1e-2   # embedding moved
         assert hf.lm_head.weight is hf.model.embed_tokens.weight
@@ -250,8 +260,8 @@ def test_sync_weights_after_update_matches_hf(tiny):
         synced = torch.tensor(s.sequence_logprobs(seq))
         assert (synced - want).abs().max() < TOL
         # sampling after sync: sampled tokens' log-probs are the new policy's (T = 0.9)
-        r = s.generate(PROMPTS, 4, seed=3)
-        assert max_row_error(hf, r, temperature=0.9) < TOL
+        r = s.generate(PROMPTS + [long_prompt], 4, seed=3)    # the long prompt's cached KV is stale
+        assert max_row_error(hf, r, temperature=0.9) < TOL    # unless sync reset the prefix cache
         # a second update + sync (the reload path is repeatable)
         perturb(hf, steps=1)
         s.sync_weights(hf)
