@@ -159,3 +159,70 @@ def test_real_hf_sampler(tiny_hf):
     graded = evaluate(sampler, {"arith": problems}, n=3, seed=11)["arith"]
     assert set(np.asarray(graded["correct"]).ravel()) <= {0, 1}
     assert 0 < graded["mean_completion_tokens"] <= 6
+
+
+# ---- `clipbench eval` ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def saved_model(tiny_hf, tmp_path_factory):
+    model, tok = tiny_hf
+    path = tmp_path_factory.mktemp("model") / "tiny"
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_eval_command_on_a_model_dir(saved_model, tmp_path, capsys):
+    from clipbench.eval.commands import eval_command
+
+    out = tmp_path / "out"
+    summary = eval_command(model=str(saved_model), benchmarks="arith", n=2, data_dir=None, limit=3,
+                           max_new_tokens=4, temperature=1.0, seed=5, backend="hf", out=out)
+    payload = json.loads((out / "arith.json").read_text())
+    assert len(payload["problem_ids"]) == 3 and np.asarray(payload["correct"]).shape == (3, 2)
+    assert json.loads((out / "summary.json").read_text())["benchmarks"]["arith"] == payload["summary"]
+    assert summary["n"] == 2 and summary["backend"] == "hf"
+    assert "Avg@2" in capsys.readouterr().out
+
+
+def test_eval_command_on_a_run_dir(saved_model, tmp_path):
+    """A run directory: its last checkpoint, and `arith` drawn with the run's own task settings."""
+    import shutil
+
+    import yaml
+
+    from clipbench.eval.commands import eval_command, load_suite, resolve_target
+    from clipbench.tasks.arith import ArithTask
+
+    run = tmp_path / "results" / "mysweep" / "abcdef012345"
+    shutil.copytree(saved_model, run / "checkpoints" / "last" / "model")
+    (run / "checkpoints" / "last" / "state.json").write_text("{}")
+    (run / "config.yaml").write_text(yaml.safe_dump({"seed": 3, "model": {"dtype": "float32"},
+                                                     "task": {"name": "arith", "ops": "+", "template": "auto"}}))
+    target = resolve_target(str(run), "bfloat16")
+    assert target.slug == "mysweep--abcdef012345" and target.dtype == "float32"
+    assert target.arith == {"ops": "+", "seed": 3}
+    eval_command(model=str(run), benchmarks="arith", n=1, data_dir=None, limit=4, max_new_tokens=3,
+                 temperature=1.0, seed=0, backend="hf", out=tmp_path / "o")
+    ids = json.loads((tmp_path / "o" / "arith.json").read_text())["problem_ids"]
+    assert ids == [p.id for p in ArithTask(seed=3, ops="+").test_problems(4)]
+    problems, _ = load_suite(["arith"], data_dir=None, limit=4, template="dapo", arith=target.arith)
+    assert [p.prompt for p in problems["arith"]] == [p.prompt for p in ArithTask(seed=3, ops="+").test_problems(4)]
+    assert all("-" not in p.prompt for p in problems["arith"])  # the run's ops, not the default "+-"
+
+
+def test_eval_command_bad_input(tmp_path):
+    from clipbench.errors import UserError
+    from clipbench.eval.commands import eval_command
+
+    kw = dict(model="x", n=2, data_dir=None, limit=None, max_new_tokens=4, temperature=1.0, seed=0,
+              backend="hf", out=None)
+    with pytest.raises(UserError, match=r"unknown benchmark 'aime2' \(did you mean 'aime25'\?\); valid: aime24"):
+        eval_command(benchmarks="aime2", **kw)
+    with pytest.raises(UserError, match=r"--n must be >= 1"):
+        eval_command(benchmarks="arith", **{**kw, "n": 0})
+    empty_run = tmp_path / "run"
+    empty_run.mkdir()
+    (empty_run / "config.yaml").write_text("seed: 0\n")
+    with pytest.raises(UserError, match="run directory has no checkpoint"):
+        eval_command(benchmarks="arith", **{**kw, "model": str(empty_run)})

@@ -89,7 +89,10 @@ def load_suite(names: list[str], *, data_dir: Path | None, limit: int | None, te
 
     problems, graders = {}, {}
     for name in names:
-        problems[name] = load_benchmark(name, data_dir=data_dir, limit=limit, template=template, arith=arith)
+        try:
+            problems[name] = load_benchmark(name, data_dir=data_dir, limit=limit, template=template, arith=arith)
+        except ValueError as e:  # e.g. arith knobs that cannot produce the test split
+            raise UserError(f"benchmark '{name}': {e}") from None
         if not problems[name]:
             raise UserError(f"benchmark '{name}': no problems loaded")
         graders[name] = benchmark_grader(name, arith=arith)
