@@ -335,24 +335,34 @@ def test_paper_table3_transcription_is_consistent():
 
 
 def test_paper_rows_inline_when_model_matches(tmp_path):
-    """A sweep on Qwen3-4B-Base with AIME24 and n = 64 gets the paper's rows in its own block."""
-    mod = _fixture_module()
+    """A sweep on Qwen3-4B-Base with the paper's benchmarks and n = 64 gets the paper's rows in its own
+    block, Average included; with other benchmarks the Average gets none (not comparable)."""
     root = tmp_path / "r"
     rng = np.random.default_rng(0)
+    sizes = {"aime24": 30, "aime25": 30, "amc23": 40}
     for method in ("grpo", "abc"):
         d = root / "paper_like" / f"{method}-run"
         (d / "eval" / "step_000010").mkdir(parents=True)
         cfg = {"seed": 42, "model": {"name": "Qwen/Qwen3-4B-Base"}, "objective": {"method": method}}
         (d / "config.yaml").write_text(json.dumps(cfg))
-        correct = (rng.random((30, 64)) < 0.2).astype(int).tolist()
-        (d / "eval" / "step_000010" / "aime24.json").write_text(json.dumps(
-            {"benchmark": "aime24", "n": 64, "problem_ids": [str(i) for i in range(30)], "correct": correct}))
-    assert mod.SWEEP == "fixture"
+        for bench, size in sizes.items():
+            correct = (rng.random((size, 64)) < 0.2).astype(int).tolist()
+            (d / "eval" / "step_000010" / f"{bench}.json").write_text(json.dumps(
+                {"benchmark": bench, "n": 64, "problem_ids": [str(i) for i in range(size)], "correct": correct}))
     _, res, tabs, _ = build_report(root, "paper_like", "grpo")
     t3 = next(t for t in tabs if t.key == "table3")
     assert t3.columns[3:] == ["Avg@64", "Pass@2", "Pass@4", "Pass@8", "Pass@16", "Pass@32", "Pass@64"]
     ref = [r for r, s in zip(t3.rows, t3.styles) if s == "ref"]
+    assert len(ref) == 4 * 3  # base / GRPO / ABC-GRPO for AIME24, AIME25, AMC23 and Average
+    assert ref[1][0] == "" and ref[0][0] == "AIME24 (P=30)"
     assert ref[1][1:] == ["paper: Qwen3-4B-GRPO", "", "20.3", "23.3", "23.3", "33.3", "33.3", "36.7", "43.3"]
-    gain = [r for r, s in zip(t3.rows, t3.styles) if s == "refgain"][0]
-    assert gain[3:] == ["+27.6%", "+28.8%", "+28.8%", "+10.2%", "+50.2%", "+54.5%", "+54.0%"]
+    gains = [r for r, s in zip(t3.rows, t3.styles) if s == "refgain"]
+    assert gains[0][3:] == ["+27.6%", "+28.8%", "+28.8%", "+10.2%", "+50.2%", "+54.5%", "+54.0%"]
+    assert gains[-1][3:] == ["+11.0%", "+25.7%", "+26.2%", "+15.7%", "+20.0%", "+17.2%", "+18.4%"]  # Average
     assert not any(t.key == "paper_reference" for t in tabs)  # inline, so no separate reference table
+    # drop AMC23: the Average (of two benchmarks) is no longer the paper's, so it gets no paper rows
+    for method in ("grpo", "abc"):
+        (root / "paper_like" / f"{method}-run" / "eval" / "step_000010" / "amc23.json").unlink()
+    _, _, tabs, _ = build_report(root, "paper_like", "grpo")
+    t3 = next(t for t in tabs if t.key == "table3")
+    assert sum(s == "refgain" for s in t3.styles) == 2

@@ -102,7 +102,10 @@ def table3(block: dict, baseline: str | None, paper: dict | None) -> Table:
             t.add([bench_title if first[0] else "", method, seeds, *values], style)
             first[0] = False
 
-        if paper_key is not None and bench_key in paper["models"][paper_key]["rows"]:
+        paper_benches = set(paper["models"][paper_key]["rows"]) - {"average"} if paper_key else set()
+        comparable = bench_key in paper_benches or (
+            bench_key == "average" and set(block["average"]["benchmarks"]) == paper_benches)
+        if paper_key is not None and comparable:
             titles = paper["models"][paper_key]["row_titles"]
             for m in paper_ref.PAPER_METHODS:
                 vals = [paper_ref.paper_value(paper, paper_key, bench_key, m, metric) for metric in metrics]
