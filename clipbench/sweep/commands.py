@@ -133,6 +133,8 @@ def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, js
     if any(r.get("mlflow_offline") for r in results):
         err.print(f"[yellow]MLflow was unreachable for some runs[/]: replay them with "
                   f"`clipbench sync {spec.name} --results-dir {results_dir}`")
+    if results:
+        _warm_metrics_cache(results_dir, spec.name)
     summary = {"sweep": spec.name, "runs": list(mg.manifest["runs"]), "results": results, "written": True,
                "finished": n_fin}
     if failed:
@@ -160,6 +162,16 @@ def _finish_parent(parent: str | None, uri: str | None, status: str) -> None:
         from clipbench.tracking.mlflow_sink import finish_parent_run
 
         finish_parent_run(parent, status, uri=uri)
+
+
+def _warm_metrics_cache(results_dir: Path, sweep: str) -> None:
+    """Parse the new metrics once now, so the report that follows reads the sweep's cache."""
+    try:
+        from clipbench.tracking.store import load_sweep_metrics
+
+        load_sweep_metrics(results_dir, sweep)
+    except Exception:  # noqa: BLE001 - an optimisation only
+        pass
 
 
 def _outcome_from_store(task: RunTask) -> dict:
