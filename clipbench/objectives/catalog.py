@@ -1,0 +1,25 @@
+"""`clipbench methods`: every registered rule as a rich table (read from METHODS)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from clipbench.objectives.aggregation import AGGREGATIONS
+from clipbench.objectives.registry import METHODS
+
+
+def methods_table() -> Table:
+    table = Table(title="clip objectives (loss is minimised; l = per-token loss)", show_lines=True)
+    for col in ("method", "parameters (defaults)", "rule", "source"):
+        table.add_column(col, overflow="fold")
+    for name, spec in METHODS.items():
+        params = "\n".join(f"{p.name}={p.default}" + (f" ({'/'.join(p.choices)})" if p.choices else "")
+                           for p in spec.params)
+        table.add_row(f"[bold]{name}[/bold]\n{spec.description}", params, spec.rule, spec.source)
+    table.caption = "aggregations: " + ", ".join(AGGREGATIONS) + " (agg=...); KL: beta * k3 to ref_logp"
+    return table
+
+
+def print_methods(console: Console | None = None) -> None:
+    (console or Console()).print(methods_table())

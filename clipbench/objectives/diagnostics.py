@@ -1,0 +1,161 @@
+"""Clipping diagnostics: quadrant cells, counts per cell, ratio statistics, log-ratio histogram.
+
+Cells (every valid token falls in exactly one), on the ratio ``x`` the rule acts on — the token
+ratio r for token-level rules, GSPO's sequence ratio s (broadcast to the sequence's tokens) for
+sequence-level ones (gspo, gspo_token, nsr/decay with base='sequence'):
+
+    q1: A>0, x>1   q2: A>0, x<1   q3: A<0, x<1   q4: A<0, x>1   zero_adv: A==0   on_policy: A!=0, x==1
+
+Counts per cell (valid tokens only):
+    tokens        tokens in the cell
+    out_of_band   x outside the method's reference band (``MethodSpec.band``): [1-eps_low, 1+eps_high]
+                  when the method has eps_low/eps_high, 0.2/0.2 otherwise (sapo); abc uses
+                  [1-eps2, 1+eps1] for A>0 and [1-eps4, 1+eps3] for A<0; A==0 tokens use the A>0 band
+    zero_grad     tokens whose policy-loss gradient the rule sets exactly to zero (1 - the rule's
+                  ``keep`` mask, the one that builds the loss); every zero_adv token
+                  (l = -A * ... = 0). The KL term is not included.
+    rescued       tokens NSR rescued (0 for other methods)
+    in_band_near  tokens in the NSR/decay band (0 < d <= delta past an active bound)
+
+Counts are computed per row first (a few row sums: padding has x == 1, inside every band, and
+keep == 1 there, so no per-token masking is needed) and then combined over rows by the sign of A
+with one small matmul. Every statistic is a detached 0-d tensor (no host sync).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from clipbench.objectives.context import RatioContext, RuleOut, fgt, flt
+
+CELLS = ("q1", "q2", "q3", "q4", "zero_adv", "on_policy")
+COUNTS = ("tokens", "out_of_band", "zero_grad", "rescued", "in_band_near")
+
+# Per-row features (B, 10). Bands contain 1 (eps >= 0), so x>hi implies x>1 and x<lo implies
+# x<1: out-of-band tokens are never in the x == 1 cell.
+FEATURES = ("n", "gt", "lt", "hi", "lo", "zero", "zero_gt", "zero_lt", "rescued", "near")
+_F = {f: i for i, f in enumerate(FEATURES)}
+
+
+def _cell_map() -> torch.Tensor:
+    """(30, 3 * len(FEATURES)) linear map from [A>0; A<0; A==0] @ features to the (6, 5) counts.
+    rescued / near tokens lie in the base clip's zeroed cells: q1 (A>0) or q3 (A<0)."""
+    m = torch.zeros(len(CELLS), len(COUNTS), 3, len(FEATURES))
+    POS, NEG, ZA = range(3)
+    table = {  # cell: (row group, {count: [(feature, sign)]})
+        "q1": (POS, {"tokens": ["gt"], "out_of_band": ["hi"], "zero_grad": ["zero_gt"],
+                     "rescued": ["rescued"], "in_band_near": ["near"]}),
+        "q2": (POS, {"tokens": ["lt"], "out_of_band": ["lo"], "zero_grad": ["zero_lt"]}),
+        "q3": (NEG, {"tokens": ["lt"], "out_of_band": ["lo"], "zero_grad": ["zero_lt"],
+                     "rescued": ["rescued"], "in_band_near": ["near"]}),
+        "q4": (NEG, {"tokens": ["gt"], "out_of_band": ["hi"], "zero_grad": ["zero_gt"]}),
+        "zero_adv": (ZA, {"tokens": ["n"], "out_of_band": ["hi", "lo"], "zero_grad": ["n"]}),
+    }
+    for cell, (grp, counts) in table.items():
+        for count, feats in counts.items():
+            for f in feats:
+                m[CELLS.index(cell), COUNTS.index(count), grp, _F[f]] = 1.0
+    on = CELLS.index("on_policy")  # x == 1 exactly: total - (x>1) - (x<1)
+    for grp in (POS, NEG):
+        for count, (total, gt, lt) in (("tokens", ("n", "gt", "lt")), ("zero_grad", ("zero", "zero_gt", "zero_lt"))):
+            c = COUNTS.index(count)
+            m[on, c, grp, _F[total]], m[on, c, grp, _F[gt]], m[on, c, grp, _F[lt]] = 1.0, -1.0, -1.0
+    return m.reshape(len(CELLS) * len(COUNTS), 3 * len(FEATURES))
+
+
+_CELL_MAP = _cell_map()
+
+
+def _row_features(ctx: RatioContext, out: RuleOut, lo, hi) -> torch.Tensor:
+    """(B, len(FEATURES)) per-row token counts. Padding has x == 1 and keep == 1, so it falls in
+    no feature but n."""
+    x = out.ratio  # (B, T) or (B, 1), detached
+    n = ctx.n_tok.reshape(-1)  # (B,)
+    zeros = torch.zeros_like(n)
+    gt, lt = fgt(x, 1.0), flt(x, 1.0)
+    n_gt, n_lt = ctx.rows(gt), ctx.rows(lt)
+    n_hi, n_lo = ctx.rows_outside(x, lo, hi)
+    feats = [n, n_gt, n_lt, n_hi, n_lo]
+    if out.keep is None:
+        feats += [zeros, zeros, zeros]
+    else:
+        z = ctx.zero_rows(out.keep)
+        if out.zero_cells == "aligned":  # zeroed tokens of A>0 rows have x > 1, of A<0 rows x < 1
+            z_lt = z * ctx.neg.reshape(-1)
+        elif out.zero_cells == "band":  # zeroed == out of band: x > hi (> 1) or x < lo (< 1)
+            z_lt = n_lo
+        elif out.zero_cells == "dual":  # x < 1 part: A<0 rows' x < lo
+            z_lt = n_lo * ctx.neg.reshape(-1)
+        else:
+            z_lt = n_lt - ctx.rows(out.keep * lt)
+        z_gt = n_gt - ctx.rows(out.keep * gt) if out.zero_cells == "general" else z - z_lt
+        feats += [z, z_gt, z_lt]
+    feats += [zeros if out.rescued_rows is None else out.rescued_rows,
+              zeros if out.near_rows is None else out.near_rows]
+    return torch.stack(feats, 1)
+
+
+def cell_counts(ctx: RatioContext, out: RuleOut, band: tuple[float, float, float, float]) -> torch.Tensor:
+    """(6, 5) float32 counts: rows CELLS, columns COUNTS."""
+    lo_p, hi_p, lo_n, hi_n = band
+    if (lo_p, hi_p) == (lo_n, hi_n):
+        lo, hi = lo_p, hi_p
+    else:  # per-row band (abc): A<0 rows use the negative band, others the positive one
+        lo = torch.lerp(ctx.A.new_tensor(lo_p), ctx.A.new_tensor(lo_n), ctx.neg)
+        hi = torch.lerp(ctx.A.new_tensor(hi_p), ctx.A.new_tensor(hi_n), ctx.neg)
+    feats = _row_features(ctx, out, lo, hi)  # (B, F)
+    groups = torch.cat([ctx.pos, ctx.neg, 1.0 - ctx.pos - ctx.neg], 1).T  # (3, B)
+    per_group = groups @ feats  # (3, F)
+    return (_CELL_MAP.to(feats.device) @ per_group.reshape(-1)).reshape(len(CELLS), len(COUNTS))
+
+
+def step_stats(ctx: RatioContext, out: RuleOut, band, level: str) -> dict[str, torch.Tensor]:
+    """All per-step diagnostics as detached 0-d tensors (keys: docs/architecture.md)."""
+    counts = cell_counts(ctx, out, band)
+    stats = {f"{c}/{k}": counts[i, j] for i, c in enumerate(CELLS) for j, k in enumerate(COUNTS)}
+    stats["clip_events"] = counts[:, 1].sum()
+
+    n = ctx.n_tok.sum()
+    n1 = n.clamp(min=1.0)
+    r, lr = ctx.r_d, ctx.lr_d  # padding: r == 1, lr == 0 exactly
+    n_pad = r.numel() - n
+    r_sum = r.sum(dtype=torch.float64)
+    stats["ratio/mean"] = ((r_sum - n_pad) / n1).float()
+    # k3 of KL(old || new) = r - 1 - log r, 0 at padding; float64 sums keep the difference exact
+    stats["approx_kl"] = ((r_sum - r.numel() - lr.sum(dtype=torch.float64)) / n1).float()
+    # over valid tokens only: padding -> 0 in r * mask and in mask / r (r > 0)
+    empty = n == 0
+    stats["ratio/max"] = torch.where(empty, 1.0, (r * ctx.maskf).max())
+    stats["ratio/min"] = torch.where(empty, 1.0, 1.0 / (ctx.maskf / r).max())
+    if level == "sequence":
+        s = ctx.s_d.reshape(-1)
+        has = fgt(ctx.n_tok.reshape(-1), 0.0)
+        n_seq = has.sum()
+        none = n_seq == 0
+        stats["seq_ratio/mean"] = (s * has).sum() / n_seq.clamp(min=1.0)
+        stats["seq_ratio/min"] = torch.where(none, 1.0, torch.add(s, 1.0 - has, alpha=1e30).min())
+        stats["seq_ratio/max"] = torch.where(none, 1.0, (s * has).max())
+    return stats
+
+
+def log_ratio_histogram(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                        mask: torch.Tensor, bins: int = 41, lo: float = -0.5, hi: float = 0.5) -> dict:
+    """Histogram of log r = logp - old_logp over valid tokens, split by the sign of A.
+
+    Returns ``{"edges": [bins + 1 floats], "pos": [bins + 2 ints], "neg": [bins + 2 ints]}``;
+    counts index 0 is the underflow (log r < lo), 1..bins the bins [edges[i-1], edges[i]),
+    bins + 1 the overflow (log r >= hi). A == 0 tokens are in neither. For the artifact (host sync).
+    """
+    if bins < 1 or not hi > lo:
+        raise ValueError(f"need bins >= 1 and hi > lo, got bins={bins}, lo={lo}, hi={hi}")
+    with torch.no_grad():
+        lr = (logp.detach().double() - old_logp.detach().double())  # (B, T)
+        edges = torch.linspace(lo, hi, bins + 1, dtype=torch.float64, device=lr.device)
+        idx = torch.bucketize(lr, edges, right=True)  # 0 .. bins+1
+        valid = (mask != 0) & ~torch.isnan(lr)
+        A = advantages.detach().reshape(-1, 1)
+        out = {"edges": edges.tolist()}
+        for name, side in (("pos", A > 0), ("neg", A < 0)):
+            sel = idx[valid & side]
+            out[name] = torch.bincount(sel, minlength=bins + 2).tolist()
+    return out
