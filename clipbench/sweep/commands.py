@@ -49,7 +49,7 @@ def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, js
                   results_dir: Path = Path("results"), jobs: int = 1, launcher: str | None = None,
                   retry_failed: bool = False, tracking_uri: str | None = None) -> dict[str, Any]:
     out = Console(highlight=False, soft_wrap=False)
-    err = Console(stderr=True, highlight=False)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
     run_overrides, hydra_overrides = split_overrides(list(overrides))
     if hydra_overrides and not launcher:
         raise UserError(f"'{hydra_overrides[0]}' is a Hydra launcher setting; it needs --launcher")

@@ -1,0 +1,198 @@
+"""Sweeps that train for real (tiny settings): SIGKILL mid-run then resume with identical metrics,
+two sweep processes sharing one results dir, --jobs 2, the joblib Hydra launcher, failed runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from clipbench.sweep.manifest import manifest_path, read_manifest
+from clipbench.tracking.store import RunDir, read_jsonl
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sweep_run"), pytest.mark.timeout(600)]
+
+REPO = Path(__file__).resolve().parent.parent
+# A few seconds per run on CPU: 2 prompts x 4 samples, 8 new tokens, a checkpoint every 2 steps.
+TINY = {"train.steps": 8, "train.prompts_per_step": 2, "sampler.group_size": 4, "sampler.max_new_tokens": 8,
+        "train.mini_batches": 2, "train.checkpoint_every": 2, "eval.limit": 8, "eval.n": 2, "eval.every": 0,
+        "tracking.mlflow": False}
+TIME_KEYS = ("time/",)  # wall-clock metrics differ between runs; everything else must not
+
+
+def write_sweep(tmp: Path, name: str, methods=("grpo", "dapo"), **over) -> Path:
+    f = tmp / f"{name}.yaml"
+    f.write_text(yaml.safe_dump({"name": name, "base": str(REPO / "recipes" / "quickstart.yaml"),
+                                 "overrides": {**TINY, **over}, "grid": {"objective.method": list(methods)}}))
+    return f
+
+
+def clipbench(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "clipbench.cli", *args], capture_output=True, text=True,
+                          cwd=REPO, timeout=500, **kw)
+
+
+def popen(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "clipbench.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def stable(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(TIME_KEYS)} for r in rows]
+
+
+def run_files(rd: RunDir) -> dict:
+    """Everything a run produced that must not depend on interruptions: metrics, histograms, evals."""
+    evals = {step: {b: {k: v for k, v in p.items() if k != "time"} for b, p in d.items()}
+             for step, d in rd.read_evals().items()}
+    return {"metrics": stable(rd.read_metrics()), "hist": read_jsonl(rd.hist_path), "evals": evals}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The tiny 2-run sweep, uninterrupted, one run after another."""
+    tmp = tmp_path_factory.mktemp("ref")
+    f = write_sweep(tmp, "tiny")
+    res = tmp / "results"
+    p = clipbench("sweep", str(f), "--results-dir", str(res))
+    assert p.returncode == 0, p.stderr[-3000:]
+    m = read_manifest(manifest_path(res, "tiny"))
+    runs = {rid: RunDir(res / "tiny" / rid) for rid in m["runs"]}
+    for rd in runs.values():
+        assert rd.status()["state"] == "finished"
+        assert len(rd.read_metrics()) == 8 * 2  # steps x mini-batches
+    return f, res, runs
+
+
+def assert_same_results(res: Path, ref_runs: dict[str, RunDir], sweep: str = "tiny") -> None:
+    for rid, ref in ref_runs.items():
+        got = RunDir(res / sweep / rid)
+        assert got.status()["state"] == "finished", rid
+        a, b = run_files(got), run_files(ref)
+        assert a["metrics"] == b["metrics"], rid
+        assert a["hist"] == b["hist"], rid
+        assert a["evals"] == b["evals"], rid
+
+
+def wait_for(cond, timeout: float, what: str, proc: subprocess.Popen | None = None, poll: float = 0.05):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if cond():
+            return
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process exited ({proc.returncode}) before {what}: {proc.stderr.read()[-2000:]}")
+        time.sleep(poll)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def ckpt_step(rd: RunDir) -> int | None:
+    try:
+        return json.loads((rd.checkpoint_dir / "state.json").read_text())["step"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def test_sigkill_mid_run_then_rerun_skips_finished_and_resumes_identically(tmp_path, reference):
+    f, _, ref_runs = reference
+    res = tmp_path / "results"
+    first, second = list(ref_runs)
+    rd1, rd2 = RunDir(res / "tiny" / first), RunDir(res / "tiny" / second)
+
+    p = popen("sweep", str(f), "--results-dir", str(res))
+    try:
+        # the second run has a checkpoint and has trained past it
+        wait_for(lambda: (ckpt_step(rd2) or 0) >= 2 and any(r["step"] >= ckpt_step(rd2) for r in rd2.read_metrics()),
+                 300, "a checkpoint and steps after it in the second run", p, poll=0.02)
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    assert rd1.status()["state"] == "finished"
+    st2 = rd2.status()
+    assert st2["state"] == "running" and ckpt_step(rd2) is not None
+    killed_at = ckpt_step(rd2)
+    # every file in place is whole (writes are temp file + rename): they all parse
+    for path in (rd2.status_path, rd2.checkpoint_dir / "state.json", res / "tiny" / "manifest.json"):
+        assert isinstance(json.loads(path.read_text()), dict), path
+    assert yaml.safe_load(rd2.config_path.read_text())["objective"]["method"] == "dapo"
+    assert all(r["step"] < 8 for r in read_jsonl(rd2.metrics_path))
+    m1 = (rd1.metrics_path.stat().st_mtime_ns, rd1.status_path.stat().st_mtime_ns)
+
+    again = clipbench("sweep", str(f), "--results-dir", str(res))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "1 finished, 1 to resume, 0 to start" in again.stderr
+    assert (rd1.metrics_path.stat().st_mtime_ns, rd1.status_path.stat().st_mtime_ns) == m1  # untouched
+    st2 = rd2.status()
+    assert st2["state"] == "finished" and st2["attempts"] == 2 and st2["resumed_from"] == killed_at
+    assert_same_results(res, ref_runs)
+
+    third = clipbench("sweep", str(f), "--results-dir", str(res))  # nothing left to do
+    assert third.returncode == 0 and "2 finished, 0 to resume, 0 to start" in third.stderr
+
+
+def test_two_sweep_processes_share_one_results_dir(tmp_path, reference):
+    f = write_sweep(tmp_path, "tiny", methods=("grpo", "dapo", "abc"))
+    res = tmp_path / "results"
+    p1 = popen("sweep", str(f), "--results-dir", str(res))
+    try:
+        wait_for(lambda: manifest_path(res, "tiny").is_file() and any(
+            RunDir(d).status().get("state") == "running" for d in (res / "tiny").iterdir() if d.is_dir()),
+            300, "the first process to start a run", p1)
+        p2 = popen("sweep", str(f), "--results-dir", str(res))
+        out2 = p2.communicate(timeout=500)
+        out1 = p1.communicate(timeout=500)
+    finally:
+        p1.kill()
+    assert p1.returncode == 0 and p2.returncode == 0, (out1[1][-2000:], out2[1][-2000:])
+    assert "locked" in out1[1] + out2[1]  # one of them found a run held by the other
+    m = read_manifest(manifest_path(res, "tiny"))
+    assert len(m["runs"]) == 3
+    for rid in m["runs"]:
+        rd = RunDir(res / "tiny" / rid)
+        st = rd.status()
+        assert st["state"] == "finished" and st["attempts"] == 1, (rid, st)  # each run trained once
+        steps = [r["opt_step"] for r in rd.read_metrics()]
+        assert steps == list(range(1, 17))
+    _, _, ref_runs = reference
+    assert_same_results(res, ref_runs)  # grpo and dapo: the same numbers as the reference sweep
+
+
+def test_jobs_2_gives_the_same_results(tmp_path, reference):
+    f, _, ref_runs = reference
+    res = tmp_path / "results"
+    p = clipbench("sweep", str(f), "--results-dir", str(res), "--jobs", "2")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert_same_results(res, ref_runs)
+
+
+def test_joblib_launcher_runs_each_run_once(tmp_path, reference):
+    f, _, ref_runs = reference
+    res = tmp_path / "results"
+    p = clipbench("sweep", str(f), "--results-dir", str(res), "--launcher", "joblib", "--jobs", "2")
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
+    assert_same_results(res, ref_runs)
+    assert list((res / "tiny" / ".hydra").iterdir())  # Hydra's multirun outputs live under the sweep
+    for rd in ref_runs:
+        assert RunDir(res / "tiny" / rd).status()["attempts"] == 1
+
+
+def test_failed_runs_are_skipped_unless_retry_failed(tmp_path):
+    f = write_sweep(tmp_path, "broken", methods=("grpo",), **{"model.name": str(tmp_path / "no_such_model")})
+    res = tmp_path / "results"
+    p = clipbench("sweep", str(f), "--results-dir", str(res))
+    assert p.returncode == 1, p.stderr[-2000:]
+    (rid,) = read_manifest(manifest_path(res, "broken"))["runs"]
+    st = RunDir(res / "broken" / rid).status()
+    assert st["state"] == "failed" and "no_such_model" in st["error"] and "Traceback" in st["traceback"]
+    again = clipbench("sweep", str(f), "--results-dir", str(res))
+    assert again.returncode == 0 and "1 failed: skipped" in again.stderr
+    assert RunDir(res / "broken" / rid).status()["attempts"] == 1
+    retry = clipbench("sweep", str(f), "--results-dir", str(res), "--retry-failed")
+    assert retry.returncode == 1
+    assert RunDir(res / "broken" / rid).status()["attempts"] == 2
