@@ -60,7 +60,9 @@ def test_build_measures_accuracy_inside_the_grpo_band(built):
     last = sft["history"][-1]
     assert last["val_sampled_acc"] >= bm.DEFAULT_RECIPE.stop_at_sampled_acc
     assert all(h["val_sampled_acc"] < bm.DEFAULT_RECIPE.stop_at_sampled_acc for h in sft["history"][:-1])
-    assert info["build_seconds"] < 180
+    # budget: 3 minutes on 2 cores. CPU time, not wall time, so that cores shared with other test
+    # workers do not count; on an idle machine (1 thread) wall time is about the same.
+    assert info["build_cpu_seconds"] < 180, info["build_cpu_seconds"]
     assert info["recipe"] == json.loads(json.dumps(bm.dataclasses.asdict(bm.DEFAULT_RECIPE)))
 
 
