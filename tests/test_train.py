@@ -1,0 +1,161 @@
+"""The GRPO loop on the real tiny model: packing, on/off-policy ratios, resume, skipped steps, errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from clipbench.config import load_run_config
+from clipbench.tracking.store import RunDir
+from clipbench.train.base_model import load_model_and_tokenizer, resolve_model_name
+from clipbench.train.loop import run_training
+from clipbench.train.policy import completion_logprobs, pack
+
+RECIPE = "recipes/quickstart.yaml"
+# A few seconds per run: 4 prompts x 4 samples, short answers, no MLflow.
+SMALL = ["train.prompts_per_step=4", "sampler.group_size=4", "sampler.max_new_tokens=8",
+         "eval.limit=8", "eval.n=2", "eval.every=0", "tracking.mlflow=false"]
+
+
+def small_cfg(*extra):
+    return load_run_config(RECIPE, SMALL + list(extra))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model_and_tokenizer(resolve_model_name("builtin:arith-tiny"))
+
+
+def test_packed_logprobs_equal_each_sequence_alone(tiny):
+    """Left-padded prompts + right-padded completions with real-token position ids give the same
+    log-probs as running every sequence on its own, unpadded (so padding never leaks in)."""
+    model, tok = tiny
+    prompts = [tok("12+7=")["input_ids"], tok("3-45=")["input_ids"], tok("99+99=")["input_ids"]]
+    completions = [tok("19")["input_ids"] + [tok.eos_token_id], [tok.eos_token_id], tok("-42")["input_ids"]]
+    batch = pack(prompts, completions, tok.pad_token_id)
+    assert batch.input_ids.shape[1] == max(map(len, prompts)) + max(map(len, completions))
+    with torch.no_grad():
+        logp, ent = completion_logprobs(model, batch)
+        for i, (p, c) in enumerate(zip(prompts, completions)):
+            alone = pack([p], [c], tok.pad_token_id)
+            lp1, ent1 = completion_logprobs(model, alone)
+            n = len(c)
+            assert torch.allclose(logp[i, :n], lp1[0, :n], atol=1e-5), i
+            assert torch.allclose(ent[i, :n], ent1[0, :n], atol=1e-5), i
+            assert batch.completion_mask[i].sum() == n
+    # temperature divides the logits: log-probs change, and still match a direct computation
+    with torch.no_grad():
+        lp_t, _ = completion_logprobs(model, batch, temperature=0.5, with_entropy=False)
+        full = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                     position_ids=batch.position_ids).logits
+        T = batch.completion_ids.shape[1]
+        direct = (full[:, -T - 1:-1] / 0.5).log_softmax(-1).gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1)
+    m = batch.completion_mask.bool()
+    assert torch.allclose(lp_t[m], direct[m], atol=1e-5)
+
+
+def test_single_minibatch_is_on_policy_every_ratio_is_one(tmp_path):
+    run_training(small_cfg("train.mini_batches=1", "train.epochs=1", "train.steps=3", "eval.benchmarks=[]"),
+                 tmp_path / "run")
+    rows = RunDir(tmp_path / "run").read_metrics()
+    assert len(rows) == 3
+    for r in rows:
+        assert abs(r["ratio/max"] - 1) < 1e-6 and abs(r["ratio/min"] - 1) < 1e-6, r
+        assert r["clip_events"] == 0 and r["q1/tokens"] + r["q2/tokens"] + r["q3/tokens"] + r["q4/tokens"] == 0
+
+
+def test_minibatches_make_later_updates_off_policy_with_clip_events(tmp_path):
+    run_training(small_cfg("train.mini_batches=4", "train.steps=4", "train.lr=5e-4", "eval.benchmarks=[]"),
+                 tmp_path / "run")
+    rows = RunDir(tmp_path / "run").read_metrics()
+    assert len(rows) == 16  # 4 steps x 4 mini-batches
+    first = [r for r in rows if r["mini_batch"] == 0]
+    later = [r for r in rows if r["mini_batch"] > 0]
+    for r in first:  # the first update of each rollout batch is on-policy
+        assert abs(r["ratio/max"] - 1) < 1e-6 and abs(r["ratio/min"] - 1) < 1e-6
+    assert all(r["ratio/max"] - r["ratio/min"] > 1e-4 for r in later)
+    assert sum(r["clip_events"] for r in later) > 0
+    cells = ("q1", "q2", "q3", "q4", "zero_adv", "on_policy")
+    for r in rows:  # every valid token is in exactly one cell
+        assert sum(r[f"{c}/tokens"] for c in cells) > 0
+
+
+def test_resume_replays_an_uninterrupted_run_exactly(tmp_path):
+    cfg = small_cfg("train.steps=6", "train.checkpoint_every=2", "objective.method=nsr")
+    run_training(cfg, tmp_path / "full")
+
+    class Interrupt(Exception):
+        pass
+
+    def stop_at_5(ev):
+        if ev["step"] == 5:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        run_training(cfg, tmp_path / "cut", progress=stop_at_5)
+    cut = RunDir(tmp_path / "cut")
+    assert json.loads((cut.checkpoint_dir / "state.json").read_text())["step"] == 4
+    assert len(cut.read_metrics()) == 5 * 4  # step 5 was written but is not checkpointed
+    run_training(cfg, tmp_path / "cut", resume=True)
+
+    def strip(rows):
+        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+    full_rows = strip(RunDir(tmp_path / "full").read_metrics())
+    assert strip(cut.read_metrics()) == full_rows
+    assert len(full_rows) == 6 * 4
+    def evals(rd):  # correctness matrices and summaries, not wall-clock seconds
+        return {s: {b: {k: v for k, v in p.items() if k != "seconds"} for b, p in e.items()}
+                for s, e in rd.read_evals().items()}
+
+    assert evals(RunDir(tmp_path / "full")) == evals(cut) and sorted(evals(cut)) == [0, 6]
+    assert cut.status()["state"] == "finished"
+
+
+def test_non_finite_loss_skips_the_step_and_the_run_goes_on(tmp_path, monkeypatch):
+    """A fake around the real loss (logic test): the 2nd optimizer step's loss is NaN."""
+    import clipbench.train.loop as loop
+
+    real = loop.policy_loss
+    calls = {"n": 0}
+
+    def flaky(*args, **kwargs):
+        out = real(*args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == 2:
+            out = dataclasses.replace(out, loss=out.loss * float("nan"))
+        return out
+
+    monkeypatch.setattr(loop, "policy_loss", flaky)
+    run_training(small_cfg("train.steps=2", "eval.benchmarks=[]"), tmp_path / "run")
+    rows = RunDir(tmp_path / "run").read_metrics()
+    assert [r["skipped_nonfinite"] for r in rows] == [0, 1, 1, 1, 1, 1, 1, 1]
+    assert RunDir(tmp_path / "run").status()["skipped_nonfinite"] == 1
+    assert all(r["grad_norm"] == r["grad_norm"] for i, r in enumerate(rows) if i != 1)  # finite elsewhere
+
+
+def _cli(tmp_path, *args):
+    return subprocess.run([sys.executable, "-m", "clipbench.cli", "train", RECIPE, *args,
+                           "--results-dir", str(tmp_path / "results")],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("override, words", [
+    ("model.name=/no/such/model", "model.name: cannot load '/no/such/model'"),
+    ("task.name=algebra", "task.name: unknown value 'algebra'"),
+    ("objective.method=cispoo", "did you mean 'cispo'"),
+    ("objective.tau_pos=2", "tau_pos"),
+    ("eval.benchmarks=[aime2024]", "did you mean 'aime24'"),
+])
+def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, override, words):
+    res = _cli(tmp_path, override)
+    assert res.returncode == 2, res.stderr
+    err = res.stderr.strip()
+    assert len(err.splitlines()) == 1 and words in err, err
+    assert not (tmp_path / "results").exists()
