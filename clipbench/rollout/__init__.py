@@ -25,7 +25,7 @@ def resolve_backend(backend: str) -> str:
     return "vllm" if vllm_backend.is_available() and torch.cuda.is_available() else "hf"
 
 
-def build_sampler(backend: str, model, tokenizer, *, model_path: str | None = None, max_new_tokens: int,
+def build_sampler(backend: str, model, tokenizer, *, max_new_tokens: int,
                   temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, return_logprobs: bool = False,
                   dtype: str = "float32", gpu_memory_utilization: float = 0.3,
                   max_model_len: int | None = None) -> Sampler:
@@ -40,10 +40,11 @@ def build_sampler(backend: str, model, tokenizer, *, model_path: str | None = No
 
     if not vllm_backend.is_available():
         raise UserError("sampler.backend: 'vllm' is not installed; pip install -e '.[vllm]' or use backend=hf")
-    sampler = vllm_backend.VLLMSampler(model_path or model.name_or_path, tokenizer, max_new_tokens=max_new_tokens,
+    # the engine loads the training model's current weights (saved to a temp dir by the sampler),
+    # so nothing is fetched from a hub and a resumed run samples from its checkpoint
+    sampler = vllm_backend.VLLMSampler(model, tokenizer, max_new_tokens=max_new_tokens,
                                        temperature=temperature, top_p=top_p, seed=seed, dtype=dtype,
                                        gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len)
-    sampler.sync_weights(model)
     return sampler
 
 

@@ -214,8 +214,7 @@ def run_training(cfg: RunConfig, run_dir: Path, *, resume: bool = False, sink: M
     task = build_task(cfg.task)
     pool = list(task.train_problems())
     backend = resolve_backend(sc.backend)
-    sampler = build_sampler(backend, model, tok, model_path=str(ckpt / "model") if ckpt else model_name,
-                            max_new_tokens=sc.max_new_tokens, temperature=sc.temperature, top_p=sc.top_p,
+    sampler = build_sampler(backend, model, tok, max_new_tokens=sc.max_new_tokens, temperature=sc.temperature, top_p=sc.top_p,
                             seed=cfg.seed, return_logprobs=sc.old_logp == "sampler", dtype=cfg.model.dtype,
                             gpu_memory_utilization=sc.gpu_memory_utilization)
     opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay)
