@@ -88,6 +88,18 @@ def _make_sink(task: RunTask, cfg, rd: RunDir, resume: bool):
                     parent_run_id=task.parent_run_id, run_name=task.label or None, resume=resume)
 
 
+def _quiet_libraries() -> None:
+    """The sweep draws its own progress bars: no per-checkpoint tqdm bars from transformers/hub."""
+    try:
+        import huggingface_hub.utils as hub_utils
+        import transformers.utils.logging as tf_logging
+
+        tf_logging.disable_progress_bar()
+        hub_utils.disable_progress_bars()
+    except Exception:  # noqa: BLE001 - cosmetic
+        pass
+
+
 def run_one(task: RunTask, *, progress: Callable[[dict], None] | None = None,
             on_start: Callable[[str, int, str], None] | None = None) -> dict:
     """Train (or skip, or resume) one run of a sweep. Returns {"run_id", "outcome", ...}; never raises
@@ -108,6 +120,7 @@ def run_one(task: RunTask, *, progress: Callable[[dict], None] | None = None,
             import torch
 
             torch.set_num_threads(task.threads)
+        _quiet_libraries()
         from clipbench.config import from_dict
         from clipbench.train.checkpoint import find_checkpoint
         from clipbench.train.loop import run_training

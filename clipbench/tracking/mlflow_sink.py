@@ -139,6 +139,7 @@ def client_for(uri: str):
     _apply_http_defaults()
     if uri.startswith("sqlite:///"):
         Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # "Creating initial tables..."
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=uri)
