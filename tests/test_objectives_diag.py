@@ -220,3 +220,10 @@ def test_methods_table_renders():
     for name in METHODS:
         assert name in text
     assert "2601.03895" in text and "token-mean" in text
+
+
+def test_validate_params_accepts_the_objective_mapping():
+    # a config's objective section {method: ..., params...} validates as is
+    assert validate_params("dapo", {"method": "dapo", "eps_high": 0.3})["eps_high"] == 0.3
+    with pytest.raises(ValueError, match="not 'grpo'"):
+        validate_params("grpo", {"method": "dapo"})

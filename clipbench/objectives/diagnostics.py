@@ -109,24 +109,26 @@ def cell_counts(ctx: RatioContext, out: RuleOut, band: tuple[float, float, float
     return (_CELL_MAP.to(feats.device) @ per_group.reshape(-1)).reshape(len(CELLS), len(COUNTS))
 
 
+_COUNT_KEYS = tuple(f"{c}/{k}" for c in CELLS for k in COUNTS)
+_RATIO_KEYS = ("ratio/mean", "approx_kl", "ratio/max", "ratio/min")
+
+
 def step_stats(ctx: RatioContext, out: RuleOut, band, level: str) -> dict[str, torch.Tensor]:
     """All per-step diagnostics as detached 0-d tensors (keys: docs/architecture.md)."""
     counts = cell_counts(ctx, out, band)
-    stats = {f"{c}/{k}": counts[i, j] for i, c in enumerate(CELLS) for j, k in enumerate(COUNTS)}
+    stats = dict(zip(_COUNT_KEYS, counts.reshape(-1).unbind(0)))
     stats["clip_events"] = counts[:, 1].sum()
 
+    r, lr, maskf = ctx.r_d, ctx.lr_d, ctx.maskf  # padding: r == 1, lr == 0 exactly
+    rm1 = r - 1.0  # 0 at padding
+    k3 = rm1 - lr  # k3 estimator of KL(old || new) per token: r - 1 - log r >= 0, 0 at padding
+    # over valid tokens only: padding -> 0 in r * mask and in mask / r (r > 0)
+    red = torch.stack([rm1.sum(), k3.sum(), (r * maskf).max(), (maskf / r).max()])
     n = ctx.n_tok.sum()
     n1 = n.clamp(min=1.0)
-    r, lr = ctx.r_d, ctx.lr_d  # padding: r == 1, lr == 0 exactly
-    n_pad = r.numel() - n
-    r_sum = r.sum(dtype=torch.float64)
-    stats["ratio/mean"] = ((r_sum - n_pad) / n1).float()
-    # k3 of KL(old || new) = r - 1 - log r, 0 at padding; float64 sums keep the difference exact
-    stats["approx_kl"] = ((r_sum - r.numel() - lr.sum(dtype=torch.float64)) / n1).float()
-    # over valid tokens only: padding -> 0 in r * mask and in mask / r (r > 0)
-    empty = n == 0
-    stats["ratio/max"] = torch.where(empty, 1.0, (r * ctx.maskf).max())
-    stats["ratio/min"] = torch.where(empty, 1.0, 1.0 / (ctx.maskf / r).max())
+    vals = torch.stack([red[0] / n1 + 1.0, red[1] / n1, red[2], 1.0 / red[3]])
+    vals = torch.where(n > 0, vals, vals.new_tensor([1.0, 0.0, 1.0, 1.0]))  # empty batch
+    stats.update(zip(_RATIO_KEYS, vals.unbind(0)))
     if level == "sequence":
         s = ctx.s_d.reshape(-1)
         has = fgt(ctx.n_tok.reshape(-1), 0.0)

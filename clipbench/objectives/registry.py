@@ -175,6 +175,9 @@ def validate_params(method: str, params: Mapping[str, Any] | None = None) -> dic
     unknown method or parameter, or a value out of range."""
     spec = get_method(method)
     params = dict(params or {})
+    if params.get("method", method) != method:
+        raise ValueError(f"params name method '{params['method']}', not '{method}'")
+    params.pop("method", None)  # a config's objective mapping may carry its method name
     known = {p.name: p for p in spec.params}
     for key in params:
         if key not in known:

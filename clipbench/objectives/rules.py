@@ -183,10 +183,11 @@ def nsr(ctx: RatioContext, *, eps_low: float, eps_high: float, delta: float, p: 
             m = flt(k16, math.ceil(p * 65536.0) - 32768)
         else:  # p(d) = p * (1 - d / delta)
             m = flt(k16, (xs - b) * (-p * 65536.0 / delta) + (p * 65536.0 - 32768.0))
-        thr = torch.add(b, m, alpha=delta) if sides == "both" else b + m * reach
+        del k16
+        thr = m.mul_(reach).add_(b)  # b + m * reach, in place (reach: delta or (B, 1))
+        keep = torch.le(xs, thr, out=thr)  # reuses the buffer: keep = 1{xs <= thr}
     else:  # p = 1 (const): every band token is rescued; p = 0: the base clip
-        thr = b + reach if p >= 1.0 else b
-    keep = fle(xs, thr)
+        keep = fle(xs, b + reach if p >= 1.0 else b)
     zero_rows = _zero_rows(ctx, xd, lo, hi)
     near_rows = zero_rows - ctx.rows(fgt(xs, b + reach))  # 0 < d <= reach
     rescued_rows = zero_rows - ctx.zero_rows(keep)

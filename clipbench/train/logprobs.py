@@ -2,8 +2,8 @@
 
 A naive ``log_softmax(logits.float()).gather(...)`` materialises a float32 copy of the whole
 (B, T, V) vocabulary tensor (plus a second one for its gradient, and a bf16 input gets upcast
-first). Here the rows are processed in chunks of ``chunk_size`` rows (default: about 2^22 logits,
-16 MiB of float32, per chunk):
+first). Here the rows are processed in chunks of ``chunk_size`` rows (default: about 2^20 logits,
+4 MiB of float32, per chunk):
 
 * ``selective_log_softmax`` keeps only a (B, T) logsumexp from the forward; its backward writes
   the (B, T, V) logits gradient (which autograd needs anyway) chunk by chunk, recomputing the
@@ -21,7 +21,7 @@ from typing import Iterator
 
 import torch
 
-DEFAULT_CHUNK_ELEMS = 1 << 22  # logits per chunk (16 MiB in float32)
+DEFAULT_CHUNK_ELEMS = 1 << 20  # logits per chunk (4 MiB in float32)
 
 
 def _chunk_rows(vocab: int, chunk_size: int | None) -> int:
@@ -98,7 +98,7 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, *, temperat
 
     logits: (B, T, V) (any float dtype, may be a non-contiguous view) or (N, V);
     index: (B, T) or (N,) token ids. Returns float32 (B, T) / (N,), differentiable w.r.t. logits.
-    chunk_size: rows per chunk (default: ~2^22 logits per chunk)."""
+    chunk_size: rows per chunk (default: ~2^20 logits per chunk)."""
     if index.shape != logits.shape[:-1]:
         raise ValueError(f"index shape {tuple(index.shape)} must be logits' leading shape {tuple(logits.shape[:-1])}")
     if not temperature > 0:
@@ -120,7 +120,7 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int | None = None, *,
     for b, t0, t1 in _chunks(lg.shape[0], lg.shape[1], rows):
         z = _scaled(lg[b, t0:t1], temperature)
         logp = z - torch.logsumexp(z, dim=-1, keepdim=True)
-        out[b, t0:t1] = -(logp.exp() * logp).sum(-1)
+        out[b, t0:t1] = -logp.exp().mul_(logp).sum(-1)
     return out.reshape(logits.shape[:-1])
 
 
