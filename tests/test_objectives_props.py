@@ -251,3 +251,21 @@ def test_on_policy_every_method_has_the_same_gradient():
     out = policy_loss("grpo", logp, logp, A, mask)
     n_nonzero_adv = float(((A != 0)[:, None] & (mask > 0)).sum())
     assert out.stats["on_policy/tokens"].item() == n_nonzero_adv
+
+
+@pytest.mark.parametrize("base", ["token", "sequence"])
+@pytest.mark.parametrize("sides", ["both", "upper", "lower"])
+def test_nsr_p1_equals_decay_p1(base, sides):
+    # with p = 1 both rescue every band token with its full unclipped gradient
+    logp, old, A, mask = batch(B=32, T=12, spread=0.3, seed=13)
+    kw = dict(p=1.0, base=base, sides=sides, delta=0.1)
+    if base == "sequence":
+        kw.update(eps_low=0.02, eps_high=0.02)
+    n, gn = loss_and_grad("nsr", logp, old, A, mask, **kw)
+    d, gd = loss_and_grad("decay", logp, old, A, mask, **kw)
+    torch.testing.assert_close(n.token_loss, d.token_loss)
+    torch.testing.assert_close(gn, gd)
+    for c in CELLS:
+        assert n.stats[f"{c}/in_band_near"] == d.stats[f"{c}/in_band_near"]
+        assert n.stats[f"{c}/zero_grad"] == d.stats[f"{c}/zero_grad"]
+    assert sum(n.stats[f"{c}/in_band_near"] for c in CELLS) > 0

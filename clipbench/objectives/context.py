@@ -103,7 +103,11 @@ class _Select(torch.autograd.Function):
     def forward(ctx, x, value, keep, gate):
         ctx.save_for_backward(keep if gate is None else gate)
         ctx.x_shape = x.shape
-        kept = x.detach() if gate is None else x.detach() * gate
+        if gate is None:
+            return torch.lerp(value, x.detach(), keep)
+        kept = x.detach() * gate
+        if kept.shape == torch.broadcast_shapes(kept.shape, value.shape, keep.shape):
+            return torch.lerp(value, kept, keep, out=kept)  # in kept's buffer
         return torch.lerp(value, kept, keep)
 
     @staticmethod
@@ -230,7 +234,7 @@ class RatioContext:
     def unclipped(self, xd: torch.Tensor, lo, hi) -> torch.Tensor:
         """float 0/1 keep mask of the PPO clip: 0 on (A>0, x>hi) and (A<0, x<lo) (i.e. d > 0)."""
         xs, b = self.signed(xd, lo, hi)
-        return fle(xs, b)
+        return torch.le(xs, b, out=xs) if xs.shape == torch.broadcast_shapes(xs.shape, b.shape) else fle(xs, b)
 
     def rows(self, t: torch.Tensor) -> torch.Tensor:
         """(B,) valid-token count of a 0/1 mask that is 0 at padding, token-level (B, T) or
@@ -243,13 +247,27 @@ class RatioContext:
             return (1.0 - keep.reshape(-1)) * self.n_tok.reshape(-1)
         return keep.shape[-1] - keep.sum(-1)
 
+    def scratch(self, shape: torch.Size) -> torch.Tensor:
+        """A float32 buffer of ``shape`` reused for temporaries that are reduced right away
+        (comparisons that are only counted): no new allocation, and it stays in cache."""
+        bufs = self.__dict__.setdefault("_scratch", {})
+        if shape not in bufs:
+            bufs[shape] = torch.empty(shape, dtype=torch.float32, device=self.maskf.device)
+        return bufs[shape]
+
+    def count_rows(self, op, xd: torch.Tensor, v) -> torch.Tensor:
+        """(B,) valid-token count of op(xd, v) (torch.gt / lt / ...), xd 0-padded-safe: the mask is
+        computed into the scratch buffer and reduced at once."""
+        shape = torch.broadcast_shapes(xd.shape, v.shape) if isinstance(v, torch.Tensor) else xd.shape
+        return self.rows(op(xd, v, out=self.scratch(shape)))
+
     def rows_outside(self, xd: torch.Tensor, lo, hi) -> tuple[torch.Tensor, torch.Tensor]:
         """(B,) counts of x > hi and of x < lo (bounds: numbers or (B, 1)); cached, so a rule and
         the diagnostics asking for the same band share one pair of comparisons."""
         key = (id(xd), lo if isinstance(lo, float) else id(lo), hi if isinstance(hi, float) else id(hi))
         cache = self.__dict__.setdefault("_outside", {})
         if key not in cache:
-            cache[key] = (self.rows(fgt(xd, hi)), self.rows(flt(xd, lo)), (xd, lo, hi))  # keep ids alive
+            cache[key] = (self.count_rows(torch.gt, xd, hi), self.count_rows(torch.lt, xd, lo), (xd, lo, hi))
         n_hi, n_lo, _ = cache[key]
         return n_hi, n_lo
 

@@ -72,23 +72,26 @@ def _row_features(ctx: RatioContext, out: RuleOut, lo, hi) -> torch.Tensor:
     x = out.ratio  # (B, T) or (B, 1), detached
     n = ctx.n_tok.reshape(-1)  # (B,)
     zeros = torch.zeros_like(n)
-    gt, lt = fgt(x, 1.0), flt(x, 1.0)
-    n_gt, n_lt = ctx.rows(gt), ctx.rows(lt)
+    n_gt, n_lt = ctx.count_rows(torch.gt, x, 1.0), ctx.count_rows(torch.lt, x, 1.0)
     n_hi, n_lo = ctx.rows_outside(x, lo, hi)
     feats = [n, n_gt, n_lt, n_hi, n_lo]
-    if out.keep is None:
+    keep = out.keep
+    if keep is None:
         feats += [zeros, zeros, zeros]
     else:
-        z = ctx.zero_rows(out.keep)
+        z = ctx.zero_rows(keep)
         if out.zero_cells == "aligned":  # zeroed tokens of A>0 rows have x > 1, of A<0 rows x < 1
             z_lt = z * ctx.neg.reshape(-1)
+            z_gt = z - z_lt
         elif out.zero_cells == "band":  # zeroed == out of band: x > hi (> 1) or x < lo (< 1)
-            z_lt = n_lo
+            z_gt, z_lt = n_hi, n_lo
         elif out.zero_cells == "dual":  # x < 1 part: A<0 rows' x < lo
             z_lt = n_lo * ctx.neg.reshape(-1)
-        else:
-            z_lt = n_lt - ctx.rows(out.keep * lt)
-        z_gt = n_gt - ctx.rows(out.keep * gt) if out.zero_cells == "general" else z - z_lt
+            z_gt = z - z_lt
+        else:  # kept tokens with x > 1 (x < 1), in the scratch buffer
+            shape = torch.broadcast_shapes(x.shape, keep.shape)
+            z_gt = n_gt - ctx.rows(torch.gt(x, 1.0, out=ctx.scratch(shape)).mul_(keep))
+            z_lt = n_lt - ctx.rows(torch.lt(x, 1.0, out=ctx.scratch(shape)).mul_(keep))
         feats += [z, z_gt, z_lt]
     feats += [zeros if out.rescued_rows is None else out.rescued_rows,
               zeros if out.near_rows is None else out.near_rows]
@@ -120,10 +123,13 @@ def step_stats(ctx: RatioContext, out: RuleOut, band, level: str) -> dict[str, t
     stats["clip_events"] = counts[:, 1].sum()
 
     r, lr, maskf = ctx.r_d, ctx.lr_d, ctx.maskf  # padding: r == 1, lr == 0 exactly
-    rm1 = r - 1.0  # 0 at padding
-    k3 = rm1 - lr  # k3 estimator of KL(old || new) per token: r - 1 - log r >= 0, 0 at padding
+    buf = ctx.scratch(r.shape)  # one reused buffer for the four reductions
+    s_rm1 = torch.sub(r, 1.0, out=buf).sum()  # sum of r - 1 (0 at padding)
+    s_k3 = buf.sub_(lr).sum()  # k3 estimator of KL(old || new): r - 1 - log r >= 0, 0 at padding
     # over valid tokens only: padding -> 0 in r * mask and in mask / r (r > 0)
-    red = torch.stack([rm1.sum(), k3.sum(), (r * maskf).max(), (maskf / r).max()])
+    top = torch.mul(r, maskf, out=buf).max()
+    inv = torch.div(maskf, r, out=buf).max()
+    red = torch.stack([s_rm1, s_k3, top, inv])
     n = ctx.n_tok.sum()
     n1 = n.clamp(min=1.0)
     vals = torch.stack([red[0] / n1 + 1.0, red[1] / n1, red[2], 1.0 / red[3]])

@@ -37,7 +37,8 @@ def _ppo_clip(ctx: RatioContext, level: str, eps_low: float, eps_high: float) ->
 def _band_clip(ctx: RatioContext, lo: torch.Tensor, hi: torch.Tensor, zero_cells: str) -> RuleOut:
     """Hard band [lo, hi] per row ((B, 1) bounds) on r: zero gradient outside, in any quadrant."""
     rd = ctx.r_d
-    clipped = torch.minimum(torch.maximum(rd, lo), hi)
+    clipped = torch.maximum(rd, lo)
+    clipped = torch.minimum(clipped, hi, out=clipped)
     keep = feq(clipped, rd)  # in band <=> clamping leaves r unchanged
     return RuleOut(select(ctx.r, clipped, keep), rd, keep, zero_cells)
 
@@ -184,12 +185,14 @@ def nsr(ctx: RatioContext, *, eps_low: float, eps_high: float, delta: float, p: 
         else:  # p(d) = p * (1 - d / delta)
             m = flt(k16, (xs - b) * (-p * 65536.0 / delta) + (p * 65536.0 - 32768.0))
         del k16
-        thr = m.mul_(reach).add_(b)  # b + m * reach, in place (reach: delta or (B, 1))
+        # b + m * reach, in m's buffer (reach: the float delta, or (B, 1) for one side)
+        thr = torch.add(b, m, alpha=delta, out=m) if isinstance(reach, float) else m.mul_(reach).add_(b)
         keep = torch.le(xs, thr, out=thr)  # reuses the buffer: keep = 1{xs <= thr}
     else:  # p = 1 (const): every band token is rescued; p = 0: the base clip
         keep = fle(xs, b + reach if p >= 1.0 else b)
     zero_rows = _zero_rows(ctx, xd, lo, hi)
-    near_rows = zero_rows - ctx.rows(fgt(xs, b + reach))  # 0 < d <= reach
+    beyond = torch.gt(xs, b + reach, out=xs)  # d > reach (xs's buffer is not needed any more)
+    near_rows = zero_rows - ctx.rows(beyond)  # 0 < d <= reach
     rescued_rows = zero_rows - ctx.zero_rows(keep)
     return RuleOut(select(x, ctx.bound(lo, hi), keep), xd, keep, "aligned", rescued_rows, near_rows)
 
@@ -205,16 +208,18 @@ def decay(ctx: RatioContext, *, eps_low: float, eps_high: float, delta: float, p
     x, xd = ctx.ratio(base)
     xs, b = ctx.signed(xd, lo, hi)
     in_reach = fle(xs, b + _reach(ctx, sides, delta))  # d <= 0, or in the band on an active side
-    near = fgt(xs, b) * in_reach  # 0 < d <= delta on an active side
     pd = xd.new_tensor(p) if schedule == "const" else (xs - b) * (-p / delta) + p  # p * (1 - d / delta)
-    gate = torch.lerp(in_reach, pd, near)  # gradient multiplier: 1 unclipped, sg(p(d)) in the band, 0 beyond
+    near = torch.gt(xs, b, out=xs).mul_(in_reach)  # 0 < d <= delta on an active side (in xs's buffer)
+    near_rows = ctx.rows(near)
     # Zero gradient beyond the band, and inside it wherever p(d) == 0 (p = 0, or linear at d = delta).
     if schedule == "const":
         keep = in_reach if p > 0.0 else in_reach - near
     else:
         keep = in_reach - near * feq(pd, 0.0)
+    # gradient multiplier: 1 unclipped, sg(p(d)) in the band, 0 beyond (in near's buffer, not needed after)
+    gate = torch.lerp(in_reach, pd, near, out=near)
     # value: x * gate (x unclipped, sg(p(d)) * x in the band), the bound beyond the band
-    return RuleOut(select(x, ctx.bound(lo, hi), in_reach, gate), xd, keep, "aligned", None, ctx.rows(near))
+    return RuleOut(select(x, ctx.bound(lo, hi), in_reach, gate), xd, keep, "aligned", None, near_rows)
 
 
 # --------------------------------------------------------------------------------------------
