@@ -62,8 +62,8 @@ def test_reward_is_per_rollout_step(figs):
 
 def test_eval_panels(figs):
     titles = [ax.get_title() for ax in figs["eval"].axes]
-    assert titles == ["GSM8K: Avg@4", "arith: Avg@4", "GSM8K: Pass@4", "arith: Pass@4"]
-    x, y = _lines(figs["eval"].axes[1])["abc"].get_data()
+    assert titles == ["GSM8K: Avg@4", "GSM8K: Pass@4", "arith: Avg@4", "arith: Pass@4"]
+    x, y = _lines(figs["eval"].axes[2])["abc"].get_data()
     assert list(x) == [0, 2] and np.allclose(y, [18.75, 56.25])  # base 3/16, final 9/16
 
 

@@ -116,6 +116,6 @@ def report_command(sweep: str | None, *, baseline: str | None, fmt: str, results
         paths = write_report(s, result, tables, header, fmt, out_dir)
         written += paths
         for p in paths:
-            if p.suffix != ".png" and not (fmt == "rich" and p.name == "report.json"):
+            if p.suffix != ".png" and p.name != "report.json":  # report.json: always, see docs/reports.md
                 print(p)
     return written

@@ -134,10 +134,10 @@ def eval_figure(groups: Mapping[str, list[Run]], result: dict) -> Figure | None:
                 out[float(step)] = 100 * float(stats.per_problem_values(correct, ks)[metric].mean())
         return out
 
-    fig, axes = plt.subplots(len(metrics), len(benches), figsize=(4.2 * len(benches) + 0.6, 3.2 * len(metrics)),
-                             dpi=DPI, squeeze=False)
-    for j, bench in enumerate(benches):
-        for i, metric in enumerate(metrics):
+    fig, axes = plt.subplots(len(benches), len(metrics), figsize=(11, 3.2 * len(benches) + 0.8),
+                             dpi=DPI, squeeze=False)  # one row per benchmark: Avg@n | Pass@n
+    for i, bench in enumerate(benches):
+        for j, metric in enumerate(metrics):
             ax = axes[i][j]
             for c, (name, rs) in enumerate(groups.items()):
                 draw_band(ax, seed_frame(rs, lambda r: extract(r, bench, metric)), name, COLORS[c % len(COLORS)])

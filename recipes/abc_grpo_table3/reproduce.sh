@@ -3,7 +3,7 @@
 #
 #   bash recipes/abc_grpo_table3/reproduce.sh SCALE RESULTS [key=value ...]
 #     SCALE    full: Qwen3-1.7B/4B-Base x {GRPO, ABC-GRPO} on DAPO-Math-17k (GPU + vLLM; see README.md)
-#              tiny: the same pipeline on builtin:arith-tiny, CPU only, about 10 minutes
+#              tiny: the same pipeline on builtin:arith-tiny, CPU only, about 2 minutes
 #     RESULTS  results directory (default: results)
 #     key=value  overrides for every run, e.g. eval.data_dir=/data/benchmarks (offline benchmarks)
 #
