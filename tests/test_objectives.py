@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from clipbench.objectives import CELLS, METHODS, policy_loss
+from clipbench.objectives import CELLS, policy_loss
 
 LOGP = -1.0  # log-prob of every token (cispo's loss depends on it)
 

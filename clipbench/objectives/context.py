@@ -8,7 +8,7 @@ Shapes: B sequences, T completion tokens.
   gradient reaches ``a`` only where w == 0 and ``b`` only where w == 1.
 * Padding (``mask == 0``) is neutralised up front: the log-ratio is multiplied by the mask, so it
   is exactly 0 there (r == 1) and padding gets no loss and no gradient. Padding values of logp /
-  old_logp may be anything finite. Every rule leaves r == 1 in band, so its masks are 0 at padding.
+  old_logp may be anything finite. 1 is inside every band, so every rule's keep mask is 1 there.
 * The log-ratio is clamped to [-20, 20] inside the exp, with a straight-through gradient:
   r = exp(clamp(lr)) and dr/dlr = r (see :class:`_ClampedExp`), so r <= e^20 ~ 4.9e8 is finite and
   every rule keeps the gradient its formula prescribes, evaluated at the clamped ratio. Ratios

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from clipbench.objectives.context import RatioContext, RuleOut, fgt, flt
+from clipbench.objectives.context import RatioContext, RuleOut, fgt
 
 CELLS = ("q1", "q2", "q3", "q4", "zero_adv", "on_policy")
 COUNTS = ("tokens", "out_of_band", "zero_grad", "rescued", "in_band_near")

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from clipbench.objectives.context import RatioContext, RuleOut, feq, fgt, fle, flt, select
+from clipbench.objectives.context import RatioContext, RuleOut, feq, fle, flt, select
 from clipbench.objectives.registry import (ABC_EPS, EPS_HIGH, EPS_LOW, NSR_PARAMS, Param, _gt_one,
                                            _nonneg, _positive, interval, register)
 
