@@ -45,20 +45,14 @@ def pack(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: i
     return Packed(ids, att, pos, ids[:, Lp:], cmask)
 
 
-def completion_logprobs(model, batch: Packed, *, temperature: float = 1.0, with_entropy: bool = True,
-                        entropy_chunk: int = 1024):
+def completion_logprobs(model, batch: Packed, *, temperature: float = 1.0, with_entropy: bool = True):
     """(logp (B, T) with grad if enabled, entropy (B, T) detached or None) of the completion tokens
     under `model`, with logits divided by the sampling temperature (the distribution sampled from)."""
     T = batch.completion_ids.shape[1]
     # logits at position j predict token j+1: keep the last T+1 positions, drop the final one.
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                 position_ids=batch.position_ids, use_cache=False, logits_to_keep=T + 1)
-    logits = out.logits[:, :-1, :]  # (B, T, V)
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = selective_log_softmax(logits, batch.completion_ids)  # (B, T)
-    ent = None
-    if with_entropy:
-        with torch.no_grad():
-            ent = entropy_from_logits(logits.detach(), chunk_size=entropy_chunk)
+    logits = out.logits[:, :-1, :]  # (B, T, V), never copied: temperature is applied per chunk
+    logp = selective_log_softmax(logits, batch.completion_ids, temperature=temperature)  # (B, T)
+    ent = entropy_from_logits(logits.detach(), temperature=temperature) if with_entropy else None
     return logp, ent
