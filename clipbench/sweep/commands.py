@@ -27,6 +27,7 @@ from clipbench.sweep.execute import RunTask, checkpoint_step, classify, run_para
 from clipbench.sweep.expand import Expansion, expand, iter_summary, label, run_label
 from clipbench.sweep.manifest import freeze, manifest_path, manifest_runs, merge, read_manifest
 from clipbench.sweep.spec import SweepSpec, load_sweep
+from clipbench.tracking.lock import manifest_lock
 from clipbench.tracking.store import RunDir
 
 
@@ -91,7 +92,8 @@ def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, js
               + (f", {counts['failed']} failed: skipped (rerun them with --retry-failed)" if counts["failed"] else "")
               + ")")
 
-    parent, uri = _parent_run(spec, runs, results_dir, tracking_uri, mpath)
+    with manifest_lock(mpath.parent):  # two sweep processes starting together make one parent run
+        parent, uri = _parent_run(spec, runs, results_dir, tracking_uri, mpath)
     tasks = [replace(t, parent_run_id=parent) for t in tasks_all
              if states[t.run_id] in ("resume", "start")]
 

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from clipbench.errors import UserError, did_you_mean
-from clipbench.tracking.lock import LOCK_DIR, try_run_lock
+from clipbench.tracking.lock import LOCK_DIR, manifest_lock, try_run_lock
 from clipbench.tracking.mlflow_sink import (MAX_METRICS_PER_BATCH, MAX_PARAMS_PER_BATCH, ROLE_TAG, artifact_location,
                                             client_for, find_runs, get_or_create_experiment, metric_name,
                                             metric_steps, metric_value, param_value, record_mlflow_run,
@@ -118,7 +118,8 @@ def sync_run(client, uri: str, rd: RunDir, *, sweep: str, results_dir: Path,
     exp_id = experiments[exp_name]
     pkey = f"{exp_id}/{sweep}"
     if pkey not in parents:
-        parents[pkey] = _parent(client, exp_id, sweep, rd.path.parent)
+        with manifest_lock(rd.path.parent):  # the sweep command creates parents under the same lock
+            parents[pkey] = _parent(client, exp_id, sweep, rd.path.parent)
     parent = parents[pkey]
 
     rid = rd.run_id
