@@ -87,6 +87,6 @@ def test_nsr_sweeps_runs_are_the_recipes():
     for run in runs:
         _same_run(run, NSR / {"dapo": "dapo.yaml", "nsr": "dapo_nsr.yaml", "decay": "dapo_decay.yaml"}[run["objective"]["method"]])
     runs = _expand(NSR / "sweep_gspo.yaml")
-    assert len(runs) == 6
+    assert len(runs) == 9
     for run in runs:
-        _same_run(run, NSR / {"gspo": "gspo.yaml", "nsr": "gspo_nsr.yaml"}[run["objective"]["method"]])
+        _same_run(run, NSR / {"gspo": "gspo.yaml", "nsr": "gspo_nsr.yaml", "decay": "gspo_decay.yaml"}[run["objective"]["method"]])
