@@ -8,6 +8,7 @@ advances by fractions of a run, so its ETA is meaningful after the first steps o
 
 from __future__ import annotations
 
+import threading
 from contextlib import AbstractContextManager
 
 from rich.console import Console
@@ -36,6 +37,8 @@ class SweepProgress(AbstractContextManager):
         self.done = 0
         self._frac: dict[str, float] = {}
         self._tasks: dict[str, TaskID] = {}
+        self._ended: set[str] = set()  # late messages from a worker's queue are dropped
+        self._lock = threading.RLock()  # --jobs: a queue-pump thread and the main thread both update
         self.sweep_task = self.progress.add_task(title, total=max(total, 1), count=f"0/{total} runs", info="")
 
     def __enter__(self):
@@ -52,11 +55,21 @@ class SweepProgress(AbstractContextManager):
                              count=f"{self.done}/{self.total} runs")
 
     def start_run(self, run_id: str, label: str, steps: int | None) -> None:
+        with self._lock:
+            if run_id in self._ended or run_id in self._tasks:
+                return
+            self._start_run(run_id, label, steps)
+
+    def _start_run(self, run_id: str, label: str, steps: int | None) -> None:
         self._frac[run_id] = 0.0
         self._tasks[run_id] = self.progress.add_task(f"  {run_id} {label}"[:60], total=steps or 1,
                                                      count=f"0/{steps} steps", info="")
 
     def event(self, run_id: str, ev: dict) -> None:
+        with self._lock:
+            self._event(run_id, ev)
+
+    def _event(self, run_id: str, ev: dict) -> None:
         tid = self._tasks.get(run_id)
         if tid is None:
             return
@@ -69,6 +82,11 @@ class SweepProgress(AbstractContextManager):
         self._update_sweep()
 
     def end_run(self, run_id: str, outcome: str, label: str = "", detail: str = "") -> None:
+        with self._lock:
+            self._ended.add(run_id)
+            self._end_run(run_id, outcome, label, detail)
+
+    def _end_run(self, run_id: str, outcome: str, label: str, detail: str) -> None:
         tid = self._tasks.pop(run_id, None)
         if tid is not None:
             self.progress.remove_task(tid)
