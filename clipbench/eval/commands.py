@@ -22,6 +22,7 @@ from clipbench.errors import UserError
 from clipbench.tracking.store import atomic_write_json
 
 DEFAULT_OUT_ROOT = Path("results") / "eval"
+EVAL_GPU_MEMORY_UTILIZATION = 0.7  # vllm: no optimizer or activations to share the GPU with here
 
 
 @dataclass
@@ -151,8 +152,8 @@ def eval_command(*, model: str, benchmarks: str, n: int, data_dir: Path | None, 
     path = resolve_model_name(target.model, log=lambda m: console.print(m))
     lm, tok = load_model_and_tokenizer(path, dtype=target.dtype, device=device)
     resolved = resolve_backend(backend)
-    sampler = build_sampler(resolved, lm, tok, model_path=path, max_new_tokens=max_new_tokens,
-                            temperature=temperature, seed=seed, dtype=target.dtype)
+    sampler = build_sampler(resolved, lm, tok, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                            dtype=target.dtype, gpu_memory_utilization=EVAL_GPU_MEMORY_UTILIZATION)
     out_dir = Path(out) if out is not None else DEFAULT_OUT_ROOT / target.slug
     console.print(f"evaluating {model} ({resolved}, {device}) on {', '.join(names)}: n={n}, seed={seed} -> {out_dir}")
 
