@@ -159,3 +159,18 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, override, words)
     err = res.stderr.strip()
     assert len(err.splitlines()) == 1 and words in err, err
     assert not (tmp_path / "results").exists()
+
+
+def test_dynamic_sampling_drops_all_equal_groups(tmp_path):
+    """DAPO dynamic sampling: groups with all-equal rewards are replaced by fresh prompts, so the
+    trained batch has fewer of them than were sampled (and none when enough were found)."""
+    run_training(small_cfg("train.steps=3", "train.dynamic_sampling=true", "train.max_resample_rounds=4",
+                           "eval.benchmarks=[]"), tmp_path / "ds")
+    ds = [r for r in RunDir(tmp_path / "ds").read_metrics() if r["mini_batch"] == 0]
+    assert all(r["groups_kept"] == 4 for r in ds)
+    assert any(r["zero_var_groups_frac"] > 0 for r in ds)  # there was something to drop
+    assert all(r["zero_var_groups_frac/kept"] < r["zero_var_groups_frac"] or r["zero_var_groups_frac"] == 0
+               for r in ds)
+    run_training(small_cfg("train.steps=3", "eval.benchmarks=[]"), tmp_path / "plain")
+    plain = [r for r in RunDir(tmp_path / "plain").read_metrics() if r["mini_batch"] == 0]
+    assert all(r["zero_var_groups_frac/kept"] == r["zero_var_groups_frac"] for r in plain)
