@@ -174,3 +174,30 @@ def test_dynamic_sampling_drops_all_equal_groups(tmp_path):
     run_training(small_cfg("train.steps=3", "eval.benchmarks=[]"), tmp_path / "plain")
     plain = [r for r in RunDir(tmp_path / "plain").read_metrics() if r["mini_batch"] == 0]
     assert all(r["zero_var_groups_frac/kept"] == r["zero_var_groups_frac"] for r in plain)
+
+
+def test_bf16_compute_keeps_float32_master_weights_that_move(tmp_path):
+    """model.dtype=bfloat16 trains under autocast with float32 master weights: an lr-1e-6 AdamW
+    step (~1e-6 per weight) survives, whereas bf16 weights (spacing ~1e-4 near 0.02) would round it away."""
+    from safetensors.torch import load_file
+
+    cfg = small_cfg("model.dtype=bfloat16", "train.lr=1e-6", "train.steps=1", "eval.benchmarks=[]")
+    run_training(cfg, tmp_path / "run")
+    after = load_file(str(RunDir(tmp_path / "run").checkpoint_dir / "model" / "model.safetensors"))
+    before = load_file(str(Path(resolve_model_name("builtin:arith-tiny")) / "model.safetensors"))
+    assert all(t.dtype == torch.float32 for t in after.values())
+    moved = [k for k in before if not torch.equal(before[k], after[k])]
+    assert len(moved) >= len(before) // 2
+    assert max((before[k] - after[k]).abs().max().item() for k in moved) < 1e-4  # small steps, kept
+
+
+def test_lr_schedule_warmup_then_cosine():
+    from types import SimpleNamespace
+
+    from clipbench.train.loop import lr_lambda
+
+    f = lr_lambda(SimpleNamespace(steps=2, mini_batches=4, epochs=1, warmup_steps=2, lr_schedule="cosine"))
+    # warmup (s+1)/2 for s < 2; then cos over the 8 - 2 = 6 remaining steps: s=5 -> progress 0.5 -> 0.5
+    assert [round(f(s), 6) for s in (0, 1, 2, 5, 8)] == [0.5, 1.0, 1.0, 0.5, 0.0]
+    g = lr_lambda(SimpleNamespace(steps=2, mini_batches=4, epochs=1, warmup_steps=0, lr_schedule="constant"))
+    assert {g(s) for s in range(8)} == {1.0}

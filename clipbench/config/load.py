@@ -175,8 +175,9 @@ def _validate_values(cfg: RunConfig, source: str | None) -> None:
                    "eval.temperature": cfg.eval.temperature}.items():
         if not v > 0:
             err(key, f"must be > 0, got {v}")
-    if not 0 < cfg.sampler.top_p <= 1:
-        err("sampler.top_p", f"must be in (0, 1], got {cfg.sampler.top_p}")
+    for key, v in {"sampler.top_p": cfg.sampler.top_p, "eval.top_p": cfg.eval.top_p}.items():
+        if not 0 < v <= 1:
+            err(key, f"must be in (0, 1], got {v}")
     for key, v in {"train.beta": cfg.train.beta, "train.grad_clip": cfg.train.grad_clip,
                    "train.weight_decay": cfg.train.weight_decay, "train.warmup_steps": cfg.train.warmup_steps,
                    "eval.every": cfg.eval.every}.items():

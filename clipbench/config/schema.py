@@ -19,13 +19,14 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "sampler.backend": ("auto", "hf", "vllm"),
     "sampler.old_logp": ("recompute", "sampler"),
     "train.advantage": ("group", "group_mean", "rloo"),
+    "train.lr_schedule": ("constant", "cosine"),
 }
 
 
 @dataclass
 class ModelConfig:
     name: str = "builtin:arith-tiny"  # HF name, local path, or builtin:arith-tiny
-    dtype: str = "float32"
+    dtype: str = "float32"  # compute dtype; bfloat16/float16 train with float32 master weights + autocast
     device: str = "auto"  # auto: cuda when available, else cpu
     gradient_checkpointing: bool = False
 
@@ -34,6 +35,7 @@ class ModelConfig:
 class TaskConfig:
     name: str = "arith"  # arith | math
     path: Optional[str] = None  # math: .jsonl/.parquet file, directory, or HF dataset name
+    config: Optional[str] = None  # math: the HF dataset's config name (e.g. 'all' for DAPO-Math-17k-Processed)
     split: str = "train"
     template: str = "auto"  # auto: dapo for math, the task's own format for arith
     limit: Optional[int] = None  # cap on training problems
@@ -73,7 +75,8 @@ class TrainConfig:
     lr: float = 1e-6
     weight_decay: float = 0.0
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
-    warmup_steps: int = 0
+    warmup_steps: int = 0  # optimizer steps of linear warmup
+    lr_schedule: str = "constant"  # constant | cosine (to 0 over all optimizer steps, after warmup)
     advantage: str = "group"
     agg: str = "token-mean"
     beta: float = 0.0  # KL-to-reference weight (k3); 0 keeps no reference model
@@ -93,6 +96,7 @@ class EvalConfig:
     limit: Optional[int] = 64  # problems per benchmark (None = all)
     data_dir: Optional[str] = None  # local copies of the benchmarks (else HF dataset names)
     temperature: float = 1.0
+    top_p: float = 1.0
     max_new_tokens: Optional[int] = None  # default: sampler.max_new_tokens
     at_start: bool = True
 

@@ -55,7 +55,7 @@ def _public_summary(correct: np.ndarray) -> dict:
 
 def evaluate_benchmark(sampler, name: str, problems: Sequence[Problem], *, n: int, seed: int, grade: Grade,
                        temperature: float | None = None, max_new_tokens: int | None = None,
-                       batch_prompts: int | None = DEFAULT_BATCH_PROMPTS) -> dict:
+                       top_p: float | None = None, batch_prompts: int | None = DEFAULT_BATCH_PROMPTS) -> dict:
     """The payload of one benchmark (see the module docstring)."""
     if n < 1:
         raise ValueError(f"n must be >= 1 samples per problem, got {n}")
@@ -70,7 +70,7 @@ def evaluate_benchmark(sampler, name: str, problems: Sequence[Problem], *, n: in
     for b, start in enumerate(range(0, len(problems), step)):
         chunk = problems[start:start + step]
         out = sampler.generate([p.prompt for p in chunk], n, seed=batch_seed(seed, name, b),
-                               temperature=temperature, max_new_tokens=max_new_tokens)
+                               temperature=temperature, max_new_tokens=max_new_tokens, top_p=top_p)
         if len(out.texts) != len(chunk) * n:
             raise RuntimeError(f"sampler {getattr(sampler, 'name', sampler)!r} returned {len(out.texts)} "
                                f"completions for {len(chunk)} prompts x n={n}")
@@ -88,6 +88,7 @@ def evaluate_benchmark(sampler, name: str, problems: Sequence[Problem], *, n: in
         "correct": correct.tolist(),
         "summary": _public_summary(correct),
         "temperature": temperature,
+        "top_p": top_p,
         "max_new_tokens": max_new_tokens,
         "truncated_fraction": truncated / total,
         "mean_completion_tokens": lengths / total,
@@ -97,20 +98,20 @@ def evaluate_benchmark(sampler, name: str, problems: Sequence[Problem], *, n: in
 
 def evaluate(sampler, problems_by_benchmark: Mapping[str, Sequence[Problem]], *, n: int, seed: int,
              grade: Grade | Mapping[str, Grade] | None = None, temperature: float | None = None,
-             max_new_tokens: int | None = None, batch_prompts: int | None = DEFAULT_BATCH_PROMPTS,
+             max_new_tokens: int | None = None, top_p: float | None = None, batch_prompts: int | None = DEFAULT_BATCH_PROMPTS,
              progress: Callable[[str, dict], None] | None = None) -> dict[str, dict]:
     """{benchmark: payload}: ``n`` samples per problem from ``sampler``, graded.
 
     ``grade(completion, problem) -> bool``: one callable for every benchmark, a mapping
     {benchmark: callable}, or None for each benchmark's own grader
     (``clipbench.tasks.benchmarks.benchmark_grader``: math-verify, or arith's exact integer).
-    ``temperature`` / ``max_new_tokens`` override the sampler's settings (None keeps them).
+    ``temperature`` / ``max_new_tokens`` / ``top_p`` override the sampler's settings (None keeps them).
     """
     out = {}
     for name, problems in problems_by_benchmark.items():
         out[name] = evaluate_benchmark(sampler, name, list(problems), n=n, seed=seed, grade=_grader(grade, name),
                                        temperature=temperature, max_new_tokens=max_new_tokens,
-                                       batch_prompts=batch_prompts)
+                                       top_p=top_p, batch_prompts=batch_prompts)
         if progress is not None:
             progress(name, out[name])
     return out

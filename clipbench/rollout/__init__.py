@@ -34,8 +34,10 @@ def build_sampler(backend: str, model, tokenizer, *, max_new_tokens: int,
     if backend == "hf":
         from clipbench.rollout.hf import HFSampler
 
+        import torch
+
         return HFSampler(model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
-                         top_p=top_p, return_logprobs=return_logprobs)
+                         top_p=top_p, return_logprobs=return_logprobs, dtype=torch.float32 if dtype == "auto" else getattr(torch, dtype))
     from clipbench.rollout import vllm as vllm_backend
 
     if not vllm_backend.is_available():

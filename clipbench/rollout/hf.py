@@ -17,11 +17,13 @@ class HFSampler:
     name = "hf"
 
     def __init__(self, model, tokenizer, *, max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, return_logprobs: bool = False, max_batch: int | None = None):
+                 top_p: float = 1.0, return_logprobs: bool = False, max_batch: int | None = None,
+                 dtype: torch.dtype = torch.float32):
         self.model, self.tokenizer = model, tokenizer
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.return_logprobs = return_logprobs
         self.max_batch = max_batch  # rows per generate call (None: all at once)
+        self.dtype = dtype  # compute dtype: float32 weights run under autocast when lower
         if tokenizer.pad_token_id is None:
             raise ValueError("tokenizer has no pad token; set tokenizer.pad_token")
 
@@ -49,7 +51,8 @@ class HFSampler:
         logps: list[list[float]] | None = [] if self.return_logprobs else None
         chunk = self.max_batch or len(rows)
         try:
-            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
+                    torch.autocast(device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
                 torch.manual_seed(seed)
                 for start in range(0, len(rows), chunk):
                     part = rows[start:start + chunk]
