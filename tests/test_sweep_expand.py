@@ -170,13 +170,16 @@ def test_manifest_is_frozen_against_recipe_edits_and_appends_new_runs(tmp_path):
     assert list(m0["runs"]) == first.new
 
     # edit the recipe mid-sweep: the same grid points keep their frozen configs, nothing is appended
-    recipe.write_text(RECIPE.read_text().replace("lr: 2.0e-4", "lr: 9.0e-4"))
+    data = yaml.safe_load(RECIPE.read_text())
+    lr0 = float(data["train"]["lr"])
+    data["train"]["lr"] = lr1 = lr0 * 3
+    recipe.write_text(yaml.safe_dump(data))
     again = freeze(res, load_sweep(f), expand(load_sweep(f)))
     assert again.new == [] and len(again.kept_frozen) == 4
     assert any("frozen configs are kept" in w for w in again.warnings)
     m1 = read_manifest(manifest_path(res, "frz"))
     assert m1["runs"] == m0["runs"]
-    assert {c["train"]["lr"] for c in m1["runs"].values()} == {2e-4}
+    assert {c["train"]["lr"] for c in m1["runs"].values()} == {lr0}
 
     # extend the grid: only the new points are appended (from today's recipe), with a warning
     body["grid"]["seed"] = [0, 1, 2]
@@ -186,7 +189,7 @@ def test_manifest_is_frozen_against_recipe_edits_and_appends_new_runs(tmp_path):
     m2 = read_manifest(manifest_path(res, "frz"))
     assert list(m2["runs"])[:4] == list(m0["runs"]) and len(m2["runs"]) == 6
     assert {m2["runs"][r]["seed"] for r in more.new} == {2}
-    assert {m2["runs"][r]["train"]["lr"] for r in more.new} == {9e-4}
+    assert {m2["runs"][r]["train"]["lr"] for r in more.new} == {lr1}
     for r in m0["runs"]:
         assert m2["runs"][r] == m0["runs"][r]
 

@@ -76,7 +76,10 @@ def assert_same_results(res: Path, ref_runs: dict[str, RunDir], sweep: str = "ti
         got = RunDir(res / sweep / rid)
         assert got.status()["state"] == "finished", rid
         a, b = run_files(got), run_files(ref)
-        assert a["metrics"] == b["metrics"], rid
+        assert len(a["metrics"]) == len(b["metrics"]), rid
+        for x, y in zip(a["metrics"], b["metrics"]):
+            diff = {k: (x.get(k), y.get(k)) for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)}
+            assert not diff, (rid, x["opt_step"], diff)
         assert a["hist"] == b["hist"], rid
         assert a["evals"] == b["evals"], rid
 
