@@ -24,8 +24,22 @@ class HFSampler:
         self.return_logprobs = return_logprobs
         self.max_batch = max_batch  # rows per generate call (None: all at once)
         self.dtype = dtype  # compute dtype: float32 weights run under autocast when lower
+        self._configs: dict = {}
         if tokenizer.pad_token_id is None:
             raise ValueError("tokenizer has no pad token; set tokenizer.pad_token")
+
+    def _generation_config(self, temperature: float, top_p: float, max_new: int):
+        """One GenerationConfig per setting (building and validating one per call costs ~1 ms)."""
+        key = (temperature, top_p, max_new)
+        if key not in self._configs:
+            from transformers import GenerationConfig
+
+            tok = self.tokenizer
+            self._configs[key] = GenerationConfig(
+                do_sample=True, temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=max_new,
+                pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
+                return_dict_in_generate=True, output_scores=self.return_logprobs)
+        return self._configs[key]
 
     def sync_weights(self, model) -> None:  # samples from the training model itself
         self.model = model
@@ -62,12 +76,8 @@ class HFSampler:
                     for i, r in enumerate(part):  # left padding
                         ids[i, width - len(r):] = torch.tensor(r)
                         att[i, width - len(r):] = 1
-                    out = model.generate(
-                        input_ids=ids.to(device), attention_mask=att.to(device), do_sample=True,
-                        temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=max_new,
-                        pad_token_id=tok.pad_token_id, eos_token_id=eos,
-                        return_dict_in_generate=True, output_scores=self.return_logprobs,
-                    )
+                    out = model.generate(input_ids=ids.to(device), attention_mask=att.to(device),
+                                         generation_config=self._generation_config(temperature, top_p, max_new))
                     gen = out.sequences[:, width:].cpu()  # (b, T')
                     if self.return_logprobs:
                         # scores are the processed logits (temperature, top-p): the sampled distribution

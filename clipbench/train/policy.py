@@ -28,21 +28,16 @@ class Packed:
 
 
 def pack(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int) -> Packed:
-    B = len(prompt_ids)
     Lp = max(len(p) for p in prompt_ids)
     T = max(1, max(len(c) for c in completion_ids))
-    ids = torch.full((B, Lp + T), pad_id, dtype=torch.long)
-    att = torch.zeros((B, Lp + T), dtype=torch.long)
-    cmask = torch.zeros((B, T))
-    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
-        ids[i, Lp - len(p):Lp] = torch.tensor(p, dtype=torch.long)
-        att[i, Lp - len(p):Lp] = 1
-        if c:
-            ids[i, Lp:Lp + len(c)] = torch.tensor(c, dtype=torch.long)
-            att[i, Lp:Lp + len(c)] = 1
-            cmask[i, :len(c)] = 1.0
+    ids = torch.tensor([[pad_id] * (Lp - len(p)) + p + c + [pad_id] * (T - len(c))
+                        for p, c in zip(prompt_ids, completion_ids)], dtype=torch.long)  # (B, Lp + T)
+    lp = torch.tensor([len(p) for p in prompt_ids])[:, None]  # (B, 1)
+    lc = torch.tensor([len(c) for c in completion_ids])[:, None]  # (B, 1)
+    j = torch.arange(Lp + T)
+    att = ((j >= Lp - lp) & (j < Lp + lc)).long()  # real prompt and completion tokens
     pos = (att.cumsum(-1) - 1).clamp(min=0)
-    return Packed(ids, att, pos, ids[:, Lp:], cmask)
+    return Packed(ids, att, pos, ids[:, Lp:], (torch.arange(T) < lc).float())
 
 
 def completion_logprobs(model, batch: Packed, *, temperature: float = 1.0, with_entropy: bool = True):
