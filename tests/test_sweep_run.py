@@ -55,9 +55,11 @@ def run_files(rd: RunDir) -> dict:
     return {"metrics": stable(rd.read_metrics()), "hist": read_jsonl(rd.hist_path), "evals": evals}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def reference(tmp_path_factory):
-    """The tiny 2-run sweep, uninterrupted, one run after another."""
+    """The tiny 2-run sweep, uninterrupted, one run after another. (Session scope: with xdist's
+    loadgroup this module's tests share one worker but may interleave with other modules, which
+    would rebuild a module-scoped fixture.)"""
     tmp = tmp_path_factory.mktemp("ref")
     f = write_sweep(tmp, "tiny")
     res = tmp / "results"
