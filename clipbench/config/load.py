@@ -22,7 +22,7 @@ from clipbench.config.schema import CHOICES, RunConfig
 from clipbench.errors import ConfigError, did_you_mean, unknown_choice
 
 # Keys whose relative values are paths relative to the recipe file (when they look like paths).
-_PATH_KEYS = ("model.name", "task.path", "eval.data_dir")
+PATH_KEYS = ("model.name", "task.path", "eval.data_dir")
 
 
 def read_yaml(path: str | Path) -> dict:
@@ -82,7 +82,7 @@ def deep_merge(base: Mapping, over: Mapping) -> dict:
 
 def _resolve_paths(d: dict, base_dir: Path) -> dict:
     """Relative paths in a recipe are relative to the recipe file (HF names are left alone)."""
-    for key in _PATH_KEYS:
+    for key in PATH_KEYS:
         section, name = key.split(".")
         val = d.get(section, {}).get(name) if isinstance(d.get(section), dict) else None
         if isinstance(val, str) and (val.startswith("./") or val.startswith("../")):
@@ -134,7 +134,7 @@ def validate(data: Mapping, source: str | None = None) -> RunConfig:
         key = getattr(e, "full_key", None) or None
         msg = str(e).splitlines()[0]
         raise ConfigError(source, key, msg) from None
-    _validate_values(cfg, source)
+    check_values(cfg, source)
     return cfg
 
 
@@ -142,7 +142,8 @@ def load_run_config(path: str | Path | None, overrides: Iterable[str] = ()) -> R
     return validate(compose(path, overrides), str(path) if path else "command line")
 
 
-def _validate_values(cfg: RunConfig, source: str | None) -> None:
+def check_values(cfg: RunConfig, source: str | None) -> None:
+    """Value checks of a structurally valid RunConfig; fills the method's defaults into `objective`."""
     from clipbench.objectives import AGGREGATIONS, METHODS, validate_params
 
     def err(key: str, reason: str):
@@ -229,13 +230,13 @@ def from_dict(d: Mapping) -> RunConfig:
 
 
 # Sections that do not change what a run computes, so they stay out of its identity.
-_NOT_IN_ID = ("name", "tracking")
+NOT_IN_ID = ("name", "tracking")
 
 
 def run_id(cfg: RunConfig | Mapping) -> str:
     """12 hex chars of sha256 over the canonical JSON of the resolved config (minus tracking/name)."""
     d = to_dict(cfg) if isinstance(cfg, RunConfig) else dict(cfg)
-    d = {k: v for k, v in d.items() if k not in _NOT_IN_ID}
+    d = {k: v for k, v in d.items() if k not in NOT_IN_ID}
     blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

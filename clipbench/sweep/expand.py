@@ -35,7 +35,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from clipbench.config import compose, run_id, to_dict, validate
-from clipbench.config.load import _NOT_IN_ID, _PATH_KEYS, deep_merge, set_dotted
+from clipbench.config.load import NOT_IN_ID, PATH_KEYS, deep_merge, set_dotted
 from clipbench.config.schema import RunConfig
 from clipbench.errors import ConfigError, did_you_mean, unknown_choice
 from clipbench.sweep.spec import Axis, SweepSpec
@@ -134,7 +134,7 @@ def _coerce(key: str, value: Any, src: str, where: str) -> Any:
 
 
 def _resolve_path(key: str, value: Any, base_dir: Path) -> Any:
-    if key in _PATH_KEYS and isinstance(value, str) and (value.startswith("./") or value.startswith("../")):
+    if key in PATH_KEYS and isinstance(value, str) and (value.startswith("./") or value.startswith("../")):
         return str((base_dir / value).resolve())
     return value
 
@@ -155,7 +155,7 @@ def _params_frozen(params: Mapping) -> tuple:
 
 
 def expand(spec: SweepSpec) -> Expansion:
-    from clipbench.config.load import _validate_values
+    from clipbench.config.load import check_values
     from clipbench.objectives import METHODS
 
     src = spec.source
@@ -288,7 +288,7 @@ def expand(spec: SweepSpec) -> Expansion:
 
     # --- per-section canonical JSON of the parts no axis touches (for fast run ids)
     touched = {k.split(".")[0] for k in spec.axis_keys}
-    id_keys = sorted(k for k in list(layered) + ["objective"] if k not in _NOT_IN_ID)
+    id_keys = sorted(k for k in list(layered) + ["objective"] if k not in NOT_IN_ID)
     static_json = {k: _canon(layered[k]) for k in id_keys if k not in touched and k != "objective"}
     # Axes holding a non-objective key: the run's non-objective part depends on these indices only.
     plain_axes = [i for i, ax in enumerate(axes) if any(not k.startswith(OBJ) for k in ax.keys)]
@@ -308,11 +308,11 @@ def expand(spec: SweepSpec) -> Expansion:
                         node = node[part]
                     node[parts[-1]] = _copy_tree({"v": v})["v"] if isinstance(v, (list, dict)) else v
             try:  # the cross-field checks, with the base objective standing in (checked on its own)
-                _validate_values(build_config(_with_objective(cfg, base_objective)), src)
+                check_values(build_config(_with_objective(cfg, base_objective)), src)
             except ConfigError as e:
                 shown = {k: v for k, v in assign.items() if not k.startswith(OBJ)}
                 raise ConfigError(src, e.key, f"{e.reason} (in the run {label(shown)})") from None
-            hit = plain_cache[sub] = (cfg, {k: _canon(cfg[k]) for k in touched if k in cfg and k not in _NOT_IN_ID})
+            hit = plain_cache[sub] = (cfg, {k: _canon(cfg[k]) for k in touched if k in cfg and k not in NOT_IN_ID})
         return hit
 
     obj_cache: dict[tuple, tuple[dict, str]] = {}  # (method, params) -> (objective dict, its JSON)

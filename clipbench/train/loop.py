@@ -33,10 +33,11 @@ from typing import Callable
 import numpy as np
 import torch
 
-from clipbench.config import RunConfig, flatten, run_id, to_dict
-from clipbench.objectives import effective_bounds, log_ratio_histogram, policy_loss
+from clipbench.config import RunConfig, run_id, to_dict
+from clipbench.objectives import log_ratio_histogram, policy_loss
 from clipbench.rollout import build_sampler, resolve_backend
 from clipbench.tasks import build_task
+from clipbench.tracking.mlflow_sink import run_params
 from clipbench.tracking.sink import MetricSink, NullSink
 from clipbench.tracking.store import RunDir
 from clipbench.train.advantages import compute_advantages, overlong_shaping, zero_variance_groups
@@ -256,10 +257,7 @@ def run_training(cfg: RunConfig, run_dir: Path, *, resume: bool = False, sink: M
     rd.write_config(to_dict(cfg))
     rd.set_status("running", run_id=run_id(cfg), step=state["step"], steps=tc.steps, backend=backend,
                   started=rd.status().get("started", time.time()))
-    params = flatten(to_dict(cfg))
-    params.update({f"rule.{k}": v for k, v in effective_bounds(method, obj).items()})
-    params.update({"run_id": run_id(cfg), "sampler.resolved_backend": backend})
-    sink.log_params(params)
+    sink.log_params(run_params(to_dict(cfg), backend))  # config + effective clip bounds (rule.*)
 
     suite = eval_suite(cfg, task) if cfg.eval.benchmarks else {}
     if suite and state["step"] == 0 and cfg.eval.at_start and not rd.eval_path(0, next(iter(suite))).exists():
