@@ -30,8 +30,17 @@ from clipbench.objectives.registry import LOG_RATIO_CLAMP
 # --------------------------------------------------------------------------------------------
 # Float 0/1 masks
 # --------------------------------------------------------------------------------------------
+def bshape(shape: torch.Size, *others: torch.Size) -> torch.Size:
+    """torch.broadcast_shapes, with a fast path (no Python-level shape machinery, ~10x cheaper)
+    for the common case of ``others`` broadcasting into ``shape`` ((B, 1) or (B, T) into (B, T))."""
+    for o in others:
+        if o != shape and (len(o) != len(shape) or any(j != 1 and j != i for i, j in zip(shape, o))):
+            return torch.broadcast_shapes(shape, *others)
+    return shape
+
+
 def _out(x: torch.Tensor, v) -> torch.Tensor:
-    shape = torch.broadcast_shapes(x.shape, v.shape) if isinstance(v, torch.Tensor) else x.shape
+    shape = bshape(x.shape, v.shape) if isinstance(v, torch.Tensor) else x.shape
     return torch.empty(shape, dtype=torch.float32, device=x.device)
 
 
@@ -77,11 +86,19 @@ class RuleOut(NamedTuple):
     surrogate:    (B, T), or (B, 1) for sequence-level rules; differentiable w.r.t. logp, finite.
     ratio:        (B, T) or (B, 1) detached; the ratio the rule acts on (cells, out_of_band).
     keep:         float 0/1 like ratio: 0 exactly where the rule sets the gradient to zero
-                  (zero_grad = 1 - keep); None when it never does. It is 1 where ratio == 1
-                  (1 is inside every band), hence at padding.
+                  (zero_grad = 1 - keep); None when it never does (or when ``zero_rows`` gives
+                  its counts). It is 1 where ratio == 1 (1 is inside every band), hence at padding.
     zero_cells:   one of ZERO_CELLS (see there).
     rescued_rows, near_rows: (B,) per-row token counts of NSR-rescued tokens and of tokens in
                   the NSR band (None: 0). Both lie in the base clip's zeroed cells (q1 or q3).
+    zero_rows:    (B,) per-row count of the tokens with keep == 0, when the rule has it and keeps
+                  no keep mask (keep is then None; zero_cells must not be "general").
+    beyond_rows:  (B,) per-row count of the tokens past the NSR band (d > delta on an active side,
+                  d > 0 elsewhere). With near_rows None, the diagnostics derive in_band_near as
+                  (the base clip's zeroed tokens) - beyond, the former read from their out_of_band
+                  counts: only for rules whose reference band is their base clip band (nsr, decay).
+    rescue:       True for a rule whose kept tokens among its base clip's zeroed ones are rescued
+                  (nsr): with rescued_rows None, rescued = (base clip's zeroed tokens) - zero_grad.
     """
 
     surrogate: torch.Tensor
@@ -90,6 +107,9 @@ class RuleOut(NamedTuple):
     zero_cells: str = "general"
     rescued_rows: torch.Tensor | None = None
     near_rows: torch.Tensor | None = None
+    zero_rows: torch.Tensor | None = None
+    beyond_rows: torch.Tensor | None = None
+    rescue: bool = False
 
 
 class _Select(torch.autograd.Function):
@@ -106,7 +126,7 @@ class _Select(torch.autograd.Function):
         if gate is None:
             return torch.lerp(value, x.detach(), keep)
         kept = x.detach() * gate
-        if kept.shape == torch.broadcast_shapes(kept.shape, value.shape, keep.shape):
+        if kept.shape == bshape(kept.shape, value.shape, keep.shape):
             return torch.lerp(value, kept, keep, out=kept)  # in kept's buffer
         return torch.lerp(value, kept, keep)
 
@@ -122,6 +142,27 @@ def select(x: torch.Tensor, value: torch.Tensor, keep: torch.Tensor,
     """x (times ``gate``) where keep == 1, the detached ``value`` where keep == 0 (zero gradient);
     the gradient is ``gate`` (default: keep)."""
     return _Select.apply(x, value.detach(), keep, gate)
+
+
+class _Straight(torch.autograd.Function):
+    """y = value (detached, broadcast to x's shape, no copy) with dy/dx = gate (broadcastable)."""
+
+    @staticmethod
+    def forward(ctx, x, value, gate):
+        ctx.save_for_backward(gate)
+        return value.expand(x.shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (gate,) = ctx.saved_tensors
+        return grad * gate, None, None
+
+
+def straight(x: torch.Tensor, value: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """The detached ``value`` broadcast to x's shape, whose gradient w.r.t. x is ``gate``: the
+    value and gradient of ``sg(value) + gate * (x - sg(x))`` with no (B, T) pass in the forward
+    (for per-row values and gates, e.g. GSPO-token)."""
+    return _Straight.apply(x, value.detach(), gate)
 
 
 class _ClampedExp(torch.autograd.Function):
@@ -170,6 +211,22 @@ class RatioContext:
     @cached_property
     def neg(self) -> torch.Tensor:  # (B, 1) float 0/1, A < 0
         return flt(self.A, 0.0)
+
+    @cached_property
+    def pos_b(self) -> torch.Tensor:  # (B, 1) bool, A > 0
+        return self.A > 0
+
+    @cached_property
+    def neg_b(self) -> torch.Tensor:  # (B, 1) bool, A < 0
+        return self.A < 0
+
+    @cached_property
+    def pos_r(self) -> torch.Tensor:  # (B,) float 0/1, A > 0
+        return self.pos.reshape(-1)
+
+    @cached_property
+    def neg_r(self) -> torch.Tensor:  # (B,) float 0/1, A < 0
+        return self.neg.reshape(-1)
 
     @cached_property
     def sign(self) -> torch.Tensor:  # (B, 1) float in {-1, 0, 1}
@@ -234,22 +291,35 @@ class RatioContext:
     def unclipped(self, xd: torch.Tensor, lo, hi) -> torch.Tensor:
         """float 0/1 keep mask of the PPO clip: 0 on (A>0, x>hi) and (A<0, x<lo) (i.e. d > 0)."""
         xs, b = self.signed(xd, lo, hi)
-        return torch.le(xs, b, out=xs) if xs.shape == torch.broadcast_shapes(xs.shape, b.shape) else fle(xs, b)
+        return torch.le(xs, b, out=xs) if xs.shape == bshape(xs.shape, b.shape) else fle(xs, b)
 
     def rows(self, t: torch.Tensor) -> torch.Tensor:
         """(B,) valid-token count of a 0/1 mask that is 0 at padding, token-level (B, T) or
         sequence-level (B, 1) (then weighted by the row's token count)."""
         return t.sum(-1) if t.shape[-1] > 1 else t.reshape(-1) * self.n_tok.reshape(-1)
 
-    def zero_rows(self, keep: torch.Tensor) -> torch.Tensor:
-        """(B,) valid tokens with keep == 0 (keep is 1 at padding)."""
+    def count_zero(self, keep: torch.Tensor) -> torch.Tensor:
+        """(B,) valid tokens with keep == 0 (keep: a 0/1 mask that is 1 at padding, (B, T) or
+        (B, 1)). Not cached (for masks in the scratch buffer)."""
         if keep.shape[-1] == 1:
             return (1.0 - keep.reshape(-1)) * self.n_tok.reshape(-1)
         return keep.shape[-1] - keep.sum(-1)
 
+    def zero_rows(self, keep: torch.Tensor) -> torch.Tensor:
+        """:meth:`count_zero`, cached per keep tensor, so a rule (nsr's rescued count) and the
+        diagnostics share one row sum. Never for a mask in the scratch buffer."""
+        cache = self.__dict__.setdefault("_zero_rows", {})
+        hit = cache.get(id(keep))
+        if hit is not None and hit[1] is keep:
+            return hit[0]
+        z = self.count_zero(keep)
+        cache[id(keep)] = (z, keep)  # keep is held, so its id is not reused while cached
+        return z
+
     def scratch(self, shape: torch.Size) -> torch.Tensor:
-        """A float32 buffer of ``shape`` reused for temporaries that are reduced right away
-        (comparisons that are only counted): no new allocation, and it stays in cache."""
+        """A float32 buffer of ``shape`` reused for temporaries that are consumed right away
+        (comparisons that are only counted, a rule's mask used once): no new allocation, and it
+        stays in cache. Whatever is in it is overwritten by the next user: never return it."""
         bufs = self.__dict__.setdefault("_scratch", {})
         if shape not in bufs:
             bufs[shape] = torch.empty(shape, dtype=torch.float32, device=self.maskf.device)
@@ -258,7 +328,7 @@ class RatioContext:
     def count_rows(self, op, xd: torch.Tensor, v) -> torch.Tensor:
         """(B,) valid-token count of op(xd, v) (torch.gt / lt / ...), xd 0-padded-safe: the mask is
         computed into the scratch buffer and reduced at once."""
-        shape = torch.broadcast_shapes(xd.shape, v.shape) if isinstance(v, torch.Tensor) else xd.shape
+        shape = bshape(xd.shape, v.shape) if isinstance(v, torch.Tensor) else xd.shape
         return self.rows(op(xd, v, out=self.scratch(shape)))
 
     def rows_outside(self, xd: torch.Tensor, lo, hi) -> tuple[torch.Tensor, torch.Tensor]:
@@ -272,16 +342,53 @@ class RatioContext:
         return n_hi, n_lo
 
     # -- NSR draws --------------------------------------------------------------------------------
+    # Every draw comes from ``self.generator`` only, as uniformly random 64-bit words sliced into
+    # bits, bytes or 16-bit integers (one word is one mt19937_64 step: far cheaper than a float
+    # ``torch.rand`` per token). The generator advances by a number of words fixed by the shape and
+    # the resolution, whatever the values (replayable streams).
+    def _words(self, n_words: int) -> torch.Tensor:
+        """(n_words,) int64, uniform over the full 64-bit range."""
+        gen = self.generator
+        words = torch.empty(n_words, dtype=torch.int64, device=gen.device)
+        return words.random_(-(2 ** 63), None, generator=gen)
+
+    def coin_flips(self, shape: torch.Size, out: torch.Tensor | None = None) -> torch.Tensor:
+        """float32 0/1 of ``shape`` (written into ``out`` when given), each exactly Bernoulli(1/2),
+        independent: one bit of a random word per element (64 per word; the generator advances by
+        ceil(numel / 64) words).
+
+        Bit j of byte i goes to flat position j * n_bytes + i, so the unpacking is one contiguous
+        uint8 AND per bit plane ((8, n_bytes) against the 8 one-bit masks), then one conversion."""
+        n = shape.numel()
+        words = self._words((n + 63) // 64)
+        if words.device != self.maskf.device:
+            words = words.to(self.maskf.device)
+        n_bytes = (n + 7) // 8
+        bytes_ = words.view(torch.uint8)
+        if bytes_.numel() != n_bytes:
+            bytes_ = bytes_[:n_bytes]
+        masks = _BIT_MASKS if bytes_.device.type == "cpu" else _BIT_MASKS.to(bytes_.device)
+        planes = torch.bitwise_and(bytes_, masks).clamp_(max=1)  # (8, n_bytes): 0/1 uint8
+        if out is None:
+            out = torch.empty(shape, dtype=torch.float32, device=planes.device)
+        if planes.numel() == n:
+            out.view(planes.shape).copy_(planes)
+        else:
+            out.view(-1).copy_(planes.view(-1)[:n])
+        return out
+
+    def uniform8(self, shape: torch.Size) -> torch.Tensor:
+        """uint8 of ``shape``, uniform in 0..255 (so ``U = k / 256 < p`` is ``k < 256 p``), 8 per
+        word (the generator advances by ceil(numel / 8) words)."""
+        n = shape.numel()
+        return self._words((n + 7) // 8).view(torch.uint8)[:n].reshape(shape).to(self.maskf.device)
+
     def uniform16(self, shape: torch.Size) -> torch.Tensor:
         """Uniforms on the 2^16 grid, as int16 values k - 32768 for k uniform in 0..65535
-        (so ``U < p`` is ``k16 < p * 65536 - 32768``), from ``self.generator`` only.
+        (so ``U < p`` is ``k16 < p * 65536 - 32768``), 4 per word (the generator advances by
+        ceil(numel / 4) words)."""
+        n = shape.numel()
+        return self._words((n + 3) // 4).view(torch.int16)[:n].reshape(shape).to(self.maskf.device)
 
-        Four 16-bit draws are sliced from each uniformly random 64-bit word: a quarter of the cost
-        of ``torch.rand``. The generator advances by ceil(numel / 4) words whatever the values."""
-        gen = self.generator
-        n = 1
-        for s in shape:
-            n *= s
-        words = torch.empty((n + 3) // 4, dtype=torch.int64, device=gen.device)
-        words.random_(-(2 ** 63), None, generator=gen)  # full 64-bit range
-        return words.view(torch.int16)[:n].reshape(shape).to(self.maskf.device)
+
+_BIT_MASKS = torch.tensor([[1], [2], [4], [8], [16], [32], [64], [128]], dtype=torch.uint8)  # (8, 1) one bit each

@@ -26,35 +26,43 @@ from __future__ import annotations
 
 import torch
 
-from clipbench.objectives.context import RatioContext, RuleOut, fgt
+from clipbench.objectives.context import RatioContext, RuleOut, bshape, fgt
 
 CELLS = ("q1", "q2", "q3", "q4", "zero_adv", "on_policy")
 COUNTS = ("tokens", "out_of_band", "zero_grad", "rescued", "in_band_near")
 
-# Per-row features (B, 10). Bands contain 1 (eps >= 0), so x>hi implies x>1 and x<lo implies
+# Per-row features (B, 11). Bands contain 1 (eps >= 0), so x>hi implies x>1 and x<lo implies
 # x<1: out-of-band tokens are never in the x == 1 cell.
-FEATURES = ("n", "gt", "lt", "hi", "lo", "zero", "zero_gt", "zero_lt", "rescued", "near")
+FEATURES = ("n", "gt", "lt", "hi", "lo", "zero", "zero_gt", "zero_lt", "rescued", "near", "beyond")
 _F = {f: i for i, f in enumerate(FEATURES)}
 
 
-def _cell_map() -> torch.Tensor:
+def _cell_map(derive_rescued: bool = False, derive_near: bool = False) -> torch.Tensor:
     """(30, 3 * len(FEATURES)) linear map from [A>0; A<0; A==0] @ features to the (6, 5) counts.
-    rescued / near tokens lie in the base clip's zeroed cells: q1 (A>0) or q3 (A<0)."""
+
+    rescued / near tokens lie in the base clip's zeroed cells: q1 (A>0: x > hi) or q3 (A<0:
+    x < lo). When a rule gives no per-row counts for them (nsr, decay), they are derived from
+    the out_of_band counts of that cell (the reference band is the base clip's band there):
+    rescued = out_of_band - zero_grad (derive_rescued), near = out_of_band - beyond (derive_near,
+    "beyond" = tokens past the band)."""
     m = torch.zeros(len(CELLS), len(COUNTS), 3, len(FEATURES))
     POS, NEG, ZA = range(3)
-    table = {  # cell: (row group, {count: [(feature, sign)]})
+    rescued = {"q1": ["hi", "-zero"], "q3": ["lo", "-zero"]} if derive_rescued else {"q1": ["rescued"], "q3": ["rescued"]}
+    near = {"q1": ["hi", "-beyond"], "q3": ["lo", "-beyond"]} if derive_near else {"q1": ["near"], "q3": ["near"]}
+    table = {  # cell: (row group, {count: [feature, or -feature]})
         "q1": (POS, {"tokens": ["gt"], "out_of_band": ["hi"], "zero_grad": ["zero_gt"],
-                     "rescued": ["rescued"], "in_band_near": ["near"]}),
+                     "rescued": rescued["q1"], "in_band_near": near["q1"]}),
         "q2": (POS, {"tokens": ["lt"], "out_of_band": ["lo"], "zero_grad": ["zero_lt"]}),
         "q3": (NEG, {"tokens": ["lt"], "out_of_band": ["lo"], "zero_grad": ["zero_lt"],
-                     "rescued": ["rescued"], "in_band_near": ["near"]}),
+                     "rescued": rescued["q3"], "in_band_near": near["q3"]}),
         "q4": (NEG, {"tokens": ["gt"], "out_of_band": ["hi"], "zero_grad": ["zero_gt"]}),
         "zero_adv": (ZA, {"tokens": ["n"], "out_of_band": ["hi", "lo"], "zero_grad": ["n"]}),
     }
     for cell, (grp, counts) in table.items():
         for count, feats in counts.items():
             for f in feats:
-                m[CELLS.index(cell), COUNTS.index(count), grp, _F[f]] = 1.0
+                sign = -1.0 if f.startswith("-") else 1.0
+                m[CELLS.index(cell), COUNTS.index(count), grp, _F[f.lstrip("-")]] = sign
     on = CELLS.index("on_policy")  # x == 1 exactly: total - (x>1) - (x<1)
     for grp in (POS, NEG):
         for count, (total, gt, lt) in (("tokens", ("n", "gt", "lt")), ("zero_grad", ("zero", "zero_gt", "zero_lt"))):
@@ -63,7 +71,7 @@ def _cell_map() -> torch.Tensor:
     return m.reshape(len(CELLS) * len(COUNTS), 3 * len(FEATURES))
 
 
-_CELL_MAP = _cell_map()
+_CELL_MAPS = {(dr, dn): _cell_map(dr, dn) for dr in (False, True) for dn in (False, True)}
 
 
 def _row_features(ctx: RatioContext, out: RuleOut, lo, hi) -> torch.Tensor:
@@ -76,10 +84,10 @@ def _row_features(ctx: RatioContext, out: RuleOut, lo, hi) -> torch.Tensor:
     n_hi, n_lo = ctx.rows_outside(x, lo, hi)
     feats = [n, n_gt, n_lt, n_hi, n_lo]
     keep = out.keep
-    if keep is None:
+    if keep is None and out.zero_rows is None:
         feats += [zeros, zeros, zeros]
     else:
-        z = ctx.zero_rows(keep)
+        z = ctx.zero_rows(keep) if out.zero_rows is None else out.zero_rows
         if out.zero_cells == "aligned":  # zeroed tokens of A>0 rows have x > 1, of A<0 rows x < 1
             z_lt = z * ctx.neg.reshape(-1)
             z_gt = z - z_lt
@@ -89,12 +97,13 @@ def _row_features(ctx: RatioContext, out: RuleOut, lo, hi) -> torch.Tensor:
             z_lt = n_lo * ctx.neg.reshape(-1)
             z_gt = z - z_lt
         else:  # kept tokens with x > 1 (x < 1), in the scratch buffer
-            shape = torch.broadcast_shapes(x.shape, keep.shape)
+            shape = bshape(x.shape, keep.shape)
             z_gt = n_gt - ctx.rows(torch.gt(x, 1.0, out=ctx.scratch(shape)).mul_(keep))
             z_lt = n_lt - ctx.rows(torch.lt(x, 1.0, out=ctx.scratch(shape)).mul_(keep))
         feats += [z, z_gt, z_lt]
     feats += [zeros if out.rescued_rows is None else out.rescued_rows,
-              zeros if out.near_rows is None else out.near_rows]
+              zeros if out.near_rows is None else out.near_rows,
+              zeros if out.beyond_rows is None else out.beyond_rows]
     return torch.stack(feats, 1)
 
 
@@ -109,7 +118,9 @@ def cell_counts(ctx: RatioContext, out: RuleOut, band: tuple[float, float, float
     feats = _row_features(ctx, out, lo, hi)  # (B, F)
     groups = torch.cat([ctx.pos, ctx.neg, 1.0 - ctx.pos - ctx.neg], 1).T  # (3, B)
     per_group = groups @ feats  # (3, F)
-    return (_CELL_MAP.to(feats.device) @ per_group.reshape(-1)).reshape(len(CELLS), len(COUNTS))
+    cell_map = _CELL_MAPS[(out.rescue and out.rescued_rows is None,
+                           out.near_rows is None and out.beyond_rows is not None)]
+    return (cell_map.to(feats.device) @ per_group.reshape(-1)).reshape(len(CELLS), len(COUNTS))
 
 
 _COUNT_KEYS = tuple(f"{c}/{k}" for c in CELLS for k in COUNTS)

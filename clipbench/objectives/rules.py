@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from clipbench.objectives.context import RatioContext, RuleOut, feq, fle, flt, select
+from clipbench.objectives.context import RatioContext, RuleOut, feq, fle, flt, select, straight
 from clipbench.objectives.registry import (ABC_EPS, EPS_HIGH, EPS_LOW, NSR_PARAMS, Param, _gt_one,
                                            _nonneg, _positive, interval, register)
 
@@ -45,7 +45,7 @@ def _band_clip(ctx: RatioContext, lo: torch.Tensor, hi: torch.Tensor, zero_cells
 
 def _per_row(ctx: RatioContext, pos_value: float, neg_value: float, zero_value: float) -> torch.Tensor:
     """(B, 1): pos_value where A>0, neg_value where A<0, zero_value where A == 0 (values may be inf)."""
-    return torch.where(ctx.A > 0, pos_value, torch.where(ctx.A < 0, neg_value, zero_value))
+    return torch.where(ctx.pos_b, pos_value, torch.where(ctx.neg_b, neg_value, zero_value))
 
 
 def _clip_bounds(p) -> dict:
@@ -91,8 +91,8 @@ def dual_clip(ctx: RatioContext, *, eps_low: float, eps_high: float, c: float) -
 def abc(ctx: RatioContext, *, eps1: float, eps2: float, eps3: float, eps4: float) -> RuleOut:
     # (B, 1) per-row band (A == 0 rows take the A>0 band; their gradient is 0 whatever it is).
     # The clip band is the reference band, so the zeroed tokens are exactly the out-of-band ones.
-    lo = torch.lerp(ctx.A.new_tensor(1.0 - eps2), ctx.A.new_tensor(1.0 - eps4), ctx.neg)
-    hi = torch.lerp(ctx.A.new_tensor(1.0 + eps1), ctx.A.new_tensor(1.0 + eps3), ctx.neg)
+    lo = torch.where(ctx.neg_b, 1.0 - eps4, 1.0 - eps2)
+    hi = torch.where(ctx.neg_b, 1.0 + eps3, 1.0 + eps1)
     return _band_clip(ctx, lo, hi, "band")
 
 
@@ -118,10 +118,11 @@ def gspo_token(ctx: RatioContext, *, eps_low: float, eps_high: float) -> RuleOut
     lo, hi = 1.0 - eps_low, 1.0 + eps_high
     sd = ctx.s_d
     keep = ctx.unclipped(sd, lo, hi)  # (B, 1): the sequence's clip decision
-    # s_tok = sg(s) * exp(lr - sg(lr)): value sg(s) exactly, d/dlogp = sg(s). Written as
-    # sg(s) + sg(s) * (lr - sg(lr)) (same value and gradient, no exp).
-    s_tok = torch.addcmul(sd, ctx.lr - ctx.lr_d, sd)  # (B, T)
-    return RuleOut(select(s_tok, ctx.bound(lo, hi), keep), sd, keep, "aligned")
+    # s_tok = sg(s) * exp(lr - sg(lr)) has the value sg(s) and d/dlr = sg(s): with the clip, the
+    # value is lerp(bound, sg(s), keep) and the gradient keep * sg(s) per row, (B, 1) both;
+    # straight() broadcasts them to the tokens with no (B, T) forward pass.
+    value = torch.lerp(ctx.bound(lo, hi), sd, keep)
+    return RuleOut(straight(ctx.lr, value, keep * sd), sd, keep, "aligned")
 
 
 # --------------------------------------------------------------------------------------------
@@ -130,19 +131,25 @@ def gspo_token(ctx: RatioContext, *, eps_low: float, eps_high: float) -> RuleOut
 def _reach(ctx: RatioContext, sides: str, delta: float):
     """How far past the bound (ratio units) a token may be and still be in the band: delta on
     the active side(s), 0 elsewhere ((B, 1) for one side, the float delta for both)."""
-    return {"both": delta, "upper": ctx.pos * delta, "lower": ctx.neg * delta}[sides]
-
-
-def _zero_rows(ctx: RatioContext, xd: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
-    """(B,) tokens the base clip zeroes: x > hi in A>0 rows, x < lo in A<0 rows (shared with the
-    diagnostics' out_of_band counts, whose reference band is this clip band)."""
-    n_hi, n_lo = ctx.rows_outside(xd, lo, hi)
-    return n_hi * ctx.pos.reshape(-1) + n_lo * ctx.neg.reshape(-1)
+    if sides == "both":
+        return delta
+    return (ctx.pos if sides == "upper" else ctx.neg) * delta
 
 
 def _needs_draws(p: float, schedule: str) -> bool:
     """True when some p(d) lies strictly inside (0, 1): a Bernoulli draw is needed."""
     return p > 0.0 and (p < 1.0 or schedule == "linear")
+
+
+def _draw_bits(p: float, schedule: str) -> int:
+    """Resolution (bits) of the uniform U behind nsr's draws m = 1{U < p(d)}: the fewest of
+    1 / 8 / 16 bits that represent a const p exactly (p = 1/2: 1; a multiple of 1/256: 8), else
+    16 (P(m=1) = ceil(65536 p(d)) / 65536). Fewer bits, fewer random words to generate."""
+    if schedule == "const":
+        for bits in (1, 8):
+            if float(p * 2 ** bits).is_integer():
+                return bits
+    return 16
 
 
 def _nsr_bounds(p) -> dict:
@@ -151,7 +158,7 @@ def _nsr_bounds(p) -> dict:
     lower = interval(lo - d, lo, "[)") if p["sides"] in ("both", "lower") else "none"
     return {**_clip_bounds(p), "nsr_band_upper": upper, "nsr_band_lower": lower,
             "nsr_p": p["p"], "nsr_schedule": p["schedule"], "nsr_sides": p["sides"], "nsr_base": p["base"],
-            "nsr_draw": "U < p(d), U uniform on {k/65536}"}
+            "nsr_draw": "U < p(d), U uniform on {k/%d}" % 2 ** _draw_bits(p["p"], p["schedule"])}
 
 
 # The band: d = xs - b is the distance past the bound (x - hi for A>0, lo - x for A<0); the base
@@ -170,31 +177,40 @@ def nsr(ctx: RatioContext, *, eps_low: float, eps_high: float, delta: float, p: 
     x, xd = ctx.ratio(base)
     xs, b = ctx.signed(xd, lo, hi)
     reach = _reach(ctx, sides, delta)
+    b_reach = b + reach  # (B, 1): the far edge of the band
+    # Tokens past the band (d > reach). The base clip's zeroed tokens (d > 0) are the diagnostics'
+    # out_of_band ones, so they derive near (those not beyond) and rescued (those kept).
+    beyond = ctx.count_rows(torch.gt, xs, b_reach)
     # A token keeps its gradient iff xs <= b + m * reach, m the Bernoulli draw: d <= 0 (never
     # clipped) or 0 < d <= delta on an active side with m = 1 (rescued).
     if _needs_draws(p, schedule):
         if ctx.generator is None:
             raise ValueError("nsr with p in (0, 1) (or schedule='linear') draws its rescue masks from an "
                              "explicit torch.Generator: pass generator=torch.Generator().manual_seed(...)")
-        # m = 1{U < p(d)}, U = k/65536 with k uniform in 0..65535: P(m=1) = ceil(65536 p)/65536,
-        # within 2^-16 of p(d). One draw per token (per sequence for base='sequence'), for every
-        # position, so the generator advances the same whatever the ratios (replayable).
-        k16 = ctx.uniform16(xd.shape)  # k - 32768, int16
-        if schedule == "const":  # k < 65536 p  <=>  k16 < ceil(65536 p) - 32768 (integers)
-            m = flt(k16, math.ceil(p * 65536.0) - 32768)
-        else:  # p(d) = p * (1 - d / delta)
-            m = flt(k16, (xs - b) * (-p * 65536.0 / delta) + (p * 65536.0 - 32768.0))
-        del k16
-        # b + m * reach, in m's buffer (reach: the float delta, or (B, 1) for one side)
-        thr = torch.add(b, m, alpha=delta, out=m) if isinstance(reach, float) else m.mul_(reach).add_(b)
-        keep = torch.le(xs, thr, out=thr)  # reuses the buffer: keep = 1{xs <= thr}
+        # m = 1{U < p(d)} with U uniform on the grid {k / 2^bits} (bits: _draw_bits), so
+        # P(m=1) = ceil(2^bits p(d)) / 2^bits: exactly p for const p = 1/2 (one bit) and for const
+        # p a multiple of 1/256 (one byte), within 2^-16 of p(d) otherwise. One draw per token (per
+        # sequence for base='sequence'), for every position, so the generator advances the same
+        # whatever the ratios (replayable). m, then b + m * reach, in the scratch buffer.
+        thr = ctx.scratch(xs.shape)
+        bits = _draw_bits(p, schedule)
+        if bits == 1:  # p = 1/2: U in {0, 1/2}, m = 1{U == 0}, a fair coin
+            ctx.coin_flips(xs.shape, out=thr)
+        elif bits == 8:  # k < 256 p, k uniform in 0..255 (256 p an integer)
+            torch.lt(ctx.uniform8(xs.shape), round(p * 256.0), out=thr)
+        else:
+            k16 = ctx.uniform16(xs.shape)  # k - 32768, int16
+            if schedule == "const":  # k < 65536 p  <=>  k16 < ceil(65536 p) - 32768 (integers)
+                torch.lt(k16, math.ceil(p * 65536.0) - 32768, out=thr)
+            else:  # p(d) = p * (1 - d / delta)
+                torch.lt(k16, (xs - b) * (-p * 65536.0 / delta) + (p * 65536.0 - 32768.0), out=thr)
+            del k16
+        # reach: the float delta, or (B, 1) for one side
+        thr = torch.add(b, thr, alpha=delta, out=thr) if isinstance(reach, float) else thr.mul_(reach).add_(b)
+        keep = torch.le(xs, thr, out=xs)  # in xs's buffer (xs is not needed any more)
     else:  # p = 1 (const): every band token is rescued; p = 0: the base clip
-        keep = fle(xs, b + reach if p >= 1.0 else b)
-    zero_rows = _zero_rows(ctx, xd, lo, hi)
-    beyond = torch.gt(xs, b + reach, out=xs)  # d > reach (xs's buffer is not needed any more)
-    near_rows = zero_rows - ctx.rows(beyond)  # 0 < d <= reach
-    rescued_rows = zero_rows - ctx.zero_rows(keep)
-    return RuleOut(select(x, ctx.bound(lo, hi), keep), xd, keep, "aligned", rescued_rows, near_rows)
+        keep = torch.le(xs, b_reach if p >= 1.0 else b, out=xs)
+    return RuleOut(select(x, ctx.bound(lo, hi), keep), xd, keep, "aligned", beyond_rows=beyond, rescue=True)
 
 
 @register("decay", params=NSR_PARAMS, level="base",
@@ -207,19 +223,25 @@ def decay(ctx: RatioContext, *, eps_low: float, eps_high: float, delta: float, p
     lo, hi = 1.0 - eps_low, 1.0 + eps_high
     x, xd = ctx.ratio(base)
     xs, b = ctx.signed(xd, lo, hi)
-    in_reach = fle(xs, b + _reach(ctx, sides, delta))  # d <= 0, or in the band on an active side
-    pd = xd.new_tensor(p) if schedule == "const" else (xs - b) * (-p / delta) + p  # p * (1 - d / delta)
-    near = torch.gt(xs, b, out=xs).mul_(in_reach)  # 0 < d <= delta on an active side (in xs's buffer)
-    near_rows = ctx.rows(near)
-    # Zero gradient beyond the band, and inside it wherever p(d) == 0 (p = 0, or linear at d = delta).
+    # d <= 0, or in the band on an active side. A temporary in the scratch buffer: used by the
+    # select below and counted here, never kept.
+    in_reach = torch.le(xs, b + _reach(ctx, sides, delta), out=ctx.scratch(xs.shape))
+    beyond = ctx.count_zero(in_reach)  # (B,) d past the reach
     if schedule == "const":
-        keep = in_reach if p > 0.0 else in_reach - near
-    else:
-        keep = in_reach - near * feq(pd, 0.0)
-    # gradient multiplier: 1 unclipped, sg(p(d)) in the band, 0 beyond (in near's buffer, not needed after)
-    gate = torch.lerp(in_reach, pd, near, out=near)
+        # gradient multiplier 1 unclipped (d <= 0), p in the band, 0 beyond: lerp(d <= 0, in_reach, p)
+        # is exactly that (0/1 operands: 1 + p * 0, 0 + p * 1 (or 1 - (1 - p) * 1, exact), 0).
+        # In xs's buffer (not needed any more).
+        gate = torch.lerp(torch.le(xs, b, out=xs), in_reach, p, out=xs)
+        zero = beyond if p > 0.0 else ctx.count_zero(gate)  # p = 0: the base clip (gate == 1{d <= 0})
+    else:  # p(d) = p * (1 - d / delta)
+        pd = (xs - b) * (-p / delta) + p
+        near = torch.gt(xs, b, out=xs).mul_(in_reach)  # 0 < d <= delta on an active side (xs's buffer)
+        zero = beyond + ctx.rows(near * feq(pd, 0.0))  # and zero gradient where p(d) == 0 (d = delta)
+        gate = torch.lerp(in_reach, pd, near, out=near)
     # value: x * gate (x unclipped, sg(p(d)) * x in the band), the bound beyond the band
-    return RuleOut(select(x, ctx.bound(lo, hi), in_reach, gate), xd, keep, "aligned", None, near_rows)
+    surrogate = select(x, ctx.bound(lo, hi), in_reach, gate)
+    # in_band_near = (d > 0) - beyond: derived by the diagnostics (see RuleOut.beyond_rows)
+    return RuleOut(surrogate, xd, None, "aligned", zero_rows=zero, beyond_rows=beyond)
 
 
 # --------------------------------------------------------------------------------------------
