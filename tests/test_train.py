@@ -201,3 +201,11 @@ def test_lr_schedule_warmup_then_cosine():
     assert [round(f(s), 6) for s in (0, 1, 2, 5, 8)] == [0.5, 1.0, 1.0, 0.5, 0.0]
     g = lr_lambda(SimpleNamespace(steps=2, mini_batches=4, epochs=1, warmup_steps=0, lr_schedule="constant"))
     assert {g(s) for s in range(8)} == {1.0}
+
+
+def test_kl_to_reference_is_zero_before_the_first_update_then_grows(tmp_path):
+    run_training(small_cfg("train.beta=0.1", "train.steps=2", "train.lr=5e-4", "eval.benchmarks=[]"),
+                 tmp_path / "run")
+    rows = RunDir(tmp_path / "run").read_metrics()
+    assert abs(rows[0]["kl_ref"]) < 1e-7  # policy == reference before any update (k3 of identical logp = 0)
+    assert rows[-1]["kl_ref"] > 1e-6 and all(r["kl_ref"] >= 0 for r in rows)

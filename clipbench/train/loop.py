@@ -279,25 +279,22 @@ def run_training(cfg: RunConfig, run_dir: Path, *, resume: bool = False, sink: M
         slices = [[p[i::n_mb] for i in range(n_mb)] for p in perms]
 
         # Old log-probs: the policy before this update, on exactly the mini-batch tensors it will train on.
-        old_logp = torch.zeros(B, batch.completion_ids.shape[1])
-        ref_logp = torch.zeros_like(old_logp) if ref_model is not None else None
+        def frozen_logprobs(m) -> torch.Tensor:  # (B, T) under no_grad, mini-batch by mini-batch
+            out = torch.zeros(B, batch.completion_ids.shape[1])
+            with torch.no_grad(), autocast:
+                for idx in slices[0]:
+                    lp, _ = completion_logprobs(m, _rows(batch, idx).to(device), temperature=sc.temperature,
+                                                with_entropy=False)
+                    out[idx, :lp.shape[1]] = lp.float().cpu()
+            return out
+
         if sc.old_logp == "sampler" and ro["sampler_logp"][0] is not None:
+            old_logp = torch.zeros(B, batch.completion_ids.shape[1])
             for i, lp in enumerate(ro["sampler_logp"]):
                 old_logp[i, :len(lp)] = torch.tensor(lp)
         else:
-            with torch.no_grad():
-                for idx in slices[0]:
-                    with autocast:
-                        lp, _ = completion_logprobs(model, _rows(batch, idx).to(device), temperature=sc.temperature,
-                                                    with_entropy=False)
-                    old_logp[idx, :lp.shape[1]] = lp.float().cpu()
-        if ref_model is not None:
-            with torch.no_grad():
-                for idx in slices[0]:
-                    with autocast:
-                        lp, _ = completion_logprobs(ref_model, _rows(batch, idx).to(device), temperature=sc.temperature,
-                                                    with_entropy=False)
-                    ref_logp[idx, :lp.shape[1]] = lp.float().cpu()
+            old_logp = frozen_logprobs(model)
+        ref_logp = frozen_logprobs(ref_model) if ref_model is not None else None
 
         rows, hists = [], []
         for epoch in range(tc.epochs):
