@@ -36,6 +36,7 @@ install-browser: ## Headless Chromium (Debian package) for the HTML report's scr
 	bash scripts/install_chromium.sh
 
 bench: install ## Speed/memory targets, measured side by side (writes results/bench/)
+	@$(PY) -c "import trl" 2>/dev/null || $(PIP) install --quiet -e ".[dev,bench]"
 	$(PY) bench/bench_objectives.py
 	$(PY) bench/bench_sweep.py
 	$(PY) bench/bench_train.py
