@@ -347,7 +347,7 @@ class RatioContext:
     # ``torch.rand`` per token). The generator advances by a number of words fixed by the shape and
     # the resolution, whatever the values (replayable streams).
     def _words(self, n_words: int) -> torch.Tensor:
-        """(n_words,) int64, uniform over the full 64-bit range."""
+        """(n_words,) int64, uniform over the full 64-bit range, on the generator's device."""
         gen = self.generator
         words = torch.empty(n_words, dtype=torch.int64, device=gen.device)
         return words.random_(-(2 ** 63), None, generator=gen)
@@ -360,19 +360,18 @@ class RatioContext:
         Bit j of byte i goes to flat position j * n_bytes + i, so the unpacking is one contiguous
         uint8 AND per bit plane ((8, n_bytes) against the 8 one-bit masks), then one conversion."""
         n = shape.numel()
-        words = self._words((n + 63) // 64)
-        if words.device != self.maskf.device:
-            words = words.to(self.maskf.device)
+        bytes_ = self._words((n + 63) // 64).view(torch.uint8)
+        if not bytes_.is_cpu:
+            bytes_ = bytes_.to(self.maskf.device)
         n_bytes = (n + 7) // 8
-        bytes_ = words.view(torch.uint8)
-        if bytes_.numel() != n_bytes:
+        if n_bytes != bytes_.shape[0]:
             bytes_ = bytes_[:n_bytes]
-        masks = _BIT_MASKS if bytes_.device.type == "cpu" else _BIT_MASKS.to(bytes_.device)
-        planes = torch.bitwise_and(bytes_, masks).clamp_(max=1)  # (8, n_bytes): 0/1 uint8
+        planes = torch.bitwise_and(bytes_, _BIT_MASKS.to(bytes_.device) if not bytes_.is_cpu else _BIT_MASKS)
+        planes.clamp_(max=1)  # (8, n_bytes) 0/1 uint8
         if out is None:
             out = torch.empty(shape, dtype=torch.float32, device=planes.device)
-        if planes.numel() == n:
-            out.view(planes.shape).copy_(planes)
+        if 8 * n_bytes == n:
+            out.view(8, n_bytes).copy_(planes)
         else:
             out.view(-1).copy_(planes.view(-1)[:n])
         return out

@@ -40,7 +40,9 @@ def _band_clip(ctx: RatioContext, lo: torch.Tensor, hi: torch.Tensor, zero_cells
     clipped = torch.maximum(rd, lo)
     clipped = torch.minimum(clipped, hi, out=clipped)
     keep = feq(clipped, rd)  # in band <=> clamping leaves r unchanged
-    return RuleOut(select(ctx.r, clipped, keep), rd, keep, zero_cells)
+    # select(r, clipped, keep) would be r where keep == 1 (there r == clipped) and clipped where
+    # keep == 0: clipped itself, so the surrogate is clipped with gradient keep (no select pass).
+    return RuleOut(straight(ctx.r, clipped, keep), rd, keep, zero_cells)
 
 
 def _per_row(ctx: RatioContext, pos_value: float, neg_value: float, zero_value: float) -> torch.Tensor:
@@ -180,7 +182,7 @@ def nsr(ctx: RatioContext, *, eps_low: float, eps_high: float, delta: float, p: 
     b_reach = b + reach  # (B, 1): the far edge of the band
     # Tokens past the band (d > reach). The base clip's zeroed tokens (d > 0) are the diagnostics'
     # out_of_band ones, so they derive near (those not beyond) and rescued (those kept).
-    beyond = ctx.count_rows(torch.gt, xs, b_reach)
+    beyond = ctx.rows(torch.gt(xs, b_reach, out=ctx.scratch(xs.shape)))
     # A token keeps its gradient iff xs <= b + m * reach, m the Bernoulli draw: d <= 0 (never
     # clipped) or 0 < d <= delta on an active side with m = 1 (rescued).
     if _needs_draws(p, schedule):
