@@ -3,7 +3,7 @@
     <results>/<sweep>/<run_id>/config.yaml     resolved run config
     <results>/<sweep>/<run_id>/status.json     {"state": pending|running|finished|failed, ...}
     <results>/<sweep>/<run_id>/metrics.jsonl   one JSON object per optimizer step (append-only)
-    <results>/<sweep>/<run_id>/hist/log_ratio.jsonl   log-ratio histograms per optimizer step
+    <results>/<sweep>/<run_id>/hist/log_ratio.jsonl   log-ratio histograms per rollout step (summed over its optimizer steps)
     <results>/<sweep>/<run_id>/eval/step_<k>/<benchmark>.json   correctness matrix + summary
     <results>/<sweep>/<run_id>/checkpoints/last/     model, optimizer, RNG state, step
 

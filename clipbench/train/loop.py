@@ -296,7 +296,7 @@ def run_training(cfg: RunConfig, run_dir: Path, *, resume: bool = False, sink: M
             old_logp = frozen_logprobs(model)
         ref_logp = frozen_logprobs(ref_model) if ref_model is not None else None
 
-        rows, hists = [], []
+        rows, hist = [], None  # hist: log-ratio counts summed over this rollout step's optimizer steps
         for epoch in range(tc.epochs):
             for mb, idx in enumerate(slices[epoch]):
                 mbatch = _rows(batch, idx).to(device)
@@ -337,13 +337,15 @@ def run_training(cfg: RunConfig, run_dir: Path, *, resume: bool = False, sink: M
                 rows.append(row)
                 if tc.log_histograms:
                     h = log_ratio_histogram(logp.detach(), old_mb, adv[idx].to(device), mask)
-                    hists.append({"step": step, "opt_step": state["opt_step"], **h})
+                    hist = h if hist is None else {**hist, "pos": [a + b for a, b in zip(hist["pos"], h["pos"])],
+                                                   "neg": [a + b for a, b in zip(hist["neg"], h["neg"])]}
         sampler.sync_weights(model)
         t_update = time.perf_counter() - t_up
         for row in rows:
             row["time/update"] = t_update
         rd.append_metrics(rows)
-        rd.append_hist(hists)
+        if hist is not None:
+            rd.append_hist([{"step": step, "opt_step": state["opt_step"], **hist}])
         for row in rows:
             sink.log_metrics(row["opt_step"], {k: v for k, v in row.items() if isinstance(v, (int, float))})
         last_summary = rows[-1]
