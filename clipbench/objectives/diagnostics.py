@@ -168,13 +168,12 @@ def log_ratio_histogram(logp: torch.Tensor, old_logp: torch.Tensor, advantages: 
     if bins < 1 or not hi > lo:
         raise ValueError(f"need bins >= 1 and hi > lo, got bins={bins}, lo={lo}, hi={hi}")
     with torch.no_grad():
-        lr = (logp.detach().double() - old_logp.detach().double())  # (B, T)
-        edges = torch.linspace(lo, hi, bins + 1, dtype=torch.float64, device=lr.device)
-        idx = torch.bucketize(lr, edges, right=True)  # 0 .. bins+1
-        valid = (mask != 0) & ~torch.isnan(lr)
+        lr = logp.detach().float() - old_logp.detach().float()  # (B, T)
+        edges = torch.linspace(lo, hi, bins + 1, dtype=torch.float64)
+        idx = torch.bucketize(lr, edges.to(lr), right=True)  # 0 .. bins+1
         A = advantages.detach().reshape(-1, 1)
-        out = {"edges": edges.tolist()}
-        for name, side in (("pos", A > 0), ("neg", A < 0)):
-            sel = idx[valid & side]
-            out[name] = torch.bincount(sel, minlength=bins + 2).tolist()
+        side = (A < 0).long().expand_as(idx)  # 0: A > 0, 1: A < 0 (one bincount for both)
+        keep = (mask != 0) & ~torch.isnan(lr) & (A != 0)
+        counts = torch.bincount((idx + side * (bins + 2))[keep], minlength=2 * (bins + 2)).tolist()
+        out = {"edges": edges.tolist(), "pos": counts[:bins + 2], "neg": counts[bins + 2:]}
     return out
