@@ -121,19 +121,23 @@ def _replicated(K):
     return logp.repeat(K, 1), old.repeat(K, 1), A.repeat(K), mask.repeat(K, 1), logp.shape[0]
 
 
-@pytest.mark.parametrize("schedule", ["const", "linear"])
-def test_nsr_mean_gradient_matches_decay(schedule):
+# nsr's draws by resolution: p = 1/2 const takes one random bit per token, p a multiple of 1/256
+# one byte, any other p (or the linear schedule) 16 bits.
+@pytest.mark.parametrize("schedule,p", [("const", 0.5), ("const", 0.25), ("const", 0.3), ("linear", 0.5)],
+                         ids=["const-1bit", "const-8bit", "const-16bit", "linear-16bit"])
+def test_nsr_mean_gradient_matches_decay(schedule, p):
     # Per token, nsr's gradient is g * m with m ~ Bernoulli(p(d)) and g the unclipped gradient;
     # decay's is p(d) * g. Over K replicas the mean has std |g| sqrt(p(1-p)/K); we allow 5 std
     # (plus the 2^-16 quantisation of p(d)): a false alarm has probability < 1e-5 per band token.
     K = 4000
     logp, old, A, mask, B = _replicated(K)
-    kw = dict(p=0.5, schedule=schedule, agg="seq-mean-token-sum")
+    kw = dict(p=p, schedule=schedule, agg="seq-mean-token-sum")
     n, gn = loss_and_grad("nsr", logp, old, A, mask, generator=torch.Generator().manual_seed(7), **kw)
     d, gd = loss_and_grad("decay", logp, old, A, mask, **kw)
     gn = gn.double().reshape(K, B, -1) * K  # undo the 1/K of the mean over K*B sequences
-    gd = gd.double().reshape(K, B, -1)[0] * K
-    assert torch.equal(gd, gd)  # decay is deterministic: every replica is the same
+    gd_all = gd.double().reshape(K, B, -1) * K
+    gd = gd_all[0]
+    assert torch.equal(gd_all, gd.expand_as(gd_all))  # decay is deterministic: every replica is the same
     r = torch.exp(logp[:B] - old[:B]).double()
     g_full = -A[:B, None].double() * r / B  # the unclipped gradient of each token
     p_d = torch.where(gd != 0, gd / g_full, torch.zeros_like(gd))  # decay's p(d) (1 outside the band)
@@ -145,6 +149,40 @@ def test_nsr_mean_gradient_matches_decay(schedule):
     assert torch.all(err[band] <= 5 * std[band] + 2e-5 * g_full.abs()[band]), (err / std)[band].max()
     # outside the band both are deterministic and equal
     torch.testing.assert_close(mean[~band], gd[~band], rtol=1e-5, atol=1e-9)
+
+
+@pytest.mark.parametrize("shape", [(64, 2048), (7, 13)])
+def test_nsr_draws_fair_independent_and_replayable(shape):
+    # coin flips (p = 1/2), bytes (p = k/256), 16-bit draws (other p): the share of ones (bit
+    # flips) / of each value range (bytes, int16) is within 5 std of its probability, neighbouring
+    # positions agree half the time (no shared bits), and the generator advances by the fixed number
+    # of 64-bit words of each resolution (ceil(n/64), ceil(n/8), ceil(n/4)).
+    from clipbench.objectives import RatioContext
+
+    size = torch.Size(shape)
+    n = size.numel()
+    z = torch.zeros(shape)
+    for draw, words, frac in (("coin_flips", -(-n // 64), lambda u: u.mean()),
+                              ("uniform8", -(-n // 8), lambda u: (u < 64).double().mean()),
+                              ("uniform16", -(-n // 4), lambda u: (u < -16384).double().mean())):
+        prob = {"coin_flips": 0.5, "uniform8": 0.25, "uniform16": 0.25}[draw]
+        tol = 5 * math.sqrt(prob * (1 - prob) / n) + 1e-12
+        ctx = RatioContext(z, z, torch.zeros(shape[0]), torch.ones(shape), torch.Generator().manual_seed(3))
+        u = getattr(ctx, draw)(size)
+        assert u.shape == size
+        assert abs(float(frac(u.double())) - prob) <= tol, draw
+        if draw == "coin_flips":
+            assert set(u.unique().tolist()) <= {0.0, 1.0}
+            flat = u.reshape(-1)
+            agree = (flat[1:] == flat[:-1]).double().mean()
+            assert abs(float(agree) - 0.5) <= 5 * 0.5 / math.sqrt(n - 1)
+            buf = torch.empty(shape)
+            assert ctx.coin_flips(size, out=buf) is buf and set(buf.unique().tolist()) <= {0.0, 1.0}
+        ref = torch.Generator().manual_seed(3)
+        torch.empty(words, dtype=torch.int64).random_(-(2 ** 63), None, generator=ref)
+        replay = RatioContext(z, z, torch.zeros(shape[0]), torch.ones(shape), torch.Generator().manual_seed(3))
+        assert torch.equal(getattr(replay, draw)(size), u)  # same seed, same draws
+        assert torch.equal(replay.generator.get_state(), ref.get_state())
 
 
 def test_nsr_same_seed_same_result():
