@@ -221,14 +221,6 @@ class RatioContext:
         return self.A < 0
 
     @cached_property
-    def pos_r(self) -> torch.Tensor:  # (B,) float 0/1, A > 0
-        return self.pos.reshape(-1)
-
-    @cached_property
-    def neg_r(self) -> torch.Tensor:  # (B,) float 0/1, A < 0
-        return self.neg.reshape(-1)
-
-    @cached_property
     def sign(self) -> torch.Tensor:  # (B, 1) float in {-1, 0, 1}
         return self.pos - self.neg
 
@@ -298,23 +290,12 @@ class RatioContext:
         sequence-level (B, 1) (then weighted by the row's token count)."""
         return t.sum(-1) if t.shape[-1] > 1 else t.reshape(-1) * self.n_tok.reshape(-1)
 
-    def count_zero(self, keep: torch.Tensor) -> torch.Tensor:
+    def zero_rows(self, keep: torch.Tensor) -> torch.Tensor:
         """(B,) valid tokens with keep == 0 (keep: a 0/1 mask that is 1 at padding, (B, T) or
-        (B, 1)). Not cached (for masks in the scratch buffer)."""
+        (B, 1))."""
         if keep.shape[-1] == 1:
             return (1.0 - keep.reshape(-1)) * self.n_tok.reshape(-1)
         return keep.shape[-1] - keep.sum(-1)
-
-    def zero_rows(self, keep: torch.Tensor) -> torch.Tensor:
-        """:meth:`count_zero`, cached per keep tensor, so a rule (nsr's rescued count) and the
-        diagnostics share one row sum. Never for a mask in the scratch buffer."""
-        cache = self.__dict__.setdefault("_zero_rows", {})
-        hit = cache.get(id(keep))
-        if hit is not None and hit[1] is keep:
-            return hit[0]
-        z = self.count_zero(keep)
-        cache[id(keep)] = (z, keep)  # keep is held, so its id is not reused while cached
-        return z
 
     def scratch(self, shape: torch.Size) -> torch.Tensor:
         """A float32 buffer of ``shape`` reused for temporaries that are consumed right away
@@ -343,9 +324,9 @@ class RatioContext:
 
     # -- NSR draws --------------------------------------------------------------------------------
     # Every draw comes from ``self.generator`` only, as uniformly random 64-bit words sliced into
-    # bits, bytes or 16-bit integers (one word is one mt19937_64 step: far cheaper than a float
-    # ``torch.rand`` per token). The generator advances by a number of words fixed by the shape and
-    # the resolution, whatever the values (replayable streams).
+    # bits, bytes or 16-bit integers: 1/64, 1/8 or 1/4 of a word per token, far cheaper than a
+    # ``torch.rand`` float (one word) per token. The generator advances by a number of words fixed
+    # by the shape and the resolution, whatever the values (replayable streams).
     def _words(self, n_words: int) -> torch.Tensor:
         """(n_words,) int64, uniform over the full 64-bit range, on the generator's device."""
         gen = self.generator
@@ -361,15 +342,16 @@ class RatioContext:
         uint8 AND per bit plane ((8, n_bytes) against the 8 one-bit masks), then one conversion."""
         n = shape.numel()
         bytes_ = self._words((n + 63) // 64).view(torch.uint8)
-        if not bytes_.is_cpu:
-            bytes_ = bytes_.to(self.maskf.device)
+        device = self.maskf.device
+        if bytes_.device != device:
+            bytes_ = bytes_.to(device)
         n_bytes = (n + 7) // 8
         if n_bytes != bytes_.shape[0]:
             bytes_ = bytes_[:n_bytes]
-        planes = torch.bitwise_and(bytes_, _BIT_MASKS.to(bytes_.device) if not bytes_.is_cpu else _BIT_MASKS)
+        planes = torch.bitwise_and(bytes_, _BIT_MASKS if device.type == "cpu" else _BIT_MASKS.to(device))
         planes.clamp_(max=1)  # (8, n_bytes) 0/1 uint8
         if out is None:
-            out = torch.empty(shape, dtype=torch.float32, device=planes.device)
+            out = torch.empty(shape, dtype=torch.float32, device=device)
         if 8 * n_bytes == n:
             out.view(8, n_bytes).copy_(planes)
         else:
