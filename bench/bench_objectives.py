@@ -5,7 +5,7 @@
 1. Speed: forward + backward of ``policy_loss`` (rule, aggregation, KL off, and the per-step
    diagnostics the trainer logs) for every method on B=64, T=2048, side by side in one process.
    Methods are interleaved within every repeat (rotating the order) so that drift and noise
-   from other processes hit all of them alike; we report the median over repeats of the
+   from other processes hit all of them alike; we report the median over 150 repeats of the
    thread CPU time (``time.thread_time``: robust to a machine shared with other jobs) and of
    the wall time, relative to ``grpo``. Target: every method <= 1.10x grpo.
    torch runs on one thread (element-wise kernels of this size do not scale on a shared
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     console = Console()
 
-    repeats = 15 if args.quick else 60
+    repeats = 30 if args.quick else 150  # interleaved repeats; the median is stable to ~1% at 150
     speed = time_objectives(64, 2048, repeats)
     draws_ms = nsr_draw_cost(64, 2048, repeats)
     t = Table(title=f"policy_loss forward+backward, B=64 T=2048, median of {repeats} (1 thread)")
