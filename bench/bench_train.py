@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from clipbench.tracking.sink import NullSink  # no torch import: thread settings below still apply
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -144,7 +146,7 @@ def clipbench_config(steps: int, histograms: bool):
     ])
 
 
-class CaptureSink:
+class CaptureSink(NullSink):
     """A MetricSink that starts the step clock when training begins and keeps one row per step."""
 
     def __init__(self, clock: StepClock):
@@ -157,15 +159,6 @@ class CaptureSink:
         if "time/update" in metrics and metrics["step"] not in self.rows:
             self.rows[metrics["step"]] = {k: metrics[k] for k in (
                 "time/sample", "time/score", "time/update", "response_length/mean", "reward/mean")}
-
-    def log_artifact(self, path, artifact_path=None) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-    def close(self, status: str = "FINISHED") -> None:
-        pass
 
 
 def run_clipbench(clock: StepClock, steps: int, histograms: bool, workdir: Path) -> dict:

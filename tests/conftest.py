@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tempfile
 from pathlib import Path
@@ -24,3 +25,13 @@ def data_dir() -> Path:
     if not (path / "aime24.jsonl").is_file():
         pytest.skip(f"benchmark data not found in {path} (set CLIPBENCH_DATA_DIR)")
     return path
+
+
+@pytest.fixture(scope="session")
+def report_fixture():
+    """tests/fixtures/make_report_fixture.py as a module: `.build(root)` writes the fixture results store."""
+    path = Path(__file__).parent / "fixtures" / "make_report_fixture.py"
+    spec = importlib.util.spec_from_file_location("make_report_fixture", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

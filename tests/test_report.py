@@ -10,7 +10,6 @@ values Avg@4 = c/4, Pass@2 = (0, 1/2, 5/6, 1, 1)[c], Pass@4 = (c >= 1). Correct 
 from __future__ import annotations
 
 import csv
-import importlib.util
 import io
 import itertools
 import json
@@ -29,19 +28,12 @@ from clipbench.report.paper import load_paper
 from clipbench.report.render import to_markdown
 from clipbench.report.tables import build_tables
 
-FIXTURE = Path(__file__).parent / "fixtures" / "make_report_fixture.py"
 
-
-def _fixture_module():
-    spec = importlib.util.spec_from_file_location("make_report_fixture", FIXTURE)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> Path:
-    return _fixture_module().build(tmp_path_factory.mktemp("results"))
+def results(tmp_path_factory, report_fixture) -> Path:
+    return report_fixture.build(tmp_path_factory.mktemp("results"))
 
 
 @pytest.fixture(scope="module")
@@ -187,13 +179,13 @@ def test_bootstrap_edge_cases():
     assert stats.paired_bootstrap_p([d]) == stats.paired_bootstrap_p([d]) == stats.paired_bootstrap_p([-d])
 
 
-def test_paired_by_problem_id(results, tmp_path):
+def test_paired_by_problem_id(results, tmp_path, report_fixture):
     """Shuffling a run's problem order in its payload changes nothing (pairs are by id, not position)."""
     import shutil
 
     root = tmp_path / "r"
     shutil.copytree(results / "fixture", root / "fixture")
-    p = root / "fixture" / _fixture_module().run_id("abc", 0) / "eval" / "step_000002" / "arith.json"
+    p = root / "fixture" / report_fixture.run_id("abc", 0) / "eval" / "step_000002" / "arith.json"
     payload = json.loads(p.read_text())
     order = [2, 0, 3, 1]
     payload["problem_ids"] = [payload["problem_ids"][i] for i in order]

@@ -7,7 +7,6 @@ skipped with that hint when it is not installed.
 from __future__ import annotations
 
 import base64
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -18,17 +17,13 @@ import pytest
 
 from clipbench.report.commands import report_command
 
-FIXTURE = Path(__file__).parent / "fixtures" / "make_report_fixture.py"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed: run `bash scripts/install_chromium.sh`")
 
 
 @pytest.fixture(scope="module")
-def page(tmp_path_factory) -> Path:
-    spec = importlib.util.spec_from_file_location("make_report_fixture", FIXTURE)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    root = mod.build(tmp_path_factory.mktemp("results"))
+def page(tmp_path_factory, report_fixture) -> Path:
+    root = report_fixture.build(tmp_path_factory.mktemp("results"))
     out = tmp_path_factory.mktemp("report")
     report_command("fixture", baseline="grpo", fmt="html", results_dir=root, out=out)
     return out / "report.html"

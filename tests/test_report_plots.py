@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import struct
 from pathlib import Path
 
@@ -13,19 +12,12 @@ from clipbench.report.analysis import analyze
 from clipbench.report.load import load_sweep
 from clipbench.report.plots import close_figures, make_figures, save_figures
 
-FIXTURE = Path(__file__).parent / "fixtures" / "make_report_fixture.py"
 
-
-def _fixture_module():
-    spec = importlib.util.spec_from_file_location("make_report_fixture", FIXTURE)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
-def figs(tmp_path_factory):
-    root = _fixture_module().build(tmp_path_factory.mktemp("results"))
+def figs(tmp_path_factory, report_fixture):
+    root = report_fixture.build(tmp_path_factory.mktemp("results"))
     sweep = load_sweep(root, "fixture")
     figs = make_figures(sweep, analyze(sweep, "grpo", resamples=50))
     yield figs

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from clipbench.errors import UserError, did_you_mean
 from clipbench.tracking.store import RunDir, read_jsonl
+from clipbench.sweep.expand import format_value
 
 # Config keys that never make a method label: identity/bookkeeping, the seed (seeds are pooled),
 # the model (it makes the block) and evaluation settings.
@@ -115,14 +116,6 @@ def _flatten(d: Mapping, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _fmt_value(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:g}"
-    if isinstance(v, tuple):
-        return "[" + ",".join(_fmt_value(x) for x in v) + "]"
-    return str(v)
-
-
 def _in_label(key: str) -> bool:
     return not any(key == p or key.startswith(p) for p in _NOT_IN_LABEL_PREFIXES)
 
@@ -164,7 +157,7 @@ def _assign_block_labels(runs: list[Run]) -> None:
 
     for r in runs:
         f = flat[r.run_id]
-        parts = [f"{short(k)}={_fmt_value(f.get(k))}" for k in varying_obj[r.method] + varying_global]
+        parts = [f"{short(k)}={format_value(f.get(k))}" for k in varying_obj[r.method] + varying_global]
         r.label = r.method + (f"({', '.join(parts)})" if parts else "")
 
 

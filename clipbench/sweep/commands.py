@@ -29,6 +29,7 @@ from clipbench.sweep.manifest import freeze, manifest_path, manifest_runs, merge
 from clipbench.sweep.spec import SweepSpec, load_sweep
 from clipbench.tracking.lock import manifest_lock
 from clipbench.tracking.store import RunDir
+from clipbench.sweep.expand import format_value
 
 
 def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
@@ -195,10 +196,6 @@ def _state(rd: RunDir) -> str:
     return state
 
 
-def _fmt(v: Any) -> str:
-    return f"{v:g}" if isinstance(v, float) else str(v)
-
-
 def plan_table(spec: SweepSpec, exp: Expansion, manifest: dict, results_dir: Path, show_state: bool,
                new: set[str]) -> Table:
     from clipbench.objectives import METHODS
@@ -215,11 +212,11 @@ def plan_table(spec: SweepSpec, exp: Expansion, manifest: dict, results_dir: Pat
     for r in rows:
         defaults = METHODS[r["method"]].defaults if r["method"] in METHODS else {}
         on_axis = {k[len("objective."):] for k in manifest.get("points", {}).get(r["run_id"], {})}
-        params = " ".join(f"{k}={_fmt(v)}" for k, v in r["params"].items()
+        params = " ".join(f"{k}={format_value(v)}" for k, v in r["params"].items()
                           if k in on_axis or defaults.get(k) != v) or "(defaults)"
         cells = [r["run_id"], r["method"], params, str(r["seed"]), str(r["steps"])]
         if other:
-            cells.append(" ".join(f"{k}={_fmt(v)}" for k, v in r["other"].items()))
+            cells.append(" ".join(f"{k}={format_value(v)}" for k, v in r["other"].items()))
         if show_state:
             cells.append("new" if r["run_id"] in new else _state(RunDir(results_dir / spec.name / r["run_id"])))
         t.add_row(*cells)

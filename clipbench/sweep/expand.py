@@ -383,11 +383,12 @@ _TOP_FIELDS = tuple(f.name for f in fields(RunConfig))
 # Labels
 
 
-def _fmt(v: Any) -> str:
+def format_value(v: Any) -> str:
+    """A config value as in a run label: floats %g, lists [a,b]."""
     if isinstance(v, float):
         return f"{v:g}"
     if isinstance(v, list):
-        return "[" + ",".join(_fmt(x) for x in v) + "]"
+        return "[" + ",".join(format_value(x) for x in v) + "]"
     return str(v)
 
 
@@ -398,7 +399,7 @@ def label(point: Mapping[str, Any]) -> str:
         parts.append(str(point[METHOD_KEY]))
     for k, v in point.items():
         if k != METHOD_KEY:
-            parts.append(f"{k.rsplit('.', 1)[-1] if k.startswith(OBJ) or k == 'seed' else k}={_fmt(v)}")
+            parts.append(f"{k.rsplit('.', 1)[-1] if k.startswith(OBJ) or k == 'seed' else k}={format_value(v)}")
     return " ".join(parts) if parts else "(base)"
 
 
