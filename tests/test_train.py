@@ -209,3 +209,27 @@ def test_kl_to_reference_is_zero_before_the_first_update_then_grows(tmp_path):
     rows = RunDir(tmp_path / "run").read_metrics()
     assert abs(rows[0]["kl_ref"]) < 1e-7  # policy == reference before any update (k3 of identical logp = 0)
     assert rows[-1]["kl_ref"] > 1e-6 and all(r["kl_ref"] >= 0 for r in rows)
+
+
+def test_cli_train_end_to_end_with_embedded_mlflow_then_resume_is_a_no_op(tmp_path):
+    args = ["train.steps=2", "train.prompts_per_step=2", "sampler.group_size=4", "sampler.max_new_tokens=8",
+            "eval.limit=4", "eval.n=2"]
+    res = _cli(tmp_path, *args)
+    assert res.returncode == 0, res.stderr
+    (run_dir,) = (tmp_path / "results" / "train").iterdir()
+    rd = RunDir(run_dir)
+    assert rd.status()["state"] == "finished" and len(rd.read_metrics()) == 2 * 4
+    assert sorted(rd.read_evals()) == [0, 2]
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'results' / 'mlflow.db'}")
+    (exp,) = [e for e in client.search_experiments() if e.name == "clipbench"]
+    (run,) = client.search_runs([exp.experiment_id], f"tags.run_id = '{run_dir.name}'")
+    assert run.data.params["objective.method"] == "grpo"
+    assert any(k.startswith("rule.") for k in run.data.params)  # the effective clip bounds are logged
+    assert len(client.get_metric_history(run.info.run_id, "loss")) == 8  # one per optimizer step
+    before = rd.metrics_path.read_text()
+    res = _cli(tmp_path, *args, "--resume")
+    assert res.returncode == 0, res.stderr
+    assert rd.metrics_path.read_text() == before  # a finished run resumes to nothing new
