@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-install: $(VENV)/.installed ## Create .venv (torch $(TORCH_VERSION) first, then clipbench[dev]); quick when done
+install: $(VENV)/.installed ## Create .venv: torch TORCH_VERSION (default 2.13.0) first, then clipbench[dev]; quick when done
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
