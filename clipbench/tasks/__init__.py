@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from clipbench.errors import ConfigError, UserError, unknown_choice
-from clipbench.tasks.base import Problem, Task, train_iter
+from clipbench.tasks.base import Problem, Task
 
 TASK_NAMES = ("arith", "math")
 ARITH_KNOBS = ("seed", "operands", "digits", "ops", "train_size", "test_size")
 
-__all__ = ["Problem", "Task", "TASK_NAMES", "build_task", "reward_fn", "train_iter"]
+__all__ = ["Problem", "Task", "TASK_NAMES", "build_task"]
 
 
 def _get(cfg: Any, key: str, default=None):
@@ -49,8 +49,3 @@ def build_task(task_cfg: Any, *, seed: int | None = None) -> Task:
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
         return MathTask.from_source(path, seed=seed or 0, **kwargs)
     raise UserError(unknown_choice("task", name, TASK_NAMES))
-
-
-def reward_fn(task: Task) -> Callable[[str, Problem], float]:
-    """``reward(completion, problem) -> float`` of a task (1.0 correct, 0.0 otherwise)."""
-    return task.reward

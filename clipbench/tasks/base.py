@@ -7,9 +7,8 @@ answer as a string. A ``Task`` owns a training pool, a held-out test pool and it
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol, Sequence, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
-import numpy as np
 
 
 @dataclass(frozen=True)
@@ -38,15 +37,3 @@ class Task(Protocol):
 
     def is_correct(self, completion: str, problem: Problem) -> bool:
         ...
-
-
-def train_iter(task: Task, seed: int) -> Iterator[Problem]:
-    """Endless stream over ``task.train_problems()``: each epoch is a fresh permutation drawn from
-    ``np.random.default_rng(seed)`` (an explicit generator, never the global RNG)."""
-    pool = task.train_problems()
-    if len(pool) == 0:
-        raise ValueError(f"task '{task.name}' has no training problems")
-    rng = np.random.default_rng(seed)
-    while True:
-        for i in rng.permutation(len(pool)):
-            yield pool[int(i)]

@@ -18,12 +18,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from clipbench.errors import UserError
-from clipbench.tasks.base import Problem, train_iter
+from clipbench.tasks.base import Problem
 from clipbench.tasks.grader import grade, normalize_gold
 from clipbench.tasks.templates import render, resolve_template
 
@@ -240,8 +240,6 @@ class MathTask:
     def test_problems(self) -> Sequence[Problem]:
         return self._test
 
-    def train_iter(self, seed: int) -> Iterator[Problem]:
-        return train_iter(self, seed)
 
     def is_correct(self, completion: str, problem: Problem) -> bool:
         return grade(completion, problem.answer, strict=self.strict)
