@@ -41,3 +41,11 @@ class Sampler(Protocol):
 
     def close(self) -> None:
         ...
+
+
+def call_settings(sampler, temperature: float | None, top_p: float | None,
+                  max_new_tokens: int | None) -> tuple[float, float, int]:
+    """A `generate` call's (temperature, top_p, max_new_tokens): its overrides, else the sampler's own."""
+    return (sampler.temperature if temperature is None else temperature,
+            sampler.top_p if top_p is None else top_p,
+            sampler.max_new_tokens if max_new_tokens is None else max_new_tokens)

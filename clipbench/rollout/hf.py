@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from clipbench.rollout.base import Rollout
+from clipbench.rollout.base import Rollout, call_settings
 
 
 class HFSampler:
@@ -51,9 +51,7 @@ class HFSampler:
     def generate(self, prompts: list[str], n: int, *, seed: int, temperature: float | None = None,
                  max_new_tokens: int | None = None, top_p: float | None = None) -> Rollout:
         t0 = time.perf_counter()
-        temperature = self.temperature if temperature is None else temperature
-        top_p = self.top_p if top_p is None else top_p
-        max_new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        temperature, top_p, max_new = call_settings(self, temperature, top_p, max_new_tokens)
         tok, model = self.tokenizer, self.model
         prompt_ids = [tok(p)["input_ids"] for p in prompts]
         rows = [ids for ids in prompt_ids for _ in range(n)]  # prompt i owns rows i*n .. i*n+n-1

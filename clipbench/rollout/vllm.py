@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from clipbench.errors import unknown_choice
-from clipbench.rollout.base import Rollout
+from clipbench.rollout.base import Rollout, call_settings
 
 _MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -238,9 +238,7 @@ class VLLMSampler:
         from vllm.inputs import TokensPrompt
 
         t0 = time.perf_counter()
-        temperature = self.temperature if temperature is None else temperature
-        top_p = self.top_p if top_p is None else top_p
-        max_new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        temperature, top_p, max_new = call_settings(self, temperature, top_p, max_new_tokens)
         _check_sampling(max_new, temperature, top_p)
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")

@@ -43,7 +43,7 @@ from clipbench.tracking.store import RunDir
 from clipbench.train.advantages import compute_advantages, overlong_shaping, zero_variance_groups
 from clipbench.train.base_model import load_model_and_tokenizer, resolve_model_name
 from clipbench.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
-from clipbench.train.policy import completion_logprobs, pack
+from clipbench.train.policy import Packed, completion_logprobs, pack
 
 
 def derive_seed(*parts) -> int:
@@ -175,19 +175,18 @@ def eval_suite(cfg: RunConfig, task) -> dict[str, tuple[list, Callable]]:
 
 
 def run_eval(cfg: RunConfig, rd: RunDir, step: int, sampler, suite, sink: MetricSink) -> dict:
-    from clipbench.eval.runner import evaluate
+    """Avg@n / Pass@k of every benchmark in `suite`, stored in the run dir and mirrored to the sink."""
+    from clipbench.eval.runner import evaluate_and_store
 
-    flat = {}
-    for name, (problems, grade_fn) in suite.items():
-        payload = evaluate(sampler, {name: problems}, n=cfg.eval.n, seed=derive_seed(cfg.seed, "eval", step),
-                           grade=grade_fn, temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
-                           max_new_tokens=cfg.eval.max_new_tokens or cfg.sampler.max_new_tokens)[name]
-        payload["step"] = step
-        path = rd.write_eval(step, name, payload)
-        sink.log_artifact(path, f"eval/step_{step:06d}")
-        for k, v in payload["summary"].items():
-            if isinstance(v, (int, float)):
-                flat[f"eval/{name}/{k}"] = float(v)
+    payloads = evaluate_and_store(
+        rd, step, sampler, {name: problems for name, (problems, _) in suite.items()},
+        grade={name: grade_fn for name, (_, grade_fn) in suite.items()}, n=cfg.eval.n,
+        seed=derive_seed(cfg.seed, "eval", step), temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
+        max_new_tokens=cfg.eval.max_new_tokens or cfg.sampler.max_new_tokens)
+    flat = {f"eval/{name}/{k}": float(v) for name, payload in payloads.items()
+            for k, v in payload["summary"].items() if isinstance(v, (int, float))}
+    for name in payloads:
+        sink.log_artifact(rd.eval_path(step, name), f"eval/step_{step:06d}")
     sink.log_metrics(step, flat)
     return flat
 
@@ -263,7 +262,6 @@ def run_training(cfg: RunConfig, run_dir: Path, *, resume: bool = False, sink: M
     if suite and state["step"] == 0 and cfg.eval.at_start and not rd.eval_path(0, next(iter(suite))).exists():
         run_eval(cfg, rd, 0, sampler, suite, sink)
 
-    B_total = tc.prompts_per_step * sc.group_size
     last_summary: dict = {}
     for step in range(state["step"], tc.steps):
         ro = collect_rollout(cfg, step, task, pool, sampler)
@@ -362,7 +360,6 @@ def run_training(cfg: RunConfig, run_dir: Path, *, resume: bool = False, sink: M
             save_checkpoint(rd.checkpoint_dir, model=model, tokenizer=tok, optimizer=opt, scheduler=sched,
                             state=state)
             rd.set_status("running", step=done)
-        assert B <= B_total
 
     final = {}
     if suite and not rd.eval_path(tc.steps, next(iter(suite))).exists():
@@ -379,8 +376,6 @@ def run_training(cfg: RunConfig, run_dir: Path, *, resume: bool = False, sink: M
 
 def _rows(batch, idx: torch.Tensor):
     """The rows `idx` of a packed batch, trimmed to the longest completion among them."""
-    from clipbench.train.policy import Packed
-
     cm = batch.completion_mask[idx]
     T = int(cm.sum(-1).max().clamp(min=1))
     Lp = batch.input_ids.shape[1] - batch.completion_ids.shape[1]
