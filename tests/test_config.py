@@ -71,3 +71,30 @@ def test_relative_paths_are_relative_to_the_recipe(tmp_path):
     # HF dataset names are left alone
     r.write_text("task: {name: math, path: open-r1/DAPO-Math-17k-Processed}\n")
     assert compose(r)["task"]["path"] == "open-r1/DAPO-Math-17k-Processed"
+
+
+# ---- the one YAML reader: duplicate keys and encodings --------------------------------------
+
+def test_duplicate_keys_are_refused_with_both_lines(tmp_path):
+    r = tmp_path / "dup.yaml"
+    r.write_text("train:\n  lr: 1.0e-6\n  steps: 3\n  lr: 1.0e-5\n")
+    with pytest.raises(ConfigError) as e:
+        load_run_config(r)
+    assert str(e.value) == f"{r}: line 4: duplicate key 'lr' (first at line 2); remove one of them"
+    r.write_text("seed: 0\nseed: 1\n")  # top level, too
+    with pytest.raises(ConfigError, match="line 2: duplicate key 'seed' .first at line 1."):
+        load_run_config(r)
+    with pytest.raises(ConfigError, match="command line: train: duplicate key 'lr'"):
+        load_run_config(RECIPE, ["train={lr: 1, lr: 2}"])
+
+
+def test_a_file_that_is_not_utf8_is_one_line(tmp_path):
+    r = tmp_path / "latin1.yaml"
+    r.write_bytes("name: caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as e:
+        load_run_config(r)
+    assert str(e.value) == f"{r}: line 1: not UTF-8 text (byte 0xe9 at offset 9); save the file as UTF-8"
+    d = tmp_path / "adir.yaml"
+    d.mkdir()
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_run_config(d)

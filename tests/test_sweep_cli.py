@@ -45,6 +45,10 @@ def with_(**changes) -> str:
 # (case id, sweep file text, expected key in the message, expected reason fragment)
 BAD = [
     ("yaml-syntax", "name: x\ngrid: {seed: [0, 1]\n", "line", "YAML syntax error"),
+    ("duplicate-key", f"name: x\nbase: {RECIPE}\ngrid: {{seed: [0]}}\ngrid: {{seed: [1]}}\n", "line 4",
+     "duplicate key 'grid' (first at line 3)"),
+    ("duplicate-key-in-flow", f"name: x\nbase: {RECIPE}\ngrid: {{seed: [0], seed: [1]}}\n", "line 3",
+     "duplicate key 'seed'"),
     ("unknown-top-key", with_(gird={"seed": [0]}), "gird", "unknown key (did you mean 'grid'?)"),
     ("grid-not-mapping", with_(grid=[1, 2]), "grid", "expected a mapping"),
     ("axis-not-list", with_(grid={"seed": 3}), "grid.seed", "expected a list of values"),
@@ -98,6 +102,15 @@ def test_bad_command_line_override_names_the_command_line(tmp_path):
     assert result.exit_code == 2
     assert result.stderr.strip() == ("error: command line: train.stepz: unknown key 'train.stepz' "
                                      "(did you mean 'train.steps'?)")
+    assert not res.exists()
+
+
+def test_sweep_file_not_utf8(tmp_path):
+    f = tmp_path / "utf16.yaml"
+    f.write_bytes(with_().encode("utf-16"))
+    result, res = sweep(tmp_path, str(f))
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == f"error: {f}: line 1: not UTF-8 text (byte 0xff at offset 0); save the file as UTF-8"
     assert not res.exists()
 
 

@@ -14,28 +14,30 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from clipbench.config.schema import CHOICES, RunConfig
+from clipbench import yamlio
 from clipbench.errors import ConfigError, did_you_mean, unknown_choice
+from clipbench.yamlio import YamlError, load_yaml_file, load_yaml_text
 
 # Keys whose relative values are paths relative to the recipe file (when they look like paths).
 PATH_KEYS = ("model.name", "task.path", "eval.data_dir")
 
 
 def read_yaml(path: str | Path) -> dict:
-    """Read a YAML mapping; syntax errors and non-mappings become ConfigError."""
+    """Read a YAML mapping (a recipe or a sweep file) with the project's one YAML reader
+    (`clipbench.yamlio`: UTF-8 only, duplicate keys refused); every problem is a ConfigError."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(str(path), None, "file not found")
+        raise ConfigError(str(path), None, "file not found" if not path.exists() else "not a regular file")
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else None
-        raise ConfigError(str(path), where, f"YAML syntax error: {getattr(e, 'problem', e)}") from None
+        data = load_yaml_file(path)
+    except YamlError as e:
+        raise ConfigError(str(path), f"line {e.line}" if e.line else None, e.reason) from None
+    except OSError as e:
+        raise ConfigError(str(path), None, f"cannot read: {e.strerror or e}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -54,9 +56,11 @@ def parse_overrides(overrides: Iterable[str], source: str | None = "command line
         if not key:
             raise ConfigError(source, item, "empty key in override")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
-            value = raw
+            value = load_yaml_text(raw) if raw.strip() else ""
+        except YamlError as e:
+            if "duplicate key" in e.reason:
+                raise ConfigError(source, key, e.reason) from None
+            value = raw  # not YAML: the raw string (e.g. a path with a colon)
         set_dotted(out, key, value)
     return out
 
@@ -254,8 +258,7 @@ def flatten(d: Mapping, prefix: str = "") -> dict:
 
 
 def dump_yaml(cfg: RunConfig | Mapping) -> str:
-    d = to_dict(cfg) if isinstance(cfg, RunConfig) else dict(cfg)
-    return yaml.safe_dump(d, sort_keys=False)
+    return yamlio.dump_yaml(to_dict(cfg) if isinstance(cfg, RunConfig) else dict(cfg))
 
 
 def env_tracking_uri() -> str | None:
