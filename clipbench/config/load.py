@@ -7,8 +7,10 @@ Every failure is a `ConfigError(file, key, reason)`: one line, exit code 2 at th
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import math
 import os
 from dataclasses import fields, is_dataclass
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Any, Iterable, Mapping
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from clipbench.config.schema import CHOICES, RunConfig
+from clipbench.config.schema import CHOICES, RANGES, RunConfig
 from clipbench import yamlio
 from clipbench.errors import ConfigError, did_you_mean, unknown_choice
 from clipbench.yamlio import YamlError, load_yaml_file, load_yaml_text
@@ -146,52 +148,65 @@ def load_run_config(path: str | Path | None, overrides: Iterable[str] = ()) -> R
     return validate(compose(path, overrides), str(path) if path else "command line")
 
 
+@functools.lru_cache(maxsize=1)
+def choices() -> dict[str, tuple[str, ...]]:
+    """Every closed choice of the run config: the schema's own (`schema.CHOICES`) and the lists
+    owned by the code a key configures (read from there, never copied)."""
+    from clipbench.objectives import AGGREGATIONS
+    from clipbench.rollout import BACKENDS
+    from clipbench.tasks import TASK_NAMES
+    from clipbench.tasks.templates import TEMPLATE_CHOICES
+    from clipbench.train.advantages import ADVANTAGES
+
+    return {**CHOICES, "task.name": tuple(TASK_NAMES), "task.template": tuple(TEMPLATE_CHOICES),
+            "sampler.backend": tuple(BACKENDS), "train.advantage": tuple(ADVANTAGES),
+            "train.agg": tuple(AGGREGATIONS)}
+
+
+def _get(cfg: RunConfig, key: str) -> Any:
+    node: Any = cfg
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
+
 def check_values(cfg: RunConfig, source: str | None) -> None:
-    """Value checks of a structurally valid RunConfig; fills the method's defaults into `objective`."""
-    from clipbench.objectives import AGGREGATIONS, METHODS, validate_params
+    """Value checks of a structurally valid RunConfig; fills the method's defaults into `objective`.
+
+    Every field against its declaration (`schema.RANGES`, `choices()`), then the cross-field rules
+    below, then the objective against its method. The sweep expander's fast path calls this too."""
+    from clipbench.objectives import METHODS, validate_params
 
     def err(key: str, reason: str):
         raise ConfigError(source, key, reason)
 
-    for key, choices in CHOICES.items():
-        section, name = key.split(".")
-        val = getattr(getattr(cfg, section), name)
-        if val not in choices:
-            err(key, unknown_choice("value", val, choices))
-    if cfg.train.agg not in AGGREGATIONS:
-        err("train.agg", unknown_choice("aggregation", cfg.train.agg, AGGREGATIONS))
+    for key, allowed in choices().items():
+        val = _get(cfg, key)
+        if val not in allowed:
+            err(key, unknown_choice("value", val, allowed))
+    for key, decl in RANGES.items():
+        problem = decl.problem(_get(cfg, key))
+        if problem:
+            err(key, problem)
 
-    positive_ints = {
-        "train.steps": cfg.train.steps, "train.prompts_per_step": cfg.train.prompts_per_step,
-        "train.mini_batches": cfg.train.mini_batches, "train.epochs": cfg.train.epochs,
-        "train.checkpoint_every": cfg.train.checkpoint_every,
-        "sampler.group_size": cfg.sampler.group_size, "sampler.max_new_tokens": cfg.sampler.max_new_tokens,
-        "eval.n": cfg.eval.n, "tracking.batch_every": cfg.tracking.batch_every,
-    }
-    for key, v in positive_ints.items():
-        if v < 1:
-            err(key, f"must be >= 1, got {v}")
-    if cfg.train.mini_batches > cfg.train.prompts_per_step * cfg.sampler.group_size:
-        err("train.mini_batches", f"{cfg.train.mini_batches} mini-batches cannot split a batch of "
-            f"{cfg.train.prompts_per_step * cfg.sampler.group_size} sequences (prompts_per_step x group_size)")
-    if cfg.train.advantage != "group_mean" and cfg.sampler.group_size < 2:
-        err("sampler.group_size", f"advantage '{cfg.train.advantage}' needs group_size >= 2")
-    for key, v in {"train.lr": cfg.train.lr, "sampler.temperature": cfg.sampler.temperature,
-                   "eval.temperature": cfg.eval.temperature}.items():
-        if not v > 0:
-            err(key, f"must be > 0, got {v}")
-    for key, v in {"sampler.top_p": cfg.sampler.top_p, "eval.top_p": cfg.eval.top_p}.items():
-        if not 0 < v <= 1:
-            err(key, f"must be in (0, 1], got {v}")
-    for key, v in {"train.beta": cfg.train.beta, "train.grad_clip": cfg.train.grad_clip,
-                   "train.weight_decay": cfg.train.weight_decay, "train.warmup_steps": cfg.train.warmup_steps,
-                   "eval.every": cfg.eval.every}.items():
-        if v < 0:
-            err(key, f"must be >= 0, got {v}")
-    if cfg.eval.limit is not None and cfg.eval.limit < 1:
-        err("eval.limit", f"must be >= 1 or null, got {cfg.eval.limit}")
+    # cross-field rules
+    tc, sc = cfg.train, cfg.sampler
+    if tc.mini_batches > tc.prompts_per_step * sc.group_size:
+        err("train.mini_batches", f"{tc.mini_batches} mini-batches cannot split a batch of "
+            f"{tc.prompts_per_step * sc.group_size} sequences (prompts_per_step x group_size)")
+    if tc.advantage != "group_mean" and sc.group_size < 2:
+        err("sampler.group_size", f"advantage '{tc.advantage}' needs group_size >= 2")
+    if tc.overlong.enabled and tc.overlong.buffer > sc.max_new_tokens:
+        err("train.overlong.buffer", f"must be <= sampler.max_new_tokens ({sc.max_new_tokens}), got {tc.overlong.buffer}")
     if cfg.task.name == "math" and not cfg.task.path:
         err("task.path", "task 'math' needs a path: a .jsonl/.parquet file or a Hugging Face dataset name")
+    from clipbench.tasks.benchmarks import BENCHMARKS
+
+    for b in cfg.eval.benchmarks:
+        if b not in BENCHMARKS:
+            err("eval.benchmarks", unknown_choice("benchmark", b, BENCHMARKS))
+    if len(set(cfg.eval.benchmarks)) != len(cfg.eval.benchmarks):
+        err("eval.benchmarks", f"lists a benchmark twice: {cfg.eval.benchmarks}")
 
     # The objective: method from the registry, parameters exactly those the method declares.
     obj = dict(cfg.objective)
@@ -207,16 +222,10 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
         if bad is None:  # a value error: find the offending key in the message when we can
             bad = next((k for k in obj if f"'{k}'" in str(e) or str(k) in str(e)), None)
         err(f"objective.{bad}" if bad else "objective", str(e))
+    for k, v in params.items():  # whatever a method's own ranges are, its numbers are finite
+        if isinstance(v, float) and not math.isfinite(v):
+            err(f"objective.{k}", f"must be a finite number, got {v}")
     cfg.objective = {"method": method, **params}
-
-    try:
-        from clipbench.tasks.benchmarks import BENCHMARKS
-    except ImportError:  # pragma: no cover - tasks always ship with the package
-        BENCHMARKS = None
-    if BENCHMARKS is not None:
-        for b in cfg.eval.benchmarks:
-            if b not in BENCHMARKS:
-                err("eval.benchmarks", unknown_choice("benchmark", b, BENCHMARKS))
 
 
 # ---------------------------------------------------------------------------------------------
