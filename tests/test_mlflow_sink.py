@@ -187,6 +187,14 @@ def test_resumed_run_does_not_duplicate_steps_and_fresh_start_replaces_the_child
     assert history(cl, s3.mlflow_run_id, "loss") == [(1, 1.0)]
 
 
+def summarize_public(correct) -> dict:
+    from clipbench.eval.passk import summarize
+
+    s = summarize(correct)
+    s.pop("per_problem")
+    return s
+
+
 def fake_run(res: Path, sweep: str, seed: int, steps: int = 6, mb: int = 2) -> RunDir:
     """A finished run written the way the trainer writes it (no training needed)."""
     c = cfg(seed=seed, **{"train.steps": steps})
@@ -201,9 +209,10 @@ def fake_run(res: Path, sweep: str, seed: int, steps: int = 6, mb: int = 2) -> R
                          "q4/out_of_band": opt % 3})
     rd.append_metrics(rows)
     rd.append_hist([{"step": s, "opt_step": 1, "edges": [0, 1], "pos": [1], "neg": [2]} for s in range(steps)])
-    for step in (0, steps):
-        rd.write_eval(step, "arith", {"step": step, "summary": {"num_problems": 8, "n": 2, "avg@n": 0.25 * (step > 0),
-                                                                "pass@1": 0.25, "pass@2": 0.5}})
+    for step in (0, steps):  # 8 problems x 2 samples; at the end two problems are solved once each
+        correct = [[1, 0], [0, 1]] + [[0, 0]] * 6 if step else [[0, 0]] * 8
+        rd.write_eval(step, "arith", {"step": step, "n": 2, "problem_ids": [f"p{i}" for i in range(8)],
+                                      "correct": correct, "summary": summarize_public(correct)})
     rd.set_status("finished", backend="hf", started=1_700_000_000.0)
     return rd
 
@@ -213,8 +222,8 @@ def test_expected_metrics_mirror_what_the_trainer_sends(tmp_path):
     exp = expected_metrics(rd)
     assert sorted(exp["loss"]) == [1, 2, 3, 4, 5, 6]  # keyed by opt_step
     assert exp["grad_norm"][3] != exp["grad_norm"][3]  # NaN (stored as null) is sent as NaN
-    assert exp["eval/arith/avg_at_n"] == {0: 0.0, 3: 0.25}  # keyed by rollout step
-    assert exp["eval/arith/pass_at_2"] == {0: 0.5, 3: 0.5}
+    assert exp["eval/arith/avg_at_n"] == {0: 0.0, 3: 0.125}  # keyed by rollout step
+    assert exp["eval/arith/pass_at_2"] == {0: 0.0, 3: 0.25}
 
 
 def test_sync_replays_missing_runs_and_points_once(tmp_path):

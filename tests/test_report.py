@@ -23,7 +23,8 @@ from clipbench.errors import UserError
 from clipbench.report import stats
 from clipbench.report.analysis import analyze, run_quadrants
 from clipbench.report.commands import build_report, report_command
-from clipbench.report.load import Run, assign_labels, list_sweeps, load_sweep
+from clipbench.report.load import Run, assign_labels, load_sweep
+from clipbench.tracking.store import list_sweeps
 from clipbench.report.paper import load_paper
 from clipbench.report.render import to_markdown
 from clipbench.report.tables import build_tables

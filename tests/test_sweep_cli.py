@@ -158,3 +158,14 @@ def test_json_prints_one_object_per_run(tmp_path):
         assert run_id(r["config"]) == r["run_id"]
         assert r["config"]["train"]["steps"] == 3
     assert not res.exists()
+
+
+def test_a_model_that_does_not_load_is_refused_before_the_manifest(tmp_path):
+    """The trainer's preflight runs once per distinct setting before anything is written."""
+    empty = tmp_path / "not_a_model"
+    empty.mkdir()
+    f = write(tmp_path, with_(overrides={"model.name": str(empty)}))
+    result, res = sweep(tmp_path, str(f))
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"error: model.name: cannot load '{empty}'"), result.stderr
+    assert not res.exists()

@@ -18,9 +18,9 @@ from clipbench.errors import UserError, unknown_choice
 from clipbench.report import paper as paper_ref
 from clipbench.report import render
 from clipbench.report.analysis import analyze
-from clipbench.report.load import Sweep, list_sweeps, load_sweep
+from clipbench.report.load import Sweep, load_sweep
 from clipbench.report.tables import Table, build_tables, model_title
-from clipbench.tracking.store import atomic_write_json
+from clipbench.tracking.store import atomic_write_json, check_store_dir, check_writable_dir, list_sweeps
 
 
 def header_lines(sweep: Sweep, result: dict) -> list[str]:
@@ -102,7 +102,7 @@ def report_command(sweep: str | None, *, baseline: str | None, fmt: str, results
                    out: Path | None) -> list[Path]:
     if fmt not in render.FORMATS:
         raise UserError("--format: " + unknown_choice("format", fmt, render.FORMATS))
-    results_dir = Path(results_dir)
+    results_dir = check_store_dir(results_dir)
     names = [sweep] if sweep else list_sweeps(results_dir)
     if not names:
         raise UserError(f"no sweeps with runs in {results_dir}; run `clipbench sweep FILE --results-dir {results_dir}` first")
@@ -110,9 +110,9 @@ def report_command(sweep: str | None, *, baseline: str | None, fmt: str, results
     for name in names:
         s, result, tables, header = build_report(results_dir, name, baseline)
         if out is None:
-            out_dir = results_dir / "reports" / name
+            out_dir = check_writable_dir(results_dir / "reports" / name, "report directory")
         else:
-            out_dir = Path(out) if len(names) == 1 else Path(out) / name
+            out_dir = check_writable_dir(Path(out) if len(names) == 1 else Path(out) / name, "--out")
         paths = write_report(s, result, tables, header, fmt, out_dir)
         written += paths
         for p in paths:

@@ -10,7 +10,6 @@ import base64
 import csv
 import html
 import io
-import os
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -238,5 +237,4 @@ def write_text(path: Path, text: str) -> Path:
     from clipbench.tracking.store import atomic_write_text
 
     atomic_write_text(path, text)
-    os.chmod(path, 0o644)  # a report is meant to be read and shared (temp files are created 0600)
     return path

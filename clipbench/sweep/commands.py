@@ -28,7 +28,7 @@ from clipbench.sweep.expand import Expansion, expand, iter_summary, label, run_l
 from clipbench.sweep.manifest import freeze, manifest_path, manifest_runs, merge, read_manifest
 from clipbench.sweep.spec import SweepSpec, load_sweep
 from clipbench.tracking.lock import manifest_lock
-from clipbench.tracking.store import RunDir
+from clipbench.tracking.store import RunDir, check_writable_dir, list_run_dirs
 from clipbench.sweep.expand import format_value
 
 
@@ -62,11 +62,12 @@ def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, js
 
         check_launcher(launcher)
     spec, exp = plan(file, run_overrides)
-    results_dir = Path(results_dir)
+    results_dir = check_writable_dir(results_dir)
     mpath = manifest_path(results_dir, spec.name)
+    existing = read_manifest(mpath)  # a damaged store: one line (StoreError), before anything is written
+    check_run_files(mpath.parent)
 
     if dry_run or json_out:
-        existing = read_manifest(mpath) if mpath.is_file() else None
         mg = merge(existing, spec, exp)
         for w in list(exp.warnings) + mg.warnings:
             err.print(f"[yellow]warning:[/] {w}")
@@ -79,6 +80,10 @@ def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, js
             out.print(_plan_line(spec, exp, mg.manifest, results_dir))
         return {"sweep": spec.name, "runs": list(mg.manifest["runs"]), "written": False}
 
+    if not launcher:  # (a launcher's nodes may see other files: each run checks itself there)
+        planned = merge(existing, spec, exp).manifest["runs"]
+        preflight_runs([cfg for rid, cfg in planned.items()
+                        if classify(RunDir(mpath.parent / rid), retry_failed) in ("resume", "start")])
     mg = freeze(results_dir, spec, exp)  # the first write of this command
     for w in list(exp.warnings) + mg.warnings:
         err.print(f"[yellow]warning:[/] {w}")
@@ -146,6 +151,29 @@ def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, js
 
 
 # ---------------------------------------------------------------------------------------------
+
+
+def check_run_files(sweep_dir: Path) -> None:
+    """Read every run's status.json and config.yaml once: a damaged one is a StoreError line now,
+    not a traceback halfway through the sweep."""
+    for rd in list_run_dirs(sweep_dir):
+        rd.status()
+        rd.read_config()
+
+
+def preflight_runs(configs: list[dict]) -> None:
+    """The trainer's preflight (model, task and benchmarks load) once per distinct setting of the
+    runs about to train (seeds and objectives share one), before the manifest is written."""
+    from clipbench.config import from_dict
+    from clipbench.train.loop import preflight
+
+    seen = set()
+    for cfg in configs:
+        key = json.dumps({k: v for k, v in cfg.items() if k not in ("seed", "name", "objective", "tracking")},
+                         sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            preflight(from_dict(cfg))
 
 
 def _parent_run(spec: SweepSpec, runs, results_dir: Path, tracking_uri: str | None, mpath: Path):

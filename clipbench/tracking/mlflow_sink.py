@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from clipbench.errors import StoreError
 from clipbench.tracking.store import RunDir, atomic_write_json, read_json
 
 log = logging.getLogger("clipbench.tracking")
@@ -185,16 +186,24 @@ def metric_steps(client, mlflow_run_id: str, keys: Iterable[str]) -> dict[str, d
     return out
 
 
+def _mlflow_json(rd: RunDir) -> dict:
+    """`<run_dir>/mlflow.json`; a damaged one counts as empty (it only caches ids found again by tags)."""
+    try:
+        return read_json(rd.path / MLFLOW_JSON, {}, kind="mlflow") or {}
+    except StoreError:
+        log.warning("%s is damaged; it is rewritten (MLflow runs are found again by their tags)", rd.path / MLFLOW_JSON)
+        return {}
+
+
 def record_mlflow_run(rd: RunDir, uri: str, **info: Any) -> None:
     """Remember the child run for this tracking URI in `<run_dir>/mlflow.json`."""
-    path = rd.path / MLFLOW_JSON
-    data = read_json(path, {}) or {}
+    data = _mlflow_json(rd)
     data[uri] = {**data.get(uri, {}), **info}
-    atomic_write_json(path, data)
+    atomic_write_json(rd.path / MLFLOW_JSON, data)
 
 
 def recorded_mlflow_run(rd: RunDir, uri: str) -> dict:
-    return (read_json(rd.path / MLFLOW_JSON, {}) or {}).get(uri, {})
+    return _mlflow_json(rd).get(uri, {})
 
 
 # ---------------------------------------------------------------------------------------------
