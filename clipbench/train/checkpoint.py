@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
+import secrets
 from pathlib import Path
 
 import torch
@@ -18,7 +18,8 @@ import torch
 def save_checkpoint(last: Path, *, model, tokenizer, optimizer, scheduler, state: dict) -> None:
     root = last.parent
     root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
+    tmp = root / f".tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()  # 0777 minus the umask, like every file in it (mkdtemp would make it 0700)
     model.save_pretrained(tmp / "model", safe_serialization=True)
     tokenizer.save_pretrained(tmp / "model")
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
