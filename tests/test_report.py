@@ -286,7 +286,8 @@ def test_report_command_writes_every_format(results, tmp_path, capsys):
     rows = list(csv.reader(io.StringIO((out / "table3.csv").read_text())))
     assert rows[0] == ["Benchmark", "Method", "Seeds", "Avg@4", "Pass@2", "Pass@4", "kind"]
     assert ["arith (P=4)", "abc", "2", "56.2 ± 0.0", "72.9 ± 2.9", "87.5 ± 17.7", "method"] in rows
-    assert {p.name for p in out.glob("*.csv")} == {"table3.csv", "significance.csv", "quadrants.csv", "paper_reference.csv"}
+    assert {p.name for p in out.glob("*.csv")} == {"table3.csv", "significance.csv", "quadrants.csv", "runs.csv",
+                                                 "paper_reference.csv"}
     data = json.loads((out / "report.json").read_text())
     assert data["baseline"] == "grpo" and data["bootstrap"]["resamples"] == 2000
     assert (out / "report.html").stat().st_mode & 0o044  # readable by others
@@ -338,6 +339,7 @@ def test_paper_rows_inline_when_model_matches(tmp_path):
         (d / "eval" / "step_000010").mkdir(parents=True)
         cfg = {"seed": 42, "model": {"name": "Qwen/Qwen3-4B-Base"}, "objective": {"method": method}}
         (d / "config.yaml").write_text(json.dumps(cfg))
+        (d / "status.json").write_text(json.dumps({"state": "finished"}))
         for bench, size in sizes.items():
             correct = (rng.random((size, 64)) < 0.2).astype(int).tolist()
             (d / "eval" / "step_000010" / f"{bench}.json").write_text(json.dumps(

@@ -29,6 +29,7 @@ class Run:
     path: Path
     config: dict
     state: str
+    status: dict = field(default_factory=dict)  # status.json (state, step, error, ...)
     metrics: list[dict] = field(default_factory=list)
     evals: dict[int, dict[str, dict]] = field(default_factory=dict)
     hist: list[dict] = field(default_factory=list)
@@ -63,6 +64,7 @@ class Sweep:
     name: str
     path: Path
     runs: list[Run]
+    notes: list[str] = field(default_factory=list)  # what the readers skipped (a torn last line)
 
     def blocks(self) -> dict[str, list[Run]]:
         """{model name: runs}, in order of first appearance."""
@@ -82,15 +84,20 @@ def load_sweep(results_dir: str | Path, name: str) -> Sweep:
     if name not in sweeps:
         valid = ", ".join(sweeps) if sweeps else "(none)"
         raise UserError(f"no runs for sweep '{name}' in {root}{did_you_mean(name, sweeps)}; sweeps with runs: {valid}")
-    runs = [load_run(d) for d in sorted((root / name).iterdir()) if (d / "config.yaml").is_file()]
+    notes: list[str] = []
+    runs = [load_run(d, notes) for d in sorted((root / name).iterdir()) if (d / "config.yaml").is_file()]
     assign_labels(runs)
-    return Sweep(name=name, path=root / name, runs=runs)
+    return Sweep(name=name, path=root / name, runs=runs, notes=notes)
 
 
-def load_run(path: str | Path) -> Run:
+def load_run(path: str | Path, notes: list[str] | None = None) -> Run:
+    """One run from the store; a damaged file raises StoreError (one line), a torn last line of a
+    jsonl file is skipped with a note in `notes`."""
     rd = RunDir(path)
-    return Run(run_id=rd.run_id, path=rd.path, config=rd.read_config() or {}, state=rd.status().get("state", "pending"),
-               metrics=rd.read_metrics(), evals=rd.read_evals(), hist=read_jsonl(rd.hist_path))
+    status = rd.status()
+    return Run(run_id=rd.run_id, path=rd.path, config=rd.read_config() or {}, state=status.get("state", "pending"),
+               status=status, metrics=rd.read_metrics(notes), evals=rd.read_evals(),
+               hist=read_jsonl(rd.hist_path, notes=notes))
 
 
 def _in_label(key: str) -> bool:

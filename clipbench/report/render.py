@@ -30,7 +30,8 @@ FIGURE_CAPTIONS = {
 def to_rich(t: Table):
     from rich.table import Table as RichTable
 
-    styles = {"ref": "italic dim", "refgain": "italic dim", "gain": "bold", "base": "dim", "baseline": "cyan"}
+    styles = {"ref": "italic dim", "refgain": "italic dim", "gain": "bold", "base": "dim", "baseline": "cyan",
+              "excluded": "dim", "flagged": "yellow"}
     rt = RichTable(title=t.title, caption="\n".join(t.notes) or None, caption_justify="left", show_lines=False)
     for i, c in enumerate(t.columns):
         rt.add_column(c, justify="left" if i < 2 else "right", no_wrap=i > 0)
@@ -164,6 +165,8 @@ tr.ref td, tr.refgain td { color: #6b7280; font-style: italic; background: #fafa
 tr.gain td { font-weight: 600; background: #f0fdf4; }
 tr.baseline td { background: #eff6ff; }
 tr.base td { color: #4b5563; }
+tr.excluded td { color: #6b7280; }
+tr.flagged td { background: #fffbeb; }
 .notes { color: #555; font-size: 12px; max-width: 1100px; margin: 2px 0 14px; }
 .row { display: flex; gap: 28px; align-items: flex-start; flex-wrap: wrap; }
 .row .notes { max-width: 560px; }
