@@ -27,14 +27,11 @@ CI_LEVEL = 0.95
 
 
 def ks_for(n: int) -> list[int]:
-    """Pass@k columns for n samples: 2, 4, 8, ... below n, then n (the paper's k in {2..64} for n=64)."""
-    if n < 2:
-        return []
-    ks, k = [], 2
-    while k < n:
-        ks.append(k)
-        k *= 2
-    return ks + [n]
+    """Pass@k columns for n samples: the evaluation's k list (`passk.default_ks`) without k = 1, which is
+    Avg@n: 2, 4, 8, ... below n, then n (the paper's k in {2..64} for n=64)."""
+    from clipbench.eval.passk import default_ks
+
+    return [k for k in default_ks(n) if k > 1]
 
 
 def metric_names(ks: Sequence[int]) -> list[str]:

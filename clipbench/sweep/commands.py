@@ -14,6 +14,7 @@ reruns failed ones only with --retry-failed. Exit code: 0, 1 when a run failed i
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -21,15 +22,18 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from clipbench.errors import UserError
 from clipbench.sweep.execute import RunTask, checkpoint_step, classify, run_parallel, run_sequential
 from clipbench.sweep.expand import Expansion, expand, iter_summary, label, run_label
 from clipbench.sweep.manifest import freeze, manifest_path, manifest_runs, merge, read_manifest
 from clipbench.sweep.spec import SweepSpec, load_sweep
-from clipbench.tracking.lock import manifest_lock
 from clipbench.tracking.store import RunDir, check_writable_dir, list_run_dirs
 from clipbench.sweep.expand import format_value
+
+
+AVG_KEY = re.compile(r"/avg@(\d+|n)$")  # eval/<benchmark>/avg@<n> (avg@n: a store from before n was named)
 
 
 def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
@@ -98,8 +102,7 @@ def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, js
               + (f", {counts['failed']} failed: skipped (rerun them with --retry-failed)" if counts["failed"] else "")
               + ")")
 
-    with manifest_lock(mpath.parent):  # two sweep processes starting together make one parent run
-        parent, uri = _parent_run(spec, runs, results_dir, tracking_uri, mpath)
+    parent, uri, experiment = _parent_run(spec, runs, results_dir, tracking_uri, mpath)
     tasks = [replace(t, parent_run_id=parent) for t in tasks_all
              if states[t.run_id] in ("resume", "start")]
 
@@ -123,13 +126,13 @@ def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, js
                 results = run_parallel(tasks, jobs, ui) if jobs > 1 else run_sequential(tasks, ui)
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]: finished runs are kept; rerun the same command to resume")
-        _finish_parent(parent, uri, "KILLED")
+        _finish_parent(parent, uri, experiment, spec.name, "KILLED")
         raise SystemExit(130) from None
 
     by_id = {r["run_id"]: r for r in results}
     final = {t.run_id: classify(t.run_dir) for t in tasks_all}
     all_done = all(s == "finished" for s in final.values())
-    _finish_parent(parent, uri, "FINISHED" if all_done else ("FAILED" if any(
+    _finish_parent(parent, uri, experiment, spec.name, "FINISHED" if all_done else ("FAILED" if any(
         r["outcome"] in ("failed", "crashed") for r in results) else "RUNNING"))
     if results:
         err.print(summary_table(tasks_all, by_id))
@@ -138,9 +141,11 @@ def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, js
     n_fin = sum(1 for s in final.values() if s == "finished")
     err.print(f"{n_fin}/{len(runs)} runs finished" + (f"; {len(locked)} locked by another process" if locked else "")
               + (f"; {len(failed)} failed (see status.json; rerun with --retry-failed)" if failed else ""))
-    if any(r.get("mlflow_offline") for r in results):
-        err.print(f"[yellow]MLflow was unreachable for some runs[/]: replay them with "
-                  f"`clipbench sync {spec.name} --results-dir {results_dir}`")
+    if uri and any(r.get("mlflow_offline") for r in results):
+        from clipbench.tracking.mirror import sync_hint
+
+        err.print(Text.assemble(("MLflow was unreachable for some runs", "yellow"),
+                                f": replay them with `{sync_hint(spec.name, results_dir, uri)}`"))
     if results:
         _warm_metrics_cache(results_dir, spec.name)
     summary = {"sweep": spec.name, "runs": list(mg.manifest["runs"]), "results": results, "written": True,
@@ -177,22 +182,25 @@ def preflight_runs(configs: list[dict]) -> None:
 
 
 def _parent_run(spec: SweepSpec, runs, results_dir: Path, tracking_uri: str | None, mpath: Path):
+    """(parent run id or None, tracking URI, experiment); (None, None, None) when tracking is off."""
     if not runs or not any(cfg.get("tracking", {}).get("mlflow", True) for _, cfg, _ in runs):
-        return None, None
+        return None, None, None
     from clipbench.tracking.mlflow_sink import resolve_tracking_uri, sweep_parent_run
 
     tr = runs[0][1].get("tracking", {})
     uri = resolve_tracking_uri(tracking_uri, tr.get("tracking_uri"), results_dir)
-    pid = sweep_parent_run(results_dir=results_dir, sweep=spec.name, experiment=tr.get("experiment", "clipbench"),
+    experiment = tr.get("experiment", "clipbench")
+    pid = sweep_parent_run(results_dir=results_dir, sweep=spec.name, experiment=experiment,
                            tracking_uri=tracking_uri, config_uri=tr.get("tracking_uri"), manifest_path=mpath)
-    return pid, uri
+    return pid, uri, experiment
 
 
-def _finish_parent(parent: str | None, uri: str | None, status: str) -> None:
-    if parent and uri and status != "RUNNING":
+def _finish_parent(parent: str | None, uri: str | None, experiment: str | None, sweep: str, status: str) -> None:
+    """Close the parent run, also one a run created when MLflow came back mid-sweep (found by tags)."""
+    if uri and status != "RUNNING":
         from clipbench.tracking.mlflow_sink import finish_parent_run
 
-        finish_parent_run(parent, status, uri=uri)
+        finish_parent_run(parent, status, uri=uri, sweep=sweep, experiment=experiment or "clipbench")
 
 
 def _warm_metrics_cache(results_dir: Path, sweep: str) -> None:
@@ -272,7 +280,7 @@ def summary_table(tasks: list[RunTask], by_id: dict[str, dict]) -> Table:
         if r is None:
             continue
         ev = " ".join(f"{k.split('/', 1)[1]}={v:.3f}" for k, v in (r.get("evals") or {}).items()
-                      if k.endswith("/avg@n"))
+                      if AVG_KEY.search(k))
         t.add_row(task.run_id, task.label, r["outcome"], f"{r['seconds']:.0f}s" if r.get("seconds") else "", ev)
     return t
 
