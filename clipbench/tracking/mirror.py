@@ -96,15 +96,16 @@ def mirror_points(step: int, metrics: Mapping[str, Any],
         at = int(step)
     points: list[tuple[str, int, float]] = []
     params: dict[str, str] = {}
-    ns = {k.rsplit("/", 1)[0]: v for k, v in metrics.items() if str(k).startswith(EVAL_PREFIX) and k.endswith("/n")}
+    ns = {k.rsplit("/", 1)[0]: int(v) for k, v in metrics.items()
+          if str(k).startswith(EVAL_PREFIX) and k.endswith("/n") and isinstance(v, (int, float))}
     for k, v in metrics.items():
         k = str(k)
         if k in ROW_BOOKKEEPING:
             continue
         if k.startswith(EVAL_PREFIX):
             head, stat = k.rsplit("/", 1)
-            if stat in EVAL_BOOKKEEPING:
-                params[metric_name(k)] = param_value(v)
+            if stat in EVAL_BOOKKEEPING:  # counts: 8, whether the trainer passed 8 or 8.0
+                params[metric_name(k)] = param_value(int(v) if isinstance(v, float) and v.is_integer() else v)
                 continue
             if stat == "avg@n" and ns.get(head):  # a store written before avg@n named its n
                 k = f"{head}/avg@{ns[head]}"

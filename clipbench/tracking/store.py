@@ -66,6 +66,29 @@ def _temp_beside(path: Path) -> tuple[int, str]:
     raise FileExistsError(f"no free temp name beside {path}")
 
 
+def current_umask() -> int:
+    """The process's umask (from /proc on Linux; elsewhere set and restored at once)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def share_like_umask(root: str | Path) -> None:
+    """Give a freshly written tree the modes `open`/`mkdir` would (0666/0777 minus the umask): some
+    writers (safetensors, mkdtemp) create 0600 files or 0700 directories whatever the umask says."""
+    mask = current_umask()
+    root = Path(root)
+    for p in [root, *root.rglob("*")]:
+        if not p.is_symlink():
+            p.chmod((0o777 if p.is_dir() else 0o666) & ~mask)
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from clipbench.tracking.store import share_like_umask
+
 
 def save_checkpoint(last: Path, *, model, tokenizer, optimizer, scheduler, state: dict) -> None:
     root = last.parent
@@ -24,6 +26,7 @@ def save_checkpoint(last: Path, *, model, tokenizer, optimizer, scheduler, state
     tokenizer.save_pretrained(tmp / "model")
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
     (tmp / "state.json").write_text(json.dumps(state))
+    share_like_umask(tmp)  # safetensors writes 0600 whatever the umask: colleagues read shared stores
     prev = root / "prev"
     if prev.exists():
         shutil.rmtree(prev)
