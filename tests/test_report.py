@@ -361,3 +361,10 @@ def test_paper_rows_inline_when_model_matches(tmp_path):
     _, _, tabs, _ = build_report(root, "paper_like", "grpo")
     t3 = next(t for t in tabs if t.key == "table3")
     assert sum(s == "refgain" for s in t3.styles) == 2
+
+
+def test_bootstrap_with_a_one_problem_benchmark():
+    # group 1: one problem (resamples to itself, 0.5); group 2: [0.1, 0.2] -> d = (0.5 + 0.15) / 2 = 0.325;
+    # resampled d* in {0.3, 0.325, 0.35}: |d* - d| <= 0.025 < 0.325, so no resample is extreme: p = 1 / (B + 1)
+    assert stats.paired_bootstrap_p([[0.5], [0.1, 0.2]]) == pytest.approx(1 / 2001)
+    assert stats.paired_bootstrap_p([[0.0]]) == 1.0  # d == 0
