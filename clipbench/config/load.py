@@ -151,16 +151,14 @@ def load_run_config(path: str | Path | None, overrides: Iterable[str] = ()) -> R
 @functools.lru_cache(maxsize=1)
 def choices() -> dict[str, tuple[str, ...]]:
     """Every closed choice of the run config: the schema's own (`schema.CHOICES`) and the lists
-    owned by the code a key configures (read from there, never copied)."""
+    owned by the packages a key configures (read from there, never copied)."""
     from clipbench.objectives import AGGREGATIONS
     from clipbench.rollout import BACKENDS
     from clipbench.tasks import TASK_NAMES
     from clipbench.tasks.templates import TEMPLATE_CHOICES
-    from clipbench.train.advantages import ADVANTAGES
 
     return {**CHOICES, "task.name": tuple(TASK_NAMES), "task.template": tuple(TEMPLATE_CHOICES),
-            "sampler.backend": tuple(BACKENDS), "train.advantage": tuple(ADVANTAGES),
-            "train.agg": tuple(AGGREGATIONS)}
+            "sampler.backend": tuple(BACKENDS), "train.agg": tuple(AGGREGATIONS)}
 
 
 def _get(cfg: RunConfig, key: str) -> Any:

@@ -11,10 +11,11 @@ Design choices:
   has one (tests/test_config.py checks it): a new field must say what it accepts.
 - Floats must be finite (1e400 in YAML is inf). Upper bounds are generous but finite, so a typo
   like `train.steps: 10**29` is an error, not a run that trains until it is killed.
-- Closed lists owned by other code are read from their owner (`clipbench.config.load.choices`):
-  sampler backends (`clipbench.rollout`), tasks and templates (`clipbench.tasks`), advantages
-  (`clipbench.train.advantages`), aggregations and methods (`clipbench.objectives`), benchmarks
-  (`clipbench.tasks.benchmarks`). The lists below are the ones this schema owns.
+- Closed lists owned by the packages below the trainer are read from their owner
+  (`clipbench.config.load.choices`): sampler backends (`clipbench.rollout`), tasks and templates
+  (`clipbench.tasks`), aggregations and methods (`clipbench.objectives`), benchmarks
+  (`clipbench.tasks.benchmarks`). The lists below are the ones this schema owns; the trainer reads
+  them from here (config never imports the trainer).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.dtype": ("float32", "bfloat16", "float16", "auto"),
     "model.device": ("auto", "cpu", "cuda"),
     "sampler.old_logp": ("recompute", "sampler"),
+    "train.advantage": ("group", "group_mean", "rloo"),  # clipbench.train.advantages implements each
     "train.lr_schedule": ("constant", "cosine"),
 }
 
@@ -125,7 +127,8 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 class Source:
     """Where data or a model comes from: a local path (which must exist; ``dir_only``: a directory)
     or, when ``hub`` allows it, a Hugging Face hub id; ``builtin``: ``builtin:<name>`` names are
-    allowed (checked against the built-in models); ``none``: null is allowed too."""
+    allowed (the name is checked when the model loads: the trainer's preflight, before anything is
+    written); ``none``: null is allowed too."""
 
     hub: bool = True
     builtin: bool = False
@@ -138,12 +141,7 @@ class Source:
         if not isinstance(v, str) or not v.strip():
             return f"must be a non-empty string, got {v!r}"
         if self.builtin and v.startswith("builtin:"):
-            from clipbench.train.base_model import BUILTIN_MODELS  # the built-in models' one registry
-
-            name = v.split(":", 1)[1]
-            if name not in BUILTIN_MODELS:
-                return f"unknown built-in model '{v}'; built-in: {', '.join('builtin:' + b for b in BUILTIN_MODELS)}"
-            return None
+            return None if _HUB_ID.match(v.split(":", 1)[1]) else f"'{v}' is not a built-in model name (builtin:<name>)"
         path = os.path.expanduser(v)
         if os.path.exists(path):
             return None if not self.dir_only or os.path.isdir(path) else f"'{v}' is not a directory"
