@@ -75,7 +75,8 @@ def test_results_dir_that_is_a_file_is_one_line(tmp_path):
     sweep_file = tmp_path / "s.yaml"
     sweep_file.write_text(yaml.safe_dump({"name": "s", "base": str(REPO / "recipes" / "quickstart.yaml"),
                                           "grid": {"seed": [0]}}))
-    for argv in (["sweep", str(sweep_file)], ["sweep", str(sweep_file), "--dry-run"], ["report", "s"], ["sync"]):
+    for argv in (["sweep", str(sweep_file)], ["sweep", str(sweep_file), "--dry-run"], ["report", "s"], ["sync"],
+                 ["train", str(REPO / "recipes" / "quickstart.yaml")]):
         r = runner.invoke(app, argv + ["--results-dir", str(f)])
         assert r.exit_code == 2, (argv, r.output)
         assert r.stderr.strip() == f"error: --results-dir {f}: exists and is not a directory", (argv, r.stderr)

@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.console import Console
 
 from clipbench.config import load_run_config, run_id
-from clipbench.tracking.store import RunDir
+from clipbench.tracking.store import RunDir, check_writable_dir
 from clipbench.train.checkpoint import find_checkpoint
 
 
@@ -20,6 +20,8 @@ def train_command(recipe: Path, overrides: list[str], *, resume: bool, results_d
     rd = RunDir(Path(results_dir) / "train" / run_id(cfg))
     if resume and find_checkpoint(rd.checkpoint_dir) is None:
         console.print(f"[yellow]no checkpoint in {rd.path}; starting from step 0[/]")
+    check_writable_dir(results_dir)  # a file, or not writable: one line, not a traceback
+    rd.status(), rd.read_config()  # a damaged store file of this run: one line (StoreError) before any write
     preflight(cfg)  # model, task and benchmarks load: still nothing written
     sink = _sink(cfg, results_dir, tracking_uri, rd, resume)
     console.print(f"run {rd.run_id}: {cfg.objective['method']} on {cfg.task.name}, {cfg.train.steps} steps -> {rd.path}")
