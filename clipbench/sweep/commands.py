@@ -84,10 +84,9 @@ def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, js
             out.print(_plan_line(spec, exp, mg.manifest, results_dir))
         return {"sweep": spec.name, "runs": list(mg.manifest["runs"]), "written": False}
 
-    if not launcher:  # (a launcher's nodes may see other files: each run checks itself there)
-        planned = merge(existing, spec, exp).manifest["runs"]
-        preflight_runs([cfg for rid, cfg in planned.items()
-                        if classify(RunDir(mpath.parent / rid), retry_failed) in ("resume", "start")])
+    if not launcher:  # runs entering the manifest load (a launcher's nodes may see other files)
+        preview = merge(existing, spec, exp)
+        preflight_runs([preview.manifest["runs"][rid] for rid in preview.new])
     mg = freeze(results_dir, spec, exp)  # the first write of this command
     for w in list(exp.warnings) + mg.warnings:
         err.print(f"[yellow]warning:[/] {w}")
@@ -168,7 +167,8 @@ def check_run_files(sweep_dir: Path) -> None:
 
 def preflight_runs(configs: list[dict]) -> None:
     """The trainer's preflight (model, task and benchmarks load) once per distinct setting of the
-    runs about to train (seeds and objectives share one), before the manifest is written."""
+    runs entering the manifest (seeds and objectives share one), before it is written; runs frozen
+    earlier were checked when they entered it."""
     from clipbench.config import from_dict
     from clipbench.train.loop import preflight
 
