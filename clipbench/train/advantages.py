@@ -1,4 +1,4 @@
-"""Sequence-level advantages from group rewards (../shared/docs/objectives.md, "Advantages").
+"""Sequence-level advantages from group rewards (docs/objectives.md, "Advantages").
 
     rewards: (P, G) one row per prompt, G samples each  ->  advantages: (P, G)
 """
