@@ -58,8 +58,9 @@ def build_report(results_dir: Path, sweep_name: str, baseline: str | None):
     if not any(t.key in ("table3", "quadrants") for t in tables):
         states = ", ".join(f"{v} {k}" for k, v in sorted(result["runs"]["states"].items()))
         why = "; ".join(f"{e['run_id']}: {e['reason']}" for e in result["runs"]["excluded"][:3])
+        retry = " (with --retry-failed for the failed ones)" if result["runs"]["states"].get("failed") else ""
         raise UserError(f"sweep '{sweep_name}' has no finished runs to compare yet ({len(sweep.runs)} runs: "
-                        f"{states}{'; ' + why if why else ''}); run `clipbench sweep` to finish it")
+                        f"{states}{'; ' + why if why else ''}); run `clipbench sweep` to finish it{retry}")
     return sweep, result, tables, header_lines(sweep, result)
 
 
