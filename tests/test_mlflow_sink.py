@@ -276,6 +276,13 @@ def test_sync_errors_are_one_line_user_errors(tmp_path):
 
 # ---- one step axis, bookkeeping as params, the same rows live and replayed ----------------------
 
+@pytest.fixture(scope="module")
+def shared_res(tmp_path_factory) -> Path:
+    """One results dir (one embedded MLflow store: its tables are created once) for the tests below,
+    each in its own sweep."""
+    return tmp_path_factory.mktemp("mirror") / "results"
+
+
 def loop_calls(rd: RunDir, sink, evals_at=(0, 3)) -> None:
     """Feed a sink exactly as the trainer does: each metrics row at its opt_step (numeric values), each
     evaluation as flat eval/<benchmark>/<stat> metrics at its rollout step."""
@@ -294,15 +301,15 @@ def trainer_row(row: dict) -> dict:
     return {k: float("nan") if v is None else v for k, v in row.items() if v is None or isinstance(v, (int, float))}
 
 
-def test_live_rows_equal_the_replayed_rows_with_bookkeeping_as_params(tmp_path):
-    res = tmp_path / "results"
-    rd = fake_run(res, "sw", seed=0, steps=3, mb=2)
+def test_live_rows_equal_the_replayed_rows_with_bookkeeping_as_params(shared_res):
+    res = shared_res
+    rd = fake_run(res, "live", seed=0, steps=3, mb=2)
     rows = rd.read_metrics()
     for r in rows:
         r.update(epoch=0, old_logp_source=0)  # what the trainer also writes
     rd.metrics_path.unlink()
     rd.append_metrics(rows)
-    sink = ms.run_sink(rd.read_config(), rd, results_dir=res, sweep="sw", resume=False)
+    sink = ms.run_sink(rd.read_config(), rd, results_dir=res, sweep="live", resume=False)
     loop_calls(rd, sink)
     sink.close("FINISHED")
     cl = client(res)
@@ -326,17 +333,17 @@ def test_a_store_written_before_avg_at_n_named_its_n_is_read_as_such(tmp_path):
     assert expected_metrics(rd)["eval/arith/avg_at_2"] == {0: 0.0, 6: 0.125}
 
 
-def test_a_resumed_run_sends_what_the_store_has_and_mlflow_lacks(tmp_path):
+def test_a_resumed_run_sends_what_the_store_has_and_mlflow_lacks(shared_res):
     """kill -9 with the server up: the sink's buffer (never flushed) is lost; the resumed run's sink
     sends at close everything the store holds and MLflow lacks, once."""
-    res = tmp_path / "results"
-    rd = fake_run(res, "sw", seed=0, steps=6, mb=2)
+    res = shared_res
+    rd = fake_run(res, "resumed", seed=0, steps=6, mb=2)
     config = {**rd.read_config(), "tracking": {**rd.read_config()["tracking"], "batch_every": 100}}
-    s1 = ms.run_sink(config, rd, results_dir=res, sweep="sw", resume=False)
+    s1 = ms.run_sink(config, rd, results_dir=res, sweep="resumed", resume=False)
     s1.log_params(ms.run_params(config))
     loop_calls(rd, s1, evals_at=(0,))  # ... then SIGKILL: no flush, no close
     assert s1._buf and s1.n_metrics == 0
-    s2 = ms.run_sink(config, rd, results_dir=res, sweep="sw", resume=True)  # resumed from a checkpoint at step 2
+    s2 = ms.run_sink(config, rd, results_dir=res, sweep="resumed", resume=True)  # resumed from a checkpoint at step 2
     assert s2.mlflow_run_id == s1.mlflow_run_id
     for row in (r for r in rd.read_metrics() if r["step"] >= 2):
         s2.log_metrics(row["opt_step"], trainer_row(row))
@@ -352,41 +359,41 @@ def test_a_resumed_run_sends_what_the_store_has_and_mlflow_lacks(tmp_path):
     assert rec["offline"] is False and rec["needs_sync"] is False
 
 
-def test_sync_keeps_names_and_times_and_closes_the_parent(tmp_path):
-    res = tmp_path / "results"
-    a, b = fake_run(res, "sw", seed=0), fake_run(res, "sw", seed=1)
+def test_sync_keeps_names_and_times_and_closes_the_parent(shared_res):
+    res = shared_res
+    a, b = fake_run(res, "names", seed=0), fake_run(res, "names", seed=1)
     for rd, t0 in ((a, 1_700_000_000.0), (b, 1_700_000_100.0)):
         rd.set_status("finished", started=t0, finished=t0 + 42.5)
-    manifest = {"sweep": "sw", "created": "2023-11-14T22:00:00+00:00", "runs": {a.run_id: {}, b.run_id: {}}}
-    (res / "sw" / "manifest.json").write_text(__import__("json").dumps(manifest))
+    manifest = {"sweep": "names", "created": "2023-11-14T22:00:00+00:00", "runs": {a.run_id: {}, b.run_id: {}}}
+    (res / "names" / "manifest.json").write_text(__import__("json").dumps(manifest))
     uri = ms.default_tracking_uri(res)
     ms.offline_sink(uri, a, "server down", run_name="nsr p=0.5 seed=0")  # the sweep ran offline: the name is kept
-    sync_command("sw", results_dir=res)
+    sync_command("names", results_dir=res)
     cl = client(res)
     run = cl.get_run(ms.recorded_mlflow_run(a, uri)["run_id"])
     assert run.info.run_name == "nsr p=0.5 seed=0"
     assert (run.info.start_time, run.info.end_time) == (1_700_000_000_000, 1_700_000_042_500)  # not a 0.3 s run
-    parent = ms.find_runs(cl, cl.get_experiment_by_name("clipbench").experiment_id, sweep="sw", role="sweep")[0]
-    assert parent.info.status == "FINISHED" and parent.info.run_name == "sw"
+    parent = ms.find_runs(cl, cl.get_experiment_by_name("clipbench").experiment_id, sweep="names", role="sweep")[0]
+    assert parent.info.status == "FINISHED" and parent.info.run_name == "names"
     assert parent.info.start_time == 1_699_999_200_000  # the manifest's "created": 22:00:00 UTC = 1_700_000_000 - 800 s
     assert parent.info.end_time == 1_700_000_142_500  # the last run's end
     # a planned run that never ran: the sweep stopped early -> KILLED
     manifest["runs"]["never-ran0000"] = {}
-    (res / "sw" / "manifest.json").write_text(__import__("json").dumps(manifest))
-    sync_command("sw", results_dir=res)
+    (res / "names" / "manifest.json").write_text(__import__("json").dumps(manifest))
+    sync_command("names", results_dir=res)
     assert cl.get_run(parent.info.run_id).info.status == "KILLED"
 
 
-def test_a_run_finds_or_creates_the_parent_when_the_sweep_started_offline(tmp_path):
-    res = tmp_path / "results"
-    rd = fake_run(res, "sw", seed=0)
-    sink = ms.run_sink(rd.read_config(), rd, results_dir=res, sweep="sw", parent_run_id=None, resume=False)
+def test_a_run_finds_or_creates_the_parent_when_the_sweep_started_offline(shared_res):
+    res = shared_res
+    rd = fake_run(res, "late", seed=0)
+    sink = ms.run_sink(rd.read_config(), rd, results_dir=res, sweep="late", parent_run_id=None, resume=False)
     cl = client(res)
     exp = cl.get_experiment_by_name("clipbench").experiment_id
-    (parent,) = ms.find_runs(cl, exp, sweep="sw", role="sweep")
+    (parent,) = ms.find_runs(cl, exp, sweep="late", role="sweep")
     assert cl.get_run(sink.mlflow_run_id).data.tags["mlflow.parentRunId"] == parent.info.run_id
     sink.close()
-    ms.finish_parent_run(None, "FINISHED", uri=ms.default_tracking_uri(res), sweep="sw")
+    ms.finish_parent_run(None, "FINISHED", uri=ms.default_tracking_uri(res), sweep="late")
     assert cl.get_run(parent.info.run_id).info.status == "FINISHED"
 
 
