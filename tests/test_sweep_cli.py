@@ -142,3 +142,27 @@ def test_json_prints_one_object_per_run(tmp_path):
         assert run_id(r["config"]) == r["run_id"]
         assert r["config"]["train"]["steps"] == 3
     assert not res.exists()
+
+
+def test_hydra_command_joins_a_running_ray_cluster(monkeypatch):
+    """The Ray plugin sizes the object store of a Ray instance it would start; Ray refuses that setting
+    when joining a running cluster, so clipbench clears it whenever an address is given."""
+    from clipbench.sweep.hydra_app import hydra_command
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    kw = dict(launcher="ray", jobs=None, sweep_dir="/tmp/s")
+    null = "+hydra.launcher.ray.init.object_store_memory=null"
+    assert null not in hydra_command("/tmp/s/manifest.json", ["a"], **kw)  # starts its own instance
+    assert null in hydra_command("/tmp/s/manifest.json", ["a"], hydra_overrides=["hydra.launcher.ray.init.address=h:6379"], **kw)
+    mine = "+hydra.launcher.ray.init.object_store_memory=1000000000"
+    cmd = hydra_command("/tmp/s/manifest.json", ["a"], hydra_overrides=["hydra.launcher.ray.init.address=h:1", mine], **kw)
+    assert null not in cmd and mine in cmd  # the user's own setting wins
+    monkeypatch.setenv("RAY_ADDRESS", "h:6379")
+    assert null in hydra_command("/tmp/s/manifest.json", ["a"], **kw)
+
+
+def test_a_failing_launcher_exits_1_with_one_line(tmp_path):
+    f = write(tmp_path, with_(grid={"seed": [0]}, overrides={"tracking.mlflow": False}))
+    result, res = sweep(tmp_path, str(f), "--launcher", "basic", "hydra.launcher.no_such_key=1")
+    assert result.exit_code == 1
+    assert "the basic launcher exited with code 1 and 1 run(s) did not finish" in result.stderr

@@ -101,6 +101,7 @@ def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, js
     from clipbench.sweep.progress import SweepProgress
 
     results: list[dict] = []
+    launcher_rc = 0
     try:
         if not tasks:
             pass
@@ -108,10 +109,11 @@ def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, js
             from clipbench.sweep.hydra_app import launch
             from clipbench.sweep.execute import threads_per_worker
 
-            launch(mpath, [t.run_id for t in tasks], launcher=launcher, jobs=jobs if jobs > 1 else None,
-                   hydra_overrides=hydra_overrides, retry_failed=retry_failed, tracking_uri=tracking_uri,
-                   parent_run_id=parent, threads=threads_per_worker(jobs) if launcher == "joblib" else None,
-                   sweep_dir=mpath.parent)
+            launcher_rc = launch(mpath, [t.run_id for t in tasks], launcher=launcher,
+                                 jobs=jobs if jobs > 1 else None, hydra_overrides=hydra_overrides,
+                                 retry_failed=retry_failed, tracking_uri=tracking_uri, parent_run_id=parent,
+                                 threads=threads_per_worker(jobs) if launcher == "joblib" else None,
+                                 sweep_dir=mpath.parent)
             results = [_outcome_from_store(t) for t in tasks]
         else:
             with SweepProgress(len(tasks), console=err, title=spec.name) as ui:
@@ -136,11 +138,15 @@ def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, js
     if any(r.get("mlflow_offline") for r in results):
         err.print(f"[yellow]MLflow was unreachable for some runs[/]: replay them with "
                   f"`clipbench sync {spec.name} --results-dir {results_dir}`")
+    incomplete = [r for r in results if r["outcome"] == "incomplete"]
+    if launcher_rc and incomplete:  # the launcher itself failed (bad hydra.* setting, cluster unreachable)
+        err.print(f"[red]error[/]: the {launcher} launcher exited with code {launcher_rc} and {len(incomplete)} "
+                  "run(s) did not finish (its log is above); rerun the same command to resume them")
     if results:
         _warm_metrics_cache(results_dir, spec.name)
     summary = {"sweep": spec.name, "runs": list(mg.manifest["runs"]), "results": results, "written": True,
                "finished": n_fin}
-    if failed:
+    if failed or (launcher_rc and incomplete):
         raise SystemExit(1)
     return summary
 

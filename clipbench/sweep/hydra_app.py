@@ -14,6 +14,7 @@ the store). Launcher settings come from `hydra.*` overrides on the `clipbench sw
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 import time
@@ -74,9 +75,27 @@ def hydra_command(manifest: str | Path, run_ids: list[str], *, launcher: str, jo
         cmd.append(f"parent_run_id={_quote(parent_run_id)}")
     if threads:
         cmd.append(f"threads={int(threads)}")
-    if launcher == "joblib" and jobs and not any(o.startswith("hydra.launcher.n_jobs=") for o in hydra_overrides):
+    if launcher == "joblib" and jobs and not _sets(hydra_overrides, "hydra.launcher.n_jobs"):
         cmd.append(f"hydra.launcher.n_jobs={int(jobs)}")
+    if launcher == "ray" and _joins_ray_cluster(hydra_overrides) and not _sets(
+            hydra_overrides, "hydra.launcher.ray.init.object_store_memory"):
+        # The plugin sets a small object store for the Ray instance it would start itself; Ray refuses
+        # that setting when it joins a running cluster ("object_store_memory must not be provided").
+        cmd.append("+hydra.launcher.ray.init.object_store_memory=null")
     return cmd + list(hydra_overrides)
+
+
+def _sets(overrides, key: str) -> bool:
+    return any(o.lstrip("+~").split("=", 1)[0] == key for o in overrides)
+
+
+def _joins_ray_cluster(overrides) -> bool:
+    """An address for ray.init (an override, or RAY_ADDRESS): the jobs go to a running cluster."""
+    for o in overrides:
+        k, _, v = o.lstrip("+").partition("=")
+        if k == "hydra.launcher.ray.init.address":
+            return v not in ("", "null", "None")
+    return bool(os.environ.get("RAY_ADDRESS"))
 
 
 def launch(manifest: str | Path, run_ids: list[str], **kw) -> int:
