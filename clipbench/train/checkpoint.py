@@ -23,7 +23,12 @@ def save_checkpoint(last: Path, *, model, tokenizer, optimizer, scheduler, state
     tokenizer.save_pretrained(tmp / "model")
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
     (tmp / "state.json").write_text(json.dumps(state))
-    prev = root / "prev"
+    install_checkpoint(tmp, last)
+
+
+def install_checkpoint(tmp: Path, last: Path) -> None:
+    """Swap a complete checkpoint directory `tmp` (with its state.json) in as `last`, by renames only."""
+    prev = last.parent / "prev"
     if prev.exists():
         shutil.rmtree(prev)
     if last.exists():

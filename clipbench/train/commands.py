@@ -13,14 +13,14 @@ from clipbench.train.checkpoint import find_checkpoint
 
 def train_command(recipe: Path, overrides: list[str], *, resume: bool, results_dir: Path,
                   tracking_uri: str | None) -> dict:
-    from clipbench.train.loop import preflight, run_training
+    from clipbench.integrations import preflight, train_run  # the run's engine (builtin loop or TRL)
 
     console = Console(stderr=True)
     cfg = load_run_config(recipe, overrides)  # raises ConfigError before anything is written
     rd = RunDir(Path(results_dir) / "train" / run_id(cfg))
     if resume and find_checkpoint(rd.checkpoint_dir) is None:
         console.print(f"[yellow]no checkpoint in {rd.path}; starting from step 0[/]")
-    preflight(cfg)  # model, task and benchmarks load: still nothing written
+    preflight(cfg)  # engine checks, then model, task and benchmarks load: still nothing written
     sink = _sink(cfg, results_dir, tracking_uri, rd, resume)
     console.print(f"run {rd.run_id}: {cfg.objective['method']} on {cfg.task.name}, {cfg.train.steps} steps -> {rd.path}")
 
@@ -30,7 +30,7 @@ def train_command(recipe: Path, overrides: list[str], *, resume: bool, results_d
 
     status = "FAILED"
     try:
-        summary = run_training(cfg, rd.path, resume=resume, sink=sink, progress=progress)
+        summary = train_run(cfg, rd.path, resume=resume, sink=sink, progress=progress)
         status = "FINISHED"
     except BaseException:
         if rd.status_path.exists():
