@@ -22,7 +22,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from clipbench.errors import UserError
+from clipbench.errors import UserError, unknown_choice
 from clipbench.sweep.execute import RunTask, checkpoint_step, classify, run_parallel, run_sequential
 from clipbench.sweep.expand import Expansion, expand, iter_summary, label, run_label
 from clipbench.sweep.manifest import freeze, manifest_path, manifest_runs, merge, read_manifest
@@ -47,9 +47,13 @@ def plan(file: str | Path, overrides: list[str] = ()) -> tuple[SweepSpec, Expans
     return spec, expand(spec)
 
 
+ENGINES = ("builtin", "trl", "verl")
+
+
 def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, json_out: bool = False,
                   results_dir: Path = Path("results"), jobs: int = 1, launcher: str | None = None,
-                  retry_failed: bool = False, tracking_uri: str | None = None) -> dict[str, Any]:
+                  retry_failed: bool = False, tracking_uri: str | None = None,
+                  engine: str | None = None) -> dict[str, Any]:
     out = Console(highlight=False, soft_wrap=False)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     run_overrides, hydra_overrides = split_overrides(list(overrides))
@@ -57,12 +61,22 @@ def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, js
         raise UserError(f"'{hydra_overrides[0]}' is a Hydra launcher setting; it needs --launcher")
     if jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {jobs}")
-    if launcher:
+    if engine is not None and engine not in ENGINES:
+        raise UserError("--engine: " + unknown_choice("engine", engine, ENGINES))
+    if launcher and engine != "verl":
         from clipbench.sweep.hydra_app import check_launcher
 
         check_launcher(launcher)
+    if engine in ("builtin", "trl"):  # the run config's own key, for every run
+        run_overrides.append(f"engine={engine}")
     spec, exp = plan(file, run_overrides)
     results_dir = Path(results_dir)
+    if engine == "verl":  # each run as a verl trainer command (clipbench.integrations.verl_launch)
+        from clipbench.integrations.verl_launch import verl_sweep
+
+        return verl_sweep(spec, exp, results_dir=results_dir, dry_run=dry_run, json_out=json_out, launcher=launcher,
+                          hydra_overrides=hydra_overrides, tracking_uri=tracking_uri, retry_failed=retry_failed,
+                          err=err)
     mpath = manifest_path(results_dir, spec.name)
 
     if dry_run or json_out:
