@@ -207,3 +207,14 @@ def test_engine_trl_run_resumes_from_its_checkpoint_with_the_same_numbers(tmp_pa
     assert strip(cut.read_metrics()) == strip(full.read_metrics())
     assert cut.read_evals()[3]["arith"]["correct"] == full.read_evals()[3]["arith"]["correct"]
     assert cut.status()["state"] == "finished"
+
+
+@pytest.mark.slow
+def test_the_documented_trl_example_runs(monkeypatch, capsys, tmp_path):
+    import runpy
+
+    monkeypatch.setattr(sys, "argv", ["trl_clipbench_rule.py", "--max-steps", "2", "--method", "nsr",
+                                      "--output-dir", str(tmp_path)])
+    runpy.run_path(str(REPO / "examples" / "trl_clipbench_rule.py"), run_name="__main__")
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert len(lines) == 2 and all("clip events" in line and "entropy" in line for line in lines)

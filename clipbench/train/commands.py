@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from rich.console import Console
@@ -48,7 +49,7 @@ def train_command(recipe: Path, overrides: list[str], *, resume: bool, results_d
 def _sink(cfg, results_dir: Path, tracking_uri: str | None, rd: RunDir, resume: bool):
     from clipbench.tracking.sink import NullSink
 
-    if not cfg.tracking.mlflow:
+    if not cfg.tracking.mlflow or int(os.environ.get("RANK", "0")) != 0:  # one MLflow run: rank 0's
         return NullSink()
     from clipbench.tracking.mlflow_sink import run_sink
 
