@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -242,6 +243,7 @@ def ray_cluster():
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
         log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def kill_launch_then_relaunch(f: Path, res: Path, ref_runs: dict[str, RunDir], *launch_args: str,
