@@ -124,6 +124,7 @@ def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, js
             from clipbench.sweep.execute import threads_per_worker
 
             launcher_rc = launch(mpath, [t.run_id for t in tasks], launcher=launcher,
+                                 nprocs={t.run_id: t.config.get("launch", {}).get("nproc_per_node", 1) for t in tasks},
                                  jobs=jobs if jobs > 1 else None, hydra_overrides=hydra_overrides,
                                  retry_failed=retry_failed, tracking_uri=tracking_uri, parent_run_id=parent,
                                  threads=threads_per_worker(jobs) if launcher == "joblib" else None,

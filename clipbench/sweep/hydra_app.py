@@ -98,12 +98,54 @@ def _joins_ray_cluster(overrides) -> bool:
     return bool(os.environ.get("RAY_ADDRESS"))
 
 
-def launch(manifest: str | Path, run_ids: list[str], **kw) -> int:
-    """Run the Hydra app over `run_ids` (in chunks); returns the worst exit code."""
+# Launcher settings that are the resources of one job, read as resources per process: a run trained
+# by N processes (launch.nproc_per_node; its job starts torchrun) gets N times them, and N CPUs when
+# none is given.
+PER_PROCESS = {
+    "ray": ("hydra.launcher.ray.remote.num_cpus", "hydra.launcher.ray.remote.num_gpus",
+            "hydra.launcher.ray.remote.memory"),
+    "submitit_slurm": ("hydra.launcher.cpus_per_task", "hydra.launcher.gpus_per_node", "hydra.launcher.mem_gb"),
+    "submitit_local": ("hydra.launcher.cpus_per_task", "hydra.launcher.gpus_per_node", "hydra.launcher.mem_gb"),
+}
+
+
+def per_run_resources(launcher: str, overrides: list[str], nproc: int) -> list[str]:
+    """The launcher overrides for the jobs of runs trained by `nproc` processes each."""
+    keys = PER_PROCESS.get(launcher, ())
+    if nproc == 1 or not keys:
+        return list(overrides)
+    out, scaled = [], False
+    for o in overrides:
+        k, _, v = o.partition("=")
+        if k.lstrip("+~") in keys:
+            try:
+                v = _number(float(v) * nproc)
+            except ValueError:
+                raise UserError(f"'{o}': a resource of one process must be a number (runs with "
+                                f"launch.nproc_per_node={nproc} get {nproc} times it)") from None
+            scaled = True
+        out.append(f"{k}={v}")
+    if not scaled:  # at least one CPU per process
+        out.append(("+" if launcher == "ray" else "") + f"{keys[0]}={nproc}")
+    return out
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(x)
+
+
+def launch(manifest: str | Path, run_ids: list[str], *, nprocs: dict[str, int] | None = None, **kw) -> int:
+    """Run the Hydra app over `run_ids` (one launch per process count, in chunks); returns the worst
+    exit code. `nprocs`: run id -> launch.nproc_per_node (default 1)."""
+    groups: dict[int, list[str]] = {}
+    for rid in run_ids:
+        groups.setdefault(int((nprocs or {}).get(rid, 1)), []).append(rid)
     rc = 0
-    for i in range(0, len(run_ids), MAX_IDS_PER_CALL):
-        cmd = hydra_command(manifest, run_ids[i:i + MAX_IDS_PER_CALL], **kw)
-        rc = max(rc, subprocess.run(cmd).returncode)
+    for nproc, ids in groups.items():
+        over = per_run_resources(kw["launcher"], list(kw.get("hydra_overrides", ())), nproc)
+        for i in range(0, len(ids), MAX_IDS_PER_CALL):
+            cmd = hydra_command(manifest, ids[i:i + MAX_IDS_PER_CALL], **{**kw, "hydra_overrides": over})
+            rc = max(rc, subprocess.run(cmd).returncode)
     return rc
 
 
