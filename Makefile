@@ -23,7 +23,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install --quiet -e ".[dev]"
 	@touch $@
 
-test: install ## Run the test suite (and the vLLM tests in their own environment)
+test: install ## Run the test suite (and the verl and vLLM tests in their own environments)
 	-@bash scripts/install_chromium.sh >/dev/null 2>&1 || echo "chromium unavailable: the HTML screenshot test will be skipped"
 	$(PY) -m pytest -q -n 2 --dist loadgroup $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-verl
