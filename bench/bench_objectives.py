@@ -102,30 +102,6 @@ def time_objectives(B: int, T: int, repeats: int) -> dict:
     return {"B": B, "T": T, "repeats": repeats, "methods": rows}
 
 
-def nsr_draw_cost(B: int, T: int, repeats: int) -> dict:
-    """Median ms of nsr's random draws alone (the float 0/1 mask m of B x T draws), by resolution:
-    1 bit (p = 1/2, the default), 8 bits (p a multiple of 1/256), 16 bits (other p, linear
-    schedule). The floor of nsr's extra cost over grpo."""
-    from clipbench.objectives.context import RatioContext
-
-    _, old, A, mask = make_batch(B, T)
-    ctx = RatioContext(old, old, A, mask, torch.Generator().manual_seed(0))
-    shape = torch.Size((B, T))
-    out = torch.empty(shape)
-    draws = {  # the float 0/1 mask m = 1{U < p}, as nsr builds it
-        "bits1": lambda: ctx.coin_flips(shape, out=out),
-        "bits8": lambda: torch.lt(ctx.uniform8(shape), 64, out=out),
-        "bits16": lambda: torch.lt(ctx.uniform16(shape), -16384, out=out),
-    }
-    ts = {k: [] for k in draws}
-    for _ in range(repeats):
-        for k, fn in draws.items():
-            t = time.thread_time()
-            fn()
-            ts[k].append(time.thread_time() - t)
-    return {k: 1e3 * statistics.median(v) for k, v in ts.items()}
-
-
 # --------------------------------------------------------------------------------------------
 # 2. Peak memory of log-probs + entropy
 # --------------------------------------------------------------------------------------------
@@ -203,7 +179,6 @@ def main(argv=None) -> int:
 
     repeats = 30 if args.quick else 150  # interleaved repeats; the median is stable to ~1% at 150
     speed = time_objectives(64, 2048, repeats)
-    draws_ms = nsr_draw_cost(64, 2048, repeats)
     t = Table(title=f"policy_loss forward+backward, B=64 T=2048, median of {repeats} (1 thread)")
     for col in ("method", "CPU ms", "vs grpo", "wall ms", "vs grpo (wall)", f"<= {TARGET_SPEED}x"):
         t.add_column(col, justify="right")
@@ -211,9 +186,6 @@ def main(argv=None) -> int:
         t.add_row(m, f"{r['cpu_ms']:.2f}", f"{r['cpu_vs_grpo']:.3f}", f"{r['wall_ms']:.2f}",
                   f"{r['wall_vs_grpo']:.3f}", "yes" if r["meets_target"] else "NO")
     console.print(t)
-    grpo_ms = speed["methods"]["grpo"]["cpu_ms"]
-    console.print("nsr's random draws alone (B x T uniforms): " + ", ".join(
-        f"{k.replace('bits', '')}-bit {v:.3f} ms ({v / grpo_ms:.1%} of grpo)" for k, v in draws_ms.items()))
 
     if args.quick:
         vocabs, rows_for = (32_000, 151_000), (lambda V: (2, 256) if V < 100_000 else (1, 128))
@@ -231,7 +203,7 @@ def main(argv=None) -> int:
     console.print(t)
 
     result = {
-        "speed": speed, "nsr_draws_ms": draws_ms, "memory": memory,
+        "speed": speed, "memory": memory,
         "targets": {"speed_vs_grpo": TARGET_SPEED, "memory_vs_logits": TARGET_MEMORY},
         "env": {"torch": torch.__version__, "python": platform.python_version(), "threads": 1,
                 "machine": platform.machine(), "cpus": os.cpu_count(), "quick": args.quick,

@@ -153,7 +153,7 @@ def test_registry_metadata():
     assert set(METHODS) == {"grpo", "dapo", "dual_clip", "gspo", "gspo_token", "abc", "nsr", "decay",
                             "cispo", "sapo", "gppo"}
     for name, spec in METHODS.items():
-        assert spec.description and "\n" not in spec.description and spec.rule and spec.source
+        assert spec.description and "\n" not in spec.description and spec.formula and spec.source
         assert validate_params(name, {}) == spec.defaults
     assert METHODS["dapo"].defaults == {"eps_low": 0.2, "eps_high": 0.28}
     assert METHODS["nsr"].defaults["schedule"] == "const"
