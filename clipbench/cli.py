@@ -21,6 +21,13 @@ app = typer.Typer(
 RESULTS = typer.Option(Path("results"), "--results-dir", help="Results store (source of truth).")
 TRACKING = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, "
                         "else sqlite:///<results-dir>/mlflow.db).")
+PLUGIN = typer.Option(None, "--plugin", help="A file (.py) or module with your own @rule; repeatable.")
+
+
+def _load_plugins(plugins: Optional[List[str]]) -> None:
+    from clipbench.objectives.plugins import load_plugins
+
+    load_plugins(plugins or [])
 
 
 def _user_errors(fn):
@@ -49,12 +56,14 @@ def sweep(
     launcher: Optional[str] = typer.Option(None, "--launcher", help="Hydra launcher plugin: joblib, submitit_slurm, ray."),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Rerun runs that failed."),
     tracking_uri: Optional[str] = TRACKING,
+    plugin: Optional[List[str]] = PLUGIN,
 ):
     """Expand a declarative sweep into runs and execute them (resumable)."""
     from clipbench.sweep.commands import sweep_command
 
     sweep_command(file, overrides or [], dry_run=dry_run, json_out=json_out, results_dir=results_dir,
-                  jobs=jobs, launcher=launcher, retry_failed=retry_failed, tracking_uri=tracking_uri)
+                  jobs=jobs, launcher=launcher, retry_failed=retry_failed, tracking_uri=tracking_uri,
+                  plugins=plugin or [])
 
 
 @app.command()
@@ -65,11 +74,13 @@ def train(
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from its last checkpoint."),
     results_dir: Path = RESULTS,
     tracking_uri: Optional[str] = TRACKING,
+    plugin: Optional[List[str]] = PLUGIN,
 ):
     """Run one training run end to end."""
     from clipbench.train.commands import train_command
 
-    train_command(recipe, overrides or [], resume=resume, results_dir=results_dir, tracking_uri=tracking_uri)
+    train_command(recipe, overrides or [], resume=resume, results_dir=results_dir, tracking_uri=tracking_uri,
+                  plugins=plugin or [])
 
 
 @app.command("eval")
@@ -85,10 +96,12 @@ def eval_(
     seed: int = typer.Option(0, "--seed"),
     backend: str = typer.Option("auto", "--backend", help="auto | hf | vllm"),
     out: Optional[Path] = typer.Option(None, "--out", help="Directory for the correctness matrices."),
+    plugin: Optional[List[str]] = PLUGIN,
 ):
     """Avg@n and unbiased Pass@k of a model on benchmarks."""
     from clipbench.eval.commands import eval_command
 
+    _load_plugins(plugin)
     eval_command(model=model, benchmarks=benchmarks, n=n, data_dir=data_dir, limit=limit,
                  max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, backend=backend, out=out)
 
@@ -101,19 +114,22 @@ def report(
     fmt: str = typer.Option("rich", "--format", help="rich | markdown | latex | csv | html"),
     results_dir: Path = RESULTS,
     out: Optional[Path] = typer.Option(None, "--out", help="Output directory for files (default results/reports/<sweep>)."),
+    plugin: Optional[List[str]] = PLUGIN,
 ):
     """Comparison tables (Table 3 layout), clip-quadrant table and training-dynamics plots."""
     from clipbench.report.commands import report_command
 
+    _load_plugins(plugin)
     report_command(sweep, baseline=baseline, fmt=fmt, results_dir=results_dir, out=out)
 
 
 @app.command()
 @_user_errors
-def methods():
+def methods(plugin: Optional[List[str]] = PLUGIN):
     """Every registered clip rule: parameters with defaults, the rule, and where it comes from."""
     from clipbench.objectives.catalog import print_methods
 
+    _load_plugins(plugin)
     print_methods()
 
 

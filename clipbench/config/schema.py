@@ -118,5 +118,7 @@ class RunConfig:
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     objective: Dict[str, Any] = field(default_factory=lambda: {"method": "grpo"})
+    # user rule files (.py, relative to the recipe) or modules, imported before objective.method is checked
+    plugins: List[str] = field(default_factory=list)
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)

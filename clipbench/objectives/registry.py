@@ -362,6 +362,11 @@ def rule(name: str, *, source: str, level: str | Callable[[Mapping[str, Any]], s
 # Lookups
 # --------------------------------------------------------------------------------------------
 def get_method(method: str) -> MethodSpec:
+    """The spec of a registered method; rules of installed packages (entry points) load on first need."""
+    if isinstance(method, str) and method not in METHODS:
+        from clipbench.objectives.plugins import load_entry_points
+
+        load_entry_points()
     try:
         return METHODS[method]
     except (KeyError, TypeError):

@@ -12,11 +12,12 @@ from clipbench.train.checkpoint import find_checkpoint
 
 
 def train_command(recipe: Path, overrides: list[str], *, resume: bool, results_dir: Path,
-                  tracking_uri: str | None) -> dict:
+                  tracking_uri: str | None, plugins: list[str] = ()) -> dict:
     from clipbench.train.loop import preflight, run_training
 
     console = Console(stderr=True)
-    cfg = load_run_config(recipe, overrides)  # raises ConfigError before anything is written
+    # raises ConfigError before anything is written; imports the run's plugins (recipe + --plugin)
+    cfg = load_run_config(recipe, overrides, plugins=plugins)
     rd = RunDir(Path(results_dir) / "train" / run_id(cfg))
     if resume and find_checkpoint(rd.checkpoint_dir) is None:
         console.print(f"[yellow]no checkpoint in {rd.path}; starting from step 0[/]")
