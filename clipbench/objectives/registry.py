@@ -157,6 +157,7 @@ class MethodSpec:
     bounds: Callable[[Mapping[str, Any]], dict] | None = None  # extra effective_bounds keys
     warn: Callable[[Mapping[str, Any]], "str | None"] | None = None  # a one-line warning for a setting
     origin: PluginOrigin | None = None  # None for a built-in rule
+    per_call: bool = False  # a token's loss depends on other rows of the same call (clip_cov, kl_cov)
 
     @property
     def defaults(self) -> dict[str, Any]:
@@ -316,7 +317,7 @@ def rule(name: str, *, source: str, level: str | Callable[[Mapping[str, Any]], s
          band: Callable[[Mapping[str, Any]], Band] | None = None,
          draws: Callable[[Mapping[str, Any]], bool] | None = None, description: str | None = None,
          bounds: Callable[[Mapping[str, Any]], dict] | None = None, checks: Mapping[str, Check] | None = None,
-         warn: Callable[[Mapping[str, Any]], "str | None"] | None = None):
+         warn: Callable[[Mapping[str, Any]], "str | None"] | None = None, per_call: bool = False):
     """Register a clip rule under ``name`` (see the module docstring; docs/plugins.md).
 
     source:      where the rule comes from (paper, arXiv id, repository file); required.
@@ -328,6 +329,9 @@ def rule(name: str, *, source: str, level: str | Callable[[Mapping[str, Any]], s
     bounds:      params -> dict of extra effective-bound run params (logged as rule.*).
     checks:      {param: value -> reason or None}, e.g. nonneg, positive, unit_interval.
     warn:        params -> a one-line warning for a legal but suspicious setting, or None.
+    per_call:    True when a token's loss depends on the other rows of the call (batch statistics,
+                 e.g. clip_cov's covariance): such a rule is exact over micro-batch splits only
+                 when the trainer does not split; say what the statistics range over in its docstring.
     """
     if not isinstance(source, str) or not source.strip():
         raise RuleDefinitionError(f"rule {name!r}: source= is required (the paper or repository it comes from)")
@@ -352,7 +356,7 @@ def rule(name: str, *, source: str, level: str | Callable[[Mapping[str, Any]], s
             if not same:
                 raise RuleDefinitionError(f"{where}: rule '{name}' is already registered by {old.where}")
         METHODS[name] = MethodSpec(name, fn, inputs, params, formula, desc, source.strip(), level, band, draws,
-                                   bounds, warn, origin)
+                                   bounds, warn, origin, bool(per_call))
         return fn
 
     return deco
