@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from functools import wraps
 from pathlib import Path
 from typing import List, Optional
@@ -30,11 +31,16 @@ def _load_plugins(plugins: Optional[List[str]]) -> None:
     load_plugins(plugins or [])
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    return f"warning: {message}\n"
+
+
 def _user_errors(fn):
-    """Bad input: one line on stderr, exit code 2."""
+    """Bad input: one line on stderr, exit code 2. Warnings (e.g. a suspicious rule parameter): one line."""
 
     @wraps(fn)
     def wrapper(*args, **kwargs):
+        warnings.formatwarning = _one_line_warning
         try:
             return fn(*args, **kwargs)
         except UserError as e:
