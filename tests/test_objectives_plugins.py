@@ -160,6 +160,7 @@ def test_cli_methods_lists_the_plugin(tmp_path):
     assert res.returncode == 2 and res.stderr.strip().endswith("nope.py: plugin file not found")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_cli_train_runs_a_plugin_rule_with_full_diagnostics(tmp_path):
     write(tmp_path / "lower_only.py", LOWER_ONLY)
@@ -177,6 +178,7 @@ def test_cli_train_runs_a_plugin_rule_with_full_diagnostics(tmp_path):
     assert cfg["objective"] == {"method": "lower_only", "eps_low": 0.2}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_cli_sweep_runs_and_reports_a_plugin_rule_and_notices_a_changed_file(tmp_path):
     rule_file = write(tmp_path / "rules" / "lower_only.py", LOWER_ONLY)

@@ -76,3 +76,39 @@ def test_split_calls_sum_to_the_unsplit_loss_gradient_and_counts(method, agg):
         stats = finalize(merged)
         for key, want in full.stats.items():
             torch.testing.assert_close(stats[key], want, rtol=1e-6, atol=1e-9, msg=f"{name}: {key}")
+
+
+def _rank(rank: int, world: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from clipbench.objectives import all_reduce_sums
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        logp, old, A, mask, u = _batch()
+        rows = torch.arange(B)[rank::world]  # this rank's rows
+        counts = global_counts(mask)  # what the trainer all-reduces first
+        out_r = policy_loss("nsr", logp[rows], old[rows], A[rows], mask[rows], uniforms=u[rows], **counts)
+        reduced = all_reduce_sums(out_r.sums)
+        if rank == 0:
+            torch.save({k: v.clone() for k, v in reduced.items()}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_all_reduce_sums_across_two_real_processes(tmp_path):
+    # Two gloo ranks each compute their half of the rows; all_reduce_sums gives the unsplit sums.
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "sums.pt")
+    init = f"file://{tmp_path / 'rendezvous'}"
+    mp.start_processes(_rank, args=(2, init, out), nprocs=2, join=True, start_method="fork")
+    got = torch.load(out)
+    logp, old, A, mask, u = _batch()
+    want = policy_loss("nsr", logp, old, A, mask, uniforms=u).sums
+    assert got.keys() == want.keys()
+    for key, v in want.items():
+        if reduction(key) != "sum" or key.startswith("n_") or key.split("/")[-1] in ("tokens", "zero_grad"):
+            assert torch.equal(got[key], v), key
+        else:
+            torch.testing.assert_close(got[key], v, rtol=1e-6, atol=1e-9, msg=key)

@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
-from clipbench.objectives.rules import past_bound  # one definition of d, shared with the rules
+from clipbench.objectives.rules import on_side, past_bound  # one definition of d and of sides, shared with the rules
 
 CELLS = ("q1", "q2", "q3", "q4", "zero_adv", "on_policy")
 COUNTS = ("tokens", "out_of_band", "zero_grad", "rescued", "in_band_near")
@@ -62,10 +62,9 @@ def cell_sums(*, x: torch.Tensor, A: torch.Tensor, valid: torch.Tensor, loss: to
     zero_grad = grad == 0
     d = past_bound(x, A, lo, hi)  # > 0 exactly in the cells PPO's clip zeroes
     rescued = (d > 0) & ~zero_grad & (loss == -x * A)
-    if "delta" in params:
-        sides = params.get("sides", "both")
-        side = {"both": A != 0, "upper": A > 0, "lower": A < 0}[sides]
-        near = (d > 0) & (d <= params["delta"]) & side
+    if isinstance(params.get("delta"), (int, float)):
+        sides = params.get("sides") if params.get("sides") in ("both", "upper", "lower") else "both"
+        near = (d > 0) & (d <= params["delta"]) & on_side(A, sides)
     else:
         near = torch.zeros_like(valid)
     g = grad.abs().to(torch.float64)
