@@ -123,9 +123,8 @@ def run_one(task: RunTask, *, progress: Callable[[dict], None] | None = None,
         _quiet_libraries()
         from clipbench.config import from_dict
         from clipbench.train.checkpoint import find_checkpoint
-        from clipbench.train.loop import run_training
-
         from clipbench.objectives.plugins import ensure_plugins
+        from clipbench.train.loop import run_training
 
         cfg = from_dict(task.config)
         resume = find_checkpoint(rd.checkpoint_dir) is not None
