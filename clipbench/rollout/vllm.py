@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from clipbench.errors import unknown_choice
+from clipbench.memory import shapes
 from clipbench.rollout.base import Rollout, call_settings
 
 _MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
@@ -87,11 +88,9 @@ def prompt_seeds(seed: int, n_prompts: int) -> list[int]:
 
 def kv_bytes_per_token(hf_config, dtype: torch.dtype) -> int:
     """K and V for every layer: 2 * layers * kv_heads * head_dim * itemsize."""
-    heads = hf_config.num_attention_heads
-    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
-    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+    _, kv_heads, head_dim = shapes.attention_dims(hf_config)
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * hf_config.num_hidden_layers * kv_heads * head_dim * itemsize
+    return shapes.kv_bytes_per_token(hf_config.num_hidden_layers, kv_heads, head_dim, itemsize)
 
 
 def default_kv_cache_bytes(per_token: int, max_model_len: int, max_num_seqs: int,

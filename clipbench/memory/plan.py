@@ -1,0 +1,87 @@
+"""A run config -> its memory plan per GPU, and the check a GPU run makes before it loads anything.
+
+    setup = setup_for(cfg, world_size=8, device_gib=80)      # the knobs that decide memory
+    preflight(cfg, model_path, world_size=8)                  # UserError naming the knob to turn
+
+`preflight` is a no-op on CPU; on a GPU it reads the device's memory and raises a one-line
+UserError when the plan (clipbench.memory.estimator) says the run will not fit.
+"""
+
+from __future__ import annotations
+
+from clipbench.config import RunConfig
+from clipbench.errors import UserError
+from clipbench.memory.estimator import (DEFAULT_PROMPT_TOKENS, GIB, MARGIN, MemoryPlan, Setup, advise,
+                                       estimate, gib)
+from clipbench.memory.shapes import model_shape
+
+
+def launch_nproc(cfg: RunConfig) -> int:
+    """Processes per node the run config asks for (`launch.nproc_per_node`, 1 when absent)."""
+    launch = getattr(cfg, "launch", None)
+    return int(getattr(launch, "nproc_per_node", 1) or 1)
+
+
+def setup_for(cfg: RunConfig, *, world_size: int = 1, device_gib: float = 80.0,
+              prompt_tokens: int = DEFAULT_PROMPT_TOKENS, backend: str | None = None) -> Setup:
+    """The memory-relevant knobs of `cfg` on `world_size` GPUs of `device_gib` each.
+
+    backend: the resolved sampler backend (default: the config's, with `auto` read as vllm, what a
+    GPU machine with the vllm extra resolves it to)."""
+    tc, sc = cfg.train, cfg.sampler
+    rollout_rows = tc.prompts_per_step * sc.group_size
+    backend = backend or ("vllm" if sc.backend == "auto" else sc.backend)
+    return Setup(
+        dtype="bfloat16" if cfg.model.dtype == "auto" else cfg.model.dtype,
+        world_size=world_size, device_gib=device_gib, prompt_tokens=prompt_tokens,
+        max_new_tokens=sc.max_new_tokens,
+        rows_per_mini_batch=-(-rollout_rows // tc.mini_batches),
+        micro_batch_tokens=int(getattr(tc, "micro_batch_tokens", 0) or 0),
+        rollout_rows=rollout_rows, gradient_checkpointing=cfg.model.gradient_checkpointing,
+        reference_model=tc.beta > 0, backend=backend,
+        gpu_memory_utilization=sc.gpu_memory_utilization,
+        sleep_mode=bool(getattr(sc, "sleep_mode", False)),
+        sampler_logprobs=sc.old_logp == "sampler")
+
+
+def fit_message(plan: MemoryPlan, knobs: list[str], where: str) -> str:
+    """One line: what does not fit, by how much, and the knob(s) to turn."""
+    u = plan.setup
+    if not plan.kv_fits:
+        need = f"the vLLM KV cache holds {plan.kv_sequences:.2f} of one {u.seq_tokens}-token sequence"
+    else:
+        need = (f"{plan.peak_phase} needs ~{gib(plan.with_margin_bytes)} GiB per GPU "
+                f"(with {MARGIN:.0%} margin) of {u.device_gib:g} GiB")
+    fix = ("set " + knobs[0] + (" (or " + ", ".join(knobs[1:]) + ")" if knobs[1:] else "")) if knobs else \
+        ("no single knob (train.micro_batch_tokens, model.gradient_checkpointing, sampler.sleep_mode, "
+         "sampler.gpu_memory_utilization, --nproc-per-node up to 64) makes it fit; combine them "
+         "(see `clipbench plan`)")
+    return f"{plan.shape.name} does not fit {where}: {need}; {fix}"
+
+
+def check_fits(cfg: RunConfig, model_path: str, *, world_size: int, device_gib: float,
+               backend: str | None = None) -> MemoryPlan:
+    """The plan of `cfg` on `world_size` GPUs of `device_gib`; UserError naming the knob to turn
+    when it does not fit. model_path: model.name resolved (`builtin:` names to their directory)."""
+    shape = model_shape(model_path)
+    setup = setup_for(cfg, world_size=world_size, device_gib=device_gib, backend=backend)
+    plan = estimate(shape, setup)
+    if not plan.fits:
+        nnodes = max(1, world_size // launch_nproc(cfg)) if world_size % launch_nproc(cfg) == 0 else 1
+        where = f"{world_size} x {device_gib:.0f} GiB GPU" + ("s" if world_size > 1 else "")
+        raise UserError(fit_message(plan, advise(shape, setup, nnodes=nnodes), where))
+    return plan
+
+
+def preflight(cfg: RunConfig, model_path: str, *, world_size: int = 1, backend: str | None = None,
+              device=None) -> MemoryPlan | None:
+    """Before a GPU run loads anything: `check_fits` with this GPU's memory. No-op (None) on CPU.
+    Call it on every rank, with the world size."""
+    import torch
+
+    device = torch.device(device) if device is not None else (
+        torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+    if device.type != "cuda":
+        return None
+    total = torch.cuda.get_device_properties(device).total_memory
+    return check_fits(cfg, model_path, world_size=world_size, device_gib=total / GIB, backend=backend)
