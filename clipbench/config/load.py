@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import fields, is_dataclass
 from pathlib import Path
@@ -186,6 +187,14 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
             err(key, f"must be >= 0, got {v}")
     if cfg.eval.limit is not None and cfg.eval.limit < 1:
         err("eval.limit", f"must be >= 1 or null, got {cfg.eval.limit}")
+    if not (math.isfinite(cfg.sampler.mismatch_is_cap) and cfg.sampler.mismatch_is_cap >= 1):
+        err("sampler.mismatch_is_cap", f"must be a finite number >= 1 (a cap below 1 scales down tokens the "
+            f"sampler and trainer agree on), got {cfg.sampler.mismatch_is_cap}")
+    if cfg.sampler.mismatch_is != "none" and cfg.sampler.old_logp != "recompute":
+        err("sampler.mismatch_is", "needs sampler.old_logp=recompute: with old_logp=sampler the ratio is "
+            "already taken against the sampler's log-probs")
+    if cfg.sampler.sleep_mode and cfg.sampler.backend == "hf":
+        err("sampler.sleep_mode", "applies to the vllm backend (the hf backend samples from the training model itself)")
     if cfg.task.name == "math" and not cfg.task.path:
         err("task.path", "task 'math' needs a path: a .jsonl/.parquet file or a Hugging Face dataset name")
 

@@ -18,6 +18,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "task.template": ("auto", "dapo", "plain"),
     "sampler.backend": ("auto", "hf", "vllm"),
     "sampler.old_logp": ("recompute", "sampler"),
+    "sampler.mismatch_is": ("none", "token", "sequence"),
     "train.advantage": ("group", "group_mean", "rloo"),
     "train.lr_schedule": ("constant", "cosine"),
 }
@@ -56,7 +57,12 @@ class SamplerConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     old_logp: str = "recompute"  # recompute: training policy once per rollout; sampler: backend's
-    gpu_memory_utilization: float = 0.3  # vllm only
+    gpu_memory_utilization: float = 0.3  # vllm only: its share of each GPU (weights + KV cache)
+    sleep_mode: bool = False  # vllm on CUDA: the engine sleeps while the trainer updates (frees its share)
+    # sampler/trainer mismatch correction (truncated importance sampling; needs old_logp: recompute):
+    # none | token: w_t = min(pi_old(y_t) / pi_sampler(y_t), cap) | sequence: one weight per sequence
+    mismatch_is: str = "none"
+    mismatch_is_cap: float = 2.0  # the cap C of the truncated importance weights (>= 1)
 
 
 @dataclass
