@@ -263,14 +263,17 @@ def test_check_fits_one_line_error_naming_the_knob():
     from clipbench.config import load_run_config
     from clipbench.memory.plan import check_fits, preflight
 
-    cfg = load_run_config("recipes/abc_grpo_table3/qwen3_1p7b_grpo.yaml")
+    cfg = load_run_config("recipes/abc_grpo_table3/qwen3_1p7b_grpo.yaml", ["train.micro_batch_tokens=0"])
     with pytest.raises(UserError) as err:
         check_fits(cfg, "Qwen/Qwen3-1.7B-Base", world_size=1, device_gib=80)
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith("Qwen/Qwen3-1.7B-Base does not fit 1 x 80 GiB GPU: training needs ~")
     assert "set train.micro_batch_tokens=" in msg
-    if not torch.cuda.is_available():
-        assert preflight(cfg, "Qwen/Qwen3-1.7B-Base") is None     # CPU: nothing to check
+    if not torch.cuda.is_available():   # CPU: no memory to check, but the recipe's sleep mode cannot run
+        with pytest.raises(UserError, match="sampler.sleep_mode needs a CUDA GPU"):
+            preflight(cfg, "Qwen/Qwen3-1.7B-Base")
+        cfg.sampler.sleep_mode = False
+        assert preflight(cfg, "Qwen/Qwen3-1.7B-Base") is None
 
 
 def test_plan_verb_exit_codes_and_json():
@@ -279,7 +282,7 @@ def test_plan_verb_exit_codes_and_json():
     from clipbench.cli import app
 
     runner = CliRunner()
-    big = runner.invoke(app, ["plan", "recipes/abc_grpo_table3/qwen3_1p7b_grpo.yaml"])
+    big = runner.invoke(app, ["plan", "recipes/abc_grpo_table3/qwen3_1p7b_grpo.yaml", "train.micro_batch_tokens=0"])
     assert big.exit_code == 1, big.output
     assert "does not fit" in big.output and "train.micro_batch_tokens=" in big.output
     tiny = runner.invoke(app, ["plan", "recipes/quickstart.yaml", "--gpu-memory", "16", "--json"])
@@ -288,3 +291,21 @@ def test_plan_verb_exit_codes_and_json():
     assert out["fits"] and out["params"] > 0 and {r["name"] for r in out["rows"]} >= {"gradients (fp32)"}
     bad = runner.invoke(app, ["plan", "recipes/quickstart.yaml", "--gpu-memory", "0"])
     assert bad.exit_code == 2 and "--gpu-memory must be > 0" in bad.output
+
+
+@pytest.mark.parametrize("slug,gpus", [("qwen3_1p7b", 1), ("qwen3_4b", 8)])
+def test_table3_recipes_fit_their_80gib_gpus(slug, gpus):
+    """The Table-3 recipes at the paper's batch sizes: 1.7B on one 80 GiB GPU, 4B on 8, with room
+    to spare (the plan's peak, margin included, stays under 70 GiB); the same recipe without
+    micro-batches would not fit."""
+    from clipbench.config import load_run_config
+    from clipbench.memory.plan import check_fits
+
+    for method in ("grpo", "abc"):
+        cfg = load_run_config(f"recipes/abc_grpo_table3/{slug}_{method}.yaml")
+        assert cfg.launch.nproc_per_node == gpus and cfg.sampler.sleep_mode
+        plan = check_fits(cfg, cfg.model.name, world_size=gpus, device_gib=80)
+        assert plan.fits and plan.with_margin_bytes < 70 * GIB
+        with pytest.raises(UserError, match="does not fit"):
+            check_fits(load_run_config(f"recipes/abc_grpo_table3/{slug}_{method}.yaml",
+                                       ["train.micro_batch_tokens=0"]), cfg.model.name, world_size=gpus, device_gib=80)

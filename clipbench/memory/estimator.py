@@ -284,8 +284,8 @@ def estimate(s: ModelShape, u: Setup) -> MemoryPlan:
     ]
     copies = compute_copy_bytes(s, p, checkpointing=u.gradient_checkpointing)
     if copies:
-        how = ("FSDP2: root group + 2 layers unsharded, 1 layer's gradient" if p.sharded else
-               "autocast casts of the matmul weights" + (" (one layer + head)" if u.gradient_checkpointing else ""))
+        how = ("FSDP2: root + 2 layers unsharded, 1 layer's grads" if p.sharded else
+               "autocast casts: " + ("one layer + head" if u.gradient_checkpointing else "all matmul weights"))
         rows.append(Row(f"weights in {_dtype_name(p.compute)} (compute copies)", copies, ("training",), how))
     if u.reference_model:
         rows.append(Row("reference model", p.compute * n // world, both, f"{p.compute} B x params{shard}"))
@@ -312,7 +312,7 @@ def estimate(s: ModelShape, u: Setup) -> MemoryPlan:
                         f"{p.compute} B x params (a full copy per GPU)"))
         rows.append(Row("vLLM KV cache + runtime", share - weights, ("sampling",) if u.sleep_mode else both,
                         f"{u.gpu_memory_utilization:g} x {u.device_gib:g} GiB - weights; "
-                        f"KV holds {kv_seqs:.1f} x {seq}-token sequences"))
+                        f"KV: {kv_seqs:.1f} x {seq}-token seqs"))
         if u.sleep_mode:
             rows.append(Row("vLLM asleep (level 2)", int(SLEEPING_GIB * GIB), ("training",), "assumed"))
     else:
