@@ -1,8 +1,10 @@
 """How much GPU memory one rank of a run needs, from first principles, before anything loads.
 
-    setup = Setup.from_config(cfg, shape, world_size=8, device_gib=80)
+    setup = Setup(dtype="bfloat16", world_size=8, max_new_tokens=3072, micro_batch_tokens=16384, ...)
     plan = estimate(shape, setup)        # rows, the two phase peaks, fits or not
-    plan.fits, plan.peak_bytes, [r.name for r in plan.rows]
+    plan.fits, plan.peak_bytes, [r.name for r in plan.rows], advise(shape, setup)
+
+(`clipbench.memory.plan.setup_for(cfg, ...)` builds the Setup of a run config.)
 
 A rank alternates between two phases, and its peak is the larger of the two:
 
@@ -51,7 +53,7 @@ Assumptions (each one is a number below with its arithmetic, or a constant named
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from clipbench.memory.shapes import ModelShape
 
@@ -241,7 +243,6 @@ class MemoryPlan:
     rows: list[Row]
     kv_cache_bytes: int       # vLLM: what its share leaves for KV; hf: what generate needs
     kv_sequences: float       # full-length sequences the vLLM KV cache holds at once
-    notes: list[str] = field(default_factory=list)
 
     def phase_bytes(self, phase: str) -> int:
         return sum(r.bytes for r in self.rows if phase in r.phases)
@@ -301,7 +302,6 @@ def estimate(s: ModelShape, u: Setup) -> MemoryPlan:
     rows.append(Row("logits + gradient", logits_bytes(s, p, positions), ("training",),
                     f"{positions:,} positions x 2 x {s.vocab_size:,} x {p.compute} B"))
 
-    notes: list[str] = []
     kv_bytes, kv_seqs = 0, 0.0
     if u.backend == "vllm":
         share = int(u.gpu_memory_utilization * u.device_gib * GIB)
@@ -327,7 +327,7 @@ def estimate(s: ModelShape, u: Setup) -> MemoryPlan:
             rows.append(Row("HF generate scores", gen_rows * u.max_new_tokens * s.vocab_size * 4, ("sampling",),
                             "float32 scores of every step (output_scores)"))
     rows.append(Row("CUDA runtime", int(RUNTIME_GIB * GIB), both, "assumed per process"))
-    return MemoryPlan(s, u, rows, kv_bytes, kv_seqs, notes)
+    return MemoryPlan(s, u, rows, kv_bytes, kv_seqs)
 
 
 def _dtype_name(itemsize: int) -> str:

@@ -18,9 +18,8 @@ from clipbench.memory.shapes import model_shape
 
 
 def launch_nproc(cfg: RunConfig) -> int:
-    """Processes per node the run config asks for (`launch.nproc_per_node`, 1 when absent)."""
-    launch = getattr(cfg, "launch", None)
-    return int(getattr(launch, "nproc_per_node", 1) or 1)
+    """Processes per node the run config asks for (`launch.nproc_per_node`)."""
+    return cfg.launch.nproc_per_node
 
 
 def setup_for(cfg: RunConfig, *, world_size: int = 1, device_gib: float = 80.0,
@@ -37,12 +36,12 @@ def setup_for(cfg: RunConfig, *, world_size: int = 1, device_gib: float = 80.0,
         world_size=world_size, device_gib=device_gib, prompt_tokens=prompt_tokens,
         max_new_tokens=sc.max_new_tokens,
         rows_per_mini_batch=-(-rollout_rows // tc.mini_batches),
-        micro_batch_tokens=int(getattr(tc, "micro_batch_tokens", 0) or 0),
+        micro_batch_tokens=tc.micro_batch_tokens,
         rollout_rows=rollout_rows, gradient_checkpointing=cfg.model.gradient_checkpointing,
         reference_model=tc.beta > 0, backend=backend,
         gpu_memory_utilization=sc.gpu_memory_utilization,
-        sleep_mode=bool(getattr(sc, "sleep_mode", False)),
-        sampler_logprobs=sc.old_logp == "sampler")
+        sleep_mode=sc.sleep_mode,
+        sampler_logprobs=sc.old_logp == "sampler" or sc.mismatch_is != "none")
 
 
 def fit_message(plan: MemoryPlan, knobs: list[str], where: str) -> str:
