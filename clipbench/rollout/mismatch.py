@@ -14,8 +14,11 @@ recompute`):
     token     w_t = min(exp(d_t), C)                    one weight per token
     sequence  w_t = min(exp(sum_t' d_t'), C)            one weight per sequence, on all its tokens
 
-C is `sampler.mismatch_is_cap` (Yao et al. 2025, "Your efficient RL framework secretly brings you
-off-policy RL training", use C = 2; verl's `rollout_is` is the same correction). The weights are
+C is `sampler.mismatch_is_cap`, default 2 as verl's (`algorithm.rollout_correction.rollout_is:
+token | sequence`, `rollout_is_threshold: 2.0`); the correction is Yao et al. 2025's "truncated
+importance sampling" (Your efficient RL framework secretly brings you off-policy RL training).
+With `sampler.old_logp: sampler` (verl's bypass mode) the clipped ratio is already taken against
+the sampler, so the correction is not offered there. The weights are
 detached: they re-weight the policy-gradient term, they are not differentiated. The exponent is
 clamped at log C before exp, so no weight overflows.
 
