@@ -164,7 +164,6 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
         "train.checkpoint_every": cfg.train.checkpoint_every,
         "sampler.group_size": cfg.sampler.group_size, "sampler.max_new_tokens": cfg.sampler.max_new_tokens,
         "eval.n": cfg.eval.n, "tracking.batch_every": cfg.tracking.batch_every,
-        "launch.nproc_per_node": cfg.launch.nproc_per_node,
     }
     for key, v in positive_ints.items():
         if v < 1:
@@ -183,7 +182,7 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
             err(key, f"must be in (0, 1], got {v}")
     for key, v in {"train.beta": cfg.train.beta, "train.grad_clip": cfg.train.grad_clip,
                    "train.weight_decay": cfg.train.weight_decay, "train.warmup_steps": cfg.train.warmup_steps,
-                   "eval.every": cfg.eval.every, "train.micro_batch_tokens": cfg.train.micro_batch_tokens}.items():
+                   "eval.every": cfg.eval.every}.items():
         if v < 0:
             err(key, f"must be >= 0, got {v}")
     if cfg.eval.limit is not None and cfg.eval.limit < 1:

@@ -78,7 +78,6 @@ class TrainConfig:
     prompts_per_step: int = 8  # P
     mini_batches: int = 4  # optimizer steps per rollout batch (and epoch): >1 makes updates off-policy
     epochs: int = 1
-    micro_batch_tokens: int = 0  # token positions per micro-batch (gradient accumulation); 0 = whole mini-batch
     lr: float = 1e-6
     weight_decay: float = 0.0
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
@@ -117,11 +116,6 @@ class TrackingConfig:
 
 
 @dataclass
-class LaunchConfig:
-    nproc_per_node: int = 1  # processes (GPUs) per node: FSDP2 over torchrun when > 1
-
-
-@dataclass
 class RunConfig:
     seed: int = 0
     name: Optional[str] = None  # display name; the run_id is a hash of the resolved config
@@ -132,4 +126,3 @@ class RunConfig:
     objective: Dict[str, Any] = field(default_factory=lambda: {"method": "grpo"})
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    launch: LaunchConfig = field(default_factory=LaunchConfig)
