@@ -161,7 +161,7 @@ def test_qwen3_1p7b_on_one_80gib_gpu_by_hand():
     """The Table-3 1.7B setting on one GPU: bf16 (autocast), 16,384-token micro-batches,
     checkpointing, vLLM at 0.5 sleeping while training."""
     u = Setup(dtype="bfloat16", world_size=1, device_gib=80, prompt_tokens=1024, max_new_tokens=4096,
-              rows_per_mini_batch=1024, micro_batch_tokens=16384, rollout_rows=4096,
+              rows_per_mini_batch=1024, micro_batch_tokens=16384, generate_rows=4096,
               gradient_checkpointing=True, backend="vllm", gpu_memory_utilization=0.5, sleep_mode=True)
     assert u.micro_batch() == (16384, 3, 16384)          # 3 full 5120-token rows fit in 16,384
     plan = estimate(Q17, u)

@@ -33,7 +33,8 @@ def plan_command(recipe, overrides: list[str], *, nproc_per_node: int | None, nn
     cfg = load_run_config(recipe, overrides)
     nproc = nproc_per_node or launch_nproc(cfg)
     shape = model_shape(resolve_model_name(cfg.model.name))
-    setup = setup_for(cfg, world_size=nproc * nnodes, device_gib=gpu_memory, prompt_tokens=prompt_tokens)
+    setup = setup_for(cfg, world_size=nproc * nnodes, device_gib=gpu_memory, prompt_tokens=prompt_tokens,
+                      shape=shape)
     plan = estimate(shape, setup)
     knobs = [] if plan.fits else advise(shape, setup, nnodes=nnodes)
     if json_out:

@@ -202,7 +202,7 @@ class Setup:
     max_new_tokens: int = 1024
     rows_per_mini_batch: int = 64         # sequences of one optimizer step, all ranks
     micro_batch_tokens: int = 0           # 0: the rank's whole share of a mini-batch at once
-    rollout_rows: int = 64                # sequences sampled per rollout step, all ranks
+    generate_rows: int = 64               # sequences of one generate call on one rank (hf backend)
     gradient_checkpointing: bool = False
     reference_model: bool = False         # train.beta > 0 keeps a frozen copy in the compute dtype
     backend: str = "vllm"                 # vllm | hf
@@ -316,7 +316,7 @@ def estimate(s: ModelShape, u: Setup) -> MemoryPlan:
         if u.sleep_mode:
             rows.append(Row("vLLM asleep (level 2)", int(SLEEPING_GIB * GIB), ("training",), "assumed"))
     else:
-        gen_rows = math.ceil(u.rollout_rows / world)
+        gen_rows = u.generate_rows
         kv_bytes = gen_rows * seq * s.kv_bytes_per_token(p.compute)
         rows.append(Row("HF generate KV cache", kv_bytes, ("sampling",),
                         f"{gen_rows} rows x {seq} tokens x {s.kv_bytes_per_token(p.compute):,} B"))

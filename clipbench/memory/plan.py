@@ -14,7 +14,7 @@ from clipbench.config import RunConfig
 from clipbench.errors import UserError
 from clipbench.memory.estimator import (DEFAULT_PROMPT_TOKENS, GIB, MARGIN, MemoryPlan, Setup, advise,
                                        estimate, gib)
-from clipbench.memory.shapes import model_shape
+from clipbench.memory.shapes import ModelShape, model_shape
 
 
 def launch_nproc(cfg: RunConfig) -> int:
@@ -23,13 +23,20 @@ def launch_nproc(cfg: RunConfig) -> int:
 
 
 def setup_for(cfg: RunConfig, *, world_size: int = 1, device_gib: float = 80.0,
-              prompt_tokens: int = DEFAULT_PROMPT_TOKENS, backend: str | None = None) -> Setup:
+              prompt_tokens: int = DEFAULT_PROMPT_TOKENS, backend: str | None = None,
+              shape: ModelShape | None = None) -> Setup:
     """The memory-relevant knobs of `cfg` on `world_size` GPUs of `device_gib` each.
 
-    backend: the resolved sampler backend (default: the config's, with `auto` read as vllm, what a
-    GPU machine with the vllm extra resolves it to)."""
+    prompt_tokens: the longest prompt assumed, capped by the model's context (`shape`) less the
+    completion budget (the vLLM sampler's own limit). backend: the resolved sampler backend
+    (default: the config's, with `auto` read as vllm, what a GPU machine with the vllm extra
+    resolves it to)."""
     tc, sc = cfg.train, cfg.sampler
+    if shape is not None and shape.max_position_embeddings and shape.max_position_embeddings > sc.max_new_tokens:
+        prompt_tokens = min(prompt_tokens, shape.max_position_embeddings - sc.max_new_tokens)
     rollout_rows = tc.prompts_per_step * sc.group_size
+    prompts_per_rank = -(-tc.prompts_per_step // world_size)
+    prompts_per_call = min(sc.prompts_per_call or prompts_per_rank, prompts_per_rank)
     backend = backend or ("vllm" if sc.backend == "auto" else sc.backend)
     return Setup(
         dtype="bfloat16" if cfg.model.dtype == "auto" else cfg.model.dtype,
@@ -37,7 +44,7 @@ def setup_for(cfg: RunConfig, *, world_size: int = 1, device_gib: float = 80.0,
         max_new_tokens=sc.max_new_tokens,
         rows_per_mini_batch=-(-rollout_rows // tc.mini_batches),
         micro_batch_tokens=tc.micro_batch_tokens,
-        rollout_rows=rollout_rows, gradient_checkpointing=cfg.model.gradient_checkpointing,
+        generate_rows=prompts_per_call * sc.group_size, gradient_checkpointing=cfg.model.gradient_checkpointing,
         reference_model=tc.beta > 0, backend=backend,
         gpu_memory_utilization=sc.gpu_memory_utilization,
         sleep_mode=sc.sleep_mode,
@@ -64,7 +71,7 @@ def check_fits(cfg: RunConfig, model_path: str, *, world_size: int, device_gib: 
     """The plan of `cfg` on `world_size` GPUs of `device_gib`; UserError naming the knob to turn
     when it does not fit. model_path: model.name resolved (`builtin:` names to their directory)."""
     shape = model_shape(model_path)
-    setup = setup_for(cfg, world_size=world_size, device_gib=device_gib, backend=backend)
+    setup = setup_for(cfg, world_size=world_size, device_gib=device_gib, backend=backend, shape=shape)
     plan = estimate(shape, setup)
     if not plan.fits:
         nnodes = max(1, world_size // launch_nproc(cfg)) if world_size % launch_nproc(cfg) == 0 else 1
