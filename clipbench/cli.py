@@ -81,10 +81,12 @@ def plan(
                                                  help="GPUs per node (default: launch.nproc_per_node, else 1)."),
     nnodes: int = typer.Option(1, "--nnodes", help="Nodes (FSDP shards over nproc x nnodes GPUs)."),
     gpu_memory: float = typer.Option(80.0, "--gpu-memory", help="Memory of one GPU, GiB."),
-    prompt_tokens: int = typer.Option(1024, "--prompt-tokens", help="Longest prompt assumed, tokens (at most the model context less sampler.max_new_tokens)."),
+    prompt_tokens: int = typer.Option(1024, "--prompt-tokens",
+                                      help="Longest prompt assumed, tokens (at most the model context less "
+                                      "sampler.max_new_tokens)."),
     json_out: bool = typer.Option(False, "--json", help="The plan as JSON."),
 ):
-    """Memory per GPU before anything loads: weights, gradients, AdamW, activations, vLLM. Exit 1 if it does not fit."""
+    """GPU memory per rank before anything loads (weights, AdamW, activations, vLLM); exit 1 if it won't fit."""
     from clipbench.memory.commands import plan_command
 
     raise typer.Exit(plan_command(recipe, overrides or [], nproc_per_node=nproc_per_node, nnodes=nnodes,
