@@ -89,6 +89,27 @@ def train(
                   plugins=plugin or [])
 
 
+@app.command()
+@_user_errors
+def plan(
+    recipe: Path = typer.Argument(..., help="Recipe YAML (see recipes/)."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="Dotted key=value overrides."),
+    nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node",
+                                                 help="GPUs per node (default: launch.nproc_per_node, else 1)."),
+    nnodes: int = typer.Option(1, "--nnodes", help="Nodes (FSDP shards over nproc x nnodes GPUs)."),
+    gpu_memory: float = typer.Option(80.0, "--gpu-memory", help="Memory of one GPU, GiB."),
+    prompt_tokens: int = typer.Option(1024, "--prompt-tokens",
+                                      help="Longest prompt assumed, tokens (at most the model context less "
+                                      "sampler.max_new_tokens)."),
+    json_out: bool = typer.Option(False, "--json", help="The plan as JSON."),
+):
+    """GPU memory per rank before anything loads (weights, AdamW, activations, vLLM); exit 1 if it won't fit."""
+    from clipbench.memory.commands import plan_command
+
+    raise typer.Exit(plan_command(recipe, overrides or [], nproc_per_node=nproc_per_node, nnodes=nnodes,
+                                  gpu_memory=gpu_memory, prompt_tokens=prompt_tokens, json_out=json_out))
+
+
 @app.command("eval")
 @_user_errors
 def eval_(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import fields, is_dataclass
 from pathlib import Path
@@ -202,6 +203,26 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
             err(key, f"must be >= 0, got {v}")
     if cfg.eval.limit is not None and cfg.eval.limit < 1:
         err("eval.limit", f"must be >= 1 or null, got {cfg.eval.limit}")
+    # micro-batching, data parallelism, skipped steps (clipbench/train)
+    for key, v in {"train.micro_batch_tokens": cfg.train.micro_batch_tokens,
+                   "sampler.prompts_per_call": cfg.sampler.prompts_per_call}.items():
+        if v < 0:
+            err(key, f"must be >= 0 (0 = no limit), got {v}")
+    if not 0 <= cfg.train.max_skipped_frac <= 1:
+        err("train.max_skipped_frac", f"must be in [0, 1], got {cfg.train.max_skipped_frac}")
+    if cfg.launch.nproc_per_node < 1:
+        err("launch.nproc_per_node", f"must be >= 1, got {cfg.launch.nproc_per_node}")
+    if cfg.train.prompts_per_step % cfg.launch.nproc_per_node:
+        err("launch.nproc_per_node", f"{cfg.launch.nproc_per_node} processes cannot share "
+            f"train.prompts_per_step={cfg.train.prompts_per_step} prompts by whole groups (make it a multiple)")
+    if not (math.isfinite(cfg.sampler.mismatch_is_cap) and cfg.sampler.mismatch_is_cap >= 1):
+        err("sampler.mismatch_is_cap", f"must be a finite number >= 1 (a cap below 1 scales down tokens the "
+            f"sampler and trainer agree on), got {cfg.sampler.mismatch_is_cap}")
+    if cfg.sampler.mismatch_is != "none" and cfg.sampler.old_logp != "recompute":
+        err("sampler.mismatch_is", "needs sampler.old_logp=recompute: with old_logp=sampler the ratio is "
+            "already taken against the sampler's log-probs")
+    if cfg.sampler.sleep_mode and cfg.sampler.backend == "hf":
+        err("sampler.sleep_mode", "applies to the vllm backend (the hf backend samples from the training model itself)")
     if cfg.task.name == "math" and not cfg.task.path:
         err("task.path", "task 'math' needs a path: a .jsonl/.parquet file or a Hugging Face dataset name")
 
@@ -253,7 +274,7 @@ def from_dict(d: Mapping) -> RunConfig:
 
 
 # Sections that do not change what a run computes, so they stay out of its identity.
-NOT_IN_ID = ("name", "tracking", "plugins")  # plugins: where a rule is found; the manifest records its hash
+NOT_IN_ID = ("name", "tracking", "plugins", "launch")  # plugins: where a rule is found (the manifest records its hash); launch: how many processes
 
 
 def run_id(cfg: RunConfig | Mapping) -> str:

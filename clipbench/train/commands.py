@@ -7,7 +7,9 @@ from pathlib import Path
 from rich.console import Console
 
 from clipbench.config import load_run_config, run_id
+from clipbench.memory.plan import preflight as memory_preflight
 from clipbench.tracking.store import RunDir
+from clipbench.train.base_model import resolve_model_name
 from clipbench.train.checkpoint import find_checkpoint
 
 
@@ -21,6 +23,7 @@ def train_command(recipe: Path, overrides: list[str], *, resume: bool, results_d
     rd = RunDir(Path(results_dir) / "train" / run_id(cfg))
     if resume and find_checkpoint(rd.checkpoint_dir) is None:
         console.print(f"[yellow]no checkpoint in {rd.path}; starting from step 0[/]")
+    memory_preflight(cfg, resolve_model_name(cfg.model.name))  # sleep mode runs here; GPU: the run fits
     preflight(cfg)  # model, task and benchmarks load: still nothing written
     sink = _sink(cfg, results_dir, tracking_uri, rd, resume)
     console.print(f"run {rd.run_id}: {cfg.objective['method']} on {cfg.task.name}, {cfg.train.steps} steps -> {rd.path}")
