@@ -54,7 +54,7 @@ class GradsPerStep(TrainerCallback):
 
 
 def train(trainer_cls, *, loss_type: str = "dapo", bs: int = 8, ga: int = 2, spg: int | None = None,
-          steps: int = 3, **kw):
+          steps: int = 3, epsilon_high: float | None = None, **kw):
     """A few real GRPO steps of the tiny model: 2 prompts x 4 samples per generation, 2 iterations
     over each generation (the second one off-policy), AdamW lr 1e-3 (ratios up to ~2: clipping acts)."""
     torch.manual_seed(0)
@@ -62,7 +62,8 @@ def train(trainer_cls, *, loss_type: str = "dapo", bs: int = 8, ga: int = 2, spg
     args = GRPOConfig(output_dir="/tmp/clipbench-test-trl", use_cpu=True, per_device_train_batch_size=bs,
                       num_generations=4, gradient_accumulation_steps=ga, steps_per_generation=spg,
                       max_completion_length=8, max_steps=steps, num_iterations=2, learning_rate=1e-3, seed=0,
-                      loss_type=loss_type, epsilon=0.2, epsilon_high=0.28 if loss_type == "dapo" else 0.2,
+                      loss_type=loss_type, epsilon=0.2,
+                      epsilon_high=epsilon_high or (0.28 if loss_type == "dapo" else 0.2),
                       max_grad_norm=0.0, logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True)
     grads = GradsPerStep()
     trainer = trainer_cls(model=model, reward_funcs=reward, args=args, train_dataset=DATASET, processing_class=tok,
@@ -91,6 +92,33 @@ def test_clipbench_rule_inside_trl_equals_trls_own_loss(method):
     assert cb_logs[1]["clip_events"] > 0 and cb_logs[1]["ratio/max"] > 1.28
     assert cb_logs[1]["clip_events"] == sum(cb_logs[1][f"{c}/out_of_band"] for c in ("q1", "q2", "q3", "q4", "zero_adv"))
     assert 0 < cb_logs[1]["entropy"] < 3
+
+
+@pytest.fixture
+def unload_plugins():
+    """What a test loads is unloaded afterwards (METHODS and the plugin loader's cache)."""
+    import clipbench.objectives.plugins as plug
+    from clipbench.objectives import METHODS
+
+    methods, loaded = dict(METHODS), dict(plug._LOADED)
+    yield
+    METHODS.clear()
+    METHODS.update(methods)
+    plug._LOADED.clear()
+    plug._LOADED.update(loaded)
+
+
+def test_a_plugin_rule_inside_trl(unload_plugins):
+    """docs/plugins.md's one-file rule (PPO clip with only the lower bound) as TRL's loss: it is TRL's
+    own grpo loss with an upper bound that never binds, gradient for gradient."""
+    from clipbench.objectives.plugins import load_plugins
+
+    load_plugins([str(REPO / "examples" / "plugins" / "lower_only.py")])
+    trl_logs, trl_grads = train(GRPOTrainer, loss_type="grpo", epsilon_high=1e9)
+    cb_logs, cb_grads = train(ClipbenchGRPOTrainer, loss_type="grpo", method="lower_only", params={"eps_low": 0.2})
+    for step, (x, y) in enumerate(zip(trl_grads, cb_grads)):
+        assert rel_err(x, y) <= 1e-6, (step, rel_err(x, y))
+    assert cb_logs[1]["q3/out_of_band"] > 0 and cb_logs[1]["q3/zero_grad"] > 0  # the lower bound acted
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])

@@ -5,7 +5,7 @@
   `policy_loss` in value and gradient under every aggregation, with verl's global normalisation
   (micro-batches of one rank and ranks of a data-parallel group add up to the whole batch);
 * where the rules coincide, they equal verl's own `vanilla` (dual-clip and plain PPO clip), `gspo`,
-  `sapo` and `cispo`;
+  `sapo`, `cispo`, `gpg`, `dro`, `geo_mean`, `dppo_tv`, `dppo_kl` and `kl_cov`;
 * the rule's parameters come from verl's actor fields and CLIPBENCH_RULE_PARAMS; plugins and the
   registration reach a fresh process through verl's VERL_USE_EXTERNAL_MODULES;
 * `clipbench sweep --engine verl --dry-run` prints commands whose overrides load in verl's own config
@@ -25,27 +25,31 @@ from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
 pytestmark = pytest.mark.verl
 core_algos = pytest.importorskip("verl.trainer.ppo.core_algos", reason="verl is not installed (make test-verl)")
 
 import clipbench.integrations.verl as cbverl  # noqa: E402  (registers clipbench.* with verl)
+from clipbench.cli import app  # noqa: E402
 from clipbench.objectives import AGGREGATIONS, METHODS, policy_loss  # noqa: E402
 from verl.workers.config import ActorConfig  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 get = core_algos.get_policy_loss_fn
+runner = CliRunner()
 
 
 def actor(**fields) -> ActorConfig:
     return ActorConfig(strategy="fsdp", rollout_n=4, ppo_micro_batch_size_per_gpu=2, **fields)
 
 
-def batch(seed: int = 0, B: int = 8, T: int = 7):
-    """Responses of different lengths (one all-padding row), ratios within e^+-0.6, advantages of both
-    signs and zero. Returns logp (leaf), old, A (B,), A as verl's (B, T), mask (bool)."""
+def batch(seed: int = 0, B: int = 8, T: int = 7, empty_row: bool = True):
+    """Responses of different lengths (the last one all padding, unless empty_row=False), ratios within
+    e^+-0.6, advantages of both signs and zero. Returns logp (leaf), old, A (B,), A as verl's (B, T),
+    mask (bool)."""
     g = torch.Generator().manual_seed(seed)
-    lengths = torch.tensor([7, 5, 3, 6, 1, 7, 4, 0])[:B]
+    lengths = torch.tensor([7, 5, 3, 6, 1, 7, 4, 0 if empty_row else 2])[:B]
     mask = torch.arange(T)[None, :] < lengths[:, None]  # (B, T)
     logp = (torch.randn(B, T, generator=g) * 0.5 - 1.5).requires_grad_()
     old = logp.detach() + (torch.rand(B, T, generator=g) - 0.5) * 1.2
@@ -130,19 +134,31 @@ def test_global_normalisation_over_micro_batches_and_ranks(agg, params_env):
     ("gspo", "gspo", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.3}, "token-mean"),
     ("sapo", "sapo", {"tau_pos": 1.0, "tau_neg": 1.05}, "seq-mean-token-mean"),
     ("cispo", "cispo", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28}, "token-mean"),
+    ("gpg", "gpg", {}, "token-mean"),
+    ("dro", "dro", {"policy_loss": {"dro_beta": 0.05}}, "token-mean"),
+    ("geo_mean", "geo_mean", {"clip_ratio_low": 0.4, "clip_ratio_high": 0.4}, "seq-mean-token-mean"),
+    ("dppo_tv", "dppo_tv", {"clip_ratio_low": 0.15, "clip_ratio_high": 0.15, "clip_ratio_c": 20.0}, "token-mean"),
+    ("dppo_kl", "dppo_kl", {"clip_ratio_low": 0.05, "clip_ratio_high": 0.05, "clip_ratio_c": 20.0}, "token-mean"),
+    ("kl_cov", "kl_cov", {"policy_loss": {"kl_cov_ratio": 0.2, "ppo_kl_coef": 0.1}}, "token-mean"),
 ])
 def test_equal_to_verls_own_losses_where_the_rules_coincide(verl_name, ours, fields, agg, params_env):
     """The parameters come from verl's own actor fields (no CLIPBENCH_RULE_PARAMS): the same config runs
     both. Value and gradient per token equal; dual_clip with c = clip_ratio_c is verl's vanilla, and
-    vanilla with a cap that never binds is plain PPO clip (grpo)."""
+    vanilla with a cap that never binds is plain PPO clip (grpo). (Every response has a token: verl's
+    geo_mean counts an all-padding response in its mean over sequences, clipbench's seq-means do not.)"""
     params_env(None)
-    logp, old, A, A_bt, mask = batch(2)
+    logp, old, A, A_bt, mask = batch(2, empty_row=False)
+    if "policy_loss" in fields:
+        from verl.workers.config import PolicyLossConfig
+
+        fields = {**fields, "policy_loss": PolicyLossConfig(**fields["policy_loss"])}
     cfg = with_counts(actor(**fields), mask)
     theirs, their_metrics = get(verl_name)(old, logp, A_bt, mask, agg, cfg)
     mine, my_metrics = get(f"clipbench.{ours}")(old, logp, A_bt, mask, agg, cfg)
     assert close(mine, theirs), (float(mine), float(theirs))
     assert close(grad(mine, logp), grad(theirs, logp))
-    assert my_metrics["actor/ppo_kl"] == pytest.approx(their_metrics["actor/ppo_kl"], rel=1e-6, abs=1e-9)
+    if verl_name in ("vanilla", "gspo", "sapo", "cispo"):  # verl's ppo_kl: mean of old - new log-probs
+        assert my_metrics["actor/ppo_kl"] == pytest.approx(their_metrics["actor/ppo_kl"], rel=1e-6, abs=1e-9)
     if verl_name == "vanilla":  # verl's clip fraction: tokens whose clipped branch is taken
         assert my_metrics["actor/pg_clipfrac"] == pytest.approx(their_metrics["actor/pg_clipfrac"])
 
@@ -172,21 +188,13 @@ def test_token_varying_advantages_are_refused(params_env):
         get("clipbench.grpo")(old, logp, gae, mask, "token-mean", with_counts(actor(), mask))
 
 
-PLUGIN = '''
-from clipbench.objectives import register
-from clipbench.objectives.registry import EPS_LOW, EPS_HIGH
-from clipbench.objectives.rules import grpo
-
-register("my_clip", params=(EPS_LOW(0.2), EPS_HIGH(0.2)), description="a user's rule", rule="grpo's",
-         source="test")(grpo)
-'''
+PLUGIN = (REPO / "examples" / "plugins" / "lower_only.py")  # the one-file plugin of docs/plugins.md
 
 
 def test_a_fresh_verl_process_gets_every_rule_and_plugins_through_its_extension_point(tmp_path):
     """Only verl's own mechanism: VERL_USE_EXTERNAL_MODULES (as set on every Ray worker by the printed
     commands) makes `import verl` register clipbench's rules, the user's plugin rule included."""
-    plugin = tmp_path / "my_rule.py"
-    plugin.write_text(PLUGIN)
+    plugin = PLUGIN
     code = ("import verl\nfrom verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY as R\n"
             "print(sorted(k for k in R if k.startswith('clipbench.')))")
     env = {**os.environ, "VERL_USE_EXTERNAL_MODULES": "clipbench.integrations.verl", "CLIPBENCH_PLUGINS": str(plugin),
@@ -194,7 +202,7 @@ def test_a_fresh_verl_process_gets_every_rule_and_plugins_through_its_extension_
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     names = eval(p.stdout.strip().splitlines()[-1])  # noqa: S307 - our own print
-    assert set(names) == {f"clipbench.{m}" for m in [*METHODS, "my_clip"]}
+    assert set(names) == {f"clipbench.{m}" for m in [*METHODS, "lower_only"]}
 
 
 def test_installed_clipbench_registers_through_verls_plugin_entry_point():
@@ -223,9 +231,8 @@ def test_sweep_engine_verl_dry_run_overrides_load_in_verls_config_schema(tmp_pat
                                  "overrides": {"train.mini_batches": 2},
                                  "grid": {"objective.method": ["grpo", "nsr", "abc"], "seed": [0, 3]}}))
     res = tmp_path / "results"
-    p = subprocess.run([sys.executable, "-m", "clipbench.cli", "sweep", str(f), "--engine", "verl", "--json",
-                        "--results-dir", str(res)], capture_output=True, text=True, cwd=REPO, timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
+    p = runner.invoke(app, ["sweep", str(f), "--engine", "verl", "--json", "--results-dir", str(res)])
+    assert p.exit_code == 0, p.output[-2000:]
     plans = [json.loads(line) for line in p.stdout.splitlines()]
     assert len(plans) == 6 and not res.exists()  # nothing written
     config_dir = str(Path(core_algos.__file__).resolve().parents[1] / "config")
@@ -246,8 +253,7 @@ def test_sweep_engine_verl_dry_run_overrides_load_in_verls_config_schema(tmp_pat
         assert env_vars.VERL_USE_EXTERNAL_MODULES == "clipbench.integrations.verl"
         if "eps_high" in METHODS[method].defaults:
             assert act.clip_ratio_high == METHODS[method].defaults["eps_high"]
-    text = subprocess.run([sys.executable, "-m", "clipbench.cli", "sweep", str(f), "--engine", "verl", "--dry-run",
-                           "--results-dir", str(res)], capture_output=True, text=True, cwd=REPO, timeout=300)
+    text = runner.invoke(app, ["sweep", str(f), "--engine", "verl", "--dry-run", "--results-dir", str(res)])
     line = next(block for block in text.stdout.split("\n\n") if "seed=3" in block.splitlines()[0])
     argv = shlex.split(line.split("\n", 1)[1].replace("\\\n", " "))  # the shell line, parsed as a shell would
     assert argv[0] == "VERL_USE_EXTERNAL_MODULES=clipbench.integrations.verl" and argv[1:4] == cmd[:3]

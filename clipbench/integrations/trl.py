@@ -19,20 +19,22 @@ Design choices:
   advantages, then `clipbench.objectives.policy_loss`.
 * Exact global normalisation. An optimizer step accumulates `gradient_accumulation_steps` (GA)
   micro-batches on each of W processes, and DDP/DeepSpeed/FSDP average the W gradients. Each
-  micro-batch's loss is divided by the *optimizer step's* global count / W (valid tokens for
-  token-mean; sequences with a valid token for the seq-means), counted from the micro-batches of
-  this window in TRL's generation buffer and summed over processes. The GA micro-batch losses then
-  add up to the loss of the whole optimizer step, whatever the split. TRL's own count spans the
-  generation batch and is rescaled by GA / steps_per_generation, which is the wrong window when
-  the two differ (trl#5619); here the window must lie inside one generation batch
-  (steps_per_generation x num_iterations a multiple of GA), else the trainer refuses to start.
+  micro-batch's `policy_loss` gets the *optimizer step's* global counts / W as `global_tokens` /
+  `global_seqs` (valid tokens for token-mean; sequences with a valid token for the seq-means),
+  counted from the micro-batches of this window in TRL's generation buffer and summed over
+  processes. The GA micro-batch losses then add up to the loss of the whole optimizer step, whatever
+  the split. TRL's own count spans the generation batch and is rescaled by GA / steps_per_generation,
+  which is the wrong window when the two differ (trl#5619); here the window must lie inside one
+  generation batch (steps_per_generation x num_iterations a multiple of GA), else the trainer
+  refuses to start.
 * The aggregation defaults to the one TRL's `loss_type` names (dapo/bnpo/cispo/vespo:
   token-mean; grpo/sapo: seq-mean-token-mean; dr_grpo: seq-mean-token-sum-norm over
   `max_completion_length`; luspo: seq-mean-token-sum); `agg=` picks any other.
-* Diagnostics: clipbench's quadrant counts, ratio statistics and the token entropy, summed (or
-  token-weighted, or max/min) over the micro-batches of an optimizer step and over processes, are
-  appended once per optimizer step to TRL's metrics, so they reach every `report_to` backend under
-  clipbench's names (`q1/out_of_band`, `clip_events`, `ratio/max`, `entropy`, ...).
+* Diagnostics: the `sums` of every micro-batch of an optimizer step are combined, all-reduced over
+  processes and finalized (`clipbench.objectives.combine / all_reduce_sums / finalize`: counts add up,
+  means are token-weighted, extrema are extrema), with the token-weighted entropy, and appended once
+  per optimizer step to TRL's metrics, so they reach every `report_to` backend under clipbench's names
+  (`q1/out_of_band`, `clip_events`, `ratio/max`, `entropy`, ...).
 * TRL features that change the loss in ways a clip rule cannot see are refused with a one-line
   ValueError naming the setting (entropy masks and bonuses, off-policy sequence masks, TRL's own
   sequence-level ratio, `delta`). vLLM's truncated importance-sampling weights
@@ -50,7 +52,8 @@ from typing import Any
 import torch
 from trl import GRPOTrainer
 
-from clipbench.objectives import AGGREGATIONS, METHODS, kl_k3, log_ratio_histogram, policy_loss, validate_params
+from clipbench.objectives import (AGGREGATIONS, METHODS, aggregate, all_reduce_sums, combine, finalize, kl_k3,
+                                  log_ratio_histogram, policy_loss, validate_params)
 
 # TRL loss_type -> the clipbench aggregation it computes (when `agg` is not given).
 AGG_OF_LOSS_TYPE = {
@@ -93,75 +96,6 @@ def check_trl_args(args, method: str) -> None:
                f"gradient_accumulation_steps (TRL's own count covers the wrong window here, trl#5619)")
 
 
-class _Window:
-    """Diagnostics of one optimizer step, accumulated over its micro-batches, reduced over processes.
-
-    Counts add up; ratio/mean, approx_kl, kl_ref and entropy are token-weighted means;
-    seq_ratio/mean is sequence-weighted; */max and */min are extrema."""
-
-    def __init__(self):
-        self.sums: dict[str, torch.Tensor] = {}
-        self.maxs: dict[str, torch.Tensor] = {}
-        self.mins: dict[str, torch.Tensor] = {}
-
-    def add(self, stats: dict, n_tok: torch.Tensor, n_seq: torch.Tensor) -> None:
-        def acc(d, k, v, op):
-            d[k] = v.detach().float() if k not in d else op(d[k], v.detach().float())
-
-        acc(self.sums, "_tokens", n_tok, torch.add)
-        acc(self.sums, "_seqs", n_seq, torch.add)
-        for k, v in stats.items():
-            v = torch.as_tensor(v)
-            if k.endswith("/max"):
-                acc(self.maxs, k, v, torch.maximum)
-            elif k.endswith("/min"):
-                acc(self.mins, k, v, torch.minimum)
-            elif k == "seq_ratio/mean":
-                acc(self.sums, k, v * n_seq, torch.add)
-            elif k in ("ratio/mean", "approx_kl", "kl_ref", "entropy"):
-                acc(self.sums, k, v * n_tok, torch.add)
-            else:  # counts: "{cell}/{count}", clip_events
-                acc(self.sums, k, v, torch.add)
-
-    def finalize(self, accelerator) -> dict[str, float]:
-        """One all-reduce per kind (sum, max, min), then one host transfer."""
-        out: dict[str, float] = {}
-        for d, how in ((self.sums, "sum"), (self.maxs, "max"), (self.mins, "min")):
-            if not d:
-                continue
-            keys = list(d)
-            vals = torch.stack([d[k] for k in keys])
-            if accelerator.num_processes > 1:
-                if how == "sum":
-                    vals = accelerator.reduce(vals, reduction="sum")
-                else:  # extrema: gather every process's values
-                    g = accelerator.gather(vals.unsqueeze(0))
-                    vals = g.max(0).values if how == "max" else g.min(0).values
-            out.update(zip(keys, vals.tolist()))
-        n_tok, n_seq = max(out.pop("_tokens"), 1.0), max(out.pop("_seqs"), 1.0)
-        for k in ("ratio/mean", "approx_kl", "kl_ref", "entropy"):
-            if k in out:
-                out[k] /= n_tok
-        if "seq_ratio/mean" in out:
-            out["seq_ratio/mean"] /= n_seq
-        return out
-
-
-def global_aggregate(token_loss: torch.Tensor, maskf: torch.Tensor, agg: str, *, tokens: torch.Tensor,
-                     seqs: torch.Tensor, max_len: int) -> torch.Tensor:
-    """This micro-batch's share of the optimizer step's loss: its sum divided by the step's counts
-    (`tokens`, `seqs`: the step's global count / number of processes). token_loss, maskf: (B, T)."""
-    if agg == "token-mean":
-        return token_loss.sum() / tokens
-    if agg == "seq-mean-token-mean":
-        return (token_loss.sum(-1) / maskf.sum(-1).clamp(min=1.0)).sum() / seqs
-    if agg == "seq-mean-token-sum":
-        return token_loss.sum() / seqs
-    if agg == "seq-mean-token-sum-norm":
-        return token_loss.sum() / (max_len * seqs)
-    raise ValueError(f"unknown aggregation {agg!r}")
-
-
 class ClipbenchGRPOTrainer(GRPOTrainer):
     """TRL's GRPOTrainer with a clipbench rule as its policy loss (see the module docstring).
 
@@ -182,7 +116,7 @@ class ClipbenchGRPOTrainer(GRPOTrainer):
         if self.clipbench_agg not in AGGREGATIONS:
             raise ValueError(f"unknown aggregation {self.clipbench_agg!r}; valid: {', '.join(AGGREGATIONS)}")
         self.clipbench_histograms: list[dict] = [] if log_histograms else None
-        self._cb_window = _Window()
+        self._cb_sums: list[dict] = []  # the diagnostics sums of this optimizer step's micro-batches
         self._cb_counts: tuple | None = None  # (buffer, window start, (tokens, seqs))
 
     # -- the optimizer step's global counts -------------------------------------------------------
@@ -232,34 +166,42 @@ class ClipbenchGRPOTrainer(GRPOTrainer):
         micro = self._step % self.current_gradient_accumulation_steps if mode == "train" else 0
         gen = torch.Generator(device=logp.device).manual_seed(
             _seed(self.args.seed, "nsr", mode, self.state.global_step, micro, self.accelerator.process_index))
-        out = policy_loss(self.clipbench_method, logp, old, adv, mask, agg=self.clipbench_agg, generator=gen,
-                          max_len=self.max_completion_length, **self.clipbench_params)
-        maskf = mask.to(torch.float32)
-        token_loss = out.token_loss  # (B, T), 0 at padding
-        if self.use_vllm and self.vllm_importance_sampling_correction:
-            token_loss = token_loss * inputs["importance_sampling_ratio"]  # truncated IS weights, as TRL
-        stats = dict(out.stats)
-        if self.beta != 0.0:
-            kl = kl_k3(logp, inputs["ref_per_token_logps"]) * maskf  # (B, T)
-            if self.args.use_bias_correction_kl:  # TRL's importance-sampling correction of the KL term
-                kl = kl * torch.exp(logp - old)
-            token_loss = token_loss + self.beta * kl
-            stats["kl_ref"] = kl.detach().sum() / maskf.sum().clamp(min=1.0)
         tokens, seqs = self._window_counts(inputs, mode)
-        loss = global_aggregate(token_loss, maskf, self.clipbench_agg, tokens=tokens, seqs=seqs,
-                                max_len=self.max_completion_length)
+        weights = inputs["importance_sampling_ratio"] if self.use_vllm and self.vllm_importance_sampling_correction \
+            else None  # TRL's truncated importance-sampling weights of the policy term
+        maskf = mask.to(torch.float32)
+        ref = inputs.get("ref_per_token_logps") if self.beta != 0.0 else None
+        corrected_kl = ref is not None and self.args.use_bias_correction_kl
+        out = policy_loss(self.clipbench_method, logp, old, adv, maskf, agg=self.clipbench_agg, generator=gen,
+                          weights=weights, ref_logp=None if corrected_kl else ref,
+                          beta=0.0 if corrected_kl else self.beta, max_len=self.max_completion_length,
+                          global_tokens=tokens, global_seqs=seqs, **self.clipbench_params)
+        loss, sums = out.loss, dict(out.sums)
+        if corrected_kl:  # TRL's importance-sampling-corrected KL: k3 times the token ratio
+            kl = kl_k3(logp, ref) * torch.exp(logp - old) * maskf  # (B, T)
+            loss = loss + self.beta * aggregate(kl, maskf, self.clipbench_agg, self.max_completion_length,
+                                                global_tokens=tokens, global_seqs=seqs)
+            sums["kl_ref/sum"] = kl.detach().sum().to(torch.float64)
         if self.aux_loss_enabled:
             scale = self.current_gradient_accumulation_steps if mode == "train" else 1.0
             loss = loss + self.router_aux_loss_coef * aux_loss / scale
 
-        n_tok, n_seq = maskf.sum(), (maskf.sum(-1) > 0).sum().float()
-        with torch.no_grad():
-            stats["entropy"] = (entropies * maskf).sum() / n_tok.clamp(min=1.0)
-        self._cb_window.add(stats, n_tok, n_seq)
+        sums["entropy/sum"] = (entropies.detach() * maskf).sum().to(torch.float64)  # a "sum" key for combine
+        self._cb_sums.append(sums)
         if self.clipbench_histograms is not None and mode == "train":
             self.clipbench_histograms.append(log_ratio_histogram(logp.detach(), old, adv, mask))
         if mode != "train" or micro == self.current_gradient_accumulation_steps - 1:  # the step's last micro-batch
-            for k, v in self._cb_window.finalize(self.accelerator).items():
+            for k, v in self._step_stats().items():
                 self._metrics[mode][k].append(v)
-            self._cb_window = _Window()
         return loss
+
+    def _step_stats(self) -> dict[str, float]:
+        """The optimizer step's diagnostics: its micro-batches combined, reduced over processes, one
+        host transfer."""
+        sums = combine(self._cb_sums)
+        self._cb_sums = []
+        if self.accelerator.num_processes > 1:
+            sums = all_reduce_sums(sums)
+        stats = finalize(sums)
+        stats["entropy"] = sums["entropy/sum"] / sums["n_tokens"].clamp(min=1.0)
+        return dict(zip(stats, torch.stack([v.to(torch.float64) for v in stats.values()]).tolist()))

@@ -18,12 +18,15 @@ A verl user then selects a rule and sets its parameters with overrides:
         actor_rollout_ref.actor.loss_agg_mode=token-mean \\
         '+ray_kwargs.ray_init.runtime_env.env_vars.CLIPBENCH_RULE_PARAMS={"p": 0.5, "delta": 0.1}'
 
-Parameters, later wins: the registry's defaults; verl's own actor fields where they mean the same
-(`clip_ratio_low`/`clip_ratio` -> eps_low, `clip_ratio_high` -> eps_high, `clip_ratio_c` -> c of
-dual_clip, `tau_pos`/`tau_neg` -> sapo's); then the JSON object in the environment variable
+Parameters, later wins: the registry's defaults; verl's own actor fields where they mean the same for
+verl's losses (`verl_launch.VERL_FIELDS`: `clip_ratio_low`/`clip_ratio_high` -> eps_low/eps_high, or
+dppo's div_low/div_high; `clip_ratio_c` -> dual_clip's c or dppo's is_cap; `tau_pos`/`tau_neg`;
+`policy_loss.dro_beta`, `policy_loss.clip_cov_*`, `policy_loss.kl_cov_ratio`, `policy_loss.ppo_kl_coef`);
+then the JSON object in the environment variable
 `CLIPBENCH_RULE_PARAMS` (verl's actor config is a closed dataclass, so the rest cannot live there;
 `ray_kwargs.ray_init.runtime_env.env_vars` carries it to every worker). `CLIPBENCH_PLUGINS` (paths or
-module names, separated by `os.pathsep`) are imported first, so their rules are registered too.
+module names, separated by `os.pathsep`; `clipbench.objectives.plugins`) are imported first, with the
+installed `clipbench.rules` entry points, so their rules are registered too.
 Every value is checked by the registry on first use: a bad one is a one-line ValueError.
 
 Design choices:
@@ -35,7 +38,7 @@ Design choices:
 * clipbench rules take one advantage per sequence: verl's (B, T) outcome advantages (GRPO, RLOO, ...)
   are constant over a response; a response whose advantages vary over its tokens (GAE) is refused.
 * Metrics: verl averages a policy loss's metrics over micro-batches and ranks, so clipbench's counts
-  are reported as shares of the micro-batch's valid tokens: `actor/clipbench/{cell}/{count}`,
+  (and gradient masses) are reported per valid token of the micro-batch: `actor/clipbench/{cell}/{count}`,
   `actor/clipbench/clip_events`, plus `actor/clipbench/ratio/{mean,max,min}` and `approx_kl`, and
   verl's own `actor/pg_clipfrac` (zero-gradient tokens with A != 0) and `actor/ppo_kl`.
 * NSR's coin flips: a torch.Generator per call seeded from (actor.data_loader_seed, rank, call
@@ -46,8 +49,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib
-import importlib.util
 import itertools
 import json
 import os
@@ -55,28 +56,20 @@ from typing import Any
 
 import torch
 
+from clipbench.integrations.verl_launch import VERL_FIELDS
 from clipbench.objectives import METHODS, policy_loss, validate_params
 
 PREFIX = "clipbench."
 PARAMS_ENV = "CLIPBENCH_RULE_PARAMS"
 PLUGINS_ENV = "CLIPBENCH_PLUGINS"
-# clipbench parameter <- verl actor field(s), first one set wins
-VERL_FIELDS = {"eps_low": ("clip_ratio_low", "clip_ratio"), "eps_high": ("clip_ratio_high", "clip_ratio"),
-               "c": ("clip_ratio_c",), "tau_pos": ("tau_pos",), "tau_neg": ("tau_neg",)}
 _CALLS = itertools.count()
 
 
 def _load_plugins() -> None:
-    """Import the user's rule files/modules named in CLIPBENCH_PLUGINS (they register with clipbench)."""
-    for entry in filter(None, os.environ.get(PLUGINS_ENV, "").split(os.pathsep)):
-        if entry.endswith(".py"):
-            name = "clipbench_plugin_" + hashlib.sha256(os.path.abspath(entry).encode()).hexdigest()[:12]
-            spec = importlib.util.spec_from_file_location(name, entry)
-            if spec is None or spec.loader is None:
-                raise ImportError(f"{PLUGINS_ENV}: cannot import {entry}")
-            spec.loader.exec_module(importlib.util.module_from_spec(spec))
-        else:
-            importlib.import_module(entry)
+    """The user's rule files/modules named in CLIPBENCH_PLUGINS (and installed `clipbench.rules`)."""
+    from clipbench.objectives.plugins import load_plugins
+
+    load_plugins([e for e in os.environ.get(PLUGINS_ENV, "").split(os.pathsep) if e])
 
 
 @functools.lru_cache(maxsize=256)
@@ -100,12 +93,22 @@ def rule_params(method: str, config) -> dict[str, Any]:
     """The parameters of `method` under a verl actor config (see the module docstring)."""
     verl_values = []
     for param, fields in VERL_FIELDS.items():
+        if param not in METHODS[method].defaults:
+            continue
         for f in fields:
-            v = config.get(f) if config is not None else None
+            v = _field(config, f)
             if v is not None:
                 verl_values.append((param, float(v)))
                 break
     return dict(_params(method, tuple(verl_values), os.environ.get(PARAMS_ENV, "")))
+
+
+def _field(config, dotted: str):
+    """A (dotted) field of verl's actor config, None when absent."""
+    node = config
+    for part in dotted.split("."):
+        node = node.get(part) if node is not None else None
+    return node
 
 
 def _seed(*parts) -> int:
@@ -145,16 +148,15 @@ def make_loss_fn(method: str):
         adv = sequence_advantages(advantages.to(torch.float32), maskf)  # (B,)
         seed = config.get("data_loader_seed", 0) if config is not None else 0
         gen = torch.Generator(device=log_prob.device).manual_seed(_seed(seed, "nsr", _rank(), next(_CALLS)))
-        out = policy_loss(method, log_prob, old_log_prob, adv, maskf, generator=gen, **params)
-        token_loss = out.token_loss  # (B, T), 0 at padding
-        if rollout_is_weights is not None:
-            token_loss = token_loss * rollout_is_weights
+        out = policy_loss(method, log_prob, old_log_prob, adv, maskf, generator=gen, weights=rollout_is_weights,
+                          **params)
         info = dict(config.get("global_batch_info", None) or {}) if config is not None else {}
-        loss = agg_loss(loss_mat=token_loss, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **info)
+        # out.token_loss: (B, T), rollout weights included, 0 at padding; verl's own global normalisation
+        loss = agg_loss(loss_mat=out.token_loss, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **info)
         return loss, _metrics(out.stats, maskf, log_prob, old_log_prob)
 
     clipbench_policy_loss.__name__ = f"clipbench_{method}"
-    clipbench_policy_loss.__doc__ = f"clipbench rule {method!r}: {METHODS[method].rule}"
+    clipbench_policy_loss.__doc__ = f"clipbench rule {method!r}: {METHODS[method].formula}"
     return clipbench_policy_loss
 
 

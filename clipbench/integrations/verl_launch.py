@@ -45,8 +45,18 @@ MODULE = "clipbench.integrations.verl"
 MAX_PROMPT_LENGTH = 1024  # verl drops longer prompts (data.filter_overlong_prompts)
 _PLAIN = re.compile(r"[A-Za-z_/.~][A-Za-z0-9_./:@+~-]*")
 ADV = {"group": "grpo", "group_mean": "grpo", "rloo": "rloo"}
-VERL_FIELD_OF = {"eps_low": "clip_ratio_low", "eps_high": "clip_ratio_high", "c": "clip_ratio_c",
-                 "tau_pos": "tau_pos", "tau_neg": "tau_neg"}
+# clipbench parameter <- verl actor field(s) that mean the same for verl's own losses (first one set
+# wins; the one owner of this mapping: the registered losses read it, the generated commands set the
+# first field of each).
+VERL_FIELDS = {
+    "eps_low": ("clip_ratio_low", "clip_ratio"), "eps_high": ("clip_ratio_high", "clip_ratio"),
+    "c": ("clip_ratio_c",), "tau_pos": ("tau_pos",), "tau_neg": ("tau_neg",),
+    "div_low": ("clip_ratio_low", "clip_ratio"), "div_high": ("clip_ratio_high", "clip_ratio"),  # dppo_*
+    "is_cap": ("clip_ratio_c",),  # dppo_*: the importance-sampling cap
+    "dro_beta": ("policy_loss.dro_beta",), "clip_cov_ratio": ("policy_loss.clip_cov_ratio",),
+    "clip_cov_lb": ("policy_loss.clip_cov_lb",), "clip_cov_ub": ("policy_loss.clip_cov_ub",),
+    "kl_cov_ratio": ("policy_loss.kl_cov_ratio",), "ppo_kl_coef": ("policy_loss.ppo_kl_coef",),
+}
 
 
 def _hydra_value(v: Any) -> str:
@@ -164,9 +174,9 @@ def verl_overrides(cfg: dict, *, run_dir: Path, data: tuple[Path, Path], experim
         "trainer.default_local_dir": str(Path(run_dir) / "verl"), "trainer.resume_mode": "auto",
         "trainer.n_gpus_per_node": n_gpus, "trainer.nnodes": nnodes,
     }
-    for param, field in VERL_FIELD_OF.items():  # verl's own fields, where they mean the same
+    for param, fields in VERL_FIELDS.items():  # verl's own fields, where they mean the same
         if param in obj:
-            o[f"{A}.{field}"] = obj[param]
+            o[f"{A}.{fields[0]}"] = obj[param]
     if tc.get("micro_batch_tokens"):
         o[f"{A}.ppo_max_token_len_per_gpu"] = tc["micro_batch_tokens"]
     out = [f"{k}={_hydra_value(v)}" for k, v in o.items()]

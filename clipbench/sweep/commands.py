@@ -41,9 +41,9 @@ def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
     return run, hyd
 
 
-def plan(file: str | Path, overrides: list[str] = ()) -> tuple[SweepSpec, Expansion]:
+def plan(file: str | Path, overrides: list[str] = (), plugins: list[str] = ()) -> tuple[SweepSpec, Expansion]:
     """Parse and expand a sweep file (pure; ConfigError on bad input)."""
-    spec = load_sweep(file, list(overrides))
+    spec = load_sweep(file, list(overrides), list(plugins))
     return spec, expand(spec)
 
 
@@ -53,7 +53,7 @@ ENGINES = ("builtin", "trl", "verl")
 def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, json_out: bool = False,
                   results_dir: Path = Path("results"), jobs: int = 1, launcher: str | None = None,
                   retry_failed: bool = False, tracking_uri: str | None = None,
-                  engine: str | None = None) -> dict[str, Any]:
+                  plugins: list[str] = (), engine: str | None = None) -> dict[str, Any]:
     out = Console(highlight=False, soft_wrap=False)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     run_overrides, hydra_overrides = split_overrides(list(overrides))
@@ -69,7 +69,7 @@ def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, js
         check_launcher(launcher)
     if engine in ("builtin", "trl"):  # the run config's own key, for every run
         run_overrides.append(f"engine={engine}")
-    spec, exp = plan(file, run_overrides)
+    spec, exp = plan(file, run_overrides, plugins)
     results_dir = Path(results_dir)
     if engine == "verl":  # each run as a verl trainer command (clipbench.integrations.verl_launch)
         from clipbench.integrations.verl_launch import verl_sweep

@@ -124,6 +124,7 @@ def run_one(task: RunTask, *, progress: Callable[[dict], None] | None = None,
         from clipbench.config import from_dict
         from clipbench.integrations import train_run
         from clipbench.train.checkpoint import find_checkpoint
+        from clipbench.objectives.plugins import ensure_plugins
 
         cfg = from_dict(task.config)
         resume = find_checkpoint(rd.checkpoint_dir) is not None
@@ -139,6 +140,7 @@ def run_one(task: RunTask, *, progress: Callable[[dict], None] | None = None,
             on_start(task.run_id, cfg.train.steps, "resume" if resume else "start")
         sink = _make_sink(task, cfg, rd, resume)
         try:
+            ensure_plugins(cfg)  # the run's rule files, in whichever process or worker runs it
             summary = train_run(cfg, rd.path, resume=resume, sink=sink, progress=progress)
         except Exception as e:  # noqa: BLE001 - a failing run must not stop the sweep
             rd.set_status("failed", error=f"{type(e).__name__}: {e}"[:2000], traceback=traceback.format_exc()[-8000:],

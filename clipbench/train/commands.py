@@ -8,19 +8,23 @@ from pathlib import Path
 from rich.console import Console
 
 from clipbench.config import load_run_config, run_id
+from clipbench.memory.plan import preflight as memory_preflight
 from clipbench.tracking.store import RunDir
+from clipbench.train.base_model import resolve_model_name
 from clipbench.train.checkpoint import find_checkpoint
 
 
 def train_command(recipe: Path, overrides: list[str], *, resume: bool, results_dir: Path,
-                  tracking_uri: str | None) -> dict:
+                  tracking_uri: str | None, plugins: list[str] = ()) -> dict:
     from clipbench.integrations import preflight, train_run  # the run's engine (builtin loop or TRL)
 
     console = Console(stderr=True)
-    cfg = load_run_config(recipe, overrides)  # raises ConfigError before anything is written
+    # raises ConfigError before anything is written; imports the run's plugins (recipe + --plugin)
+    cfg = load_run_config(recipe, overrides, plugins=plugins)
     rd = RunDir(Path(results_dir) / "train" / run_id(cfg))
     if resume and find_checkpoint(rd.checkpoint_dir) is None:
         console.print(f"[yellow]no checkpoint in {rd.path}; starting from step 0[/]")
+    memory_preflight(cfg, resolve_model_name(cfg.model.name))  # sleep mode runs here; GPU: the run fits
     preflight(cfg)  # engine checks, then model, task and benchmarks load: still nothing written
     sink = _sink(cfg, results_dir, tracking_uri, rd, resume)
     console.print(f"run {rd.run_id}: {cfg.objective['method']} on {cfg.task.name}, {cfg.train.steps} steps -> {rd.path}")
