@@ -94,20 +94,6 @@ def test_clipbench_rule_inside_trl_equals_trls_own_loss(method):
     assert 0 < cb_logs[1]["entropy"] < 3
 
 
-@pytest.fixture
-def unload_plugins():
-    """What a test loads is unloaded afterwards (METHODS and the plugin loader's cache)."""
-    import clipbench.objectives.plugins as plug
-    from clipbench.objectives import METHODS
-
-    methods, loaded = dict(METHODS), dict(plug._LOADED)
-    yield
-    METHODS.clear()
-    METHODS.update(methods)
-    plug._LOADED.clear()
-    plug._LOADED.update(loaded)
-
-
 def test_a_plugin_rule_inside_trl(unload_plugins):
     """docs/plugins.md's one-file rule (PPO clip with only the lower bound) as TRL's loss: it is TRL's
     own grpo loss with an upper bound that never binds, gradient for gradient."""

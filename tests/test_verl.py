@@ -219,7 +219,7 @@ def test_installed_clipbench_registers_through_verls_plugin_entry_point():
     assert p.returncode == 0 and p.stdout.split()[-2:] == ["True", "True"], (p.stdout, p.stderr[-2000:])
 
 
-def test_sweep_engine_verl_dry_run_overrides_load_in_verls_config_schema(tmp_path):
+def test_sweep_engine_verl_dry_run_overrides_load_in_verls_config_schema(tmp_path, unload_plugins):
     """Each printed command's overrides compose with verl's ppo_trainer.yaml (Hydra, strict keys) and
     convert to verl's ActorConfig; the rule, its parameters, batch sizes, seed and logger are the run's."""
     import yaml
@@ -228,8 +228,8 @@ def test_sweep_engine_verl_dry_run_overrides_load_in_verls_config_schema(tmp_pat
 
     f = tmp_path / "s.yaml"
     f.write_text(yaml.safe_dump({"name": "verl_plan", "base": str(REPO / "recipes" / "quickstart.yaml"),
-                                 "overrides": {"train.mini_batches": 2},
-                                 "grid": {"objective.method": ["grpo", "nsr", "abc"], "seed": [0, 3]}}))
+                                 "plugins": [str(PLUGIN)], "overrides": {"train.mini_batches": 2},
+                                 "grid": {"objective.method": ["grpo", "nsr", "lower_only"], "seed": [0, 3]}}))
     res = tmp_path / "results"
     p = runner.invoke(app, ["sweep", str(f), "--engine", "verl", "--json", "--results-dir", str(res)])
     assert p.exit_code == 0, p.output[-2000:]
@@ -251,6 +251,7 @@ def test_sweep_engine_verl_dry_run_overrides_load_in_verls_config_schema(tmp_pat
         env_vars = cfg.ray_kwargs.ray_init.runtime_env.env_vars
         assert json.loads(env_vars.CLIPBENCH_RULE_PARAMS) == METHODS[method].defaults
         assert env_vars.VERL_USE_EXTERNAL_MODULES == "clipbench.integrations.verl"
+        assert env_vars.CLIPBENCH_PLUGINS == str(PLUGIN)  # the workers import the sweep's plugin too
         if "eps_high" in METHODS[method].defaults:
             assert act.clip_ratio_high == METHODS[method].defaults["eps_high"]
     text = runner.invoke(app, ["sweep", str(f), "--engine", "verl", "--dry-run", "--results-dir", str(res)])

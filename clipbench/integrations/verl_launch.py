@@ -124,9 +124,14 @@ def export_task(cfg: dict, out_dir: Path) -> tuple[Path, Path]:
 
 
 def rule_env(cfg: dict) -> dict[str, str]:
+    """The environment of verl's workers: the module to import, the rule's parameters, the run's plugins
+    (absolute paths once the config is composed: they must exist on the workers' nodes)."""
     obj = dict(cfg["objective"])
     obj.pop("method")
-    return {"VERL_USE_EXTERNAL_MODULES": MODULE, "CLIPBENCH_RULE_PARAMS": json.dumps(obj, sort_keys=True)}
+    env = {"VERL_USE_EXTERNAL_MODULES": MODULE, "CLIPBENCH_RULE_PARAMS": json.dumps(obj, sort_keys=True)}
+    if cfg.get("plugins"):
+        env["CLIPBENCH_PLUGINS"] = os.pathsep.join(cfg["plugins"])
+    return env
 
 
 def verl_overrides(cfg: dict, *, run_dir: Path, data: tuple[Path, Path], experiment: str, n_gpus: int = 8,
