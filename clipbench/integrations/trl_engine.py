@@ -133,9 +133,8 @@ ROLLOUT_KEYS = ("reward/mean", "reward/std", "accuracy", "response_length/mean",
 
 
 def _main_process() -> bool:
-    import torch.distributed as dist
-
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+    """Rank 0 of an accelerate/torchrun launch (their RANK variable: known before the process group exists)."""
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def _barrier() -> None:
