@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -232,3 +233,24 @@ def test_the_documented_trl_example_runs(monkeypatch, capsys, tmp_path):
     runpy.run_path(str(REPO / "examples" / "trl_clipbench_rule.py"), run_name="__main__")
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
     assert len(lines) == 2 and all("clip events" in line and "entropy" in line for line in lines)
+
+
+@pytest.mark.slow
+def test_engine_trl_over_two_processes(tmp_path):
+    """`engine: trl` under torchrun (2 CPU processes, gloo; accelerate reads torchrun's environment): each
+    optimizer step's counts are summed over both processes (they cover every completion token of the
+    rollout, which TRL gathers), and rank 0 alone writes one row per optimizer step."""
+    args = [f"{k}={v}" for k, v in TINY.items()]
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        "-m", "clipbench.cli", "train", str(RECIPE), "engine=trl", *args,
+                        "--results-dir", str(tmp_path)], capture_output=True, text=True, cwd=REPO, timeout=600,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    (rd,) = [RunDir(d) for d in (tmp_path / "train").iterdir()]
+    rows = rd.read_metrics()
+    assert rd.status()["state"] == "finished" and [r["opt_step"] for r in rows] == [1, 2, 3, 4]
+    for step in (0, 1):
+        mine = [r for r in rows if r["step"] == step]
+        tokens = sum(r[f"{c}/tokens"] for r in mine for c in ("q1", "q2", "q3", "q4", "zero_adv", "on_policy"))
+        assert tokens == pytest.approx(mine[0]["response_length/mean"] * 8)  # 2 prompts x 4 samples
+    assert [json.loads(line)["step"] for line in rd.hist_path.read_text().splitlines()] == [0, 1]
