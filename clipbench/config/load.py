@@ -18,9 +18,9 @@ from typing import Any, Iterable, Mapping
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from clipbench.config.schema import CHOICES, RANGES, RunConfig
 from clipbench import yamlio
-from clipbench.errors import ConfigError, did_you_mean, unknown_choice
+from clipbench.config.schema import CHOICES, RANGES, RunConfig
+from clipbench.errors import ConfigError, UserError, did_you_mean, unknown_choice
 from clipbench.yamlio import YamlError, load_yaml_file, load_yaml_text
 
 # Keys whose relative values are paths relative to the recipe file (when they look like paths).
@@ -92,6 +92,15 @@ def _resolve_paths(d: dict, base_dir: Path) -> dict:
         val = d.get(section, {}).get(name) if isinstance(d.get(section), dict) else None
         if isinstance(val, str) and (val.startswith("./") or val.startswith("../")):
             d[section][name] = str((base_dir / val).resolve())
+    return _resolve_plugins(d, base_dir)
+
+
+def _resolve_plugins(d: dict, base_dir: Path) -> dict:
+    """`plugins`: .py paths made absolute (relative to base_dir); module names unchanged."""
+    from clipbench.objectives.plugins import resolve
+
+    if isinstance(d.get("plugins"), list):
+        d["plugins"] = [resolve(p, base_dir) if isinstance(p, str) and p.strip() else p for p in d["plugins"]]
     return d
 
 
@@ -125,7 +134,7 @@ def compose(recipe: str | Path | Mapping | None, overrides: Iterable[str] | Mapp
         data, base_dir = read_yaml(recipe), Path(recipe).resolve().parent
     data = _resolve_paths(deep_merge({}, data), base_dir)
     over = dict(overrides) if isinstance(overrides, Mapping) else parse_overrides(overrides)
-    return deep_merge(data, over)
+    return deep_merge(data, _resolve_plugins(over, Path.cwd()))  # override paths: relative to the cwd
 
 
 def validate(data: Mapping, source: str | None = None) -> RunConfig:
@@ -143,8 +152,15 @@ def validate(data: Mapping, source: str | None = None) -> RunConfig:
     return cfg
 
 
-def load_run_config(path: str | Path | None, overrides: Iterable[str] = ()) -> RunConfig:
-    return validate(compose(path, overrides), str(path) if path else "command line")
+def load_run_config(path: str | Path | None, overrides: Iterable[str] = (), plugins: Iterable[str] = ()) -> RunConfig:
+    """``plugins``: extra rule files/modules (the CLI's --plugin, relative to the working directory),
+    merged into the recipe's ``plugins`` list."""
+    data = compose(path, overrides)
+    if plugins:
+        from clipbench.objectives.plugins import merge_specs, resolve
+
+        data["plugins"] = merge_specs(data.get("plugins") or [], [resolve(p) for p in plugins])
+    return validate(data, str(path) if path else "command line")
 
 
 @functools.lru_cache(maxsize=1)
@@ -188,6 +204,8 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
 
     # cross-field rules
     tc, sc = cfg.train, cfg.sampler
+    if cfg.trl and cfg.engine != "trl":
+        err("trl", f"GRPOConfig settings for engine 'trl', but engine is '{cfg.engine}'")
     if tc.mini_batches > tc.prompts_per_step * sc.group_size:
         err("train.mini_batches", f"{tc.mini_batches} mini-batches cannot split a batch of "
             f"{tc.prompts_per_step * sc.group_size} sequences (prompts_per_step x group_size)")
@@ -195,6 +213,14 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
         err("sampler.group_size", f"advantage '{tc.advantage}' needs group_size >= 2")
     if tc.overlong.enabled and tc.overlong.buffer > sc.max_new_tokens:
         err("train.overlong.buffer", f"must be <= sampler.max_new_tokens ({sc.max_new_tokens}), got {tc.overlong.buffer}")
+    if tc.prompts_per_step % cfg.launch.nproc_per_node:
+        err("launch.nproc_per_node", f"{cfg.launch.nproc_per_node} processes cannot share "
+            f"train.prompts_per_step={tc.prompts_per_step} prompts by whole groups (make it a multiple)")
+    if sc.mismatch_is != "none" and sc.old_logp != "recompute":
+        err("sampler.mismatch_is", "needs sampler.old_logp=recompute: with old_logp=sampler the ratio is "
+            "already taken against the sampler's log-probs")
+    if sc.sleep_mode and sc.backend == "hf":
+        err("sampler.sleep_mode", "applies to the vllm backend (the hf backend samples from the training model itself)")
     if cfg.task.name == "math" and not cfg.task.path:
         err("task.path", "task 'math' needs a path: a .jsonl/.parquet file or a Hugging Face dataset name")
     from clipbench.tasks.benchmarks import BENCHMARKS
@@ -205,7 +231,14 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
     if len(set(cfg.eval.benchmarks)) != len(cfg.eval.benchmarks):
         err("eval.benchmarks", f"lists a benchmark twice: {cfg.eval.benchmarks}")
 
-    # The objective: method from the registry, parameters exactly those the method declares.
+    # The objective: method from the registry (after the run's plugins are imported), parameters
+    # exactly those the method declares.
+    from clipbench.objectives.plugins import ensure_plugins
+
+    try:
+        ensure_plugins(cfg)
+    except UserError as e:
+        err("plugins", str(e))
     obj = dict(cfg.objective)
     method = obj.pop("method", None)
     if method is None:
@@ -237,13 +270,22 @@ def from_dict(d: Mapping) -> RunConfig:
 
 
 # Sections that do not change what a run computes, so they stay out of its identity.
-NOT_IN_ID = ("name", "tracking")
+NOT_IN_ID = ("name", "tracking", "plugins", "launch")  # plugins: where a rule is found (the manifest records its hash); launch: how many processes
+# Top-level keys added after run ids were first handed out: at these values they stay out of the
+# hash, so every run id from before they existed is unchanged.
+ID_DEFAULTS = {"engine": "builtin", "trl": {}}
+
+
+def in_id(key: str, value: Any) -> bool:
+    """Whether a top-level key of a resolved config counts in its run id."""
+    return key not in NOT_IN_ID and not (key in ID_DEFAULTS and value == ID_DEFAULTS[key])
 
 
 def run_id(cfg: RunConfig | Mapping) -> str:
-    """12 hex chars of sha256 over the canonical JSON of the resolved config (minus tracking/name)."""
+    """12 hex chars of sha256 over the canonical JSON of the resolved config (minus tracking/name and
+    the ID_DEFAULTS keys at their defaults)."""
     d = to_dict(cfg) if isinstance(cfg, RunConfig) else dict(cfg)
-    d = {k: v for k, v in d.items() if k not in NOT_IN_ID}
+    d = {k: v for k, v in d.items() if in_id(k, v)}
     blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

@@ -30,9 +30,11 @@ from clipbench.tasks.arith import MAX_DIGITS, MAX_OPERANDS, VALID_OPS
 
 # Closed choices this schema owns (the trainer reads these fields); see `load.choices` for the rest.
 CHOICES: dict[str, tuple[str, ...]] = {
+    "engine": ("builtin", "trl"),
     "model.dtype": ("float32", "bfloat16", "float16", "auto"),
     "model.device": ("auto", "cpu", "cuda"),
     "sampler.old_logp": ("recompute", "sampler"),
+    "sampler.mismatch_is": ("none", "token", "sequence"),
     "train.advantage": ("group", "group_mean", "rloo"),  # clipbench.train.advantages implements each
     "train.lr_schedule": ("constant", "cosine"),
 }
@@ -43,13 +45,14 @@ CHOICES: dict[str, tuple[str, ...]] = {
 @dataclass(frozen=True)
 class Range:
     """A finite number in [lo, hi] (an end is open with lo_open / hi_open; None = unbounded);
-    ``none``: null is allowed too."""
+    ``none``: null is allowed too; ``why``: a reason shown with the error."""
 
     lo: float | None = None
     hi: float | None = None
     lo_open: bool = False
     hi_open: bool = False
     none: bool = False
+    why: str = ""
 
     def describe(self) -> str:
         def num(x):
@@ -63,7 +66,7 @@ class Range:
             text = f"{'<' if self.hi_open else '<='} {num(self.hi)}"
         else:
             text = "a finite number"
-        return text + (" or null" if self.none else "")
+        return text + (" or null" if self.none else "") + (f" ({self.why})" if self.why else "")
 
     def problem(self, v: Any) -> str | None:
         if v is None:
@@ -81,7 +84,7 @@ class Range:
 class Each:
     """A list whose items each satisfy ``item``, with exactly ``length`` items when given."""
 
-    item: Range
+    item: Any  # a Range, Text, ... (anything with .problem(value))
     length: int | None = None
 
     def problem(self, v: Any) -> str | None:
@@ -153,7 +156,8 @@ class Source:
 
 
 # Every leaf of RunConfig that is neither a bool, a closed choice (CHOICES and `load.choices`) nor
-# the free-form `objective` (checked against its method's parameters) has a declaration here.
+# free-form (`objective`: checked against its method's parameters; `trl`: TRL's GRPOConfig fields,
+# checked by TRL) has a declaration here.
 MAX_STEPS = 1_000_000          # rollout steps (and optimizer/eval/checkpoint intervals)
 MAX_TOKENS = 1 << 20           # new tokens per completion
 MAX_BATCH = 1 << 16            # prompts per step, samples per prompt / problem, mini-batches
@@ -175,7 +179,9 @@ RANGES: dict[str, Range | Each | Text | Source] = {
     "sampler.max_new_tokens": Range(1, MAX_TOKENS),
     "sampler.temperature": Range(0.0, 10.0, lo_open=True),
     "sampler.top_p": Range(0.0, 1.0, lo_open=True),
+    "sampler.prompts_per_call": Range(0, MAX_BATCH),
     "sampler.gpu_memory_utilization": Range(0.0, 1.0, lo_open=True),
+    "sampler.mismatch_is_cap": Range(1.0, why="a cap below 1 scales down tokens the sampler and trainer agree on"),
     "train.steps": Range(1, MAX_STEPS),
     "train.prompts_per_step": Range(1, MAX_BATCH),
     "train.mini_batches": Range(1, MAX_BATCH),
@@ -187,6 +193,7 @@ RANGES: dict[str, Range | Each | Text | Source] = {
     "train.beta": Range(0.0, 1000.0),
     "train.grad_clip": Range(0.0, 1e6),
     "train.max_skipped_frac": Range(0.0, 1.0),
+    "train.micro_batch_tokens": Range(0, 1 << 40),
     "train.max_resample_rounds": Range(0, 100),
     "train.overlong.buffer": Range(1, MAX_TOKENS),
     "train.overlong.penalty": Range(0.0, 1000.0),
@@ -201,6 +208,8 @@ RANGES: dict[str, Range | Each | Text | Source] = {
     "tracking.tracking_uri": Text(none=True),
     "tracking.experiment": Text(max_len=500),
     "tracking.batch_every": Range(1, MAX_STEPS),
+    "plugins": Each(Text()),
+    "launch.nproc_per_node": Range(1, 4096),
 }
 
 
@@ -237,7 +246,16 @@ class SamplerConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     old_logp: str = "recompute"  # recompute: training policy once per rollout; sampler: backend's
+    # Prompts per generate call (0: all of a rank's prompts in one call). Each call is seeded from
+    # (seed, step, global index of its first prompt), so 1 and N processes sample the same completions
+    # when prompts_per_step / N is a multiple of it.
+    prompts_per_call: int = 0
     gpu_memory_utilization: float = 0.3  # vllm only
+    sleep_mode: bool = False  # vllm on CUDA: the engine sleeps while the trainer updates (frees its share)
+    # sampler/trainer mismatch correction (truncated importance sampling; needs old_logp: recompute):
+    # none | token: w_t = min(pi_old(y_t) / pi_sampler(y_t), cap) | sequence: one weight per sequence
+    mismatch_is: str = "none"
+    mismatch_is_cap: float = 2.0  # the cap C of the truncated importance weights (>= 1)
 
 
 @dataclass
@@ -263,6 +281,9 @@ class TrainConfig:
     beta: float = 0.0  # KL-to-reference weight (k3); 0 keeps no reference model
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping (the norm is still logged)
     max_skipped_frac: float = 0.1  # the run fails once more than this share of its optimizer steps is skipped (non-finite)
+    # Token budget of one forward/backward (rows x padded prompt+completion width); 0 = the whole
+    # mini-batch. Gradients accumulate over micro-batches: the loss and gradient are the mini-batch's.
+    micro_batch_tokens: int = 0
     dynamic_sampling: bool = False  # DAPO: drop all-equal groups, draw more prompts
     max_resample_rounds: int = 3  # cap on extra draws per step when dynamic_sampling
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
@@ -292,13 +313,25 @@ class TrackingConfig:
 
 
 @dataclass
+class LaunchConfig:
+    # Processes per node: > 1 trains one run over N torchrun processes (FSDP2). Where a run computes,
+    # not what: outside the run's identity (config.load.NOT_IN_ID), so a run may resume on another N.
+    nproc_per_node: int = 1
+
+
+@dataclass
 class RunConfig:
     seed: int = 0
     name: Optional[str] = None  # display name; the run_id is a hash of the resolved config
+    engine: str = "builtin"  # builtin: clipbench's GRPO loop; trl: TRL's GRPOTrainer (clipbench.integrations.trl)
+    trl: Dict[str, Any] = field(default_factory=dict)  # engine trl: extra GRPOConfig fields (deepspeed, vllm_mode, ...)
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     objective: Dict[str, Any] = field(default_factory=lambda: {"method": "grpo"})
+    # user rule files (.py, relative to the recipe) or modules, imported before objective.method is checked
+    plugins: List[str] = field(default_factory=list)
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)

@@ -4,8 +4,8 @@ The results store decides what to do with each run (it is the source of truth):
 
     status finished                      -> skipped
     status failed                        -> skipped, rerun (from its checkpoint if any) with --retry-failed
-    otherwise, with a complete checkpoint -> resumed: run_training(..., resume=True)
-    otherwise                            -> started from scratch (run_training cleans the directory)
+    otherwise, with a complete checkpoint -> resumed: train_run(..., resume=True) (the run's engine)
+    otherwise                            -> started from scratch (the engine cleans the directory)
 
 Each run is trained under its run lock (`<sweep>/.locks/<run_id>.lock`); a process that cannot take
 the lock at once skips the run ("locked"), so two sweep processes on one results dir share the work.
@@ -122,8 +122,9 @@ def run_one(task: RunTask, *, progress: Callable[[dict], None] | None = None,
             torch.set_num_threads(task.threads)
         _quiet_libraries()
         from clipbench.config import from_dict
+        from clipbench.integrations import train_run
         from clipbench.train.checkpoint import find_checkpoint
-        from clipbench.train.loop import run_training
+        from clipbench.objectives.plugins import ensure_plugins
 
         cfg = from_dict(task.config)
         resume = find_checkpoint(rd.checkpoint_dir) is not None
@@ -139,7 +140,8 @@ def run_one(task: RunTask, *, progress: Callable[[dict], None] | None = None,
             on_start(task.run_id, cfg.train.steps, "resume" if resume else "start")
         sink = _make_sink(task, cfg, rd, resume)
         try:
-            summary = run_training(cfg, rd.path, resume=resume, sink=sink, progress=progress)
+            ensure_plugins(cfg)  # the run's rule files, in whichever process or worker runs it
+            summary = train_run(cfg, rd.path, resume=resume, sink=sink, progress=progress)
         except Exception as e:  # noqa: BLE001 - a failing run must not stop the sweep
             rd.set_status("failed", error=f"{type(e).__name__}: {e}"[:2000], traceback=traceback.format_exc()[-8000:],
                           failed_at=time.time())

@@ -26,8 +26,15 @@ def save_checkpoint(last: Path, *, model, tokenizer, optimizer, scheduler, state
     tokenizer.save_pretrained(tmp / "model")
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
     (tmp / "state.json").write_text(json.dumps(state))
-    share_like_umask(tmp)  # safetensors writes 0600 whatever the umask: colleagues read shared stores
-    prev = root / "prev"
+    install_checkpoint(tmp, last)
+
+
+def install_checkpoint(tmp: Path, last: Path) -> None:
+    """Swap a complete checkpoint directory `tmp` (with its state.json) in as `last`, by renames only.
+    Its files get the modes the umask gives first (safetensors writes 0600, mkdtemp makes 0700):
+    colleagues read a shared results store."""
+    share_like_umask(tmp)
+    prev = last.parent / "prev"
     if prev.exists():
         shutil.rmtree(prev)
     if last.exists():
