@@ -186,6 +186,18 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
             err(key, f"must be >= 0, got {v}")
     if cfg.eval.limit is not None and cfg.eval.limit < 1:
         err("eval.limit", f"must be >= 1 or null, got {cfg.eval.limit}")
+    # micro-batching, data parallelism, skipped steps (clipbench/train)
+    for key, v in {"train.micro_batch_tokens": cfg.train.micro_batch_tokens,
+                   "sampler.prompts_per_call": cfg.sampler.prompts_per_call}.items():
+        if v < 0:
+            err(key, f"must be >= 0 (0 = no limit), got {v}")
+    if not 0 <= cfg.train.max_skipped_frac <= 1:
+        err("train.max_skipped_frac", f"must be in [0, 1], got {cfg.train.max_skipped_frac}")
+    if cfg.launch.nproc_per_node < 1:
+        err("launch.nproc_per_node", f"must be >= 1, got {cfg.launch.nproc_per_node}")
+    if cfg.train.prompts_per_step % cfg.launch.nproc_per_node:
+        err("launch.nproc_per_node", f"{cfg.launch.nproc_per_node} processes cannot share "
+            f"train.prompts_per_step={cfg.train.prompts_per_step} prompts by whole groups (make it a multiple)")
     if cfg.task.name == "math" and not cfg.task.path:
         err("task.path", "task 'math' needs a path: a .jsonl/.parquet file or a Hugging Face dataset name")
 
@@ -230,7 +242,7 @@ def from_dict(d: Mapping) -> RunConfig:
 
 
 # Sections that do not change what a run computes, so they stay out of its identity.
-NOT_IN_ID = ("name", "tracking")
+NOT_IN_ID = ("name", "tracking", "launch")
 
 
 def run_id(cfg: RunConfig | Mapping) -> str:

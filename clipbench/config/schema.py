@@ -56,6 +56,10 @@ class SamplerConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     old_logp: str = "recompute"  # recompute: training policy once per rollout; sampler: backend's
+    # Prompts per generate call (0: all of a rank's prompts in one call). Each call is seeded from
+    # (seed, step, global index of its first prompt), so 1 and N processes sample the same completions
+    # when prompts_per_step / N is a multiple of it.
+    prompts_per_call: int = 0
     gpu_memory_utilization: float = 0.3  # vllm only
 
 
@@ -80,7 +84,11 @@ class TrainConfig:
     advantage: str = "group"
     agg: str = "token-mean"
     beta: float = 0.0  # KL-to-reference weight (k3); 0 keeps no reference model
-    grad_clip: float = 1.0
+    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping (the norm is still logged)
+    max_skipped_frac: float = 0.1  # the run fails once more than this share of its optimizer steps is skipped (non-finite)
+    # Token budget of one forward/backward (rows x padded prompt+completion width); 0 = the whole
+    # mini-batch. Gradients accumulate over micro-batches: the loss and gradient are the mini-batch's.
+    micro_batch_tokens: int = 0
     dynamic_sampling: bool = False  # DAPO: drop all-equal groups, draw more prompts
     max_resample_rounds: int = 3  # cap on extra draws per step when dynamic_sampling
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
@@ -110,6 +118,13 @@ class TrackingConfig:
 
 
 @dataclass
+class LaunchConfig:
+    # Processes per node: > 1 trains one run over N torchrun processes (FSDP2). Where a run computes,
+    # not what: outside the run's identity (config.load.NOT_IN_ID), so a run may resume on another N.
+    nproc_per_node: int = 1
+
+
+@dataclass
 class RunConfig:
     seed: int = 0
     name: Optional[str] = None  # display name; the run_id is a hash of the resolved config
@@ -120,3 +135,4 @@ class RunConfig:
     objective: Dict[str, Any] = field(default_factory=lambda: {"method": "grpo"})
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
