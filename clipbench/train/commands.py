@@ -1,48 +1,96 @@
-"""`clipbench train RECIPE [key=value ...]`: validate, then one run into <results>/train/<run_id>/."""
+"""`clipbench train RECIPE [key=value ...] [--nproc-per-node N]`: one run into <results>/train/<run_id>/.
+
+With launch.nproc_per_node = N > 1 (or --nproc-per-node N) this process validates the config, then
+starts `torchrun --standalone --nproc-per-node N -m clipbench train ...` and waits: each rank runs
+this same command under torchrun (`torchrun ... -m clipbench train ...` by hand works too, with
+torchrun's rendezvous flags for several nodes). Rank 0 prints, writes the results store and MLflow.
+A rank that dies fails the whole run: status.json says failed and `--resume` continues from the last
+checkpoint (on any number of processes).
+"""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 from rich.console import Console
 
 from clipbench.config import load_run_config, run_id
+from clipbench.errors import RunFailed
 from clipbench.tracking.store import RunDir
 from clipbench.train.checkpoint import find_checkpoint
+from clipbench.train.distributed import (close_distributed, init_distributed, raise_on_sigterm, torchrun_command,
+                                         under_torchrun)
 
 
 def train_command(recipe: Path, overrides: list[str], *, resume: bool, results_dir: Path,
-                  tracking_uri: str | None) -> dict:
+                  tracking_uri: str | None, nproc_per_node: int | None = None) -> dict:
     from clipbench.train.loop import preflight, run_training
 
-    console = Console(stderr=True)
+    if nproc_per_node is not None:
+        overrides = [*overrides, f"launch.nproc_per_node={nproc_per_node}"]
     cfg = load_run_config(recipe, overrides)  # raises ConfigError before anything is written
     rd = RunDir(Path(results_dir) / "train" / run_id(cfg))
+    if cfg.launch.nproc_per_node > 1 and not under_torchrun():
+        preflight(cfg)  # nothing written yet
+        return _launch_ranks(recipe, overrides, cfg, rd, resume=resume, results_dir=results_dir,
+                             tracking_uri=tracking_uri)
+
+    dist = init_distributed(cfg.model.device)
+    if dist.sharded:
+        raise_on_sigterm()
+    console = Console(stderr=True, quiet=not dist.main)
     if resume and find_checkpoint(rd.checkpoint_dir) is None:
         console.print(f"[yellow]no checkpoint in {rd.path}; starting from step 0[/]")
     preflight(cfg)  # model, task and benchmarks load: still nothing written
-    sink = _sink(cfg, results_dir, tracking_uri, rd, resume)
-    console.print(f"run {rd.run_id}: {cfg.objective['method']} on {cfg.task.name}, {cfg.train.steps} steps -> {rd.path}")
+    sink = _sink(cfg, results_dir, tracking_uri, rd, resume) if dist.main else None
+    where = f" on {dist.world} processes" if dist.sharded else ""
+    console.print(f"run {rd.run_id}: {cfg.objective['method']} on {cfg.task.name}, {cfg.train.steps} steps{where} -> {rd.path}")
 
     def progress(ev: dict) -> None:
         console.print(f"  step {ev['step']:>4}/{ev['steps']}  reward {ev['reward']:.3f}  acc {ev['accuracy']:.3f}  "
-                      f"entropy {ev['entropy']:.3f}  clip events {int(ev['clip_events'])}")
+                      f"entropy {ev['entropy']:.3f}  clip events {int(ev['clip_events'])}  skipped {ev['skipped']}")
 
     status = "FAILED"
     try:
-        summary = run_training(cfg, rd.path, resume=resume, sink=sink, progress=progress)
+        summary = run_training(cfg, rd.path, resume=resume, sink=sink, progress=progress, dist=dist)
         status = "FINISHED"
-    except BaseException:
-        if rd.status_path.exists():
-            rd.set_status("failed")
+    except BaseException as e:
+        if dist.main and rd.status_path.exists():
+            rd.set_status("failed", error=f"{type(e).__name__}: {e}"[:2000])
         raise
     finally:
-        sink.close(status)
-    evals = {k: v for k, v in summary.items() if k.startswith("eval/")}
-    for k, v in sorted(evals.items()):
-        console.print(f"  {k} = {v:.4f}")
+        if sink is not None:
+            sink.close(status)
+        close_distributed()
+    for k, v in sorted(summary.items()):
+        if k.startswith("eval/"):
+            console.print(f"  {k} = {v:.4f}")
     console.print(f"finished: {rd.path}")
     return summary
+
+
+def _launch_ranks(recipe: Path, overrides: list[str], cfg, rd: RunDir, *, resume: bool, results_dir: Path,
+                  tracking_uri: str | None) -> dict:
+    """torchrun over this node's N processes, each running `clipbench train` as one rank; waits."""
+    n = cfg.launch.nproc_per_node
+    args = ["train", str(recipe), *overrides, "--results-dir", str(results_dir)]
+    args += ["--resume"] if resume else []
+    args += ["--tracking-uri", tracking_uri] if tracking_uri else []
+    rc = subprocess.run(torchrun_command(n, "clipbench", args)).returncode
+    if rc != 0:
+        fail_run(rd, f"torchrun exited with code {rc}")
+        raise RunFailed(f"training on {n} processes failed (torchrun exit code {rc}; the failing rank's error is "
+                        f"above); {rd.status_path} says failed; rerun with --resume to continue from the last checkpoint")
+    return {"run_id": rd.run_id, "run_dir": str(rd.path), "steps": cfg.train.steps}
+
+
+def fail_run(rd: RunDir, error: str) -> None:
+    """Mark a run failed after its ranks exited, keeping a rank's own (more precise) error if it wrote one."""
+    status = rd.status() if rd.status_path.exists() else {}
+    if status.get("state") == "failed" and status.get("error"):
+        return
+    rd.set_status("failed", error=error)
 
 
 def _sink(cfg, results_dir: Path, tracking_uri: str | None, rd: RunDir, resume: bool):
