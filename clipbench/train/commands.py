@@ -10,7 +10,6 @@ checkpoint (on any number of processes).
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 from rich.console import Console
@@ -19,78 +18,52 @@ from clipbench.config import load_run_config, run_id
 from clipbench.errors import RunFailed
 from clipbench.tracking.store import RunDir
 from clipbench.train.checkpoint import find_checkpoint
-from clipbench.train.distributed import (close_distributed, init_distributed, raise_on_sigterm, torchrun_command,
-                                         under_torchrun)
+from clipbench.train.distributed import under_torchrun
+from clipbench.train.launch import launch_ranks, run_as_rank
 
 
 def train_command(recipe: Path, overrides: list[str], *, resume: bool, results_dir: Path,
                   tracking_uri: str | None, nproc_per_node: int | None = None) -> dict:
-    from clipbench.train.loop import preflight, run_training
+    from clipbench.train.loop import preflight
 
     if nproc_per_node is not None:
         overrides = [*overrides, f"launch.nproc_per_node={nproc_per_node}"]
     cfg = load_run_config(recipe, overrides)  # raises ConfigError before anything is written
     rd = RunDir(Path(results_dir) / "train" / run_id(cfg))
-    if cfg.launch.nproc_per_node > 1 and not under_torchrun():
-        preflight(cfg)  # nothing written yet
-        return _launch_ranks(recipe, overrides, cfg, rd, resume=resume, results_dir=results_dir,
-                             tracking_uri=tracking_uri)
-
-    dist = init_distributed(cfg.model.device)
-    if dist.sharded:
-        raise_on_sigterm()
-    console = Console(stderr=True, quiet=not dist.main)
-    if resume and find_checkpoint(rd.checkpoint_dir) is None:
-        console.print(f"[yellow]no checkpoint in {rd.path}; starting from step 0[/]")
     preflight(cfg)  # model, task and benchmarks load: still nothing written
-    sink = _sink(cfg, results_dir, tracking_uri, rd, resume) if dist.main else None
-    where = f" on {dist.world} processes" if dist.sharded else ""
-    console.print(f"run {rd.run_id}: {cfg.objective['method']} on {cfg.task.name}, {cfg.train.steps} steps{where} -> {rd.path}")
+    n = cfg.launch.nproc_per_node
+    if n > 1 and not under_torchrun():  # this process only launches the ranks
+        args = ["train", str(recipe), *overrides, "--results-dir", str(results_dir)]
+        args += ["--resume"] if resume else []
+        args += ["--tracking-uri", tracking_uri] if tracking_uri else []
+        rc = launch_ranks(n, "clipbench", args, rd)
+        if rc != 0:
+            raise RunFailed(f"training on {n} processes failed (torchrun exit code {rc}; the failing rank's error "
+                            f"is above); {rd.status_path} says failed; rerun with --resume to continue from the "
+                            f"last checkpoint")
+        return {"run_id": rd.run_id, "run_dir": str(rd.path), "steps": cfg.train.steps}
+
+    console = Console(stderr=True)
+
+    def on_rank(dist) -> None:
+        console.quiet = not dist.main
+        if resume and find_checkpoint(rd.checkpoint_dir) is None:
+            console.print(f"[yellow]no checkpoint in {rd.path}; starting from step 0[/]")
+        where = f" on {dist.world} processes" if dist.sharded else ""
+        console.print(f"run {rd.run_id}: {cfg.objective['method']} on {cfg.task.name}, {cfg.train.steps} steps"
+                      f"{where} -> {rd.path}")
 
     def progress(ev: dict) -> None:
         console.print(f"  step {ev['step']:>4}/{ev['steps']}  reward {ev['reward']:.3f}  acc {ev['accuracy']:.3f}  "
                       f"entropy {ev['entropy']:.3f}  clip events {int(ev['clip_events'])}  skipped {ev['skipped']}")
 
-    status = "FAILED"
-    try:
-        summary = run_training(cfg, rd.path, resume=resume, sink=sink, progress=progress, dist=dist)
-        status = "FINISHED"
-    except BaseException as e:
-        if dist.main and rd.status_path.exists():
-            rd.set_status("failed", error=f"{type(e).__name__}: {e}"[:2000])
-        raise
-    finally:
-        if sink is not None:
-            sink.close(status)
-        close_distributed()
+    summary = run_as_rank(cfg, rd, resume=resume, make_sink=lambda: _sink(cfg, results_dir, tracking_uri, rd, resume),
+                          progress=progress, on_rank=on_rank)
     for k, v in sorted(summary.items()):
         if k.startswith("eval/"):
             console.print(f"  {k} = {v:.4f}")
     console.print(f"finished: {rd.path}")
     return summary
-
-
-def _launch_ranks(recipe: Path, overrides: list[str], cfg, rd: RunDir, *, resume: bool, results_dir: Path,
-                  tracking_uri: str | None) -> dict:
-    """torchrun over this node's N processes, each running `clipbench train` as one rank; waits."""
-    n = cfg.launch.nproc_per_node
-    args = ["train", str(recipe), *overrides, "--results-dir", str(results_dir)]
-    args += ["--resume"] if resume else []
-    args += ["--tracking-uri", tracking_uri] if tracking_uri else []
-    rc = subprocess.run(torchrun_command(n, "clipbench", args)).returncode
-    if rc != 0:
-        fail_run(rd, f"torchrun exited with code {rc}")
-        raise RunFailed(f"training on {n} processes failed (torchrun exit code {rc}; the failing rank's error is "
-                        f"above); {rd.status_path} says failed; rerun with --resume to continue from the last checkpoint")
-    return {"run_id": rd.run_id, "run_dir": str(rd.path), "steps": cfg.train.steps}
-
-
-def fail_run(rd: RunDir, error: str) -> None:
-    """Mark a run failed after its ranks exited, keeping a rank's own (more precise) error if it wrote one."""
-    status = rd.status() if rd.status_path.exists() else {}
-    if status.get("state") == "failed" and status.get("error"):
-        return
-    rd.set_status("failed", error=error)
 
 
 def _sink(cfg, results_dir: Path, tracking_uri: str | None, rd: RunDir, resume: bool):
