@@ -138,7 +138,7 @@ def raise_on_sigterm() -> None:
     """torchrun stops the other ranks with SIGTERM when one dies: turn it into SystemExit so that a
     rank's `finally` / `except` blocks run (rank 0 marks the run failed)."""
     def handler(signum, frame):
-        raise SystemExit(128 + signum)
+        raise SystemExit("stopped by SIGTERM (torchrun stops every rank when one of them fails)")
 
     signal.signal(signal.SIGTERM, handler)
 
