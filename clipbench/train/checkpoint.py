@@ -46,7 +46,8 @@ def save_checkpoint(last: Path, *, model, optimizer, scheduler, tokenizer, state
     root = last.parent
     tmp = root / f".tmp-{int(state['step'])}"
     if dist.main:
-        shutil.rmtree(tmp, ignore_errors=True)
+        for stale in root.glob(".tmp-*"):  # left by a crash mid-save
+            shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir(parents=True)
         model.config.save_pretrained(tmp / "model")
         if getattr(model, "generation_config", None) is not None:
@@ -114,4 +115,6 @@ def load_policy(path: Path, *, dtype: str = "float32", device: str = "cpu"):
     with _one_process_ok():
         dcp.load({"model": sd}, checkpoint_id=str(path / "dcp"))
     model.load_state_dict(sd)
+    if dtype == "auto":
+        dtype = "bfloat16" if torch.device(device).type == "cuda" else "float32"
     return model.to(device=device, dtype=getattr(torch, dtype)).eval(), AutoTokenizer.from_pretrained(path / "model")

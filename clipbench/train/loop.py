@@ -14,6 +14,8 @@ Which process does what is decided in one place (train/distributed.py, `Dist`): 
 for its share and whether it writes (rank 0 alone writes the results store and the sink). Every
 random draw is derived from (seed, step, ...) through explicit generators (train/seeds.py), so a
 resumed run replays what an uninterrupted run would have done, on any number of processes.
+Evaluation runs on every rank over every problem, in lockstep (each forward of a sharded model is a
+collective), and rank 0 stores it: more processes do not make evaluation faster.
 
 Metrics, one row per optimizer step (`metrics.jsonl`):
     step, opt_step, epoch, mini_batch      rollout step, global optimizer step, position in the step
@@ -165,33 +167,47 @@ def load_policy_model(name: str, dist: Dist, compute_dtype: torch.dtype, *, trai
     return model, tok
 
 
-def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricSink) -> Run:
-    tc = cfg.train
+def prepare_run_dir(rd: RunDir, dist: Dist, resume: bool) -> Path | None:
+    """The checkpoint to resume from, or None: then rank 0 clears the files a previous start wrote."""
     ckpt = find_checkpoint(rd.checkpoint_dir) if resume else None
     if dist.main and ckpt is None:  # a start from step 0 owns the directory's generated files
         for p in (rd.metrics_path, rd.hist_path.parent, rd.path / "eval", rd.path / "checkpoints"):
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
     dist.barrier()
+    return ckpt
+
+
+def build_models(cfg: RunConfig, dist: Dist, dtype: torch.dtype):
+    """(policy, frozen reference or None, tokenizer). Master weights in float32; bfloat16/float16 is
+    the compute dtype (autocast in one process, FSDP's param dtype when sharded), so small AdamW
+    updates are not rounded away."""
     name = resolve_model_name(cfg.model.name)
-    # Master weights and optimizer state in float32; bfloat16/float16 is the compute dtype (autocast
-    # in one process, FSDP's param dtype when sharded), so small AdamW updates are not rounded away.
-    dtype = compute_dtype_for(cfg.model.dtype, dist.device)
     model, tok = load_policy_model(name, dist, dtype, trainable=True,
                                    gradient_checkpointing=cfg.model.gradient_checkpointing)
     ref_model = None
-    if tc.beta > 0:  # frozen reference: the initial policy
+    if cfg.train.beta > 0:  # frozen reference: the initial policy
         if dist.sharded:
             ref_model, _ = load_policy_model(name, dist, dtype, trainable=False)
         else:
             ref_model, _ = load_model_and_tokenizer(name, dtype=cfg.model.dtype, device=str(dist.device))
             ref_model.eval().requires_grad_(False)
+    return model, ref_model, tok
+
+
+def build_optimizer(model, tc):
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay,
                                   fused=True)  # one kernel for all tensors: 3x faster than the default on CPU
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tc))
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tc))
+
+
+def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricSink) -> Run:
+    ckpt = prepare_run_dir(rd, dist, resume)
+    dtype = compute_dtype_for(cfg.model.dtype, dist.device)
+    model, ref_model, tok = build_models(cfg, dist, dtype)
+    optimizer, scheduler = build_optimizer(model, cfg.train)
     state = {"step": 0, "opt_step": 0, "skipped_nonfinite": 0}
     if ckpt is not None:
         state = load_checkpoint(ckpt, model=model, optimizer=optimizer, scheduler=scheduler)
-
     task = build_task(cfg.task)
     backend = resolve_backend(cfg.sampler.backend)
     sc = cfg.sampler
@@ -199,21 +215,20 @@ def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricS
                             top_p=sc.top_p, seed=cfg.seed, return_logprobs=sc.old_logp == "sampler",
                             dtype=str(dtype).split(".")[-1], gpu_memory_utilization=sc.gpu_memory_utilization,
                             synced_gpus=dist.sharded)
+    suite = eval_suite(cfg, task) if cfg.eval.benchmarks else {}
+    first = next(iter(suite), None)  # decided before any rank can write an evaluation, so all agree
+    evaluated = (first is not None and rd.eval_path(0, first).exists(),
+                 first is not None and rd.eval_path(cfg.train.steps, first).exists())
     if dist.main:
         if ckpt is not None:
             rd.truncate_after(state["step"])
         rd.write_config(to_dict(cfg))
-        rd.set_status("running", run_id=run_id(cfg), step=state["step"], steps=tc.steps, backend=backend,
+        rd.set_status("running", run_id=run_id(cfg), step=state["step"], steps=cfg.train.steps, backend=backend,
                       world_size=dist.world, started=rd.status().get("started", time.time()))
         sink.log_params(run_params(to_dict(cfg), backend))  # config + effective clip bounds (rule.*)
-    suite = eval_suite(cfg, task) if cfg.eval.benchmarks else {}
-    first = next(iter(suite), None)  # decided here, before any rank can write, so all ranks agree
-    evaluated = (first is not None and rd.eval_path(0, first).exists(),
-                 first is not None and rd.eval_path(tc.steps, first).exists())
     dist.barrier()
-    one_process_autocast = dtype != torch.float32 and not dist.sharded
-    compute = functools.partial(torch.autocast, dist.device.type, dtype=dtype) if one_process_autocast \
-        else contextlib.nullcontext
+    autocast = dtype != torch.float32 and not dist.sharded  # sharded: FSDP casts the parameters itself
+    compute = functools.partial(torch.autocast, dist.device.type, dtype=dtype) if autocast else contextlib.nullcontext
     return Run(cfg=cfg, rd=rd, dist=dist, sink=sink, model=model, ref_model=ref_model, tokenizer=tok,
                optimizer=optimizer, scheduler=scheduler, sampler=sampler, task=task,
                pool=list(task.train_problems()), suite=suite, objective=Objective.from_config(cfg),
@@ -235,10 +250,7 @@ def update(run: Run, step: int, batch: RolloutBatch) -> tuple[list[dict], dict |
               dist=dist)
     first_epoch = [s for s in plan if s.epoch == 0]
     if batch.sampler_logp is not None:  # sampler.old_logp: sampler
-        old = torch.zeros(packed.completion_ids.shape)
-        for i, lp in enumerate(batch.sampler_logp):
-            old[i, :len(lp)] = torch.tensor(lp)
-        old = old.to(dist.device)
+        old = batch.sampler_logp_tensor(packed.completion_ids.shape[1]).to(dist.device)
     else:
         old = frozen_logprobs(model, packed, first_epoch, **kw)
     ref = frozen_logprobs(run.ref_model, packed, first_epoch, **kw) if run.ref_model is not None else None
@@ -283,7 +295,8 @@ def log_step(run: Run, step: int, batch: RolloutBatch, done: list[dict], hist: d
                      "old_logp_source": 1 if batch.sampler_logp is not None else 0, **finalize(s),
                      "time/update": seconds})
     if hist is not None and dist.sharded:
-        counts = dist.all_reduce_(torch.tensor([hist["pos"], hist["neg"]], dtype=torch.float64)).tolist()
+        counts = dist.all_reduce_(torch.tensor([hist["pos"], hist["neg"]], dtype=torch.float64, device=dist.device))
+        counts = counts.tolist()
         hist = {**hist, "pos": [int(c) for c in counts[0]], "neg": [int(c) for c in counts[1]]}
     if not dist.main:
         return rows

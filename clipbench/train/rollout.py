@@ -49,6 +49,13 @@ class RolloutBatch:
     advantages: torch.Tensor  # (B,)
     metrics: dict = field(default_factory=dict)
 
+    def sampler_logp_tensor(self, T: int) -> torch.Tensor:
+        """(B, T) the sampler's log-probs, 0 at padding."""
+        out = torch.zeros(len(self.completion_ids), T)
+        for i, lp in enumerate(self.sampler_logp or ()):
+            out[i, :len(lp)] = torch.tensor(lp)
+        return out
+
 
 def round_prompts(order: np.ndarray, rnd: int, P: int) -> list[int]:
     """Pool indices of round `rnd`: the next P prompts of the step's permutation (wrapping around)."""
