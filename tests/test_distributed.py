@@ -26,7 +26,13 @@ from clipbench.tracking.store import RunDir
 from clipbench.train.checkpoint import checkpoint_step, load_policy
 from clipbench.train.loop import run_training
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("distributed"), pytest.mark.timeout(600)]
+
+def processes(test):
+    """Starts real processes: slow, one xdist group, a long timeout."""
+    for mark in (pytest.mark.slow, pytest.mark.xdist_group("distributed"), pytest.mark.timeout(600)):
+        test = mark(test)
+    return test
+
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = str(REPO / "recipes" / "quickstart.yaml")
@@ -70,6 +76,28 @@ def clipbench(*args: str, **kw):
                           timeout=500, **kw)
 
 
+def test_launch_is_outside_the_run_identity_and_not_a_sweep_axis(tmp_path):
+    from clipbench.errors import ConfigError
+    from clipbench.sweep.expand import expand
+    from clipbench.sweep.spec import load_sweep
+
+    assert run_id(load_run_config(RECIPE, ["launch.nproc_per_node=2"])) == run_id(load_run_config(RECIPE))
+    sweep = tmp_path / "ax.yaml"
+    sweep.write_text(yaml.safe_dump({"name": "ax", "base": RECIPE, "grid": {"launch.nproc_per_node": [1, 2]}}))
+    with pytest.raises(ConfigError, match="grid.launch.nproc_per_node: not part of a run's identity"):
+        expand(load_sweep(sweep))
+
+
+def test_rank_shares_are_contiguous_blocks():
+    from clipbench.train.distributed import Dist
+
+    items = list(range(10))
+    shares = Dist(rank=0, world=3).shares(items)
+    assert shares == [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]
+    assert [Dist(rank=r, world=3).share(items) for r in range(3)] == shares and Dist().share(items) == items
+
+
+@processes
 def test_a_sweep_row_on_two_processes_trains_the_run_one_process_trains(one_process, tmp_path):
     sweep = tmp_path / "dp.yaml"
     sweep.write_text(yaml.safe_dump({
@@ -119,6 +147,7 @@ def _rank_pid(root: int, rank: int) -> int | None:
     return None
 
 
+@processes
 def test_a_dead_rank_fails_the_run_and_one_process_resumes_it(one_process, tmp_path):
     results = tmp_path / "results"
     args = ["train", RECIPE, *overrides(), "--results-dir", str(results)]

@@ -271,6 +271,9 @@ def expand(spec: SweepSpec) -> Expansion:
             del explicit[k]
     for ax in axes:
         for j, k in enumerate(ax.keys):
+            if k.split(".")[0] in NOT_IN_ID:  # e.g. launch.nproc_per_node: every value is the same run
+                raise ConfigError(src, f"{ax.where}.{k}", "not part of a run's identity (how a run is launched or "
+                                  "tracked, not what it computes), so its values would be one run; set it in overrides")
             if k.startswith(OBJ) and k != METHOD_KEY:
                 for vals in ax.values:
                     check_param(k[len(OBJ):], vals[j], src, f"{ax.where}.{k}")
