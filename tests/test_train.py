@@ -246,6 +246,7 @@ def test_cli_train_end_to_end_with_embedded_mlflow_then_resume_is_a_no_op(tmp_pa
             "eval.limit=4", "eval.n=2"]
     res = _cli(tmp_path, *args)
     assert res.returncode == 0, res.stderr
+    assert "clip events" in res.stderr and "skipped 0" in res.stderr  # the progress line counts skipped steps
     (run_dir,) = (tmp_path / "results" / "train").iterdir()
     rd = RunDir(run_dir)
     assert rd.status()["state"] == "finished" and len(rd.read_metrics()) == 2 * 4
