@@ -173,7 +173,8 @@ def test_a_run_with_micro_batches_logs_the_same_loss_grad_norm_and_counts(tmp_pa
     assert {r["micro_batches"] for r in whole} == {1} and max(r["micro_batches"] for r in micro) > 1
     for a, b in zip(whole, micro):
         assert abs(a["loss"] - b["loss"]) <= 1e-5 * max(abs(a["loss"]), 1.0), (a["opt_step"], a["loss"], b["loss"])
-        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * a["grad_norm"], (a["opt_step"], a["grad_norm"], b["grad_norm"])
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * a["grad_norm"], (a["opt_step"], a["grad_norm"],
+                                                                               b["grad_norm"])
         counts = [k for k in a if k.split("/")[0] in ("q1", "q2", "q3", "q4", "zero_adv", "on_policy")]
         assert [a[k] for k in counts] == [b[k] for k in counts] and a["clip_events"] == b["clip_events"]
 

@@ -139,9 +139,9 @@ def run_one(task: RunTask, *, progress: Callable[[dict], None] | None = None,
             on_start(task.run_id, cfg.train.steps, "resume" if resume else "start")
         n = cfg.launch.nproc_per_node
         if n > 1:
-            manifest = Path(task.results_dir) / task.sweep / "manifest.json"
-            rc = launch_ranks(n, "clipbench.sweep.worker", [str(manifest), task.run_id, "--as-rank", *_worker_args(task)],
-                              rd, log=rd.path / "torchrun.log")
+            manifest = str(Path(task.results_dir) / task.sweep / "manifest.json")
+            args = [manifest, task.run_id, "--as-rank", *_worker_args(task)]
+            rc = launch_ranks(n, "clipbench.sweep.worker", args, rd, log=rd.path / "torchrun.log")
             if rc != 0:
                 return _outcome(task, "failed", t0, error=str(rd.status().get("error", f"exit code {rc}"))[:500])
             return _outcome(task, "resumed" if resume else "finished", t0, resumed_from=from_step)

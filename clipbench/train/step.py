@@ -247,11 +247,11 @@ def objective_terms(objective: Objective, logp, old_logp, advantages, mask, *, u
 
 def combine(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """One dict of sums from several (micro-batches): added, or max / min for extrema."""
+    ops = {"sum": torch.add, "max": torch.maximum, "min": torch.minimum}
     out = dict(parts[0])
     for p in parts[1:]:
         for k, v in p.items():
-            kind = _reduction(k)
-            out[k] = out[k] + v if kind == "sum" else torch.maximum(out[k], v) if kind == "max" else torch.minimum(out[k], v)
+            out[k] = ops[_reduction(k)](out[k], v)
     return out
 
 
