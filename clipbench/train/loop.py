@@ -201,6 +201,9 @@ def build_optimizer(model, tc):
 
 
 def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricSink) -> Run:
+    if cfg.train.prompts_per_step % dist.world:  # torchrun's N may differ from launch.nproc_per_node
+        raise UserError(f"train.prompts_per_step: {cfg.train.prompts_per_step} prompts cannot be shared by whole "
+                        f"groups over {dist.world} processes (make it a multiple)")
     ckpt = prepare_run_dir(rd, dist, resume)
     dtype = compute_dtype_for(cfg.model.dtype, dist.device)
     model, ref_model, tok = build_models(cfg, dist, dtype)
