@@ -59,8 +59,8 @@ from clipbench.train.distributed import Dist, init_distributed, shard_model
 from clipbench.train.policy import pack
 from clipbench.train.rollout import RolloutBatch, collect_rollout
 from clipbench.train.seeds import derive_seed, generator
-from clipbench.train.step import (Objective, StepInputs, accumulate_gradients, draw_uniforms, finalize,
-                                  frozen_logprobs, optimizer_step, plan_update, reduce_sums)
+from clipbench.train.step import (Objective, StepInputs, accumulate_gradients, add_histograms, draw_uniforms,
+                                  finalize, frozen_logprobs, optimizer_step, plan_update, reduce_sums)
 
 
 def compute_dtype_for(name: str, device: torch.device) -> torch.dtype:
@@ -273,8 +273,7 @@ def update(run: Run, step: int, batch: RolloutBatch) -> tuple[list[dict], dict |
                      "grad_norm": grad_norm, "opt_step": run.state["opt_step"], "lr": run.scheduler.get_last_lr()[0],
                      "skipped_nonfinite": run.state["skipped_nonfinite"]})
         if h is not None:
-            hist = h if hist is None else {**hist, "pos": [a + b for a, b in zip(hist["pos"], h["pos"])],
-                                           "neg": [a + b for a, b in zip(hist["neg"], h["neg"])]}
+            hist = add_histograms(hist, h)
     run.sampler.sync_weights(model)
     return done, hist
 

@@ -162,26 +162,33 @@ def accumulate_gradients(model, batch: Packed, step: OptStep, inputs: StepInputs
         mb, idx = _micro(batch, rows, pad_id, dist.device)
         with compute():
             logp, ent = completion_logprobs(model, mb, temperature=temperature)
-        logp = logp.float()  # (b, T_mb)
-        T_mb, mask = logp.shape[1], mb.completion_mask
-
-        def take(t):  # the micro-batch's slice of a (B,) or (B, T) per-row tensor
-            if t is None:
-                return None
-            if idx is None:
-                return torch.zeros((1,) + ((1,) if t.dim() == 2 else ()), device=dist.device)
-            return t[idx, :T_mb] if t.dim() == 2 else t[idx]
-
-        loss, sums = objective_terms(objective, logp, take(inputs.old_logp), take(inputs.advantages), mask,
-                                     uniforms=take(inputs.uniforms), ref_logp=take(inputs.ref_logp),
+        logp, mask = logp.float(), mb.completion_mask  # (b, T_mb)
+        old, adv = _take(inputs.old_logp, idx, logp), _take(inputs.advantages, idx, logp)
+        loss, sums = objective_terms(objective, logp, old, adv, mask, uniforms=_take(inputs.uniforms, idx, logp),
+                                     ref_logp=_take(inputs.ref_logp, idx, logp),
                                      global_tokens=step.tokens, global_seqs=step.seqs)
         (loss * dist.loss_scale).backward()
         parts.append({**sums, "loss": loss.detach(), "entropy/sum": (ent * mask).sum(), "entropy/tokens": mask.sum()})
         if histogram and idx is not None:
-            h = log_ratio_histogram(logp.detach(), take(inputs.old_logp), take(inputs.advantages), mask)
-            hist = h if hist is None else {**hist, "pos": [a + b for a, b in zip(hist["pos"], h["pos"])],
-                                           "neg": [a + b for a, b in zip(hist["neg"], h["neg"])]}
+            hist = add_histograms(hist, log_ratio_histogram(logp.detach(), old, adv, mask))
     return combine(parts), hist
+
+
+def _take(t: torch.Tensor | None, idx: torch.Tensor | None, logp: torch.Tensor) -> torch.Tensor | None:
+    """A micro-batch's rows of a per-row (B,) or (B, T) tensor, trimmed to its width (zeros for the
+    placeholder, idx None)."""
+    if t is None:
+        return None
+    if idx is None:
+        return logp.new_zeros((1, 1) if t.dim() == 2 else (1,))
+    return t[idx, :logp.shape[1]] if t.dim() == 2 else t[idx]
+
+
+def add_histograms(a: dict | None, b: dict) -> dict:
+    """Log-ratio histograms (`log_ratio_histogram`) added bin by bin; `a` None is empty."""
+    if a is None:
+        return b
+    return {**a, "pos": [x + y for x, y in zip(a["pos"], b["pos"])], "neg": [x + y for x, y in zip(a["neg"], b["neg"])]}
 
 
 def optimizer_step(model, optimizer, scheduler, grad_clip: float) -> tuple[torch.Tensor, bool]:
