@@ -282,10 +282,10 @@ def update(run: Run, step: int, batch: RolloutBatch) -> tuple[list[dict], dict |
 # Logging: statistics all-reduced and transferred once per rollout step; rank 0 writes
 
 
-def log_step(run: Run, step: int, batch: RolloutBatch, done: list[dict], hist: dict | None, seconds: float,
-             progress: Callable[[dict], None] | None) -> list[dict]:
-    dist = run.dist
-    stats = reduce_sums([d["sums"] for d in done], dist)
+def metric_rows(run: Run, step: int, batch: RolloutBatch, done: list[dict], seconds: float) -> list[dict]:
+    """One row per optimizer step: the statistics all-reduced over ranks and brought to the host in
+    one transfer per reduction kind (reduce_sums), finalised."""
+    stats = reduce_sums([d["sums"] for d in done], run.dist)
     norms = torch.stack([d["grad_norm"] for d in done]).cpu().tolist()
     rows = []
     for d, s, norm in zip(done, stats, norms):
@@ -296,12 +296,22 @@ def log_step(run: Run, step: int, batch: RolloutBatch, done: list[dict], hist: d
                      "grad_norm": norm, "lr": d["lr"], "skipped_nonfinite": d["skipped_nonfinite"],
                      "old_logp_source": 1 if batch.sampler_logp is not None else 0, **finalize(s),
                      "time/update": seconds})
-    if hist is not None and dist.sharded:
-        counts = dist.all_reduce_(torch.tensor([hist["pos"], hist["neg"]], dtype=torch.float64, device=dist.device))
-        counts = counts.tolist()
-        hist = {**hist, "pos": [int(c) for c in counts[0]], "neg": [int(c) for c in counts[1]]}
-    if not dist.main:
-        return rows
+    return rows
+
+
+def sum_histogram(hist: dict | None, dist: Dist) -> dict | None:
+    """A rollout step's log-ratio histogram summed over ranks."""
+    if hist is None or not dist.sharded:
+        return hist
+    counts = dist.all_reduce_(torch.tensor([hist["pos"], hist["neg"]], dtype=torch.float64, device=dist.device))
+    pos, neg = counts.cpu().tolist()
+    return {**hist, "pos": [int(c) for c in pos], "neg": [int(c) for c in neg]}
+
+
+def log_step(run: Run, step: int, rows: list[dict], hist: dict | None, progress: Callable[[dict], None] | None) -> None:
+    """Rank 0: rows to metrics.jsonl and the sink, the histogram, the progress line."""
+    if not run.dist.main:
+        return
     run.rd.append_metrics(rows)
     if hist is not None:
         run.rd.append_hist([{"step": step, "opt_step": run.state["opt_step"], **hist}])
@@ -311,7 +321,6 @@ def log_step(run: Run, step: int, batch: RolloutBatch, done: list[dict], hist: d
         progress({"step": step + 1, "steps": run.cfg.train.steps, "reward": rows[-1]["reward/mean"],
                   "entropy": rows[-1]["entropy"], "clip_events": sum(r.get("clip_events", 0) for r in rows),
                   "accuracy": rows[-1]["accuracy"], "skipped": run.state["skipped_nonfinite"]})
-    return rows
 
 
 # ----------------------------------------------------------------------------------------------
@@ -391,7 +400,9 @@ def run_training(cfg: RunConfig, run_dir: Path, *, resume: bool = False, sink: M
             batch = collect_rollout(cfg, step, run.task, run.pool, run.sampler, dist)
             t0 = time.perf_counter()
             done, hist = update(run, step, batch)
-            last = log_step(run, step, batch, done, hist, time.perf_counter() - t0, progress)[-1]
+            rows = metric_rows(run, step, batch, done, time.perf_counter() - t0)
+            log_step(run, step, rows, sum_histogram(hist, dist), progress)
+            last = rows[-1]
             after_step(run, step + 1)
         return finish(run, last)
     finally:
