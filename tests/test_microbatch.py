@@ -6,21 +6,19 @@ tests/test_distributed.py runs real processes).
 The step-function test runs the model in float64, so that what it measures is the split, not the
 model's float32 round-off magnified by the cancellation of positive and negative advantages (in
 float32 the gradients of a split batch differ by ~3e-5 relative in the first layer for that reason
-alone); the loss itself is computed in float32 by `policy_loss`, so agreement is to ~1e-7. A wrong
-normaliser would be off by a factor (>= 1e-2). The float32 training run is checked at its logged
-loss and grad_norm (1e-5 relative), as the issue asks.
+alone): every parameter's gradient then agrees to ~1e-14 (measured; asserted 1e-12), while the loss
+value, computed in float32 by `policy_loss`, agrees to ~2e-7 (asserted 1e-6). A wrong normaliser
+would be off by a factor (>= 1e-2). The float32 training run is checked at its logged loss and
+grad_norm (1e-5 relative), as the issue asks.
 """
 
 from __future__ import annotations
-
-import inspect
 
 import pytest
 import torch
 
 from clipbench.config import load_run_config
 from clipbench.errors import ConfigError
-from clipbench.objectives import policy_loss
 from clipbench.tracking.store import RunDir
 from clipbench.train.advantages import compute_advantages
 from clipbench.train.base_model import load_model_and_tokenizer, resolve_model_name
@@ -30,8 +28,6 @@ from clipbench.train.policy import completion_logprobs, pack
 from clipbench.train.step import (Objective, StepInputs, accumulate_gradients, draw_uniforms, optimizer_step,
                                   pack_micro_batches, plan_update)
 
-# The objectives rewrite adds policy_loss(uniforms=...): until it lands, nsr draws per call.
-UNIFORMS = "uniforms" in inspect.signature(policy_loss).parameters
 G = 4
 
 
@@ -83,8 +79,9 @@ def _run(model, tok, batch, objective, *, budget, world=1):
         loss += float(sums["loss"])
         micro.append([len(m) for m in step.micro])
         for k, v in sums.items():
-            if "/" in k and k.split("/")[0] in ("q1", "q2", "q3", "q4", "zero_adv", "on_policy") or k == "clip_events":
+            if k.split("/")[0] in ("q1", "q2", "q3", "q4", "zero_adv", "on_policy"):
                 counts[k] = counts.get(k, 0.0) + float(v)
+    counts["clip_events"] = sum(v for k, v in counts.items() if k.endswith("/out_of_band"))
     grads = {n: g / world for n, g in _grads(model).items()}  # FSDP averages the ranks' gradients
     return loss, counts, grads, micro
 
@@ -92,16 +89,14 @@ def _run(model, tok, batch, objective, *, budget, world=1):
 CASES = [("grpo", {}, "token-mean", 0.0), ("grpo", {}, "seq-mean-token-mean", 0.1),
          ("gspo", {}, "seq-mean-token-sum", 0.0), ("dual_clip", {}, "seq-mean-token-sum-norm", 0.0),
          ("cispo", {"eps_high": 0.2}, "token-mean", 0.0),
-         pytest.param("nsr", {"p": 0.5}, "token-mean", 0.0,
-                      marks=pytest.mark.xfail(not UNIFORMS, strict=True,
-                                              reason="needs policy_loss(uniforms=...) (objectives rewrite)"))]
+         ("nsr", {"p": 0.5}, "token-mean", 0.0)]
 
 
 @pytest.mark.parametrize("method, params, agg, beta", CASES)
 def test_step_function_is_exact_over_micro_batches_and_ranks(tiny, batch, method, params, agg, beta):
-    """Loss and every parameter's gradient within float32 round-off of the objective (1e-6 relative),
-    counts equal, for 1 micro-batch, 2 micro-batches, an uneven number, and 2 ranks with uneven
-    micro-batches (one rank runs a placeholder to stay in step)."""
+    """Every parameter's gradient (1e-12 relative), the loss (1e-6) and every token count equal, for
+    1 micro-batch, 2 micro-batches, an uneven number, and 2 ranks with uneven micro-batches (one rank
+    runs a placeholder to stay in step); nsr's draws are pre-drawn uniforms, split with the rows."""
     model, tok = tiny
     objective = Objective(method, {**params}, agg, beta, max_len=12)
     loss0, counts0, grads0, micro0 = _run(model, tok, batch, objective, budget=0)
@@ -113,10 +108,12 @@ def test_step_function_is_exact_over_micro_batches_and_ranks(tiny, batch, method
         if budget == 40:
             assert len(set(sizes)) > 1, micro  # uneven micro-batches (placeholders included)
         assert abs(loss - loss0) <= 1e-6 * max(abs(loss0), 1.0), (budget, world, loss, loss0)
-        assert counts == counts0, (budget, world)
+        assert {k: v for k, v in counts.items() if "mass" not in k} == \
+            {k: v for k, v in counts0.items() if "mass" not in k}, (budget, world)
+        assert all(abs(counts[k] - v) <= 1e-6 * max(abs(v), 1e-3) for k, v in counts0.items() if "mass" in k)
         for name, g0 in grads0.items():
             err = (grads[name] - g0).norm()
-            assert err <= 1e-6 * g0.norm() + 1e-12, (budget, world, name, float(err), float(g0.norm()))
+            assert err <= 1e-12 * g0.norm() + 1e-15, (budget, world, name, float(err), float(g0.norm()))
 
 
 def test_packing_budget_whole_sequences_and_rank_lockstep(tiny, batch):
@@ -175,7 +172,8 @@ def test_a_run_with_micro_batches_logs_the_same_loss_grad_norm_and_counts(tmp_pa
         assert abs(a["loss"] - b["loss"]) <= 1e-5 * max(abs(a["loss"]), 1.0), (a["opt_step"], a["loss"], b["loss"])
         assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * a["grad_norm"], (a["opt_step"], a["grad_norm"],
                                                                                b["grad_norm"])
-        counts = [k for k in a if k.split("/")[0] in ("q1", "q2", "q3", "q4", "zero_adv", "on_policy")]
+        counts = [k for k in a if k.split("/")[0] in ("q1", "q2", "q3", "q4", "zero_adv", "on_policy")
+                  and "mass" not in k]  # token counts: exact (gradient masses are float sums)
         assert [a[k] for k in counts] == [b[k] for k in counts] and a["clip_events"] == b["clip_events"]
 
 

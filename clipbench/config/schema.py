@@ -18,6 +18,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "task.template": ("auto", "dapo", "plain"),
     "sampler.backend": ("auto", "hf", "vllm"),
     "sampler.old_logp": ("recompute", "sampler"),
+    "sampler.mismatch_is": ("none", "token", "sequence"),
     "train.advantage": ("group", "group_mean", "rloo"),
     "train.lr_schedule": ("constant", "cosine"),
 }
@@ -61,6 +62,11 @@ class SamplerConfig:
     # when prompts_per_step / N is a multiple of it.
     prompts_per_call: int = 0
     gpu_memory_utilization: float = 0.3  # vllm only
+    sleep_mode: bool = False  # vllm on CUDA: the engine sleeps while the trainer updates (frees its share)
+    # sampler/trainer mismatch correction (truncated importance sampling; needs old_logp: recompute):
+    # none | token: w_t = min(pi_old(y_t) / pi_sampler(y_t), cap) | sequence: one weight per sequence
+    mismatch_is: str = "none"
+    mismatch_is_cap: float = 2.0  # the cap C of the truncated importance weights (>= 1)
 
 
 @dataclass
@@ -133,6 +139,8 @@ class RunConfig:
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     objective: Dict[str, Any] = field(default_factory=lambda: {"method": "grpo"})
+    # user rule files (.py, relative to the recipe) or modules, imported before objective.method is checked
+    plugins: List[str] = field(default_factory=list)
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)

@@ -49,6 +49,9 @@ class HFSampler:
     def sync_weights(self, model) -> None:  # samples from the training model itself
         self.model = model
 
+    def sleep(self) -> None:  # nothing of its own to release: it samples from the training model
+        pass
+
     def close(self) -> None:
         pass
 

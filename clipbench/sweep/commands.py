@@ -41,15 +41,16 @@ def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
     return run, hyd
 
 
-def plan(file: str | Path, overrides: list[str] = ()) -> tuple[SweepSpec, Expansion]:
+def plan(file: str | Path, overrides: list[str] = (), plugins: list[str] = ()) -> tuple[SweepSpec, Expansion]:
     """Parse and expand a sweep file (pure; ConfigError on bad input)."""
-    spec = load_sweep(file, list(overrides))
+    spec = load_sweep(file, list(overrides), list(plugins))
     return spec, expand(spec)
 
 
 def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, json_out: bool = False,
                   results_dir: Path = Path("results"), jobs: int = 1, launcher: str | None = None,
-                  retry_failed: bool = False, tracking_uri: str | None = None) -> dict[str, Any]:
+                  retry_failed: bool = False, tracking_uri: str | None = None,
+                  plugins: list[str] = ()) -> dict[str, Any]:
     out = Console(highlight=False, soft_wrap=False)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     run_overrides, hydra_overrides = split_overrides(list(overrides))
@@ -61,7 +62,7 @@ def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, js
         from clipbench.sweep.hydra_app import check_launcher
 
         check_launcher(launcher)
-    spec, exp = plan(file, run_overrides)
+    spec, exp = plan(file, run_overrides, plugins)
     results_dir = Path(results_dir)
     mpath = manifest_path(results_dir, spec.name)
 

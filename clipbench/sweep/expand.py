@@ -161,6 +161,14 @@ def expand(spec: SweepSpec) -> Expansion:
     src = spec.source
     sweep_dir = spec.file.resolve().parent
     warnings: list[str] = []
+    if spec.plugins:  # the sweep's own rule files, before any method is checked
+        from clipbench.objectives.plugins import load_plugins
+        from clipbench.errors import UserError
+
+        try:
+            load_plugins(spec.plugins)
+        except UserError as e:
+            raise ConfigError(src, "plugins", str(e)) from None
 
     # --- command-line overrides of axis keys replace the axis by their one value
     cli = dict(spec.cli_overrides)
@@ -190,6 +198,10 @@ def expand(spec: SweepSpec) -> Expansion:
     raw = compose(spec.base)
     base_cfg = validate(raw, str(spec.base))
     base_dict = to_dict(base_cfg)
+    if spec.plugins:  # every run lists the sweep's plugins after the recipe's (workers import them)
+        from clipbench.objectives.plugins import merge_specs
+
+        base_dict["plugins"] = merge_specs(base_dict.get("plugins") or [], spec.plugins)
     base_obj = dict(base_dict.pop("objective"))
     base_method = base_obj.pop("method")
     raw_base_params = {k: v for k, v in (raw.get("objective") or {}).items() if k != "method"}

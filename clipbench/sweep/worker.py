@@ -32,6 +32,9 @@ def task_from_manifest(manifest: str | Path, run_id: str, *, retry_failed: bool 
         raise UserError(f"manifest not found: {path}")
     if run_id not in m["runs"]:
         raise UserError(f"{path}: " + unknown_choice("run id", run_id, list(m["runs"])[:20]))
+    from clipbench.objectives.plugins import check_plugin_records
+
+    check_plugin_records(m.get("plugins", []), f"sweep '{path.parent.name}'")
     return RunTask(results_dir=str(path.parent.parent), sweep=path.parent.name, run_id=run_id,
                    config=m["runs"][run_id], label=run_label(m["runs"][run_id], m.get("points", {}).get(run_id)),
                    retry_failed=retry_failed, tracking_uri=tracking_uri, parent_run_id=parent_run_id,

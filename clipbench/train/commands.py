@@ -16,26 +16,32 @@ from rich.console import Console
 
 from clipbench.config import load_run_config, run_id
 from clipbench.errors import RunFailed
+from clipbench.memory.plan import preflight as memory_preflight
 from clipbench.tracking.store import RunDir
+from clipbench.train.base_model import resolve_model_name
 from clipbench.train.checkpoint import find_checkpoint
 from clipbench.train.distributed import under_torchrun
 from clipbench.train.launch import launch_ranks, run_as_rank
 
 
 def train_command(recipe: Path, overrides: list[str], *, resume: bool, results_dir: Path,
-                  tracking_uri: str | None, nproc_per_node: int | None = None) -> dict:
+                  tracking_uri: str | None, nproc_per_node: int | None = None, plugins: list[str] = ()) -> dict:
     from clipbench.train.loop import preflight
 
     if nproc_per_node is not None:
         overrides = [*overrides, f"launch.nproc_per_node={nproc_per_node}"]
-    cfg = load_run_config(recipe, overrides)  # raises ConfigError before anything is written
+    # raises ConfigError before anything is written; imports the run's plugins (recipe + --plugin)
+    cfg = load_run_config(recipe, overrides, plugins=plugins)
     rd = RunDir(Path(results_dir) / "train" / run_id(cfg))
+    # sleep mode can run here; on a GPU: the run fits in its memory over launch.nproc_per_node ranks
+    memory_preflight(cfg, resolve_model_name(cfg.model.name), world_size=cfg.launch.nproc_per_node)
     preflight(cfg)  # model, task and benchmarks load: still nothing written
     n = cfg.launch.nproc_per_node
     if n > 1 and not under_torchrun():  # this process only launches the ranks
         args = ["train", str(recipe), *overrides, "--results-dir", str(results_dir)]
         args += ["--resume"] if resume else []
         args += ["--tracking-uri", tracking_uri] if tracking_uri else []
+        args += [a for p in plugins for a in ("--plugin", str(p))]
         rc = launch_ranks(n, "clipbench", args, rd)
         if rc != 0:
             raise RunFailed(f"training on {n} processes failed (torchrun exit code {rc}; the failing rank's error "

@@ -27,6 +27,7 @@ def run_as_rank(cfg, rd: RunDir, *, resume: bool, make_sink: Callable[[], object
     """Train `cfg` into `rd` as this process's part: the whole run in one process, or one rank of a
     torchrun launch (the process group is set up and torn down here). Rank 0 gets the sink
     (`make_sink()`) and the progress callback. `on_rank(dist)` runs once the rank is known."""
+    from clipbench.objectives.plugins import ensure_plugins
     from clipbench.train.loop import run_training
 
     dist = init_distributed(cfg.model.device)
@@ -37,6 +38,7 @@ def run_as_rank(cfg, rd: RunDir, *, resume: bool, make_sink: Callable[[], object
     sink = make_sink() if make_sink is not None and dist.main else None
     status = "FAILED"
     try:
+        ensure_plugins(cfg)  # the run's rule files, in whichever process runs it (every rank)
         summary = run_training(cfg, rd.path, resume=resume, sink=sink, progress=progress if dist.main else None,
                                dist=dist)
         status = "FINISHED"

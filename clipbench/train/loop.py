@@ -47,6 +47,7 @@ import torch
 
 from clipbench.config import RunConfig, run_id, to_dict
 from clipbench.errors import RunFailed, UserError
+from clipbench.objectives import finalize
 from clipbench.rollout import build_sampler, resolve_backend
 from clipbench.tasks import build_task
 from clipbench.tasks.evaluate import evaluate_and_store
@@ -60,7 +61,7 @@ from clipbench.train.policy import pack
 from clipbench.train.rollout import RolloutBatch, collect_rollout
 from clipbench.train.seeds import derive_seed, generator
 from clipbench.train.step import (Objective, StepInputs, accumulate_gradients, add_histograms, draw_uniforms,
-                                  finalize, frozen_logprobs, optimizer_step, plan_update, reduce_sums)
+                                  frozen_logprobs, optimizer_step, plan_update, reduce_sums)
 
 
 def compute_dtype_for(name: str, device: torch.device) -> torch.dtype:
@@ -120,8 +121,9 @@ def preflight(cfg: RunConfig) -> None:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UserError(f"model.name: cannot load '{cfg.model.name}': {reason}") from None
     if cfg.launch.nproc_per_node > 1 and resolve_backend(cfg.sampler.backend) == "vllm":
-        raise UserError("sampler.backend: vllm over several processes needs the sharded weight sync "
-                        "(issue 9 §3), not available yet; use sampler.backend=hf or launch.nproc_per_node=1")
+        raise UserError("sampler.backend: vllm over several processes is not wired into the trainer yet "
+                        "(clipbench.rollout.weights streams sharded weights); use sampler.backend=hf or "
+                        "launch.nproc_per_node=1")
     eval_suite(cfg, build_task(cfg.task))
 
 
@@ -289,12 +291,13 @@ def metric_rows(run: Run, step: int, batch: RolloutBatch, done: list[dict], seco
     norms = torch.stack([d["grad_norm"] for d in done]).cpu().tolist()
     rows = []
     for d, s, norm in zip(done, stats, norms):
-        entropy = s.pop("entropy/sum") / max(s.pop("entropy/tokens"), 1.0)
-        loss = s.pop("loss")
+        entropy = float(s.pop("entropy/sum") / s.pop("entropy/tokens").clamp(min=1.0))
+        loss = float(s.pop("loss"))
         rows.append({"step": step, "opt_step": d["opt_step"], "epoch": d["epoch"], "mini_batch": d["mini_batch"],
                      "micro_batches": d["micro_batches"], **batch.metrics, "entropy": entropy, "loss": loss,
                      "grad_norm": norm, "lr": d["lr"], "skipped_nonfinite": d["skipped_nonfinite"],
-                     "old_logp_source": 1 if batch.sampler_logp is not None else 0, **finalize(s),
+                     "old_logp_source": 1 if batch.sampler_logp is not None else 0,
+                     **{k: float(v) for k, v in finalize(s).items()},
                      "time/update": seconds})
     return rows
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from clipbench.objectives import log_ratio_histogram, policy_loss
+from clipbench.objectives import METHODS, combine, log_ratio_histogram, policy_loss, reduction
 from clipbench.train.distributed import Dist, full_tensor
 from clipbench.train.policy import Packed, completion_logprobs, placeholder
 
@@ -129,7 +129,7 @@ class Objective:
     @property
     def draws(self) -> bool:
         """Does this rule (with these parameters) draw random numbers?"""
-        return _needs_draws(self.method, self.params)
+        return METHODS[self.method].needs_draws(self.params)
 
 
 def draw_uniforms(shape: torch.Size, generator: torch.Generator, device) -> torch.Tensor:
@@ -164,11 +164,13 @@ def accumulate_gradients(model, batch: Packed, step: OptStep, inputs: StepInputs
             logp, ent = completion_logprobs(model, mb, temperature=temperature)
         logp, mask = logp.float(), mb.completion_mask  # (b, T_mb)
         old, adv = _take(inputs.old_logp, idx, logp), _take(inputs.advantages, idx, logp)
-        loss, sums = objective_terms(objective, logp, old, adv, mask, uniforms=_take(inputs.uniforms, idx, logp),
-                                     ref_logp=_take(inputs.ref_logp, idx, logp),
-                                     global_tokens=step.tokens, global_seqs=step.seqs)
-        (loss * dist.loss_scale).backward()
-        parts.append({**sums, "loss": loss.detach(), "entropy/sum": (ent * mask).sum(), "entropy/tokens": mask.sum()})
+        out = policy_loss(objective.method, logp, old, adv, mask, agg=objective.agg,
+                          uniforms=_take(inputs.uniforms, idx, logp), ref_logp=_take(inputs.ref_logp, idx, logp),
+                          beta=objective.beta, max_len=objective.max_len, global_tokens=step.tokens,
+                          global_seqs=step.seqs, **objective.params)
+        (out.loss * dist.loss_scale).backward()
+        parts.append({**out.sums, "loss": out.loss.detach(), "entropy/sum": (ent * mask).sum(),
+                      "entropy/tokens": mask.sum()})
         if histogram and idx is not None:
             hist = add_histograms(hist, log_ratio_histogram(logp.detach(), old, adv, mask))
     return combine(parts), hist
@@ -206,91 +208,19 @@ def optimizer_step(model, optimizer, scheduler, grad_clip: float) -> tuple[torch
 
 
 # ----------------------------------------------------------------------------------------------
-# The policy loss with global counts, and its statistics as sums.
-# Written against today's `policy_loss` (stats already finalised per call); the objectives rewrite
-# (policy_loss(..., uniforms=, global_tokens=, global_seqs=) -> out.sums, combine, finalize)
-# replaces this section with direct calls.
-
-_MEAN_BY_TOKENS = ("ratio/mean", "approx_kl", "kl_ref")
+# Statistics of several optimizer steps: all-reduced by kind, transferred once
 
 
-def _needs_draws(method: str, params: dict) -> bool:
-    return method == "nsr"
-
-
-def _reduction(key: str) -> str:
-    """How a statistic combines over micro-batches and ranks: sum, max or min."""
-    return "max" if key.endswith("/max") else "min" if key.endswith("/min") else "sum"
-
-
-def objective_terms(objective: Objective, logp, old_logp, advantages, mask, *, uniforms, ref_logp,
-                    global_tokens: int, global_seqs: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """(loss normalised by the mini-batch's global counts, sums of the statistics)."""
-    gen = None
-    if objective.draws:  # today's nsr draws from a generator: seeded from the micro-batch's first uniform
-        seed = int(uniforms.reshape(-1)[0] * 2 ** 62) if uniforms is not None else 0
-        gen = torch.Generator(device=logp.device).manual_seed(seed)
-    out = policy_loss(objective.method, logp, old_logp, advantages, mask, agg=objective.agg, generator=gen,
-                      ref_logp=ref_logp, beta=objective.beta, max_len=objective.max_len, **objective.params)
-    n_tok = mask.sum()
-    n_seq = (mask.sum(-1) > 0).sum().float()
-    own = n_tok.clamp(min=1.0) if objective.agg == "token-mean" else n_seq.clamp(min=1.0)
-    glob = max(global_tokens if objective.agg == "token-mean" else global_seqs, 1)
-    sums = {"tokens/n": n_tok, "seqs/n": n_seq}
-    for k, v in out.stats.items():
-        v = torch.as_tensor(v, dtype=torch.float32, device=logp.device)
-        if k in _MEAN_BY_TOKENS:
-            sums[k] = v * n_tok
-        elif k == "seq_ratio/mean":
-            sums[k] = v * n_seq
-        elif _reduction(k) != "sum":  # extrema over valid tokens; an empty micro-batch is neutral
-            empty = n_tok == 0 if k.startswith("ratio/") else n_seq == 0
-            sums[k] = torch.where(empty, torch.tensor(float("-inf") if _reduction(k) == "max" else float("inf"),
-                                                      device=v.device), v)
-        else:
-            sums[k] = v
-    return out.loss * own / glob, sums
-
-
-def combine(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """One dict of sums from several (micro-batches): added, or max / min for extrema."""
-    ops = {"sum": torch.add, "max": torch.maximum, "min": torch.minimum}
-    out = dict(parts[0])
-    for p in parts[1:]:
-        for k, v in p.items():
-            out[k] = ops[_reduction(k)](out[k], v)
-    return out
-
-
-def finalize(sums: dict[str, float]) -> dict[str, float]:
-    """Logged statistics from (all-reduced) sums: today's keys of policy_loss's stats."""
-    n_tok, n_seq = sums["tokens/n"], sums["seqs/n"]
-    out = {}
-    for k, v in sums.items():
-        if k in ("tokens/n", "seqs/n"):
-            continue
-        if k in _MEAN_BY_TOKENS:
-            out[k] = v / n_tok if n_tok else (1.0 if k == "ratio/mean" else 0.0)
-        elif k == "seq_ratio/mean":
-            out[k] = v / n_seq if n_seq else 1.0
-        elif _reduction(k) != "sum":
-            out[k] = v if abs(v) != float("inf") else 1.0
-        else:
-            out[k] = v
-    return out
-
-
-def reduce_sums(rows: list[dict[str, torch.Tensor]], dist: Dist) -> list[dict[str, float]]:
-    """Sums of several optimizer steps, all-reduced over ranks by kind (three collectives in all) and
-    brought to the host in one transfer per kind."""
+def reduce_sums(rows: list[dict[str, torch.Tensor]], dist: Dist) -> list[dict[str, torch.Tensor]]:
+    """Sums of several optimizer steps, all-reduced over ranks by kind (`reduction`: three
+    collectives in all) and brought to the host in one transfer per kind, as 0-d CPU tensors."""
     keys = list(rows[0])
-    out: list[dict[str, float]] = [{} for _ in rows]
+    out: list[dict[str, torch.Tensor]] = [{} for _ in rows]
     for kind in ("sum", "max", "min"):
-        ks = [k for k in keys if _reduction(k) == kind]
+        ks = [k for k in keys if reduction(k) == kind]
         if not ks:
             continue
-        t = torch.stack([torch.stack([r[k].float() for k in ks]) for r in rows])  # (steps, keys)
-        vals = dist.all_reduce_(t, kind).cpu().tolist()
-        for row, v in zip(out, vals):
-            row.update(zip(ks, v))
+        t = torch.stack([torch.stack([r[k].to(torch.float64) for k in ks]) for r in rows])  # (steps, keys)
+        for row, vals in zip(out, dist.all_reduce_(t, kind).cpu()):
+            row.update(zip(ks, vals.unbind(0)))
     return out
