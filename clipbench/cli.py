@@ -63,9 +63,12 @@ def sweep(
     json_out: bool = typer.Option(False, "--json", help="With --dry-run: one JSON object per run."),
     results_dir: Path = RESULTS,
     jobs: int = typer.Option(1, "--jobs", "-j", help="Local worker processes."),
-    launcher: Optional[str] = typer.Option(None, "--launcher", help="Hydra launcher plugin: joblib, submitit_slurm, ray."),
+    launcher: Optional[str] = typer.Option(None, "--launcher", help="Hydra launcher plugin: joblib, submitit_slurm, "
+                                           "submitit_local, ray, basic."),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Rerun runs that failed."),
     tracking_uri: Optional[str] = TRACKING,
+    engine: Optional[str] = typer.Option(None, "--engine", help="builtin or trl: the engine of every run "
+                                         "(engine=...); verl: each run as a verl command (--dry-run prints them)."),
     plugin: Optional[List[str]] = PLUGIN,
 ):
     """Expand a declarative sweep into runs and execute them (resumable)."""
@@ -73,7 +76,7 @@ def sweep(
 
     sweep_command(file, overrides or [], dry_run=dry_run, json_out=json_out, results_dir=results_dir,
                   jobs=jobs, launcher=launcher, retry_failed=retry_failed, tracking_uri=tracking_uri,
-                  plugins=plugin or [])
+                  plugins=plugin or [], engine=engine)
 
 
 @app.command()

@@ -167,10 +167,13 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
         raise ConfigError(source, key, reason)
 
     for key, choices in CHOICES.items():
-        section, name = key.split(".")
-        val = getattr(getattr(cfg, section), name)
-        if val not in choices:
-            err(key, unknown_choice("value", val, choices))
+        node = cfg
+        for part in key.split("."):
+            node = getattr(node, part)
+        if node not in choices:
+            err(key, unknown_choice("value", node, choices))
+    if cfg.trl and cfg.engine != "trl":
+        err("trl", f"GRPOConfig settings for engine 'trl', but engine is '{cfg.engine}'")
     if cfg.train.agg not in AGGREGATIONS:
         err("train.agg", unknown_choice("aggregation", cfg.train.agg, AGGREGATIONS))
 
@@ -276,12 +279,21 @@ def from_dict(d: Mapping) -> RunConfig:
 # Sections that do not change what a run computes, so they stay out of its identity.
 # plugins: where a rule is found (the manifest records its hash); launch: how many processes train the run.
 NOT_IN_ID = ("name", "tracking", "plugins", "launch")
+# Top-level keys added after run ids were first handed out: at these values they stay out of the
+# hash, so every run id from before they existed is unchanged.
+ID_DEFAULTS = {"engine": "builtin", "trl": {}}
+
+
+def in_id(key: str, value: Any) -> bool:
+    """Whether a top-level key of a resolved config counts in its run id."""
+    return key not in NOT_IN_ID and not (key in ID_DEFAULTS and value == ID_DEFAULTS[key])
 
 
 def run_id(cfg: RunConfig | Mapping) -> str:
-    """12 hex chars of sha256 over the canonical JSON of the resolved config (minus tracking/name)."""
+    """12 hex chars of sha256 over the canonical JSON of the resolved config (minus tracking/name and
+    the ID_DEFAULTS keys at their defaults)."""
     d = to_dict(cfg) if isinstance(cfg, RunConfig) else dict(cfg)
-    d = {k: v for k, v in d.items() if k not in NOT_IN_ID}
+    d = {k: v for k, v in d.items() if in_id(k, v)}
     blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

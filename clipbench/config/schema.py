@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional
 # Closed choices, checked by `load.validate` (the objective methods and aggregations are checked
 # against `clipbench.objectives`, their one registry).
 CHOICES: dict[str, tuple[str, ...]] = {
+    "engine": ("builtin", "trl"),
     "model.dtype": ("float32", "bfloat16", "float16", "auto"),
     "model.device": ("auto", "cpu", "cuda"),
     "task.name": ("arith", "math"),
@@ -134,6 +135,8 @@ class LaunchConfig:
 class RunConfig:
     seed: int = 0
     name: Optional[str] = None  # display name; the run_id is a hash of the resolved config
+    engine: str = "builtin"  # builtin: clipbench's GRPO loop; trl: TRL's GRPOTrainer (clipbench.integrations.trl)
+    trl: Dict[str, Any] = field(default_factory=dict)  # engine trl: extra GRPOConfig fields (deepspeed, vllm_mode, ...)
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)

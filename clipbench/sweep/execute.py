@@ -4,8 +4,8 @@ The results store decides what to do with each run (it is the source of truth):
 
     status finished                      -> skipped
     status failed                        -> skipped, rerun (from its checkpoint if any) with --retry-failed
-    otherwise, with a complete checkpoint -> resumed: run_training(..., resume=True)
-    otherwise                            -> started from scratch (run_training cleans the directory)
+    otherwise, with a complete checkpoint -> resumed: train_run(..., resume=True) (the run's engine)
+    otherwise                            -> started from scratch (the engine cleans the directory)
 
 Each run is trained under its run lock (`<sweep>/.locks/<run_id>.lock`); a process that cannot take
 the lock at once skips the run ("locked"), so two sweep processes on one results dir share the work.
@@ -123,6 +123,7 @@ def run_one(task: RunTask, *, progress: Callable[[dict], None] | None = None,
             torch.set_num_threads(task.threads)
         _quiet_libraries()
         from clipbench.config import from_dict
+        from clipbench.integrations import train_run
         from clipbench.train.launch import launch_ranks, run_as_rank
 
         cfg = from_dict(task.config)
@@ -152,7 +153,7 @@ def run_one(task: RunTask, *, progress: Callable[[dict], None] | None = None,
             return sinks[-1]
 
         try:
-            summary = run_as_rank(cfg, rd, resume=resume, make_sink=make_sink, progress=progress)
+            summary = run_as_rank(cfg, rd, train=train_run, resume=resume, make_sink=make_sink, progress=progress)
         except Exception as e:  # noqa: BLE001 - a failing run must not stop the sweep (run_as_rank marked it failed)
             return _outcome(task, "failed", t0, error=f"{type(e).__name__}: {e}"[:500])
         offline = bool(sinks) and getattr(sinks[0], "offline", False) and cfg.tracking.mlflow
@@ -172,12 +173,13 @@ def _worker_args(task: RunTask) -> list[str]:
 def train_as_rank(task: RunTask) -> None:
     """One rank of a run that `run_one` launched over N processes (it holds the lock and the status)."""
     from clipbench.config import from_dict
+    from clipbench.integrations import train_run
     from clipbench.train.launch import run_as_rank
 
     _quiet_libraries()
     cfg, rd = from_dict(task.config), task.run_dir
     resume = checkpoint_step(rd) is not None
-    run_as_rank(cfg, rd, resume=resume, make_sink=lambda: _make_sink(task, cfg, rd, resume))
+    run_as_rank(cfg, rd, train=train_run, resume=resume, make_sink=lambda: _make_sink(task, cfg, rd, resume))
 
 
 # ---------------------------------------------------------------------------------------------

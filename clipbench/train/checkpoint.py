@@ -5,6 +5,7 @@
         dcp/           torch.distributed.checkpoint of {"model": ..., "optim": ...}: one file per rank
                        (__<rank>_0.distcp) + .metadata; parameter names are the HF model's
         model/         config.json, generation config and tokenizer (no weights): rebuilds the model
+    (engine trl: `model/` is TRL's own checkpoint, an HF model directory, and there is no `dcp/`)
 
 Design choices
 - One format for 1 and N processes: DCP stores each tensor with its global shape and the pieces each
@@ -63,13 +64,19 @@ def save_checkpoint(last: Path, *, model, optimizer, scheduler, tokenizer, state
             f.write(json.dumps(full))
             f.flush()
             os.fsync(f.fileno())
-        prev = root / "prev"
-        shutil.rmtree(prev, ignore_errors=True)
-        if last.exists():
-            os.replace(last, prev)
-        os.replace(tmp, last)
-        shutil.rmtree(prev, ignore_errors=True)
+        install_checkpoint(tmp, last)
     dist.barrier()
+
+
+def install_checkpoint(tmp: Path, last: Path) -> None:
+    """Swap a complete checkpoint directory `tmp` (with its state.json) in as `last`, by renames only
+    (also used by engine trl, whose checkpoints hold TRL's own files under `model/`)."""
+    prev = last.parent / "prev"
+    shutil.rmtree(prev, ignore_errors=True)
+    if last.exists():
+        os.replace(last, prev)
+    os.replace(tmp, last)
+    shutil.rmtree(prev, ignore_errors=True)
 
 
 def find_checkpoint(last: Path) -> Path | None:
@@ -106,15 +113,19 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler) -> dict:
 
 def load_policy(path: Path, *, dtype: str = "float32", device: str = "cpu"):
     """(model, tokenizer): a checkpoint's policy as a plain HF model in this process (any world size
-    wrote it). The architecture comes from `model/`, the weights from `dcp/`."""
+    wrote it). The architecture comes from `model/`, the weights from `dcp/` (or from `model/`
+    itself: an engine trl checkpoint)."""
     import torch.distributed.checkpoint as dcp
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path / "model"), dtype=torch.float32)
-    sd = model.state_dict()
-    with _one_process_ok():
-        dcp.load({"model": sd}, checkpoint_id=str(path / "dcp"))
-    model.load_state_dict(sd)
+    if (path / "dcp").is_dir():
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path / "model"), dtype=torch.float32)
+        sd = model.state_dict()
+        with _one_process_ok():
+            dcp.load({"model": sd}, checkpoint_id=str(path / "dcp"))
+        model.load_state_dict(sd)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path / "model", dtype=torch.float32)
     if dtype == "auto":
         dtype = "bfloat16" if torch.device(device).type == "cuda" else "float32"
     return model.to(device=device, dtype=getattr(torch, dtype)).eval(), AutoTokenizer.from_pretrained(path / "model")

@@ -26,7 +26,7 @@ from clipbench.train.launch import launch_ranks, run_as_rank
 
 def train_command(recipe: Path, overrides: list[str], *, resume: bool, results_dir: Path,
                   tracking_uri: str | None, nproc_per_node: int | None = None, plugins: list[str] = ()) -> dict:
-    from clipbench.train.loop import preflight
+    from clipbench.integrations import preflight, train_run  # the run's engine (builtin loop or TRL)
 
     if nproc_per_node is not None:
         overrides = [*overrides, f"launch.nproc_per_node={nproc_per_node}"]
@@ -35,7 +35,7 @@ def train_command(recipe: Path, overrides: list[str], *, resume: bool, results_d
     rd = RunDir(Path(results_dir) / "train" / run_id(cfg))
     # sleep mode can run here; on a GPU: the run fits in its memory over launch.nproc_per_node ranks
     memory_preflight(cfg, resolve_model_name(cfg.model.name), world_size=cfg.launch.nproc_per_node)
-    preflight(cfg)  # model, task and benchmarks load: still nothing written
+    preflight(cfg)  # engine checks, then model, task and benchmarks load: still nothing written
     n = cfg.launch.nproc_per_node
     if n > 1 and not under_torchrun():  # this process only launches the ranks
         args = ["train", str(recipe), *overrides, "--results-dir", str(results_dir)]
@@ -61,10 +61,10 @@ def train_command(recipe: Path, overrides: list[str], *, resume: bool, results_d
 
     def progress(ev: dict) -> None:
         console.print(f"  step {ev['step']:>4}/{ev['steps']}  reward {ev['reward']:.3f}  acc {ev['accuracy']:.3f}  "
-                      f"entropy {ev['entropy']:.3f}  clip events {int(ev['clip_events'])}  skipped {ev['skipped']}")
+                      f"entropy {ev['entropy']:.3f}  clip events {int(ev['clip_events'])}  skipped {ev.get('skipped', 0)}")
 
-    summary = run_as_rank(cfg, rd, resume=resume, make_sink=lambda: _sink(cfg, results_dir, tracking_uri, rd, resume),
-                          progress=progress, on_rank=on_rank)
+    summary = run_as_rank(cfg, rd, train=train_run, resume=resume, progress=progress, on_rank=on_rank,
+                          make_sink=lambda: _sink(cfg, results_dir, tracking_uri, rd, resume))
     for k, v in sorted(summary.items()):
         if k.startswith("eval/"):
             console.print(f"  {k} = {v:.4f}")

@@ -340,28 +340,33 @@ def check_skipped(run: Run) -> None:
                         f"lower train.lr or train.beta (metrics.jsonl shows where it starts)")
 
 
-def run_eval(run: Run, step: int) -> dict:
-    """Avg@n / Pass@k of every benchmark of the suite; every rank samples, rank 0 stores and logs."""
-    cfg, rd = run.cfg, run.rd
+def run_eval(cfg: RunConfig, rd: RunDir, step: int, sampler, suite: dict, sink: MetricSink, *,
+             write: bool = True) -> dict:
+    """Avg@n / Pass@k of every benchmark of `suite` at rollout step `step` (both engines). Every
+    process of a sharded run samples, in lockstep; only the one with `write` stores and logs."""
     payloads = evaluate_and_store(
-        rd if run.dist.main else None, step, run.sampler, {name: problems for name, (problems, _) in run.suite.items()},
-        grade={name: grade_fn for name, (_, grade_fn) in run.suite.items()}, n=cfg.eval.n,
+        rd if write else None, step, sampler, {name: problems for name, (problems, _) in suite.items()},
+        grade={name: grade_fn for name, (_, grade_fn) in suite.items()}, n=cfg.eval.n,
         seed=derive_seed(cfg.seed, "eval", step), temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
         max_new_tokens=cfg.eval.max_new_tokens or cfg.sampler.max_new_tokens)
     flat = {f"eval/{name}/{k}": float(v) for name, payload in payloads.items()
             for k, v in payload["summary"].items() if isinstance(v, (int, float))}
-    if run.dist.main:
+    if write:
         for name in payloads:
-            run.sink.log_artifact(rd.eval_path(step, name), f"eval/step_{step:06d}")
-        run.sink.log_metrics(step, flat)
+            sink.log_artifact(rd.eval_path(step, name), f"eval/step_{step:06d}")
+        sink.log_metrics(step, flat)
     return flat
+
+
+def evaluate_run(run: Run, step: int) -> dict:
+    return run_eval(run.cfg, run.rd, step, run.sampler, run.suite, run.sink, write=run.dist.main)
 
 
 def after_step(run: Run, done: int) -> None:
     cfg = run.cfg
     check_skipped(run)
     if run.suite and cfg.eval.every and done % cfg.eval.every == 0 and done < cfg.train.steps:
-        run_eval(run, done)
+        evaluate_run(run, done)
     if done % cfg.train.checkpoint_every == 0 or done == cfg.train.steps:
         run.state["step"] = done
         save_checkpoint(run.rd.checkpoint_dir, model=run.model, optimizer=run.optimizer, scheduler=run.scheduler,
@@ -374,7 +379,7 @@ def finish(run: Run, last: dict) -> dict:
     cfg, rd = run.cfg, run.rd
     final = {}
     if run.suite and not run.evaluated[1]:
-        final = run_eval(run, cfg.train.steps)
+        final = evaluate_run(run, cfg.train.steps)
     if run.dist.main:
         run.sink.log_artifact(rd.config_path)
         if rd.hist_path.exists():
@@ -397,7 +402,7 @@ def run_training(cfg: RunConfig, run_dir: Path, *, resume: bool = False, sink: M
     run = setup(cfg, RunDir(run_dir), dist, resume=resume, sink=sink if sink is not None and dist.main else NullSink())
     try:
         if run.suite and run.state["step"] == 0 and cfg.eval.at_start and not run.evaluated[0]:
-            run_eval(run, 0)
+            evaluate_run(run, 0)
         last: dict = {}
         for step in range(run.state["step"], cfg.train.steps):
             batch = collect_rollout(cfg, step, run.task, run.pool, run.sampler, dist)
