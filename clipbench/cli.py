@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import typer
 
-from clipbench.errors import UserError
+from clipbench.errors import RunFailed, UserError
 
 app = typer.Typer(
     add_completion=False,
@@ -36,7 +36,8 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
 
 
 def _user_errors(fn):
-    """Bad input: one line on stderr, exit code 2. Warnings (e.g. a suspicious rule parameter): one line."""
+    """Bad input: one line on stderr, exit code 2. A run that failed for a stated reason: exit 1.
+    Warnings (e.g. a suspicious rule parameter): one line."""
 
     @wraps(fn)
     def wrapper(*args, **kwargs):
@@ -46,6 +47,9 @@ def _user_errors(fn):
         except UserError as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2)
+        except RunFailed as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(1)
 
     return wrapper
 
@@ -81,15 +85,17 @@ def train(
     recipe: Path = typer.Argument(..., help="Recipe YAML (see recipes/)."),
     overrides: Optional[List[str]] = typer.Argument(None, help="Dotted key=value overrides."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from its last checkpoint."),
+    nproc_per_node: Optional[int] = typer.Option(
+        None, "--nproc-per-node", help="Train over N processes (torchrun, FSDP2): launch.nproc_per_node=N."),
     results_dir: Path = RESULTS,
     tracking_uri: Optional[str] = TRACKING,
     plugin: Optional[List[str]] = PLUGIN,
 ):
-    """Run one training run end to end."""
+    """Run one training run end to end (over N processes with --nproc-per-node; under torchrun, one rank)."""
     from clipbench.train.commands import train_command
 
     train_command(recipe, overrides or [], resume=resume, results_dir=results_dir, tracking_uri=tracking_uri,
-                  plugins=plugin or [])
+                  nproc_per_node=nproc_per_node, plugins=plugin or [])
 
 
 @app.command()

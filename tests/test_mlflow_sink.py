@@ -189,7 +189,7 @@ def test_resumed_run_does_not_duplicate_steps_and_fresh_start_replaces_the_child
 
 
 def summarize_public(correct) -> dict:
-    from clipbench.eval.passk import summarize
+    from clipbench.tasks.passk import summarize
 
     s = summarize(correct)
     s.pop("per_problem")

@@ -270,7 +270,8 @@ def from_dict(d: Mapping) -> RunConfig:
 
 
 # Sections that do not change what a run computes, so they stay out of its identity.
-NOT_IN_ID = ("name", "tracking", "plugins", "launch")  # plugins: where a rule is found (the manifest records its hash); launch: how many processes
+# plugins: where a rule is found (the manifest records its hash); launch: how many processes train the run.
+NOT_IN_ID = ("name", "tracking", "plugins", "launch")
 # Top-level keys added after run ids were first handed out: at these values they stay out of the
 # hash, so every run id from before they existed is unchanged.
 ID_DEFAULTS = {"engine": "builtin", "trl": {}}

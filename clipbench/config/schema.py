@@ -280,7 +280,7 @@ class TrainConfig:
     agg: str = "token-mean"
     beta: float = 0.0  # KL-to-reference weight (k3); 0 keeps no reference model
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping (the norm is still logged)
-    max_skipped_frac: float = 0.1  # the run fails once more than this share of its optimizer steps is skipped (non-finite)
+    max_skipped_frac: float = 0.1  # the run fails once more than this share of its optimizer steps is skipped
     # Token budget of one forward/backward (rows x padded prompt+completion width); 0 = the whole
     # mini-batch. Gradients accumulate over micro-batches: the loss and gradient are the mini-batch's.
     micro_batch_tokens: int = 0

@@ -33,15 +33,16 @@ def preflight(cfg) -> None:
 
 
 def train_run(cfg, run_dir: Path, *, resume: bool = False, sink=None,
-              progress: Callable[[dict], None] | None = None) -> dict:
-    """Train one run into `run_dir` with its engine; returns the run's summary (see run_training)."""
+              progress: Callable[[dict], None] | None = None, dist=None) -> dict:
+    """Train one run into `run_dir` with its engine; returns the run's summary (see run_training).
+    `dist`: this process's place in a torchrun launch (clipbench.train.distributed; the builtin loop)."""
     if cfg.engine == "trl":
         from clipbench.integrations.trl_engine import run_trl
 
         return run_trl(cfg, run_dir, resume=resume, sink=sink, progress=progress)
     from clipbench.train import loop
 
-    return loop.run_training(cfg, run_dir, resume=resume, sink=sink, progress=progress)
+    return loop.run_training(cfg, run_dir, resume=resume, sink=sink, progress=progress, dist=dist)
 
 
 __all__ = ["check_run", "preflight", "train_run"]

@@ -160,19 +160,13 @@ def make_store_callback(cfg, rd, *, sink, progress, suite, tokenizer):
             self.clip_events = 0.0
 
         def evaluate(self, step: int, model) -> dict:
-            from clipbench.eval.runner import evaluate
             from clipbench.rollout import build_sampler
-            from clipbench.train.loop import derive_seed, run_eval
+            from clipbench.train.loop import run_eval
 
             sampler = build_sampler("hf", model, tokenizer, max_new_tokens=cfg.sampler.max_new_tokens,
                                     temperature=cfg.sampler.temperature, top_p=cfg.sampler.top_p, seed=cfg.seed)
-            if _main_process():
-                return run_eval(cfg, rd, step, sampler, suite, sink)
             # every process samples (models sharded by ZeRO-3 need all of them); only the main one writes
-            evaluate(sampler, {n: p for n, (p, _) in suite.items()}, grade={n: g for n, (_, g) in suite.items()},
-                     n=cfg.eval.n, seed=derive_seed(cfg.seed, "eval", step), temperature=cfg.eval.temperature,
-                     top_p=cfg.eval.top_p, max_new_tokens=cfg.eval.max_new_tokens or cfg.sampler.max_new_tokens)
-            return {}
+            return run_eval(cfg, rd, step, sampler, suite, sink, write=_main_process())
 
         def on_train_begin(self, args, state, control, model=None, **kw):
             if (suite and state.global_step == 0 and cfg.eval.at_start
@@ -295,7 +289,8 @@ def run_trl(cfg, run_dir: Path, *, resume: bool = False, sink=None,
     from clipbench.tracking.store import RunDir, read_json
     from clipbench.train.base_model import load_model_and_tokenizer, resolve_model_name
     from clipbench.train.checkpoint import find_checkpoint
-    from clipbench.train.loop import eval_suite, resolve_device
+    from clipbench.train.distributed import resolve_device
+    from clipbench.train.loop import eval_suite
 
     check_config(cfg)
     sink = sink or NullSink()

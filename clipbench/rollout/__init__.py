@@ -43,8 +43,9 @@ def check_sleep_mode(sleep_mode: bool, backend: str) -> None:
 def build_sampler(backend: str, model, tokenizer, *, max_new_tokens: int,
                   temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, return_logprobs: bool = False,
                   dtype: str = "float32", gpu_memory_utilization: float = 0.3,
-                  max_model_len: int | None = None, sleep_mode: bool = False) -> Sampler:
-    """The sampler for `backend` over `model` (the training policy)."""
+                  max_model_len: int | None = None, sleep_mode: bool = False, synced_gpus: bool = False) -> Sampler:
+    """The sampler for `backend` over `model` (the training policy); `synced_gpus` when the model is
+    sharded over several processes (every rank generates in lockstep)."""
     check_sleep_mode(sleep_mode, backend)
     backend = resolve_backend(backend)
     if backend == "hf":
@@ -53,7 +54,8 @@ def build_sampler(backend: str, model, tokenizer, *, max_new_tokens: int,
         import torch
 
         return HFSampler(model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
-                         top_p=top_p, return_logprobs=return_logprobs, dtype=torch.float32 if dtype == "auto" else getattr(torch, dtype))
+                         top_p=top_p, return_logprobs=return_logprobs, synced_gpus=synced_gpus,
+                         dtype=torch.float32 if dtype == "auto" else getattr(torch, dtype))
     from clipbench.rollout import vllm as vllm_backend
 
     if not vllm_backend.is_available():

@@ -288,6 +288,10 @@ def expand(spec: SweepSpec) -> Expansion:
         if not check_param(k, v, psrc, where, drop_unknown=psrc == str(spec.base)):
             del explicit[k]
     for ax in axes:
+        if all(k.split(".")[0] in NOT_IN_ID for k in ax.keys):  # e.g. grid launch.nproc_per_node: [1, 8]
+            raise ConfigError(src, f"{ax.where}.{ax.keys[0]}", "not part of a run's identity (how a run is launched "
+                              "or tracked, not what it computes), so its values alone would be one run; set it in "
+                              "overrides, or zip it with a key that differs")
         for j, k in enumerate(ax.keys):
             if k.startswith(OBJ) and k != METHOD_KEY:
                 for vals in ax.values:
