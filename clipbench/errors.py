@@ -38,3 +38,13 @@ def unknown_choice(kind: str, word: str, choices: Iterable[str]) -> str:
     """Message for an unknown name: "unknown method 'grpp' (did you mean 'grpo'?); valid: a, b"."""
     choices = sorted(str(c) for c in choices)
     return f"unknown {kind} '{word}'{did_you_mean(word, choices)}; valid: {', '.join(choices)}"
+
+
+class StoreError(UserError):
+    """A damaged or unreadable file of the results store, rendered on one line as
+    ``FILE: [WHERE: ]PROBLEM; REMEDY`` (what is wrong, where, and what the user can do)."""
+
+    def __init__(self, file, problem: str, remedy: str, where: str | None = None):
+        self.file, self.problem, self.remedy, self.where = str(file), problem, remedy, where
+        parts = [self.file] + ([where] if where else []) + [problem]
+        super().__init__(": ".join(parts) + (f"; {remedy}" if remedy else ""))

@@ -34,7 +34,7 @@ def test_run_id_is_deterministic_and_config_sensitive():
 @pytest.mark.parametrize("override, key, words", [
     (["train.stpes=3"], "train.stpes", "did you mean 'steps'"),
     (["train.steps=abc"], "train.steps", ""),
-    (["train.steps=0"], "train.steps", ">= 1"),
+    (["train.steps=0"], "train.steps", "must be in [1, 1000000], got 0"),
     (["objective.method=grpp"], "objective.method", "did you mean 'grpo'"),
     (["objective.p=0.5"], "objective.p", "p"),  # grpo has no p
     (["objective.method=nsr", "objective.p=1.5"], "objective.p", ""),
@@ -43,6 +43,25 @@ def test_run_id_is_deterministic_and_config_sensitive():
     (["train.agg=token_mean"], "train.agg", "did you mean 'token-mean'"),
     (["sampler.top_p=0"], "sampler.top_p", "(0, 1]"),
     (["task.name=math"], "task.path", "needs a path"),
+    # values that used to pass and fail only at run time, after the first write (issue 13)
+    (["model.name=/no/such/model"], "model.name", "no such path '/no/such/model'"),
+    (["model.name=./no-such-dir/model"], "model.name", "no such path"),
+    (["task.digits=0"], "task.digits", "must be in [1, 6], got 0"),
+    (["task.ops=+/"], "task.ops", "must be characters of '+-*'"),
+    (["model.name=builtin:a/b/c"], "model.name", "not a built-in model name"),
+    (["train.betas=[1.5, -2]"], "train.betas", "item 0: must be in [0, 1), got 1.5"),
+    (["train.betas=[0.9]"], "train.betas", "must have 2 items"),
+    (["train.lr=1.0e+400"], "train.lr", "must be a finite number in (0, 1], got inf"),
+    (["train.steps=100000000000000000000000000000"], "train.steps", "must be in [1, 1000000]"),
+    (["sampler.temperature=.inf"], "sampler.temperature", "must be a finite number in (0, 10], got inf"),
+    (["eval.temperature=.nan"], "eval.temperature", "got nan"),
+    (["train.max_skipped_frac=1.5"], "train.max_skipped_frac", "must be in [0, 1], got 1.5"),
+    (["train.grad_clip=-1"], "train.grad_clip", "must be in [0, 1e+06], got -1"),
+    (["eval.data_dir=/no/such/dir"], "eval.data_dir", "no such directory '/no/such/dir'"),
+    (["eval.benchmarks=[arith, arith]"], "eval.benchmarks", "twice"),
+    (["objective.eps_low=.inf"], "objective.eps_low", ""),
+    (["tracking.experiment="], "tracking.experiment", "non-empty string"),
+    (["train.overlong.enabled=true", "train.overlong.buffer=64"], "train.overlong.buffer", "<= sampler.max_new_tokens"),
 ])
 def test_bad_values_name_file_key_and_reason(override, key, words):
     with pytest.raises(ConfigError) as e:
@@ -71,3 +90,70 @@ def test_relative_paths_are_relative_to_the_recipe(tmp_path):
     # HF dataset names are left alone
     r.write_text("task: {name: math, path: open-r1/DAPO-Math-17k-Processed}\n")
     assert compose(r)["task"]["path"] == "open-r1/DAPO-Math-17k-Processed"
+
+
+# ---- the one YAML reader: duplicate keys and encodings --------------------------------------
+
+def test_duplicate_keys_are_refused_with_both_lines(tmp_path):
+    r = tmp_path / "dup.yaml"
+    r.write_text("train:\n  lr: 1.0e-6\n  steps: 3\n  lr: 1.0e-5\n")
+    with pytest.raises(ConfigError) as e:
+        load_run_config(r)
+    assert str(e.value) == f"{r}: line 4: duplicate key 'lr' (first at line 2); remove one of them"
+    r.write_text("seed: 0\nseed: 1\n")  # top level, too
+    with pytest.raises(ConfigError, match="line 2: duplicate key 'seed' .first at line 1."):
+        load_run_config(r)
+    with pytest.raises(ConfigError, match="command line: train: duplicate key 'lr'"):
+        load_run_config(RECIPE, ["train={lr: 1, lr: 2}"])
+
+
+def test_a_file_that_is_not_utf8_is_one_line(tmp_path):
+    r = tmp_path / "latin1.yaml"
+    r.write_bytes("name: caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as e:
+        load_run_config(r)
+    assert str(e.value) == f"{r}: line 1: not UTF-8 text (byte 0xe9 at offset 9); save the file as UTF-8"
+    d = tmp_path / "adir.yaml"
+    d.mkdir()
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_run_config(d)
+
+
+def test_every_field_declares_its_values():
+    """A new field must say what it accepts: a range (schema.RANGES), a closed choice
+    (load.choices) or be a bool; eval.benchmarks and objective are checked against their registries,
+    trl (GRPOConfig fields) by TRL."""
+    import dataclasses
+    import typing
+
+    from clipbench.config.load import choices
+    from clipbench.config.schema import RANGES, RunConfig
+
+    def leaves(cls, prefix=""):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(hints[f.name]):
+                yield from leaves(hints[f.name], f"{prefix}{f.name}.")
+            else:
+                yield prefix + f.name, hints[f.name]
+
+    declared = set(RANGES) | set(choices()) | {"eval.benchmarks", "objective", "trl"}  # the last two: free-form
+    missing = [k for k, t in leaves(RunConfig) if t is not bool and k not in declared]
+    assert missing == []
+    assert not set(RANGES) & set(choices())  # one declaration per field
+    known = {k for k, _ in leaves(RunConfig)}
+    assert set(RANGES) <= known and set(choices()) <= known
+
+
+def test_grad_clip_zero_means_no_clipping_and_is_valid():
+    cfg = load_run_config(RECIPE, ["train.grad_clip=0"])
+    assert cfg.train.grad_clip == 0.0 and cfg.train.max_skipped_frac == 0.1
+
+
+def test_hub_ids_and_existing_local_paths_pass(tmp_path):
+    (tmp_path / "m").mkdir()
+    assert load_run_config(RECIPE, [f"model.name={tmp_path / 'm'}"]).model.name == str(tmp_path / "m")
+    assert load_run_config(RECIPE, ["model.name=Qwen/Qwen3-1.7B-Base"]).model.name == "Qwen/Qwen3-1.7B-Base"
+    r = tmp_path / "r.yaml"  # a recipe's relative path is checked where it points, next to the recipe
+    r.write_text("model: {name: ./m}\n")
+    assert load_run_config(r).model.name == str(tmp_path / "m")

@@ -110,7 +110,8 @@ def test_config_keys_are_checked_before_anything_runs():
     assert (cfg.sampler.mismatch_is, cfg.sampler.mismatch_is_cap) == ("sequence", 3.0)
     assert load_run_config("recipes/quickstart.yaml").sampler.mismatch_is == "none"       # default off
     for overrides, key in [(["sampler.mismatch_is=tokens"], "sampler.mismatch_is: unknown value 'tokens'"),
-                           (["sampler.mismatch_is_cap=0.5"], "sampler.mismatch_is_cap: must be a finite number >= 1"),
+                           (["sampler.mismatch_is_cap=0.5"], "sampler.mismatch_is_cap: must be >= 1 (a cap below 1"),
+                           (["sampler.mismatch_is_cap=.inf"], "sampler.mismatch_is_cap: must be a finite number >= 1"),
                            (["sampler.mismatch_is=token", "sampler.old_logp=sampler"],
                             "sampler.mismatch_is: needs sampler.old_logp=recompute"),
                            (["sampler.sleep_mode=true", "sampler.backend=hf"],

@@ -86,10 +86,10 @@ def server(tmp_path_factory):
     s.stop()
 
 
-def write_sweep(tmp: Path, name: str, methods) -> Path:
+def write_sweep(tmp: Path, name: str, methods, **over) -> Path:
     f = tmp / f"{name}.yaml"
-    f.write_text(yaml.safe_dump({"name": name, "base": str(REPO / "recipes" / "quickstart.yaml"), "overrides": TINY,
-                                 "grid": {"objective.method": list(methods)}}))
+    f.write_text(yaml.safe_dump({"name": name, "base": str(REPO / "recipes" / "quickstart.yaml"),
+                                 "overrides": {**TINY, **over}, "grid": {"objective.method": list(methods)}}))
     return f
 
 
@@ -117,11 +117,17 @@ def check_mirror(client, uri: str, res: Path, sweep: str) -> dict[str, str]:
         assert run.info.status == "FINISHED"
         params = run.data.params
         assert params["objective.method"] == cfg["objective"]["method"]
-        assert params["train.steps"] == "4" and params["run_id"] == rid
+        assert params["train.steps"] == str(cfg["train"]["steps"]) and params["run_id"] == rid
         assert params["rule.method"] == cfg["objective"]["method"] and "rule.ref_band_pos" in params
         expected = expected_metrics(rd)
-        assert {"loss", "reward/mean", "clip_events", "eval/arith/avg_at_n", "eval/arith/pass_at_2"} <= set(expected)
+        assert {"loss", "reward/mean", "clip_events", "eval/arith/avg_at_2", "eval/arith/pass_at_2"} <= set(expected)
         assert set(run.data.metrics) == set(expected)
+        # one step axis: evaluations at rollout steps 0, 2, 4 sit at optimizer steps 0, 4, 8 (2 mini-batches)
+        n_steps = cfg["train"]["steps"]
+        assert sorted(m.step for m in client.get_metric_history(mid, "eval/arith/avg_at_2")) == \
+            [2 * k for k in range(0, n_steps + 1, 2)]
+        assert not {"step", "opt_step", "epoch", "mini_batch", "old_logp_source"} & set(run.data.metrics)
+        assert params["eval/arith/n"] == "2" and params["eval/arith/num_problems"] == "8"
         for key, steps in expected.items():
             hist = [x.step for x in client.get_metric_history(mid, key)]
             assert sorted(hist) == sorted(steps), (rid, key)  # none missing, none twice
@@ -130,7 +136,8 @@ def check_mirror(client, uri: str, res: Path, sweep: str) -> dict[str, str]:
             arts |= {f.path for f in client.list_artifacts(mid, d)}
         for f, where in expected_artifacts(rd):
             assert (f"{where}/{f.name}" if where else f.name) in arts
-        assert {"config.yaml", "hist/log_ratio.jsonl", "eval/step_000000/arith.json", "eval/step_000004/arith.json"} <= arts
+        assert {"config.yaml", "hist/log_ratio.jsonl", "eval/step_000000/arith.json",
+                f"eval/step_{n_steps:06d}/arith.json"} <= arts
         out[rid] = mid
     return out
 
@@ -138,12 +145,20 @@ def check_mirror(client, uri: str, res: Path, sweep: str) -> dict[str, str]:
 def test_sweep_lands_in_the_server(tmp_path, server):
     f = write_sweep(tmp_path, "srv", ["grpo", "dapo"])
     res = tmp_path / "results"
-    r = runner.invoke(app, ["sweep", str(f), "--results-dir", str(res), "--tracking-uri", server.uri])
+    old = os.umask(0o007)  # a results dir shared by a group: files 0660, directories 0770
+    try:
+        r = runner.invoke(app, ["sweep", str(f), "--results-dir", str(res), "--tracking-uri", server.uri])
+    finally:
+        os.umask(old)
     assert r.exit_code == 0, r.output[-3000:]
     client = ms.client_for(server.uri)
     ids = check_mirror(client, server.uri, res, "srv")
     assert len(ids) == 2
     assert not (res / "mlflow.db").exists()  # with a server, no embedded store
+    written = [p for p in (res / "srv").rglob("*") if ".locks" not in p.parts]
+    assert any(p.match("checkpoints/last/*") for p in written) and any(p.name == "status.json" for p in written)
+    modes = {str(p.relative_to(res)): p.stat().st_mode & 0o777 for p in written}
+    assert {k: m for k, m in modes.items() if m != (0o770 if (res / k).is_dir() else 0o660)} == {}
 
 
 def test_server_stopped_mid_sweep_then_sync_restores_everything_once(tmp_path, server, monkeypatch):
@@ -191,3 +206,77 @@ def test_server_stopped_mid_sweep_then_sync_restores_everything_once(tmp_path, s
     again = runner.invoke(app, ["sync", "outage", "--results-dir", str(res), "--tracking-uri", server.uri])
     assert again.exit_code == 0
     check_mirror(client, server.uri, res, "outage")  # still exactly once
+
+
+def test_server_down_at_the_start_then_up_mid_sweep(tmp_path, server, monkeypatch):
+    """The first run trains offline (the exact replay command is printed); the server is up for the
+    second, whose run creates the sweep's parent; the sweep closes it. `sync` then adds the first run
+    under the name the sweep gave it, with its real start and end times."""
+    import clipbench.train.loop as loop
+    from clipbench.sweep.expand import run_label
+
+    f = write_sweep(tmp_path, "late", ["grpo", "dapo"], **{"train.steps": 2})
+    res = tmp_path / "results"
+    real = loop.run_training
+    calls = []
+
+    def run_training(cfg, run_dir, **kw):
+        calls.append(Path(run_dir).name)
+        out = real(cfg, run_dir, **kw)
+        if len(calls) == 1:
+            server.start()  # up before the second run's sink connects
+        return out
+
+    server.stop()
+    monkeypatch.setattr(loop, "run_training", run_training)
+    r = runner.invoke(app, ["sweep", str(f), "--results-dir", str(res), "--tracking-uri", server.uri])
+    assert r.exit_code == 0, r.output[-3000:]
+    hint = f"clipbench sync late --results-dir {res} --tracking-uri {server.uri}"
+    assert f"`{hint}`" in " ".join(r.output.split())  # the exact command (rich may wrap the line)
+    client = ms.client_for(server.uri)
+    exp = client.get_experiment_by_name("clipbench").experiment_id
+    (parent,) = ms.find_runs(client, exp, sweep="late", role="sweep")
+    assert parent.info.status == "FINISHED"  # closed by the sweep although it started offline
+    first = RunDir(res / "late" / calls[0])
+    assert not ms.find_runs(client, exp, sweep="late", role="run", run_id=calls[0])
+
+    s = runner.invoke(app, hint.split()[1:])
+    assert s.exit_code == 0, s.output[-3000:]
+    check_mirror(client, server.uri, res, "late")
+    (child,) = ms.find_runs(client, exp, sweep="late", role="run", run_id=calls[0])
+    status = first.status()
+    assert child.info.run_name == run_label(first.read_config())
+    assert child.info.start_time == int(status["started"] * 1000)
+    assert child.info.end_time == int(status["finished"] * 1000)  # its real duration, not the sync's
+    assert client.get_run(parent.info.run_id).info.status == "FINISHED"
+
+
+def test_kill_9_then_resume_with_the_server_up_leaves_nothing_missing(tmp_path, server):
+    """SIGKILL loses the sink's buffered points (batch_every 100: none were sent); the resumed run sends
+    what the store holds and MLflow lacks, so the mirror is exact without `clipbench sync`."""
+    f = write_sweep(tmp_path, "killed", ["grpo"], **{"tracking.batch_every": 100})
+    res = tmp_path / "results"
+    cmd = [sys.executable, "-m", "clipbench.cli", "sweep", str(f), "--results-dir", str(res),
+           "--tracking-uri", server.uri]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 400
+        while time.time() < deadline and proc.poll() is None:
+            if list((res / "killed").glob("*/checkpoints/last/state.json")):  # the checkpoint at step 2
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the sweep ended before it could be killed"
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    client = ms.client_for(server.uri)
+    exp = client.get_experiment_by_name("clipbench").experiment_id
+    (before,) = ms.find_runs(client, exp, sweep="killed", role="run")
+    assert before.info.status == "RUNNING" and not before.data.metrics  # the buffer died with the process
+
+    r = runner.invoke(app, ["sweep", str(f), "--results-dir", str(res), "--tracking-uri", server.uri])
+    assert r.exit_code == 0, r.output[-3000:]
+    assert "resumed" in r.output and "clipbench sync" not in r.output
+    (after,) = check_mirror(client, server.uri, res, "killed").values()
+    assert after == before.info.run_id

@@ -142,8 +142,9 @@ def test_dead_server_goes_offline_fast_with_one_warning(tmp_path, caplog):
     sink.close("FINISHED")
     assert time.perf_counter() - t0 < 15
     warns = [r for r in caplog.records if r.name == "clipbench.tracking" and r.levelno == logging.WARNING]
-    assert len(warns) == 1 and "clipbench sync sw" in warns[0].getMessage()
-    assert ms.recorded_mlflow_run(rd, uri)["offline"] is True
+    assert len(warns) == 1
+    assert f"`clipbench sync sw --results-dir {res} --tracking-uri {uri}`" in warns[0].getMessage()  # exact
+    assert ms.recorded_mlflow_run(rd, uri)["offline"] is True and ms.recorded_mlflow_run(rd, uri)["needs_sync"] is True
 
 
 def test_failure_mid_run_goes_offline_and_never_raises(tmp_path, caplog):
@@ -187,6 +188,14 @@ def test_resumed_run_does_not_duplicate_steps_and_fresh_start_replaces_the_child
     assert history(cl, s3.mlflow_run_id, "loss") == [(1, 1.0)]
 
 
+def summarize_public(correct) -> dict:
+    from clipbench.tasks.passk import summarize
+
+    s = summarize(correct)
+    s.pop("per_problem")
+    return s
+
+
 def fake_run(res: Path, sweep: str, seed: int, steps: int = 6, mb: int = 2) -> RunDir:
     """A finished run written the way the trainer writes it (no training needed)."""
     c = cfg(seed=seed, **{"train.steps": steps})
@@ -201,9 +210,10 @@ def fake_run(res: Path, sweep: str, seed: int, steps: int = 6, mb: int = 2) -> R
                          "q4/out_of_band": opt % 3})
     rd.append_metrics(rows)
     rd.append_hist([{"step": s, "opt_step": 1, "edges": [0, 1], "pos": [1], "neg": [2]} for s in range(steps)])
-    for step in (0, steps):
-        rd.write_eval(step, "arith", {"step": step, "summary": {"num_problems": 8, "n": 2, "avg@n": 0.25 * (step > 0),
-                                                                "pass@1": 0.25, "pass@2": 0.5}})
+    for step in (0, steps):  # 8 problems x 2 samples; at the end two problems are solved once each
+        correct = [[1, 0], [0, 1]] + [[0, 0]] * 6 if step else [[0, 0]] * 8
+        rd.write_eval(step, "arith", {"step": step, "n": 2, "problem_ids": [f"p{i}" for i in range(8)],
+                                      "correct": correct, "summary": summarize_public(correct)})
     rd.set_status("finished", backend="hf", started=1_700_000_000.0)
     return rd
 
@@ -213,8 +223,12 @@ def test_expected_metrics_mirror_what_the_trainer_sends(tmp_path):
     exp = expected_metrics(rd)
     assert sorted(exp["loss"]) == [1, 2, 3, 4, 5, 6]  # keyed by opt_step
     assert exp["grad_norm"][3] != exp["grad_norm"][3]  # NaN (stored as null) is sent as NaN
-    assert exp["eval/arith/avg_at_n"] == {0: 0.0, 3: 0.25}  # keyed by rollout step
-    assert exp["eval/arith/pass_at_2"] == {0: 0.5, 3: 0.5}
+    # one step axis: the evaluation at rollout step 3 is logged at the optimizer step reached after 3
+    # rollout steps (3 x 2 mini-batches = 6); at rollout step 0 (the base model) at 0
+    assert exp["eval/arith/avg_at_2"] == {0: 0.0, 6: 0.125}  # Avg@n names its n (n = 2)
+    assert exp["eval/arith/pass_at_2"] == {0: 0.0, 6: 0.25}
+    # bookkeeping is the step axis or a param, never a metric
+    assert not {"step", "opt_step", "mini_batch", "epoch", "eval/arith/n", "eval/arith/num_problems"} & set(exp)
 
 
 def test_sync_replays_missing_runs_and_points_once(tmp_path):
@@ -258,3 +272,135 @@ def test_sync_errors_are_one_line_user_errors(tmp_path):
         sync_command("swx", results_dir=res)
     with pytest.raises(UserError, match="cannot reach MLflow at http://127.0.0.1"):
         sync_command("sw", results_dir=res, tracking_uri=f"http://127.0.0.1:{free_port()}")
+
+
+# ---- one step axis, bookkeeping as params, the same rows live and replayed ----------------------
+
+@pytest.fixture(scope="module")
+def shared_res(tmp_path_factory) -> Path:
+    """One results dir (one embedded MLflow store: its tables are created once) for the tests below,
+    each in its own sweep."""
+    return tmp_path_factory.mktemp("mirror") / "results"
+
+
+def loop_calls(rd: RunDir, sink, evals_at=(0, 3)) -> None:
+    """Feed a sink exactly as the trainer does: each metrics row at its opt_step (numeric values), each
+    evaluation as flat eval/<benchmark>/<stat> metrics at its rollout step."""
+    rows = rd.read_metrics()
+    evals = rd.read_evals()
+    for k in sorted(set(evals) | {r["step"] + 1 for r in rows}):
+        if k in evals and k in evals_at:
+            flat = {f"eval/{b}/{s}": v for b, p in evals[k].items() for s, v in p["summary"].items()}
+            sink.log_metrics(k, flat)
+        for row in (r for r in rows if r["step"] == k):
+            sink.log_metrics(row["opt_step"], trainer_row(row))
+
+
+def trainer_row(row: dict) -> dict:
+    """A stored row as the trainer passed it to the sink (NaN is stored as null)."""
+    return {k: float("nan") if v is None else v for k, v in row.items() if v is None or isinstance(v, (int, float))}
+
+
+def test_live_rows_equal_the_replayed_rows_with_bookkeeping_as_params(shared_res):
+    res = shared_res
+    rd = fake_run(res, "live", seed=0, steps=3, mb=2)
+    rows = rd.read_metrics()
+    for r in rows:
+        r.update(epoch=0, old_logp_source=0)  # what the trainer also writes
+    rd.metrics_path.unlink()
+    rd.append_metrics(rows)
+    sink = ms.run_sink(rd.read_config(), rd, results_dir=res, sweep="live", resume=False)
+    loop_calls(rd, sink)
+    sink.close("FINISHED")
+    cl = client(res)
+    run = cl.get_run(sink.mlflow_run_id)
+    expected = expected_metrics(rd)
+    assert set(run.data.metrics) == set(expected)
+    for key, steps in expected.items():
+        assert sorted(m.step for m in cl.get_metric_history(sink.mlflow_run_id, key)) == sorted(steps), key
+    assert not {"step", "opt_step", "epoch", "mini_batch", "old_logp_source", "eval/arith/n",
+                "eval/arith/num_problems"} & set(run.data.metrics)
+    assert run.data.params["eval/arith/n"] == "2" and run.data.params["eval/arith/num_problems"] == "8"
+    assert history(cl, sink.mlflow_run_id, "eval/arith/avg_at_2") == [(0, 0.0), (6, 0.125)]  # opt steps
+
+
+def test_a_store_written_before_avg_at_n_named_its_n_is_read_as_such(tmp_path):
+    rd = fake_run(tmp_path, "sw", seed=0, steps=3, mb=2)
+    p = rd.eval_path(3, "arith")
+    payload = __import__("json").loads(p.read_text())
+    payload["summary"]["avg@n"] = payload["summary"].pop("avg@2")
+    p.write_text(__import__("json").dumps(payload))
+    assert expected_metrics(rd)["eval/arith/avg_at_2"] == {0: 0.0, 6: 0.125}
+
+
+def test_a_resumed_run_sends_what_the_store_has_and_mlflow_lacks(shared_res):
+    """kill -9 with the server up: the sink's buffer (never flushed) is lost; the resumed run's sink
+    sends at close everything the store holds and MLflow lacks, once."""
+    res = shared_res
+    rd = fake_run(res, "resumed", seed=0, steps=6, mb=2)
+    config = {**rd.read_config(), "tracking": {**rd.read_config()["tracking"], "batch_every": 100}}
+    s1 = ms.run_sink(config, rd, results_dir=res, sweep="resumed", resume=False)
+    s1.log_params(ms.run_params(config))
+    loop_calls(rd, s1, evals_at=(0,))  # ... then SIGKILL: no flush, no close
+    assert s1._buf and s1.n_metrics == 0
+    s2 = ms.run_sink(config, rd, results_dir=res, sweep="resumed", resume=True)  # resumed from a checkpoint at step 2
+    assert s2.mlflow_run_id == s1.mlflow_run_id
+    for row in (r for r in rd.read_metrics() if r["step"] >= 2):
+        s2.log_metrics(row["opt_step"], trainer_row(row))
+    s2.close("FINISHED")
+    cl = client(res)
+    mid = s2.mlflow_run_id
+    for key, steps in expected_metrics(rd).items():
+        assert sorted(m.step for m in cl.get_metric_history(mid, key)) == sorted(steps), key  # each point once
+    arts = {f.path for f in cl.list_artifacts(mid)} | {f.path for f in cl.list_artifacts(mid, "eval/step_000006")}
+    assert {"config.yaml", "hist", "eval/step_000006/arith.json"} <= arts
+    assert cl.get_run(mid).info.status == "FINISHED"
+    rec = ms.recorded_mlflow_run(rd, ms.default_tracking_uri(res))
+    assert rec["offline"] is False and rec["needs_sync"] is False
+
+
+def test_sync_keeps_names_and_times_and_closes_the_parent(shared_res):
+    res = shared_res
+    a, b = fake_run(res, "names", seed=0), fake_run(res, "names", seed=1)
+    for rd, t0 in ((a, 1_700_000_000.0), (b, 1_700_000_100.0)):
+        rd.set_status("finished", started=t0, finished=t0 + 42.5)
+    manifest = {"sweep": "names", "created": "2023-11-14T22:00:00+00:00", "runs": {a.run_id: {}, b.run_id: {}}}
+    (res / "names" / "manifest.json").write_text(__import__("json").dumps(manifest))
+    uri = ms.default_tracking_uri(res)
+    ms.offline_sink(uri, a, "server down", run_name="nsr p=0.5 seed=0")  # the sweep ran offline: the name is kept
+    sync_command("names", results_dir=res)
+    cl = client(res)
+    run = cl.get_run(ms.recorded_mlflow_run(a, uri)["run_id"])
+    assert run.info.run_name == "nsr p=0.5 seed=0"
+    assert (run.info.start_time, run.info.end_time) == (1_700_000_000_000, 1_700_000_042_500)  # not a 0.3 s run
+    parent = ms.find_runs(cl, cl.get_experiment_by_name("clipbench").experiment_id, sweep="names", role="sweep")[0]
+    assert parent.info.status == "FINISHED" and parent.info.run_name == "names"
+    assert parent.info.start_time == 1_699_999_200_000  # the manifest's "created": 22:00:00 UTC = 1_700_000_000 - 800 s
+    assert parent.info.end_time == 1_700_000_142_500  # the last run's end
+    # a planned run that never ran: the sweep stopped early -> KILLED
+    manifest["runs"]["never-ran0000"] = {}
+    (res / "names" / "manifest.json").write_text(__import__("json").dumps(manifest))
+    sync_command("names", results_dir=res)
+    assert cl.get_run(parent.info.run_id).info.status == "KILLED"
+
+
+def test_a_run_finds_or_creates_the_parent_when_the_sweep_started_offline(shared_res):
+    res = shared_res
+    rd = fake_run(res, "late", seed=0)
+    sink = ms.run_sink(rd.read_config(), rd, results_dir=res, sweep="late", parent_run_id=None, resume=False)
+    cl = client(res)
+    exp = cl.get_experiment_by_name("clipbench").experiment_id
+    (parent,) = ms.find_runs(cl, exp, sweep="late", role="sweep")
+    assert cl.get_run(sink.mlflow_run_id).data.tags["mlflow.parentRunId"] == parent.info.run_id
+    sink.close()
+    ms.finish_parent_run(None, "FINISHED", uri=ms.default_tracking_uri(res), sweep="late")
+    assert cl.get_run(parent.info.run_id).info.status == "FINISHED"
+
+
+def test_the_sync_hint_is_the_exact_command(tmp_path):
+    from clipbench.tracking.mirror import sync_hint
+
+    res = tmp_path / "my results"
+    assert sync_hint("sw", res, ms.default_tracking_uri(res)) == f"clipbench sync sw --results-dir '{res}'"
+    assert sync_hint("sw", res, "http://host:5000") == (f"clipbench sync sw --results-dir '{res}' "
+                                                        "--tracking-uri http://host:5000")

@@ -106,7 +106,7 @@ def test_summarize_golden_matrix():
     s = summarize(m)
     assert s["num_problems"] == 3 and s["n"] == 4
     # avg@4 = (1/4 + 0 + 1) / 3 = 5/12
-    assert s["avg@n"] == pytest.approx(5 / 12, rel=1e-15)
+    assert s["avg@4"] == pytest.approx(5 / 12, rel=1e-15)
     # pass@1 = avg@n; pass@2 = (1 - C(3,2)/C(4,2) + 0 + 1)/3 = (0.5 + 0 + 1)/3 = 0.5; pass@4 = (1+0+1)/3
     assert s["pass@1"] == pytest.approx(5 / 12, rel=1e-15)
     assert s["pass@2"] == pytest.approx(0.5, rel=1e-15)
@@ -115,7 +115,7 @@ def test_summarize_golden_matrix():
     per = s["per_problem"]
     assert per["num_correct"].tolist() == [1, 0, 4]
     np.testing.assert_allclose(per["pass@2"], [0.5, 0.0, 1.0], rtol=1e-15)
-    np.testing.assert_allclose(per["avg@n"], [0.25, 0.0, 1.0], rtol=1e-15)
+    np.testing.assert_allclose(per["avg@4"], [0.25, 0.0, 1.0], rtol=1e-15)
 
 
 def test_summarize_is_not_first_k_samples():
@@ -127,7 +127,7 @@ def test_summarize_is_not_first_k_samples():
     big = rng.random((50, 16)) < 0.3  # (50, 16)
     shuffled = np.stack([row[rng.permutation(16)] for row in big])
     a, b = summarize(big), summarize(shuffled)
-    for key in ("avg@n", "pass@1", "pass@2", "pass@4", "pass@8", "pass@16"):
+    for key in ("avg@16", "pass@1", "pass@2", "pass@4", "pass@8", "pass@16"):
         assert a[key] == b[key]
 
 
@@ -138,7 +138,7 @@ def test_summarize_custom_ks_non_power_of_two_and_bad_input():
     assert [k for k in s if k.startswith("pass@")] == ["pass@1", "pass@2", "pass@4", "pass@6"]
     # problem 0, k=4: 1 - C(5,4)/C(6,4) = 1 - 5/15 = 2/3; problem 1: 1 -> mean 5/6
     assert s["pass@4"] == pytest.approx(5 / 6, rel=1e-15)
-    assert list(summarize(m, ks=[3])) == ["num_problems", "n", "avg@n", "pass@3", "per_problem"]
+    assert list(summarize(m, ks=[3])) == ["num_problems", "n", "avg@6", "pass@3", "per_problem"]
     assert avg_at_n(m) == pytest.approx(7 / 12, rel=1e-15)  # (1/6 + 1) / 2
     with pytest.raises(ValueError, match="2-D"):
         summarize(np.ones(4))

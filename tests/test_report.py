@@ -23,7 +23,8 @@ from clipbench.errors import UserError
 from clipbench.report import stats
 from clipbench.report.analysis import analyze, run_quadrants
 from clipbench.report.commands import build_report, report_command
-from clipbench.report.load import Run, assign_labels, list_sweeps, load_sweep
+from clipbench.report.load import Run, assign_labels, load_sweep
+from clipbench.tracking.store import list_sweeps
 from clipbench.report.paper import load_paper
 from clipbench.report.render import to_markdown
 from clipbench.report.tables import build_tables
@@ -285,7 +286,8 @@ def test_report_command_writes_every_format(results, tmp_path, capsys):
     rows = list(csv.reader(io.StringIO((out / "table3.csv").read_text())))
     assert rows[0] == ["Benchmark", "Method", "Seeds", "Avg@4", "Pass@2", "Pass@4", "kind"]
     assert ["arith (P=4)", "abc", "2", "56.2 ± 0.0", "72.9 ± 2.9", "87.5 ± 17.7", "method"] in rows
-    assert {p.name for p in out.glob("*.csv")} == {"table3.csv", "significance.csv", "quadrants.csv", "paper_reference.csv"}
+    assert {p.name for p in out.glob("*.csv")} == {"table3.csv", "significance.csv", "quadrants.csv", "runs.csv",
+                                                 "paper_reference.csv"}
     data = json.loads((out / "report.json").read_text())
     assert data["baseline"] == "grpo" and data["bootstrap"]["resamples"] == 2000
     assert (out / "report.html").stat().st_mode & 0o044  # readable by others
@@ -337,6 +339,7 @@ def test_paper_rows_inline_when_model_matches(tmp_path):
         (d / "eval" / "step_000010").mkdir(parents=True)
         cfg = {"seed": 42, "model": {"name": "Qwen/Qwen3-4B-Base"}, "objective": {"method": method}}
         (d / "config.yaml").write_text(json.dumps(cfg))
+        (d / "status.json").write_text(json.dumps({"state": "finished"}))
         for bench, size in sizes.items():
             correct = (rng.random((size, 64)) < 0.2).astype(int).tolist()
             (d / "eval" / "step_000010" / f"{bench}.json").write_text(json.dumps(
@@ -358,3 +361,10 @@ def test_paper_rows_inline_when_model_matches(tmp_path):
     _, _, tabs, _ = build_report(root, "paper_like", "grpo")
     t3 = next(t for t in tabs if t.key == "table3")
     assert sum(s == "refgain" for s in t3.styles) == 2
+
+
+def test_bootstrap_with_a_one_problem_benchmark():
+    # group 1: one problem (resamples to itself, 0.5); group 2: [0.1, 0.2] -> d = (0.5 + 0.15) / 2 = 0.325;
+    # resampled d* in {0.3, 0.325, 0.35}: |d* - d| <= 0.025 < 0.325, so no resample is extreme: p = 1 / (B + 1)
+    assert stats.paired_bootstrap_p([[0.5], [0.1, 0.2]]) == pytest.approx(1 / 2001)
+    assert stats.paired_bootstrap_p([[0.0]]) == 1.0  # d == 0

@@ -69,4 +69,15 @@ def test_screenshot_and_dom(page, tmp_path):
     assert re.search(r"<td>abc</td><td>2</td><td>56\.2 ± 0\.0</td><td>72\.9 ± 2\.9</td><td>87\.5 ± 17\.7</td>", dom)
     assert "<td>Gain: abc vs grpo</td><td></td><td>+38.5%</td><td>+34.6%</td><td>+16.7%</td>" in dom
     assert "<td>Qwen3-4B-ABC-GRPO</td><td>25.9</td>" in dom
-    assert dom.count("<table>") == 4
+    assert dom.count("<table>") == 5  # + the Runs table
+
+
+def test_every_text_is_escaped():
+    from clipbench.report.render import html_document
+    from clipbench.report.tables import Table
+
+    t = Table("runs", "Runs <b>", ["Method", "Seed"])
+    t.add(["<script>alert(1)</script>", "0"])
+    html = html_document("a & <b>", ["<img src=x onerror=y>"], [t])
+    assert "<script" not in html and "<img src=x" not in html and "<b>" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "a &amp; &lt;b&gt;" in html

@@ -45,6 +45,10 @@ def with_(**changes) -> str:
 # (case id, sweep file text, expected key in the message, expected reason fragment)
 BAD = [
     ("yaml-syntax", "name: x\ngrid: {seed: [0, 1]\n", "line", "YAML syntax error"),
+    ("duplicate-key", f"name: x\nbase: {RECIPE}\ngrid: {{seed: [0]}}\ngrid: {{seed: [1]}}\n", "line 4",
+     "duplicate key 'grid' (first at line 3)"),
+    ("duplicate-key-in-flow", f"name: x\nbase: {RECIPE}\ngrid: {{seed: [0], seed: [1]}}\n", "line 3",
+     "duplicate key 'seed'"),
     ("unknown-top-key", with_(gird={"seed": [0]}), "gird", "unknown key (did you mean 'grid'?)"),
     ("grid-not-mapping", with_(grid=[1, 2]), "grid", "expected a mapping"),
     ("axis-not-list", with_(grid={"seed": 3}), "grid.seed", "expected a list of values"),
@@ -66,7 +70,10 @@ BAD = [
     ("missing-base-file", with_(base="nowhere/recipe.yaml"), "base", "recipe not found"),
     ("missing-base-key", with_(base=None), "base", "missing"),
     ("unknown-override-key", with_(overrides={"train.lrr": 1.0}), "overrides.train.lrr", "did you mean 'train.lr'?"),
-    ("override-bad-value", with_(overrides={"train.steps": 0}), "overrides.train.steps", "must be >= 1"),
+    ("override-bad-value", with_(overrides={"train.steps": 0}), "overrides.train.steps", "must be in [1, 1000000], got 0"),
+    ("inf-in-an-axis", with_(grid={"train.lr": [1.0e-6, 1.0e+400]}), "train.lr", "must be a finite number in (0, 1], got inf"),
+    ("model-path-in-an-axis", with_(grid={"model.name": ["builtin:arith-tiny", "/no/such/model"]}), "model.name",
+     "no such path '/no/such/model'"),
     ("override-is-axis", with_(overrides={"seed": 3}), "overrides.seed", "also an axis"),
     ("zip-unequal", with_(zip={"train.lr": [1.0e-5, 2.0e-5], "train.warmup_steps": [0]}), "zip", "same length"),
     ("exclude-not-axis", with_(exclude=[{"train.lr": 1.0e-5}]), "exclude[0].train.lr", "not an axis"),
@@ -98,6 +105,15 @@ def test_bad_command_line_override_names_the_command_line(tmp_path):
     assert result.exit_code == 2
     assert result.stderr.strip() == ("error: command line: train.stepz: unknown key 'train.stepz' "
                                      "(did you mean 'train.steps'?)")
+    assert not res.exists()
+
+
+def test_sweep_file_not_utf8(tmp_path):
+    f = tmp_path / "utf16.yaml"
+    f.write_bytes(with_().encode("utf-16"))
+    result, res = sweep(tmp_path, str(f))
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == f"error: {f}: line 1: not UTF-8 text (byte 0xff at offset 0); save the file as UTF-8"
     assert not res.exists()
 
 
@@ -141,6 +157,17 @@ def test_json_prints_one_object_per_run(tmp_path):
         assert set(r) == {"run_id", "config"}
         assert run_id(r["config"]) == r["run_id"]
         assert r["config"]["train"]["steps"] == 3
+    assert not res.exists()
+
+
+def test_a_model_that_does_not_load_is_refused_before_the_manifest(tmp_path):
+    """The trainer's preflight runs once per distinct setting before anything is written."""
+    empty = tmp_path / "not_a_model"
+    empty.mkdir()
+    f = write(tmp_path, with_(overrides={"model.name": str(empty)}))
+    result, res = sweep(tmp_path, str(f))
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"error: model.name: cannot load '{empty}'"), result.stderr
     assert not res.exists()
 
 

@@ -194,7 +194,15 @@ def test_joblib_launcher_runs_each_run_once(tmp_path, reference):
 
 
 def test_failed_runs_are_skipped_unless_retry_failed(tmp_path):
-    f = write_sweep(tmp_path, "broken", methods=("grpo",), **{"model.name": str(tmp_path / "no_such_model")})
+    import shutil
+
+    from clipbench.train.base_model import resolve_model_name
+
+    # a model directory with its config but no weights: the preflight passes, training fails
+    broken = tmp_path / "no_such_model"
+    broken.mkdir()
+    shutil.copy(Path(resolve_model_name("builtin:arith-tiny")) / "config.json", broken)
+    f = write_sweep(tmp_path, "broken", methods=("grpo",), **{"model.name": str(broken)})
     res = tmp_path / "results"
     p = clipbench("sweep", str(f), "--results-dir", str(res))
     assert p.returncode == 1, p.stderr[-2000:]

@@ -133,3 +133,106 @@ def test_cache_is_reused_and_only_changed_runs_are_reparsed(tmp_path, monkeypatc
     parsed.clear()
     pd.testing.assert_frame_equal(load_sweep_metrics(tmp_path, "sw"), nocache, check_like=True)
     assert len(parsed[0]) == 5
+
+
+# ---- damaged files: one line naming the file, where, and what to do ------------------------
+
+import os  # noqa: E402
+
+import pytest  # noqa: E402
+
+from clipbench.errors import StoreError, UserError  # noqa: E402
+from clipbench.tracking.store import atomic_write_json, check_writable_dir  # noqa: E402
+
+
+def test_a_corrupt_middle_line_is_an_error_naming_file_and_line_in_every_reader(tmp_path):
+    make_runs(tmp_path, n_runs=3, rows=6)
+    load_sweep_metrics(tmp_path, "sw")  # builds the cache first: a changed file must be re-read, not served
+    p = tmp_path / "sw" / "run001" / "metrics.jsonl"
+    lines = p.read_text().splitlines(keepends=True)
+    lines[2] = '{"step": 1, "opt_step": 3, "q1/out_of_ba\n'  # damaged in place, newline kept
+    p.write_text("".join(lines))
+    for read in (lambda: read_jsonl(p), lambda: load_sweep_metrics(tmp_path, "sw"),
+                 lambda: load_sweep_metrics(tmp_path, "sw", cache=False), lambda: RunDir(p.parent).read_metrics()):
+        with pytest.raises(StoreError) as e:
+            read()
+        msg = str(e.value)
+        assert msg.startswith(f"{p}: line 3: not valid JSON (") and "repair or delete that line" in msg, msg
+        assert "\n" not in msg
+    p.write_text("".join(lines[:2]) + "[1, 2]\n" + "".join(lines[3:]))  # valid JSON, but not a row
+    with pytest.raises(StoreError, match=r"line 3: expected a JSON object, got list"):
+        load_sweep_metrics(tmp_path, "sw")
+
+
+def test_a_torn_last_line_is_skipped_with_a_note(tmp_path):
+    make_runs(tmp_path, n_runs=2, rows=4)
+    p = tmp_path / "sw" / "run000" / "metrics.jsonl"
+    with open(p, "a") as f:
+        f.write('{"step": 9, "opt_step": 99, "lo')
+    notes: list[str] = []
+    assert len(read_jsonl(p, notes=notes)) == 4
+    assert notes == [f"{p}: skipped an incomplete last line 5 (a crash or a write in progress; a resumed run "
+                     "rewrites it)"]
+    notes = []
+    df = load_sweep_metrics(tmp_path, "sw", notes=notes)
+    assert len(df) == 8 and len(notes) == 1 and str(p) in notes[0]
+
+
+@pytest.mark.parametrize("kind,text,problem", [
+    ("status", "{\"state\": \"finis", "not valid JSON (Unterminated string"),
+    ("status", "[]", "expected a JSON object, got list"),
+    ("status", "{\"state\": \"done\"}", "unknown state 'done'"),
+    ("config", "seed: [0\n", "line 2: YAML syntax error"),
+    ("config", "", "expected a mapping (the run config), got an empty file"),
+    ("config", "seed: 0\nseed: 1\n", "line 2: duplicate key 'seed'"),
+    ("eval", "{\"n\": 2, \"problem_ids\": [\"a\"], \"correct\": [[1, 0, 1]]}", "'n' (2) does not match the 3"),
+    ("eval", "{\"problem_ids\": [\"a\", \"b\"], \"correct\": [[1, 0]]}", "'correct' must be a list of 2 rows"),
+    ("eval", "{\"problem_ids\": [\"a\"], \"correct\": [[1, 7]]}", "values other than 0 and 1"),
+    ("eval", "\xff\xfe{}", "not UTF-8 text"),
+])
+def test_damaged_run_files_are_one_line_with_a_remedy(tmp_path, kind, text, problem):
+    rd = RunDir(tmp_path / "sw" / "r1")
+    rd.write_config({"seed": 0})
+    path = {"status": rd.status_path, "config": rd.config_path, "eval": rd.eval_path(4, "arith")}[kind]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text.encode("latin-1"))
+    read = {"status": rd.status, "config": rd.read_config, "eval": rd.read_evals}[kind]
+    with pytest.raises(StoreError) as e:
+        read()
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: ") and problem in msg and "\n" not in msg, msg
+    remedy = {"status": "delete it: the run then counts as interrupted", "config": "restore it",
+              "eval": "move it away"}[kind]
+    assert remedy in msg
+
+
+def test_atomic_writes_honour_the_umask(tmp_path):
+    old = os.umask(0o002)  # a group-shared results dir
+    try:
+        atomic_write_json(tmp_path / "a" / "status.json", {"state": "running"})
+        RunDir(tmp_path / "r").append_metrics([{"step": 0}])
+        os.umask(0o077)
+        atomic_write_json(tmp_path / "b.json", {})
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a" / "status.json").stat().st_mode & 0o777 == 0o664
+    assert (tmp_path / "a").stat().st_mode & 0o777 == 0o775
+    assert (tmp_path / "r" / "metrics.jsonl").stat().st_mode & 0o777 == 0o664
+    assert (tmp_path / "b.json").stat().st_mode & 0o777 == 0o600
+    assert not list(tmp_path.glob("**/.*.tmp"))
+
+
+def test_results_dir_must_be_a_writable_directory(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    with pytest.raises(UserError, match=f"--results-dir {f}: exists and is not a directory"):
+        check_writable_dir(f)
+    with pytest.raises(UserError, match=f"cannot be created: {f} is not a directory"):
+        check_writable_dir(f / "results")
+    assert check_writable_dir(tmp_path / "new" / "results") == tmp_path / "new" / "results"
+    assert not (tmp_path / "new").exists()  # a check writes nothing
+    if os.geteuid() != 0:  # root may write anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o555)
+        with pytest.raises(UserError, match="is not writable by this user"):
+            check_writable_dir(ro)

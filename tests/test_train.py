@@ -172,7 +172,7 @@ def _cli(tmp_path, *args):
 
 
 @pytest.mark.parametrize("override, words", [
-    ("model.name=/no/such/model", "model.name: cannot load '/no/such/model'"),
+    ("model.name=/no/such/model", "model.name: no such path '/no/such/model'"),
     ("task.name=algebra", "task.name: unknown value 'algebra'"),
     ("objective.method=cispoo", "did you mean 'cispo'"),
     ("objective.tau_pos=2", "tau_pos"),

@@ -7,36 +7,38 @@ Every failure is a `ConfigError(file, key, reason)`: one line, exit code 2 at th
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-import math
 import os
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from clipbench.config.schema import CHOICES, RunConfig
+from clipbench import yamlio
+from clipbench.config.schema import CHOICES, RANGES, RunConfig
 from clipbench.errors import ConfigError, UserError, did_you_mean, unknown_choice
+from clipbench.yamlio import YamlError, load_yaml_file, load_yaml_text
 
 # Keys whose relative values are paths relative to the recipe file (when they look like paths).
 PATH_KEYS = ("model.name", "task.path", "eval.data_dir")
 
 
 def read_yaml(path: str | Path) -> dict:
-    """Read a YAML mapping; syntax errors and non-mappings become ConfigError."""
+    """Read a YAML mapping (a recipe or a sweep file) with the project's one YAML reader
+    (`clipbench.yamlio`: UTF-8 only, duplicate keys refused); every problem is a ConfigError."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(str(path), None, "file not found")
+        raise ConfigError(str(path), None, "file not found" if not path.exists() else "not a regular file")
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else None
-        raise ConfigError(str(path), where, f"YAML syntax error: {getattr(e, 'problem', e)}") from None
+        data = load_yaml_file(path)
+    except YamlError as e:
+        raise ConfigError(str(path), f"line {e.line}" if e.line else None, e.reason) from None
+    except OSError as e:
+        raise ConfigError(str(path), None, f"cannot read: {e.strerror or e}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -55,9 +57,11 @@ def parse_overrides(overrides: Iterable[str], source: str | None = "command line
         if not key:
             raise ConfigError(source, item, "empty key in override")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
-            value = raw
+            value = load_yaml_text(raw) if raw.strip() else ""
+        except YamlError as e:
+            if "duplicate key" in e.reason:
+                raise ConfigError(source, key, e.reason) from None
+            value = raw  # not YAML: the raw string (e.g. a path with a colon)
         set_dotted(out, key, value)
     return out
 
@@ -159,75 +163,73 @@ def load_run_config(path: str | Path | None, overrides: Iterable[str] = (), plug
     return validate(data, str(path) if path else "command line")
 
 
+@functools.lru_cache(maxsize=1)
+def choices() -> dict[str, tuple[str, ...]]:
+    """Every closed choice of the run config: the schema's own (`schema.CHOICES`) and the lists
+    owned by the packages a key configures (read from there, never copied)."""
+    from clipbench.objectives import AGGREGATIONS
+    from clipbench.rollout import BACKENDS
+    from clipbench.tasks import TASK_NAMES
+    from clipbench.tasks.templates import TEMPLATE_CHOICES
+
+    return {**CHOICES, "task.name": tuple(TASK_NAMES), "task.template": tuple(TEMPLATE_CHOICES),
+            "sampler.backend": tuple(BACKENDS), "train.agg": tuple(AGGREGATIONS)}
+
+
+def _get(cfg: RunConfig, key: str) -> Any:
+    node: Any = cfg
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
+
 def check_values(cfg: RunConfig, source: str | None) -> None:
-    """Value checks of a structurally valid RunConfig; fills the method's defaults into `objective`."""
-    from clipbench.objectives import AGGREGATIONS, METHODS, validate_params
+    """Value checks of a structurally valid RunConfig; fills the method's defaults into `objective`.
+
+    Every field against its declaration (`schema.RANGES`, `choices()`), then the cross-field rules
+    below, then the objective against its method. The sweep expander's fast path calls this too."""
+    from clipbench.objectives import METHODS, validate_params
 
     def err(key: str, reason: str):
         raise ConfigError(source, key, reason)
 
-    for key, choices in CHOICES.items():
-        node = cfg
-        for part in key.split("."):
-            node = getattr(node, part)
-        if node not in choices:
-            err(key, unknown_choice("value", node, choices))
+    for key, allowed in choices().items():
+        val = _get(cfg, key)
+        if val not in allowed:
+            err(key, unknown_choice("value", val, allowed))
+    for key, decl in RANGES.items():
+        problem = decl.problem(_get(cfg, key))
+        if problem:
+            err(key, problem)
+
+    # cross-field rules
+    tc, sc = cfg.train, cfg.sampler
     if cfg.trl and cfg.engine != "trl":
         err("trl", f"GRPOConfig settings for engine 'trl', but engine is '{cfg.engine}'")
-    if cfg.train.agg not in AGGREGATIONS:
-        err("train.agg", unknown_choice("aggregation", cfg.train.agg, AGGREGATIONS))
-
-    positive_ints = {
-        "train.steps": cfg.train.steps, "train.prompts_per_step": cfg.train.prompts_per_step,
-        "train.mini_batches": cfg.train.mini_batches, "train.epochs": cfg.train.epochs,
-        "train.checkpoint_every": cfg.train.checkpoint_every,
-        "sampler.group_size": cfg.sampler.group_size, "sampler.max_new_tokens": cfg.sampler.max_new_tokens,
-        "eval.n": cfg.eval.n, "tracking.batch_every": cfg.tracking.batch_every,
-    }
-    for key, v in positive_ints.items():
-        if v < 1:
-            err(key, f"must be >= 1, got {v}")
-    if cfg.train.mini_batches > cfg.train.prompts_per_step * cfg.sampler.group_size:
-        err("train.mini_batches", f"{cfg.train.mini_batches} mini-batches cannot split a batch of "
-            f"{cfg.train.prompts_per_step * cfg.sampler.group_size} sequences (prompts_per_step x group_size)")
-    if cfg.train.advantage != "group_mean" and cfg.sampler.group_size < 2:
-        err("sampler.group_size", f"advantage '{cfg.train.advantage}' needs group_size >= 2")
-    for key, v in {"train.lr": cfg.train.lr, "sampler.temperature": cfg.sampler.temperature,
-                   "eval.temperature": cfg.eval.temperature}.items():
-        if not v > 0:
-            err(key, f"must be > 0, got {v}")
-    for key, v in {"sampler.top_p": cfg.sampler.top_p, "eval.top_p": cfg.eval.top_p}.items():
-        if not 0 < v <= 1:
-            err(key, f"must be in (0, 1], got {v}")
-    for key, v in {"train.beta": cfg.train.beta, "train.grad_clip": cfg.train.grad_clip,
-                   "train.weight_decay": cfg.train.weight_decay, "train.warmup_steps": cfg.train.warmup_steps,
-                   "eval.every": cfg.eval.every}.items():
-        if v < 0:
-            err(key, f"must be >= 0, got {v}")
-    if cfg.eval.limit is not None and cfg.eval.limit < 1:
-        err("eval.limit", f"must be >= 1 or null, got {cfg.eval.limit}")
-    # micro-batching, data parallelism, skipped steps (clipbench/train)
-    for key, v in {"train.micro_batch_tokens": cfg.train.micro_batch_tokens,
-                   "sampler.prompts_per_call": cfg.sampler.prompts_per_call}.items():
-        if v < 0:
-            err(key, f"must be >= 0 (0 = no limit), got {v}")
-    if not 0 <= cfg.train.max_skipped_frac <= 1:
-        err("train.max_skipped_frac", f"must be in [0, 1], got {cfg.train.max_skipped_frac}")
-    if cfg.launch.nproc_per_node < 1:
-        err("launch.nproc_per_node", f"must be >= 1, got {cfg.launch.nproc_per_node}")
-    if cfg.train.prompts_per_step % cfg.launch.nproc_per_node:
+    if tc.mini_batches > tc.prompts_per_step * sc.group_size:
+        err("train.mini_batches", f"{tc.mini_batches} mini-batches cannot split a batch of "
+            f"{tc.prompts_per_step * sc.group_size} sequences (prompts_per_step x group_size)")
+    if tc.advantage != "group_mean" and sc.group_size < 2:
+        err("sampler.group_size", f"advantage '{tc.advantage}' needs group_size >= 2")
+    if tc.overlong.enabled and tc.overlong.buffer > sc.max_new_tokens:
+        err("train.overlong.buffer", f"must be <= sampler.max_new_tokens ({sc.max_new_tokens}), got {tc.overlong.buffer}")
+    if tc.prompts_per_step % cfg.launch.nproc_per_node:
         err("launch.nproc_per_node", f"{cfg.launch.nproc_per_node} processes cannot share "
-            f"train.prompts_per_step={cfg.train.prompts_per_step} prompts by whole groups (make it a multiple)")
-    if not (math.isfinite(cfg.sampler.mismatch_is_cap) and cfg.sampler.mismatch_is_cap >= 1):
-        err("sampler.mismatch_is_cap", f"must be a finite number >= 1 (a cap below 1 scales down tokens the "
-            f"sampler and trainer agree on), got {cfg.sampler.mismatch_is_cap}")
-    if cfg.sampler.mismatch_is != "none" and cfg.sampler.old_logp != "recompute":
+            f"train.prompts_per_step={tc.prompts_per_step} prompts by whole groups (make it a multiple)")
+    if sc.mismatch_is != "none" and sc.old_logp != "recompute":
         err("sampler.mismatch_is", "needs sampler.old_logp=recompute: with old_logp=sampler the ratio is "
             "already taken against the sampler's log-probs")
-    if cfg.sampler.sleep_mode and cfg.sampler.backend == "hf":
+    if sc.sleep_mode and sc.backend == "hf":
         err("sampler.sleep_mode", "applies to the vllm backend (the hf backend samples from the training model itself)")
     if cfg.task.name == "math" and not cfg.task.path:
         err("task.path", "task 'math' needs a path: a .jsonl/.parquet file or a Hugging Face dataset name")
+    from clipbench.tasks.benchmarks import BENCHMARKS
+
+    for b in cfg.eval.benchmarks:
+        if b not in BENCHMARKS:
+            err("eval.benchmarks", unknown_choice("benchmark", b, BENCHMARKS))
+    if len(set(cfg.eval.benchmarks)) != len(cfg.eval.benchmarks):
+        err("eval.benchmarks", f"lists a benchmark twice: {cfg.eval.benchmarks}")
 
     # The objective: method from the registry (after the run's plugins are imported), parameters
     # exactly those the method declares.
@@ -251,15 +253,6 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
             bad = next((k for k in obj if f"'{k}'" in str(e) or str(k) in str(e)), None)
         err(f"objective.{bad}" if bad else "objective", str(e))
     cfg.objective = {"method": method, **params}
-
-    try:
-        from clipbench.tasks.benchmarks import BENCHMARKS
-    except ImportError:  # pragma: no cover - tasks always ship with the package
-        BENCHMARKS = None
-    if BENCHMARKS is not None:
-        for b in cfg.eval.benchmarks:
-            if b not in BENCHMARKS:
-                err("eval.benchmarks", unknown_choice("benchmark", b, BENCHMARKS))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -298,21 +291,23 @@ def run_id(cfg: RunConfig | Mapping) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def flatten(d: Mapping, prefix: str = "") -> dict:
-    """{'a': {'b': 1}} -> {'a.b': 1} (lists kept as values)."""
+def flatten(d: Mapping, prefix: str = "", *, sections: bool = False) -> dict:
+    """{'a': {'b': 1}} -> {'a.b': 1} (lists kept as values); `sections=True` keeps every mapping under
+    its own key too: {'a': {'b': 1}, 'a.b': 1} (a dataset row reachable both ways)."""
     out = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, Mapping):
-            out.update(flatten(v, key + "."))
+            if sections:
+                out[key] = v
+            out.update(flatten(v, key + ".", sections=sections))
         else:
             out[key] = v
     return out
 
 
 def dump_yaml(cfg: RunConfig | Mapping) -> str:
-    d = to_dict(cfg) if isinstance(cfg, RunConfig) else dict(cfg)
-    return yaml.safe_dump(d, sort_keys=False)
+    return yamlio.dump_yaml(to_dict(cfg) if isinstance(cfg, RunConfig) else dict(cfg))
 
 
 def env_tracking_uri() -> str | None:

@@ -1,27 +1,215 @@
-"""The run config: every default of a run lives here (method parameters live in METHODS).
+"""The run config: every default of a run lives here (method parameters live in METHODS), and
+next to the dataclasses, every field's allowed values (`CHOICES`, `RANGES`).
 
 A recipe YAML is merged over these dataclasses (OmegaConf structured config), so an unknown key or
-a wrong type is an error naming the key. Choices below are validated in `clipbench.config.load`.
+a wrong type is an error naming the key. `clipbench.config.load.check_values` then checks every
+field against its declaration below (and the few cross-field rules it states), before anything is
+written: a value that passes is one the trainer can run.
+
+Design choices:
+- Ranges are declarations, not `if`s scattered through the loader, and every leaf of `RunConfig`
+  has one (tests/test_config.py checks it): a new field must say what it accepts.
+- Floats must be finite (1e400 in YAML is inf). Upper bounds are generous but finite, so a typo
+  like `train.steps: 10**29` is an error, not a run that trains until it is killed.
+- Closed lists owned by the packages below the trainer are read from their owner
+  (`clipbench.config.load.choices`): sampler backends (`clipbench.rollout`), tasks and templates
+  (`clipbench.tasks`), aggregations and methods (`clipbench.objectives`), benchmarks
+  (`clipbench.tasks.benchmarks`). The lists below are the ones this schema owns; the trainer reads
+  them from here (config never imports the trainer).
 """
 
 from __future__ import annotations
 
+import math
+import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-# Closed choices, checked by `load.validate` (the objective methods and aggregations are checked
-# against `clipbench.objectives`, their one registry).
+from clipbench.tasks.arith import MAX_DIGITS, MAX_OPERANDS, VALID_OPS
+
+# Closed choices this schema owns (the trainer reads these fields); see `load.choices` for the rest.
 CHOICES: dict[str, tuple[str, ...]] = {
     "engine": ("builtin", "trl"),
     "model.dtype": ("float32", "bfloat16", "float16", "auto"),
     "model.device": ("auto", "cpu", "cuda"),
-    "task.name": ("arith", "math"),
-    "task.template": ("auto", "dapo", "plain"),
-    "sampler.backend": ("auto", "hf", "vllm"),
     "sampler.old_logp": ("recompute", "sampler"),
     "sampler.mismatch_is": ("none", "token", "sequence"),
-    "train.advantage": ("group", "group_mean", "rloo"),
+    "train.advantage": ("group", "group_mean", "rloo"),  # clipbench.train.advantages implements each
     "train.lr_schedule": ("constant", "cosine"),
+}
+
+
+# ---- value declarations ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Range:
+    """A finite number in [lo, hi] (an end is open with lo_open / hi_open; None = unbounded);
+    ``none``: null is allowed too; ``why``: a reason shown with the error."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    none: bool = False
+    why: str = ""
+
+    def describe(self) -> str:
+        def num(x):
+            return f"{x:g}" if isinstance(x, float) else str(x)
+
+        if self.lo is not None and self.hi is not None:
+            text = f"in {'(' if self.lo_open else '['}{num(self.lo)}, {num(self.hi)}{')' if self.hi_open else ']'}"
+        elif self.lo is not None:
+            text = f"{'>' if self.lo_open else '>='} {num(self.lo)}"
+        elif self.hi is not None:
+            text = f"{'<' if self.hi_open else '<='} {num(self.hi)}"
+        else:
+            text = "a finite number"
+        return text + (" or null" if self.none else "") + (f" ({self.why})" if self.why else "")
+
+    def problem(self, v: Any) -> str | None:
+        if v is None:
+            return None if self.none else "must not be null"
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return f"must be a number {self.describe()}, got {v!r}"
+        if isinstance(v, float) and not math.isfinite(v):
+            return f"must be a finite number {self.describe()}, got {v}"
+        low = self.lo is not None and (v <= self.lo if self.lo_open else v < self.lo)
+        high = self.hi is not None and (v >= self.hi if self.hi_open else v > self.hi)
+        return f"must be {self.describe()}, got {v:g}" if low or high else None
+
+
+@dataclass(frozen=True)
+class Each:
+    """A list whose items each satisfy ``item``, with exactly ``length`` items when given."""
+
+    item: Any  # a Range, Text, ... (anything with .problem(value))
+    length: int | None = None
+
+    def problem(self, v: Any) -> str | None:
+        if not isinstance(v, (list, tuple)):
+            return f"must be a list, got {v!r}"
+        if self.length is not None and len(v) != self.length:
+            return f"must have {self.length} items, got {len(v)}"
+        for i, x in enumerate(v):
+            p = self.item.problem(x)
+            if p:
+                return f"item {i}: {p}"
+        return None
+
+
+@dataclass(frozen=True)
+class Text:
+    """A string of one line (``max_len`` characters at most); ``alphabet``: only these characters,
+    each at most once; ``none``: null is allowed too."""
+
+    none: bool = False
+    max_len: int = 1000
+    alphabet: str | None = None
+
+    def problem(self, v: Any) -> str | None:
+        if v is None:
+            return None if self.none else "must not be null"
+        if not isinstance(v, str) or not v.strip():
+            return f"must be a non-empty string, got {v!r}"
+        if "\n" in v or len(v) > self.max_len:
+            return f"must be one line of at most {self.max_len} characters"
+        if self.alphabet is not None:
+            bad = [c for c in v if c not in self.alphabet]
+            if bad or len(set(v)) != len(v):
+                return f"must be characters of {self.alphabet!r}, each at most once, got {v!r}"
+        return None
+
+
+# A Hugging Face hub id: "name" or "namespace/name" (letters, digits, '-', '_', '.').
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where data or a model comes from: a local path (which must exist; ``dir_only``: a directory)
+    or, when ``hub`` allows it, a Hugging Face hub id; ``builtin``: ``builtin:<name>`` names are
+    allowed (the name is checked when the model loads: the trainer's preflight, before anything is
+    written); ``none``: null is allowed too."""
+
+    hub: bool = True
+    builtin: bool = False
+    dir_only: bool = False
+    none: bool = False
+
+    def problem(self, v: Any) -> str | None:
+        if v is None:
+            return None if self.none else "must not be null"
+        if not isinstance(v, str) or not v.strip():
+            return f"must be a non-empty string, got {v!r}"
+        if self.builtin and v.startswith("builtin:"):
+            return None if _HUB_ID.match(v.split(":", 1)[1]) else f"'{v}' is not a built-in model name (builtin:<name>)"
+        path = os.path.expanduser(v)
+        if os.path.exists(path):
+            return None if not self.dir_only or os.path.isdir(path) else f"'{v}' is not a directory"
+        if not self.hub or not _HUB_ID.match(v):  # '/x', './x', '~/x', 'a/b/c' are paths, not hub ids
+            what = "directory" if self.dir_only else "path"
+            hub = " and not a Hugging Face hub id (namespace/name)" if self.hub else ""
+            return f"no such {what} '{v}'{hub}"
+        return None
+
+
+# Every leaf of RunConfig that is neither a bool, a closed choice (CHOICES and `load.choices`) nor
+# free-form (`objective`: checked against its method's parameters; `trl`: TRL's GRPOConfig fields,
+# checked by TRL) has a declaration here.
+MAX_STEPS = 1_000_000          # rollout steps (and optimizer/eval/checkpoint intervals)
+MAX_TOKENS = 1 << 20           # new tokens per completion
+MAX_BATCH = 1 << 16            # prompts per step, samples per prompt / problem, mini-batches
+RANGES: dict[str, Range | Each | Text | Source] = {
+    "seed": Range(0, 2**63 - 1),
+    "name": Text(none=True, max_len=200),
+    "model.name": Source(builtin=True),
+    "task.path": Source(none=True),
+    "task.config": Text(none=True),
+    "task.split": Text(max_len=200),
+    "task.limit": Range(1, None, none=True),
+    "task.holdout": Range(0, 10**8),
+    "task.operands": Range(2, MAX_OPERANDS),
+    "task.digits": Range(1, MAX_DIGITS),
+    "task.ops": Text(alphabet=VALID_OPS),
+    "task.train_size": Range(1, 10**8),
+    "task.test_size": Range(1, 10**7),
+    "sampler.group_size": Range(1, MAX_BATCH),
+    "sampler.max_new_tokens": Range(1, MAX_TOKENS),
+    "sampler.temperature": Range(0.0, 10.0, lo_open=True),
+    "sampler.top_p": Range(0.0, 1.0, lo_open=True),
+    "sampler.prompts_per_call": Range(0, MAX_BATCH),
+    "sampler.gpu_memory_utilization": Range(0.0, 1.0, lo_open=True),
+    "sampler.mismatch_is_cap": Range(1.0, why="a cap below 1 scales down tokens the sampler and trainer agree on"),
+    "train.steps": Range(1, MAX_STEPS),
+    "train.prompts_per_step": Range(1, MAX_BATCH),
+    "train.mini_batches": Range(1, MAX_BATCH),
+    "train.epochs": Range(1, 1000),
+    "train.lr": Range(0.0, 1.0, lo_open=True),
+    "train.weight_decay": Range(0.0, 1.0),
+    "train.betas": Each(Range(0.0, 1.0, hi_open=True), length=2),
+    "train.warmup_steps": Range(0, MAX_STEPS * 1000),
+    "train.beta": Range(0.0, 1000.0),
+    "train.grad_clip": Range(0.0, 1e6),
+    "train.max_skipped_frac": Range(0.0, 1.0),
+    "train.micro_batch_tokens": Range(0, 1 << 40),
+    "train.max_resample_rounds": Range(0, 100),
+    "train.overlong.buffer": Range(1, MAX_TOKENS),
+    "train.overlong.penalty": Range(0.0, 1000.0),
+    "train.checkpoint_every": Range(1, MAX_STEPS),
+    "eval.every": Range(0, MAX_STEPS),
+    "eval.n": Range(1, MAX_BATCH),
+    "eval.limit": Range(1, None, none=True),
+    "eval.data_dir": Source(hub=False, dir_only=True, none=True),
+    "eval.temperature": Range(0.0, 10.0, lo_open=True),
+    "eval.top_p": Range(0.0, 1.0, lo_open=True),
+    "eval.max_new_tokens": Range(1, MAX_TOKENS, none=True),
+    "tracking.tracking_uri": Text(none=True),
+    "tracking.experiment": Text(max_len=500),
+    "tracking.batch_every": Range(1, MAX_STEPS),
+    "plugins": Each(Text()),
+    "launch.nproc_per_node": Range(1, 4096),
 }
 
 

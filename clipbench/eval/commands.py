@@ -103,10 +103,10 @@ def load_suite(names: list[str], *, data_dir: Path | None, limit: int | None, te
 
 def summary_table(payloads: dict[str, dict], title: str) -> Table:
     """Rich table: one row per benchmark, Avg@n and Pass@k (percent)."""
-    from clipbench.report.stats import ks_for
+    from clipbench.tasks.passk import default_ks
 
     n = min(p["n"] for p in payloads.values())
-    ks = ks_for(n)
+    ks = [k for k in default_ks(n) if k > 1]  # Avg@n is Pass@1
     table = Table(title=title)
     table.add_column("Benchmark")
     table.add_column("Problems", justify="right")
@@ -115,7 +115,8 @@ def summary_table(payloads: dict[str, dict], title: str) -> Table:
         table.add_column(f"Pass@{k}", justify="right")
     for name, p in payloads.items():
         s = p["summary"]
-        table.add_row(name, str(len(p["problem_ids"])), f"{100 * s['avg@n']:.1f}",
+        avg = s[f"avg@{p['n']}"]
+        table.add_row(name, str(len(p["problem_ids"])), f"{100 * avg:.1f}",
                       *[f"{100 * s[f'pass@{k}']:.1f}" if f"pass@{k}" in s else "" for k in ks])
     return table
 
@@ -166,7 +167,7 @@ def eval_command(*, model: str, benchmarks: str, n: int, data_dir: Path | None, 
 
     def progress(name: str, payload: dict) -> None:
         atomic_write_json(out_dir / f"{name}.json", payload)
-        console.print(f"  {name}: avg@{n} {100 * payload['summary']['avg@n']:.1f}%  "
+        console.print(f"  {name}: avg@{n} {100 * payload['summary'][f'avg@{n}']:.1f}%  "
                       f"({len(payload['problem_ids'])} problems, {payload['seconds']:.0f}s)")
 
     t0 = time.perf_counter()

@@ -1,7 +1,9 @@
 """Numbers of a report, computed from a loaded sweep: plain dicts (JSON-able), no formatting.
 
     analyze(sweep, baseline=None) -> dict
-      {"sweep", "baseline", "runs": {...counts...},
+      {"sweep", "baseline", "runs": {...counts, "excluded": [{run_id, label, seed, state, reason}]},
+       "health": {run_id: {label, seed, state, steps_done, steps, skipped, skipped_frac, flags}},
+       "identical": {block: [[label, label, ...]]}, "notes": [what the readers skipped],
        "blocks": [{"model", "n", "ks", "metrics", "labels": {label: {"method", "seeds", "run_ids", "final_steps"}},
                    "benchmarks": {bench: {"problems", "n", "rows": {label: MetricRow}, "base": MetricRow|None}},
                    "average": {"rows": {label: MetricRow}, "base": MetricRow|None},
@@ -19,7 +21,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from clipbench.report import stats
+from clipbench.report import health, stats
 from clipbench.report.load import Run, Sweep, resolve_baseline
 
 QUADRANTS = ("q1", "q2", "q3", "q4")
@@ -257,22 +259,35 @@ def label_quadrants(runs: Sequence[Run]) -> dict | None:
 
 def analyze(sweep: Sweep, baseline: str | None = None, *, resamples: int = stats.BOOTSTRAP_RESAMPLES,
             seed: int = stats.BOOTSTRAP_SEED) -> dict:
+    """Every number of the report. Only runs that finished with their final evaluation are compared
+    (`health.exclusion_reason`); the others are listed under runs.excluded with the reason."""
     labels = sweep.labels()
     methods = {r.label: r.method for r in sweep.runs}
     base = resolve_baseline(labels, methods, baseline)
     states: dict[str, int] = {}
     for r in sweep.runs:
         states[r.state] = states.get(r.state, 0) + 1
-    blocks = sweep.blocks()
+    reasons = {r.run_id: health.exclusion_reason(r) for r in sweep.runs}
+    compared = [r for r in sweep.runs if reasons[r.run_id] is None]
+    blocks: dict[str, list[Run]] = {}
+    for r in compared:
+        blocks.setdefault(r.model, []).append(r)
     out = {
         "sweep": sweep.name,
         "baseline": base,
         "bootstrap": {"resamples": resamples, "seed": seed, "test": "paired, two-sided, null-centred"},
         "ci": {"level": stats.CI_LEVEL, "method": "Student t over problems (seeds averaged per problem)"},
-        "runs": {"total": len(sweep.runs), "states": states,
-                 "without_eval": [r.run_id for r in sweep.runs if r.final_step is None]},
+        "runs": {"total": len(sweep.runs), "states": states, "compared": len(compared),
+                 "without_eval": [r.run_id for r in sweep.runs if r.final_step is None],
+                 "excluded": [{"run_id": r.run_id, "label": r.label, "seed": r.seed, "state": r.state,
+                               "reason": reasons[r.run_id]} for r in sweep.runs if reasons[r.run_id] is not None]},
+        "health": {r.run_id: {"label": r.label, "seed": r.seed, "state": r.state, **health.run_health(r)}
+                   for r in sweep.runs},
         "blocks": [analyze_block(model, rs, labels, base, resamples=resamples, seed=seed) for model, rs in blocks.items()],
         "quadrants": {},
+        "identical": {model: health.identical_results({lb: [r for r in rs if r.label == lb] for lb in labels})
+                      for model, rs in blocks.items()},
+        "notes": list(sweep.notes),
     }
     for model, rs in blocks.items():
         q = {}

@@ -18,24 +18,35 @@ from clipbench.errors import UserError, unknown_choice
 from clipbench.report import paper as paper_ref
 from clipbench.report import render
 from clipbench.report.analysis import analyze
-from clipbench.report.load import Sweep, list_sweeps, load_sweep
+from clipbench.report.load import Sweep, load_sweep
 from clipbench.report.tables import Table, build_tables, model_title
-from clipbench.tracking.store import atomic_write_json
+from clipbench.tracking.store import atomic_write_json, check_store_dir, check_writable_dir, list_sweeps
 
 
 def header_lines(sweep: Sweep, result: dict) -> list[str]:
-    states = ", ".join(f"{v} {k}" for k, v in sorted(result["runs"]["states"].items()))
-    lines = [f"Sweep '{sweep.name}' ({sweep.path}): {result['runs']['total']} runs ({states}).",
-             f"Models: {', '.join(model_title(b['model']) for b in result['blocks'])}. "
+    runs = result["runs"]
+    states = ", ".join(f"{v} {k}" for k, v in sorted(runs["states"].items()))
+    lines = [f"Sweep '{sweep.name}' ({sweep.path}): {runs['total']} runs ({states}); {runs['compared']} compared.",
+             f"Models: {', '.join(model_title(b['model']) for b in result['blocks']) or '(none compared)'}. "
              f"Baseline: {result['baseline'] or 'none (no Gain row or p-values)'}."]
     for b in result["blocks"]:
         seeds = "; ".join(f"{lb}: seeds {', '.join(map(str, info['seeds']))} (final step "
                           f"{'/'.join(map(str, info['final_steps']))})" for lb, info in b["labels"].items())
         if seeds:
             lines.append(f"{model_title(b['model'])}: {seeds}.")
-    missing = result["runs"]["without_eval"]
-    if missing:
-        lines.append(f"Not in the tables (no evaluation yet): {len(missing)} run(s): {', '.join(missing)}.")
+    if runs["excluded"]:
+        shown = "; ".join(f"{e['label']} seed {e['seed']} ({e['run_id']}): {e['reason']}" for e in runs["excluded"][:8])
+        more = f"; and {len(runs['excluded']) - 8} more (see the Runs table)" if len(runs["excluded"]) > 8 else ""
+        lines.append(f"Not compared ({len(runs['excluded'])} run(s)): {shown}{more}.")
+    flagged = [(h, rid) for rid, h in result["health"].items() if h["flags"]]
+    if flagged:
+        shown = "; ".join(f"{h['label']} seed {h['seed']}: {', '.join(h['flags'])}" for h, _ in flagged[:8])
+        lines.append(f"Flagged ({len(flagged)} run(s), see the Runs table): {shown}.")
+    for model, groups in result.get("identical", {}).items():
+        for g in groups:
+            lines.append(f"Identical results: {' and '.join(g)} have the same correctness matrix for every seed and "
+                         f"benchmark ({model_title(model)}); their rows and curves coincide.")
+    lines += [f"Note: {n}" for n in result.get("notes", [])]
     return lines
 
 
@@ -46,8 +57,10 @@ def build_report(results_dir: Path, sweep_name: str, baseline: str | None):
     tables = build_tables(result, paper_ref.load_paper())
     if not any(t.key in ("table3", "quadrants") for t in tables):
         states = ", ".join(f"{v} {k}" for k, v in sorted(result["runs"]["states"].items()))
-        raise UserError(f"sweep '{sweep_name}' has no evaluations or clip metrics yet ({len(sweep.runs)} runs: "
-                        f"{states}); run `clipbench sweep` to finish it")
+        why = "; ".join(f"{e['run_id']}: {e['reason']}" for e in result["runs"]["excluded"][:3])
+        retry = " (with --retry-failed for the failed ones)" if result["runs"]["states"].get("failed") else ""
+        raise UserError(f"sweep '{sweep_name}' has no finished runs to compare yet ({len(sweep.runs)} runs: "
+                        f"{states}{'; ' + why if why else ''}); run `clipbench sweep` to finish it{retry}")
     return sweep, result, tables, header_lines(sweep, result)
 
 
@@ -102,7 +115,7 @@ def report_command(sweep: str | None, *, baseline: str | None, fmt: str, results
                    out: Path | None) -> list[Path]:
     if fmt not in render.FORMATS:
         raise UserError("--format: " + unknown_choice("format", fmt, render.FORMATS))
-    results_dir = Path(results_dir)
+    results_dir = check_store_dir(results_dir)
     names = [sweep] if sweep else list_sweeps(results_dir)
     if not names:
         raise UserError(f"no sweeps with runs in {results_dir}; run `clipbench sweep FILE --results-dir {results_dir}` first")
@@ -110,9 +123,9 @@ def report_command(sweep: str | None, *, baseline: str | None, fmt: str, results
     for name in names:
         s, result, tables, header = build_report(results_dir, name, baseline)
         if out is None:
-            out_dir = results_dir / "reports" / name
+            out_dir = check_writable_dir(results_dir / "reports" / name, "report directory")
         else:
-            out_dir = Path(out) if len(names) == 1 else Path(out) / name
+            out_dir = check_writable_dir(Path(out) if len(names) == 1 else Path(out) / name, "--out")
         paths = write_report(s, result, tables, header, fmt, out_dir)
         written += paths
         for p in paths:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 from clipbench.errors import UserError, did_you_mean
-from clipbench.tracking.store import RunDir, read_jsonl
+from clipbench.config import flatten
 from clipbench.sweep.expand import format_value
+from clipbench.tracking.store import RunDir, check_store_dir, list_sweeps, read_jsonl
 
 # Config keys that never make a method label: identity/bookkeeping, the seed (seeds are pooled),
 # the model (it makes the block) and evaluation settings.
@@ -28,6 +29,7 @@ class Run:
     path: Path
     config: dict
     state: str
+    status: dict = field(default_factory=dict)  # status.json (state, step, error, ...)
     metrics: list[dict] = field(default_factory=list)
     evals: dict[int, dict[str, dict]] = field(default_factory=dict)
     hist: list[dict] = field(default_factory=list)
@@ -62,6 +64,7 @@ class Sweep:
     name: str
     path: Path
     runs: list[Run]
+    notes: list[str] = field(default_factory=list)  # what the readers skipped (a torn last line)
 
     def blocks(self) -> dict[str, list[Run]]:
         """{model name: runs}, in order of first appearance."""
@@ -74,46 +77,27 @@ class Sweep:
         return list(dict.fromkeys(r.label for r in self.runs))
 
 
-def list_sweeps(results_dir: str | Path) -> list[str]:
-    """Sweep names: directories of the results store holding at least one run (a config.yaml)."""
-    root = Path(results_dir)
-    if not root.is_dir():
-        return []
-    names = []
-    for d in sorted(root.iterdir()):
-        if d.is_dir() and d.name not in ("reports", "eval") and any(d.glob("*/config.yaml")):
-            names.append(d.name)
-    return names
-
-
 def load_sweep(results_dir: str | Path, name: str) -> Sweep:
     """All runs of a sweep, labelled; UserError listing the sweeps that exist when unknown or empty."""
-    root = Path(results_dir)
+    root = check_store_dir(results_dir)
     sweeps = list_sweeps(root)
     if name not in sweeps:
-        where = f" in {root}" if root.is_dir() else f": results dir {root} does not exist"
         valid = ", ".join(sweeps) if sweeps else "(none)"
-        raise UserError(f"no runs for sweep '{name}'{where}{did_you_mean(name, sweeps)}; sweeps with runs: {valid}")
-    runs = [load_run(d) for d in sorted((root / name).iterdir()) if (d / "config.yaml").is_file()]
+        raise UserError(f"no runs for sweep '{name}' in {root}{did_you_mean(name, sweeps)}; sweeps with runs: {valid}")
+    notes: list[str] = []
+    runs = [load_run(d, notes) for d in sorted((root / name).iterdir()) if (d / "config.yaml").is_file()]
     assign_labels(runs)
-    return Sweep(name=name, path=root / name, runs=runs)
+    return Sweep(name=name, path=root / name, runs=runs, notes=notes)
 
 
-def load_run(path: str | Path) -> Run:
+def load_run(path: str | Path, notes: list[str] | None = None) -> Run:
+    """One run from the store; a damaged file raises StoreError (one line), a torn last line of a
+    jsonl file is skipped with a note in `notes`."""
     rd = RunDir(path)
-    return Run(run_id=rd.run_id, path=rd.path, config=rd.read_config() or {}, state=rd.status().get("state", "pending"),
-               metrics=rd.read_metrics(), evals=rd.read_evals(), hist=read_jsonl(rd.hist_path))
-
-
-def _flatten(d: Mapping, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = tuple(v) if isinstance(v, list) else v
-    return out
+    status = rd.status()
+    return Run(run_id=rd.run_id, path=rd.path, config=rd.read_config() or {}, state=status.get("state", "pending"),
+               status=status, metrics=rd.read_metrics(notes), evals=rd.read_evals(),
+               hist=read_jsonl(rd.hist_path, notes=notes))
 
 
 def _in_label(key: str) -> bool:
@@ -136,7 +120,8 @@ def assign_labels(runs: list[Run]) -> None:
 
 
 def _assign_block_labels(runs: list[Run]) -> None:
-    flat = {r.run_id: _flatten(r.config) for r in runs}
+    flat = {r.run_id: {k: tuple(v) if isinstance(v, list) else v for k, v in flatten(r.config).items()}
+            for r in runs}
     keys = sorted({k for f in flat.values() for k in f})
     varying_global = [k for k in keys if not k.startswith("objective.") and _in_label(k)
                       and len({flat[r.run_id].get(k) for r in runs}) > 1]

@@ -4,7 +4,9 @@
     paths = save_figures(figs, out_dir)  # {name: Path to PNG}
 
 Lines are the mean over seeds; the shaded band is the min-max over seeds (only where at least two
-seeds have a value). Figures: ``entropy`` (token entropy per optimizer step), ``reward`` (mean
+seeds have a value). A sparse series (at most `SPARSE_POINTS` points, or a point with no neighbour
+to draw a line to) gets markers, so a single point is never invisible; series that coincide exactly
+(one would hide the other) are named in a note under the figure. Figures: ``entropy`` (token entropy per optimizer step), ``reward`` (mean
 reward per rollout step), ``eval`` (Avg@n and Pass@n per benchmark over the evaluation steps),
 ``quadrants`` (share of clip events per quadrant per rollout step) and ``log_ratio_hist`` (the
 distribution of log r pooled over steps and seeds, split by the sign of A, with the clip bounds).
@@ -30,6 +32,7 @@ from clipbench.report.load import Run, Sweep  # noqa: E402
 from clipbench.report.tables import BENCH_TITLES, metric_title, model_title, ordered_benchmarks  # noqa: E402
 
 DPI = 100
+SPARSE_POINTS = 30
 COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 
 
@@ -37,10 +40,11 @@ def series_key(run: Run, multi_block: bool) -> str:
     return f"{model_title(run.model)}: {run.label}" if multi_block else run.label
 
 
-def group_runs(sweep: Sweep, baseline: str | None = None) -> dict[str, list[Run]]:
-    """{series name: runs (seeds)}: the baseline's series first, then in label order."""
+def group_runs(sweep: Sweep, baseline: str | None = None, exclude: frozenset[str] = frozenset()) -> dict[str, list[Run]]:
+    """{series name: runs (seeds)}: the baseline's series first, then in label order; runs whose id
+    is in `exclude` (not compared: failed, unfinished) are left out."""
     multi = len(sweep.blocks()) > 1
-    runs = sorted(sweep.runs, key=lambda r: r.label != baseline)  # stable: keeps the label order
+    runs = sorted((r for r in sweep.runs if r.run_id not in exclude), key=lambda r: r.label != baseline)
     out: dict[str, list[Run]] = {}
     for r in runs:
         out.setdefault(series_key(r, multi), []).append(r)
@@ -66,21 +70,67 @@ def metric_by(run: Run, key: str, x: str) -> dict[float, float]:
     return {k: float(np.mean(v)) for k, v in acc.items()}
 
 
-def draw_band(ax, frame: pd.DataFrame, label: str, color: str) -> None:
-    """Mean line over seeds and the min-max band where >= 2 seeds have a value."""
+def _is_sparse(y: np.ndarray) -> bool:
+    """At most SPARSE_POINTS finite points, or a finite point whose neighbours are both missing."""
+    ok = np.isfinite(y)
+    if ok.sum() <= SPARSE_POINTS:
+        return True
+    left = np.r_[False, ok[:-1]]
+    right = np.r_[ok[1:], False]
+    return bool((ok & ~left & ~right).any())
+
+
+def draw_band(ax, frame: pd.DataFrame, label: str, color: str) -> pd.Series | None:
+    """Mean line over seeds (markers when sparse) and the min-max band where >= 2 seeds have a value.
+    Returns the plotted mean (None when there is nothing to draw)."""
     if frame.empty:
-        return
+        return None
     mean = frame.mean(axis=1)
-    ax.plot(frame.index.values, mean.values, label=label, color=color, linewidth=1.6)
+    marker = dict(marker="o", markersize=3.5) if _is_sparse(mean.to_numpy(dtype=float)) else {}
+    ax.plot(frame.index.values, mean.values, label=label, color=color, linewidth=1.6, **marker)
     count = frame.notna().sum(axis=1)
     if (count >= 2).any():
         lo, hi = frame.min(axis=1), frame.max(axis=1)
         ok = (count >= 2).values
         ax.fill_between(frame.index.values, lo.where(ok).values, hi.where(ok).values, color=color, alpha=0.2,
                         linewidth=0)
+    return mean
 
 
-def _finish(fig: Figure, axes, title: str) -> Figure:
+def identical_series(panels: Sequence[Mapping[str, pd.Series | None]]) -> list[list[str]]:
+    """Groups of series names whose plotted means are exactly equal in every panel where any of them
+    has data (so one line hides the other)."""
+    names = list(dict.fromkeys(n for panel in panels for n, m in panel.items() if m is not None))
+
+    def same(a: str, b: str) -> bool:
+        seen = False
+        for panel in panels:
+            x, y = panel.get(a), panel.get(b)
+            if x is None and y is None:
+                continue
+            if x is None or y is None or not x.index.equals(y.index):
+                return False
+            if not np.array_equal(x.to_numpy(dtype=float), y.to_numpy(dtype=float), equal_nan=True):
+                return False
+            seen = True
+        return seen
+
+    groups: list[list[str]] = []
+    for n in names:
+        for g in groups:
+            if same(g[0], n):
+                g.append(n)
+                break
+        else:
+            groups.append([n])
+    return [g for g in groups if len(g) > 1]
+
+
+def _finish(fig: Figure, axes, title: str, panels: Sequence[Mapping[str, pd.Series | None]] = ()) -> Figure:
+    same = identical_series(panels)
+    if same:
+        fig.text(0.01, 0.005, "Identical curves (drawn on top of each other): "
+                 + "; ".join(" = ".join(g) for g in same), fontsize=8, color="#b45309")
     handles, labels = [], []
     for ax in np.ravel(axes):
         for h, lb in zip(*ax.get_legend_handles_labels()):
@@ -101,12 +151,11 @@ def line_figure(groups: Mapping[str, list[Run]], key: str, x: str, title: str, y
     if not frames:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=DPI)
-    for i, (name, frame) in enumerate(frames.items()):
-        draw_band(ax, frame, name, COLORS[i % len(COLORS)])
+    drawn = {name: draw_band(ax, frame, name, COLORS[i % len(COLORS)]) for i, (name, frame) in enumerate(frames.items())}
     ax.set_xlabel("optimizer step" if x == "opt_step" else "rollout step")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    return _finish(fig, ax, f"{title} (mean over seeds; band: min-max)")
+    return _finish(fig, ax, f"{title} (mean over seeds; band: min-max)", [drawn])
 
 
 def _first_key(groups: Mapping[str, list[Run]], candidates: Sequence[str]) -> str | None:
@@ -136,16 +185,17 @@ def eval_figure(groups: Mapping[str, list[Run]], result: dict) -> Figure | None:
 
     fig, axes = plt.subplots(len(benches), len(metrics), figsize=(11, 3.2 * len(benches) + 0.8),
                              dpi=DPI, squeeze=False)  # one row per benchmark: Avg@n | Pass@n
+    panels = []
     for i, bench in enumerate(benches):
         for j, metric in enumerate(metrics):
             ax = axes[i][j]
-            for c, (name, rs) in enumerate(groups.items()):
-                draw_band(ax, seed_frame(rs, lambda r: extract(r, bench, metric)), name, COLORS[c % len(COLORS)])
+            panels.append({name: draw_band(ax, seed_frame(rs, lambda r: extract(r, bench, metric)), name,
+                                           COLORS[c % len(COLORS)]) for c, (name, rs) in enumerate(groups.items())})
             ax.set_title(f"{BENCH_TITLES.get(bench, bench)}: {metric_title(metric, n)}", fontsize=10)
             ax.set_xlabel("rollout step")
             ax.set_ylabel("%")
             ax.grid(alpha=0.3)
-    return _finish(fig, axes, f"Evaluation over training (n = {n}; mean over seeds; band: min-max)")
+    return _finish(fig, axes, f"Evaluation over training (n = {n}; mean over seeds; band: min-max)", panels)
 
 
 def quadrant_shares_by_step(run: Run) -> dict[str, dict[float, float]]:
@@ -171,15 +221,16 @@ def quadrant_figure(groups: Mapping[str, list[Run]]) -> Figure | None:
     if not any(s[q] for by_run in shares.values() for s in by_run.values() for q in QUADRANTS):
         return None
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.8), dpi=DPI, sharey=True)
+    panels = []
     for i, q in enumerate(QUADRANTS):
         ax = axes[i]
-        for c, (name, rs) in enumerate(groups.items()):
-            draw_band(ax, seed_frame(rs, lambda r: shares[name][r.run_id][q]), name, COLORS[c % len(COLORS)])
+        panels.append({name: draw_band(ax, seed_frame(rs, lambda r: shares[name][r.run_id][q]), name,
+                                       COLORS[c % len(COLORS)]) for c, (name, rs) in enumerate(groups.items())})
         ax.set_title(f"{q.upper()} share of clip events", fontsize=10)
         ax.set_xlabel("rollout step")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("% of Q1-Q4 events")
-    return _finish(fig, axes, "Clip events by quadrant over training (mean over seeds; band: min-max)")
+    return _finish(fig, axes, "Clip events by quadrant over training (mean over seeds; band: min-max)", panels)
 
 
 def _hist_arrays(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -229,7 +280,8 @@ def hist_figure(groups: Mapping[str, list[Run]]) -> Figure | None:
 
 def make_figures(sweep: Sweep, result: dict) -> dict[str, Figure]:
     """Every figure that has data, in display order (entropy first)."""
-    groups = group_runs(sweep, result.get("baseline"))
+    excluded = frozenset(e["run_id"] for e in result.get("runs", {}).get("excluded", []))
+    groups = group_runs(sweep, result.get("baseline"), excluded)
     figs: dict[str, Figure | None] = {}
     ent = _first_key(groups, ("entropy", "entropy/mean"))
     figs["entropy"] = line_figure(groups, ent, "opt_step", "Token entropy", "nats / token") if ent else None

@@ -1,16 +1,16 @@
 """Render ``tables.Table`` objects: rich (terminal), markdown, LaTeX (booktabs), CSV, one HTML page.
 
-The HTML page is self-contained: tables as HTML, figures embedded as base64 PNG data URIs, inline
-CSS, no scripts and no external resources (it opens from a file or an e-mail attachment).
+The HTML page is a jinja2 template (``templates/report.html`` and ``report.css``, package data):
+self-contained, tables as HTML, figures embedded as base64 PNG data URIs, inline CSS, no scripts and
+no external resources (it opens from a file or an e-mail attachment); every text is autoescaped.
 """
 
 from __future__ import annotations
 
 import base64
 import csv
-import html
+import functools
 import io
-import os
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -31,7 +31,8 @@ FIGURE_CAPTIONS = {
 def to_rich(t: Table):
     from rich.table import Table as RichTable
 
-    styles = {"ref": "italic dim", "refgain": "italic dim", "gain": "bold", "base": "dim", "baseline": "cyan"}
+    styles = {"ref": "italic dim", "refgain": "italic dim", "gain": "bold", "base": "dim", "baseline": "cyan",
+              "excluded": "dim", "flagged": "yellow"}
     rt = RichTable(title=t.title, caption="\n".join(t.notes) or None, caption_justify="left", show_lines=False)
     for i, c in enumerate(t.columns):
         rt.add_column(c, justify="left" if i < 2 else "right", no_wrap=i > 0)
@@ -148,47 +149,28 @@ def to_csv(t: Table) -> str:
 
 # ---- HTML -------------------------------------------------------------------------------------
 
-CSS = """
-body { font-family: -apple-system, "Segoe UI", "DejaVu Sans", Helvetica, Arial, sans-serif; margin: 24px 32px;
-       color: #1d1d1f; background: #fff; }
-h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 17px; margin-top: 28px; }
-.meta { color: #555; font-size: 13px; line-height: 1.5; }
-table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
-caption { text-align: left; font-weight: 600; padding: 4px 0 6px; font-size: 14px; }
-th, td { padding: 3px 9px; border-bottom: 1px solid #e3e3e3; white-space: nowrap; }
-th { background: #f3f4f6; border-bottom: 2px solid #9ca3af; text-align: right; white-space: normal;
-     vertical-align: bottom; }
-th:nth-child(-n+2), td:nth-child(-n+2) { text-align: left; }
-td { text-align: right; font-variant-numeric: tabular-nums; }
-tr.section td { border-top: 2px solid #9ca3af; }
-tr.ref td, tr.refgain td { color: #6b7280; font-style: italic; background: #fafafa; }
-tr.gain td { font-weight: 600; background: #f0fdf4; }
-tr.baseline td { background: #eff6ff; }
-tr.base td { color: #4b5563; }
-.notes { color: #555; font-size: 12px; max-width: 1100px; margin: 2px 0 14px; }
-.row { display: flex; gap: 28px; align-items: flex-start; flex-wrap: wrap; }
-.row .notes { max-width: 560px; }
-figure { margin: 16px 0; } figcaption { color: #555; font-size: 12px; }
-img { max-width: 100%; border: 1px solid #eee; }
-"""
+@functools.lru_cache(maxsize=1)
+def _templates():
+    """The report's jinja2 templates (package data: clipbench/report/templates), autoescaped."""
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.PackageLoader("clipbench.report", "templates"),
+                              autoescape=True, keep_trailing_newline=True)
 
 
-def to_html_table(t: Table) -> str:
-    e = html.escape
-    out = [f'<div class="table" id="{e(t.key)}"><table><caption>{e(t.title)}</caption><thead><tr>']
-    out += [f"<th>{e(c)}</th>" for c in t.columns]
-    out.append("</tr></thead><tbody>")
-    for i, (row, style) in enumerate(zip(t.rows, t.styles)):
-        classes = [style] if style else []
-        if t.sections and row[0] and i > 0:
-            classes.append("section")
-        cls = f' class="{" ".join(classes)}"' if classes else ""
-        out.append(f"<tr{cls}>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>")
-    out.append("</tbody></table>")
-    if t.notes:
-        out.append('<div class="notes">' + "<br>".join(e(n) for n in t.notes) + "</div>")
-    out.append("</div>")
-    return "".join(out)
+def html_layout(tables: Sequence[Table]) -> list[list[Table]]:
+    """Tables in display order, a table and its ``beside`` partner grouped (shown side by side)."""
+    by_key = {t.key: t for t in tables}
+    placed: set[int] = set()
+    layout: list[list[Table]] = []
+    for t in tables:
+        if id(t) in placed:
+            continue
+        partner = by_key.get(t.beside) if t.beside else None
+        group = [t, partner] if partner is not None and id(partner) not in placed else [t]
+        placed |= {id(x) for x in group}
+        layout.append(group)
+    return layout
 
 
 def png_data_uri(png: bytes) -> str:
@@ -197,31 +179,11 @@ def png_data_uri(png: bytes) -> str:
 
 def html_document(title: str, header: Sequence[str], tables: Sequence[Table],
                   figures: Mapping[str, bytes] | None = None) -> str:
-    """One self-contained page: header lines, tables (a table's ``beside`` partner next to it), figures."""
-    e = html.escape
-    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-             f"<title>{e(title)}</title><style>{CSS}</style></head><body>",
-             f"<h1>{e(title)}</h1>", '<div class="meta">' + "<br>".join(e(h) for h in header) + "</div>"]
-    by_key = {t.key: t for t in tables}
-    placed: set[int] = set()
-    parts.append("<h2>Tables</h2>")
-    for t in tables:
-        if id(t) in placed:
-            continue
-        partner = by_key.get(t.beside) if t.beside else None
-        if partner is not None and id(partner) not in placed:
-            parts.append('<div class="row">' + to_html_table(t) + to_html_table(partner) + "</div>")
-            placed |= {id(t), id(partner)}
-        else:
-            parts.append(to_html_table(t))
-            placed.add(id(t))
-    if figures:
-        parts.append("<h2>Training dynamics</h2>")
-        for name, png in figures.items():
-            parts.append(f'<figure id="fig-{e(name)}"><img alt="{e(name)}" src="{png_data_uri(png)}">'
-                         f"<figcaption>{e(FIGURE_CAPTIONS.get(name, name))}</figcaption></figure>")
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
+    """One self-contained page (templates/report.html): header lines, tables, figures."""
+    figs = [{"name": name, "src": png_data_uri(png), "caption": FIGURE_CAPTIONS.get(name, name)}
+            for name, png in (figures or {}).items()]
+    return _templates().get_template("report.html").render(title=title, header=header, layout=html_layout(tables),
+                                                           figures=figs)
 
 
 def unique_names(tables: Sequence[Table]) -> list[str]:
@@ -238,5 +200,4 @@ def write_text(path: Path, text: str) -> Path:
     from clipbench.tracking.store import atomic_write_text
 
     atomic_write_text(path, text)
-    os.chmod(path, 0o644)  # a report is meant to be read and shared (temp files are created 0600)
     return path

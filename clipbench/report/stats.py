@@ -1,4 +1,4 @@
-"""The statistics behind the report: pure numpy functions over per-problem values.
+"""The statistics behind the report: functions over per-problem values (numpy, scipy.stats).
 
 The problem is the unit of evaluation (docs/objectives.md, "Evaluation metrics"):
 
@@ -6,12 +6,16 @@ The problem is the unit of evaluation (docs/objectives.md, "Evaluation metrics")
   ``1 - C(n-c, k) / C(n, k)`` (``clipbench.tasks.passk``); seeds of one method are averaged per
   problem first;
 - a 95% confidence interval over problems is Student's t interval of the mean of those per-problem
-  values (``t_interval``); the Average over benchmarks combines the benchmarks' standard errors with
-  Welch-Satterthwaite degrees of freedom (``combined_t_interval``);
+  values (``t_interval``, `scipy.stats.t`); the Average over benchmarks combines the benchmarks'
+  standard errors with Welch-Satterthwaite degrees of freedom (``combined_t_interval``);
 - a method is compared with the baseline by a paired bootstrap over problems (paired by problem
   id): resample problems with replacement, recompute the mean difference, and report the two-sided
   p-value of the null-centred bootstrap, ``(1 + #{|d*_b - d| >= |d|}) / (B + 1)``
-  (``paired_bootstrap_p``). Benchmarks are resampled separately (stratified) for the Average.
+  (``paired_bootstrap_p``). The resamples are `scipy.stats.bootstrap`'s bootstrap distribution;
+  benchmarks are resampled separately (stratified: one sample per benchmark) for the Average.
+
+scipy.stats is imported when a statistic is computed (about a second), not when the report
+package is imported.
 """
 
 from __future__ import annotations
@@ -27,14 +31,11 @@ CI_LEVEL = 0.95
 
 
 def ks_for(n: int) -> list[int]:
-    """Pass@k columns for n samples: 2, 4, 8, ... below n, then n (the paper's k in {2..64} for n=64)."""
-    if n < 2:
-        return []
-    ks, k = [], 2
-    while k < n:
-        ks.append(k)
-        k *= 2
-    return ks + [n]
+    """Pass@k columns for n samples: the evaluation's k list (`passk.default_ks`) without k = 1, which is
+    Avg@n: 2, 4, 8, ... below n, then n (the paper's k in {2..64} for n=64)."""
+    from clipbench.tasks.passk import default_ks
+
+    return [k for k in default_ks(n) if k > 1]
 
 
 def metric_names(ks: Sequence[int]) -> list[str]:
@@ -65,27 +66,22 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
 
 
-def t_quantile(q: float, df: float) -> float:
-    """Student's t quantile (scipy.special.stdtrit: the light import; scipy.stats takes seconds)."""
-    from scipy.special import stdtrit
-
-    return float(stdtrit(df, q))
-
-
 def t_interval(values: Sequence[float], level: float = CI_LEVEL) -> tuple[float, float]:
     """Student's t confidence interval of the mean of ``values`` (one per problem).
 
     (lo, hi) = mean -+ t_{(1+level)/2, P-1} * s / sqrt(P); a degenerate (mean, mean) when P < 2 or s = 0.
     """
+    from scipy import stats as sps
+
     v = np.asarray(values, dtype=float)
     m = float(v.mean())
     if v.size < 2:
         return m, m
-    se = float(v.std(ddof=1)) / math.sqrt(v.size)
+    se = float(sps.sem(v))  # s / sqrt(P), ddof = 1
     if se == 0.0:
         return m, m
-    h = t_quantile(0.5 + level / 2, v.size - 1) * se
-    return m - h, m + h
+    lo, hi = sps.t.interval(level, v.size - 1, loc=m, scale=se)
+    return float(lo), float(hi)
 
 
 def combined_t_interval(groups: Sequence[Sequence[float]], level: float = CI_LEVEL) -> tuple[float, float]:
@@ -94,17 +90,18 @@ def combined_t_interval(groups: Sequence[Sequence[float]], level: float = CI_LEV
     se^2 = sum_b s_b^2 / P_b / B^2; degrees of freedom by Welch-Satterthwaite,
     df = (sum_b v_b)^2 / sum_b v_b^2 / (P_b - 1) with v_b = s_b^2 / P_b.
     """
+    from scipy import stats as sps
+
     arrays = [np.asarray(g, dtype=float) for g in groups]
     m = float(np.mean([a.mean() for a in arrays]))
     if any(a.size < 2 for a in arrays):
         return m, m
-    v = np.array([a.var(ddof=1) / a.size for a in arrays])
+    v = np.array([sps.sem(a) ** 2 for a in arrays])
     if v.sum() == 0.0:
         return m, m
     df = v.sum() ** 2 / sum(vb**2 / (a.size - 1) for vb, a in zip(v, arrays) if vb > 0)
-    se = math.sqrt(v.sum()) / len(arrays)
-    h = t_quantile(0.5 + level / 2, df) * se
-    return m - h, m + h
+    lo, hi = sps.t.interval(level, df, loc=m, scale=math.sqrt(v.sum()) / len(arrays))
+    return float(lo), float(hi)
 
 
 def paired_bootstrap_p(diffs_by_group: Sequence[Sequence[float]], *, resamples: int = BOOTSTRAP_RESAMPLES,
@@ -113,20 +110,32 @@ def paired_bootstrap_p(diffs_by_group: Sequence[Sequence[float]], *, resamples: 
 
     ``diffs_by_group``: per benchmark, the per-problem differences (method - baseline), paired by
     problem id and averaged over seeds. The statistic is the unweighted mean over groups of each
-    group's mean difference (one group: the plain mean). Problems are resampled with replacement
-    within each group, ``resamples`` times, from ``np.random.default_rng(seed)``; the p-value is
-    ``(1 + #{|d*_b - d| >= |d|}) / (resamples + 1)`` (null-centred bootstrap; 1.0 when d == 0).
+    group's mean difference (one group: the plain mean). `scipy.stats.bootstrap` resamples the
+    problems of each group with replacement, ``resamples`` times, from ``np.random.default_rng(seed)``;
+    the p-value is ``(1 + #{|d*_b - d| >= |d|}) / (resamples + 1)`` over its bootstrap distribution
+    (null-centred bootstrap; 1.0 when d == 0). A group of one problem resamples to itself.
     """
+    import warnings
+
+    from scipy import stats as sps
+
     groups = [np.asarray(g, dtype=float) for g in diffs_by_group]
     if not groups or any(g.size == 0 for g in groups):
         return math.nan
-    rng = np.random.default_rng(seed)
     observed = float(np.mean([g.mean() for g in groups]))
-    boot = np.zeros(resamples)
-    for g in groups:  # (resamples, P_b) indices per group, one draw per group in a fixed order
-        idx = rng.integers(0, g.size, size=(resamples, g.size))
-        boot += g[idx].mean(axis=1)
-    boot /= len(groups)
+    varying = [g for g in groups if g.size > 1]  # scipy needs two observations; one resamples to itself
+    fixed = sum(float(g.mean()) for g in groups if g.size == 1)
+    if varying:
+        def statistic(*samples, axis=-1):
+            return sum(x.mean(axis=axis) for x in samples)
+
+        with warnings.catch_warnings():  # a constant sample makes the (unused) interval degenerate
+            warnings.simplefilter("ignore")
+            res = sps.bootstrap(tuple(varying), statistic, n_resamples=resamples, method="percentile",
+                                vectorized=True, rng=np.random.default_rng(seed))
+        boot = (res.bootstrap_distribution + fixed) / len(groups)
+    else:
+        boot = np.full(resamples, observed)
     extreme = np.abs(boot - observed) >= abs(observed) - 1e-12
     return float((1 + extreme.sum()) / (resamples + 1))
 

@@ -6,8 +6,9 @@ Tables of a report, per block (base model):
   baseline), the paper's reference rows inline when model and benchmark are the paper's;
 - ``significance``: Avg@n and Pass@n with 95% CIs over problems, the difference from the baseline
   (percentage points) and its paired-bootstrap p-value;
-and once: ``quadrants`` (share of clip events per quadrant, like the paper's Figure 4f) and, for a
-grpo-vs-abc sweep on other models, ``paper_reference`` (the paper's Table 3 as printed).
+and once: ``quadrants`` (share of clip events per quadrant, like the paper's Figure 4f), ``runs``
+(every run: state, skipped steps, collapse flags, why it is not compared) and, for a grpo-vs-abc
+sweep on other models, ``paper_reference`` (the paper's Table 3 as printed).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from clipbench.report import health
 from clipbench.report import paper as paper_ref
 from clipbench.report.analysis import BASE_LABEL, QUADRANTS
 
@@ -26,11 +28,11 @@ QUADRANT_TITLES = {"q1": "Q1 (A>0, r>1)", "q2": "Q2 (A>0, r<1)", "q3": "Q3 (A<0,
 
 @dataclass
 class Table:
-    key: str                       # table3 | significance | quadrants | paper_reference
+    key: str                       # table3 | significance | quadrants | runs | paper_reference
     title: str
     columns: list[str]
     rows: list[list[str]] = field(default_factory=list)
-    styles: list[str] = field(default_factory=list)   # per row: "" | base | ref | gain | refgain | average
+    styles: list[str] = field(default_factory=list)   # per row: "" | base | ref | gain | refgain | excluded | flagged
     notes: list[str] = field(default_factory=list)
     beside: str | None = None      # key of a table to show next to this one (html)
     sections: bool = True          # a non-empty first cell starts a new section (a rule above it)
@@ -226,6 +228,28 @@ def quadrants(q_by_block: dict, baseline: str | None, paper: dict | None, show_p
     return t
 
 
+# ---- every run: state, steps, skipped steps, flags ----------------------------------------------
+
+def runs_table(result: dict) -> Table:
+    """One row per run of the sweep (compared or not): what a careful reader checks before the numbers."""
+    cols = ["Method", "Seed", "Run", "State", "Steps", "Skipped steps", "Flags"]
+    t = Table("runs", "Runs: state, skipped optimizer steps and collapse flags", cols, sections=False)
+    excluded = {e["run_id"]: e["reason"] for e in result["runs"]["excluded"]}
+    for rid, h in sorted(result["health"].items(), key=lambda kv: (kv[1]["label"], kv[1]["seed"], kv[0])):
+        steps = f"{h['steps_done']}/{h['steps']}" if h["steps"] else str(h["steps_done"])
+        skipped = f"{h['skipped']} ({100 * h['skipped_frac']:.1f}%)" if h["skipped"] else "0"
+        flags = ([f"not compared: {excluded[rid]}"] if rid in excluded else []) + \
+            [f for f in h["flags"] if not f.startswith("skipped ")]
+        t.add([h["label"], str(h["seed"]), rid, h["state"], steps, skipped, "; ".join(flags) or "ok"],
+              "excluded" if rid in excluded else ("flagged" if flags or h["skipped"] else ""))
+    t.notes = [
+        "Compared: runs that finished with their evaluation at the last step; the others are listed here and "
+        "left out of every other table (a failed run's step-0 score is the base model's, not its method's).",
+        health.RULES,
+    ]
+    return t
+
+
 # ---- the paper's Table 3 as a reference -------------------------------------------------------
 
 def paper_reference(paper: dict) -> Table:
@@ -266,4 +290,6 @@ def build_tables(result: dict, paper: dict | None) -> list[Table]:
     q = quadrants(result["quadrants"], baseline, paper, show_paper)
     if q is not None:
         tables.append(q)
+    if result.get("health"):
+        tables.append(runs_table(result))
     return tables

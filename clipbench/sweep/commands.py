@@ -14,6 +14,7 @@ reruns failed ones only with --retry-failed. Exit code: 0, 1 when a run failed i
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -21,15 +22,18 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from clipbench.errors import UserError, unknown_choice
 from clipbench.sweep.execute import RunTask, checkpoint_step, classify, run_parallel, run_sequential
 from clipbench.sweep.expand import Expansion, expand, iter_summary, label, run_label
 from clipbench.sweep.manifest import freeze, manifest_path, manifest_runs, merge, read_manifest
 from clipbench.sweep.spec import SweepSpec, load_sweep
-from clipbench.tracking.lock import manifest_lock
-from clipbench.tracking.store import RunDir
+from clipbench.tracking.store import RunDir, check_writable_dir, list_run_dirs
 from clipbench.sweep.expand import format_value
+
+
+AVG_KEY = re.compile(r"/avg@(\d+|n)$")  # eval/<benchmark>/avg@<n> (avg@n: a store from before n was named)
 
 
 def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
@@ -70,17 +74,18 @@ def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, js
     if engine in ("builtin", "trl"):  # the run config's own key, for every run
         run_overrides.append(f"engine={engine}")
     spec, exp = plan(file, run_overrides, plugins)
-    results_dir = Path(results_dir)
+    results_dir = check_writable_dir(results_dir)
+    mpath = manifest_path(results_dir, spec.name)
+    existing = read_manifest(mpath)  # a damaged store: one line (StoreError), before anything is written
+    check_run_files(mpath.parent)
     if engine == "verl":  # each run as a verl trainer command (clipbench.integrations.verl_launch)
         from clipbench.integrations.verl_launch import verl_sweep
 
         return verl_sweep(spec, exp, results_dir=results_dir, dry_run=dry_run, json_out=json_out, launcher=launcher,
                           hydra_overrides=hydra_overrides, tracking_uri=tracking_uri, retry_failed=retry_failed,
                           err=err)
-    mpath = manifest_path(results_dir, spec.name)
 
     if dry_run or json_out:
-        existing = read_manifest(mpath) if mpath.is_file() else None
         mg = merge(existing, spec, exp)
         for w in list(exp.warnings) + mg.warnings:
             err.print(f"[yellow]warning:[/] {w}")
@@ -93,6 +98,9 @@ def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, js
             out.print(_plan_line(spec, exp, mg.manifest, results_dir))
         return {"sweep": spec.name, "runs": list(mg.manifest["runs"]), "written": False}
 
+    if not launcher:  # runs entering the manifest load (a launcher's nodes may see other files)
+        preview = merge(existing, spec, exp)
+        preflight_runs([preview.manifest["runs"][rid] for rid in preview.new])
     mg = freeze(results_dir, spec, exp)  # the first write of this command
     for w in list(exp.warnings) + mg.warnings:
         err.print(f"[yellow]warning:[/] {w}")
@@ -107,8 +115,7 @@ def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, js
               + (f", {counts['failed']} failed: skipped (rerun them with --retry-failed)" if counts["failed"] else "")
               + ")")
 
-    with manifest_lock(mpath.parent):  # two sweep processes starting together make one parent run
-        parent, uri = _parent_run(spec, runs, results_dir, tracking_uri, mpath)
+    parent, uri, experiment = _parent_run(spec, runs, results_dir, tracking_uri, mpath)
     tasks = [replace(t, parent_run_id=parent) for t in tasks_all
              if states[t.run_id] in ("resume", "start")]
 
@@ -135,13 +142,13 @@ def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, js
                 results = run_parallel(tasks, jobs, ui) if jobs > 1 else run_sequential(tasks, ui)
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]: finished runs are kept; rerun the same command to resume")
-        _finish_parent(parent, uri, "KILLED")
+        _finish_parent(parent, uri, experiment, spec.name, "KILLED")
         raise SystemExit(130) from None
 
     by_id = {r["run_id"]: r for r in results}
     final = {t.run_id: classify(t.run_dir) for t in tasks_all}
     all_done = all(s == "finished" for s in final.values())
-    _finish_parent(parent, uri, "FINISHED" if all_done else ("FAILED" if any(
+    _finish_parent(parent, uri, experiment, spec.name, "FINISHED" if all_done else ("FAILED" if any(
         r["outcome"] in ("failed", "crashed") for r in results) else "RUNNING"))
     if results:
         err.print(summary_table(tasks_all, by_id))
@@ -150,9 +157,11 @@ def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, js
     n_fin = sum(1 for s in final.values() if s == "finished")
     err.print(f"{n_fin}/{len(runs)} runs finished" + (f"; {len(locked)} locked by another process" if locked else "")
               + (f"; {len(failed)} failed (see status.json; rerun with --retry-failed)" if failed else ""))
-    if any(r.get("mlflow_offline") for r in results):
-        err.print(f"[yellow]MLflow was unreachable for some runs[/]: replay them with "
-                  f"`clipbench sync {spec.name} --results-dir {results_dir}`")
+    if uri and any(r.get("mlflow_offline") for r in results):
+        from clipbench.tracking.mirror import sync_hint
+
+        err.print(Text.assemble(("MLflow was unreachable for some runs", "yellow"),
+                                f": replay them with `{sync_hint(spec.name, results_dir, uri)}`"))
     incomplete = [r for r in results if r["outcome"] == "incomplete"]
     if launcher_rc and incomplete:  # the launcher itself failed (bad hydra.* setting, cluster unreachable)
         err.print(f"[red]error[/]: the {launcher} launcher exited with code {launcher_rc} and {len(incomplete)} "
@@ -169,23 +178,50 @@ def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, js
 # ---------------------------------------------------------------------------------------------
 
 
+def check_run_files(sweep_dir: Path) -> None:
+    """Read every run's status.json and config.yaml once: a damaged one is a StoreError line now,
+    not a traceback halfway through the sweep."""
+    for rd in list_run_dirs(sweep_dir):
+        rd.status()
+        rd.read_config()
+
+
+def preflight_runs(configs: list[dict]) -> None:
+    """The trainer's preflight (model, task and benchmarks load) once per distinct setting of the
+    runs entering the manifest (seeds and objectives share one), before it is written; runs frozen
+    earlier were checked when they entered it."""
+    from clipbench.config import from_dict
+    from clipbench.integrations import preflight  # the run's engine checks, then model, task, benchmarks
+
+    seen = set()
+    for cfg in configs:
+        key = json.dumps({k: v for k, v in cfg.items() if k not in ("seed", "name", "objective", "tracking")},
+                         sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            preflight(from_dict(cfg))
+
+
 def _parent_run(spec: SweepSpec, runs, results_dir: Path, tracking_uri: str | None, mpath: Path):
+    """(parent run id or None, tracking URI, experiment); (None, None, None) when tracking is off."""
     if not runs or not any(cfg.get("tracking", {}).get("mlflow", True) for _, cfg, _ in runs):
-        return None, None
+        return None, None, None
     from clipbench.tracking.mlflow_sink import resolve_tracking_uri, sweep_parent_run
 
     tr = runs[0][1].get("tracking", {})
     uri = resolve_tracking_uri(tracking_uri, tr.get("tracking_uri"), results_dir)
-    pid = sweep_parent_run(results_dir=results_dir, sweep=spec.name, experiment=tr.get("experiment", "clipbench"),
+    experiment = tr.get("experiment", "clipbench")
+    pid = sweep_parent_run(results_dir=results_dir, sweep=spec.name, experiment=experiment,
                            tracking_uri=tracking_uri, config_uri=tr.get("tracking_uri"), manifest_path=mpath)
-    return pid, uri
+    return pid, uri, experiment
 
 
-def _finish_parent(parent: str | None, uri: str | None, status: str) -> None:
-    if parent and uri and status != "RUNNING":
+def _finish_parent(parent: str | None, uri: str | None, experiment: str | None, sweep: str, status: str) -> None:
+    """Close the parent run, also one a run created when MLflow came back mid-sweep (found by tags)."""
+    if uri and status != "RUNNING":
         from clipbench.tracking.mlflow_sink import finish_parent_run
 
-        finish_parent_run(parent, status, uri=uri)
+        finish_parent_run(parent, status, uri=uri, sweep=sweep, experiment=experiment or "clipbench")
 
 
 def _warm_metrics_cache(results_dir: Path, sweep: str) -> None:
@@ -265,7 +301,7 @@ def summary_table(tasks: list[RunTask], by_id: dict[str, dict]) -> Table:
         if r is None:
             continue
         ev = " ".join(f"{k.split('/', 1)[1]}={v:.3f}" for k, v in (r.get("evals") or {}).items()
-                      if k.endswith("/avg@n"))
+                      if AVG_KEY.search(k))
         t.add_row(task.run_id, task.label, r["outcome"], f"{r['seconds']:.0f}s" if r.get("seconds") else "", ev)
     return t
 

@@ -285,7 +285,7 @@ def _detail(res: dict) -> str:
     if res.get("resumed_from") is not None:
         parts.append(f"from step {res['resumed_from']}")
     for k, v in (res.get("evals") or {}).items():
-        if k.endswith("/avg@n"):
+        if "/avg@" in k:
             parts.append(f"{k} {v:.3f}")
     if res.get("seconds"):
         parts.append(f"{res['seconds']:.0f}s")

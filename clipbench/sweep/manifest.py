@@ -24,7 +24,8 @@ from typing import Any
 from clipbench.sweep.expand import Expansion, label
 from clipbench.sweep.spec import SweepSpec
 from clipbench.tracking.lock import manifest_lock
-from clipbench.tracking.store import atomic_write_json, read_json
+from clipbench.errors import StoreError
+from clipbench.tracking.store import REMEDIES, atomic_write_json, read_json
 
 MANIFEST = "manifest.json"
 
@@ -34,9 +35,16 @@ def manifest_path(results_dir: str | Path, sweep: str) -> Path:
 
 
 def read_manifest(path: str | Path) -> dict | None:
-    m = read_json(path)
-    if m is not None and not isinstance(m.get("runs"), dict):
-        raise ValueError(f"{path}: not a clipbench manifest (no 'runs' mapping)")
+    """The frozen manifest, or None when there is none; StoreError (one line) when it is damaged."""
+    m = read_json(path, kind="manifest")
+    if m is None:
+        return None
+    runs, points = m.get("runs"), m.get("points", {})
+    if not isinstance(runs, dict) or not all(isinstance(c, dict) for c in runs.values()):
+        raise StoreError(path, "not a clipbench manifest ('runs' must map run ids to configs)", REMEDIES["manifest"])
+    if not isinstance(points, dict):
+        raise StoreError(path, "not a clipbench manifest ('points' must map run ids to axis values)",
+                         REMEDIES["manifest"])
     return m
 
 

@@ -24,10 +24,12 @@ from typing import Any, Mapping
 
 from clipbench.config import flatten, parse_overrides, read_yaml
 from clipbench.errors import ConfigError, did_you_mean
+from clipbench.tracking.store import NOT_SWEEPS
 
 TOP_KEYS = ("name", "description", "base", "overrides", "grid", "zip", "exclude", "plugins")
-# Sub-directories of a results dir that are not sweeps (or belong to `clipbench train`).
-RESERVED_NAMES = ("train", "reports", "bench", "eval", "mlartifacts")
+# Sub-directories of a results dir that are not sweeps (`tracking.store.NOT_SWEEPS`, their one
+# owner), and `train`, where `clipbench train` puts single runs.
+RESERVED_NAMES = ("train", *NOT_SWEEPS)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 

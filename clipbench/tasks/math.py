@@ -52,17 +52,6 @@ SCHEMAS: tuple[Schema, ...] = (
 
 # ---- reading rows ---------------------------------------------------------------------------
 
-def _flatten(row: dict, prefix: str = "") -> dict:
-    """Row with nested dicts also reachable by dotted keys: {"a": {"b": 1}} -> {"a": {...}, "a.b": 1}."""
-    out = {}
-    for key, value in row.items():
-        name = f"{prefix}{key}"
-        out[name] = value
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{name}."))
-    return out
-
-
 def _read_json(path: Path) -> list[dict]:
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".jsonl":
@@ -187,7 +176,9 @@ def rows_to_problems(rows: Sequence[dict], label: str, template: str = "dapo",
         if limit < 0:
             raise UserError(f"{label}: limit must be >= 0, got {limit}")
         rows = rows[:limit]
-    flat = [_flatten(r) for r in rows]
+    from clipbench.config import flatten  # nested columns also reachable by dotted keys
+
+    flat = [flatten(r, sections=True) for r in rows]
     if not flat:
         raise UserError(f"{label}: no rows")
     columns = set().union(*(r.keys() for r in flat))

@@ -79,16 +79,17 @@ def default_ks(n: int) -> list[int]:
 def summarize(correct_matrix, ks=None) -> dict:
     """Benchmark summary of a (P problems, n samples) correctness matrix.
 
-    Returns ``{"num_problems": P, "n": n, "avg@n": float, "pass@k": float for each k,
-    "per_problem": {"num_correct": (P,) int, "avg@n": (P,) float, "pass@k": (P,) float ...}}``
-    with ``ks`` defaulting to ``default_ks(n)``.
+    Returns ``{"num_problems": P, "n": n, "avg@<n>": float, "pass@k": float for each k,
+    "per_problem": {"num_correct": (P,) int, "avg@<n>": (P,) float, "pass@k": (P,) float ...}}``
+    with ``ks`` defaulting to ``default_ks(n)``; Avg@n names its n (``avg@8`` for n = 8).
     """
     m = _as_correct_matrix(correct_matrix)  # (P, n)
     num_problems, n = m.shape
     ks = default_ks(n) if ks is None else [int(k) for k in ks]
     c = m.sum(axis=1)                        # (P,)
-    per = {"num_correct": c, "avg@n": c / n}
-    out: dict = {"num_problems": num_problems, "n": n, "avg@n": float(per["avg@n"].mean())}
+    avg = f"avg@{n}"
+    per = {"num_correct": c, avg: c / n}
+    out: dict = {"num_problems": num_problems, "n": n, avg: float(per[avg].mean())}
     for k in ks:
         per[f"pass@{k}"] = pass_at_k_array(n, c, k)  # (P,)
         out[f"pass@{k}"] = float(per[f"pass@{k}"].mean())

@@ -8,24 +8,35 @@
 - Tracking URI: `--tracking-uri`, else MLFLOW_TRACKING_URI, else `tracking.tracking_uri`, else an
   embedded sqlite store `sqlite:///<results>/mlflow.db` with artifacts in `<results>/mlartifacts`.
 - Only `MlflowClient` with explicit run ids (no active-run globals): works in worker processes.
-- Metrics are buffered and sent with `log_batch` every `tracking.batch_every` optimizer steps and at
-  close; names are sanitised to MLflow's charset (`pass@8` -> `pass_at_8`, `/` kept).
-- Never raises into training: the first failure logs one warning and the sink goes offline (the
-  results store keeps everything; `clipbench sync` replays it later). Short HTTP timeouts/retries
-  (MLFLOW_HTTP_REQUEST_* defaults below, unless set) keep a dead server from stalling a run.
-- The child's MLflow run id is stored in `<run_dir>/mlflow.json` ({tracking uri: {...}}).
+- What a call becomes in MLflow (step axis, bookkeeping as params, names) is decided by
+  `clipbench.tracking.mirror`, the same functions `clipbench sync` uses. Metrics are buffered and
+  sent with `log_batch` every `tracking.batch_every` calls and at close.
+- A resumed run (a kill -9 loses the sink's buffer) sends at close whatever the store holds and
+  MLflow lacks (metrics, params, artifacts), so a run that resumed with the server up is complete.
+- Never raises into training: the first failure logs one warning with the exact `clipbench sync`
+  command and the sink goes offline; `<run_dir>/mlflow.json` then says `needs_sync`. Short HTTP
+  timeouts/retries (MLFLOW_HTTP_REQUEST_* defaults below, unless set) keep a dead server from
+  stalling a run.
+- The child's MLflow run id and name are stored in `<run_dir>/mlflow.json` ({tracking uri: {...}}).
+- A sweep's parent run is found by tags or created by whoever reaches MLflow first (the sweep
+  command, a run whose server came back mid-sweep, or `clipbench sync`), under the sweep's manifest
+  lock, so there is one; it is closed by the sweep command or by `clipbench sync`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import posixpath
-import re
 import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from clipbench.errors import StoreError
+from clipbench.tracking.lock import manifest_lock
+from clipbench.tracking.mirror import (MAX_PARAM_LEN, expected_artifacts, expected_metrics, expected_params,  # noqa: F401
+                                       metric_name, metric_value, mirror_points, opt_step_after, param_value,
+                                       run_params, sync_hint)
+from clipbench.tracking.mirror import run_tags as _run_tags
 from clipbench.tracking.store import RunDir, atomic_write_json, read_json
 
 log = logging.getLogger("clipbench.tracking")
@@ -38,7 +49,6 @@ HTTP_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
     "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",  # no "View run at ..." lines on our stdout
 }
-MAX_PARAM_LEN = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_PER_BATCH = 100
 MLFLOW_JSON = "mlflow.json"
@@ -68,67 +78,6 @@ def artifact_location(uri: str, results_dir: str | Path) -> str | None:
     if uri == default_tracking_uri(results_dir):
         return str(Path(results_dir).resolve() / "mlartifacts")
     return None
-
-
-_BAD = re.compile(r"[^\w.\- :/]")
-
-
-def metric_name(key: str) -> str:
-    """MLflow's allowed charset (alphanumerics _ - . space : /): '@' -> '_at_', others -> '_'."""
-    name = _BAD.sub("_", str(key).replace("@", "_at_"))
-    norm = posixpath.normpath(name) if name else name
-    if not name or norm != name or norm == "." or norm.startswith(".."):
-        name = name.strip("/").replace("//", "/") or "_"
-        if posixpath.normpath(name) != name or name.startswith(".."):
-            name = name.replace("/", "_").replace("..", "__")
-    return name
-
-
-def param_value(v: Any) -> str:
-    s = str(v)
-    return s if len(s) <= MAX_PARAM_LEN else s[: MAX_PARAM_LEN - 3] + "..."
-
-
-def metric_value(v: Any) -> float | None:
-    """A number for MLflow, or None to skip. None (how the store writes NaN) becomes NaN."""
-    if v is None:
-        return float("nan")
-    if isinstance(v, bool):
-        return float(v)
-    if isinstance(v, (int, float)):
-        return float(v)
-    if hasattr(v, "item"):
-        try:
-            return float(v.item())
-        except (TypeError, ValueError):
-            return None
-    return None
-
-
-def run_params(config: Mapping, backend: str | None = None) -> dict[str, Any]:
-    """What a run logs as params: the flattened resolved config, the effective clip bounds and rule
-    semantics (`rule.*`), the run id and the resolved sampler backend. (The trainer logs the same.)"""
-    from clipbench.config import flatten, run_id
-    from clipbench.objectives import effective_bounds
-
-    params = flatten(dict(config))
-    obj = dict(config.get("objective", {}))
-    method = obj.pop("method", None)
-    if method is not None:
-        try:
-            params.update({f"rule.{k}": v for k, v in effective_bounds(method, obj).items()})
-        except ValueError:
-            pass
-    params["run_id"] = run_id(dict(config))
-    if backend:
-        params["sampler.resolved_backend"] = backend
-    return params
-
-
-def run_tags(config: Mapping, *, sweep: str, run_id: str) -> dict[str, str]:
-    return {"sweep": sweep, "run_id": run_id, "method": str(config.get("objective", {}).get("method", "")),
-            "seed": str(config.get("seed", "")), "model": str(config.get("model", {}).get("name", "")),
-            ROLE_TAG: "run"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,16 +134,70 @@ def metric_steps(client, mlflow_run_id: str, keys: Iterable[str]) -> dict[str, d
     return out
 
 
+def _mlflow_json(rd: RunDir) -> dict:
+    """`<run_dir>/mlflow.json`; a damaged one counts as empty (it only caches ids found again by tags)."""
+    try:
+        return read_json(rd.path / MLFLOW_JSON, {}, kind="mlflow") or {}
+    except StoreError:
+        log.warning("%s is damaged; it is rewritten (MLflow runs are found again by their tags)", rd.path / MLFLOW_JSON)
+        return {}
+
+
 def record_mlflow_run(rd: RunDir, uri: str, **info: Any) -> None:
     """Remember the child run for this tracking URI in `<run_dir>/mlflow.json`."""
-    path = rd.path / MLFLOW_JSON
-    data = read_json(path, {}) or {}
+    data = _mlflow_json(rd)
     data[uri] = {**data.get(uri, {}), **info}
-    atomic_write_json(path, data)
+    atomic_write_json(rd.path / MLFLOW_JSON, data)
 
 
 def recorded_mlflow_run(rd: RunDir, uri: str) -> dict:
-    return (read_json(rd.path / MLFLOW_JSON, {}) or {}).get(uri, {})
+    return _mlflow_json(rd).get(uri, {})
+
+
+# ---------------------------------------------------------------------------------------------
+# The sink
+
+
+def run_tags(config: Mapping, *, sweep: str, run_id: str) -> dict[str, str]:
+    return _run_tags(config, sweep=sweep, run_id=run_id, role_tag=ROLE_TAG)
+
+
+def artifact_sizes(client, mlflow_run_id: str, path: str | None = None) -> dict[str, int]:
+    """{artifact path: size} of a run, recursively."""
+    out: dict[str, int] = {}
+    for fi in client.list_artifacts(mlflow_run_id, path):
+        if fi.is_dir:
+            out.update(artifact_sizes(client, mlflow_run_id, fi.path))
+        else:
+            out[fi.path] = fi.file_size or 0
+    return out
+
+
+def send_points(client, mlflow_run_id: str, points: list) -> int:
+    """log_batch in chunks of MLflow's limit; returns the number sent."""
+    for i in range(0, len(points), MAX_METRICS_PER_BATCH):
+        client.log_batch(mlflow_run_id, metrics=points[i:i + MAX_METRICS_PER_BATCH], synchronous=True)
+    return len(points)
+
+
+def send_params(client, mlflow_run_id: str, params: Mapping[str, str]) -> int:
+    from mlflow.entities import Param
+
+    todo = [Param(k, v) for k, v in params.items()]
+    for i in range(0, len(todo), MAX_PARAMS_PER_BATCH):
+        client.log_batch(mlflow_run_id, params=todo[i:i + MAX_PARAMS_PER_BATCH], synchronous=True)
+    return len(todo)
+
+
+def send_missing_artifacts(client, mlflow_run_id: str, rd: RunDir, have: Mapping[str, int] | None = None) -> int:
+    """Upload the run's files MLflow lacks (or holds with another size); returns how many."""
+    have = artifact_sizes(client, mlflow_run_id) if have is None else have
+    n = 0
+    for f, where in expected_artifacts(rd):
+        if have.get(f"{where}/{f.name}" if where else f.name) != f.stat().st_size:
+            client.log_artifact(mlflow_run_id, str(f), where)
+            n += 1
+    return n
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,18 +210,21 @@ class MlflowSink:
     def __init__(self, client, mlflow_run_id: str | None, *, uri: str, rd: RunDir | None = None,
                  batch_every: int = 10, logged_params: Mapping[str, str] | None = None,
                  logged_steps: Mapping[str, Iterable[int]] | None = None, offline_reason: str | None = None,
-                 sync_hint: str = "clipbench sync"):
+                 sync_hint: str = "clipbench sync", config: Mapping | None = None, backfill: bool = False):
         self.client = client
         self.mlflow_run_id = mlflow_run_id
         self.uri = uri
         self.rd = rd
+        self.config = dict(config or {})
         self.batch_every = max(1, int(batch_every))
         self._params: dict[str, str] = dict(logged_params or {})
         self._logged: dict[str, set[int]] = {k: set(v) for k, v in (logged_steps or {}).items()}
+        self._opt_at: dict[int, int] = {}  # rollout step -> the largest opt_step logged for it
         self._buf: list = []
         self._calls = 0
         self._closed = False
         self.sync_hint = sync_hint
+        self.backfill = backfill  # a resumed run: send at close what the store has and MLflow lacks
         self.offline = offline_reason is not None or mlflow_run_id is None
         self.error = offline_reason
         self.n_metrics = 0  # points sent
@@ -232,7 +238,7 @@ class MlflowSink:
             self.error = msg
         self.offline = True
         self._buf.clear()
-        self._note(offline=True, error=self.error)
+        self._note(offline=True, needs_sync=True, error=self.error)
 
     def _note(self, **info: Any) -> None:
         if self.rd is None:
@@ -242,45 +248,53 @@ class MlflowSink:
         except OSError:
             pass
 
+    def _opt_step_after(self, k: int) -> int:
+        """`mirror.opt_step_after` on the rows this sink logged; the store's rows when it has not seen them."""
+        if k <= 0:
+            return 0
+        if k - 1 in self._opt_at:
+            return self._opt_at[k - 1]
+        return opt_step_after(self.rd.read_metrics(), k) if self.rd is not None else 0
+
     # MetricSink
     def log_params(self, params: dict) -> None:
         if self.offline:
             return
         try:
-            from mlflow.entities import Param
-
-            todo = []
+            todo = {}
             for k, v in params.items():
                 k, v = metric_name(k), param_value(v)
                 old = self._params.get(k)
                 if old is None:
-                    todo.append(Param(k, v))
+                    todo[k] = v
                     self._params[k] = v
                 elif old != v:
                     log.debug("param %s already logged as %r; not changing it to %r", k, old, v)
-            for i in range(0, len(todo), MAX_PARAMS_PER_BATCH):
-                self.client.log_batch(self.mlflow_run_id, params=todo[i:i + MAX_PARAMS_PER_BATCH], synchronous=True)
+            send_params(self.client, self.mlflow_run_id, todo)
         except Exception as e:  # noqa: BLE001 - never into training
             self._fail("log_params", e)
 
     def log_metrics(self, step: int, metrics: dict) -> None:
+        """A training row (`opt_step` is its MLflow step) or evaluation metrics (`eval/...` keys; `step` is
+        the rollout step of the store): see `clipbench.tracking.mirror` for what MLflow gets."""
         if self.offline:
             return
         try:
             from mlflow.entities import Metric
 
+            if isinstance(metrics.get("opt_step"), (int, float)) and isinstance(metrics.get("step"), (int, float)):
+                k = int(metrics["step"])
+                self._opt_at[k] = max(self._opt_at.get(k, 0), int(metrics["opt_step"]))
+            points, params = mirror_points(step, metrics, self._opt_step_after)
+            if params:
+                self.log_params(params)
             ts = int(time.time() * 1000)
-            step = int(step)
-            for k, v in metrics.items():
-                val = metric_value(v)
-                if val is None:
-                    continue
-                name = metric_name(k)
+            for name, at, val in points:
                 seen = self._logged.setdefault(name, set())
-                if step in seen:
+                if at in seen:
                     continue  # already in MLflow (a resumed run replays steps after its checkpoint)
-                seen.add(step)
-                self._buf.append(Metric(name, val, ts, step))
+                seen.add(at)
+                self._buf.append(Metric(name, val, ts, at))
             self._calls += 1
             if self._calls >= self.batch_every:
                 self.flush()
@@ -293,9 +307,7 @@ class MlflowSink:
             return
         try:
             buf, self._buf = self._buf, []
-            for i in range(0, len(buf), MAX_METRICS_PER_BATCH):
-                self.client.log_batch(self.mlflow_run_id, metrics=buf[i:i + MAX_METRICS_PER_BATCH], synchronous=True)
-                self.n_metrics += len(buf[i:i + MAX_METRICS_PER_BATCH])
+            self.n_metrics += send_points(self.client, self.mlflow_run_id, buf)
         except Exception as e:  # noqa: BLE001
             self._fail("log_batch", e)
 
@@ -307,24 +319,45 @@ class MlflowSink:
         except Exception as e:  # noqa: BLE001
             self._fail("log_artifact", e)
 
+    def _send_missing(self) -> None:
+        """What the store holds and MLflow lacks (lost with a killed process's buffer): metrics, params, artifacts."""
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        todo = [Metric(name, val, ts, step) for name, steps in expected_metrics(self.rd).items()
+                for step, val in steps.items() if step not in self._logged.get(name, ())]
+        for m in todo:
+            self._logged.setdefault(m.key, set()).add(m.step)
+        self.n_metrics += send_points(self.client, self.mlflow_run_id, todo)
+        if self.config:
+            want = expected_params(self.rd, self.config, self.rd.status())
+            send_params(self.client, self.mlflow_run_id, {k: v for k, v in want.items() if k not in self._params})
+        send_missing_artifacts(self.client, self.mlflow_run_id, self.rd)
+
     def close(self, status: str = "FINISHED") -> None:
         if self._closed:
             return
         self._closed = True
         self.flush()
+        if self.backfill and not self.offline and self.rd is not None:
+            try:
+                self._send_missing()
+            except Exception as e:  # noqa: BLE001
+                self._fail("sending what the store has and MLflow lacks", e)
         if self.offline:
-            self._note(offline=True, error=self.error)
+            self._note(offline=True, needs_sync=True, error=self.error)
             return
         try:
             self.client.set_terminated(self.mlflow_run_id, status)
-            self._note(offline=False, error=None, status=status)
+            self._note(offline=False, needs_sync=False, error=None, status=status)
         except Exception as e:  # noqa: BLE001
             self._fail("set_terminated", e)
 
 
-def offline_sink(uri: str, rd: RunDir | None, reason: str, sync_hint: str = "clipbench sync") -> MlflowSink:
+def offline_sink(uri: str, rd: RunDir | None, reason: str, sync_hint: str = "clipbench sync",
+                 run_name: str | None = None) -> MlflowSink:
     s = MlflowSink(None, None, uri=uri, rd=rd, offline_reason=reason, sync_hint=sync_hint)
-    s._note(offline=True, error=reason)
+    s._note(offline=True, needs_sync=True, error=reason, **({"run_name": run_name} if run_name else {}))
     return s
 
 
@@ -333,19 +366,23 @@ def run_sink(cfg, rd: RunDir, *, results_dir: str | Path, sweep: str, tracking_u
     """The sink for one run: find its MLflow child run (tag run_id) or create it. Never raises.
 
     `resume=False` (a fresh start) replaces a child left by an earlier attempt (deleted, recreated),
-    since the store restarts that run from scratch; otherwise the child is reused and steps already
-    in MLflow are not sent again."""
+    since the store restarts that run from scratch; otherwise the child is reused, steps already
+    in MLflow are not sent again, and at close whatever the store holds and MLflow lacks is sent.
+    A sweep run without a parent (MLflow was down when the sweep started) finds or creates it."""
     from clipbench.config import RunConfig, to_dict
 
     config = to_dict(cfg) if isinstance(cfg, RunConfig) else dict(cfg)
     tracking = config.get("tracking", {})
     uri = resolve_tracking_uri(tracking_uri, tracking.get("tracking_uri"), results_dir)
-    hint = f"clipbench sync {sweep} --results-dir {results_dir}"
+    hint = sync_hint(sweep, results_dir, uri)
+    rid = rd.run_id
+    name = run_name or f"{config.get('objective', {}).get('method', '')} seed={config.get('seed', '')} {rid}"
     try:
         client = client_for(uri)
         exp_id = get_or_create_experiment(client, tracking.get("experiment", "clipbench"),
                                           artifact_location(uri, results_dir))
-        rid = rd.run_id
+        if parent_run_id is None and sweep != "train":
+            parent_run_id = parent_run(client, exp_id, sweep, rd.path.parent)
         found = find_runs(client, exp_id, sweep=sweep, role="run", run_id=rid)
         run = found[0] if found else None
         for extra in found[1:]:  # an earlier crash between create and record: keep one
@@ -359,57 +396,88 @@ def run_sink(cfg, rd: RunDir, *, results_dir: str | Path, sweep: str, tracking_u
             tags = run_tags(config, sweep=sweep, run_id=rid)
             if parent_run_id:
                 tags["mlflow.parentRunId"] = parent_run_id
-            name = run_name or f"{tags['method']} seed={tags['seed']} {rid}"
             run = client.create_run(exp_id, tags=tags, run_name=name)
         else:
             client.update_run(run.info.run_id, status="RUNNING")
+            if parent_run_id and run.data.tags.get("mlflow.parentRunId") != parent_run_id:
+                client.set_tag(run.info.run_id, "mlflow.parentRunId", parent_run_id)
             params = dict(run.data.params)
             steps = metric_steps(client, run.info.run_id, run.data.metrics.keys())
         mid = run.info.run_id
-        record_mlflow_run(rd, uri, experiment_id=exp_id, run_id=mid, parent_run_id=parent_run_id,
-                          offline=False, error=None)
+        record_mlflow_run(rd, uri, experiment_id=exp_id, run_id=mid, parent_run_id=parent_run_id, run_name=name,
+                          offline=False, needs_sync=False, error=None)
         return MlflowSink(client, mid, uri=uri, rd=rd, batch_every=tracking.get("batch_every", 10),
-                          logged_params=params, logged_steps=steps, sync_hint=hint)
+                          logged_params=params, logged_steps=steps, sync_hint=hint, config=config,
+                          backfill=resume is not False)
     except Exception as e:  # noqa: BLE001 - tracking trouble never stops training
         msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
         log.warning("MLflow at %s is unavailable (%s); training continues offline. The results store keeps "
                     "everything; replay it later with `%s`.", uri, msg, hint)
-        return offline_sink(uri, rd, msg, hint)
+        return offline_sink(uri, rd, msg, hint, run_name=name)
 
 
 # ---------------------------------------------------------------------------------------------
 # The sweep's parent run
 
 
+def parent_run(client, exp_id: str, sweep: str, sweep_dir: str | Path, *, attach_manifest: bool = False) -> str:
+    """The sweep's parent run (tags sweep, clipbench.role=sweep): found, or created (named after the
+    sweep, started when its manifest was created), under the sweep's manifest lock so that there is
+    one. `attach_manifest`: upload manifest.json when MLflow lacks it (or holds another size)."""
+    sweep_dir = Path(sweep_dir)
+    manifest = sweep_dir / "manifest.json"
+    with manifest_lock(sweep_dir):
+        found = find_runs(client, exp_id, sweep=sweep, role="sweep")
+        if found:
+            pid = found[0].info.run_id
+        else:
+            pid = client.create_run(exp_id, tags={"sweep": sweep, ROLE_TAG: "sweep"}, run_name=sweep,
+                                    start_time=_manifest_created_ms(manifest)).info.run_id
+    if attach_manifest and manifest.is_file():
+        if artifact_sizes(client, pid).get(manifest.name) != manifest.stat().st_size:
+            client.log_artifact(pid, str(manifest))
+    return pid
+
+
+def _manifest_created_ms(manifest: Path) -> int | None:
+    import datetime as dt
+
+    try:
+        created = read_json(manifest, {}, kind="manifest").get("created")
+        return int(dt.datetime.fromisoformat(created).timestamp() * 1000) if created else None
+    except (StoreError, ValueError, TypeError):
+        return None
+
+
 def sweep_parent_run(*, results_dir: str | Path, sweep: str, experiment: str, tracking_uri: str | None,
                      config_uri: str | None = None, manifest_path: str | Path | None = None,
                      client=None) -> str | None:
-    """Find or create the parent run of a sweep (tags sweep, clipbench.role=sweep), mark it RUNNING and
-    attach the manifest. Returns its id, or None (one warning) when MLflow is unreachable."""
+    """Find or create the parent run of a sweep, mark it RUNNING and attach the manifest. Returns its
+    id, or None (one warning) when MLflow is unreachable."""
     uri = resolve_tracking_uri(tracking_uri, config_uri, results_dir)
     try:
         client = client or client_for(uri)
         exp_id = get_or_create_experiment(client, experiment, artifact_location(uri, results_dir))
-        found = find_runs(client, exp_id, sweep=sweep, role="sweep")
-        if found:
-            pid = found[0].info.run_id
-            client.update_run(pid, status="RUNNING")
-        else:
-            pid = client.create_run(exp_id, tags={"sweep": sweep, ROLE_TAG: "sweep"}, run_name=sweep).info.run_id
-        if manifest_path is not None and Path(manifest_path).is_file():
-            client.log_artifact(pid, str(manifest_path))
+        pid = parent_run(client, exp_id, sweep, Path(results_dir) / sweep, attach_manifest=manifest_path is not None)
+        client.update_run(pid, status="RUNNING")
         return pid
     except Exception as e:  # noqa: BLE001
-        log.warning("MLflow at %s is unavailable (%s: %s); the sweep runs offline. Replay it later with "
-                    "`clipbench sync %s --results-dir %s`.", uri, type(e).__name__,
-                    (str(e).splitlines() or [""])[0][:200], sweep, results_dir)
+        log.warning("MLflow at %s is unavailable (%s: %s); the sweep runs offline. Replay it later with `%s`.",
+                    uri, type(e).__name__, (str(e).splitlines() or [""])[0][:200], sync_hint(sweep, results_dir, uri))
         return None
 
 
-def finish_parent_run(parent_run_id: str | None, status: str, *, uri: str) -> None:
-    if not parent_run_id:
-        return
+def finish_parent_run(parent_run_id: str | None, status: str, *, uri: str, sweep: str | None = None,
+                      experiment: str = "clipbench") -> None:
+    """Terminate the sweep's parent run; without an id (MLflow was down when the sweep started), the
+    parent a run created meanwhile is found by its tags."""
     try:
-        client_for(uri).set_terminated(parent_run_id, status)
+        client = client_for(uri)
+        if not parent_run_id and sweep:
+            exp = client.get_experiment_by_name(experiment)
+            found = find_runs(client, exp.experiment_id, sweep=sweep, role="sweep") if exp is not None else []
+            parent_run_id = found[0].info.run_id if found else None
+        if parent_run_id:
+            client.set_terminated(parent_run_id, status)
     except Exception as e:  # noqa: BLE001
         log.debug("could not terminate the parent run: %s", e)

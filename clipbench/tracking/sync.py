@@ -1,19 +1,23 @@
 """`clipbench sync [SWEEP]`: make MLflow mirror the results store again, without duplicates.
 
-For each run directory of the sweep(s):
-  1. find its child run by tags (sweep, run_id) -- or create it, nested under the sweep's parent run;
-  2. log the params it lacks (flattened config + rule semantics, as the trainer logs them);
-  3. compare metric histories by step and log only the (metric, step) points MLflow lacks: the
-     per-optimizer-step rows of metrics.jsonl (step = opt_step) and the evaluation summaries
-     (`eval/<benchmark>/<stat>`, step = rollout step), exactly what the trainer sends live;
-  4. upload missing artifacts (config.yaml, hist/log_ratio.jsonl, eval/step_*/<benchmark>.json; a
+First every run of the sweep(s) is read from the store (config, status, metrics, evaluations): a
+damaged file is one line (StoreError) before anything is sent or written. Then, for each run:
+  1. find its child run by tags (sweep, run_id), or create it nested under the sweep's parent run,
+     with the name the sweep gave it (recorded in mlflow.json) and the start time of the run;
+  2. log the params it lacks and the (metric, step) points MLflow lacks: rows built by the same
+     functions the live sink uses (`clipbench.tracking.mirror`), so nothing differs from a live run;
+  3. upload missing artifacts (config.yaml, hist/log_ratio.jsonl, eval/step_*/<benchmark>.json; a
      file whose size differs is uploaded again) and the manifest to the parent run;
-  5. set the child's status from the store (finished/failed) and record its id in mlflow.json.
+  4. set the child's status from the store with the run's own end time (never "now": a replayed
+     run keeps its real duration), and record its id in mlflow.json.
+Then the sweep's parent run is closed (FINISHED when every run finished, FAILED when one failed,
+KILLED when the sweep stopped early) at its last run's end, unless a live process holds a run.
 Runs locked by a live training process are skipped (their own sink is still logging).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -21,180 +25,176 @@ from rich.console import Console
 from rich.table import Table
 
 from clipbench.errors import UserError, did_you_mean
-from clipbench.tracking.lock import LOCK_DIR, manifest_lock, try_run_lock
-from clipbench.tracking.mlflow_sink import (MAX_METRICS_PER_BATCH, MAX_PARAMS_PER_BATCH, ROLE_TAG, artifact_location,
-                                            client_for, find_runs, get_or_create_experiment, metric_name,
-                                            metric_steps, metric_value, param_value, record_mlflow_run,
-                                            resolve_tracking_uri, run_params, run_tags)
-from clipbench.tracking.store import RunDir, list_run_dirs, read_jsonl
+from clipbench.tracking.lock import LOCK_DIR, run_locked_elsewhere, try_run_lock
+from clipbench.tracking.mirror import expected_artifacts, expected_metrics, expected_params  # noqa: F401
+from clipbench.tracking.mlflow_sink import (ROLE_TAG, artifact_location, client_for, find_runs,  # noqa: F401
+                                            get_or_create_experiment, metric_steps, parent_run,
+                                            record_mlflow_run, resolve_tracking_uri, run_tags, send_missing_artifacts,
+                                            send_params, send_points)
+from clipbench.tracking.store import RunDir, check_store_dir, list_run_dirs, list_sweeps, read_json  # noqa: F401
 
-NOT_SWEEPS = ("reports", "bench", "mlartifacts", "eval")
 STATUS = {"finished": "FINISHED", "failed": "FAILED"}
 
 
-def list_sweeps(results_dir: str | Path) -> list[str]:
-    root = Path(results_dir)
-    if not root.is_dir():
-        return []
-    return [d.name for d in sorted(root.iterdir())
-            if d.is_dir() and d.name not in NOT_SWEEPS and not d.name.startswith(".") and list_run_dirs(d)]
+@dataclass
+class StoredRun:
+    """One run as read (and checked) from the store before anything is sent."""
+
+    rd: RunDir
+    sweep: str
+    config: dict
+    status: dict
+    rows: list[dict]
+    evals: dict[int, dict[str, dict]]
+
+    @property
+    def start_ms(self) -> int | None:
+        """When the run started: status.json's `started`, else when its config.yaml was written."""
+        t = self.status.get("started")
+        if t is None and self.rd.config_path.is_file():
+            t = self.rd.config_path.stat().st_mtime
+        return int(float(t) * 1000) if t is not None else None
+
+    @property
+    def end_ms(self) -> int | None:
+        """When the run finished or failed: status.json's time, else when status.json was last written."""
+        t = self.status.get("finished") or self.status.get("failed_at")
+        if t is None and self.rd.status_path.is_file():
+            t = self.rd.status_path.stat().st_mtime
+        return int(float(t) * 1000) if t is not None else None
 
 
-# ---------------------------------------------------------------------------------------------
-# What MLflow should hold for a run (from the store alone)
+def read_run(rd: RunDir, sweep: str) -> StoredRun:
+    """Every file sync reads, read now: a damaged one raises StoreError naming it."""
+    return StoredRun(rd=rd, sweep=sweep, config=rd.read_config() or {}, status=rd.status(), rows=rd.read_metrics(),
+                     evals=rd.read_evals())
 
 
-def expected_metrics(rd: RunDir) -> dict[str, dict[int, float]]:
-    """{metric name: {step: value}} as the trainer sends them live (see module docstring)."""
-    out: dict[str, dict[int, float]] = {}
-    for row in read_jsonl(rd.metrics_path):
-        step = row.get("opt_step", row.get("step"))
-        if step is None:
-            continue
-        for k, v in row.items():
-            val = metric_value(v)
-            if val is not None:
-                out.setdefault(metric_name(k), {}).setdefault(int(step), val)
-    for step, per_bench in rd.read_evals().items():
-        for bench, payload in per_bench.items():
-            for k, v in (payload.get("summary") or {}).items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    out.setdefault(metric_name(f"eval/{bench}/{k}"), {}).setdefault(int(step), float(v))
-    return out
+def recorded_name(rd: RunDir, uri: str) -> str | None:
+    """The MLflow run name the sweep gave this run (for this URI, else for any)."""
+    from clipbench.tracking.mlflow_sink import _mlflow_json
 
-
-def expected_artifacts(rd: RunDir) -> list[tuple[Path, str | None]]:
-    """[(local file, artifact dir)] -- the layout the trainer uses."""
-    files: list[tuple[Path, str | None]] = []
-    if rd.config_path.is_file():
-        files.append((rd.config_path, None))
-    if rd.hist_path.is_file():
-        files.append((rd.hist_path, "hist"))
-    root = rd.path / "eval"
-    if root.is_dir():
-        for d in sorted(root.glob("step_*")):
-            for f in sorted(d.glob("*.json")):
-                files.append((f, f"eval/{d.name}"))
-    return files
-
-
-def _artifact_sizes(client, mlflow_run_id: str, path: str | None = None) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for fi in client.list_artifacts(mlflow_run_id, path):
-        if fi.is_dir:
-            out.update(_artifact_sizes(client, mlflow_run_id, fi.path))
-        else:
-            out[fi.path] = fi.file_size or 0
-    return out
+    data = _mlflow_json(rd)
+    names = [data.get(uri, {}).get("run_name")] + [v.get("run_name") for v in data.values() if isinstance(v, dict)]
+    return next((n for n in names if n), None)
 
 
 # ---------------------------------------------------------------------------------------------
 
 
-def _parent(client, exp_id: str, sweep: str, sweep_dir: Path) -> str | None:
-    if sweep == "train":  # single `clipbench train` runs have no parent
-        return None
-    found = find_runs(client, exp_id, sweep=sweep, role="sweep")
-    pid = found[0].info.run_id if found else client.create_run(
-        exp_id, tags={"sweep": sweep, ROLE_TAG: "sweep"}, run_name=sweep).info.run_id
-    manifest = sweep_dir / "manifest.json"
-    if manifest.is_file():
-        have = _artifact_sizes(client, pid)
-        if have.get("manifest.json") != manifest.stat().st_size:
-            client.log_artifact(pid, str(manifest))
-    return pid
+def sync_run(client, uri: str, run: StoredRun, *, results_dir: Path, experiments: dict[str, str],
+             parents: dict[str, str | None]) -> dict[str, Any]:
+    from mlflow.entities import Metric
 
-
-def sync_run(client, uri: str, rd: RunDir, *, sweep: str, results_dir: Path,
-             experiments: dict[str, str], parents: dict[str, str | None]) -> dict[str, Any]:
-    from mlflow.entities import Metric, Param
-
-    config = rd.read_config() or {}
-    status = rd.status()
-    tracking = config.get("tracking", {})
-    exp_name = tracking.get("experiment", "clipbench")
+    rd, sweep, config, status = run.rd, run.sweep, run.config, run.status
+    exp_name = config.get("tracking", {}).get("experiment", "clipbench")
     if exp_name not in experiments:
         experiments[exp_name] = get_or_create_experiment(client, exp_name, artifact_location(uri, results_dir))
     exp_id = experiments[exp_name]
     pkey = f"{exp_id}/{sweep}"
-    if pkey not in parents:
-        with manifest_lock(rd.path.parent):  # the sweep command creates parents under the same lock
-            parents[pkey] = _parent(client, exp_id, sweep, rd.path.parent)
+    if pkey not in parents:  # single `clipbench train` runs have no parent
+        parents[pkey] = None if sweep == "train" else parent_run(client, exp_id, sweep, rd.path.parent,
+                                                                 attach_manifest=True)
     parent = parents[pkey]
 
     rid = rd.run_id
     found = find_runs(client, exp_id, sweep=sweep, role="run", run_id=rid)
     created = not found
     if found:
-        run = found[0]
-        if len(found) > 1:  # never expected; keep the oldest
-            for extra in found[1:]:
-                client.delete_run(extra.info.run_id)
+        mlrun = found[0]
+        for extra in found[1:]:  # never expected; keep the oldest
+            client.delete_run(extra.info.run_id)
     else:
         tags = run_tags(config, sweep=sweep, run_id=rid)
         if parent:
             tags["mlflow.parentRunId"] = parent
-        method, seed = tags["method"], tags["seed"]
-        run = client.create_run(exp_id, tags=tags, run_name=f"{method} seed={seed} {rid}")
-    mid = run.info.run_id
-    if parent and run.data.tags.get("mlflow.parentRunId") != parent and not created:
+        name = recorded_name(rd, uri) or f"{tags['method']} seed={tags['seed']} {rid}"
+        mlrun = client.create_run(exp_id, start_time=run.start_ms, tags=tags, run_name=name)
+    mid = mlrun.info.run_id
+    if parent and mlrun.data.tags.get("mlflow.parentRunId") != parent and not created:
         client.set_tag(mid, "mlflow.parentRunId", parent)
 
-    # params
-    have_params = dict(run.data.params) if not created else {}
-    want = {metric_name(k): param_value(v) for k, v in run_params(config, status.get("backend")).items()}
-    new_params = [Param(k, v) for k, v in want.items() if k not in have_params]
-    for i in range(0, len(new_params), MAX_PARAMS_PER_BATCH):
-        client.log_batch(mid, params=new_params[i:i + MAX_PARAMS_PER_BATCH], synchronous=True)
-
-    # metrics: only the (name, step) points MLflow lacks
-    expected = expected_metrics(rd)
-    have_keys = set(run.data.metrics) if not created else set()
+    # params and metrics: only what MLflow lacks, built as the live sink builds them
+    have_params = dict(mlrun.data.params) if not created else {}
+    want = expected_params(rd, config, status, run.evals)
+    n_params = send_params(client, mid, {k: v for k, v in want.items() if k not in have_params})
+    expected = expected_metrics(rd, run.rows, run.evals)
+    have_keys = set(mlrun.data.metrics) if not created else set()
     have = metric_steps(client, mid, [k for k in expected if k in have_keys])
-    ts = int(status.get("started", 0) * 1000) or 0
+    ts = run.start_ms or 0
     todo = [Metric(name, val, ts, step) for name, steps in expected.items()
             for step, val in steps.items() if step not in have.get(name, {})]
-    for i in range(0, len(todo), MAX_METRICS_PER_BATCH):
-        client.log_batch(mid, metrics=todo[i:i + MAX_METRICS_PER_BATCH], synchronous=True)
+    send_points(client, mid, todo)
     dupes = sum(c - 1 for steps in have.values() for c in steps.values() if c > 1)
 
-    # artifacts
-    sizes = _artifact_sizes(client, mid) if not created else {}
-    n_art = 0
-    for f, where in expected_artifacts(rd):
-        key = f"{where}/{f.name}" if where else f.name
-        if sizes.get(key) != f.stat().st_size:
-            client.log_artifact(mid, str(f), where)
-            n_art += 1
+    n_art = send_missing_artifacts(client, mid, rd, {} if created else None)
 
     state = status.get("state", "pending")
-    if state in STATUS and run.info.status != STATUS[state]:
-        client.set_terminated(mid, STATUS[state])
-    record_mlflow_run(rd, uri, experiment_id=exp_id, run_id=mid, parent_run_id=parent, offline=False, error=None,
-                      synced=True)
-    return {"run_id": rid, "mlflow_run_id": mid, "created": created, "params": len(new_params), "metrics": len(todo),
-            "artifacts": n_art, "state": state, "duplicates_seen": dupes}
+    if state in STATUS and mlrun.info.status != STATUS[state]:
+        client.set_terminated(mid, STATUS[state], end_time=run.end_ms)
+    record_mlflow_run(rd, uri, experiment_id=exp_id, run_id=mid, parent_run_id=parent, offline=False,
+                      needs_sync=False, error=None, synced=True)
+    return {"run_id": rid, "mlflow_run_id": mid, "created": created, "params": n_params, "metrics": len(todo),
+            "artifacts": n_art, "state": state, "duplicates_seen": dupes, "end_ms": run.end_ms}
 
 
-def sync_sweeps(sweeps: Iterable[str], *, results_dir: Path, uri: str, client=None) -> list[dict]:
+def close_parent(client, parent: str, runs: list[StoredRun], manifest_ids: Iterable[str]) -> str | None:
+    """Terminate the sweep's parent from the store: FINISHED when every planned run finished, FAILED when
+    one failed, KILLED when the sweep stopped early; at the last run's end. Left alone (None) while a
+    live process holds one of its runs."""
+    sweep_dir = runs[0].rd.path.parent
+    if any(run_locked_elsewhere(sweep_dir, r.rd.run_id) for r in runs):
+        return None
+    states = {r.rd.run_id: r.status.get("state", "pending") for r in runs}
+    planned = set(manifest_ids) | set(states)
+    if all(states.get(rid) == "finished" for rid in planned):
+        status = "FINISHED"
+    elif "failed" in states.values():
+        status = "FAILED"
+    else:
+        status = "KILLED"
+    ends = [r.end_ms for r in runs if r.end_ms is not None and states[r.rd.run_id] in STATUS]
+    current = client.get_run(parent).info
+    if current.status != status or (ends and current.end_time != max(ends)):
+        client.set_terminated(parent, status, end_time=max(ends) if ends else None)
+    return status
+
+
+def load_sweeps(results_dir: Path, sweeps: Iterable[str]) -> dict[str, tuple[list[StoredRun], list[str]]]:
+    """{sweep: (its runs read from the store, the run ids its manifest plans)}; StoreError when damaged."""
+    out = {}
+    for sweep in sweeps:
+        manifest = read_json(results_dir / sweep / "manifest.json", {}, kind="manifest")
+        planned = manifest.get("runs") if isinstance(manifest.get("runs"), dict) else {}
+        out[sweep] = ([read_run(rd, sweep) for rd in list_run_dirs(results_dir / sweep)], list(planned))
+    return out
+
+
+def sync_sweeps(sweeps: Iterable[str], *, results_dir: Path, uri: str, client=None,
+                loaded: dict[str, tuple[list[StoredRun], list[str]]] | None = None) -> list[dict]:
+    results_dir = Path(results_dir)
+    loaded = loaded if loaded is not None else load_sweeps(results_dir, sweeps)
     client = client or client_for(uri)
     experiments: dict[str, str] = {}
     parents: dict[str, str | None] = {}
     out = []
-    for sweep in sweeps:
+    for sweep, (stored, planned) in loaded.items():
         sweep_dir = results_dir / sweep
-        for rd in list_run_dirs(sweep_dir):
-            with try_run_lock(sweep_dir, rd.run_id) as got:
+        for run in stored:
+            with try_run_lock(sweep_dir, run.rd.run_id) as got:
                 if not got:
-                    out.append({"sweep": sweep, "run_id": rd.run_id, "skipped": "in progress (locked)"})
+                    out.append({"sweep": sweep, "run_id": run.rd.run_id, "skipped": "in progress (locked)"})
                     continue
-                out.append({"sweep": sweep, **sync_run(client, uri, rd, sweep=sweep, results_dir=results_dir,
+                out.append({"sweep": sweep, **sync_run(client, uri, run, results_dir=results_dir,
                                                        experiments=experiments, parents=parents)})
+        for key, pid in parents.items():
+            if pid and key.endswith(f"/{sweep}") and stored:
+                close_parent(client, pid, stored, planned)
     return out
 
 
 def sync_command(sweep: str | None, *, results_dir: Path = Path("results"), tracking_uri: str | None = None) -> list[dict]:
-    results_dir = Path(results_dir)
+    results_dir = check_store_dir(results_dir)
     sweeps = list_sweeps(results_dir)
     if sweep is not None:
         if sweep not in sweeps:
@@ -203,14 +203,15 @@ def sync_command(sweep: str | None, *, results_dir: Path = Path("results"), trac
         sweeps = [sweep]
     if not sweeps:
         raise UserError(f"nothing to sync: no runs in {results_dir}")
-    first = list_run_dirs(results_dir / sweeps[0])[0].read_config() or {}
+    loaded = load_sweeps(results_dir, sweeps)  # read (and check) everything before anything is sent or written
+    first = next((r.config for runs, _ in loaded.values() for r in runs), {})
     uri = resolve_tracking_uri(tracking_uri, first.get("tracking", {}).get("tracking_uri"), results_dir)
     try:
         client = client_for(uri)
         client.search_experiments(max_results=1)
     except Exception as e:  # noqa: BLE001
         raise UserError(f"cannot reach MLflow at {uri}: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}") from None
-    rows = sync_sweeps(sweeps, results_dir=results_dir, uri=uri, client=client)
+    rows = sync_sweeps(sweeps, results_dir=results_dir, uri=uri, client=client, loaded=loaded)
 
     t = Table(title=f"clipbench sync -> {uri}", title_justify="left")
     for col in ("sweep", "run_id", "mlflow run", "new run", "+params", "+metrics", "+artifacts", "state"):
@@ -225,5 +226,5 @@ def sync_command(sweep: str | None, *, results_dir: Path = Path("results"), trac
     return rows
 
 
-__all__ = ["sync_command", "sync_sweeps", "sync_run", "expected_metrics", "expected_artifacts", "list_sweeps",
-           "LOCK_DIR"]
+__all__ = ["sync_command", "sync_sweeps", "sync_run", "read_run", "expected_metrics", "expected_artifacts",
+           "list_sweeps", "LOCK_DIR"]

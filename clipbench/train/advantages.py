@@ -1,4 +1,4 @@
-"""Sequence-level advantages from group rewards (../shared/docs/objectives.md, "Advantages").
+"""Sequence-level advantages from group rewards (docs/objectives.md, "Advantages").
 
     rewards: (P, G) one row per prompt, G samples each  ->  advantages: (P, G)
 """
@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import torch
 
-ADVANTAGES = ("group", "group_mean", "rloo")
+from clipbench.config.schema import CHOICES
+
+ADVANTAGES = CHOICES["train.advantage"]  # the config schema owns the list; each is implemented below
 
 
 def compute_advantages(rewards: torch.Tensor, kind: str = "group", eps: float = 1e-6) -> torch.Tensor:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from clipbench.tracking.store import share_like_umask
 from clipbench.train.distributed import Dist
 
 
@@ -70,7 +71,10 @@ def save_checkpoint(last: Path, *, model, optimizer, scheduler, tokenizer, state
 
 def install_checkpoint(tmp: Path, last: Path) -> None:
     """Swap a complete checkpoint directory `tmp` (with its state.json) in as `last`, by renames only
-    (also used by engine trl, whose checkpoints hold TRL's own files under `model/`)."""
+    (also used by engine trl, whose checkpoints hold TRL's own files under `model/`). Its files get
+    the modes the umask gives first (safetensors and DCP may write 0600): colleagues read a shared
+    results store."""
+    share_like_umask(tmp)
     prev = last.parent / "prev"
     shutil.rmtree(prev, ignore_errors=True)
     if last.exists():

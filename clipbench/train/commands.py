@@ -17,7 +17,7 @@ from rich.console import Console
 from clipbench.config import load_run_config, run_id
 from clipbench.errors import RunFailed
 from clipbench.memory.plan import preflight as memory_preflight
-from clipbench.tracking.store import RunDir
+from clipbench.tracking.store import RunDir, check_writable_dir
 from clipbench.train.base_model import resolve_model_name
 from clipbench.train.checkpoint import find_checkpoint
 from clipbench.train.distributed import under_torchrun
@@ -33,6 +33,8 @@ def train_command(recipe: Path, overrides: list[str], *, resume: bool, results_d
     # raises ConfigError before anything is written; imports the run's plugins (recipe + --plugin)
     cfg = load_run_config(recipe, overrides, plugins=plugins)
     rd = RunDir(Path(results_dir) / "train" / run_id(cfg))
+    check_writable_dir(results_dir)  # a file, or not writable: one line, not a traceback
+    rd.status(), rd.read_config()  # a damaged store file of this run: one line (StoreError) before any write
     # sleep mode can run here; on a GPU: the run fits in its memory over launch.nproc_per_node ranks
     memory_preflight(cfg, resolve_model_name(cfg.model.name), world_size=cfg.launch.nproc_per_node)
     preflight(cfg)  # engine checks, then model, task and benchmarks load: still nothing written
