@@ -188,6 +188,13 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
         err("eval.limit", f"must be >= 1 or null, got {cfg.eval.limit}")
     if cfg.task.name == "math" and not cfg.task.path:
         err("task.path", "task 'math' needs a path: a .jsonl/.parquet file or a Hugging Face dataset name")
+    if cfg.task.name == "arith":  # checked by the knobs' owner (its cheap checks: no problem is drawn)
+        from clipbench.tasks.arith import ArithKnobError, ArithKnobs
+
+        try:
+            ArithKnobs(**{k: getattr(cfg.task, k) for k in ArithKnobs.names()})
+        except ArithKnobError as e:
+            err(f"task.{e.knob}", str(e))
 
     # The objective: method from the registry, parameters exactly those the method declares.
     obj = dict(cfg.objective)

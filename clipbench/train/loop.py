@@ -36,7 +36,7 @@ import torch
 from clipbench.config import RunConfig, run_id, to_dict
 from clipbench.objectives import log_ratio_histogram, policy_loss
 from clipbench.rollout import build_sampler, resolve_backend
-from clipbench.tasks import build_task
+from clipbench.tasks import build_run_task
 from clipbench.tracking.mlflow_sink import run_params
 from clipbench.tracking.sink import MetricSink, NullSink
 from clipbench.tracking.store import RunDir
@@ -208,7 +208,7 @@ def preflight(cfg: RunConfig) -> None:
     except (OSError, ValueError, KeyError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UserError(f"model.name: cannot load '{cfg.model.name}': {reason}") from None
-    eval_suite(cfg, build_task(cfg.task))
+    eval_suite(cfg, build_run_task(cfg))
 
 
 def run_training(cfg: RunConfig, run_dir: Path, *, resume: bool = False, sink: MetricSink | None = None,
@@ -239,7 +239,7 @@ def run_training(cfg: RunConfig, run_dir: Path, *, resume: bool = False, sink: M
         ref_model, _ = load_model_and_tokenizer(model_name, dtype=cfg.model.dtype, device=str(device))
         ref_model.eval().requires_grad_(False)
 
-    task = build_task(cfg.task)
+    task = build_run_task(cfg)  # the run seed draws the problems, as `clipbench eval <run_dir>` does
     pool = list(task.train_problems())
     backend = resolve_backend(sc.backend)
     sampler = build_sampler(backend, model, tok, max_new_tokens=sc.max_new_tokens, temperature=sc.temperature, top_p=sc.top_p,
