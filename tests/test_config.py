@@ -43,6 +43,9 @@ def test_run_id_is_deterministic_and_config_sensitive():
     (["train.agg=token_mean"], "train.agg", "did you mean 'token-mean'"),
     (["sampler.top_p=0"], "sampler.top_p", "(0, 1]"),
     (["task.name=math"], "task.path", "needs a path"),
+    (["task.format=stepz"], "task.format", "unknown format 'stepz' (did you mean 'steps'?); valid: answer, steps"),
+    (["task.operands=9"], "task.operands", "operands must be in 2..8, got 9"),
+    (["task.ops=+/"], "task.ops", "unknown operator '/'"),
 ])
 def test_bad_values_name_file_key_and_reason(override, key, words):
     with pytest.raises(ConfigError) as e:
