@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
 
@@ -214,6 +215,23 @@ def test_steps_format_same_problems_reference_completion_and_length():
     # 4 two-digit operands: 3 steps of 7-10 characters and the answer: 20-60 tokens, ~34 on average
     assert 20 <= min(lengths) and max(lengths) <= 60 and 30 <= sum(lengths) / len(lengths) <= 38
     assert STEPS.alphabet == ALPHABET + "#" and ArithTask().alphabet == ALPHABET
+
+
+def test_commutative_steps_may_be_written_either_way_round():
+    steps = worked_steps([37, 45, 12, 8], ["+", "-", "+"])
+    assert render_steps(steps, [True, True, True]) == "45+37=82 82-12=70 8+70=78 #78"  # '-' never swaps
+    assert render_steps(worked_steps([6, 61, 5], ["*", "+"]), [True, False]) == "61*6=366 366+5=371 #371"
+    # with an rng, the SFT targets use both orders (about half each), all graded correct
+    rng = random.Random(0)
+    firsts = {"canonical": 0, "swapped": 0}
+    for p in STEPS.test_problems():
+        sol = STEPS.solution(p, rng)
+        assert STEPS.reward(sol, p) == 1.0 and len(sol) == len(STEPS.solution(p))
+        if p.meta["ops"][0] == "+":
+            lead = str(p.meta["operands"][0])
+            firsts["canonical" if sol.startswith(lead + "+") else "swapped"] += 1
+    assert min(firsts.values()) >= 0.35 * sum(firsts.values()), firsts
+    assert ArithTask().solution(ArithTask().test_problems()[0], rng) == ArithTask().test_problems()[0].answer
 
 
 @pytest.mark.parametrize(

@@ -227,7 +227,7 @@ def test_builtin_models_and_their_tasks():
     task of the quickstart. `builtin_task` is the task a built-in model is for (eval uses it)."""
     assert bm.DEFAULT_RECIPE is bm.BUILTIN_MODELS["arith-tiny"] and bm.DEFAULT_RECIPE.task == ArithKnobs()
     steps = bm.BUILTIN_MODELS["arith-steps"]
-    assert steps.task.format == "steps" and steps.task.operands == 4
+    assert steps.task.format == "steps" and steps.task.operands == 3
     assert bm.builtin_task("builtin:arith-steps") == ArithTask(**steps.task.knobs())
     assert bm.builtin_task("arith") == ArithTask()
 

@@ -8,7 +8,9 @@ built-in base models use):
     steps   completion    "37+45=82 82-12=70 70+8=78 #78" + EOS
                           every binary operation written out as ``left op right=result`` (products
                           first, then the sum left to right; see ``worked_steps``), steps separated by
-                          a space, then ``#`` and the final answer
+                          a space, then ``#`` and the final answer. A '+' or '*' step may be written
+                          either way round ("45+37=82"): equally correct, so a model fine-tuned on
+                          both orders has real choices to make (forks), as a reasoning model does
 
 Expressions follow the usual precedence ('*' binds tighter than '+' and '-', then left to right),
 exactly as Python evaluates the same string. The worked steps are the one place that order lives
@@ -47,6 +49,7 @@ VALID_OPS = "+-*"
 FORMATS = ("answer", "steps")      # completion formats (see the module docstring)
 STEP_SEP = " "                     # between worked steps
 ANSWER_MARK = "#"                  # steps format: the final answer follows it
+COMMUTATIVE = "+*"                 # steps format: these steps may be written either way round
 ALPHABET = "0123456789+-*= "       # every character of the answer format's prompts and completions
 MAX_OPERANDS = 8
 MAX_DIGITS = 6
@@ -103,10 +106,15 @@ def evaluate(operands: Sequence[int], ops: Sequence[str]) -> int:
     return steps[-1][3] if steps else operands[0]
 
 
-def render_steps(steps: Sequence[Step]) -> str:
-    """'37+45=82 82-12=70 #70': the steps format's completion text (without EOS)."""
-    body = STEP_SEP.join(f"{a}{op}{b}={c}" for a, op, b, c in steps)
-    return f"{body}{STEP_SEP}{ANSWER_MARK}{steps[-1][3]}"
+def render_steps(steps: Sequence[Step], swap: Sequence[bool] = ()) -> str:
+    """'37+45=82 82-12=70 #70': the steps format's completion text (without EOS). ``swap[i]`` writes
+    step i's operands the other way round ('45+37=82'), allowed for the commutative '+' and '*'."""
+    parts = []
+    for i, (a, op, b, c) in enumerate(steps):
+        if i < len(swap) and swap[i] and op in COMMUTATIVE:
+            a, b = b, a
+        parts.append(f"{a}{op}{b}={c}")
+    return f"{STEP_SEP.join(parts)}{STEP_SEP}{ANSWER_MARK}{steps[-1][3]}"
 
 
 def render(operands: Sequence[int], ops: Sequence[str]) -> str:
@@ -292,10 +300,13 @@ class ArithTask(ArithKnobs):
         return self._test if n is None else self._test[: _check_int("n", n, 0, self.test_size)]
 
     # ---- the format -----------------------------------------------------------------------
-    def solution(self, problem: Problem) -> str:
-        """The reference completion (without EOS): what the base model is fine-tuned on."""
+    def solution(self, problem: Problem, rng: random.Random | None = None) -> str:
+        """A reference completion (without EOS): what the base model is fine-tuned on. Steps format:
+        with ``rng``, each commutative step is written either way round with probability 1/2 (all
+        are correct); without, the canonical order."""
         if self.format == "steps":
-            return render_steps(worked_steps(problem.meta["operands"], problem.meta["ops"]))
+            steps = worked_steps(problem.meta["operands"], problem.meta["ops"])
+            return render_steps(steps, [rng.random() < 0.5 for _ in steps] if rng is not None else ())
         return problem.answer
 
     def final_answer(self, completion: str) -> int | None:

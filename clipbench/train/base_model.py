@@ -1,8 +1,8 @@
 """The tiny built-in base models: char-level Qwen3s SFT'd on arith, one builder for all of them.
 
     builtin:arith-tiny    arith, answer format: "37+45=" -> "82"           (2 operands, ~3 tokens)
-    builtin:arith-steps   arith, steps format:  "37+45-12+8=" -> "37+45=82 82-12=70 70+8=78 #78"
-                          (4 operands, ~34 tokens: the regime where clipping has per-token dynamics)
+    builtin:arith-steps   arith, steps format:  "37+45-12=" -> "37+45=82 82-12=70 #70"
+                          (3 operands, ~24 tokens: the regime where clipping has per-token dynamics)
 
 Each is a ``Recipe`` in ``BUILTIN_MODELS``: the arith task it is SFT'd on (``ArithKnobs``, owned by
 ``clipbench.tasks.arith``), the model's shape and the SFT settings. It is built on first use (one to
@@ -11,7 +11,8 @@ a few minutes on 2 CPU cores) into the cache and then loaded exactly like any Hu
 
 Format (see ``clipbench.tasks.arith``): the tokenizer is character level and prepends ``<bos>``;
 prompt ``"37+45="`` -> tokens ``<bos> 3 7 + 4 5 =``; completion ``"82"`` -> tokens ``8 2 <eos>``.
-The SFT target is the task's reference completion (``ArithTask.solution``).
+The SFT target is the task's reference completion (``ArithTask.solution``); in the steps format each
+'+' step is written either way round at random (both are correct), so the model learns real choices.
 
 SFT stops by a measured criterion, not a step count: every ``eval_every`` steps it samples one
 completion at temperature 1.0 for each problem of a validation slice (train-partition expressions
@@ -26,6 +27,7 @@ import dataclasses
 import json
 import math
 import os
+import random
 import shutil
 import tempfile
 import time
@@ -83,8 +85,10 @@ class Recipe:
 BUILTIN_MODELS: dict[str, Recipe] = {
     "arith-tiny": Recipe(),
     "arith-steps": Recipe(
-        task=ArithKnobs(operands=4, format="steps"),
+        task=ArithKnobs(operands=3, format="steps"),
         target_band=(0.15, 0.40),
+        batch_size=64,            # longer sequences than arith-tiny's: half the batch, same steps budget
+        eval_every=25,
         stop_at_sampled_acc=0.25,
     ),
 }
@@ -330,7 +334,8 @@ def _lr_at(step: int, recipe: Recipe) -> float:
 def train_sft(model, tokenizer, task, recipe: Recipe, seed: int, log: Callable[[str], None]) -> dict:
     """SFT until sampled validation accuracy reaches ``recipe.stop_at_sampled_acc`` (or max_steps)."""
     sft, val = _split_validation(task.train_problems(), recipe.val_size)
-    input_ids, attn, loss_mask = encode_sft(tokenizer, [p.prompt for p in sft], [task.solution(p) for p in sft])
+    rng = random.Random(seed * 1000 + 4)  # which way round each commutative step is written
+    input_ids, attn, loss_mask = encode_sft(tokenizer, [p.prompt for p in sft], [task.solution(p, rng) for p in sft])
     max_new = max_completion_tokens(task, task.train_problems()) + 1
     g_batch = torch.Generator().manual_seed(seed * 1000 + 1)
     g_eval = torch.Generator().manual_seed(seed * 1000 + 2)
@@ -382,7 +387,7 @@ def measure_test_accuracy(model, tokenizer, task, recipe: Recipe, seed: int) -> 
 FORMAT_INFO = {  # what clipbench_base.json says about the format (documentation for its readers)
     "answer": {"prompt": "<expression>=", "completion": "<integer><eos>", "example": "37+45= -> 82"},
     "steps": {"prompt": "<expression>=", "completion": "<left><op><right>=<result> ... #<integer><eos>",
-              "example": "37+45-12= -> 37+45=82 82-12=70 #70"},
+              "example": "37+45-12= -> 37+45=82 82-12=70 #70", "commutative_steps": "either order"},
 }
 
 
