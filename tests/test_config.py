@@ -11,8 +11,11 @@ RECIPE = "recipes/quickstart.yaml"
 
 def test_quickstart_recipe_loads_with_method_defaults():
     cfg = load_run_config(RECIPE)
-    assert cfg.train.mini_batches == 4 and cfg.sampler.group_size == 8
+    assert cfg.train.mini_batches == 8 and cfg.train.epochs == 3 and cfg.sampler.group_size == 8
+    assert cfg.model.name == "builtin:arith-steps" and cfg.task.format == "steps"
     assert cfg.objective == {"method": "grpo", **METHODS["grpo"].defaults}
+    tiny = load_run_config("recipes/arith_tiny.yaml")  # the answer-only regime the plumbing tests use
+    assert tiny.model.name == "builtin:arith-tiny" and tiny.task.format == "answer" and tiny.train.mini_batches == 4
 
 
 def test_overrides_switch_method_and_fill_its_defaults():

@@ -88,7 +88,7 @@ def server(tmp_path_factory):
 
 def write_sweep(tmp: Path, name: str, methods) -> Path:
     f = tmp / f"{name}.yaml"
-    f.write_text(yaml.safe_dump({"name": name, "base": str(REPO / "recipes" / "quickstart.yaml"), "overrides": TINY,
+    f.write_text(yaml.safe_dump({"name": name, "base": str(REPO / "recipes" / "arith_tiny.yaml"), "overrides": TINY,
                                  "grid": {"objective.method": list(methods)}}))
     return f
 
