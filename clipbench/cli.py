@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from functools import wraps
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from clipbench.errors import UserError
+from clipbench.errors import RunFailed, UserError
 
 app = typer.Typer(
     add_completion=False,
@@ -21,18 +22,34 @@ app = typer.Typer(
 RESULTS = typer.Option(Path("results"), "--results-dir", help="Results store (source of truth).")
 TRACKING = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, "
                         "else sqlite:///<results-dir>/mlflow.db).")
+PLUGIN = typer.Option(None, "--plugin", help="A file (.py) or module with your own @rule; repeatable.")
+
+
+def _load_plugins(plugins: Optional[List[str]]) -> None:
+    from clipbench.objectives.plugins import load_plugins
+
+    load_plugins(plugins or [])
+
+
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    return f"warning: {message}\n"
 
 
 def _user_errors(fn):
-    """Bad input: one line on stderr, exit code 2."""
+    """Bad input: one line on stderr, exit code 2. A run that failed for a stated reason: exit 1.
+    Warnings (e.g. a suspicious rule parameter): one line."""
 
     @wraps(fn)
     def wrapper(*args, **kwargs):
+        warnings.formatwarning = _one_line_warning
         try:
             return fn(*args, **kwargs)
         except UserError as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2)
+        except RunFailed as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(1)
 
     return wrapper
 
@@ -46,15 +63,20 @@ def sweep(
     json_out: bool = typer.Option(False, "--json", help="With --dry-run: one JSON object per run."),
     results_dir: Path = RESULTS,
     jobs: int = typer.Option(1, "--jobs", "-j", help="Local worker processes."),
-    launcher: Optional[str] = typer.Option(None, "--launcher", help="Hydra launcher plugin: joblib, submitit_slurm, ray."),
+    launcher: Optional[str] = typer.Option(None, "--launcher", help="Hydra launcher plugin: joblib, submitit_slurm, "
+                                           "submitit_local, ray, basic."),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Rerun runs that failed."),
     tracking_uri: Optional[str] = TRACKING,
+    engine: Optional[str] = typer.Option(None, "--engine", help="builtin or trl: the engine of every run "
+                                         "(engine=...); verl: each run as a verl command (--dry-run prints them)."),
+    plugin: Optional[List[str]] = PLUGIN,
 ):
     """Expand a declarative sweep into runs and execute them (resumable)."""
     from clipbench.sweep.commands import sweep_command
 
     sweep_command(file, overrides or [], dry_run=dry_run, json_out=json_out, results_dir=results_dir,
-                  jobs=jobs, launcher=launcher, retry_failed=retry_failed, tracking_uri=tracking_uri)
+                  jobs=jobs, launcher=launcher, retry_failed=retry_failed, tracking_uri=tracking_uri,
+                  plugins=plugin or [], engine=engine)
 
 
 @app.command()
@@ -63,13 +85,38 @@ def train(
     recipe: Path = typer.Argument(..., help="Recipe YAML (see recipes/)."),
     overrides: Optional[List[str]] = typer.Argument(None, help="Dotted key=value overrides."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from its last checkpoint."),
+    nproc_per_node: Optional[int] = typer.Option(
+        None, "--nproc-per-node", help="Train over N processes (torchrun, FSDP2): launch.nproc_per_node=N."),
     results_dir: Path = RESULTS,
     tracking_uri: Optional[str] = TRACKING,
+    plugin: Optional[List[str]] = PLUGIN,
 ):
-    """Run one training run end to end."""
+    """Run one training run end to end (over N processes with --nproc-per-node; under torchrun, one rank)."""
     from clipbench.train.commands import train_command
 
-    train_command(recipe, overrides or [], resume=resume, results_dir=results_dir, tracking_uri=tracking_uri)
+    train_command(recipe, overrides or [], resume=resume, results_dir=results_dir, tracking_uri=tracking_uri,
+                  nproc_per_node=nproc_per_node, plugins=plugin or [])
+
+
+@app.command()
+@_user_errors
+def plan(
+    recipe: Path = typer.Argument(..., help="Recipe YAML (see recipes/)."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="Dotted key=value overrides."),
+    nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node",
+                                                 help="GPUs per node (default: launch.nproc_per_node, else 1)."),
+    nnodes: int = typer.Option(1, "--nnodes", help="Nodes (FSDP shards over nproc x nnodes GPUs)."),
+    gpu_memory: float = typer.Option(80.0, "--gpu-memory", help="Memory of one GPU, GiB."),
+    prompt_tokens: int = typer.Option(1024, "--prompt-tokens",
+                                      help="Longest prompt assumed, tokens (at most the model context less "
+                                      "sampler.max_new_tokens)."),
+    json_out: bool = typer.Option(False, "--json", help="The plan as JSON."),
+):
+    """GPU memory per rank before anything loads (weights, AdamW, activations, vLLM); exit 1 if it won't fit."""
+    from clipbench.memory.commands import plan_command
+
+    raise typer.Exit(plan_command(recipe, overrides or [], nproc_per_node=nproc_per_node, nnodes=nnodes,
+                                  gpu_memory=gpu_memory, prompt_tokens=prompt_tokens, json_out=json_out))
 
 
 @app.command("eval")
@@ -85,10 +132,12 @@ def eval_(
     seed: int = typer.Option(0, "--seed"),
     backend: str = typer.Option("auto", "--backend", help="auto | hf | vllm"),
     out: Optional[Path] = typer.Option(None, "--out", help="Directory for the correctness matrices."),
+    plugin: Optional[List[str]] = PLUGIN,
 ):
     """Avg@n and unbiased Pass@k of a model on benchmarks."""
     from clipbench.eval.commands import eval_command
 
+    _load_plugins(plugin)
     eval_command(model=model, benchmarks=benchmarks, n=n, data_dir=data_dir, limit=limit,
                  max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, backend=backend, out=out)
 
@@ -101,19 +150,22 @@ def report(
     fmt: str = typer.Option("rich", "--format", help="rich | markdown | latex | csv | html"),
     results_dir: Path = RESULTS,
     out: Optional[Path] = typer.Option(None, "--out", help="Output directory for files (default results/reports/<sweep>)."),
+    plugin: Optional[List[str]] = PLUGIN,
 ):
     """Comparison tables (Table 3 layout), clip-quadrant table and training-dynamics plots."""
     from clipbench.report.commands import report_command
 
+    _load_plugins(plugin)
     report_command(sweep, baseline=baseline, fmt=fmt, results_dir=results_dir, out=out)
 
 
 @app.command()
 @_user_errors
-def methods():
+def methods(plugin: Optional[List[str]] = PLUGIN):
     """Every registered clip rule: parameters with defaults, the rule, and where it comes from."""
     from clipbench.objectives.catalog import print_methods
 
+    _load_plugins(plugin)
     print_methods()
 
 

@@ -1,4 +1,8 @@
-"""User-facing errors: one line, exit code 2, nothing written (see docs/architecture.md)."""
+"""User-facing errors (see docs/architecture.md).
+
+`UserError`: bad input; one line, exit code 2, nothing written. `RunFailed`: a run that started and
+then stopped for a reason the user must read (one line, exit code 1; status.json says failed).
+"""
 
 from __future__ import annotations
 
@@ -17,6 +21,11 @@ class ConfigError(UserError):
         self.file, self.key, self.reason = file, key, reason
         parts = [str(p) for p in (file, key) if p]
         super().__init__(": ".join(parts + [reason]))
+
+
+class RunFailed(Exception):
+    """A run that started and then failed for a stated reason (diverged, a rank died). The CLI prints
+    ``str(err)`` on one line and exits with code 1; the run's status.json says failed."""
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

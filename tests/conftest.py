@@ -35,3 +35,17 @@ def report_fixture():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+@pytest.fixture
+def unload_plugins():
+    """Plugin rules a test loads are unloaded afterwards (METHODS and the plugin loader's cache)."""
+    import clipbench.objectives.plugins as plug
+    from clipbench.objectives import METHODS
+
+    methods, loaded = dict(METHODS), dict(plug._LOADED)
+    yield
+    METHODS.clear()
+    METHODS.update(methods)
+    plug._LOADED.clear()
+    plug._LOADED.update(loaded)

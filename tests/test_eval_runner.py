@@ -6,10 +6,11 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
-from clipbench.eval.runner import batch_seed, evaluate, evaluate_and_store
 from clipbench.rollout.base import Rollout
 from clipbench.tasks.base import Problem
+from clipbench.tasks.evaluate import batch_seed, evaluate, evaluate_and_store
 from clipbench.tracking.store import RunDir
 
 
@@ -187,16 +188,20 @@ def test_eval_command_on_a_model_dir(saved_model, tmp_path, capsys):
 
 def test_eval_command_on_a_run_dir(saved_model, tmp_path):
     """A run directory: its last checkpoint, and `arith` drawn with the run's own task settings."""
-    import shutil
-
     import yaml
 
     from clipbench.eval.commands import eval_command, load_suite, resolve_target
     from clipbench.tasks.arith import ArithTask
 
+    from clipbench.train.base_model import load_model_and_tokenizer
+    from clipbench.train.checkpoint import save_checkpoint
+    from clipbench.train.distributed import Dist
+
     run = tmp_path / "results" / "mysweep" / "abcdef012345"
-    shutil.copytree(saved_model, run / "checkpoints" / "last" / "model")
-    (run / "checkpoints" / "last" / "state.json").write_text("{}")
+    model, tok = load_model_and_tokenizer(str(saved_model))
+    opt = torch.optim.AdamW(model.parameters())
+    save_checkpoint(run / "checkpoints" / "last", model=model, optimizer=opt, tokenizer=tok, state={"step": 1},
+                    scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), dist=Dist())
     (run / "config.yaml").write_text(yaml.safe_dump({"seed": 3, "model": {"dtype": "float32"},
                                                      "task": {"name": "arith", "ops": "+", "template": "auto"}}))
     target = resolve_target(str(run), "bfloat16")

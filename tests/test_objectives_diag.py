@@ -151,9 +151,12 @@ def test_effective_bounds():
 
 def test_registry_metadata():
     assert set(METHODS) == {"grpo", "dapo", "dual_clip", "gspo", "gspo_token", "abc", "nsr", "decay",
-                            "cispo", "sapo", "gppo"}
+                            "cispo", "sapo", "gppo",
+                            # from verl, TRL and papers (tests/test_objectives_external.py)
+                            "gpg", "dro", "clip_cov", "kl_cov", "geo_mean", "dppo_tv", "dppo_kl", "cispo_cap",
+                            "luspo", "vespo", "ce_gppo", "dcpo"}
     for name, spec in METHODS.items():
-        assert spec.description and "\n" not in spec.description and spec.rule and spec.source
+        assert spec.description and "\n" not in spec.description and spec.formula and spec.source
         assert validate_params(name, {}) == spec.defaults
     assert METHODS["dapo"].defaults == {"eps_low": 0.2, "eps_high": 0.28}
     assert METHODS["nsr"].defaults["schedule"] == "const"
@@ -161,7 +164,7 @@ def test_registry_metadata():
 
 
 @pytest.mark.parametrize("method,params,match", [
-    ("grpp", {}, r"unknown method 'grpp' \(did you mean 'grpo'\?\); valid: abc, cispo"),
+    ("grpp", {}, r"unknown method 'grpp' \(did you mean 'grpo'\?\); valid: abc, ce_gppo, cispo"),
     ("grpo", {"eps_hgh": 0.3}, r"unknown parameter 'eps_hgh' \(did you mean 'eps_high'\?\)"),
     ("grpo", {"eps_low": -0.1}, r"'eps_low' must be >= 0"),
     ("grpo", {"eps_low": "0.2"}, r"'eps_low' must be a finite number"),

@@ -14,7 +14,7 @@ from clipbench.cli import app
 from clipbench.config import run_id
 
 REPO = Path(__file__).resolve().parent.parent
-RECIPE = REPO / "recipes" / "quickstart.yaml"
+RECIPE = REPO / "recipes" / "arith_tiny.yaml"
 runner = CliRunner()
 
 GOOD = {"name": "cli", "base": str(RECIPE),
@@ -142,3 +142,54 @@ def test_json_prints_one_object_per_run(tmp_path):
         assert run_id(r["config"]) == r["run_id"]
         assert r["config"]["train"]["steps"] == 3
     assert not res.exists()
+
+
+def test_hydra_command_joins_a_running_ray_cluster(monkeypatch):
+    """The Ray plugin sizes the object store of a Ray instance it would start; Ray refuses that setting
+    when joining a running cluster, so clipbench clears it whenever an address is given."""
+    from clipbench.sweep.hydra_app import hydra_command
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    kw = dict(launcher="ray", jobs=None, sweep_dir="/tmp/s")
+    null = "+hydra.launcher.ray.init.object_store_memory=null"
+    assert null not in hydra_command("/tmp/s/manifest.json", ["a"], **kw)  # starts its own instance
+    assert null in hydra_command("/tmp/s/manifest.json", ["a"], hydra_overrides=["hydra.launcher.ray.init.address=h:6379"], **kw)
+    mine = "+hydra.launcher.ray.init.object_store_memory=1000000000"
+    cmd = hydra_command("/tmp/s/manifest.json", ["a"], hydra_overrides=["hydra.launcher.ray.init.address=h:1", mine], **kw)
+    assert null not in cmd and mine in cmd  # the user's own setting wins
+    monkeypatch.setenv("RAY_ADDRESS", "h:6379")
+    assert null in hydra_command("/tmp/s/manifest.json", ["a"], **kw)
+
+
+def test_a_failing_launcher_exits_1_with_one_line(tmp_path):
+    f = write(tmp_path, with_(grid={"seed": [0]}, overrides={"tracking.mlflow": False}))
+    result, res = sweep(tmp_path, str(f), "--launcher", "basic", "hydra.launcher.no_such_key=1")
+    assert result.exit_code == 1
+    assert "the basic launcher exited with code 1 and 1 run(s) did not finish" in result.stderr
+
+
+def test_runs_of_several_processes_get_that_many_times_the_launchers_resources(monkeypatch):
+    """Launcher resources are per process: runs with launch.nproc_per_node = N are launched apart, with
+    N times each resource setting (N CPUs when none is given)."""
+    import subprocess
+
+    from clipbench.sweep import hydra_app
+
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0))
+    nprocs = {"a": 1, "b": 2, "c": 1, "d": 4}
+    kw = dict(jobs=None, sweep_dir="/tmp/s")
+    hydra_app.launch("/tmp/s/manifest.json", list(nprocs), nprocs=nprocs, launcher="ray",
+                     hydra_overrides=["+hydra.launcher.ray.remote.num_gpus=1", "hydra.launcher.ray.init.address=h:1"], **kw)
+    by_ids = {next(a for a in cmd if a.startswith("run_id=")): cmd for cmd in calls}
+    assert list(by_ids) == ["run_id='a','c'", "run_id='b'", "run_id='d'"]
+    assert "+hydra.launcher.ray.remote.num_gpus=1" in by_ids["run_id='a','c'"]
+    assert "+hydra.launcher.ray.remote.num_gpus=2" in by_ids["run_id='b'"]
+    assert "+hydra.launcher.ray.remote.num_gpus=4" in by_ids["run_id='d'"]
+    calls.clear()
+    hydra_app.launch("/tmp/s/manifest.json", ["b"], nprocs={"b": 2}, launcher="submitit_slurm",
+                     hydra_overrides=["hydra.launcher.cpus_per_task=8", "hydra.launcher.mem_gb=32.5"], **kw)
+    assert {"hydra.launcher.cpus_per_task=16", "hydra.launcher.mem_gb=65"} <= set(calls[0])
+    calls.clear()
+    hydra_app.launch("/tmp/s/manifest.json", ["b"], nprocs={"b": 2}, launcher="ray", hydra_overrides=[], **kw)
+    assert "+hydra.launcher.ray.remote.num_cpus=2" in calls[0]

@@ -1,13 +1,18 @@
 """Sweeps that train for real (tiny settings): SIGKILL mid-run then resume with identical metrics,
-two sweep processes sharing one results dir, --jobs 2, the joblib Hydra launcher, failed runs."""
+two sweep processes sharing one results dir, --jobs 2, the Hydra launchers (joblib; Ray against a real
+local cluster and submitit's local executor, each killed mid-launch and relaunched), failed runs."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,9 +44,9 @@ def clipbench(*args: str, **kw) -> subprocess.CompletedProcess:
                           cwd=REPO, timeout=500, **kw)
 
 
-def popen(*args: str) -> subprocess.Popen:
+def popen(*args: str, new_session: bool = False) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "clipbench.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=new_session)
 
 
 def stable(rows: list[dict]) -> list[dict]:
@@ -92,7 +97,8 @@ def wait_for(cond, timeout: float, what: str, proc: subprocess.Popen | None = No
         if cond():
             return
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"process exited ({proc.returncode}) before {what}: {proc.stderr.read()[-2000:]}")
+            out = (proc.stdout.read() if proc.stdout else "")[-1000:] + (proc.stderr.read() if proc.stderr else "")[-2000:]
+            raise AssertionError(f"process exited ({proc.returncode}) before {what}: {out}")
         time.sleep(poll)
     raise AssertionError(f"timed out waiting for {what}")
 
@@ -201,3 +207,105 @@ def test_failed_runs_are_skipped_unless_retry_failed(tmp_path):
     retry = clipbench("sweep", str(f), "--results-dir", str(res), "--retry-failed")
     assert retry.returncode == 1
     assert RunDir(res / "broken" / rid).status()["attempts"] == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Ray and submitit: a launch killed mid-way, then the same command again
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A real local Ray cluster (`ray start --head --block`, 2 CPUs), stopped at the end by SIGTERM to
+    the `ray start` process (it drains and stops every process of this cluster, and only those)."""
+    if importlib.util.find_spec("hydra_plugins.hydra_ray_launcher") is None:
+        pytest.skip("hydra-ray-launcher is not installed (pip install -e .[dev])")
+    port = free_port()
+    tmp = tempfile.mkdtemp(prefix="cbray")  # short: Ray's unix socket paths live under it
+    log = open(Path(tmp) / "start.log", "w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}",
+         "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={tmp}",
+         f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: "block forever" in (Path(tmp) / "start.log").read_text(), 120, "ray start", proc, poll=0.2)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def kill_launch_then_relaunch(f: Path, res: Path, ref_runs: dict[str, RunDir], *launch_args: str,
+                              after_a_finished_run: bool = False) -> dict:
+    """Start the sweep, SIGKILL its whole process group (the launcher's driver and every job process it
+    started locally) once a run has a checkpoint and steps after it (and, if asked, another run has
+    finished), run the same command again.
+    Checks that every run trained to completion exactly once (per the store) with the numbers of the
+    uninterrupted reference sweep; returns {run_id: state at the kill}."""
+    args = ("sweep", str(f), "--results-dir", str(res), *launch_args)
+    rds = {rid: RunDir(res / "tiny" / rid) for rid in ref_runs}
+
+    def interrupted_mid_run() -> bool:
+        if after_a_finished_run and not any(rd.status().get("state") == "finished" for rd in rds.values()):
+            return False
+        return any((ckpt_step(rd) or 0) >= 2 and any(r["step"] >= ckpt_step(rd) for r in rd.read_metrics())
+                   and rd.status().get("state") == "running" for rd in rds.values())
+
+    p = popen(*args, new_session=True)
+    try:
+        wait_for(interrupted_mid_run, 300, "a checkpoint and steps after it in a run", p, poll=0.02)
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:  # already gone (wait_for reports why)
+            pass
+        p.wait()
+    at_kill = {rid: {"state": rd.status().get("state") if rd.status_path.exists() else None, "ckpt": ckpt_step(rd),
+                     "mtimes": (rd.metrics_path.stat().st_mtime_ns, rd.status_path.stat().st_mtime_ns)
+                     if rd.status().get("state") == "finished" else None} for rid, rd in rds.items()}
+    assert any(s["state"] == "running" for s in at_kill.values())
+
+    again = clipbench(*args)
+    assert again.returncode == 0, (again.stdout[-2000:], again.stderr[-3000:])
+    n_fin = sum(s["state"] == "finished" for s in at_kill.values())
+    n_res = sum(s["state"] != "finished" and s["ckpt"] is not None for s in at_kill.values())
+    assert f"{n_fin} finished, {n_res} to resume, {2 - n_fin - n_res} to start" in again.stderr
+    for rid, rd in rds.items():
+        st, killed = rd.status(), at_kill[rid]
+        if killed["state"] == "finished":  # skipped: not a byte touched
+            assert st["attempts"] == 1
+            assert (rd.metrics_path.stat().st_mtime_ns, rd.status_path.stat().st_mtime_ns) == killed["mtimes"]
+        else:  # the interrupted attempt (if it had started) and the one that finished it
+            attempts = 1 if killed["state"] is None else 2
+            assert st["attempts"] == attempts and st["resumed_from"] == killed["ckpt"], (rid, st, killed)
+    assert_same_results(res, ref_runs)  # each optimizer step once, the same numbers as uninterrupted
+    return at_kill
+
+
+def test_ray_launcher_on_a_local_cluster_killed_then_relaunched(tmp_path, reference, ray_cluster):
+    f, _, ref_runs = reference
+    # 2 CPUs per run on the 2-CPU cluster: one run at a time, so the kill lands in the second run
+    at_kill = kill_launch_then_relaunch(f, tmp_path / "results", ref_runs, "--launcher", "ray",
+                                        f"hydra.launcher.ray.init.address={ray_cluster}",
+                                        "+hydra.launcher.ray.remote.num_cpus=2", after_a_finished_run=True)
+    assert sorted(s["state"] for s in at_kill.values()) == ["finished", "running"]
+
+
+def test_submitit_local_launcher_killed_then_relaunched(tmp_path, reference):
+    if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
+        pytest.skip("hydra-submitit-launcher is not installed (pip install -e .[dev])")
+    f, _, ref_runs = reference
+    res = tmp_path / "results"
+    kill_launch_then_relaunch(f, res, ref_runs, "--launcher", "submitit_local", "hydra.launcher.timeout_min=10")
+    assert list((res / "tiny" / ".hydra").glob("*/.submitit"))  # submitit's job folders live under the sweep

@@ -120,25 +120,49 @@ def test_resume_replays_an_uninterrupted_run_exactly(tmp_path):
 
 def test_non_finite_loss_skips_the_step_and_the_run_goes_on(tmp_path, monkeypatch):
     """A fake around the real loss (logic test): the 2nd optimizer step's loss is NaN."""
-    import clipbench.train.loop as loop
+    import clipbench.train.step as step
 
-    real = loop.policy_loss
+    real = step.policy_loss
     calls = {"n": 0}
 
     def flaky(*args, **kwargs):
         out = real(*args, **kwargs)
-        calls["n"] += 1
+        calls["n"] += 1  # one call per micro-batch: one per optimizer step here
         if calls["n"] == 2:
             out = dataclasses.replace(out, loss=out.loss * float("nan"))
         return out
 
-    monkeypatch.setattr(loop, "policy_loss", flaky)
-    run_training(small_cfg("train.steps=2", "eval.benchmarks=[]"), tmp_path / "run")
+    monkeypatch.setattr(step, "policy_loss", flaky)
+    run_training(small_cfg("train.steps=2", "eval.benchmarks=[]", "train.max_skipped_frac=0.2"), tmp_path / "run")
     rows = RunDir(tmp_path / "run").read_metrics()
     assert [r["skipped_nonfinite"] for r in rows] == [0, 1, 1, 1, 1, 1, 1, 1]
     assert RunDir(tmp_path / "run").status()["skipped_nonfinite"] == 1
-    assert rows[1]["grad_norm"] is None  # NaN, stored as null: no backward, no optimizer step
-    assert all(isinstance(r["grad_norm"], float) and r["grad_norm"] > 0 for i, r in enumerate(rows) if i != 1)
+    assert rows[1]["grad_norm"] is None  # NaN, stored as null: no optimizer step
+    assert rows[2]["lr"] == rows[0]["lr"]  # the skipped step did not advance the schedule either
+    cells = ("q1", "q2", "q3", "q4", "zero_adv", "on_policy")
+    for i, r in enumerate(rows):
+        if i == 1:
+            continue
+        all_zero_adv = r["zero_adv/tokens"] == sum(r[f"{c}/tokens"] for c in cells)
+        # a mini-batch whose advantages are all 0 has an exactly zero gradient; any other a positive one
+        assert isinstance(r["grad_norm"], float) and (r["grad_norm"] == 0.0 if all_zero_adv else r["grad_norm"] > 0), (i, r)
+
+
+def test_a_run_that_skips_too_many_steps_fails_with_a_clear_message(tmp_path, monkeypatch):
+    import clipbench.train.step as step
+    from clipbench.errors import RunFailed
+
+    real = step.policy_loss
+
+    def nan_loss(*args, **kwargs):
+        out = real(*args, **kwargs)
+        return dataclasses.replace(out, loss=out.loss * float("nan"))
+
+    monkeypatch.setattr(step, "policy_loss", nan_loss)
+    # 3 steps x 4 mini-batches = 12 planned optimizer steps; 0.25 of them allows 3 skips: the 4th fails
+    with pytest.raises(RunFailed, match=r"train.max_skipped_frac: 4 of the run's 12 optimizer steps were skipped"):
+        run_training(small_cfg("train.steps=3", "eval.benchmarks=[]", "train.max_skipped_frac=0.25"), tmp_path / "run")
+    assert len(RunDir(tmp_path / "run").read_metrics()) == 4  # the failing step's rows are logged first
 
 
 def _cli(tmp_path, *args):
@@ -181,12 +205,17 @@ def test_bf16_compute_keeps_float32_master_weights_that_move(tmp_path):
     """model.dtype=bfloat16 trains under autocast with float32 master weights: an lr-1e-6 AdamW
     step (~1e-6 per weight) survives, whereas bf16 weights (spacing ~1e-4 near 0.02) would round it away."""
     from safetensors.torch import load_file
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from clipbench.train.checkpoint import load_policy
 
     cfg = small_cfg("model.dtype=bfloat16", "train.lr=1e-6", "train.steps=1", "eval.benchmarks=[]")
     run_training(cfg, tmp_path / "run")
-    after = load_file(str(RunDir(tmp_path / "run").checkpoint_dir / "model" / "model.safetensors"))
+    ckpt = RunDir(tmp_path / "run").checkpoint_dir
+    stored = FileSystemReader(str(ckpt / "dcp")).read_metadata().state_dict_metadata
+    assert {m.properties.dtype for k, m in stored.items() if k.startswith("model.")} == {torch.float32}
+    after = load_policy(ckpt)[0].state_dict()
     before = load_file(str(Path(resolve_model_name("builtin:arith-tiny")) / "model.safetensors"))
-    assert all(t.dtype == torch.float32 for t in after.values())
     moved = [k for k in before if not torch.equal(before[k], after[k])]
     assert len(moved) >= len(before) // 2
     assert max((before[k] - after[k]).abs().max().item() for k in moved) < 1e-4  # small steps, kept
@@ -217,6 +246,7 @@ def test_cli_train_end_to_end_with_embedded_mlflow_then_resume_is_a_no_op(tmp_pa
             "eval.limit=4", "eval.n=2"]
     res = _cli(tmp_path, *args)
     assert res.returncode == 0, res.stderr
+    assert "clip events" in res.stderr and "skipped 0" in res.stderr  # the progress line counts skipped steps
     (run_dir,) = (tmp_path / "results" / "train").iterdir()
     rd = RunDir(run_dir)
     assert rd.status()["state"] == "finished" and len(rd.read_metrics()) == 2 * 4

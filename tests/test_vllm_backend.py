@@ -227,7 +227,7 @@ def perturb(model, steps=3):
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-2)
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(2, VOCAB, (4, 16), generator=gen)
+    ids = torch.randint(2, VOCAB, (4, 16), generator=gen).to(next(model.parameters()).device)
     for _ in range(steps):
         loss = model(ids, labels=ids).loss
         opt.zero_grad()
@@ -308,3 +308,148 @@ def test_bad_arguments(sampler, tiny):
         sampler.generate(PROMPTS, 0, seed=0)
     with pytest.raises(ValueError, match="prompt 0 has 200 tokens"):
         sampler.generate(["1" * 200], 1, seed=0)
+
+
+def state_dict_sync(s, model):
+    """The sync as it was before the stream (the reference): the whole state_dict() in one reload."""
+    with torch.no_grad():
+        s._llm.collective_rpc("reload_weights", kwargs={
+            "weights_iterator": ((k, v.detach()) for k, v in model.state_dict().items())})
+        if s.tied:
+            s._llm.apply_model(vb._refresh_tied_heads)
+    s._llm.reset_prefix_cache()
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_streamed_sync_equals_the_state_dict_sync(tiny):
+    """sync_weights streams the parameters one tensor at a time; the engine ends up exactly where a
+    reload of the whole state_dict() puts it, and both match the HF policy to 1e-4."""
+    model_dir, tok = tiny
+    hf = load_hf(model_dir)
+    seqs = [tok(t)["input_ids"] + [EOS] for t in ("12+3=15", "ab cd", "7-2=5")]
+    with vb.VLLMSampler(str(model_dir), tok, max_new_tokens=8, seed=0, max_model_len=64) as s:
+        before = [torch.tensor(s.sequence_logprobs(q)) for q in seqs]
+        perturb(hf)
+        s.sync_weights(hf)
+        streamed = [torch.tensor(s.sequence_logprobs(q)) for q in seqs]
+        state_dict_sync(s, hf)
+        reference = [torch.tensor(s.sequence_logprobs(q)) for q in seqs]
+    for q, b, st, ref in zip(seqs, before, streamed, reference):
+        assert (st - b).abs().max() > 0.05                                   # the sync moved the engine
+        assert (st - ref).abs().max() <= 1e-4                                # as the state_dict reload
+        assert (st - hf_token_logprobs(hf, q[:1], q[1:])).abs().max() < TOL  # and as the HF policy
+
+
+def _fsdp_rank(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> None:
+    """One rank of a 2-process trainer: Qwen3 sharded by FSDP2 per decoder layer, its own engine."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import distribute_tensor
+    from transformers import AutoTokenizer
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    trainer, target = load_hf(model_dir), load_hf(model_dir)
+    for layer in trainer.model.layers:
+        fully_shard(layer)
+    fully_shard(trainer)
+    perturb(target)                                     # the same update on every rank (seeded)
+    with torch.no_grad():                               # the trainer's shards take the new weights
+        for (_, p), (_, q) in zip(trainer.named_parameters(), target.named_parameters()):
+            p.copy_(distribute_tensor(q.detach(), p.device_mesh, p.placements))
+    seq = tok("12+3=15")["input_ids"] + [EOS]
+    s = vb.VLLMSampler(model_dir, tok, max_new_tokens=8, seed=0, max_model_len=64, max_num_seqs=4)
+    before = torch.tensor(s.sequence_logprobs(seq))
+    s.sync_weights(trainer)                             # every rank gathers each tensor in turn
+    after = torch.tensor(s.sequence_logprobs(seq))
+    s.close()
+    dist.barrier()                                      # the trainer's process group survived close()
+    want = hf_token_logprobs(target, seq[:1], seq[1:])
+    torch.save({"stale": float((before - want).abs().max()), "err": float((after - want).abs().max()),
+                "local": sum(p.to_local().numel() for p in trainer.parameters()),
+                "total": sum(p.numel() for p in target.parameters())}, f"{out_dir}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_sync_from_an_fsdp2_sharded_trainer_on_two_ranks(tiny, tmp_path):
+    """torch.distributed world of 2 (gloo), each rank an FSDP2 shard and its own engine
+    (external_launcher): after sync_weights each engine samples from the updated policy."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    model_dir, _ = tiny
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.spawn(_fsdp_rank, args=(2, port, str(model_dir), str(tmp_path)), nprocs=2, join=True)
+    for rank in range(2):
+        out = torch.load(tmp_path / f"rank{rank}.pt")
+        assert out["local"] < out["total"]             # the rank trained on a shard
+        assert out["stale"] > 0.05 and out["err"] < TOL, out
+
+
+@pytest.mark.vllm
+@needs_vllm
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="vLLM sleep mode needs CUDA")
+def test_sleep_releases_memory_and_wakes_with_the_trained_weights(tiny):
+    """CUDA: sleep() frees the engine's share; sampling before a sync is refused (level 2 dropped
+    the weights); after sync_weights the engine samples from the trained weights, not the ones on
+    disk (trl#5312)."""
+    model_dir, tok = tiny
+    hf = load_hf(model_dir).cuda()
+    seq = tok("12+3=15")["input_ids"] + [EOS]
+    with vb.VLLMSampler(str(model_dir), tok, max_new_tokens=8, seed=0, max_model_len=64, sleep_mode=True,
+                        gpu_memory_utilization=0.2) as s:
+        on_disk = torch.tensor(s.sequence_logprobs(seq))
+        free_awake = torch.cuda.mem_get_info()[0]
+        s.sleep()
+        freed = torch.cuda.mem_get_info()[0] - free_awake
+        assert freed > 0.8 * 0.2 * torch.cuda.mem_get_info()[1]     # most of the 20% share came back
+        with pytest.raises(RuntimeError, match="no weight sync followed"):
+            s.generate(PROMPTS, 2, seed=0)
+        perturb(hf)
+        s.sync_weights(hf)
+        trained = torch.tensor(s.sequence_logprobs(seq))
+        want = hf_token_logprobs(hf.cpu(), seq[:1], seq[1:])
+        assert (trained - want).abs().max() < TOL and (on_disk - want).abs().max() > 0.05
+        r = s.generate(PROMPTS, 2, seed=0)
+        assert max_row_error(hf, r, temperature=1.0) < TOL
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_mismatch_between_real_engine_and_trainer_log_probs(tiny):
+    """The mismatch metrics on real rollouts: a float32 engine agrees with the float32 trainer to
+    1e-4 (TIS weights 1); a bfloat16 engine does not, and the weights are exp(d) where d is small."""
+    from clipbench.rollout.mismatch import mismatch_stats, sampler_mismatch
+    from clipbench.train.policy import completion_logprobs, pack
+
+    model_dir, tok = tiny
+    hf = load_hf(model_dir)
+    stats = {}
+    for dtype in ("float32", "bfloat16"):
+        with vb.VLLMSampler(str(model_dir), tok, max_new_tokens=12, seed=0, max_model_len=64, dtype=dtype) as s:
+            r = s.generate(PROMPTS, 4, seed=7)
+        batch = pack(r.prompt_ids, r.completion_ids, PAD)
+        with torch.no_grad():
+            trainer, _ = completion_logprobs(hf, batch, with_entropy=False)       # (B, T)
+        sampler = torch.zeros_like(trainer)
+        for i, lp in enumerate(r.sampler_logp):
+            sampler[i, :len(lp)] = torch.tensor(lp)
+        out = sampler_mismatch(sampler, trainer, batch.completion_mask, mode="token", cap=2.0)
+        stats[dtype] = mismatch_stats(out.sums)
+        d = (trainer - sampler) * batch.completion_mask
+        torch.testing.assert_close(out.weights, d.exp().clamp(max=2.0) * batch.completion_mask)
+    assert stats["float32"]["mismatch/abs_max"] < TOL
+    assert stats["float32"]["mismatch/is_weight_mean"] == pytest.approx(1.0, abs=TOL)
+    assert stats["bfloat16"]["mismatch/abs_mean"] > 10 * stats["float32"]["mismatch/abs_mean"]
+    assert 0 < stats["bfloat16"]["mismatch/abs_max"] < 0.5

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import fields, is_dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from clipbench.config.schema import CHOICES, RunConfig
-from clipbench.errors import ConfigError, did_you_mean, unknown_choice
+from clipbench.errors import ConfigError, UserError, did_you_mean, unknown_choice
 
 # Keys whose relative values are paths relative to the recipe file (when they look like paths).
 PATH_KEYS = ("model.name", "task.path", "eval.data_dir")
@@ -87,6 +88,15 @@ def _resolve_paths(d: dict, base_dir: Path) -> dict:
         val = d.get(section, {}).get(name) if isinstance(d.get(section), dict) else None
         if isinstance(val, str) and (val.startswith("./") or val.startswith("../")):
             d[section][name] = str((base_dir / val).resolve())
+    return _resolve_plugins(d, base_dir)
+
+
+def _resolve_plugins(d: dict, base_dir: Path) -> dict:
+    """`plugins`: .py paths made absolute (relative to base_dir); module names unchanged."""
+    from clipbench.objectives.plugins import resolve
+
+    if isinstance(d.get("plugins"), list):
+        d["plugins"] = [resolve(p, base_dir) if isinstance(p, str) and p.strip() else p for p in d["plugins"]]
     return d
 
 
@@ -120,7 +130,7 @@ def compose(recipe: str | Path | Mapping | None, overrides: Iterable[str] | Mapp
         data, base_dir = read_yaml(recipe), Path(recipe).resolve().parent
     data = _resolve_paths(deep_merge({}, data), base_dir)
     over = dict(overrides) if isinstance(overrides, Mapping) else parse_overrides(overrides)
-    return deep_merge(data, over)
+    return deep_merge(data, _resolve_plugins(over, Path.cwd()))  # override paths: relative to the cwd
 
 
 def validate(data: Mapping, source: str | None = None) -> RunConfig:
@@ -138,8 +148,15 @@ def validate(data: Mapping, source: str | None = None) -> RunConfig:
     return cfg
 
 
-def load_run_config(path: str | Path | None, overrides: Iterable[str] = ()) -> RunConfig:
-    return validate(compose(path, overrides), str(path) if path else "command line")
+def load_run_config(path: str | Path | None, overrides: Iterable[str] = (), plugins: Iterable[str] = ()) -> RunConfig:
+    """``plugins``: extra rule files/modules (the CLI's --plugin, relative to the working directory),
+    merged into the recipe's ``plugins`` list."""
+    data = compose(path, overrides)
+    if plugins:
+        from clipbench.objectives.plugins import merge_specs, resolve
+
+        data["plugins"] = merge_specs(data.get("plugins") or [], [resolve(p) for p in plugins])
+    return validate(data, str(path) if path else "command line")
 
 
 def check_values(cfg: RunConfig, source: str | None) -> None:
@@ -150,10 +167,13 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
         raise ConfigError(source, key, reason)
 
     for key, choices in CHOICES.items():
-        section, name = key.split(".")
-        val = getattr(getattr(cfg, section), name)
-        if val not in choices:
-            err(key, unknown_choice("value", val, choices))
+        node = cfg
+        for part in key.split("."):
+            node = getattr(node, part)
+        if node not in choices:
+            err(key, unknown_choice("value", node, choices))
+    if cfg.trl and cfg.engine != "trl":
+        err("trl", f"GRPOConfig settings for engine 'trl', but engine is '{cfg.engine}'")
     if cfg.train.agg not in AGGREGATIONS:
         err("train.agg", unknown_choice("aggregation", cfg.train.agg, AGGREGATIONS))
 
@@ -186,6 +206,26 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
             err(key, f"must be >= 0, got {v}")
     if cfg.eval.limit is not None and cfg.eval.limit < 1:
         err("eval.limit", f"must be >= 1 or null, got {cfg.eval.limit}")
+    # micro-batching, data parallelism, skipped steps (clipbench/train)
+    for key, v in {"train.micro_batch_tokens": cfg.train.micro_batch_tokens,
+                   "sampler.prompts_per_call": cfg.sampler.prompts_per_call}.items():
+        if v < 0:
+            err(key, f"must be >= 0 (0 = no limit), got {v}")
+    if not 0 <= cfg.train.max_skipped_frac <= 1:
+        err("train.max_skipped_frac", f"must be in [0, 1], got {cfg.train.max_skipped_frac}")
+    if cfg.launch.nproc_per_node < 1:
+        err("launch.nproc_per_node", f"must be >= 1, got {cfg.launch.nproc_per_node}")
+    if cfg.train.prompts_per_step % cfg.launch.nproc_per_node:
+        err("launch.nproc_per_node", f"{cfg.launch.nproc_per_node} processes cannot share "
+            f"train.prompts_per_step={cfg.train.prompts_per_step} prompts by whole groups (make it a multiple)")
+    if not (math.isfinite(cfg.sampler.mismatch_is_cap) and cfg.sampler.mismatch_is_cap >= 1):
+        err("sampler.mismatch_is_cap", f"must be a finite number >= 1 (a cap below 1 scales down tokens the "
+            f"sampler and trainer agree on), got {cfg.sampler.mismatch_is_cap}")
+    if cfg.sampler.mismatch_is != "none" and cfg.sampler.old_logp != "recompute":
+        err("sampler.mismatch_is", "needs sampler.old_logp=recompute: with old_logp=sampler the ratio is "
+            "already taken against the sampler's log-probs")
+    if cfg.sampler.sleep_mode and cfg.sampler.backend == "hf":
+        err("sampler.sleep_mode", "applies to the vllm backend (the hf backend samples from the training model itself)")
     if cfg.task.name == "math" and not cfg.task.path:
         err("task.path", "task 'math' needs a path: a .jsonl/.parquet file or a Hugging Face dataset name")
     if cfg.task.name == "arith":  # checked by the knobs' owner (its cheap checks: no problem is drawn)
@@ -196,7 +236,14 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
         except ArithKnobError as e:
             err(f"task.{e.knob}", str(e))
 
-    # The objective: method from the registry, parameters exactly those the method declares.
+    # The objective: method from the registry (after the run's plugins are imported), parameters
+    # exactly those the method declares.
+    from clipbench.objectives.plugins import ensure_plugins
+
+    try:
+        ensure_plugins(cfg)
+    except UserError as e:
+        err("plugins", str(e))
     obj = dict(cfg.objective)
     method = obj.pop("method", None)
     if method is None:
@@ -237,13 +284,23 @@ def from_dict(d: Mapping) -> RunConfig:
 
 
 # Sections that do not change what a run computes, so they stay out of its identity.
-NOT_IN_ID = ("name", "tracking")
+# plugins: where a rule is found (the manifest records its hash); launch: how many processes train the run.
+NOT_IN_ID = ("name", "tracking", "plugins", "launch")
+# Top-level keys added after run ids were first handed out: at these values they stay out of the
+# hash, so every run id from before they existed is unchanged.
+ID_DEFAULTS = {"engine": "builtin", "trl": {}}
+
+
+def in_id(key: str, value: Any) -> bool:
+    """Whether a top-level key of a resolved config counts in its run id."""
+    return key not in NOT_IN_ID and not (key in ID_DEFAULTS and value == ID_DEFAULTS[key])
 
 
 def run_id(cfg: RunConfig | Mapping) -> str:
-    """12 hex chars of sha256 over the canonical JSON of the resolved config (minus tracking/name)."""
+    """12 hex chars of sha256 over the canonical JSON of the resolved config (minus tracking/name and
+    the ID_DEFAULTS keys at their defaults)."""
     d = to_dict(cfg) if isinstance(cfg, RunConfig) else dict(cfg)
-    d = {k: v for k, v in d.items() if k not in NOT_IN_ID}
+    d = {k: v for k, v in d.items() if in_id(k, v)}
     blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

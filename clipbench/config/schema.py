@@ -15,12 +15,14 @@ from clipbench.tasks.arith import ARITH_DEFAULTS as _ARITH
 # Closed choices, checked by `load.validate` (the objective methods and aggregations are checked
 # against `clipbench.objectives`, their one registry).
 CHOICES: dict[str, tuple[str, ...]] = {
+    "engine": ("builtin", "trl"),
     "model.dtype": ("float32", "bfloat16", "float16", "auto"),
     "model.device": ("auto", "cpu", "cuda"),
     "task.name": ("arith", "math"),
     "task.template": ("auto", "dapo", "plain"),
     "sampler.backend": ("auto", "hf", "vllm"),
     "sampler.old_logp": ("recompute", "sampler"),
+    "sampler.mismatch_is": ("none", "token", "sequence"),
     "train.advantage": ("group", "group_mean", "rloo"),
     "train.lr_schedule": ("constant", "cosine"),
 }
@@ -60,7 +62,16 @@ class SamplerConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     old_logp: str = "recompute"  # recompute: training policy once per rollout; sampler: backend's
+    # Prompts per generate call (0: all of a rank's prompts in one call). Each call is seeded from
+    # (seed, step, global index of its first prompt), so 1 and N processes sample the same completions
+    # when prompts_per_step / N is a multiple of it.
+    prompts_per_call: int = 0
     gpu_memory_utilization: float = 0.3  # vllm only
+    sleep_mode: bool = False  # vllm on CUDA: the engine sleeps while the trainer updates (frees its share)
+    # sampler/trainer mismatch correction (truncated importance sampling; needs old_logp: recompute):
+    # none | token: w_t = min(pi_old(y_t) / pi_sampler(y_t), cap) | sequence: one weight per sequence
+    mismatch_is: str = "none"
+    mismatch_is_cap: float = 2.0  # the cap C of the truncated importance weights (>= 1)
 
 
 @dataclass
@@ -84,7 +95,11 @@ class TrainConfig:
     advantage: str = "group"
     agg: str = "token-mean"
     beta: float = 0.0  # KL-to-reference weight (k3); 0 keeps no reference model
-    grad_clip: float = 1.0
+    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping (the norm is still logged)
+    max_skipped_frac: float = 0.1  # the run fails once more than this share of its optimizer steps is skipped
+    # Token budget of one forward/backward (rows x padded prompt+completion width); 0 = the whole
+    # mini-batch. Gradients accumulate over micro-batches: the loss and gradient are the mini-batch's.
+    micro_batch_tokens: int = 0
     dynamic_sampling: bool = False  # DAPO: drop all-equal groups, draw more prompts
     max_resample_rounds: int = 3  # cap on extra draws per step when dynamic_sampling
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
@@ -114,13 +129,25 @@ class TrackingConfig:
 
 
 @dataclass
+class LaunchConfig:
+    # Processes per node: > 1 trains one run over N torchrun processes (FSDP2). Where a run computes,
+    # not what: outside the run's identity (config.load.NOT_IN_ID), so a run may resume on another N.
+    nproc_per_node: int = 1
+
+
+@dataclass
 class RunConfig:
     seed: int = 0
     name: Optional[str] = None  # display name; the run_id is a hash of the resolved config
+    engine: str = "builtin"  # builtin: clipbench's GRPO loop; trl: TRL's GRPOTrainer (clipbench.integrations.trl)
+    trl: Dict[str, Any] = field(default_factory=dict)  # engine trl: extra GRPOConfig fields (deepspeed, vllm_mode, ...)
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     objective: Dict[str, Any] = field(default_factory=lambda: {"method": "grpo"})
+    # user rule files (.py, relative to the recipe) or modules, imported before objective.method is checked
+    plugins: List[str] = field(default_factory=list)
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)

@@ -37,6 +37,7 @@ class EvalTarget:
     model: str
     slug: str
     dtype: str = "float32"
+    checkpoint: Path | None = None  # a run's checkpoint directory (clipbench.train.checkpoint layout)
     run_config: dict | None = None
     arith: Task | None = None
 
@@ -69,12 +70,12 @@ def resolve_target(model: str, default_dtype: str) -> EvalTarget:
         rd = RunDir(path)
         cfg = rd.read_config() or {}
         ckpt = find_checkpoint(rd.checkpoint_dir)
-        if ckpt is None or not (ckpt / "model").is_dir():
-            raise UserError(f"--model {model}: run directory has no checkpoint ({rd.checkpoint_dir}/model); "
+        if ckpt is None:
+            raise UserError(f"--model {model}: run directory has no checkpoint ({rd.checkpoint_dir}); "
                             f"train it first or pass a model name")
         dtype = str(cfg.get("model", {}).get("dtype", default_dtype))
-        return EvalTarget(model=str(ckpt / "model"), slug=slugify(f"{path.parent.name}/{path.name}"), dtype=dtype,
-                          run_config=cfg, arith=_run_arith_task(cfg))
+        return EvalTarget(model=str(ckpt), slug=slugify(f"{path.parent.name}/{path.name}"), dtype=dtype,
+                          checkpoint=ckpt, run_config=cfg, arith=_run_arith_task(cfg))
     if model.startswith(BUILTIN_PREFIX):
         return EvalTarget(model=model, slug=slugify(model), dtype=default_dtype, arith=builtin_task(model))
     return EvalTarget(model=model, slug=slugify(model), dtype=default_dtype)
@@ -129,7 +130,7 @@ def summary_table(payloads: dict[str, dict], title: str) -> Table:
 
 def eval_command(*, model: str, benchmarks: str, n: int, data_dir: Path | None, limit: int | None,
                  max_new_tokens: int, temperature: float, seed: int, backend: str, out: Path | None) -> dict:
-    from clipbench.eval.runner import evaluate
+    from clipbench.tasks.evaluate import evaluate
 
     if n < 1:
         raise UserError(f"--n must be >= 1, got {n}")
@@ -157,8 +158,14 @@ def eval_command(*, model: str, benchmarks: str, n: int, data_dir: Path | None, 
     from clipbench.rollout import build_sampler, resolve_backend
     from clipbench.train.base_model import load_model_and_tokenizer, resolve_model_name
 
-    path = resolve_model_name(target.model, log=lambda m: console.print(m))
-    lm, tok = load_model_and_tokenizer(path, dtype=target.dtype, device=device)
+    if target.checkpoint is not None:
+        from clipbench.train.checkpoint import load_policy
+
+        path = target.model
+        lm, tok = load_policy(target.checkpoint, dtype=target.dtype, device=device)
+    else:
+        path = resolve_model_name(target.model, log=lambda m: console.print(m))
+        lm, tok = load_model_and_tokenizer(path, dtype=target.dtype, device=device)
     resolved = resolve_backend(backend)
     sampler = build_sampler(resolved, lm, tok, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                             dtype=target.dtype, gpu_memory_utilization=EVAL_GPU_MEMORY_UTILIZATION)

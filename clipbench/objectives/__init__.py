@@ -1,22 +1,25 @@
 """Clip objectives: the registry of policy-loss rules, aggregation and clipping diagnostics.
 
-    from clipbench.objectives import policy_loss, METHODS, AGGREGATIONS, validate_params
+    from clipbench.objectives import policy_loss, METHODS, AGGREGATIONS, validate_params, rule
     out = policy_loss("grpo", logp, old_logp, advantages, mask, agg="token-mean", eps_high=0.28)
-    out.loss, out.token_loss, out.stats
+    out.loss, out.token_loss, out.stats, out.sums
 
-The math contract is ../shared/docs/objectives.md; internal contracts in docs/architecture.md.
+The rules are in rules.py (each reads as its formula); a user's own rule is one decorated function
+(docs/plugins.md). The math contract is docs/objectives.md; internal contracts in docs/architecture.md.
 """
 
-from clipbench.objectives import rules as _rules  # noqa: F401  (registers every method)
-from clipbench.objectives.aggregation import AGGREGATIONS, aggregate
-from clipbench.objectives.context import RatioContext, RuleOut
-from clipbench.objectives.diagnostics import CELLS, COUNTS, log_ratio_histogram
+from clipbench.objectives import rules as _rules  # noqa: F401  (registers every built-in method)
+from clipbench.objectives.aggregation import AGGREGATIONS, aggregate, global_counts
+from clipbench.objectives.diagnostics import (CELLS, COUNTS, MASSES, all_reduce_sums, combine, finalize,
+                                              log_ratio_histogram, reduce_sums, reduction)
 from clipbench.objectives.loss import PolicyLossOutput, kl_k3, policy_loss
-from clipbench.objectives.registry import (LOG_RATIO_CLAMP, METHODS, MethodSpec, Param, effective_bounds,
-                                           register, validate_params)
+from clipbench.objectives.registry import (INPUTS, LOG_RATIO_CLAMP, METHODS, MethodSpec, Param, PluginOrigin,
+                                           RuleDefinitionError, RuleError, effective_bounds, greater_than_one,
+                                           nonneg, positive, rule, unit_interval, validate_params)
 
 __all__ = [
-    "AGGREGATIONS", "CELLS", "COUNTS", "LOG_RATIO_CLAMP", "METHODS", "MethodSpec", "Param", "PolicyLossOutput",
-    "RatioContext", "RuleOut", "aggregate", "effective_bounds", "kl_k3", "log_ratio_histogram", "policy_loss",
-    "register", "validate_params",
+    "AGGREGATIONS", "CELLS", "COUNTS", "INPUTS", "LOG_RATIO_CLAMP", "MASSES", "METHODS", "MethodSpec", "Param",
+    "PluginOrigin", "PolicyLossOutput", "RuleDefinitionError", "RuleError", "aggregate", "all_reduce_sums",
+    "combine", "effective_bounds", "finalize", "global_counts", "greater_than_one", "kl_k3", "log_ratio_histogram",
+    "nonneg", "policy_loss", "positive", "reduce_sums", "reduction", "rule", "unit_interval", "validate_params",
 ]

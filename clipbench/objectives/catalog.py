@@ -6,7 +6,12 @@ from rich.console import Console
 from rich.table import Table
 
 from clipbench.objectives.aggregation import AGGREGATIONS
-from clipbench.objectives.registry import METHODS
+from clipbench.objectives.registry import METHODS, MethodSpec
+
+
+def _params(spec: MethodSpec) -> str:
+    return "\n".join(f"{p.name}={p.default}" + (f" ({'/'.join(p.choices)})" if p.choices else "")
+                     for p in spec.params) or "-"
 
 
 def methods_table() -> Table:
@@ -14,9 +19,10 @@ def methods_table() -> Table:
     for col in ("method", "parameters (defaults)", "rule", "source"):
         table.add_column(col, overflow="fold")
     for name, spec in METHODS.items():
-        params = "\n".join(f"{p.name}={p.default}" + (f" ({'/'.join(p.choices)})" if p.choices else "")
-                           for p in spec.params)
-        table.add_row(f"[bold]{name}[/bold]\n{spec.description}", params, spec.rule, spec.source)
+        head = f"[bold]{name}[/bold]\n{spec.description}"
+        if spec.origin is not None:
+            head += f"\nplugin: {spec.origin.path}"
+        table.add_row(head, _params(spec), spec.formula or "-", spec.source)
     table.caption = "aggregations: " + ", ".join(AGGREGATIONS) + " (agg=...); KL: beta * k3 to ref_logp"
     return table
 

@@ -1,159 +1,180 @@
-"""Clipping diagnostics: quadrant cells, counts per cell, ratio statistics, log-ratio histogram.
+"""Clipping diagnostics, derived the same way for every rule (built-in or plugin) from what it returns.
 
-Cells (every valid token falls in exactly one), on the ratio ``x`` the rule acts on — the token
-ratio r for token-level rules, GSPO's sequence ratio s (broadcast to the sequence's tokens) for
-sequence-level ones (gspo, gspo_token, nsr/decay with base='sequence'):
+Inputs per call: the rule's per-token loss l (B, T) (before weights and KL), its per-token gradient
+g = d(sum l)/d logp (computed by ``policy_loss`` with ``torch.autograd.grad`` on the small rule
+graph), the ratio x the cells use (the token ratio r, or GSPO's s broadcast for sequence-level
+rules), the advantages A and the method's reference band.
+
+Cells (every valid token falls in exactly one):
 
     q1: A>0, x>1   q2: A>0, x<1   q3: A<0, x<1   q4: A<0, x>1   zero_adv: A==0   on_policy: A!=0, x==1
 
-Counts per cell (valid tokens only):
-    tokens        tokens in the cell
-    out_of_band   x outside the method's reference band (``MethodSpec.band``): [1-eps_low, 1+eps_high]
-                  when the method has eps_low/eps_high, 0.2/0.2 otherwise (sapo); abc uses
-                  [1-eps2, 1+eps1] for A>0 and [1-eps4, 1+eps3] for A<0; A==0 tokens use the A>0 band
-    zero_grad     tokens whose policy-loss gradient the rule sets exactly to zero (1 - the rule's
-                  ``keep`` mask, the one that builds the loss); every zero_adv token
-                  (l = -A * ... = 0). The KL term is not included.
-    rescued       tokens NSR rescued (0 for other methods)
-    in_band_near  tokens in the NSR/decay band (0 < d <= delta past an active bound)
+Per cell, over valid tokens:
+    tokens            tokens in the cell
+    out_of_band       x outside the reference band ([1-eps_low, 1+eps_high] by default, 0.2/0.2 without
+                      eps; per sign of A for abc; A == 0 tokens use the A>0 band)
+    zero_grad         g == 0 exactly (every zero_adv token of a rule whose loss is proportional to A)
+    rescued           past the PPO clip's bound in the cells where PPO's clip zeroes the gradient
+                      (A>0 x>hi, A<0 x<lo) yet g != 0 and l equals the unclipped -x*A (NSR's rescue)
+    in_band_near      for rules with a ``delta`` parameter: 0 < d <= delta past an active bound (the
+                      ``sides`` parameter, when present, picks the bounds)
+    grad_mass         sum of |g| (how much gradient magnitude flows through the cell)
+    rescued_grad_mass sum of |g| over rescued tokens
 
-Counts are computed per row first (a few row sums: padding has x == 1, inside every band, and
-keep == 1 there, so no per-token masking is needed) and then combined over rows by the sign of A
-with one small matmul. Every statistic is a detached 0-d tensor (no host sync).
+A rule whose clipped tokens keep a gradient (cispo, gppo, sapo, ...) counts them in out_of_band but
+not in zero_grad. Zero-gradient and rescued tokens are read from the gradient itself, never declared.
+
+Statistics combine exactly over micro-batches and ranks: :func:`step_sums` returns 0-d float64
+tensors that are either additive (counts, sums) or extrema (``*/max``, ``*/min``); :func:`reduction`
+names each key's reduction, :func:`combine` merges a list of them, :func:`all_reduce_sums` reduces
+them across processes in three collective calls, and :func:`finalize` turns sums into the logged
+stats. Nothing here syncs with the host.
 """
 
 from __future__ import annotations
 
+from typing import Any, Callable, Iterable, Mapping
+
 import torch
 
-from clipbench.objectives.context import RatioContext, RuleOut, bshape, fgt
+from clipbench.objectives.rules import on_side, past_bound  # one definition of d and of sides, shared with the rules
 
 CELLS = ("q1", "q2", "q3", "q4", "zero_adv", "on_policy")
 COUNTS = ("tokens", "out_of_band", "zero_grad", "rescued", "in_band_near")
-
-# Per-row features (B, 11). Bands contain 1 (eps >= 0), so x>hi implies x>1 and x<lo implies
-# x<1: out-of-band tokens are never in the x == 1 cell.
-FEATURES = ("n", "gt", "lt", "hi", "lo", "zero", "zero_gt", "zero_lt", "rescued", "near", "beyond")
-_F = {f: i for i, f in enumerate(FEATURES)}
+MASSES = ("grad_mass", "rescued_grad_mass")
+FEATURES = COUNTS + MASSES
+REDUCTIONS = ("sum", "max", "min")
 
 
-def _cell_map(derive_rescued: bool = False, derive_near: bool = False) -> torch.Tensor:
-    """(30, 3 * len(FEATURES)) linear map from [A>0; A<0; A==0] @ features to the (6, 5) counts.
-
-    rescued / near tokens lie in the base clip's zeroed cells: q1 (A>0: x > hi) or q3 (A<0:
-    x < lo). When a rule gives no per-row counts for them (nsr, decay), they are derived from
-    the out_of_band counts of that cell (the reference band is the base clip's band there):
-    rescued = out_of_band - zero_grad (derive_rescued), near = out_of_band - beyond (derive_near,
-    "beyond" = tokens past the band)."""
-    m = torch.zeros(len(CELLS), len(COUNTS), 3, len(FEATURES))
-    POS, NEG, ZA = range(3)
-    rescued = {"q1": ["hi", "-zero"], "q3": ["lo", "-zero"]} if derive_rescued else {"q1": ["rescued"], "q3": ["rescued"]}
-    near = {"q1": ["hi", "-beyond"], "q3": ["lo", "-beyond"]} if derive_near else {"q1": ["near"], "q3": ["near"]}
-    table = {  # cell: (row group, {count: [feature, or -feature]})
-        "q1": (POS, {"tokens": ["gt"], "out_of_band": ["hi"], "zero_grad": ["zero_gt"],
-                     "rescued": rescued["q1"], "in_band_near": near["q1"]}),
-        "q2": (POS, {"tokens": ["lt"], "out_of_band": ["lo"], "zero_grad": ["zero_lt"]}),
-        "q3": (NEG, {"tokens": ["lt"], "out_of_band": ["lo"], "zero_grad": ["zero_lt"],
-                     "rescued": rescued["q3"], "in_band_near": near["q3"]}),
-        "q4": (NEG, {"tokens": ["gt"], "out_of_band": ["hi"], "zero_grad": ["zero_gt"]}),
-        "zero_adv": (ZA, {"tokens": ["n"], "out_of_band": ["hi", "lo"], "zero_grad": ["n"]}),
-    }
-    for cell, (grp, counts) in table.items():
-        for count, feats in counts.items():
-            for f in feats:
-                sign = -1.0 if f.startswith("-") else 1.0
-                m[CELLS.index(cell), COUNTS.index(count), grp, _F[f.lstrip("-")]] = sign
-    on = CELLS.index("on_policy")  # x == 1 exactly: total - (x>1) - (x<1)
-    for grp in (POS, NEG):
-        for count, (total, gt, lt) in (("tokens", ("n", "gt", "lt")), ("zero_grad", ("zero", "zero_gt", "zero_lt"))):
-            c = COUNTS.index(count)
-            m[on, c, grp, _F[total]], m[on, c, grp, _F[gt]], m[on, c, grp, _F[lt]] = 1.0, -1.0, -1.0
-    return m.reshape(len(CELLS) * len(COUNTS), 3 * len(FEATURES))
+def cell_index(A: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """(B, T) int64 index into CELLS of each token (A (B, 1), x (B, T))."""
+    quadrant = torch.where(A > 0, torch.where(x > 1, 0, 1), torch.where(x < 1, 2, 3))
+    return torch.where(A == 0, 4, torch.where(x == 1, 5, quadrant))
 
 
-_CELL_MAPS = {(dr, dn): _cell_map(dr, dn) for dr in (False, True) for dn in (False, True)}
-
-
-def _row_features(ctx: RatioContext, out: RuleOut, lo, hi) -> torch.Tensor:
-    """(B, len(FEATURES)) per-row token counts. Padding has x == 1 and keep == 1, so it falls in
-    no feature but n."""
-    x = out.ratio  # (B, T) or (B, 1), detached
-    n = ctx.n_tok.reshape(-1)  # (B,)
-    zeros = torch.zeros_like(n)
-    n_gt, n_lt = ctx.count_rows(torch.gt, x, 1.0), ctx.count_rows(torch.lt, x, 1.0)
-    n_hi, n_lo = ctx.rows_outside(x, lo, hi)
-    feats = [n, n_gt, n_lt, n_hi, n_lo]
-    keep = out.keep
-    if keep is None and out.zero_rows is None:
-        feats += [zeros, zeros, zeros]
-    else:
-        z = ctx.zero_rows(keep) if out.zero_rows is None else out.zero_rows
-        if out.zero_cells == "aligned":  # zeroed tokens of A>0 rows have x > 1, of A<0 rows x < 1
-            z_lt = z * ctx.neg.reshape(-1)
-            z_gt = z - z_lt
-        elif out.zero_cells == "band":  # zeroed == out of band: x > hi (> 1) or x < lo (< 1)
-            z_gt, z_lt = n_hi, n_lo
-        elif out.zero_cells == "dual":  # x < 1 part: A<0 rows' x < lo
-            z_lt = n_lo * ctx.neg.reshape(-1)
-            z_gt = z - z_lt
-        else:  # kept tokens with x > 1 (x < 1), in the scratch buffer
-            shape = bshape(x.shape, keep.shape)
-            z_gt = n_gt - ctx.rows(torch.gt(x, 1.0, out=ctx.scratch(shape)).mul_(keep))
-            z_lt = n_lt - ctx.rows(torch.lt(x, 1.0, out=ctx.scratch(shape)).mul_(keep))
-        feats += [z, z_gt, z_lt]
-    feats += [zeros if out.rescued_rows is None else out.rescued_rows,
-              zeros if out.near_rows is None else out.near_rows,
-              zeros if out.beyond_rows is None else out.beyond_rows]
-    return torch.stack(feats, 1)
-
-
-def cell_counts(ctx: RatioContext, out: RuleOut, band: tuple[float, float, float, float]) -> torch.Tensor:
-    """(6, 5) float32 counts: rows CELLS, columns COUNTS."""
+def cell_sums(*, x: torch.Tensor, A: torch.Tensor, valid: torch.Tensor, loss: torch.Tensor, grad: torch.Tensor,
+              band: tuple[float, float, float, float], params: Mapping[str, Any]) -> torch.Tensor:
+    """(len(CELLS), len(FEATURES)) float64 sums per cell. x, valid, loss, grad: (B, T); A: (B, 1)."""
     lo_p, hi_p, lo_n, hi_n = band
-    if (lo_p, hi_p) == (lo_n, hi_n):
-        lo, hi = lo_p, hi_p
-    else:  # per-row band (abc): A<0 rows use the negative band, others the positive one
-        lo = torch.lerp(ctx.A.new_tensor(lo_p), ctx.A.new_tensor(lo_n), ctx.neg)
-        hi = torch.lerp(ctx.A.new_tensor(hi_p), ctx.A.new_tensor(hi_n), ctx.neg)
-    feats = _row_features(ctx, out, lo, hi)  # (B, F)
-    groups = torch.cat([ctx.pos, ctx.neg, 1.0 - ctx.pos - ctx.neg], 1).T  # (3, B)
-    per_group = groups @ feats  # (3, F)
-    cell_map = _CELL_MAPS[(out.rescue and out.rescued_rows is None,
-                           out.near_rows is None and out.beyond_rows is not None)]
-    return (cell_map.to(feats.device) @ per_group.reshape(-1)).reshape(len(CELLS), len(COUNTS))
+    lo = torch.where(A < 0, lo_n, lo_p)  # (B, 1) the band of each row's sign
+    hi = torch.where(A < 0, hi_n, hi_p)
+    out_of_band = (x < lo) | (x > hi)
+    zero_grad = grad == 0
+    d = past_bound(x, A, lo, hi)  # > 0 exactly in the cells PPO's clip zeroes
+    rescued = (d > 0) & ~zero_grad & (loss == -x * A)
+    if isinstance(params.get("delta"), (int, float)):
+        sides = params.get("sides") if params.get("sides") in ("both", "upper", "lower") else "both"
+        near = (d > 0) & (d <= params["delta"]) & on_side(A, sides)
+    else:
+        near = torch.zeros_like(valid)
+    g = grad.abs().to(torch.float64)
+    features = torch.stack([torch.ones_like(g), out_of_band.to(g), zero_grad.to(g), rescued.to(g), near.to(g),
+                            g, g * rescued], -1)  # (B, T, F)
+    cells = torch.nn.functional.one_hot(cell_index(A, x), len(CELLS)).to(g) * valid.unsqueeze(-1)  # (B, T, C)
+    return torch.einsum("btc,btf->cf", cells, features)
 
 
-_COUNT_KEYS = tuple(f"{c}/{k}" for c in CELLS for k in COUNTS)
-_RATIO_KEYS = ("ratio/mean", "approx_kl", "ratio/max", "ratio/min")
+def _masked_extreme(x: torch.Tensor, valid: torch.Tensor, kind: str) -> torch.Tensor:
+    fill = float("-inf") if kind == "max" else float("inf")
+    x = torch.where(valid, x.to(torch.float64), fill)
+    if x.numel() == 0:
+        return x.new_tensor(fill)
+    return x.amax() if kind == "max" else x.amin()
 
 
-def step_stats(ctx: RatioContext, out: RuleOut, band, level: str) -> dict[str, torch.Tensor]:
-    """All per-step diagnostics as detached 0-d tensors (keys: docs/architecture.md)."""
-    counts = cell_counts(ctx, out, band)
-    stats = dict(zip(_COUNT_KEYS, counts.reshape(-1).unbind(0)))
-    stats["clip_events"] = counts[:, 1].sum()
+def step_sums(*, x: torch.Tensor, A: torch.Tensor, valid: torch.Tensor, loss: torch.Tensor, grad: torch.Tensor,
+              band, params: Mapping[str, Any], r: torch.Tensor, log_ratio: torch.Tensor,
+              s: torch.Tensor | None = None, kl: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Every statistic of one call as combinable 0-d float64 tensors (see the module docstring).
 
-    r, lr, maskf = ctx.r_d, ctx.lr_d, ctx.maskf  # padding: r == 1, lr == 0 exactly
-    buf = ctx.scratch(r.shape)  # one reused buffer for the four reductions
-    s_rm1 = torch.sub(r, 1.0, out=buf).sum()  # sum of r - 1 (0 at padding)
-    s_k3 = buf.sub_(lr).sum()  # k3 estimator of KL(old || new): r - 1 - log r >= 0, 0 at padding
-    # over valid tokens only: padding -> 0 in r * mask and in mask / r (r > 0)
-    top = torch.mul(r, maskf, out=buf).max()
-    inv = torch.div(maskf, r, out=buf).max()
-    red = torch.stack([s_rm1, s_k3, top, inv])
-    n = ctx.n_tok.sum()
+    r, log_ratio: (B, T) detached (padding: r == 1, log_ratio == 0); s: (B, 1) for sequence-level
+    rules; kl: (B, T) per-token KL to the reference (0 at padding) when a reference is used."""
+    per_cell = cell_sums(x=x, A=A, valid=valid, loss=loss, grad=grad, band=band, params=params)
+    sums = {f"{c}/{f}": per_cell[i, j] for i, c in enumerate(CELLS) for j, f in enumerate(FEATURES)}
+    r64 = r.to(torch.float64)
+    sums["n_tokens"] = valid.sum().to(torch.float64)
+    sums["ratio/sum"] = torch.where(valid, r64, 0.0).sum()
+    # k3 estimator of KL(old || new): r - 1 - log r >= 0 (0 at padding)
+    sums["approx_kl/sum"] = torch.where(valid, r64 - 1 - log_ratio.to(torch.float64), 0.0).sum()
+    sums["ratio/max"] = _masked_extreme(r, valid, "max")
+    sums["ratio/min"] = _masked_extreme(r, valid, "min")
+    if kl is not None:
+        sums["kl_ref/sum"] = torch.where(valid, kl.to(torch.float64), 0.0).sum()
+    if s is not None:
+        has = valid.any(-1, keepdim=True)  # (B, 1) sequences with >= 1 valid token
+        sums["n_seqs"] = has.sum().to(torch.float64)
+        sums["seq_ratio/sum"] = torch.where(has, s.to(torch.float64), 0.0).sum()
+        sums["seq_ratio/max"] = _masked_extreme(s, has, "max")
+        sums["seq_ratio/min"] = _masked_extreme(s, has, "min")
+    return sums
+
+
+def reduction(key: str) -> str:
+    """How a key of ``sums`` combines over micro-batches and ranks: "sum", "max" or "min"."""
+    return "max" if key.endswith("/max") else "min" if key.endswith("/min") else "sum"
+
+
+def combine(sums_list: Iterable[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """One ``sums`` of several calls (micro-batches of one mini-batch): each key reduced by its kind."""
+    sums_list = list(sums_list)
+    if not sums_list:
+        raise ValueError("combine() needs at least one sums dict")
+    keys = list(sums_list[0])
+    for other in sums_list[1:]:
+        if list(other) != keys:
+            raise ValueError("combine(): the sums have different keys (different methods or options)")
+    out = {}
+    for key in keys:
+        stacked = torch.stack([s[key] for s in sums_list])
+        out[key] = {"sum": stacked.sum, "max": stacked.amax, "min": stacked.amin}[reduction(key)](0)
+    return out
+
+
+def reduce_sums(sums: Mapping[str, torch.Tensor],
+                reduce: Callable[[torch.Tensor, str], None]) -> dict[str, torch.Tensor]:
+    """``sums`` with every key reduced by ``reduce(vector, kind)`` (in place, kind "sum"/"max"/"min"),
+    called once per kind on the stacked keys of that kind: one collective per kind."""
+    out = dict(sums)
+    for kind in REDUCTIONS:
+        keys = [k for k in sums if reduction(k) == kind]
+        if not keys:
+            continue
+        vector = torch.stack([sums[k] for k in keys])
+        reduce(vector, kind)
+        out.update(zip(keys, vector.unbind(0)))
+    return out
+
+
+def all_reduce_sums(sums: Mapping[str, torch.Tensor], group=None) -> dict[str, torch.Tensor]:
+    """``sums`` all-reduced across the processes of ``group`` (torch.distributed): the one-liner a
+    data-parallel trainer needs before :func:`finalize`."""
+    import torch.distributed as dist
+
+    ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+    return reduce_sums(sums, lambda vector, kind: dist.all_reduce(vector, op=ops[kind], group=group))
+
+
+def finalize(sums: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The logged stats (docs/architecture.md) from ``sums``: "{cell}/{count}" and "{cell}/{mass}",
+    clip_events, ratio/mean|min|max, approx_kl, kl_ref (with a reference), seq_ratio/* (sequence
+    level). Means divide by the valid-token (sequence) count; an empty batch gives ratio 1, KL 0."""
+    stats = {f"{c}/{f}": sums[f"{c}/{f}"] for c in CELLS for f in FEATURES}
+    stats["clip_events"] = sum(sums[f"{c}/out_of_band"] for c in CELLS)
+    n = sums["n_tokens"]
+    empty = n == 0
     n1 = n.clamp(min=1.0)
-    vals = torch.stack([red[0] / n1 + 1.0, red[1] / n1, red[2], 1.0 / red[3]])
-    vals = torch.where(n > 0, vals, vals.new_tensor([1.0, 0.0, 1.0, 1.0]))  # empty batch
-    stats.update(zip(_RATIO_KEYS, vals.unbind(0)))
-    if level == "sequence":
-        s = ctx.s_d.reshape(-1)
-        has = fgt(ctx.n_tok.reshape(-1), 0.0)
-        n_seq = has.sum()
-        none = n_seq == 0
-        stats["seq_ratio/mean"] = (s * has).sum() / n_seq.clamp(min=1.0)
-        stats["seq_ratio/min"] = torch.where(none, 1.0, torch.add(s, 1.0 - has, alpha=1e30).min())
-        stats["seq_ratio/max"] = torch.where(none, 1.0, (s * has).max())
+    one = torch.ones_like(n)
+    stats["ratio/mean"] = torch.where(empty, one, sums["ratio/sum"] / n1)
+    stats["ratio/min"] = torch.where(empty, one, sums["ratio/min"])
+    stats["ratio/max"] = torch.where(empty, one, sums["ratio/max"])
+    stats["approx_kl"] = sums["approx_kl/sum"] / n1
+    if "kl_ref/sum" in sums:
+        stats["kl_ref"] = sums["kl_ref/sum"] / n1
+    if "n_seqs" in sums:
+        none = sums["n_seqs"] == 0
+        stats["seq_ratio/mean"] = torch.where(none, one, sums["seq_ratio/sum"] / sums["n_seqs"].clamp(min=1.0))
+        stats["seq_ratio/min"] = torch.where(none, one, sums["seq_ratio/min"])
+        stats["seq_ratio/max"] = torch.where(none, one, sums["seq_ratio/max"])
     return stats
 
 

@@ -3,7 +3,7 @@
 The problem is the unit of evaluation (docs/objectives.md, "Evaluation metrics"):
 
 - per problem, Avg@n is its mean correctness over n samples and Pass@k the unbiased estimator
-  ``1 - C(n-c, k) / C(n, k)`` (``clipbench.eval.passk``); seeds of one method are averaged per
+  ``1 - C(n-c, k) / C(n, k)`` (``clipbench.tasks.passk``); seeds of one method are averaged per
   problem first;
 - a 95% confidence interval over problems is Student's t interval of the mean of those per-problem
   values (``t_interval``); the Average over benchmarks combines the benchmarks' standard errors with
@@ -44,7 +44,7 @@ def metric_names(ks: Sequence[int]) -> list[str]:
 
 def per_problem_values(correct: np.ndarray, ks: Sequence[int]) -> dict[str, np.ndarray]:
     """correct (P, n) 0/1 -> {'avg': (P,), 'pass@k': (P,)} per-problem values in [0, 1]."""
-    from clipbench.eval.passk import pass_at_k_array
+    from clipbench.tasks.passk import pass_at_k_array
 
     correct = np.asarray(correct, dtype=float)
     if correct.ndim != 2:

@@ -25,11 +25,28 @@ def resolve_backend(backend: str) -> str:
     return "vllm" if vllm_backend.is_available() and torch.cuda.is_available() else "hf"
 
 
+def check_sleep_mode(sleep_mode: bool, backend: str) -> None:
+    """UserError when `sampler.sleep_mode` cannot run: no CUDA GPU here, or a backend other than
+    vllm (`backend` resolved). Run it before anything is written (the trainer's preflight)."""
+    if not sleep_mode:
+        return
+    from clipbench.rollout.vllm import sleep_mode_error
+
+    why = sleep_mode_error()
+    if why:
+        raise UserError(why)
+    if resolve_backend(backend) != "vllm":
+        raise UserError("sampler.sleep_mode applies to the vllm backend (the hf backend samples from the "
+                        "training model itself); set sampler.backend=vllm or sampler.sleep_mode=false")
+
+
 def build_sampler(backend: str, model, tokenizer, *, max_new_tokens: int,
                   temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, return_logprobs: bool = False,
                   dtype: str = "float32", gpu_memory_utilization: float = 0.3,
-                  max_model_len: int | None = None) -> Sampler:
-    """The sampler for `backend` over `model` (the training policy)."""
+                  max_model_len: int | None = None, sleep_mode: bool = False, synced_gpus: bool = False) -> Sampler:
+    """The sampler for `backend` over `model` (the training policy); `synced_gpus` when the model is
+    sharded over several processes (every rank generates in lockstep)."""
+    check_sleep_mode(sleep_mode, backend)
     backend = resolve_backend(backend)
     if backend == "hf":
         from clipbench.rollout.hf import HFSampler
@@ -37,7 +54,8 @@ def build_sampler(backend: str, model, tokenizer, *, max_new_tokens: int,
         import torch
 
         return HFSampler(model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
-                         top_p=top_p, return_logprobs=return_logprobs, dtype=torch.float32 if dtype == "auto" else getattr(torch, dtype))
+                         top_p=top_p, return_logprobs=return_logprobs, synced_gpus=synced_gpus,
+                         dtype=torch.float32 if dtype == "auto" else getattr(torch, dtype))
     from clipbench.rollout import vllm as vllm_backend
 
     if not vllm_backend.is_available():
@@ -46,8 +64,9 @@ def build_sampler(backend: str, model, tokenizer, *, max_new_tokens: int,
     # so nothing is fetched from a hub and a resumed run samples from its checkpoint
     sampler = vllm_backend.VLLMSampler(model, tokenizer, max_new_tokens=max_new_tokens,
                                        temperature=temperature, top_p=top_p, seed=seed, dtype=dtype,
-                                       gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len)
+                                       gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+                                       sleep_mode=sleep_mode)
     return sampler
 
 
-__all__ = ["BACKENDS", "Rollout", "Sampler", "build_sampler", "resolve_backend"]
+__all__ = ["BACKENDS", "Rollout", "Sampler", "build_sampler", "check_sleep_mode", "resolve_backend"]

@@ -39,6 +39,11 @@ class Sampler(Protocol):
         """Make the sampler sample from ``model``'s current weights (after an optimizer step)."""
         ...
 
+    def sleep(self) -> None:
+        """Release the sampler's accelerator memory while the trainer updates (vLLM with
+        sampler.sleep_mode; a no-op otherwise). The next sync_weights / generate wakes it."""
+        ...
+
     def close(self) -> None:
         ...
 

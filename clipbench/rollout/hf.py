@@ -2,6 +2,10 @@
 
 Seeding: `generate` draws from torch's global RNG, so each call runs inside `torch.random.fork_rng`
 seeded with the call's `seed`; nothing leaks into (or depends on) the caller's global RNG state.
+
+Sharded models (FSDP over N processes): `synced_gpus=True` keeps every rank stepping until all ranks'
+sequences are done (each step's forward is a collective); a finished rank draws no more random numbers,
+so its completions are those it would sample alone.
 """
 
 from __future__ import annotations
@@ -18,12 +22,13 @@ class HFSampler:
 
     def __init__(self, model, tokenizer, *, max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, return_logprobs: bool = False, max_batch: int | None = None,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, synced_gpus: bool = False):
         self.model, self.tokenizer = model, tokenizer
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.return_logprobs = return_logprobs
         self.max_batch = max_batch  # rows per generate call (None: all at once)
         self.dtype = dtype  # compute dtype: float32 weights run under autocast when lower
+        self.synced_gpus = synced_gpus  # every rank of a sharded model calls generate in lockstep
         self._configs: dict = {}
         if tokenizer.pad_token_id is None:
             raise ValueError("tokenizer has no pad token; set tokenizer.pad_token")
@@ -43,6 +48,9 @@ class HFSampler:
 
     def sync_weights(self, model) -> None:  # samples from the training model itself
         self.model = model
+
+    def sleep(self) -> None:  # nothing of its own to release: it samples from the training model
+        pass
 
     def close(self) -> None:
         pass
@@ -75,7 +83,8 @@ class HFSampler:
                         ids[i, width - len(r):] = torch.tensor(r)
                         att[i, width - len(r):] = 1
                     out = model.generate(input_ids=ids.to(device), attention_mask=att.to(device),
-                                         generation_config=self._generation_config(temperature, top_p, max_new))
+                                         generation_config=self._generation_config(temperature, top_p, max_new),
+                                         synced_gpus=self.synced_gpus)
                     gen = out.sequences[:, width:].cpu()  # (b, T')
                     if self.return_logprobs:
                         # scores are the processed logits (temperature, top-p): the sampled distribution

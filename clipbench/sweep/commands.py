@@ -22,7 +22,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from clipbench.errors import UserError
+from clipbench.errors import UserError, unknown_choice
 from clipbench.sweep.execute import RunTask, checkpoint_step, classify, run_parallel, run_sequential
 from clipbench.sweep.expand import Expansion, expand, iter_summary, label, run_label
 from clipbench.sweep.manifest import freeze, manifest_path, manifest_runs, merge, read_manifest
@@ -41,15 +41,19 @@ def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
     return run, hyd
 
 
-def plan(file: str | Path, overrides: list[str] = ()) -> tuple[SweepSpec, Expansion]:
+def plan(file: str | Path, overrides: list[str] = (), plugins: list[str] = ()) -> tuple[SweepSpec, Expansion]:
     """Parse and expand a sweep file (pure; ConfigError on bad input)."""
-    spec = load_sweep(file, list(overrides))
+    spec = load_sweep(file, list(overrides), list(plugins))
     return spec, expand(spec)
+
+
+ENGINES = ("builtin", "trl", "verl")
 
 
 def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, json_out: bool = False,
                   results_dir: Path = Path("results"), jobs: int = 1, launcher: str | None = None,
-                  retry_failed: bool = False, tracking_uri: str | None = None) -> dict[str, Any]:
+                  retry_failed: bool = False, tracking_uri: str | None = None,
+                  plugins: list[str] = (), engine: str | None = None) -> dict[str, Any]:
     out = Console(highlight=False, soft_wrap=False)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     run_overrides, hydra_overrides = split_overrides(list(overrides))
@@ -57,12 +61,22 @@ def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, js
         raise UserError(f"'{hydra_overrides[0]}' is a Hydra launcher setting; it needs --launcher")
     if jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {jobs}")
-    if launcher:
+    if engine is not None and engine not in ENGINES:
+        raise UserError("--engine: " + unknown_choice("engine", engine, ENGINES))
+    if launcher and engine != "verl":
         from clipbench.sweep.hydra_app import check_launcher
 
         check_launcher(launcher)
-    spec, exp = plan(file, run_overrides)
+    if engine in ("builtin", "trl"):  # the run config's own key, for every run
+        run_overrides.append(f"engine={engine}")
+    spec, exp = plan(file, run_overrides, plugins)
     results_dir = Path(results_dir)
+    if engine == "verl":  # each run as a verl trainer command (clipbench.integrations.verl_launch)
+        from clipbench.integrations.verl_launch import verl_sweep
+
+        return verl_sweep(spec, exp, results_dir=results_dir, dry_run=dry_run, json_out=json_out, launcher=launcher,
+                          hydra_overrides=hydra_overrides, tracking_uri=tracking_uri, retry_failed=retry_failed,
+                          err=err)
     mpath = manifest_path(results_dir, spec.name)
 
     if dry_run or json_out:
@@ -101,6 +115,7 @@ def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, js
     from clipbench.sweep.progress import SweepProgress
 
     results: list[dict] = []
+    launcher_rc = 0
     try:
         if not tasks:
             pass
@@ -108,10 +123,12 @@ def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, js
             from clipbench.sweep.hydra_app import launch
             from clipbench.sweep.execute import threads_per_worker
 
-            launch(mpath, [t.run_id for t in tasks], launcher=launcher, jobs=jobs if jobs > 1 else None,
-                   hydra_overrides=hydra_overrides, retry_failed=retry_failed, tracking_uri=tracking_uri,
-                   parent_run_id=parent, threads=threads_per_worker(jobs) if launcher == "joblib" else None,
-                   sweep_dir=mpath.parent)
+            launcher_rc = launch(mpath, [t.run_id for t in tasks], launcher=launcher,
+                                 nprocs={t.run_id: t.config.get("launch", {}).get("nproc_per_node", 1) for t in tasks},
+                                 jobs=jobs if jobs > 1 else None, hydra_overrides=hydra_overrides,
+                                 retry_failed=retry_failed, tracking_uri=tracking_uri, parent_run_id=parent,
+                                 threads=threads_per_worker(jobs) if launcher == "joblib" else None,
+                                 sweep_dir=mpath.parent)
             results = [_outcome_from_store(t) for t in tasks]
         else:
             with SweepProgress(len(tasks), console=err, title=spec.name) as ui:
@@ -136,11 +153,15 @@ def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, js
     if any(r.get("mlflow_offline") for r in results):
         err.print(f"[yellow]MLflow was unreachable for some runs[/]: replay them with "
                   f"`clipbench sync {spec.name} --results-dir {results_dir}`")
+    incomplete = [r for r in results if r["outcome"] == "incomplete"]
+    if launcher_rc and incomplete:  # the launcher itself failed (bad hydra.* setting, cluster unreachable)
+        err.print(f"[red]error[/]: the {launcher} launcher exited with code {launcher_rc} and {len(incomplete)} "
+                  "run(s) did not finish (its log is above); rerun the same command to resume them")
     if results:
         _warm_metrics_cache(results_dir, spec.name)
     summary = {"sweep": spec.name, "runs": list(mg.manifest["runs"]), "results": results, "written": True,
                "finished": n_fin}
-    if failed:
+    if failed or (launcher_rc and incomplete):
         raise SystemExit(1)
     return summary
 

@@ -4,23 +4,26 @@ The results store decides what to do with each run (it is the source of truth):
 
     status finished                      -> skipped
     status failed                        -> skipped, rerun (from its checkpoint if any) with --retry-failed
-    otherwise, with a complete checkpoint -> resumed: run_training(..., resume=True)
-    otherwise                            -> started from scratch (run_training cleans the directory)
+    otherwise, with a complete checkpoint -> resumed: train_run(..., resume=True) (the run's engine)
+    otherwise                            -> started from scratch (the engine cleans the directory)
 
 Each run is trained under its run lock (`<sweep>/.locks/<run_id>.lock`); a process that cannot take
 the lock at once skips the run ("locked"), so two sweep processes on one results dir share the work.
 A run that raises is marked failed (error and traceback in status.json) and the sweep goes on.
+
+A run with `launch.nproc_per_node` N > 1 is trained by N torchrun processes on this node, each running
+`python -m clipbench.sweep.worker MANIFEST RUN_ID --as-rank`; this process keeps the lock and the
+status, the ranks' output goes to `<run_dir>/torchrun.log`, and a rank that dies fails the run like
+any failing run (resumed from its checkpoint with --retry-failed). Its per-step progress is not shown.
 """
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import os
 import queue as queue_mod
 import threading
 import time
-import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
@@ -53,13 +56,11 @@ class RunTask:
 
 
 def checkpoint_step(rd: RunDir) -> int | None:
-    """The step of the run's newest complete checkpoint (as clipbench.train.checkpoint finds it)."""
-    for d in (rd.checkpoint_dir, rd.checkpoint_dir.parent / "prev"):
-        try:
-            return int(json.loads((d / "state.json").read_text())["step"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return None
+    """The step of the run's newest complete checkpoint (clipbench.train.checkpoint owns the layout)."""
+    from clipbench.train.checkpoint import checkpoint_step as step_of, find_checkpoint
+
+    ckpt = find_checkpoint(rd.checkpoint_dir)
+    return None if ckpt is None else step_of(ckpt)
 
 
 def classify(rd: RunDir, retry_failed: bool = False) -> str:
@@ -122,12 +123,12 @@ def run_one(task: RunTask, *, progress: Callable[[dict], None] | None = None,
             torch.set_num_threads(task.threads)
         _quiet_libraries()
         from clipbench.config import from_dict
-        from clipbench.train.checkpoint import find_checkpoint
-        from clipbench.train.loop import run_training
+        from clipbench.integrations import train_run
+        from clipbench.train.launch import launch_ranks, run_as_rank
 
         cfg = from_dict(task.config)
-        resume = find_checkpoint(rd.checkpoint_dir) is not None
-        from_step = checkpoint_step(rd) if resume else None
+        from_step = checkpoint_step(rd)
+        resume = from_step is not None
         prev = rd.status() if rd.status_path.exists() else {}
         rd.path.mkdir(parents=True, exist_ok=True)
         atomic_write_json(rd.status_path, {
@@ -137,23 +138,48 @@ def run_one(task: RunTask, *, progress: Callable[[dict], None] | None = None,
         })
         if on_start:
             on_start(task.run_id, cfg.train.steps, "resume" if resume else "start")
-        sink = _make_sink(task, cfg, rd, resume)
+        n = cfg.launch.nproc_per_node
+        if n > 1:
+            manifest = str(Path(task.results_dir) / task.sweep / "manifest.json")
+            args = [manifest, task.run_id, "--as-rank", *_worker_args(task)]
+            rc = launch_ranks(n, "clipbench.sweep.worker", args, rd, log=rd.path / "torchrun.log")
+            if rc != 0:
+                return _outcome(task, "failed", t0, error=str(rd.status().get("error", f"exit code {rc}"))[:500])
+            return _outcome(task, "resumed" if resume else "finished", t0, resumed_from=from_step)
+        sinks = []
+
+        def make_sink():
+            sinks.append(_make_sink(task, cfg, rd, resume))
+            return sinks[-1]
+
         try:
-            summary = run_training(cfg, rd.path, resume=resume, sink=sink, progress=progress)
-        except Exception as e:  # noqa: BLE001 - a failing run must not stop the sweep
-            rd.set_status("failed", error=f"{type(e).__name__}: {e}"[:2000], traceback=traceback.format_exc()[-8000:],
-                          failed_at=time.time())
-            sink.close("FAILED")
+            summary = run_as_rank(cfg, rd, train=train_run, resume=resume, make_sink=make_sink, progress=progress)
+        except Exception as e:  # noqa: BLE001 - a failing run must not stop the sweep (run_as_rank marked it failed)
             return _outcome(task, "failed", t0, error=f"{type(e).__name__}: {e}"[:500])
-        except BaseException:
-            sink.close("KILLED")
-            raise
-        sink.close("FINISHED")
-        offline = getattr(sink, "offline", False) and cfg.tracking.mlflow
+        offline = bool(sinks) and getattr(sinks[0], "offline", False) and cfg.tracking.mlflow
         last = {k: v for k, v in (summary.get("last") or {}).items() if k in ("reward/mean", "accuracy", "entropy")}
         evals = {k: v for k, v in summary.items() if k.startswith("eval/")}
         return _outcome(task, "resumed" if resume else "finished", t0, resumed_from=from_step,
                         mlflow_offline=bool(offline), last=last, evals=evals)
+
+
+def _worker_args(task: RunTask) -> list[str]:
+    """The options of `python -m clipbench.sweep.worker` that rebuild `task` from the manifest."""
+    args = ["--tracking-uri", task.tracking_uri] if task.tracking_uri else []
+    args += ["--parent-run-id", task.parent_run_id] if task.parent_run_id else []
+    return args + (["--retry-failed"] if task.retry_failed else [])
+
+
+def train_as_rank(task: RunTask) -> None:
+    """One rank of a run that `run_one` launched over N processes (it holds the lock and the status)."""
+    from clipbench.config import from_dict
+    from clipbench.integrations import train_run
+    from clipbench.train.launch import run_as_rank
+
+    _quiet_libraries()
+    cfg, rd = from_dict(task.config), task.run_dir
+    resume = checkpoint_step(rd) is not None
+    run_as_rank(cfg, rd, train=train_run, resume=resume, make_sink=lambda: _make_sink(task, cfg, rd, resume))
 
 
 # ---------------------------------------------------------------------------------------------

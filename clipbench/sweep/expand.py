@@ -35,12 +35,13 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from clipbench.config import compose, run_id, to_dict, validate
-from clipbench.config.load import NOT_IN_ID, PATH_KEYS, deep_merge, set_dotted
+from clipbench.config.load import ID_DEFAULTS, NOT_IN_ID, PATH_KEYS, deep_merge, set_dotted
 from clipbench.config.schema import RunConfig
 from clipbench.errors import ConfigError, did_you_mean, unknown_choice
 from clipbench.sweep.spec import Axis, SweepSpec
 
 OBJ = "objective."
+TRL = "trl."  # free-form: the trl engine's GRPOConfig fields
 METHOD_KEY = "objective.method"
 
 
@@ -101,6 +102,8 @@ def _canon(x: Any) -> str:
 def _check_key(key: str, src: str, where: str) -> None:
     if key.startswith(OBJ):
         return  # objective parameters are checked against the sweep's methods
+    if key.startswith(TRL):
+        return  # GRPOConfig fields: checked by the trl engine (clipbench.integrations.check_run)
     leaves = schema_leaves()
     if key in leaves:
         return
@@ -122,6 +125,8 @@ def _section_struct(path: tuple[str, ...]):
 def _coerce(key: str, value: Any, src: str, where: str) -> Any:
     """A value for a (non-objective) leaf key, type-checked and converted exactly as the loader does
     (OmegaConf's structured-config rules), against the leaf's own section only (fast)."""
+    if key.startswith(TRL):
+        return value
     *section, leaf = key.split(".")
     try:
         conf = OmegaConf.merge(_section_struct(tuple(section)), OmegaConf.create({leaf: value}))
@@ -156,11 +161,20 @@ def _params_frozen(params: Mapping) -> tuple:
 
 def expand(spec: SweepSpec) -> Expansion:
     from clipbench.config.load import check_values
+    from clipbench.integrations import check_run
     from clipbench.objectives import METHODS
 
     src = spec.source
     sweep_dir = spec.file.resolve().parent
     warnings: list[str] = []
+    if spec.plugins:  # the sweep's own rule files, before any method is checked
+        from clipbench.objectives.plugins import load_plugins
+        from clipbench.errors import UserError
+
+        try:
+            load_plugins(spec.plugins)
+        except UserError as e:
+            raise ConfigError(src, "plugins", str(e)) from None
 
     # --- command-line overrides of axis keys replace the axis by their one value
     cli = dict(spec.cli_overrides)
@@ -190,6 +204,10 @@ def expand(spec: SweepSpec) -> Expansion:
     raw = compose(spec.base)
     base_cfg = validate(raw, str(spec.base))
     base_dict = to_dict(base_cfg)
+    if spec.plugins:  # every run lists the sweep's plugins after the recipe's (workers import them)
+        from clipbench.objectives.plugins import merge_specs
+
+        base_dict["plugins"] = merge_specs(base_dict.get("plugins") or [], spec.plugins)
     base_obj = dict(base_dict.pop("objective"))
     base_method = base_obj.pop("method")
     raw_base_params = {k: v for k, v in (raw.get("objective") or {}).items() if k != "method"}
@@ -270,6 +288,10 @@ def expand(spec: SweepSpec) -> Expansion:
         if not check_param(k, v, psrc, where, drop_unknown=psrc == str(spec.base)):
             del explicit[k]
     for ax in axes:
+        if all(k.split(".")[0] in NOT_IN_ID for k in ax.keys):  # e.g. grid launch.nproc_per_node: [1, 8]
+            raise ConfigError(src, f"{ax.where}.{ax.keys[0]}", "not part of a run's identity (how a run is launched "
+                              "or tracked, not what it computes), so its values alone would be one run; set it in "
+                              "overrides, or zip it with a key that differs")
         for j, k in enumerate(ax.keys):
             if k.startswith(OBJ) and k != METHOD_KEY:
                 for vals in ax.values:
@@ -307,8 +329,10 @@ def expand(spec: SweepSpec) -> Expansion:
                     for part in parts[:-1]:
                         node = node[part]
                     node[parts[-1]] = _copy_tree({"v": v})["v"] if isinstance(v, (list, dict)) else v
-            try:  # the cross-field checks, with the base objective standing in (checked on its own)
-                check_values(build_config(_with_objective(cfg, base_objective)), src)
+            try:  # the cross-field and engine checks, with the base objective standing in (checked on its own)
+                built = build_config(_with_objective(cfg, base_objective))
+                check_values(built, src)
+                check_run(built, src)
             except ConfigError as e:
                 shown = {k: v for k, v in assign.items() if not k.startswith(OBJ)}
                 raise ConfigError(src, e.key, f"{e.reason} (in the run {label(shown)})") from None
@@ -343,8 +367,8 @@ def expand(spec: SweepSpec) -> Expansion:
         objective, obj_json = objective_part(m, params)
         plain, plain_json = plain_part(idx, assign)
         cfg = _with_objective(plain, objective)
-        body = ",".join(_KEY_JSON[k] + ":" + (obj_json if k == "objective" else static_json.get(k) or plain_json[k])
-                        for k in id_keys)
+        parts = ((k, obj_json if k == "objective" else static_json.get(k) or plain_json[k]) for k in id_keys)
+        body = ",".join(_KEY_JSON[k] + ":" + js for k, js in parts if _ID_DEFAULT_JSON.get(k) != js)
         rid = hashlib.sha256(("{" + body + "}").encode()).hexdigest()[:12]
         if rid in runs:
             if points[rid] == point:
@@ -369,6 +393,7 @@ class _KeyJson(dict):
 
 
 _KEY_JSON = _KeyJson()
+_ID_DEFAULT_JSON = {k: _canon(v) for k, v in ID_DEFAULTS.items()}  # keys left out of the run id at these values
 
 
 def _with_objective(cfg: dict, objective: dict) -> dict:

@@ -14,6 +14,7 @@ the store). Launcher settings come from `hydra.*` overrides on the `clipbench sw
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 import time
@@ -74,17 +75,77 @@ def hydra_command(manifest: str | Path, run_ids: list[str], *, launcher: str, jo
         cmd.append(f"parent_run_id={_quote(parent_run_id)}")
     if threads:
         cmd.append(f"threads={int(threads)}")
-    if launcher == "joblib" and jobs and not any(o.startswith("hydra.launcher.n_jobs=") for o in hydra_overrides):
+    if launcher == "joblib" and jobs and not _sets(hydra_overrides, "hydra.launcher.n_jobs"):
         cmd.append(f"hydra.launcher.n_jobs={int(jobs)}")
+    if launcher == "ray" and _joins_ray_cluster(hydra_overrides) and not _sets(
+            hydra_overrides, "hydra.launcher.ray.init.object_store_memory"):
+        # The plugin sets a small object store for the Ray instance it would start itself; Ray refuses
+        # that setting when it joins a running cluster ("object_store_memory must not be provided").
+        cmd.append("+hydra.launcher.ray.init.object_store_memory=null")
     return cmd + list(hydra_overrides)
 
 
-def launch(manifest: str | Path, run_ids: list[str], **kw) -> int:
-    """Run the Hydra app over `run_ids` (in chunks); returns the worst exit code."""
+def _sets(overrides, key: str) -> bool:
+    return any(o.lstrip("+~").split("=", 1)[0] == key for o in overrides)
+
+
+def _joins_ray_cluster(overrides) -> bool:
+    """An address for ray.init (an override, or RAY_ADDRESS): the jobs go to a running cluster."""
+    for o in overrides:
+        k, _, v = o.lstrip("+").partition("=")
+        if k == "hydra.launcher.ray.init.address":
+            return v not in ("", "null", "None")
+    return bool(os.environ.get("RAY_ADDRESS"))
+
+
+# Launcher settings that are the resources of one job, read as resources per process: a run trained
+# by N processes (launch.nproc_per_node; its job starts torchrun) gets N times them, and N CPUs when
+# none is given.
+PER_PROCESS = {
+    "ray": ("hydra.launcher.ray.remote.num_cpus", "hydra.launcher.ray.remote.num_gpus",
+            "hydra.launcher.ray.remote.memory"),
+    "submitit_slurm": ("hydra.launcher.cpus_per_task", "hydra.launcher.gpus_per_node", "hydra.launcher.mem_gb"),
+    "submitit_local": ("hydra.launcher.cpus_per_task", "hydra.launcher.gpus_per_node", "hydra.launcher.mem_gb"),
+}
+
+
+def per_run_resources(launcher: str, overrides: list[str], nproc: int) -> list[str]:
+    """The launcher overrides for the jobs of runs trained by `nproc` processes each."""
+    keys = PER_PROCESS.get(launcher, ())
+    if nproc == 1 or not keys:
+        return list(overrides)
+    out, scaled = [], False
+    for o in overrides:
+        k, _, v = o.partition("=")
+        if k.lstrip("+~") in keys:
+            try:
+                v = _number(float(v) * nproc)
+            except ValueError:
+                raise UserError(f"'{o}': a resource of one process must be a number (runs with "
+                                f"launch.nproc_per_node={nproc} get {nproc} times it)") from None
+            scaled = True
+        out.append(f"{k}={v}")
+    if not scaled:  # at least one CPU per process
+        out.append(("+" if launcher == "ray" else "") + f"{keys[0]}={nproc}")
+    return out
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(x)
+
+
+def launch(manifest: str | Path, run_ids: list[str], *, nprocs: dict[str, int] | None = None, **kw) -> int:
+    """Run the Hydra app over `run_ids` (one launch per process count, in chunks); returns the worst
+    exit code. `nprocs`: run id -> launch.nproc_per_node (default 1)."""
+    groups: dict[int, list[str]] = {}
+    for rid in run_ids:
+        groups.setdefault(int((nprocs or {}).get(rid, 1)), []).append(rid)
     rc = 0
-    for i in range(0, len(run_ids), MAX_IDS_PER_CALL):
-        cmd = hydra_command(manifest, run_ids[i:i + MAX_IDS_PER_CALL], **kw)
-        rc = max(rc, subprocess.run(cmd).returncode)
+    for nproc, ids in groups.items():
+        over = per_run_resources(kw["launcher"], list(kw.get("hydra_overrides", ())), nproc)
+        for i in range(0, len(ids), MAX_IDS_PER_CALL):
+            cmd = hydra_command(manifest, ids[i:i + MAX_IDS_PER_CALL], **{**kw, "hydra_overrides": over})
+            rc = max(rc, subprocess.run(cmd).returncode)
     return rc
 
 

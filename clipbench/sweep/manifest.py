@@ -1,7 +1,11 @@
 """The frozen manifest: `<results>/<sweep>/manifest.json`, written once, then only appended to.
 
     {"sweep": name, "source": sweep file, "base": recipe, "created": iso time, "updated": iso time,
-     "runs": {run_id: resolved config}, "points": {run_id: {axis key: value}}}
+     "runs": {run_id: resolved config}, "points": {run_id: {axis key: value}},
+     "plugins": [{"path": rule file, "sha256": its content hash}]}
+
+The plugin files the runs use are recorded with their content hash: a rerun whose plugin changed
+stops with one line (the frozen runs would no longer be what was planned).
 
 A rerun never re-plans a run already in the manifest: the current sweep file is expanded only to
 find runs it adds (appended, with a warning). A grid point that is already frozen keeps its frozen
@@ -55,11 +59,18 @@ def _pkey(point: dict) -> str:
 
 
 def merge(existing: dict | None, spec: SweepSpec, exp: Expansion) -> Merge:
-    """Pure: the manifest after this invocation (nothing is written)."""
+    """Pure: the manifest after this invocation (nothing is written). A UserError when a plugin the
+    frozen runs use changed."""
+    from clipbench.objectives.plugins import check_plugin_records, plugin_records
+
     if existing is None:
         m = {"sweep": spec.name, "source": str(spec.file.resolve()), "base": str(spec.base), "created": _now(),
              "runs": dict(exp.runs), "points": dict(exp.points)}
+        records = plugin_records(exp.runs.values())
+        if records:
+            m["plugins"] = records
         return Merge(m, list(exp.runs), [], [], True, [])
+    check_plugin_records(existing.get("plugins", []), f"sweep '{spec.name}'")
     runs = dict(existing["runs"])
     points = dict(existing.get("points", {}))
     frozen_by_point = {_pkey(p): rid for rid, p in points.items()}
@@ -89,6 +100,10 @@ def merge(existing: dict | None, spec: SweepSpec, exp: Expansion) -> Merge:
     if gone:
         warnings.append(f"{len(gone)} frozen run(s) are no longer produced by the sweep file; they stay in the manifest")
     m = dict(existing, runs=runs, points=points)
+    known = {r["path"] for r in existing.get("plugins", [])}
+    added = [r for r in plugin_records(runs[rid] for rid in new) if r["path"] not in known]
+    if added:
+        m["plugins"] = list(existing.get("plugins", [])) + added
     if new:
         m["updated"] = _now()
     return Merge(m, new, kept, gone, bool(new), warnings)

@@ -9,6 +9,7 @@
       seed: [0, 1, 2]
     zip: {train.lr: [1e-5, 2e-5], train.warmup_steps: [0, 10]}   # optional: axes varying together
     exclude: [{objective.method: nsr, seed: 2}]                  # optional: partial assignments
+    plugins: [../rules/lower_only.py]      # optional: your own rule files (relative to this file) or modules
 
 `zip` may also be a list of such mappings (several independent zip groups). Every problem is a
 `ConfigError(file, key, reason)`.
@@ -24,7 +25,7 @@ from typing import Any, Mapping
 from clipbench.config import flatten, parse_overrides, read_yaml
 from clipbench.errors import ConfigError, did_you_mean
 
-TOP_KEYS = ("name", "description", "base", "overrides", "grid", "zip", "exclude")
+TOP_KEYS = ("name", "description", "base", "overrides", "grid", "zip", "exclude", "plugins")
 # Sub-directories of a results dir that are not sweeps (or belong to `clipbench train`).
 RESERVED_NAMES = ("train", "reports", "bench", "eval", "mlartifacts")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -49,6 +50,7 @@ class SweepSpec:
     axes: tuple[Axis, ...] = ()
     exclude: tuple[dict[str, Any], ...] = ()
     description: str = ""
+    plugins: tuple[str, ...] = ()  # rule files (absolute) or modules, added to every run's `plugins`
 
     @property
     def source(self) -> str:
@@ -59,8 +61,10 @@ class SweepSpec:
         return [k for ax in self.axes for k in ax.keys]
 
 
-def load_sweep(path: str | Path, cli_overrides: list[str] | tuple[str, ...] = ()) -> SweepSpec:
-    """Read and shape-check a sweep file. Nothing is written."""
+def load_sweep(path: str | Path, cli_overrides: list[str] | tuple[str, ...] = (),
+               plugins: list[str] | tuple[str, ...] = ()) -> SweepSpec:
+    """Read and shape-check a sweep file. Nothing is written. ``plugins``: the CLI's --plugin
+    entries (relative to the working directory), after the file's own."""
     path = Path(path)
     src = str(path)
     data = read_yaml(path)
@@ -146,8 +150,15 @@ def load_sweep(path: str | Path, cli_overrides: list[str] | tuple[str, ...] = ()
             entry[k] = v
         excl.append(entry)
 
+    file_plugins = data.get("plugins") or []
+    if not isinstance(file_plugins, list) or not all(isinstance(p, str) and p.strip() for p in file_plugins):
+        raise ConfigError(src, "plugins", f"expected a list of .py paths or module names, got {file_plugins!r}")
+    from clipbench.objectives.plugins import merge_specs, resolve
+
+    plugin_list = merge_specs([resolve(p, path.resolve().parent) for p in file_plugins], [resolve(p) for p in plugins])
+
     return SweepSpec(name=name, file=path, base=base_path, overrides=overrides, cli_overrides=cli,
-                     axes=tuple(axes), exclude=tuple(excl), description=description)
+                     axes=tuple(axes), exclude=tuple(excl), description=description, plugins=tuple(plugin_list))
 
 
 def _key(k: Any, src: str, where: str) -> str:

@@ -5,7 +5,7 @@
     <results>/<sweep>/<run_id>/metrics.jsonl   one JSON object per optimizer step (append-only)
     <results>/<sweep>/<run_id>/hist/log_ratio.jsonl   log-ratio histograms per rollout step (summed over its optimizer steps)
     <results>/<sweep>/<run_id>/eval/step_<k>/<benchmark>.json   correctness matrix + summary
-    <results>/<sweep>/<run_id>/checkpoints/last/     model, optimizer, RNG state, step
+    <results>/<sweep>/<run_id>/checkpoints/last/     sharded model + optimizer, trainer state (clipbench.train.checkpoint)
 
 Whole files are written to a temp file in the same directory and `os.replace`d, so a `kill -9` at
 any moment leaves either the old or the new file. Appended jsonl files may end in a torn line after

@@ -1,31 +1,78 @@
-"""Checkpoints: model (save_pretrained), optimizer, scheduler and trainer state in one directory.
+"""Checkpoints: sharded model and optimizer state (torch.distributed.checkpoint), trainer state.
 
-Written to `checkpoints/.tmp-*` and swapped in with renames, so `checkpoints/last` is always a
-complete checkpoint (a crash mid-save leaves the previous one, possibly as `checkpoints/prev`).
+    checkpoints/last/
+        state.json     trainer state: step, opt_step, skipped_nonfinite, LR scheduler, world size
+        dcp/           torch.distributed.checkpoint of {"model": ..., "optim": ...}: one file per rank
+                       (__<rank>_0.distcp) + .metadata; parameter names are the HF model's
+        model/         config.json, generation config and tokenizer (no weights): rebuilds the model
+    (engine trl: `model/` is TRL's own checkpoint, an HF model directory, and there is no `dcp/`)
+
+Design choices
+- One format for 1 and N processes: DCP stores each tensor with its global shape and the pieces each
+  rank owned, so a checkpoint written by N ranks loads into M ranks or into one process (resuming on
+  a different number of processes is supported), and `load_policy` rebuilds a plain HF model from it
+  (for `clipbench eval RUN_DIR`).
+- Atomic: every rank writes into `checkpoints/.tmp-<step>`, rank 0 writes state.json last and swaps
+  the directory in with renames, so `checkpoints/last` is always complete (a crash mid-swap leaves it
+  as `checkpoints/prev`). With several nodes, `checkpoints/` must be on a filesystem all ranks share.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
-import tempfile
+import warnings
 from pathlib import Path
 
 import torch
 
+from clipbench.train.distributed import Dist
 
-def save_checkpoint(last: Path, *, model, tokenizer, optimizer, scheduler, state: dict) -> None:
+
+@contextlib.contextmanager
+def _one_process_ok():
+    """DCP warns that it assumes one process when no process group exists: that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+        yield
+
+
+def save_checkpoint(last: Path, *, model, optimizer, scheduler, tokenizer, state: dict, dist: Dist) -> None:
+    """Every rank calls this (collective); rank 0 writes the small files and swaps the directories."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
     root = last.parent
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
-    model.save_pretrained(tmp / "model", safe_serialization=True)
-    tokenizer.save_pretrained(tmp / "model")
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
-    (tmp / "state.json").write_text(json.dumps(state))
-    prev = root / "prev"
-    if prev.exists():
-        shutil.rmtree(prev)
+    tmp = root / f".tmp-{int(state['step'])}"
+    if dist.main:
+        for stale in root.glob(".tmp-*"):  # left by a crash mid-save
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        model.config.save_pretrained(tmp / "model")
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(tmp / "model")
+        tokenizer.save_pretrained(tmp / "model")
+    dist.barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    with _one_process_ok():
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "dcp"))
+    if dist.main:
+        full = {**state, "scheduler": scheduler.state_dict(), "world_size": dist.world}
+        with open(tmp / "state.json", "w") as f:
+            f.write(json.dumps(full))
+            f.flush()
+            os.fsync(f.fileno())
+        install_checkpoint(tmp, last)
+    dist.barrier()
+
+
+def install_checkpoint(tmp: Path, last: Path) -> None:
+    """Swap a complete checkpoint directory `tmp` (with its state.json) in as `last`, by renames only
+    (also used by engine trl, whose checkpoints hold TRL's own files under `model/`)."""
+    prev = last.parent / "prev"
+    shutil.rmtree(prev, ignore_errors=True)
     if last.exists():
         os.replace(last, prev)
     os.replace(tmp, last)
@@ -33,17 +80,52 @@ def save_checkpoint(last: Path, *, model, tokenizer, optimizer, scheduler, state
 
 
 def find_checkpoint(last: Path) -> Path | None:
-    """The newest complete checkpoint (`last`, else `prev` left by a crash mid-swap)."""
+    """The newest complete checkpoint (`last`, else `prev` left by a crash mid-swap), or None."""
     for d in (last, last.parent / "prev"):
-        if (d / "state.json").is_file():
+        if checkpoint_step(d) is not None:
             return d
     return None
 
 
-def load_checkpoint(path: Path, *, optimizer, scheduler) -> dict:
-    """Restores optimizer and scheduler in place; returns the trainer state. The model weights are
-    loaded by the caller with from_pretrained(path / 'model')."""
-    blob = torch.load(path / "optim.pt", map_location="cpu", weights_only=False)
-    optimizer.load_state_dict(blob["optimizer"])
-    scheduler.load_state_dict(blob["scheduler"])
-    return json.loads((path / "state.json").read_text())
+def checkpoint_step(path: Path) -> int | None:
+    """The rollout step a checkpoint directory holds, or None when it is missing or incomplete."""
+    try:
+        return int(json.loads((Path(path) / "state.json").read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def load_checkpoint(path: Path, *, model, optimizer, scheduler) -> dict:
+    """Restores model, optimizer and scheduler in place (sharded or not, any world size); returns
+    the trainer state (step, opt_step, skipped_nonfinite)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    state = json.loads((path / "state.json").read_text())
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    with _one_process_ok():
+        dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path / "dcp"))
+    set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+    scheduler.load_state_dict(state.pop("scheduler"))
+    state.pop("world_size", None)
+    return state
+
+
+def load_policy(path: Path, *, dtype: str = "float32", device: str = "cpu"):
+    """(model, tokenizer): a checkpoint's policy as a plain HF model in this process (any world size
+    wrote it). The architecture comes from `model/`, the weights from `dcp/` (or from `model/`
+    itself: an engine trl checkpoint)."""
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    if (path / "dcp").is_dir():
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path / "model"), dtype=torch.float32)
+        sd = model.state_dict()
+        with _one_process_ok():
+            dcp.load({"model": sd}, checkpoint_id=str(path / "dcp"))
+        model.load_state_dict(sd)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path / "model", dtype=torch.float32)
+    if dtype == "auto":
+        dtype = "bfloat16" if torch.device(device).type == "cuda" else "float32"
+    return model.to(device=device, dtype=getattr(torch, dtype)).eval(), AutoTokenizer.from_pretrained(path / "model")

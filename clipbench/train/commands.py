@@ -1,4 +1,12 @@
-"""`clipbench train RECIPE [key=value ...]`: validate, then one run into <results>/train/<run_id>/."""
+"""`clipbench train RECIPE [key=value ...] [--nproc-per-node N]`: one run into <results>/train/<run_id>/.
+
+With launch.nproc_per_node = N > 1 (or --nproc-per-node N) this process validates the config, then
+starts `torchrun --standalone --nproc-per-node N -m clipbench train ...` and waits: each rank runs
+this same command under torchrun (`torchrun ... -m clipbench train ...` by hand works too, with
+torchrun's rendezvous flags for several nodes). Rank 0 prints, writes the results store and MLflow.
+A rank that dies fails the whole run: status.json says failed and `--resume` continues from the last
+checkpoint (on any number of processes).
+"""
 
 from __future__ import annotations
 
@@ -7,40 +15,59 @@ from pathlib import Path
 from rich.console import Console
 
 from clipbench.config import load_run_config, run_id
+from clipbench.errors import RunFailed
+from clipbench.memory.plan import preflight as memory_preflight
 from clipbench.tracking.store import RunDir
+from clipbench.train.base_model import resolve_model_name
 from clipbench.train.checkpoint import find_checkpoint
+from clipbench.train.distributed import under_torchrun
+from clipbench.train.launch import launch_ranks, run_as_rank
 
 
 def train_command(recipe: Path, overrides: list[str], *, resume: bool, results_dir: Path,
-                  tracking_uri: str | None) -> dict:
-    from clipbench.train.loop import preflight, run_training
+                  tracking_uri: str | None, nproc_per_node: int | None = None, plugins: list[str] = ()) -> dict:
+    from clipbench.integrations import preflight, train_run  # the run's engine (builtin loop or TRL)
+
+    if nproc_per_node is not None:
+        overrides = [*overrides, f"launch.nproc_per_node={nproc_per_node}"]
+    # raises ConfigError before anything is written; imports the run's plugins (recipe + --plugin)
+    cfg = load_run_config(recipe, overrides, plugins=plugins)
+    rd = RunDir(Path(results_dir) / "train" / run_id(cfg))
+    # sleep mode can run here; on a GPU: the run fits in its memory over launch.nproc_per_node ranks
+    memory_preflight(cfg, resolve_model_name(cfg.model.name), world_size=cfg.launch.nproc_per_node)
+    preflight(cfg)  # engine checks, then model, task and benchmarks load: still nothing written
+    n = cfg.launch.nproc_per_node
+    if n > 1 and not under_torchrun():  # this process only launches the ranks
+        args = ["train", str(recipe), *overrides, "--results-dir", str(results_dir)]
+        args += ["--resume"] if resume else []
+        args += ["--tracking-uri", tracking_uri] if tracking_uri else []
+        args += [a for p in plugins for a in ("--plugin", str(p))]
+        rc = launch_ranks(n, "clipbench", args, rd)
+        if rc != 0:
+            raise RunFailed(f"training on {n} processes failed (torchrun exit code {rc}; the failing rank's error "
+                            f"is above); {rd.status_path} says failed; rerun with --resume to continue from the "
+                            f"last checkpoint")
+        return {"run_id": rd.run_id, "run_dir": str(rd.path), "steps": cfg.train.steps}
 
     console = Console(stderr=True)
-    cfg = load_run_config(recipe, overrides)  # raises ConfigError before anything is written
-    rd = RunDir(Path(results_dir) / "train" / run_id(cfg))
-    if resume and find_checkpoint(rd.checkpoint_dir) is None:
-        console.print(f"[yellow]no checkpoint in {rd.path}; starting from step 0[/]")
-    preflight(cfg)  # model, task and benchmarks load: still nothing written
-    sink = _sink(cfg, results_dir, tracking_uri, rd, resume)
-    console.print(f"run {rd.run_id}: {cfg.objective['method']} on {cfg.task.name}, {cfg.train.steps} steps -> {rd.path}")
+
+    def on_rank(dist) -> None:
+        console.quiet = not dist.main
+        if resume and find_checkpoint(rd.checkpoint_dir) is None:
+            console.print(f"[yellow]no checkpoint in {rd.path}; starting from step 0[/]")
+        where = f" on {dist.world} processes" if dist.sharded else ""
+        console.print(f"run {rd.run_id}: {cfg.objective['method']} on {cfg.task.name}, {cfg.train.steps} steps"
+                      f"{where} -> {rd.path}")
 
     def progress(ev: dict) -> None:
         console.print(f"  step {ev['step']:>4}/{ev['steps']}  reward {ev['reward']:.3f}  acc {ev['accuracy']:.3f}  "
-                      f"entropy {ev['entropy']:.3f}  clip events {int(ev['clip_events'])}")
+                      f"entropy {ev['entropy']:.3f}  clip events {int(ev['clip_events'])}  skipped {ev.get('skipped', 0)}")
 
-    status = "FAILED"
-    try:
-        summary = run_training(cfg, rd.path, resume=resume, sink=sink, progress=progress)
-        status = "FINISHED"
-    except BaseException:
-        if rd.status_path.exists():
-            rd.set_status("failed")
-        raise
-    finally:
-        sink.close(status)
-    evals = {k: v for k, v in summary.items() if k.startswith("eval/")}
-    for k, v in sorted(evals.items()):
-        console.print(f"  {k} = {v:.4f}")
+    summary = run_as_rank(cfg, rd, train=train_run, resume=resume, progress=progress, on_rank=on_rank,
+                          make_sink=lambda: _sink(cfg, results_dir, tracking_uri, rd, resume))
+    for k, v in sorted(summary.items()):
+        if k.startswith("eval/"):
+            console.print(f"  {k} = {v:.4f}")
     console.print(f"finished: {rd.path}")
     return summary
 

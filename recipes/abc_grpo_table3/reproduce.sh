@@ -2,7 +2,7 @@
 # Reproduce the ABC-GRPO paper's Table 3 (arXiv 2601.03895): train, evaluate, report.
 #
 #   bash recipes/abc_grpo_table3/reproduce.sh SCALE RESULTS [key=value ...]
-#     SCALE    full: Qwen3-1.7B/4B-Base x {GRPO, ABC-GRPO} on DAPO-Math-17k (GPU + vLLM; see README.md)
+#     SCALE    full: Qwen3-1.7B/4B-Base x {GRPO, ABC-GRPO} on DAPO-Math-17k (1 and 8 GPUs + vLLM; README.md)
 #              tiny: the same pipeline on builtin:arith-tiny, CPU only, about 2 minutes
 #     RESULTS  results directory (default: results)
 #     key=value  overrides for every run, e.g. eval.data_dir=/data/benchmarks (offline benchmarks)
@@ -32,8 +32,8 @@ case "$SCALE" in
   full)
     SWEEP_FILE="$HERE/sweep.yaml"; SWEEP=abc_grpo_table3; JOBS=1
     if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
-      echo "warning: no NVIDIA GPU found; SCALE=full trains Qwen3-1.7B/4B with vLLM and needs one" \
-           "(about 200 H100-hours in all, see $HERE/README.md). SCALE=tiny runs on a CPU." >&2
+      echo "warning: no NVIDIA GPU found; SCALE=full trains Qwen3-1.7B on one 80 GB GPU and Qwen3-4B on" \
+           "8 of them, with vLLM (about 300 GPU-hours in all, see $HERE/README.md). SCALE=tiny runs on a CPU." >&2
     fi
     ;;
   tiny)

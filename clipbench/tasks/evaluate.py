@@ -1,12 +1,15 @@
 """Evaluate a sampler on benchmarks: n samples per problem, graded, as correctness matrices.
 
+The one evaluation of the project, used by the trainer (at the start, every `eval.every` steps and at
+the end of a run) and by `clipbench eval`; it sits below both (tasks own problems and graders).
+
     payloads = evaluate(sampler, {"aime24": problems, ...}, n=64, seed=0)
     evaluate_and_store(run_dir, step, sampler, problems_by_benchmark, n=8, seed=0)  # the trainer
 
 One payload per benchmark (what ``RunDir.write_eval`` stores and the report reads):
 
     {"benchmark": str, "n": int, "seed": int, "problem_ids": [P ids], "correct": P x n 0/1 lists,
-     "summary": clipbench.eval.passk.summarize(correct) without per-problem arrays,
+     "summary": clipbench.tasks.passk.summarize(correct) without per-problem arrays,
      "temperature", "max_new_tokens", "truncated_fraction", "mean_completion_tokens", "seconds"}
 
 Seeding: the prompts of a benchmark are sampled in batches of ``batch_prompts``; batch b of
@@ -23,7 +26,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from clipbench.eval.passk import summarize
+from clipbench.tasks.passk import summarize
 from clipbench.tasks.base import Problem
 
 Grade = Callable[[str, Problem], bool]
@@ -119,8 +122,11 @@ def evaluate(sampler, problems_by_benchmark: Mapping[str, Sequence[Problem]], *,
 
 def evaluate_and_store(run_dir, step: int, sampler, problems_by_benchmark: Mapping[str, Sequence[Problem]],
                        **kwargs) -> dict[str, dict]:
-    """``evaluate`` and write each payload to ``run_dir.write_eval(step, benchmark, payload)``."""
+    """``evaluate`` and write each payload to ``run_dir.write_eval(step, benchmark, payload)``.
+    ``run_dir`` None: evaluate only (the ranks of a sharded run that do not write; they must sample in
+    lockstep with the one that does)."""
     payloads = evaluate(sampler, problems_by_benchmark, **kwargs)
     for name, payload in payloads.items():
-        run_dir.write_eval(step, name, {**payload, "step": int(step)})
+        if run_dir is not None:
+            run_dir.write_eval(step, name, {**payload, "step": int(step)})
     return payloads

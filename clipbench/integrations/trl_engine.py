@@ -1,0 +1,351 @@
+"""`engine: trl`: one clipbench run trained by TRL's GRPOTrainer, written to the same results store.
+
+    clipbench train recipes/quickstart.yaml engine=trl objective.method=nsr
+    accelerate launch --num_processes 8 -m clipbench train RECIPE engine=trl trl.deepspeed=ds_z3.json
+
+The run config maps onto GRPOConfig so that one rollout step is one TRL generation batch and one
+clipbench mini-batch is one TRL optimizer step:
+
+    B = train.prompts_per_step x sampler.group_size     sequences per rollout step (= generation_batch_size)
+    M = train.mini_batches, E = train.epochs            optimizer steps per rollout step: M x E
+    K = trl.gradient_accumulation_steps (default 1)     micro-batches per optimizer step (micro-batching)
+    per_device_train_batch_size = B / (M K W)           W = processes (WORLD_SIZE)
+    steps_per_generation = M K, num_iterations = E, max_steps = train.steps x M x E
+    learning_rate, adam betas, weight_decay, warmup_steps, lr schedule, max_grad_norm, beta, seed,
+    temperature, top_p, max_completion_length, bf16/fp16, gradient_checkpointing, use_vllm: from
+    the run config; scale_rewards: group -> "group", group_mean -> "none"
+
+The loss is `ClipbenchGRPOTrainer` (objective.method and its parameters, train.agg, exact global
+normalisation per optimizer step). Anything else TRL offers (DeepSpeed ZeRO-3, FSDP, vLLM server mode,
+report_to backends, ...) goes in the run config's `trl:` mapping of extra GRPOConfig fields; multi-GPU
+and multi-node runs start the same command under `accelerate launch`.
+
+The results store is the built-in loop's: config.yaml, status.json, metrics.jsonl with one row per
+optimizer step under the same metric names (TRL's other metrics as `trl/<name>`), hist/, eval/ (the
+same evaluation code, on the TRL model), and `checkpoints/last/` (state.json + `model/`, which is
+TRL's own checkpoint directory, so `--resume` continues through TRL's resume and `clipbench eval`
+loads it). Only the main process writes. Differences from the built-in loop, by TRL's design: prompts
+are drawn by TRL's seeded sampler, epochs reuse one shuffle of the batch, and the advantage std has
+TRL's epsilon (1e-4). Settings TRL has no counterpart for are refused by `check_config`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from clipbench.errors import ConfigError, UserError, did_you_mean
+
+# (key, is-unsupported predicate on the RunConfig, reason): settings TRL's GRPOTrainer has no counterpart for.
+UNSUPPORTED = (
+    ("train.advantage", lambda c: c.train.advantage == "rloo",
+     "engine 'trl' has no rloo advantage (TRL's GRPOTrainer: group or group_mean)"),
+    ("train.dynamic_sampling", lambda c: c.train.dynamic_sampling,
+     "engine 'trl' has no DAPO dynamic sampling; use engine builtin"),
+    ("train.overlong.enabled", lambda c: c.train.overlong.enabled,
+     "engine 'trl' has no overlong reward shaping; use engine builtin"),
+    ("sampler.old_logp", lambda c: c.sampler.old_logp == "sampler",
+     "engine 'trl' recomputes old log-probs itself (TRL's vLLM importance-sampling correction applies)"),
+)
+# GRPOConfig fields clipbench derives from the run config (a `trl:` entry may not set them).
+DERIVED = ("output_dir", "seed", "num_generations", "per_device_train_batch_size", "steps_per_generation",
+           "generation_batch_size", "max_steps", "num_train_epochs", "num_iterations", "max_completion_length",
+           "temperature", "top_p", "learning_rate", "adam_beta1", "adam_beta2", "weight_decay", "warmup_steps",
+           "lr_scheduler_type", "max_grad_norm", "beta", "scale_rewards", "logging_steps", "save_strategy",
+           "save_steps", "eval_strategy", "use_cpu", "bf16", "fp16", "gradient_checkpointing", "use_vllm",
+           "vllm_gpu_memory_utilization", "loss_type", "epsilon", "epsilon_high")
+
+
+def _grpo_fields() -> list[str]:
+    from dataclasses import fields
+
+    from trl import GRPOConfig
+
+    return [f.name for f in fields(GRPOConfig)]
+
+
+def check_config(cfg, source: str | None = None) -> None:
+    """ConfigError for settings TRL cannot honour and for bad `trl:` entries."""
+    for key, bad, reason in UNSUPPORTED:
+        if bad(cfg):
+            raise ConfigError(source, key, reason)
+    if cfg.trl:
+        known = _grpo_fields()
+        for k in cfg.trl:
+            if k not in known:
+                raise ConfigError(source, f"trl.{k}", "not a GRPOConfig field" + did_you_mean(k, known))
+            if k in DERIVED:
+                raise ConfigError(source, f"trl.{k}", "clipbench sets it from the run config; set the run config's "
+                                  "own key instead (see clipbench.integrations.trl_engine)")
+    k = cfg.trl.get("gradient_accumulation_steps", 1)
+    per_step = cfg.train.prompts_per_step * cfg.sampler.group_size
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1 or per_step % (cfg.train.mini_batches * k):
+        raise ConfigError(source, "trl.gradient_accumulation_steps",
+                          f"must be an integer >= 1 that splits each mini-batch of {per_step} sequences / "
+                          f"{cfg.train.mini_batches} mini-batches evenly, got {k!r}")
+
+
+def optimizer_steps_per_rollout(cfg) -> int:
+    return cfg.train.mini_batches * cfg.train.epochs
+
+
+def grpo_args(cfg, run_dir: Path, *, world_size: int, use_cpu: bool):
+    """The GRPOConfig of a run (see the module docstring for the mapping)."""
+    from trl import GRPOConfig
+
+    tc, sc = cfg.train, cfg.sampler
+    extra = dict(cfg.trl)
+    k = int(extra.pop("gradient_accumulation_steps", 1))
+    per_step = tc.prompts_per_step * sc.group_size
+    if per_step % (tc.mini_batches * k * world_size):
+        raise UserError(f"engine trl: {per_step} sequences per rollout step do not split into {tc.mini_batches} "
+                        f"mini-batches x {k} micro-batches x {world_size} processes")
+    per_rollout = optimizer_steps_per_rollout(cfg)
+    schedule = {"constant": "constant_with_warmup" if tc.warmup_steps else "constant", "cosine": "cosine"}
+    kw = dict(
+        output_dir=str(Path(run_dir) / "checkpoints" / "trl"), seed=cfg.seed,
+        num_generations=sc.group_size, per_device_train_batch_size=per_step // (tc.mini_batches * k * world_size),
+        gradient_accumulation_steps=k, steps_per_generation=tc.mini_batches * k, num_iterations=tc.epochs,
+        max_steps=tc.steps * per_rollout, max_completion_length=sc.max_new_tokens, temperature=sc.temperature,
+        top_p=sc.top_p, learning_rate=tc.lr, adam_beta1=tc.betas[0], adam_beta2=tc.betas[1],
+        weight_decay=tc.weight_decay, warmup_steps=tc.warmup_steps, lr_scheduler_type=schedule[tc.lr_schedule],
+        max_grad_norm=tc.grad_clip, beta=tc.beta, scale_rewards="group" if tc.advantage == "group" else "none",
+        logging_steps=1, save_strategy="steps", save_steps=tc.checkpoint_every * per_rollout, eval_strategy="no",
+        use_cpu=use_cpu, bf16=cfg.model.dtype == "bfloat16", fp16=cfg.model.dtype == "float16",
+        gradient_checkpointing=cfg.model.gradient_checkpointing, use_vllm=sc.backend == "vllm",
+        vllm_gpu_memory_utilization=sc.gpu_memory_utilization, report_to="none", disable_tqdm=True,
+    )
+    kw.update(extra)
+    return GRPOConfig(**kw)
+
+
+# metrics.jsonl names of TRL's logged values (the rest are kept as trl/<name>)
+RENAME = {"reward": "reward/mean", "reward_std": "reward/std", "completions/mean_length": "response_length/mean",
+          "completions/clipped_ratio": "truncated_frac", "frac_reward_zero_std": "zero_var_groups_frac",
+          "learning_rate": "lr", "loss": "loss", "grad_norm": "grad_norm", "entropy": "entropy",
+          "accuracy": "accuracy"}
+# values of the rollout step (logged by TRL once per generation): repeated on each of its rows
+ROLLOUT_KEYS = ("reward/mean", "reward/std", "accuracy", "response_length/mean", "truncated_frac",
+                "zero_var_groups_frac")
+
+
+def _main_process() -> bool:
+    """Rank 0 of an accelerate/torchrun launch (their RANK variable: known before the process group exists)."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def make_store_callback(cfg, rd, *, sink, progress, suite, tokenizer):
+    """A TrainerCallback that writes the results store (main process) as the built-in loop does."""
+    from transformers import TrainerCallback
+
+    from clipbench.train.checkpoint import install_checkpoint
+
+    per_rollout = optimizer_steps_per_rollout(cfg)
+
+    class StoreCallback(TrainerCallback):
+        def __init__(self):
+            self.trainer = None  # set by run_trl (the histograms live on it)
+            self.rollout: dict = {}
+            self.last: dict = {}
+            self.clip_events = 0.0
+
+        def evaluate(self, step: int, model) -> dict:
+            from clipbench.rollout import build_sampler
+            from clipbench.train.loop import run_eval
+
+            sampler = build_sampler("hf", model, tokenizer, max_new_tokens=cfg.sampler.max_new_tokens,
+                                    temperature=cfg.sampler.temperature, top_p=cfg.sampler.top_p, seed=cfg.seed)
+            # every process samples (models sharded by ZeRO-3 need all of them); only the main one writes
+            return run_eval(cfg, rd, step, sampler, suite, sink, write=_main_process())
+
+        def on_train_begin(self, args, state, control, model=None, **kw):
+            if (suite and state.global_step == 0 and cfg.eval.at_start
+                    and not rd.eval_path(0, next(iter(suite))).exists()):
+                self.evaluate(0, model)
+
+        def on_step_end(self, args, state, control, model=None, **kw):
+            if state.global_step % per_rollout:
+                return
+            done = state.global_step // per_rollout
+            if suite and cfg.eval.every and done % cfg.eval.every == 0 and done < cfg.train.steps:
+                self.evaluate(done, model)
+            if done % cfg.train.checkpoint_every == 0 or done == cfg.train.steps:
+                control.should_save = True
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if not logs or "loss" not in logs:  # the end-of-training summary
+                return
+            n = state.global_step
+            step, k = divmod(n - 1, per_rollout)
+            row = {"step": step, "opt_step": n, "epoch": k // cfg.train.mini_batches,
+                   "mini_batch": k % cfg.train.mini_batches}
+            named = {}
+            for key, v in logs.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    named[RENAME.get(key, key if _is_clipbench_stat(key) else f"trl/{key}")] = float(v)
+            if "reward/mean" in named:  # a generation happened at this step: the rollout's values
+                self.rollout = {key: named[key] for key in ROLLOUT_KEYS if key in named}
+                self.rollout["accuracy/sampled"] = self.rollout.get("accuracy", 0.0)
+                self.rollout["zero_var_groups_frac/kept"] = self.rollout.get("zero_var_groups_frac", 0.0)
+                self.rollout["groups_kept"] = cfg.train.prompts_per_step
+            row.update(self.rollout)
+            row.update(named)
+            row["old_logp_source"] = 0
+            self.clip_events += row.get("clip_events", 0.0)
+            hist = None
+            if self.trainer is not None and self.trainer.clipbench_histograms is not None and (n % per_rollout == 0):
+                hist = _sum_histograms(self.trainer.clipbench_histograms)
+                self.trainer.clipbench_histograms.clear()
+            if not _main_process():
+                return
+            rd.append_metrics([row])
+            if hist is not None:
+                rd.append_hist([{"step": step, "opt_step": n, **hist}])
+            sink.log_metrics(n, {key: v for key, v in row.items() if isinstance(v, (int, float))})
+            self.last = row
+            if n % per_rollout == 0 and progress:
+                progress({"step": step + 1, "steps": cfg.train.steps, "reward": row.get("reward/mean", 0.0),
+                          "entropy": row.get("entropy", 0.0), "clip_events": self.clip_events,
+                          "accuracy": row.get("accuracy", 0.0)})
+                self.clip_events = 0.0
+
+        def on_save(self, args, state, control, **kw):
+            """Move TRL's checkpoint-N into checkpoints/last/model (swapped in by renames) + state.json."""
+            n = state.global_step
+            src = Path(args.output_dir) / f"checkpoint-{n}"
+            _barrier()  # every process has written its part
+            if _main_process() and n % per_rollout == 0 and src.is_dir():
+                root = rd.checkpoint_dir.parent
+                tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
+                os.replace(src, tmp / "model")
+                from clipbench.tracking.store import atomic_write_json
+
+                atomic_write_json(tmp / "state.json", {"step": n // per_rollout, "opt_step": n, "engine": "trl"})
+                install_checkpoint(tmp, rd.checkpoint_dir)
+                rd.set_status("running", step=n // per_rollout)
+            _barrier()
+
+    return StoreCallback()
+
+
+def _is_clipbench_stat(key: str) -> bool:
+    from clipbench.objectives import CELLS
+
+    return (key.split("/")[0] in CELLS or key in ("clip_events", "approx_kl", "kl_ref")
+            or key.startswith(("ratio/", "seq_ratio/")))
+
+
+def _sum_histograms(hists: list[dict]) -> dict | None:
+    """One rollout step's log-ratio histogram: counts summed over its micro-batches and processes."""
+    if not hists:
+        return None
+    import torch
+    import torch.distributed as dist
+
+    pos = torch.tensor([h["pos"] for h in hists], dtype=torch.float64).sum(0)
+    neg = torch.tensor([h["neg"] for h in hists], dtype=torch.float64).sum(0)
+    if dist.is_available() and dist.is_initialized():
+        both = torch.cat([pos, neg])
+        dist.all_reduce(both)
+        pos, neg = both[:len(pos)], both[len(pos):]
+    return {"edges": hists[0]["edges"], "pos": [int(x) for x in pos.tolist()], "neg": [int(x) for x in neg.tolist()]}
+
+
+def _reward_fn(task, problems):
+    def clipbench_reward(prompts, completions, problem, log_metric=None, **kw):
+        probs = [problems[i] for i in problem]
+        if log_metric is not None:
+            correct = [float(task.is_correct(c, p)) for c, p in zip(completions, probs)]
+            log_metric("accuracy", sum(correct) / max(len(correct), 1))
+        return [float(task.reward(c, p)) for c, p in zip(completions, probs)]
+
+    return clipbench_reward
+
+
+def run_trl(cfg, run_dir: Path, *, resume: bool = False, sink=None,
+            progress: Callable[[dict], None] | None = None) -> dict:
+    """Train `cfg` with TRL's GRPOTrainer into `run_dir` (the built-in loop's files); returns its summary."""
+    import shutil
+
+    import torch
+    from datasets import Dataset
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    from clipbench.config import run_id, to_dict
+    from clipbench.integrations.trl import ClipbenchGRPOTrainer
+    from clipbench.tasks import build_run_task
+    from clipbench.tracking.mlflow_sink import run_params
+    from clipbench.tracking.sink import NullSink
+    from clipbench.tracking.store import RunDir, read_json
+    from clipbench.train.base_model import load_model_and_tokenizer, resolve_model_name
+    from clipbench.train.checkpoint import find_checkpoint
+    from clipbench.train.distributed import resolve_device
+    from clipbench.train.loop import eval_suite
+
+    check_config(cfg)
+    sink = sink or NullSink()
+    rd = RunDir(run_dir)
+    main = _main_process()
+    ckpt = find_checkpoint(rd.checkpoint_dir) if resume else None
+    state = read_json(ckpt / "state.json") if ckpt else {"step": 0}
+    if ckpt and state.get("engine") != "trl":
+        raise UserError(f"{ckpt}: a checkpoint of engine '{state.get('engine', 'builtin')}', not 'trl'")
+    if main and not resume:  # a fresh start owns the directory's generated files
+        for p in (rd.metrics_path, rd.hist_path.parent, rd.path / "eval", rd.path / "checkpoints"):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    if main and ckpt:
+        rd.truncate_after(state["step"])
+    rd.checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
+    _barrier()
+
+    device = resolve_device(cfg.model.device)
+    model, tok = load_model_and_tokenizer(resolve_model_name(cfg.model.name), dtype="float32", device="cpu")
+    task = build_run_task(cfg)  # the run seed draws the problems, as in the builtin loop
+    problems = list(task.train_problems())
+    dataset = Dataset.from_dict({"prompt": [p.prompt for p in problems], "problem": list(range(len(problems)))})
+    suite = eval_suite(cfg, task) if cfg.eval.benchmarks else {}
+    args = grpo_args(cfg, rd.path, world_size=int(os.environ.get("WORLD_SIZE", "1")), use_cpu=device.type == "cpu")
+    obj = dict(cfg.objective)
+    method = obj.pop("method")
+    callback = make_store_callback(cfg, rd, sink=sink, progress=progress, suite=suite, tokenizer=tok)
+    trainer = ClipbenchGRPOTrainer(model=model, reward_funcs=[_reward_fn(task, problems)], args=args,
+                                   train_dataset=dataset, processing_class=tok, callbacks=[callback],
+                                   method=method, params=obj, agg=cfg.train.agg,
+                                   log_histograms=cfg.train.log_histograms)
+    callback.trainer = trainer
+    for cb in (PrinterCallback, ProgressCallback):  # clipbench reports progress itself
+        trainer.remove_callback(cb)
+    backend = "vllm" if args.use_vllm else "hf"
+    if main:
+        rd.write_config(to_dict(cfg))
+        rd.set_status("running", run_id=run_id(cfg), step=state["step"], steps=cfg.train.steps, backend=backend,
+                      engine="trl", started=rd.status().get("started", time.time()))
+        sink.log_params(run_params(to_dict(cfg), backend))
+
+    trainer.train(resume_from_checkpoint=str(ckpt / "model") if ckpt else None)
+
+    final = {}
+    if suite and not rd.eval_path(cfg.train.steps, next(iter(suite))).exists():
+        final = callback.evaluate(cfg.train.steps, trainer.model)
+    _barrier()
+    if main:
+        sink.log_artifact(rd.config_path)
+        if rd.hist_path.exists():
+            sink.log_artifact(rd.hist_path, "hist")
+        rd.set_status("finished", step=cfg.train.steps, finished=time.time())
+        shutil.rmtree(args.output_dir, ignore_errors=True)  # TRL's own dir: its checkpoints were moved out
+    del trainer
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return {"run_id": run_id(cfg), "run_dir": str(rd.path), "steps": cfg.train.steps, **final,
+            "last": {k: v for k, v in callback.last.items() if isinstance(v, (int, float))}}

@@ -1,0 +1,347 @@
+"""`clipbench sweep FILE --engine verl`: each run of a sweep as a verl trainer command.
+
+    clipbench sweep sweeps/nsr_vs_decay.yaml --engine verl --dry-run      # the commands, nothing written
+    clipbench sweep sweeps/nsr_vs_decay.yaml --engine verl --json         # {"run_id", "env", "command"} per run
+    clipbench sweep sweeps/nsr_vs_decay.yaml --engine verl --launcher ray hydra.launcher.ray.init.address=HEAD:6379
+    clipbench sweep sweeps/nsr_vs_decay.yaml --engine verl --launcher submitit_slurm hydra.launcher.partition=gpu
+
+A run config maps onto verl's `main_ppo` Hydra overrides (`verl_overrides`): the model; the batch
+(data.train_batch_size = prompts per step, rollout.n = group size, actor.ppo_mini_batch_size =
+prompts / mini_batches, ppo_epochs, token-budget micro-batches); the rule
+(actor.policy_loss.loss_mode=clipbench.<method>, verl's clip_ratio_* / tau_* fields where they mean
+the same, every parameter in CLIPBENCH_RULE_PARAMS, carried to the Ray workers by
+ray_kwargs.ray_init.runtime_env.env_vars); the aggregation; the seed (data, actor data loader,
+rollout); the optimizer and schedule; KL (beta -> actor KL loss, k3 = low_var_kl); evaluation
+cadence; the logger (console + MLflow, experiment = tracking.experiment) and the checkpoint directory
+(<results>/<sweep>/<run_id>/verl). The task is exported once per task config to verl's parquet
+format (`export_task`) with clipbench's own reward as verl's custom reward function
+(`clipbench.integrations.verl_reward`).
+
+A real launch freezes the manifest, writes each run's config.yaml and a status.json that records the
+submission (a rerun does not submit it again), and submits: to a Ray cluster as Ray jobs, to SLURM
+through submitit, or, without --launcher, runs the commands here one after another. verl's trainer
+needs GPUs and verl itself: without them the command stops with one line saying so (--dry-run still
+prints everything). verl's runs log through verl's own loggers; the results store keeps their configs
+and submissions, not their metrics, so `clipbench report` does not read them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from clipbench.errors import UserError
+
+A, R, REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
+MODULE = "clipbench.integrations.verl"
+MAX_PROMPT_LENGTH = 1024  # verl drops longer prompts (data.filter_overlong_prompts)
+_PLAIN = re.compile(r"[A-Za-z_/.~][A-Za-z0-9_./:@+~-]*")
+ADV = {"group": "grpo", "group_mean": "grpo", "rloo": "rloo"}
+# clipbench parameter <- verl actor field(s) that mean the same for verl's own losses (first one set
+# wins; the one owner of this mapping: the registered losses read it, the generated commands set the
+# first field of each).
+VERL_FIELDS = {
+    "eps_low": ("clip_ratio_low", "clip_ratio"), "eps_high": ("clip_ratio_high", "clip_ratio"),
+    "c": ("clip_ratio_c",), "tau_pos": ("tau_pos",), "tau_neg": ("tau_neg",),
+    "div_low": ("clip_ratio_low", "clip_ratio"), "div_high": ("clip_ratio_high", "clip_ratio"),  # dppo_*
+    "is_cap": ("clip_ratio_c",),  # dppo_*: the importance-sampling cap
+    "dro_beta": ("policy_loss.dro_beta",), "clip_cov_ratio": ("policy_loss.clip_cov_ratio",),
+    "clip_cov_lb": ("policy_loss.clip_cov_lb",), "clip_cov_ub": ("policy_loss.clip_cov_ub",),
+    "kl_cov_ratio": ("policy_loss.kl_cov_ratio",), "ppo_kl_coef": ("policy_loss.ppo_kl_coef",),
+}
+
+
+def _hydra_value(v: Any) -> str:
+    """A value in Hydra's override grammar."""
+    if isinstance(v, bool):
+        return str(v).lower()
+    if v is None:
+        return "null"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_hydra_value(x) for x in v) + "]"
+    s = str(v)
+    if _PLAIN.fullmatch(s) and s.lower() not in ("true", "false", "null", "none", "nan", "inf"):
+        try:
+            float(s)
+        except ValueError:
+            return s  # a plain string in Hydra's grammar (names, paths)
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def task_data_dir(sweep_dir: Path, cfg: dict) -> Path:
+    """One export per distinct task and evaluation set."""
+    key = json.dumps({"task": cfg["task"], "eval": {k: cfg["eval"][k] for k in ("benchmarks", "limit", "data_dir")}},
+                     sort_keys=True)
+    return Path(sweep_dir) / "verl_data" / hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def export_task(cfg: dict, out_dir: Path) -> tuple[Path, Path]:
+    """The run's data as verl parquet files: train = the task's training pool; val = every evaluation
+    benchmark of the run (eval.benchmarks, eval.limit problems each; data_source clipbench/<benchmark>,
+    so verl reports each one). Each row: data_source, prompt (one user message: clipbench's rendered
+    prompt), ability, reward_model.ground_truth, extra_info (what verl_reward.compute_score needs)."""
+    import pandas as pd
+
+    from clipbench.config import from_dict
+    from clipbench.tasks import build_task
+    from clipbench.train.loop import eval_suite
+
+    out_dir = Path(out_dir)
+    train, val = out_dir / "train.parquet", out_dir / "val.parquet"
+    if train.is_file() and val.is_file():
+        return train, val
+    run = from_dict(cfg)
+    task = build_task(run.task)
+    task_json = json.dumps(cfg["task"], sort_keys=True)
+
+    def rows(source: str, problems, scorer: dict) -> list[dict]:
+        return [{"data_source": f"clipbench/{source}", "prompt": [{"role": "user", "content": p.prompt}],
+                 "ability": "math", "reward_model": {"style": "rule", "ground_truth": p.answer},
+                 "extra_info": {**scorer, "id": p.id, "prompt": p.prompt, "meta": json.dumps(p.meta, default=str)}}
+                for p in problems]
+
+    train_rows = rows(cfg["task"]["name"], task.train_problems(), {"task": task_json, "benchmark": ""})
+    val_rows = []
+    for name, (problems, _) in (eval_suite(run, task) if run.eval.benchmarks else {}).items():
+        own = name == "arith" and run.task.name == "arith"  # the run's own held-out split, graded by the task
+        val_rows += rows(name, problems, {"task": task_json, "benchmark": "" if own else name})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for path, data in ((train, train_rows), (val, val_rows)):
+        tmp = path.with_suffix(".tmp")
+        pd.DataFrame(data).to_parquet(tmp)
+        os.replace(tmp, path)
+    return train, val
+
+
+def rule_env(cfg: dict) -> dict[str, str]:
+    """The environment of verl's workers: the module to import, the rule's parameters, the run's plugins
+    (absolute paths once the config is composed: they must exist on the workers' nodes)."""
+    obj = dict(cfg["objective"])
+    obj.pop("method")
+    env = {"VERL_USE_EXTERNAL_MODULES": MODULE, "CLIPBENCH_RULE_PARAMS": json.dumps(obj, sort_keys=True)}
+    if cfg.get("plugins"):
+        env["CLIPBENCH_PLUGINS"] = os.pathsep.join(cfg["plugins"])
+    return env
+
+
+def verl_overrides(cfg: dict, *, run_dir: Path, data: tuple[Path, Path], experiment: str, n_gpus: int = 8,
+                   nnodes: int = 1, tracking_uri: str | None = None) -> list[str]:
+    """verl main_ppo Hydra overrides for one resolved clipbench run config (see the module docstring)."""
+    from clipbench.train.base_model import BUILTIN_PREFIX, builtin_path
+
+    tc, sc, ev, obj = cfg["train"], cfg["sampler"], cfg["eval"], dict(cfg["objective"])
+    method = obj.pop("method")
+    P, M = tc["prompts_per_step"], tc["mini_batches"]
+    if P % M:
+        raise UserError(f"engine verl: verl's mini-batches count prompts; train.prompts_per_step={P} does not split "
+                        f"into train.mini_batches={M}")
+    model = cfg["model"]["name"]
+    if model.startswith(BUILTIN_PREFIX):
+        model = str(builtin_path(model[len(BUILTIN_PREFIX):]))
+    o: dict[str, Any] = {
+        "algorithm.adv_estimator": ADV[tc["advantage"]],
+        "algorithm.norm_adv_by_std_in_grpo": tc["advantage"] == "group",
+        "algorithm.use_kl_in_reward": False,
+        "data.train_files": str(data[0]), "data.val_files": str(data[1]),
+        "data.train_batch_size": P, "data.max_prompt_length": MAX_PROMPT_LENGTH,
+        "data.max_response_length": sc["max_new_tokens"], "data.seed": cfg["seed"],
+        "actor_rollout_ref.model.path": model,
+        "actor_rollout_ref.model.enable_gradient_checkpointing": cfg["model"]["gradient_checkpointing"],
+        f"{A}.policy_loss.loss_mode": f"clipbench.{method}",
+        f"{A}.loss_agg_mode": tc["agg"], f"{A}.loss_scale_factor": sc["max_new_tokens"],
+        f"{A}.ppo_mini_batch_size": P // M, f"{A}.ppo_epochs": tc["epochs"], f"{A}.use_dynamic_bsz": True,
+        f"{A}.optim.lr": tc["lr"], f"{A}.optim.weight_decay": tc["weight_decay"], f"{A}.optim.betas": tc["betas"],
+        f"{A}.optim.lr_warmup_steps": tc["warmup_steps"], f"{A}.optim.lr_scheduler_type": tc["lr_schedule"],
+        f"{A}.grad_clip": tc["grad_clip"], f"{A}.entropy_coeff": 0.0, f"{A}.data_loader_seed": cfg["seed"],
+        f"{A}.use_kl_loss": tc["beta"] > 0, f"{A}.kl_loss_coef": tc["beta"], f"{A}.kl_loss_type": "low_var_kl",
+        f"{R}.name": "vllm", f"{R}.n": sc["group_size"], f"{R}.temperature": sc["temperature"],
+        f"{R}.top_p": sc["top_p"], f"{R}.seed": cfg["seed"], f"{R}.gpu_memory_utilization": sc["gpu_memory_utilization"],
+        f"{R}.log_prob_use_dynamic_bsz": True, f"{REF}.log_prob_use_dynamic_bsz": True,
+        f"{R}.val_kwargs.n": ev["n"], f"{R}.val_kwargs.temperature": ev["temperature"],
+        f"{R}.val_kwargs.top_p": ev["top_p"], f"{R}.val_kwargs.do_sample": True,
+        "reward.custom_reward_function.path": str(Path(__file__).with_name("verl_reward.py")),
+        "reward.custom_reward_function.name": "compute_score",
+        "trainer.logger": ["console", "mlflow"] if cfg["tracking"]["mlflow"] else ["console"],
+        "trainer.project_name": cfg["tracking"]["experiment"], "trainer.experiment_name": experiment,
+        "trainer.total_training_steps": tc["steps"], "trainer.save_freq": tc["checkpoint_every"],
+        "trainer.test_freq": ev["every"] or -1,
+        "trainer.val_before_train": bool(ev["at_start"] and ev["benchmarks"]),
+        "trainer.default_local_dir": str(Path(run_dir) / "verl"), "trainer.resume_mode": "auto",
+        "trainer.n_gpus_per_node": n_gpus, "trainer.nnodes": nnodes,
+    }
+    for param, fields in VERL_FIELDS.items():  # verl's own fields, where they mean the same
+        if param in obj:
+            o[f"{A}.{fields[0]}"] = obj[param]
+    if tc.get("micro_batch_tokens"):
+        o[f"{A}.ppo_max_token_len_per_gpu"] = tc["micro_batch_tokens"]
+    out = [f"{k}={_hydra_value(v)}" for k, v in o.items()]
+    env = rule_env(cfg)
+    if tracking_uri:
+        env["MLFLOW_TRACKING_URI"] = tracking_uri
+    out += [f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={_hydra_value(v)}" for k, v in env.items()]
+    return out
+
+
+def verl_command(overrides: list[str]) -> list[str]:
+    return ["python3", "-m", "verl.trainer.main_ppo", *overrides]
+
+
+def shell_line(cmd: list[str], env: dict[str, str], sep: str = " ") -> str:
+    """The command as one shell line (sep=" \\\n    ": one override per line)."""
+    head = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *map(shlex.quote, cmd[:3])])
+    return sep.join([head, *map(shlex.quote, cmd[3:])])
+
+
+def plan_runs(runs, *, results_dir: Path, sweep: str, tracking_uri: str | None, n_gpus: int, nnodes: int) -> list[dict]:
+    """[{run_id, label, config, data (paths), env, command}] for the runs of a frozen/planned manifest."""
+    sweep_dir = Path(results_dir).resolve() / sweep
+    plans = []
+    for rid, cfg, label in runs:
+        data_dir = task_data_dir(sweep_dir, cfg)
+        data = (data_dir / "train.parquet", data_dir / "val.parquet")
+        overrides = verl_overrides(cfg, run_dir=sweep_dir / rid, data=data, experiment=sweep, n_gpus=n_gpus,
+                                   nnodes=nnodes, tracking_uri=tracking_uri)
+        env = {"VERL_USE_EXTERNAL_MODULES": MODULE}
+        plans.append({"run_id": rid, "label": label, "config": cfg, "data_dir": str(data_dir), "env": env,
+                      "command": verl_command(overrides)})
+    return plans
+
+
+def check_can_launch(launcher: str | None) -> None:
+    """verl's trainer runs where verl is installed with GPUs: refuse clearly when it cannot."""
+    if launcher in ("ray", "submitit_slurm"):
+        return  # the GPUs and verl are on the cluster
+    if launcher is not None:
+        raise UserError(f"--engine verl: --launcher {launcher} is not supported; use ray, submitit_slurm, or none")
+    import importlib.util
+
+    if importlib.util.find_spec("verl") is None:
+        raise UserError("--engine verl: verl is not installed here (pip install verl, with its GPU dependencies); "
+                        "--dry-run prints the commands, --launcher ray or submitit_slurm submits them to a cluster")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UserError("--engine verl: verl's trainer needs GPUs and this machine has none; --dry-run prints the "
+                        "commands, --launcher ray or submitit_slurm submits them to a cluster")
+
+
+def submit(plans: list[dict], *, launcher: str | None, hydra_overrides: list[str], sweep_dir: Path) -> list[dict]:
+    """Export the tasks, then run or submit each command; returns [{run_id, job}]."""
+    for p in plans:
+        export_task(p["config"], Path(p["data_dir"]))
+    settings = {o.split("=", 1)[0].lstrip("+")[len("hydra.launcher."):]: o.split("=", 1)[1]
+                for o in hydra_overrides if o.lstrip("+").startswith("hydra.launcher.")}
+    if launcher == "ray":
+        return _submit_ray(plans, settings)
+    if launcher == "submitit_slurm":
+        return _submit_slurm(plans, settings, sweep_dir)
+    out = []
+    for p in plans:  # here, one after another
+        env = {**os.environ, **p["env"]}
+        rc = subprocess.run(p["command"], env=env).returncode
+        out.append({"run_id": p["run_id"], "job": f"local exit {rc}"})
+    return out
+
+
+def _submit_ray(plans: list[dict], settings: dict) -> list[dict]:
+    from ray.job_submission import JobSubmissionClient
+
+    address = settings.get("ray.init.address") or os.environ.get("RAY_ADDRESS")
+    if not address:
+        raise UserError("--engine verl --launcher ray: give the cluster's address "
+                        "(hydra.launcher.ray.init.address=HEAD:6379 or RAY_ADDRESS); jobs go to its dashboard port")
+    host = address.split("://")[-1].rsplit(":", 1)[0]
+    url = address if address.startswith("http") else f"http://{host}:8265"
+    try:
+        client = JobSubmissionClient(url)
+    except Exception as e:  # noqa: BLE001 - unreachable cluster: one line
+        raise UserError(f"--engine verl --launcher ray: cannot reach the Ray job server at {url}: {e}") from None
+    return [{"run_id": p["run_id"], "job": client.submit_job(entrypoint=shlex.join(p["command"]),
+                                                             runtime_env={"env_vars": p["env"]})} for p in plans]
+
+
+def _submit_slurm(plans: list[dict], settings: dict, sweep_dir: Path) -> list[dict]:
+    import submitit
+
+    if shutil.which("sbatch") is None:
+        raise UserError("--engine verl --launcher submitit_slurm: sbatch not found (not on a SLURM login node)")
+    ex = submitit.AutoExecutor(folder=str(Path(sweep_dir) / ".verl-submitit" / "%j"), cluster="slurm")
+    params = {k: (json.loads(v) if v.replace(".", "", 1).isdigit() else v) for k, v in settings.items()}
+    ex.update_parameters(**{(k if k in ("timeout_min", "gpus_per_node", "cpus_per_task", "mem_gb", "nodes",
+                                        "tasks_per_node", "name") else f"slurm_{k}"): v for k, v in params.items()})
+    out = []
+    for p in plans:
+        job = ex.submit(submitit.helpers.CommandFunction(p["command"], env={**os.environ, **p["env"]}))
+        out.append({"run_id": p["run_id"], "job": str(job.job_id)})
+    return out
+
+
+def print_plans(plans: list[dict], *, json_out: bool) -> None:
+    for p in plans:
+        if json_out:
+            sys.stdout.write(json.dumps({"run_id": p["run_id"], "label": p["label"], "env": p["env"],
+                                         "command": p["command"], "data_dir": p["data_dir"]}) + "\n")
+        else:
+            line = shell_line(p["command"], p["env"], sep=" \\\n    ")
+            sys.stdout.write(f"# {p['run_id']}  {p['label']}\n{line}\n\n")
+    sys.stdout.flush()
+
+
+def verl_sweep(spec, exp, *, results_dir: Path, dry_run: bool, json_out: bool, launcher: str | None,
+               hydra_overrides: list[str], tracking_uri: str | None, retry_failed: bool, err) -> dict:
+    """The `--engine verl` branch of `clipbench sweep` (the plan is already expanded and validated)."""
+    from clipbench.sweep.expand import run_label
+    from clipbench.sweep.manifest import freeze, manifest_path, manifest_runs, merge, read_manifest
+    from clipbench.tracking.store import RunDir
+
+    results_dir = Path(results_dir)
+    mpath = manifest_path(results_dir, spec.name)
+    gpus = next((o.split("=", 1)[1] for o in hydra_overrides if o.lstrip("+").startswith("hydra.launcher.gpus_per_node=")), None)
+    nodes = next((o.split("=", 1)[1] for o in hydra_overrides if o.lstrip("+").startswith("hydra.launcher.nodes=")), None)
+
+    def plans_of(manifest: dict) -> list[dict]:
+        runs = [(rid, cfg, run_label(cfg, point)) for rid, cfg, point in manifest_runs(manifest)]
+        n_gpus = int(gpus or next((cfg.get("launch", {}).get("nproc_per_node") for _, cfg, _ in runs
+                                   if cfg.get("launch", {}).get("nproc_per_node")), 8))
+        return plan_runs(runs, results_dir=results_dir, sweep=spec.name, tracking_uri=tracking_uri, n_gpus=n_gpus,
+                         nnodes=int(nodes or 1))
+
+    if dry_run or json_out:
+        existing = read_manifest(mpath) if mpath.is_file() else None
+        mg = merge(existing, spec, exp)
+        for w in list(exp.warnings) + mg.warnings:
+            err.print(f"[yellow]warning:[/] {w}")
+        print_plans(plans_of(mg.manifest), json_out=json_out)
+        if not json_out:
+            err.print(f"{len(mg.manifest['runs'])} verl runs of sweep {spec.name} (dry run: nothing written)")
+        return {"sweep": spec.name, "runs": list(mg.manifest["runs"]), "written": False}
+
+    check_can_launch(launcher)  # before anything is written
+    mg = freeze(results_dir, spec, exp)
+    for w in list(exp.warnings) + mg.warnings:
+        err.print(f"[yellow]warning:[/] {w}")
+    todo = []
+    for p in plans_of(mg.manifest):
+        st = RunDir(mpath.parent / p["run_id"]).status()
+        if st.get("submitted") and not retry_failed:
+            err.print(f"{p['run_id']} {p['label']}: already submitted ({st['submitted'].get('job')}); skipped")
+        else:
+            todo.append(p)
+    jobs = submit(todo, launcher=launcher, hydra_overrides=hydra_overrides, sweep_dir=mpath.parent) if todo else []
+    for p, j in zip(todo, jobs):
+        rd = RunDir(mpath.parent / p["run_id"])
+        rd.write_config(p["config"])
+        rd.set_status("pending", engine="verl", submitted={"launcher": launcher or "local", "job": j["job"],
+                                                           "command": shell_line(p["command"], p["env"])})
+        err.print(f"{p['run_id']} {p['label']}: {launcher or 'local'} {j['job']}")
+    return {"sweep": spec.name, "runs": list(mg.manifest["runs"]), "written": True, "submitted": jobs}

@@ -1,0 +1,90 @@
+"""`clipbench plan RECIPE [key=value ...]`: the memory plan of a run per GPU, before anything loads.
+
+    clipbench plan recipes/abc_grpo_table3/qwen3_1p7b_grpo.yaml --gpu-memory 80
+    clipbench plan recipes/abc_grpo_table3/qwen3_4b_grpo.yaml --nproc-per-node 8 --json
+
+Exit code: 0 when the run fits, 1 when it does not (the last line says by how much and which knob
+to turn), 2 for bad input. The assumptions are listed in clipbench/memory/estimator.py.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+from clipbench.errors import UserError
+from clipbench.memory.estimator import MARGIN, MemoryPlan, advise, estimate, gib
+from clipbench.memory.plan import fit_message, launch_nproc, setup_for
+from clipbench.memory.shapes import model_shape
+
+
+def plan_command(recipe, overrides: list[str], *, nproc_per_node: int | None, nnodes: int,
+                 gpu_memory: float, prompt_tokens: int, json_out: bool) -> int:
+    """Print the plan of RECIPE; return 0 when it fits, 1 when it does not."""
+    from clipbench.config import load_run_config
+    from clipbench.train.base_model import resolve_model_name
+
+    for key, v in {"--nproc-per-node": nproc_per_node or 1, "--nnodes": nnodes,
+                   "--prompt-tokens": prompt_tokens}.items():
+        if v < 1:
+            raise UserError(f"{key} must be >= 1, got {v}")
+    if not gpu_memory > 0:
+        raise UserError(f"--gpu-memory must be > 0 (GiB), got {gpu_memory}")
+    cfg = load_run_config(recipe, overrides)
+    nproc = nproc_per_node or launch_nproc(cfg)
+    shape = model_shape(resolve_model_name(cfg.model.name))
+    setup = setup_for(cfg, world_size=nproc * nnodes, device_gib=gpu_memory, prompt_tokens=prompt_tokens,
+                      shape=shape)
+    plan = estimate(shape, setup)
+    knobs = [] if plan.fits else advise(shape, setup, nnodes=nnodes)
+    if json_out:
+        print(json.dumps(plan_json(plan, knobs), indent=2))
+    else:
+        render(plan, knobs, nproc=nproc, nnodes=nnodes)
+    return 0 if plan.fits else 1
+
+
+def plan_json(plan: MemoryPlan, knobs: list[str]) -> dict:
+    return {"model": asdict(plan.shape), "params": plan.shape.n_params(), "setup": asdict(plan.setup),
+            "rows": [{"name": r.name, "bytes": r.bytes, "phases": list(r.phases), "how": r.how}
+                     for r in plan.rows],
+            "sampling_bytes": plan.phase_bytes("sampling"), "training_bytes": plan.phase_bytes("training"),
+            "peak_phase": plan.peak_phase, "with_margin_bytes": plan.with_margin_bytes,
+            "device_bytes": plan.device_bytes, "kv_cache_bytes": plan.kv_cache_bytes,
+            "kv_sequences": plan.kv_sequences, "fits": plan.fits, "knobs": knobs}
+
+
+def render(plan: MemoryPlan, knobs: list[str], *, nproc: int, nnodes: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    s, u = plan.shape, plan.setup
+    con = Console(highlight=False)
+    mb_tokens, mb_rows, _ = u.micro_batch()
+    title = (f"{s.name}: {s.n_params() / 1e9:.2f}B params, {u.dtype}, "
+             f"{nproc} GPU{'s' if nproc > 1 else ''}" + (f" x {nnodes} nodes" if nnodes > 1 else "")
+             + f" of {u.device_gib:g} GiB")
+    table = Table(title=title, title_justify="left")
+    table.add_column("per GPU")
+    table.add_column("GiB", justify="right")
+    table.add_column("sampling", justify="center")
+    table.add_column("training", justify="center")
+    table.add_column("how")
+    for r in plan.rows:
+        style = "dim" if not r.phases else None
+        table.add_row(r.name, gib(r.bytes), "x" if "sampling" in r.phases else "",
+                      "x" if "training" in r.phases else "", r.how, style=style)
+    table.add_section()
+    samp, train = plan.phase_bytes("sampling"), plan.phase_bytes("training")
+    table.add_row("phase total", "", gib(samp), gib(train), f"peak: {plan.peak_phase}")
+    table.add_row(f"peak + {MARGIN:.0%} margin", gib(plan.with_margin_bytes), "", "",
+                  f"device {u.device_gib:g} GiB", style="bold")
+    con.print(table)
+    con.print(f"micro-batch: {mb_tokens:,} token positions ({mb_rows} x {u.seq_tokens} max: "
+              f"{u.prompt_tokens} prompt + {u.max_new_tokens} new), checkpointing "
+              f"{'on' if u.gradient_checkpointing else 'off'}; sampler {u.backend}"
+              + (f", sleep mode {'on' if u.sleep_mode else 'off'}" if u.backend == "vllm" else ""))
+    if plan.fits:
+        con.print(f"[green]fits[/]: ~{gib(plan.with_margin_bytes)} of {u.device_gib:g} GiB per GPU")
+    else:
+        con.print(f"[red]does not fit[/]: {fit_message(plan, knobs, 'here').split(': ', 1)[1]}")

@@ -1,0 +1,99 @@
+"""A run config -> its memory plan per GPU, and the check a run makes before it loads anything.
+
+    setup = setup_for(cfg, world_size=8, device_gib=80)      # the knobs that decide memory
+    preflight(cfg, model_path, world_size=8)                  # UserError naming the knob to turn
+
+`preflight` checks that sampler.sleep_mode can run here (CUDA, vllm backend); on a GPU it also reads
+the device's memory and raises a one-line UserError when the plan (clipbench.memory.estimator) says
+the run will not fit.
+"""
+
+from __future__ import annotations
+
+from clipbench.config import RunConfig
+from clipbench.errors import UserError
+from clipbench.memory.estimator import (DEFAULT_PROMPT_TOKENS, GIB, MARGIN, MemoryPlan, Setup, advise,
+                                       estimate, gib)
+from clipbench.memory.shapes import ModelShape, model_shape
+
+
+def launch_nproc(cfg: RunConfig) -> int:
+    """Processes per node the run config asks for (`launch.nproc_per_node`)."""
+    return cfg.launch.nproc_per_node
+
+
+def setup_for(cfg: RunConfig, *, world_size: int = 1, device_gib: float = 80.0,
+              prompt_tokens: int = DEFAULT_PROMPT_TOKENS, backend: str | None = None,
+              shape: ModelShape | None = None) -> Setup:
+    """The memory-relevant knobs of `cfg` on `world_size` GPUs of `device_gib` each.
+
+    prompt_tokens: the longest prompt assumed, capped by the model's context (`shape`) less the
+    completion budget (the vLLM sampler's own limit). backend: the resolved sampler backend
+    (default: the config's, with `auto` read as vllm, what a GPU machine with the vllm extra
+    resolves it to)."""
+    tc, sc = cfg.train, cfg.sampler
+    if shape is not None and shape.max_position_embeddings and shape.max_position_embeddings > sc.max_new_tokens:
+        prompt_tokens = min(prompt_tokens, shape.max_position_embeddings - sc.max_new_tokens)
+    rollout_rows = tc.prompts_per_step * sc.group_size
+    prompts_per_rank = -(-tc.prompts_per_step // world_size)
+    prompts_per_call = min(sc.prompts_per_call or prompts_per_rank, prompts_per_rank)
+    backend = backend or ("vllm" if sc.backend == "auto" else sc.backend)
+    return Setup(
+        dtype="bfloat16" if cfg.model.dtype == "auto" else cfg.model.dtype,
+        world_size=world_size, device_gib=device_gib, prompt_tokens=prompt_tokens,
+        max_new_tokens=sc.max_new_tokens,
+        rows_per_mini_batch=-(-rollout_rows // tc.mini_batches),
+        micro_batch_tokens=tc.micro_batch_tokens,
+        generate_rows=prompts_per_call * sc.group_size, gradient_checkpointing=cfg.model.gradient_checkpointing,
+        reference_model=tc.beta > 0, backend=backend,
+        gpu_memory_utilization=sc.gpu_memory_utilization,
+        sleep_mode=sc.sleep_mode,
+        sampler_logprobs=sc.old_logp == "sampler" or sc.mismatch_is != "none")
+
+
+def fit_message(plan: MemoryPlan, knobs: list[str], where: str) -> str:
+    """One line: what does not fit, by how much, and the knob(s) to turn."""
+    u = plan.setup
+    if not plan.kv_fits:
+        need = f"the vLLM KV cache holds {plan.kv_sequences:.2f} of one {u.seq_tokens}-token sequence"
+    else:
+        need = (f"{plan.peak_phase} needs ~{gib(plan.with_margin_bytes)} GiB per GPU "
+                f"(with {MARGIN:.0%} margin) of {u.device_gib:g} GiB")
+    fix = ("set " + knobs[0] + (" (or " + ", ".join(knobs[1:]) + ")" if knobs[1:] else "")) if knobs else \
+        ("no single knob (train.micro_batch_tokens, model.gradient_checkpointing, sampler.sleep_mode, "
+         "sampler.gpu_memory_utilization, --nproc-per-node up to 64) makes it fit; combine them "
+         "(see `clipbench plan`)")
+    return f"{plan.shape.name} does not fit {where}: {need}; {fix}"
+
+
+def check_fits(cfg: RunConfig, model_path: str, *, world_size: int, device_gib: float,
+               backend: str | None = None) -> MemoryPlan:
+    """The plan of `cfg` on `world_size` GPUs of `device_gib`; UserError naming the knob to turn
+    when it does not fit. model_path: model.name resolved (`builtin:` names to their directory)."""
+    shape = model_shape(model_path)
+    setup = setup_for(cfg, world_size=world_size, device_gib=device_gib, backend=backend, shape=shape)
+    plan = estimate(shape, setup)
+    if not plan.fits:
+        nnodes = max(1, world_size // launch_nproc(cfg)) if world_size % launch_nproc(cfg) == 0 else 1
+        where = f"{world_size} x {device_gib:.0f} GiB GPU" + ("s" if world_size > 1 else "")
+        raise UserError(fit_message(plan, advise(shape, setup, nnodes=nnodes), where))
+    return plan
+
+
+def preflight(cfg: RunConfig, model_path: str, *, world_size: int = 1, backend: str | None = None,
+              device=None) -> MemoryPlan | None:
+    """Before a run loads anything: sampler.sleep_mode can run here (else UserError, also on CPU),
+    and on a GPU `check_fits` with its memory (None on CPU). Call it on every rank, with the world
+    size; backend: the resolved sampler backend (default: resolved from the config)."""
+    import torch
+
+    from clipbench.rollout import check_sleep_mode, resolve_backend
+
+    backend = backend or resolve_backend(cfg.sampler.backend)
+    check_sleep_mode(cfg.sampler.sleep_mode, backend)
+    device = torch.device(device) if device is not None else (
+        torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+    if device.type != "cuda":
+        return None
+    total = torch.cuda.get_device_properties(device).total_memory
+    return check_fits(cfg, model_path, world_size=world_size, device_gib=total / GIB, backend=backend)

@@ -1,0 +1,163 @@
+"""The shape of a dense decoder model: what the memory plan needs from a model config.
+
+    shape = model_shape("Qwen/Qwen3-1.7B-Base")      # shipped table: no network
+    shape = model_shape("/models/my-qwen3")           # a local directory: transformers AutoConfig
+    shape.n_params(), shape.kv_bytes_per_token(2)
+
+Design choices:
+* The Qwen3 family's shapes ship with clipbench (`QWEN3` below), so `clipbench plan` works offline
+  for the models the recipes use. Any other model is read with `transformers.AutoConfig` from a
+  local path or the hub (cached by transformers after the first read).
+* Only dense decoders with the Llama layout are described (RMSNorm, GQA attention, SwiGLU MLP):
+  Qwen3 (adds q/k RMSNorm), Qwen2 (q/k/v bias), Llama and Mistral. A mixture-of-experts or any other
+  layout is refused with a clear error rather than estimated wrongly.
+* The parameter count is computed from the config (never read from a model card), so it is exact
+  for these layouts; tests check it against transformers' own modules on the meta device.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+from clipbench.errors import UserError
+
+SUPPORTED_TYPES = ("qwen3", "qwen2", "llama", "mistral")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    model_type: str
+    vocab_size: int            # V
+    hidden_size: int           # h
+    intermediate_size: int     # I (SwiGLU: gate, up (h -> I) and down (I -> h))
+    num_layers: int            # L
+    num_heads: int             # a (query heads)
+    num_kv_heads: int          # k (GQA key/value heads)
+    head_dim: int              # d
+    tie_word_embeddings: bool  # the output head is the input embedding (one V x h matrix)
+    qk_norm: bool = False      # Qwen3: RMSNorm over each head of q and k (d weights each)
+    qkv_bias: bool = False     # Qwen2: bias on q, k, v
+    o_bias: bool = False       # Llama/Qwen3 attention_bias=true: bias on q, k, v and o
+    mlp_bias: bool = False     # Llama mlp_bias=true
+    max_position_embeddings: int | None = None
+    source: str = ""           # where the numbers come from
+
+    # -- parameters ------------------------------------------------------------------------------
+    def layer_params(self) -> int:
+        """Parameters of one decoder layer."""
+        h, i, ad, kd = self.hidden_size, self.intermediate_size, self.q_dim, self.kv_dim
+        attn = h * ad + 2 * h * kd + ad * h                     # q, k, v, o projections
+        if self.qkv_bias or self.o_bias:
+            attn += ad + 2 * kd                                 # q, k, v biases
+        if self.o_bias:
+            attn += h                                           # o bias
+        if self.qk_norm:
+            attn += 2 * self.head_dim                           # q_norm, k_norm weights
+        mlp = 3 * h * i + ((2 * i + h) if self.mlp_bias else 0)
+        norms = 2 * h                                           # input and post-attention RMSNorm
+        return attn + mlp + norms
+
+    def embedding_params(self) -> int:
+        """Input embedding, plus the output head when it is not tied."""
+        return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+
+    def n_params(self) -> int:
+        """All parameters: embeddings (+ untied head) + L layers + the final RMSNorm."""
+        return self.embedding_params() + self.num_layers * self.layer_params() + self.hidden_size
+
+    # -- derived sizes ---------------------------------------------------------------------------
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def kv_bytes_per_token(self, itemsize: int) -> int:
+        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, itemsize)
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, itemsize: int) -> int:
+    """K and V of every layer for one token: 2 * L * kv_heads * head_dim * itemsize."""
+    return 2 * num_layers * num_kv_heads * head_dim * itemsize
+
+
+def attention_dims(cfg) -> tuple[int, int, int]:
+    """(query heads, key/value heads, head dim) of a transformers config (defaults as transformers:
+    no num_key_value_heads = multi-head attention, no head_dim = hidden_size // heads)."""
+    heads = cfg.num_attention_heads
+    return (heads, getattr(cfg, "num_key_value_heads", None) or heads,
+            getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+
+
+def _q3(size: str, h: int, i: int, layers: int, heads: int, tied: bool) -> ModelShape:
+    return ModelShape(
+        name=f"Qwen/Qwen3-{size}-Base", model_type="qwen3", vocab_size=151936, hidden_size=h,
+        intermediate_size=i, num_layers=layers, num_heads=heads, num_kv_heads=8, head_dim=128,
+        tie_word_embeddings=tied, qk_norm=True, max_position_embeddings=32768,
+        source=f"config.json of Qwen/Qwen3-{size}-Base on the Hugging Face hub (shipped with clipbench)")
+
+
+# The Qwen3 dense family (Qwen3 Technical Report, arXiv 2505.09388, Table 1: layers, heads, tying;
+# hidden/intermediate/vocab sizes from each model's config.json). The post-trained models
+# (Qwen/Qwen3-<size>) have the same shapes (only max_position_embeddings differs, 40960), so both
+# names resolve here.
+QWEN3: dict[str, ModelShape] = {s.name: s for s in (
+    _q3("0.6B", 1024, 3072, 28, 16, True),
+    _q3("1.7B", 2048, 6144, 28, 16, True),
+    _q3("4B", 2560, 9728, 36, 32, True),
+    _q3("8B", 4096, 12288, 36, 32, False),
+    _q3("14B", 5120, 17408, 40, 40, False),
+    _q3("32B", 5120, 25600, 64, 64, False),
+)}
+for _s in list(QWEN3.values()):
+    _post = _s.name.removesuffix("-Base")
+    QWEN3[_post] = replace(_s, name=_post, max_position_embeddings=40960,
+                           source=_s.source.replace(_s.name, _post))
+
+
+def from_hf_config(cfg, name: str = "", source: str = "") -> ModelShape:
+    """A ModelShape from a transformers config object (AutoConfig) of a supported dense decoder."""
+    model_type = getattr(cfg, "model_type", None)
+    if getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None):
+        raise UserError(f"model.name: '{name}' is a mixture-of-experts model ({model_type}); "
+                        f"the memory plan knows dense decoders only ({', '.join(SUPPORTED_TYPES)})")
+    if model_type not in SUPPORTED_TYPES:
+        raise UserError(f"model.name: '{name}' has model_type '{model_type}'; the memory plan knows "
+                        f"the dense decoders {', '.join(SUPPORTED_TYPES)}")
+    heads, kv_heads, head_dim = attention_dims(cfg)
+    attention_bias = bool(getattr(cfg, "attention_bias", False))
+    return ModelShape(
+        name=name, model_type=model_type, vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size, num_layers=cfg.num_hidden_layers, num_heads=heads,
+        num_kv_heads=kv_heads, head_dim=head_dim,
+        tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+        qk_norm=model_type == "qwen3", qkv_bias=model_type == "qwen2",
+        o_bias=attention_bias and model_type != "qwen2",
+        mlp_bias=bool(getattr(cfg, "mlp_bias", False)),
+        max_position_embeddings=getattr(cfg, "max_position_embeddings", None), source=source or name)
+
+
+def model_shape(name: str) -> ModelShape:
+    """The shape of `name`: a local directory (AutoConfig), a shipped Qwen3 shape, else the hub.
+
+    `name` is already resolved (no `builtin:` prefix). Raises UserError when it cannot be read."""
+    if os.path.exists(os.path.expanduser(name)):
+        return _auto_config(os.path.expanduser(name), f"{name}/config.json")
+    if name in QWEN3:
+        return QWEN3[name]
+    return _auto_config(name, f"config.json of {name} (Hugging Face hub)")
+
+
+def _auto_config(name: str, source: str) -> ModelShape:
+    from transformers import AutoConfig
+
+    try:
+        cfg = AutoConfig.from_pretrained(name)
+    except (OSError, ValueError, KeyError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"model.name: cannot read the config of '{name}': {reason}") from None
+    return from_hf_config(cfg, name, source)

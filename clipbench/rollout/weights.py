@@ -1,0 +1,59 @@
+"""The training model's weights as a stream of (name, full tensor) pairs, for an inference engine.
+
+    for name, tensor in training_weights(model, dtype=torch.bfloat16):
+        ...   # one tensor at a time, in the engine's dtype, named as in the checkpoint
+
+Design choices:
+* Tensor by tensor, lazily: the consumer (vLLM's in-place reload, in this process) copies each
+  tensor into its own parameter before it asks for the next one, so at most one full tensor of
+  the training model exists at a time beyond the engine's own weights. Buckets would only raise
+  that peak: they pay off when tensors cross a process boundary, which they do not here.
+* FSDP2 (DTensor parameters): each shard is cast to the engine dtype first and then gathered
+  (`full_tensor()`), so no float32 copy of a whole tensor (let alone of the model) is ever made,
+  and the all-gather moves half the bytes. `full_tensor()` is a collective: every rank must consume
+  the stream to the end, in the same order (named_parameters order), which a full reload does.
+* Everything the state dict has (parameters and persistent buffers), each distinct tensor gathered
+  once: a tensor with several names (a tied output head) is yielded under each of them, one right
+  after the other, so the engine reloads the head too without a second gather. Wrapper prefixes
+  that are not part of the checkpoint's names (torch.compile's `_orig_mod.`, activation
+  checkpointing's `_checkpoint_wrapped_module.`) are removed.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
+
+
+def checkpoint_name(name: str) -> str:
+    """A parameter's name as in the model's checkpoint (wrapper prefixes removed)."""
+    for prefix in WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def training_weights(model: torch.nn.Module, dtype: torch.dtype | None = None
+                     ) -> Iterator[tuple[str, torch.Tensor]]:
+    """(checkpoint name, full detached tensor) for every state-dict entry of `model`, one tensor at
+    a time, cast to `dtype` (None: as they are). DTensors are cast on their shard, then gathered;
+    every rank must exhaust the iterator."""
+    from torch.distributed.tensor import DTensor
+
+    names: dict[int, list[str]] = {}          # distinct tensor -> its names, in state-dict order
+    tensors: dict[int, torch.Tensor] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():   # references, no copies
+        names.setdefault(id(tensor), []).append(checkpoint_name(name))
+        tensors.setdefault(id(tensor), tensor)
+    with torch.no_grad():
+        for key, tensor in tensors.items():
+            t = tensor.detach()
+            if dtype is not None and t.is_floating_point():
+                t = t.to(dtype)                      # on the local shard for a DTensor
+            if isinstance(t, DTensor):
+                t = t.full_tensor()
+            for name in names[key]:
+                yield name, t
+            del t

@@ -1,0 +1,226 @@
+"""The update of one rollout batch on one rank: plan, frozen log-probs, accumulated gradients, step.
+
+    plan = plan_update(batch, mini_batches=4, epochs=1, budget=4096, perm=gen, dist=dist)
+    old = frozen_logprobs(model, batch, plan_of_epoch_0, ...)       # (B, T) on every rank
+    sums = accumulate_gradients(model, batch, plan[k], inputs, objective, ...)   # backward per micro-batch
+    grad_norm, stepped = optimizer_step(model, optimizer, scheduler, grad_clip)
+
+Design choices
+- Exact accumulation. Every micro-batch's loss is normalised by its mini-batch's global counts
+  (valid completion tokens; sequences with >= 1 valid token), counted before the micro-batch loop
+  from the rollout's lengths, which every rank knows. Summed over micro-batches and ranks, the losses
+  and gradients are the unsplit mini-batch's for every aggregation: never a micro-batch's own count,
+  never divided again by the number of micro-batches (verl#5625), and the count covers exactly the
+  rows of this optimizer step (trl#5619).
+- Packing. A micro-batch holds at most `budget` tokens counted as rows x padded width (longest
+  prompt + longest completion among its rows: what the forward allocates). Rows are sorted by length
+  (least padding) and filled greedily; a sequence is never split, one longer than the budget goes
+  alone. Budget 0: one micro-batch holding the mini-batch's rows in their original order.
+- Sequence-level rules see whole sequences (rows are never split). Random draws (nsr) are pre-drawn
+  per (rollout row, position) for each epoch (`draw_uniforms`), so they never depend on the split.
+- Lockstep. Each rank's list of micro-batches is padded with empty ones (`()`, run on a placeholder
+  row with no valid token) to the longest list over ranks; every rank computes every rank's packing
+  itself, so no collective is needed to agree.
+- No host sync in the micro-batch loop: statistics stay device tensors, summed per optimizer step,
+  transferred once per log. The one sync of a step is the finiteness test of the global gradient norm
+  (identical on every rank, so all ranks step or skip together).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from clipbench.objectives import METHODS, combine, log_ratio_histogram, policy_loss, reduction
+from clipbench.train.distributed import Dist, full_tensor
+from clipbench.train.policy import Packed, completion_logprobs, placeholder
+
+
+@dataclass(frozen=True)
+class OptStep:
+    """One optimizer step's work on this rank."""
+
+    epoch: int
+    index: int  # mini-batch index within the epoch
+    micro: tuple[tuple[int, ...], ...]  # this rank's micro-batches as rollout row ids; () = placeholder
+    tokens: int  # valid completion tokens of the whole mini-batch (all ranks)
+    seqs: int  # sequences of the whole mini-batch with >= 1 valid completion token
+
+
+def pack_micro_batches(batch: Packed, rows: list[int], budget: int) -> list[list[int]]:
+    """Rows grouped into micro-batches of at most `budget` padded tokens (see the module docstring)."""
+    if not rows:
+        return []
+    if budget <= 0:
+        return [list(rows)]
+    order = sorted(rows, key=lambda i: (-(batch.prompt_lens[i] + batch.completion_lens[i]), i))
+    out: list[list[int]] = [[order[0]]]
+    for i in order[1:]:
+        if (len(out[-1]) + 1) * batch.width(out[-1] + [i]) <= budget:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def plan_update(batch: Packed, *, mini_batches: int, epochs: int, budget: int, perm: torch.Generator,
+                dist: Dist) -> list[OptStep]:
+    """Every optimizer step of this rollout batch on this rank: `epochs` seeded permutations of the B
+    rows, each cut into `mini_batches` strided slices (perm[k::n]) as in one process; each slice
+    split over ranks by `dist.share`, packed into micro-batches, padded to the longest rank's count."""
+    B = len(batch.completion_lens)
+    n = min(mini_batches, B)
+    plan = []
+    for epoch in range(epochs):
+        p = torch.randperm(B, generator=perm).tolist()
+        for k in range(n):
+            rows = p[k::n]
+            packs = [pack_micro_batches(batch, list(share), budget) for share in dist.shares(rows)]
+            mine = packs[dist.rank] + [[]] * (max(1, *map(len, packs)) - len(packs[dist.rank]))
+            valid = [batch.completion_lens[i] for i in rows]
+            plan.append(OptStep(epoch, k, tuple(tuple(m) for m in mine), tokens=sum(valid),
+                                seqs=sum(v > 0 for v in valid)))
+    return plan
+
+
+def _micro(batch: Packed, rows: tuple[int, ...], pad_id: int, device) -> tuple[Packed, torch.Tensor | None]:
+    """(the micro-batch on `device`, its row ids as a device tensor); the placeholder for ()."""
+    if not rows:
+        return placeholder(pad_id).to(device), None
+    return batch.select(list(rows)).to(device), torch.tensor(rows, device=device)
+
+
+@torch.no_grad()
+def frozen_logprobs(model, batch: Packed, plan: list[OptStep], *, pad_id: int, temperature: float,
+                    compute=contextlib.nullcontext, dist: Dist) -> torch.Tensor:
+    """(B, T) float32 log-probs of every completion token under `model` (the policy before this
+    update, or the reference), on `dist.device`, 0 at padding. Each rank runs the micro-batches of
+    `plan` (one epoch's steps cover every row once); with N ranks the rows are summed over ranks
+    (each row is computed by exactly one), so every rank holds every row for every epoch."""
+    out = torch.zeros(batch.completion_ids.shape, device=dist.device)  # (B, T)
+    for step in plan:
+        for rows in step.micro:
+            mb, idx = _micro(batch, rows, pad_id, dist.device)
+            with compute():
+                lp, _ = completion_logprobs(model, mb, temperature=temperature, with_entropy=False)
+            if idx is not None:
+                out[idx, :lp.shape[1]] = lp.float() * mb.completion_mask
+    return dist.all_reduce_(out)
+
+
+@dataclass(frozen=True)
+class Objective:
+    """The run's policy loss: rule, its parameters, aggregation, KL weight, fixed length."""
+
+    method: str
+    params: dict
+    agg: str
+    beta: float
+    max_len: int
+
+    @classmethod
+    def from_config(cls, cfg) -> "Objective":
+        params = dict(cfg.objective)
+        method = params.pop("method")
+        return cls(method, params, cfg.train.agg, cfg.train.beta, cfg.sampler.max_new_tokens)
+
+    @property
+    def draws(self) -> bool:
+        """Does this rule (with these parameters) draw random numbers?"""
+        return METHODS[self.method].needs_draws(self.params)
+
+
+def draw_uniforms(shape: torch.Size, generator: torch.Generator, device) -> torch.Tensor:
+    """(B, T) uniforms in [0, 1), one per (rollout row, position): the draws of stochastic rules,
+    the same whatever the micro-batch and rank split."""
+    return torch.rand(shape, generator=generator).to(device)
+
+
+@dataclass
+class StepInputs:
+    """Per-row tensors of the rollout batch on the device, indexed by rollout row id."""
+
+    advantages: torch.Tensor  # (B,)
+    old_logp: torch.Tensor  # (B, T)
+    ref_logp: torch.Tensor | None  # (B, T)
+    uniforms: torch.Tensor | None  # (B, T)
+
+
+def accumulate_gradients(model, batch: Packed, step: OptStep, inputs: StepInputs, objective: Objective, *,
+                         pad_id: int, temperature: float, compute=contextlib.nullcontext, dist: Dist,
+                         histogram: bool = False) -> tuple[dict[str, torch.Tensor], dict | None]:
+    """Forward + backward of each micro-batch of `step` (gradients accumulate in `.grad`).
+
+    Returns (sums, histogram): `sums` are this rank's additive / extremal statistics of the step as
+    0-d device tensors (`combine`d over micro-batches; `loss` is this rank's share of the mini-batch
+    loss, `entropy/sum` and `entropy/tokens` the summed token entropy and its token count);
+    `histogram` the log-ratio counts (or None)."""
+    parts, hist = [], None
+    for rows in step.micro:
+        mb, idx = _micro(batch, rows, pad_id, dist.device)
+        with compute():
+            logp, ent = completion_logprobs(model, mb, temperature=temperature)
+        logp, mask = logp.float(), mb.completion_mask  # (b, T_mb)
+        old, adv = _take(inputs.old_logp, idx, logp), _take(inputs.advantages, idx, logp)
+        out = policy_loss(objective.method, logp, old, adv, mask, agg=objective.agg,
+                          uniforms=_take(inputs.uniforms, idx, logp), ref_logp=_take(inputs.ref_logp, idx, logp),
+                          beta=objective.beta, max_len=objective.max_len, global_tokens=step.tokens,
+                          global_seqs=step.seqs, **objective.params)
+        (out.loss * dist.loss_scale).backward()
+        parts.append({**out.sums, "loss": out.loss.detach(), "entropy/sum": (ent * mask).sum(),
+                      "entropy/tokens": mask.sum()})
+        if histogram and idx is not None:
+            hist = add_histograms(hist, log_ratio_histogram(logp.detach(), old, adv, mask))
+    return combine(parts), hist
+
+
+def _take(t: torch.Tensor | None, idx: torch.Tensor | None, logp: torch.Tensor) -> torch.Tensor | None:
+    """A micro-batch's rows of a per-row (B,) or (B, T) tensor, trimmed to its width (zeros for the
+    placeholder, idx None)."""
+    if t is None:
+        return None
+    if idx is None:
+        return logp.new_zeros((1, 1) if t.dim() == 2 else (1,))
+    return t[idx, :logp.shape[1]] if t.dim() == 2 else t[idx]
+
+
+def add_histograms(a: dict | None, b: dict) -> dict:
+    """Log-ratio histograms (`log_ratio_histogram`) added bin by bin; `a` None is empty."""
+    if a is None:
+        return b
+    return {**a, "pos": [x + y for x, y in zip(a["pos"], b["pos"])], "neg": [x + y for x, y in zip(a["neg"], b["neg"])]}
+
+
+def optimizer_step(model, optimizer, scheduler, grad_clip: float) -> tuple[torch.Tensor, bool]:
+    """Clip (grad_clip 0 = no clipping; the norm is computed either way), then step, unless the
+    global gradient norm is not finite: then the step is skipped (gradients dropped, LR schedule not
+    advanced). Returns (pre-clip global norm as a 0-d tensor, stepped)."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
+    norm = full_tensor(norm).detach()
+    stepped = bool(torch.isfinite(norm))  # the step's one host sync; the same global norm on every rank
+    if stepped:
+        optimizer.step()
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm, stepped
+
+
+# ----------------------------------------------------------------------------------------------
+# Statistics of several optimizer steps: all-reduced by kind, transferred once
+
+
+def reduce_sums(rows: list[dict[str, torch.Tensor]], dist: Dist) -> list[dict[str, torch.Tensor]]:
+    """Sums of several optimizer steps, all-reduced over ranks by kind (`reduction`: three
+    collectives in all) and brought to the host in one transfer per kind, as 0-d CPU tensors."""
+    keys = list(rows[0])
+    out: list[dict[str, torch.Tensor]] = [{} for _ in rows]
+    for kind in ("sum", "max", "min"):
+        ks = [k for k in keys if reduction(k) == kind]
+        if not ks:
+            continue
+        t = torch.stack([torch.stack([r[k].to(torch.float64) for k in ks]) for r in rows])  # (steps, keys)
+        for row, vals in zip(out, dist.all_reduce_(t, kind).cpu()):
+            row.update(zip(ks, vals.unbind(0)))
+    return out

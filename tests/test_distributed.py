@@ -1,0 +1,182 @@
+"""One run over 2 real processes (torchrun, gloo, FSDP2 on CPU) against the same run in one process.
+
+- A sweep row with launch.nproc_per_node=2 (and activation checkpointing) logs the same loss,
+  grad_norm and counts per optimizer step and ends with the same parameters as one process on the
+  same seed and batch (sampling in calls of prompts_per_call = P / 2 prompts in both), writes its
+  results store and MLflow once (rank 0).
+- `clipbench train --nproc-per-node 2` with one rank SIGKILLed after the first checkpoint: the command
+  fails with one clear line, status.json says failed; `--resume` on ONE process continues from the
+  checkpoint the 2 processes wrote (resharded) and ends where the uninterrupted run ends.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from clipbench.config import load_run_config, run_id
+from clipbench.tracking.store import RunDir
+from clipbench.train.checkpoint import checkpoint_step, load_policy
+from clipbench.train.loop import run_training
+
+
+def processes(test):
+    """Starts real processes: slow, one xdist group, a long timeout."""
+    for mark in (pytest.mark.slow, pytest.mark.xdist_group("distributed"), pytest.mark.timeout(600)):
+        test = mark(test)
+    return test
+
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPE = str(REPO / "recipes" / "arith_tiny.yaml")
+# 4 prompts x 4 samples, 3 rollout steps x 4 mini-batches, a checkpoint every step; P / 2 = 2 prompts a call
+RUN = {"train.steps": 3, "train.prompts_per_step": 4, "sampler.group_size": 4, "sampler.max_new_tokens": 8,
+       "sampler.prompts_per_call": 2, "train.checkpoint_every": 1, "eval.benchmarks": [], "tracking.mlflow": False}
+COUNTS = ("q1", "q2", "q3", "q4", "zero_adv", "on_policy")
+
+
+def overrides(**extra) -> list[str]:
+    return [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
+            for k, v in {**RUN, **extra}.items()]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The reference: the run in this process."""
+    rd = RunDir(tmp_path_factory.mktemp("one") / "run")
+    run_training(load_run_config(RECIPE, overrides()), rd.path)
+    return rd
+
+
+def same_training(a: RunDir, b: RunDir) -> None:
+    """Same loss (1e-5 relative; O(1) token losses, so a near-zero net loss has scale 1), grad_norm
+    and counts per optimizer step; final parameters within 1e-5 (relative norm per tensor)."""
+    ra, rb = a.read_metrics(), b.read_metrics()
+    assert [r["opt_step"] for r in ra] == [r["opt_step"] for r in rb] == list(range(1, 13))
+    for x, y in zip(ra, rb):
+        assert abs(x["loss"] - y["loss"]) <= 1e-5 * max(abs(x["loss"]), 1.0), (x["opt_step"], x["loss"], y["loss"])
+        assert abs(x["grad_norm"] - y["grad_norm"]) <= 1e-5 * max(x["grad_norm"], 1e-6), x["opt_step"]
+        assert {k: v for k, v in x.items() if k.split("/")[0] in COUNTS and "mass" not in k} == \
+            {k: v for k, v in y.items() if k.split("/")[0] in COUNTS and "mass" not in k}  # token counts
+        assert x["reward/mean"] == y["reward/mean"]  # the same completions were sampled
+    pa, pb = (load_policy(rd.checkpoint_dir)[0].state_dict() for rd in (a, b))
+    worst = max(float((pa[k] - pb[k]).norm() / pa[k].norm()) for k in pa)
+    assert worst <= 1e-5, worst
+
+
+def clipbench(*args: str, **kw):
+    return subprocess.run([sys.executable, "-m", "clipbench", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=500, **kw)
+
+
+def test_launch_is_outside_the_run_identity_and_not_a_sweep_axis(tmp_path):
+    from clipbench.errors import ConfigError
+    from clipbench.sweep.expand import expand
+    from clipbench.sweep.spec import load_sweep
+
+    assert run_id(load_run_config(RECIPE, ["launch.nproc_per_node=2"])) == run_id(load_run_config(RECIPE))
+    sweep = tmp_path / "ax.yaml"
+    sweep.write_text(yaml.safe_dump({"name": "ax", "base": RECIPE, "grid": {"launch.nproc_per_node": [1, 2]}}))
+    with pytest.raises(ConfigError, match="grid.launch.nproc_per_node: not part of a run's identity"):
+        expand(load_sweep(sweep))
+    sweep.write_text(yaml.safe_dump({"name": "ax", "base": RECIPE, "zip": {
+        "launch.nproc_per_node": [1, 2], "train.prompts_per_step": [8, 4]}}))  # zipped with a key that differs
+    assert [c["launch"]["nproc_per_node"] for c in expand(load_sweep(sweep)).runs.values()] == [1, 2]
+
+
+def test_rank_shares_are_contiguous_blocks():
+    from clipbench.train.distributed import Dist
+
+    items = list(range(10))
+    shares = Dist(rank=0, world=3).shares(items)
+    assert shares == [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]
+    assert [Dist(rank=r, world=3).share(items) for r in range(3)] == shares and Dist().share(items) == items
+
+
+@processes
+def test_a_sweep_row_on_two_processes_trains_the_run_one_process_trains(one_process, tmp_path):
+    sweep = tmp_path / "dp.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "name": "dp", "base": RECIPE, "grid": {"seed": [0]},
+        "overrides": {**RUN, "launch.nproc_per_node": 2, "model.gradient_checkpointing": True,
+                      "tracking.mlflow": True}}))
+    res = clipbench("sweep", str(sweep), "--results-dir", str(tmp_path / "results"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    (run_dir,) = [p for p in (tmp_path / "results" / "dp").iterdir() if p.is_dir() and not p.name.startswith(".")]
+    rd = RunDir(run_dir)
+    assert rd.status()["state"] == "finished" and rd.status()["world_size"] == 2
+    same_training(one_process, rd)  # rank 0 alone wrote: 12 rows, not 24
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'results' / 'mlflow.db'}")
+    (exp,) = [e for e in client.search_experiments() if e.name == "clipbench"]
+    (child,) = client.search_runs([exp.experiment_id], f"tags.run_id = '{rd.run_id}'")
+    assert len(client.get_metric_history(child.info.run_id, "loss")) == 12
+
+
+def _descendants(root: int) -> list[int]:
+    parents = {}
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                parents[int(p.name)] = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    out, todo = [], [root]
+    while todo:
+        cur = todo.pop()
+        kids = [pid for pid, ppid in parents.items() if ppid == cur]
+        out += kids
+        todo += kids
+    return out
+
+
+def _rank_pid(root: int, rank: int) -> int | None:
+    for pid in _descendants(root):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and any(e.startswith(b"TORCHELASTIC_RUN_ID=") for e in env):
+            return pid
+    return None
+
+
+@processes
+def test_a_dead_rank_fails_the_run_and_one_process_resumes_it(one_process, tmp_path):
+    results = tmp_path / "results"
+    args = ["train", RECIPE, *overrides(), "--results-dir", str(results)]
+    log = tmp_path / "stderr.txt"
+    with open(log, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "clipbench", *args, "--nproc-per-node", "2"], cwd=REPO,
+                                stdout=subprocess.DEVNULL, stderr=f)
+    # launch.* is not part of the run's identity: the 2-process run is the one-process run's directory
+    run_dir = results / "train" / run_id(load_run_config(RECIPE, overrides()))
+    deadline = time.time() + 300
+    while (checkpoint_step(run_dir / "checkpoints" / "last") or 0) < 1:
+        assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
+    rank1 = _rank_pid(proc.pid, 1)
+    assert rank1 is not None and proc.poll() is None, "the run ended before rank 1 could be killed"
+    os.kill(rank1, signal.SIGKILL)
+    proc.wait(timeout=300)
+    err = log.read_text()
+    assert proc.returncode == 1, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: training on 2 processes failed (torchrun exit code") and "--resume" in last, last
+    rd = RunDir(run_dir)
+    assert rd.status()["state"] == "failed" and rd.status()["error"]
+    assert checkpoint_step(rd.checkpoint_dir) in (1, 2)
+
+    res = clipbench(*args, "--resume")  # one process, from the 2 processes' checkpoint
+    assert res.returncode == 0, res.stderr
+    assert rd.status()["state"] == "finished" and rd.status()["world_size"] == 1
+    same_training(one_process, rd)
