@@ -46,8 +46,8 @@ bench: install ## Speed/memory targets, measured side by side (writes results/be
 	$(PY) bench/bench_sweep.py
 	$(PY) bench/bench_train.py
 
-quickstart: install ## Build the tiny base model, run sweeps/quickstart.yaml, print the report
-	$(VENV)/bin/clipbench base-model arith
+quickstart: install ## Build the worked-steps base model, run sweeps/quickstart.yaml, print the report
+	$(VENV)/bin/clipbench base-model arith-steps
 	$(VENV)/bin/clipbench sweep sweeps/quickstart.yaml --results-dir $(RESULTS)
 	$(VENV)/bin/clipbench report quickstart --results-dir $(RESULTS) --baseline grpo
 	$(VENV)/bin/clipbench report quickstart --results-dir $(RESULTS) --baseline grpo --format html

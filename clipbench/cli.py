@@ -172,15 +172,16 @@ def methods(plugin: Optional[List[str]] = PLUGIN):
 @app.command("base-model")
 @_user_errors
 def base_model(
-    task: str = typer.Argument("arith", help="Task of the built-in base model."),
+    name: str = typer.Argument("arith-tiny", help="Built-in model: arith-tiny (answer only), arith-steps "
+                                                  "(worked steps); 'arith' is arith-tiny."),
     out: Optional[Path] = typer.Option(None, "--out", help="Directory (default: the clipbench cache)."),
     force: bool = typer.Option(False, "--force", help="Rebuild even when cached."),
     seed: int = typer.Option(0, "--seed"),
 ):
-    """Build the tiny built-in base model (tokenizer + small Qwen3, SFT) used by builtin:arith-tiny."""
+    """Build a tiny built-in base model (tokenizer + small Qwen3, SFT on arith): builtin:<name>."""
     from clipbench.train.base_model import build_base_model
 
-    path = build_base_model(task, out, seed=seed, force=force)
+    path = build_base_model(name, out, seed=seed, force=force)
     typer.echo(str(path))
 
 

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
 
 from clipbench.tasks.arith import (
+    ALPHABET,
     HELD_OUT_PER_MILLE,
+    ArithKnobError,
+    ArithKnobs,
     ArithTask,
     evaluate,
     is_held_out,
     parse_leading_int,
     render,
+    render_steps,
+    worked_steps,
 )
 from clipbench.tasks.base import Problem, Task
 
@@ -140,26 +146,121 @@ def test_parse_leading_int():
 
 
 @pytest.mark.parametrize(
-    "knobs, message",
+    "knobs, knob, message",
     [
-        ({"operands": 1}, "operands must be in 2..8"),
-        ({"operands": 2.0}, "operands must be an integer"),
-        ({"digits": 0}, "digits must be in 1..6"),
-        ({"digits": True}, "digits must be an integer"),
-        ({"ops": ""}, "ops must be a non-empty string"),
-        ({"ops": "+/"}, "unknown operator '/'"),
-        ({"ops": "++"}, "repeats an operator"),
-        ({"seed": -1}, "seed must be in >= 0"),
-        ({"train_size": 0}, "train_size must be in >= 1"),
-        ({"digits": 1, "ops": "+", "test_size": 500}, "exceeds the .* held-out expressions"),
+        ({"operands": 1}, "operands", "operands must be in 2..8"),
+        ({"operands": 2.0}, "operands", "operands must be an integer"),
+        ({"digits": 0}, "digits", "digits must be in 1..6"),
+        ({"digits": True}, "digits", "digits must be an integer"),
+        ({"ops": ""}, "ops", "ops must be a non-empty string"),
+        ({"ops": "+/"}, "ops", "unknown operator '/'"),
+        ({"ops": "++"}, "ops", "repeats an operator"),
+        ({"seed": -1}, "seed", "seed must be in >= 0"),
+        ({"train_size": 0}, "train_size", "train_size must be in >= 1"),
+        ({"digits": 1, "ops": "+", "test_size": 500}, "test_size", "exceeds the .* held-out expressions"),
+        ({"format": "step"}, "format", r"unknown format 'step' \(did you mean 'steps'\?\); valid: answer, steps"),
     ],
 )
-def test_bad_knobs(knobs, message):
-    with pytest.raises(ValueError, match=message):
+def test_bad_knobs(knobs, knob, message):
+    with pytest.raises(ArithKnobError, match=message) as e:  # a ValueError naming the knob
         ArithTask(**knobs)
+    assert isinstance(e.value, ValueError) and e.value.knob == knob
 
 
 def test_large_space_uses_rejection_sampling():
     task = ArithTask(operands=3, digits=3, train_size=100, test_size=300)  # 10^9 * 4 expressions
     assert task.space_size == 10**9 * 4
     assert len(set(_prompts(task.test_problems()))) == 300
+
+
+# ---- the steps format ------------------------------------------------------------------------
+
+STEPS = ArithTask(operands=4, format="steps", train_size=2000, test_size=200)
+
+
+def test_worked_steps_golden():
+    # products first, left to right, then the sum left to right
+    assert worked_steps([3, 4, 5, 2], ["+", "*", "-"]) == [(4, "*", 5, 20), (3, "+", 20, 23), (23, "-", 2, 21)]
+    assert worked_steps([6, 61, 50, 33], ["*", "-", "*"]) == [(6, "*", 61, 366), (50, "*", 33, 1650),
+                                                             (366, "-", 1650, -1284)]
+    assert worked_steps([2, 3, 4], ["*", "*"]) == [(2, "*", 3, 6), (6, "*", 4, 24)]
+    # negative partial results are written with their sign
+    assert render_steps(worked_steps([12, 45, 8], ["-", "+"])) == "12-45=-33 -33+8=-25 #-25"
+    assert render_steps(worked_steps([37, 45, 12, 8], ["+", "-", "+"])) == "37+45=82 82-12=70 70+8=78 #78"
+
+
+def test_worked_steps_agree_with_python_brute_force():
+    """Every 3-operand expression over 0..9 and +-*: one step per operator, the last result is
+    Python's value (so `evaluate`, defined as that last result, is Python's precedence)."""
+    for nums in itertools.product(range(10), repeat=3):
+        for ops in itertools.product("+-*", repeat=2):
+            steps = worked_steps(nums, ops)
+            assert len(steps) == 2
+            assert all({"+": a + b, "-": a - b, "*": a * b}[op] == c for a, op, b, c in steps)
+            assert steps[-1][3] == evaluate(nums, ops) == eval(render(nums, ops))  # noqa: S307
+
+
+def test_steps_format_same_problems_reference_completion_and_length():
+    answer = ArithTask(operands=4, train_size=2000, test_size=200)
+    assert STEPS.test_problems() == answer.test_problems()      # the format changes completions only
+    assert STEPS.train_problems() == answer.train_problems()
+    lengths = []
+    for p in STEPS.test_problems():
+        sol = STEPS.solution(p)
+        assert sol == render_steps(worked_steps(p.meta["operands"], p.meta["ops"]))
+        assert sol.endswith(f" #{p.answer}") and sol.count("=") == 3 and sol.count(" ") == 3
+        assert STEPS.reward(sol, p) == 1.0 and answer.solution(p) == p.answer
+        assert set(sol) <= set(STEPS.alphabet)
+        lengths.append(len(sol) + 1)  # + <eos>, one token per character
+    # 4 two-digit operands: 3 steps of 7-10 characters and the answer: 20-60 tokens, ~34 on average
+    assert 20 <= min(lengths) and max(lengths) <= 60 and 30 <= sum(lengths) / len(lengths) <= 38
+    assert STEPS.alphabet == ALPHABET + "#" and ArithTask().alphabet == ALPHABET
+
+
+def test_commutative_steps_may_be_written_either_way_round():
+    steps = worked_steps([37, 45, 12, 8], ["+", "-", "+"])
+    assert render_steps(steps, [True, True, True]) == "45+37=82 82-12=70 8+70=78 #78"  # '-' never swaps
+    assert render_steps(worked_steps([6, 61, 5], ["*", "+"]), [True, False]) == "61*6=366 366+5=371 #371"
+    # with an rng, the SFT targets use both orders (about half each), all graded correct
+    rng = random.Random(0)
+    firsts = {"canonical": 0, "swapped": 0}
+    for p in STEPS.test_problems():
+        sol = STEPS.solution(p, rng)
+        assert STEPS.reward(sol, p) == 1.0 and len(sol) == len(STEPS.solution(p))
+        if p.meta["ops"][0] == "+":
+            lead = str(p.meta["operands"][0])
+            firsts["canonical" if sol.startswith(lead + "+") else "swapped"] += 1
+    assert min(firsts.values()) >= 0.35 * sum(firsts.values()), firsts
+    assert ArithTask().solution(ArithTask().test_problems()[0], rng) == ArithTask().test_problems()[0].answer
+
+
+@pytest.mark.parametrize(
+    "completion, reward",
+    [
+        ("37+45=82 82-12=70 70+8=78 #78", 1.0),
+        ("#78", 1.0),                          # outcome only: the steps are not graded
+        ("37+45=80 80-12=68 #78", 1.0),
+        ("37+45=82 82-12=70 70+8=78 #77", 0.0),
+        ("37+45=82 82-12=70 70+8=78", 0.0),    # no '#': no final answer (e.g. truncated)
+        ("78", 0.0),                           # the answer format's completion does not count here
+        ("37+45=82 #78 #79", 1.0),             # the first '#' is the final answer
+        ("37+45=82 #79 #78", 0.0),
+        ("37+45=82 # 78", 1.0),                # read like the answer format: leading space allowed
+        ("37+45=82 #", 0.0),
+        ("37+45=82 #078", 1.0),
+        ("37+45=82 #78x", 1.0),
+    ],
+)
+def test_steps_reward_golden(completion, reward):
+    problem = Problem(id="p", prompt="37+45-12+8=", answer="78")
+    assert STEPS.reward(completion, problem) == reward
+
+
+def test_knobs_have_one_owner():
+    """ArithTask = ArithKnobs + seed; the run config's task section reads the knobs' defaults."""
+    from clipbench.config.schema import TaskConfig
+
+    assert ArithKnobs.names() == ("operands", "digits", "ops", "format", "train_size", "test_size")
+    assert ArithTask(seed=3).knobs() == ArithKnobs().knobs()
+    cfg = TaskConfig()
+    assert {k: getattr(cfg, k) for k in ArithKnobs.names()} == ArithKnobs().knobs()

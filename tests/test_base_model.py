@@ -13,14 +13,14 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
 
 from clipbench.errors import UserError
-from clipbench.tasks.arith import ArithTask
+from clipbench.tasks.arith import ArithKnobs, ArithTask
 from clipbench.train import base_model as bm
 
 # One worker builds the model once for the whole module (pytest -n 2 --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("base_model")
 
 SMALL = bm.Recipe(  # a 1-layer model and 30 steps: for determinism and plumbing, not accuracy
-    train_size=2000, test_size=50, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
+    task=ArithKnobs(train_size=2000, test_size=50), hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
     head_dim=8, intermediate_size=64, max_steps=30, eval_every=15, val_size=32,
     test_samples_per_problem=1,
 )
@@ -158,8 +158,8 @@ def test_resolve_builds_once_under_concurrency(tmp_path, monkeypatch):
     monkeypatch.setenv("CLIPBENCH_CACHE", str(tmp_path))
     calls = []
 
-    def fake_build(task, out_dir, **kw):
-        calls.append(task)
+    def fake_build(name, out_dir, **kw):
+        calls.append(name)
         time.sleep(0.5)
         Path(out_dir).mkdir(parents=True)
         (Path(out_dir) / bm.META_FILE).write_text("{}")
@@ -173,7 +173,7 @@ def test_resolve_builds_once_under_concurrency(tmp_path, monkeypatch):
         t.start()
     for t in threads:
         t.join()
-    assert calls == ["arith"]
+    assert calls == ["arith-tiny"]
     assert results == [str(tmp_path / "models" / "arith-tiny")] * 2
 
 
@@ -215,9 +215,42 @@ def test_build_is_deterministic_and_atomic(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]  # no temp dirs left behind
 
 
-def test_unknown_task():
-    with pytest.raises(UserError, match=r"unknown base-model task 'arth' \(did you mean 'arith'\?\)"):
+def test_unknown_name():
+    with pytest.raises(UserError, match=r"unknown built-in model 'arth' \(did you mean 'arith'\?\); "
+                                        r"valid: arith, arith-steps, arith-tiny"):
         bm.build_base_model("arth")
+    assert bm.builtin_name("arith") == bm.builtin_name("builtin:arith-tiny") == "arith-tiny"  # legacy name
+
+
+def test_builtin_models_and_their_tasks():
+    """arith-tiny's recipe is frozen (its cached weights are in use); arith-steps is the worked-steps
+    task of the quickstart. `builtin_task` is the task a built-in model is for (eval uses it)."""
+    assert bm.DEFAULT_RECIPE is bm.BUILTIN_MODELS["arith-tiny"] and bm.DEFAULT_RECIPE.task == ArithKnobs()
+    steps = bm.BUILTIN_MODELS["arith-steps"]
+    assert steps.task.format == "steps" and steps.task.operands == 3
+    assert bm.builtin_task("builtin:arith-steps") == ArithTask(**steps.task.knobs())
+    assert bm.builtin_task("arith") == ArithTask()
+
+
+def test_steps_build_sft_targets_and_tokenizer(tmp_path):
+    """The same builder with a steps task: the tokenizer knows '#', the SFT targets are the worked
+    solutions, the format is recorded, and the build is deterministic (plumbing: a 1-layer model)."""
+    recipe = bm.dataclasses.replace(SMALL, task=ArithKnobs(operands=4, format="steps", train_size=2000, test_size=50))
+    a = bm.build_base_model("arith-steps", tmp_path / "a", seed=1, recipe=recipe, log=lambda m: None)
+    b = bm.build_base_model("arith-steps", tmp_path / "b", seed=1, recipe=recipe, log=lambda m: None)
+    assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+    info = bm.read_build_info(a)
+    assert info["name"] == "builtin:arith-steps" and info["task"]["format"] == "steps" and info["task"]["seed"] == 1
+    assert info["format"]["example"] == "37+45-12= -> 37+45=82 82-12=70 #70"
+    task = ArithTask(seed=1, **recipe.task.knobs())
+    longest = max(len(task.solution(p)) for p in task.train_problems())
+    assert info["sft"]["max_new_tokens"] == longest + 2  # + <eos> + 1 spare
+    tok = AutoTokenizer.from_pretrained(a)
+    assert len(tok) == 20 and tok.convert_ids_to_tokens(tok("#7")["input_ids"]) == ["<bos>", "#", "7"]
+    p = task.test_problems()[0]
+    ids, _, lm = bm.encode_sft(tok, [p.prompt], [task.solution(p)])
+    target = ids[0, 1:][lm[0, :-1].bool()]  # what the loss trains: the solution, then <eos>
+    assert tok.decode(target[:-1]) == task.solution(p) and target[-1] == tok.eos_token_id
 
 
 def test_sft_loss_only_on_completion_tokens():

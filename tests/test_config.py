@@ -11,8 +11,11 @@ RECIPE = "recipes/quickstart.yaml"
 
 def test_quickstart_recipe_loads_with_method_defaults():
     cfg = load_run_config(RECIPE)
-    assert cfg.train.mini_batches == 4 and cfg.sampler.group_size == 8
+    assert cfg.train.mini_batches == 8 and cfg.train.epochs == 3 and cfg.sampler.group_size == 8
+    assert cfg.model.name == "builtin:arith-steps" and cfg.task.format == "steps"
     assert cfg.objective == {"method": "grpo", **METHODS["grpo"].defaults}
+    tiny = load_run_config("recipes/arith_tiny.yaml")  # the answer-only regime the plumbing tests use
+    assert tiny.model.name == "builtin:arith-tiny" and tiny.task.format == "answer" and tiny.train.mini_batches == 4
 
 
 def test_overrides_switch_method_and_fill_its_defaults():
@@ -62,6 +65,8 @@ def test_run_id_is_deterministic_and_config_sensitive():
     (["objective.eps_low=.inf"], "objective.eps_low", ""),
     (["tracking.experiment="], "tracking.experiment", "non-empty string"),
     (["train.overlong.enabled=true", "train.overlong.buffer=64"], "train.overlong.buffer", "<= sampler.max_new_tokens"),
+    (["task.format=stepz"], "task.format", "stepz"),
+    (["task.operands=9"], "task.operands", "9"),
 ])
 def test_bad_values_name_file_key_and_reason(override, key, words):
     with pytest.raises(ConfigError) as e:

@@ -35,7 +35,7 @@ def processes(test):
 
 
 REPO = Path(__file__).resolve().parent.parent
-RECIPE = str(REPO / "recipes" / "quickstart.yaml")
+RECIPE = str(REPO / "recipes" / "arith_tiny.yaml")
 # 4 prompts x 4 samples, 3 rollout steps x 4 mini-batches, a checkpoint every step; P / 2 = 2 prompts a call
 RUN = {"train.steps": 3, "train.prompts_per_step": 4, "sampler.group_size": 4, "sampler.max_new_tokens": 8,
        "sampler.prompts_per_call": 2, "train.checkpoint_every": 1, "eval.benchmarks": [], "tracking.mlflow": False}

@@ -206,7 +206,7 @@ def test_eval_command_on_a_run_dir(saved_model, tmp_path):
                                                      "task": {"name": "arith", "ops": "+", "template": "auto"}}))
     target = resolve_target(str(run), "bfloat16")
     assert target.slug == "mysweep--abcdef012345" and target.dtype == "float32"
-    assert target.arith == {"ops": "+", "seed": 3}
+    assert target.arith == ArithTask(seed=3, ops="+")  # clipbench.tasks.build_run_task, as the trainer
     eval_command(model=str(run), benchmarks="arith", n=1, data_dir=None, limit=4, max_new_tokens=3,
                  temperature=1.0, seed=0, backend="hf", out=tmp_path / "o")
     ids = json.loads((tmp_path / "o" / "arith.json").read_text())["problem_ids"]

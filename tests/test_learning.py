@@ -1,7 +1,7 @@
 """Acceptance: GRPO really learns. From the tiny base model, `grpo` on `arith` raises held-out
 accuracy (Avg@16 over 256 test problems) by a clear margin in 20 rollout steps, on 2 seeds.
 
-Measured while calibrating (quickstart recipe, lr 5e-5, 4 mini-batches): +0.077 and +0.057 after
+Measured while calibrating (recipes/arith_tiny.yaml, lr 5e-5, 4 mini-batches): +0.077 and +0.057 after
 20 steps, +0.097 and +0.069 after 40. Each evaluation draws 256 x 16 = 4096 samples, so its standard
 error is about sqrt(0.25 / 4096) = 0.008 and a before/after difference has about 0.011 (0.008 for
 the mean of two seeds): the 0.03 threshold on the mean gain sits ~4 standard errors below the
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 def test_grpo_raises_arith_accuracy_on_two_seeds(tmp_path):
     gains = []
     for seed in (0, 1):
-        cfg = load_run_config("recipes/quickstart.yaml", [
+        cfg = load_run_config("recipes/arith_tiny.yaml", [
             f"seed={seed}", "train.steps=20", "eval.every=0", "eval.limit=256", "eval.n=16",
             "objective.method=grpo", "tracking.mlflow=false"])
         run_training(cfg, tmp_path / f"s{seed}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import types
 from pathlib import Path
 
@@ -203,9 +202,10 @@ def test_benchmark_registry_names_and_errors(data_dir, tmp_path):
 
 
 def test_arith_benchmark_is_built_lazily_from_the_arith_task():
-    problems = load_benchmark("arith", limit=5, arith={"seed": 3})
     from clipbench.tasks.arith import ArithTask
 
+    assert load_benchmark("arith", limit=5) == list(ArithTask().test_problems()[:5])
+    problems = load_benchmark("arith", limit=5, arith=ArithTask(seed=3))
     assert problems == list(ArithTask(seed=3).test_problems()[:5])
     is_correct = benchmark_grader("arith")
     assert is_correct(problems[0].answer, problems[0]) and not is_correct("x", problems[0])
@@ -250,23 +250,26 @@ def test_build_task_errors():
         build_task({"name": "math"})
 
 
-def test_build_arith_passes_knobs_through_lazily(monkeypatch):
-    seen = {}
-
-    class FakeArith:
-        name = "arith"
-
-        def __init__(self, **kwargs):
-            seen.update(kwargs)
-
-    fake = types.ModuleType("clipbench.tasks.arith")
-    fake.ArithTask = FakeArith
-    monkeypatch.setitem(sys.modules, "clipbench.tasks.arith", fake)
+def test_build_arith_passes_every_knob_and_the_seed():
     cfg = types.SimpleNamespace(name="arith", path=None, split="train", template="auto", limit=None,
-                                operands=3, digits=1, ops="+*", train_size=100, test_size=10)
+                                operands=3, digits=1, ops="+*", format="steps", train_size=100, test_size=10)
     task = build_task(cfg, seed=7)
-    assert isinstance(task, FakeArith)
-    assert seen == {"operands": 3, "digits": 1, "ops": "+*", "train_size": 100, "test_size": 10, "seed": 7}
+    assert task.knobs() == {"operands": 3, "digits": 1, "ops": "+*", "format": "steps", "train_size": 100,
+                            "test_size": 10} and task.seed == 7
+    assert build_task({"name": "arith"}).seed == 0  # no seed given: 0
+
+
+def test_build_run_task_uses_the_run_seed():
+    """One function builds a run's task, from the RunConfig or the dict of its config.yaml alike."""
+    from clipbench.config import load_run_config, to_dict
+    from clipbench.tasks import build_run_task
+
+    cfg = load_run_config(None, ["seed=3", "task.format=steps", "task.operands=4"])
+    a, b = build_run_task(cfg), build_run_task(to_dict(cfg))
+    assert a == b and a.seed == 3 and a.format == "steps" and a.operands == 4
+    assert build_run_task({"seed": 3, "task": {"name": "arith"}}).test_problems() == \
+        build_task({"name": "arith"}, seed=3).test_problems()
+    assert build_run_task({"task": {"name": "arith"}}).seed == 0
 
 
 def test_build_arith_with_the_real_task():

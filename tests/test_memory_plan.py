@@ -285,11 +285,11 @@ def test_plan_verb_exit_codes_and_json():
     big = runner.invoke(app, ["plan", "recipes/abc_grpo_table3/qwen3_1p7b_grpo.yaml", "train.micro_batch_tokens=0"])
     assert big.exit_code == 1, big.output
     assert "does not fit" in big.output and "train.micro_batch_tokens=" in big.output
-    tiny = runner.invoke(app, ["plan", "recipes/quickstart.yaml", "--gpu-memory", "16", "--json"])
+    tiny = runner.invoke(app, ["plan", "recipes/arith_tiny.yaml", "--gpu-memory", "16", "--json"])
     assert tiny.exit_code == 0, tiny.output
     out = json.loads(tiny.output)
     assert out["fits"] and out["params"] > 0 and {r["name"] for r in out["rows"]} >= {"gradients (fp32)"}
-    bad = runner.invoke(app, ["plan", "recipes/quickstart.yaml", "--gpu-memory", "0"])
+    bad = runner.invoke(app, ["plan", "recipes/arith_tiny.yaml", "--gpu-memory", "0"])
     assert bad.exit_code == 2 and "--gpu-memory must be > 0" in bad.output
 
 

@@ -162,8 +162,8 @@ def test_a_run_with_micro_batches_logs_the_same_loss_grad_norm_and_counts(tmp_pa
     """2 rollout steps x 4 optimizer steps with and without train.micro_batch_tokens (2-4 micro-batches
     per step): the same loss and grad_norm (1e-5 relative; token losses are O(1) with unit-std
     advantages, so the scale of a near-zero net loss is taken as 1) and identical counts."""
-    run_training(load_run_config("recipes/quickstart.yaml", SMALL), tmp_path / "whole")
-    run_training(load_run_config("recipes/quickstart.yaml", SMALL + ["train.micro_batch_tokens=40"]),
+    run_training(load_run_config("recipes/arith_tiny.yaml", SMALL), tmp_path / "whole")
+    run_training(load_run_config("recipes/arith_tiny.yaml", SMALL + ["train.micro_batch_tokens=40"]),
                  tmp_path / "micro")
     whole, micro = RunDir(tmp_path / "whole").read_metrics(), RunDir(tmp_path / "micro").read_metrics()
     assert len(whole) == len(micro) == 8
@@ -185,4 +185,4 @@ def test_a_run_with_micro_batches_logs_the_same_loss_grad_norm_and_counts(tmp_pa
 ])
 def test_loop_keys_are_checked(override, words):
     with pytest.raises(ConfigError, match=words.replace("[", r"\[").replace("]", r"\]")):
-        load_run_config("recipes/quickstart.yaml", [override])
+        load_run_config("recipes/arith_tiny.yaml", [override])

@@ -88,7 +88,7 @@ def server(tmp_path_factory):
 
 def write_sweep(tmp: Path, name: str, methods, **over) -> Path:
     f = tmp / f"{name}.yaml"
-    f.write_text(yaml.safe_dump({"name": name, "base": str(REPO / "recipes" / "quickstart.yaml"),
+    f.write_text(yaml.safe_dump({"name": name, "base": str(REPO / "recipes" / "arith_tiny.yaml"),
                                  "overrides": {**TINY, **over}, "grid": {"objective.method": list(methods)}}))
     return f
 

@@ -17,7 +17,7 @@ from clipbench.tracking.store import RunDir
 from clipbench.tracking.sync import expected_metrics, sync_command
 
 REPO = Path(__file__).resolve().parent.parent
-RECIPE = REPO / "recipes" / "quickstart.yaml"
+RECIPE = REPO / "recipes" / "arith_tiny.yaml"
 
 
 def cfg(**over):

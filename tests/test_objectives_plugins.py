@@ -20,7 +20,7 @@ from clipbench.objectives import METHODS, policy_loss
 from clipbench.objectives import plugins as plug
 
 REPO = Path(__file__).resolve().parent.parent
-RECIPE = REPO / "recipes" / "quickstart.yaml"
+RECIPE = REPO / "recipes" / "arith_tiny.yaml"
 EXAMPLE = REPO / "examples" / "plugins" / "lower_only.py"
 LOWER_ONLY = EXAMPLE.read_text()
 SMALL = ["train.prompts_per_step=4", "sampler.group_size=4", "sampler.max_new_tokens=8", "eval.limit=4", "eval.n=2",

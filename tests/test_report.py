@@ -219,6 +219,26 @@ def test_quadrant_shares(result, tables):
     assert "| paper: GRPO, Qwen3-4B-Base (Fig. 4f) |  |  | 16.8 | 7.3 | 22.9 | 41.4 |" in text
 
 
+def test_training_dynamics(result, tables):
+    """Fixture: entropy = 1 - 0.1 * opt_step (+0.2 abc) + 0.01 * seed over opt steps 1..4 (a fifth of 4
+    rows is 1 row); accuracy 0.3, 0.4 over rollout steps 0, 1; the off-policy rows are each step's
+    second (of 2), with 40 tokens of A != 0 (4 quadrants x 10) and the method's clip events."""
+    dyn = result["dynamics"]["builtin:arith-tiny"]
+    grpo = dyn["grpo"]
+    assert grpo["seeds"] == 2
+    assert grpo["entropy"]["first"]["mean"] == pytest.approx(0.905)          # (0.9 + 0.91) / 2
+    assert grpo["entropy"]["last"]["mean"] == pytest.approx(0.605)
+    assert grpo["entropy"]["first"]["std"] == pytest.approx(0.01 / 2 ** 0.5)  # sample std of 0.90, 0.91
+    assert grpo["accuracy"]["first"]["mean"] == pytest.approx(0.3) and grpo["accuracy"]["last"]["mean"] == pytest.approx(0.4)
+    assert grpo["off_policy_out_of_band"]["mean"] == pytest.approx(25.0)      # (2+1+3+4) / 40 per row
+    assert dyn["abc"]["off_policy_out_of_band"]["mean"] == pytest.approx(10.0)  # 4 / 40
+    nsr = dyn["nsr"]["off_policy_out_of_band"]                               # seeds: 10/40, 4/40
+    assert nsr["mean"] == pytest.approx(17.5) and nsr["std"] == pytest.approx(7.5 * 2 ** 0.5)
+    assert math.isnan(grpo["completion_tokens"]["mean"])                     # not logged by the fixture
+    t = tables["dynamics"]
+    assert t.rows[0] == ["grpo", "2", "0.905 ± 0.007 → 0.605 ± 0.007", "30.0 ± 0.0 → 40.0 ± 0.0", "25.0 ± 0.0", ""]
+
+
 def test_run_quadrants_without_metrics():
     assert run_quadrants([]) is None
     no_events = run_quadrants([{"step": 0, "q1/tokens": 5, "q1/zero_grad": 1}])
@@ -286,8 +306,8 @@ def test_report_command_writes_every_format(results, tmp_path, capsys):
     rows = list(csv.reader(io.StringIO((out / "table3.csv").read_text())))
     assert rows[0] == ["Benchmark", "Method", "Seeds", "Avg@4", "Pass@2", "Pass@4", "kind"]
     assert ["arith (P=4)", "abc", "2", "56.2 ± 0.0", "72.9 ± 2.9", "87.5 ± 17.7", "method"] in rows
-    assert {p.name for p in out.glob("*.csv")} == {"table3.csv", "significance.csv", "quadrants.csv", "runs.csv",
-                                                 "paper_reference.csv"}
+    assert {p.name for p in out.glob("*.csv")} == {"table3.csv", "significance.csv", "quadrants.csv", "dynamics.csv",
+                                                   "runs.csv", "paper_reference.csv"}
     data = json.loads((out / "report.json").read_text())
     assert data["baseline"] == "grpo" and data["bootstrap"]["resamples"] == 2000
     assert (out / "report.html").stat().st_mode & 0o044  # readable by others

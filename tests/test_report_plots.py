@@ -92,3 +92,38 @@ def test_pngs_are_valid(figs, tmp_path):
         with Image.open(p) as im:
             px = np.asarray(im.convert("L"))
         assert px.std() > 5, name  # not a blank image
+
+
+def test_histogram_bounds_are_each_runs_effective_band(report_fixture, tmp_path):
+    """The dashed bounds come from each run's own rule (effective_bounds), per sign of A: abc's
+    negative band (eps3, eps4) differs from its positive one; sapo has no eps (reference 0.2/0.2);
+    dapo's defaults (0.2/0.28) are not written out; an unknown rule draws no bounds."""
+    from clipbench.report.load import Run
+    from clipbench.report.plots import hist_figure
+
+    hist = report_fixture.hist_rows("grpo", 0)
+    objectives = {
+        "abc": {"method": "abc", "eps1": 0.3, "eps2": 0.25, "eps3": 0.1, "eps4": 0.15},
+        "sapo": {"method": "sapo"},
+        "dapo": {"method": "dapo"},
+        "mystery": {"method": "no_such_rule"},
+    }
+    groups = {name: [Run(run_id=name, path=tmp_path, config={"objective": obj}, state="finished", hist=hist)]
+              for name, obj in objectives.items()}
+    fig = hist_figure(groups)
+    try:
+        def dashed(ax, color):
+            return sorted(round(ln.get_xdata()[0], 4) for ln in ax.get_lines()
+                          if ln.get_linestyle() == "--" and ln.get_color() == color)
+
+        colors = {name: _lines(fig.axes[0])[name].get_color() for name in objectives}
+        pos, neg = fig.axes
+        log = lambda x: round(float(np.log(x)), 4)  # noqa: E731
+        assert dashed(pos, colors["abc"]) == [log(1 - 0.25), log(1 + 0.3)]   # A>0: [1 - eps2, 1 + eps1]
+        assert dashed(neg, colors["abc"]) == [log(1 - 0.15), log(1 + 0.1)]   # A<0: [1 - eps4, 1 + eps3]
+        for ax in (pos, neg):
+            assert dashed(ax, colors["sapo"]) == [log(0.8), log(1.2)]
+            assert dashed(ax, colors["dapo"]) == [log(0.8), log(1.28)]
+            assert dashed(ax, colors["mystery"]) == []
+    finally:
+        close_figures({"h": fig})

@@ -52,7 +52,7 @@ CASES = [
 def test_damaged_store_files_are_one_line_and_nothing_is_written(tmp_path, report_fixture, kind, commands):
     res = report_fixture.build(tmp_path / "results")
     sweep_file = tmp_path / "fixture.yaml"
-    sweep_file.write_text(yaml.safe_dump({"name": "fixture", "base": str(REPO / "recipes" / "quickstart.yaml"),
+    sweep_file.write_text(yaml.safe_dump({"name": "fixture", "base": str(REPO / "recipes" / "arith_tiny.yaml"),
                                           "grid": {"seed": [0]}}))
     path = damage(res, kind)
     before = snapshot(res)
@@ -73,10 +73,10 @@ def test_results_dir_that_is_a_file_is_one_line(tmp_path):
     f = tmp_path / "results"
     f.write_text("not a directory")
     sweep_file = tmp_path / "s.yaml"
-    sweep_file.write_text(yaml.safe_dump({"name": "s", "base": str(REPO / "recipes" / "quickstart.yaml"),
+    sweep_file.write_text(yaml.safe_dump({"name": "s", "base": str(REPO / "recipes" / "arith_tiny.yaml"),
                                           "grid": {"seed": [0]}}))
     for argv in (["sweep", str(sweep_file)], ["sweep", str(sweep_file), "--dry-run"], ["report", "s"], ["sync"],
-                 ["train", str(REPO / "recipes" / "quickstart.yaml")]):
+                 ["train", str(REPO / "recipes" / "arith_tiny.yaml")]):
         r = runner.invoke(app, argv + ["--results-dir", str(f)])
         assert r.exit_code == 2, (argv, r.output)
         assert r.stderr.strip() == f"error: --results-dir {f}: exists and is not a directory", (argv, r.stderr)

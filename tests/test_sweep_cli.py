@@ -14,7 +14,7 @@ from clipbench.cli import app
 from clipbench.config import run_id
 
 REPO = Path(__file__).resolve().parent.parent
-RECIPE = REPO / "recipes" / "quickstart.yaml"
+RECIPE = REPO / "recipes" / "arith_tiny.yaml"
 runner = CliRunner()
 
 GOOD = {"name": "cli", "base": str(RECIPE),

@@ -34,7 +34,7 @@ TIME_KEYS = ("time/",)  # wall-clock metrics differ between runs; everything els
 
 def write_sweep(tmp: Path, name: str, methods=("grpo", "dapo"), **over) -> Path:
     f = tmp / f"{name}.yaml"
-    f.write_text(yaml.safe_dump({"name": name, "base": str(REPO / "recipes" / "quickstart.yaml"),
+    f.write_text(yaml.safe_dump({"name": name, "base": str(REPO / "recipes" / "arith_tiny.yaml"),
                                  "overrides": {**TINY, **over}, "grid": {"objective.method": list(methods)}}))
     return f
 

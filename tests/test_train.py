@@ -17,7 +17,7 @@ from clipbench.train.base_model import load_model_and_tokenizer, resolve_model_n
 from clipbench.train.loop import run_training
 from clipbench.train.policy import completion_logprobs, pack
 
-RECIPE = "recipes/quickstart.yaml"
+RECIPE = "recipes/arith_tiny.yaml"  # the answer-only regime: the fastest real runs
 # A few seconds per run: 4 prompts x 4 samples, short answers, no MLflow.
 SMALL = ["train.prompts_per_step=4", "sampler.group_size=4", "sampler.max_new_tokens=8",
          "eval.limit=8", "eval.n=2", "eval.every=0", "tracking.mlflow=false"]

@@ -34,7 +34,7 @@ from clipbench.tracking.store import RunDir  # noqa: E402
 from clipbench.train.base_model import load_model_and_tokenizer, resolve_model_name  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-RECIPE = REPO / "recipes" / "quickstart.yaml"
+RECIPE = REPO / "recipes" / "arith_tiny.yaml"
 TASK = build_task(load_run_config(RECIPE).task)
 PROBLEMS = list(TASK.train_problems())[:32]
 DATASET = Dataset.from_dict({"prompt": [p.prompt for p in PROBLEMS], "problem": list(range(len(PROBLEMS)))})

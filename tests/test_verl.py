@@ -227,7 +227,7 @@ def test_sweep_engine_verl_dry_run_overrides_load_in_verls_config_schema(tmp_pat
     from verl.utils.config import omega_conf_to_dataclass
 
     f = tmp_path / "s.yaml"
-    f.write_text(yaml.safe_dump({"name": "verl_plan", "base": str(REPO / "recipes" / "quickstart.yaml"),
+    f.write_text(yaml.safe_dump({"name": "verl_plan", "base": str(REPO / "recipes" / "arith_tiny.yaml"),
                                  "plugins": [str(PLUGIN)], "overrides": {"train.mini_batches": 2},
                                  "grid": {"objective.method": ["grpo", "nsr", "lower_only"], "seed": [0, 3]}}))
     res = tmp_path / "results"

@@ -20,7 +20,7 @@ from clipbench.tasks import build_task
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-RECIPE = REPO / "recipes" / "quickstart.yaml"
+RECIPE = REPO / "recipes" / "arith_tiny.yaml"
 
 
 def test_export_and_reward_are_clipbenchs_own(tmp_path):

@@ -17,7 +17,7 @@ def test_vllm_sampler_tracks_the_policy_across_updates(tmp_path):
     from clipbench.tracking.store import RunDir
     from clipbench.train.loop import run_training
 
-    cfg = load_run_config("recipes/quickstart.yaml", [
+    cfg = load_run_config("recipes/arith_tiny.yaml", [
         "sampler.backend=vllm", "sampler.old_logp=sampler", "train.mini_batches=1", "train.steps=3",
         "train.lr=1e-3", "train.prompts_per_step=4", "sampler.group_size=4", "sampler.max_new_tokens=8",
         "eval.benchmarks=[]", "tracking.mlflow=false"])

@@ -155,7 +155,7 @@ def test_train_with_sleep_mode_on_cpu_stops_before_writing(tmp_path):
 
     from clipbench.cli import app
 
-    res = CliRunner().invoke(app, ["train", "recipes/quickstart.yaml", "sampler.sleep_mode=true",
+    res = CliRunner().invoke(app, ["train", "recipes/arith_tiny.yaml", "sampler.sleep_mode=true",
                                    "sampler.backend=vllm", "--results-dir", str(tmp_path / "results")])
     assert res.exit_code == 2
     assert "error: sampler.sleep_mode needs a CUDA GPU" in res.output and len(res.output.strip().splitlines()) == 1

@@ -170,9 +170,10 @@ def choices() -> dict[str, tuple[str, ...]]:
     from clipbench.objectives import AGGREGATIONS
     from clipbench.rollout import BACKENDS
     from clipbench.tasks import TASK_NAMES
+    from clipbench.tasks.arith import FORMATS
     from clipbench.tasks.templates import TEMPLATE_CHOICES
 
-    return {**CHOICES, "task.name": tuple(TASK_NAMES), "task.template": tuple(TEMPLATE_CHOICES),
+    return {**CHOICES, "task.name": tuple(TASK_NAMES), "task.template": tuple(TEMPLATE_CHOICES), "task.format": FORMATS,
             "sampler.backend": tuple(BACKENDS), "train.agg": tuple(AGGREGATIONS)}
 
 
@@ -230,6 +231,13 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
             err("eval.benchmarks", unknown_choice("benchmark", b, BENCHMARKS))
     if len(set(cfg.eval.benchmarks)) != len(cfg.eval.benchmarks):
         err("eval.benchmarks", f"lists a benchmark twice: {cfg.eval.benchmarks}")
+    if cfg.task.name == "arith":  # checked by the knobs' owner (its cheap checks: no problem is drawn)
+        from clipbench.tasks.arith import ArithKnobError, ArithKnobs
+
+        try:
+            ArithKnobs(**{k: getattr(cfg.task, k) for k in ArithKnobs.names()})
+        except ArithKnobError as e:
+            err(f"task.{e.knob}", str(e))
 
     # The objective: method from the registry (after the run's plugins are imported), parameters
     # exactly those the method declares.

@@ -1,5 +1,6 @@
-"""The run config: every default of a run lives here (method parameters live in METHODS), and
-next to the dataclasses, every field's allowed values (`CHOICES`, `RANGES`).
+"""The run config: every default of a run lives here (method parameters live in METHODS, arith's
+knobs in ``clipbench.tasks.arith.ArithKnobs``, their one owner: ``TaskConfig`` reads them from it),
+and next to the dataclasses, every field's allowed values (`CHOICES`, `RANGES`).
 
 A recipe YAML is merged over these dataclasses (OmegaConf structured config), so an unknown key or
 a wrong type is an error naming the key. `clipbench.config.load.check_values` then checks every
@@ -26,6 +27,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from clipbench.tasks.arith import ARITH_DEFAULTS as _ARITH
 from clipbench.tasks.arith import MAX_DIGITS, MAX_OPERANDS, VALID_OPS
 
 # Closed choices this schema owns (the trainer reads these fields); see `load.choices` for the rest.
@@ -230,12 +232,13 @@ class TaskConfig:
     template: str = "auto"  # auto: dapo for math, the task's own format for arith
     limit: Optional[int] = None  # cap on training problems
     holdout: int = 0  # math: problems held out of the training file as its test split
-    # arith knobs (ignored by math)
-    operands: int = 2
-    digits: int = 2
-    ops: str = "+-"
-    train_size: int = 20000
-    test_size: int = 500
+    # arith knobs (ignored by math): defaults and checks owned by clipbench.tasks.arith.ArithKnobs
+    operands: int = _ARITH.operands
+    digits: int = _ARITH.digits
+    ops: str = _ARITH.ops
+    format: str = _ARITH.format  # answer: "37+45=" -> "82"; steps: worked steps, then "#<answer>"
+    train_size: int = _ARITH.train_size
+    test_size: int = _ARITH.test_size
 
 
 @dataclass

@@ -1,8 +1,10 @@
 """`clipbench eval --model PATH_OR_RUN --benchmarks aime24,aime25,amc23 --n 64`.
 
-``--model`` is an HF name, a local model directory, ``builtin:arith-tiny``, or a run directory of
-the results store (``<results>/<sweep>/<run_id>``: its last checkpoint is evaluated, with the run's
-dtype, and ``arith`` uses the run's own task settings). Prints Avg@n and Pass@k per benchmark and
+``--model`` is an HF name, a local model directory, a built-in model (``builtin:arith-steps``:
+``arith`` is then the task it was built for), or a run directory of the results store
+(``<results>/<sweep>/<run_id>``: its last checkpoint is evaluated, with the run's dtype, and ``arith``
+is the test split of the run's own task, built by ``clipbench.tasks.build_run_task`` exactly as the
+trainer builds it). Prints Avg@n and Pass@k per benchmark and
 writes one correctness-matrix payload per benchmark plus ``summary.json`` to ``--out`` (default
 ``results/eval/<model-slug>/``).
 """
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,9 @@ from rich.console import Console
 from rich.table import Table
 
 from clipbench.errors import UserError
+from clipbench.tasks.base import Task
 from clipbench.tracking.store import atomic_write_json
+from clipbench.train.base_model import BUILTIN_PREFIX, builtin_task
 
 DEFAULT_OUT_ROOT = Path("results") / "eval"
 EVAL_GPU_MEMORY_UTILIZATION = 0.7  # vllm: no optimizer or activations to share the GPU with here
@@ -27,14 +31,15 @@ EVAL_GPU_MEMORY_UTILIZATION = 0.7  # vllm: no optimizer or activations to share 
 
 @dataclass
 class EvalTarget:
-    """What to load: model path/name, dtype, and (for a run dir) the run's config."""
+    """What to load: model path/name, dtype, and (for a run dir) the run's config; ``arith`` is the
+    arith task whose test split the ``arith`` benchmark evaluates (None: the default ``ArithTask()``)."""
 
     model: str
     slug: str
     dtype: str = "float32"
     checkpoint: Path | None = None  # a run's checkpoint directory (clipbench.train.checkpoint layout)
     run_config: dict | None = None
-    arith: dict = field(default_factory=dict)
+    arith: Task | None = None
 
 
 def slugify(text: str) -> str:
@@ -43,15 +48,16 @@ def slugify(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", s).strip("-.") or "model"
 
 
-def _arith_knobs(cfg: dict) -> dict:
-    task = cfg.get("task", {}) or {}
-    if task.get("name") != "arith":
-        return {}
-    from clipbench.tasks import ARITH_KNOBS
+def _run_arith_task(cfg: dict) -> Task | None:
+    """The run's own task when it is arith (the trainer evaluated its test split), else None."""
+    if (cfg.get("task", {}) or {}).get("name", "arith") != "arith":
+        return None
+    from clipbench.tasks import build_run_task
 
-    knobs = {k: task[k] for k in ARITH_KNOBS if task.get(k) is not None}
-    knobs.setdefault("seed", cfg.get("seed", 0))  # build_task: the run seed draws the problems
-    return knobs
+    try:
+        return build_run_task(cfg)
+    except UserError as e:
+        raise UserError(f"run config: {e}") from None
 
 
 def resolve_target(model: str, default_dtype: str) -> EvalTarget:
@@ -69,7 +75,9 @@ def resolve_target(model: str, default_dtype: str) -> EvalTarget:
                             f"train it first or pass a model name")
         dtype = str(cfg.get("model", {}).get("dtype", default_dtype))
         return EvalTarget(model=str(ckpt), slug=slugify(f"{path.parent.name}/{path.name}"), dtype=dtype,
-                          checkpoint=ckpt, run_config=cfg, arith=_arith_knobs(cfg))
+                          checkpoint=ckpt, run_config=cfg, arith=_run_arith_task(cfg))
+    if model.startswith(BUILTIN_PREFIX):
+        return EvalTarget(model=model, slug=slugify(model), dtype=default_dtype, arith=builtin_task(model))
     return EvalTarget(model=model, slug=slugify(model), dtype=default_dtype)
 
 
@@ -85,7 +93,7 @@ def parse_benchmarks(text: str) -> list[str]:
 
 
 def load_suite(names: list[str], *, data_dir: Path | None, limit: int | None, template: str,
-               arith: dict) -> tuple[dict, dict]:
+               arith: Task | None = None) -> tuple[dict, dict]:
     """({benchmark: problems}, {benchmark: grade(completion, problem)})."""
     from clipbench.tasks.benchmarks import benchmark_grader, load_benchmark
 
@@ -93,7 +101,7 @@ def load_suite(names: list[str], *, data_dir: Path | None, limit: int | None, te
     for name in names:
         try:
             problems[name] = load_benchmark(name, data_dir=data_dir, limit=limit, template=template, arith=arith)
-        except ValueError as e:  # e.g. arith knobs that cannot produce the test split
+        except ValueError as e:
             raise UserError(f"benchmark '{name}': {e}") from None
         if not problems[name]:
             raise UserError(f"benchmark '{name}': no problems loaded")

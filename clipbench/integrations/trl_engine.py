@@ -283,7 +283,7 @@ def run_trl(cfg, run_dir: Path, *, resume: bool = False, sink=None,
 
     from clipbench.config import run_id, to_dict
     from clipbench.integrations.trl import ClipbenchGRPOTrainer
-    from clipbench.tasks import build_task
+    from clipbench.tasks import build_run_task
     from clipbench.tracking.mlflow_sink import run_params
     from clipbench.tracking.sink import NullSink
     from clipbench.tracking.store import RunDir, read_json
@@ -310,7 +310,7 @@ def run_trl(cfg, run_dir: Path, *, resume: bool = False, sink=None,
 
     device = resolve_device(cfg.model.device)
     model, tok = load_model_and_tokenizer(resolve_model_name(cfg.model.name), dtype="float32", device="cpu")
-    task = build_task(cfg.task)
+    task = build_run_task(cfg)  # the run seed draws the problems, as in the builtin loop
     problems = list(task.train_problems())
     dataset = Dataset.from_dict({"prompt": [p.prompt for p in problems], "problem": list(range(len(problems)))})
     suite = eval_suite(cfg, task) if cfg.eval.benchmarks else {}

@@ -8,7 +8,8 @@
                    "benchmarks": {bench: {"problems", "n", "rows": {label: MetricRow}, "base": MetricRow|None}},
                    "average": {"rows": {label: MetricRow}, "base": MetricRow|None},
                    "gain": {label: {bench|"average": {metric: percent|None}}}}],
-       "quadrants": {block: {label: {...shares...}}}}
+       "quadrants": {block: {label: {...shares...}}},
+       "dynamics": {block: {label: {...entropy, accuracy, off-policy out-of-band share...}}}}
     MetricRow = {"seeds", "problems", "metrics": {metric: {"mean", "std", "ci": [lo, hi], "p", "per_seed"}}}
 
 Values are fractions in [0, 1] (the renderers print percent). See ``stats`` for the statistics.
@@ -255,6 +256,63 @@ def label_quadrants(runs: Sequence[Run]) -> dict | None:
     }
 
 
+# ---- training dynamics ------------------------------------------------------------------------
+
+NONZERO_ADV_CELLS = ("q1", "q2", "q3", "q4", "on_policy")  # the tokens a rule acts on (A != 0)
+
+
+def _first_last_fifth(values: Sequence[float]) -> tuple[float, float]:
+    """Means of the first and the last fifth of a series (at least one value each)."""
+    k = max(1, len(values) // 5)
+    return float(np.mean(values[:k])), float(np.mean(values[-k:]))
+
+
+def run_dynamics(metrics: Sequence[Mapping]) -> dict | None:
+    """What one run's training did, from its metrics rows; None without entropy rows.
+
+    ``entropy``: token entropy (nats) of the first and last fifth of the optimizer steps;
+    ``accuracy``: sampled accuracy of the rollouts, first and last fifth of the rollout steps;
+    ``off_policy_out_of_band`` (%): out-of-band tokens / tokens with A != 0 over the off-policy
+    optimizer steps (all but the first of each rollout step, whose ratios are exactly 1);
+    ``completion_tokens``: mean completion length over the rollout steps (nan when not logged).
+    """
+    rows = [r for r in metrics if r.get("entropy") is not None]
+    if not rows:
+        return None
+    by_step: dict = {}
+    for r in rows:  # rows are in optimizer-step order
+        by_step.setdefault(r.get("step"), []).append(r)
+    firsts = [rs[0] for rs in by_step.values()]
+    off = [r for rs in by_step.values() for r in rs[1:]]
+    tokens = sum(_sum_key(off, f"{c}/tokens") for c in NONZERO_ADV_CELLS)
+    oob = sum(_sum_key(off, f"{c}/out_of_band") for c in NONZERO_ADV_CELLS)
+    lengths = [r["response_length/mean"] for r in firsts if r.get("response_length/mean") is not None]
+    return {
+        "entropy": _first_last_fifth([r["entropy"] for r in rows]),
+        "accuracy": _first_last_fifth([r.get("accuracy") or 0.0 for r in firsts]),
+        "off_policy_out_of_band": 100.0 * oob / tokens if tokens else math.nan,
+        "completion_tokens": float(np.mean(lengths)) if lengths else math.nan,
+    }
+
+
+def label_dynamics(runs: Sequence[Run]) -> dict | None:
+    """Mean +- std over seeds of each run's dynamics (first/last pairs kept as pairs)."""
+    per_run = [d for d in (run_dynamics(r.metrics) for r in runs) if d is not None]
+    if not per_run:
+        return None
+
+    def ms(values):
+        m, s = stats.mean_std(values)
+        return {"mean": m, "std": s}
+
+    out: dict = {"seeds": len(per_run)}
+    for key in ("entropy", "accuracy"):
+        out[key] = {"first": ms([d[key][0] for d in per_run]), "last": ms([d[key][1] for d in per_run])}
+    for key in ("off_policy_out_of_band", "completion_tokens"):
+        out[key] = ms([d[key] for d in per_run])
+    return out
+
+
 # ---- the whole sweep --------------------------------------------------------------------------
 
 def analyze(sweep: Sweep, baseline: str | None = None, *, resamples: int = stats.BOOTSTRAP_RESAMPLES,
@@ -288,12 +346,17 @@ def analyze(sweep: Sweep, baseline: str | None = None, *, resamples: int = stats
         "identical": {model: health.identical_results({lb: [r for r in rs if r.label == lb] for lb in labels})
                       for model, rs in blocks.items()},
         "notes": list(sweep.notes),
+        "dynamics": {},
     }
     for model, rs in blocks.items():
-        q = {}
+        q, dyn = {}, {}
         for lb in labels:
             got = label_quadrants([r for r in rs if r.label == lb])
             if got is not None:
                 q[lb] = got
+            got = label_dynamics([r for r in rs if r.label == lb])
+            if got is not None:
+                dyn[lb] = got
         out["quadrants"][model] = q
+        out["dynamics"][model] = dyn
     return out

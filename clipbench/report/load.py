@@ -51,12 +51,25 @@ class Run:
     def final_step(self) -> int | None:
         return max(self.evals) if self.evals else None
 
-    def eps_band(self) -> tuple[float, float]:
-        """The run's reference band (eps_low, eps_high) as the objectives log it: 0.2/0.2 by default."""
-        obj = self.config.get("objective", {})
-        lo = obj.get("eps_low", obj.get("eps2", 0.2))
-        hi = obj.get("eps_high", obj.get("eps1", 0.2))
-        return float(lo), float(hi)
+    def ref_bands(self) -> dict[str, tuple[float, float]] | None:
+        """The run's reference band per advantage sign in ratio units, ``{"pos": (lo, hi), "neg":
+        (lo, hi)}``: the band its ``out_of_band`` counts use, from its own rule and parameters
+        (``clipbench.objectives.effective_bounds``). None when this install does not know the rule."""
+        from clipbench.objectives import effective_bounds  # lazy: torch, only for the figures
+
+        obj = dict(self.config.get("objective", {}))
+        method = obj.pop("method", None)
+        try:
+            bounds = effective_bounds(method, obj)
+        except ValueError:
+            return None
+        return {"pos": _parse_interval(bounds["ref_band_pos"]), "neg": _parse_interval(bounds["ref_band_neg"])}
+
+
+def _parse_interval(text: str) -> tuple[float, float]:
+    """'[0.8, 1.2]' -> (0.8, 1.2) (``effective_bounds`` writes intervals as text, for MLflow params)."""
+    lo, hi = text.strip("[]() ").split(",")
+    return float(lo), float(hi)
 
 
 @dataclass

@@ -265,17 +265,18 @@ def hist_figure(groups: Mapping[str, list[Run]]) -> Figure | None:
             if total > 0:
                 ax.step(centres, counts / total, where="mid", label=name, color=color, linewidth=1.4)
             ax.set_title(f"log r, tokens with {sign}", fontsize=10)
-        lo, hi = groups[name][0].eps_band()
-        for ax in axes:
-            for b in (math.log(1 - lo) if lo < 1 else None, math.log(1 + hi)):
-                if b is not None:
-                    ax.axvline(b, color=color, linestyle="--", linewidth=0.8, alpha=0.7)
+        bands = groups[name][0].ref_bands()  # the run's own bounds, per sign of A
+        for ax, sign in ((axes[0], "pos"), (axes[1], "neg")):
+            for b in bands[sign] if bands else ():
+                if b > 0:
+                    ax.axvline(math.log(b), color=color, linestyle="--", linewidth=0.8, alpha=0.7)
     for ax in axes:
         ax.set_yscale("log")
         ax.set_xlabel("log r = logp - old_logp")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("fraction of tokens (pooled over steps and seeds)")
-    return _finish(fig, axes, "Log-ratio near the clip bounds (dashed: each method's log(1 - eps_low), log(1 + eps_high))")
+    return _finish(fig, axes, "Log-ratio near the clip bounds (dashed: each method's reference band, "
+                              "log(lo) and log(hi), for its sign of A)")
 
 
 def make_figures(sweep: Sweep, result: dict) -> dict[str, Figure]:

@@ -6,9 +6,10 @@ Tables of a report, per block (base model):
   baseline), the paper's reference rows inline when model and benchmark are the paper's;
 - ``significance``: Avg@n and Pass@n with 95% CIs over problems, the difference from the baseline
   (percentage points) and its paired-bootstrap p-value;
-and once: ``quadrants`` (share of clip events per quadrant, like the paper's Figure 4f), ``runs``
-(every run: state, skipped steps, collapse flags, why it is not compared) and, for a grpo-vs-abc
-sweep on other models, ``paper_reference`` (the paper's Table 3 as printed).
+and once: ``quadrants`` (share of clip events per quadrant, like the paper's Figure 4f), ``dynamics``
+(entropy and sampled accuracy early vs late, the off-policy out-of-band share), ``runs`` (every run:
+state, skipped steps, collapse flags, why it is not compared) and, for a grpo-vs-abc sweep on other
+models, ``paper_reference`` (the paper's Table 3 as printed).
 """
 
 from __future__ import annotations
@@ -250,6 +251,38 @@ def runs_table(result: dict) -> Table:
     return t
 
 
+# ---- training dynamics --------------------------------------------------------------------------
+
+def dynamics(dyn_by_block: dict, baseline: str | None) -> Table | None:
+    cols = ["Method", "Seeds", "Entropy first → last (nats)", "Sampled accuracy first → last (%)",
+            "Out of band, off-policy (% tok)", "Completion (tok)"]
+    t = Table("dynamics", "Training dynamics (first → last fifth of training, mean ± std over seeds)", cols,
+              sections=False)
+    multi = len(dyn_by_block) > 1
+    for model, dyn in dyn_by_block.items():
+        for lb in ([baseline] if baseline in dyn else []) + [lb for lb in dyn if lb != baseline]:
+            e, s = dyn[lb], dyn[lb]["seeds"]
+
+            def ms(d, fmt, scale=1.0):
+                if d["mean"] is None or math.isnan(d["mean"]):
+                    return ""
+                v = format(scale * d["mean"], fmt)
+                return f"{v} ± {format(scale * d['std'], fmt)}" if s > 1 else v
+
+            name = f"{model_title(model)}: {lb}" if multi else lb
+            t.add([name, str(s), f"{ms(e['entropy']['first'], '.3f')} → {ms(e['entropy']['last'], '.3f')}",
+                   f"{ms(e['accuracy']['first'], '.1f', 100)} → {ms(e['accuracy']['last'], '.1f', 100)}",
+                   ms(e["off_policy_out_of_band"], ".1f"), ms(e["completion_tokens"], ".1f")])
+    if not t.rows:
+        return None
+    t.notes = ["Entropy: token entropy of the policy on its own rollouts, mean of the first / last fifth of the "
+               "optimizer steps. Sampled accuracy: the rollouts' accuracy, first / last fifth of the rollout "
+               "steps. Out of band, off-policy: tokens with A != 0 outside the run's reference band / all tokens "
+               "with A != 0, over the optimizer steps after the first of each rollout step (the first is "
+               "on-policy, every ratio is 1)."]
+    return t
+
+
 # ---- the paper's Table 3 as a reference -------------------------------------------------------
 
 def paper_reference(paper: dict) -> Table:
@@ -290,6 +323,9 @@ def build_tables(result: dict, paper: dict | None) -> list[Table]:
     q = quadrants(result["quadrants"], baseline, paper, show_paper)
     if q is not None:
         tables.append(q)
+    d = dynamics(result.get("dynamics", {}), baseline)
+    if d is not None:
+        tables.append(d)
     if result.get("health"):
         tables.append(runs_table(result))
     return tables

@@ -1,4 +1,9 @@
-"""Tasks: problems, prompts and rewards. ``build_task(cfg.task)`` is the entry point."""
+"""Tasks: problems, prompts and rewards.
+
+``build_run_task(run_config)`` is the one way a run's task is built (the trainer, its evaluation and
+``clipbench eval <run_dir>`` all call it, so they see the same splits); ``build_task(task_cfg, seed=)``
+builds one from a ``task`` section alone.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +13,8 @@ from clipbench.errors import ConfigError, UserError, unknown_choice
 from clipbench.tasks.base import Problem, Task
 
 TASK_NAMES = ("arith", "math")
-ARITH_KNOBS = ("seed", "operands", "digits", "ops", "train_size", "test_size")
 
-__all__ = ["Problem", "Task", "TASK_NAMES", "build_task"]
+__all__ = ["Problem", "Task", "TASK_NAMES", "build_run_task", "build_task"]
 
 
 def _get(cfg: Any, key: str, default=None):
@@ -22,20 +26,23 @@ def _get(cfg: Any, key: str, default=None):
     return default if value is None else value
 
 
-def build_task(task_cfg: Any, *, seed: int | None = None) -> Task:
-    """The task named by ``task_cfg.name``. ``seed`` (the run seed) is used when the task config
-    has none: arith's problem draw, math's held-out slice."""
-    name = _get(task_cfg, "name")
-    seed = _get(task_cfg, "seed", seed)
-    if name == "arith":
-        from clipbench.tasks.arith import ArithTask  # lazy: owned by the arith module
+def build_run_task(config: Any) -> Task:
+    """The task of a run: its ``task`` section drawn with the run's ``seed``. ``config`` is a
+    ``RunConfig`` or its dict (a run directory's ``config.yaml``); missing keys take their defaults."""
+    return build_task(_get(config, "task", {}), seed=_get(config, "seed", 0))
 
-        knobs = {k: _get(task_cfg, k) for k in ARITH_KNOBS if k != "seed"}
+
+def build_task(task_cfg: Any, *, seed: int | None = None) -> Task:
+    """The task named by ``task_cfg.name``. ``seed`` (the run seed) draws arith's problems and
+    math's held-out slice (0 when not given). Prefer ``build_run_task`` for a run."""
+    name = _get(task_cfg, "name")
+    if name == "arith":
+        from clipbench.tasks.arith import ArithKnobs, ArithTask  # lazy: owned by the arith module
+
+        knobs = {k: _get(task_cfg, k) for k in ArithKnobs.names()}
         knobs = {k: v for k, v in knobs.items() if v is not None}
-        if seed is not None:
-            knobs["seed"] = seed
         try:
-            return ArithTask(**knobs)
+            return ArithTask(seed=seed or 0, **knobs)
         except ValueError as e:
             raise ConfigError(None, "task", str(e)) from None
     if name == "math":

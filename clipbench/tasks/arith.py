@@ -1,12 +1,20 @@
-"""Procedurally generated integer arithmetic: the built-in task of the tiny base model.
+"""Procedurally generated integer arithmetic: the built-in task of the tiny base models.
 
-Format (what the trainer, the samplers and the tiny base model all use):
+Two completion formats over the same prompts (``format``; what the trainer, the samplers and the
+built-in base models use):
 
-    prompt     "37+45="          operands and operators with no spaces, then '='
-    completion "82" + EOS        the exact integer value; negative values as "-3"
+    prompt                "37+45-12+8="    operands and operators with no spaces, then '='
+    answer  completion    "78" + EOS       the exact integer value; negative values as "-3"
+    steps   completion    "37+45=82 82-12=70 70+8=78 #78" + EOS
+                          every binary operation written out as ``left op right=result`` (products
+                          first, then the sum left to right; see ``worked_steps``), steps separated by
+                          a space, then ``#`` and the final answer. A '+' or '*' step may be written
+                          either way round ("45+37=82"): equally correct, so a model fine-tuned on
+                          both orders has real choices to make (forks), as a reasoning model does
 
 Expressions follow the usual precedence ('*' binds tighter than '+' and '-', then left to right),
-exactly as Python evaluates the same string.
+exactly as Python evaluates the same string. The worked steps are the one place that order lives
+(``evaluate`` is their last result).
 
 Splits are disjoint *by expression*, independent of the seed: an expression is held out iff the
 first 8 bytes of ``sha256("clipbench-arith:" + expression)`` mod 1000 are below
@@ -15,8 +23,13 @@ with replacement from the other expressions. So no seed's train split ever conta
 test expression, which keeps the base model (trained on seed 0's train split) honest on every test
 split.
 
-Reward: the completion's leading integer (see ``parse_leading_int``) equals the answer -> 1.0,
-else 0.0.
+Reward (outcome only, like RLVR on math): the stated final answer equals the answer -> 1.0, else
+0.0. The stated final answer is the completion's leading integer in the answer format and the
+leading integer of the text after the first ``#`` in the steps format (see ``parse_leading_int``);
+the steps themselves are not graded.
+
+The knobs (``ArithKnobs``: operands, digits, ops, format, train_size, test_size) and their defaults
+and checks live here only; the run config's ``task`` section and the base-model builder read them.
 """
 
 from __future__ import annotations
@@ -25,7 +38,7 @@ import hashlib
 import itertools
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cached_property
 from typing import Sequence
 
@@ -33,6 +46,11 @@ from clipbench.errors import did_you_mean
 from clipbench.tasks.base import Problem
 
 VALID_OPS = "+-*"
+FORMATS = ("answer", "steps")      # completion formats (see the module docstring)
+STEP_SEP = " "                     # between worked steps
+ANSWER_MARK = "#"                  # steps format: the final answer follows it
+COMMUTATIVE = "+*"                 # steps format: these steps may be written either way round
+ALPHABET = "0123456789+-*= "       # every character of the answer format's prompts and completions
 MAX_OPERANDS = 8
 MAX_DIGITS = 6
 HELD_OUT_PER_MILLE = 100          # 10% of all expressions are reserved for test
@@ -52,20 +70,51 @@ def parse_leading_int(completion: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def evaluate(operands: Sequence[int], ops: Sequence[str]) -> int:
-    """Value of ``operands[0] ops[0] operands[1] ...`` with '*' before '+'/'-', left to right."""
+Step = tuple[int, str, int, int]  # (left, op, right, result)
+
+
+def worked_steps(operands: Sequence[int], ops: Sequence[str]) -> list[Step]:
+    """The binary operations that evaluate ``operands[0] ops[0] operands[1] ...``, in order.
+
+    First each product, left to right ('*' binds tighter), then the sum of the terms left to right:
+    ``3+4*5-2`` -> [(4, '*', 5, 20), (3, '+', 20, 23), (23, '-', 2, 21)].
+    """
     if len(ops) != len(operands) - 1:
         raise ValueError(f"need len(ops) == len(operands) - 1, got {len(ops)} and {len(operands)}")
-    total, sign, term = 0, 1, operands[0]
+    steps: list[Step] = []
+    terms, signs = [operands[0]], []
     for op, x in zip(ops, operands[1:]):
         if op == "*":
-            term *= x
+            steps.append((terms[-1], op, x, terms[-1] * x))
+            terms[-1] *= x
         elif op in "+-":
-            total += sign * term
-            sign, term = (1 if op == "+" else -1), x
+            signs.append(op)
+            terms.append(x)
         else:
             raise ValueError(f"unknown operator {op!r}; valid: {', '.join(VALID_OPS)}")
-    return total + sign * term
+    total = terms[0]
+    for op, term in zip(signs, terms[1:]):
+        new = total + term if op == "+" else total - term
+        steps.append((total, op, term, new))
+        total = new
+    return steps
+
+
+def evaluate(operands: Sequence[int], ops: Sequence[str]) -> int:
+    """Value of ``operands[0] ops[0] operands[1] ...``: the last result of ``worked_steps``."""
+    steps = worked_steps(operands, ops)
+    return steps[-1][3] if steps else operands[0]
+
+
+def render_steps(steps: Sequence[Step], swap: Sequence[bool] = ()) -> str:
+    """'37+45=82 82-12=70 #70': the steps format's completion text (without EOS). ``swap[i]`` writes
+    step i's operands the other way round ('45+37=82'), allowed for the commutative '+' and '*'."""
+    parts = []
+    for i, (a, op, b, c) in enumerate(steps):
+        if i < len(swap) and swap[i] and op in COMMUTATIVE:
+            a, b = b, a
+        parts.append(f"{a}{op}{b}={c}")
+    return f"{STEP_SEP.join(parts)}{STEP_SEP}{ANSWER_MARK}{steps[-1][3]}"
 
 
 def render(operands: Sequence[int], ops: Sequence[str]) -> str:
@@ -82,56 +131,91 @@ def is_held_out(expression: str) -> bool:
     return int.from_bytes(digest[:8], "big") % 1000 < HELD_OUT_PER_MILLE
 
 
+class ArithKnobError(ValueError):
+    """A bad arith knob; ``knob`` names it (the config loader reports it as ``task.<knob>``)."""
+
+    def __init__(self, knob: str, reason: str):
+        self.knob = knob
+        super().__init__(f"arith: {reason}")
+
+
 def _check_int(name: str, value, lo: int, hi: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"arith: {name} must be an integer, got {value!r}")
+        raise ArithKnobError(name, f"{name} must be an integer, got {value!r}")
     if value < lo or (hi is not None and value > hi):
         rng = f"{lo}..{hi}" if hi is not None else f">= {lo}"
-        raise ValueError(f"arith: {name} must be in {rng}, got {value}")
+        raise ArithKnobError(name, f"{name} must be in {rng}, got {value}")
     return value
 
 
 def _check_ops(ops) -> str:
     if not isinstance(ops, str) or not ops:
-        raise ValueError(f"arith: ops must be a non-empty string of operators from {VALID_OPS!r}, got {ops!r}")
+        raise ArithKnobError("ops", f"ops must be a non-empty string of operators from {VALID_OPS!r}, got {ops!r}")
     bad = [c for c in ops if c not in VALID_OPS]
     if bad:
-        raise ValueError(
-            f"arith: unknown operator {bad[0]!r} in ops={ops!r}{did_you_mean(bad[0], VALID_OPS)}; "
+        raise ArithKnobError(
+            "ops", f"unknown operator {bad[0]!r} in ops={ops!r}{did_you_mean(bad[0], VALID_OPS)}; "
             f"valid: {', '.join(VALID_OPS)}"
         )
     if len(set(ops)) != len(ops):
-        raise ValueError(f"arith: ops={ops!r} repeats an operator; list each of {VALID_OPS!r} at most once")
+        raise ArithKnobError("ops", f"ops={ops!r} repeats an operator; list each of {VALID_OPS!r} at most once")
     return ops
 
 
-@dataclass(frozen=True)
-class ArithTask:
-    """Integer arithmetic over ``operands`` numbers of up to ``digits`` digits joined by ``ops``.
+@dataclass(frozen=True, kw_only=True)
+class ArithKnobs:
+    """The arith knobs and their defaults: the one owner (``TaskConfig`` and the base-model builder
+    read them). Operands are uniform on ``0 .. 10**digits - 1``; operators uniform on ``ops``."""
 
-    Operands are uniform on ``0 .. 10**digits - 1``; operators uniform on ``ops``.
-    """
+    operands: int = 2              # numbers per expression
+    digits: int = 2                # digits per number (at most)
+    ops: str = "+-"                # operators to draw from, each at most once
+    format: str = "answer"         # completion format: answer | steps
+    train_size: int = 20000        # train problems (drawn with replacement)
+    test_size: int = 500           # held-out test problems (distinct)
+
+    def __post_init__(self):  # cheap checks only (the config loader runs them on every run config)
+        _check_int("operands", self.operands, 2, MAX_OPERANDS)
+        _check_int("digits", self.digits, 1, MAX_DIGITS)
+        _check_ops(self.ops)
+        if self.format not in FORMATS:
+            raise ArithKnobError("format", f"unknown format {self.format!r}{did_you_mean(self.format, FORMATS)}; "
+                                 f"valid: {', '.join(FORMATS)}")
+        _check_int("train_size", self.train_size, 1)
+        _check_int("test_size", self.test_size, 1)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(ArithKnobs))
+
+    @property
+    def alphabet(self) -> str:
+        """Every character this format's prompts and completions can contain (a tokenizer's base)."""
+        return ALPHABET + (ANSWER_MARK if self.format == "steps" else "")
+
+    def knobs(self) -> dict:
+        """The knob values as a plain dict (without the task's seed)."""
+        return {name: getattr(self, name) for name in ArithKnobs.names()}
+
+
+ARITH_DEFAULTS = ArithKnobs()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArithTask(ArithKnobs):
+    """Integer arithmetic: the knobs of ``ArithKnobs`` plus the seed that draws the problems."""
 
     seed: int = 0
-    operands: int = 2
-    digits: int = 2
-    ops: str = "+-"
-    train_size: int = 20000
-    test_size: int = 500
 
     name = "arith"
 
     def __post_init__(self):
+        super().__post_init__()
         _check_int("seed", self.seed, 0)
-        _check_int("operands", self.operands, 2, MAX_OPERANDS)
-        _check_int("digits", self.digits, 1, MAX_DIGITS)
-        _check_ops(self.ops)
-        _check_int("train_size", self.train_size, 1)
-        _check_int("test_size", self.test_size, 1)
         capacity = self.held_out_capacity
         if self.test_size > capacity:
-            raise ValueError(
-                f"arith: test_size={self.test_size} exceeds the {capacity} held-out expressions "
+            raise ArithKnobError(
+                "test_size", f"test_size={self.test_size} exceeds the {capacity} held-out expressions "
                 f"available for operands={self.operands} digits={self.digits} ops={self.ops!r}; "
                 f"lower test_size or raise digits/operands"
             )
@@ -215,9 +299,26 @@ class ArithTask:
         """The first ``n`` (default all ``test_size``) test problems; distinct expressions."""
         return self._test if n is None else self._test[: _check_int("n", n, 0, self.test_size)]
 
+    # ---- the format -----------------------------------------------------------------------
+    def solution(self, problem: Problem, rng: random.Random | None = None) -> str:
+        """A reference completion (without EOS): what the base model is fine-tuned on. Steps format:
+        with ``rng``, each commutative step is written either way round with probability 1/2 (all
+        are correct); without, the canonical order."""
+        if self.format == "steps":
+            steps = worked_steps(problem.meta["operands"], problem.meta["ops"])
+            return render_steps(steps, [rng.random() < 0.5 for _ in steps] if rng is not None else ())
+        return problem.answer
+
+    def final_answer(self, completion: str) -> int | None:
+        """The integer a completion states as its final answer (see the module docstring), or None."""
+        if self.format == "steps":
+            _, mark, tail = completion.partition(ANSWER_MARK)
+            return parse_leading_int(tail) if mark else None
+        return parse_leading_int(completion)
+
     # ---- scoring --------------------------------------------------------------------------
     def is_correct(self, completion: str, problem: Problem) -> bool:
-        stated = parse_leading_int(completion)
+        stated = self.final_answer(completion)
         return stated is not None and stated == int(problem.answer)
 
     def reward(self, completion: str, problem: Problem) -> float:

@@ -2,17 +2,18 @@
 
     load_benchmark("aime24")                        # datasets.load_dataset("HuggingFaceH4/aime_2024", split="train")
     load_benchmark("aime24", data_dir="data/")      # data/aime24.jsonl (offline)
-    load_benchmark("arith")                         # ArithTask's test split (no files)
+    load_benchmark("arith")                         # ArithTask()'s test split (no files)
+    load_benchmark("arith", arith=task)             # a given arith task's test split (a run's own)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable
 
 from clipbench.errors import UserError, unknown_choice
-from clipbench.tasks.base import Problem
+from clipbench.tasks.base import Problem, Task
 from clipbench.tasks.grader import grade
 from clipbench.tasks.math import load_problems
 
@@ -46,19 +47,22 @@ def get_benchmark(name: str) -> Benchmark:
     return BENCHMARKS[name]
 
 
-def _arith_task(arith: Mapping | None):
+def _arith_task(arith: Task | None) -> Task:
+    if arith is not None:
+        return arith
     from clipbench.tasks.arith import ArithTask  # lazy: owned by the arith module
 
-    return ArithTask(**dict(arith or {}))
+    return ArithTask()
 
 
 def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | None = None,
-                   template: str = "dapo", *, arith: Mapping | None = None) -> list[Problem]:
+                   template: str = "dapo", *, arith: Task | None = None) -> list[Problem]:
     """Problems of benchmark ``name`` (first ``limit``), prompts rendered with ``template``.
 
     With ``data_dir`` the benchmark's local file is read from it; otherwise the Hugging Face dataset
-    is loaded (which needs the network or the HF cache). ``arith`` takes ``ArithTask`` keyword
-    arguments (operands, digits, ...) and ignores ``data_dir``/``template``.
+    is loaded (which needs the network or the HF cache). ``arith`` is the arith task whose test
+    split the ``arith`` benchmark is (default ``ArithTask()``; a run passes its own task, see
+    ``clipbench.tasks.build_run_task``); it ignores ``data_dir``/``template``.
     """
     bench = get_benchmark(name)
     if limit is not None and limit < 0:
@@ -79,7 +83,7 @@ def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | N
         ) from None
 
 
-def benchmark_grader(name: str, *, arith: Mapping | None = None) -> Callable[[str, Problem], bool]:
+def benchmark_grader(name: str, *, arith: Task | None = None) -> Callable[[str, Problem], bool]:
     """``is_correct(completion, problem)`` for the benchmark's problems."""
     bench = get_benchmark(name)
     if bench.hf_name is None:

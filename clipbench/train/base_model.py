@@ -1,17 +1,24 @@
-"""The tiny built-in base model (``builtin:arith-tiny``): a char-level Qwen3 SFT'd on arith.
+"""The tiny built-in base models: char-level Qwen3s SFT'd on arith, one builder for all of them.
 
-It is built on first use (about a minute on 2 CPU cores) into the cache and then loaded exactly like
-any Hugging Face model (``AutoModelForCausalLM`` / ``AutoTokenizer``), so the trainer and the samplers
-need no special case.
+    builtin:arith-tiny    arith, answer format: "37+45=" -> "82"           (2 operands, ~3 tokens)
+    builtin:arith-steps   arith, steps format:  "37+45-12=" -> "37+45=82 82-12=70 #70"
+                          (3 operands, ~24 tokens: the regime where clipping has per-token dynamics)
+
+Each is a ``Recipe`` in ``BUILTIN_MODELS``: the arith task it is SFT'd on (``ArithKnobs``, owned by
+``clipbench.tasks.arith``), the model's shape and the SFT settings. It is built on first use (one to
+a few minutes on 2 CPU cores) into the cache and then loaded exactly like any Hugging Face model
+(``AutoModelForCausalLM`` / ``AutoTokenizer``), so the trainer and the samplers need no special case.
 
 Format (see ``clipbench.tasks.arith``): the tokenizer is character level and prepends ``<bos>``;
 prompt ``"37+45="`` -> tokens ``<bos> 3 7 + 4 5 =``; completion ``"82"`` -> tokens ``8 2 <eos>``.
+The SFT target is the task's reference completion (``ArithTask.solution``); in the steps format each
+'+' step is written either way round at random (both are correct), so the model learns real choices.
 
 SFT stops by a measured criterion, not a step count: every ``eval_every`` steps it samples one
 completion at temperature 1.0 for each problem of a validation slice (train-partition expressions
 removed from the SFT data) and stops at the first evaluation whose accuracy reaches
 ``stop_at_sampled_acc``. The result must leave GRPO signal: test accuracy at temperature 1.0 inside
-``TARGET_BAND``. The measured test accuracies (sampled and greedy) go into ``clipbench_base.json``.
+the recipe's ``target_band``. The measured test accuracies (sampled and greedy) go into ``clipbench_base.json``.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import dataclasses
 import json
 import math
 import os
+import random
 import shutil
 import tempfile
 import time
@@ -30,29 +38,22 @@ from typing import Callable, Sequence
 import torch
 
 from clipbench.errors import UserError, unknown_choice
+from clipbench.tasks.arith import ALPHABET, ARITH_DEFAULTS, ArithKnobs, ArithTask
 
 BUILTIN_PREFIX = "builtin:"
-BUILTIN_MODELS = {"arith-tiny": "arith"}   # builtin name -> task it is built for
-TASK_TO_BUILTIN = {task: name for name, task in BUILTIN_MODELS.items()}
 META_FILE = "clipbench_base.json"
-TARGET_BAND = (0.15, 0.60)                 # sampled (T=1) test accuracy that leaves GRPO signal
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
-ALPHABET = "0123456789+-*= "               # every character arith prompts/answers can contain
 
 
 @dataclass(frozen=True)
 class Recipe:
     """Everything that determines the built model (recorded in ``clipbench_base.json``)."""
 
-    # task the model is SFT'd on (ArithTask knobs)
-    operands: int = 2
-    digits: int = 2
-    ops: str = "+-"
-    train_size: int = 20000
-    test_size: int = 500
+    task: ArithKnobs = ARITH_DEFAULTS   # the arith task the model is SFT'd on (seed: the build seed)
+    target_band: tuple[float, float] = (0.15, 0.60)  # sampled (T=1) test accuracy that leaves GRPO signal
     # model (Qwen3 architecture)
     hidden_size: int = 128
     num_layers: int = 3
@@ -79,7 +80,20 @@ class Recipe:
                                   # when other processes share the cores
 
 
-DEFAULT_RECIPE = Recipe()
+# builtin name -> its recipe. arith-tiny: today's answer-only model (its weights must never change:
+# caches and tests rely on them). arith-steps: worked steps, calibrated in docs/studies/calibration.md.
+BUILTIN_MODELS: dict[str, Recipe] = {
+    "arith-tiny": Recipe(),
+    "arith-steps": Recipe(
+        task=ArithKnobs(operands=3, format="steps"),
+        target_band=(0.15, 0.40),
+        batch_size=64,            # longer sequences than arith-tiny's: half the batch, same steps budget
+        eval_every=25,
+        stop_at_sampled_acc=0.25,
+    ),
+}
+LEGACY_NAMES = {"arith": "arith-tiny"}     # `clipbench base-model arith` predates arith-steps
+DEFAULT_RECIPE = BUILTIN_MODELS["arith-tiny"]
 
 
 # ---- cache and names ----------------------------------------------------------------------------
@@ -93,8 +107,23 @@ def builtin_path(name: str) -> Path:
     return cache_root() / "models" / name
 
 
+def builtin_name(name: str) -> str:
+    """A built-in model's short name from 'arith-steps', 'builtin:arith-steps' or the legacy 'arith'."""
+    short = name[len(BUILTIN_PREFIX):] if name.startswith(BUILTIN_PREFIX) else name
+    short = LEGACY_NAMES.get(short, short)
+    if short not in BUILTIN_MODELS:
+        raise UserError(unknown_choice("built-in model", name, [*BUILTIN_MODELS, *LEGACY_NAMES]))
+    return short
+
+
 def _is_built(path: Path) -> bool:
     return (path / META_FILE).is_file()
+
+
+def builtin_task(name: str) -> ArithTask:
+    """The arith task built-in model ``name`` is SFT'd on (seed 0; every seed's test split is held
+    out of every seed's train split, so it is a fair test for any build seed)."""
+    return ArithTask(**BUILTIN_MODELS[builtin_name(name)].task.knobs())
 
 
 def resolve_model_name(name: str, *, log: Callable[[str], None] = print) -> str:
@@ -115,7 +144,7 @@ def resolve_model_name(name: str, *, log: Callable[[str], None] = print) -> str:
         with FileLock(str(path.parent / f".{short}.lock")):
             if not _is_built(path):  # another process may have built it while we waited
                 log(f"building {name} into {path} (first use, about a minute)")
-                build_base_model(BUILTIN_MODELS[short], path, log=log)
+                build_base_model(short, path, log=log)
     return str(path)
 
 
@@ -143,15 +172,15 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32", device: str = "c
 
 
 # ---- tokenizer and model ------------------------------------------------------------------------
-def build_tokenizer(corpus: Sequence[str]):
-    """Char-level WordLevel tokenizer trained on ``ALPHABET`` + corpus; prepends <bos>, never <eos>."""
+def build_tokenizer(corpus: Sequence[str], alphabet: str = ALPHABET):
+    """Char-level WordLevel tokenizer trained on ``alphabet`` + corpus; prepends <bos>, never <eos>."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.WordLevel(unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     trainer = trainers.WordLevelTrainer(special_tokens=list(SPECIAL_TOKENS), min_frequency=1, show_progress=False)
-    tok.train_from_iterator([ALPHABET, *corpus], trainer)
+    tok.train_from_iterator([alphabet, *corpus], trainer)
     bos_id = tok.token_to_id(BOS)
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, bos_id)]
@@ -202,14 +231,14 @@ def count_parameters(model) -> int:
 
 
 # ---- SFT data -----------------------------------------------------------------------------------
-def encode_sft(tokenizer, prompts: Sequence[str], answers: Sequence[str]):
-    """Right-padded SFT tensors for ``<bos> prompt answer <eos>``.
+def encode_sft(tokenizer, prompts: Sequence[str], completions: Sequence[str]):
+    """Right-padded SFT tensors for ``<bos> prompt completion <eos>``.
 
     Returns input_ids (N, L), attention_mask (N, L) and loss_mask (N, L): loss_mask[i, t] = 1 iff
-    token t+1 is a completion token (answer or <eos>), i.e. position t predicts the completion.
+    token t+1 is a completion token (completion or <eos>), i.e. position t predicts the completion.
     """
     p_ids = tokenizer(list(prompts))["input_ids"]                              # each starts with <bos>
-    a_ids = tokenizer(list(answers), add_special_tokens=False)["input_ids"]
+    a_ids = tokenizer(list(completions), add_special_tokens=False)["input_ids"]
     seqs = [p + a + [tokenizer.eos_token_id] for p, a in zip(p_ids, a_ids)]
     L = max(map(len, seqs))
     n = len(seqs)
@@ -219,7 +248,7 @@ def encode_sft(tokenizer, prompts: Sequence[str], answers: Sequence[str]):
     for i, (p, s) in enumerate(zip(p_ids, seqs)):
         input_ids[i, : len(s)] = torch.tensor(s)
         attention_mask[i, : len(s)] = 1
-        loss_mask[i, len(p) - 1 : len(s) - 1] = 1.0   # positions predicting answer tokens and <eos>
+        loss_mask[i, len(p) - 1 : len(s) - 1] = 1.0   # positions predicting completion tokens and <eos>
     return input_ids, attention_mask, loss_mask
 
 
@@ -242,6 +271,7 @@ def sample_completions(model, tokenizer, prompts: Sequence[str], *, max_new_toke
     """Decode completions of left-padded prompts; ``temperature == 0`` means greedy.
 
     Positions follow the attention mask (cumsum - 1), as ``model.generate`` does with left padding.
+    Keys and values are cached: one prompt pass, then one token per row per step.
     """
     model.eval()
     out: list[str] = []
@@ -251,16 +281,20 @@ def sample_completions(model, tokenizer, prompts: Sequence[str], *, max_new_toke
         ids, mask = enc["input_ids"], enc["attention_mask"]                         # (B, P)
         n_prompt = ids.shape[1]
         done = torch.zeros(ids.shape[0], dtype=torch.bool)
+        step_ids, cache = ids, None                                                 # (B, P), then (B, 1)
         for _ in range(max_new_tokens):
-            pos = (mask.cumsum(-1) - 1).clamp(min=0)
-            logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1].float()  # (B, V)
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1]:]
+            res = model(input_ids=step_ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                        use_cache=True)
+            cache, logits = res.past_key_values, res.logits[:, -1].float()          # (B, V)
             if temperature == 0:
                 nxt = logits.argmax(-1)
             else:
                 probs = torch.softmax(logits / temperature, dim=-1)
                 nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)   # (B,)
             nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
-            ids = torch.cat([ids, nxt[:, None]], dim=1)
+            step_ids = nxt[:, None]
+            ids = torch.cat([ids, step_ids], dim=1)
             mask = torch.cat([mask, (~done).long()[:, None]], dim=1)
             done |= nxt == eos
             if bool(done.all()):
@@ -273,9 +307,9 @@ def accuracy(task, problems, completions: Sequence[str]) -> float:
     return sum(task.is_correct(c, p) for c, p in zip(completions, problems)) / max(len(problems), 1)
 
 
-def max_answer_tokens(problems) -> int:
-    """Longest answer in characters (= tokens, char level) + 1 for <eos>."""
-    return max(len(p.answer) for p in problems) + 1
+def max_completion_tokens(task, problems) -> int:
+    """Longest reference completion in characters (= tokens, char level) + 1 for <eos>."""
+    return max(len(task.solution(p)) for p in problems) + 1
 
 
 # ---- the build ----------------------------------------------------------------------------------
@@ -300,8 +334,9 @@ def _lr_at(step: int, recipe: Recipe) -> float:
 def train_sft(model, tokenizer, task, recipe: Recipe, seed: int, log: Callable[[str], None]) -> dict:
     """SFT until sampled validation accuracy reaches ``recipe.stop_at_sampled_acc`` (or max_steps)."""
     sft, val = _split_validation(task.train_problems(), recipe.val_size)
-    input_ids, attn, loss_mask = encode_sft(tokenizer, [p.prompt for p in sft], [p.answer for p in sft])
-    max_new = max_answer_tokens(task.train_problems()) + 1
+    rng = random.Random(seed * 1000 + 4)  # which way round each commutative step is written
+    input_ids, attn, loss_mask = encode_sft(tokenizer, [p.prompt for p in sft], [task.solution(p, rng) for p in sft])
+    max_new = max_completion_tokens(task, task.train_problems()) + 1
     g_batch = torch.Generator().manual_seed(seed * 1000 + 1)
     g_eval = torch.Generator().manual_seed(seed * 1000 + 2)
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=recipe.betas,
@@ -335,7 +370,7 @@ def train_sft(model, tokenizer, task, recipe: Recipe, seed: int, log: Callable[[
 def measure_test_accuracy(model, tokenizer, task, recipe: Recipe, seed: int) -> dict:
     """Sampled (T=1, ``test_samples_per_problem`` each) and greedy accuracy on the full test split."""
     test = list(task.test_problems())
-    max_new = max_answer_tokens(task.train_problems()) + 1
+    max_new = max_completion_tokens(task, task.train_problems()) + 1
     g = torch.Generator().manual_seed(seed * 1000 + 3)
     k = recipe.test_samples_per_problem
     rep = [p for p in test for _ in range(k)]
@@ -349,13 +384,11 @@ def measure_test_accuracy(model, tokenizer, task, recipe: Recipe, seed: int) -> 
             "test_greedy_acc": greedy, "test_greedy_n": len(test)}
 
 
-def _make_task(task: str, recipe: Recipe, seed: int):
-    if task not in TASK_TO_BUILTIN:
-        raise UserError(unknown_choice("base-model task", task, TASK_TO_BUILTIN))
-    from clipbench.tasks.arith import ArithTask
-
-    return ArithTask(seed=seed, operands=recipe.operands, digits=recipe.digits, ops=recipe.ops,
-                     train_size=recipe.train_size, test_size=recipe.test_size)
+FORMAT_INFO = {  # what clipbench_base.json says about the format (documentation for its readers)
+    "answer": {"prompt": "<expression>=", "completion": "<integer><eos>", "example": "37+45= -> 82"},
+    "steps": {"prompt": "<expression>=", "completion": "<left><op><right>=<result> ... #<integer><eos>",
+              "example": "37+45-12= -> 37+45=82 82-12=70 #70", "commutative_steps": "either order"},
+}
 
 
 def _portable_tokenizer_class(path: Path) -> None:
@@ -378,17 +411,21 @@ def _atomic_replace_dir(tmp: Path, out_dir: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def build_base_model(task: str = "arith", out_dir: str | Path | None = None, *, seed: int = 0,
+def build_base_model(name: str = "arith-tiny", out_dir: str | Path | None = None, *, seed: int = 0,
                      force: bool = False, log: Callable[[str], None] = print,
-                     recipe: Recipe = DEFAULT_RECIPE) -> Path:
-    """Train the tokenizer and the tiny Qwen3 for ``task`` and save them to ``out_dir``.
+                     recipe: Recipe | None = None) -> Path:
+    """Train the tokenizer and the tiny Qwen3 of built-in model ``name`` and save them to ``out_dir``.
 
-    ``out_dir`` defaults to the cache path of the task's builtin model. An already built ``out_dir``
-    is returned untouched unless ``force``. Written atomically (temp dir beside it + ``os.replace``).
-    Deterministic for a fixed seed and recipe on CPU (same weights twice).
+    ``name``: a key of ``BUILTIN_MODELS`` (``builtin:`` prefix and the legacy 'arith' accepted).
+    ``recipe`` defaults to the model's own (tests pass smaller ones). ``out_dir`` defaults to the
+    model's cache path. An already built ``out_dir`` is returned untouched unless ``force``. Written
+    atomically (temp dir beside it + ``os.replace``). Deterministic for a fixed seed and recipe on CPU
+    (same weights twice).
     """
-    arith = _make_task(task, recipe, seed)
-    out_dir = Path(out_dir) if out_dir is not None else builtin_path(TASK_TO_BUILTIN[task])
+    name = builtin_name(name)
+    recipe = recipe if recipe is not None else BUILTIN_MODELS[name]
+    arith = ArithTask(seed=seed, **recipe.task.knobs())
+    out_dir = Path(out_dir) if out_dir is not None else builtin_path(name)
     if _is_built(out_dir) and not force:
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -397,34 +434,33 @@ def build_base_model(task: str = "arith", out_dir: str | Path | None = None, *, 
     torch.set_num_threads(recipe.num_threads)
     try:
         train = arith.train_problems()
-        tokenizer = build_tokenizer([p.prompt for p in train] + [p.answer for p in train])
+        tokenizer = build_tokenizer([p.prompt for p in train] + [arith.solution(p) for p in train],
+                                    alphabet=arith.alphabet)
         model = build_model(recipe, tokenizer, torch.Generator().manual_seed(seed))
         n_params = count_parameters(model)
-        log(f"building {task} base model: Qwen3 {recipe.num_layers}x{recipe.hidden_size}, "
+        log(f"building {BUILTIN_PREFIX}{name}: Qwen3 {recipe.num_layers}x{recipe.hidden_size}, "
             f"{n_params} parameters, vocab {len(tokenizer)}")
         sft = train_sft(model, tokenizer, arith, recipe, seed, log)
         measured = measure_test_accuracy(model, tokenizer, arith, recipe, seed)
     finally:
         torch.set_num_threads(old_threads)
     build_s, build_cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
-    lo, hi = TARGET_BAND
+    lo, hi = recipe.target_band
     in_band = lo <= measured["test_sampled_acc"] <= hi
     log(f"  test accuracy: sampled (T=1) {measured['test_sampled_acc']:.3f}, greedy "
         f"{measured['test_greedy_acc']:.3f}; {sft['steps']} steps in {build_s:.0f}s")
     if not in_band:
         log(f"  WARNING: sampled accuracy outside the target band [{lo}, {hi}]")
     meta = {
-        "name": BUILTIN_PREFIX + TASK_TO_BUILTIN[task],
-        "task": {"name": task, "seed": seed, "operands": recipe.operands, "digits": recipe.digits,
-                 "ops": recipe.ops, "train_size": recipe.train_size, "test_size": recipe.test_size},
-        "format": {"prompt": "<expression>=", "completion": "<integer><eos>", "example": "37+45= -> 82",
-                   "bos_prepended": True, "char_level": True},
+        "name": BUILTIN_PREFIX + name,
+        "task": {"name": arith.name, "seed": seed, **recipe.task.knobs()},
+        "format": {**FORMAT_INFO[recipe.task.format], "bos_prepended": True, "char_level": True},
         "recipe": dataclasses.asdict(recipe),
         "seed": seed,
         "parameters": n_params,
         "vocab_size": len(tokenizer),
         "sft": sft,
-        "measured": {**measured, "target_band": list(TARGET_BAND), "in_band": in_band},
+        "measured": {**measured, "target_band": list(recipe.target_band), "in_band": in_band},
         "build_seconds": round(build_s, 2),          # wall clock: grows when other processes share the cores
         "build_cpu_seconds": round(build_cpu_s, 2),  # CPU time of this process (one thread)
         "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},

@@ -49,7 +49,7 @@ from clipbench.config import RunConfig, run_id, to_dict
 from clipbench.errors import RunFailed, UserError
 from clipbench.objectives import finalize
 from clipbench.rollout import build_sampler, resolve_backend
-from clipbench.tasks import build_task
+from clipbench.tasks import build_run_task
 from clipbench.tasks.evaluate import evaluate_and_store
 from clipbench.tracking.mlflow_sink import run_params
 from clipbench.tracking.sink import MetricSink, NullSink
@@ -124,7 +124,7 @@ def preflight(cfg: RunConfig) -> None:
         raise UserError("sampler.backend: vllm over several processes is not wired into the trainer yet "
                         "(clipbench.rollout.weights streams sharded weights); use sampler.backend=hf or "
                         "launch.nproc_per_node=1")
-    eval_suite(cfg, build_task(cfg.task))
+    eval_suite(cfg, build_run_task(cfg))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -213,7 +213,7 @@ def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricS
     state = {"step": 0, "opt_step": 0, "skipped_nonfinite": 0}
     if ckpt is not None:
         state = load_checkpoint(ckpt, model=model, optimizer=optimizer, scheduler=scheduler)
-    task = build_task(cfg.task)
+    task = build_run_task(cfg)  # the run seed draws the problems, as `clipbench eval <run_dir>` does
     backend = resolve_backend(cfg.sampler.backend)
     sc = cfg.sampler
     sampler = build_sampler(backend, model, tok, max_new_tokens=sc.max_new_tokens, temperature=sc.temperature,
