@@ -178,8 +178,8 @@ def test_a_run_with_micro_batches_logs_the_same_loss_grad_norm_and_counts(tmp_pa
 
 
 @pytest.mark.parametrize("override, words", [
-    ("train.micro_batch_tokens=-1", "train.micro_batch_tokens: must be >= 0"),
-    ("sampler.prompts_per_call=-2", "sampler.prompts_per_call: must be >= 0"),
+    ("train.micro_batch_tokens=-1", "train.micro_batch_tokens: must be in [0, 1099511627776], got -1"),
+    ("sampler.prompts_per_call=-2", "sampler.prompts_per_call: must be in [0, 65536], got -2"),
     ("train.max_skipped_frac=1.5", "train.max_skipped_frac: must be in [0, 1]"),
     ("launch.nproc_per_node=3", "3 processes cannot share train.prompts_per_step=8"),
 ])

@@ -246,6 +246,22 @@ def test_run_quadrants_without_metrics():
     assert no_events["zero_grad"] == pytest.approx(20.0)
 
 
+
+def test_gradient_mass_shares_per_quadrant_and_rescued():
+    # two optimizer steps; |g| sums per quadrant: q1 1+3 = 4, q2 1, q3 2, q4 2+1 = 3 -> total 10
+    rows = [{"q1/tokens": 4, "q1/grad_mass": 1.0, "q2/grad_mass": 1.0, "q3/grad_mass": 2.0, "q4/grad_mass": 2.0,
+             "q4/rescued_grad_mass": 0.5, "zero_adv/grad_mass": 0.0},
+            {"q1/tokens": 4, "q1/grad_mass": 3.0, "q4/grad_mass": 1.0, "q1/rescued_grad_mass": 1.5}]
+    q = run_quadrants(rows)
+    assert q["grad_share"] == pytest.approx({"q1": 40.0, "q2": 10.0, "q3": 20.0, "q4": 30.0})
+    assert q["rescued_grad"] == pytest.approx(20.0)  # (0.5 + 1.5) / 10
+    assert math.isnan(run_quadrants([{"q1/tokens": 3}])["rescued_grad"])  # logged before grad mass: unknown
+    from clipbench.report.tables import gradient_mass
+    t = gradient_mass({"m": {"nsr": {"seeds": 1, **{k: {kk: {"mean": v, "std": 0.0} for kk, v in q["grad_share"].items()}
+                                                      for k in ("grad_share",)},
+                                     "rescued_grad": {"mean": 20.0, "std": 0.0}}}}, None)
+    assert t.rows[0] == ["nsr", "1", "40.0", "10.0", "20.0", "30.0", "20.0"]
+
 # ---- labels, baseline, errors --------------------------------------------------------------------
 
 def _run(rid: str, method: str, model: str = "m", seed: int = 0, **params) -> Run:

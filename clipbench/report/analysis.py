@@ -220,13 +220,20 @@ def run_quadrants(metrics: Sequence[Mapping]) -> dict | None:
     """Shares of one run, summed over all its optimizer steps; None when nothing was logged.
 
     ``share`` (%): each quadrant's ``q{i}/out_of_band`` / the sum over Q1-Q4 (the paper's Figure 4f);
-    ``zero_grad`` / ``rescued`` / ``out_of_band`` (%): summed over all six cells, / all tokens.
+    ``zero_grad`` / ``rescued`` / ``out_of_band`` (%): summed over all six cells, / all tokens;
+    ``grad_share`` (%): each quadrant's ``q{i}/grad_mass`` (sum of |d loss_t / d logp_t|) / the sum
+    over Q1-Q4: where the policy gradient flows; ``rescued_grad`` (%): the rescued tokens' gradient
+    mass / all gradient mass (nan for runs logged before gradient mass existed).
     """
     tokens = sum(_sum_key(metrics, f"{c}/tokens") for c in CELLS)
     if tokens == 0:
         return None
     events = {q: _sum_key(metrics, f"{q}/out_of_band") for q in QUADRANTS}
     total = sum(events.values())
+    mass = {q: _sum_key(metrics, f"{q}/grad_mass") for q in QUADRANTS}
+    all_mass = sum(_sum_key(metrics, f"{c}/grad_mass") for c in CELLS)
+    rescued_mass = sum(_sum_key(metrics, f"{c}/rescued_grad_mass") for c in CELLS)
+    quad_mass = sum(mass.values())
     return {
         "events": total,
         "tokens": tokens,
@@ -234,6 +241,8 @@ def run_quadrants(metrics: Sequence[Mapping]) -> dict | None:
         "zero_grad": 100.0 * sum(_sum_key(metrics, f"{c}/zero_grad") for c in CELLS) / tokens,
         "rescued": 100.0 * sum(_sum_key(metrics, f"{c}/rescued") for c in CELLS) / tokens,
         "out_of_band": 100.0 * sum(_sum_key(metrics, f"{c}/out_of_band") for c in CELLS) / tokens,
+        "grad_share": {q: (100.0 * mass[q] / quad_mass if quad_mass else math.nan) for q in QUADRANTS},
+        "rescued_grad": 100.0 * rescued_mass / all_mass if all_mass else math.nan,
     }
 
 
@@ -252,7 +261,8 @@ def label_quadrants(runs: Sequence[Run]) -> dict | None:
         "events": sum(q["events"] for q in per_run),
         "tokens": sum(q["tokens"] for q in per_run),
         "share": {k: ms([q["share"][k] for q in per_run]) for k in QUADRANTS},
-        **{k: ms([q[k] for q in per_run]) for k in ("zero_grad", "rescued", "out_of_band")},
+        "grad_share": {k: ms([q["grad_share"][k] for q in per_run]) for k in QUADRANTS},
+        **{k: ms([q[k] for q in per_run]) for k in ("zero_grad", "rescued", "out_of_band", "rescued_grad")},
     }
 
 

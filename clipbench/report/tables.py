@@ -229,6 +229,36 @@ def quadrants(q_by_block: dict, baseline: str | None, paper: dict | None, show_p
     return t
 
 
+# ---- where the gradient flows ----------------------------------------------------------------
+
+def gradient_mass(q_by_block: dict, baseline: str | None) -> Table | None:
+    """Shares of gradient magnitude per quadrant: what the clip counts alone do not say (a rule may
+    clip many Q4 tokens that carried little gradient, or rescue few tokens that carry much)."""
+    cols = ["Method", "Seeds"] + [QUADRANT_TITLES[q] for q in QUADRANTS] + ["Rescued (% of |g|)"]
+    t = Table("gradient_mass", "Gradient magnitude by quadrant (% of the sum of |g| over Q1-Q4, summed over steps)",
+              cols, sections=False)
+    multi = len(q_by_block) > 1
+    for model, q in q_by_block.items():
+        for lb in ([baseline] if baseline in q else []) + [lb for lb in q if lb != baseline]:
+            e, s = q[lb], q[lb]["seeds"]
+            if "grad_share" not in e or all(math.isnan(e["grad_share"][k]["mean"] or math.nan) for k in QUADRANTS):
+                continue
+
+            def ms(d):
+                if d["mean"] is None or math.isnan(d["mean"]):
+                    return ""
+                return f"{d['mean']:.1f} ± {d['std']:.1f}" if s > 1 else f"{d['mean']:.1f}"
+
+            name = f"{model_title(model)}: {lb}" if multi else lb
+            t.add([name, str(s)] + [ms(e["grad_share"][k]) for k in QUADRANTS] + [ms(e["rescued_grad"])])
+    if not t.rows:
+        return None
+    t.notes = ["g = d loss_t / d logp_t per token, the rule's own gradient before aggregation (docs/metrics.md). "
+               "Quadrant shares: each quadrant's sum of |g| / the sum over Q1-Q4, per run, then mean ± std over "
+               "seeds. Rescued: |g| of tokens past the clip bound that kept the unclipped gradient / all |g|."]
+    return t
+
+
 # ---- every run: state, steps, skipped steps, flags ----------------------------------------------
 
 def runs_table(result: dict) -> Table:
@@ -323,6 +353,9 @@ def build_tables(result: dict, paper: dict | None) -> list[Table]:
     q = quadrants(result["quadrants"], baseline, paper, show_paper)
     if q is not None:
         tables.append(q)
+    g = gradient_mass(result["quadrants"], baseline)
+    if g is not None:
+        tables.append(g)
     d = dynamics(result.get("dynamics", {}), baseline)
     if d is not None:
         tables.append(d)
