@@ -322,7 +322,7 @@ def test_report_command_writes_every_format(results, tmp_path, capsys):
     rows = list(csv.reader(io.StringIO((out / "table3.csv").read_text())))
     assert rows[0] == ["Benchmark", "Method", "Seeds", "Avg@4", "Pass@2", "Pass@4", "kind"]
     assert ["arith (P=4)", "abc", "2", "56.2 ± 0.0", "72.9 ± 2.9", "87.5 ± 17.7", "method"] in rows
-    assert {p.name for p in out.glob("*.csv")} == {"table3.csv", "significance.csv", "quadrants.csv", "dynamics.csv",
+    assert {p.name for p in out.glob("*.csv")} == {"table3.csv", "significance.csv", "quadrants.csv", "dynamics.csv", "claims.csv",
                                                    "runs.csv", "paper_reference.csv"}
     data = json.loads((out / "report.json").read_text())
     assert data["baseline"] == "grpo" and data["bootstrap"]["resamples"] == 2000

@@ -40,7 +40,7 @@ def test_tiny_table3_pipeline(tmp_path):
         assert entry["tokens"] > 0
         if entry["events"]:
             assert sum(entry["share"][k]["mean"] for k in ("q1", "q2", "q3", "q4")) == pytest.approx(100.0)
-    assert [t.key for t in tables] == ["table3", "paper_reference", "significance", "quadrants", "gradient_mass", "dynamics", "runs"]
+    assert [t.key for t in tables] == ["table3", "paper_reference", "significance", "quadrants", "gradient_mass", "dynamics", "claims", "runs"]
 
     out = tmp_path / "report"
     report_command("abc_grpo_table3_tiny", baseline="grpo", fmt="html", results_dir=results, out=out)

@@ -1,0 +1,193 @@
+"""The papers' claims, tested on a sweep: each claim is a figure, its interval, a paired test and a
+verdict ("holds", "does not hold", "inconclusive at this scale").
+
+A claim applies to a sweep when the sweep has the arms it compares (on the same base model):
+
+    abc_entropy     ABC-GRPO keeps entropy higher than GRPO (ABC-GRPO)          abc vs grpo
+    q4_share        Q4 (A<0, r>1) is the largest share of GRPO's clip events    grpo alone
+                    (ABC-GRPO, Figure 4f: 41.4%)
+    nsr_vs_dapo     NSR beats DAPO (NSR)                                        each nsr arm vs dapo
+    nsr_vs_decay    stochastic rescue beats its deterministic twin (NSR)        nsr vs decay, same parameters
+
+Statistics (stated in every row):
+- Training figures (entropy, quadrant shares) are one number per run. Arms are paired by seed (the
+  same seed draws the same prompts and the same initial samples for both); the interval is Student's
+  t over the per-seed differences, the test a paired t-test (`scipy.stats.ttest_rel`; for one arm,
+  `ttest_1samp`).
+- Accuracy (Avg@n at the last evaluation) is paired by problem: per problem slot, the seed-averaged
+  difference (each seed evaluates both arms on the same problems); the interval is Student's t over
+  problems and the p-value the report's paired bootstrap (`stats.paired_bootstrap_p`), as in the
+  significance table.
+- Verdict at level 0.05: "holds" when the difference has the claimed sign and p < 0.05, "does not
+  hold" when it has the opposite sign and p < 0.05, else "inconclusive at this scale" (a difference
+  of this size cannot be told from seed noise with these many seeds).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import numpy as np
+
+from clipbench.report import stats
+from clipbench.report.analysis import _paired_diffs, block_benchmarks, block_n, run_dynamics, run_quadrants, seed_values
+from clipbench.report.load import Run, Sweep
+
+ALPHA = 0.05
+QUADRANTS = ("q1", "q2", "q3", "q4")
+
+
+@dataclass
+class ClaimResult:
+    claim: str        # the claim as the paper states it
+    source: str       # the paper
+    comparison: str   # the arms, e.g. "abc - grpo"
+    figure: str       # what is measured
+    estimate: float   # the mean difference (or the share), in the figure's unit
+    ci: tuple[float, float]
+    p: float
+    test: str         # the paired test
+    n: int            # seeds or problems behind the estimate
+    verdict: str
+
+
+def verdict(estimate: float, p: float, *, claimed_sign: int = 1) -> str:
+    if not (math.isfinite(estimate) and math.isfinite(p)):
+        return "inconclusive at this scale"
+    if p < ALPHA and estimate * claimed_sign > 0:
+        return "holds"
+    if p < ALPHA and estimate * claimed_sign < 0:
+        return "does not hold"
+    return "inconclusive at this scale"
+
+
+def _t_ci(values: Sequence[float]) -> tuple[float, float]:
+    v = np.asarray(values, dtype=float)
+    if v.size < 2:
+        return (math.nan, math.nan)
+    return stats.t_interval(v)
+
+
+def _per_seed(runs: Sequence[Run], value) -> dict[int, float]:
+    out = {}
+    for r in runs:
+        v = value(r)
+        if v is not None and math.isfinite(v):
+            out[r.seed] = float(v)
+    return out
+
+
+def _paired_seeds(a: dict[int, float], b: dict[int, float]) -> np.ndarray:
+    return np.array([a[s] - b[s] for s in sorted(set(a) & set(b))])
+
+
+def _ttest_rel_p(diffs: np.ndarray) -> float:
+    from scipy import stats as sps
+
+    if diffs.size < 2 or np.allclose(diffs, diffs[0]):
+        return 0.0 if diffs.size >= 2 and diffs[0] != 0 else (1.0 if diffs.size >= 2 else math.nan)
+    return float(sps.ttest_1samp(diffs, 0.0).pvalue)  # = ttest_rel on the pairs
+
+
+def _last_entropy(r: Run) -> float | None:
+    d = run_dynamics(r.metrics)
+    return None if d is None else d["entropy"][1]  # (first, last) fifth
+
+
+def _q4_lead(r: Run) -> float | None:
+    q = run_quadrants(r.metrics)
+    if q is None or not math.isfinite(q["share"]["q4"]):
+        return None
+    return q["share"]["q4"] - max(q["share"][k] for k in ("q1", "q2", "q3"))
+
+
+def _q4_share(r: Run) -> float | None:
+    q = run_quadrants(r.metrics)
+    return None if q is None else q["share"]["q4"]
+
+
+def seed_claim(claim: str, source: str, a_label: str, a: Sequence[Run], b_label: str, b: Sequence[Run], figure: str,
+               value, scale: float = 1.0) -> ClaimResult | None:
+    diffs = scale * _paired_seeds(_per_seed(a, value), _per_seed(b, value))
+    if diffs.size == 0:
+        return None
+    est, p = float(diffs.mean()), _ttest_rel_p(diffs)
+    return ClaimResult(claim, source, f"{a_label} - {b_label}", figure, est, _t_ci(diffs), p,
+                       "paired t-test over seeds", int(diffs.size), verdict(est, p))
+
+
+def accuracy_claim(claim: str, source: str, a_label: str, a: Sequence[Run], b_label: str,
+                   b: Sequence[Run]) -> ClaimResult | None:
+    a = [r for r in a if r.final_step is not None]
+    b = [r for r in b if r.final_step is not None]
+    benches = [x for x in block_benchmarks([*a, *b]) if x in block_benchmarks(a) and x in block_benchmarks(b)]
+    if not benches:
+        return None
+    n = block_n([*a, *b], benches)
+    metric = stats.metric_names(stats.ks_for(n))[0]  # avg@n
+    diffs = []
+    for bench in benches:
+        ga, gb = seed_values(a, bench, [1]), seed_values(b, bench, [1])
+        if ga is None or gb is None:
+            continue
+        diffs.append(_paired_diffs(ga[0], ga[1][metric], gb[0], gb[1][metric]))
+    if not diffs or all(d.size == 0 for d in diffs):
+        return None
+    allv = 100.0 * np.concatenate(diffs)
+    est = float(np.mean([100.0 * d.mean() for d in diffs]))
+    p = stats.paired_bootstrap_p(diffs)
+    return ClaimResult(claim, source, f"{a_label} - {b_label}", f"{metric} at the last evaluation (points, "
+                       f"{', '.join(benches)})", est, _t_ci(allv), p, "paired bootstrap over problems "
+                       "(seeds averaged per problem)", int(allv.size), verdict(est, p))
+
+
+def _params(r: Run) -> dict:
+    return {k: v for k, v in r.config.get("objective", {}).items() if k != "method"}
+
+
+def evaluate_claims(sweep: Sweep, compared: Sequence[Run]) -> list[ClaimResult]:
+    """Every claim that applies to the compared runs of a sweep, block by block (base model)."""
+    out: list[ClaimResult] = []
+    blocks: dict[str, list[Run]] = {}
+    for r in compared:
+        blocks.setdefault(r.model, []).append(r)
+    for runs in blocks.values():
+        by_label: dict[str, list[Run]] = {}
+        for r in runs:
+            by_label.setdefault(r.label, []).append(r)
+        method_of = {lb: rs[0].method for lb, rs in by_label.items()}
+        arms = lambda m: [lb for lb in by_label if method_of[lb] == m]  # noqa: E731
+
+        for g in arms("grpo"):
+            for a in arms("abc"):
+                res = seed_claim("ABC-GRPO keeps entropy higher than GRPO", "ABC-GRPO", a, by_label[a], g,
+                                 by_label[g], "token entropy, last fifth of training (nats)", _last_entropy)
+                out += [res] if res else []
+            shares = _per_seed(by_label[g], _q4_share)
+            lead = np.array(list(_per_seed(by_label[g], _q4_lead).values()))
+            if lead.size:
+                est, p = float(lead.mean()), _ttest_rel_p(lead)
+                mean_share = float(np.mean(list(shares.values())))
+                out.append(ClaimResult(
+                    "Q4 (A<0, r>1) is the largest share of GRPO's clip events", "ABC-GRPO (Fig. 4f: 41.4%)",
+                    f"{g}: Q4 - the largest other quadrant", f"share of clip events (points; Q4 itself "
+                    f"{mean_share:.1f}%)", est, _t_ci(lead), p, "paired t-test over seeds", int(lead.size),
+                    verdict(est, p)))
+        for d in arms("dapo"):
+            for n in arms("nsr"):
+                res = accuracy_claim("NSR beats DAPO", "NSR", n, by_label[n], d, by_label[d])
+                out += [res] if res else []
+        for n in arms("nsr"):
+            for c in arms("decay"):
+                if _params(by_label[n][0]) != _params(by_label[c][0]):
+                    continue
+                res = accuracy_claim("stochastic rescue beats its deterministic twin", "NSR", n, by_label[n],
+                                     c, by_label[c])
+                out += [res] if res else []
+    return out
+
+
+def as_dicts(results: Sequence[ClaimResult]) -> list[dict]:
+    return [asdict(r) for r in results]

@@ -1,0 +1,75 @@
+"""The papers' claims (clipbench/report/claims.py): golden figures, intervals, tests and verdicts on
+hand-built runs (the report pipeline test runs them on real training)."""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from clipbench.report.claims import evaluate_claims, verdict
+from clipbench.report.load import Run, Sweep
+
+
+def run(method, seed, entropy_last, q=(10, 10, 10, 10), correct=None, **params):
+    # 5 optimizer steps: entropy 1.0 on the first four, `entropy_last` on the last (the last fifth);
+    # clip events per quadrant q summed over the steps (all on step 0's rows)
+    rows = [{"step": i, "entropy": 1.0 if i < 4 else entropy_last, "accuracy": 0.5} for i in range(5)]
+    rows[0].update({f"q{i + 1}/tokens": 100 for i in range(4)})
+    rows[0].update({f"q{i + 1}/out_of_band": v for i, v in enumerate(q)})
+    evals = {}
+    if correct is not None:
+        evals = {5: {"arith": {"problem_ids": [f"p{i}" for i in range(len(correct))], "correct": correct, "n": 2}}}
+    cfg = {"seed": seed, "model": {"name": "m"}, "objective": {"method": method, **params}}
+    label = method if not params else f"{method} p={params['p']}"
+    return Run(run_id=f"{label}-{seed}", path=Path("."), config=cfg, state="finished", metrics=rows, evals=evals,
+               label=label)
+
+
+def sweep(runs):
+    return Sweep(name="s", path=Path("."), runs=list(runs))
+
+
+def test_verdicts():
+    assert verdict(0.3, 0.01) == "holds"
+    assert verdict(-0.3, 0.01) == "does not hold"
+    assert verdict(0.3, 0.2) == verdict(-0.3, 0.2) == verdict(math.nan, 0.01) == "inconclusive at this scale"
+
+
+def test_entropy_paired_by_seed_and_q4_share():
+    # abc - grpo entropy per seed: 0.1, 0.2, 0.3 -> mean 0.2, sd 0.1, t = 0.2 / (0.1 / sqrt 3) = 3.46 (df 2)
+    grpo = [run("grpo", s, 0.5, q=(10, 10, 30, 50)) for s in range(3)]
+    abc = [run("abc", s, 0.5 + d) for s, d in zip(range(3), (0.1, 0.2, 0.3))]
+    got = {c.claim: c for c in evaluate_claims(sweep(grpo + abc), grpo + abc)}
+    e = got["ABC-GRPO keeps entropy higher than GRPO"]
+    assert e.comparison == "abc - grpo" and e.n == 3 and e.estimate == pytest.approx(0.2)
+    half = sps.t.ppf(0.975, 2) * 0.1 / math.sqrt(3)                      # 4.303 * 0.0577 = 0.248
+    assert e.ci == pytest.approx((0.2 - half, 0.2 + half))
+    assert e.p == pytest.approx(sps.ttest_rel([0.6, 0.7, 0.8], [0.5, 0.5, 0.5]).pvalue)  # 0.074
+    assert e.verdict == "inconclusive at this scale"                     # p = 0.074 with 3 seeds
+    # Q4 = 50 of 100 events, the next largest Q3 = 30: lead 20 points on every seed -> holds (no spread)
+    q4 = got["Q4 (A<0, r>1) is the largest share of GRPO's clip events"]
+    assert q4.estimate == pytest.approx(20.0) and q4.p == 0.0 and q4.verdict == "holds"
+    assert "Q4 itself 50.0%" in q4.figure
+
+
+def test_accuracy_claims_pair_by_problem_and_match_rules_by_parameters():
+    # 4 problems x 2 samples, 2 seeds. dapo: all wrong but p0; nsr p=0.5: p0 and p1 right on both seeds
+    dapo_c = [[1, 1], [0, 0], [0, 0], [0, 0]]
+    nsr_c = [[1, 1], [1, 1], [0, 0], [0, 0]]
+    runs = ([run("dapo", s, 0.5, correct=dapo_c) for s in (0, 1)]
+            + [run("nsr", s, 0.5, correct=nsr_c, p=0.5) for s in (0, 1)]
+            + [run("decay", s, 0.5, correct=nsr_c, p=0.5) for s in (0, 1)]
+            + [run("decay", s, 0.5, correct=dapo_c, p=0.25) for s in (0, 1)])
+    got = evaluate_claims(sweep(runs), runs)
+    vs_dapo = [c for c in got if c.claim == "NSR beats DAPO"]
+    assert len(vs_dapo) == 1 and vs_dapo[0].comparison == "nsr p=0.5 - dapo"
+    # per-problem differences (avg@2, seed-averaged): 0, 1, 0, 0 -> +25 points over 4 problems
+    assert vs_dapo[0].estimate == pytest.approx(25.0) and vs_dapo[0].n == 4
+    lo, hi = vs_dapo[0].ci
+    assert (lo + hi) / 2 == pytest.approx(25.0) and hi - lo == pytest.approx(2 * sps.t.ppf(0.975, 3) * 50 / 2)
+    twin = [c for c in got if c.claim == "stochastic rescue beats its deterministic twin"]
+    assert [c.comparison for c in twin] == ["nsr p=0.5 - decay p=0.5"]   # p=0.25 decay has no nsr twin
+    assert twin[0].estimate == 0.0 and twin[0].verdict == "inconclusive at this scale"
+    assert np.isfinite(twin[0].p)
