@@ -147,7 +147,8 @@ def test_resolve_model_name(cache, built, monkeypatch):
     assert bm.resolve_model_name("Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B"
     assert bm.resolve_model_name("/some/local/dir") == "/some/local/dir"
     with pytest.raises(UserError, match=r"model.name: unknown built-in model 'builtin:arith-tny' "
-                                        r"\(did you mean 'builtin:arith-tiny'\?\); valid: builtin:arith-tiny"):
+                                        r"\(did you mean 'builtin:arith-tiny'\?\); "
+                                        r"valid: builtin:arith-steps, builtin:arith-tiny"):
         bm.resolve_model_name("builtin:arith-tny")
     with pytest.raises(UserError, match="non-empty string"):
         bm.resolve_model_name("")

@@ -121,7 +121,7 @@ def test_recipe_plugins_are_relative_to_the_recipe_and_merge_with_the_cli(isolat
     with pytest.raises(ConfigError, match="unknown method 'other_rul'"):
         load_run_config(RECIPE, ["objective.method=other_rul"])
     write(tmp_path / "cwd" / "broken.py", "x = 1/0\n")
-    with pytest.raises(ConfigError, match=r"quickstart\.yaml: plugins: .*broken\.py:1: cannot import plugin: "
+    with pytest.raises(ConfigError, match=r"arith_tiny\.yaml: plugins: .*broken\.py:1: cannot import plugin: "
                                           r"ZeroDivisionError"):
         load_run_config(RECIPE, [], plugins=["broken.py"])
 

@@ -8,6 +8,8 @@ they are the rule applied to each micro-batch, and their counts still combine ex
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 import torch
 
@@ -83,7 +85,8 @@ def _rank(rank: int, world: int, init: str, out: str) -> None:
 
     from clipbench.objectives import all_reduce_sums
 
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=120))
     try:
         logp, old, A, mask, u = _batch()
         rows = torch.arange(B)[rank::world]  # this rank's rows
@@ -102,7 +105,9 @@ def test_all_reduce_sums_across_two_real_processes(tmp_path):
 
     out = str(tmp_path / "sums.pt")
     init = f"file://{tmp_path / 'rendezvous'}"
-    mp.start_processes(_rank, args=(2, init, out), nprocs=2, join=True, start_method="fork")
+    # spawn, not fork: forking a process whose OpenMP/gloo threads already run (an xdist worker that
+    # has trained before) can deadlock the child; this test hung CI that way.
+    mp.start_processes(_rank, args=(2, init, out), nprocs=2, join=True, start_method="spawn")
     got = torch.load(out)
     logp, old, A, mask, u = _batch()
     want = policy_loss("nsr", logp, old, A, mask, uniforms=u).sums
