@@ -52,10 +52,17 @@ quickstart: install ## Build the worked-steps base model, run sweeps/quickstart.
 	$(VENV)/bin/clipbench report quickstart --results-dir $(RESULTS) --baseline grpo
 	$(VENV)/bin/clipbench report quickstart --results-dir $(RESULTS) --baseline grpo --format html
 
+study: install ## The two studies of docs/studies/ (5 seeds per arm; ~15 + ~30 min on 2 cores): runs, then their pages' reports
+	$(VENV)/bin/clipbench base-model arith-steps
+	$(VENV)/bin/clipbench sweep sweeps/study_clip_rules.yaml --results-dir $(RESULTS) --jobs 2
+	$(VENV)/bin/clipbench report study_clip_rules --results-dir $(RESULTS) --baseline grpo --format markdown --out docs/studies/clip_rules
+	$(VENV)/bin/clipbench sweep sweeps/study_rescue.yaml --results-dir $(RESULTS) --jobs 2
+	$(VENV)/bin/clipbench report study_rescue --results-dir $(RESULTS) --baseline dapo --format markdown --out docs/studies/rescue
+
 reproduce-table3: install ## ABC-GRPO Table 3 (GPU + vLLM); SCALE=tiny: same pipeline on CPU
 	bash recipes/abc_grpo_table3/reproduce.sh $(SCALE) $(RESULTS)
 
 clean: ## Remove generated results (keeps results/README.md)
 	find $(RESULTS) -mindepth 1 ! -name README.md -exec rm -rf {} +
 
-.PHONY: help install install-browser test test-verl test-vllm bench quickstart reproduce-table3 clean
+.PHONY: help install install-browser test test-verl test-vllm bench quickstart reproduce-table3 study test-fast clean

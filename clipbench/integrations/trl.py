@@ -46,7 +46,6 @@ Design choices:
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import torch
@@ -54,6 +53,7 @@ from trl import GRPOTrainer
 
 from clipbench.objectives import (AGGREGATIONS, METHODS, aggregate, all_reduce_sums, combine, finalize, kl_k3,
                                   log_ratio_histogram, policy_loss, validate_params)
+from clipbench.train.seeds import derive_seed as _seed  # the one seed derivation
 
 # TRL loss_type -> the clipbench aggregation it computes (when `agg` is not given).
 AGG_OF_LOSS_TYPE = {
@@ -64,11 +64,6 @@ AGG_OF_LOSS_TYPE = {
 # Inputs of TRL's forward besides ids and mask (multimodal models), passed through unchanged.
 _FORWARD_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
                  "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
-
-
-def _seed(*parts) -> int:
-    h = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
 
 
 def check_trl_args(args, method: str) -> None:

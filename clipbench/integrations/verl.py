@@ -48,7 +48,6 @@ Design choices:
 from __future__ import annotations
 
 import functools
-import hashlib
 import itertools
 import json
 import os
@@ -58,6 +57,7 @@ import torch
 
 from clipbench.integrations.verl_launch import VERL_FIELDS
 from clipbench.objectives import METHODS, policy_loss, validate_params
+from clipbench.train.seeds import derive_seed as _seed  # the one seed derivation
 
 PREFIX = "clipbench."
 PARAMS_ENV = "CLIPBENCH_RULE_PARAMS"
@@ -109,11 +109,6 @@ def _field(config, dotted: str):
     for part in dotted.split("."):
         node = node.get(part) if node is not None else None
     return node
-
-
-def _seed(*parts) -> int:
-    h = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
 
 
 def _rank() -> int:
