@@ -73,3 +73,14 @@ def test_accuracy_claims_pair_by_problem_and_match_rules_by_parameters():
     assert [c.comparison for c in twin] == ["nsr p=0.5 - decay p=0.5"]   # p=0.25 decay has no nsr twin
     assert twin[0].estimate == 0.0 and twin[0].verdict == "inconclusive at this scale"
     assert np.isfinite(twin[0].p)
+
+
+def test_learning_is_measured_against_the_base_model_of_the_same_runs():
+    # step 0: p0 right; step 5: p0 and p1 right -> +100 points on p1, 0 on p0: +50 over 2 problems
+    runs = []
+    for s in (0, 1):
+        r = run("grpo", s, 0.5, correct=[[1, 1], [1, 1]])
+        r.evals[0] = {"arith": {"problem_ids": ["p0", "p1"], "correct": [[1, 1], [0, 0]], "n": 2}}
+        runs.append(r)
+    (c,) = [c for c in evaluate_claims(sweep(runs), runs) if c.claim.startswith("RL from verifiable")]
+    assert c.comparison == "grpo - base model (step 0)" and c.estimate == pytest.approx(50.0) and c.n == 2

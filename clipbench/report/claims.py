@@ -3,6 +3,7 @@ verdict ("holds", "does not hold", "inconclusive at this scale").
 
 A claim applies to a sweep when the sweep has the arms it compares (on the same base model):
 
+    learns          RL from verifiable rewards raises held-out accuracy         grpo vs its base model (step 0)
     abc_entropy     ABC-GRPO keeps entropy higher than GRPO (ABC-GRPO)          abc vs grpo
     q4_share        Q4 (A<0, r>1) is the largest share of GRPO's clip events    grpo alone
                     (ABC-GRPO, Figure 4f: 41.4%)
@@ -119,7 +120,8 @@ def seed_claim(claim: str, source: str, a_label: str, a: Sequence[Run], b_label:
 
 
 def accuracy_claim(claim: str, source: str, a_label: str, a: Sequence[Run], b_label: str,
-                   b: Sequence[Run]) -> ClaimResult | None:
+                   b: Sequence[Run], *, b_initial: bool = False) -> ClaimResult | None:
+    """``b_initial``: compare with b's step-0 evaluation (the base model) instead of its last."""
     a = [r for r in a if r.final_step is not None]
     b = [r for r in b if r.final_step is not None]
     benches = [x for x in block_benchmarks([*a, *b]) if x in block_benchmarks(a) and x in block_benchmarks(b)]
@@ -129,7 +131,7 @@ def accuracy_claim(claim: str, source: str, a_label: str, a: Sequence[Run], b_la
     metric = stats.metric_names(stats.ks_for(n))[0]  # avg@n
     diffs = []
     for bench in benches:
-        ga, gb = seed_values(a, bench, [1]), seed_values(b, bench, [1])
+        ga, gb = seed_values(a, bench, [1]), seed_values(b, bench, [1], initial=b_initial)
         if ga is None or gb is None:
             continue
         diffs.append(_paired_diffs(ga[0], ga[1][metric], gb[0], gb[1][metric]))
@@ -161,6 +163,9 @@ def evaluate_claims(sweep: Sweep, compared: Sequence[Run]) -> list[ClaimResult]:
         arms = lambda m: [lb for lb in by_label if method_of[lb] == m]  # noqa: E731
 
         for g in arms("grpo"):
+            res = accuracy_claim("RL from verifiable rewards raises held-out accuracy", "GRPO (DeepSeekMath)", g,
+                                 by_label[g], "base model (step 0)", by_label[g], b_initial=True)
+            out += [res] if res else []
             for a in arms("abc"):
                 res = seed_claim("ABC-GRPO keeps entropy higher than GRPO", "ABC-GRPO", a, by_label[a], g,
                                  by_label[g], "token entropy, last fifth of training (nats)", _last_entropy)
