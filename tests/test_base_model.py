@@ -17,7 +17,7 @@ from clipbench.tasks.arith import ArithKnobs, ArithTask
 from clipbench.train import base_model as bm
 
 # One worker builds the model once for the whole module (pytest -n 2 --dist loadgroup).
-pytestmark = pytest.mark.xdist_group("base_model")
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("base_model")]  # builds base models
 
 SMALL = bm.Recipe(  # a 1-layer model and 30 steps: for determinism and plumbing, not accuracy
     task=ArithKnobs(train_size=2000, test_size=50), hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,

@@ -26,6 +26,8 @@ from clipbench.tracking.store import RunDir
 from clipbench.train.checkpoint import checkpoint_step, load_policy
 from clipbench.train.loop import run_training
 
+pytestmark = pytest.mark.slow  # torchrun processes training
+
 
 def processes(test):
     """Starts real processes: slow, one xdist group, a long timeout."""

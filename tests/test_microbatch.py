@@ -93,6 +93,7 @@ CASES = [("grpo", {}, "token-mean", 0.0), ("grpo", {}, "seq-mean-token-mean", 0.
 
 
 @pytest.mark.parametrize("method, params, agg, beta", CASES)
+@pytest.mark.slow
 def test_step_function_is_exact_over_micro_batches_and_ranks(tiny, batch, method, params, agg, beta):
     """Every parameter's gradient (1e-12 relative), the loss (1e-6) and every token count equal, for
     1 micro-batch, 2 micro-batches, an uneven number, and 2 ranks with uneven micro-batches (one rank
@@ -158,6 +159,7 @@ SMALL = ["train.prompts_per_step=4", "sampler.group_size=4", "sampler.max_new_to
          "tracking.mlflow=false", "train.steps=2"]
 
 
+@pytest.mark.slow
 def test_a_run_with_micro_batches_logs_the_same_loss_grad_norm_and_counts(tmp_path):
     """2 rollout steps x 4 optimizer steps with and without train.micro_batch_tokens (2-4 micro-batches
     per step): the same loss and grad_norm (1e-5 relative; token losses are O(1) with unit-std

@@ -149,6 +149,7 @@ def cli(*args, cwd):
                           timeout=300, cwd=cwd, env=env)
 
 
+@pytest.mark.slow
 def test_cli_methods_lists_the_plugin(tmp_path):
     write(tmp_path / "lower_only.py", LOWER_ONLY)
     res = cli("methods", "--plugin", "lower_only.py", cwd=tmp_path)
@@ -162,6 +163,7 @@ def test_cli_methods_lists_the_plugin(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_cli_train_runs_a_plugin_rule_with_full_diagnostics(tmp_path):
     write(tmp_path / "lower_only.py", LOWER_ONLY)
     res = cli("train", str(RECIPE), "--plugin", "lower_only.py", "objective.method=lower_only", "train.steps=2",
@@ -180,6 +182,7 @@ def test_cli_train_runs_a_plugin_rule_with_full_diagnostics(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_cli_sweep_runs_and_reports_a_plugin_rule_and_notices_a_changed_file(tmp_path):
     rule_file = write(tmp_path / "rules" / "lower_only.py", LOWER_ONLY)
     sweep = write(tmp_path / "sweeps" / "mine.yaml", "")

@@ -99,6 +99,7 @@ def _rank(rank: int, world: int, init: str, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_all_reduce_sums_across_two_real_processes(tmp_path):
     # Two gloo ranks each compute their half of the rows; all_reduce_sums gives the unsplit sums.
     import torch.multiprocessing as mp

@@ -307,6 +307,7 @@ def test_no_baseline_means_no_gain(results):
 
 # ---- files of every format -----------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_report_command_writes_every_format(results, tmp_path, capsys):
     out = tmp_path / "rep"
     for fmt in ("markdown", "latex", "csv", "html", "rich"):

@@ -17,6 +17,8 @@ import pytest
 
 from clipbench.report.commands import report_command
 
+pytestmark = pytest.mark.slow  # renders and screenshots a real report
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed: run `bash scripts/install_chromium.sh`")
 

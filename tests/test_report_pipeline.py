@@ -18,6 +18,7 @@ SWEEP_TINY = Path(__file__).resolve().parent.parent / "recipes" / "abc_grpo_tabl
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_tiny_table3_pipeline(tmp_path):
     from clipbench.sweep.commands import sweep_command
 

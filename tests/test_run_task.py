@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from clipbench.config import load_run_config
 from clipbench.eval.commands import eval_command
 from clipbench.tasks import build_run_task
@@ -21,6 +23,7 @@ TINY = ["seed=3", "train.steps=1", "train.prompts_per_step=2", "sampler.group_si
         "tracking.mlflow=false"]
 
 
+@pytest.mark.slow
 def test_trainer_and_eval_command_evaluate_the_same_split_for_seed_3(tmp_path):
     cfg = load_run_config(None, TINY)  # builtin:arith-tiny on arith (the schema's defaults)
     run_dir = tmp_path / "train" / "run"

@@ -17,6 +17,8 @@ from clipbench.train.base_model import load_model_and_tokenizer, resolve_model_n
 from clipbench.train.loop import run_training
 from clipbench.train.policy import completion_logprobs, pack
 
+pytestmark = pytest.mark.slow  # real training runs
+
 RECIPE = "recipes/arith_tiny.yaml"  # the answer-only regime: the fastest real runs
 # A few seconds per run: 4 prompts x 4 samples, short answers, no MLflow.
 SMALL = ["train.prompts_per_step=4", "sampler.group_size=4", "sampler.max_new_tokens=8",

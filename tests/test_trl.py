@@ -33,6 +33,8 @@ from clipbench.tasks import build_task  # noqa: E402
 from clipbench.tracking.store import RunDir  # noqa: E402
 from clipbench.train.base_model import load_model_and_tokenizer, resolve_model_name  # noqa: E402
 
+pytestmark = pytest.mark.slow  # TRL's GRPOTrainer training
+
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "arith_tiny.yaml"
 TASK = build_task(load_run_config(RECIPE).task)

@@ -91,6 +91,7 @@ def _fsdp_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_stream_gathers_an_fsdp2_sharded_model(tmp_path):
     """2 gloo processes, fully_shard per decoder layer + root (bf16 compute, fp32 masters): each
     rank holds half of every tensor, and the stream hands each rank the whole model in bf16."""
