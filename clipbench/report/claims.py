@@ -5,6 +5,8 @@ A claim applies to a sweep when the sweep has the arms it compares (on the same 
 
     learns          RL from verifiable rewards raises held-out accuracy         grpo vs its base model (step 0)
     abc_entropy     ABC-GRPO keeps entropy higher than GRPO (ABC-GRPO)          abc vs grpo
+    abc_accuracy    ABC-GRPO beats GRPO on held-out accuracy (ABC-GRPO Table 3) abc vs grpo
+    dapo_entropy    clip-higher keeps entropy higher than GRPO (DAPO)           dapo vs grpo
     q4_share        Q4 (A<0, r>1) is the largest share of GRPO's clip events    grpo alone
                     (ABC-GRPO, Figure 4f: 41.4%)
     nsr_vs_dapo     NSR beats DAPO (NSR)                                        each nsr arm vs dapo
@@ -140,7 +142,7 @@ def accuracy_claim(claim: str, source: str, a_label: str, a: Sequence[Run], b_la
     allv = 100.0 * np.concatenate(diffs)
     est = float(np.mean([100.0 * d.mean() for d in diffs]))
     p = stats.paired_bootstrap_p(diffs)
-    return ClaimResult(claim, source, f"{a_label} - {b_label}", f"{metric} at the last evaluation (points, "
+    return ClaimResult(claim, source, f"{a_label} - {b_label}", f"Avg@{n} at the last evaluation (points, "
                        f"{', '.join(benches)})", est, _t_ci(allv), p, "paired bootstrap over problems "
                        "(seeds averaged per problem)", int(allv.size), verdict(est, p))
 
@@ -163,11 +165,18 @@ def evaluate_claims(sweep: Sweep, compared: Sequence[Run]) -> list[ClaimResult]:
         arms = lambda m: [lb for lb in by_label if method_of[lb] == m]  # noqa: E731
 
         for g in arms("grpo"):
-            res = accuracy_claim("RL from verifiable rewards raises held-out accuracy", "GRPO (DeepSeekMath)", g,
+            res = accuracy_claim("RL from verifiable rewards raises held-out accuracy", "DeepSeekMath, GRPO", g,
                                  by_label[g], "base model (step 0)", by_label[g], b_initial=True)
             out += [res] if res else []
             for a in arms("abc"):
                 res = seed_claim("ABC-GRPO keeps entropy higher than GRPO", "ABC-GRPO", a, by_label[a], g,
+                                 by_label[g], "token entropy, last fifth of training (nats)", _last_entropy)
+                out += [res] if res else []
+                res = accuracy_claim("ABC-GRPO beats GRPO on held-out accuracy", "ABC-GRPO, Table 3", a,
+                                     by_label[a], g, by_label[g])
+                out += [res] if res else []
+            for d in arms("dapo"):
+                res = seed_claim("clip-higher keeps entropy higher than GRPO", "DAPO", d, by_label[d], g,
                                  by_label[g], "token entropy, last fifth of training (nats)", _last_entropy)
                 out += [res] if res else []
             shares = _per_seed(by_label[g], _q4_share)
@@ -176,7 +185,7 @@ def evaluate_claims(sweep: Sweep, compared: Sequence[Run]) -> list[ClaimResult]:
                 est, p = float(lead.mean()), _ttest_rel_p(lead)
                 mean_share = float(np.mean(list(shares.values())))
                 out.append(ClaimResult(
-                    "Q4 (A<0, r>1) is the largest share of GRPO's clip events", "ABC-GRPO (Fig. 4f: 41.4%)",
+                    "Q4 (A<0, r>1) is the largest share of GRPO's clip events", "ABC-GRPO, Fig. 4f: 41.4%",
                     f"{g}: Q4 - the largest other quadrant", f"share of clip events (points; Q4 itself "
                     f"{mean_share:.1f}%)", est, _t_ci(lead), p, "paired t-test over seeds", int(lead.size),
                     verdict(est, p)))
