@@ -51,7 +51,7 @@ bench: install ## Speed/memory targets, measured side by side (writes results/be
 
 quickstart: install ## Build the worked-steps base model, run sweeps/quickstart.yaml, print the report
 	$(VENV)/bin/clipbench base-model arith-steps
-	$(VENV)/bin/clipbench sweep sweeps/quickstart.yaml --results-dir $(RESULTS)
+	$(VENV)/bin/clipbench sweep sweeps/quickstart.yaml --results-dir $(RESULTS) --jobs 2
 	$(VENV)/bin/clipbench report quickstart --results-dir $(RESULTS) --baseline grpo
 	$(VENV)/bin/clipbench report quickstart --results-dir $(RESULTS) --baseline grpo --format html
 
