@@ -16,7 +16,7 @@ Design choices:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import yaml
 
@@ -82,3 +82,18 @@ def load_yaml_file(path: str | Path) -> Any:
 def dump_yaml(data: Any) -> str:
     """Block-style YAML in the mapping's own key order (what the store and recipes are written as)."""
     return yaml.safe_dump(data, sort_keys=False)
+
+
+def flatten(d: Mapping, prefix: str = "", *, sections: bool = False) -> dict:
+    """{'a': {'b': 1}} -> {'a.b': 1} (lists kept as values); `sections=True` keeps every mapping under
+    its own key too: {'a': {'b': 1}, 'a.b': 1} (a dataset row reachable both ways)."""
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            if sections:
+                out[key] = v
+            out.update(flatten(v, key + ".", sections=sections))
+        else:
+            out[key] = v
+    return out

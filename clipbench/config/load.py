@@ -299,21 +299,6 @@ def run_id(cfg: RunConfig | Mapping) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def flatten(d: Mapping, prefix: str = "", *, sections: bool = False) -> dict:
-    """{'a': {'b': 1}} -> {'a.b': 1} (lists kept as values); `sections=True` keeps every mapping under
-    its own key too: {'a': {'b': 1}, 'a.b': 1} (a dataset row reachable both ways)."""
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping):
-            if sections:
-                out[key] = v
-            out.update(flatten(v, key + ".", sections=sections))
-        else:
-            out[key] = v
-    return out
-
-
 def dump_yaml(cfg: RunConfig | Mapping) -> str:
     return yamlio.dump_yaml(to_dict(cfg) if isinstance(cfg, RunConfig) else dict(cfg))
 

@@ -10,7 +10,7 @@
                    "gain": {label: {bench|"average": {metric: percent|None}}}}],
        "quadrants": {block: {label: {...shares...}}},
        "dynamics": {block: {label: {...entropy, accuracy, off-policy out-of-band share...}}},
-       "claims": [{claim, source, comparison, figure, estimate, ci, p, test, n, verdict}] (claims.py)}
+       "claims": [...] added by report.commands.build_report (claims.py builds on these figures)}
     MetricRow = {"seeds", "problems", "metrics": {metric: {"mean", "std", "ci": [lo, hi], "p", "per_seed"}}}
 
 Values are fractions in [0, 1] (the renderers print percent). See ``stats`` for the statistics.
@@ -370,7 +370,4 @@ def analyze(sweep: Sweep, baseline: str | None = None, *, resamples: int = stats
                 dyn[lb] = got
         out["quadrants"][model] = q
         out["dynamics"][model] = dyn
-    from clipbench.report.claims import as_dicts, evaluate_claims  # claims build on this module's figures
-
-    out["claims"] = as_dicts(evaluate_claims(sweep, compared))
     return out

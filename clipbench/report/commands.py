@@ -18,6 +18,7 @@ from clipbench.errors import UserError, unknown_choice
 from clipbench.report import paper as paper_ref
 from clipbench.report import render
 from clipbench.report.analysis import analyze
+from clipbench.report.claims import as_dicts, evaluate_claims
 from clipbench.report.load import Sweep, load_sweep
 from clipbench.report.tables import Table, build_tables, model_title
 from clipbench.tracking.store import atomic_write_json, check_store_dir, check_writable_dir, list_sweeps
@@ -54,6 +55,8 @@ def build_report(results_dir: Path, sweep_name: str, baseline: str | None):
     """(sweep, analysis dict, tables, header lines) for one sweep; UserError when it has nothing to show."""
     sweep = load_sweep(results_dir, sweep_name)
     result = analyze(sweep, baseline)
+    excluded = {e["run_id"] for e in result["runs"]["excluded"]}
+    result["claims"] = as_dicts(evaluate_claims(sweep, [r for r in sweep.runs if r.run_id not in excluded]))
     tables = build_tables(result, paper_ref.load_paper())
     if not any(t.key in ("table3", "quadrants") for t in tables):
         states = ", ".join(f"{v} {k}" for k, v in sorted(result["runs"]["states"].items()))

@@ -176,7 +176,7 @@ def rows_to_problems(rows: Sequence[dict], label: str, template: str = "dapo",
         if limit < 0:
             raise UserError(f"{label}: limit must be >= 0, got {limit}")
         rows = rows[:limit]
-    from clipbench.config import flatten  # nested columns also reachable by dotted keys
+    from clipbench.yamlio import flatten  # nested columns also reachable by dotted keys
 
     flat = [flatten(r, sections=True) for r in rows]
     if not flat:

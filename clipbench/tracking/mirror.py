@@ -37,6 +37,11 @@ EVAL_PREFIX = "eval/"
 _BAD = re.compile(r"[^\w.\- :/]")
 
 
+def default_tracking_uri(results_dir: str | Path) -> str:
+    """The embedded MLflow store of a results dir (the sink's default; `sync_hint` names it or not)."""
+    return f"sqlite:///{Path(results_dir).resolve() / 'mlflow.db'}"
+
+
 def metric_name(key: str) -> str:
     """MLflow's allowed charset (alphanumerics _ - . space : /): '@' -> '_at_', others -> '_'."""
     name = _BAD.sub("_", str(key).replace("@", "_at_"))
@@ -194,7 +199,6 @@ def expected_artifacts(rd: RunDir) -> list[tuple[Path, str | None]]:
 
 def sync_hint(sweep: str, results_dir: str | Path, uri: str) -> str:
     """The exact command that replays a sweep into the MLflow at `uri` (copy-paste ready)."""
-    from clipbench.tracking.mlflow_sink import default_tracking_uri
 
     cmd = ["clipbench", "sync", sweep, "--results-dir", str(results_dir)]
     if uri != default_tracking_uri(results_dir):

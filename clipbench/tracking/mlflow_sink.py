@@ -33,7 +33,7 @@ from typing import Any, Iterable, Mapping
 
 from clipbench.errors import StoreError
 from clipbench.tracking.lock import manifest_lock
-from clipbench.tracking.mirror import (MAX_PARAM_LEN, expected_artifacts, expected_metrics, expected_params,  # noqa: F401
+from clipbench.tracking.mirror import (MAX_PARAM_LEN, default_tracking_uri, expected_artifacts, expected_metrics, expected_params,  # noqa: F401
                                        metric_name, metric_value, mirror_points, opt_step_after, param_value,
                                        run_params, sync_hint)
 from clipbench.tracking.mirror import run_tags as _run_tags
@@ -62,10 +62,6 @@ def _apply_http_defaults() -> None:
 
 # ---------------------------------------------------------------------------------------------
 # URIs, names, values
-
-
-def default_tracking_uri(results_dir: str | Path) -> str:
-    return f"sqlite:///{Path(results_dir).resolve() / 'mlflow.db'}"
 
 
 def resolve_tracking_uri(tracking_uri: str | None, config_uri: str | None, results_dir: str | Path) -> str:
