@@ -25,7 +25,7 @@ $(VENV)/.installed: pyproject.toml
 
 test: install ## Run the test suite (and the verl and vLLM tests in their own environments)
 	-@bash scripts/install_chromium.sh >/dev/null 2>&1 || echo "chromium unavailable: the HTML screenshot test will be skipped"
-	$(PY) -m pytest -q -n 2 --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-verl
 	$(MAKE) --no-print-directory test-vllm
 

@@ -16,7 +16,7 @@ from clipbench.errors import UserError
 from clipbench.tasks.arith import ArithKnobs, ArithTask
 from clipbench.train import base_model as bm
 
-# One worker builds the model once for the whole module (pytest -n 2 --dist loadgroup).
+# One worker builds the model once for the whole module (pytest -n 2 --dist loadfile: a file runs on one worker).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("base_model")]  # builds base models
 
 SMALL = bm.Recipe(  # a 1-layer model and 30 steps: for determinism and plumbing, not accuracy
