@@ -118,3 +118,34 @@ def test_config_keys_are_checked_before_anything_runs():
                             "sampler.sleep_mode: applies to the vllm backend")]:
         with pytest.raises(ConfigError, match=key.replace("(", r"\(")):
             load_run_config("recipes/quickstart.yaml", overrides)
+
+
+SMALL = ["train.prompts_per_step=4", "sampler.group_size=4", "sampler.max_new_tokens=8", "train.steps=2",
+         "eval.benchmarks=[]", "tracking.mlflow=false"]
+
+
+@pytest.mark.slow
+def test_the_loop_logs_the_mismatch_and_corrects_with_it(tmp_path):
+    """The trainer computes the mismatch once per rollout batch and passes the TIS weights to the loss.
+    The hf sampler samples from the training model itself, in float32: its log-probs of the sampled
+    tokens equal the trainer's recomputed old log-probs up to kernel round-off (generate's last-token
+    logits vs a full forward; measured mean |d| 7e-7, max 8e-6), so every weight is 1 within 1e-4 and
+    the corrected run logs the same loss as the uncorrected one. With old_logp=sampler the mismatch is
+    measured on the first mini-batch's rows (the policy before its first step)."""
+    from clipbench.config import load_run_config
+    from clipbench.tracking.store import RunDir
+    from clipbench.train.loop import run_training
+
+    rows = {}
+    for name, over in (("none", []), ("token", ["sampler.mismatch_is=token"]), ("bypass", ["sampler.old_logp=sampler"])):
+        run_training(load_run_config("recipes/arith_tiny.yaml", SMALL + over), tmp_path / name)
+        rows[name] = RunDir(tmp_path / name).read_metrics()
+    for r in rows["bypass"]:
+        assert 0.0 <= r["mismatch/abs_mean"] <= r["mismatch/abs_max"] < 1e-4 and r["old_logp_source"] == 1
+    assert not any("mismatch/abs_mean" in r for r in rows["none"])  # hf without a correction: no sampler log-probs
+    for r in rows["token"]:
+        assert 0.0 <= r["mismatch/abs_mean"] <= r["mismatch/abs_max"] < 1e-4
+        assert r["mismatch/is_weight_mean"] == pytest.approx(1.0, abs=1e-4) and r["mismatch/is_capped_frac"] == 0.0
+    for a, b in zip(rows["none"], rows["token"], strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4, abs=1e-6)  # on-policy losses are ~0
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)

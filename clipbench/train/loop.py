@@ -49,6 +49,7 @@ from clipbench.config import RunConfig, run_id, to_dict
 from clipbench.errors import RunFailed, UserError
 from clipbench.objectives import finalize
 from clipbench.rollout import build_sampler, resolve_backend
+from clipbench.rollout.mismatch import Mismatch, mismatch_stats, sampler_mismatch
 from clipbench.tasks import build_run_task
 from clipbench.tasks.evaluate import evaluate_and_store
 from clipbench.tracking.mlflow_sink import run_params
@@ -61,7 +62,7 @@ from clipbench.train.policy import pack
 from clipbench.train.rollout import RolloutBatch, collect_rollout
 from clipbench.train.seeds import derive_seed, generator
 from clipbench.train.step import (Objective, StepInputs, accumulate_gradients, add_histograms, draw_uniforms,
-                                  frozen_logprobs, optimizer_step, plan_update, reduce_sums)
+                                  frozen_logprobs, optimizer_step, plan_update, reduce_sums, rows_of)
 
 
 def compute_dtype_for(name: str, device: torch.device) -> torch.dtype:
@@ -216,10 +217,15 @@ def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricS
     task = build_run_task(cfg)  # the run seed draws the problems, as `clipbench eval <run_dir>` does
     backend = resolve_backend(cfg.sampler.backend)
     sc = cfg.sampler
+    # the sampler's log-probs: its old log-probs, or the mismatch (always logged by vLLM; with hf only
+    # when a correction asks for it: hf samples from the training model itself)
+    want_logp = sc.old_logp == "sampler" or sc.mismatch_is != "none" or backend == "vllm"
+    eval_tokens = cfg.eval.max_new_tokens or sc.max_new_tokens  # the engine must hold eval's completions too
     sampler = build_sampler(backend, model, tok, max_new_tokens=sc.max_new_tokens, temperature=sc.temperature,
-                            top_p=sc.top_p, seed=cfg.seed, return_logprobs=sc.old_logp == "sampler",
+                            top_p=sc.top_p, seed=cfg.seed, return_logprobs=want_logp,
                             dtype=str(dtype).split(".")[-1], gpu_memory_utilization=sc.gpu_memory_utilization,
-                            synced_gpus=dist.sharded)
+                            max_model_len=(eval_tokens + 1024 if eval_tokens > sc.max_new_tokens else None),
+                            sleep_mode=sc.sleep_mode, synced_gpus=dist.sharded)
     suite = eval_suite(cfg, task) if cfg.eval.benchmarks else {}
     first = next(iter(suite), None)  # decided before any rank can write an evaluation, so all agree
     evaluated = (first is not None and rd.eval_path(0, first).exists(),
@@ -254,12 +260,13 @@ def update(run: Run, step: int, batch: RolloutBatch) -> tuple[list[dict], dict |
     kw = dict(pad_id=run.tokenizer.pad_token_id, temperature=cfg.sampler.temperature, compute=run.compute,
               dist=dist)
     first_epoch = [s for s in plan if s.epoch == 0]
-    if batch.sampler_logp is not None:  # sampler.old_logp: sampler
-        old = batch.sampler_logp_tensor(packed.completion_ids.shape[1]).to(dist.device)
-    else:
-        old = frozen_logprobs(model, packed, first_epoch, **kw)
+    sampled = None if batch.sampler_logp is None else \
+        batch.sampler_logp_tensor(packed.completion_ids.shape[1]).to(dist.device)  # (B, T)
+    old = sampled if cfg.sampler.old_logp == "sampler" else frozen_logprobs(model, packed, first_epoch, **kw)
     ref = frozen_logprobs(run.ref_model, packed, first_epoch, **kw) if run.ref_model is not None else None
-    inputs = StepInputs(advantages=batch.advantages.to(dist.device), old_logp=old, ref_logp=ref, uniforms=None)
+    mm = measure_mismatch(run, packed, sampled, old, first_epoch, kw)
+    inputs = StepInputs(advantages=batch.advantages.to(dist.device), old_logp=old, ref_logp=ref, uniforms=None,
+                        weights=None if mm is None else mm.weights)
 
     done, hist = [], None
     for s in plan:
@@ -277,7 +284,25 @@ def update(run: Run, step: int, batch: RolloutBatch) -> tuple[list[dict], dict |
         if h is not None:
             hist = add_histograms(hist, h)
     run.sampler.sync_weights(model)
+    if mm is not None:
+        done[0]["mismatch"] = mm.sums  # one rollout batch's figures, identical on every rank
     return done, hist
+
+
+def measure_mismatch(run: Run, packed, sampled: torch.Tensor | None, old: torch.Tensor, first_epoch: list,
+                     kw: dict) -> Mismatch | None:
+    """Sampler vs trainer log-probs of this rollout batch (None without sampler log-probs), with the
+    TIS weights of `sampler.mismatch_is`. With old_logp=recompute the trainer's are the old log-probs
+    of the whole batch; with old_logp=sampler they are measured on the first mini-batch's rows (the
+    policy before its first optimizer step: one no-grad forward over 1/mini_batches of the batch)."""
+    if sampled is None:
+        return None
+    sc, mask = run.cfg.sampler, packed.completion_mask.to(run.dist.device)  # (B, T)
+    if sc.old_logp == "sampler":
+        trainer = frozen_logprobs(run.model, packed, first_epoch[:1], **kw)
+        rows = rows_of(first_epoch[:1], len(packed.completion_lens), run.dist)  # (B,)
+        return sampler_mismatch(sampled, trainer, mask * rows[:, None])
+    return sampler_mismatch(sampled, old, mask, mode=sc.mismatch_is, cap=sc.mismatch_is_cap)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -296,9 +321,13 @@ def metric_rows(run: Run, step: int, batch: RolloutBatch, done: list[dict], seco
         rows.append({"step": step, "opt_step": d["opt_step"], "epoch": d["epoch"], "mini_batch": d["mini_batch"],
                      "micro_batches": d["micro_batches"], **batch.metrics, "entropy": entropy, "loss": loss,
                      "grad_norm": norm, "lr": d["lr"], "skipped_nonfinite": d["skipped_nonfinite"],
-                     "old_logp_source": 1 if batch.sampler_logp is not None else 0,
+                     "old_logp_source": 1 if run.cfg.sampler.old_logp == "sampler" else 0,
                      **{k: float(v) for k, v in finalize(s).items()},
                      "time/update": seconds})
+    if "mismatch" in done[0]:  # the rollout batch's sampler/trainer mismatch, on each of its rows
+        mm = mismatch_stats({k: v.cpu() for k, v in done[0]["mismatch"].items()})
+        for row in rows:
+            row.update(mm)
     return rows
 
 
@@ -359,6 +388,8 @@ def run_eval(cfg: RunConfig, rd: RunDir, step: int, sampler, suite: dict, sink: 
 
 
 def evaluate_run(run: Run, step: int) -> dict:
+    # no sleep after an evaluation: the next rollout samples from these weights (a level-2 sleep
+    # drops them, and only sync_weights reloads them)
     return run_eval(run.cfg, run.rd, step, run.sampler, run.suite, run.sink, write=run.dist.main)
 
 
@@ -406,6 +437,7 @@ def run_training(cfg: RunConfig, run_dir: Path, *, resume: bool = False, sink: M
         last: dict = {}
         for step in range(run.state["step"], cfg.train.steps):
             batch = collect_rollout(cfg, step, run.task, run.pool, run.sampler, dist)
+            run.sampler.sleep()  # sampler.sleep_mode: the engine's memory is the trainer's until the sync
             t0 = time.perf_counter()
             done, hist = update(run, step, batch)
             rows = metric_rows(run, step, batch, done, time.perf_counter() - t0)

@@ -110,6 +110,15 @@ def frozen_logprobs(model, batch: Packed, plan: list[OptStep], *, pad_id: int, t
     return dist.all_reduce_(out)
 
 
+def rows_of(steps: list[OptStep], B: int, dist: Dist) -> torch.Tensor:
+    """(B,) 1.0 on the rollout rows that `steps` cover on any rank (a collective), else 0."""
+    out = torch.zeros(B, device=dist.device)
+    for step in steps:
+        for rows in step.micro:
+            out[list(rows)] = 1.0
+    return dist.all_reduce_(out, "max")
+
+
 @dataclass(frozen=True)
 class Objective:
     """The run's policy loss: rule, its parameters, aggregation, KL weight, fixed length."""
@@ -146,6 +155,7 @@ class StepInputs:
     old_logp: torch.Tensor  # (B, T)
     ref_logp: torch.Tensor | None  # (B, T)
     uniforms: torch.Tensor | None  # (B, T)
+    weights: torch.Tensor | None = None  # (B, T) sampler-mismatch TIS weights (rollout/mismatch.py)
 
 
 def accumulate_gradients(model, batch: Packed, step: OptStep, inputs: StepInputs, objective: Objective, *,
@@ -167,7 +177,7 @@ def accumulate_gradients(model, batch: Packed, step: OptStep, inputs: StepInputs
         out = policy_loss(objective.method, logp, old, adv, mask, agg=objective.agg,
                           uniforms=_take(inputs.uniforms, idx, logp), ref_logp=_take(inputs.ref_logp, idx, logp),
                           beta=objective.beta, max_len=objective.max_len, global_tokens=step.tokens,
-                          global_seqs=step.seqs, **objective.params)
+                          global_seqs=step.seqs, weights=_take(inputs.weights, idx, logp), **objective.params)
         (out.loss * dist.loss_scale).backward()
         parts.append({**out.sums, "loss": out.loss.detach(), "entropy/sum": (ent * mask).sum(),
                       "entropy/tokens": mask.sum()})
