@@ -11,7 +11,7 @@ The rules are in rules.py (each reads as its formula); a user's own rule is one 
 from clipbench.objectives import rules as _rules  # noqa: F401  (registers every built-in method)
 from clipbench.objectives.aggregation import AGGREGATIONS, aggregate, global_counts
 from clipbench.objectives.diagnostics import (CELLS, COUNTS, MASSES, all_reduce_sums, combine, finalize,
-                                              log_ratio_histogram, reduce_sums, reduction)
+                                              histogram_dict, log_ratio_counts, log_ratio_histogram, reduce_sums, reduction)
 from clipbench.objectives.loss import PolicyLossOutput, kl_k3, policy_loss
 from clipbench.objectives.registry import (INPUTS, LOG_RATIO_CLAMP, METHODS, MethodSpec, Param, PluginOrigin,
                                            RuleDefinitionError, RuleError, effective_bounds, greater_than_one,
@@ -20,6 +20,6 @@ from clipbench.objectives.registry import (INPUTS, LOG_RATIO_CLAMP, METHODS, Met
 __all__ = [
     "AGGREGATIONS", "CELLS", "COUNTS", "INPUTS", "LOG_RATIO_CLAMP", "MASSES", "METHODS", "MethodSpec", "Param",
     "PluginOrigin", "PolicyLossOutput", "RuleDefinitionError", "RuleError", "aggregate", "all_reduce_sums",
-    "combine", "effective_bounds", "finalize", "global_counts", "greater_than_one", "kl_k3", "log_ratio_histogram",
+    "combine", "effective_bounds", "finalize", "global_counts", "greater_than_one", "kl_k3", "histogram_dict", "log_ratio_counts", "log_ratio_histogram",
     "nonneg", "policy_loss", "positive", "reduce_sums", "reduction", "rule", "unit_interval", "validate_params",
 ]

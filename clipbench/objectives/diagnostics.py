@@ -178,23 +178,36 @@ def finalize(sums: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return stats
 
 
-def log_ratio_histogram(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                        mask: torch.Tensor, bins: int = 41, lo: float = -0.5, hi: float = 0.5) -> dict:
-    """Histogram of log r = logp - old_logp over valid tokens, split by the sign of A.
+HIST_BINS, HIST_LO, HIST_HI = 41, -0.5, 0.5
 
-    Returns ``{"edges": [bins + 1 floats], "pos": [bins + 2 ints], "neg": [bins + 2 ints]}``;
-    counts index 0 is the underflow (log r < lo), 1..bins the bins [edges[i-1], edges[i]),
-    bins + 1 the overflow (log r >= hi). A == 0 tokens are in neither. For the artifact (host sync).
-    """
+
+def log_ratio_counts(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                     bins: int = HIST_BINS, lo: float = HIST_LO, hi: float = HIST_HI) -> torch.Tensor:
+    """(2 * (bins + 2),) int64 counts of log r = logp - old_logp over valid tokens, on the inputs'
+    device (no host sync: the trainer adds them up and transfers once per rollout step). The first
+    bins + 2 are A > 0, the rest A < 0; within each, index 0 is the underflow (log r < lo), 1..bins
+    the bins [edges[i-1], edges[i]), bins + 1 the overflow (log r >= hi). A == 0 tokens are in neither."""
     if bins < 1 or not hi > lo:
         raise ValueError(f"need bins >= 1 and hi > lo, got bins={bins}, lo={lo}, hi={hi}")
     with torch.no_grad():
         lr = logp.detach().float() - old_logp.detach().float()  # (B, T)
-        edges = torch.linspace(lo, hi, bins + 1, dtype=torch.float64)
+        edges = torch.linspace(lo, hi, bins + 1, dtype=torch.float64, device=lr.device)
         idx = torch.bucketize(lr, edges.to(lr), right=True)  # 0 .. bins+1
         A = advantages.detach().reshape(-1, 1)
         side = (A < 0).long().expand_as(idx)  # 0: A > 0, 1: A < 0 (one bincount for both)
         keep = (mask != 0) & ~torch.isnan(lr) & (A != 0)
-        counts = torch.bincount((idx + side * (bins + 2))[keep], minlength=2 * (bins + 2)).tolist()
-        out = {"edges": edges.tolist(), "pos": counts[:bins + 2], "neg": counts[bins + 2:]}
-    return out
+        return torch.bincount((idx + side * (bins + 2))[keep], minlength=2 * (bins + 2))
+
+
+def histogram_dict(counts: torch.Tensor, bins: int = HIST_BINS, lo: float = HIST_LO, hi: float = HIST_HI) -> dict:
+    """``{"edges": [bins + 1 floats], "pos": [bins + 2 ints], "neg": [bins + 2 ints]}`` from
+    `log_ratio_counts` (summed over anything): the artifact's row (a host transfer)."""
+    c = [int(x) for x in counts.cpu().tolist()]
+    return {"edges": torch.linspace(lo, hi, bins + 1, dtype=torch.float64).tolist(), "pos": c[:bins + 2],
+            "neg": c[bins + 2:]}
+
+
+def log_ratio_histogram(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                        mask: torch.Tensor, bins: int = HIST_BINS, lo: float = HIST_LO, hi: float = HIST_HI) -> dict:
+    """The histogram of one batch as the artifact's dict (`log_ratio_counts`, then `histogram_dict`)."""
+    return histogram_dict(log_ratio_counts(logp, old_logp, advantages, mask, bins, lo, hi), bins, lo, hi)

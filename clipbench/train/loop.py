@@ -47,7 +47,7 @@ import torch
 
 from clipbench.config import RunConfig, run_id, to_dict
 from clipbench.errors import RunFailed, UserError
-from clipbench.objectives import finalize
+from clipbench.objectives import finalize, histogram_dict
 from clipbench.rollout import build_sampler, resolve_backend
 from clipbench.rollout.mismatch import Mismatch, mismatch_stats, sampler_mismatch
 from clipbench.tasks import build_run_task
@@ -250,7 +250,7 @@ def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricS
 # Update: every optimizer step of one rollout batch
 
 
-def update(run: Run, step: int, batch: RolloutBatch) -> tuple[list[dict], dict | None]:
+def update(run: Run, step: int, batch: RolloutBatch) -> tuple[list[dict], torch.Tensor | None]:
     """Old (and reference) log-probs, then per epoch and mini-batch: accumulate over micro-batches,
     one optimizer step. Returns (per optimizer step: statistics as device tensors, histogram)."""
     cfg, dist, model = run.cfg, run.dist, run.model
@@ -331,13 +331,11 @@ def metric_rows(run: Run, step: int, batch: RolloutBatch, done: list[dict], seco
     return rows
 
 
-def sum_histogram(hist: dict | None, dist: Dist) -> dict | None:
-    """A rollout step's log-ratio histogram summed over ranks."""
-    if hist is None or not dist.sharded:
-        return hist
-    counts = dist.all_reduce_(torch.tensor([hist["pos"], hist["neg"]], dtype=torch.float64, device=dist.device))
-    pos, neg = counts.cpu().tolist()
-    return {**hist, "pos": [int(c) for c in pos], "neg": [int(c) for c in neg]}
+def sum_histogram(counts: torch.Tensor | None, dist: Dist) -> dict | None:
+    """A rollout step's log-ratio counts summed over ranks, as the artifact's row (one transfer)."""
+    if counts is None:
+        return None
+    return histogram_dict(dist.all_reduce_(counts.to(torch.float64)).round().long())
 
 
 def log_step(run: Run, step: int, rows: list[dict], hist: dict | None, progress: Callable[[dict], None] | None) -> None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from clipbench.objectives import METHODS, combine, log_ratio_histogram, policy_loss, reduction
+from clipbench.objectives import METHODS, combine, log_ratio_counts, policy_loss, reduction
 from clipbench.train.distributed import Dist, full_tensor
 from clipbench.train.policy import Packed, completion_logprobs, placeholder
 
@@ -160,13 +160,13 @@ class StepInputs:
 
 def accumulate_gradients(model, batch: Packed, step: OptStep, inputs: StepInputs, objective: Objective, *,
                          pad_id: int, temperature: float, compute=contextlib.nullcontext, dist: Dist,
-                         histogram: bool = False) -> tuple[dict[str, torch.Tensor], dict | None]:
+                         histogram: bool = False) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
     """Forward + backward of each micro-batch of `step` (gradients accumulate in `.grad`).
 
     Returns (sums, histogram): `sums` are this rank's additive / extremal statistics of the step as
     0-d device tensors (`combine`d over micro-batches; `loss` is this rank's share of the mini-batch
     loss, `entropy/sum` and `entropy/tokens` the summed token entropy and its token count);
-    `histogram` the log-ratio counts (or None)."""
+    `histogram` the log-ratio counts as a device tensor (or None)."""
     parts, hist = [], None
     for rows in step.micro:
         mb, idx = _micro(batch, rows, pad_id, dist.device)
@@ -182,7 +182,7 @@ def accumulate_gradients(model, batch: Packed, step: OptStep, inputs: StepInputs
         parts.append({**out.sums, "loss": out.loss.detach(), "entropy/sum": (ent * mask).sum(),
                       "entropy/tokens": mask.sum()})
         if histogram and idx is not None:
-            hist = add_histograms(hist, log_ratio_histogram(logp.detach(), old, adv, mask))
+            hist = add_histograms(hist, log_ratio_counts(logp.detach(), old, adv, mask))
     return combine(parts), hist
 
 
@@ -196,11 +196,9 @@ def _take(t: torch.Tensor | None, idx: torch.Tensor | None, logp: torch.Tensor) 
     return t[idx, :logp.shape[1]] if t.dim() == 2 else t[idx]
 
 
-def add_histograms(a: dict | None, b: dict) -> dict:
-    """Log-ratio histograms (`log_ratio_histogram`) added bin by bin; `a` None is empty."""
-    if a is None:
-        return b
-    return {**a, "pos": [x + y for x, y in zip(a["pos"], b["pos"])], "neg": [x + y for x, y in zip(a["neg"], b["neg"])]}
+def add_histograms(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
+    """Log-ratio counts (`log_ratio_counts`, device tensors) added bin by bin; `a` None is empty."""
+    return b if a is None else a + b
 
 
 def optimizer_step(model, optimizer, scheduler, grad_clip: float) -> tuple[torch.Tensor, bool]:
