@@ -2,8 +2,11 @@
 
     .venv/bin/python bench/bench_train.py [--steps N] [--block K] [--threads T] [--quick]
 
-Same work on both sides: the tiny built-in model (`builtin:arith-tiny`, Qwen3 3x128) on `arith`,
-8 prompts x 8 samples = 64 completions per rollout batch, up to 32 new tokens, HF `generate`
+Same work on both sides: a tiny built-in model (Qwen3 3x128) on `arith`, 8 prompts x 8 samples = 64
+completions per rollout batch. Two workloads: by default `builtin:arith-tiny` on answer-only
+completions (3.4 tokens, up to 32: per-step overhead, target <= 1.0x); `--long`:
+`builtin:arith-steps` on worked steps over 4 operands (about 34 tokens, up to 48: compute, issue 9's
+target <= 0.9x, written to train_long.json). Both: HF `generate`
 (no vLLM), temperature 1.0, top-p 1, top-k off; old log-probs recomputed by the policy once per
 rollout batch; then 4 mini-batches of 16 = 4 AdamW steps (same lr, betas, weight decay, grad clip
 1.0, constant schedule), clip epsilon 0.2, no KL (beta 0), token-mean aggregation ("dapo" in TRL),
@@ -52,9 +55,17 @@ from clipbench.tracking.sink import NullSink  # no torch import: thread settings
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-RECIPE = REPO / "recipes" / "quickstart.yaml"
-PROMPTS, GROUP, MINI_BATCHES, MAX_NEW = 8, 8, 4, 32
+PROMPTS, GROUP, MINI_BATCHES = 8, 8, 4
 EPSILON = 0.2
+# The two workloads: answer-only completions (3.4 tokens: measures per-step overhead) and worked
+# steps over 4 operands (~34 tokens: measures compute; `--long`, issue 9's >= 32-token ratio).
+WORKLOADS = {
+    "short": {"recipe": REPO / "recipes" / "arith_tiny.yaml", "model": "builtin:arith-tiny", "max_new": 32,
+              "task": {}, "target": 1.0},
+    "long": {"recipe": REPO / "recipes" / "quickstart.yaml", "model": "builtin:arith-steps", "max_new": 48,
+             "task": {"operands": 4, "format": "steps"}, "target": 0.9},
+}
+W = dict(WORKLOADS["short"])  # the workload of this process (main sets it)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -134,10 +145,11 @@ class StepClock:
 def clipbench_config(steps: int, histograms: bool):
     from clipbench.config.load import load_run_config
 
-    return load_run_config(RECIPE, [
+    task = [f"task.{k}={v}" for k, v in W["task"].items()]
+    return load_run_config(W["recipe"], task + [
         "sampler.backend=hf", "model.device=cpu", "model.dtype=float32",
         f"train.steps={steps}", f"train.prompts_per_step={PROMPTS}", f"sampler.group_size={GROUP}",
-        f"train.mini_batches={MINI_BATCHES}", "train.epochs=1", f"sampler.max_new_tokens={MAX_NEW}",
+        f"train.mini_batches={MINI_BATCHES}", "train.epochs=1", f"sampler.max_new_tokens={W['max_new']}",
         "sampler.temperature=1.0", "sampler.top_p=1.0", "sampler.old_logp=recompute",
         "train.agg=token-mean", "train.beta=0.0", "train.warmup_steps=0", "train.lr_schedule=constant",
         "objective.method=grpo", f"objective.eps_low={EPSILON}", f"objective.eps_high={EPSILON}",
@@ -181,7 +193,7 @@ def trl_config(steps: int, lr: float, workdir: Path):
         max_steps=MINI_BATCHES * steps,  # global_step counts optimizer steps
         per_device_train_batch_size=PROMPTS * GROUP // MINI_BATCHES, gradient_accumulation_steps=1,
         generation_batch_size=PROMPTS * GROUP,  # -> steps_per_generation = 4
-        num_generations=GROUP, num_iterations=1, max_completion_length=MAX_NEW,
+        num_generations=GROUP, num_iterations=1, max_completion_length=W["max_new"],
         temperature=1.0, top_p=1.0, top_k=0,
         beta=0.0, loss_type="dapo", epsilon=EPSILON, scale_rewards="group",
         learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
@@ -213,14 +225,15 @@ def run_trl(clock: StepClock, steps: int, lr: float, workdir: Path) -> dict:
     from clipbench.tasks.arith import ArithTask
     from clipbench.train.base_model import load_model_and_tokenizer, resolve_model_name
 
-    task = ArithTask()  # the arith task of the recipe (seed 0, 2 operands, 2 digits, "+-")
+    knobs = {k: v for k, v in clipbench_config(1, False).task.__dict__.items() if k in ArithTask.__dataclass_fields__}
+    task = ArithTask(seed=0, **knobs)  # the recipe's arith task, as clipbench's arm builds it
     pool = list(task.train_problems())
     data = Dataset.from_dict({"prompt": [p.prompt for p in pool], "pid": list(range(len(pool)))})
 
     def arith_reward(completions, pid, **kwargs) -> list[float]:
         return [task.reward(c, pool[i]) for c, i in zip(completions, pid)]
 
-    model, tok = load_model_and_tokenizer(resolve_model_name("builtin:arith-tiny"))
+    model, tok = load_model_and_tokenizer(resolve_model_name(W["model"]))
     gen_logs: list[dict] = []  # one per rollout batch: completion length and reward
 
     class Clock(TrainerCallback):
@@ -400,8 +413,15 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--no-histogram-arm", action="store_true",
                     help="skip the third arm (clipbench with train.log_histograms=false)")
     ap.add_argument("--quick", action="store_true", help="20 steps, two arms: about 20 seconds")
+    ap.add_argument("--long", action="store_true",
+                    help="worked-steps completions (~34 tokens, builtin:arith-steps): compute, not overhead; "
+                         "target <= 0.9x (writes train_long.json)")
     ap.add_argument("--out", default=str(REPO / "results" / "bench" / "train.json"))
     args = ap.parse_args(argv)
+    W.clear()
+    W.update(WORKLOADS["long" if args.long else "short"])
+    if args.long and args.out == str(REPO / "results" / "bench" / "train.json"):
+        args.out = str(REPO / "results" / "bench" / "train_long.json")
     steps = args.steps or (20 if args.quick else 100)
     block = args.block or 1
     warmup = args.warmup if args.warmup is not None else 2
@@ -418,7 +438,7 @@ def main(argv: list[str] | None = None) -> dict:
         warnings.filterwarnings("ignore", module=module)  # TRL/transformers set-up chatter
     from clipbench.train.base_model import resolve_model_name
 
-    resolve_model_name("builtin:arith-tiny")  # built once, outside any timing
+    resolve_model_name(W["model"])  # built once, outside any timing
     lr = clipbench_config(1, True).train.lr
     total = warmup + steps
     with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
@@ -439,13 +459,13 @@ def main(argv: list[str] | None = None) -> dict:
     per_round_cpu = [c / t for c, t in zip(cb["round_cpu_medians"], trl["round_cpu_medians"])][warmup // block:]
     report = {
         "benchmark": "train step: clipbench run_training vs TRL GRPOTrainer (issue 3)",
-        "workload": {"model": "builtin:arith-tiny", "task": "arith", "prompts": PROMPTS, "group_size": GROUP,
+        "workload": {"model": W["model"], "task": {"name": "arith", **W["task"]}, "prompts": PROMPTS, "group_size": GROUP,
                      "completions_per_step": PROMPTS * GROUP, "optimizer_steps_per_step": MINI_BATCHES,
-                     "max_new_tokens": MAX_NEW, "temperature": 1.0, "generation": "HF generate, CPU, float32",
+                     "max_new_tokens": W["max_new"], "temperature": 1.0, "generation": "HF generate, CPU, float32",
                      "lr": lr, "epsilon": EPSILON, "beta": 0.0, "aggregation": "token-mean (TRL: dapo)"},
         "threads": args.threads, "warmup_steps": warmup, "measured_steps": steps, "block": block,
         "clipbench_s_per_step": cb["wall"]["median"], "trl_s_per_step": trl["wall"]["median"],
-        "ratio": {"value": cb["wall"]["median"] / trl["wall"]["median"], "target": 1.0,
+        "ratio": {"value": cb["wall"]["median"] / trl["wall"]["median"], "target": W["target"],
                   "per_round": per_round, "paired_median": paired, "paired_median_ci95": paired_ci},
         "ratio_cpu": cb["cpu"]["median"] / trl["cpu"]["median"],
         "ratio_cpu_paired": statistics.median(per_round_cpu),

@@ -26,5 +26,17 @@ def test_vllm_sampler_tracks_the_policy_across_updates(tmp_path):
     assert len(rows) == 3 and all(r["old_logp_source"] == 1 for r in rows)
     for r in rows:  # float32 engine vs float32 policy: |log r| < 1e-4 on every token
         assert abs(r["ratio/max"] - 1) < 1e-4 and abs(r["ratio/min"] - 1) < 1e-4, r
+        # the loop logs the sampler/trainer mismatch it measured on the same rollout (the trainer's
+        # forward of the first mini-batch before its step): the same bound, seen from the other side
+        assert 0.0 <= r["mismatch/abs_mean"] <= r["mismatch/abs_max"] < 1e-4, r
+
+    # old_logp=recompute with a token-level correction: the weights reach the loss and are ~1 here
+    cfg = load_run_config("recipes/arith_tiny.yaml", [
+        "sampler.backend=vllm", "sampler.mismatch_is=token", "train.steps=2", "train.prompts_per_step=4",
+        "sampler.group_size=4", "sampler.max_new_tokens=8", "eval.benchmarks=[]", "tracking.mlflow=false"])
+    run_training(cfg, tmp_path / "tis")
+    for r in RunDir(tmp_path / "tis").read_metrics():
+        assert r["old_logp_source"] == 0 and r["mismatch/abs_max"] < 1e-4
+        assert abs(r["mismatch/is_weight_mean"] - 1) < 1e-4 and r["mismatch/is_capped_frac"] == 0.0
     # the updates were real (lr 1e-3 moves the policy): the policy changed between rollouts
     assert any(r["grad_norm"] > 0 for r in rows)
