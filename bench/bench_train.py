@@ -5,8 +5,10 @@
 Same work on both sides: a tiny built-in model (Qwen3 3x128) on `arith`, 8 prompts x 8 samples = 64
 completions per rollout batch. Two workloads: by default `builtin:arith-tiny` on answer-only
 completions (3.4 tokens, up to 32: per-step overhead, target <= 1.0x); `--long`:
-`builtin:arith-steps` on worked steps over 4 operands (about 34 tokens, up to 48: compute, issue 9's
-target <= 0.9x, written to train_long.json). Both: HF `generate`
+`builtin:arith-steps` on the quickstart's worked steps with 40 to 48 new tokens on both sides
+(`min_new_tokens` 40: HF generate's own option, set in both arms' generation configs, so the length
+is the benchmark's choice, not the model's): compute, issue 9's target <= 0.9x, written to
+train_long.json. Both: HF `generate`
 (no vLLM), temperature 1.0, top-p 1, top-k off; old log-probs recomputed by the policy once per
 rollout batch; then 4 mini-batches of 16 = 4 AdamW steps (same lr, betas, weight decay, grad clip
 1.0, constant schedule), clip epsilon 0.2, no KL (beta 0), token-mean aggregation ("dapo" in TRL),
@@ -63,7 +65,7 @@ WORKLOADS = {
     "short": {"recipe": REPO / "recipes" / "arith_tiny.yaml", "model": "builtin:arith-tiny", "max_new": 32,
               "task": {}, "target": 1.0},
     "long": {"recipe": REPO / "recipes" / "quickstart.yaml", "model": "builtin:arith-steps", "max_new": 48,
-             "task": {"operands": 4, "format": "steps"}, "target": 0.9},
+             "min_new": 40, "task": {}, "target": 0.9},
 }
 W = dict(WORKLOADS["short"])  # the workload of this process (main sets it)
 
@@ -173,9 +175,28 @@ class CaptureSink(NullSink):
                 "time/sample", "time/score", "time/update", "response_length/mean", "reward/mean")}
 
 
+def force_min_new_tokens() -> None:
+    """`--long`: clipbench's HF sampler gets `min_new_tokens` in its GenerationConfig, as TRL's does
+    through `generation_kwargs` (the benchmark's fixed length; the product has no such option)."""
+    from clipbench.rollout.hf import HFSampler
+
+    base = HFSampler._generation_config
+    if getattr(base, "forced", False) or not W.get("min_new"):
+        return
+
+    def with_min(self, *a, **k):
+        cfg = base(self, *a, **k)
+        cfg.min_new_tokens = W["min_new"]
+        return cfg
+
+    with_min.forced = True
+    HFSampler._generation_config = with_min
+
+
 def run_clipbench(clock: StepClock, steps: int, histograms: bool, workdir: Path) -> dict:
     from clipbench.train.loop import run_training
 
+    force_min_new_tokens()
     cfg = clipbench_config(steps, histograms)
     sink = CaptureSink(clock)
     run_training(cfg, workdir / clock.name, sink=sink, progress=lambda info: clock.step_done())
@@ -200,6 +221,7 @@ def trl_config(steps: int, lr: float, workdir: Path):
         adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=1.0,
         logging_steps=1, report_to="none", save_strategy="no", eval_strategy="no",
         disable_tqdm=True, dataloader_num_workers=0, log_completions=False,
+        generation_kwargs={"min_new_tokens": W["min_new"]} if W.get("min_new") else None,
     )
 
 
