@@ -50,6 +50,7 @@ bench: install ## Speed/memory targets, measured side by side (writes results/be
 	$(PY) bench/bench_train.py
 	$(PY) bench/bench_train.py --long
 	$(PY) bench/bench_step.py
+	$(PY) bench/bench_gpu.py
 
 quickstart: install ## Build the worked-steps base model, run sweeps/quickstart.yaml, print the report
 	$(VENV)/bin/clipbench base-model arith-steps
