@@ -118,7 +118,7 @@ def seed_claim(claim: str, source: str, a_label: str, a: Sequence[Run], b_label:
         return None
     est, p = float(diffs.mean()), _ttest_rel_p(diffs)
     return ClaimResult(claim, source, f"{a_label} - {b_label}", figure, est, _t_ci(diffs), p,
-                       "paired t-test over seeds", int(diffs.size), verdict(est, p))
+                       "paired t, seeds", int(diffs.size), verdict(est, p))
 
 
 def accuracy_claim(claim: str, source: str, a_label: str, a: Sequence[Run], b_label: str,
@@ -142,9 +142,8 @@ def accuracy_claim(claim: str, source: str, a_label: str, a: Sequence[Run], b_la
     allv = 100.0 * np.concatenate(diffs)
     est = float(np.mean([100.0 * d.mean() for d in diffs]))
     p = stats.paired_bootstrap_p(diffs)
-    return ClaimResult(claim, source, f"{a_label} - {b_label}", f"Avg@{n} at the last evaluation (points, "
-                       f"{', '.join(benches)})", est, _t_ci(allv), p, "paired bootstrap over problems "
-                       "(seeds averaged per problem)", int(allv.size), verdict(est, p))
+    return ClaimResult(claim, source, f"{a_label} - {b_label}", f"Avg@{n}, last eval (pts, "
+                       f"{', '.join(benches)})", est, _t_ci(allv), p, "paired bootstrap, problems", int(allv.size), verdict(est, p))
 
 
 def _params(r: Run) -> dict:
@@ -170,14 +169,14 @@ def evaluate_claims(sweep: Sweep, compared: Sequence[Run]) -> list[ClaimResult]:
             out += [res] if res else []
             for a in arms("abc"):
                 res = seed_claim("ABC-GRPO keeps entropy higher than GRPO", "ABC-GRPO", a, by_label[a], g,
-                                 by_label[g], "token entropy, last fifth of training (nats)", _last_entropy)
+                                 by_label[g], "entropy, last fifth (nats)", _last_entropy)
                 out += [res] if res else []
                 res = accuracy_claim("ABC-GRPO beats GRPO on held-out accuracy", "ABC-GRPO, Table 3", a,
                                      by_label[a], g, by_label[g])
                 out += [res] if res else []
             for d in arms("dapo"):
                 res = seed_claim("clip-higher keeps entropy higher than GRPO", "DAPO", d, by_label[d], g,
-                                 by_label[g], "token entropy, last fifth of training (nats)", _last_entropy)
+                                 by_label[g], "entropy, last fifth (nats)", _last_entropy)
                 out += [res] if res else []
             shares = _per_seed(by_label[g], _q4_share)
             lead = np.array(list(_per_seed(by_label[g], _q4_lead).values()))
@@ -186,8 +185,8 @@ def evaluate_claims(sweep: Sweep, compared: Sequence[Run]) -> list[ClaimResult]:
                 mean_share = float(np.mean(list(shares.values())))
                 out.append(ClaimResult(
                     "Q4 (A<0, r>1) is the largest share of GRPO's clip events", "ABC-GRPO, Fig. 4f: 41.4%",
-                    f"{g}: Q4 - the largest other quadrant", f"share of clip events (points; Q4 itself "
-                    f"{mean_share:.1f}%)", est, _t_ci(lead), p, "paired t-test over seeds", int(lead.size),
+                    f"{g}: Q4 - next largest quadrant", f"share of clip events (pts; Q4 {mean_share:.1f}%)", est,
+                    _t_ci(lead), p, "paired t, seeds", int(lead.size),
                     verdict(est, p)))
         for d in arms("dapo"):
             for n in arms("nsr"):
