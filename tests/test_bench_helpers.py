@@ -1,0 +1,50 @@
+"""The `make bench` scripts' helpers at a tiny size (no timing is asserted: targets live in `make bench`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses in the module look themselves up here
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_gpu_bench_shapes_tokenizer_and_skip(tmp_path):
+    g = load("bench_gpu")
+    # Qwen3-1.7B: per layer q 2048*2048 + k, v 2*2048*1024 + o 2048*2048 = 12,582,912; MLP 3*2048*6144 =
+    # 37,748,736; norms 2*2048 + q/k norms 2*128 = 4,352 -> 50,336,000 x 28 = 1,409,408,000; tied
+    # embedding 151,936*2048 = 311,164,928; final norm 2,048: 1,720,574,976
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    with torch.device("meta"):
+        n = sum(p.numel() for p in Qwen3ForCausalLM(Qwen3Config(**g.QWEN3_1_7B)).parameters())
+    assert n == 1_720_574_976
+    assert g.peak_tflops("NVIDIA H100 80GB HBM3") == 989.4
+    assert g.peak_tflops("NVIDIA H100 PCIe") == 756.0
+    assert g.peak_tflops("NVIDIA H200") == 989.4
+    assert g.peak_tflops("Some GPU") is None and g.peak_tflops("Some GPU", 100.0) == 100.0
+
+    from clipbench.train.base_model import load_model_and_tokenizer
+
+    n_tiny = g.build_model_dir(g.QWEN3_TINY, tmp_path / "m")
+    model, tok = load_model_and_tokenizer(str(tmp_path / "m"))
+    assert len(tok) == model.config.vocab_size == 1024
+    assert sum(p.numel() for p in model.parameters()) == n_tiny
+    ids = tok("37+45=")["input_ids"]
+    assert ids[0] == tok.bos_token_id and len(ids) == 7 and tok.unk_token_id not in ids
+    assert tok.decode([1023]) == "<f1023>"  # every id the random model samples decodes
+    if not torch.cuda.is_available():
+        out = tmp_path / "gpu.json"
+        assert g.main(["--out", str(out)]) == {"skipped": "no CUDA device"}
+        assert "skipped" in out.read_text()
