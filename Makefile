@@ -58,7 +58,7 @@ quickstart: install ## Build the worked-steps base model, run sweeps/quickstart.
 	$(VENV)/bin/clipbench report quickstart --results-dir $(RESULTS) --baseline grpo
 	$(VENV)/bin/clipbench report quickstart --results-dir $(RESULTS) --baseline grpo --format html
 
-study: install ## The two studies of docs/studies/ (5 seeds per arm; ~15 + ~30 min on 2 cores): runs, then their pages' reports
+study: install ## The two studies of docs/studies/ (5 seeds per arm; measured 28 + 27 min on 2 busy cores): runs, then the reports
 	$(VENV)/bin/clipbench base-model arith-steps
 	$(VENV)/bin/clipbench sweep sweeps/study_clip_rules.yaml --results-dir $(RESULTS) --jobs 2
 	$(VENV)/bin/clipbench report study_clip_rules --results-dir $(RESULTS) --baseline grpo --format markdown --out docs/studies/clip_rules
