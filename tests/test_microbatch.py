@@ -117,6 +117,7 @@ def test_step_function_is_exact_over_micro_batches_and_ranks(tiny, batch, method
             assert err <= 1e-12 * g0.norm() + 1e-15, (budget, world, name, float(err), float(g0.norm()))
 
 
+@pytest.mark.slow  # uses the built-in model (built on a fresh machine)
 def test_packing_budget_whole_sequences_and_rank_lockstep(tiny, batch):
     packed = batch[0]
     rows = list(range(16))

@@ -151,6 +151,7 @@ def test_sleep_mode_needs_cuda():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+@pytest.mark.slow  # the train preflight resolves builtin:arith-tiny (built on a fresh machine)
 def test_train_with_sleep_mode_on_cpu_stops_before_writing(tmp_path):
     from typer.testing import CliRunner
 

@@ -29,6 +29,7 @@ import math
 import os
 import random
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -126,8 +127,13 @@ def builtin_task(name: str) -> ArithTask:
     return ArithTask(**BUILTIN_MODELS[builtin_name(name)].task.knobs())
 
 
-def resolve_model_name(name: str, *, log: Callable[[str], None] = print) -> str:
-    """``builtin:<name>`` -> its cache path (built on first use, under a file lock); others unchanged."""
+def _to_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def resolve_model_name(name: str, *, log: Callable[[str], None] = _to_stderr) -> str:
+    """``builtin:<name>`` -> its cache path (built on first use, under a file lock); others unchanged.
+    The build's progress goes to stderr: a command's stdout (``plan --json``) stays its own."""
     if not isinstance(name, str) or not name:
         raise UserError(f"model.name: expected a non-empty string, got {name!r}")
     if not name.startswith(BUILTIN_PREFIX):
