@@ -55,6 +55,16 @@ def test_kv_cache_sizing():
     assert vb.default_kv_cache_bytes(10, 1000, 64, cap=300_000) == 300_000           # capped
 
 
+def test_model_len_is_capped_at_the_model_positions():
+    from transformers import Qwen3Config
+
+    cfg = Qwen3Config(max_position_embeddings=128)
+    assert vb.model_len(cfg, 16 + vb.PROMPT_ROOM) == 128   # 1040 wanted: vLLM refuses > 128 positions
+    assert vb.model_len(cfg, 100) == 100                   # shorter than the model: as asked
+    cfg.max_position_embeddings = None
+    assert vb.model_len(cfg, 1040) == 1040                 # no limit known: as asked
+
+
 def test_preserved_global_state_restores_rngs_and_thread_setter():
     torch.manual_seed(3); random.seed(3); np.random.seed(3)
     expected = (torch.rand(1).item(), random.random(), np.random.rand())

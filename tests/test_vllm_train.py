@@ -30,13 +30,17 @@ def test_vllm_sampler_tracks_the_policy_across_updates(tmp_path):
         # forward of the first mini-batch before its step): the same bound, seen from the other side
         assert 0.0 <= r["mismatch/abs_mean"] <= r["mismatch/abs_max"] < 1e-4, r
 
-    # old_logp=recompute with a token-level correction: the weights reach the loss and are ~1 here
+    # old_logp=recompute with a token-level correction: the weights reach the loss and are ~1 here;
+    # evaluation completions longer than training's (16 > 8) on a 128-position model: the engine's
+    # length is capped at the model's positions (16 + 1024 would make vLLM refuse to start)
     cfg = load_run_config("recipes/arith_tiny.yaml", [
         "sampler.backend=vllm", "sampler.mismatch_is=token", "train.steps=2", "train.prompts_per_step=4",
-        "sampler.group_size=4", "sampler.max_new_tokens=8", "eval.benchmarks=[]", "tracking.mlflow=false"])
+        "sampler.group_size=4", "sampler.max_new_tokens=8", "eval.max_new_tokens=16", "eval.n=2",
+        "eval.limit=8", "eval.at_start=false", "tracking.mlflow=false"])
     run_training(cfg, tmp_path / "tis")
     for r in RunDir(tmp_path / "tis").read_metrics():
         assert r["old_logp_source"] == 0 and r["mismatch/abs_max"] < 1e-4
         assert abs(r["mismatch/is_weight_mean"] - 1) < 1e-4 and r["mismatch/is_capped_frac"] == 0.0
+    assert RunDir(tmp_path / "tis").eval_path(2, "arith").exists()  # the final evaluation ran on the engine
     # the updates were real (lr 1e-3 moves the policy): the policy changed between rollouts
     assert any(r["grad_norm"] > 0 for r in rows)

@@ -62,7 +62,7 @@ MARGIN = 0.10            # multiplies the peak: fragmentation, temporaries not m
 RUNTIME_GIB = 1.5        # CUDA context + cuBLAS/NCCL workspaces + allocator pools, per process
 VLLM_RUNTIME_GIB = 1.0   # vLLM activations and sampler buffers inside its share (enforce_eager)
 SLEEPING_GIB = 0.5       # what a sleeping (level 2) engine keeps: buffers, allocator pools
-DEFAULT_PROMPT_TOKENS = 1024   # longest prompt assumed: the vLLM sampler's default room for prompts
+DEFAULT_PROMPT_TOKENS = 1024   # longest prompt assumed; the vLLM sampler keeps this room for prompts
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 

@@ -62,6 +62,7 @@ import torch
 
 from clipbench.errors import UserError, unknown_choice
 from clipbench.memory import shapes
+from clipbench.memory.estimator import DEFAULT_PROMPT_TOKENS as PROMPT_ROOM  # room for prompts beside completions
 from clipbench.rollout.base import Rollout, call_settings
 from clipbench.rollout.weights import training_weights
 
@@ -106,6 +107,14 @@ def kv_bytes_per_token(hf_config, dtype: torch.dtype) -> int:
     _, kv_heads, head_dim = shapes.attention_dims(hf_config)
     itemsize = torch.empty((), dtype=dtype).element_size()
     return shapes.kv_bytes_per_token(hf_config.num_hidden_layers, kv_heads, head_dim, itemsize)
+
+
+def model_len(hf_config, want: int) -> int:
+    """The engine's max_model_len: `want` tokens, at most the model's positions (vLLM refuses to
+    start an engine longer than max_position_embeddings; a prompt that leaves no room for the
+    completion fails in generate with the engine's limit named)."""
+    max_pos = getattr(hf_config, "max_position_embeddings", None)
+    return min(want, max_pos) if max_pos else want
 
 
 def default_kv_cache_bytes(per_token: int, max_model_len: int, max_num_seqs: int,
@@ -261,8 +270,8 @@ class VLLMSampler:
         model_path_or_hf_model: a checkpoint directory, or a transformers model (saved to a temp dir).
         tokenizer: the trainer's tokenizer; prompts are tokenized and completions decoded with it,
             and the engine uses a saved copy, so EOS handling matches the trainer's.
-        max_model_len: prompt + completion tokens; default min(max_position_embeddings,
-            max_new_tokens + 1024).
+        max_model_len: prompt + completion tokens; default max_new_tokens + PROMPT_ROOM; either is
+            capped at the model's max_position_embeddings (vLLM refuses a longer engine).
         gpu_memory_utilization: GPU only (on CPU vLLM would reserve that fraction of RAM).
         kv_cache_bytes: KV cache size; default on CPU: room for max_num_seqs full-length sequences,
             at most 2 GiB; default on GPU: sized by gpu_memory_utilization.
@@ -301,8 +310,7 @@ class VLLMSampler:
             tokenizer.save_pretrained(tok_dir)
             hf_config.save_pretrained(tok_dir)  # vLLM reads config.json beside the tokenizer
             self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
-            max_pos = getattr(hf_config, "max_position_embeddings", None) or (max_new_tokens + 1024)
-            self.max_model_len = max_model_len or min(max_pos, max_new_tokens + 1024)
+            self.max_model_len = model_len(hf_config, max_model_len or max_new_tokens + PROMPT_ROOM)
             kwargs = dict(model=model_dir, tokenizer=tok_dir, dtype=dtype, seed=seed,
                           max_model_len=self.max_model_len, max_num_seqs=max_num_seqs,
                           enforce_eager=enforce_eager, logprobs_mode="processed_logprobs")

@@ -50,6 +50,7 @@ from clipbench.errors import RunFailed, UserError
 from clipbench.objectives import finalize, histogram_dict
 from clipbench.rollout import build_sampler, resolve_backend
 from clipbench.rollout.mismatch import Mismatch, mismatch_stats, sampler_mismatch
+from clipbench.rollout.vllm import PROMPT_ROOM
 from clipbench.tasks import build_run_task
 from clipbench.tasks.evaluate import evaluate_and_store
 from clipbench.tracking.mlflow_sink import run_params
@@ -224,7 +225,7 @@ def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricS
     sampler = build_sampler(backend, model, tok, max_new_tokens=sc.max_new_tokens, temperature=sc.temperature,
                             top_p=sc.top_p, seed=cfg.seed, return_logprobs=want_logp,
                             dtype=str(dtype).split(".")[-1], gpu_memory_utilization=sc.gpu_memory_utilization,
-                            max_model_len=(eval_tokens + 1024 if eval_tokens > sc.max_new_tokens else None),
+                            max_model_len=max(eval_tokens, sc.max_new_tokens) + PROMPT_ROOM,
                             sleep_mode=sc.sleep_mode, synced_gpus=dist.sharded)
     suite = eval_suite(cfg, task) if cfg.eval.benchmarks else {}
     first = next(iter(suite), None)  # decided before any rank can write an evaluation, so all agree
