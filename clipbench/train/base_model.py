@@ -149,7 +149,7 @@ def resolve_model_name(name: str, *, log: Callable[[str], None] = _to_stderr) ->
         path.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(path.parent / f".{short}.lock")):
             if not _is_built(path):  # another process may have built it while we waited
-                log(f"building {name} into {path} (first use, about a minute)")
+                log(f"building {name} into {path} (first use, a few minutes of one core)")
                 build_base_model(short, path, log=log)
     return str(path)
 
