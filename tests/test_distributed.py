@@ -40,7 +40,8 @@ REPO = Path(__file__).resolve().parent.parent
 RECIPE = str(REPO / "recipes" / "arith_tiny.yaml")
 # 4 prompts x 4 samples, 3 rollout steps x 4 mini-batches, a checkpoint every step; P / 2 = 2 prompts a call
 RUN = {"train.steps": 3, "train.prompts_per_step": 4, "sampler.group_size": 4, "sampler.max_new_tokens": 8,
-       "sampler.prompts_per_call": 2, "train.checkpoint_every": 1, "eval.benchmarks": [], "tracking.mlflow": False}
+       "sampler.prompts_per_call": 2, "train.checkpoint_every": 1, "eval.benchmarks": [], "tracking.mlflow": False,
+       "sampler.mismatch_is": "token"}  # the sampler's log-probs too: the mismatch sums cross ranks
 COUNTS = ("q1", "q2", "q3", "q4", "zero_adv", "on_policy")
 
 
@@ -68,6 +69,9 @@ def same_training(a: RunDir, b: RunDir) -> None:
         assert {k: v for k, v in x.items() if k.split("/")[0] in COUNTS and "mass" not in k} == \
             {k: v for k, v in y.items() if k.split("/")[0] in COUNTS and "mass" not in k}  # token counts
         assert x["reward/mean"] == y["reward/mean"]  # the same completions were sampled
+        # hf samples from the policy itself: mismatch ~1e-7 and weights 1, whatever the world size
+        assert max(x["mismatch/abs_max"], y["mismatch/abs_max"]) < 1e-4
+        assert x["mismatch/is_weight_mean"] == pytest.approx(y["mismatch/is_weight_mean"], abs=1e-6)
     pa, pb = (load_policy(rd.checkpoint_dir)[0].state_dict() for rd in (a, b))
     worst = max(float((pa[k] - pb[k]).norm() / pa[k].norm()) for k in pa)
     assert worst <= 1e-5, worst

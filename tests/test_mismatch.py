@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from clipbench.rollout.mismatch import REDUCE, sampler_mismatch, mismatch_stats
+from clipbench.objectives import combine
+from clipbench.rollout.mismatch import sampler_mismatch, mismatch_stats
 
 LN3 = math.log(3.0)
 # row 0: d = trainer - sampler = [0.1, -0.5, ln 3]; row 1: d = [0.2, 0.0, padding]
@@ -51,7 +52,7 @@ def test_no_correction_still_measures_and_agreement_is_weight_one():
     out = sampler_mismatch(SAMPLER, TRAINER, MASK)                        # mode none: metrics only
     assert out.weights is None and set(mismatch_stats(out.sums)) == {"mismatch/abs_mean", "mismatch/abs_max"}
     same = sampler_mismatch(SAMPLER, SAMPLER.clone(), MASK, mode="token")
-    assert torch.equal(same.weights, MASK) and float(same.sums["mismatch/abs_max"]) == 0.0
+    assert torch.equal(same.weights, MASK) and float(same.sums["mismatch/abs/max"]) == 0.0
 
 
 def test_extreme_log_ratios_stay_finite_and_weights_are_detached():
@@ -64,14 +65,15 @@ def test_extreme_log_ratios_stay_finite_and_weights_are_detached():
 
 
 def test_sums_combine_across_ranks_exactly():
-    """Rows split over two ranks: reducing the sums by REDUCE gives the whole batch's metrics."""
+    """Rows split over two ranks (or micro-batches): `combine` (the objectives' rule: keys ending in
+    /max by max, the others added) gives the whole batch's sums."""
     gen = torch.Generator().manual_seed(0)
     s, t = torch.randn(6, 5, generator=gen), torch.randn(6, 5, generator=gen)
     mask = (torch.rand(6, 5, generator=gen) > 0.3).float()
     whole = sampler_mismatch(s, t, mask, mode="sequence").sums
     a, b = (sampler_mismatch(s[i], t[i], mask[i], mode="sequence").sums for i in (slice(0, 2), slice(2, 6)))
-    reduced = {k: torch.maximum(a[k], b[k]) if REDUCE[k] == "max" else a[k] + b[k] for k in a}
-    assert set(reduced) == set(REDUCE)
+    reduced = combine([a, b])
+    assert set(reduced) == set(whole) and {k for k in whole if k.endswith("/max")} == {"mismatch/abs/max"}
     for k in whole:
         torch.testing.assert_close(reduced[k], whole[k])
 
@@ -131,7 +133,7 @@ def test_the_loop_logs_the_mismatch_and_corrects_with_it(tmp_path):
     tokens equal the trainer's recomputed old log-probs up to kernel round-off (generate's last-token
     logits vs a full forward; measured mean |d| 7e-7, max 8e-6), so every weight is 1 within 1e-4 and
     the corrected run logs the same loss as the uncorrected one. With old_logp=sampler the mismatch is
-    measured on the first mini-batch's rows (the policy before its first step)."""
+    measured inside the first optimizer step's forward, on its rows (the policy before its step)."""
     from clipbench.config import load_run_config
     from clipbench.tracking.store import RunDir
     from clipbench.train.loop import run_training

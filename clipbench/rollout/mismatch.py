@@ -3,7 +3,7 @@ truncated importance-sampling (TIS) weights that correct for it.
 
     out = sampler_mismatch(sampler_logp, trainer_logp, mask, mode="token", cap=2.0)  # whole rollout batch
     policy_loss(..., weights=out.weights[rows])    # (B, T) detached multiplier of the policy term
-    metrics = mismatch_stats(out.sums)             # after an all-reduce of the sums across ranks (REDUCE)
+    metrics = mismatch_stats(out.sums)             # after combining micro-batches and ranks (`combine`)
 
 The sampler (vLLM, bf16 kernels, its own top-p) and the trainer (transformers, a different kernel
 and reduction order) give the same tokens different probabilities even with identical weights, so
@@ -23,9 +23,10 @@ detached: they re-weight the policy-gradient term, they are not differentiated. 
 clamped at log C before exp, so no weight overflows.
 
 It runs once per rollout batch (the old log-probs exist for the whole batch before the update).
-The metrics are kept as sums (and a maximum) so that ranks combine exactly (`REDUCE` says how each
-one reduces): mean and max |d| over valid tokens always, and with a
-correction the mean weight and the share of tokens (or sequences) at the cap.
+The metrics are kept as sums (and a maximum, its key ending in `/max`) so that micro-batches and
+ranks combine exactly by the objectives' rule (`clipbench.objectives.combine`, `reduction`): mean
+and max |d| over valid tokens always, and with a correction the mean weight and the share of
+tokens (or sequences) at the cap.
 """
 
 from __future__ import annotations
@@ -36,15 +37,12 @@ from dataclasses import dataclass
 import torch
 
 MODES = ("none", "token", "sequence")
-# how each sum combines across micro-batches and ranks
-REDUCE = {"mismatch/abs_sum": "sum", "mismatch/tokens": "sum", "mismatch/abs_max": "max",
-          "mismatch/is_weight_sum": "sum", "mismatch/is_capped": "sum", "mismatch/is_units": "sum"}
 
 
 @dataclass
 class Mismatch:
     weights: torch.Tensor | None     # (B, T) detached TIS weights (0 at padding); None for mode "none"
-    sums: dict[str, torch.Tensor]    # 0-d tensors, reduced by REDUCE
+    sums: dict[str, torch.Tensor]    # 0-d tensors; keys ending in /max combine by max, the others add
 
 
 def sampler_mismatch(sampler_logp: torch.Tensor, trainer_logp: torch.Tensor, mask: torch.Tensor, *,
@@ -63,7 +61,7 @@ def sampler_mismatch(sampler_logp: torch.Tensor, trainer_logp: torch.Tensor, mas
     valid = mask > 0                                                        # (B, T)
     d = torch.where(valid, trainer_logp.detach().float() - sampler_logp.detach().float(), 0.0)  # (B, T)
     sums = {"mismatch/abs_sum": d.abs().sum(), "mismatch/tokens": valid.sum().float(),
-            "mismatch/abs_max": d.abs().max() if d.numel() else d.new_zeros(())}
+            "mismatch/abs/max": d.abs().max() if d.numel() else d.new_zeros(())}
     if mode == "none":
         return Mismatch(None, sums)
     log_cap = math.log(cap)
@@ -87,7 +85,7 @@ def mismatch_stats(sums: dict[str, torch.Tensor | float]) -> dict[str, float]:
     correction mismatch/is_weight_mean and mismatch/is_capped_frac."""
     f = {k: float(v) for k, v in sums.items()}
     out = {"mismatch/abs_mean": f["mismatch/abs_sum"] / max(f["mismatch/tokens"], 1.0),
-           "mismatch/abs_max": f["mismatch/abs_max"]}
+           "mismatch/abs_max": f["mismatch/abs/max"]}
     if "mismatch/is_units" in f:
         units = max(f["mismatch/is_units"], 1.0)
         out.update({"mismatch/is_weight_mean": f["mismatch/is_weight_sum"] / units,

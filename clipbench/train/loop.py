@@ -63,7 +63,7 @@ from clipbench.train.policy import pack
 from clipbench.train.rollout import RolloutBatch, collect_rollout
 from clipbench.train.seeds import derive_seed, generator
 from clipbench.train.step import (Objective, StepInputs, accumulate_gradients, add_histograms, draw_uniforms,
-                                  frozen_logprobs, optimizer_step, plan_update, reduce_sums, rows_of)
+                                  frozen_logprobs, optimizer_step, own_rows, plan_update, reduce_sums)
 
 
 def compute_dtype_for(name: str, device: torch.device) -> torch.dtype:
@@ -263,19 +263,24 @@ def update(run: Run, step: int, batch: RolloutBatch) -> tuple[list[dict], torch.
     first_epoch = [s for s in plan if s.epoch == 0]
     sampled = None if batch.sampler_logp is None else \
         batch.sampler_logp_tensor(packed.completion_ids.shape[1]).to(dist.device)  # (B, T)
-    old = sampled if cfg.sampler.old_logp == "sampler" else frozen_logprobs(model, packed, first_epoch, **kw)
+    bypass = cfg.sampler.old_logp == "sampler"
+    old = sampled if bypass else frozen_logprobs(model, packed, first_epoch, **kw)
     ref = frozen_logprobs(run.ref_model, packed, first_epoch, **kw) if run.ref_model is not None else None
-    mm = measure_mismatch(run, packed, sampled, old, first_epoch, kw)
+    mm = None if sampled is None or bypass else recomputed_mismatch(run, packed, sampled, old, first_epoch)
     inputs = StepInputs(advantages=batch.advantages.to(dist.device), old_logp=old, ref_logp=ref, uniforms=None,
-                        weights=None if mm is None else mm.weights)
+                        weights=None if mm is None else mm.weights, sampler_logp=sampled if bypass else None)
 
     done, hist = [], None
     for s in plan:
         if run.objective.draws and s.index == 0:  # one draw per (row, position) and epoch
             inputs.uniforms = draw_uniforms(packed.completion_ids.shape, generator(cfg.seed, "nsr", step, s.epoch),
                                             dist.device)
-        sums, h = accumulate_gradients(model, packed, s, inputs, run.objective,
-                                       histogram=cfg.train.log_histograms, **kw)
+        # old_logp=sampler: the first step's forward is the policy before any update, so it measures
+        # the mismatch on its rows with no forward of its own
+        sums, h = accumulate_gradients(model, packed, s, inputs, run.objective, histogram=cfg.train.log_histograms,
+                                       mismatch=inputs.sampler_logp is not None and not done, **kw)
+        if mm is not None and not done:
+            sums.update(mm.sums)  # this rank's share: all-reduced with the step's statistics
         grad_norm, stepped = optimizer_step(model, run.optimizer, run.scheduler, cfg.train.grad_clip)
         run.state["opt_step"] += 1
         run.state["skipped_nonfinite"] += int(not stepped)
@@ -285,25 +290,20 @@ def update(run: Run, step: int, batch: RolloutBatch) -> tuple[list[dict], torch.
         if h is not None:
             hist = add_histograms(hist, h)
     run.sampler.sync_weights(model)
-    if mm is not None:
-        done[0]["mismatch"] = mm.sums  # one rollout batch's figures, identical on every rank
     return done, hist
 
 
-def measure_mismatch(run: Run, packed, sampled: torch.Tensor | None, old: torch.Tensor, first_epoch: list,
-                     kw: dict) -> Mismatch | None:
-    """Sampler vs trainer log-probs of this rollout batch (None without sampler log-probs), with the
-    TIS weights of `sampler.mismatch_is`. With old_logp=recompute the trainer's are the old log-probs
-    of the whole batch; with old_logp=sampler they are measured on the first mini-batch's rows (the
-    policy before its first optimizer step: one no-grad forward over 1/mini_batches of the batch)."""
-    if sampled is None:
-        return None
+def recomputed_mismatch(run: Run, packed, sampled: torch.Tensor, old: torch.Tensor, first_epoch: list) -> Mismatch:
+    """Sampler vs recomputed old log-probs of the whole rollout batch: the TIS weights of
+    `sampler.mismatch_is` (every row: later epochs hand ranks other rows), and the mismatch sums over
+    this rank's rows of the first epoch (all-reduced, they cover the batch once)."""
     sc, mask = run.cfg.sampler, packed.completion_mask.to(run.dist.device)  # (B, T)
-    if sc.old_logp == "sampler":
-        trainer = frozen_logprobs(run.model, packed, first_epoch[:1], **kw)
-        rows = rows_of(first_epoch[:1], len(packed.completion_lens), run.dist)  # (B,)
-        return sampler_mismatch(sampled, trainer, mask * rows[:, None])
-    return sampler_mismatch(sampled, old, mask, mode=sc.mismatch_is, cap=sc.mismatch_is_cap)
+    out = sampler_mismatch(sampled, old, mask, mode=sc.mismatch_is, cap=sc.mismatch_is_cap)
+    if run.dist.world > 1:
+        mine = own_rows(first_epoch, len(packed.completion_lens), run.dist.device)  # (B,)
+        out.sums = sampler_mismatch(sampled, old, mask * mine[:, None], mode=sc.mismatch_is,
+                                    cap=sc.mismatch_is_cap).sums
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -317,6 +317,7 @@ def metric_rows(run: Run, step: int, batch: RolloutBatch, done: list[dict], seco
     norms = torch.stack([d["grad_norm"] for d in done]).cpu().tolist()
     rows = []
     for d, s, norm in zip(done, stats, norms):
+        s = {k: v for k, v in s.items() if not k.startswith("mismatch/")}
         entropy = float(s.pop("entropy/sum") / s.pop("entropy/tokens").clamp(min=1.0))
         loss = float(s.pop("loss"))
         rows.append({"step": step, "opt_step": d["opt_step"], "epoch": d["epoch"], "mini_batch": d["mini_batch"],
@@ -325,8 +326,8 @@ def metric_rows(run: Run, step: int, batch: RolloutBatch, done: list[dict], seco
                      "old_logp_source": 1 if run.cfg.sampler.old_logp == "sampler" else 0,
                      **{k: float(v) for k, v in finalize(s).items()},
                      "time/update": seconds})
-    if "mismatch" in done[0]:  # the rollout batch's sampler/trainer mismatch, on each of its rows
-        mm = mismatch_stats({k: v.cpu() for k, v in done[0]["mismatch"].items()})
+    if "mismatch/tokens" in stats[0]:  # the rollout batch's sampler/trainer mismatch, on each of its rows
+        mm = mismatch_stats({k: v for k, v in stats[0].items() if k.startswith("mismatch/")})
         for row in rows:
             row.update(mm)
     return rows

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from clipbench.objectives import METHODS, combine, log_ratio_counts, policy_loss, reduction
+from clipbench.rollout.mismatch import sampler_mismatch
 from clipbench.train.distributed import Dist, full_tensor
 from clipbench.train.policy import Packed, completion_logprobs, placeholder
 
@@ -110,13 +111,14 @@ def frozen_logprobs(model, batch: Packed, plan: list[OptStep], *, pad_id: int, t
     return dist.all_reduce_(out)
 
 
-def rows_of(steps: list[OptStep], B: int, dist: Dist) -> torch.Tensor:
-    """(B,) 1.0 on the rollout rows that `steps` cover on any rank (a collective), else 0."""
-    out = torch.zeros(B, device=dist.device)
+def own_rows(steps: list[OptStep], B: int, device) -> torch.Tensor:
+    """(B,) 1.0 on the rollout rows that `steps` hand this rank, else 0 (one epoch's steps: each row
+    is some rank's exactly once, so sums over these rows, all-reduced, cover the batch once)."""
+    out = torch.zeros(B, device=device)
     for step in steps:
         for rows in step.micro:
             out[list(rows)] = 1.0
-    return dist.all_reduce_(out, "max")
+    return out
 
 
 @dataclass(frozen=True)
@@ -156,17 +158,21 @@ class StepInputs:
     ref_logp: torch.Tensor | None  # (B, T)
     uniforms: torch.Tensor | None  # (B, T)
     weights: torch.Tensor | None = None  # (B, T) sampler-mismatch TIS weights (rollout/mismatch.py)
+    sampler_logp: torch.Tensor | None = None  # (B, T) the sampler's log-probs, to measure the mismatch
 
 
 def accumulate_gradients(model, batch: Packed, step: OptStep, inputs: StepInputs, objective: Objective, *,
                          pad_id: int, temperature: float, compute=contextlib.nullcontext, dist: Dist,
-                         histogram: bool = False) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+                         histogram: bool = False, mismatch: bool = False
+                         ) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
     """Forward + backward of each micro-batch of `step` (gradients accumulate in `.grad`).
 
     Returns (sums, histogram): `sums` are this rank's additive / extremal statistics of the step as
     0-d device tensors (`combine`d over micro-batches; `loss` is this rank's share of the mini-batch
-    loss, `entropy/sum` and `entropy/tokens` the summed token entropy and its token count);
-    `histogram` the log-ratio counts as a device tensor (or None)."""
+    loss, `entropy/sum` and `entropy/tokens` the summed token entropy and its token count; with
+    `mismatch`, the `mismatch/*` sums of `inputs.sampler_logp` against this forward's log-probs: the
+    policy before the step, measured without a forward of its own); `histogram` the log-ratio
+    counts as a device tensor (or None)."""
     parts, hist = [], None
     for rows in step.micro:
         mb, idx = _micro(batch, rows, pad_id, dist.device)
@@ -181,6 +187,8 @@ def accumulate_gradients(model, batch: Packed, step: OptStep, inputs: StepInputs
         (out.loss * dist.loss_scale).backward()
         parts.append({**out.sums, "loss": out.loss.detach(), "entropy/sum": (ent * mask).sum(),
                       "entropy/tokens": mask.sum()})
+        if mismatch:
+            parts[-1].update(sampler_mismatch(_take(inputs.sampler_logp, idx, logp), logp.detach(), mask).sums)
         if histogram and idx is not None:
             hist = add_histograms(hist, log_ratio_counts(logp.detach(), old, adv, mask))
     return combine(parts), hist
@@ -221,14 +229,17 @@ def optimizer_step(model, optimizer, scheduler, grad_clip: float) -> tuple[torch
 
 def reduce_sums(rows: list[dict[str, torch.Tensor]], dist: Dist) -> list[dict[str, torch.Tensor]]:
     """Sums of several optimizer steps, all-reduced over ranks by kind (`reduction`: three
-    collectives in all) and brought to the host in one transfer per kind, as 0-d CPU tensors."""
-    keys = list(rows[0])
+    collectives in all) and brought to the host in one transfer per kind, as 0-d CPU tensors. A key
+    that only some steps have (the first step's `mismatch/*`) reads 0 in the others."""
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    zero = next(iter(rows[0].values())).new_zeros((), dtype=torch.float64)
     out: list[dict[str, torch.Tensor]] = [{} for _ in rows]
     for kind in ("sum", "max", "min"):
         ks = [k for k in keys if reduction(k) == kind]
         if not ks:
             continue
-        t = torch.stack([torch.stack([r[k].to(torch.float64) for k in ks]) for r in rows])  # (steps, keys)
+        t = torch.stack([torch.stack([r[k].to(torch.float64) if k in r else zero for k in ks])
+                         for r in rows])  # (steps, keys)
         for row, vals in zip(out, dist.all_reduce_(t, kind).cpu()):
             row.update(zip(ks, vals.unbind(0)))
     return out
