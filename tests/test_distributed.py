@@ -186,3 +186,25 @@ def test_a_dead_rank_fails_the_run_and_one_process_resumes_it(one_process, tmp_p
     assert res.returncode == 0, res.stderr
     assert rd.status()["state"] == "finished" and rd.status()["world_size"] == 1
     same_training(one_process, rd)
+
+
+@processes
+def test_two_processes_share_the_evaluation_and_write_one_processs_payload(tmp_path):
+    """Evaluation over 2 processes: each samples and grades its share of the batches (40 problems in
+    batches of 16: rank 0 takes batches 0 and 2, rank 1 batch 1 and a discarded repeat), rank 0 writes
+    the gathered payload, the same problems, samples and grades as one process (step 0: the same
+    base-model weights, the same seeds per batch)."""
+    import json
+
+    extra = {"train.steps": 1, "eval.benchmarks": ["arith"], "eval.n": 2, "eval.limit": 40}
+    one = RunDir(tmp_path / "one")
+    run_training(load_run_config(RECIPE, overrides(**extra)), one.path)
+    res = clipbench("train", RECIPE, *overrides(**extra), "--results-dir", str(tmp_path / "results"),
+                    "--nproc-per-node", "2")
+    assert res.returncode == 0, res.stdout + res.stderr
+    two = RunDir(tmp_path / "results" / "train" / run_id(load_run_config(RECIPE, overrides(**extra))))
+    assert two.status()["world_size"] == 2
+    a, b = (json.loads(rd.eval_path(0, "arith").read_text()) for rd in (one, two))
+    assert len(a["problem_ids"]) == 40 and a["problem_ids"] == b["problem_ids"]
+    assert a["correct"] == b["correct"] and a["summary"] == b["summary"]
+    assert a["mean_completion_tokens"] == b["mean_completion_tokens"]

@@ -74,6 +74,43 @@ def test_correctness_matrix_and_summary_golden():
     json.dumps(p)  # JSON-able as stored
 
 
+def test_sharded_evaluation_equals_one_process():
+    """Two processes (threads here, gathering through a barrier; the real 2-process run is in
+    test_distributed.py) share 3 batches: rank 0 samples batches 0 and 2, rank 1 batch 1 and then
+    repeats the last batch, discarded, to stay in lockstep; both return one process's payload."""
+    import threading
+
+    from clipbench.tasks.evaluate import Shard
+
+    problems = PROBLEMS * 2  # 6 prompts, batches of 2: three batches
+    one = evaluate(ScriptedSampler(SCRIPT), {"toy": problems}, n=4, seed=7, grade=exact, batch_prompts=2)["toy"]
+    box, barrier = [None, None], threading.Barrier(2)
+
+    def gather(rank):
+        def fn(obj):
+            box[rank] = obj
+            barrier.wait()
+            return list(box)
+        return fn
+
+    samplers, outs = [ScriptedSampler(SCRIPT), ScriptedSampler(SCRIPT)], [None, None]
+
+    def run(rank):
+        outs[rank] = evaluate(samplers[rank], {"toy": problems}, n=4, seed=7, grade=exact, batch_prompts=2,
+                              shard=Shard(rank, 2, gather(rank)))["toy"]
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for out in outs:
+        assert {k: v for k, v in out.items() if k != "seconds"} == {k: v for k, v in one.items() if k != "seconds"}
+    seeds = [batch_seed(7, "toy", b) for b in range(3)]
+    assert [c["seed"] for c in samplers[0].calls] == [seeds[0], seeds[2]]
+    assert [c["seed"] for c in samplers[1].calls] == [seeds[1], seeds[2]]  # the repeat, discarded
+
+
 def test_batch_seeds_are_deterministic_and_distinct():
     seeds = {batch_seed(s, b, i) for s in (0, 1) for b in ("aime24", "amc23") for i in range(3)}
     assert len(seeds) == 12

@@ -15,13 +15,19 @@ One payload per benchmark (what ``RunDir.write_eval`` stores and the report read
 Seeding: the prompts of a benchmark are sampled in batches of ``batch_prompts``; batch b of
 benchmark B is generated with the seed ``SeedSequence([seed, crc32(B), b])`` (one 31-bit word), so
 each benchmark's samples depend only on the seed, the benchmark and the batching, never on which
-other benchmarks are evaluated alongside it.
+other benchmarks are evaluated alongside it, nor on how many processes share the work.
+
+Several processes (``shard``: a run sharded over ranks, which sample in lockstep): process r samples
+and grades batches r, r + world, ...; a process with no batch left in a round repeats the last batch
+and discards it (every process joins every generate call); the graded batches are gathered, so
+every process returns the whole payload, equal to one process's.
 """
 
 from __future__ import annotations
 
 import time
 import zlib
+from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -31,6 +37,15 @@ from clipbench.tasks.base import Problem
 
 Grade = Callable[[str, Problem], bool]
 DEFAULT_BATCH_PROMPTS = 16
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This process's part of an evaluation shared by `world` processes that sample in lockstep."""
+
+    rank: int
+    world: int
+    gather: Callable[[object], list]  # this process's object -> every process's, in rank order
 
 
 def batch_seed(seed: int, benchmark: str, batch: int) -> int:
@@ -58,7 +73,8 @@ def _public_summary(correct: np.ndarray) -> dict:
 
 def evaluate_benchmark(sampler, name: str, problems: Sequence[Problem], *, n: int, seed: int, grade: Grade,
                        temperature: float | None = None, max_new_tokens: int | None = None,
-                       top_p: float | None = None, batch_prompts: int | None = DEFAULT_BATCH_PROMPTS) -> dict:
+                       top_p: float | None = None, batch_prompts: int | None = DEFAULT_BATCH_PROMPTS,
+                       shard: Shard | None = None) -> dict:
     """The payload of one benchmark (see the module docstring)."""
     if n < 1:
         raise ValueError(f"n must be >= 1 samples per problem, got {n}")
@@ -68,20 +84,27 @@ def evaluate_benchmark(sampler, name: str, problems: Sequence[Problem], *, n: in
     step = len(problems) if not batch_prompts else int(batch_prompts)
     if step < 1:
         raise ValueError(f"batch_prompts must be >= 1 or None, got {batch_prompts}")
-    correct = np.zeros((len(problems), n), dtype=np.int8)  # (P, n)
-    truncated, lengths = 0, 0
-    for b, start in enumerate(range(0, len(problems), step)):
-        chunk = problems[start:start + step]
-        out = sampler.generate([p.prompt for p in chunk], n, seed=batch_seed(seed, name, b),
+    chunks = [problems[start:start + step] for start in range(0, len(problems), step)]
+    rank, world = (0, 1) if shard is None else (shard.rank, shard.world)
+    graded: dict[int, tuple[list[list[bool]], int, int]] = {}  # batch -> (correct rows, truncated, tokens)
+    for first in range(0, len(chunks), world):  # one round: a batch per process
+        b = first + rank
+        mine = b < len(chunks)
+        chunk = chunks[b if mine else -1]  # no batch left: repeat the last one, discard it (lockstep)
+        out = sampler.generate([p.prompt for p in chunk], n, seed=batch_seed(seed, name, b if mine else len(chunks) - 1),
                                temperature=temperature, max_new_tokens=max_new_tokens, top_p=top_p)
         if len(out.texts) != len(chunk) * n:
             raise RuntimeError(f"sampler {getattr(sampler, 'name', sampler)!r} returned {len(out.texts)} "
                                f"completions for {len(chunk)} prompts x n={n}")
-        for i, problem in enumerate(chunk):  # prompt i owns rows i*n .. i*n+n-1
-            for j in range(n):
-                correct[start + i, j] = bool(grade(out.texts[i * n + j], problem))
-        truncated += sum(bool(t) for t in out.truncated)
-        lengths += sum(len(c) for c in out.completion_ids)
+        if mine:  # prompt i owns rows i*n .. i*n+n-1
+            graded[b] = ([[bool(grade(out.texts[i * n + j], problem)) for j in range(n)]
+                          for i, problem in enumerate(chunk)],
+                         sum(bool(t) for t in out.truncated), sum(len(c) for c in out.completion_ids))
+    if shard is not None:
+        graded = {b: part for every in shard.gather(graded) for b, part in every.items()}
+    correct = np.array([row for b in range(len(chunks)) for row in graded[b][0]], dtype=np.int8)  # (P, n)
+    truncated = sum(graded[b][1] for b in graded)
+    lengths = sum(graded[b][2] for b in graded)
     total = len(problems) * n
     return {
         "benchmark": name,
@@ -102,19 +125,20 @@ def evaluate_benchmark(sampler, name: str, problems: Sequence[Problem], *, n: in
 def evaluate(sampler, problems_by_benchmark: Mapping[str, Sequence[Problem]], *, n: int, seed: int,
              grade: Grade | Mapping[str, Grade] | None = None, temperature: float | None = None,
              max_new_tokens: int | None = None, top_p: float | None = None, batch_prompts: int | None = DEFAULT_BATCH_PROMPTS,
-             progress: Callable[[str, dict], None] | None = None) -> dict[str, dict]:
+             progress: Callable[[str, dict], None] | None = None, shard: Shard | None = None) -> dict[str, dict]:
     """{benchmark: payload}: ``n`` samples per problem from ``sampler``, graded.
 
     ``grade(completion, problem) -> bool``: one callable for every benchmark, a mapping
     {benchmark: callable}, or None for each benchmark's own grader
     (``clipbench.tasks.benchmarks.benchmark_grader``: math-verify, or arith's exact integer).
     ``temperature`` / ``max_new_tokens`` / ``top_p`` override the sampler's settings (None keeps them).
+    ``shard``: this process's part when several processes share the evaluation (module docstring).
     """
     out = {}
     for name, problems in problems_by_benchmark.items():
         out[name] = evaluate_benchmark(sampler, name, list(problems), n=n, seed=seed, grade=_grader(grade, name),
                                        temperature=temperature, max_new_tokens=max_new_tokens,
-                                       top_p=top_p, batch_prompts=batch_prompts)
+                                       top_p=top_p, batch_prompts=batch_prompts, shard=shard)
         if progress is not None:
             progress(name, out[name])
     return out
@@ -123,8 +147,8 @@ def evaluate(sampler, problems_by_benchmark: Mapping[str, Sequence[Problem]], *,
 def evaluate_and_store(run_dir, step: int, sampler, problems_by_benchmark: Mapping[str, Sequence[Problem]],
                        **kwargs) -> dict[str, dict]:
     """``evaluate`` and write each payload to ``run_dir.write_eval(step, benchmark, payload)``.
-    ``run_dir`` None: evaluate only (the ranks of a sharded run that do not write; they must sample in
-    lockstep with the one that does)."""
+    ``run_dir`` None: evaluate only (the ranks of a sharded run that do not write; with ``shard`` they
+    share the sampling and grading with the one that does)."""
     payloads = evaluate(sampler, problems_by_benchmark, **kwargs)
     for name, payload in payloads.items():
         if run_dir is not None:

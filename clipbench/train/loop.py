@@ -52,7 +52,7 @@ from clipbench.rollout import build_sampler, resolve_backend
 from clipbench.rollout.mismatch import Mismatch, mismatch_stats, sampler_mismatch
 from clipbench.rollout.vllm import PROMPT_ROOM
 from clipbench.tasks import build_run_task
-from clipbench.tasks.evaluate import evaluate_and_store
+from clipbench.tasks.evaluate import Shard, evaluate_and_store
 from clipbench.tracking.mlflow_sink import run_params
 from clipbench.tracking.sink import MetricSink, NullSink
 from clipbench.tracking.store import RunDir
@@ -370,14 +370,15 @@ def check_skipped(run: Run) -> None:
 
 
 def run_eval(cfg: RunConfig, rd: RunDir, step: int, sampler, suite: dict, sink: MetricSink, *,
-             write: bool = True) -> dict:
+             write: bool = True, shard: Shard | None = None) -> dict:
     """Avg@n / Pass@k of every benchmark of `suite` at rollout step `step` (both engines). Every
-    process of a sharded run samples, in lockstep; only the one with `write` stores and logs."""
+    process of a sharded run samples, in lockstep (with `shard`: each its share of the batches, the
+    graded results gathered); only the one with `write` stores and logs."""
     payloads = evaluate_and_store(
         rd if write else None, step, sampler, {name: problems for name, (problems, _) in suite.items()},
         grade={name: grade_fn for name, (_, grade_fn) in suite.items()}, n=cfg.eval.n,
         seed=derive_seed(cfg.seed, "eval", step), temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
-        max_new_tokens=cfg.eval.max_new_tokens or cfg.sampler.max_new_tokens)
+        max_new_tokens=cfg.eval.max_new_tokens or cfg.sampler.max_new_tokens, shard=shard)
     flat = {f"eval/{name}/{k}": float(v) for name, payload in payloads.items()
             for k, v in payload["summary"].items() if isinstance(v, (int, float))}
     if write:
@@ -390,7 +391,9 @@ def run_eval(cfg: RunConfig, rd: RunDir, step: int, sampler, suite: dict, sink: 
 def evaluate_run(run: Run, step: int) -> dict:
     # no sleep after an evaluation: the next rollout samples from these weights (a level-2 sleep
     # drops them, and only sync_weights reloads them)
-    return run_eval(run.cfg, run.rd, step, run.sampler, run.suite, run.sink, write=run.dist.main)
+    dist = run.dist
+    shard = Shard(dist.rank, dist.world, dist.gather) if dist.sharded else None
+    return run_eval(run.cfg, run.rd, step, run.sampler, run.suite, run.sink, write=dist.main, shard=shard)
 
 
 def after_step(run: Run, done: int) -> None:
