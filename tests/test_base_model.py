@@ -28,12 +28,6 @@ SMALL = bm.Recipe(  # a 1-layer model and 30 steps: for determinism and plumbing
 
 
 @pytest.fixture(scope="module")
-def cache() -> Path:
-    """The cache the built-in models resolve under ($CLIPBENCH_CACHE or ~/.cache/clipbench)."""
-    return bm.cache_root()
-
-
-@pytest.fixture(scope="module")
 def built() -> Path:
     """The default recipe as ``builtin:arith-tiny`` resolves it: built on first use under the cache's
     file lock (the one build the other test files train from too), else the cached build."""
@@ -137,8 +131,7 @@ def test_greedy_generate_matches_own_sampler_and_is_padding_invariant(loaded):
     assert alone == hf[:8]
 
 
-def test_resolve_model_name(cache, built, monkeypatch):
-    monkeypatch.setenv("CLIPBENCH_CACHE", str(cache))
+def test_resolve_model_name(built, monkeypatch):
     monkeypatch.setattr(bm, "build_base_model", lambda *a, **k: pytest.fail("must not rebuild"))
     assert bm.resolve_model_name("builtin:arith-tiny") == str(built)
     assert bm.resolve_model_name("Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B"
@@ -175,8 +168,7 @@ def test_resolve_builds_once_under_concurrency(tmp_path, monkeypatch):
     assert results == [str(tmp_path / "models" / "arith-tiny")] * 2
 
 
-def test_load_model_and_tokenizer(cache, built, tmp_path, monkeypatch):
-    monkeypatch.setenv("CLIPBENCH_CACHE", str(cache))
+def test_load_model_and_tokenizer(built, tmp_path):
     model, tok = bm.load_model_and_tokenizer("builtin:arith-tiny", dtype="bfloat16")
     assert isinstance(model, Qwen3ForCausalLM) and model.dtype == torch.bfloat16
     assert tok.eos_token_id == model.generation_config.eos_token_id

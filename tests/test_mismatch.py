@@ -76,6 +76,15 @@ def test_sums_combine_across_ranks_exactly():
     assert set(reduced) == set(whole) and {k for k in whole if k.endswith("/max")} == {"mismatch/abs/max"}
     for k in whole:
         torch.testing.assert_close(reduced[k], whole[k])
+    # the trainer's way: every rank holds the whole batch and counts its own rows (`counted`);
+    # the weights stay every row's, the sums add up to the batch's once
+    for mode in ("token", "sequence"):
+        full = sampler_mismatch(s, t, mask, mode=mode)
+        own = [sampler_mismatch(s, t, mask, mode=mode, counted=(torch.arange(6) // 2 == r)[:, None] if r < 2 else
+                                (torch.arange(6) >= 4)[:, None]) for r in range(3)]  # rows 0-1, 2-3, 4-5
+        assert all(torch.equal(o.weights, full.weights) for o in own)
+        for k, v in combine([o.sums for o in own]).items():
+            torch.testing.assert_close(v, full.sums[k])
 
 
 def test_weights_turn_sampler_expectations_into_trainer_ones():

@@ -43,9 +43,12 @@ def check_sleep_mode(sleep_mode: bool, backend: str) -> None:
 def build_sampler(backend: str, model, tokenizer, *, max_new_tokens: int,
                   temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, return_logprobs: bool = False,
                   dtype: str = "float32", gpu_memory_utilization: float = 0.3,
-                  max_model_len: int | None = None, sleep_mode: bool = False, synced_gpus: bool = False) -> Sampler:
+                  longest_new_tokens: int | None = None, sleep_mode: bool = False,
+                  synced_gpus: bool = False) -> Sampler:
     """The sampler for `backend` over `model` (the training policy); `synced_gpus` when the model is
-    sharded over several processes (every rank generates in lockstep)."""
+    sharded over several processes (every rank generates in lockstep); `longest_new_tokens`: the
+    longest completion a call will ask for (evaluation's may exceed training's; default
+    max_new_tokens), which the vLLM engine sizes its length for."""
     check_sleep_mode(sleep_mode, backend)
     backend = resolve_backend(backend)
     if backend == "hf":
@@ -64,7 +67,7 @@ def build_sampler(backend: str, model, tokenizer, *, max_new_tokens: int,
     # so nothing is fetched from a hub and a resumed run samples from its checkpoint
     sampler = vllm_backend.VLLMSampler(model, tokenizer, max_new_tokens=max_new_tokens,
                                        temperature=temperature, top_p=top_p, seed=seed, dtype=dtype,
-                                       gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+                                       gpu_memory_utilization=gpu_memory_utilization, longest_new_tokens=longest_new_tokens,
                                        sleep_mode=sleep_mode)
     return sampler
 

@@ -46,11 +46,13 @@ class Mismatch:
 
 
 def sampler_mismatch(sampler_logp: torch.Tensor, trainer_logp: torch.Tensor, mask: torch.Tensor, *,
-                     mode: str = "none", cap: float = 2.0) -> Mismatch:
+                     mode: str = "none", cap: float = 2.0, counted: torch.Tensor | None = None) -> Mismatch:
     """TIS weights and mismatch sums of one batch.
 
     sampler_logp, trainer_logp: (B, T) log-probs of the sampled tokens under the sampler and under
-    the trainer's rollout policy; mask: (B, T) 1 on completion tokens. Nothing here syncs the host."""
+    the trainer's rollout policy; mask: (B, T) 1 on completion tokens; counted: bool, broadcastable
+    to (B, T), the tokens the sums count (default all: a rank counts its own rows, so that the sums
+    of all ranks cover the batch once; the weights are every row's). Nothing here syncs the host."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if not (math.isfinite(cap) and cap >= 1):
@@ -59,23 +61,25 @@ def sampler_mismatch(sampler_logp: torch.Tensor, trainer_logp: torch.Tensor, mas
         raise ValueError(f"sampler_logp {tuple(sampler_logp.shape)}, trainer_logp {tuple(trainer_logp.shape)} "
                          f"and mask {tuple(mask.shape)} must have the same (B, T) shape")
     valid = mask > 0                                                        # (B, T)
+    count = valid if counted is None else valid & counted                  # (B, T): what the sums count
     d = torch.where(valid, trainer_logp.detach().float() - sampler_logp.detach().float(), 0.0)  # (B, T)
-    sums = {"mismatch/abs_sum": d.abs().sum(), "mismatch/tokens": valid.sum().float(),
-            "mismatch/abs/max": d.abs().max() if d.numel() else d.new_zeros(())}
+    dc = torch.where(count, d, 0.0).abs()                                   # (B, T)
+    sums = {"mismatch/abs_sum": dc.sum(), "mismatch/tokens": count.sum().float(),
+            "mismatch/abs/max": dc.max() if dc.numel() else dc.new_zeros(())}
     if mode == "none":
         return Mismatch(None, sums)
     log_cap = math.log(cap)
     if mode == "token":
         w = torch.exp(d.clamp(max=log_cap))                                 # (B, T)
-        capped, units = valid & (d > log_cap), valid
+        units, capped = count, count & (d > log_cap)                        # per token
     else:
         seq = d.sum(-1, keepdim=True)                                       # (B, 1)
         w = torch.exp(seq.clamp(max=log_cap)).expand_as(d)                 # (B, T)
-        has = valid.any(-1, keepdim=True)                                   # (B, 1): sequences with a token
-        capped, units = has & (seq > log_cap), has
+        units = count.any(-1, keepdim=True)                                 # (B, 1): sequences with a token
+        capped = units & (seq > log_cap)
     w = torch.where(valid, w, 0.0)
     per_unit = w if mode == "token" else w[:, :1]                           # one weight per token / sequence
-    sums.update({"mismatch/is_weight_sum": per_unit.sum(), "mismatch/is_capped": capped.sum().float(),
+    sums.update({"mismatch/is_weight_sum": (per_unit * units).sum(), "mismatch/is_capped": capped.sum().float(),
                  "mismatch/is_units": units.sum().float()})
     return Mismatch(w, sums)
 

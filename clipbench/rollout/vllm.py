@@ -263,15 +263,16 @@ class VLLMSampler:
 
     def __init__(self, model_path_or_hf_model, tokenizer, *, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, dtype: str = "float32",
-                 max_model_len: int | None = None, max_num_seqs: int = 64,
+                 max_model_len: int | None = None, longest_new_tokens: int | None = None, max_num_seqs: int = 64,
                  gpu_memory_utilization: float = 0.3, kv_cache_bytes: int | None = None,
                  enforce_eager: bool = True, sleep_mode: bool = False, engine_kwargs: dict | None = None):
         """
         model_path_or_hf_model: a checkpoint directory, or a transformers model (saved to a temp dir).
         tokenizer: the trainer's tokenizer; prompts are tokenized and completions decoded with it,
             and the engine uses a saved copy, so EOS handling matches the trainer's.
-        max_model_len: prompt + completion tokens; default max_new_tokens + PROMPT_ROOM; either is
-            capped at the model's max_position_embeddings (vLLM refuses a longer engine).
+        max_model_len: prompt + completion tokens; default longest_new_tokens (default max_new_tokens,
+            the longest completion a call asks for) + PROMPT_ROOM; either is capped at the model's
+            max_position_embeddings (vLLM refuses a longer engine).
         gpu_memory_utilization: GPU only (on CPU vLLM would reserve that fraction of RAM).
         kv_cache_bytes: KV cache size; default on CPU: room for max_num_seqs full-length sequences,
             at most 2 GiB; default on GPU: sized by gpu_memory_utilization.
@@ -310,7 +311,7 @@ class VLLMSampler:
             tokenizer.save_pretrained(tok_dir)
             hf_config.save_pretrained(tok_dir)  # vLLM reads config.json beside the tokenizer
             self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
-            self.max_model_len = model_len(hf_config, max_model_len or max_new_tokens + PROMPT_ROOM)
+            self.max_model_len = model_len(hf_config, max_model_len or (longest_new_tokens or max_new_tokens) + PROMPT_ROOM)
             kwargs = dict(model=model_dir, tokenizer=tok_dir, dtype=dtype, seed=seed,
                           max_model_len=self.max_model_len, max_num_seqs=max_num_seqs,
                           enforce_eager=enforce_eager, logprobs_mode="processed_logprobs")

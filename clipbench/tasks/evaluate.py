@@ -90,8 +90,9 @@ def evaluate_benchmark(sampler, name: str, problems: Sequence[Problem], *, n: in
     for first in range(0, len(chunks), world):  # one round: a batch per process
         b = first + rank
         mine = b < len(chunks)
-        chunk = chunks[b if mine else -1]  # no batch left: repeat the last one, discard it (lockstep)
-        out = sampler.generate([p.prompt for p in chunk], n, seed=batch_seed(seed, name, b if mine else len(chunks) - 1),
+        run = b if mine else len(chunks) - 1  # no batch left: repeat the last one, discard it (lockstep)
+        chunk = chunks[run]
+        out = sampler.generate([p.prompt for p in chunk], n, seed=batch_seed(seed, name, run),
                                temperature=temperature, max_new_tokens=max_new_tokens, top_p=top_p)
         if len(out.texts) != len(chunk) * n:
             raise RuntimeError(f"sampler {getattr(sampler, 'name', sampler)!r} returned {len(out.texts)} "

@@ -50,7 +50,6 @@ from clipbench.errors import RunFailed, UserError
 from clipbench.objectives import finalize, histogram_dict
 from clipbench.rollout import build_sampler, resolve_backend
 from clipbench.rollout.mismatch import Mismatch, mismatch_stats, sampler_mismatch
-from clipbench.rollout.vllm import PROMPT_ROOM
 from clipbench.tasks import build_run_task
 from clipbench.tasks.evaluate import Shard, evaluate_and_store
 from clipbench.tracking.mlflow_sink import run_params
@@ -225,7 +224,7 @@ def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricS
     sampler = build_sampler(backend, model, tok, max_new_tokens=sc.max_new_tokens, temperature=sc.temperature,
                             top_p=sc.top_p, seed=cfg.seed, return_logprobs=want_logp,
                             dtype=str(dtype).split(".")[-1], gpu_memory_utilization=sc.gpu_memory_utilization,
-                            max_model_len=max(eval_tokens, sc.max_new_tokens) + PROMPT_ROOM,
+                            longest_new_tokens=max(eval_tokens, sc.max_new_tokens),
                             sleep_mode=sc.sleep_mode, synced_gpus=dist.sharded)
     suite = eval_suite(cfg, task) if cfg.eval.benchmarks else {}
     first = next(iter(suite), None)  # decided before any rank can write an evaluation, so all agree
@@ -298,12 +297,9 @@ def recomputed_mismatch(run: Run, packed, sampled: torch.Tensor, old: torch.Tens
     `sampler.mismatch_is` (every row: later epochs hand ranks other rows), and the mismatch sums over
     this rank's rows of the first epoch (all-reduced, they cover the batch once)."""
     sc, mask = run.cfg.sampler, packed.completion_mask.to(run.dist.device)  # (B, T)
-    out = sampler_mismatch(sampled, old, mask, mode=sc.mismatch_is, cap=sc.mismatch_is_cap)
-    if run.dist.world > 1:
-        mine = own_rows(first_epoch, len(packed.completion_lens), run.dist.device)  # (B,)
-        out.sums = sampler_mismatch(sampled, old, mask * mine[:, None], mode=sc.mismatch_is,
-                                    cap=sc.mismatch_is_cap).sums
-    return out
+    mine = own_rows(first_epoch, len(packed.completion_lens), run.dist.device)  # (B,)
+    return sampler_mismatch(sampled, old, mask, mode=sc.mismatch_is, cap=sc.mismatch_is_cap,
+                            counted=mine[:, None] > 0)
 
 
 # ----------------------------------------------------------------------------------------------
