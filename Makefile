@@ -52,14 +52,12 @@ bench: install ## Speed/memory targets, measured side by side (writes results/be
 	$(PY) bench/bench_step.py
 	$(PY) bench/bench_gpu.py
 
-quickstart: install ## Build the worked-steps base model, run sweeps/quickstart.yaml, print the report
-	$(VENV)/bin/clipbench base-model arith-steps
+quickstart: install ## Run sweeps/quickstart.yaml on the shipped worked-steps base model, print the report
 	$(VENV)/bin/clipbench sweep sweeps/quickstart.yaml --results-dir $(RESULTS) --jobs 2
 	$(VENV)/bin/clipbench report quickstart --results-dir $(RESULTS) --baseline grpo
 	$(VENV)/bin/clipbench report quickstart --results-dir $(RESULTS) --baseline grpo --format html
 
 study: install ## The two studies of docs/studies/ (5 seeds per arm; measured 28 + 27 min on 2 busy cores): runs, then the reports
-	$(VENV)/bin/clipbench base-model arith-steps
 	$(VENV)/bin/clipbench sweep sweeps/study_clip_rules.yaml --results-dir $(RESULTS) --jobs 2
 	$(VENV)/bin/clipbench report study_clip_rules --results-dir $(RESULTS) --baseline grpo --format markdown --out docs/studies/clip_rules
 	$(VENV)/bin/clipbench sweep sweeps/study_rescue.yaml --results-dir $(RESULTS) --jobs 2

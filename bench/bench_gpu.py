@@ -94,7 +94,7 @@ def synthetic_tokenizer(vocab_size: int):
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    from clipbench.train.base_model import BOS, EOS, PAD, UNK, build_tokenizer
+    from clipbench.basemodel import BOS, EOS, PAD, UNK, build_tokenizer
 
     base = build_tokenizer([])
     spec = json.loads(base.backend_tokenizer.to_str())

@@ -245,7 +245,7 @@ def run_trl(clock: StepClock, steps: int, lr: float, workdir: Path) -> dict:
     from trl import GRPOTrainer
 
     from clipbench.tasks.arith import ArithTask
-    from clipbench.train.base_model import load_model_and_tokenizer, resolve_model_name
+    from clipbench.models import load_model_and_tokenizer, resolve_model_name
 
     knobs = {k: v for k, v in clipbench_config(1, False).task.__dict__.items() if k in ArithTask.__dataclass_fields__}
     task = ArithTask(seed=0, **knobs)  # the recipe's arith task, as clipbench's arm builds it
@@ -458,7 +458,7 @@ def main(argv: list[str] | None = None) -> dict:
     hf_logging.disable_progress_bar()  # "Loading weights" / "Writing model shards" bars
     for module in ("trl", "transformers", "accelerate", "torch"):
         warnings.filterwarnings("ignore", module=module)  # TRL/transformers set-up chatter
-    from clipbench.train.base_model import resolve_model_name
+    from clipbench.models import resolve_model_name
 
     resolve_model_name(W["model"])  # built once, outside any timing
     lr = clipbench_config(1, True).train.lr

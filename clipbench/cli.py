@@ -179,7 +179,7 @@ def base_model(
     seed: int = typer.Option(0, "--seed"),
 ):
     """Build a tiny built-in base model (tokenizer + small Qwen3, SFT on arith): builtin:<name>."""
-    from clipbench.train.base_model import build_base_model
+    from clipbench.basemodel import build_base_model
 
     path = build_base_model(name, out, seed=seed, force=force)
     typer.echo(str(path))

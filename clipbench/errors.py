@@ -23,6 +23,14 @@ class ConfigError(UserError):
         super().__init__(": ".join(parts + [reason]))
 
 
+class RuleDefinitionError(UserError):
+    """A rule whose definition is wrong (bad signature, clashing name); names its file and line."""
+
+
+class RuleError(UserError):
+    """A rule that misbehaves at call time (e.g. returns the wrong shape); names the rule and file."""
+
+
 class RunFailed(Exception):
     """A run that started and then failed for a stated reason (diverged, a rank died). The CLI prints
     ``str(err)`` on one line and exits with code 1; the run's status.json says failed."""

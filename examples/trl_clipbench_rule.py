@@ -18,7 +18,7 @@ from trl import GRPOConfig
 
 from clipbench.integrations.trl import ClipbenchGRPOTrainer
 from clipbench.tasks.arith import ArithTask, parse_leading_int
-from clipbench.train.base_model import load_model_and_tokenizer, resolve_model_name
+from clipbench.models import load_model_and_tokenizer, resolve_model_name
 
 
 def main() -> None:

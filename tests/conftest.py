@@ -40,12 +40,11 @@ def report_fixture():
 @pytest.fixture
 def unload_plugins():
     """Plugin rules a test loads are unloaded afterwards (METHODS and the plugin loader's cache)."""
-    import clipbench.objectives.plugins as plug
-    from clipbench.objectives import METHODS
+    from clipbench.objectives import METHODS, registry
 
-    methods, loaded = dict(METHODS), dict(plug._LOADED)
+    methods, loaded = dict(METHODS), dict(registry.LOADED)
     yield
     METHODS.clear()
     METHODS.update(methods)
-    plug._LOADED.clear()
-    plug._LOADED.update(loaded)
+    registry.LOADED.clear()
+    registry.LOADED.update(loaded)

@@ -1,6 +1,6 @@
 import torch
 
-from clipbench.train.advantages import compute_advantages, overlong_shaping, zero_variance_groups
+from clipbench.objectives.advantages import compute_advantages, overlong_shaping, zero_variance_groups
 
 
 def test_group_advantage_golden():

@@ -5,8 +5,6 @@ model.generate, name resolution and errors."""
 from __future__ import annotations
 
 import json
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -15,12 +13,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
 
 from clipbench.errors import UserError
 from clipbench.tasks.arith import ArithKnobs, ArithTask
-from clipbench.train import base_model as bm
+import clipbench.basemodel.build as bm
+from clipbench import models
+from clipbench.basemodel import BUILTIN_RECIPES, DEFAULT_RECIPE, Recipe
 
 # One worker builds the model once for the whole module (pytest -n 2 --dist loadfile: a file runs on one worker).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("base_model")]  # builds base models
 
-SMALL = bm.Recipe(  # a 1-layer model and 30 steps: for determinism and plumbing, not accuracy
+SMALL = Recipe(  # a 1-layer model and 30 steps: for determinism and plumbing, not accuracy
     task=ArithKnobs(train_size=2000, test_size=50), hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
     head_dim=8, intermediate_size=64, max_steps=30, eval_every=15, val_size=32,
     test_samples_per_problem=1,
@@ -29,9 +29,9 @@ SMALL = bm.Recipe(  # a 1-layer model and 30 steps: for determinism and plumbing
 
 @pytest.fixture(scope="module")
 def built() -> Path:
-    """The default recipe as ``builtin:arith-tiny`` resolves it: built on first use under the cache's
-    file lock (the one build the other test files train from too), else the cached build."""
-    return Path(bm.resolve_model_name("builtin:arith-tiny"))
+    """``builtin:arith-tiny`` as it resolves: the build shipped with the package (the one the other
+    test files train from too)."""
+    return Path(models.resolve_model_name("builtin:arith-tiny"))
 
 
 @pytest.fixture(scope="module")
@@ -42,19 +42,19 @@ def loaded(built):
 
 
 def test_build_measures_accuracy_inside_the_grpo_band(built):
-    info = bm.read_build_info(built)
+    info = models.read_build_info(built)
     m = info["measured"]
     # 2000 samples at T=1 -> se about 0.011; the band is what leaves GRPO signal
     assert 0.15 <= m["test_sampled_acc"] <= 0.60, m
     assert m["in_band"] is True and m["test_sampled_n"] == 500 * 4
     assert m["test_greedy_acc"] >= m["test_sampled_acc"] - 3 * m["test_sampled_se"]  # greedy is no worse
     sft = info["sft"]
-    assert sft["reached_target"] is True and sft["steps"] < bm.DEFAULT_RECIPE.max_steps
+    assert sft["reached_target"] is True and sft["steps"] < DEFAULT_RECIPE.max_steps
     last = sft["history"][-1]
-    assert last["val_sampled_acc"] >= bm.DEFAULT_RECIPE.stop_at_sampled_acc
-    assert all(h["val_sampled_acc"] < bm.DEFAULT_RECIPE.stop_at_sampled_acc for h in sft["history"][:-1])
+    assert last["val_sampled_acc"] >= DEFAULT_RECIPE.stop_at_sampled_acc
+    assert all(h["val_sampled_acc"] < DEFAULT_RECIPE.stop_at_sampled_acc for h in sft["history"][:-1])
     assert info["build_cpu_seconds"] > 0  # recorded (its budget is a benchmark figure, not a test)
-    assert info["recipe"] == json.loads(json.dumps(bm.dataclasses.asdict(bm.DEFAULT_RECIPE)))
+    assert info["recipe"] == json.loads(json.dumps(bm.dataclasses.asdict(DEFAULT_RECIPE)))
 
 
 def test_reload_through_auto_classes(built, loaded):
@@ -65,7 +65,7 @@ def test_reload_through_auto_classes(built, loaded):
     assert cfg.vocab_size == len(tok) == 19  # 4 specials + 15 characters of ALPHABET
     assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads) == (3, 128, 4, 2)
     n_params = sum(p.numel() for p in model.parameters())
-    assert n_params == bm.read_build_info(built)["parameters"]
+    assert n_params == models.read_build_info(built)["parameters"]
     # 19*128 embed + 3 * (q 128*128 + k,v 2*128*64 + o 128*128 + mlp 3*128*256 + norms 2*128 + qk-norms 2*32) + 128
     assert n_params == 19 * 128 + 3 * (128 * 128 + 2 * 128 * 64 + 128 * 128 + 3 * 128 * 256 + 2 * 128 + 2 * 32) + 128
     gen = model.generation_config
@@ -110,7 +110,7 @@ def test_generate_samples_with_left_padding_and_stops_at_eos(loaded):
     texts = tok.batch_decode(new, skip_special_tokens=True)
     acc = sum(task.is_correct(t, p) for t, p in zip(texts, test)) / len(test)
     assert 0.10 < acc < 0.70, acc
-    own = bm.read_build_info(model.name_or_path)["measured"]["test_sampled_acc"]
+    own = models.read_build_info(model.name_or_path)["measured"]["test_sampled_acc"]
     assert abs(acc - own) < 0.10  # same distribution as the build's own sampler: diff sd ~0.025
     stopped = 0
     for row in new.tolist():
@@ -131,56 +131,43 @@ def test_greedy_generate_matches_own_sampler_and_is_padding_invariant(loaded):
     assert alone == hf[:8]
 
 
-def test_resolve_model_name(built, monkeypatch):
-    monkeypatch.setattr(bm, "build_base_model", lambda *a, **k: pytest.fail("must not rebuild"))
-    assert bm.resolve_model_name("builtin:arith-tiny") == str(built)
-    assert bm.resolve_model_name("Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B"
-    assert bm.resolve_model_name("/some/local/dir") == "/some/local/dir"
+def test_resolve_model_name(built):
+    assert built == models.builtin_path("arith-tiny") and (built / "model.safetensors").is_file()
+    assert models.resolve_model_name("Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B"
+    assert models.resolve_model_name("/some/local/dir") == "/some/local/dir"
     with pytest.raises(UserError, match=r"model.name: unknown built-in model 'builtin:arith-tny' "
                                         r"\(did you mean 'builtin:arith-tiny'\?\); "
                                         r"valid: builtin:arith-steps, builtin:arith-tiny"):
-        bm.resolve_model_name("builtin:arith-tny")
+        models.resolve_model_name("builtin:arith-tny")
     with pytest.raises(UserError, match="non-empty string"):
-        bm.resolve_model_name("")
+        models.resolve_model_name("")
 
 
-def test_resolve_builds_once_under_concurrency(tmp_path, monkeypatch):
-    """Two threads resolve the missing builtin at once: the file lock lets one build it."""
-    monkeypatch.setenv("CLIPBENCH_CACHE", str(tmp_path))
-    calls = []
-
-    def fake_build(name, out_dir, **kw):
-        calls.append(name)
-        time.sleep(0.5)
-        Path(out_dir).mkdir(parents=True)
-        (Path(out_dir) / bm.META_FILE).write_text("{}")
-        return Path(out_dir)
-
-    monkeypatch.setattr(bm, "build_base_model", fake_build)
-    results = []
-    threads = [threading.Thread(target=lambda: results.append(bm.resolve_model_name("builtin:arith-tiny", log=lambda m: None)))
-               for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert calls == ["arith-tiny"]
-    assert results == [str(tmp_path / "models" / "arith-tiny")] * 2
+def test_shipped_builds_are_their_recorded_bytes():
+    """Every shipped built-in model has a recipe, and its weights are the bytes its build recorded
+    (sha256 of the weight files): what every run records as its starting point."""
+    assert models.builtin_names() == tuple(sorted(BUILTIN_RECIPES))
+    for name in models.builtin_names():
+        path = models.builtin_path(name)
+        info = models.read_build_info(path)
+        assert info["name"] == f"builtin:{name}"
+        assert models.weights_sha256(path) == info["weights_sha256"], name
+        assert info["recipe"] == json.loads(json.dumps(bm.dataclasses.asdict(BUILTIN_RECIPES[name]))), name
 
 
 def test_load_model_and_tokenizer(built, tmp_path):
-    model, tok = bm.load_model_and_tokenizer("builtin:arith-tiny", dtype="bfloat16")
+    model, tok = models.load_model_and_tokenizer("builtin:arith-tiny", dtype="bfloat16")
     assert isinstance(model, Qwen3ForCausalLM) and model.dtype == torch.bfloat16
     assert tok.eos_token_id == model.generation_config.eos_token_id
     with pytest.raises(UserError, match=r"model.dtype: unknown dtype 'fp32'"):
-        bm.load_model_and_tokenizer(str(built), dtype="fp32")
+        models.load_model_and_tokenizer(str(built), dtype="fp32")
     with pytest.raises(UserError, match=r"^model.name: cannot load '/nonexistent/model': no such directory"):
-        bm.load_model_and_tokenizer("/nonexistent/model")
+        models.load_model_and_tokenizer("/nonexistent/model")
     with pytest.raises(UserError, match=rf"^model.name: cannot load '{tmp_path}': "):
-        bm.load_model_and_tokenizer(str(tmp_path))  # a directory without a model
+        models.load_model_and_tokenizer(str(tmp_path))  # a directory without a model
     # conftest sets HF_HUB_OFFLINE=1: an unavailable hub name fails at once
     with pytest.raises(UserError, match=r"^model.name: cannot load 'no-such-org/no-such-model': "):
-        bm.load_model_and_tokenizer("no-such-org/no-such-model")
+        models.load_model_and_tokenizer("no-such-org/no-such-model")
 
 
 def test_build_is_deterministic_and_atomic(tmp_path):
@@ -191,16 +178,16 @@ def test_build_is_deterministic_and_atomic(tmp_path):
     b = bm.build_base_model("arith", tmp_path / "b", seed=5, recipe=SMALL, log=lambda m: None)
     for name in ("model.safetensors", "tokenizer.json", "config.json", "generation_config.json"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
-    ia, ib = bm.read_build_info(a), bm.read_build_info(b)
+    ia, ib = models.read_build_info(a), models.read_build_info(b)
     assert ia["measured"] == ib["measured"] and ia["sft"] == ib["sft"]
     # 30 steps of a 1-layer model cannot reach the target: recorded, and warned about
     assert ia["sft"]["reached_target"] is False and ia["sft"]["steps"] == 30
     assert any("WARNING" in m for m in logs)
 
     c = bm.build_base_model("arith", tmp_path / "a", seed=6, recipe=SMALL, log=lambda m: None)  # no force
-    assert bm.read_build_info(c)["seed"] == 5
+    assert models.read_build_info(c)["seed"] == 5
     c = bm.build_base_model("arith", tmp_path / "a", seed=6, recipe=SMALL, force=True, log=lambda m: None)
-    assert bm.read_build_info(c)["seed"] == 6
+    assert models.read_build_info(c)["seed"] == 6
     assert (a / "model.safetensors").read_bytes() != (b / "model.safetensors").read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]  # no temp dirs left behind
 
@@ -209,17 +196,19 @@ def test_unknown_name():
     with pytest.raises(UserError, match=r"unknown built-in model 'arth' \(did you mean 'arith'\?\); "
                                         r"valid: arith, arith-steps, arith-tiny"):
         bm.build_base_model("arth")
-    assert bm.builtin_name("arith") == bm.builtin_name("builtin:arith-tiny") == "arith-tiny"  # legacy name
+    assert bm.recipe_name("arith") == bm.recipe_name("builtin:arith-tiny") == "arith-tiny"  # legacy name
 
 
 def test_builtin_models_and_their_tasks():
-    """arith-tiny's recipe is frozen (its cached weights are in use); arith-steps is the worked-steps
-    task of the quickstart. `builtin_task` is the task a built-in model is for (eval uses it)."""
-    assert bm.DEFAULT_RECIPE is bm.BUILTIN_MODELS["arith-tiny"] and bm.DEFAULT_RECIPE.task == ArithKnobs()
-    steps = bm.BUILTIN_MODELS["arith-steps"]
+    """arith-tiny's recipe is frozen (its shipped weights are in use); arith-steps is the worked-steps
+    task of the quickstart. `built_on_task` is the task a built-in model is for (eval uses it)."""
+    from clipbench.eval.commands import built_on_task
+
+    assert DEFAULT_RECIPE is BUILTIN_RECIPES["arith-tiny"] and DEFAULT_RECIPE.task == ArithKnobs()
+    steps = BUILTIN_RECIPES["arith-steps"]
     assert steps.task.format == "steps" and steps.task.operands == 3
-    assert bm.builtin_task("builtin:arith-steps") == ArithTask(**steps.task.knobs())
-    assert bm.builtin_task("arith") == ArithTask()
+    assert built_on_task(models.builtin_path("arith-steps")) == ArithTask(**steps.task.knobs())
+    assert built_on_task(models.builtin_path("arith-tiny")) == ArithTask()
 
 
 def test_steps_build_sft_targets_and_tokenizer(tmp_path):
@@ -229,7 +218,7 @@ def test_steps_build_sft_targets_and_tokenizer(tmp_path):
     a = bm.build_base_model("arith-steps", tmp_path / "a", seed=1, recipe=recipe, log=lambda m: None)
     b = bm.build_base_model("arith-steps", tmp_path / "b", seed=1, recipe=recipe, log=lambda m: None)
     assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
-    info = bm.read_build_info(a)
+    info = models.read_build_info(a)
     assert info["name"] == "builtin:arith-steps" and info["task"]["format"] == "steps" and info["task"]["seed"] == 1
     assert info["format"]["example"] == "37+45-12= -> 37+45=82 82-12=70 #70"
     task = ArithTask(seed=1, **recipe.task.knobs())

@@ -35,7 +35,7 @@ def test_gpu_bench_shapes_tokenizer_and_skip(tmp_path):
     assert g.peak_tflops("NVIDIA H200") == 989.4
     assert g.peak_tflops("Some GPU") is None and g.peak_tflops("Some GPU", 100.0) == 100.0
 
-    from clipbench.train.base_model import load_model_and_tokenizer
+    from clipbench.models import load_model_and_tokenizer
 
     n_tiny = g.build_model_dir(g.QWEN3_TINY, tmp_path / "m")
     model, tok = load_model_and_tokenizer(str(tmp_path / "m"))

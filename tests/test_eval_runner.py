@@ -167,7 +167,7 @@ def test_bad_inputs():
 @pytest.fixture(scope="module")
 def tiny_hf():
     torch = pytest.importorskip("torch")
-    from clipbench.train.base_model import Recipe, build_model, build_tokenizer
+    from clipbench.basemodel import Recipe, build_model, build_tokenizer
 
     tok = build_tokenizer(["12+30=42"])
     recipe = Recipe(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64)
@@ -230,7 +230,7 @@ def test_eval_command_on_a_run_dir(saved_model, tmp_path):
     from clipbench.eval.commands import eval_command, load_suite, resolve_target
     from clipbench.tasks.arith import ArithTask
 
-    from clipbench.train.base_model import load_model_and_tokenizer
+    from clipbench.models import load_model_and_tokenizer
     from clipbench.train.checkpoint import save_checkpoint
     from clipbench.train.distributed import Dist
 

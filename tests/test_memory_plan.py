@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from clipbench.errors import UserError
-from clipbench.memory import GIB, QWEN3, Setup, advise, estimate, gib, model_shape
+from clipbench.memory import GIB, Setup, advise, estimate, gib
+from clipbench.models import QWEN3, model_shape
 from clipbench.memory import estimator as est
-from clipbench.memory.shapes import ModelShape, from_hf_config
+from clipbench.models.shapes import ModelShape, from_hf_config
 
 Q17 = QWEN3["Qwen/Qwen3-1.7B-Base"]
 

@@ -20,8 +20,8 @@ import torch
 from clipbench.config import load_run_config
 from clipbench.errors import ConfigError
 from clipbench.tracking.store import RunDir
-from clipbench.train.advantages import compute_advantages
-from clipbench.train.base_model import load_model_and_tokenizer, resolve_model_name
+from clipbench.objectives.advantages import compute_advantages
+from clipbench.models import load_model_and_tokenizer, resolve_model_name
 from clipbench.train.distributed import Dist
 from clipbench.train.loop import run_training
 from clipbench.train.policy import completion_logprobs, pack

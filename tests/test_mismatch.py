@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from clipbench.objectives import combine
-from clipbench.rollout.mismatch import sampler_mismatch, mismatch_stats
+from clipbench.objectives.corrections import sampler_mismatch, mismatch_stats
 
 LN3 = math.log(3.0)
 # row 0: d = trainer - sampler = [0.1, -0.5, ln 3]; row 1: d = [0.2, 0.0, padding]

@@ -196,7 +196,7 @@ def test_joblib_launcher_runs_each_run_once(tmp_path, reference):
 def test_failed_runs_are_skipped_unless_retry_failed(tmp_path):
     import shutil
 
-    from clipbench.train.base_model import resolve_model_name
+    from clipbench.models import resolve_model_name
 
     # a model directory with its config but no weights: the preflight passes, training fails
     broken = tmp_path / "no_such_model"

@@ -13,7 +13,7 @@ import torch
 
 from clipbench.config import load_run_config
 from clipbench.tracking.store import RunDir
-from clipbench.train.base_model import load_model_and_tokenizer, resolve_model_name
+from clipbench.models import load_model_and_tokenizer, resolve_model_name
 from clipbench.train.loop import run_training
 from clipbench.train.policy import completion_logprobs, pack
 

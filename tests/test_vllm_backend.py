@@ -440,7 +440,7 @@ def test_sleep_releases_memory_and_wakes_with_the_trained_weights(tiny):
 def test_mismatch_between_real_engine_and_trainer_log_probs(tiny):
     """The mismatch metrics on real rollouts: a float32 engine agrees with the float32 trainer to
     1e-4 (TIS weights 1); a bfloat16 engine does not, and the weights are exp(d) where d is small."""
-    from clipbench.rollout.mismatch import mismatch_stats, sampler_mismatch
+    from clipbench.objectives.corrections import mismatch_stats, sampler_mismatch
     from clipbench.train.policy import completion_logprobs, pack
 
     model_dir, tok = tiny

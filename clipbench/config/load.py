@@ -168,13 +168,15 @@ def choices() -> dict[str, tuple[str, ...]]:
     """Every closed choice of the run config: the schema's own (`schema.CHOICES`) and the lists
     owned by the packages a key configures (read from there, never copied)."""
     from clipbench.objectives import AGGREGATIONS
+    from clipbench.objectives.advantages import ADVANTAGES
     from clipbench.rollout import BACKENDS
     from clipbench.tasks import TASK_NAMES
     from clipbench.tasks.arith import FORMATS
     from clipbench.tasks.templates import TEMPLATE_CHOICES
 
     return {**CHOICES, "task.name": tuple(TASK_NAMES), "task.template": tuple(TEMPLATE_CHOICES), "task.format": FORMATS,
-            "sampler.backend": tuple(BACKENDS), "train.agg": tuple(AGGREGATIONS)}
+            "sampler.backend": tuple(BACKENDS), "train.agg": tuple(AGGREGATIONS),
+            "train.advantage": ADVANTAGES}
 
 
 def _get(cfg: RunConfig, key: str) -> Any:

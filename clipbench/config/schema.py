@@ -37,7 +37,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.device": ("auto", "cpu", "cuda"),
     "sampler.old_logp": ("recompute", "sampler"),
     "sampler.mismatch_is": ("none", "token", "sequence"),
-    "train.advantage": ("group", "group_mean", "rloo"),  # clipbench.train.advantages implements each
     "train.lr_schedule": ("constant", "cosine"),
 }
 

@@ -23,7 +23,7 @@ from rich.table import Table
 from clipbench.errors import UserError
 from clipbench.tasks.base import Task
 from clipbench.tracking.store import atomic_write_json
-from clipbench.train.base_model import BUILTIN_PREFIX, builtin_task
+from clipbench.models import BUILTIN_PREFIX, read_build_info, resolve_model_name
 
 DEFAULT_OUT_ROOT = Path("results") / "eval"
 EVAL_GPU_MEMORY_UTILIZATION = 0.7  # vllm: no optimizer or activations to share the GPU with here
@@ -60,6 +60,15 @@ def _run_arith_task(cfg: dict) -> Task | None:
         raise UserError(f"run config: {e}") from None
 
 
+def built_on_task(path: str | Path) -> Task:
+    """The arith task a built-in model was fine-tuned on (its build record), seed 0: every seed's
+    test split is held out of every seed's train split, so it is a fair test for any build seed."""
+    from clipbench.tasks import build_task
+
+    knobs = {k: v for k, v in read_build_info(path)["task"].items() if k not in ("name", "seed")}
+    return build_task({"name": "arith", **knobs}, seed=0)
+
+
 def resolve_target(model: str, default_dtype: str) -> EvalTarget:
     """A run directory (config.yaml + checkpoints/last/model) or a model name/path."""
     path = Path(model).expanduser()
@@ -77,7 +86,8 @@ def resolve_target(model: str, default_dtype: str) -> EvalTarget:
         return EvalTarget(model=str(ckpt), slug=slugify(f"{path.parent.name}/{path.name}"), dtype=dtype,
                           checkpoint=ckpt, run_config=cfg, arith=_run_arith_task(cfg))
     if model.startswith(BUILTIN_PREFIX):
-        return EvalTarget(model=model, slug=slugify(model), dtype=default_dtype, arith=builtin_task(model))
+        return EvalTarget(model=model, slug=slugify(model), dtype=default_dtype,
+                          arith=built_on_task(resolve_model_name(model)))
     return EvalTarget(model=model, slug=slugify(model), dtype=default_dtype)
 
 
@@ -157,7 +167,7 @@ def eval_command(*, model: str, benchmarks: str, n: int, data_dir: Path | None, 
     problems, graders = load_suite(names, data_dir=data_dir, limit=limit, template=template, arith=target.arith)
 
     from clipbench.rollout import build_sampler, resolve_backend
-    from clipbench.train.base_model import load_model_and_tokenizer, resolve_model_name
+    from clipbench.models import load_model_and_tokenizer
 
     if target.checkpoint is not None:
         from clipbench.train.checkpoint import load_policy
@@ -165,7 +175,7 @@ def eval_command(*, model: str, benchmarks: str, n: int, data_dir: Path | None, 
         path = target.model
         lm, tok = load_policy(target.checkpoint, dtype=target.dtype, device=device)
     else:
-        path = resolve_model_name(target.model, log=lambda m: console.print(m))
+        path = resolve_model_name(target.model)
         lm, tok = load_model_and_tokenizer(path, dtype=target.dtype, device=device)
     resolved = resolve_backend(backend)
     sampler = build_sampler(resolved, lm, tok, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,

@@ -53,7 +53,7 @@ from trl import GRPOTrainer
 
 from clipbench.objectives import (AGGREGATIONS, METHODS, aggregate, all_reduce_sums, combine, finalize, kl_k3,
                                   log_ratio_histogram, policy_loss, validate_params)
-from clipbench.train.seeds import derive_seed as _seed  # the one seed derivation
+from clipbench.seeds import derive_seed as _seed  # the one seed derivation
 
 # TRL loss_type -> the clipbench aggregation it computes (when `agg` is not given).
 AGG_OF_LOSS_TYPE = {

@@ -287,7 +287,7 @@ def run_trl(cfg, run_dir: Path, *, resume: bool = False, sink=None,
     from clipbench.tracking.mlflow_sink import run_params
     from clipbench.tracking.sink import NullSink
     from clipbench.tracking.store import RunDir, read_json
-    from clipbench.train.base_model import load_model_and_tokenizer, resolve_model_name
+    from clipbench.models import load_model_and_tokenizer, resolve_model_name
     from clipbench.train.checkpoint import find_checkpoint
     from clipbench.train.distributed import resolve_device
     from clipbench.train.loop import eval_suite

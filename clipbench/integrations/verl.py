@@ -57,7 +57,7 @@ import torch
 
 from clipbench.integrations.verl_launch import VERL_FIELDS
 from clipbench.objectives import METHODS, policy_loss, validate_params
-from clipbench.train.seeds import derive_seed as _seed  # the one seed derivation
+from clipbench.seeds import derive_seed as _seed  # the one seed derivation
 
 PREFIX = "clipbench."
 PARAMS_ENV = "CLIPBENCH_RULE_PARAMS"

@@ -39,10 +39,10 @@ from pathlib import Path
 from typing import Any
 
 from clipbench.errors import UserError
+from clipbench.models import PROMPT_TOKENS
 
 A, R, REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
 MODULE = "clipbench.integrations.verl"
-MAX_PROMPT_LENGTH = 1024  # verl drops longer prompts (data.filter_overlong_prompts)
 _PLAIN = re.compile(r"[A-Za-z_/.~][A-Za-z0-9_./:@+~-]*")
 ADV = {"group": "grpo", "group_mean": "grpo", "rloo": "rloo"}
 # clipbench parameter <- verl actor field(s) that mean the same for verl's own losses (first one set
@@ -137,7 +137,7 @@ def rule_env(cfg: dict) -> dict[str, str]:
 def verl_overrides(cfg: dict, *, run_dir: Path, data: tuple[Path, Path], experiment: str, n_gpus: int = 8,
                    nnodes: int = 1, tracking_uri: str | None = None) -> list[str]:
     """verl main_ppo Hydra overrides for one resolved clipbench run config (see the module docstring)."""
-    from clipbench.train.base_model import BUILTIN_PREFIX, builtin_path
+    from clipbench.models import resolve_model_name
 
     tc, sc, ev, obj = cfg["train"], cfg["sampler"], cfg["eval"], dict(cfg["objective"])
     method = obj.pop("method")
@@ -145,15 +145,13 @@ def verl_overrides(cfg: dict, *, run_dir: Path, data: tuple[Path, Path], experim
     if P % M:
         raise UserError(f"engine verl: verl's mini-batches count prompts; train.prompts_per_step={P} does not split "
                         f"into train.mini_batches={M}")
-    model = cfg["model"]["name"]
-    if model.startswith(BUILTIN_PREFIX):
-        model = str(builtin_path(model[len(BUILTIN_PREFIX):]))
+    model = resolve_model_name(cfg["model"]["name"])
     o: dict[str, Any] = {
         "algorithm.adv_estimator": ADV[tc["advantage"]],
         "algorithm.norm_adv_by_std_in_grpo": tc["advantage"] == "group",
         "algorithm.use_kl_in_reward": False,
         "data.train_files": str(data[0]), "data.val_files": str(data[1]),
-        "data.train_batch_size": P, "data.max_prompt_length": MAX_PROMPT_LENGTH,
+        "data.train_batch_size": P, "data.max_prompt_length": PROMPT_TOKENS,  # verl drops longer prompts
         "data.max_response_length": sc["max_new_tokens"], "data.seed": cfg["seed"],
         "actor_rollout_ref.model.path": model,
         "actor_rollout_ref.model.enable_gradient_checkpointing": cfg["model"]["gradient_checkpointing"],

@@ -15,14 +15,14 @@ from dataclasses import asdict
 from clipbench.errors import UserError
 from clipbench.memory.estimator import MARGIN, MemoryPlan, advise, estimate, gib
 from clipbench.memory.plan import fit_message, launch_nproc, setup_for
-from clipbench.memory.shapes import model_shape
+from clipbench.models.shapes import model_shape
 
 
 def plan_command(recipe, overrides: list[str], *, nproc_per_node: int | None, nnodes: int,
                  gpu_memory: float, prompt_tokens: int, json_out: bool) -> int:
     """Print the plan of RECIPE; return 0 when it fits, 1 when it does not."""
     from clipbench.config import load_run_config
-    from clipbench.train.base_model import resolve_model_name
+    from clipbench.models import resolve_model_name
 
     for key, v in {"--nproc-per-node": nproc_per_node or 1, "--nnodes": nnodes,
                    "--prompt-tokens": prompt_tokens}.items():

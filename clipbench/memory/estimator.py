@@ -55,14 +55,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from clipbench.memory.shapes import ModelShape
+from clipbench.models import PROMPT_TOKENS
+from clipbench.models.shapes import ModelShape
 
 GIB = 1 << 30
 MARGIN = 0.10            # multiplies the peak: fragmentation, temporaries not modelled
 RUNTIME_GIB = 1.5        # CUDA context + cuBLAS/NCCL workspaces + allocator pools, per process
 VLLM_RUNTIME_GIB = 1.0   # vLLM activations and sampler buffers inside its share (enforce_eager)
 SLEEPING_GIB = 0.5       # what a sleeping (level 2) engine keeps: buffers, allocator pools
-DEFAULT_PROMPT_TOKENS = 1024   # longest prompt assumed; the vLLM sampler keeps this room for prompts
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -198,7 +198,7 @@ class Setup:
     dtype: str = "bfloat16"               # float32 | bfloat16 | float16 (model.dtype; auto = bf16)
     world_size: int = 1                   # processes over all nodes (FSDP2 shards over them)
     device_gib: float = 80.0
-    prompt_tokens: int = DEFAULT_PROMPT_TOKENS
+    prompt_tokens: int = PROMPT_TOKENS
     max_new_tokens: int = 1024
     rows_per_mini_batch: int = 64         # sequences of one optimizer step, all ranks
     micro_batch_tokens: int = 0           # 0: the rank's whole share of a mini-batch at once

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from clipbench.config import RunConfig
 from clipbench.errors import UserError
-from clipbench.memory.estimator import (DEFAULT_PROMPT_TOKENS, GIB, MARGIN, MemoryPlan, Setup, advise,
+from clipbench.memory.estimator import (GIB, MARGIN, MemoryPlan, Setup, advise,
                                        estimate, gib)
-from clipbench.memory.shapes import ModelShape, model_shape
+from clipbench.models import PROMPT_TOKENS, compute_dtype, dtype_name
+from clipbench.models.shapes import ModelShape, model_shape
 
 
 def launch_nproc(cfg: RunConfig) -> int:
@@ -23,7 +24,7 @@ def launch_nproc(cfg: RunConfig) -> int:
 
 
 def setup_for(cfg: RunConfig, *, world_size: int = 1, device_gib: float = 80.0,
-              prompt_tokens: int = DEFAULT_PROMPT_TOKENS, backend: str | None = None,
+              prompt_tokens: int = PROMPT_TOKENS, backend: str | None = None,
               shape: ModelShape | None = None) -> Setup:
     """The memory-relevant knobs of `cfg` on `world_size` GPUs of `device_gib` each.
 
@@ -39,7 +40,7 @@ def setup_for(cfg: RunConfig, *, world_size: int = 1, device_gib: float = 80.0,
     prompts_per_call = min(sc.prompts_per_call or prompts_per_rank, prompts_per_rank)
     backend = backend or ("vllm" if sc.backend == "auto" else sc.backend)
     return Setup(
-        dtype="bfloat16" if cfg.model.dtype == "auto" else cfg.model.dtype,
+        dtype=dtype_name(compute_dtype(cfg.model.dtype, "cuda", bf16_supported=True)),  # a plan is for a GPU
         world_size=world_size, device_gib=device_gib, prompt_tokens=prompt_tokens,
         max_new_tokens=sc.max_new_tokens,
         rows_per_mini_batch=-(-rollout_rows // tc.mini_batches),

@@ -1,10 +1,10 @@
-"""Clip objectives: the registry of policy-loss rules, aggregation and clipping diagnostics.
+"""The RL math, trainer-free: clip rules, aggregation, diagnostics, advantages, corrections, the KL.
 
     from clipbench.objectives import policy_loss, METHODS, AGGREGATIONS, validate_params, rule
     out = policy_loss("grpo", logp, old_logp, advantages, mask, agg="token-mean", eps_high=0.28)
     out.loss, out.token_loss, out.stats, out.sums
 
-The rules are in rules.py (each reads as its formula); a user's own rule is one decorated function
+The rules are in rules/ (each reads as its formula; shared formulas in primitives.py); a user's own rule is one decorated function
 (docs/plugins.md). The math contract is docs/objectives.md; internal contracts in docs/architecture.md.
 """
 
@@ -12,10 +12,11 @@ from clipbench.objectives import rules as _rules  # noqa: F401  (registers every
 from clipbench.objectives.aggregation import AGGREGATIONS, aggregate, global_counts
 from clipbench.objectives.diagnostics import (CELLS, COUNTS, MASSES, all_reduce_sums, combine, finalize,
                                               histogram_dict, log_ratio_counts, log_ratio_histogram, reduce_sums, reduction)
-from clipbench.objectives.loss import PolicyLossOutput, kl_k3, policy_loss
-from clipbench.objectives.registry import (INPUTS, LOG_RATIO_CLAMP, METHODS, MethodSpec, Param, PluginOrigin,
-                                           RuleDefinitionError, RuleError, effective_bounds, greater_than_one,
-                                           nonneg, positive, rule, unit_interval, validate_params)
+from clipbench.errors import RuleDefinitionError, RuleError
+from clipbench.objectives.loss import PolicyLossOutput, policy_loss
+from clipbench.objectives.primitives import LOG_RATIO_CLAMP, kl_k3
+from clipbench.objectives.registry import METHODS, MethodSpec, PluginOrigin, effective_bounds, rule, validate_params
+from clipbench.objectives.signature import INPUTS, Param, greater_than_one, nonneg, positive, unit_interval
 
 __all__ = [
     "AGGREGATIONS", "CELLS", "COUNTS", "INPUTS", "LOG_RATIO_CLAMP", "MASSES", "METHODS", "MethodSpec", "Param",

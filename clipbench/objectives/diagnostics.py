@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
-from clipbench.objectives.rules import on_side, past_bound  # one definition of d and of sides, shared with the rules
+from clipbench.objectives.primitives import on_side, past_bound  # one definition of d and of sides, shared with the rules
 
 CELLS = ("q1", "q2", "q3", "q4", "zero_adv", "on_policy")
 COUNTS = ("tokens", "out_of_band", "zero_grad", "rescued", "in_band_near")

@@ -24,7 +24,9 @@ import torch
 
 from clipbench.objectives.aggregation import Count, aggregate, check_count, get_aggregation
 from clipbench.objectives.diagnostics import finalize, step_sums
-from clipbench.objectives.registry import LOG_RATIO_CLAMP, MethodSpec, RuleError, get_method, validate_params
+from clipbench.errors import RuleError
+from clipbench.objectives.primitives import kl_k3, straight_through_exp
+from clipbench.objectives.registry import MethodSpec, get_method, validate_params
 
 
 @dataclass(frozen=True)
@@ -52,19 +54,6 @@ def _check_inputs(logp, old_logp, advantages, mask, ref_logp, weights, uniforms,
         raise ValueError(f"beta must be a number >= 0, got {beta!r}")
     if beta > 0 and ref_logp is None:
         raise ValueError("beta > 0 needs ref_logp (the reference policy's log-probs, (B, T))")
-
-
-def straight_through_exp(x: torch.Tensor) -> torch.Tensor:
-    """exp(clamp(x, -20, 20)) in value, with d/dx = the value everywhere (straight-through clamp)."""
-    clamped = x.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) + (x - x.detach())
-    return torch.exp(clamped)
-
-
-def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """(B, T) k3 = exp(ref - logp) - (ref - logp) - 1 >= 0, with ref - logp value-clamped to +-20."""
-    d = ref_logp.detach().to(torch.float32) - logp
-    d = d.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) + (d - d.detach())  # straight-through clamp
-    return torch.exp(d) - d - 1.0
 
 
 class _Inputs:

@@ -9,7 +9,7 @@
   registers records its origin: the resolved file and the sha256 of its content
   (``METHODS[name].origin``). Loading the same file twice is a no-op.
 * Installed packages expose rules through the entry-point group ``clipbench.rules`` (value: a module,
-  imported for its ``@rule`` decorators); they are loaded on first need and are always available.
+  imported for its ``@rule`` decorators); the registry loads them on first need (registry.py).
 * Every failure is one line naming the file (a ``UserError``): a missing file, an import error (with
   the plugin's line), a bad rule signature, a name clash (built-in names win). A failed import
   registers nothing.
@@ -23,24 +23,14 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import importlib.metadata
 import importlib.util
 import sys
-import traceback
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from clipbench.errors import UserError
-from clipbench.objectives.registry import METHODS, PluginOrigin, RuleDefinitionError, loading_plugin
-
-ENTRY_POINT_GROUP = "clipbench.rules"
-
-_LOADED: dict[str, PluginOrigin] = {}  # plugin spec (resolved path or module name) -> origin
-_ENTRY_POINTS_LOADED = False
-
-
-def sha256_file(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+from clipbench.errors import RuleDefinitionError, UserError
+from clipbench.objectives.registry import (LOADED, METHODS, PluginOrigin, import_rules, load_entry_points,
+                                           module_origin, sha256_file)
 
 
 def is_path(spec: str) -> bool:
@@ -62,43 +52,11 @@ def resolve(spec: str, base_dir: str | Path | None = None) -> str:
     return str(p.resolve())
 
 
-def _import_error(where: str, e: BaseException) -> UserError:
-    """One line: the plugin's file and line of the error, the error itself."""
-    line = None
-    if isinstance(e, SyntaxError) and e.filename and Path(e.filename).resolve() == Path(where).resolve():
-        line = e.lineno
-    else:
-        for frame in reversed(traceback.extract_tb(e.__traceback__)):
-            if frame.filename and Path(frame.filename).resolve() == Path(where).resolve():
-                line = frame.lineno
-                break
-    msg = str(e).splitlines()[0] if str(e) else ""
-    return UserError(f"{where}{f':{line}' if line else ''}: cannot import plugin: {type(e).__name__}"
-                     + (f": {msg}" if msg else ""))
-
-
-def _import(origin: PluginOrigin, do_import) -> None:
-    """Run ``do_import`` with the rules it registers attributed to ``origin``; on failure, unregister
-    what it registered and raise a one-line UserError naming the file."""
-    before = set(METHODS)
-    try:
-        with loading_plugin(origin):
-            do_import()
-    except BaseException as e:
-        for name in set(METHODS) - before:
-            del METHODS[name]
-        if isinstance(e, UserError):
-            raise
-        if isinstance(e, (KeyboardInterrupt, SystemExit)):
-            raise
-        raise _import_error(origin.path, e) from None
-
-
 def load_plugin(spec: str, base_dir: str | Path | None = None) -> PluginOrigin:
     """Import one plugin (a .py path, relative to ``base_dir``, or a module name); idempotent."""
     key = resolve(spec, base_dir)
-    if key in _LOADED:
-        return _LOADED[key]
+    if key in LOADED:
+        return LOADED[key]
     if is_path(key):
         path = Path(key)
         if not path.is_file():
@@ -118,41 +76,12 @@ def load_plugin(spec: str, base_dir: str | Path | None = None) -> PluginOrigin:
                 sys.modules.pop(name, None)
                 raise
 
-        _import(origin, do_import)
+        import_rules(origin, do_import)
     else:
-        origin = _module_origin(key)
-        _import(origin, lambda: importlib.import_module(key))
-    _LOADED[key] = origin
+        origin = module_origin(key)
+        import_rules(origin, lambda: importlib.import_module(key))
+    LOADED[key] = origin
     return origin
-
-
-def _module_origin(name: str) -> PluginOrigin:
-    try:
-        found = importlib.util.find_spec(name)
-    except (ImportError, ValueError) as e:
-        raise UserError(f"{name}: plugin module not found ({type(e).__name__}: {e})") from None
-    if found is None:
-        raise UserError(f"{name}: plugin module not found (not a file path ending in .py and not importable)")
-    path = found.origin if found.origin and Path(found.origin).is_file() else None
-    return PluginOrigin(str(Path(path).resolve()), sha256_file(path)) if path else PluginOrigin(name, "")
-
-
-def load_entry_points() -> None:
-    """Import every module registered under the ``clipbench.rules`` entry-point group (once)."""
-    global _ENTRY_POINTS_LOADED
-    if _ENTRY_POINTS_LOADED:
-        return
-    _ENTRY_POINTS_LOADED = True
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        module = ep.value.split(":")[0].strip()
-        if module in _LOADED:
-            continue
-        try:
-            origin = _module_origin(module)
-        except UserError as e:
-            raise UserError(f"entry point {ep.name} = {ep.value} ({ENTRY_POINT_GROUP}): {e}") from None
-        _import(origin, ep.load)
-        _LOADED[module] = origin
 
 
 def load_plugins(specs: Iterable[str] = (), base_dir: str | Path | None = None) -> list[PluginOrigin]:
@@ -216,6 +145,6 @@ def check_plugin_records(records: Iterable[Mapping], source: str) -> None:
                             "sweep name")
 
 
-__all__ = ["ENTRY_POINT_GROUP", "RuleDefinitionError", "check_plugin_records", "ensure_plugins", "is_path",
+__all__ = ["RuleDefinitionError", "check_plugin_records", "ensure_plugins", "is_path",
            "load_entry_points", "load_plugin", "load_plugins", "merge_specs", "plugin_records", "plugin_specs",
            "resolve", "sha256_file"]

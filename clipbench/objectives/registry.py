@@ -1,132 +1,43 @@
-"""The one registry of clip rules: the ``@rule`` decorator, parameters read from signatures, metadata.
+"""The one registry of clip rules: ``METHODS``, the ``@rule`` decorator, lookups, rules' origins.
 
-A rule is a plain function whose signature is its schema (torchtune style)::
+A rule is a plain function whose signature is its schema (signature.py)::
 
     @rule("lower_only", source="my idea")
     def lower_only(r, A, *, eps_low: float = 0.2):
         \"\"\"-min(r*A, max(r, 1-eps_low)*A): PPO clip with only the lower bound.\"\"\"
         return -torch.minimum(r * A, torch.clamp(r, min=1 - eps_low) * A)
 
-* Positional parameters name the inputs the rule needs, from :data:`INPUTS` (built by
-  ``policy_loss``, see loss.py); any other positional name is a registration error.
-* Keyword-only parameters with defaults are the rule's parameters. Their type comes from the
-  annotation (float, int, bool, str, ``Literal["a", "b"]`` for a str with choices) or else from the
-  default. ``METHODS[name].defaults`` is the one place a method's defaults live (the config loader,
-  the sweep expander and the CLI read it).
-* The docstring's first line is the formula shown by ``clipbench methods``; text after a top-level
-  ``": "`` on that line is the one-line description (or pass ``description=``).
+``METHODS[name].defaults`` is the one place a method's defaults live (the config loader, the sweep
+expander and the CLI read it). An unknown parameter gets a did-you-mean; errors in a rule's
+definition are ``RuleDefinitionError`` (a UserError naming the file and line).
 
-Validation of a parameter value: type, finiteness, choices, then the rule's ``checks``
-(``{param: check(value) -> reason or None}``); an unknown parameter gets a did-you-mean. Errors in a
-rule's definition are :class:`RuleDefinitionError` (a UserError naming the file and line).
+Where rules come from: the built-in ones (objectives/rules/, registered when the package is
+imported), a user's files and modules (plugins.py imports them through :func:`import_rules`, so the
+rules they register record their file and its sha256), and installed packages' ``clipbench.rules``
+entry points, which this registry loads itself on the first lookup of a name it does not know.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.metadata
+import importlib.util
 import inspect
-import math
 import re
-import typing
+import traceback
 import warnings
 from dataclasses import dataclass
-from numbers import Real
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Callable, Mapping
 
-from clipbench.errors import UserError, unknown_choice
+from clipbench.errors import RuleDefinitionError, UserError, unknown_choice
+from clipbench.objectives.primitives import LOG_RATIO_CLAMP
+from clipbench.objectives.signature import Band, Check, Param, formula_and_description, read_signature
 
-# Log-ratios are clamped to +-LOG_RATIO_CLAMP before exp (value only, straight-through gradient):
-# r <= e^20 ~ 4.9e8 stays finite in float32 even for log-ratios of +-50 (see loss.py).
-LOG_RATIO_CLAMP = 20.0
 # Reference band for out_of_band counts when a method has no eps (sapo): [1 - 0.2, 1 + 0.2].
 DEFAULT_REF_EPS = 0.2
-
-# The inputs a rule may ask for by name (shapes: B sequences, T completion tokens):
-INPUTS: dict[str, str] = {
-    "r": "(B, T) token ratio exp(logp - old_logp), with gradient (log-ratio value-clamped to +-20, "
-         "straight-through); 1 at padding",
-    "A": "(B, 1) advantages, detached float32",
-    "s": "(B, 1) GSPO sequence ratio exp(sum_t mask*lr / sum_t mask), with gradient; 1 for an all-padding row",
-    "logp": "(B, T) current log-probs, with gradient; 0 at padding",
-    "old_logp": "(B, T) behaviour log-probs, detached; 0 at padding",
-    "log_ratio": "(B, T) logp - old_logp, with gradient, not clamped; 0 at padding",
-    "mask": "(B, T) float 0/1, 1 on real completion tokens",
-    "u": "(B, T) detached uniforms in [0, 1) for stochastic rules (zeros when the parameters need no draws)",
-    "generator": "torch.Generator or None (prefer u: its draws do not depend on micro-batch splits)",
-}
-
-Band = tuple[float, float, float, float]  # (lo_pos, hi_pos, lo_neg, hi_neg) in ratio units
-Check = Callable[[Any], "str | None"]
-
-
-class RuleDefinitionError(UserError):
-    """A rule whose definition is wrong (bad signature, clashing name); names its file and line."""
-
-
-class RuleError(UserError):
-    """A rule that misbehaves at call time (e.g. returns the wrong shape); names the rule and file."""
-
-
-# --------------------------------------------------------------------------------------------
-# Checks for ``rule(..., checks={param: check})``: value -> reason, or None when valid
-# --------------------------------------------------------------------------------------------
-def nonneg(v: float) -> str | None:
-    return None if v >= 0 else "must be >= 0"
-
-
-def positive(v: float) -> str | None:
-    return None if v > 0 else "must be > 0"
-
-
-def unit_interval(v: float) -> str | None:
-    return None if 0.0 <= v <= 1.0 else "must be in [0, 1]"
-
-
-def greater_than_one(v: float) -> str | None:
-    return None if v > 1.0 else "must be > 1"
-
-
-# --------------------------------------------------------------------------------------------
-# Parameters
-# --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Param:
-    """One rule parameter, read from a keyword-only argument of the rule's signature."""
-
-    name: str
-    default: Any
-    type: type  # float, int, bool or str
-    choices: tuple[str, ...] = ()
-    checks: tuple[Check, ...] = ()
-
-    def validate(self, method: str, value: Any) -> Any:
-        def bad(reason: str):
-            return ValueError(f"{method}: '{self.name}' {reason}, got {value!r}")
-
-        if self.type is bool:
-            if not isinstance(value, bool):
-                raise bad("must be true or false")
-        elif self.type is str:
-            if not isinstance(value, str):
-                raise bad("must be a string")
-            if self.choices and value not in self.choices:
-                raise ValueError(f"{method}: " + unknown_choice(f"value for '{self.name}'", value, self.choices))
-        else:  # float or int
-            if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
-                raise bad("must be a finite number")
-            if self.type is int:
-                if float(value) != int(value):
-                    raise bad("must be an integer")
-                value = int(value)
-            else:
-                value = float(value)
-        for check in self.checks:
-            reason = check(value)
-            if reason:
-                raise bad(reason)
-        return value
+ENTRY_POINT_GROUP = "clipbench.rules"
 
 
 @dataclass(frozen=True)
@@ -164,10 +75,6 @@ class MethodSpec:
         return {p.name: p.default for p in self.params}
 
     @property
-    def param_names(self) -> tuple[str, ...]:
-        return tuple(p.name for p in self.params)
-
-    @property
     def where(self) -> str:
         """'built-in' or 'plugin <path>' (for messages)."""
         return "built-in" if self.origin is None else f"plugin {self.origin.path}"
@@ -194,19 +101,75 @@ def eps_band(params: Mapping[str, Any]) -> Band:
 
 
 METHODS: dict[str, MethodSpec] = {}
+LOADED: dict[str, PluginOrigin] = {}  # plugin spec (resolved path or module name) -> origin: imported once
+_LOADING: list[PluginOrigin] = []  # the plugin being imported: the rules it registers record it
+_ENTRY_POINTS_LOADED = False
 
-# The plugin being imported (set by plugins.py while it imports a user's file), so that the rules
-# it registers record their origin.
-_LOADING: list[PluginOrigin] = []
+
+def sha256_file(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-@contextlib.contextmanager
-def loading_plugin(origin: PluginOrigin):
+def module_origin(name: str) -> PluginOrigin:
+    """The origin of an importable module: its file and hash (or just its name, for a namespace)."""
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError) as e:
+        raise UserError(f"{name}: plugin module not found ({type(e).__name__}: {e})") from None
+    if found is None:
+        raise UserError(f"{name}: plugin module not found (not a file path ending in .py and not importable)")
+    path = found.origin if found.origin and Path(found.origin).is_file() else None
+    return PluginOrigin(str(Path(path).resolve()), sha256_file(path)) if path else PluginOrigin(name, "")
+
+
+def import_rules(origin: PluginOrigin, do_import: Callable[[], object]) -> None:
+    """Run ``do_import`` with the rules it registers attributed to ``origin``; on failure, unregister
+    what it registered and raise a one-line UserError naming the file (and the line of the error)."""
+    before = set(METHODS)
     _LOADING.append(origin)
     try:
-        yield
+        do_import()
+    except BaseException as e:
+        for name in set(METHODS) - before:
+            del METHODS[name]
+        if isinstance(e, (UserError, KeyboardInterrupt, SystemExit)):
+            raise
+        raise _import_error(origin.path, e) from None
     finally:
         _LOADING.pop()
+
+
+def _import_error(where: str, e: BaseException) -> UserError:
+    """One line: the plugin's file and line of the error, the error itself."""
+    line = None
+    if isinstance(e, SyntaxError) and e.filename and Path(e.filename).resolve() == Path(where).resolve():
+        line = e.lineno
+    else:
+        for frame in reversed(traceback.extract_tb(e.__traceback__)):
+            if frame.filename and Path(frame.filename).resolve() == Path(where).resolve():
+                line = frame.lineno
+                break
+    msg = str(e).splitlines()[0] if str(e) else ""
+    return UserError(f"{where}{f':{line}' if line else ''}: cannot import plugin: {type(e).__name__}"
+                     + (f": {msg}" if msg else ""))
+
+
+def load_entry_points() -> None:
+    """Import every module registered under the ``clipbench.rules`` entry-point group (once)."""
+    global _ENTRY_POINTS_LOADED
+    if _ENTRY_POINTS_LOADED:
+        return
+    _ENTRY_POINTS_LOADED = True
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        module = ep.value.split(":")[0].strip()
+        if module in LOADED:
+            continue
+        try:
+            origin = module_origin(module)
+        except UserError as e:
+            raise UserError(f"entry point {ep.name} = {ep.value} ({ENTRY_POINT_GROUP}): {e}") from None
+        import_rules(origin, ep.load)
+        LOADED[module] = origin
 
 
 def _where(fn: Callable) -> str:
@@ -225,89 +188,8 @@ def _origin_of(fn: Callable) -> PluginOrigin | None:
     path = inspect.getsourcefile(fn) if hasattr(fn, "__code__") else None
     if path and Path(path).is_file():
         p = Path(path).resolve()
-        return PluginOrigin(str(p), hashlib.sha256(p.read_bytes()).hexdigest())
+        return PluginOrigin(str(p), sha256_file(p))
     return PluginOrigin(module or "<unknown>", "")
-
-
-def _param_type(name: str, annotation: Any, default: Any, where: str) -> tuple[type, tuple[str, ...]]:
-    if annotation is inspect.Parameter.empty:
-        t = type(default)
-        if t not in (float, int, bool, str):
-            raise RuleDefinitionError(f"{where}: parameter '{name}' has default {default!r}: parameters are "
-                                      "float, int, bool or str (annotate Literal[...] for choices)")
-        return t, ()
-    if typing.get_origin(annotation) is Literal:
-        choices = typing.get_args(annotation)
-        if not choices or not all(isinstance(c, str) for c in choices):
-            raise RuleDefinitionError(f"{where}: parameter '{name}': Literal[...] choices must be strings")
-        if default not in choices:
-            raise RuleDefinitionError(f"{where}: parameter '{name}': default {default!r} is not one of {choices}")
-        return str, tuple(choices)
-    if annotation not in (float, int, bool, str):
-        raise RuleDefinitionError(f"{where}: parameter '{name}': annotation {annotation!r} is not float, int, "
-                                  "bool, str or Literal[...]")
-    ok = (isinstance(default, bool) if annotation is bool
-          else isinstance(default, str) if annotation is str
-          else isinstance(default, int) and not isinstance(default, bool) if annotation is int
-          else isinstance(default, Real) and not isinstance(default, bool))
-    if not ok:
-        raise RuleDefinitionError(f"{where}: parameter '{name}': default {default!r} is not a {annotation.__name__}")
-    return annotation, ()
-
-
-def _signature(fn: Callable, checks: Mapping[str, Check], where: str) -> tuple[tuple[str, ...], tuple[Param, ...]]:
-    """(inputs, params) from the rule's signature."""
-    try:
-        hints = typing.get_type_hints(fn)
-    except Exception:  # an annotation that does not resolve: fall back to the defaults' types
-        hints = {}
-    inputs, params = [], []
-    for p in inspect.signature(fn).parameters.values():
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            raise RuleDefinitionError(f"{where}: *args/**kwargs are not allowed: name the inputs and parameters")
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
-            if p.name not in INPUTS:
-                raise RuleDefinitionError(
-                    f"{where}: '{p.name}' is not an input ({', '.join(INPUTS)}); parameters are keyword-only "
-                    f"with defaults, after '*': def {fn.__name__}(r, A, *, {p.name}=...)")
-            inputs.append(p.name)
-            continue
-        if p.default is inspect.Parameter.empty:
-            raise RuleDefinitionError(f"{where}: parameter '{p.name}' needs a default (the signature is the schema)")
-        t, choices = _param_type(p.name, hints.get(p.name, p.annotation), p.default, where)
-        check = checks.get(p.name)
-        default = float(p.default) if t is float else p.default
-        params.append(Param(p.name, default, t, choices, (check,) if check else ()))
-    unknown = set(checks) - {p.name for p in params}
-    if unknown:
-        raise RuleDefinitionError(f"{where}: checks for unknown parameter(s) {sorted(unknown)}")
-    return tuple(inputs), tuple(params)
-
-
-def _top_level_colon(line: str) -> int:
-    """Index of the first ': ' outside parentheses/brackets, or -1."""
-    depth = 0
-    for i, ch in enumerate(line):
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif ch == ":" and depth == 0 and line[i + 1:i + 2] == " ":
-            return i
-    return -1
-
-
-def _formula_and_description(fn: Callable) -> tuple[str, str]:
-    doc = inspect.cleandoc(fn.__doc__ or "")
-    if not doc:
-        return "", ""
-    paragraphs = doc.split("\n\n")
-    first = paragraphs[0].splitlines()[0].strip()
-    i = _top_level_colon(first)
-    if i >= 0:
-        return first[:i].strip(), first[i + 2:].strip()
-    rest = " ".join(" ".join(paragraphs[1].split()).split(". ")[:1]) if len(paragraphs) > 1 else ""
-    return first, rest.rstrip(".")
 
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*")
@@ -343,8 +225,8 @@ def rule(name: str, *, source: str, level: str | Callable[[Mapping[str, Any]], s
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise RuleDefinitionError(f"{where}: rule name {name!r} must start with a letter and use letters, "
                                       "digits, '_', '-' or '.'")
-        inputs, params = _signature(fn, dict(checks or {}), where)
-        formula, doc_description = _formula_and_description(fn)
+        inputs, params = read_signature(fn, dict(checks or {}), where)
+        formula, doc_description = formula_and_description(fn)
         desc = " ".join((description if description is not None else doc_description).split())
         origin = _origin_of(fn)
         old = METHODS.get(name)
@@ -368,8 +250,6 @@ def rule(name: str, *, source: str, level: str | Callable[[Mapping[str, Any]], s
 def get_method(method: str) -> MethodSpec:
     """The spec of a registered method; rules of installed packages (entry points) load on first need."""
     if isinstance(method, str) and method not in METHODS:
-        from clipbench.objectives.plugins import load_entry_points
-
         load_entry_points()
     try:
         return METHODS[method]

@@ -61,8 +61,8 @@ import numpy as np
 import torch
 
 from clipbench.errors import UserError, unknown_choice
-from clipbench.memory import shapes
-from clipbench.memory.estimator import DEFAULT_PROMPT_TOKENS as PROMPT_ROOM  # room for prompts beside completions
+from clipbench.models import shapes
+from clipbench.models import PROMPT_TOKENS as PROMPT_ROOM  # room for prompts beside completions
 from clipbench.rollout.base import Rollout, call_settings
 from clipbench.rollout.weights import training_weights
 

@@ -18,7 +18,7 @@ from clipbench.config import load_run_config, run_id
 from clipbench.errors import RunFailed
 from clipbench.memory.plan import preflight as memory_preflight
 from clipbench.tracking.store import RunDir, check_writable_dir
-from clipbench.train.base_model import resolve_model_name
+from clipbench.models import resolve_model_name
 from clipbench.train.checkpoint import find_checkpoint
 from clipbench.train.distributed import under_torchrun
 from clipbench.train.launch import launch_ranks, run_as_rank

@@ -49,27 +49,20 @@ from clipbench.config import RunConfig, run_id, to_dict
 from clipbench.errors import RunFailed, UserError
 from clipbench.objectives import finalize, histogram_dict
 from clipbench.rollout import build_sampler, resolve_backend
-from clipbench.rollout.mismatch import Mismatch, mismatch_stats, sampler_mismatch
+from clipbench.objectives.corrections import Mismatch, mismatch_stats, sampler_mismatch
 from clipbench.tasks import build_run_task
 from clipbench.tasks.evaluate import Shard, evaluate_and_store
 from clipbench.tracking.mlflow_sink import run_params
 from clipbench.tracking.sink import MetricSink, NullSink
 from clipbench.tracking.store import RunDir
-from clipbench.train.base_model import load_model_and_tokenizer, resolve_model_name
+from clipbench.models import check_model_config, compute_dtype, dtype_name, load_model_and_tokenizer, resolve_model_name
 from clipbench.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from clipbench.train.distributed import Dist, init_distributed, shard_model
 from clipbench.train.policy import pack
 from clipbench.train.rollout import RolloutBatch, collect_rollout
-from clipbench.train.seeds import derive_seed, generator
+from clipbench.seeds import derive_seed, generator
 from clipbench.train.step import (Objective, StepInputs, accumulate_gradients, add_histograms, draw_uniforms,
                                   frozen_logprobs, optimizer_step, own_rows, plan_update, reduce_sums)
-
-
-def compute_dtype_for(name: str, device: torch.device) -> torch.dtype:
-    """The compute dtype of `model.dtype` (auto: bfloat16 on a GPU that supports it, else float32)."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
 def lr_lambda(tc):
@@ -113,14 +106,7 @@ def eval_suite(cfg: RunConfig, task) -> dict[str, tuple[list, Callable]]:
 def preflight(cfg: RunConfig) -> None:
     """Fail before anything is written: the model resolves and its config loads, the task builds,
     the eval benchmarks load, the sampler suits the launch. Raises UserError (exit 2 at the CLI)."""
-    from transformers import AutoConfig
-
-    name = resolve_model_name(cfg.model.name)
-    try:
-        AutoConfig.from_pretrained(name)
-    except (OSError, ValueError, KeyError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UserError(f"model.name: cannot load '{cfg.model.name}': {reason}") from None
+    check_model_config(cfg.model.name)
     if cfg.launch.nproc_per_node > 1 and resolve_backend(cfg.sampler.backend) == "vllm":
         raise UserError("sampler.backend: vllm over several processes is not wired into the trainer yet "
                         "(clipbench.rollout.weights streams sharded weights); use sampler.backend=hf or "
@@ -192,7 +178,7 @@ def build_models(cfg: RunConfig, dist: Dist, dtype: torch.dtype):
         if dist.sharded:
             ref_model, _ = load_policy_model(name, dist, dtype, trainable=False)
         else:
-            ref_model, _ = load_model_and_tokenizer(name, dtype=cfg.model.dtype, device=str(dist.device))
+            ref_model, _ = load_model_and_tokenizer(name, dtype=dtype_name(dtype), device=str(dist.device))
             ref_model.eval().requires_grad_(False)
     return model, ref_model, tok
 
@@ -208,7 +194,7 @@ def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricS
         raise UserError(f"train.prompts_per_step: {cfg.train.prompts_per_step} prompts cannot be shared by whole "
                         f"groups over {dist.world} processes (make it a multiple)")
     ckpt = prepare_run_dir(rd, dist, resume)
-    dtype = compute_dtype_for(cfg.model.dtype, dist.device)
+    dtype = compute_dtype(cfg.model.dtype, dist.device)
     model, ref_model, tok = build_models(cfg, dist, dtype)
     optimizer, scheduler = build_optimizer(model, cfg.train)
     state = {"step": 0, "opt_step": 0, "skipped_nonfinite": 0}
@@ -223,7 +209,7 @@ def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricS
     eval_tokens = cfg.eval.max_new_tokens or sc.max_new_tokens  # the engine must hold eval's completions too
     sampler = build_sampler(backend, model, tok, max_new_tokens=sc.max_new_tokens, temperature=sc.temperature,
                             top_p=sc.top_p, seed=cfg.seed, return_logprobs=want_logp,
-                            dtype=str(dtype).split(".")[-1], gpu_memory_utilization=sc.gpu_memory_utilization,
+                            dtype=dtype_name(dtype), gpu_memory_utilization=sc.gpu_memory_utilization,
                             longest_new_tokens=max(eval_tokens, sc.max_new_tokens),
                             sleep_mode=sc.sleep_mode, synced_gpus=dist.sharded)
     suite = eval_suite(cfg, task) if cfg.eval.benchmarks else {}

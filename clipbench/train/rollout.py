@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from clipbench.train.advantages import compute_advantages, overlong_shaping, zero_variance_groups
+from clipbench.objectives.advantages import compute_advantages, overlong_shaping, zero_variance_groups
 from clipbench.train.distributed import Dist
-from clipbench.train.seeds import derive_seed
+from clipbench.seeds import derive_seed
 
 
 @dataclass

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from clipbench.objectives import METHODS, combine, log_ratio_counts, policy_loss, reduction
-from clipbench.rollout.mismatch import sampler_mismatch
+from clipbench.objectives.corrections import sampler_mismatch
 from clipbench.train.distributed import Dist, full_tensor
 from clipbench.train.policy import Packed, completion_logprobs, placeholder
 

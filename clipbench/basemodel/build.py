@@ -1,13 +1,6 @@
-"""The tiny built-in base models: char-level Qwen3s SFT'd on arith, one builder for all of them.
+"""Building a built-in base model: a char-level tokenizer, a small Qwen3, SFT on arith, a record.
 
-    builtin:arith-tiny    arith, answer format: "37+45=" -> "82"           (2 operands, ~3 tokens)
-    builtin:arith-steps   arith, steps format:  "37+45-12=" -> "37+45=82 82-12=70 #70"
-                          (3 operands, ~24 tokens: the regime where clipping has per-token dynamics)
-
-Each is a ``Recipe`` in ``BUILTIN_MODELS``: the arith task it is SFT'd on (``ArithKnobs``, owned by
-``clipbench.tasks.arith``), the model's shape and the SFT settings. It is built on first use (one to
-a few minutes on 2 CPU cores) into the cache and then loaded exactly like any Hugging Face model
-(``AutoModelForCausalLM`` / ``AutoTokenizer``), so the trainer and the samplers need no special case.
+    clipbench base-model arith-steps [--seed S] [--out DIR]      # -> build_base_model(...)
 
 Format (see ``clipbench.tasks.arith``): the tokenizer is character level and prepends ``<bos>``;
 prompt ``"37+45="`` -> tokens ``<bos> 3 7 + 4 5 =``; completion ``"82"`` -> tokens ``8 2 <eos>``.
@@ -18,7 +11,12 @@ SFT stops by a measured criterion, not a step count: every ``eval_every`` steps 
 completion at temperature 1.0 for each problem of a validation slice (train-partition expressions
 removed from the SFT data) and stops at the first evaluation whose accuracy reaches
 ``stop_at_sampled_acc``. The result must leave GRPO signal: test accuracy at temperature 1.0 inside
-the recipe's ``target_band``. The measured test accuracies (sampled and greedy) go into ``clipbench_base.json``.
+the recipe's ``target_band``. The measured test accuracies (sampled and greedy) go into
+``clipbench_base.json``, with the sha256 of the weights.
+
+The models clipbench trains from are the shipped builds (clipbench.models.builtin): a rebuild on
+another CPU is a different model (float arithmetic differs between CPUs), so a rebuild goes into a
+directory of its own and is used by path (``model.name: DIR``).
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ import math
 import os
 import random
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -38,143 +35,31 @@ from typing import Callable, Sequence
 
 import torch
 
+from clipbench.basemodel.recipes import BUILTIN_RECIPES, Recipe
+from clipbench.models.builtin import BUILTIN_PREFIX, LEGACY_NAMES, META_FILE, cache_root, weights_sha256
 from clipbench.errors import UserError, unknown_choice
-from clipbench.tasks.arith import ALPHABET, ARITH_DEFAULTS, ArithKnobs, ArithTask
-
-BUILTIN_PREFIX = "builtin:"
-META_FILE = "clipbench_base.json"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from clipbench.tasks.arith import ALPHABET, ArithTask
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 
 
-@dataclass(frozen=True)
-class Recipe:
-    """Everything that determines the built model (recorded in ``clipbench_base.json``)."""
-
-    task: ArithKnobs = ARITH_DEFAULTS   # the arith task the model is SFT'd on (seed: the build seed)
-    target_band: tuple[float, float] = (0.15, 0.60)  # sampled (T=1) test accuracy that leaves GRPO signal
-    # model (Qwen3 architecture)
-    hidden_size: int = 128
-    num_layers: int = 3
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    head_dim: int = 32
-    intermediate_size: int = 256
-    max_position_embeddings: int = 128
-    init_std: float = 0.02
-    # SFT
-    batch_size: int = 128
-    lr: float = 3e-3
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.98)
-    warmup_steps: int = 50
-    grad_clip: float = 1.0
-    max_steps: int = 4000
-    eval_every: int = 50
-    val_size: int = 256
-    stop_at_sampled_acc: float = 0.30
-    # final measurement on the test split
-    test_samples_per_problem: int = 4
-    num_threads: int = 1          # fixed: CPU results depend on the thread count; 1 is also robust
-                                  # when other processes share the cores
-
-
-# builtin name -> its recipe. arith-tiny: today's answer-only model (its weights must never change:
-# caches and tests rely on them). arith-steps: worked steps, calibrated in docs/studies/calibration.md.
-BUILTIN_MODELS: dict[str, Recipe] = {
-    "arith-tiny": Recipe(),
-    "arith-steps": Recipe(
-        task=ArithKnobs(operands=3, format="steps"),
-        target_band=(0.15, 0.40),
-        batch_size=64,            # longer sequences than arith-tiny's: half the batch, same steps budget
-        eval_every=25,
-        stop_at_sampled_acc=0.25,
-    ),
-}
-LEGACY_NAMES = {"arith": "arith-tiny"}     # `clipbench base-model arith` predates arith-steps
-DEFAULT_RECIPE = BUILTIN_MODELS["arith-tiny"]
-
-
-# ---- cache and names ----------------------------------------------------------------------------
-def cache_root() -> Path:
-    """``$CLIPBENCH_CACHE`` or ``~/.cache/clipbench``."""
-    env = os.environ.get("CLIPBENCH_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "clipbench"
-
-
-def builtin_path(name: str) -> Path:
-    return cache_root() / "models" / name
-
-
-def builtin_name(name: str) -> str:
-    """A built-in model's short name from 'arith-steps', 'builtin:arith-steps' or the legacy 'arith'."""
+def recipe_name(name: str) -> str:
+    """The recipe's short name from 'arith-steps', 'builtin:arith-steps' or the legacy 'arith'."""
     short = name[len(BUILTIN_PREFIX):] if name.startswith(BUILTIN_PREFIX) else name
     short = LEGACY_NAMES.get(short, short)
-    if short not in BUILTIN_MODELS:
-        raise UserError(unknown_choice("built-in model", name, [*BUILTIN_MODELS, *LEGACY_NAMES]))
+    if short not in BUILTIN_RECIPES:
+        raise UserError(unknown_choice("built-in model", name, [*BUILTIN_RECIPES, *LEGACY_NAMES]))
     return short
+
+
+def default_out_dir(name: str, seed: int) -> Path:
+    """Where `clipbench base-model NAME --seed S` builds by default: the cache, one directory per seed."""
+    return cache_root() / "models" / f"{recipe_name(name)}-seed{seed}"
 
 
 def _is_built(path: Path) -> bool:
     return (path / META_FILE).is_file()
-
-
-def builtin_task(name: str) -> ArithTask:
-    """The arith task built-in model ``name`` is SFT'd on (seed 0; every seed's test split is held
-    out of every seed's train split, so it is a fair test for any build seed)."""
-    return ArithTask(**BUILTIN_MODELS[builtin_name(name)].task.knobs())
-
-
-def _to_stderr(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def resolve_model_name(name: str, *, log: Callable[[str], None] = _to_stderr) -> str:
-    """``builtin:<name>`` -> its cache path (built on first use, under a file lock); others unchanged.
-    The build's progress goes to stderr: a command's stdout (``plan --json``) stays its own."""
-    if not isinstance(name, str) or not name:
-        raise UserError(f"model.name: expected a non-empty string, got {name!r}")
-    if not name.startswith(BUILTIN_PREFIX):
-        return name
-    short = name[len(BUILTIN_PREFIX):]
-    if short not in BUILTIN_MODELS:
-        valid = [BUILTIN_PREFIX + n for n in BUILTIN_MODELS]
-        raise UserError("model.name: " + unknown_choice("built-in model", name, valid))
-    path = builtin_path(short)
-    if not _is_built(path):
-        from filelock import FileLock
-
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(path.parent / f".{short}.lock")):
-            if not _is_built(path):  # another process may have built it while we waited
-                log(f"building {name} into {path} (first use, a few minutes of one core)")
-                build_base_model(short, path, log=log)
-    return str(path)
-
-
-def _looks_local(name: str) -> bool:
-    """A filesystem path rather than a hub id ('org/model'): absolute, ./ ../ ~ prefixed, or existing."""
-    return os.path.isabs(name) or name.startswith(("./", "../", "~", ".\\")) or os.path.exists(name)
-
-
-def load_model_and_tokenizer(name: str, dtype: str = "float32", device: str = "cpu"):
-    """(model, tokenizer) for an HF name, a local path or a ``builtin:`` name; same code path for all."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    if dtype not in DTYPES:
-        raise UserError("model.dtype: " + unknown_choice("dtype", dtype, DTYPES))
-    path = resolve_model_name(name)
-    if _looks_local(path) and not Path(path).expanduser().is_dir():
-        raise UserError(f"model.name: cannot load '{name}': no such directory {path}")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).to(device)
-    except (OSError, ValueError, KeyError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UserError(f"model.name: cannot load '{name}': {reason}") from None
-    return model, tokenizer
 
 
 # ---- tokenizer and model ------------------------------------------------------------------------
@@ -422,16 +307,16 @@ def build_base_model(name: str = "arith-tiny", out_dir: str | Path | None = None
                      recipe: Recipe | None = None) -> Path:
     """Train the tokenizer and the tiny Qwen3 of built-in model ``name`` and save them to ``out_dir``.
 
-    ``name``: a key of ``BUILTIN_MODELS`` (``builtin:`` prefix and the legacy 'arith' accepted).
-    ``recipe`` defaults to the model's own (tests pass smaller ones). ``out_dir`` defaults to the
-    model's cache path. An already built ``out_dir`` is returned untouched unless ``force``. Written
+    ``name``: a key of ``BUILTIN_RECIPES`` (``builtin:`` prefix and the legacy 'arith' accepted).
+    ``recipe`` defaults to the model's own (tests pass smaller ones). ``out_dir`` defaults to
+    ``default_out_dir(name, seed)`` in the cache. An already built ``out_dir`` is returned untouched unless ``force``. Written
     atomically (temp dir beside it + ``os.replace``). Deterministic for a fixed seed and recipe on CPU
     (same weights twice).
     """
-    name = builtin_name(name)
-    recipe = recipe if recipe is not None else BUILTIN_MODELS[name]
+    name = recipe_name(name)
+    recipe = recipe if recipe is not None else BUILTIN_RECIPES[name]
     arith = ArithTask(seed=seed, **recipe.task.knobs())
-    out_dir = Path(out_dir) if out_dir is not None else builtin_path(name)
+    out_dir = Path(out_dir) if out_dir is not None else default_out_dir(name, seed)
     if _is_built(out_dir) and not force:
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -479,6 +364,7 @@ def build_base_model(name: str = "arith-tiny", out_dir: str | Path | None = None
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         _portable_tokenizer_class(tmp)
+        meta["weights_sha256"] = weights_sha256(tmp)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         _atomic_replace_dir(tmp, out_dir)
     except BaseException:
@@ -487,6 +373,3 @@ def build_base_model(name: str = "arith-tiny", out_dir: str | Path | None = None
     return out_dir
 
 
-def read_build_info(path: str | Path) -> dict:
-    """The ``clipbench_base.json`` a build wrote."""
-    return json.loads((Path(path) / META_FILE).read_text())

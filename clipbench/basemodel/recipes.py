@@ -1,0 +1,59 @@
+"""The recipes of the built-in base models: the arith task, the model's shape, the SFT settings.
+
+``BUILTIN_RECIPES[name]`` is everything that determines built-in model ``name``; it is recorded in
+the model's ``clipbench_base.json``. The weights clipbench trains from are shipped with the package
+(clipbench.models.builtin); ``clipbench base-model NAME`` rebuilds them from these recipes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from clipbench.tasks.arith import ARITH_DEFAULTS, ArithKnobs
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that determines the built model (recorded in ``clipbench_base.json``)."""
+
+    task: ArithKnobs = ARITH_DEFAULTS   # the arith task the model is SFT'd on (seed: the build seed)
+    target_band: tuple[float, float] = (0.15, 0.60)  # sampled (T=1) test accuracy that leaves GRPO signal
+    # model (Qwen3 architecture)
+    hidden_size: int = 128
+    num_layers: int = 3
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 32
+    intermediate_size: int = 256
+    max_position_embeddings: int = 128
+    init_std: float = 0.02
+    # SFT
+    batch_size: int = 128
+    lr: float = 3e-3
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.98)
+    warmup_steps: int = 50
+    grad_clip: float = 1.0
+    max_steps: int = 4000
+    eval_every: int = 50
+    val_size: int = 256
+    stop_at_sampled_acc: float = 0.30
+    # final measurement on the test split
+    test_samples_per_problem: int = 4
+    num_threads: int = 1          # fixed: CPU results depend on the thread count; 1 is also robust
+                                  # when other processes share the cores
+
+
+# builtin name -> its recipe. arith-tiny: today's answer-only model (its weights must never change:
+# caches and tests rely on them). arith-steps: worked steps, calibrated in docs/studies/calibration.md.
+BUILTIN_RECIPES: dict[str, Recipe] = {
+    "arith-tiny": Recipe(),
+    "arith-steps": Recipe(
+        task=ArithKnobs(operands=3, format="steps"),
+        target_band=(0.15, 0.40),
+        batch_size=64,            # longer sequences than arith-tiny's: half the batch, same steps budget
+        eval_every=25,
+        stop_at_sampled_acc=0.25,
+    ),
+}
+DEFAULT_RECIPE = BUILTIN_RECIPES["arith-tiny"]

@@ -1,0 +1,75 @@
+"""Model names -> local directories -> (model, tokenizer): one code path for every model.
+
+    path = resolve_model_name("builtin:arith-steps")      # the shipped directory
+    model, tok = load_model_and_tokenizer("Qwen/Qwen3-1.7B-Base", dtype="bfloat16", device="cuda")
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from clipbench.errors import UserError
+from clipbench.models.builtin import BUILTIN_PREFIX, builtin_names, builtin_path
+from clipbench.models.dtype import DTYPES
+
+# The longest prompt a run assumes, in tokens: the vLLM engine keeps this room beside the longest
+# completion, the memory plan budgets for it, verl drops longer prompts (data.max_prompt_length).
+PROMPT_TOKENS = 1024
+
+
+def resolve_model_name(name: str) -> str:
+    """``builtin:<name>`` -> its shipped directory; HF names and local paths unchanged."""
+    if not isinstance(name, str) or not name:
+        raise UserError(f"model.name: expected a non-empty string, got {name!r}")
+    if not name.startswith(BUILTIN_PREFIX):
+        return name
+    short = name[len(BUILTIN_PREFIX):]
+    if short not in builtin_names():
+        from clipbench.errors import unknown_choice
+
+        raise UserError("model.name: " + unknown_choice("built-in model", name,
+                                                        [BUILTIN_PREFIX + n for n in builtin_names()]))
+    return str(builtin_path(short))
+
+
+def looks_local(name: str) -> bool:
+    """A filesystem path rather than a hub id ('org/model'): absolute, ./ ../ ~ prefixed, or existing."""
+    return os.path.isabs(name) or name.startswith(("./", "../", "~", ".\\")) or os.path.exists(name)
+
+
+def load_model_and_tokenizer(name: str, dtype: str = "float32", device: str = "cpu"):
+    """(model, tokenizer) for an HF name, a local path or a ``builtin:`` name; same code path for all.
+    `dtype`: the weights' dtype (float32, bfloat16 or float16; resolve `auto` with models.dtype first)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype not in DTYPES:
+        from clipbench.errors import unknown_choice
+
+        raise UserError("model.dtype: " + unknown_choice("dtype", dtype, DTYPES))
+    path = resolve_model_name(name)
+    if looks_local(path) and not Path(path).expanduser().is_dir():
+        raise UserError(f"model.name: cannot load '{name}': no such directory {path}")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).to(device)
+    except (OSError, ValueError, KeyError) as err:
+        raise UserError(f"model.name: cannot load '{name}': {first_line(err)}") from None
+    return model, tokenizer
+
+
+def check_model_config(name: str) -> None:
+    """UserError unless the model's config loads (cheap: no weights); `name` as in model.name."""
+    from transformers import AutoConfig
+
+    path = resolve_model_name(name)
+    try:
+        AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as err:
+        raise UserError(f"model.name: cannot load '{name}': {first_line(err)}") from None
+
+
+def first_line(err: BaseException) -> str:
+    """An exception's first line, or its type's name when it has no message."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

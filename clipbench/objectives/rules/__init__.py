@@ -1,0 +1,19 @@
+"""The built-in clip rules. Each is a short function that reads as its formula (docs/objectives.md).
+
+A rule receives the inputs it names (``r`` the token ratio, ``A`` the advantages, ``s`` GSPO's
+sequence ratio, ``logp``, ``mask``, ``u`` uniforms, ...; see ``registry.INPUTS``) and its parameters
+as keyword arguments, and returns the per-token loss l (B, T) (or a per-sequence loss (B, 1),
+broadcast to the sequence's tokens). The loss is minimised. Nothing else: padding, the KL term,
+aggregation and every diagnostic (quadrant cells, zero-gradient, rescued, near-band tokens) are
+derived by ``policy_loss`` from what the rule returns, the same way for every rule, built-in or plugin.
+
+Conventions: ``sg(x)`` is ``x.detach()``; bands are closed (a ratio exactly on a bound is inside, as
+in torch.clamp's gradient); ``d`` is how far a ratio lies past the PPO clip's active bound
+(:func:`past_bound`).
+
+Modules by family: clip (hard clips), sequence (sequence-level ratios), rescue (NSR, decay), soft
+(gradient kept past the bound), divergence (trust regions that are not a ratio clip). Importing this
+package registers every built-in rule; the formulas they share are in objectives/primitives.py.
+"""
+
+from clipbench.objectives.rules import clip, divergence, rescue, sequence, soft  # noqa: F401  (register)

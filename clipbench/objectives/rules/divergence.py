@@ -1,0 +1,95 @@
+"""Trust regions that are not a ratio clip, and plain policy gradient: GPG, DRO's quadratic
+penalty, DPPO's binary TV / KL regions, Clip-Cov and KL-Cov's covariance-selected tokens (verl).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from clipbench.objectives.primitives import first_k, masked_mean, past_bound, ppo_clip, share_of_tokens
+from clipbench.objectives.registry import rule
+from clipbench.objectives.rules.common import EPS_CHECKS, VERL, clip_bounds
+from clipbench.objectives.signature import nonneg, positive, unit_interval
+
+@rule("gpg", source=f"GPG (arXiv 2504.02546); {VERL} `gpg`")
+def gpg(logp, A):
+    """-logp*A: GPG, plain policy gradient with no ratio and no clip"""
+    return -logp * A
+
+
+@rule("dro", source=f"{VERL} `dro` (verl#7245, docs/algo/dro.md)", checks={"dro_beta": positive})
+def dro(logp, log_ratio, A, *, dro_beta: float = 0.05):
+    """-(logp*A - dro_beta/2*(logp - old_logp)^2): DRO, policy gradient with a quadratic log-ratio penalty in place of a clip
+
+    verl requires dro_beta to be set (no default); 0.05 is the value of verl's own test. DRO expects
+    advantages built for its soft off-policy formulation.
+    """
+    return -(logp * A - 0.5 * dro_beta * log_ratio.square())
+
+
+_DPPO_CHECKS = {"div_low": nonneg, "div_high": nonneg, "is_cap": positive}
+
+
+@rule("dppo_tv", source=f"DPPO (arXiv 2602.04879); {VERL} `dppo_tv`", checks=_DPPO_CHECKS,
+      bounds=lambda p: {"tv_low": p["div_low"], "tv_high": p["div_high"], "is_cap": p["is_cap"]})
+def dppo_tv(r, A, logp, old_logp, *, div_low: float = 0.15, div_high: float = 0.15, is_cap: float = 20.0):
+    """-A*sg(min(r, is_cap))*logp while p - q <= div_high (A>0) / p - q >= -div_low (A<=0), else 0: DPPO-Binary-TV
+
+    p = exp(logp), q = exp(old_logp): the trust region is on the probability change (total
+    variation of the binary distribution), not on the ratio. Thresholds: verl's example
+    (clip_ratio 0.15); is_cap is verl's code default (its actor config's clip_ratio_c = 3.0 applies
+    unless overridden; the paper recommends a large cap).
+    """
+    p, q = logp.detach().exp(), old_logp.exp()
+    inside = torch.where(A > 0, p - q <= div_high, p - q >= -div_low)
+    return torch.where(inside, -A * torch.clamp(r, max=is_cap).detach() * logp, 0.0)
+
+
+@rule("dppo_kl", source=f"DPPO (arXiv 2602.04879); {VERL} `dppo_kl`", checks=_DPPO_CHECKS,
+      bounds=lambda p: {"kl_low": p["div_low"], "kl_high": p["div_high"], "is_cap": p["is_cap"]})
+def dppo_kl(r, A, logp, old_logp, *, div_low: float = 0.05, div_high: float = 0.05, is_cap: float = 20.0):
+    """-A*sg(min(r, is_cap))*logp while the binary KL(q || p) stays within div_high (A>0) / div_low (A<=0) or p moved back, else 0: DPPO-Binary-KL
+
+    KL = q*log(q/p) + (1-q)*log((1-q+1e-8)/(1-p+1e-8)); an A>0 token with p <= q (an A<=0 token with
+    p >= q) is always inside. Thresholds: verl's example (clip_ratio 0.05).
+    """
+    lp = logp.detach()
+    p, q = lp.exp(), old_logp.exp()
+    kl = q * (old_logp - lp) + (1 - q) * torch.log((1 - q + 1e-8) / (1 - p + 1e-8))
+    inside = torch.where(A > 0, (kl <= div_high) | (p <= q), (kl <= div_low) | (p >= q))
+    return torch.where(inside, -A * torch.clamp(r, max=is_cap).detach() * logp, 0.0)
+
+
+@rule("clip_cov", source=f"Clip-Cov (arXiv 2505.22617); {VERL} `clip_cov`", per_call=True,
+      checks={**EPS_CHECKS, "clip_cov_ratio": unit_interval},
+      bounds=lambda p: {**clip_bounds(p), "per_call": "covariance, token count and random choice per call"})
+def clip_cov(r, A, logp, mask, u, *, eps_low: float = 0.2, eps_high: float = 0.2, clip_cov_ratio: float = 2e-4,
+             clip_cov_lb: float = 1.0, clip_cov_ub: float = 5.0):
+    """grpo, with a random clip_cov_ratio share of the tokens whose (A - mean A)(logp - mean logp) lies in (lb, ub) detached: Clip-Cov
+
+    The candidates are valid tokens that grpo did not clip; max(int(clip_cov_ratio * tokens), 1) of
+    them (fewer if there are fewer) get zero loss and gradient, picked by the smallest u (verl:
+    torch.randperm). Per call, as in verl: the means, the token count and the choice range over
+    this call's tokens (verl's micro-batch).
+    """
+    loss = ppo_clip(r, A, 1 - eps_low, 1 + eps_high)
+    cov = (A - masked_mean(A, mask)) * (logp - masked_mean(logp, mask)).detach()  # (B, T)
+    clipped = past_bound(r.detach(), A, 1 - eps_low, 1 + eps_high) > 0
+    candidate = (mask > 0) & ~clipped & (cov > clip_cov_lb) & (cov < clip_cov_ub)
+    chosen = first_k(u, candidate, share_of_tokens(clip_cov_ratio, mask))
+    return torch.where(chosen, torch.zeros_like(loss), loss)
+
+
+@rule("kl_cov", source=f"KL-Cov (arXiv 2505.22617); {VERL} `kl_cov`", per_call=True,
+      checks={"kl_cov_ratio": unit_interval, "ppo_kl_coef": nonneg},
+      bounds=lambda p: {"per_call": "covariance and token count per call"})
+def kl_cov(r, A, logp, log_ratio, mask, *, kl_cov_ratio: float = 2e-4, ppo_kl_coef: float = 0.1):
+    """-r*A, plus ppo_kl_coef*|logp - old_logp| on the kl_cov_ratio share of tokens of largest (A - mean A)(logp - mean logp): KL-Cov
+
+    max(int(kl_cov_ratio * tokens), 1) tokens get the penalty (ties: the earlier position); no clip.
+    Per call, as in verl: the means, the token count and the top-k range over this call's tokens.
+    The default coefficient is verl's config default (its code falls back to 1.0 when unset).
+    """
+    cov = (A - masked_mean(A, mask)) * (logp - masked_mean(logp, mask)).detach()  # (B, T)
+    top = first_k(-cov, mask > 0, share_of_tokens(kl_cov_ratio, mask))
+    return -r * A + torch.where(top, ppo_kl_coef * log_ratio.abs(), 0.0)
