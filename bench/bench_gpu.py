@@ -22,7 +22,7 @@ prompt + max-new); TRL: trl.gradient_accumulation_steps = P*G/4/4), no evaluatio
 own subprocess (a fresh CUDA context and allocator, so one arm's memory never slows the next):
   clipbench/vllm   the built-in loop sampling with vLLM (when vLLM is installed; colocated, sleep off)
   clipbench/hf     the built-in loop sampling with HF `generate`
-  trl/<backend>    TRL's GRPOTrainer on the same run config (`engine: trl`, clipbench.integrations.trl_engine),
+  trl/<backend>    TRL's GRPOTrainer on the same run config (`engine: trl`, clipbench.engines.trl),
                    with vLLM colocated when clipbench's primary arm uses it, else HF generate
 A step's wall time runs from one progress callback to the next (the first `--warmup` excluded); an
 arm ends its process right after its last measured step, so the final checkpoint (~20 GB of
@@ -214,7 +214,7 @@ def run_arm(arm: str, model_dir: Path, args, out: Path) -> None:
 
             run_training(cfg, Path(run_dir) / "run", sink=Sink(), progress=progress)
         else:
-            from clipbench.integrations.trl_engine import run_trl
+            from clipbench.engines.trl import run_trl
 
             # the first step's wall then also counts TRL's set-up: it is a warm-up step
             clock["t"] = time.perf_counter()

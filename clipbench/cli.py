@@ -1,4 +1,5 @@
-"""The `clipbench` command: a thin Typer app. Each verb parses its options and calls one function."""
+"""The `clipbench` command: a thin Typer app. Each verb parses its options and calls one function of
+clipbench.commands (one module per verb: the only code that prints or parses flags)."""
 
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ def sweep(
     plugin: Optional[List[str]] = PLUGIN,
 ):
     """Expand a declarative sweep into runs and execute them (resumable)."""
-    from clipbench.sweep.commands import sweep_command
+    from clipbench.commands.sweep import sweep_command
 
     sweep_command(file, overrides or [], dry_run=dry_run, json_out=json_out, results_dir=results_dir,
                   jobs=jobs, launcher=launcher, retry_failed=retry_failed, tracking_uri=tracking_uri,
@@ -92,7 +93,7 @@ def train(
     plugin: Optional[List[str]] = PLUGIN,
 ):
     """Run one training run end to end (over N processes with --nproc-per-node; under torchrun, one rank)."""
-    from clipbench.train.commands import train_command
+    from clipbench.commands.train import train_command
 
     train_command(recipe, overrides or [], resume=resume, results_dir=results_dir, tracking_uri=tracking_uri,
                   nproc_per_node=nproc_per_node, plugins=plugin or [])
@@ -113,7 +114,7 @@ def plan(
     json_out: bool = typer.Option(False, "--json", help="The plan as JSON."),
 ):
     """GPU memory per rank before anything loads (weights, AdamW, activations, vLLM); exit 1 if it won't fit."""
-    from clipbench.memory.commands import plan_command
+    from clipbench.commands.plan import plan_command
 
     raise typer.Exit(plan_command(recipe, overrides or [], nproc_per_node=nproc_per_node, nnodes=nnodes,
                                   gpu_memory=gpu_memory, prompt_tokens=prompt_tokens, json_out=json_out))
@@ -135,7 +136,7 @@ def eval_(
     plugin: Optional[List[str]] = PLUGIN,
 ):
     """Avg@n and unbiased Pass@k of a model on benchmarks."""
-    from clipbench.eval.commands import eval_command
+    from clipbench.commands.eval import eval_command
 
     _load_plugins(plugin)
     eval_command(model=model, benchmarks=benchmarks, n=n, data_dir=data_dir, limit=limit,
@@ -153,7 +154,7 @@ def report(
     plugin: Optional[List[str]] = PLUGIN,
 ):
     """Comparison tables (Table 3 layout), clip-quadrant table and training-dynamics plots."""
-    from clipbench.report.commands import report_command
+    from clipbench.commands.report import report_command
 
     _load_plugins(plugin)
     report_command(sweep, baseline=baseline, fmt=fmt, results_dir=results_dir, out=out)
@@ -163,10 +164,19 @@ def report(
 @_user_errors
 def methods(plugin: Optional[List[str]] = PLUGIN):
     """Every registered clip rule: parameters with defaults, the rule, and where it comes from."""
-    from clipbench.objectives.catalog import print_methods
+    from clipbench.commands.methods import print_methods
 
     _load_plugins(plugin)
     print_methods()
+
+
+@app.command()
+@_user_errors
+def engines():
+    """Every engine, and how it treats every run-config key: honoured, mapped (to what) or refused (why)."""
+    from clipbench.commands.engines import engines_command
+
+    engines_command()
 
 
 @app.command("base-model")
@@ -174,15 +184,15 @@ def methods(plugin: Optional[List[str]] = PLUGIN):
 def base_model(
     name: str = typer.Argument("arith-tiny", help="Built-in model: arith-tiny (answer only), arith-steps "
                                                   "(worked steps); 'arith' is arith-tiny."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Directory (default: the clipbench cache)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Directory (default: <cache>/models/NAME-seedS)."),
     force: bool = typer.Option(False, "--force", help="Rebuild even when cached."),
     seed: int = typer.Option(0, "--seed"),
 ):
-    """Build a tiny built-in base model (tokenizer + small Qwen3, SFT on arith): builtin:<name>."""
-    from clipbench.basemodel import build_base_model
+    """Rebuild a built-in base model (tokenizer + small Qwen3, SFT on arith) from its recipe; runs train from
+    the build shipped with clipbench (builtin:<name>), or from this one by path (model.name=DIR)."""
+    from clipbench.commands.base_model import base_model_command
 
-    path = build_base_model(name, out, seed=seed, force=force)
-    typer.echo(str(path))
+    base_model_command(name, out=out, seed=seed, force=force)
 
 
 @app.command()
@@ -193,7 +203,7 @@ def sync(
     tracking_uri: Optional[str] = TRACKING,
 ):
     """Replay runs and metrics missing from MLflow (after the server was unreachable)."""
-    from clipbench.tracking.sync import sync_command
+    from clipbench.commands.sync import sync_command
 
     sync_command(sweep, results_dir=results_dir, tracking_uri=tracking_uri)
 

@@ -202,7 +202,7 @@ def test_unknown_name():
 def test_builtin_models_and_their_tasks():
     """arith-tiny's recipe is frozen (its shipped weights are in use); arith-steps is the worked-steps
     task of the quickstart. `built_on_task` is the task a built-in model is for (eval uses it)."""
-    from clipbench.eval.commands import built_on_task
+    from clipbench.commands.eval import built_on_task
 
     assert DEFAULT_RECIPE is BUILTIN_RECIPES["arith-tiny"] and DEFAULT_RECIPE.task == ArithKnobs()
     steps = BUILTIN_RECIPES["arith-steps"]

@@ -127,7 +127,7 @@ def test_a_file_that_is_not_utf8_is_one_line(tmp_path):
 def test_every_field_declares_its_values():
     """A new field must say what it accepts: a range (schema.RANGES), a closed choice
     (load.choices) or be a bool; eval.benchmarks and objective are checked against their registries,
-    trl (GRPOConfig fields) by TRL."""
+    trl (GRPOConfig fields) by TRL, engine by the engines above config (clipbench.engines.check)."""
     import dataclasses
     import typing
 
@@ -142,7 +142,7 @@ def test_every_field_declares_its_values():
             else:
                 yield prefix + f.name, hints[f.name]
 
-    declared = set(RANGES) | set(choices()) | {"eval.benchmarks", "objective", "trl"}  # the last two: free-form
+    declared = set(RANGES) | set(choices()) | {"eval.benchmarks", "objective", "trl", "engine"}
     missing = [k for k, t in leaves(RunConfig) if t is not bool and k not in declared]
     assert missing == []
     assert not set(RANGES) & set(choices())  # one declaration per field

@@ -10,7 +10,7 @@ import torch
 
 from clipbench.rollout.base import Rollout
 from clipbench.tasks.base import Problem
-from clipbench.tasks.evaluate import batch_seed, evaluate, evaluate_and_store
+from clipbench.eval.evaluate import batch_seed, evaluate, evaluate_and_store
 from clipbench.tracking.store import RunDir
 
 
@@ -80,7 +80,7 @@ def test_sharded_evaluation_equals_one_process():
     repeats the last batch, discarded, to stay in lockstep; both return one process's payload."""
     import threading
 
-    from clipbench.tasks.evaluate import Shard
+    from clipbench.eval.evaluate import Shard
 
     problems = PROBLEMS * 2  # 6 prompts, batches of 2: three batches
     one = evaluate(ScriptedSampler(SCRIPT), {"toy": problems}, n=4, seed=7, grade=exact, batch_prompts=2)["toy"]
@@ -211,7 +211,7 @@ def saved_model(tiny_hf, tmp_path_factory):
 
 
 def test_eval_command_on_a_model_dir(saved_model, tmp_path, capsys):
-    from clipbench.eval.commands import eval_command
+    from clipbench.commands.eval import eval_command
 
     out = tmp_path / "out"
     summary = eval_command(model=str(saved_model), benchmarks="arith", n=2, data_dir=None, limit=3,
@@ -227,7 +227,7 @@ def test_eval_command_on_a_run_dir(saved_model, tmp_path):
     """A run directory: its last checkpoint, and `arith` drawn with the run's own task settings."""
     import yaml
 
-    from clipbench.eval.commands import eval_command, load_suite, resolve_target
+    from clipbench.commands.eval import eval_command, load_suite, resolve_target
     from clipbench.tasks.arith import ArithTask
 
     from clipbench.models import load_model_and_tokenizer
@@ -255,7 +255,7 @@ def test_eval_command_on_a_run_dir(saved_model, tmp_path):
 
 def test_eval_command_bad_input(tmp_path):
     from clipbench.errors import UserError
-    from clipbench.eval.commands import eval_command
+    from clipbench.commands.eval import eval_command
 
     kw = dict(model="x", n=2, data_dir=None, limit=None, max_new_tokens=4, temperature=1.0, seed=0,
               backend="hf", out=None)

@@ -213,7 +213,7 @@ def test_server_down_at_the_start_then_up_mid_sweep(tmp_path, server, monkeypatc
     second, whose run creates the sweep's parent; the sweep closes it. `sync` then adds the first run
     under the name the sweep gave it, with its real start and end times."""
     import clipbench.train.loop as loop
-    from clipbench.sweep.expand import run_label
+    from clipbench.config.labels import run_label
 
     f = write_sweep(tmp_path, "late", ["grpo", "dapo"], **{"train.steps": 2})
     res = tmp_path / "results"

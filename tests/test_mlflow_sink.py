@@ -14,7 +14,8 @@ import pytest
 from clipbench.config import load_run_config, run_id, to_dict
 from clipbench.tracking import mlflow_sink as ms
 from clipbench.tracking.store import RunDir
-from clipbench.tracking.sync import expected_metrics, sync_command
+from clipbench.commands.sync import sync_command
+from clipbench.tracking.sync import expected_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "arith_tiny.yaml"
@@ -189,7 +190,7 @@ def test_resumed_run_does_not_duplicate_steps_and_fresh_start_replaces_the_child
 
 
 def summarize_public(correct) -> dict:
-    from clipbench.tasks.passk import summarize
+    from clipbench.eval.passk import summarize
 
     s = summarize(correct)
     s.pop("per_problem")

@@ -215,7 +215,7 @@ def test_bool_and_bf16_inputs():
 def test_methods_table_renders():
     from rich.console import Console
 
-    from clipbench.objectives.catalog import print_methods
+    from clipbench.commands.methods import print_methods
 
     console = Console(record=True, width=200)
     print_methods(console)

@@ -22,7 +22,8 @@ import pytest
 from clipbench.errors import UserError
 from clipbench.report import stats
 from clipbench.report.analysis import analyze, run_quadrants
-from clipbench.report.commands import build_report, report_command
+from clipbench.commands.report import report_command
+from clipbench.report.build import build_report
 from clipbench.report.load import Run, assign_labels, load_sweep
 from clipbench.tracking.store import list_sweeps
 from clipbench.report.paper import load_paper

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from clipbench.report.analysis import analyze
-from clipbench.report.commands import build_report
+from clipbench.report.build import build_report
 from clipbench.report.load import load_sweep
 from clipbench.report.plots import _is_sparse, close_figures, make_figures
 from clipbench.report.render import to_markdown

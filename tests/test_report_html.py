@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clipbench.report.commands import report_command
+from clipbench.commands.report import report_command
 
 pytestmark = pytest.mark.slow  # renders and screenshots a real report
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from clipbench.report.commands import build_report, report_command
+from clipbench.commands.report import report_command
+from clipbench.report.build import build_report
 
 SWEEP_TINY = Path(__file__).resolve().parent.parent / "recipes" / "abc_grpo_table3" / "sweep_tiny.yaml"
 
@@ -20,7 +21,7 @@ SWEEP_TINY = Path(__file__).resolve().parent.parent / "recipes" / "abc_grpo_tabl
 @pytest.mark.slow
 @pytest.mark.slow
 def test_tiny_table3_pipeline(tmp_path):
-    from clipbench.sweep.commands import sweep_command
+    from clipbench.commands.sweep import sweep_command
 
     results = tmp_path / "results"
     sweep_command(SWEEP_TINY, ["seed=0", "train.steps=2", "eval.every=0", "eval.n=4", "eval.limit=8",

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from clipbench.config import load_run_config
-from clipbench.eval.commands import eval_command
+from clipbench.commands.eval import eval_command
 from clipbench.tasks import build_run_task
 from clipbench.tasks.arith import ArithTask
 from clipbench.tracking.store import RunDir

@@ -71,8 +71,8 @@ BAD = [
     ("missing-base-key", with_(base=None), "base", "missing"),
     ("unknown-override-key", with_(overrides={"train.lrr": 1.0}), "overrides.train.lrr", "did you mean 'train.lr'?"),
     ("override-bad-value", with_(overrides={"train.steps": 0}), "overrides.train.steps", "must be in [1, 1000000], got 0"),
-    ("inf-in-an-axis", with_(grid={"train.lr": [1.0e-6, 1.0e+400]}), "train.lr", "must be a finite number in (0, 1], got inf"),
-    ("model-path-in-an-axis", with_(grid={"model.name": ["builtin:arith-tiny", "/no/such/model"]}), "model.name",
+    ("inf-in-an-axis", with_(grid={"train.lr": [1.0e-6, 1.0e+400]}), "grid.train.lr", "must be a finite number in (0, 1], got inf"),
+    ("model-path-in-an-axis", with_(grid={"model.name": ["builtin:arith-tiny", "/no/such/model"]}), "grid.model.name",
      "no such path '/no/such/model'"),
     ("override-is-axis", with_(overrides={"seed": 3}), "overrides.seed", "also an axis"),
     ("zip-unequal", with_(zip={"train.lr": [1.0e-5, 2.0e-5], "train.warmup_steps": [0]}), "zip", "same length"),
@@ -81,7 +81,7 @@ BAD = [
     ("cross-field-override", with_(overrides={"train.mini_batches": 100}), "overrides.train.mini_batches",
      "cannot split"),
     ("cross-field-in-a-run", with_(grid={"sampler.group_size": [8, 2], "train.mini_batches": [4, 32]}),
-     "train.mini_batches", "cannot split a batch of 16 sequences (prompts_per_step x group_size) (in the run"),
+     "grid.train.mini_batches", "cannot split a batch of 16 sequences (prompts_per_step x group_size) (in the run"),
 ]
 
 

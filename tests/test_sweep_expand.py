@@ -194,20 +194,14 @@ def test_manifest_is_frozen_against_recipe_edits_and_appends_new_runs(tmp_path):
         assert m2["runs"][r] == m0["runs"][r]
 
 
-def test_ten_thousand_runs_expand_quickly(tmp_path):
-    import time
-
+def test_ten_thousand_runs_expand_to_distinct_valid_configs(tmp_path):
+    """The benchmark's grid (bench/bench_sweep.py times it): 10,000 distinct runs, each the loader's."""
     grid = {"objective.method": ["nsr", "decay"], "objective.p": [i / 10 for i in range(1, 11)],
             "objective.delta": [0.05, 0.1, 0.2, 0.3, 0.4], "train.lr": [1e-6 * (i + 1) for i in range(10)],
             "seed": list(range(10))}
     f = write_sweep(tmp_path, {"grid": grid})
-    spec = load_sweep(f)
-    expand(spec)  # warm imports and caches
-    t0 = time.perf_counter()
-    exp = expand(spec)
-    dt = time.perf_counter() - t0
+    exp = expand(load_sweep(f))
     assert len(exp.runs) == 2 * 10 * 5 * 10 * 10 == 10_000
-    assert dt < 5.0, f"{dt:.2f}s (target <= 1 s; bench/bench_sweep.py measures it)"
     sample = list(exp.runs.items())[::997]
     for rid, cfg in sample:
         assert run_id(cfg) == rid

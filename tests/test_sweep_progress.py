@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from clipbench.sweep.progress import SweepProgress
+from clipbench.commands.progress import SweepProgress
 
 
 def test_progress_bars_track_runs_steps_and_drop_late_events():

@@ -27,7 +27,7 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from clipbench.config import load_run_config  # noqa: E402
 from clipbench.errors import ConfigError  # noqa: E402
-from clipbench.integrations import check_run  # noqa: E402
+from clipbench.engines import check as check_run  # noqa: E402
 from clipbench.integrations.trl import ClipbenchGRPOTrainer  # noqa: E402
 from clipbench.tasks import build_task  # noqa: E402
 from clipbench.tracking.store import RunDir  # noqa: E402
@@ -212,7 +212,7 @@ def test_engine_axis_sweep_trains_with_trl_and_reports_side_by_side(tmp_path):
 def test_engine_trl_run_resumes_from_its_checkpoint_with_the_same_numbers(tmp_path):
     """Interrupted after 2 of 3 rollout steps (checkpoint after each), resumed through TRL's own resume:
     every metric of every optimizer step and the final evaluation equal an uninterrupted run's."""
-    from clipbench.integrations import train_run
+    from clipbench.engines import train_run
 
     cfg = load_run_config(RECIPE, ["engine=trl", *(f"{k}={v}" for k, v in {**TINY, "train.steps": 3}.items())])
     train_run(cfg, tmp_path / "full")

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from clipbench.cli import app
 from clipbench.config import load_run_config, to_dict
-from clipbench.integrations.verl_launch import export_task
+from clipbench.engines.verl import export_task
 from clipbench.integrations.verl_reward import compute_score
 from clipbench.tasks import build_task
 from pathlib import Path

@@ -7,6 +7,7 @@ Every failure is a `ConfigError(file, key, reason)`: one line, exit code 2 at th
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -141,9 +142,7 @@ def validate(data: Mapping, source: str | None = None) -> RunConfig:
     """A composed dict -> a validated RunConfig with the method's defaults filled into `objective`."""
     _check_unknown(data, RunConfig, "", source)
     try:
-        conf = OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.create(dict(data)))
-        conf = OmegaConf.to_container(conf, resolve=True)
-        cfg = from_dict(conf)
+        cfg = from_dict(data)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or None
         msg = str(e).splitlines()[0]
@@ -207,8 +206,6 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
 
     # cross-field rules
     tc, sc = cfg.train, cfg.sampler
-    if cfg.trl and cfg.engine != "trl":
-        err("trl", f"GRPOConfig settings for engine 'trl', but engine is '{cfg.engine}'")
     if tc.mini_batches > tc.prompts_per_step * sc.group_size:
         err("train.mini_batches", f"{tc.mini_batches} mini-batches cannot split a batch of "
             f"{tc.prompts_per_step * sc.group_size} sequences (prompts_per_step x group_size)")
@@ -270,13 +267,20 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
 
 
 def to_dict(cfg: RunConfig) -> dict:
-    """Plain, JSON-able, fully resolved dict."""
-    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[return-value]
+    """Plain, JSON-able, fully resolved dict (a validated RunConfig holds plain values only)."""
+    return dataclasses.asdict(cfg)
+
+
+@functools.lru_cache(maxsize=1)
+def _schema() -> DictConfig:
+    """The structured config of RunConfig, built once (OmegaConf.merge copies it)."""
+    return OmegaConf.structured(RunConfig)
 
 
 def from_dict(d: Mapping) -> RunConfig:
-    conf = OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.create(dict(d)))
-    return OmegaConf.to_object(conf)  # type: ignore[return-value]
+    """A RunConfig from a (nested) mapping, typed by OmegaConf's structured-config rules (strings
+    converted to numbers where the schema says so, unknown keys refused); values not checked."""
+    return OmegaConf.to_object(OmegaConf.merge(_schema(), OmegaConf.create(dict(d))))  # type: ignore[return-value]
 
 
 # Sections that do not change what a run computes, so they stay out of its identity.

@@ -32,7 +32,6 @@ from clipbench.tasks.arith import MAX_DIGITS, MAX_OPERANDS, VALID_OPS
 
 # Closed choices this schema owns (the trainer reads these fields); see `load.choices` for the rest.
 CHOICES: dict[str, tuple[str, ...]] = {
-    "engine": ("builtin", "trl"),
     "model.dtype": ("float32", "bfloat16", "float16", "auto"),
     "model.device": ("auto", "cpu", "cuda"),
     "sampler.old_logp": ("recompute", "sampler"),
@@ -325,7 +324,7 @@ class LaunchConfig:
 class RunConfig:
     seed: int = 0
     name: Optional[str] = None  # display name; the run_id is a hash of the resolved config
-    engine: str = "builtin"  # builtin: clipbench's GRPO loop; trl: TRL's GRPOTrainer (clipbench.integrations.trl)
+    engine: str = "builtin"  # which engine trains the run: `clipbench engines` (clipbench.engines) lists them
     trl: Dict[str, Any] = field(default_factory=dict)  # engine trl: extra GRPOConfig fields (deepspeed, vllm_mode, ...)
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -337,3 +336,24 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+
+
+def leaf_keys() -> tuple[str, ...]:
+    """Every dotted leaf key of RunConfig, in schema order ('objective' and 'trl' are free-form
+    mappings: one key each, checked against the method's parameters and TRL's GRPOConfig)."""
+    import typing
+    from dataclasses import fields, is_dataclass
+
+    out: list[str] = []
+
+    def walk(cls, prefix: str) -> None:
+        hints = typing.get_type_hints(cls)
+        for f in fields(cls):
+            kind = hints[f.name]
+            if is_dataclass(kind):
+                walk(kind, f"{prefix}{f.name}.")
+            else:
+                out.append(prefix + f.name)
+
+    walk(RunConfig, "")
+    return tuple(out)

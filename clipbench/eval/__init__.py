@@ -1,9 +1,12 @@
-"""`clipbench eval`: a model or a run's checkpoint on benchmarks (clipbench.eval.commands).
+"""Evaluation: n samples per problem, graded, as correctness matrices; Avg@n and unbiased Pass@k.
 
-The evaluation itself (sampling, grading, Avg@n / Pass@k) lives below the trainer and this command,
-in clipbench.tasks.evaluate and clipbench.tasks.passk; the metrics are re-exported here.
+    evaluate.py   the one evaluation of the project (the trainer of every engine, `clipbench eval`)
+    passk.py      Avg@n and unbiased Pass@k from a correctness matrix
+    suite.py      a run's benchmarks and the evaluation at a rollout step (stored, logged)
+
+It sits below the trainers and the commands, above tasks (problems, graders) and models.
 """
 
-from clipbench.tasks.passk import avg_at_n, default_ks, pass_at_k, pass_at_k_array, summarize
+from clipbench.eval.passk import avg_at_n, default_ks, pass_at_k, pass_at_k_array, summarize
 
 __all__ = ["avg_at_n", "default_ks", "pass_at_k", "pass_at_k_array", "summarize"]

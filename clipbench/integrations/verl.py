@@ -19,7 +19,7 @@ A verl user then selects a rule and sets its parameters with overrides:
         '+ray_kwargs.ray_init.runtime_env.env_vars.CLIPBENCH_RULE_PARAMS={"p": 0.5, "delta": 0.1}'
 
 Parameters, later wins: the registry's defaults; verl's own actor fields where they mean the same for
-verl's losses (`verl_launch.VERL_FIELDS`: `clip_ratio_low`/`clip_ratio_high` -> eps_low/eps_high, or
+verl's losses (`verl_settings.VERL_FIELDS`: `clip_ratio_low`/`clip_ratio_high` -> eps_low/eps_high, or
 dppo's div_low/div_high; `clip_ratio_c` -> dual_clip's c or dppo's is_cap; `tau_pos`/`tau_neg`;
 `policy_loss.dro_beta`, `policy_loss.clip_cov_*`, `policy_loss.kl_cov_ratio`, `policy_loss.ppo_kl_coef`);
 then the JSON object in the environment variable
@@ -55,13 +55,11 @@ from typing import Any
 
 import torch
 
-from clipbench.integrations.verl_launch import VERL_FIELDS
+from clipbench.integrations.verl_settings import PARAMS_ENV, PLUGINS_ENV, VERL_FIELDS
 from clipbench.objectives import METHODS, policy_loss, validate_params
 from clipbench.seeds import derive_seed as _seed  # the one seed derivation
 
 PREFIX = "clipbench."
-PARAMS_ENV = "CLIPBENCH_RULE_PARAMS"
-PLUGINS_ENV = "CLIPBENCH_PLUGINS"
 _CALLS = itertools.count()
 
 

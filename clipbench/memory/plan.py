@@ -1,11 +1,9 @@
 """A run config -> its memory plan per GPU, and the check a run makes before it loads anything.
 
     setup = setup_for(cfg, world_size=8, device_gib=80)      # the knobs that decide memory
-    preflight(cfg, model_path, world_size=8)                  # UserError naming the knob to turn
+    check_fits(cfg, model_path, world_size=8, device_gib=80)  # UserError naming the knob to turn
 
-`preflight` checks that sampler.sleep_mode can run here (CUDA, vllm backend); on a GPU it also reads
-the device's memory and raises a one-line UserError when the plan (clipbench.memory.estimator) says
-the run will not fit.
+Every run's preflight (clipbench.engines.preflight) runs `check_fits` with the GPU's memory.
 """
 
 from __future__ import annotations
@@ -79,22 +77,3 @@ def check_fits(cfg: RunConfig, model_path: str, *, world_size: int, device_gib: 
         where = f"{world_size} x {device_gib:.0f} GiB GPU" + ("s" if world_size > 1 else "")
         raise UserError(fit_message(plan, advise(shape, setup, nnodes=nnodes), where))
     return plan
-
-
-def preflight(cfg: RunConfig, model_path: str, *, world_size: int = 1, backend: str | None = None,
-              device=None) -> MemoryPlan | None:
-    """Before a run loads anything: sampler.sleep_mode can run here (else UserError, also on CPU),
-    and on a GPU `check_fits` with its memory (None on CPU). Call it on every rank, with the world
-    size; backend: the resolved sampler backend (default: resolved from the config)."""
-    import torch
-
-    from clipbench.rollout import check_sleep_mode, resolve_backend
-
-    backend = backend or resolve_backend(cfg.sampler.backend)
-    check_sleep_mode(cfg.sampler.sleep_mode, backend)
-    device = torch.device(device) if device is not None else (
-        torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
-    if device.type != "cuda":
-        return None
-    total = torch.cuda.get_device_properties(device).total_memory
-    return check_fits(cfg, model_path, world_size=world_size, device_gib=total / GIB, backend=backend)

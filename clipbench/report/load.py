@@ -14,7 +14,7 @@ from typing import Mapping
 
 from clipbench.errors import UserError, did_you_mean
 from clipbench.config import flatten
-from clipbench.sweep.expand import format_value
+from clipbench.config.labels import group_label
 from clipbench.tracking.store import RunDir, check_store_dir, list_sweeps, read_jsonl
 
 # Config keys that never make a method label: identity/bookkeeping, the seed (seeds are pooled),
@@ -155,8 +155,7 @@ def _assign_block_labels(runs: list[Run]) -> None:
 
     for r in runs:
         f = flat[r.run_id]
-        parts = [f"{short(k)}={format_value(f.get(k))}" for k in varying_obj[r.method] + varying_global]
-        r.label = r.method + (f"({', '.join(parts)})" if parts else "")
+        r.label = group_label(r.method, [(short(k), f.get(k)) for k in varying_obj[r.method] + varying_global])
 
 
 def resolve_baseline(labels: list[str], methods_by_label: Mapping[str, str], baseline: str | None) -> str | None:

@@ -3,7 +3,7 @@
 The problem is the unit of evaluation (docs/objectives.md, "Evaluation metrics"):
 
 - per problem, Avg@n is its mean correctness over n samples and Pass@k the unbiased estimator
-  ``1 - C(n-c, k) / C(n, k)`` (``clipbench.tasks.passk``); seeds of one method are averaged per
+  ``1 - C(n-c, k) / C(n, k)`` (``clipbench.eval.passk``); seeds of one method are averaged per
   problem first;
 - a 95% confidence interval over problems is Student's t interval of the mean of those per-problem
   values (``t_interval``, `scipy.stats.t`); the Average over benchmarks combines the benchmarks'
@@ -33,7 +33,7 @@ CI_LEVEL = 0.95
 def ks_for(n: int) -> list[int]:
     """Pass@k columns for n samples: the evaluation's k list (`passk.default_ks`) without k = 1, which is
     Avg@n: 2, 4, 8, ... below n, then n (the paper's k in {2..64} for n=64)."""
-    from clipbench.tasks.passk import default_ks
+    from clipbench.eval.passk import default_ks
 
     return [k for k in default_ks(n) if k > 1]
 
@@ -45,7 +45,7 @@ def metric_names(ks: Sequence[int]) -> list[str]:
 
 def per_problem_values(correct: np.ndarray, ks: Sequence[int]) -> dict[str, np.ndarray]:
     """correct (P, n) 0/1 -> {'avg': (P,), 'pass@k': (P,)} per-problem values in [0, 1]."""
-    from clipbench.tasks.passk import pass_at_k_array
+    from clipbench.eval.passk import pass_at_k_array
 
     correct = np.asarray(correct, dtype=float)
     if correct.ndim != 2:

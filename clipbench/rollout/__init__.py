@@ -52,13 +52,12 @@ def build_sampler(backend: str, model, tokenizer, *, max_new_tokens: int,
     check_sleep_mode(sleep_mode, backend)
     backend = resolve_backend(backend)
     if backend == "hf":
+        from clipbench.models import compute_dtype
         from clipbench.rollout.hf import HFSampler
-
-        import torch
 
         return HFSampler(model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
                          top_p=top_p, return_logprobs=return_logprobs, synced_gpus=synced_gpus,
-                         dtype=torch.float32 if dtype == "auto" else getattr(torch, dtype))
+                         dtype=compute_dtype(dtype, next(model.parameters()).device))
     from clipbench.rollout import vllm as vllm_backend
 
     if not vllm_backend.is_available():

@@ -63,6 +63,7 @@ import torch
 from clipbench.errors import UserError, unknown_choice
 from clipbench.models import shapes
 from clipbench.models import PROMPT_TOKENS as PROMPT_ROOM  # room for prompts beside completions
+from clipbench.models import compute_dtype
 from clipbench.rollout.base import Rollout, call_settings
 from clipbench.rollout.weights import training_weights
 
@@ -321,7 +322,7 @@ class VLLMSampler:
                 # one engine per rank inside the trainer's torchrun world (as TRL's colocate mode)
                 kwargs["distributed_executor_backend"] = "external_launcher"
             if kv_cache_bytes is None and current_platform.is_cpu():
-                torch_dtype = torch.float32 if dtype == "auto" else getattr(torch, dtype)
+                torch_dtype = compute_dtype(dtype, "cpu")
                 kv_cache_bytes = default_kv_cache_bytes(kv_bytes_per_token(hf_config, torch_dtype),
                                                         self.max_model_len, max_num_seqs)
             if kv_cache_bytes is not None:

@@ -8,7 +8,8 @@
 See docs/sweeps.md. The CLI entry point is `clipbench.sweep.commands.sweep_command`.
 """
 
-from clipbench.sweep.expand import Expansion, expand, label
+from clipbench.config.labels import label
+from clipbench.sweep.expand import Expansion, expand
 from clipbench.sweep.manifest import freeze, manifest_path, merge, read_manifest
 from clipbench.sweep.spec import SweepSpec, load_sweep
 

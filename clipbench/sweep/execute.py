@@ -12,7 +12,7 @@ the lock at once skips the run ("locked"), so two sweep processes on one results
 A run that raises is marked failed (error and traceback in status.json) and the sweep goes on.
 
 A run with `launch.nproc_per_node` N > 1 is trained by N torchrun processes on this node, each running
-`python -m clipbench.sweep.worker MANIFEST RUN_ID --as-rank`; this process keeps the lock and the
+`python -m clipbench.commands.worker MANIFEST RUN_ID --as-rank`; this process keeps the lock and the
 status, the ranks' output goes to `<run_dir>/torchrun.log`, and a rank that dies fails the run like
 any failing run (resumed from its checkpoint with --retry-failed). Its per-step progress is not shown.
 """
@@ -30,6 +30,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+from clipbench.config.labels import run_label
+from clipbench.errors import UserError, unknown_choice
+from clipbench.sweep.manifest import read_manifest
 from clipbench.tracking.lock import try_run_lock
 from clipbench.tracking.store import RunDir, atomic_write_json
 
@@ -53,6 +56,24 @@ class RunTask:
     @property
     def run_dir(self) -> RunDir:
         return RunDir(Path(self.results_dir) / self.sweep / self.run_id)
+
+
+def task_from_manifest(manifest: str | Path, run_id: str, *, retry_failed: bool = False,
+                       tracking_uri: str | None = None, parent_run_id: str | None = None,
+                       threads: int | None = None) -> RunTask:
+    path = Path(manifest).resolve()
+    m = read_manifest(path)
+    if m is None:
+        raise UserError(f"manifest not found: {path}")
+    if run_id not in m["runs"]:
+        raise UserError(f"{path}: " + unknown_choice("run id", run_id, list(m["runs"])[:20]))
+    from clipbench.objectives.plugins import check_plugin_records
+
+    check_plugin_records(m.get("plugins", []), f"sweep '{path.parent.name}'")
+    return RunTask(results_dir=str(path.parent.parent), sweep=path.parent.name, run_id=run_id,
+                   config=m["runs"][run_id], label=run_label(m["runs"][run_id], m.get("points", {}).get(run_id)),
+                   retry_failed=retry_failed, tracking_uri=tracking_uri, parent_run_id=parent_run_id,
+                   threads=threads)
 
 
 def checkpoint_step(rd: RunDir) -> int | None:
@@ -79,10 +100,6 @@ def _outcome(task: RunTask, outcome: str, t0: float, **extra) -> dict:
 
 
 def _make_sink(task: RunTask, cfg, rd: RunDir, resume: bool):
-    from clipbench.tracking.sink import NullSink
-
-    if not cfg.tracking.mlflow:
-        return NullSink()
     from clipbench.tracking.mlflow_sink import run_sink
 
     return run_sink(cfg, rd, results_dir=task.results_dir, sweep=task.sweep, tracking_uri=task.tracking_uri,
@@ -123,8 +140,7 @@ def run_one(task: RunTask, *, progress: Callable[[dict], None] | None = None,
             torch.set_num_threads(task.threads)
         _quiet_libraries()
         from clipbench.config import from_dict
-        from clipbench.integrations import train_run
-        from clipbench.train.launch import launch_ranks, run_as_rank
+        from clipbench.engines.launch import launch_ranks, run_as_rank
 
         cfg = from_dict(task.config)
         from_step = checkpoint_step(rd)
@@ -142,7 +158,7 @@ def run_one(task: RunTask, *, progress: Callable[[dict], None] | None = None,
         if n > 1:
             manifest = str(Path(task.results_dir) / task.sweep / "manifest.json")
             args = [manifest, task.run_id, "--as-rank", *_worker_args(task)]
-            rc = launch_ranks(n, "clipbench.sweep.worker", args, rd, log=rd.path / "torchrun.log")
+            rc = launch_ranks(n, "clipbench.commands.worker", args, rd, log=rd.path / "torchrun.log")
             if rc != 0:
                 return _outcome(task, "failed", t0, error=str(rd.status().get("error", f"exit code {rc}"))[:500])
             return _outcome(task, "resumed" if resume else "finished", t0, resumed_from=from_step)
@@ -153,7 +169,7 @@ def run_one(task: RunTask, *, progress: Callable[[dict], None] | None = None,
             return sinks[-1]
 
         try:
-            summary = run_as_rank(cfg, rd, train=train_run, resume=resume, make_sink=make_sink, progress=progress)
+            summary = run_as_rank(cfg, rd, resume=resume, make_sink=make_sink, progress=progress)
         except Exception as e:  # noqa: BLE001 - a failing run must not stop the sweep (run_as_rank marked it failed)
             return _outcome(task, "failed", t0, error=f"{type(e).__name__}: {e}"[:500])
         offline = bool(sinks) and getattr(sinks[0], "offline", False) and cfg.tracking.mlflow
@@ -164,7 +180,7 @@ def run_one(task: RunTask, *, progress: Callable[[dict], None] | None = None,
 
 
 def _worker_args(task: RunTask) -> list[str]:
-    """The options of `python -m clipbench.sweep.worker` that rebuild `task` from the manifest."""
+    """The options of `python -m clipbench.commands.worker` that rebuild `task` from the manifest."""
     args = ["--tracking-uri", task.tracking_uri] if task.tracking_uri else []
     args += ["--parent-run-id", task.parent_run_id] if task.parent_run_id else []
     return args + (["--retry-failed"] if task.retry_failed else [])
@@ -173,13 +189,12 @@ def _worker_args(task: RunTask) -> list[str]:
 def train_as_rank(task: RunTask) -> None:
     """One rank of a run that `run_one` launched over N processes (it holds the lock and the status)."""
     from clipbench.config import from_dict
-    from clipbench.integrations import train_run
-    from clipbench.train.launch import run_as_rank
+    from clipbench.engines.launch import run_as_rank
 
     _quiet_libraries()
     cfg, rd = from_dict(task.config), task.run_dir
     resume = checkpoint_step(rd) is not None
-    run_as_rank(cfg, rd, train=train_run, resume=resume, make_sink=lambda: _make_sink(task, cfg, rd, resume))
+    run_as_rank(cfg, rd, resume=resume, make_sink=lambda: _make_sink(task, cfg, rd, resume))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
-"""A small Hydra app that trains one run of a frozen manifest, for Hydra's launcher plugins.
+"""Hydra's launcher plugins for a sweep: which launchers exist, the command that starts them, per-run resources.
 
 `clipbench sweep FILE --launcher joblib|submitit_slurm|submitit_local|ray` freezes the manifest,
-then starts this app in multirun mode over the run ids still to do:
+then starts the Hydra app (clipbench.commands.hydra_job) in multirun mode over the run ids still to do:
 
-    python -m clipbench.sweep.hydra_app --multirun manifest=/abs/results/s/manifest.json \\
+    python -m clipbench.commands.hydra_job --multirun manifest=/abs/results/s/manifest.json \\
         run_id='1bd04df439fd','e6071dc50487' hydra/launcher=submitit_slurm \\
         hydra.launcher.partition=gpu hydra.launcher.gpus_per_node=1 hydra.launcher.timeout_min=240
 
@@ -18,9 +18,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from clipbench.errors import UserError, unknown_choice
 
@@ -32,18 +30,9 @@ LAUNCHERS: dict[str, tuple[str, str] | None] = {
     "submitit_local": ("hydra_plugins.hydra_submitit_launcher", "hydra-submitit-launcher"),
     "ray": ("hydra_plugins.hydra_ray_launcher", "hydra-ray-launcher"),
 }
+HYDRA_APP = "clipbench.commands.hydra_job"  # the app the launchers start (each job: one run)
 # Hydra override values are parsed by its grammar; a run id like 123e45678901 would become a float.
 MAX_IDS_PER_CALL = 4000  # keeps one argv element well under Linux's 128 KiB limit
-
-
-@dataclass
-class RunJob:
-    manifest: str = "???"
-    run_id: str = "???"
-    retry_failed: bool = False
-    tracking_uri: Optional[str] = None
-    parent_run_id: Optional[str] = None
-    threads: Optional[int] = None
 
 
 def check_launcher(name: str) -> None:
@@ -62,7 +51,7 @@ def hydra_command(manifest: str | Path, run_ids: list[str], *, launcher: str, jo
                   hydra_overrides: list[str] = (), retry_failed: bool = False, tracking_uri: str | None = None,
                   parent_run_id: str | None = None, threads: int | None = None, sweep_dir: str | Path) -> list[str]:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    cmd = [sys.executable, "-m", "clipbench.sweep.hydra_app", "--multirun",
+    cmd = [sys.executable, "-m", HYDRA_APP, "--multirun",
            f"manifest={_quote(Path(manifest).resolve())}",
            "run_id=" + ",".join(_quote(r) for r in run_ids),
            f"hydra/launcher={launcher}",
@@ -147,31 +136,3 @@ def launch(manifest: str | Path, run_ids: list[str], *, nprocs: dict[str, int] |
             cmd = hydra_command(manifest, ids[i:i + MAX_IDS_PER_CALL], **{**kw, "hydra_overrides": over})
             rc = max(rc, subprocess.run(cmd).returncode)
     return rc
-
-
-def _register() -> None:
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(name="clipbench_run", node=RunJob)
-
-
-def _job(cfg) -> dict:
-    from clipbench.sweep.execute import run_one
-    from clipbench.sweep.worker import task_from_manifest
-
-    task = task_from_manifest(cfg.manifest, str(cfg.run_id), retry_failed=bool(cfg.retry_failed),
-                              tracking_uri=cfg.tracking_uri, parent_run_id=cfg.parent_run_id, threads=cfg.threads)
-    res = run_one(task)
-    print(f"{res['outcome']:>9} {task.run_id} {task.label}", flush=True)
-    return res
-
-
-def main() -> None:  # pragma: no cover - exercised through `clipbench sweep --launcher`
-    import hydra
-
-    _register()
-    hydra.main(version_base=None, config_path=None, config_name="clipbench_run")(_job)()
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clipbench.sweep.expand import Expansion, label
+from clipbench.config.labels import label
+from clipbench.sweep.expand import Expansion
 from clipbench.sweep.spec import SweepSpec
 from clipbench.tracking.lock import manifest_lock
 from clipbench.errors import StoreError
@@ -56,6 +57,10 @@ class Merge:
     not_in_file: list[str]  # frozen runs the current sweep file no longer produces
     changed: bool  # the manifest must be (re)written
     warnings: list[str]
+
+    def new_runs(self) -> list[tuple[str, dict]]:
+        """(run id, config) of the runs this merge adds to the manifest."""
+        return [(rid, self.manifest["runs"][rid]) for rid in self.new]
 
 
 def _now() -> str:

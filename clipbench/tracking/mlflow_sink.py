@@ -359,7 +359,8 @@ def offline_sink(uri: str, rd: RunDir | None, reason: str, sync_hint: str = "cli
 
 def run_sink(cfg, rd: RunDir, *, results_dir: str | Path, sweep: str, tracking_uri: str | None = None,
              parent_run_id: str | None = None, run_name: str | None = None, resume: bool | None = None):
-    """The sink for one run: find its MLflow child run (tag run_id) or create it. Never raises.
+    """The sink for one run (the one factory: `clipbench train` and every sweep worker): a NullSink when
+    the run's tracking.mlflow is off, else its MLflow child run (tag run_id), found or created. Never raises.
 
     `resume=False` (a fresh start) replaces a child left by an earlier attempt (deleted, recreated),
     since the store restarts that run from scratch; otherwise the child is reused, steps already
@@ -369,6 +370,10 @@ def run_sink(cfg, rd: RunDir, *, results_dir: str | Path, sweep: str, tracking_u
 
     config = to_dict(cfg) if isinstance(cfg, RunConfig) else dict(cfg)
     tracking = config.get("tracking", {})
+    if not tracking.get("mlflow", True):
+        from clipbench.tracking.sink import NullSink
+
+        return NullSink()
     uri = resolve_tracking_uri(tracking_uri, tracking.get("tracking_uri"), results_dir)
     hint = sync_hint(sweep, results_dir, uri)
     rid = rd.run_id

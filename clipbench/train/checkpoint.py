@@ -130,6 +130,7 @@ def load_policy(path: Path, *, dtype: str = "float32", device: str = "cpu"):
         model.load_state_dict(sd)
     else:
         model = AutoModelForCausalLM.from_pretrained(path / "model", dtype=torch.float32)
-    if dtype == "auto":
-        dtype = "bfloat16" if torch.device(device).type == "cuda" else "float32"
-    return model.to(device=device, dtype=getattr(torch, dtype)).eval(), AutoTokenizer.from_pretrained(path / "model")
+    from clipbench.models import compute_dtype
+
+    return (model.to(device=device, dtype=compute_dtype(dtype, device)).eval(),
+            AutoTokenizer.from_pretrained(path / "model"))

@@ -51,7 +51,8 @@ from clipbench.objectives import finalize, histogram_dict
 from clipbench.rollout import build_sampler, resolve_backend
 from clipbench.objectives.corrections import Mismatch, mismatch_stats, sampler_mismatch
 from clipbench.tasks import build_run_task
-from clipbench.tasks.evaluate import Shard, evaluate_and_store
+from clipbench.eval.evaluate import Shard
+from clipbench.eval.suite import eval_suite, run_eval
 from clipbench.tracking.mlflow_sink import run_params
 from clipbench.tracking.sink import MetricSink, NullSink
 from clipbench.tracking.store import RunDir
@@ -82,36 +83,6 @@ def lr_lambda(tc):
 
 def planned_optimizer_steps(tc) -> int:
     return max(1, tc.steps * tc.mini_batches * tc.epochs)
-
-
-# ----------------------------------------------------------------------------------------------
-# Evaluation (Avg@n / Pass@k) at the start, every `eval.every` steps and at the end
-
-
-def eval_suite(cfg: RunConfig, task) -> dict[str, tuple[list, Callable]]:
-    """{benchmark: (problems, grade(completion, problem) -> bool)} for the run's eval config."""
-    from clipbench.tasks.benchmarks import benchmark_grader, load_benchmark
-
-    suite = {}
-    for name in cfg.eval.benchmarks:
-        if name == "arith" and cfg.task.name == "arith":  # the run's own held-out split and knobs
-            problems = list(task.test_problems())[: cfg.eval.limit or None]
-            suite[name] = (problems, task.is_correct)
-        else:
-            problems = load_benchmark(name, data_dir=cfg.eval.data_dir, limit=cfg.eval.limit)
-            suite[name] = (problems, benchmark_grader(name))
-    return suite
-
-
-def preflight(cfg: RunConfig) -> None:
-    """Fail before anything is written: the model resolves and its config loads, the task builds,
-    the eval benchmarks load, the sampler suits the launch. Raises UserError (exit 2 at the CLI)."""
-    check_model_config(cfg.model.name)
-    if cfg.launch.nproc_per_node > 1 and resolve_backend(cfg.sampler.backend) == "vllm":
-        raise UserError("sampler.backend: vllm over several processes is not wired into the trainer yet "
-                        "(clipbench.rollout.weights streams sharded weights); use sampler.backend=hf or "
-                        "launch.nproc_per_node=1")
-    eval_suite(cfg, build_run_task(cfg))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -349,25 +320,6 @@ def check_skipped(run: Run) -> None:
         raise RunFailed(f"train.max_skipped_frac: {skipped} of the run's {total} optimizer steps were skipped "
                         f"(non-finite gradient norm), more than {tc.max_skipped_frac:g} of them: the loss overflows; "
                         f"lower train.lr or train.beta (metrics.jsonl shows where it starts)")
-
-
-def run_eval(cfg: RunConfig, rd: RunDir, step: int, sampler, suite: dict, sink: MetricSink, *,
-             write: bool = True, shard: Shard | None = None) -> dict:
-    """Avg@n / Pass@k of every benchmark of `suite` at rollout step `step` (both engines). Every
-    process of a sharded run samples, in lockstep (with `shard`: each its share of the batches, the
-    graded results gathered); only the one with `write` stores and logs."""
-    payloads = evaluate_and_store(
-        rd if write else None, step, sampler, {name: problems for name, (problems, _) in suite.items()},
-        grade={name: grade_fn for name, (_, grade_fn) in suite.items()}, n=cfg.eval.n,
-        seed=derive_seed(cfg.seed, "eval", step), temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
-        max_new_tokens=cfg.eval.max_new_tokens or cfg.sampler.max_new_tokens, shard=shard)
-    flat = {f"eval/{name}/{k}": float(v) for name, payload in payloads.items()
-            for k, v in payload["summary"].items() if isinstance(v, (int, float))}
-    if write:
-        for name in payloads:
-            sink.log_artifact(rd.eval_path(step, name), f"eval/step_{step:06d}")
-        sink.log_metrics(step, flat)
-    return flat
 
 
 def evaluate_run(run: Run, step: int) -> dict:

@@ -16,17 +16,16 @@ from rich.console import Console
 
 from clipbench.config import load_run_config, run_id
 from clipbench.errors import RunFailed
-from clipbench.memory.plan import preflight as memory_preflight
 from clipbench.tracking.store import RunDir, check_writable_dir
-from clipbench.models import resolve_model_name
 from clipbench.train.checkpoint import find_checkpoint
 from clipbench.train.distributed import under_torchrun
-from clipbench.train.launch import launch_ranks, run_as_rank
+from clipbench.engines.launch import launch_ranks, run_as_rank
 
 
 def train_command(recipe: Path, overrides: list[str], *, resume: bool, results_dir: Path,
                   tracking_uri: str | None, nproc_per_node: int | None = None, plugins: list[str] = ()) -> dict:
-    from clipbench.integrations import preflight, train_run  # the run's engine (builtin loop or TRL)
+    from clipbench.engines import preflight
+    from clipbench.tracking.mlflow_sink import run_sink
 
     if nproc_per_node is not None:
         overrides = [*overrides, f"launch.nproc_per_node={nproc_per_node}"]
@@ -35,9 +34,7 @@ def train_command(recipe: Path, overrides: list[str], *, resume: bool, results_d
     rd = RunDir(Path(results_dir) / "train" / run_id(cfg))
     check_writable_dir(results_dir)  # a file, or not writable: one line, not a traceback
     rd.status(), rd.read_config()  # a damaged store file of this run: one line (StoreError) before any write
-    # sleep mode can run here; on a GPU: the run fits in its memory over launch.nproc_per_node ranks
-    memory_preflight(cfg, resolve_model_name(cfg.model.name), world_size=cfg.launch.nproc_per_node)
-    preflight(cfg)  # engine checks, then model, task and benchmarks load: still nothing written
+    preflight(cfg, str(recipe))  # engine keys, model, task, benchmarks, sleep mode, GPU memory: nothing written
     n = cfg.launch.nproc_per_node
     if n > 1 and not under_torchrun():  # this process only launches the ranks
         args = ["train", str(recipe), *overrides, "--results-dir", str(results_dir)]
@@ -65,20 +62,11 @@ def train_command(recipe: Path, overrides: list[str], *, resume: bool, results_d
         console.print(f"  step {ev['step']:>4}/{ev['steps']}  reward {ev['reward']:.3f}  acc {ev['accuracy']:.3f}  "
                       f"entropy {ev['entropy']:.3f}  clip events {int(ev['clip_events'])}  skipped {ev.get('skipped', 0)}")
 
-    summary = run_as_rank(cfg, rd, train=train_run, resume=resume, progress=progress, on_rank=on_rank,
-                          make_sink=lambda: _sink(cfg, results_dir, tracking_uri, rd, resume))
+    summary = run_as_rank(cfg, rd, resume=resume, progress=progress, on_rank=on_rank,
+                          make_sink=lambda: run_sink(cfg, rd, results_dir=results_dir, sweep="train",
+                                                     tracking_uri=tracking_uri, resume=resume))
     for k, v in sorted(summary.items()):
         if k.startswith("eval/"):
             console.print(f"  {k} = {v:.4f}")
     console.print(f"finished: {rd.path}")
     return summary
-
-
-def _sink(cfg, results_dir: Path, tracking_uri: str | None, rd: RunDir, resume: bool):
-    from clipbench.tracking.sink import NullSink
-
-    if not cfg.tracking.mlflow:
-        return NullSink()
-    from clipbench.tracking.mlflow_sink import run_sink
-
-    return run_sink(cfg, rd, results_dir=results_dir, sweep="train", tracking_uri=tracking_uri, resume=resume)

@@ -26,11 +26,12 @@ from rich.text import Text
 
 from clipbench.errors import UserError, unknown_choice
 from clipbench.sweep.execute import RunTask, checkpoint_step, classify, run_parallel, run_sequential
-from clipbench.sweep.expand import Expansion, expand, iter_summary, label, run_label
+from clipbench.config.labels import format_value, label, run_label
+from clipbench.sweep.expand import Expansion, expand, iter_summary
 from clipbench.sweep.manifest import freeze, manifest_path, manifest_runs, merge, read_manifest
+from clipbench.commands.progress import SweepProgress
 from clipbench.sweep.spec import SweepSpec, load_sweep
 from clipbench.tracking.store import RunDir, check_writable_dir, list_run_dirs
-from clipbench.sweep.expand import format_value
 
 
 AVG_KEY = re.compile(r"/avg@(\d+|n)$")  # eval/<benchmark>/avg@<n> (avg@n: a store from before n was named)
@@ -51,16 +52,55 @@ def plan(file: str | Path, overrides: list[str] = (), plugins: list[str] = ()) -
     return spec, expand(spec)
 
 
-ENGINES = ("builtin", "trl", "verl")
-
-
 def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, json_out: bool = False,
                   results_dir: Path = Path("results"), jobs: int = 1, launcher: str | None = None,
                   retry_failed: bool = False, tracking_uri: str | None = None,
                   plugins: list[str] = (), engine: str | None = None) -> dict[str, Any]:
-    out = Console(highlight=False, soft_wrap=False)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     run_overrides, hydra_overrides = split_overrides(list(overrides))
+    check_options(hydra_overrides, jobs=jobs, launcher=launcher, engine=engine)
+    if engine in ("builtin", "trl"):  # the run config's own key, for every run
+        run_overrides.append(f"engine={engine}")
+    spec, exp = plan(file, run_overrides, plugins)
+    results_dir = check_writable_dir(results_dir)
+    mpath = manifest_path(results_dir, spec.name)
+    existing = read_manifest(mpath)  # a damaged store: one line (StoreError), before anything is written
+    check_run_files(mpath.parent)
+    if engine == "verl":  # each run as a verl trainer command (clipbench.sweep.verl)
+        return verl_sweep(spec, exp, existing, results_dir=results_dir, dry_run=dry_run, json_out=json_out,
+                          launcher=launcher, hydra_overrides=hydra_overrides, tracking_uri=tracking_uri,
+                          retry_failed=retry_failed, err=err)
+    if dry_run or json_out:
+        return show_plan(spec, exp, existing, results_dir=results_dir, json_out=json_out, err=err)
+
+    if not launcher:  # runs entering the manifest pass the preflight (a launcher's nodes may see other files)
+        preflight_runs([cfg for rid, cfg in merge(existing, spec, exp).new_runs()])
+    mg = freeze(results_dir, spec, exp)  # the first write of this command
+    warn(err, list(exp.warnings) + mg.warnings)
+    runs = manifest_runs(mg.manifest)
+    tasks_all = [RunTask(results_dir=str(results_dir), sweep=spec.name, run_id=rid, config=cfg,
+                         label=run_label(cfg, point), retry_failed=retry_failed, tracking_uri=tracking_uri)
+                 for rid, cfg, point in runs]
+    states = {t.run_id: classify(t.run_dir, retry_failed) for t in tasks_all}
+    err.print(start_line(spec.name, len(runs), results_dir, states))
+    parent, uri, experiment = _parent_run(spec, runs, results_dir, tracking_uri, mpath)
+    tasks = [replace(t, parent_run_id=parent) for t in tasks_all if states[t.run_id] in ("resume", "start")]
+    try:
+        results, launcher_rc = execute(tasks, mpath, spec.name, jobs=jobs, launcher=launcher,
+                                       hydra_overrides=hydra_overrides, retry_failed=retry_failed,
+                                       tracking_uri=tracking_uri, parent=parent, err=err)
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted[/]: finished runs are kept; rerun the same command to resume")
+        _finish_parent(parent, uri, experiment, spec.name, "KILLED")
+        raise SystemExit(130) from None
+    return finish(spec.name, mg.manifest, tasks_all, results, launcher, launcher_rc, results_dir=results_dir,
+                  parent=parent, uri=uri, experiment=experiment, err=err)
+
+
+def check_options(hydra_overrides: list[str], *, jobs: int, launcher: str | None, engine: str | None) -> None:
+    """The command's own options, before anything is read: one line each (UserError)."""
+    from clipbench.engines import ENGINES
+
     if hydra_overrides and not launcher:
         raise UserError(f"'{hydra_overrides[0]}' is a Hydra launcher setting; it needs --launcher")
     if jobs < 1:
@@ -71,108 +111,124 @@ def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, js
         from clipbench.sweep.hydra_app import check_launcher
 
         check_launcher(launcher)
-    if engine in ("builtin", "trl"):  # the run config's own key, for every run
-        run_overrides.append(f"engine={engine}")
-    spec, exp = plan(file, run_overrides, plugins)
-    results_dir = check_writable_dir(results_dir)
-    mpath = manifest_path(results_dir, spec.name)
-    existing = read_manifest(mpath)  # a damaged store: one line (StoreError), before anything is written
-    check_run_files(mpath.parent)
-    if engine == "verl":  # each run as a verl trainer command (clipbench.integrations.verl_launch)
-        from clipbench.integrations.verl_launch import verl_sweep
 
-        return verl_sweep(spec, exp, results_dir=results_dir, dry_run=dry_run, json_out=json_out, launcher=launcher,
-                          hydra_overrides=hydra_overrides, tracking_uri=tracking_uri, retry_failed=retry_failed,
-                          err=err)
 
-    if dry_run or json_out:
-        mg = merge(existing, spec, exp)
-        for w in list(exp.warnings) + mg.warnings:
-            err.print(f"[yellow]warning:[/] {w}")
-        if json_out:
-            for rid, cfg, _ in manifest_runs(mg.manifest):
-                sys.stdout.write(json.dumps({"run_id": rid, "config": cfg}) + "\n")
-            sys.stdout.flush()
-        else:
-            out.print(plan_table(spec, exp, mg.manifest, results_dir, existing is not None, set(mg.new)))
-            out.print(_plan_line(spec, exp, mg.manifest, results_dir))
-        return {"sweep": spec.name, "runs": list(mg.manifest["runs"]), "written": False}
-
-    if not launcher:  # runs entering the manifest load (a launcher's nodes may see other files)
-        preview = merge(existing, spec, exp)
-        preflight_runs([preview.manifest["runs"][rid] for rid in preview.new])
-    mg = freeze(results_dir, spec, exp)  # the first write of this command
-    for w in list(exp.warnings) + mg.warnings:
+def warn(err: Console, warnings: list[str]) -> None:
+    for w in warnings:
         err.print(f"[yellow]warning:[/] {w}")
-    runs = manifest_runs(mg.manifest)
-    tasks_all = [RunTask(results_dir=str(results_dir), sweep=spec.name, run_id=rid, config=cfg,
-                         label=run_label(cfg, point), retry_failed=retry_failed, tracking_uri=tracking_uri)
-                 for rid, cfg, point in runs]
-    states = {t.run_id: classify(t.run_dir, retry_failed) for t in tasks_all}
+
+
+def show_plan(spec: SweepSpec, exp: Expansion, existing: dict | None, *, results_dir: Path, json_out: bool,
+              err: Console) -> dict[str, Any]:
+    """--dry-run / --json: the plan, nothing written."""
+    mg = merge(existing, spec, exp)
+    warn(err, list(exp.warnings) + mg.warnings)
+    if json_out:
+        for rid, cfg, _ in manifest_runs(mg.manifest):
+            sys.stdout.write(json.dumps({"run_id": rid, "config": cfg}) + "\n")
+        sys.stdout.flush()
+    else:
+        out = Console(highlight=False, soft_wrap=False)
+        out.print(plan_table(spec, exp, mg.manifest, results_dir, existing is not None, set(mg.new)))
+        out.print(_plan_line(spec, exp, mg.manifest, results_dir))
+    return {"sweep": spec.name, "runs": list(mg.manifest["runs"]), "written": False}
+
+
+def start_line(sweep: str, n_runs: int, results_dir: Path, states: dict[str, str]) -> str:
     counts = {s: sum(1 for v in states.values() if v == s) for s in ("finished", "failed", "resume", "start")}
-    err.print(f"sweep [bold]{spec.name}[/]: {len(runs)} runs -> {results_dir / spec.name}  "
-              f"({counts['finished']} finished, {counts['resume']} to resume, {counts['start']} to start"
-              + (f", {counts['failed']} failed: skipped (rerun them with --retry-failed)" if counts["failed"] else "")
-              + ")")
+    return (f"sweep [bold]{sweep}[/]: {n_runs} runs -> {results_dir / sweep}  "
+            f"({counts['finished']} finished, {counts['resume']} to resume, {counts['start']} to start"
+            + (f", {counts['failed']} failed: skipped (rerun them with --retry-failed)" if counts["failed"] else "")
+            + ")")
 
-    parent, uri, experiment = _parent_run(spec, runs, results_dir, tracking_uri, mpath)
-    tasks = [replace(t, parent_run_id=parent) for t in tasks_all
-             if states[t.run_id] in ("resume", "start")]
 
-    from clipbench.sweep.progress import SweepProgress
+def execute(tasks: list[RunTask], mpath: Path, sweep: str, *, jobs: int, launcher: str | None,
+            hydra_overrides: list[str], retry_failed: bool, tracking_uri: str | None, parent: str | None,
+            err: Console) -> tuple[list[dict], int]:
+    """Run the tasks: here (one at a time, or `jobs` worker processes) or through a Hydra launcher.
+    Returns (outcomes, the launcher's exit code)."""
+    if not tasks:
+        return [], 0
+    if launcher:
+        from clipbench.sweep.execute import threads_per_worker
+        from clipbench.sweep.hydra_app import launch
 
-    results: list[dict] = []
-    launcher_rc = 0
-    try:
-        if not tasks:
-            pass
-        elif launcher:
-            from clipbench.sweep.hydra_app import launch
-            from clipbench.sweep.execute import threads_per_worker
+        rc = launch(mpath, [t.run_id for t in tasks], launcher=launcher,
+                    nprocs={t.run_id: t.config.get("launch", {}).get("nproc_per_node", 1) for t in tasks},
+                    jobs=jobs if jobs > 1 else None, hydra_overrides=hydra_overrides, retry_failed=retry_failed,
+                    tracking_uri=tracking_uri, parent_run_id=parent,
+                    threads=threads_per_worker(jobs) if launcher == "joblib" else None, sweep_dir=mpath.parent)
+        return [_outcome_from_store(t) for t in tasks], rc
+    with SweepProgress(len(tasks), console=err, title=sweep) as ui:
+        return (run_parallel(tasks, jobs, ui) if jobs > 1 else run_sequential(tasks, ui)), 0
 
-            launcher_rc = launch(mpath, [t.run_id for t in tasks], launcher=launcher,
-                                 nprocs={t.run_id: t.config.get("launch", {}).get("nproc_per_node", 1) for t in tasks},
-                                 jobs=jobs if jobs > 1 else None, hydra_overrides=hydra_overrides,
-                                 retry_failed=retry_failed, tracking_uri=tracking_uri, parent_run_id=parent,
-                                 threads=threads_per_worker(jobs) if launcher == "joblib" else None,
-                                 sweep_dir=mpath.parent)
-            results = [_outcome_from_store(t) for t in tasks]
-        else:
-            with SweepProgress(len(tasks), console=err, title=spec.name) as ui:
-                results = run_parallel(tasks, jobs, ui) if jobs > 1 else run_sequential(tasks, ui)
-    except KeyboardInterrupt:
-        err.print("[yellow]interrupted[/]: finished runs are kept; rerun the same command to resume")
-        _finish_parent(parent, uri, experiment, spec.name, "KILLED")
-        raise SystemExit(130) from None
 
+def finish(sweep: str, manifest: dict, tasks_all: list[RunTask], results: list[dict], launcher: str | None,
+           launcher_rc: int, *, results_dir: Path, parent, uri, experiment, err: Console) -> dict[str, Any]:
+    """Close the MLflow parent, print the outcomes; exit 1 when a run failed in this invocation."""
     by_id = {r["run_id"]: r for r in results}
     final = {t.run_id: classify(t.run_dir) for t in tasks_all}
     all_done = all(s == "finished" for s in final.values())
-    _finish_parent(parent, uri, experiment, spec.name, "FINISHED" if all_done else ("FAILED" if any(
-        r["outcome"] in ("failed", "crashed") for r in results) else "RUNNING"))
+    failed = [r for r in results if r["outcome"] in ("failed", "crashed")]
+    _finish_parent(parent, uri, experiment, sweep, "FINISHED" if all_done else ("FAILED" if failed else "RUNNING"))
     if results:
         err.print(summary_table(tasks_all, by_id))
-    failed = [r for r in results if r["outcome"] in ("failed", "crashed")]
     locked = [r for r in results if r["outcome"] == "locked"]
     n_fin = sum(1 for s in final.values() if s == "finished")
-    err.print(f"{n_fin}/{len(runs)} runs finished" + (f"; {len(locked)} locked by another process" if locked else "")
+    err.print(f"{n_fin}/{len(tasks_all)} runs finished" + (f"; {len(locked)} locked by another process" if locked else "")
               + (f"; {len(failed)} failed (see status.json; rerun with --retry-failed)" if failed else ""))
     if uri and any(r.get("mlflow_offline") for r in results):
         from clipbench.tracking.mirror import sync_hint
 
         err.print(Text.assemble(("MLflow was unreachable for some runs", "yellow"),
-                                f": replay them with `{sync_hint(spec.name, results_dir, uri)}`"))
+                                f": replay them with `{sync_hint(sweep, results_dir, uri)}`"))
     incomplete = [r for r in results if r["outcome"] == "incomplete"]
     if launcher_rc and incomplete:  # the launcher itself failed (bad hydra.* setting, cluster unreachable)
         err.print(f"[red]error[/]: the {launcher} launcher exited with code {launcher_rc} and {len(incomplete)} "
                   "run(s) did not finish (its log is above); rerun the same command to resume them")
     if results:
-        _warm_metrics_cache(results_dir, spec.name)
-    summary = {"sweep": spec.name, "runs": list(mg.manifest["runs"]), "results": results, "written": True,
-               "finished": n_fin}
+        _warm_metrics_cache(results_dir, sweep)
     if failed or (launcher_rc and incomplete):
         raise SystemExit(1)
-    return summary
+    return {"sweep": sweep, "runs": list(manifest["runs"]), "results": results, "written": True, "finished": n_fin}
+
+
+def verl_sweep(spec: SweepSpec, exp: Expansion, existing: dict | None, *, results_dir: Path, dry_run: bool,
+               json_out: bool, launcher: str | None, hydra_overrides: list[str], tracking_uri: str | None,
+               retry_failed: bool, err: Console) -> dict[str, Any]:
+    """`--engine verl`: print each run's verl command (--dry-run, --json), or freeze and submit them."""
+    from clipbench.engines.verl import check_can_launch, shell_line
+    from clipbench.sweep.verl import submit_verl, verl_plans
+
+    mpath = manifest_path(results_dir, spec.name)
+    if dry_run or json_out:
+        mg = merge(existing, spec, exp)
+        warn(err, list(exp.warnings) + mg.warnings)
+        for p in verl_plans(mg.manifest, spec.name, results_dir=results_dir, hydra_overrides=hydra_overrides,
+                            tracking_uri=tracking_uri):
+            if json_out:
+                sys.stdout.write(json.dumps({"run_id": p["run_id"], "label": p["label"], "env": p["env"],
+                                             "command": p["command"], "data_dir": p["data_dir"]}) + "\n")
+            else:
+                line = shell_line(p["command"], p["env"], sep=" \\\n    ")
+                sys.stdout.write(f"# {p['run_id']}  {p['label']}\n{line}\n\n")
+        sys.stdout.flush()
+        if not json_out:
+            err.print(f"{len(mg.manifest['runs'])} verl runs of sweep {spec.name} (dry run: nothing written)")
+        return {"sweep": spec.name, "runs": list(mg.manifest["runs"]), "written": False}
+    check_can_launch(launcher)  # before anything is written
+    mg = freeze(results_dir, spec, exp)
+    warn(err, list(exp.warnings) + mg.warnings)
+    plans = verl_plans(mg.manifest, spec.name, results_dir=results_dir, hydra_overrides=hydra_overrides,
+                       tracking_uri=tracking_uri)
+    skipped, submitted = submit_verl(plans, mpath.parent, launcher=launcher, hydra_overrides=hydra_overrides,
+                                     retry_failed=retry_failed)
+    for p in skipped:
+        err.print(f"{p['run_id']} {p['label']}: already submitted ({p['status']['submitted'].get('job')}); skipped")
+    for s in submitted:
+        err.print(f"{s['plan']['run_id']} {s['plan']['label']}: {launcher or 'local'} {s['job']}")
+    return {"sweep": spec.name, "runs": list(mg.manifest["runs"]), "written": True,
+            "submitted": [{"run_id": s["plan"]["run_id"], "job": s["job"]} for s in submitted]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,7 +247,7 @@ def preflight_runs(configs: list[dict]) -> None:
     runs entering the manifest (seeds and objectives share one), before it is written; runs frozen
     earlier were checked when they entered it."""
     from clipbench.config import from_dict
-    from clipbench.integrations import preflight  # the run's engine checks, then model, task, benchmarks
+    from clipbench.engines import preflight  # the run's engine checks, then model, task, benchmarks, memory
 
     seen = set()
     for cfg in configs:

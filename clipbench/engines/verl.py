@@ -34,31 +34,16 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from clipbench.errors import UserError
+from clipbench.integrations.verl_settings import MODULE, PARAMS_ENV, PLUGINS_ENV, VERL_FIELDS
 from clipbench.models import PROMPT_TOKENS
 
 A, R, REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
-MODULE = "clipbench.integrations.verl"
 _PLAIN = re.compile(r"[A-Za-z_/.~][A-Za-z0-9_./:@+~-]*")
 ADV = {"group": "grpo", "group_mean": "grpo", "rloo": "rloo"}
-# clipbench parameter <- verl actor field(s) that mean the same for verl's own losses (first one set
-# wins; the one owner of this mapping: the registered losses read it, the generated commands set the
-# first field of each).
-VERL_FIELDS = {
-    "eps_low": ("clip_ratio_low", "clip_ratio"), "eps_high": ("clip_ratio_high", "clip_ratio"),
-    "c": ("clip_ratio_c",), "tau_pos": ("tau_pos",), "tau_neg": ("tau_neg",),
-    "div_low": ("clip_ratio_low", "clip_ratio"), "div_high": ("clip_ratio_high", "clip_ratio"),  # dppo_*
-    "is_cap": ("clip_ratio_c",),  # dppo_*: the importance-sampling cap
-    "dro_beta": ("policy_loss.dro_beta",), "clip_cov_ratio": ("policy_loss.clip_cov_ratio",),
-    "clip_cov_lb": ("policy_loss.clip_cov_lb",), "clip_cov_ub": ("policy_loss.clip_cov_ub",),
-    "kl_cov_ratio": ("policy_loss.kl_cov_ratio",), "ppo_kl_coef": ("policy_loss.ppo_kl_coef",),
-}
-
-
 def _hydra_value(v: Any) -> str:
     """A value in Hydra's override grammar."""
     if isinstance(v, bool):
@@ -94,7 +79,7 @@ def export_task(cfg: dict, out_dir: Path) -> tuple[Path, Path]:
 
     from clipbench.config import from_dict
     from clipbench.tasks import build_task
-    from clipbench.train.loop import eval_suite
+    from clipbench.eval.suite import eval_suite
 
     out_dir = Path(out_dir)
     train, val = out_dir / "train.parquet", out_dir / "val.parquet"
@@ -128,16 +113,16 @@ def rule_env(cfg: dict) -> dict[str, str]:
     (absolute paths once the config is composed: they must exist on the workers' nodes)."""
     obj = dict(cfg["objective"])
     obj.pop("method")
-    env = {"VERL_USE_EXTERNAL_MODULES": MODULE, "CLIPBENCH_RULE_PARAMS": json.dumps(obj, sort_keys=True)}
+    env = {"VERL_USE_EXTERNAL_MODULES": MODULE, PARAMS_ENV: json.dumps(obj, sort_keys=True)}
     if cfg.get("plugins"):
-        env["CLIPBENCH_PLUGINS"] = os.pathsep.join(cfg["plugins"])
+        env[PLUGINS_ENV] = os.pathsep.join(cfg["plugins"])
     return env
 
 
 def verl_overrides(cfg: dict, *, run_dir: Path, data: tuple[Path, Path], experiment: str, n_gpus: int = 8,
                    nnodes: int = 1, tracking_uri: str | None = None) -> list[str]:
     """verl main_ppo Hydra overrides for one resolved clipbench run config (see the module docstring)."""
-    from clipbench.models import resolve_model_name
+    from clipbench.models import compute_dtype, dtype_name, resolve_model_name
 
     tc, sc, ev, obj = cfg["train"], cfg["sampler"], cfg["eval"], dict(cfg["objective"])
     method = obj.pop("method")
@@ -146,6 +131,7 @@ def verl_overrides(cfg: dict, *, run_dir: Path, data: tuple[Path, Path], experim
         raise UserError(f"engine verl: verl's mini-batches count prompts; train.prompts_per_step={P} does not split "
                         f"into train.mini_batches={M}")
     model = resolve_model_name(cfg["model"]["name"])
+    dtype = dtype_name(compute_dtype(cfg["model"]["dtype"], "cuda", bf16_supported=True))  # verl runs on GPUs
     o: dict[str, Any] = {
         "algorithm.adv_estimator": ADV[tc["advantage"]],
         "algorithm.norm_adv_by_std_in_grpo": tc["advantage"] == "group",
@@ -155,6 +141,7 @@ def verl_overrides(cfg: dict, *, run_dir: Path, data: tuple[Path, Path], experim
         "data.max_response_length": sc["max_new_tokens"], "data.seed": cfg["seed"],
         "actor_rollout_ref.model.path": model,
         "actor_rollout_ref.model.enable_gradient_checkpointing": cfg["model"]["gradient_checkpointing"],
+        f"{A}.fsdp_config.dtype": dtype, f"{R}.dtype": dtype, f"{R}.free_cache_engine": sc["sleep_mode"],
         f"{A}.policy_loss.loss_mode": f"clipbench.{method}",
         f"{A}.loss_agg_mode": tc["agg"], f"{A}.loss_scale_factor": sc["max_new_tokens"],
         f"{A}.ppo_mini_batch_size": P // M, f"{A}.ppo_epochs": tc["epochs"], f"{A}.use_dynamic_bsz": True,
@@ -184,6 +171,7 @@ def verl_overrides(cfg: dict, *, run_dir: Path, data: tuple[Path, Path], experim
         o[f"{A}.ppo_max_token_len_per_gpu"] = tc["micro_batch_tokens"]
     out = [f"{k}={_hydra_value(v)}" for k, v in o.items()]
     env = rule_env(cfg)
+    tracking_uri = tracking_uri or cfg["tracking"].get("tracking_uri")
     if tracking_uri:
         env["MLFLOW_TRACKING_URI"] = tracking_uri
     out += [f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={_hydra_value(v)}" for k, v in env.items()]
@@ -282,64 +270,3 @@ def _submit_slurm(plans: list[dict], settings: dict, sweep_dir: Path) -> list[di
         job = ex.submit(submitit.helpers.CommandFunction(p["command"], env={**os.environ, **p["env"]}))
         out.append({"run_id": p["run_id"], "job": str(job.job_id)})
     return out
-
-
-def print_plans(plans: list[dict], *, json_out: bool) -> None:
-    for p in plans:
-        if json_out:
-            sys.stdout.write(json.dumps({"run_id": p["run_id"], "label": p["label"], "env": p["env"],
-                                         "command": p["command"], "data_dir": p["data_dir"]}) + "\n")
-        else:
-            line = shell_line(p["command"], p["env"], sep=" \\\n    ")
-            sys.stdout.write(f"# {p['run_id']}  {p['label']}\n{line}\n\n")
-    sys.stdout.flush()
-
-
-def verl_sweep(spec, exp, *, results_dir: Path, dry_run: bool, json_out: bool, launcher: str | None,
-               hydra_overrides: list[str], tracking_uri: str | None, retry_failed: bool, err) -> dict:
-    """The `--engine verl` branch of `clipbench sweep` (the plan is already expanded and validated)."""
-    from clipbench.sweep.expand import run_label
-    from clipbench.sweep.manifest import freeze, manifest_path, manifest_runs, merge, read_manifest
-    from clipbench.tracking.store import RunDir
-
-    results_dir = Path(results_dir)
-    mpath = manifest_path(results_dir, spec.name)
-    gpus = next((o.split("=", 1)[1] for o in hydra_overrides if o.lstrip("+").startswith("hydra.launcher.gpus_per_node=")), None)
-    nodes = next((o.split("=", 1)[1] for o in hydra_overrides if o.lstrip("+").startswith("hydra.launcher.nodes=")), None)
-
-    def plans_of(manifest: dict) -> list[dict]:
-        runs = [(rid, cfg, run_label(cfg, point)) for rid, cfg, point in manifest_runs(manifest)]
-        n_gpus = int(gpus or next((cfg.get("launch", {}).get("nproc_per_node") for _, cfg, _ in runs
-                                   if cfg.get("launch", {}).get("nproc_per_node")), 8))
-        return plan_runs(runs, results_dir=results_dir, sweep=spec.name, tracking_uri=tracking_uri, n_gpus=n_gpus,
-                         nnodes=int(nodes or 1))
-
-    if dry_run or json_out:
-        existing = read_manifest(mpath) if mpath.is_file() else None
-        mg = merge(existing, spec, exp)
-        for w in list(exp.warnings) + mg.warnings:
-            err.print(f"[yellow]warning:[/] {w}")
-        print_plans(plans_of(mg.manifest), json_out=json_out)
-        if not json_out:
-            err.print(f"{len(mg.manifest['runs'])} verl runs of sweep {spec.name} (dry run: nothing written)")
-        return {"sweep": spec.name, "runs": list(mg.manifest["runs"]), "written": False}
-
-    check_can_launch(launcher)  # before anything is written
-    mg = freeze(results_dir, spec, exp)
-    for w in list(exp.warnings) + mg.warnings:
-        err.print(f"[yellow]warning:[/] {w}")
-    todo = []
-    for p in plans_of(mg.manifest):
-        st = RunDir(mpath.parent / p["run_id"]).status()
-        if st.get("submitted") and not retry_failed:
-            err.print(f"{p['run_id']} {p['label']}: already submitted ({st['submitted'].get('job')}); skipped")
-        else:
-            todo.append(p)
-    jobs = submit(todo, launcher=launcher, hydra_overrides=hydra_overrides, sweep_dir=mpath.parent) if todo else []
-    for p, j in zip(todo, jobs):
-        rd = RunDir(mpath.parent / p["run_id"])
-        rd.write_config(p["config"])
-        rd.set_status("pending", engine="verl", submitted={"launcher": launcher or "local", "job": j["job"],
-                                                           "command": shell_line(p["command"], p["env"])})
-        err.print(f"{p['run_id']} {p['label']}: {launcher or 'local'} {j['job']}")
-    return {"sweep": spec.name, "runs": list(mg.manifest["runs"]), "written": True, "submitted": jobs}

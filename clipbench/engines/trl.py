@@ -39,24 +39,17 @@ from typing import Callable
 
 from clipbench.errors import ConfigError, UserError, did_you_mean
 
-# (key, is-unsupported predicate on the RunConfig, reason): settings TRL's GRPOTrainer has no counterpart for.
-UNSUPPORTED = (
-    ("train.advantage", lambda c: c.train.advantage == "rloo",
-     "engine 'trl' has no rloo advantage (TRL's GRPOTrainer: group or group_mean)"),
-    ("train.dynamic_sampling", lambda c: c.train.dynamic_sampling,
-     "engine 'trl' has no DAPO dynamic sampling; use engine builtin"),
-    ("train.overlong.enabled", lambda c: c.train.overlong.enabled,
-     "engine 'trl' has no overlong reward shaping; use engine builtin"),
-    ("sampler.old_logp", lambda c: c.sampler.old_logp == "sampler",
-     "engine 'trl' recomputes old log-probs itself (TRL's vLLM importance-sampling correction applies)"),
-)
 # GRPOConfig fields clipbench derives from the run config (a `trl:` entry may not set them).
 DERIVED = ("output_dir", "seed", "num_generations", "per_device_train_batch_size", "steps_per_generation",
            "generation_batch_size", "max_steps", "num_train_epochs", "num_iterations", "max_completion_length",
            "temperature", "top_p", "learning_rate", "adam_beta1", "adam_beta2", "weight_decay", "warmup_steps",
            "lr_scheduler_type", "max_grad_norm", "beta", "scale_rewards", "logging_steps", "save_strategy",
            "save_steps", "eval_strategy", "use_cpu", "bf16", "fp16", "gradient_checkpointing", "use_vllm",
-           "vllm_gpu_memory_utilization", "loss_type", "epsilon", "epsilon_high")
+           "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode", "vllm_importance_sampling_correction",
+           "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min",
+           "vllm_importance_sampling_cap", "loss_type", "epsilon", "epsilon_high")
+# sampler.mismatch_is -> TRL's vllm_importance_sampling_mode (truncated importance sampling, capped above)
+MISMATCH_MODES = {"token": "token_truncate", "sequence": "sequence_truncate"}
 
 
 def _grpo_fields() -> list[str]:
@@ -68,10 +61,11 @@ def _grpo_fields() -> list[str]:
 
 
 def check_config(cfg, source: str | None = None) -> None:
-    """ConfigError for settings TRL cannot honour and for bad `trl:` entries."""
-    for key, bad, reason in UNSUPPORTED:
-        if bad(cfg):
-            raise ConfigError(source, key, reason)
+    """ConfigError for bad `trl:` entries and for what needs two keys together (the one-key refusals
+    are the engines' table, clipbench.engines.keys)."""
+    if cfg.sampler.mismatch_is != "none" and not _uses_vllm(cfg):
+        raise ConfigError(source, "sampler.mismatch_is", "engine 'trl' corrects the sampler mismatch only with "
+                          "sampler.backend=vllm (TRL has no sampler log-probs without vLLM)")
     if cfg.trl:
         known = _grpo_fields()
         for k in cfg.trl:
@@ -79,7 +73,7 @@ def check_config(cfg, source: str | None = None) -> None:
                 raise ConfigError(source, f"trl.{k}", "not a GRPOConfig field" + did_you_mean(k, known))
             if k in DERIVED:
                 raise ConfigError(source, f"trl.{k}", "clipbench sets it from the run config; set the run config's "
-                                  "own key instead (see clipbench.integrations.trl_engine)")
+                                  "own key instead (`clipbench engines` lists the mapping)")
     k = cfg.trl.get("gradient_accumulation_steps", 1)
     per_step = cfg.train.prompts_per_step * cfg.sampler.group_size
     if isinstance(k, bool) or not isinstance(k, int) or k < 1 or per_step % (cfg.train.mini_batches * k):
@@ -88,15 +82,26 @@ def check_config(cfg, source: str | None = None) -> None:
                           f"{cfg.train.mini_batches} mini-batches evenly, got {k!r}")
 
 
+def _uses_vllm(cfg) -> bool:
+    from clipbench.rollout import resolve_backend
+
+    return resolve_backend(cfg.sampler.backend) == "vllm"
+
+
 def optimizer_steps_per_rollout(cfg) -> int:
     return cfg.train.mini_batches * cfg.train.epochs
 
 
 def grpo_args(cfg, run_dir: Path, *, world_size: int, use_cpu: bool):
     """The GRPOConfig of a run (see the module docstring for the mapping)."""
+    import torch
     from trl import GRPOConfig
 
+    from clipbench.models import compute_dtype
+    from clipbench.train.distributed import resolve_device
+
     tc, sc = cfg.train, cfg.sampler
+    dtype = compute_dtype(cfg.model.dtype, resolve_device(cfg.model.device))
     extra = dict(cfg.trl)
     k = int(extra.pop("gradient_accumulation_steps", 1))
     per_step = tc.prompts_per_step * sc.group_size
@@ -114,9 +119,12 @@ def grpo_args(cfg, run_dir: Path, *, world_size: int, use_cpu: bool):
         weight_decay=tc.weight_decay, warmup_steps=tc.warmup_steps, lr_scheduler_type=schedule[tc.lr_schedule],
         max_grad_norm=tc.grad_clip, beta=tc.beta, scale_rewards="group" if tc.advantage == "group" else "none",
         logging_steps=1, save_strategy="steps", save_steps=tc.checkpoint_every * per_rollout, eval_strategy="no",
-        use_cpu=use_cpu, bf16=cfg.model.dtype == "bfloat16", fp16=cfg.model.dtype == "float16",
-        gradient_checkpointing=cfg.model.gradient_checkpointing, use_vllm=sc.backend == "vllm",
-        vllm_gpu_memory_utilization=sc.gpu_memory_utilization, report_to="none", disable_tqdm=True,
+        use_cpu=use_cpu, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
+        gradient_checkpointing=cfg.model.gradient_checkpointing, use_vllm=_uses_vllm(cfg),
+        vllm_gpu_memory_utilization=sc.gpu_memory_utilization, vllm_enable_sleep_mode=sc.sleep_mode,
+        vllm_importance_sampling_correction=sc.mismatch_is != "none",
+        vllm_importance_sampling_mode=MISMATCH_MODES.get(sc.mismatch_is, "token_truncate"),
+        vllm_importance_sampling_clip_max=sc.mismatch_is_cap, report_to="none", disable_tqdm=True,
     )
     kw.update(extra)
     return GRPOConfig(**kw)
@@ -161,7 +169,7 @@ def make_store_callback(cfg, rd, *, sink, progress, suite, tokenizer):
 
         def evaluate(self, step: int, model) -> dict:
             from clipbench.rollout import build_sampler
-            from clipbench.train.loop import run_eval
+            from clipbench.eval.suite import run_eval
 
             sampler = build_sampler("hf", model, tokenizer, max_new_tokens=cfg.sampler.max_new_tokens,
                                     temperature=cfg.sampler.temperature, top_p=cfg.sampler.top_p, seed=cfg.seed)
@@ -290,7 +298,7 @@ def run_trl(cfg, run_dir: Path, *, resume: bool = False, sink=None,
     from clipbench.models import load_model_and_tokenizer, resolve_model_name
     from clipbench.train.checkpoint import find_checkpoint
     from clipbench.train.distributed import resolve_device
-    from clipbench.train.loop import eval_suite
+    from clipbench.eval.suite import eval_suite
 
     check_config(cfg)
     sink = sink or NullSink()

@@ -1,12 +1,14 @@
-"""`clipbench report [SWEEP] --baseline METHOD --format rich|markdown|latex|csv|html`.
+"""A sweep's report, from the results store only (works offline): the analysis, the tables, the files.
 
-Reads the results store only (works offline). Writes to ``--out`` (default
-``<results>/reports/<sweep>/``): ``report.json`` (every number) always, plus
+    sweep, result, tables, header = build_report(results_dir, "quickstart", baseline="grpo")
+    write_report(sweep, result, tables, header, "html", out_dir)     # -> the paths written
+
+Files per format, in ``out_dir``: ``report.json`` (every number) always, plus
     markdown  report.md and the figures as plots/*.png
     latex     report.tex (booktabs fragment)
     csv       one <table>.csv per table
     html      report.html: one self-contained page (tables + figures as base64 PNG)
-rich prints the tables to the terminal. Paths written are printed, the HTML page last.
+(`rich`, the terminal, writes report.json only: the command prints the tables.)
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from clipbench.report.analysis import analyze
 from clipbench.report.claims import as_dicts, evaluate_claims
 from clipbench.report.load import Sweep, load_sweep
 from clipbench.report.tables import Table, build_tables, model_title
-from clipbench.tracking.store import atomic_write_json, check_store_dir, check_writable_dir, list_sweeps
+from clipbench.tracking.store import atomic_write_json
 
 
 def header_lines(sweep: Sweep, result: dict) -> list[str]:
@@ -80,21 +82,17 @@ def _figures_png(sweep: Sweep, result: dict) -> dict[str, bytes]:
     return out
 
 
-def write_report(sweep: Sweep, result: dict, tables: list[Table], header: list[str], fmt: str, out_dir: Path,
-                 console=None) -> list[Path]:
+def write_report(sweep: Sweep, result: dict, tables: list[Table], header: list[str], fmt: str,
+                 out_dir: Path) -> list[Path]:
     """Write the files of one format (and report.json); returns the paths written (HTML page last)."""
+    if fmt not in render.FORMATS:
+        raise UserError("--format: " + unknown_choice("format", fmt, render.FORMATS))
     out_dir.mkdir(parents=True, exist_ok=True)
     title = f"clipbench report: {sweep.name}"
     written: list[Path] = []
     atomic_write_json(out_dir / "report.json", result)
     written.append(out_dir / "report.json")
-    if fmt == "rich":
-        console = console or render.report_console()
-        for line in header:
-            console.print(line, highlight=False)
-        console.print()
-        render.print_rich(tables, console)
-    elif fmt == "markdown":
+    if fmt == "markdown":
         rel = {}
         for name, png in _figures_png(sweep, result).items():
             p = out_dir / "plots" / f"{name}.png"
@@ -111,27 +109,4 @@ def write_report(sweep: Sweep, result: dict, tables: list[Table], header: list[s
     elif fmt == "html":
         page = render.html_document(title, header, tables, _figures_png(sweep, result))
         written.append(render.write_text(out_dir / "report.html", page))
-    return written
-
-
-def report_command(sweep: str | None, *, baseline: str | None, fmt: str, results_dir: Path,
-                   out: Path | None) -> list[Path]:
-    if fmt not in render.FORMATS:
-        raise UserError("--format: " + unknown_choice("format", fmt, render.FORMATS))
-    results_dir = check_store_dir(results_dir)
-    names = [sweep] if sweep else list_sweeps(results_dir)
-    if not names:
-        raise UserError(f"no sweeps with runs in {results_dir}; run `clipbench sweep FILE --results-dir {results_dir}` first")
-    written: list[Path] = []
-    for name in names:
-        s, result, tables, header = build_report(results_dir, name, baseline)
-        if out is None:
-            out_dir = check_writable_dir(results_dir / "reports" / name, "report directory")
-        else:
-            out_dir = check_writable_dir(Path(out) if len(names) == 1 else Path(out) / name, "--out")
-        paths = write_report(s, result, tables, header, fmt, out_dir)
-        written += paths
-        for p in paths:
-            if p.suffix != ".png" and p.name != "report.json":  # report.json: always, see docs/reports.md
-                print(p)
     return written

@@ -9,7 +9,7 @@ the end of a run) and by `clipbench eval`; it sits below both (tasks own problem
 One payload per benchmark (what ``RunDir.write_eval`` stores and the report reads):
 
     {"benchmark": str, "n": int, "seed": int, "problem_ids": [P ids], "correct": P x n 0/1 lists,
-     "summary": clipbench.tasks.passk.summarize(correct) without per-problem arrays,
+     "summary": clipbench.eval.passk.summarize(correct) without per-problem arrays,
      "temperature", "max_new_tokens", "truncated_fraction", "mean_completion_tokens", "seconds"}
 
 Seeding: the prompts of a benchmark are sampled in batches of ``batch_prompts``; batch b of
@@ -32,7 +32,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from clipbench.tasks.passk import summarize
+from clipbench.eval.passk import summarize
 from clipbench.tasks.base import Problem
 
 Grade = Callable[[str, Problem], bool]

@@ -23,7 +23,7 @@ from rich.table import Table
 from clipbench.errors import UserError
 from clipbench.tasks.base import Task
 from clipbench.tracking.store import atomic_write_json
-from clipbench.models import BUILTIN_PREFIX, read_build_info, resolve_model_name
+from clipbench.models import BUILTIN_PREFIX, compute_dtype, dtype_name, read_build_info, resolve_model_name
 
 DEFAULT_OUT_ROOT = Path("results") / "eval"
 EVAL_GPU_MEMORY_UTILIZATION = 0.7  # vllm: no optimizer or activations to share the GPU with here
@@ -121,7 +121,7 @@ def load_suite(names: list[str], *, data_dir: Path | None, limit: int | None, te
 
 def summary_table(payloads: dict[str, dict], title: str) -> Table:
     """Rich table: one row per benchmark, Avg@n and Pass@k (percent)."""
-    from clipbench.tasks.passk import default_ks
+    from clipbench.eval.passk import default_ks
 
     n = min(p["n"] for p in payloads.values())
     ks = [k for k in default_ks(n) if k > 1]  # Avg@n is Pass@1
@@ -141,7 +141,7 @@ def summary_table(payloads: dict[str, dict], title: str) -> Table:
 
 def eval_command(*, model: str, benchmarks: str, n: int, data_dir: Path | None, limit: int | None,
                  max_new_tokens: int, temperature: float, seed: int, backend: str, out: Path | None) -> dict:
-    from clipbench.tasks.evaluate import evaluate
+    from clipbench.eval.evaluate import evaluate
 
     if n < 1:
         raise UserError(f"--n must be >= 1, got {n}")
@@ -159,7 +159,8 @@ def eval_command(*, model: str, benchmarks: str, n: int, data_dir: Path | None, 
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    target = resolve_target(model, "bfloat16" if device == "cuda" else "float32")
+    target = resolve_target(model, "auto")
+    target.dtype = dtype_name(compute_dtype(target.dtype, device))  # a run's `auto` too
     template = "dapo"
     if target.run_config:
         template = (target.run_config.get("task", {}) or {}).get("template") or "dapo"

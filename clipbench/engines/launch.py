@@ -1,6 +1,6 @@
 """Running one run as processes: the body of each rank, and the launcher that starts N of them.
 
-    run_as_rank(cfg, rd, train=train_run, resume=..., make_sink=...)   # one process, or one rank
+    run_as_rank(cfg, rd, resume=..., make_sink=...)   # one process, or one rank: the run's engine trains
     launch_ranks(n, "clipbench", ["train", ...], rd)  # torchrun over n local processes; waits
 
 Used by `clipbench train` and by a sweep's runs (clipbench.sweep.execute), so both treat failures
@@ -22,14 +22,14 @@ from clipbench.tracking.store import RunDir
 from clipbench.train.distributed import close_distributed, init_distributed, raise_on_sigterm, torchrun_command
 
 
-def run_as_rank(cfg, rd: RunDir, *, train: Callable[..., dict], resume: bool,
+def run_as_rank(cfg, rd: RunDir, *, resume: bool,
                 make_sink: Callable[[], object] | None = None, progress: Callable[[dict], None] | None = None,
                 on_rank: Callable | None = None) -> dict:
     """Train `cfg` into `rd` as this process's part: the whole run in one process, or one rank of a
-    torchrun launch (the process group is set up and torn down here). `train(cfg, run_dir, resume=,
-    sink=, progress=, dist=)` trains (the caller passes the engine dispatch,
-    clipbench.integrations.train_run). Rank 0 gets the sink (`make_sink()`) and the progress
-    callback. `on_rank(dist)` runs once the rank is known."""
+    torchrun launch (the process group is set up and torn down here), trained by the run's engine
+    (`train_run`). Rank 0 gets the sink (`make_sink()`) and the progress callback. `on_rank(dist)`
+    runs once the rank is known."""
+    from clipbench.engines import train_run
     from clipbench.objectives.plugins import ensure_plugins
 
     dist = init_distributed(cfg.model.device)
@@ -41,8 +41,8 @@ def run_as_rank(cfg, rd: RunDir, *, train: Callable[..., dict], resume: bool,
     status = "FAILED"
     try:
         ensure_plugins(cfg)  # the run's rule files, in whichever process runs it (every rank)
-        summary = train(cfg, rd.path, resume=resume, sink=sink, progress=progress if dist.main else None,
-                        dist=dist)
+        summary = train_run(cfg, rd.path, resume=resume, sink=sink, progress=progress if dist.main else None,
+                            dist=dist)
         status = "FINISHED"
         return summary
     except BaseException as e:

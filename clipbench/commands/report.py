@@ -1,0 +1,44 @@
+"""`clipbench report [SWEEP] --baseline METHOD --format rich|markdown|latex|csv|html [--out DIR]`.
+
+Reads the results store only (works offline; clipbench.report builds the report). Writes to ``--out``
+(default ``<results>/reports/<sweep>/``) the files of the format (report/build.py); `rich` prints the
+tables to the terminal. Paths written are printed, the HTML page last.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from clipbench.errors import UserError, unknown_choice
+from clipbench.report import render
+from clipbench.report.build import build_report, write_report
+from clipbench.tracking.store import check_store_dir, check_writable_dir, list_sweeps
+
+
+def report_command(sweep: str | None, *, baseline: str | None, fmt: str, results_dir: Path,
+                   out: Path | None) -> list[Path]:
+    if fmt not in render.FORMATS:
+        raise UserError("--format: " + unknown_choice("format", fmt, render.FORMATS))
+    results_dir = check_store_dir(results_dir)
+    names = [sweep] if sweep else list_sweeps(results_dir)
+    if not names:
+        raise UserError(f"no sweeps with runs in {results_dir}; run `clipbench sweep FILE --results-dir {results_dir}` first")
+    written: list[Path] = []
+    for name in names:
+        s, result, tables, header = build_report(results_dir, name, baseline)
+        if out is None:
+            out_dir = check_writable_dir(results_dir / "reports" / name, "report directory")
+        else:
+            out_dir = check_writable_dir(Path(out) if len(names) == 1 else Path(out) / name, "--out")
+        paths = write_report(s, result, tables, header, fmt, out_dir)
+        if fmt == "rich":
+            console = render.report_console()
+            for line in header:
+                console.print(line, highlight=False)
+            console.print()
+            render.print_rich(tables, console)
+        written += paths
+        for p in paths:
+            if p.suffix != ".png" and p.name != "report.json":  # report.json: always, see docs/reports.md
+                print(p)
+    return written

@@ -1,0 +1,50 @@
+"""`clipbench sync [SWEEP] [--tracking-uri URI]`: replay to MLflow what the store holds and MLflow lacks.
+
+The replay itself is clipbench.tracking.sync's (it reads the whole store first, then sends); this
+command checks the server answers, runs it and prints one row per run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from clipbench.errors import UserError, did_you_mean
+from clipbench.tracking.mlflow_sink import client_for, resolve_tracking_uri
+from clipbench.tracking.store import check_store_dir, list_sweeps
+from clipbench.tracking.sync import load_sweeps, sync_sweeps
+
+
+def sync_command(sweep: str | None, *, results_dir: Path = Path("results"), tracking_uri: str | None = None) -> list[dict]:
+    results_dir = check_store_dir(results_dir)
+    sweeps = list_sweeps(results_dir)
+    if sweep is not None:
+        if sweep not in sweeps:
+            raise UserError(f"no runs for sweep '{sweep}' in {results_dir}{did_you_mean(sweep, sweeps)}; "
+                            f"sweeps with runs: {', '.join(sweeps) or '(none)'}")
+        sweeps = [sweep]
+    if not sweeps:
+        raise UserError(f"nothing to sync: no runs in {results_dir}")
+    loaded = load_sweeps(results_dir, sweeps)  # read (and check) everything before anything is sent or written
+    first = next((r.config for runs, _ in loaded.values() for r in runs), {})
+    uri = resolve_tracking_uri(tracking_uri, first.get("tracking", {}).get("tracking_uri"), results_dir)
+    try:
+        client = client_for(uri)
+        client.search_experiments(max_results=1)
+    except Exception as e:  # noqa: BLE001
+        raise UserError(f"cannot reach MLflow at {uri}: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}") from None
+    rows = sync_sweeps(sweeps, results_dir=results_dir, uri=uri, client=client, loaded=loaded)
+
+    t = Table(title=f"clipbench sync -> {uri}", title_justify="left")
+    for col in ("sweep", "run_id", "mlflow run", "new run", "+params", "+metrics", "+artifacts", "state"):
+        t.add_column(col)
+    for r in rows:
+        if "skipped" in r:
+            t.add_row(r["sweep"], r["run_id"], "", "", "", "", "", r["skipped"])
+        else:
+            t.add_row(r["sweep"], r["run_id"], r["mlflow_run_id"][:12], "yes" if r["created"] else "",
+                      str(r["params"]), str(r["metrics"]), str(r["artifacts"]), r["state"])
+    Console(stderr=True).print(t)
+    return rows

@@ -1,0 +1,103 @@
+"""Engines: what trains a run. One table of them, one check of a run config against its engine, one
+preflight every command runs, one `train_run`. Nothing below this package knows which engines exist.
+
+    from clipbench.engines import ENGINES, check, preflight, train_run
+    check(cfg, source)         # ConfigError: an unknown engine, or a key the run's engine refuses as set
+    preflight(cfg)             # before anything is written: check, model, task, benchmarks, sleep mode, memory
+    train_run(cfg, run_dir, resume=..., sink=..., progress=..., dist=...) -> summary
+
+    builtin   clipbench's GRPO loop (clipbench.train.loop)
+    trl       TRL's GRPOTrainer with the run's rule as its loss (engines/trl.py, integrations/trl.py)
+    verl      one verl trainer command per run, submitted by `clipbench sweep --engine verl`
+              (engines/verl.py; the losses in verl's registry: integrations/verl.py)
+
+Which run-config keys each engine honours, maps or refuses is engines/keys.py; `clipbench engines`
+prints it. `clipbench train`, `clipbench sweep` (before its manifest is written) and `clipbench
+rehearse` all run `preflight`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from clipbench.engines.keys import KEYS, refusals
+from clipbench.errors import ConfigError, UserError, unknown_choice
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    description: str
+    in_process: bool  # trains inside a clipbench process (`engine: NAME` in a run config); else launched apart
+
+
+ENGINES: dict[str, Engine] = {e.name: e for e in (
+    Engine("builtin", "clipbench's GRPO loop: micro-batched, FSDP2 over torchrun, HF or vLLM sampling", True),
+    Engine("trl", "TRL's GRPOTrainer with the run's rule as its loss, writing clipbench's results store", True),
+    Engine("verl", "verl's trainer (`clipbench sweep --engine verl`: one verl command per run; GPUs, Ray)", False),
+)}
+RUN_ENGINES = tuple(name for name, e in ENGINES.items() if e.in_process)  # the values of a run config's `engine`
+
+
+def check(cfg, source: str | None = None, *, engine: str | None = None) -> None:
+    """ConfigError naming the key when `engine` (default: the run config's) cannot run `cfg` as set:
+    an unknown engine, a refused key (engines/keys.py), or an engine's own check of several keys."""
+    import dataclasses
+
+    name = engine or cfg.engine
+    if engine is None and name not in RUN_ENGINES:
+        raise ConfigError(source, "engine", unknown_choice("engine", name, RUN_ENGINES)
+                          + ("; verl runs a sweep's runs as verl commands: clipbench sweep FILE --engine verl"
+                             if name == "verl" else ""))
+    for key, reason in refusals(dataclasses.asdict(cfg), name):
+        raise ConfigError(source, key, f"engine '{name}' cannot honour it: {reason}")
+    if name == "trl":
+        from clipbench.engines.trl import check_config
+
+        check_config(cfg, source)
+
+
+def preflight(cfg, source: str | None = None) -> None:
+    """Everything that can fail before a run writes anything, one UserError (exit 2) naming what:
+    the engine's keys, the model's config, the task, the benchmarks, the sampler for the launch,
+    sleep mode, and on a GPU whether the run fits its memory over launch.nproc_per_node ranks."""
+    import torch
+
+    from clipbench.eval.suite import eval_suite
+    from clipbench.memory.plan import check_fits
+    from clipbench.memory.estimator import GIB
+    from clipbench.models import check_model_config, resolve_model_name
+    from clipbench.rollout import check_sleep_mode, resolve_backend
+    from clipbench.tasks import build_run_task
+
+    check(cfg, source)
+    backend = resolve_backend(cfg.sampler.backend)
+    if cfg.launch.nproc_per_node > 1 and backend == "vllm":
+        raise UserError("sampler.backend: vllm over several processes is not wired into the trainer yet "
+                        "(clipbench.rollout.weights streams sharded weights); use sampler.backend=hf or "
+                        "launch.nproc_per_node=1")
+    check_sleep_mode(cfg.sampler.sleep_mode, backend)
+    check_model_config(cfg.model.name)
+    eval_suite(cfg, build_run_task(cfg))
+    if torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(0).total_memory
+        check_fits(cfg, resolve_model_name(cfg.model.name), world_size=cfg.launch.nproc_per_node,
+                   device_gib=total / GIB, backend=backend)
+
+
+def train_run(cfg, run_dir: Path, *, resume: bool = False, sink=None,
+              progress: Callable[[dict], None] | None = None, dist=None) -> dict:
+    """Train one run into `run_dir` with its engine; returns the run's summary (see run_training).
+    `dist`: this process's place in a torchrun launch (clipbench.train.distributed; the built-in loop)."""
+    if cfg.engine == "trl":
+        from clipbench.engines.trl import run_trl
+
+        return run_trl(cfg, run_dir, resume=resume, sink=sink, progress=progress)
+    from clipbench.train.loop import run_training
+
+    return run_training(cfg, run_dir, resume=resume, sink=sink, progress=progress, dist=dist)
+
+
+__all__ = ["ENGINES", "Engine", "KEYS", "RUN_ENGINES", "check", "preflight", "train_run"]

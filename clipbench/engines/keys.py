@@ -1,0 +1,234 @@
+"""Which run-config keys each engine honours, maps (to which of its own settings) or refuses: one table.
+
+    KEYS["trl"]["train.lr"]           -> mapped: GRPOConfig.learning_rate
+    refusals(cfg, "trl")              -> [(key, reason)] for the keys the engine cannot honour as set
+    rows()                            -> (key, {engine: Support}) for `clipbench engines` and the docs
+
+Kinds:
+    honoured  the engine does what the key says (clipbench's own code runs it: task, evaluation, tracking)
+    mapped    the engine's own setting(s) that mean the same (`to`); some values may have no counterpart
+              (`refuse`: the values refused, with the reason)
+    refused   the engine has no counterpart: any value other than the schema default is refused, so a
+              key a user sets is never silently ignored; the reason says what the engine does instead
+
+Every leaf of the run config has an entry for every engine (tests/test_engines.py walks the schema).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from clipbench.config.schema import leaf_keys
+
+
+@dataclass(frozen=True)
+class Support:
+    """How one engine treats one key (see the module docstring)."""
+
+    kind: str  # "honoured" | "mapped" | "refused"
+    detail: str = ""  # honoured: how; mapped: the engine's setting(s); refused: why
+    refuse: Callable[[Any], bool] | None = None  # mapped/honoured: values with no counterpart
+    why: str = ""  # ... and why they are refused
+
+    def problem(self, value: Any, default: Any) -> str | None:
+        """Why `value` cannot run on this engine, or None."""
+        if self.kind == "refused":
+            return None if value == default else self.detail
+        if self.refuse is not None and self.refuse(value):
+            return self.why
+        return None
+
+    def describe(self) -> str:
+        text = {"honoured": "honoured", "mapped": f"mapped: {self.detail}", "refused": f"refused: {self.detail}"}[self.kind]
+        if self.kind == "honoured" and self.detail:
+            text += f" ({self.detail})"
+        if self.refuse is not None:
+            text += f"; refused: {self.why}"
+        return text
+
+
+def honoured(how: str = "", *, refuse: Callable[[Any], bool] | None = None, why: str = "") -> Support:
+    return Support("honoured", how, refuse, why)
+
+
+def mapped(to: str, *, refuse: Callable[[Any], bool] | None = None, why: str = "") -> Support:
+    return Support("mapped", to, refuse, why)
+
+
+def refused(why: str) -> Support:
+    return Support("refused", why)
+
+
+_OWN = "clipbench's own code runs it"
+_TASK = "clipbench builds the task: prompts, reward, held-out split"
+_EVAL = "clipbench's evaluation of the model"
+_TRACK = "clipbench's results store and MLflow mirror"
+
+# --- builtin: clipbench's GRPO loop honours every key ----------------------------------------------
+BUILTIN: dict[str, Support] = {key: honoured() for key in leaf_keys()}
+BUILTIN["trl"] = refused("GRPOConfig settings apply to engine trl")
+
+# --- trl: TRL's GRPOTrainer with the run's rule (clipbench.engines.trl.grpo_args) -------------------
+G = "GRPOConfig."
+TRL: dict[str, Support] = {
+    "seed": mapped(G + "seed"),
+    "name": honoured(_TRACK),
+    "engine": honoured(),
+    "trl": mapped("extra GRPOConfig fields (those clipbench derives are refused)"),
+    "model.name": honoured("clipbench loads the model and hands it to TRL"),
+    "model.dtype": mapped(G + "bf16 / fp16 (auto: bfloat16 on a GPU that supports it)"),
+    "model.device": mapped(G + "use_cpu"),
+    "model.gradient_checkpointing": mapped(G + "gradient_checkpointing"),
+    **{f"task.{k}": honoured(_TASK) for k in ("name", "path", "config", "split", "template", "limit", "holdout",
+                                               "operands", "digits", "ops", "format", "train_size", "test_size")},
+    "sampler.backend": mapped(G + "use_vllm (TRL's colocated vLLM; auto: vllm when installed with a GPU)"),
+    "sampler.group_size": mapped(G + "num_generations"),
+    "sampler.max_new_tokens": mapped(G + "max_completion_length"),
+    "sampler.temperature": mapped(G + "temperature"),
+    "sampler.top_p": mapped(G + "top_p"),
+    "sampler.old_logp": mapped("TRL recomputes the old log-probs", refuse=lambda v: v == "sampler",
+                               why="TRL recomputes the old log-probs itself (its importance-sampling "
+                                   "correction is sampler.mismatch_is)"),
+    "sampler.prompts_per_call": refused("TRL samples a whole generation batch in one call"),
+    "sampler.gpu_memory_utilization": mapped(G + "vllm_gpu_memory_utilization"),
+    "sampler.sleep_mode": mapped(G + "vllm_enable_sleep_mode"),
+    "sampler.mismatch_is": mapped(G + "vllm_importance_sampling_correction / _mode (token_truncate, "
+                                  "sequence_truncate; none: no correction)"),
+    "sampler.mismatch_is_cap": mapped(G + "vllm_importance_sampling_clip_max"),
+    "train.steps": mapped(G + "max_steps = steps x mini_batches x epochs"),
+    "train.prompts_per_step": mapped(G + "generation_batch_size = prompts_per_step x group_size"),
+    "train.mini_batches": mapped(G + "steps_per_generation (x gradient_accumulation_steps)"),
+    "train.epochs": mapped(G + "num_iterations"),
+    "train.lr": mapped(G + "learning_rate"),
+    "train.weight_decay": mapped(G + "weight_decay"),
+    "train.betas": mapped(G + "adam_beta1, adam_beta2"),
+    "train.warmup_steps": mapped(G + "warmup_steps"),
+    "train.lr_schedule": mapped(G + "lr_scheduler_type"),
+    "train.advantage": mapped(G + "scale_rewards (group: 'group', group_mean: 'none')",
+                              refuse=lambda v: v == "rloo", why="TRL's GRPOTrainer has no rloo advantage"),
+    "train.agg": mapped("ClipbenchGRPOTrainer(agg=...)"),
+    "train.beta": mapped(G + "beta"),
+    "train.grad_clip": mapped(G + "max_grad_norm (0: no clipping in both)"),
+    "train.max_skipped_frac": refused("TRL applies every optimizer step (it skips none whose gradient norm is "
+                                      "not finite), so there is no skipped-step budget to enforce"),
+    "train.micro_batch_tokens": refused("TRL splits a mini-batch by rows (trl.gradient_accumulation_steps), "
+                                        "not by a token budget"),
+    "train.dynamic_sampling": refused("TRL has no DAPO dynamic sampling; use engine builtin"),
+    "train.max_resample_rounds": refused("dynamic sampling is the built-in loop's"),
+    "train.overlong.enabled": refused("TRL has no overlong reward shaping here; use engine builtin"),
+    "train.overlong.buffer": refused("overlong reward shaping is the built-in loop's"),
+    "train.overlong.penalty": refused("overlong reward shaping is the built-in loop's"),
+    "train.checkpoint_every": mapped(G + "save_steps = checkpoint_every x mini_batches x epochs"),
+    "train.log_histograms": honoured("ClipbenchGRPOTrainer counts the log-ratio histograms"),
+    "plugins": honoured("imported in every process"),
+    **{f"eval.{k}": honoured(_EVAL) for k in ("every", "benchmarks", "n", "limit", "data_dir", "temperature",
+                                               "top_p", "max_new_tokens", "at_start")},
+    **{f"tracking.{k}": honoured(_TRACK) for k in ("mlflow", "tracking_uri", "experiment", "batch_every")},
+    "launch.nproc_per_node": honoured("torchrun processes (TRL's accelerate reads their environment)"),
+    "objective": honoured("the rule is TRL's loss (ClipbenchGRPOTrainer)"),
+}
+
+# --- verl: one verl trainer command per run (clipbench.engines.verl.verl_overrides) -----------------
+A, R = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout."
+_VERL_LOGS = "verl logs through its own loggers (the results store keeps the run's config and submission)"
+VERL: dict[str, Support] = {
+    "seed": mapped("data.seed, " + A + "data_loader_seed, " + R + "seed"),
+    "name": honoured("the sweep's run labels"),
+    "engine": honoured(),
+    "trl": refused("GRPOConfig settings apply to engine trl"),
+    "model.name": mapped("actor_rollout_ref.model.path"),
+    "model.dtype": mapped(A + "fsdp_config.dtype, " + R + "dtype (auto: bfloat16)"),
+    "model.device": mapped("verl's GPU workers", refuse=lambda v: v == "cpu", why="verl's trainer runs on GPUs"),
+    "model.gradient_checkpointing": mapped("actor_rollout_ref.model.enable_gradient_checkpointing"),
+    **{f"task.{k}": honoured("clipbench exports the task to verl's parquet format, graded by clipbench's reward")
+       for k in ("name", "path", "config", "split", "template", "limit", "holdout", "operands", "digits", "ops",
+                 "format", "train_size", "test_size")},
+    "sampler.backend": mapped(R + "name=vllm", refuse=lambda v: v == "hf", why="verl samples with vLLM"),
+    "sampler.group_size": mapped(R + "n"),
+    "sampler.max_new_tokens": mapped("data.max_response_length"),
+    "sampler.temperature": mapped(R + "temperature"),
+    "sampler.top_p": mapped(R + "top_p"),
+    "sampler.old_logp": mapped("verl recomputes the old log-probs", refuse=lambda v: v == "sampler",
+                               why="not wired to verl's rollout-correction bypass mode"),
+    "sampler.prompts_per_call": refused("verl samples a whole batch per call"),
+    "sampler.gpu_memory_utilization": mapped(R + "gpu_memory_utilization"),
+    "sampler.sleep_mode": mapped(R + "free_cache_engine"),
+    "sampler.mismatch_is": refused("not wired to verl's algorithm.rollout_correction"),
+    "sampler.mismatch_is_cap": refused("not wired to verl's algorithm.rollout_correction"),
+    "train.steps": mapped("trainer.total_training_steps"),
+    "train.prompts_per_step": mapped("data.train_batch_size"),
+    "train.mini_batches": mapped(A + "ppo_mini_batch_size = prompts_per_step / mini_batches"),
+    "train.epochs": mapped(A + "ppo_epochs"),
+    "train.lr": mapped(A + "optim.lr"),
+    "train.weight_decay": mapped(A + "optim.weight_decay"),
+    "train.betas": mapped(A + "optim.betas"),
+    "train.warmup_steps": mapped(A + "optim.lr_warmup_steps"),
+    "train.lr_schedule": mapped(A + "optim.lr_scheduler_type"),
+    "train.advantage": mapped("algorithm.adv_estimator, algorithm.norm_adv_by_std_in_grpo"),
+    "train.agg": mapped(A + "loss_agg_mode"),
+    "train.beta": mapped(A + "use_kl_loss, kl_loss_coef (kl_loss_type=low_var_kl: k3)"),
+    "train.grad_clip": mapped(A + "grad_clip"),
+    "train.max_skipped_frac": refused("verl skips a step whose gradient norm is not finite but never fails a run "
+                                      "for it"),
+    "train.micro_batch_tokens": mapped(A + "ppo_max_token_len_per_gpu (use_dynamic_bsz)"),
+    "train.dynamic_sampling": refused("not wired to verl's DAPO recipe"),
+    "train.max_resample_rounds": refused("dynamic sampling is the built-in loop's"),
+    "train.overlong.enabled": refused("not wired to verl's DAPO overlong buffer"),
+    "train.overlong.buffer": refused("overlong reward shaping is the built-in loop's"),
+    "train.overlong.penalty": refused("overlong reward shaping is the built-in loop's"),
+    "train.checkpoint_every": mapped("trainer.save_freq"),
+    "train.log_histograms": refused(_VERL_LOGS),
+    "plugins": mapped("CLIPBENCH_PLUGINS in the workers' environment"),
+    "eval.every": mapped("trainer.test_freq"),
+    "eval.benchmarks": honoured("exported as verl's validation set"),
+    "eval.n": mapped(R + "val_kwargs.n"),
+    "eval.limit": honoured("exported as verl's validation set"),
+    "eval.data_dir": honoured("exported as verl's validation set"),
+    "eval.temperature": mapped(R + "val_kwargs.temperature"),
+    "eval.top_p": mapped(R + "val_kwargs.top_p"),
+    "eval.max_new_tokens": refused("verl validates with data.max_response_length (sampler.max_new_tokens)"),
+    "eval.at_start": mapped("trainer.val_before_train"),
+    "tracking.mlflow": mapped("trainer.logger (console, mlflow)"),
+    "tracking.tracking_uri": mapped("MLFLOW_TRACKING_URI in the workers' environment"),
+    "tracking.experiment": mapped("trainer.project_name"),
+    "tracking.batch_every": refused(_VERL_LOGS),
+    "launch.nproc_per_node": mapped("trainer.n_gpus_per_node"),
+    "objective": mapped(A + "policy_loss.loss_mode=clipbench.<method>; its parameters in CLIPBENCH_RULE_PARAMS"),
+}
+
+KEYS: dict[str, dict[str, Support]] = {"builtin": BUILTIN, "trl": TRL, "verl": VERL}
+
+
+@functools.lru_cache(maxsize=1)
+def schema_defaults() -> dict[str, Any]:
+    """{dotted leaf key: its schema default}."""
+    from clipbench.config.schema import RunConfig
+    from clipbench.yamlio import flatten
+
+    defaults = dataclasses.asdict(RunConfig())
+    return {**flatten(defaults), "objective": defaults["objective"], "trl": {}}
+
+
+def refusals(cfg_dict: Mapping[str, Any], engine: str) -> list[tuple[str, str]]:
+    """[(key, reason)] for every key of a resolved run config (dict) that `engine` cannot honour."""
+    from clipbench.yamlio import flatten
+
+    flat = flatten(cfg_dict)
+    flat["trl"] = cfg_dict.get("trl") or {}
+    flat["objective"] = cfg_dict.get("objective")
+    defaults = schema_defaults()
+    out = []
+    for key, support in KEYS[engine].items():
+        problem = support.problem(flat.get(key), defaults.get(key))
+        if problem:
+            out.append((key, problem))
+    return out
+
+
+def rows() -> list[tuple[str, dict[str, Support]]]:
+    """One row per run-config key: {engine: how it treats the key} (objective: every engine runs
+    clipbench's own rule)."""
+    return [(key, {name: table[key] for name, table in KEYS.items()}) for key in leaf_keys()]

@@ -1,0 +1,50 @@
+"""A run's evaluation: the benchmarks of its config, graded, at a rollout step. Every engine uses it.
+
+    suite = eval_suite(cfg, task)                  # {benchmark: (problems, grade)}
+    run_eval(cfg, rd, step, sampler, suite, sink)  # Avg@n / Pass@k at `step`: stored, logged, returned
+
+The sampling and grading itself is evaluate.py's (the one evaluation of the project, also behind
+`clipbench eval`); this module reads a run config: which benchmarks, how many samples, the seed of
+each evaluation (derived from the run seed and the step), where the payloads go.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from clipbench.eval.evaluate import Shard, evaluate_and_store
+from clipbench.seeds import derive_seed
+
+
+def eval_suite(cfg, task) -> dict[str, tuple[list, Callable]]:
+    """{benchmark: (problems, grade(completion, problem) -> bool)} for the run's eval config."""
+    from clipbench.tasks.benchmarks import benchmark_grader, load_benchmark
+
+    suite = {}
+    for name in cfg.eval.benchmarks:
+        if name == "arith" and cfg.task.name == "arith":  # the run's own held-out split and knobs
+            problems = list(task.test_problems())[: cfg.eval.limit or None]
+            suite[name] = (problems, task.is_correct)
+        else:
+            problems = load_benchmark(name, data_dir=cfg.eval.data_dir, limit=cfg.eval.limit)
+            suite[name] = (problems, benchmark_grader(name))
+    return suite
+
+
+def run_eval(cfg, rd, step: int, sampler, suite: dict, sink, *,
+             write: bool = True, shard: Shard | None = None) -> dict:
+    """Avg@n / Pass@k of every benchmark of `suite` at rollout step `step` (both engines). Every
+    process of a sharded run samples, in lockstep (with `shard`: each its share of the batches, the
+    graded results gathered); only the one with `write` stores and logs."""
+    payloads = evaluate_and_store(
+        rd if write else None, step, sampler, {name: problems for name, (problems, _) in suite.items()},
+        grade={name: grade_fn for name, (_, grade_fn) in suite.items()}, n=cfg.eval.n,
+        seed=derive_seed(cfg.seed, "eval", step), temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
+        max_new_tokens=cfg.eval.max_new_tokens or cfg.sampler.max_new_tokens, shard=shard)
+    flat = {f"eval/{name}/{k}": float(v) for name, payload in payloads.items()
+            for k, v in payload["summary"].items() if isinstance(v, (int, float))}
+    if write:
+        for name in payloads:
+            sink.log_artifact(rd.eval_path(step, name), f"eval/step_{step:06d}")
+        sink.log_metrics(step, flat)
+    return flat
