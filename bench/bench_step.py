@@ -58,7 +58,7 @@ def build_batch(rows: int, seed: int = 0):
     """(packed batch, advantages (rows,)) of random tokens."""
     import torch
 
-    from clipbench.train.policy import pack
+    from clipbench.train.packing import pack
 
     gen = torch.Generator().manual_seed(seed)
     prompts = torch.randint(5, SHAPE["vocab_size"], (rows, PROMPT), generator=gen).tolist()

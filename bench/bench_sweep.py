@@ -51,12 +51,12 @@ def bench_expand(tmp: Path, repeat: int) -> dict:
 
     t0 = time.perf_counter()
     import clipbench.objectives  # noqa: F401  (torch)
-    from clipbench.sweep import expand, load_sweep
+    from clipbench.sweep import expand, load_spec
 
     t_import = time.perf_counter() - t0
     f = tmp / "grid10k.yaml"
     f.write_text(yaml.safe_dump({"name": "grid10k", "base": str(REPO / "recipes" / "quickstart.yaml"), "grid": GRID}))
-    med, ts, exp = timed(lambda: expand(load_sweep(f)), repeat)
+    med, ts, exp = timed(lambda: expand(load_spec(f)), repeat)
     return {"runs": len(exp.runs), "seconds": med, "all": ts, "import_seconds": t_import, "target_seconds": 1.0}
 
 
@@ -79,7 +79,11 @@ def bench_load(tmp: Path, n_runs: int, steps: int, mini_batches: int, repeat: in
     import numpy as np
     import pandas as pd
 
-    from clipbench.tracking.store import RunDir, list_run_dirs, load_sweep_metrics, read_jsonl
+    from clipbench.tracking.store import RunDir, list_run_dirs
+
+    from clipbench.tracking.files import read_jsonl
+
+    from clipbench.tracking.metrics_table import load_sweep_metrics
 
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()

@@ -85,16 +85,16 @@ def clipbench(*args: str, **kw):
 def test_launch_is_outside_the_run_identity_and_not_a_sweep_axis(tmp_path):
     from clipbench.errors import ConfigError
     from clipbench.sweep.expand import expand
-    from clipbench.sweep.spec import load_sweep
+    from clipbench.sweep.spec import load_spec
 
     assert run_id(load_run_config(RECIPE, ["launch.nproc_per_node=2"])) == run_id(load_run_config(RECIPE))
     sweep = tmp_path / "ax.yaml"
     sweep.write_text(yaml.safe_dump({"name": "ax", "base": RECIPE, "grid": {"launch.nproc_per_node": [1, 2]}}))
     with pytest.raises(ConfigError, match="grid.launch.nproc_per_node: not part of a run's identity"):
-        expand(load_sweep(sweep))
+        expand(load_spec(sweep))
     sweep.write_text(yaml.safe_dump({"name": "ax", "base": RECIPE, "zip": {
         "launch.nproc_per_node": [1, 2], "train.prompts_per_step": [8, 4]}}))  # zipped with a key that differs
-    assert [c["launch"]["nproc_per_node"] for c in expand(load_sweep(sweep)).runs.values()] == [1, 2]
+    assert [c["launch"]["nproc_per_node"] for c in expand(load_spec(sweep)).runs.values()] == [1, 2]
 
 
 def test_rank_shares_are_contiguous_blocks():

@@ -1,11 +1,13 @@
-"""Chunked log-probs / entropy equal the naive full-vocabulary computation."""
+"""Chunked log-probs / entropy equal the naive full-vocabulary computation, and the log-probs training
+uses (`completion_logprobs` over packed rows) equal a plain full forward pass, value and gradient."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from clipbench.train.logprobs import entropy_from_logits, logprobs_and_entropy, selective_log_softmax
+from clipbench.train.logprobs import completion_logprobs, entropy_from_logits, selective_log_softmax
+from clipbench.train.packing import pack
 
 
 def naive(logits, index, temperature=1.0):
@@ -79,47 +81,34 @@ def tiny_model(vocab=97):
     return LlamaForCausalLM(cfg).eval()
 
 
-def test_logprobs_and_entropy_with_a_tiny_model():
+def test_training_logprobs_equal_a_plain_forward_with_a_tiny_model():
+    """Rows of different prompt and completion lengths packed as training packs them ([left-padded
+    prompt | completion | right padding], real-token positions): each row's log-probs, entropy and
+    their gradient equal an unpadded forward of that row alone with a full-vocabulary log-softmax."""
     model = tiny_model()
     g = torch.Generator().manual_seed(1)
-    B, P, T = 3, 5, 4
-    ids = torch.randint(1, 97, (B, P + T), generator=g)
-    att = torch.ones(B, P + T, dtype=torch.long)
-    att[0, :2] = 0  # left padding of the prompt
-    att[2, -1] = 0  # right padding of the completion
-    cmask = att[:, P:].float()
+    prompts = [torch.randint(1, 97, (n,), generator=g).tolist() for n in (5, 3, 4)]
+    completions = [torch.randint(1, 97, (n,), generator=g).tolist() for n in (4, 2, 1)]
+    batch = pack(prompts, completions, pad_id=0)
+    mask = batch.completion_mask  # (B, T)
+    w = torch.randn(mask.shape, generator=g)
     for temp in (1.0, 0.6):
-        logp, ent = logprobs_and_entropy(model, ids, att, T, temperature=temp, chunk_size=2)
-        loss = (logp * cmask).sum()
-        grads = torch.autograd.grad(loss, list(model.parameters()))
-        # naive: the full forward, log_softmax over the whole vocabulary
-        pos = (att.cumsum(-1) - 1).clamp(min=0)
-        logits = model(input_ids=ids, attention_mask=att, position_ids=pos).logits[:, P - 1:-1]
-        want, want_ent = naive(logits, ids[:, P:], temp)
-        want_grads = torch.autograd.grad((want * cmask).sum(), list(model.parameters()))
-        torch.testing.assert_close(logp, want, rtol=0, atol=1e-5)
-        torch.testing.assert_close(ent, want_ent, rtol=0, atol=1e-5)
-        assert not ent.requires_grad
+        logp, ent = completion_logprobs(model, batch, temperature=temp)
+        assert not ent.requires_grad and logp.shape == mask.shape == (3, 4)
+        grads = torch.autograd.grad((logp * mask * w).sum(), list(model.parameters()))
+        want_total = 0.0
+        for i, (p, c) in enumerate(zip(prompts, completions)):
+            ids = torch.tensor([p + c])
+            logits = model(input_ids=ids).logits[:, len(p) - 1:-1]  # (1, |c|, V): position j predicts j + 1
+            want, want_ent = naive(logits, torch.tensor([c]), temp)
+            torch.testing.assert_close(logp[i, :len(c)], want[0], rtol=0, atol=1e-5)
+            torch.testing.assert_close(ent[i, :len(c)], want_ent[0], rtol=0, atol=1e-5)
+            want_total = want_total + (want[0] * w[i, :len(c)]).sum()
+        want_grads = torch.autograd.grad(want_total, list(model.parameters()))
         for a, b in zip(grads, want_grads):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
-    # a completion mask (B, L) or (B, T): same values, zero outside the mask
-    full_mask = torch.zeros(B, P + T)
-    full_mask[:, P:] = cmask
-    a, ea = logprobs_and_entropy(model, ids, att, full_mask)
-    b, eb = logprobs_and_entropy(model, ids, att, cmask, with_entropy=False)
-    c, _ = logprobs_and_entropy(model, ids, att, T)
-    assert eb is None and torch.equal(a, b) and torch.equal(a, c * cmask)
-    assert a[2, -1] == 0
-
-
-def test_logprobs_input_errors():
-    model = tiny_model()
-    ids = torch.randint(1, 97, (2, 6))
-    att = torch.ones(2, 6, dtype=torch.long)
-    with pytest.raises(ValueError, match="n_completion"):
-        logprobs_and_entropy(model, ids, att, 6)
-    with pytest.raises(ValueError, match="marks no token"):
-        logprobs_and_entropy(model, ids, att, torch.zeros(2, 6))
+    _, none = completion_logprobs(model, batch, with_entropy=False)
+    assert none is None
 
 
 def test_large_vocab_accuracy_against_float64():

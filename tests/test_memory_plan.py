@@ -92,7 +92,7 @@ def test_model_shape_sources(tmp_path):
 def _saved_bytes(model, batch, *, autocast: bool) -> int:
     """Bytes of the distinct storages autograd saves in the trainer's log-prob forward (parameters
     excluded: they are counted as weights)."""
-    from clipbench.train.policy import completion_logprobs
+    from clipbench.train.logprobs import completion_logprobs
 
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
@@ -118,7 +118,7 @@ def test_saved_activations_are_the_formula(arch, mode, checkpointing):
     log-sum-exp covers T+1 logit positions per row, the code keeps T)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    from clipbench.train.policy import pack
+    from clipbench.train.packing import pack
 
     kw = dict(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, head_dim=16, tie_word_embeddings=False)

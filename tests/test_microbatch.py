@@ -24,7 +24,8 @@ from clipbench.objectives.advantages import compute_advantages
 from clipbench.models import load_model_and_tokenizer, resolve_model_name
 from clipbench.train.distributed import Dist
 from clipbench.train.loop import run_training
-from clipbench.train.policy import completion_logprobs, pack
+from clipbench.train.logprobs import completion_logprobs
+from clipbench.train.packing import pack
 from clipbench.train.step import (Objective, StepInputs, accumulate_gradients, draw_uniforms, optimizer_step,
                                   pack_micro_batches, plan_update)
 
@@ -74,8 +75,9 @@ def _run(model, tok, batch, objective, *, budget, world=1):
         dist = Dist(rank=rank, world=world)
         (step,) = plan_update(packed, mini_batches=1, epochs=1, budget=budget,
                               perm=torch.Generator().manual_seed(3), dist=dist)
-        sums, _ = accumulate_gradients(model, packed, step, inputs, objective, pad_id=tok.pad_token_id,
-                                       temperature=1.0, dist=dist)
+        stats, _ = accumulate_gradients(model, packed, step, inputs, objective, pad_id=tok.pad_token_id,
+                                        temperature=1.0, dist=dist)
+        sums = stats.sums()
         loss += float(sums["loss"])
         micro.append([len(m) for m in step.micro])
         for k, v in sums.items():

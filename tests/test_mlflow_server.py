@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 
 from clipbench.cli import app
 from clipbench.sweep.manifest import manifest_path, read_manifest
-from clipbench.tracking import mlflow_sink as ms
+from clipbench.tracking import mlflow_client as mc
 from clipbench.tracking.store import RunDir
-from clipbench.tracking.sync import expected_artifacts, expected_metrics
+from clipbench.tracking.mirror import expected_artifacts, expected_metrics
 
 pytestmark = [pytest.mark.mlflow_server, pytest.mark.slow, pytest.mark.xdist_group("mlflow_server"),
               pytest.mark.timeout(600)]
@@ -97,7 +97,7 @@ def check_mirror(client, uri: str, res: Path, sweep: str) -> dict[str, str]:
     """Every run of the store is in MLflow exactly: tags, nesting, params, every metric point once,
     the artifacts. Returns {run_id: mlflow run id}."""
     exp = client.get_experiment_by_name("clipbench")
-    parents = ms.find_runs(client, exp.experiment_id, sweep=sweep, role="sweep")
+    parents = mc.find_runs(client, exp.experiment_id, sweep=sweep, role="sweep")
     assert len(parents) == 1
     parent = parents[0].info.run_id
     assert "manifest.json" in [f.path for f in client.list_artifacts(parent)]
@@ -105,11 +105,11 @@ def check_mirror(client, uri: str, res: Path, sweep: str) -> dict[str, str]:
     out = {}
     for rid, cfg in m["runs"].items():
         rd = RunDir(res / sweep / rid)
-        found = ms.find_runs(client, exp.experiment_id, sweep=sweep, role="run", run_id=rid)
+        found = mc.find_runs(client, exp.experiment_id, sweep=sweep, role="run", run_id=rid)
         assert len(found) == 1, rid
         run = found[0]
         mid = run.info.run_id
-        assert ms.recorded_mlflow_run(rd, uri)["run_id"] == mid
+        assert mc.recorded_mlflow_run(rd, uri)["run_id"] == mid
         tags = run.data.tags
         assert tags["mlflow.parentRunId"] == parent
         assert (tags["sweep"], tags["run_id"], tags["method"], tags["seed"], tags["model"]) == (
@@ -151,7 +151,7 @@ def test_sweep_lands_in_the_server(tmp_path, server):
     finally:
         os.umask(old)
     assert r.exit_code == 0, r.output[-3000:]
-    client = ms.client_for(server.uri)
+    client = mc.client_for(server.uri)
     ids = check_mirror(client, server.uri, res, "srv")
     assert len(ids) == 2
     assert not (res / "mlflow.db").exists()  # with a server, no embedded store
@@ -189,15 +189,15 @@ def test_server_stopped_mid_sweep_then_sync_restores_everything_once(tmp_path, s
     for rid in m["runs"]:
         assert RunDir(res / "outage" / rid).status()["state"] == "finished"
     second, third = calls[1], calls[2]
-    assert ms.recorded_mlflow_run(RunDir(res / "outage" / second), server.uri)["offline"] is True
-    assert ms.recorded_mlflow_run(RunDir(res / "outage" / third), server.uri)["offline"] is True
+    assert mc.recorded_mlflow_run(RunDir(res / "outage" / second), server.uri)["offline"] is True
+    assert mc.recorded_mlflow_run(RunDir(res / "outage" / third), server.uri)["offline"] is True
 
     server.start()
-    client = ms.client_for(server.uri)
+    client = mc.client_for(server.uri)
     exp = client.get_experiment_by_name("clipbench").experiment_id
-    partial = ms.find_runs(client, exp, sweep="outage", role="run", run_id=second)
+    partial = mc.find_runs(client, exp, sweep="outage", role="run", run_id=second)
     assert len(partial) == 1  # created before the outage, with some of its metrics
-    assert not ms.find_runs(client, exp, sweep="outage", role="run", run_id=third)
+    assert not mc.find_runs(client, exp, sweep="outage", role="run", run_id=third)
 
     s = runner.invoke(app, ["sync", "outage", "--results-dir", str(res), "--tracking-uri", server.uri])
     assert s.exit_code == 0, s.output[-3000:]
@@ -233,17 +233,17 @@ def test_server_down_at_the_start_then_up_mid_sweep(tmp_path, server, monkeypatc
     assert r.exit_code == 0, r.output[-3000:]
     hint = f"clipbench sync late --results-dir {res} --tracking-uri {server.uri}"
     assert f"`{hint}`" in " ".join(r.output.split())  # the exact command (rich may wrap the line)
-    client = ms.client_for(server.uri)
+    client = mc.client_for(server.uri)
     exp = client.get_experiment_by_name("clipbench").experiment_id
-    (parent,) = ms.find_runs(client, exp, sweep="late", role="sweep")
+    (parent,) = mc.find_runs(client, exp, sweep="late", role="sweep")
     assert parent.info.status == "FINISHED"  # closed by the sweep although it started offline
     first = RunDir(res / "late" / calls[0])
-    assert not ms.find_runs(client, exp, sweep="late", role="run", run_id=calls[0])
+    assert not mc.find_runs(client, exp, sweep="late", role="run", run_id=calls[0])
 
     s = runner.invoke(app, hint.split()[1:])
     assert s.exit_code == 0, s.output[-3000:]
     check_mirror(client, server.uri, res, "late")
-    (child,) = ms.find_runs(client, exp, sweep="late", role="run", run_id=calls[0])
+    (child,) = mc.find_runs(client, exp, sweep="late", role="run", run_id=calls[0])
     status = first.status()
     assert child.info.run_name == run_label(first.read_config())
     assert child.info.start_time == int(status["started"] * 1000)
@@ -270,9 +270,9 @@ def test_kill_9_then_resume_with_the_server_up_leaves_nothing_missing(tmp_path, 
         os.killpg(proc.pid, signal.SIGKILL)
     finally:
         proc.wait()
-    client = ms.client_for(server.uri)
+    client = mc.client_for(server.uri)
     exp = client.get_experiment_by_name("clipbench").experiment_id
-    (before,) = ms.find_runs(client, exp, sweep="killed", role="run")
+    (before,) = mc.find_runs(client, exp, sweep="killed", role="run")
     assert before.info.status == "RUNNING" and not before.data.metrics  # the buffer died with the process
 
     r = runner.invoke(app, ["sweep", str(f), "--results-dir", str(res), "--tracking-uri", server.uri])

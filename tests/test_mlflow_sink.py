@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 
 from clipbench.config import load_run_config, run_id, to_dict
+from clipbench.tracking import mlflow_client as mc
 from clipbench.tracking import mlflow_sink as ms
+from clipbench.tracking.mirror import default_tracking_uri
 from clipbench.tracking.store import RunDir
 from clipbench.commands.sync import sync_command
-from clipbench.tracking.sync import expected_metrics
+from clipbench.tracking.mirror import expected_metrics, run_params
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "arith_tiny.yaml"
@@ -26,7 +28,7 @@ def cfg(**over):
 
 
 def client(results: Path):
-    return ms.client_for(ms.default_tracking_uri(results))
+    return mc.client_for(default_tracking_uri(results))
 
 
 def history(c, mid: str, key: str) -> list[tuple[int, float]]:
@@ -66,7 +68,7 @@ def test_long_params_are_truncated_to_mlflows_limit():
 
 def test_run_params_hold_config_and_rule_semantics():
     c = cfg(**{"objective.method": "dapo"})
-    p = ms.run_params(to_dict(c), "hf")
+    p = run_params(to_dict(c), "hf")
     assert p["objective.method"] == "dapo" and p["objective.eps_high"] == 0.28
     assert p["train.lr"] == c.train.lr and p["run_id"] == run_id(c)
     assert p["rule.ref_band_pos"] == "[0.8, 1.28]"  # 1 - 0.2, 1 + 0.28
@@ -99,7 +101,7 @@ def test_sink_batches_nests_tags_and_stores_artifacts(tmp_path):
     assert not sink.offline
     spy = SpyClient(sink.client)
     sink.client = spy
-    sink.log_params(ms.run_params(to_dict(c)))
+    sink.log_params(run_params(to_dict(c)))
     for step in range(1, 26):
         sink.log_metrics(step, {"loss": step / 10, "eval/arith/pass@8": 0.5, "note": "text is skipped"})
     rd.path.mkdir(parents=True, exist_ok=True)
@@ -123,7 +125,7 @@ def test_sink_batches_nests_tags_and_stores_artifacts(tmp_path):
     art = Path(run.info.artifact_uri.replace("file://", ""))
     assert art.is_relative_to(res.resolve() / "mlartifacts")
     assert (art / "config.yaml").read_text() == rd.config_path.read_text()
-    assert ms.recorded_mlflow_run(rd, ms.default_tracking_uri(res))["run_id"] == sink.mlflow_run_id
+    assert mc.recorded_mlflow_run(rd, default_tracking_uri(res))["run_id"] == sink.mlflow_run_id
 
 
 def test_dead_server_goes_offline_fast_with_one_warning(tmp_path, caplog):
@@ -145,7 +147,7 @@ def test_dead_server_goes_offline_fast_with_one_warning(tmp_path, caplog):
     warns = [r for r in caplog.records if r.name == "clipbench.tracking" and r.levelno == logging.WARNING]
     assert len(warns) == 1
     assert f"`clipbench sync sw --results-dir {res} --tracking-uri {uri}`" in warns[0].getMessage()  # exact
-    assert ms.recorded_mlflow_run(rd, uri)["offline"] is True and ms.recorded_mlflow_run(rd, uri)["needs_sync"] is True
+    assert mc.recorded_mlflow_run(rd, uri)["offline"] is True and mc.recorded_mlflow_run(rd, uri)["needs_sync"] is True
 
 
 def test_failure_mid_run_goes_offline_and_never_raises(tmp_path, caplog):
@@ -248,7 +250,7 @@ def test_sync_replays_missing_runs_and_points_once(tmp_path):
     assert all(r["duplicates_seen"] == 0 for r in first)
     cl = client(res)
     for rd in runs:
-        mid = ms.recorded_mlflow_run(rd, ms.default_tracking_uri(res))["run_id"]
+        mid = mc.recorded_mlflow_run(rd, default_tracking_uri(res))["run_id"]
         run = cl.get_run(mid)
         assert run.info.status == "FINISHED"
         for key, steps in expected_metrics(rd).items():
@@ -257,7 +259,7 @@ def test_sync_replays_missing_runs_and_points_once(tmp_path):
         arts = {f.path for f in cl.list_artifacts(mid)} | {f.path for f in cl.list_artifacts(mid, "eval/step_000000")}
         assert {"config.yaml", "hist", "eval", "eval/step_000000/arith.json"} <= arts
         assert run.data.tags["run_id"] == rd.run_id and run.data.tags.get("mlflow.parentRunId")
-    parents = ms.find_runs(cl, cl.get_experiment_by_name("clipbench").experiment_id, sweep="sw", role="sweep")
+    parents = mc.find_runs(cl, cl.get_experiment_by_name("clipbench").experiment_id, sweep="sw", role="sweep")
     assert len(parents) == 1 and [f.path for f in cl.list_artifacts(parents[0].info.run_id)] == ["manifest.json"]
     # a second sync finds nothing to do
     second = sync_command("sw", results_dir=res, tracking_uri=None)
@@ -341,7 +343,7 @@ def test_a_resumed_run_sends_what_the_store_has_and_mlflow_lacks(shared_res):
     rd = fake_run(res, "resumed", seed=0, steps=6, mb=2)
     config = {**rd.read_config(), "tracking": {**rd.read_config()["tracking"], "batch_every": 100}}
     s1 = ms.run_sink(config, rd, results_dir=res, sweep="resumed", resume=False)
-    s1.log_params(ms.run_params(config))
+    s1.log_params(run_params(config))
     loop_calls(rd, s1, evals_at=(0,))  # ... then SIGKILL: no flush, no close
     assert s1._buf and s1.n_metrics == 0
     s2 = ms.run_sink(config, rd, results_dir=res, sweep="resumed", resume=True)  # resumed from a checkpoint at step 2
@@ -356,7 +358,7 @@ def test_a_resumed_run_sends_what_the_store_has_and_mlflow_lacks(shared_res):
     arts = {f.path for f in cl.list_artifacts(mid)} | {f.path for f in cl.list_artifacts(mid, "eval/step_000006")}
     assert {"config.yaml", "hist", "eval/step_000006/arith.json"} <= arts
     assert cl.get_run(mid).info.status == "FINISHED"
-    rec = ms.recorded_mlflow_run(rd, ms.default_tracking_uri(res))
+    rec = mc.recorded_mlflow_run(rd, default_tracking_uri(res))
     assert rec["offline"] is False and rec["needs_sync"] is False
 
 
@@ -367,14 +369,14 @@ def test_sync_keeps_names_and_times_and_closes_the_parent(shared_res):
         rd.set_status("finished", started=t0, finished=t0 + 42.5)
     manifest = {"sweep": "names", "created": "2023-11-14T22:00:00+00:00", "runs": {a.run_id: {}, b.run_id: {}}}
     (res / "names" / "manifest.json").write_text(__import__("json").dumps(manifest))
-    uri = ms.default_tracking_uri(res)
+    uri = default_tracking_uri(res)
     ms.offline_sink(uri, a, "server down", run_name="nsr p=0.5 seed=0")  # the sweep ran offline: the name is kept
     sync_command("names", results_dir=res)
     cl = client(res)
-    run = cl.get_run(ms.recorded_mlflow_run(a, uri)["run_id"])
+    run = cl.get_run(mc.recorded_mlflow_run(a, uri)["run_id"])
     assert run.info.run_name == "nsr p=0.5 seed=0"
     assert (run.info.start_time, run.info.end_time) == (1_700_000_000_000, 1_700_000_042_500)  # not a 0.3 s run
-    parent = ms.find_runs(cl, cl.get_experiment_by_name("clipbench").experiment_id, sweep="names", role="sweep")[0]
+    parent = mc.find_runs(cl, cl.get_experiment_by_name("clipbench").experiment_id, sweep="names", role="sweep")[0]
     assert parent.info.status == "FINISHED" and parent.info.run_name == "names"
     assert parent.info.start_time == 1_699_999_200_000  # the manifest's "created": 22:00:00 UTC = 1_700_000_000 - 800 s
     assert parent.info.end_time == 1_700_000_142_500  # the last run's end
@@ -391,10 +393,10 @@ def test_a_run_finds_or_creates_the_parent_when_the_sweep_started_offline(shared
     sink = ms.run_sink(rd.read_config(), rd, results_dir=res, sweep="late", parent_run_id=None, resume=False)
     cl = client(res)
     exp = cl.get_experiment_by_name("clipbench").experiment_id
-    (parent,) = ms.find_runs(cl, exp, sweep="late", role="sweep")
+    (parent,) = mc.find_runs(cl, exp, sweep="late", role="sweep")
     assert cl.get_run(sink.mlflow_run_id).data.tags["mlflow.parentRunId"] == parent.info.run_id
     sink.close()
-    ms.finish_parent_run(None, "FINISHED", uri=ms.default_tracking_uri(res), sweep="late")
+    ms.finish_parent_run(None, "FINISHED", uri=default_tracking_uri(res), sweep="late")
     assert cl.get_run(parent.info.run_id).info.status == "FINISHED"
 
 
@@ -402,6 +404,6 @@ def test_the_sync_hint_is_the_exact_command(tmp_path):
     from clipbench.tracking.mirror import sync_hint
 
     res = tmp_path / "my results"
-    assert sync_hint("sw", res, ms.default_tracking_uri(res)) == f"clipbench sync sw --results-dir '{res}'"
+    assert sync_hint("sw", res, default_tracking_uri(res)) == f"clipbench sync sw --results-dir '{res}'"
     assert sync_hint("sw", res, "http://host:5000") == (f"clipbench sync sw --results-dir '{res}' "
                                                         "--tracking-uri http://host:5000")

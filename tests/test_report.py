@@ -24,7 +24,7 @@ from clipbench.report import stats
 from clipbench.report.analysis import analyze, run_quadrants
 from clipbench.commands.report import report_command
 from clipbench.report.build import build_report
-from clipbench.report.load import Run, assign_labels, load_sweep
+from clipbench.report.load import RunRecord, assign_labels, load_results
 from clipbench.tracking.store import list_sweeps
 from clipbench.report.paper import load_paper
 from clipbench.report.render import to_markdown
@@ -40,7 +40,7 @@ def results(tmp_path_factory, report_fixture) -> Path:
 
 @pytest.fixture(scope="module")
 def result(results) -> dict:
-    return analyze(load_sweep(results, "fixture"), "grpo")
+    return analyze(load_results(results, "fixture"), "grpo")
 
 
 @pytest.fixture(scope="module")
@@ -193,8 +193,8 @@ def test_paired_by_problem_id(results, tmp_path, report_fixture):
     payload["problem_ids"] = [payload["problem_ids"][i] for i in order]
     payload["correct"] = [payload["correct"][i] for i in order]
     p.write_text(json.dumps(payload))
-    a = analyze(load_sweep(results, "fixture"), "grpo")["blocks"][0]["benchmarks"]["arith"]["rows"]["abc"]
-    b = analyze(load_sweep(root, "fixture"), "grpo")["blocks"][0]["benchmarks"]["arith"]["rows"]["abc"]
+    a = analyze(load_results(results, "fixture"), "grpo")["blocks"][0]["benchmarks"]["arith"]["rows"]["abc"]
+    b = analyze(load_results(root, "fixture"), "grpo")["blocks"][0]["benchmarks"]["arith"]["rows"]["abc"]
     for m in a["metrics"]:
         assert a["metrics"][m]["mean"] == pytest.approx(b["metrics"][m]["mean"])
         assert a["metrics"][m]["p"] == pytest.approx(b["metrics"][m]["p"])
@@ -265,9 +265,9 @@ def test_gradient_mass_shares_per_quadrant_and_rescued():
 
 # ---- labels, baseline, errors --------------------------------------------------------------------
 
-def _run(rid: str, method: str, model: str = "m", seed: int = 0, **params) -> Run:
+def _run(rid: str, method: str, model: str = "m", seed: int = 0, **params) -> RunRecord:
     cfg = {"seed": seed, "model": {"name": model}, "train": {"steps": 10}, "objective": {"method": method, **params}}
-    return Run(run_id=rid, path=Path(rid), config=cfg, state="finished")
+    return RunRecord(run_id=rid, path=Path(rid), config=cfg, state="finished")
 
 
 def test_labels_name_what_varies_within_a_block():
@@ -287,7 +287,7 @@ def test_labels_name_what_varies_within_a_block():
 def test_unknown_sweep_lists_existing(results):
     assert list_sweeps(results) == ["fixture"]
     with pytest.raises(UserError, match=r"no runs for sweep 'fixtur'.*did you mean 'fixture'.*sweeps with runs: fixture"):
-        load_sweep(results, "fixtur")
+        load_results(results, "fixtur")
     with pytest.raises(UserError, match=r"does not exist"):
         report_command("x", baseline=None, fmt="rich", results_dir=results / "nope", out=None)
 
@@ -300,9 +300,9 @@ def test_bad_baseline_and_format(results):
 
 
 def test_no_baseline_means_no_gain(results):
-    res = analyze(load_sweep(results, "fixture"), None)  # grpo is picked by default
+    res = analyze(load_results(results, "fixture"), None)  # grpo is picked by default
     assert res["baseline"] == "grpo"
-    res = analyze(load_sweep(results, "fixture"), "abc")
+    res = analyze(load_results(results, "fixture"), "abc")
     assert set(res["blocks"][0]["gain"]) == {"grpo", "nsr"}
 
 

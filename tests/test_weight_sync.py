@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from clipbench.errors import UserError
-from clipbench.rollout.vllm import SleepCycle, sleep_mode_error
+from clipbench.rollout.vllm_engine import SleepCycle, sleep_mode_error
 from clipbench.rollout.weights import checkpoint_name, training_weights
 
 

@@ -29,7 +29,6 @@ import random
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 

@@ -22,7 +22,7 @@ from rich.table import Table
 
 from clipbench.errors import UserError
 from clipbench.tasks.base import Task
-from clipbench.tracking.store import atomic_write_json
+from clipbench.tracking.files import atomic_write_json
 from clipbench.models import BUILTIN_PREFIX, compute_dtype, dtype_name, read_build_info, resolve_model_name
 
 DEFAULT_OUT_ROOT = Path("results") / "eval"

@@ -12,7 +12,8 @@ from pathlib import Path
 from clipbench.errors import UserError, unknown_choice
 from clipbench.report import render
 from clipbench.report.build import build_report, write_report
-from clipbench.tracking.store import check_store_dir, check_writable_dir, list_sweeps
+from clipbench.tracking.store import list_sweeps
+from clipbench.tracking.files import check_store_dir, check_writable_dir
 
 
 def report_command(sweep: str | None, *, baseline: str | None, fmt: str, results_dir: Path,

@@ -30,8 +30,9 @@ from clipbench.config.labels import format_value, label, run_label
 from clipbench.sweep.expand import Expansion, expand, iter_summary
 from clipbench.sweep.manifest import freeze, manifest_path, manifest_runs, merge, read_manifest
 from clipbench.commands.progress import SweepProgress
-from clipbench.sweep.spec import SweepSpec, load_sweep
-from clipbench.tracking.store import RunDir, check_writable_dir, list_run_dirs
+from clipbench.sweep.spec import SweepSpec, load_spec
+from clipbench.tracking.store import RunDir, list_run_dirs
+from clipbench.tracking.files import check_writable_dir
 
 
 AVG_KEY = re.compile(r"/avg@(\d+|n)$")  # eval/<benchmark>/avg@<n> (avg@n: a store from before n was named)
@@ -48,7 +49,7 @@ def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
 
 def plan(file: str | Path, overrides: list[str] = (), plugins: list[str] = ()) -> tuple[SweepSpec, Expansion]:
     """Parse and expand a sweep file (pure; ConfigError on bad input)."""
-    spec = load_sweep(file, list(overrides), list(plugins))
+    spec = load_spec(file, list(overrides), list(plugins))
     return spec, expand(spec)
 
 
@@ -262,7 +263,8 @@ def _parent_run(spec: SweepSpec, runs, results_dir: Path, tracking_uri: str | No
     """(parent run id or None, tracking URI, experiment); (None, None, None) when tracking is off."""
     if not runs or not any(cfg.get("tracking", {}).get("mlflow", True) for _, cfg, _ in runs):
         return None, None, None
-    from clipbench.tracking.mlflow_sink import resolve_tracking_uri, sweep_parent_run
+    from clipbench.tracking.mlflow_client import resolve_tracking_uri
+    from clipbench.tracking.mlflow_sink import sweep_parent_run
 
     tr = runs[0][1].get("tracking", {})
     uri = resolve_tracking_uri(tracking_uri, tr.get("tracking_uri"), results_dir)
@@ -283,7 +285,7 @@ def _finish_parent(parent: str | None, uri: str | None, experiment: str | None, 
 def _warm_metrics_cache(results_dir: Path, sweep: str) -> None:
     """Parse the new metrics once now, so the report that follows reads the sweep's cache."""
     try:
-        from clipbench.tracking.store import load_sweep_metrics
+        from clipbench.tracking.metrics_table import load_sweep_metrics
 
         load_sweep_metrics(results_dir, sweep)
     except Exception:  # noqa: BLE001 - an optimisation only

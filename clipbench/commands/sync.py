@@ -12,8 +12,9 @@ from rich.console import Console
 from rich.table import Table
 
 from clipbench.errors import UserError, did_you_mean
-from clipbench.tracking.mlflow_sink import client_for, resolve_tracking_uri
-from clipbench.tracking.store import check_store_dir, list_sweeps
+from clipbench.tracking.mlflow_client import client_for, resolve_tracking_uri
+from clipbench.tracking.store import list_sweeps
+from clipbench.tracking.files import check_store_dir
 from clipbench.tracking.sync import load_sweeps, sync_sweeps
 
 

@@ -16,7 +16,8 @@ from rich.console import Console
 
 from clipbench.config import load_run_config, run_id
 from clipbench.errors import RunFailed
-from clipbench.tracking.store import RunDir, check_writable_dir
+from clipbench.tracking.store import RunDir
+from clipbench.tracking.files import check_writable_dir
 from clipbench.train.checkpoint import find_checkpoint
 from clipbench.train.distributed import under_torchrun
 from clipbench.engines.launch import launch_ranks, run_as_rank

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from clipbench.errors import UserError
 from clipbench.sweep.execute import run_one, task_from_manifest, train_as_rank

@@ -11,7 +11,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -168,13 +167,12 @@ def choices() -> dict[str, tuple[str, ...]]:
     owned by the packages a key configures (read from there, never copied)."""
     from clipbench.objectives import AGGREGATIONS
     from clipbench.objectives.advantages import ADVANTAGES
-    from clipbench.rollout import BACKENDS
     from clipbench.tasks import TASK_NAMES
     from clipbench.tasks.arith import FORMATS
     from clipbench.tasks.templates import TEMPLATE_CHOICES
 
     return {**CHOICES, "task.name": tuple(TASK_NAMES), "task.template": tuple(TEMPLATE_CHOICES), "task.format": FORMATS,
-            "sampler.backend": tuple(BACKENDS), "train.agg": tuple(AGGREGATIONS),
+            "train.agg": tuple(AGGREGATIONS),
             "train.advantage": ADVANTAGES}
 
 
@@ -307,7 +305,3 @@ def run_id(cfg: RunConfig | Mapping) -> str:
 
 def dump_yaml(cfg: RunConfig | Mapping) -> str:
     return yamlio.dump_yaml(to_dict(cfg) if isinstance(cfg, RunConfig) else dict(cfg))
-
-
-def env_tracking_uri() -> str | None:
-    return os.environ.get("MLFLOW_TRACKING_URI") or None

@@ -12,11 +12,11 @@ Design choices:
   has one (tests/test_config.py checks it): a new field must say what it accepts.
 - Floats must be finite (1e400 in YAML is inf). Upper bounds are generous but finite, so a typo
   like `train.steps: 10**29` is an error, not a run that trains until it is killed.
-- Closed lists owned by the packages below the trainer are read from their owner
-  (`clipbench.config.load.choices`): sampler backends (`clipbench.rollout`), tasks and templates
-  (`clipbench.tasks`), aggregations and methods (`clipbench.objectives`), benchmarks
-  (`clipbench.tasks.benchmarks`). The lists below are the ones this schema owns; the trainer reads
-  them from here (config never imports the trainer).
+- Closed lists owned by the packages below config are read from their owner
+  (`clipbench.config.load.choices`): tasks and templates (`clipbench.tasks`), aggregations,
+  advantages and methods (`clipbench.objectives`), benchmarks (`clipbench.tasks.benchmarks`). The
+  lists below are the ones this schema owns; the packages above config (the samplers, the trainer)
+  read them from here. Engine names are the engines' (`clipbench.engines`, above config).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from clipbench.tasks.arith import MAX_DIGITS, MAX_OPERANDS, VALID_OPS
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.dtype": ("float32", "bfloat16", "float16", "auto"),
     "model.device": ("auto", "cpu", "cuda"),
+    "sampler.backend": ("auto", "hf", "vllm"),  # clipbench.rollout implements each
     "sampler.old_logp": ("recompute", "sampler"),
     "sampler.mismatch_is": ("none", "token", "sequence"),
     "train.lr_schedule": ("constant", "cosine"),

@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from transformers import TrainerCallback
+
 from clipbench.errors import ConfigError, UserError, did_you_mean
 
 # GRPOConfig fields clipbench derives from the run config (a `trl:` entry may not set them).
@@ -152,98 +154,99 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def make_store_callback(cfg, rd, *, sink, progress, suite, tokenizer):
-    """A TrainerCallback that writes the results store (main process) as the built-in loop does."""
-    from transformers import TrainerCallback
+class StoreCallback(TrainerCallback):
+    """Writes the results store (main process) as the built-in loop does: a metrics row per optimizer
+    step (TRL's values under clipbench's names), histograms, evaluations, checkpoints, progress."""
 
-    from clipbench.train.checkpoint import install_checkpoint
+    def __init__(self, cfg, rd, *, sink, progress, suite, tokenizer):
+        self.cfg, self.rd, self.sink, self.progress, self.suite, self.tokenizer = cfg, rd, sink, progress, suite, tokenizer
+        self.per_rollout = optimizer_steps_per_rollout(cfg)
+        self.trainer = None  # set by run_trl (the histograms live on it)
+        self.rollout: dict = {}
+        self.last: dict = {}
+        self.clip_events = 0.0
 
-    per_rollout = optimizer_steps_per_rollout(cfg)
+    def evaluate(self, step: int, model) -> dict:
+        from clipbench.eval.suite import run_eval
+        from clipbench.rollout import build_sampler
 
-    class StoreCallback(TrainerCallback):
-        def __init__(self):
-            self.trainer = None  # set by run_trl (the histograms live on it)
-            self.rollout: dict = {}
-            self.last: dict = {}
+        sc = self.cfg.sampler
+        sampler = build_sampler("hf", model, self.tokenizer, max_new_tokens=sc.max_new_tokens,
+                                temperature=sc.temperature, top_p=sc.top_p, seed=self.cfg.seed)
+        # every process samples (models sharded by ZeRO-3 need all of them); only the main one writes
+        return run_eval(self.cfg, self.rd, step, sampler, self.suite, self.sink, write=_main_process())
+
+    def on_train_begin(self, args, state, control, model=None, **kw):
+        if (self.suite and state.global_step == 0 and self.cfg.eval.at_start
+                and not self.rd.eval_path(0, next(iter(self.suite))).exists()):
+            self.evaluate(0, model)
+
+    def on_step_end(self, args, state, control, model=None, **kw):
+        if state.global_step % self.per_rollout:
+            return
+        done, cfg = state.global_step // self.per_rollout, self.cfg
+        if self.suite and cfg.eval.every and done % cfg.eval.every == 0 and done < cfg.train.steps:
+            self.evaluate(done, model)
+        if done % cfg.train.checkpoint_every == 0 or done == cfg.train.steps:
+            control.should_save = True
+
+    def on_log(self, args, state, control, logs=None, **kw):
+        if not logs or "loss" not in logs:  # the end-of-training summary
+            return
+        n = state.global_step
+        row = self.metrics_row(n, logs)
+        hist = None
+        if self.trainer is not None and self.trainer.clipbench_histograms is not None and n % self.per_rollout == 0:
+            hist = _sum_histograms(self.trainer.clipbench_histograms)
+            self.trainer.clipbench_histograms.clear()
+        if not _main_process():
+            return
+        self.rd.append_metrics([row])
+        if hist is not None:
+            self.rd.append_hist([{"step": row["step"], "opt_step": n, **hist}])
+        self.sink.log_metrics(n, {key: v for key, v in row.items() if isinstance(v, (int, float))})
+        self.last = row
+        if n % self.per_rollout == 0 and self.progress:
+            self.progress({"step": row["step"] + 1, "steps": self.cfg.train.steps, "reward": row.get("reward/mean", 0.0),
+                           "entropy": row.get("entropy", 0.0), "clip_events": self.clip_events,
+                           "accuracy": row.get("accuracy", 0.0)})
             self.clip_events = 0.0
 
-        def evaluate(self, step: int, model) -> dict:
-            from clipbench.rollout import build_sampler
-            from clipbench.eval.suite import run_eval
+    def metrics_row(self, n: int, logs: dict) -> dict:
+        """The metrics.jsonl row of optimizer step n from TRL's logs (RENAME; the rest as trl/<name>);
+        the rollout's values, logged by TRL once per generation, repeated on each of its rows."""
+        step, k = divmod(n - 1, self.per_rollout)
+        row = {"step": step, "opt_step": n, "epoch": k // self.cfg.train.mini_batches,
+               "mini_batch": k % self.cfg.train.mini_batches}
+        named = {RENAME.get(key, key if _is_clipbench_stat(key) else f"trl/{key}"): float(v)
+                 for key, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if "reward/mean" in named:  # a generation happened at this step: the rollout's values
+            self.rollout = {key: named[key] for key in ROLLOUT_KEYS if key in named}
+            self.rollout["accuracy/sampled"] = self.rollout.get("accuracy", 0.0)
+            self.rollout["zero_var_groups_frac/kept"] = self.rollout.get("zero_var_groups_frac", 0.0)
+            self.rollout["groups_kept"] = self.cfg.train.prompts_per_step
+        row.update(self.rollout)
+        row.update(named)
+        row["old_logp_source"] = 0
+        self.clip_events += row.get("clip_events", 0.0)
+        return row
 
-            sampler = build_sampler("hf", model, tokenizer, max_new_tokens=cfg.sampler.max_new_tokens,
-                                    temperature=cfg.sampler.temperature, top_p=cfg.sampler.top_p, seed=cfg.seed)
-            # every process samples (models sharded by ZeRO-3 need all of them); only the main one writes
-            return run_eval(cfg, rd, step, sampler, suite, sink, write=_main_process())
+    def on_save(self, args, state, control, **kw):
+        """Move TRL's checkpoint-N into checkpoints/last/model (swapped in by renames) + state.json."""
+        from clipbench.tracking.files import atomic_write_json
+        from clipbench.train.checkpoint import install_checkpoint
 
-        def on_train_begin(self, args, state, control, model=None, **kw):
-            if (suite and state.global_step == 0 and cfg.eval.at_start
-                    and not rd.eval_path(0, next(iter(suite))).exists()):
-                self.evaluate(0, model)
-
-        def on_step_end(self, args, state, control, model=None, **kw):
-            if state.global_step % per_rollout:
-                return
-            done = state.global_step // per_rollout
-            if suite and cfg.eval.every and done % cfg.eval.every == 0 and done < cfg.train.steps:
-                self.evaluate(done, model)
-            if done % cfg.train.checkpoint_every == 0 or done == cfg.train.steps:
-                control.should_save = True
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            if not logs or "loss" not in logs:  # the end-of-training summary
-                return
-            n = state.global_step
-            step, k = divmod(n - 1, per_rollout)
-            row = {"step": step, "opt_step": n, "epoch": k // cfg.train.mini_batches,
-                   "mini_batch": k % cfg.train.mini_batches}
-            named = {}
-            for key, v in logs.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    named[RENAME.get(key, key if _is_clipbench_stat(key) else f"trl/{key}")] = float(v)
-            if "reward/mean" in named:  # a generation happened at this step: the rollout's values
-                self.rollout = {key: named[key] for key in ROLLOUT_KEYS if key in named}
-                self.rollout["accuracy/sampled"] = self.rollout.get("accuracy", 0.0)
-                self.rollout["zero_var_groups_frac/kept"] = self.rollout.get("zero_var_groups_frac", 0.0)
-                self.rollout["groups_kept"] = cfg.train.prompts_per_step
-            row.update(self.rollout)
-            row.update(named)
-            row["old_logp_source"] = 0
-            self.clip_events += row.get("clip_events", 0.0)
-            hist = None
-            if self.trainer is not None and self.trainer.clipbench_histograms is not None and (n % per_rollout == 0):
-                hist = _sum_histograms(self.trainer.clipbench_histograms)
-                self.trainer.clipbench_histograms.clear()
-            if not _main_process():
-                return
-            rd.append_metrics([row])
-            if hist is not None:
-                rd.append_hist([{"step": step, "opt_step": n, **hist}])
-            sink.log_metrics(n, {key: v for key, v in row.items() if isinstance(v, (int, float))})
-            self.last = row
-            if n % per_rollout == 0 and progress:
-                progress({"step": step + 1, "steps": cfg.train.steps, "reward": row.get("reward/mean", 0.0),
-                          "entropy": row.get("entropy", 0.0), "clip_events": self.clip_events,
-                          "accuracy": row.get("accuracy", 0.0)})
-                self.clip_events = 0.0
-
-        def on_save(self, args, state, control, **kw):
-            """Move TRL's checkpoint-N into checkpoints/last/model (swapped in by renames) + state.json."""
-            n = state.global_step
-            src = Path(args.output_dir) / f"checkpoint-{n}"
-            _barrier()  # every process has written its part
-            if _main_process() and n % per_rollout == 0 and src.is_dir():
-                root = rd.checkpoint_dir.parent
-                tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
-                os.replace(src, tmp / "model")
-                from clipbench.tracking.store import atomic_write_json
-
-                atomic_write_json(tmp / "state.json", {"step": n // per_rollout, "opt_step": n, "engine": "trl"})
-                install_checkpoint(tmp, rd.checkpoint_dir)
-                rd.set_status("running", step=n // per_rollout)
-            _barrier()
-
-    return StoreCallback()
+        n = state.global_step
+        src = Path(args.output_dir) / f"checkpoint-{n}"
+        _barrier()  # every process has written its part
+        if _main_process() and n % self.per_rollout == 0 and src.is_dir():
+            root = self.rd.checkpoint_dir.parent
+            tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
+            os.replace(src, tmp / "model")
+            atomic_write_json(tmp / "state.json", {"step": n // self.per_rollout, "opt_step": n, "engine": "trl"})
+            install_checkpoint(tmp, self.rd.checkpoint_dir)
+            self.rd.set_status("running", step=n // self.per_rollout)
+        _barrier()
 
 
 def _is_clipbench_stat(key: str) -> bool:
@@ -292,9 +295,10 @@ def run_trl(cfg, run_dir: Path, *, resume: bool = False, sink=None,
     from clipbench.config import run_id, to_dict
     from clipbench.integrations.trl import ClipbenchGRPOTrainer
     from clipbench.tasks import build_run_task
-    from clipbench.tracking.mlflow_sink import run_params
+    from clipbench.tracking.mirror import run_params
     from clipbench.tracking.sink import NullSink
-    from clipbench.tracking.store import RunDir, read_json
+    from clipbench.tracking.store import RunDir
+    from clipbench.tracking.files import read_json
     from clipbench.models import load_model_and_tokenizer, resolve_model_name
     from clipbench.train.checkpoint import find_checkpoint
     from clipbench.train.distributed import resolve_device
@@ -325,7 +329,7 @@ def run_trl(cfg, run_dir: Path, *, resume: bool = False, sink=None,
     args = grpo_args(cfg, rd.path, world_size=int(os.environ.get("WORLD_SIZE", "1")), use_cpu=device.type == "cpu")
     obj = dict(cfg.objective)
     method = obj.pop("method")
-    callback = make_store_callback(cfg, rd, sink=sink, progress=progress, suite=suite, tokenizer=tok)
+    callback = StoreCallback(cfg, rd, sink=sink, progress=progress, suite=suite, tokenizer=tok)
     trainer = ClipbenchGRPOTrainer(model=model, reward_funcs=[_reward_fn(task, problems)], args=args,
                                    train_dataset=dataset, processing_class=tok, callbacks=[callback],
                                    method=method, params=obj, agg=cfg.train.agg,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from clipbench.config import RunConfig
 from clipbench.errors import UserError
-from clipbench.memory.estimator import (GIB, MARGIN, MemoryPlan, Setup, advise,
-                                       estimate, gib)
+from clipbench.memory.estimator import (MARGIN, MemoryPlan, Setup, advise, estimate,
+                                       gib)
 from clipbench.models import PROMPT_TOKENS, compute_dtype, dtype_name
 from clipbench.models.shapes import ModelShape, model_shape
 

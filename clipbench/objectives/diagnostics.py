@@ -130,19 +130,28 @@ def combine(sums_list: Iterable[Mapping[str, torch.Tensor]]) -> dict[str, torch.
     return out
 
 
-def reduce_sums(sums: Mapping[str, torch.Tensor],
-                reduce: Callable[[torch.Tensor, str], None]) -> dict[str, torch.Tensor]:
-    """``sums`` with every key reduced by ``reduce(vector, kind)`` (in place, kind "sum"/"max"/"min"),
-    called once per kind on the stacked keys of that kind: one collective per kind."""
-    out = dict(sums)
+def reduce_sums(sums, reduce: Callable[[torch.Tensor, str], None], *, to=None):
+    """``sums`` (one mapping, or a list of them: e.g. every optimizer step of a rollout batch) with
+    every key reduced by ``reduce(tensor, kind)`` (in place, kind "sum"/"max"/"min"), called once per
+    kind on the stacked keys of that kind for all of them: one collective per kind. A key missing
+    from one mapping of a list reads 0 there. ``to``: a device the result moves to, in one transfer
+    per kind (the host, for logging)."""
+    rows = [sums] if isinstance(sums, Mapping) else list(sums)
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    out: list[dict[str, torch.Tensor]] = [dict(r) for r in rows]
     for kind in REDUCTIONS:
-        keys = [k for k in sums if reduction(k) == kind]
-        if not keys:
+        ks = [k for k in keys if reduction(k) == kind]
+        if not ks:
             continue
-        vector = torch.stack([sums[k] for k in keys])
-        reduce(vector, kind)
-        out.update(zip(keys, vector.unbind(0)))
-    return out
+        zero = next(r[k] for r in rows for k in ks if k in r).new_zeros((), dtype=torch.float64)
+        stacked = torch.stack([torch.stack([r[k].to(torch.float64) if k in r else zero for k in ks])
+                               for r in rows])  # (mappings, keys)
+        reduce(stacked, kind)
+        if to is not None:
+            stacked = stacked.to(to)
+        for row, vals in zip(out, stacked):
+            row.update(zip(ks, vals.unbind(0)))
+    return out[0] if isinstance(sums, Mapping) else out
 
 
 def all_reduce_sums(sums: Mapping[str, torch.Tensor], group=None) -> dict[str, torch.Tensor]:

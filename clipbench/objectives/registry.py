@@ -19,7 +19,6 @@ entry points, which this registry loads itself on the first lookup of a name it 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util

@@ -1,7 +1,7 @@
 """Comparison reports from the results store: Table 3 layout, significance, clip quadrants, plots.
 
     from clipbench.report.build import build_report, write_report
-    sweep = load_sweep(results_dir, name); result = analyze(sweep, baseline); tables = build_tables(result, paper)
+    sweep = load_results(results_dir, name); result = analyze(sweep, baseline); tables = build_tables(result, paper)
 
 Modules: ``load`` (runs, labels), ``stats`` (pass@k per problem, CIs, paired bootstrap),
 ``analysis`` (numbers), ``tables`` (display strings), ``render`` (rich/markdown/latex/csv/html),

@@ -24,7 +24,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from clipbench.report import health, stats
-from clipbench.report.load import Run, Sweep, resolve_baseline
+from clipbench.report.load import RunRecord, Sweep, resolve_baseline
 
 QUADRANTS = ("q1", "q2", "q3", "q4")
 CELLS = ("q1", "q2", "q3", "q4", "zero_adv", "on_policy")
@@ -33,13 +33,13 @@ BASE_LABEL = "base (step 0)"
 
 # ---- per-benchmark evaluation values ----------------------------------------------------------
 
-def _payload_at(run: Run, bench: str, step: int | None) -> dict | None:
+def _payload_at(run: RunRecord, bench: str, step: int | None) -> dict | None:
     if step is None:
         return None
     return run.evals.get(step, {}).get(bench)
 
 
-def _initial_step(run: Run) -> int | None:
+def _initial_step(run: RunRecord) -> int | None:
     """The step-0 evaluation of a run (the base model), when it was evaluated before training."""
     if not run.evals:
         return None
@@ -47,7 +47,7 @@ def _initial_step(run: Run) -> int | None:
     return first if first == 0 and first != run.final_step else None
 
 
-def seed_values(runs: Sequence[Run], bench: str, ks: Sequence[int], *, initial: bool = False):
+def seed_values(runs: Sequence[RunRecord], bench: str, ks: Sequence[int], *, initial: bool = False):
     """Per-problem values of each run (seed) on one benchmark, aligned by problem id.
 
     Returns (problem_ids, {metric: (S, P) array}, run_ids) over the problems every run evaluated,
@@ -97,14 +97,14 @@ def _paired_diffs(a_ids, a_vals: np.ndarray, b_ids, b_vals: np.ndarray) -> np.nd
 
 # ---- one block (one base model) ---------------------------------------------------------------
 
-def block_n(runs: Sequence[Run], benches: Sequence[str]) -> int:
+def block_n(runs: Sequence[RunRecord], benches: Sequence[str]) -> int:
     """Samples per problem: the smallest n among the final evaluations (Pass@k needs k <= n)."""
     ns = [int(r.evals[r.final_step][b]["n"]) for r in runs if r.final_step is not None
           for b in benches if b in r.evals[r.final_step]]
     return min(ns) if ns else 0
 
 
-def block_benchmarks(runs: Sequence[Run]) -> list[str]:
+def block_benchmarks(runs: Sequence[RunRecord]) -> list[str]:
     out: dict[str, None] = {}
     for r in runs:
         if r.final_step is not None:
@@ -112,7 +112,7 @@ def block_benchmarks(runs: Sequence[Run]) -> list[str]:
     return list(out)
 
 
-def analyze_block(model: str, runs: Sequence[Run], labels: Sequence[str], baseline: str | None, *,
+def analyze_block(model: str, runs: Sequence[RunRecord], labels: Sequence[str], baseline: str | None, *,
                   resamples: int = stats.BOOTSTRAP_RESAMPLES, seed: int = stats.BOOTSTRAP_SEED) -> dict:
     evaluated = [r for r in runs if r.final_step is not None]
     benches = block_benchmarks(evaluated)
@@ -247,7 +247,7 @@ def run_quadrants(metrics: Sequence[Mapping]) -> dict | None:
     }
 
 
-def label_quadrants(runs: Sequence[Run]) -> dict | None:
+def label_quadrants(runs: Sequence[RunRecord]) -> dict | None:
     """Mean +- std over seeds of each run's shares (each seed weighs the same)."""
     per_run = [q for q in (run_quadrants(r.metrics) for r in runs) if q is not None]
     if not per_run:
@@ -306,7 +306,7 @@ def run_dynamics(metrics: Sequence[Mapping]) -> dict | None:
     }
 
 
-def label_dynamics(runs: Sequence[Run]) -> dict | None:
+def label_dynamics(runs: Sequence[RunRecord]) -> dict | None:
     """Mean +- std over seeds of each run's dynamics (first/last pairs kept as pairs)."""
     per_run = [d for d in (run_dynamics(r.metrics) for r in runs) if d is not None]
     if not per_run:
@@ -338,7 +338,7 @@ def analyze(sweep: Sweep, baseline: str | None = None, *, resamples: int = stats
         states[r.state] = states.get(r.state, 0) + 1
     reasons = {r.run_id: health.exclusion_reason(r) for r in sweep.runs}
     compared = [r for r in sweep.runs if reasons[r.run_id] is None]
-    blocks: dict[str, list[Run]] = {}
+    blocks: dict[str, list[RunRecord]] = {}
     for r in compared:
         blocks.setdefault(r.model, []).append(r)
     out = {

@@ -21,9 +21,9 @@ from clipbench.report import paper as paper_ref
 from clipbench.report import render
 from clipbench.report.analysis import analyze
 from clipbench.report.claims import as_dicts, evaluate_claims
-from clipbench.report.load import Sweep, load_sweep
+from clipbench.report.load import Sweep, load_results
 from clipbench.report.tables import Table, build_tables, model_title
-from clipbench.tracking.store import atomic_write_json
+from clipbench.tracking.files import atomic_write_json
 
 
 def header_lines(sweep: Sweep, result: dict) -> list[str]:
@@ -55,7 +55,7 @@ def header_lines(sweep: Sweep, result: dict) -> list[str]:
 
 def build_report(results_dir: Path, sweep_name: str, baseline: str | None):
     """(sweep, analysis dict, tables, header lines) for one sweep; UserError when it has nothing to show."""
-    sweep = load_sweep(results_dir, sweep_name)
+    sweep = load_results(results_dir, sweep_name)
     result = analyze(sweep, baseline)
     excluded = {e["run_id"] for e in result["runs"]["excluded"]}
     result["claims"] = as_dicts(evaluate_claims(sweep, [r for r in sweep.runs if r.run_id not in excluded]))

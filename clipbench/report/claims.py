@@ -36,7 +36,7 @@ import numpy as np
 
 from clipbench.report import stats
 from clipbench.report.analysis import _paired_diffs, block_benchmarks, block_n, run_dynamics, run_quadrants, seed_values
-from clipbench.report.load import Run, Sweep
+from clipbench.report.load import RunRecord, Sweep
 
 ALPHA = 0.05
 QUADRANTS = ("q1", "q2", "q3", "q4")
@@ -73,7 +73,7 @@ def _t_ci(values: Sequence[float]) -> tuple[float, float]:
     return stats.t_interval(v)
 
 
-def _per_seed(runs: Sequence[Run], value) -> dict[int, float]:
+def _per_seed(runs: Sequence[RunRecord], value) -> dict[int, float]:
     out = {}
     for r in runs:
         v = value(r)
@@ -94,24 +94,24 @@ def _ttest_rel_p(diffs: np.ndarray) -> float:
     return float(sps.ttest_1samp(diffs, 0.0).pvalue)  # = ttest_rel on the pairs
 
 
-def _last_entropy(r: Run) -> float | None:
+def _last_entropy(r: RunRecord) -> float | None:
     d = run_dynamics(r.metrics)
     return None if d is None else d["entropy"][1]  # (first, last) fifth
 
 
-def _q4_lead(r: Run) -> float | None:
+def _q4_lead(r: RunRecord) -> float | None:
     q = run_quadrants(r.metrics)
     if q is None or not math.isfinite(q["share"]["q4"]):
         return None
     return q["share"]["q4"] - max(q["share"][k] for k in ("q1", "q2", "q3"))
 
 
-def _q4_share(r: Run) -> float | None:
+def _q4_share(r: RunRecord) -> float | None:
     q = run_quadrants(r.metrics)
     return None if q is None else q["share"]["q4"]
 
 
-def seed_claim(claim: str, source: str, a_label: str, a: Sequence[Run], b_label: str, b: Sequence[Run], figure: str,
+def seed_claim(claim: str, source: str, a_label: str, a: Sequence[RunRecord], b_label: str, b: Sequence[RunRecord], figure: str,
                value, scale: float = 1.0) -> ClaimResult | None:
     diffs = scale * _paired_seeds(_per_seed(a, value), _per_seed(b, value))
     if diffs.size == 0:
@@ -121,8 +121,8 @@ def seed_claim(claim: str, source: str, a_label: str, a: Sequence[Run], b_label:
                        "paired t, seeds", int(diffs.size), verdict(est, p))
 
 
-def accuracy_claim(claim: str, source: str, a_label: str, a: Sequence[Run], b_label: str,
-                   b: Sequence[Run], *, b_initial: bool = False) -> ClaimResult | None:
+def accuracy_claim(claim: str, source: str, a_label: str, a: Sequence[RunRecord], b_label: str,
+                   b: Sequence[RunRecord], *, b_initial: bool = False) -> ClaimResult | None:
     """``b_initial``: compare with b's step-0 evaluation (the base model) instead of its last."""
     a = [r for r in a if r.final_step is not None]
     b = [r for r in b if r.final_step is not None]
@@ -146,18 +146,18 @@ def accuracy_claim(claim: str, source: str, a_label: str, a: Sequence[Run], b_la
                        f"{', '.join(benches)})", est, _t_ci(allv), p, "paired bootstrap, problems", int(allv.size), verdict(est, p))
 
 
-def _params(r: Run) -> dict:
+def _params(r: RunRecord) -> dict:
     return {k: v for k, v in r.config.get("objective", {}).items() if k != "method"}
 
 
-def evaluate_claims(sweep: Sweep, compared: Sequence[Run]) -> list[ClaimResult]:
+def evaluate_claims(sweep: Sweep, compared: Sequence[RunRecord]) -> list[ClaimResult]:
     """Every claim that applies to the compared runs of a sweep, block by block (base model)."""
     out: list[ClaimResult] = []
-    blocks: dict[str, list[Run]] = {}
+    blocks: dict[str, list[RunRecord]] = {}
     for r in compared:
         blocks.setdefault(r.model, []).append(r)
     for runs in blocks.values():
-        by_label: dict[str, list[Run]] = {}
+        by_label: dict[str, list[RunRecord]] = {}
         for r in runs:
             by_label.setdefault(r.label, []).append(r)
         method_of = {lb: rs[0].method for lb, rs in by_label.items()}

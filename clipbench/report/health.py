@@ -24,7 +24,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from clipbench.report.load import Run
+from clipbench.report.load import RunRecord
 
 WINDOW = 0.1                 # share of the rollout steps averaged at the start and at the end
 REWARD_COLLAPSE = 0.5        # flagged when the end is below this fraction of the start
@@ -39,17 +39,17 @@ RULES = (f"Flags: reward collapse = mean reward over the last {WINDOW:.0%} of ro
          f"steps skipped as non-finite (loss or gradient norm).")
 
 
-def total_steps(run: Run) -> int | None:
+def total_steps(run: RunRecord) -> int | None:
     steps = (run.config.get("train") or {}).get("steps")
     return int(steps) if isinstance(steps, int) else None
 
 
-def steps_done(run: Run) -> int:
+def steps_done(run: RunRecord) -> int:
     """Rollout steps with metrics in the store."""
     return 1 + max((int(r["step"]) for r in run.metrics if isinstance(r.get("step"), int)), default=-1)
 
 
-def exclusion_reason(run: Run) -> str | None:
+def exclusion_reason(run: RunRecord) -> str | None:
     """None for a run the report compares; else why it is left out (one short sentence)."""
     steps = total_steps(run)
     done = steps_done(run)
@@ -66,7 +66,7 @@ def exclusion_reason(run: Run) -> str | None:
     return None
 
 
-def _step_series(run: Run, key: str) -> list[float]:
+def _step_series(run: RunRecord, key: str) -> list[float]:
     """Per rollout step, the mean of `key` over that step's rows (finite values only), in step order."""
     acc: dict[int, list[float]] = {}
     for row in run.metrics:
@@ -83,7 +83,7 @@ def _start_end(series: Sequence[float]) -> tuple[float, float] | None:
     return float(np.mean(series[:w])), float(np.mean(series[-w:]))
 
 
-def run_health(run: Run) -> dict:
+def run_health(run: RunRecord) -> dict:
     """{"steps_done", "steps", "opt_steps", "skipped", "skipped_frac", "flags": [str], "reward", "entropy"}."""
     opt_steps = len(run.metrics)
     skipped = max([int(r["skipped_nonfinite"]) for r in run.metrics if isinstance(r.get("skipped_nonfinite"), (int, float))]
@@ -115,7 +115,7 @@ def run_health(run: Run) -> dict:
     return out
 
 
-def _eval_fingerprint(runs: Sequence[Run]) -> str | None:
+def _eval_fingerprint(runs: Sequence[RunRecord]) -> str | None:
     """The final evaluations of a label's runs (by seed, benchmark), as one canonical string."""
     parts = []
     for r in sorted(runs, key=lambda r: r.seed):
@@ -126,7 +126,7 @@ def _eval_fingerprint(runs: Sequence[Run]) -> str | None:
     return json.dumps(parts) if parts else None
 
 
-def identical_results(runs_by_label: Mapping[str, Sequence[Run]]) -> list[list[str]]:
+def identical_results(runs_by_label: Mapping[str, Sequence[RunRecord]]) -> list[list[str]]:
     """Groups (two labels or more) whose final correctness matrices are equal for every seed and benchmark."""
     groups: dict[str, list[str]] = {}
     for label, runs in runs_by_label.items():

@@ -15,16 +15,15 @@ from typing import Mapping
 from clipbench.errors import UserError, did_you_mean
 from clipbench.config import flatten
 from clipbench.config.labels import group_label
-from clipbench.tracking.store import RunDir, check_store_dir, list_sweeps, read_jsonl
-
-# Config keys that never make a method label: identity/bookkeeping, the seed (seeds are pooled),
+from clipbench.tracking.store import RunDir, list_sweeps
+from clipbench.tracking.files import check_store_dir, read_jsonl
 # the model (it makes the block) and evaluation settings.
 _NOT_IN_LABEL_PREFIXES = ("seed", "name", "tracking.", "model.name", "eval.", "train.checkpoint_every",
                           "train.log_histograms")
 
 
 @dataclass
-class Run:
+class RunRecord:
     run_id: str
     path: Path
     config: dict
@@ -76,12 +75,12 @@ def _parse_interval(text: str) -> tuple[float, float]:
 class Sweep:
     name: str
     path: Path
-    runs: list[Run]
+    runs: list[RunRecord]
     notes: list[str] = field(default_factory=list)  # what the readers skipped (a torn last line)
 
-    def blocks(self) -> dict[str, list[Run]]:
+    def blocks(self) -> dict[str, list[RunRecord]]:
         """{model name: runs}, in order of first appearance."""
-        out: dict[str, list[Run]] = {}
+        out: dict[str, list[RunRecord]] = {}
         for r in self.runs:
             out.setdefault(r.model, []).append(r)
         return out
@@ -90,7 +89,7 @@ class Sweep:
         return list(dict.fromkeys(r.label for r in self.runs))
 
 
-def load_sweep(results_dir: str | Path, name: str) -> Sweep:
+def load_results(results_dir: str | Path, name: str) -> Sweep:
     """All runs of a sweep, labelled; UserError listing the sweeps that exist when unknown or empty."""
     root = check_store_dir(results_dir)
     sweeps = list_sweeps(root)
@@ -103,12 +102,12 @@ def load_sweep(results_dir: str | Path, name: str) -> Sweep:
     return Sweep(name=name, path=root / name, runs=runs, notes=notes)
 
 
-def load_run(path: str | Path, notes: list[str] | None = None) -> Run:
+def load_run(path: str | Path, notes: list[str] | None = None) -> RunRecord:
     """One run from the store; a damaged file raises StoreError (one line), a torn last line of a
     jsonl file is skipped with a note in `notes`."""
     rd = RunDir(path)
     status = rd.status()
-    return Run(run_id=rd.run_id, path=rd.path, config=rd.read_config() or {}, state=status.get("state", "pending"),
+    return RunRecord(run_id=rd.run_id, path=rd.path, config=rd.read_config() or {}, state=status.get("state", "pending"),
                status=status, metrics=rd.read_metrics(notes), evals=rd.read_evals(),
                hist=read_jsonl(rd.hist_path, notes=notes))
 
@@ -117,7 +116,7 @@ def _in_label(key: str) -> bool:
     return not any(key == p or key.startswith(p) for p in _NOT_IN_LABEL_PREFIXES)
 
 
-def assign_labels(runs: list[Run]) -> None:
+def assign_labels(runs: list[RunRecord]) -> None:
     """Set ``run.label``: method, plus ``(k=v, ...)`` for the settings that vary within its block.
 
     Within the runs of one base model (a block: settings tied to the model, like batch sizes, vary
@@ -125,20 +124,20 @@ def assign_labels(runs: list[Run]) -> None:
     method (method defaults differ between methods by design); other settings count when they vary
     across the block. Keys are shown by their last component unless that is ambiguous.
     """
-    blocks: dict[str, list[Run]] = {}
+    blocks: dict[str, list[RunRecord]] = {}
     for r in runs:
         blocks.setdefault(r.model, []).append(r)
     for block in blocks.values():
         _assign_block_labels(block)
 
 
-def _assign_block_labels(runs: list[Run]) -> None:
+def _assign_block_labels(runs: list[RunRecord]) -> None:
     flat = {r.run_id: {k: tuple(v) if isinstance(v, list) else v for k, v in flatten(r.config).items()}
             for r in runs}
     keys = sorted({k for f in flat.values() for k in f})
     varying_global = [k for k in keys if not k.startswith("objective.") and _in_label(k)
                       and len({flat[r.run_id].get(k) for r in runs}) > 1]
-    by_method: dict[str, list[Run]] = {}
+    by_method: dict[str, list[RunRecord]] = {}
     for r in runs:
         by_method.setdefault(r.method, []).append(r)
     varying_obj = {

@@ -28,7 +28,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from clipbench.report import stats  # noqa: E402
 from clipbench.report.analysis import QUADRANTS  # noqa: E402
-from clipbench.report.load import Run, Sweep  # noqa: E402
+from clipbench.report.load import RunRecord, Sweep  # noqa: E402
 from clipbench.report.tables import BENCH_TITLES, metric_title, model_title, ordered_benchmarks  # noqa: E402
 
 DPI = 100
@@ -36,22 +36,22 @@ SPARSE_POINTS = 30
 COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 
 
-def series_key(run: Run, multi_block: bool) -> str:
+def series_key(run: RunRecord, multi_block: bool) -> str:
     return f"{model_title(run.model)}: {run.label}" if multi_block else run.label
 
 
-def group_runs(sweep: Sweep, baseline: str | None = None, exclude: frozenset[str] = frozenset()) -> dict[str, list[Run]]:
+def group_runs(sweep: Sweep, baseline: str | None = None, exclude: frozenset[str] = frozenset()) -> dict[str, list[RunRecord]]:
     """{series name: runs (seeds)}: the baseline's series first, then in label order; runs whose id
     is in `exclude` (not compared: failed, unfinished) are left out."""
     multi = len(sweep.blocks()) > 1
     runs = sorted((r for r in sweep.runs if r.run_id not in exclude), key=lambda r: r.label != baseline)
-    out: dict[str, list[Run]] = {}
+    out: dict[str, list[RunRecord]] = {}
     for r in runs:
         out.setdefault(series_key(r, multi), []).append(r)
     return out
 
 
-def seed_frame(runs: Sequence[Run], extract: Callable[[Run], Mapping[float, float]]) -> pd.DataFrame:
+def seed_frame(runs: Sequence[RunRecord], extract: Callable[[RunRecord], Mapping[float, float]]) -> pd.DataFrame:
     """Index x, one column per run (seed): values from ``extract(run) -> {x: y}``; NaN where missing."""
     cols = {r.run_id: pd.Series(dict(extract(r)), dtype=float) for r in runs}
     cols = {k: v for k, v in cols.items() if len(v)}
@@ -60,7 +60,7 @@ def seed_frame(runs: Sequence[Run], extract: Callable[[Run], Mapping[float, floa
     return pd.DataFrame(cols).sort_index()
 
 
-def metric_by(run: Run, key: str, x: str) -> dict[float, float]:
+def metric_by(run: RunRecord, key: str, x: str) -> dict[float, float]:
     """{x: mean of metric ``key`` over the rows with that x} from metrics.jsonl."""
     acc: dict[float, list[float]] = {}
     for row in run.metrics:
@@ -144,7 +144,7 @@ def _finish(fig: Figure, axes, title: str, panels: Sequence[Mapping[str, pd.Seri
     return fig
 
 
-def line_figure(groups: Mapping[str, list[Run]], key: str, x: str, title: str, ylabel: str,
+def line_figure(groups: Mapping[str, list[RunRecord]], key: str, x: str, title: str, ylabel: str,
                 scale: float = 1.0) -> Figure | None:
     frames = {name: seed_frame(rs, lambda r: metric_by(r, key, x)) * scale for name, rs in groups.items()}
     frames = {k: v for k, v in frames.items() if not v.empty}
@@ -158,14 +158,14 @@ def line_figure(groups: Mapping[str, list[Run]], key: str, x: str, title: str, y
     return _finish(fig, ax, f"{title} (mean over seeds; band: min-max)", [drawn])
 
 
-def _first_key(groups: Mapping[str, list[Run]], candidates: Sequence[str]) -> str | None:
+def _first_key(groups: Mapping[str, list[RunRecord]], candidates: Sequence[str]) -> str | None:
     for key in candidates:
         if any(key in row for rs in groups.values() for r in rs for row in r.metrics[:50]):
             return key
     return None
 
 
-def eval_figure(groups: Mapping[str, list[Run]], result: dict) -> Figure | None:
+def eval_figure(groups: Mapping[str, list[RunRecord]], result: dict) -> Figure | None:
     """Avg@n and Pass@n (largest k) per benchmark over the evaluation steps."""
     benches = ordered_benchmarks({b for blk in result["blocks"] for b in blk["benchmarks"]})
     n = min((blk["n"] for blk in result["blocks"] if blk["n"]), default=0)
@@ -174,7 +174,7 @@ def eval_figure(groups: Mapping[str, list[Run]], result: dict) -> Figure | None:
     metrics = ["avg"] + ([f"pass@{n}"] if n > 1 else [])
     ks = [n] if n > 1 else []
 
-    def extract(run: Run, bench: str, metric: str) -> dict[float, float]:
+    def extract(run: RunRecord, bench: str, metric: str) -> dict[float, float]:
         out = {}
         for step, payloads in run.evals.items():
             p = payloads.get(bench)
@@ -198,7 +198,7 @@ def eval_figure(groups: Mapping[str, list[Run]], result: dict) -> Figure | None:
     return _finish(fig, axes, f"Evaluation over training (n = {n}; mean over seeds; band: min-max)", panels)
 
 
-def quadrant_shares_by_step(run: Run) -> dict[str, dict[float, float]]:
+def quadrant_shares_by_step(run: RunRecord) -> dict[str, dict[float, float]]:
     """{q: {rollout step: share of that step's Q1-Q4 clip events, %}}."""
     per_step: dict[float, dict[str, float]] = {}
     for row in run.metrics:
@@ -216,7 +216,7 @@ def quadrant_shares_by_step(run: Run) -> dict[str, dict[float, float]]:
     return out
 
 
-def quadrant_figure(groups: Mapping[str, list[Run]]) -> Figure | None:
+def quadrant_figure(groups: Mapping[str, list[RunRecord]]) -> Figure | None:
     shares = {name: {r.run_id: quadrant_shares_by_step(r) for r in rs} for name, rs in groups.items()}
     if not any(s[q] for by_run in shares.values() for s in by_run.values() for q in QUADRANTS):
         return None
@@ -233,7 +233,7 @@ def quadrant_figure(groups: Mapping[str, list[Run]]) -> Figure | None:
     return _finish(fig, axes, "Clip events by quadrant over training (mean over seeds; band: min-max)", panels)
 
 
-def _hist_arrays(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def _hist_arrays(run: RunRecord) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """(bin centres (B,), pos counts (B,), neg counts (B,)) summed over steps; under/overflow dropped."""
     if not run.hist:
         return None
@@ -250,7 +250,7 @@ def _hist_arrays(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     return centres, pos[1:-1], neg[1:-1]
 
 
-def hist_figure(groups: Mapping[str, list[Run]]) -> Figure | None:
+def hist_figure(groups: Mapping[str, list[RunRecord]]) -> Figure | None:
     data = {name: [h for h in (_hist_arrays(r) for r in rs) if h is not None] for name, rs in groups.items()}
     data = {k: v for k, v in data.items() if v}
     if not data:

@@ -55,7 +55,7 @@ def report_console():
 
 
 def print_rich(tables: Sequence[Table], console=None) -> None:
-    from rich.console import Console
+    pass
 
     console = console or report_console()
     for t in tables:
@@ -197,7 +197,7 @@ def unique_names(tables: Sequence[Table]) -> list[str]:
 
 
 def write_text(path: Path, text: str) -> Path:
-    from clipbench.tracking.store import atomic_write_text
+    from clipbench.tracking.files import atomic_write_text
 
     atomic_write_text(path, text)
     return path

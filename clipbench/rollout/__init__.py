@@ -7,10 +7,11 @@
 
 from __future__ import annotations
 
+from clipbench.config.schema import CHOICES
 from clipbench.errors import UserError, unknown_choice
 from clipbench.rollout.base import Rollout, Sampler
 
-BACKENDS = ("auto", "hf", "vllm")
+BACKENDS = CHOICES["sampler.backend"]  # the config schema owns the list; each is built below
 
 
 def resolve_backend(backend: str) -> str:
@@ -20,9 +21,9 @@ def resolve_backend(backend: str) -> str:
         return backend
     import torch
 
-    from clipbench.rollout import vllm as vllm_backend
+    from clipbench.rollout.vllm_engine import is_available
 
-    return "vllm" if vllm_backend.is_available() and torch.cuda.is_available() else "hf"
+    return "vllm" if is_available() and torch.cuda.is_available() else "hf"
 
 
 def check_sleep_mode(sleep_mode: bool, backend: str) -> None:
@@ -30,7 +31,7 @@ def check_sleep_mode(sleep_mode: bool, backend: str) -> None:
     vllm (`backend` resolved). Run it before anything is written (the trainer's preflight)."""
     if not sleep_mode:
         return
-    from clipbench.rollout.vllm import sleep_mode_error
+    from clipbench.rollout.vllm_engine import sleep_mode_error
 
     why = sleep_mode_error()
     if why:

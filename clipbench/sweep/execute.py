@@ -34,9 +34,9 @@ from clipbench.config.labels import run_label
 from clipbench.errors import UserError, unknown_choice
 from clipbench.sweep.manifest import read_manifest
 from clipbench.tracking.lock import try_run_lock
-from clipbench.tracking.store import RunDir, atomic_write_json
+from clipbench.tracking.store import RunDir
+from clipbench.tracking.files import atomic_write_json
 
-OUTCOMES = ("finished", "resumed", "skipped", "failed-skipped", "locked", "failed", "crashed")
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from clipbench.sweep.expand import Expansion
 from clipbench.sweep.spec import SweepSpec
 from clipbench.tracking.lock import manifest_lock
 from clipbench.errors import StoreError
-from clipbench.tracking.store import REMEDIES, atomic_write_json, read_json
+from clipbench.tracking.files import REMEDIES, atomic_write_json, read_json
 
 MANIFEST = "manifest.json"
 

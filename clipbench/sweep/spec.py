@@ -63,8 +63,8 @@ class SweepSpec:
         return [k for ax in self.axes for k in ax.keys]
 
 
-def load_sweep(path: str | Path, cli_overrides: list[str] | tuple[str, ...] = (),
-               plugins: list[str] | tuple[str, ...] = ()) -> SweepSpec:
+def load_spec(path: str | Path, cli_overrides: list[str] | tuple[str, ...] = (),
+              plugins: list[str] | tuple[str, ...] = ()) -> SweepSpec:
     """Read and shape-check a sweep file. Nothing is written. ``plugins``: the CLI's --plugin
     entries (relative to the working directory), after the file's own."""
     path = Path(path)
@@ -73,17 +73,35 @@ def load_sweep(path: str | Path, cli_overrides: list[str] | tuple[str, ...] = ()
     for k in data:
         if k not in TOP_KEYS:
             raise ConfigError(src, str(k), "unknown key" + did_you_mean(str(k), TOP_KEYS) + f"; valid keys: {', '.join(TOP_KEYS)}")
+    name = _name(data.get("name", path.stem), src)
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise ConfigError(src, "description", f"expected a string, got {type(description).__name__}")
+    overrides = _dotted_mapping(data.get("overrides", {}), src, "overrides")
+    axes = _grid_axes(data.get("grid"), src) + _zip_axes(data.get("zip"), src)
+    seen = _axis_places(axes, overrides, src)
+    from clipbench.objectives.plugins import merge_specs, resolve
 
-    name = data.get("name", path.stem)
+    file_plugins = data.get("plugins") or []
+    if not isinstance(file_plugins, list) or not all(isinstance(p, str) and p.strip() for p in file_plugins):
+        raise ConfigError(src, "plugins", f"expected a list of .py paths or module names, got {file_plugins!r}")
+    plugin_list = merge_specs([resolve(p, path.resolve().parent) for p in file_plugins], [resolve(p) for p in plugins])
+    return SweepSpec(name=name, file=path, base=_base(data.get("base"), path, src), overrides=overrides,
+                     cli_overrides=flatten(parse_overrides(cli_overrides, "command line")) if cli_overrides else {},
+                     axes=tuple(axes), exclude=_excludes(data.get("exclude"), seen, src), description=description,
+                     plugins=tuple(plugin_list))
+
+
+def _name(name: Any, src: str) -> str:
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise ConfigError(src, "name", f"expected a directory-safe name (letters, digits, '_', '-', '.'), got {name!r}")
     if name in RESERVED_NAMES:
         raise ConfigError(src, "name", f"'{name}' is reserved; reserved names: {', '.join(RESERVED_NAMES)}")
-    description = data.get("description", "")
-    if not isinstance(description, str):
-        raise ConfigError(src, "description", f"expected a string, got {type(description).__name__}")
+    return name
 
-    base = data.get("base")
+
+def _base(base: Any, path: Path, src: str) -> Path:
+    """The recipe every run starts from, relative to the sweep file."""
     if base is None:
         raise ConfigError(src, "base", "missing: the recipe every run starts from, e.g. base: ../recipes/quickstart.yaml")
     if not isinstance(base, str):
@@ -91,37 +109,46 @@ def load_sweep(path: str | Path, cli_overrides: list[str] | tuple[str, ...] = ()
     base_path = (path.resolve().parent / base).resolve()
     if not base_path.is_file():
         raise ConfigError(src, "base", f"recipe not found: {base_path}")
+    return base_path
 
-    overrides = _dotted_mapping(data.get("overrides", {}), src, "overrides")
-    cli = flatten(parse_overrides(cli_overrides, "command line")) if cli_overrides else {}
 
-    axes: list[Axis] = []
-    grid = data.get("grid", {})
+def _grid_axes(grid: Any, src: str) -> list[Axis]:
+    """One axis per key of `grid` (the cartesian product)."""
     if grid is None:
-        grid = {}
+        return []
     if not isinstance(grid, Mapping):
         raise ConfigError(src, "grid", f"expected a mapping of dotted keys to lists, got {type(grid).__name__}")
+    axes = []
     for key, values in grid.items():
         key = _key(key, src, "grid")
         axes.append(Axis((key,), tuple((v,) for v in _values(values, src, f"grid.{key}")), "grid"))
+    return axes
 
-    zips = data.get("zip")
-    if zips is not None:
-        groups = [zips] if isinstance(zips, Mapping) else zips
-        if not isinstance(groups, list) or not all(isinstance(g, Mapping) for g in groups):
-            raise ConfigError(src, "zip", "expected a mapping of dotted keys to equal-length lists (or a list of them)")
-        for i, group in enumerate(groups):
-            where = "zip" if isinstance(zips, Mapping) else f"zip[{i}]"
-            if not group:
-                raise ConfigError(src, where, "empty: give at least one key")
-            keys = [_key(k, src, where) for k in group]
-            cols = [_values(group[k0], src, f"{where}.{k}") for k0, k in zip(group, keys)]
-            lengths = {k: len(c) for k, c in zip(keys, cols)}
-            if len(set(lengths.values())) > 1:
-                raise ConfigError(src, where, "zipped lists must have the same length, got "
-                                  + ", ".join(f"{k}: {n}" for k, n in lengths.items()))
-            axes.append(Axis(tuple(keys), tuple(zip(*cols)), where))
 
+def _zip_axes(zips: Any, src: str) -> list[Axis]:
+    """One axis per zip group: its keys vary together (lists of one length)."""
+    if zips is None:
+        return []
+    groups = [zips] if isinstance(zips, Mapping) else zips
+    if not isinstance(groups, list) or not all(isinstance(g, Mapping) for g in groups):
+        raise ConfigError(src, "zip", "expected a mapping of dotted keys to equal-length lists (or a list of them)")
+    axes = []
+    for i, group in enumerate(groups):
+        where = "zip" if isinstance(zips, Mapping) else f"zip[{i}]"
+        if not group:
+            raise ConfigError(src, where, "empty: give at least one key")
+        keys = [_key(k, src, where) for k in group]
+        cols = [_values(group[k0], src, f"{where}.{k}") for k0, k in zip(group, keys)]
+        lengths = {k: len(c) for k, c in zip(keys, cols)}
+        if len(set(lengths.values())) > 1:
+            raise ConfigError(src, where, "zipped lists must have the same length, got "
+                              + ", ".join(f"{k}: {n}" for k, n in lengths.items()))
+        axes.append(Axis(tuple(keys), tuple(zip(*cols)), where))
+    return axes
+
+
+def _axis_places(axes: list[Axis], overrides: Mapping[str, Any], src: str) -> dict[str, str]:
+    """{axis key: where it is}; a key on two axes, or both an axis and an override, is refused."""
     if not axes:
         raise ConfigError(src, "grid", "empty: give at least one axis, e.g. grid: {seed: [0, 1, 2]}")
     seen: dict[str, str] = {}
@@ -133,13 +160,16 @@ def load_sweep(path: str | Path, cli_overrides: list[str] | tuple[str, ...] = ()
     for k in overrides:
         if k in seen:
             raise ConfigError(src, f"overrides.{k}", f"'{k}' is also an axis in {seen[k]}; remove one of them")
+    return seen
 
-    exclude = data.get("exclude", [])
+
+def _excludes(exclude: Any, seen: Mapping[str, str], src: str) -> tuple[dict, ...]:
+    """Partial assignments of axis keys: the grid points they match are left out."""
     if exclude is None:
-        exclude = []
+        return ()
     if not isinstance(exclude, list):
         raise ConfigError(src, "exclude", f"expected a list of partial assignments, got {type(exclude).__name__}")
-    excl: list[dict] = []
+    out = []
     for i, item in enumerate(exclude):
         if not isinstance(item, Mapping) or not item:
             raise ConfigError(src, f"exclude[{i}]", f"expected a non-empty mapping of axis keys to values, got {item!r}")
@@ -150,17 +180,8 @@ def load_sweep(path: str | Path, cli_overrides: list[str] | tuple[str, ...] = ()
                 raise ConfigError(src, f"exclude[{i}].{k}", "not an axis of this sweep" + did_you_mean(k, seen)
                                   + f"; axes: {', '.join(seen)}")
             entry[k] = v
-        excl.append(entry)
-
-    file_plugins = data.get("plugins") or []
-    if not isinstance(file_plugins, list) or not all(isinstance(p, str) and p.strip() for p in file_plugins):
-        raise ConfigError(src, "plugins", f"expected a list of .py paths or module names, got {file_plugins!r}")
-    from clipbench.objectives.plugins import merge_specs, resolve
-
-    plugin_list = merge_specs([resolve(p, path.resolve().parent) for p in file_plugins], [resolve(p) for p in plugins])
-
-    return SweepSpec(name=name, file=path, base=base_path, overrides=overrides, cli_overrides=cli,
-                     axes=tuple(axes), exclude=tuple(excl), description=description, plugins=tuple(plugin_list))
+        out.append(entry)
+    return tuple(out)
 
 
 def _key(k: Any, src: str, where: str) -> str:

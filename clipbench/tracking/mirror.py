@@ -144,10 +144,13 @@ def run_params(config: Mapping, backend: str | None = None) -> dict[str, Any]:
     return params
 
 
-def run_tags(config: Mapping, *, sweep: str, run_id: str, role_tag: str = "clipbench.role") -> dict[str, str]:
+ROLE_TAG = "clipbench.role"  # "sweep" (a sweep's parent run) or "run"
+
+
+def run_tags(config: Mapping, *, sweep: str, run_id: str) -> dict[str, str]:
     return {"sweep": sweep, "run_id": run_id, "method": str(config.get("objective", {}).get("method", "")),
             "seed": str(config.get("seed", "")), "model": str(config.get("model", {}).get("name", "")),
-            role_tag: "run"}
+            ROLE_TAG: "run"}
 
 
 def expected_metrics(rd: RunDir, rows: list[dict] | None = None,

@@ -26,175 +26,22 @@
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from clipbench.errors import StoreError
 from clipbench.tracking.lock import manifest_lock
-from clipbench.tracking.mirror import (MAX_PARAM_LEN, default_tracking_uri, expected_artifacts, expected_metrics, expected_params,  # noqa: F401
-                                       metric_name, metric_value, mirror_points, opt_step_after, param_value,
-                                       run_params, sync_hint)
-from clipbench.tracking.mirror import run_tags as _run_tags
-from clipbench.tracking.store import RunDir, atomic_write_json, read_json
+from clipbench.tracking.mirror import (expected_metrics, expected_params, metric_name, mirror_points, opt_step_after,
+                                       param_value, sync_hint)
+from clipbench.tracking.mirror import ROLE_TAG, run_tags
+from clipbench.tracking.mlflow_client import (artifact_location, artifact_sizes, send_missing_artifacts, send_params, send_points,
+                                              client_for, find_runs, get_or_create_experiment, metric_steps,
+                                              record_mlflow_run, resolve_tracking_uri)
+from clipbench.tracking.store import RunDir
+from clipbench.tracking.files import read_json
 
 log = logging.getLogger("clipbench.tracking")
-
-# A dead tracking server must cost seconds, not the minutes of MLflow's defaults (7 retries, 120 s).
-HTTP_DEFAULTS = {
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
-    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-    "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.2",
-    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
-    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",  # no "View run at ..." lines on our stdout
-}
-MAX_METRICS_PER_BATCH = 1000
-MAX_PARAMS_PER_BATCH = 100
-MLFLOW_JSON = "mlflow.json"
-ROLE_TAG = "clipbench.role"
-
-
-def _apply_http_defaults() -> None:
-    for k, v in HTTP_DEFAULTS.items():
-        os.environ.setdefault(k, v)
-
-
-# ---------------------------------------------------------------------------------------------
-# URIs, names, values
-
-
-def resolve_tracking_uri(tracking_uri: str | None, config_uri: str | None, results_dir: str | Path) -> str:
-    """--tracking-uri, else MLFLOW_TRACKING_URI, else tracking.tracking_uri, else the embedded sqlite."""
-    return tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or config_uri or default_tracking_uri(results_dir)
-
-
-def artifact_location(uri: str, results_dir: str | Path) -> str | None:
-    """`<results>/mlartifacts` for the embedded store; the server's own choice otherwise."""
-    if uri == default_tracking_uri(results_dir):
-        return str(Path(results_dir).resolve() / "mlartifacts")
-    return None
-
-
-# ---------------------------------------------------------------------------------------------
-# Client-side lookups (raise on trouble; callers decide)
-
-
-def client_for(uri: str):
-    _apply_http_defaults()
-    if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-        logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # "Creating initial tables..."
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=uri)
-
-
-def get_or_create_experiment(client, name: str, location: str | None) -> str:
-    from mlflow.exceptions import MlflowException
-
-    exp = client.get_experiment_by_name(name)
-    if exp is None:
-        try:
-            return client.create_experiment(name, artifact_location=location)
-        except MlflowException:  # created meanwhile by another process
-            exp = client.get_experiment_by_name(name)
-            if exp is None:
-                raise
-    if exp.lifecycle_stage == "deleted":
-        client.restore_experiment(exp.experiment_id)
-    return exp.experiment_id
-
-
-def _q(s: str) -> str:
-    return str(s).replace("\\", "\\\\").replace("'", "\\'")
-
-
-def find_runs(client, experiment_id: str, *, sweep: str, role: str, run_id: str | None = None) -> list:
-    """Active MLflow runs tagged with this sweep (and run id), oldest first."""
-    filt = f"tags.sweep = '{_q(sweep)}' AND tags.`{ROLE_TAG}` = '{role}'"
-    if run_id is not None:
-        filt += f" AND tags.run_id = '{_q(run_id)}'"
-    return list(client.search_runs([experiment_id], filter_string=filt, max_results=1000,
-                                   order_by=["attributes.start_time ASC"]))
-
-
-def metric_steps(client, mlflow_run_id: str, keys: Iterable[str]) -> dict[str, dict[int, int]]:
-    """{metric: {step: number of points at that step}} from the run's full histories."""
-    out: dict[str, dict[int, int]] = {}
-    for key in keys:
-        counts: dict[int, int] = {}
-        for m in client.get_metric_history(mlflow_run_id, key):
-            counts[m.step] = counts.get(m.step, 0) + 1
-        out[key] = counts
-    return out
-
-
-def _mlflow_json(rd: RunDir) -> dict:
-    """`<run_dir>/mlflow.json`; a damaged one counts as empty (it only caches ids found again by tags)."""
-    try:
-        return read_json(rd.path / MLFLOW_JSON, {}, kind="mlflow") or {}
-    except StoreError:
-        log.warning("%s is damaged; it is rewritten (MLflow runs are found again by their tags)", rd.path / MLFLOW_JSON)
-        return {}
-
-
-def record_mlflow_run(rd: RunDir, uri: str, **info: Any) -> None:
-    """Remember the child run for this tracking URI in `<run_dir>/mlflow.json`."""
-    data = _mlflow_json(rd)
-    data[uri] = {**data.get(uri, {}), **info}
-    atomic_write_json(rd.path / MLFLOW_JSON, data)
-
-
-def recorded_mlflow_run(rd: RunDir, uri: str) -> dict:
-    return _mlflow_json(rd).get(uri, {})
-
-
-# ---------------------------------------------------------------------------------------------
-# The sink
-
-
-def run_tags(config: Mapping, *, sweep: str, run_id: str) -> dict[str, str]:
-    return _run_tags(config, sweep=sweep, run_id=run_id, role_tag=ROLE_TAG)
-
-
-def artifact_sizes(client, mlflow_run_id: str, path: str | None = None) -> dict[str, int]:
-    """{artifact path: size} of a run, recursively."""
-    out: dict[str, int] = {}
-    for fi in client.list_artifacts(mlflow_run_id, path):
-        if fi.is_dir:
-            out.update(artifact_sizes(client, mlflow_run_id, fi.path))
-        else:
-            out[fi.path] = fi.file_size or 0
-    return out
-
-
-def send_points(client, mlflow_run_id: str, points: list) -> int:
-    """log_batch in chunks of MLflow's limit; returns the number sent."""
-    for i in range(0, len(points), MAX_METRICS_PER_BATCH):
-        client.log_batch(mlflow_run_id, metrics=points[i:i + MAX_METRICS_PER_BATCH], synchronous=True)
-    return len(points)
-
-
-def send_params(client, mlflow_run_id: str, params: Mapping[str, str]) -> int:
-    from mlflow.entities import Param
-
-    todo = [Param(k, v) for k, v in params.items()]
-    for i in range(0, len(todo), MAX_PARAMS_PER_BATCH):
-        client.log_batch(mlflow_run_id, params=todo[i:i + MAX_PARAMS_PER_BATCH], synchronous=True)
-    return len(todo)
-
-
-def send_missing_artifacts(client, mlflow_run_id: str, rd: RunDir, have: Mapping[str, int] | None = None) -> int:
-    """Upload the run's files MLflow lacks (or holds with another size); returns how many."""
-    have = artifact_sizes(client, mlflow_run_id) if have is None else have
-    n = 0
-    for f, where in expected_artifacts(rd):
-        if have.get(f"{where}/{f.name}" if where else f.name) != f.stat().st_size:
-            client.log_artifact(mlflow_run_id, str(f), where)
-            n += 1
-    return n
-
 
 # ---------------------------------------------------------------------------------------------
 # The sink

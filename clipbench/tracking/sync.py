@@ -22,14 +22,15 @@ from pathlib import Path
 from typing import Any, Iterable
 
 
-from clipbench.errors import UserError, did_you_mean
 from clipbench.tracking.lock import LOCK_DIR, run_locked_elsewhere, try_run_lock
-from clipbench.tracking.mirror import expected_artifacts, expected_metrics, expected_params  # noqa: F401
-from clipbench.tracking.mlflow_sink import (ROLE_TAG, artifact_location, client_for, find_runs,  # noqa: F401
-                                            get_or_create_experiment, metric_steps, parent_run,
-                                            record_mlflow_run, resolve_tracking_uri, run_tags, send_missing_artifacts,
-                                            send_params, send_points)
-from clipbench.tracking.store import RunDir, check_store_dir, list_run_dirs, list_sweeps, read_json  # noqa: F401
+from clipbench.tracking.mirror import expected_artifacts, expected_metrics, expected_params
+from clipbench.tracking.mlflow_client import (_mlflow_json, artifact_location, client_for, find_runs,
+                                              get_or_create_experiment, metric_steps, record_mlflow_run,
+                                              send_missing_artifacts, send_params, send_points)
+from clipbench.tracking.mirror import run_tags
+from clipbench.tracking.mlflow_sink import parent_run
+from clipbench.tracking.store import RunDir, list_run_dirs, list_sweeps
+from clipbench.tracking.files import read_json
 
 STATUS = {"finished": "FINISHED", "failed": "FAILED"}
 
@@ -70,8 +71,6 @@ def read_run(rd: RunDir, sweep: str) -> StoredRun:
 
 def recorded_name(rd: RunDir, uri: str) -> str | None:
     """The MLflow run name the sweep gave this run (for this URI, else for any)."""
-    from clipbench.tracking.mlflow_sink import _mlflow_json
-
     data = _mlflow_json(rd)
     names = [data.get(uri, {}).get("run_name")] + [v.get("run_name") for v in data.values() if isinstance(v, dict)]
     return next((n for n in names if n), None)

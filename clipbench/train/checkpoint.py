@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from clipbench.tracking.store import share_like_umask
+from clipbench.tracking.files import share_like_umask
 from clipbench.train.distributed import Dist
 
 

@@ -1,4 +1,8 @@
-"""Memory-efficient per-token log-probs and entropy from logits.
+"""The policy's log-probs and entropy of sampled completions: the one path training runs.
+
+    logp, ent = completion_logprobs(model, packed, temperature=T)    # (B, T) each; packing.py lays rows out
+
+Memory-efficient per-token log-probs and entropy from logits.
 
 A naive ``log_softmax(logits.float()).gather(...)`` materialises a float32 copy of the whole
 (B, T, V) vocabulary tensor (plus a second one for its gradient, and a bf16 input gets upcast
@@ -17,9 +21,12 @@ the result equals the naive float32 computation on the same (upcast) logits with
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
+
+if TYPE_CHECKING:
+    from clipbench.train.packing import Packed
 
 DEFAULT_CHUNK_ELEMS = 1 << 20  # logits per chunk (4 MiB in float32)
 
@@ -124,58 +131,14 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int | None = None, *,
     return out.reshape(logits.shape[:-1])
 
 
-def _n_completion(input_ids: torch.Tensor, completion) -> tuple[int, torch.Tensor | None]:
-    """(T, mask (B, T) or None) from an int T or a completion mask of shape (B, L) or (B, T)."""
-    L = input_ids.shape[1]
-    if isinstance(completion, int) and not isinstance(completion, bool):
-        if not 1 <= completion < L:
-            raise ValueError(f"n_completion must be in [1, {L - 1}], got {completion}")
-        return completion, None
-    if not isinstance(completion, torch.Tensor) or completion.dim() != 2 or completion.shape[0] != input_ids.shape[0]:
-        raise ValueError("completion must be an int (the last T columns) or a (B, L) / (B, T) completion mask")
-    if completion.shape[1] == L:  # (B, L): the completion is the suffix starting at the first marked column
-        cols = (completion != 0).any(0).nonzero()
-        if cols.numel() == 0:
-            raise ValueError("completion_mask marks no token")
-        T = L - int(cols[0])
-        if T >= L:
-            raise ValueError("the completion cannot start at position 0 (no logits predict it)")
-        return T, completion[:, L - T:]
-    if completion.shape[1] >= L:
-        raise ValueError(f"completion mask width {completion.shape[1]} must be L={L} or < L")
-    return completion.shape[1], completion
-
-
-def logprobs_and_entropy(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion, *,
-                         temperature: float = 1.0, with_entropy: bool = True,
-                         position_ids: torch.Tensor | None = None, chunk_size: int | None = None):
-    """Per-token log-probs (with grad) and entropy (no grad) of the completion tokens under an HF
-    causal LM, from logits divided by ``temperature``.
-
-    input_ids, attention_mask: (B, L), rows laid out as [left-padded prompt | right-padded
-    completion]. ``completion``: the number T of completion columns (the last T), or a completion
-    mask (B, L) / (B, T). Logits at position j predict token j + 1, so only the last T + 1
-    positions are computed (``logits_to_keep``). ``position_ids`` default to the running count of
-    attended tokens (as in generation with left padding).
-
-    Returns (logp (B, T) float32, entropy (B, T) float32 or None). With a completion mask, entries
-    outside it are 0; with an int T they are the log-probs of whatever token sits there (padding).
-    """
-    T, cmask = _n_completion(input_ids, completion)
-    if position_ids is None:
-        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-    try:
-        logits = model(**kwargs, logits_to_keep=T + 1).logits
-    except TypeError:  # a model without logits_to_keep: compute all positions
-        logits = model(**kwargs).logits
-    logits = logits[:, -(T + 1):-1]  # (B, T, V), a view
-    targets = input_ids[:, -T:]
-    logp = selective_log_softmax(logits, targets, temperature=temperature, chunk_size=chunk_size)
-    ent = entropy_from_logits(logits.detach(), chunk_size, temperature=temperature) if with_entropy else None
-    if cmask is not None:
-        keep = cmask != 0
-        logp = torch.where(keep, logp, 0.0)
-        if ent is not None:
-            ent = torch.where(keep, ent, 0.0)
+def completion_logprobs(model, batch: "Packed", *, temperature: float = 1.0, with_entropy: bool = True):
+    """(logp (B, T) with grad if enabled, entropy (B, T) detached or None) of the completion tokens
+    under `model`, with logits divided by the sampling temperature (the distribution sampled from)."""
+    T = batch.completion_ids.shape[1]
+    # logits at position j predict token j+1: keep the last T+1 positions, drop the final one.
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids, use_cache=False, logits_to_keep=T + 1)
+    logits = out.logits[:, :-1, :]  # (B, T, V), never copied: temperature is applied per chunk
+    logp = selective_log_softmax(logits, batch.completion_ids, temperature=temperature)  # (B, T)
+    ent = entropy_from_logits(logits.detach(), temperature=temperature) if with_entropy else None
     return logp, ent

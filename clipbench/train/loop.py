@@ -3,7 +3,7 @@
     run_training(cfg, run_dir)
       setup        policy (FSDP-sharded over N > 1 processes), optimizer, sampler, task, resumed state
       each rollout step
-        rollout    P prompts x G completions -> rewards -> advantages           (train/rollout.py)
+        rollout    P prompts x G completions -> rewards -> advantages           (train/batch.py)
         update     old log-probs; per epoch and mini-batch: micro-batches,
                    accumulated gradients, one AdamW step                         (train/step.py)
         log        one row per optimizer step -> metrics.jsonl and the sink
@@ -47,23 +47,23 @@ import torch
 
 from clipbench.config import RunConfig, run_id, to_dict
 from clipbench.errors import RunFailed, UserError
-from clipbench.objectives import finalize, histogram_dict
+from clipbench.objectives import histogram_dict, reduce_sums
 from clipbench.rollout import build_sampler, resolve_backend
-from clipbench.objectives.corrections import Mismatch, mismatch_stats, sampler_mismatch
+from clipbench.objectives.corrections import sampler_mismatch
 from clipbench.tasks import build_run_task
 from clipbench.eval.evaluate import Shard
 from clipbench.eval.suite import eval_suite, run_eval
-from clipbench.tracking.mlflow_sink import run_params
+from clipbench.tracking.mirror import run_params
 from clipbench.tracking.sink import MetricSink, NullSink
 from clipbench.tracking.store import RunDir
-from clipbench.models import check_model_config, compute_dtype, dtype_name, load_model_and_tokenizer, resolve_model_name
+from clipbench.models import compute_dtype, dtype_name, load_model_and_tokenizer, resolve_model_name
 from clipbench.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from clipbench.train.distributed import Dist, init_distributed, shard_model
-from clipbench.train.policy import pack
-from clipbench.train.rollout import RolloutBatch, collect_rollout
-from clipbench.seeds import derive_seed, generator
-from clipbench.train.step import (Objective, StepInputs, accumulate_gradients, add_histograms, draw_uniforms,
-                                  frozen_logprobs, optimizer_step, own_rows, plan_update, reduce_sums)
+from clipbench.train.packing import pack
+from clipbench.train.batch import RolloutBatch, collect_rollout
+from clipbench.seeds import generator
+from clipbench.train.step import (Objective, StepInputs, StepStats, accumulate_gradients, add_histograms,
+                                  draw_uniforms, frozen_logprobs, optimizer_step, own_rows, plan_update)
 
 
 def lr_lambda(tc):
@@ -90,8 +90,8 @@ def planned_optimizer_steps(tc) -> int:
 
 
 @dataclass
-class Run:
-    """Everything one run's steps use, built once by `setup`."""
+class Trainer:
+    """Everything one run's steps use, built once by `setup`: the trainer's state."""
 
     cfg: RunConfig
     rd: RunDir
@@ -110,6 +110,11 @@ class Run:
     compute: Callable  # () -> context manager of the forward passes (autocast in one process)
     state: dict  # step, opt_step, skipped_nonfinite (what a checkpoint restores)
     evaluated: tuple[bool, bool]  # the start's and the end's evaluation already stored (a resumed run)
+
+    def forward_kw(self) -> dict:
+        """How this run's forward passes are made (step.frozen_logprobs, step.accumulate_gradients)."""
+        return dict(pad_id=self.tokenizer.pad_token_id, temperature=self.cfg.sampler.temperature,
+                    compute=self.compute, dist=self.dist)
 
 
 def load_policy_model(name: str, dist: Dist, compute_dtype: torch.dtype, *, trainable: bool,
@@ -160,7 +165,7 @@ def build_optimizer(model, tc):
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tc))
 
 
-def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricSink) -> Run:
+def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricSink) -> Trainer:
     if cfg.train.prompts_per_step % dist.world:  # torchrun's N may differ from launch.nproc_per_node
         raise UserError(f"train.prompts_per_step: {cfg.train.prompts_per_step} prompts cannot be shared by whole "
                         f"groups over {dist.world} processes (make it a multiple)")
@@ -197,7 +202,7 @@ def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricS
     dist.barrier()
     autocast = dtype != torch.float32 and not dist.sharded  # sharded: FSDP casts the parameters itself
     compute = functools.partial(torch.autocast, dist.device.type, dtype=dtype) if autocast else contextlib.nullcontext
-    return Run(cfg=cfg, rd=rd, dist=dist, sink=sink, model=model, ref_model=ref_model, tokenizer=tok,
+    return Trainer(cfg=cfg, rd=rd, dist=dist, sink=sink, model=model, ref_model=ref_model, tokenizer=tok,
                optimizer=optimizer, scheduler=scheduler, sampler=sampler, task=task,
                pool=list(task.train_problems()), suite=suite, objective=Objective.from_config(cfg),
                compute=compute, state=state, evaluated=evaluated)
@@ -207,83 +212,81 @@ def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricS
 # Update: every optimizer step of one rollout batch
 
 
-def update(run: Run, step: int, batch: RolloutBatch) -> tuple[list[dict], torch.Tensor | None]:
+def update(trainer: Trainer, step: int, batch: RolloutBatch) -> tuple[list[dict], torch.Tensor | None]:
     """Old (and reference) log-probs, then per epoch and mini-batch: accumulate over micro-batches,
-    one optimizer step. Returns (per optimizer step: statistics as device tensors, histogram)."""
-    cfg, dist, model = run.cfg, run.dist, run.model
-    packed = pack(batch.prompt_ids, batch.completion_ids, run.tokenizer.pad_token_id)
+    one optimizer step. Returns (per optimizer step: its statistics as device tensors, histogram)."""
+    cfg, dist, model = trainer.cfg, trainer.dist, trainer.model
+    packed = pack(batch.prompt_ids, batch.completion_ids, trainer.tokenizer.pad_token_id)
     plan = plan_update(packed, mini_batches=cfg.train.mini_batches, epochs=cfg.train.epochs,
                        budget=cfg.train.micro_batch_tokens, perm=generator(cfg.seed, "perm", step), dist=dist)
-    kw = dict(pad_id=run.tokenizer.pad_token_id, temperature=cfg.sampler.temperature, compute=run.compute,
-              dist=dist)
-    first_epoch = [s for s in plan if s.epoch == 0]
-    sampled = None if batch.sampler_logp is None else \
-        batch.sampler_logp_tensor(packed.completion_ids.shape[1]).to(dist.device)  # (B, T)
-    bypass = cfg.sampler.old_logp == "sampler"
-    old = sampled if bypass else frozen_logprobs(model, packed, first_epoch, **kw)
-    ref = frozen_logprobs(run.ref_model, packed, first_epoch, **kw) if run.ref_model is not None else None
-    mm = None if sampled is None or bypass else recomputed_mismatch(run, packed, sampled, old, first_epoch)
-    inputs = StepInputs(advantages=batch.advantages.to(dist.device), old_logp=old, ref_logp=ref, uniforms=None,
-                        weights=None if mm is None else mm.weights, sampler_logp=sampled if bypass else None)
-
+    inputs, mismatch = rule_inputs(trainer, packed, batch, [s for s in plan if s.epoch == 0])
     done, hist = [], None
     for s in plan:
-        if run.objective.draws and s.index == 0:  # one draw per (row, position) and epoch
+        if trainer.objective.draws and s.index == 0:  # one draw per (row, position) and epoch
             inputs.uniforms = draw_uniforms(packed.completion_ids.shape, generator(cfg.seed, "nsr", step, s.epoch),
                                             dist.device)
-        # old_logp=sampler: the first step's forward is the policy before any update, so it measures
-        # the mismatch on its rows with no forward of its own
-        sums, h = accumulate_gradients(model, packed, s, inputs, run.objective, histogram=cfg.train.log_histograms,
-                                       mismatch=inputs.sampler_logp is not None and not done, **kw)
-        if mm is not None and not done:
-            sums.update(mm.sums)  # this rank's share: all-reduced with the step's statistics
-        grad_norm, stepped = optimizer_step(model, run.optimizer, run.scheduler, cfg.train.grad_clip)
-        run.state["opt_step"] += 1
-        run.state["skipped_nonfinite"] += int(not stepped)
-        done.append({"epoch": s.epoch, "mini_batch": s.index, "micro_batches": len(s.micro), "sums": sums,
-                     "grad_norm": grad_norm, "opt_step": run.state["opt_step"], "lr": run.scheduler.get_last_lr()[0],
-                     "skipped_nonfinite": run.state["skipped_nonfinite"]})
-        if h is not None:
-            hist = add_histograms(hist, h)
-    run.sampler.sync_weights(model)
+        first = not done  # the first step's forward is the policy before any update
+        stats, h = accumulate_gradients(model, packed, s, inputs, trainer.objective, histogram=cfg.train.log_histograms,
+                                        mismatch=first and inputs.sampler_logp is not None, **trainer.forward_kw())
+        if first and mismatch is not None:
+            stats.mismatch.append(mismatch)  # this rank's share: all-reduced with the step's statistics
+        grad_norm, stepped = optimizer_step(model, trainer.optimizer, trainer.scheduler, cfg.train.grad_clip)
+        trainer.state["opt_step"] += 1
+        trainer.state["skipped_nonfinite"] += int(not stepped)
+        done.append({"epoch": s.epoch, "mini_batch": s.index, "micro_batches": len(s.micro), "stats": stats,
+                     "grad_norm": grad_norm, "opt_step": trainer.state["opt_step"],
+                     "lr": trainer.scheduler.get_last_lr()[0], "skipped_nonfinite": trainer.state["skipped_nonfinite"]})
+        hist = hist if h is None else add_histograms(hist, h)
+    trainer.sampler.sync_weights(model)
     return done, hist
 
 
-def recomputed_mismatch(run: Run, packed, sampled: torch.Tensor, old: torch.Tensor, first_epoch: list) -> Mismatch:
-    """Sampler vs recomputed old log-probs of the whole rollout batch: the TIS weights of
-    `sampler.mismatch_is` (every row: later epochs hand ranks other rows), and the mismatch sums over
-    this rank's rows of the first epoch (all-reduced, they cover the batch once)."""
-    sc, mask = run.cfg.sampler, packed.completion_mask.to(run.dist.device)  # (B, T)
-    mine = own_rows(first_epoch, len(packed.completion_lens), run.dist.device)  # (B,)
-    return sampler_mismatch(sampled, old, mask, mode=sc.mismatch_is, cap=sc.mismatch_is_cap,
-                            counted=mine[:, None] > 0)
+def rule_inputs(trainer: Trainer, packed, batch: RolloutBatch, first_epoch: list) -> tuple[StepInputs, dict | None]:
+    """The rule's per-row inputs, fixed for the whole update: advantages, old log-probs (the policy's,
+    recomputed; or the sampler's with sampler.old_logp=sampler), the reference's, and the sampler
+    correction's weights. Also the sampler/trainer mismatch sums when they are measured here (old
+    log-probs recomputed), else None: with old_logp=sampler the first step's forward measures them."""
+    cfg, dist, kw = trainer.cfg, trainer.dist, trainer.forward_kw()
+    sampled = None if batch.sampler_logp is None else \
+        batch.sampler_logp_tensor(packed.completion_ids.shape[1]).to(dist.device)  # (B, T)
+    if cfg.sampler.old_logp == "sampler":
+        return StepInputs(batch.advantages.to(dist.device), sampled, frozen_ref(trainer, packed, first_epoch),
+                          sampler_logp=sampled), None
+    old = frozen_logprobs(trainer.model, packed, first_epoch, **kw)
+    inputs = StepInputs(batch.advantages.to(dist.device), old, frozen_ref(trainer, packed, first_epoch))
+    if sampled is None:
+        return inputs, None
+    sc, mask = cfg.sampler, packed.completion_mask.to(dist.device)  # (B, T)
+    mine = own_rows(first_epoch, len(packed.completion_lens), dist.device)  # (B,): this rank's rows, counted once
+    mm = sampler_mismatch(sampled, old, mask, mode=sc.mismatch_is, cap=sc.mismatch_is_cap, counted=mine[:, None] > 0)
+    inputs.weights = mm.weights  # every row's (later epochs hand ranks other rows)
+    return inputs, mm.sums
+
+
+def frozen_ref(trainer: Trainer, packed, first_epoch: list) -> torch.Tensor | None:
+    """(B, T) the frozen reference's log-probs (train.beta > 0), else None."""
+    if trainer.ref_model is None:
+        return None
+    return frozen_logprobs(trainer.ref_model, packed, first_epoch, **trainer.forward_kw())
 
 
 # ----------------------------------------------------------------------------------------------
 # Logging: statistics all-reduced and transferred once per rollout step; rank 0 writes
 
 
-def metric_rows(run: Run, step: int, batch: RolloutBatch, done: list[dict], seconds: float) -> list[dict]:
-    """One row per optimizer step: the statistics all-reduced over ranks and brought to the host in
-    one transfer per reduction kind (reduce_sums), finalised."""
-    stats = reduce_sums([d["sums"] for d in done], run.dist)
+def metric_rows(trainer: Trainer, step: int, batch: RolloutBatch, done: list[dict], seconds: float) -> list[dict]:
+    """One row per optimizer step: the statistics all-reduced over ranks (one collective per
+    reduction kind for every step) and brought to the host in one transfer per kind, finalised."""
+    reduced = reduce_sums([d["stats"].sums() for d in done], trainer.dist.all_reduce_, to="cpu")
     norms = torch.stack([d["grad_norm"] for d in done]).cpu().tolist()
-    rows = []
-    for d, s, norm in zip(done, stats, norms):
-        s = {k: v for k, v in s.items() if not k.startswith("mismatch/")}
-        entropy = float(s.pop("entropy/sum") / s.pop("entropy/tokens").clamp(min=1.0))
-        loss = float(s.pop("loss"))
-        rows.append({"step": step, "opt_step": d["opt_step"], "epoch": d["epoch"], "mini_batch": d["mini_batch"],
-                     "micro_batches": d["micro_batches"], **batch.metrics, "entropy": entropy, "loss": loss,
-                     "grad_norm": norm, "lr": d["lr"], "skipped_nonfinite": d["skipped_nonfinite"],
-                     "old_logp_source": 1 if run.cfg.sampler.old_logp == "sampler" else 0,
-                     **{k: float(v) for k, v in finalize(s).items()},
-                     "time/update": seconds})
-    if "mismatch/tokens" in stats[0]:  # the rollout batch's sampler/trainer mismatch, on each of its rows
-        mm = mismatch_stats({k: v for k, v in stats[0].items() if k.startswith("mismatch/")})
-        for row in rows:
-            row.update(mm)
-    return rows
+    mismatch = {k: v for k, v in StepStats.metrics(reduced[0]).items() if k.startswith("mismatch/")}
+    return [{"step": step, "opt_step": d["opt_step"], "epoch": d["epoch"], "mini_batch": d["mini_batch"],
+             "micro_batches": d["micro_batches"], **batch.metrics, **StepStats.metrics(r), "grad_norm": norm,
+             "lr": d["lr"], "skipped_nonfinite": d["skipped_nonfinite"],
+             "old_logp_source": 1 if trainer.cfg.sampler.old_logp == "sampler" else 0,
+             **mismatch,  # the rollout batch's sampler/trainer mismatch, on each of its rows
+             "time/update": seconds}
+            for d, r, norm in zip(done, reduced, norms)]
 
 
 def sum_histogram(counts: torch.Tensor | None, dist: Dist) -> dict | None:
@@ -293,28 +296,28 @@ def sum_histogram(counts: torch.Tensor | None, dist: Dist) -> dict | None:
     return histogram_dict(dist.all_reduce_(counts.to(torch.float64)).round().long())
 
 
-def log_step(run: Run, step: int, rows: list[dict], hist: dict | None, progress: Callable[[dict], None] | None) -> None:
+def log_step(trainer: Trainer, step: int, rows: list[dict], hist: dict | None, progress: Callable[[dict], None] | None) -> None:
     """Rank 0: rows to metrics.jsonl and the sink, the histogram, the progress line."""
-    if not run.dist.main:
+    if not trainer.dist.main:
         return
-    run.rd.append_metrics(rows)
+    trainer.rd.append_metrics(rows)
     if hist is not None:
-        run.rd.append_hist([{"step": step, "opt_step": run.state["opt_step"], **hist}])
+        trainer.rd.append_hist([{"step": step, "opt_step": trainer.state["opt_step"], **hist}])
     for row in rows:
-        run.sink.log_metrics(row["opt_step"], {k: v for k, v in row.items() if isinstance(v, (int, float))})
+        trainer.sink.log_metrics(row["opt_step"], {k: v for k, v in row.items() if isinstance(v, (int, float))})
     if progress:
-        progress({"step": step + 1, "steps": run.cfg.train.steps, "reward": rows[-1]["reward/mean"],
+        progress({"step": step + 1, "steps": trainer.cfg.train.steps, "reward": rows[-1]["reward/mean"],
                   "entropy": rows[-1]["entropy"], "clip_events": sum(r.get("clip_events", 0) for r in rows),
-                  "accuracy": rows[-1]["accuracy"], "skipped": run.state["skipped_nonfinite"]})
+                  "accuracy": rows[-1]["accuracy"], "skipped": trainer.state["skipped_nonfinite"]})
 
 
 # ----------------------------------------------------------------------------------------------
 # After a step: skipped-step budget, evaluation, checkpoint
 
 
-def check_skipped(run: Run) -> None:
+def check_skipped(trainer: Trainer) -> None:
     """Fail once more than `train.max_skipped_frac` of the run's optimizer steps were skipped."""
-    tc, skipped = run.cfg.train, run.state["skipped_nonfinite"]
+    tc, skipped = trainer.cfg.train, trainer.state["skipped_nonfinite"]
     total = planned_optimizer_steps(tc)
     if skipped > tc.max_skipped_frac * total:
         raise RunFailed(f"train.max_skipped_frac: {skipped} of the run's {total} optimizer steps were skipped "
@@ -322,38 +325,38 @@ def check_skipped(run: Run) -> None:
                         f"lower train.lr or train.beta (metrics.jsonl shows where it starts)")
 
 
-def evaluate_run(run: Run, step: int) -> dict:
+def evaluate_run(trainer: Trainer, step: int) -> dict:
     # no sleep after an evaluation: the next rollout samples from these weights (a level-2 sleep
     # drops them, and only sync_weights reloads them)
-    dist = run.dist
+    dist = trainer.dist
     shard = Shard(dist.rank, dist.world, dist.gather) if dist.sharded else None
-    return run_eval(run.cfg, run.rd, step, run.sampler, run.suite, run.sink, write=dist.main, shard=shard)
+    return run_eval(trainer.cfg, trainer.rd, step, trainer.sampler, trainer.suite, trainer.sink, write=dist.main, shard=shard)
 
 
-def after_step(run: Run, done: int) -> None:
-    cfg = run.cfg
-    check_skipped(run)
-    if run.suite and cfg.eval.every and done % cfg.eval.every == 0 and done < cfg.train.steps:
-        evaluate_run(run, done)
+def after_step(trainer: Trainer, done: int) -> None:
+    cfg = trainer.cfg
+    check_skipped(trainer)
+    if trainer.suite and cfg.eval.every and done % cfg.eval.every == 0 and done < cfg.train.steps:
+        evaluate_run(trainer, done)
     if done % cfg.train.checkpoint_every == 0 or done == cfg.train.steps:
-        run.state["step"] = done
-        save_checkpoint(run.rd.checkpoint_dir, model=run.model, optimizer=run.optimizer, scheduler=run.scheduler,
-                        tokenizer=run.tokenizer, state=run.state, dist=run.dist)
-        if run.dist.main:
-            run.rd.set_status("running", step=done, skipped_nonfinite=run.state["skipped_nonfinite"])
+        trainer.state["step"] = done
+        save_checkpoint(trainer.rd.checkpoint_dir, model=trainer.model, optimizer=trainer.optimizer, scheduler=trainer.scheduler,
+                        tokenizer=trainer.tokenizer, state=trainer.state, dist=trainer.dist)
+        if trainer.dist.main:
+            trainer.rd.set_status("running", step=done, skipped_nonfinite=trainer.state["skipped_nonfinite"])
 
 
-def finish(run: Run, last: dict) -> dict:
-    cfg, rd = run.cfg, run.rd
+def finish(trainer: Trainer, last: dict) -> dict:
+    cfg, rd = trainer.cfg, trainer.rd
     final = {}
-    if run.suite and not run.evaluated[1]:
-        final = evaluate_run(run, cfg.train.steps)
-    if run.dist.main:
-        run.sink.log_artifact(rd.config_path)
+    if trainer.suite and not trainer.evaluated[1]:
+        final = evaluate_run(trainer, cfg.train.steps)
+    if trainer.dist.main:
+        trainer.sink.log_artifact(rd.config_path)
         if rd.hist_path.exists():
-            run.sink.log_artifact(rd.hist_path, "hist")
+            trainer.sink.log_artifact(rd.hist_path, "hist")
         rd.set_status("finished", step=cfg.train.steps, finished=time.time(),
-                      skipped_nonfinite=run.state["skipped_nonfinite"])
+                      skipped_nonfinite=trainer.state["skipped_nonfinite"])
     return {"run_id": run_id(cfg), "run_dir": str(rd.path), "steps": cfg.train.steps, **final,
             "last": {k: v for k, v in last.items() if isinstance(v, (int, float))}}
 
@@ -367,20 +370,20 @@ def run_training(cfg: RunConfig, run_dir: Path, *, resume: bool = False, sink: M
     """Train one run into `run_dir` (resume: from its last checkpoint). Under torchrun every rank
     calls this; `dist` (default: from the environment) says which rank this is. Returns the summary."""
     dist = dist or init_distributed(cfg.model.device)
-    run = setup(cfg, RunDir(run_dir), dist, resume=resume, sink=sink if sink is not None and dist.main else NullSink())
+    trainer = setup(cfg, RunDir(run_dir), dist, resume=resume, sink=sink if sink is not None and dist.main else NullSink())
     try:
-        if run.suite and run.state["step"] == 0 and cfg.eval.at_start and not run.evaluated[0]:
-            evaluate_run(run, 0)
+        if trainer.suite and trainer.state["step"] == 0 and cfg.eval.at_start and not trainer.evaluated[0]:
+            evaluate_run(trainer, 0)
         last: dict = {}
-        for step in range(run.state["step"], cfg.train.steps):
-            batch = collect_rollout(cfg, step, run.task, run.pool, run.sampler, dist)
-            run.sampler.sleep()  # sampler.sleep_mode: the engine's memory is the trainer's until the sync
+        for step in range(trainer.state["step"], cfg.train.steps):
+            batch = collect_rollout(cfg, step, trainer.task, trainer.pool, trainer.sampler, dist)
+            trainer.sampler.sleep()  # sampler.sleep_mode: the engine's memory is the trainer's until the sync
             t0 = time.perf_counter()
-            done, hist = update(run, step, batch)
-            rows = metric_rows(run, step, batch, done, time.perf_counter() - t0)
-            log_step(run, step, rows, sum_histogram(hist, dist), progress)
+            done, hist = update(trainer, step, batch)
+            rows = metric_rows(trainer, step, batch, done, time.perf_counter() - t0)
+            log_step(trainer, step, rows, sum_histogram(hist, dist), progress)
             last = rows[-1]
-            after_step(run, step + 1)
-        return finish(run, last)
+            after_step(trainer, step + 1)
+        return finish(trainer, last)
     finally:
-        run.sampler.close()
+        trainer.sampler.close()

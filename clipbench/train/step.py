@@ -2,7 +2,7 @@
 
     plan = plan_update(batch, mini_batches=4, epochs=1, budget=4096, perm=gen, dist=dist)
     old = frozen_logprobs(model, batch, plan_of_epoch_0, ...)       # (B, T) on every rank
-    sums = accumulate_gradients(model, batch, plan[k], inputs, objective, ...)   # backward per micro-batch
+    stats, hist = accumulate_gradients(model, batch, plan[k], inputs, objective, ...)   # backward per micro-batch
     grad_norm, stepped = optimizer_step(model, optimizer, scheduler, grad_clip)
 
 Design choices
@@ -29,14 +29,15 @@ Design choices
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from clipbench.objectives import METHODS, combine, log_ratio_counts, policy_loss, reduction
-from clipbench.objectives.corrections import sampler_mismatch
+from clipbench.objectives import METHODS, PolicyLossOutput, combine, finalize, log_ratio_counts, policy_loss
+from clipbench.objectives.corrections import mismatch_stats, sampler_mismatch
 from clipbench.train.distributed import Dist, full_tensor
-from clipbench.train.policy import Packed, completion_logprobs, placeholder
+from clipbench.train.logprobs import completion_logprobs
+from clipbench.train.packing import Packed, placeholder
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,12 @@ class Objective:
         """Does this rule (with these parameters) draw random numbers?"""
         return METHODS[self.method].needs_draws(self.params)
 
+    def loss(self, logp, mask, *, old_logp, advantages, **inputs) -> PolicyLossOutput:
+        """`policy_loss` of this objective on one micro-batch (inputs: uniforms, ref_logp, weights,
+        global_tokens, global_seqs: docs/architecture.md)."""
+        return policy_loss(self.method, logp, old_logp, advantages, mask, agg=self.agg, beta=self.beta,
+                           max_len=self.max_len, **inputs, **self.params)
+
 
 def draw_uniforms(shape: torch.Size, generator: torch.Generator, device) -> torch.Tensor:
     """(B, T) uniforms in [0, 1), one per (rollout row, position): the draws of stochastic rules,
@@ -155,53 +162,89 @@ class StepInputs:
 
     advantages: torch.Tensor  # (B,)
     old_logp: torch.Tensor  # (B, T)
-    ref_logp: torch.Tensor | None  # (B, T)
-    uniforms: torch.Tensor | None  # (B, T)
-    weights: torch.Tensor | None = None  # (B, T) sampler-mismatch TIS weights (rollout/mismatch.py)
+    ref_logp: torch.Tensor | None = None  # (B, T)
+    uniforms: torch.Tensor | None = None  # (B, T) this epoch's draws of a stochastic rule
+    weights: torch.Tensor | None = None  # (B, T) the sampler correction's weights (objectives/corrections.py)
     sampler_logp: torch.Tensor | None = None  # (B, T) the sampler's log-probs, to measure the mismatch
+
+    def rows(self, idx: torch.Tensor | None, width: int) -> dict[str, torch.Tensor | None]:
+        """The rule's inputs for a micro-batch's rows, trimmed to its `width` (zeros for the
+        placeholder, idx None): old_logp, advantages, uniforms, ref_logp, weights."""
+        return {name: _take(getattr(self, name), idx, width)
+                for name in ("old_logp", "advantages", "uniforms", "ref_logp", "weights")}
+
+
+@dataclass
+class StepStats:
+    """One optimizer step's statistics on this rank, as device tensors that combine over micro-batches
+    and ranks: the rule's diagnostic sums (objectives.diagnostics), the loss, the token entropy's sum
+    and count, and on the first step of a rollout batch the sampler/trainer mismatch sums.
+
+    `sums()` flattens them for the reduction across ranks (one collective per kind, with every step
+    of the rollout batch); `metrics(reduced)` turns one reduced step into its logged values."""
+
+    rule: list = field(default_factory=list)  # each micro-batch's PolicyLossOutput.sums
+    loss: list = field(default_factory=list)  # each micro-batch's share of the mini-batch loss
+    entropy: list = field(default_factory=list)  # (summed token entropy, tokens) per micro-batch
+    mismatch: list = field(default_factory=list)  # the mismatch's sums (objectives.corrections)
+
+    def add(self, out: PolicyLossOutput, entropy: torch.Tensor, mask: torch.Tensor) -> None:
+        self.rule.append(out.sums)
+        self.loss.append(out.loss.detach())
+        self.entropy.append(((entropy * mask).sum(), mask.sum()))
+
+    def sums(self) -> dict[str, torch.Tensor]:
+        ent = torch.stack([torch.stack(e) for e in self.entropy]).sum(0).to(torch.float64)
+        out = {**combine(self.rule), "loss": torch.stack(self.loss).sum().to(torch.float64),
+               "entropy/sum": ent[0], "entropy/tokens": ent[1]}
+        if self.mismatch:
+            out.update(combine(self.mismatch))
+        return out
+
+    @staticmethod
+    def metrics(reduced: dict[str, torch.Tensor]) -> dict[str, float]:
+        """loss, entropy (token mean), the rule's finalised stats, and the mismatch's when present."""
+        rule = {k: v for k, v in reduced.items() if k not in ("loss", "entropy/sum", "entropy/tokens")
+                and not k.startswith("mismatch/")}
+        out = {"entropy": float(reduced["entropy/sum"] / reduced["entropy/tokens"].clamp(min=1.0)),
+               "loss": float(reduced["loss"]), **{k: float(v) for k, v in finalize(rule).items()}}
+        if "mismatch/tokens" in reduced:
+            out.update(mismatch_stats({k: v for k, v in reduced.items() if k.startswith("mismatch/")}))
+        return out
 
 
 def accumulate_gradients(model, batch: Packed, step: OptStep, inputs: StepInputs, objective: Objective, *,
                          pad_id: int, temperature: float, compute=contextlib.nullcontext, dist: Dist,
-                         histogram: bool = False, mismatch: bool = False
-                         ) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
-    """Forward + backward of each micro-batch of `step` (gradients accumulate in `.grad`).
-
-    Returns (sums, histogram): `sums` are this rank's additive / extremal statistics of the step as
-    0-d device tensors (`combine`d over micro-batches; `loss` is this rank's share of the mini-batch
-    loss, `entropy/sum` and `entropy/tokens` the summed token entropy and its token count; with
-    `mismatch`, the `mismatch/*` sums of `inputs.sampler_logp` against this forward's log-probs: the
-    policy before the step, measured without a forward of its own); `histogram` the log-ratio
-    counts as a device tensor (or None)."""
-    parts, hist = [], None
+                         histogram: bool = False, mismatch: bool = False) -> tuple[StepStats, torch.Tensor | None]:
+    """Forward + backward of each micro-batch of `step` (gradients accumulate in `.grad`); returns
+    this rank's statistics of the step and the log-ratio counts (or None). With `mismatch`, this
+    forward (the policy before the step) measures the sampler's mismatch on its rows, for free."""
+    stats, hist = StepStats(), None
     for rows in step.micro:
         mb, idx = _micro(batch, rows, pad_id, dist.device)
         with compute():
-            logp, ent = completion_logprobs(model, mb, temperature=temperature)
-        logp, mask = logp.float(), mb.completion_mask  # (b, T_mb)
-        old, adv = _take(inputs.old_logp, idx, logp), _take(inputs.advantages, idx, logp)
-        out = policy_loss(objective.method, logp, old, adv, mask, agg=objective.agg,
-                          uniforms=_take(inputs.uniforms, idx, logp), ref_logp=_take(inputs.ref_logp, idx, logp),
-                          beta=objective.beta, max_len=objective.max_len, global_tokens=step.tokens,
-                          global_seqs=step.seqs, weights=_take(inputs.weights, idx, logp), **objective.params)
-        (out.loss * dist.loss_scale).backward()
-        parts.append({**out.sums, "loss": out.loss.detach(), "entropy/sum": (ent * mask).sum(),
-                      "entropy/tokens": mask.sum()})
+            logp, entropy = completion_logprobs(model, mb, temperature=temperature)      # (b, T) each
+        logp, mask = logp.float(), mb.completion_mask
+        x = inputs.rows(idx, mask.shape[1])                                              # old_logp, advantages, ...
+        out = objective.loss(logp, mask, global_tokens=step.tokens, global_seqs=step.seqs, **x)  # rule, aggregation
+        (out.loss * dist.loss_scale).backward()                                         # gradients accumulate
+        stats.add(out, entropy, mask)
         if mismatch:
-            parts[-1].update(sampler_mismatch(_take(inputs.sampler_logp, idx, logp), logp.detach(), mask).sums)
+            stats.mismatch.append(sampler_mismatch(_take(inputs.sampler_logp, idx, mask.shape[1]), logp.detach(),
+                                                   mask).sums)
         if histogram and idx is not None:
-            hist = add_histograms(hist, log_ratio_counts(logp.detach(), old, adv, mask))
-    return combine(parts), hist
+            hist = add_histograms(hist, log_ratio_counts(logp.detach(), x["old_logp"], x["advantages"], mask))
+    return stats, hist
 
 
-def _take(t: torch.Tensor | None, idx: torch.Tensor | None, logp: torch.Tensor) -> torch.Tensor | None:
-    """A micro-batch's rows of a per-row (B,) or (B, T) tensor, trimmed to its width (zeros for the
-    placeholder, idx None)."""
+def _take(t: torch.Tensor | None, idx: torch.Tensor | None, width: int) -> torch.Tensor | None:
+    """A micro-batch's rows of a per-row (B,) or (B, T) tensor, trimmed to `width` columns (zeros
+    for the placeholder, idx None)."""
     if t is None:
         return None
     if idx is None:
-        return logp.new_zeros((1, 1) if t.dim() == 2 else (1,))
-    return t[idx, :logp.shape[1]] if t.dim() == 2 else t[idx]
+        return t.new_zeros((1, 1) if t.dim() == 2 else (1,))
+    return t[idx, :width] if t.dim() == 2 else t[idx]
 
 
 def add_histograms(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
@@ -221,25 +264,3 @@ def optimizer_step(model, optimizer, scheduler, grad_clip: float) -> tuple[torch
         scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return norm, stepped
-
-
-# ----------------------------------------------------------------------------------------------
-# Statistics of several optimizer steps: all-reduced by kind, transferred once
-
-
-def reduce_sums(rows: list[dict[str, torch.Tensor]], dist: Dist) -> list[dict[str, torch.Tensor]]:
-    """Sums of several optimizer steps, all-reduced over ranks by kind (`reduction`: three
-    collectives in all) and brought to the host in one transfer per kind, as 0-d CPU tensors. A key
-    that only some steps have (the first step's `mismatch/*`) reads 0 in the others."""
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    zero = next(iter(rows[0].values())).new_zeros((), dtype=torch.float64)
-    out: list[dict[str, torch.Tensor]] = [{} for _ in rows]
-    for kind in ("sum", "max", "min"):
-        ks = [k for k in keys if reduction(k) == kind]
-        if not ks:
-            continue
-        t = torch.stack([torch.stack([r[k].to(torch.float64) if k in r else zero for k in ks])
-                         for r in rows])  # (steps, keys)
-        for row, vals in zip(out, dist.all_reduce_(t, kind).cpu()):
-            row.update(zip(ks, vals.unbind(0)))
-    return out

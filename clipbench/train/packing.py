@@ -1,4 +1,4 @@
-"""Policy log-probs of sampled completions, batched the way they were generated.
+"""Sampled completions packed for a forward pass, batched the way they were generated.
 
 Rows are laid out as  [pad ... pad | prompt | completion | pad ... pad]:
 prompts left-padded to a common width Lp (as in generation), completions right-padded to T.
@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-
-from clipbench.train.logprobs import entropy_from_logits, selective_log_softmax
 
 
 @dataclass
@@ -66,16 +64,3 @@ def placeholder(pad_id: int) -> Packed:
     micro-batch a rank runs to stay in step with the others (zero loss, zero gradient)."""
     ids = torch.tensor([[pad_id, pad_id]])
     return Packed(ids, torch.ones_like(ids), torch.tensor([[0, 1]]), ids[:, 1:], torch.zeros(1, 1), [1], [0])
-
-
-def completion_logprobs(model, batch: Packed, *, temperature: float = 1.0, with_entropy: bool = True):
-    """(logp (B, T) with grad if enabled, entropy (B, T) detached or None) of the completion tokens
-    under `model`, with logits divided by the sampling temperature (the distribution sampled from)."""
-    T = batch.completion_ids.shape[1]
-    # logits at position j predict token j+1: keep the last T+1 positions, drop the final one.
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                position_ids=batch.position_ids, use_cache=False, logits_to_keep=T + 1)
-    logits = out.logits[:, :-1, :]  # (B, T, V), never copied: temperature is applied per chunk
-    logp = selective_log_softmax(logits, batch.completion_ids, temperature=temperature)  # (B, T)
-    ent = entropy_from_logits(logits.detach(), temperature=temperature) if with_entropy else None
-    return logp, ent

@@ -1,0 +1,208 @@
+"""What clipbench runs around vLLM's engine: availability, per-request seeds, engine sizes, the
+sampled tokens' log-probs, the global state vLLM touches, tied output heads, and sleep mode.
+
+The sampler itself (clipbench.rollout.vllm.VLLMSampler) uses these; none of them needs an engine
+except the engine-side functions, which run inside the worker through `llm.apply_model(fn)`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import importlib.util
+import os
+import random
+from functools import cache
+
+import numpy as np
+import torch
+
+from clipbench.models import shapes
+
+_MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+KV_CACHE_CAP_BYTES = 2 << 30       # default CPU KV cache never exceeds 2 GiB
+KV_CACHE_SPARE_TOKENS = 512        # room beyond one full-length sequence (block rounding)
+
+
+# ----------------------------------------------------------------------------- availability
+
+@cache
+def import_vllm():
+    """Import vllm for the in-process engine (the env var must be set before the import)."""
+    os.environ[_MP_ENV] = "0"
+    return importlib.import_module("vllm")
+
+
+def is_available() -> bool:
+    """True when vllm can be imported here (cheap False when it is not installed)."""
+    if importlib.util.find_spec("vllm") is None:
+        return False
+    try:
+        import_vllm()
+    except Exception:  # a broken install (e.g. CUDA-linked torchvision) is "not available"
+        return False
+    return True
+
+
+# ----------------------------------------------------------------------------- pure helpers
+
+def prompt_seeds(seed: int, n_prompts: int) -> list[int]:
+    """Per-request seeds: 56-bit hashes of (seed, prompt index), far apart so that seed + j
+    (vLLM's seed for the j-th sample of a request) never collides between prompts."""
+    return [int.from_bytes(hashlib.sha256(f"{seed}:{i}".encode()).digest()[:7], "big")
+            for i in range(n_prompts)]
+
+
+def kv_bytes_per_token(hf_config, dtype: torch.dtype) -> int:
+    """K and V for every layer: 2 * layers * kv_heads * head_dim * itemsize."""
+    _, kv_heads, head_dim = shapes.attention_dims(hf_config)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return shapes.kv_bytes_per_token(hf_config.num_hidden_layers, kv_heads, head_dim, itemsize)
+
+
+def model_len(hf_config, want: int) -> int:
+    """The engine's max_model_len: `want` tokens, at most the model's positions (vLLM refuses to
+    start an engine longer than max_position_embeddings; a prompt that leaves no room for the
+    completion fails in generate with the engine's limit named)."""
+    max_pos = getattr(hf_config, "max_position_embeddings", None)
+    return min(want, max_pos) if max_pos else want
+
+
+def default_kv_cache_bytes(per_token: int, max_model_len: int, max_num_seqs: int,
+                           cap: int = KV_CACHE_CAP_BYTES) -> int:
+    """Room for max_num_seqs full-length sequences, capped at `cap`, never below one sequence."""
+    want = per_token * max_model_len * max_num_seqs
+    floor = per_token * (max_model_len + KV_CACHE_SPARE_TOKENS)
+    return max(floor, min(want, cap))
+
+
+def completion_logprobs(token_ids, logprobs) -> list[float]:
+    """The sampled token's log-prob at each position (vLLM returns it even with logprobs=0)."""
+    if logprobs is None or len(logprobs) != len(token_ids):
+        raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
+    return [float(pos[tok].logprob) for tok, pos in zip(token_ids, logprobs)]
+
+
+@contextlib.contextmanager
+def preserved_global_state():
+    """Restore Python/NumPy/torch global RNG states and torch's thread setter on exit."""
+    py, npy, th = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    set_threads, n_threads = torch.set_num_threads, torch.get_num_threads()
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(npy)
+        torch.random.set_rng_state(th)
+        torch.set_num_threads = set_threads
+        if torch.get_num_threads() != n_threads:
+            torch.set_num_threads(n_threads)
+
+
+# ----------------------------------------------------------------------------- engine-side functions
+# Run inside the worker through `llm.apply_model(fn)` (in-process: called with the vLLM nn.Module).
+
+def tied_head_modules(model) -> list:
+    """Modules whose `weight` is the same Parameter as another module's (a tied output head)."""
+    owner: dict[int, str] = {}
+    tied = []
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, torch.Tensor) or weight.numel() == 0:
+            continue
+        if id(weight) in owner:
+            tied.append(module)
+        else:
+            owner[id(weight)] = name
+    return tied
+
+
+def refresh_tied_heads(model) -> int:
+    """Re-run weight processing (CPU: oneDNN/sgl repacking) of tied heads; returns how many."""
+    heads = [m for m in tied_head_modules(model) if getattr(m, "quant_method", None) is not None]
+    for module in heads:
+        module.quant_method.process_weights_after_loading(module)
+    return len(heads)
+
+
+def head_logits(model, probe: torch.Tensor) -> torch.Tensor:
+    """Output-head logits of `probe` (B, hidden) as the engine computes them -> (B, V_padded)."""
+    head = model.lm_head
+    with torch.no_grad():
+        return head.quant_method.apply(head, probe.to(head.weight.device, head.weight.dtype)).float().cpu()
+
+
+@contextlib.contextmanager
+def keep_default_process_group(keep: bool):
+    """While the engine shuts down: tear down vLLM's own groups but not torch's default process
+    group when it belongs to the trainer (vLLM's shutdown destroys it unconditionally)."""
+    if not keep:
+        yield
+        return
+    from unittest import mock
+
+    from vllm.distributed import parallel_state as ps
+
+    def destroy_vllm_world_only():
+        if ps._WORLD:
+            ps._WORLD.destroy()
+        ps._WORLD, ps._NODE_COUNT = None, None
+
+    with mock.patch.object(ps, "destroy_distributed_environment", destroy_vllm_world_only):
+        yield
+
+
+# ----------------------------------------------------------------------------- sleep mode
+
+SLEEP_LEVEL = 2  # weights and KV cache dropped: the trainer syncs new weights before the next sample
+
+
+def sleep_mode_error(cuda_available: bool | None = None) -> str | None:
+    """Why `sampler.sleep_mode` cannot run here, or None."""
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    if not cuda_available:
+        return ("sampler.sleep_mode needs a CUDA GPU (vLLM frees and restores its memory through its CUDA "
+                "allocator); none is visible here: set sampler.sleep_mode=false")
+    return None
+
+
+class SleepCycle:
+    """Sleep/wake bookkeeping of a colocated engine; every call is a no-op when disabled.
+
+    sleep()            level 2: weights and KV cache released (the engine must get new weights)
+    wake("weights")    step 1, before a weight sync; then loaded() once the weights are in
+    ready_to_sample()  step 2: the KV cache; refuses when the weights were dropped and not reloaded
+    """
+
+    def __init__(self, llm, enabled: bool):
+        self.llm, self.enabled = llm, enabled
+        self.asleep: set[str] = set()
+        self.weights_lost = False
+
+    def sleep(self) -> None:
+        if not self.enabled or self.asleep:
+            return
+        self.llm.sleep(level=SLEEP_LEVEL)
+        self.asleep = {"weights", "kv_cache"}
+        self.weights_lost = True
+
+    def wake(self, tag: str) -> None:
+        if tag in self.asleep:
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()   # hand the trainer's cached blocks back before vLLM maps its own
+            self.llm.wake_up(tags=[tag])
+            self.asleep.discard(tag)
+
+    def loaded(self) -> None:
+        self.weights_lost = False
+
+    def ready_to_sample(self) -> None:
+        self.wake("weights")
+        if self.weights_lost:
+            raise RuntimeError("the vLLM engine slept at level 2 (its weights dropped) and no weight sync "
+                               "followed: sampling now would read uninitialised memory; call sync_weights(model)")
+        self.wake("kv_cache")
+
+
