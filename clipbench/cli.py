@@ -108,9 +108,10 @@ def plan(
                                                  help="GPUs per node (default: launch.nproc_per_node, else 1)."),
     nnodes: int = typer.Option(1, "--nnodes", help="Nodes (FSDP shards over nproc x nnodes GPUs)."),
     gpu_memory: float = typer.Option(80.0, "--gpu-memory", help="Memory of one GPU, GiB."),
-    prompt_tokens: int = typer.Option(1024, "--prompt-tokens",
-                                      help="Longest prompt assumed, tokens (at most the model context less "
-                                      "sampler.max_new_tokens)."),
+    prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens",
+                                                help="Longest prompt assumed, tokens (default: clipbench's prompt "
+                                                "room, clipbench.models.PROMPT_TOKENS; at most the model context "
+                                                "less sampler.max_new_tokens)."),
     json_out: bool = typer.Option(False, "--json", help="The plan as JSON."),
 ):
     """GPU memory per rank before anything loads (weights, AdamW, activations, vLLM); exit 1 if it won't fit."""

@@ -19,8 +19,11 @@ from clipbench.models.shapes import model_shape
 
 
 def plan_command(recipe, overrides: list[str], *, nproc_per_node: int | None, nnodes: int,
-                 gpu_memory: float, prompt_tokens: int, json_out: bool) -> int:
+                 gpu_memory: float, prompt_tokens: int | None, json_out: bool) -> int:
     """Print the plan of RECIPE; return 0 when it fits, 1 when it does not."""
+    from clipbench.models import PROMPT_TOKENS
+
+    prompt_tokens = PROMPT_TOKENS if prompt_tokens is None else prompt_tokens
     from clipbench.config import load_run_config
     from clipbench.models import resolve_model_name
 
