@@ -296,6 +296,7 @@ def run_trl(cfg, run_dir: Path, *, resume: bool = False, sink=None,
     from clipbench.integrations.trl import ClipbenchGRPOTrainer
     from clipbench.tasks import build_run_task
     from clipbench.tracking.mirror import run_params
+    from clipbench.tracking.provenance import provenance_params, record_start
     from clipbench.tracking.sink import NullSink
     from clipbench.tracking.store import RunDir
     from clipbench.tracking.files import read_json
@@ -343,6 +344,9 @@ def run_trl(cfg, run_dir: Path, *, resume: bool = False, sink=None,
         rd.set_status("running", run_id=run_id(cfg), step=state["step"], steps=cfg.train.steps, backend=backend,
                       engine="trl", started=rd.status().get("started", time.time()))
         sink.log_params(run_params(to_dict(cfg), backend))
+        starts = record_start(rd, cfg.model.name, engine="trl", world_size=int(os.environ.get("WORLD_SIZE", "1")),
+                              device=device, step=state["step"], fresh=ckpt is None)
+        sink.log_params(provenance_params(starts))  # machine, software, base-model sha256
 
     trainer.train(resume_from_checkpoint=str(ckpt / "model") if ckpt else None)
 

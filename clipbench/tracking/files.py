@@ -34,6 +34,8 @@ REMEDIES = {
               "train the run again",
     "eval": "move it away (the evaluation is then left out) or delete the run directory to train the run again",
     "mlflow": "delete it (it only remembers the run's MLflow ids; `clipbench sync` finds them again by tags)",
+    "provenance": "delete it: the report then counts the run's machine and base-model checksum as unknown "
+                  "(its next start or resume records them again)",
     "jsonl": "repair or delete that line (the other rows are intact), or delete the run directory to train "
              "the run again",
 }

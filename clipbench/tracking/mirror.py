@@ -27,6 +27,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from clipbench.tracking.provenance import provenance_params, read_provenance
 from clipbench.tracking.store import RunDir
 
 MAX_PARAM_LEN = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
@@ -175,8 +176,10 @@ def expected_metrics(rd: RunDir, rows: list[dict] | None = None,
 
 def expected_params(rd: RunDir, config: Mapping, status: Mapping,
                     evals: dict[int, dict[str, dict]] | None = None) -> dict[str, str]:
-    """{param name: value}: the run's params (`run_params`) and its evaluations' bookkeeping."""
+    """{param name: value}: the run's params (`run_params`), its provenance (`provenance.*`, from
+    provenance.json) and its evaluations' bookkeeping."""
     want = {metric_name(k): param_value(v) for k, v in run_params(config, status.get("backend")).items()}
+    want.update({metric_name(k): param_value(v) for k, v in provenance_params(read_provenance(rd.path)).items()})
     evals = rd.read_evals() if evals is None else evals
     for k, per_bench in sorted(evals.items()):
         for bench, payload in per_bench.items():

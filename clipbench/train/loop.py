@@ -54,6 +54,7 @@ from clipbench.tasks import build_run_task
 from clipbench.eval.evaluate import Shard
 from clipbench.eval.suite import eval_suite, run_eval
 from clipbench.tracking.mirror import run_params
+from clipbench.tracking.provenance import provenance_params, record_start
 from clipbench.tracking.sink import MetricSink, NullSink
 from clipbench.tracking.store import RunDir
 from clipbench.models import compute_dtype, dtype_name, load_model_and_tokenizer, resolve_model_name
@@ -199,6 +200,9 @@ def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricS
         rd.set_status("running", run_id=run_id(cfg), step=state["step"], steps=cfg.train.steps, backend=backend,
                       world_size=dist.world, started=rd.status().get("started", time.time()))
         sink.log_params(run_params(to_dict(cfg), backend))  # config + effective clip bounds (rule.*)
+        starts = record_start(rd, cfg.model.name, engine="builtin", world_size=dist.world, device=dist.device,
+                              step=state["step"], fresh=ckpt is None)  # machine, software, base-model sha256
+        sink.log_params(provenance_params(starts))
     dist.barrier()
     autocast = dtype != torch.float32 and not dist.sharded  # sharded: FSDP casts the parameters itself
     compute = functools.partial(torch.autocast, dist.device.type, dtype=dtype) if autocast else contextlib.nullcontext
