@@ -152,13 +152,16 @@ def report(
     fmt: str = typer.Option("rich", "--format", help="rich | markdown | latex | csv | html"),
     results_dir: Path = RESULTS,
     out: Optional[Path] = typer.Option(None, "--out", help="Output directory for files (default results/reports/<sweep>)."),
+    replicate: Optional[str] = typer.Option(None, "--replicate", help="A second sweep (name, or path to its "
+                                            "directory) every claim must replicate on, instead of the two halves "
+                                            "of the seeds."),
     plugin: Optional[List[str]] = PLUGIN,
 ):
-    """Comparison tables (Table 3 layout), clip-quadrant table and training-dynamics plots."""
+    """Comparison tables (Table 3 layout), clip-quadrant table, claims (with whether they replicate) and plots."""
     from clipbench.commands.report import report_command
 
     _load_plugins(plugin)
-    report_command(sweep, baseline=baseline, fmt=fmt, results_dir=results_dir, out=out)
+    report_command(sweep, baseline=baseline, fmt=fmt, results_dir=results_dir, out=out, replicate=replicate)
 
 
 @app.command()

@@ -1,8 +1,10 @@
-"""`clipbench report [SWEEP] --baseline METHOD --format rich|markdown|latex|csv|html [--out DIR]`.
+"""`clipbench report [SWEEP] --baseline METHOD --format rich|markdown|latex|csv|html [--out DIR] [--replicate B]`.
 
 Reads the results store only (works offline; clipbench.report builds the report). Writes to ``--out``
 (default ``<results>/reports/<sweep>/``) the files of the format (report/build.py); `rich` prints the
-tables to the terminal. Paths written are printed, the HTML page last.
+tables to the terminal. Paths written are printed, the HTML page last. ``--replicate B`` checks
+every claim of SWEEP against sweep B (a name in the results dir or a path to a sweep directory)
+instead of the two halves of SWEEP's seeds.
 """
 
 from __future__ import annotations
@@ -17,16 +19,18 @@ from clipbench.tracking.files import check_store_dir, check_writable_dir
 
 
 def report_command(sweep: str | None, *, baseline: str | None, fmt: str, results_dir: Path,
-                   out: Path | None) -> list[Path]:
+                   out: Path | None, replicate: str | None = None) -> list[Path]:
     if fmt not in render.FORMATS:
         raise UserError("--format: " + unknown_choice("format", fmt, render.FORMATS))
+    if replicate and not sweep:
+        raise UserError("--replicate: name the sweep it replicates (`clipbench report A --replicate B`)")
     results_dir = check_store_dir(results_dir)
     names = [sweep] if sweep else list_sweeps(results_dir)
     if not names:
         raise UserError(f"no sweeps with runs in {results_dir}; run `clipbench sweep FILE --results-dir {results_dir}` first")
     written: list[Path] = []
     for name in names:
-        s, result, tables, header = build_report(results_dir, name, baseline)
+        s, result, tables, header = build_report(results_dir, name, baseline, replicate)
         if out is None:
             out_dir = check_writable_dir(results_dir / "reports" / name, "report directory")
         else:

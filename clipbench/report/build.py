@@ -21,7 +21,11 @@ from clipbench.report import paper as paper_ref
 from clipbench.report import render
 from clipbench.report.analysis import analyze
 from clipbench.report.claims import as_dicts, evaluate_claims
+from clipbench.report.claims_table import add_claim_tables
+from clipbench.report.health import exclusion_reason
 from clipbench.report.load import Sweep, load_results
+from clipbench.report.machines import provenance_lines, provenance_summary
+from clipbench.report.replication import replicate_against, replicate_by_halves, summary_line
 from clipbench.report.tables import Table, build_tables, model_title
 from clipbench.tracking.files import atomic_write_json
 
@@ -37,6 +41,14 @@ def header_lines(sweep: Sweep, result: dict) -> list[str]:
                           f"{'/'.join(map(str, info['final_steps']))})" for lb, info in b["labels"].items())
         if seeds:
             lines.append(f"{model_title(b['model'])}: {seeds}.")
+    if result.get("replicate"):
+        rep = result["replicate"]
+        lines.append(f"Replication sweep '{rep['sweep']}' ({rep['path']}): {rep['compared']} runs compared; each claim "
+                     f"is computed on it alone and must reach the same verdict.")
+    lines += provenance_lines(result.get("provenance"))
+    claims_line = summary_line(result.get("claims", []))
+    if claims_line:
+        lines.append(claims_line)
     if runs["excluded"]:
         shown = "; ".join(f"{e['label']} seed {e['seed']} ({e['run_id']}): {e['reason']}" for e in runs["excluded"][:8])
         more = f"; and {len(runs['excluded']) - 8} more (see the Runs table)" if len(runs["excluded"]) > 8 else ""
@@ -53,13 +65,42 @@ def header_lines(sweep: Sweep, result: dict) -> list[str]:
     return lines
 
 
-def build_report(results_dir: Path, sweep_name: str, baseline: str | None):
-    """(sweep, analysis dict, tables, header lines) for one sweep; UserError when it has nothing to show."""
-    sweep = load_results(results_dir, sweep_name)
-    result = analyze(sweep, baseline)
+def load_replicate(results_dir: Path, spec: str) -> Sweep:
+    """`--replicate B`: a sweep name in the same results dir, or a path to a sweep directory (with a '/')."""
+    if "/" in spec or "\\" in spec:
+        path = Path(spec).expanduser()
+        return load_results(path.parent, path.name)
+    return load_results(results_dir, spec)
+
+
+def claims_with_replication(sweep: Sweep, result: dict, replicate: Sweep | None) -> None:
+    """result["claims"] (each with its smallest detectable effect and whether it replicates: on the
+    halves of its seeds, or on sweep `replicate`) and result["provenance"] (the machines and
+    base-model checksums of the runs compared, the replication sweep's included), in place."""
     excluded = {e["run_id"] for e in result["runs"]["excluded"]}
-    result["claims"] = as_dicts(evaluate_claims(sweep, [r for r in sweep.runs if r.run_id not in excluded]))
-    tables = build_tables(result, paper_ref.load_paper())
+    compared = [r for r in sweep.runs if r.run_id not in excluded]
+    claims = evaluate_claims(sweep, compared)
+    runs, group = compared, (lambda r: r.label)
+    if replicate is None:
+        replicate_by_halves(claims, compared)
+    else:
+        other = [r for r in replicate.runs if exclusion_reason(r) is None]
+        replicate_against(claims, evaluate_claims(replicate, other), replicate.name)
+        mine = {id(r) for r in compared}
+        runs, group = compared + other, (lambda r: r.label if id(r) in mine else f"{replicate.name}: {r.label}")
+        result["replicate"] = {"sweep": replicate.name, "path": str(replicate.path), "compared": len(other)}
+    result["claims"] = as_dicts(claims)
+    result["provenance"] = provenance_summary(runs, group)
+
+
+def build_report(results_dir: Path, sweep_name: str, baseline: str | None, replicate: str | None = None):
+    """(sweep, analysis dict, tables, header lines) for one sweep; UserError when it has nothing to show.
+    `replicate`: a second sweep (name or path) every claim is checked against, instead of seed halves."""
+    sweep = load_results(results_dir, sweep_name)
+    other = load_replicate(results_dir, replicate) if replicate else None
+    result = analyze(sweep, baseline)
+    claims_with_replication(sweep, result, other)
+    tables = add_claim_tables(build_tables(result, paper_ref.load_paper()), result)
     if not any(t.key in ("table3", "quadrants") for t in tables):
         states = ", ".join(f"{v} {k}" for k, v in sorted(result["runs"]["states"].items()))
         why = "; ".join(f"{e['run_id']}: {e['reason']}" for e in result["runs"]["excluded"][:3])

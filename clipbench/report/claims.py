@@ -24,12 +24,18 @@ Statistics (stated in every row):
 - Verdict at level 0.05: "holds" when the difference has the claimed sign and p < 0.05, "does not
   hold" when it has the opposite sign and p < 0.05, else "inconclusive at this scale" (a difference
   of this size cannot be told from seed noise with these many seeds).
+- The smallest detectable effect (`mde`, 80% power, two-sided 0.05; `stats.mde`): from the standard
+  error of the test's own unit, sd / sqrt(n) of the seed differences (df n - 1) for the paired t,
+  the per-problem differences' (benchmarks combined as in the CI; Welch df) for the bootstrap. An
+  inconclusive verdict says what would detect its observed difference (`needed`): the paired seeds
+  (`stats.seeds_needed`, the observed sd) or the multiple of the problems, (mde / |estimate|)^2.
+- Whether a verdict replicates (the halves of the seeds, or a second sweep) is replication.py's.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -38,7 +44,7 @@ from clipbench.report import stats
 from clipbench.report.analysis import _paired_diffs, block_benchmarks, block_n, run_dynamics, run_quadrants, seed_values
 from clipbench.report.load import RunRecord, Sweep
 
-ALPHA = 0.05
+ALPHA = stats.ALPHA
 QUADRANTS = ("q1", "q2", "q3", "q4")
 
 
@@ -54,6 +60,19 @@ class ClaimResult:
     test: str         # the paired test
     n: int            # seeds or problems behind the estimate
     verdict: str
+    model: str = ""                                  # the block (base model name)
+    seeds: list[int] = field(default_factory=list)   # the seeds behind it (both arms have them)
+    se: float = math.nan                             # the test's standard error, in the figure's unit
+    df: float = math.nan
+    mde: float = math.nan                            # smallest effect detectable at 80% power
+    needed: dict | None = None                       # inconclusive: {"unit": seeds|problems, "n", "factor"}
+    checksums: list = field(default_factory=list)    # base-model weights sha256 of its runs (None: unrecorded)
+    replication: dict | None = None                  # replication.py: replicates | fragile | not tested
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """What names a claim across sweeps and halves (the figure's text carries numbers)."""
+        return (self.model, self.claim, self.comparison)
 
 
 def verdict(estimate: float, p: float, *, claimed_sign: int = 1) -> str:
@@ -111,14 +130,43 @@ def _q4_share(r: RunRecord) -> float | None:
     return None if q is None else q["share"]["q4"]
 
 
+def _checksums(runs: Sequence[RunRecord]) -> list:
+    return sorted({c for r in runs for c in r.checksums}, key=lambda c: c or "")
+
+
+def _seed_design(res: ClaimResult, diffs: np.ndarray) -> ClaimResult:
+    """se, df, mde of a paired t over seed differences; the seeds an inconclusive one would need."""
+    if diffs.size >= 2:
+        sd = float(diffs.std(ddof=1))
+        res.se, res.df = sd / math.sqrt(diffs.size), float(diffs.size - 1)
+        res.mde = stats.mde(res.se, res.df)
+        n = stats.seeds_needed(sd, res.estimate, start=diffs.size) if res.verdict.startswith("inconclusive") else None
+        res.needed = None if n is None else {"unit": "seeds", "n": n, "factor": n / diffs.size}
+    return res
+
+
+def _problem_design(res: ClaimResult, diffs: Sequence[np.ndarray]) -> ClaimResult:
+    """se, df, mde of the mean per-problem difference (benchmarks combined); the multiple of the
+    problems an inconclusive one would need, (mde / |estimate|)^2 (se shrinks as 1 / sqrt(problems))."""
+    res.se, res.df = stats.combined_se([100.0 * d for d in diffs])
+    res.mde = stats.mde(res.se, res.df)
+    if res.verdict.startswith("inconclusive") and res.estimate and math.isfinite(res.mde) and res.mde > 0:
+        factor = (res.mde / abs(res.estimate)) ** 2
+        res.needed = {"unit": "problems", "n": math.ceil(factor * res.n), "factor": factor}
+    return res
+
+
 def seed_claim(claim: str, source: str, a_label: str, a: Sequence[RunRecord], b_label: str, b: Sequence[RunRecord], figure: str,
                value, scale: float = 1.0) -> ClaimResult | None:
-    diffs = scale * _paired_seeds(_per_seed(a, value), _per_seed(b, value))
+    va, vb = _per_seed(a, value), _per_seed(b, value)
+    diffs = scale * _paired_seeds(va, vb)
     if diffs.size == 0:
         return None
     est, p = float(diffs.mean()), _ttest_rel_p(diffs)
-    return ClaimResult(claim, source, f"{a_label} - {b_label}", figure, est, _t_ci(diffs), p,
-                       "paired t, seeds", int(diffs.size), verdict(est, p))
+    res = ClaimResult(claim, source, f"{a_label} - {b_label}", figure, est, _t_ci(diffs), p,
+                      "paired t, seeds", int(diffs.size), verdict(est, p), seeds=sorted(set(va) & set(vb)),
+                      checksums=_checksums([*a, *b]))
+    return _seed_design(res, diffs)
 
 
 def accuracy_claim(claim: str, source: str, a_label: str, a: Sequence[RunRecord], b_label: str,
@@ -142,8 +190,27 @@ def accuracy_claim(claim: str, source: str, a_label: str, a: Sequence[RunRecord]
     allv = 100.0 * np.concatenate(diffs)
     est = float(np.mean([100.0 * d.mean() for d in diffs]))
     p = stats.paired_bootstrap_p(diffs)
-    return ClaimResult(claim, source, f"{a_label} - {b_label}", f"Avg@{n}, last eval (pts, "
-                       f"{', '.join(benches)})", est, _t_ci(allv), p, "paired bootstrap, problems", int(allv.size), verdict(est, p))
+    res = ClaimResult(claim, source, f"{a_label} - {b_label}", f"Avg@{n}, last eval (pts, "
+                      f"{', '.join(benches)})", est, _t_ci(allv), p, "paired bootstrap, problems", int(allv.size),
+                      verdict(est, p), seeds=sorted({r.seed for r in a} & {r.seed for r in b}),
+                      checksums=_checksums([*a, *b]))
+    return _problem_design(res, diffs)
+
+
+def q4_claim(label: str, runs: Sequence[RunRecord]) -> ClaimResult | None:
+    """Q4's lead over the next largest quadrant, per seed; a one-sample t over the seeds."""
+    shares = _per_seed(runs, _q4_share)
+    leads = _per_seed(runs, _q4_lead)
+    lead = np.array([leads[s] for s in sorted(leads)])
+    if not lead.size:
+        return None
+    est, p = float(lead.mean()), _ttest_rel_p(lead)
+    mean_share = float(np.mean(list(shares.values())))
+    res = ClaimResult("Q4 (A<0, r>1) is the largest share of GRPO's clip events", "ABC-GRPO, Fig. 4f: 41.4%",
+                      f"{label}: Q4 - next largest quadrant", f"share of clip events (pts; Q4 {mean_share:.1f}%)",
+                      est, _t_ci(lead), p, "paired t, seeds", int(lead.size), verdict(est, p), seeds=sorted(leads),
+                      checksums=_checksums(runs))
+    return _seed_design(res, lead)
 
 
 def _params(r: RunRecord) -> dict:
@@ -156,7 +223,8 @@ def evaluate_claims(sweep: Sweep, compared: Sequence[RunRecord]) -> list[ClaimRe
     blocks: dict[str, list[RunRecord]] = {}
     for r in compared:
         blocks.setdefault(r.model, []).append(r)
-    for runs in blocks.values():
+    for model, runs in blocks.items():
+        first = len(out)
         by_label: dict[str, list[RunRecord]] = {}
         for r in runs:
             by_label.setdefault(r.label, []).append(r)
@@ -178,16 +246,8 @@ def evaluate_claims(sweep: Sweep, compared: Sequence[RunRecord]) -> list[ClaimRe
                 res = seed_claim("clip-higher keeps entropy higher than GRPO", "DAPO", d, by_label[d], g,
                                  by_label[g], "entropy, last fifth (nats)", _last_entropy)
                 out += [res] if res else []
-            shares = _per_seed(by_label[g], _q4_share)
-            lead = np.array(list(_per_seed(by_label[g], _q4_lead).values()))
-            if lead.size:
-                est, p = float(lead.mean()), _ttest_rel_p(lead)
-                mean_share = float(np.mean(list(shares.values())))
-                out.append(ClaimResult(
-                    "Q4 (A<0, r>1) is the largest share of GRPO's clip events", "ABC-GRPO, Fig. 4f: 41.4%",
-                    f"{g}: Q4 - next largest quadrant", f"share of clip events (pts; Q4 {mean_share:.1f}%)", est,
-                    _t_ci(lead), p, "paired t, seeds", int(lead.size),
-                    verdict(est, p)))
+            res = q4_claim(g, by_label[g])
+            out += [res] if res else []
         for d in arms("dapo"):
             for n in arms("nsr"):
                 res = accuracy_claim("NSR beats DAPO", "NSR", n, by_label[n], d, by_label[d])
@@ -199,6 +259,8 @@ def evaluate_claims(sweep: Sweep, compared: Sequence[RunRecord]) -> list[ClaimRe
                 res = accuracy_claim("stochastic rescue beats its deterministic twin", "NSR", n, by_label[n],
                                      c, by_label[c])
                 out += [res] if res else []
+        for res in out[first:]:
+            res.model = model
     return out
 
 

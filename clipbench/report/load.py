@@ -17,6 +17,7 @@ from clipbench.config import flatten
 from clipbench.config.labels import group_label
 from clipbench.tracking.store import RunDir, list_sweeps
 from clipbench.tracking.files import check_store_dir, read_jsonl
+from clipbench.tracking.provenance import read_provenance, weights_checksum
 # the model (it makes the block) and evaluation settings.
 _NOT_IN_LABEL_PREFIXES = ("seed", "name", "tracking.", "model.name", "eval.", "train.checkpoint_every",
                           "train.log_histograms")
@@ -33,6 +34,12 @@ class RunRecord:
     evals: dict[int, dict[str, dict]] = field(default_factory=dict)
     hist: list[dict] = field(default_factory=list)
     label: str = ""
+    provenance: list[dict] = field(default_factory=list)  # provenance.json: one record per start or resume
+
+    @property
+    def checksums(self) -> list[str | None]:
+        """The base model's weights sha256 of each start ([None] for a run without a record of it)."""
+        return sorted({weights_checksum(p) for p in self.provenance} or {None}, key=lambda c: c or "")
 
     @property
     def method(self) -> str:
@@ -109,7 +116,7 @@ def load_run(path: str | Path, notes: list[str] | None = None) -> RunRecord:
     status = rd.status()
     return RunRecord(run_id=rd.run_id, path=rd.path, config=rd.read_config() or {}, state=status.get("state", "pending"),
                status=status, metrics=rd.read_metrics(notes), evals=rd.read_evals(),
-               hist=read_jsonl(rd.hist_path, notes=notes))
+               hist=read_jsonl(rd.hist_path, notes=notes), provenance=read_provenance(rd.path))
 
 
 def _in_label(key: str) -> bool:

@@ -84,24 +84,69 @@ def t_interval(values: Sequence[float], level: float = CI_LEVEL) -> tuple[float,
     return float(lo), float(hi)
 
 
-def combined_t_interval(groups: Sequence[Sequence[float]], level: float = CI_LEVEL) -> tuple[float, float]:
-    """CI of the unweighted mean over groups (benchmarks) of each group's mean over its problems.
+def combined_se(groups: Sequence[Sequence[float]]) -> tuple[float, float]:
+    """(se, df) of the unweighted mean over groups (benchmarks) of each group's mean over its problems.
 
     se^2 = sum_b s_b^2 / P_b / B^2; degrees of freedom by Welch-Satterthwaite,
-    df = (sum_b v_b)^2 / sum_b v_b^2 / (P_b - 1) with v_b = s_b^2 / P_b.
+    df = (sum_b v_b)^2 / sum_b v_b^2 / (P_b - 1) with v_b = s_b^2 / P_b (one group: s / sqrt(P), P - 1).
+    (nan, nan) when a group has fewer than 2 values; (0.0, nan) when every group is constant.
     """
     from scipy import stats as sps
 
     arrays = [np.asarray(g, dtype=float) for g in groups]
-    m = float(np.mean([a.mean() for a in arrays]))
-    if any(a.size < 2 for a in arrays):
-        return m, m
+    if not arrays or any(a.size < 2 for a in arrays):
+        return math.nan, math.nan
     v = np.array([sps.sem(a) ** 2 for a in arrays])
     if v.sum() == 0.0:
-        return m, m
+        return 0.0, math.nan
     df = v.sum() ** 2 / sum(vb**2 / (a.size - 1) for vb, a in zip(v, arrays) if vb > 0)
-    lo, hi = sps.t.interval(level, df, loc=m, scale=math.sqrt(v.sum()) / len(arrays))
+    return float(math.sqrt(v.sum()) / len(arrays)), float(df)
+
+
+def combined_t_interval(groups: Sequence[Sequence[float]], level: float = CI_LEVEL) -> tuple[float, float]:
+    """CI of the unweighted mean over groups (benchmarks) of each group's mean over its problems
+    (`combined_se`: the benchmarks' standard errors, Welch-Satterthwaite df)."""
+    from scipy import stats as sps
+
+    m = float(np.mean([np.asarray(g, dtype=float).mean() for g in groups]))
+    se, df = combined_se(groups)
+    if not se or not math.isfinite(se):
+        return m, m
+    lo, hi = sps.t.interval(level, df, loc=m, scale=se)
     return float(lo), float(hi)
+
+
+ALPHA = 0.05  # the claims' significance level (two-sided)
+POWER = 0.80  # the power at which the smallest detectable effect is stated
+
+
+def mde(se: float, df: float, *, alpha: float = ALPHA, power: float = POWER) -> float:
+    """The smallest effect a two-sided test at level `alpha` detects with probability `power`:
+    ``(t_{1-alpha/2, df} + t_{power, df}) * se`` (Bloom 1995; the t quantiles from `scipy.stats.t`).
+    Against the exact noncentral-t power it is 0.2% low at df = 127 and 1.1% at df = 4 (5% at df = 2).
+    nan when se or df is not finite (df nan with se 0: 0.0, nothing varies)."""
+    from scipy import stats as sps
+
+    if se == 0.0:
+        return 0.0
+    if not (math.isfinite(se) and math.isfinite(df)) or df <= 0:
+        return math.nan
+    return float((sps.t.ppf(1 - alpha / 2, df) + sps.t.ppf(power, df)) * se)
+
+
+def seeds_needed(sd: float, effect: float, *, start: int = 2, limit: int = 10_000) -> int | None:
+    """The fewest paired seeds n (>= start) whose design detects `effect` at 80% power:
+    ``mde(sd / sqrt(n), n - 1) <= |effect|``; None when no n up to `limit` does (or effect is 0)."""
+    if not (math.isfinite(sd) and math.isfinite(effect)) or effect == 0.0:
+        return None
+    detects = lambda n: mde(sd / math.sqrt(n), n - 1) <= abs(effect)  # noqa: E731 - monotone in n
+    lo, hi = max(start, 2), limit
+    if not detects(hi):
+        return None
+    while lo < hi:  # bisection: the first n that detects
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if detects(mid) else (mid + 1, hi)
+    return lo
 
 
 def paired_bootstrap_p(diffs_by_group: Sequence[Sequence[float]], *, resamples: int = BOOTSTRAP_RESAMPLES,

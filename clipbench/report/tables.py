@@ -259,26 +259,6 @@ def gradient_mass(q_by_block: dict, baseline: str | None) -> Table | None:
     return t
 
 
-# ---- the papers' claims -------------------------------------------------------------------------
-
-def claims(rows: list[dict]) -> Table | None:
-    """One row per claim that applies to the sweep (clipbench.report.claims): figure, CI, test, verdict."""
-    if not rows:
-        return None
-    cols = ["Claim (source)", "Comparison", "Figure", "Estimate [95% CI]", "Test", "n", "p", "Verdict"]
-    t = Table("claims", "The papers' claims at this scale", cols, sections=False)
-    for c in rows:
-        lo, hi = c["ci"]
-        ci = f" [{lo:+.3g}, {hi:+.3g}]" if math.isfinite(lo) and math.isfinite(hi) else ""
-        p = "" if c["p"] is None or not math.isfinite(c["p"]) else (f"{c['p']:.3f}" if c["p"] >= 0.001 else "<0.001")
-        t.add([f"{c['claim']} ({c['source']})", c["comparison"], c["figure"], f"{c['estimate']:+.3g}{ci}", c["test"],
-               str(c["n"]), p, c["verdict"]], "flagged" if c["verdict"] == "does not hold" else "")
-    t.notes = ["Holds: the difference has the claimed sign and p < 0.05; does not hold: the opposite sign and "
-               "p < 0.05; else inconclusive at this scale. Training figures are paired by seed, accuracy by "
-               "problem (seeds averaged per problem). See clipbench/report/claims.py."]
-    return t
-
-
 # ---- every run: state, steps, skipped steps, flags ----------------------------------------------
 
 def runs_table(result: dict) -> Table:
@@ -379,9 +359,6 @@ def build_tables(result: dict, paper: dict | None) -> list[Table]:
     d = dynamics(result.get("dynamics", {}), baseline)
     if d is not None:
         tables.append(d)
-    c = claims(result.get("claims", []))
-    if c is not None:
-        tables.append(c)
     if result.get("health"):
         tables.append(runs_table(result))
     return tables

@@ -1,0 +1,106 @@
+"""The claims table and the provenance table (display strings), from ``result["claims"]`` and
+``result["provenance"]``; `add_claim_tables` puts them before the runs table of `tables.build_tables`.
+
+- ``claims``: per claim its figure, 95% CI, test, n, p, verdict (an inconclusive one with what would
+  detect its estimate), the smallest effect the design detects at 80% power, and whether the verdict
+  replicates (report/replication.py);
+- ``provenance``: one row per (base model, weights sha256, machine) with its runs (report/machines.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+from clipbench.report.replication import seed_ranges
+from clipbench.report.tables import Table, model_title
+
+
+# ---- the papers' claims -------------------------------------------------------------------------
+
+def _p_text(p: float | None) -> str:
+    return "" if p is None or not math.isfinite(p) else (f"{p:.3f}" if p >= 0.001 else "<0.001")
+
+
+def claim_verdict_cell(c: dict) -> str:
+    """The verdict; an inconclusive one says what would detect its observed difference; runs from
+    several base-model checksums are said."""
+    text = c["verdict"]
+    need = c.get("needed")
+    if need and need["unit"] == "seeds":
+        text += f"; {c['estimate']:+.3g} needs {need['n']} paired seeds at 80% power (has {c['n']})"
+    elif need:
+        text += (f"; {c['estimate']:+.3g} needs ~{need['factor']:.1f}x the problems ({need['n']:,}) at 80% power "
+                 f"(or fewer with more samples per problem)")
+    known = [x for x in c.get("checksums", []) if x]
+    if len(known) > 1:
+        text += f" [runs from {len(known)} different base models: weights sha256 {', '.join(x[:8] for x in known)}]"
+    return text
+
+
+def replication_cell(c: dict) -> str:
+    rep = c.get("replication")
+    if not rep:
+        return ""
+    if rep["status"] == "not tested":
+        return f"not tested: {rep['reason']}"
+    short = {"inconclusive at this scale": "inconclusive"}
+    parts = "; ".join(f"{x['name']}: {short.get(x['verdict'], x['verdict'])} {x['estimate']:+.3g}, p {_p_text(x['p'])}"
+                      for x in rep["parts"])
+    return f"{rep['status']} ({parts})"
+
+
+def claims(rows: list[dict]) -> Table | None:
+    """One row per claim that applies to the sweep (clipbench.report.claims): figure, CI, test, verdict,
+    the smallest effect the design detects, and whether the verdict replicates (report/replication.py)."""
+    if not rows:
+        return None
+    cols = ["Claim (source)", "Comparison", "Figure", "Estimate [95% CI]", "Test", "n", "p", "Verdict",
+            "Detectable (80% power)", "Replication"]
+    t = Table("claims", "The papers' claims at this scale", cols, sections=False)
+    for c in rows:
+        lo, hi = c["ci"]
+        ci = f" [{lo:+.3g}, {hi:+.3g}]" if math.isfinite(lo) and math.isfinite(hi) else ""
+        mde = c.get("mde", math.nan)
+        flagged = (c["verdict"] == "does not hold" or (c.get("replication") or {}).get("status") == "fragile"
+                   or len([x for x in c.get("checksums", []) if x]) > 1)
+        t.add([f"{c['claim']} ({c['source']})", c["comparison"], c["figure"], f"{c['estimate']:+.3g}{ci}", c["test"],
+               str(c["n"]), _p_text(c["p"]), claim_verdict_cell(c), f"±{mde:.3g}" if math.isfinite(mde) else "",
+               replication_cell(c)], "flagged" if flagged else "")
+    by = next(((c.get("replication") or {}).get("by") for c in rows if c.get("replication")), None)
+    t.notes = ["Holds: the difference has the claimed sign and p < 0.05; does not hold: the opposite sign and "
+               "p < 0.05; else inconclusive at this scale. Training figures are paired by seed, accuracy by "
+               "problem (seeds averaged per problem). See clipbench/report/claims.py.",
+               "Detectable: the smallest difference this design detects with 80% power at p < 0.05 (two-sided), "
+               "(t(0.975, df) + t(0.80, df)) x se, se from the observed spread: of the seed differences for a "
+               "paired t (df = seeds - 1), of the per-problem differences for the bootstrap (df = problems - 1; "
+               "Welch for several benchmarks). An inconclusive verdict says what would detect its estimate.",
+               f"Replication ({by or 'on two halves of the seeds'}): replicates when each part alone reaches the "
+               "whole's verdict with its sign (for an inconclusive verdict: each part inconclusive too, same "
+               "sign); fragile otherwise. Halves: the claim's seeds sorted, first half and second half; a paired "
+               "t needs 2 seeds per half, the bootstrap 1."]
+    return t
+
+
+def provenance(summary: dict | None) -> Table | None:
+    """Where the compared runs ran and from which base-model bytes (report/machines.py)."""
+    if not summary or len(summary["unrecorded"]) == sum(len(r["runs"]) for r in summary["rows"]):
+        return None  # nothing recorded (a store written before provenance was): the header says so
+    cols = ["Base model", "Weights sha256", "Machine", "Runs", "Methods (seeds)"]
+    t = Table("provenance", "Where the runs ran and what they started from", cols, sections=False)
+    for row in summary["rows"]:
+        who = "; ".join(f"{lb} ({seed_ranges(seeds)})" for lb, seeds in row["labels"].items())
+        t.add([model_title(row["model"]), row["weights_sha256"][:16], row["machine"], str(len(row["runs"])), who],
+              "flagged" if row["model"] in summary["mixed"] else "")
+    t.notes = ["From each run's provenance.json (one record per start or resume; a run resumed elsewhere is on "
+               "each machine's row). Weights sha256: the base model's weight files (first 16 hex digits; unknown "
+               "for runs written before it was recorded or hub ids not in the local cache). The same numbers are "
+               "expected only on the same machine, thread count and world size; flagged rows: one base model "
+               "name, several checksums."]
+    return t
+
+
+def add_claim_tables(tables: list[Table], result: dict) -> list[Table]:
+    """`tables` with the claims and provenance tables inserted before the runs table (else at the end)."""
+    extra = [t for t in (claims(result.get("claims", [])), provenance(result.get("provenance"))) if t is not None]
+    at = next((i for i, t in enumerate(tables) if t.key == "runs"), len(tables))
+    return tables[:at] + extra + tables[at:]

@@ -1,0 +1,129 @@
+"""Whether a claim's verdict replicates: the same verdict on two disjoint halves of its seeds, or
+on a second sweep (`clipbench report A --replicate B`).
+
+    replicate_by_halves(claims, compared)        # in place: each claim's .replication
+    replicate_against(claims, other, "B")        # the same, against sweep B's claims
+
+Halves: the claim's seeds (those both of its arms have) sorted, the first half ``seeds[:n // 2]``
+and the second ``seeds[n // 2:]`` (10 seeds: 0-4 and 5-9); the claim is computed again, by the
+same code (`claims.evaluate_claims`), on each half's runs alone.
+
+- "replicates": each half (or sweep B) reaches the whole's verdict (holds, does not hold or
+  inconclusive at this scale) with the whole's sign. A verdict only the pooled seeds reach is not
+  one a rerun of half the size would repeat, so it is "fragile"; so is an inconclusive one whose
+  halves point opposite ways or reach significance.
+- "fragile": any other outcome.
+- "not tested": too few seeds to split, said with the count, never guessed: a paired t over seeds
+  needs 2 seeds in each half (4 in all), the bootstrap over problems 1 in each (2 in all); or the
+  claim has no value on one half (or sweep B does not have it).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from clipbench.report.claims import ClaimResult, evaluate_claims
+from clipbench.report.load import RunRecord
+
+REPLICATES, FRAGILE, NOT_TESTED = "replicates", "fragile", "not tested"
+
+
+def seed_ranges(seeds: Sequence[int]) -> str:
+    """[0, 1, 2, 3, 4, 7] -> '0-4, 7'."""
+    out: list[str] = []
+    s = sorted(seeds)
+    i = 0
+    while i < len(s):
+        j = i
+        while j + 1 < len(s) and s[j + 1] == s[j] + 1:
+            j += 1
+        out.append(str(s[i]) if i == j else f"{s[i]}-{s[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def seeds_name(seeds: Sequence[int]) -> str:
+    return f"seed{'s' if len(seeds) > 1 else ''} {seed_ranges(seeds)}"
+
+
+def halves(seeds: Sequence[int]) -> tuple[list[int], list[int]]:
+    s = sorted(seeds)
+    return s[: len(s) // 2], s[len(s) // 2:]
+
+
+def min_per_half(claim: ClaimResult) -> int:
+    """Seeds each half needs: a t over seed differences needs 2, the bootstrap over problems 1."""
+    return 2 if claim.test.startswith("paired t") else 1
+
+
+def _sign(x: float) -> int:
+    return 0 if not math.isfinite(x) or x == 0 else (1 if x > 0 else -1)
+
+
+def agrees(whole: ClaimResult, part: ClaimResult) -> bool:
+    """The part reaches the whole's verdict with the whole's sign."""
+    return part.verdict == whole.verdict and _sign(part.estimate) == _sign(whole.estimate)
+
+
+def part(name: str, c: ClaimResult) -> dict:
+    return {"name": name, "seeds": list(c.seeds), "estimate": c.estimate, "ci": list(c.ci), "p": c.p,
+            "n": c.n, "verdict": c.verdict, "checksums": list(c.checksums)}
+
+
+def _result(status: str, by: str, parts: list[dict], reason: str | None = None) -> dict:
+    return {"status": status, "by": by, "parts": parts, "reason": reason}
+
+
+def replicate_by_halves(claims: Sequence[ClaimResult], compared: Sequence[RunRecord]) -> None:
+    """Set each claim's .replication from its two seed halves (the claims of one seed set share them)."""
+    by = "on two halves of the seeds"
+    cache: dict[tuple[int, ...], tuple[dict, dict]] = {}
+    for c in claims:
+        h1, h2 = halves(c.seeds)
+        need = min_per_half(c)
+        if len(h1) < need:
+            c.replication = _result(NOT_TESTED, by, [], f"too few seeds to split: {len(c.seeds)}, each half needs "
+                                                         f"{need} ({2 * need} in all)")
+            continue
+        key = tuple(c.seeds)
+        if key not in cache:
+            cache[key] = tuple({x.key: x for x in evaluate_claims(None, [r for r in compared if r.seed in h])}
+                               for h in (h1, h2))
+        found = [cache[key][i].get(c.key) for i in (0, 1)]
+        if any(f is None for f in found):
+            missing = seed_ranges(h1 if found[0] is None else h2)
+            c.replication = _result(NOT_TESTED, by, [], f"the claim has no value on seeds {missing} alone")
+            continue
+        parts = [part(seeds_name(h), f) for h, f in zip((h1, h2), found)]
+        c.replication = _result(REPLICATES if all(agrees(c, f) for f in found) else FRAGILE, by, parts)
+
+
+def replicate_against(claims: Sequence[ClaimResult], other: Sequence[ClaimResult], name: str) -> None:
+    """Set each claim's .replication from the same claim (model, claim, comparison) in sweep `name`."""
+    by = f"against sweep '{name}'"
+    index = {c.key: c for c in other}
+    for c in claims:
+        o = index.get(c.key)
+        if o is None:
+            c.replication = _result(NOT_TESTED, by, [], f"sweep '{name}' has no such comparison")
+            continue
+        c.replication = _result(REPLICATES if agrees(c, o) else FRAGILE, by,
+                                [part(f"{name}: {seeds_name(o.seeds)}", o)])
+
+
+def summary_line(claims: Sequence[dict]) -> str | None:
+    """'Claims: 2 replicate, 1 fragile, 1 not tested (...)' for the report's header."""
+    if not claims:
+        return None
+    counts: dict[str, int] = {}
+    for c in claims:
+        status = (c.get("replication") or {}).get("status", NOT_TESTED)
+        counts[status] = counts.get(status, 0) + 1
+    by = next(((c.get("replication") or {}).get("by") for c in claims if c.get("replication")), "")
+    said = {REPLICATES: "replicate", FRAGILE: "fragile", NOT_TESTED: "not tested"}
+    text = ", ".join(f"{counts[k]} {said[k]}" for k in (REPLICATES, FRAGILE, NOT_TESTED) if counts.get(k))
+    reasons = sorted({c["replication"]["reason"] for c in claims
+                      if c.get("replication") and c["replication"]["status"] == NOT_TESTED and c["replication"]["reason"]})
+    return (f"Claims ({len(claims)}) checked {by}: {text}"
+            + (f" ({'; '.join(reasons)})" if reasons else "") + ".")
