@@ -126,6 +126,7 @@ def test_a_sweep_row_on_two_processes_trains_the_run_one_process_trains(one_proc
     (exp,) = [e for e in client.search_experiments() if e.name == "clipbench"]
     (child,) = client.search_runs([exp.experiment_id], f"tags.run_id = '{rd.run_id}'")
     assert len(client.get_metric_history(child.info.run_id, "loss")) == 12
+    assert child.data.params["provenance.world_size"] == "2"  # where it ran, recorded by rank 0
 
 
 def _descendants(root: int) -> list[int]:
@@ -181,11 +182,16 @@ def test_a_dead_rank_fails_the_run_and_one_process_resumes_it(one_process, tmp_p
     rd = RunDir(run_dir)
     assert rd.status()["state"] == "failed" and rd.status()["error"]
     assert checkpoint_step(rd.checkpoint_dir) in (1, 2)
+    resumed_from = checkpoint_step(rd.checkpoint_dir)
 
     res = clipbench(*args, "--resume")  # one process, from the 2 processes' checkpoint
     assert res.returncode == 0, res.stderr
     assert rd.status()["state"] == "finished" and rd.status()["world_size"] == 1
     same_training(one_process, rd)
+    from clipbench.tracking.provenance import read_provenance
+
+    starts = read_provenance(rd.path)  # started on 2 processes, resumed on 1 from its checkpoint
+    assert [(s["step"], s["world_size"]) for s in starts] == [(0, 2), (resumed_from, 1)]
 
 
 @processes

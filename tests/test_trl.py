@@ -235,6 +235,13 @@ def test_engine_trl_run_resumes_from_its_checkpoint_with_the_same_numbers(tmp_pa
     assert strip(cut.read_metrics()) == strip(full.read_metrics())
     assert cut.read_evals()[3]["arith"]["correct"] == full.read_evals()[3]["arith"]["correct"]
     assert cut.status()["state"] == "finished"
+    # provenance: one record per start (the resume appends one), the shipped model's checksum in each
+    from clipbench.models import builtin_path, weights_sha256
+    from clipbench.tracking.provenance import read_provenance
+
+    starts = read_provenance(cut.path)
+    assert [(s["engine"], s["step"], s["world_size"]) for s in starts] == [("trl", 0, 1), ("trl", 1, 1)]
+    assert {s["base_model"]["weights_sha256"] for s in starts} == {weights_sha256(builtin_path("arith-tiny"))}
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from typing import Mapping, Sequence
 from clipbench.report.tables import Table
 
 FORMATS = ("rich", "markdown", "latex", "csv", "html")
+WRAP_AT = 24  # a rich column with a longer cell wraps
 FIGURE_CAPTIONS = {
     "entropy": "Token entropy of the policy per optimizer step.",
     "reward": "Mean training reward per rollout step.",
@@ -34,8 +35,10 @@ def to_rich(t: Table):
     styles = {"ref": "italic dim", "refgain": "italic dim", "gain": "bold", "base": "dim", "baseline": "cyan",
               "excluded": "dim", "flagged": "yellow"}
     rt = RichTable(title=t.title, caption="\n".join(t.notes) or None, caption_justify="left", show_lines=False)
-    for i, c in enumerate(t.columns):
-        rt.add_column(c, justify="left" if i < 2 else "right", no_wrap=i > 0)
+    for i, c in enumerate(t.columns):  # numbers keep one line; a column of long texts wraps (claims, machines)
+        prose = any(len(row[i]) > WRAP_AT for row in t.rows)
+        rt.add_column(c, justify="left" if i < 2 or prose else "right", no_wrap=i > 0 and not prose,
+                      min_width=14 if prose else None)
     prev = None
     for row, style in zip(t.rows, t.styles):
         if t.sections and row[0] and prev is not None:
