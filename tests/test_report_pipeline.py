@@ -42,7 +42,15 @@ def test_tiny_table3_pipeline(tmp_path):
         assert entry["tokens"] > 0
         if entry["events"]:
             assert sum(entry["share"][k]["mean"] for k in ("q1", "q2", "q3", "q4")) == pytest.approx(100.0)
-    assert [t.key for t in tables] == ["table3", "paper_reference", "significance", "quadrants", "gradient_mass", "dynamics", "claims", "runs"]
+    assert [t.key for t in tables] == ["table3", "paper_reference", "significance", "quadrants", "gradient_mass", "dynamics",
+                                       "claims", "provenance", "runs"]
+    # every run recorded where it ran and its base model's checksum: one machine, the shipped bytes
+    from clipbench.models import read_build_info, resolve_model_name
+
+    shipped = read_build_info(resolve_model_name("builtin:arith-tiny"))["weights_sha256"]
+    assert result["provenance"]["checksums"] == {"builtin:arith-tiny": [shipped]}
+    assert len(result["provenance"]["machines"]) == 1 and not result["provenance"]["unrecorded"]
+    assert f"Base model builtin:arith-tiny: weights sha256 {shipped[:12]} for every run that recorded it." in header
 
     out = tmp_path / "report"
     report_command("abc_grpo_table3_tiny", baseline="grpo", fmt="html", results_dir=results, out=out)

@@ -5,5 +5,8 @@
 
 Modules: ``load`` (runs, labels), ``stats`` (pass@k per problem, CIs, paired bootstrap),
 ``analysis`` (numbers), ``tables`` (display strings), ``render`` (rich/markdown/latex/csv/html),
-``plots`` (matplotlib figures), ``paper`` (the ABC-GRPO paper's reference numbers).
+``plots`` (matplotlib figures), ``paper`` (the ABC-GRPO paper's reference numbers), ``claims`` (the
+papers' claims: verdict, smallest detectable effect), ``replication`` (whether each verdict replicates:
+seed halves or a second sweep), ``machines`` (where the runs ran, base-model checksums),
+``claims_table`` (their display tables).
 """
