@@ -22,6 +22,7 @@ from clipbench.report import render
 from clipbench.report.analysis import analyze
 from clipbench.report.claims import as_dicts, evaluate_claims
 from clipbench.report.load import Sweep, load_results
+from clipbench.report.replay import replay_figures, replay_tables, sweep_replay
 from clipbench.report.tables import Table, build_tables, model_title
 from clipbench.tracking.files import atomic_write_json
 
@@ -60,6 +61,8 @@ def build_report(results_dir: Path, sweep_name: str, baseline: str | None):
     excluded = {e["run_id"] for e in result["runs"]["excluded"]}
     result["claims"] = as_dicts(evaluate_claims(sweep, [r for r in sweep.runs if r.run_id not in excluded]))
     tables = build_tables(result, paper_ref.load_paper())
+    result["replay"] = sweep_replay(sweep)  # None unless the sweep's runs recorded (train.record)
+    tables += replay_tables(result["replay"])
     if not any(t.key in ("table3", "quadrants") for t in tables):
         states = ", ".join(f"{v} {k}" for k, v in sorted(result["runs"]["states"].items()))
         why = "; ".join(f"{e['run_id']}: {e['reason']}" for e in result["runs"]["excluded"][:3])
@@ -72,7 +75,7 @@ def build_report(results_dir: Path, sweep_name: str, baseline: str | None):
 def _figures_png(sweep: Sweep, result: dict) -> dict[str, bytes]:
     from clipbench.report.plots import close_figures, make_figures
 
-    figs = make_figures(sweep, result)
+    figs = {**make_figures(sweep, result), **replay_figures(result.get("replay"))}
     out = {}
     for name, fig in figs.items():
         buf = io.BytesIO()
