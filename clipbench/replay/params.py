@@ -148,8 +148,7 @@ def lookahead(state: PolicyState, step, grads: list[torch.Tensor], before: dict 
     state's own distributions (computed once per state with `measure`)."""
     before = before or measure(state, step)
     model, opt = state.model, state.optimizer
-    model.load_state_dict(state.saved[0])
-    opt.load_state_dict(copy.deepcopy(state.saved[1]))
+    restore(state)
     params = [p for p in model.parameters() if p.requires_grad]
     for p, g in zip(params, grads):
         p.grad = g.clone()
@@ -157,8 +156,14 @@ def lookahead(state: PolicyState, step, grads: list[torch.Tensor], before: dict 
     opt.step()
     opt.zero_grad(set_to_none=True)
     after = measure(state, step)
-    model.load_state_dict(state.saved[0])
+    restore(state)
     return _changes(before, after, step)
+
+
+def restore(state: PolicyState) -> None:
+    """The model and optimizer back at the recorded state."""
+    state.model.load_state_dict(state.saved[0])
+    state.optimizer.load_state_dict(copy.deepcopy(state.saved[1]))
 
 
 def measure(state: PolicyState, step) -> dict:

@@ -163,8 +163,9 @@ def compare(cells: Cells, g: torch.Tensor, g_ref: torch.Tensor, top: int = 0) ->
     na, nb = a.norm(), b.norm()
     on_a, on_b = a != 0, b != 0
     ref_mass = b.abs().sum().clamp(min=1e-300)
-    out = {"grad_cosine": float(a @ b / (na * nb)) if na > 0 and nb > 0 else (1.0 if na == nb else 0.0),
-           "grad_norm_ratio": float(na / nb) if nb > 0 else float("nan"),
+    same = torch.equal(a, b)  # the trained rule itself (and its twins): exactly 1, not 1 - 1e-16
+    out = {"grad_cosine": 1.0 if same else float(a @ b / (na * nb)) if na > 0 and nb > 0 else 0.0,
+           "grad_norm_ratio": 1.0 if same and nb > 0 else float(na / nb) if nb > 0 else float("nan"),
            "agree/both": int((on_a & on_b).sum()), "agree/rule_only": int((on_a & ~on_b).sum()),
            "agree/trained_only": int((~on_a & on_b).sum()), "agree/neither": int((~on_a & ~on_b).sum()),
            "departure": float((a - b).abs().sum() / ref_mass)}

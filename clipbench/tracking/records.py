@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,9 +83,12 @@ def list_records(run_path: str | Path) -> list[Path]:
     return sorted(d for d in root.iterdir() if not d.name.startswith(".") and (d / INDEX).is_file())
 
 
+_STEP = re.compile(r"^step_(\d+)")  # step_<k>, step_<k>.rank<r> (a hook's record of one process)
+
+
 def record_steps(run_path: str | Path) -> list[int]:
-    """The rollout steps (or calls) of the run's records, from their names (step_<k>)."""
-    return [int(p.name.rsplit("_", 1)[-1]) for p in list_records(run_path) if p.name.rsplit("_", 1)[-1].isdigit()]
+    """The rollout steps (or calls) of the run's records, from their names (step_<k>), once each."""
+    return sorted({int(m.group(1)) for p in list_records(run_path) if (m := _STEP.match(p.name))})
 
 
 def truncate_records(run_path: str | Path, step: int) -> list[int]:
@@ -93,8 +97,8 @@ def truncate_records(run_path: str | Path, step: int) -> list[int]:
     root = record_root(run_path)
     if root.is_dir():
         for d in root.iterdir():
-            k = d.name.removeprefix(".tmp-").rsplit("_", 1)[-1]
-            if d.name.startswith(".tmp-") or (d.name.startswith("step_") and k.isdigit() and int(k) >= step):
+            m = _STEP.match(d.name)
+            if d.name.startswith(".tmp-") or (m is not None and int(m.group(1)) >= step):
                 shutil.rmtree(d, ignore_errors=True)
     return record_steps(run_path)
 
@@ -138,7 +142,7 @@ def load_record(path: str | Path) -> Record:
         tensors = load_file(str(path / TENSORS))
     except (OSError, SafetensorError) as e:
         raise StoreError(path / TENSORS, f"unreadable tensors ({type(e).__name__}: {e})", REMEDY) from None
-    missing = [k for k in ("completion_ids", "mask", "advantages", "old_logp", "logp") if k not in tensors]
+    missing = [k for k in ("mask", "advantages", "old_logp", "logp") if k not in tensors]
     if missing:
         raise StoreError(path / TENSORS, f"missing tensors {', '.join(missing)}", REMEDY)
     return Record(path, index, tensors)
