@@ -36,7 +36,8 @@ class LossRecorder:
         if self.full:
             return
         host = {k: v.detach().to("cpu", copy=True) for k, v in tensors.items() if v is not None}
-        self.micro.append((opt_step, mini_batch, host, float(tokens), float(seqs)))
+        count = lambda c: None if c is None else float(c)  # noqa: E731 - None: the call's own count
+        self.micro.append((opt_step, mini_batch, host, count(tokens), count(seqs)))
         self.losses[opt_step] = self.losses.get(opt_step, 0.0) + float(loss)
 
     def write(self, step: int) -> Path | None:
