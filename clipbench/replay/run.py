@@ -180,10 +180,13 @@ def _tokenizer(rec):
 
 
 def _text(rec, t: dict) -> dict:
-    ids = rec.tensors["completion_ids"][t["row"]].tolist()
-    out = {"token_id": ids[t["pos"]], "advantage": float(rec.tensors["advantages"][t["row"]]),
+    out = {"advantage": float(rec.tensors["advantages"][t["row"]]),
            "ratio": float(torch.exp(rec.tensors["logp"][t["epoch"], t["row"], t["pos"]]
                                     - rec.tensors["old_logp"][t["row"], t["pos"]]))}
+    if rec.get("completion_ids") is None:  # a verl record: no token ids
+        return {**out, "token_id": None}
+    ids = rec.tensors["completion_ids"][t["row"]].tolist()
+    out["token_id"] = ids[t["pos"]]
     tok = _tokenizer(rec)
     if tok is not None:
         out["token"] = tok.decode([ids[t["pos"]]])

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from clipbench.objectives import CELLS, METHODS, combine, finalize, policy_loss
+from clipbench.objectives import CELLS, METHODS, RuleError, combine, finalize, policy_loss
 from clipbench.objectives.diagnostics import cell_index
 from clipbench.replay.rules import RuleSpec
 from clipbench.seeds import generator
@@ -116,10 +116,13 @@ def replay_rule(step: OptStepView, rule: RuleSpec, draw: int = 0) -> RuleResult:
                 continue
             x = step.inputs(mb, u)
             logp = x.pop("logp").clone().requires_grad_(True)
-            out = policy_loss(rule.method, logp, x.pop("old_logp"), x.pop("advantages"), x.pop("mask"),
-                              agg=obj["agg"], beta=obj["beta"], max_len=obj["max_len"],
-                              global_tokens=step.opt["global_tokens"], global_seqs=step.opt["global_seqs"],
-                              **x, **rule.kwargs)
+            try:
+                out = policy_loss(rule.method, logp, x.pop("old_logp"), x.pop("advantages"), x.pop("mask"),
+                                  agg=obj["agg"], beta=obj["beta"], max_len=obj["max_len"],
+                                  global_tokens=step.opt["global_tokens"], global_seqs=step.opt["global_seqs"],
+                                  **x, **rule.kwargs)
+            except (ValueError, RuleError) as e:  # e.g. an input or aggregation this record lacks
+                raise NotReplayable(f"{rule.label}: {e}") from None
             (g,) = torch.autograd.grad(out.loss, logp, allow_unused=True)
             grads.append((mb["rows"], int(mb["width"]), torch.zeros_like(logp) if g is None else g.detach()))
             losses.append(out.loss.detach())
@@ -157,8 +160,10 @@ class Cells:
 
 def compare(cells: Cells, g: torch.Tensor, g_ref: torch.Tensor, top: int = 0) -> dict:
     """A rule's g against the trained rule's on the mini-batch's valid tokens: cosine, norm ratio,
-    the agreement table (gradient on/off), the share of |g| per cell and the departure
-    sum |g - g_ref| (over the trained rule's sum |g_ref|) per cell; the `top` tokens that differ most."""
+    the agreement table (gradient on/off; per cell: `cut`, tokens whose gradient this rule switches
+    off, `added`, tokens it gives one the trained rule does not), the share of |g| per cell and the
+    departure sum |g - g_ref| (over the trained rule's sum |g_ref|) per cell; the `top` tokens that
+    differ most."""
     a, b = g[cells.rows, cells.cols], g_ref[cells.rows, cells.cols]
     na, nb = a.norm(), b.norm()
     on_a, on_b = a != 0, b != 0
@@ -174,6 +179,8 @@ def compare(cells: Cells, g: torch.Tensor, g_ref: torch.Tensor, top: int = 0) ->
         sel = cells.cell == i
         out[f"mass/{c}"] = float(a[sel].abs().sum() / mass)
         out[f"departure/{c}"] = float((a[sel] - b[sel]).abs().sum() / ref_mass)
+        out[f"cut/{c}"] = int((sel & ~on_a & on_b).sum())  # the trained rule's gradient, switched off here
+        out[f"added/{c}"] = int((sel & on_a & ~on_b).sum())  # a gradient the trained rule switched off
     if top:
         k = min(top, a.numel())
         order = (a - b).abs().topk(k).indices if k else torch.empty(0, dtype=torch.long)

@@ -121,7 +121,7 @@ def disagreement(ref: dict) -> Table:
               ["Rule", "Run / opt step", "Context [token]", "Quadrant", "A", "r", "g", "g_ref"])
     prev = None
     for tok in ref["tokens"]:
-        text = f"{tok.get('context', '')}[{tok.get('token', tok['token_id'])}]"
+        text = f"{tok.get('context', '')}[{tok.get('token', tok['token_id'])}]" if tok["token_id"] is not None else "(no ids)"
         t.add([tok["rule"] if tok["rule"] != prev else "", f"{tok['run_id'][:8]} / {tok['opt_step']}", text,
                tok["cell"].upper(), _f(tok["advantage"], 2), _f(tok["ratio"]), f"{tok['g']:.2e}", f"{tok['g_trained']:.2e}"])
         prev = tok["rule"]
