@@ -207,7 +207,7 @@ def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricS
     return Trainer(cfg=cfg, rd=rd, dist=dist, sink=sink, model=model, ref_model=ref_model, tokenizer=tok,
                optimizer=optimizer, scheduler=scheduler, sampler=sampler, task=task,
                pool=list(task.train_problems()), suite=suite, objective=Objective.from_config(cfg),
-               compute=compute, recorder=Recorder(cfg, rd, dist, model), state=state, evaluated=evaluated)
+               compute=compute, recorder=Recorder(cfg, rd, dist, model, sink), state=state, evaluated=evaluated)
 
 
 # ----------------------------------------------------------------------------------------------

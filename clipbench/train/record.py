@@ -1,6 +1,6 @@
 """Recording the rule's inputs of a rollout step in the built-in loop, for `clipbench replay` (docs/replay.md).
 
-    recorder = Recorder(cfg, rd, dist, model)               # setup: train.record
+    recorder = Recorder(cfg, rd, dist, model, sink)         # setup: train.record
     capture = recorder.start(step, packed, batch, inputs)    # update: NO_CAPTURE unless this step is recorded
     for s in plan:
         accumulate_gradients(..., record=capture.forwards(s, inputs))   # each forward's logp and entropy
@@ -68,8 +68,8 @@ NO_CAPTURE = NoCapture()
 class Recorder:
     """Decides which rollout steps are recorded and keeps the run's record budget (every rank alike)."""
 
-    def __init__(self, cfg, rd, dist, model):
-        self.cfg, self.rd, self.dist = cfg, rd, dist
+    def __init__(self, cfg, rd, dist, model, sink=None):
+        self.cfg, self.rd, self.dist, self.sink = cfg, rd, dist, sink
         self.every = cfg.train.record.every
         self.n_params = sum(p.numel() for p in model.parameters())  # global counts, sharded or not
         self.used = records_bytes(rd.path) if self.every else 0  # after a resume's truncation: the kept ones
@@ -156,8 +156,10 @@ class Capture:
             tensors = {"logp": slots[0], "entropy": slots[1], **self.row_tensors()}
             if self.uniforms is not None:
                 tensors["uniforms"] = self.uniforms
-            install_record(self.tmp, self.index(), tensors)
+            path = install_record(self.tmp, self.index(), tensors)
             self.r.rd.set_status(self.r.rd.status()["state"], records=record_steps(self.r.rd.path))
+            if self.r.sink is not None:  # the index (small) mirrors to MLflow; the tensors stay in the store
+                self.r.sink.log_artifact(path / "index.json", f"record/{path.name}")
         dist.barrier()
 
     # -- what the record holds --------------------------------------------------------------------
