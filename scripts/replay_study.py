@@ -43,15 +43,19 @@ def ms(xs, scale: float = 1.0, digits: int = 1) -> str:
     return f"{m:.{digits}f} ± {sd:.{digits}f}"
 
 
+def zero_grad(per_rule: dict, rule: str) -> str:
+    return ", ".join(f"{q.upper()} {100 * (per_rule[rule]['zero_grad/' + q] or 0):.1f}%" for q in QUADS)
+
+
 def off_policy(row: dict) -> bool:
     """Every optimizer step but the first of its rollout step (that one sees r = 1: all rules agree)."""
     return not (row["epoch"] == 0 and row["mini_batch"] == 0)
 
 
 def pair_study(runs: list[Path], a: RuleSpec, b: RuleSpec, draws: int) -> dict:
-    """Rule a (which draws) vs rule b on every off-policy recorded step: departure sum|g_a - g_b| /
-    sum|g_b| and cosine, per draw; per step the mean and the sd over draws."""
-    per_step_mean, per_step_sd, cos = [], [], []
+    """Rule a (which draws) vs rule b on every off-policy recorded step, per draw: the departure
+    sum|g_a - g_b| / sum|g_b| pooled over the steps, and the cosine per step (mean, and sd over draws)."""
+    diff, ref, cos_mean, cos_sd = [0.0] * draws, 0.0, [], []
     for run in runs:
         for path in list_records(run):
             rec = load_record(path)
@@ -61,14 +65,24 @@ def pair_study(runs: list[Path], a: RuleSpec, b: RuleSpec, draws: int) -> dict:
                 step = OptStepView(rec, opt)
                 cells = Cells.of(step)
                 g_b = flat_g(step, replay_rule(step, b))
-                if float(g_b.abs().sum()) == 0:
-                    continue
                 outs = [compare(cells, flat_g(step, replay_rule(step, a, d)), g_b) for d in range(draws)]
-                deps = [o["departure"] for o in outs]
-                per_step_mean.append(statistics.fmean(deps))
-                per_step_sd.append(statistics.stdev(deps) if draws > 1 else 0.0)
-                cos.append(statistics.fmean(o["grad_cosine"] for o in outs))
-    return {"departure": per_step_mean, "sd_over_draws": per_step_sd, "cosine": cos}
+                if outs[0]["ref_l1"] == 0:
+                    continue
+                ref += outs[0]["ref_l1"]
+                for d, o in enumerate(outs):
+                    diff[d] += o["departure"] * o["ref_l1"]
+                cos = [o["grad_cosine"] for o in outs]
+                cos_mean.append(statistics.fmean(cos))
+                cos_sd.append(statistics.stdev(cos) if draws > 1 else 0.0)
+    return {"departure": [x / ref for x in diff] if ref else [], "cosine": cos_mean, "cosine_sd_over_draws": cos_sd,
+            "steps": len(cos_mean)}
+
+
+def pooled(rows: list[dict], key: str) -> float:
+    """sum over steps of key x ref_l1 / sum of ref_l1 (the departure over every step's tokens)."""
+    pairs = [(r[key], r["ref_l1"]) for r in rows if r.get("ref_l1", 0) > 0 and r[key] == r[key]]
+    w = sum(m for _, m in pairs)
+    return sum(d * m for d, m in pairs) / w if w else float("nan")
 
 
 def near_pairs(ref: dict, rows: list[dict], labels: list[str]) -> list[tuple[str, str, float]]:
@@ -89,8 +103,8 @@ def page(ref: dict, rows: list[dict], nsr: dict, runs: list[Path], seconds: floa
     abc, grpo_rows = by("abc"), by("grpo")
     p = ref["per_rule"]
     steps = len({(r["run_id"], r["opt_step"]) for r in grpo_rows})
-    dep_total = [r["departure"] for r in abc]
-    share = {q: [r[f"departure/{q}"] / r["departure"] for r in abc if r["departure"] > 0] for q in QUADS}
+    dep_total = pooled(abc, "departure")
+    share = {q: pooled(abc, f"departure/{q}") / dep_total if dep_total > 0 else float("nan") for q in QUADS}
     cut = {q: sum(r[f"cut/{q}"] for r in abc) for q in QUADS}
     tokens = {q: sum(r[f"{q}/tokens"] for r in abc) for q in QUADS}
     ahead = [r for r in rows if "lookahead/kl" in r and r["rule"] in ("grpo", "abc")]
@@ -122,20 +136,19 @@ def page(ref: dict, rows: list[dict], nsr: dict, runs: list[Path], seconds: floa
         "## Where ABC-GRPO's gradient departs from GRPO's",
         "",
         f"On the same batches, ABC's per-token gradient (d loss / d logp) departs from GRPO's by "
-        f"{ms(dep_total, 100)}% of GRPO's gradient mass per off-policy optimizer step (sum |g_abc - g_grpo| / "
-        f"sum |g_grpo|, mean ± sd over {len(dep_total)} steps); cosine {ms([r['grad_cosine'] for r in abc], 1, 4)}, "
-        f"norm ratio {ms([r['grad_norm_ratio'] for r in abc], 1, 3)}.",
+        f"{100 * dep_total:.1f}% of GRPO's gradient mass (sum |g_abc - g_grpo| / sum |g_grpo| over the tokens of all "
+        f"{len(abc)} off-policy optimizer steps); per step, cosine {ms([r['grad_cosine'] for r in abc], 1, 4)} and norm "
+        f"ratio {ms([r['grad_norm_ratio'] for r in abc], 1, 3)} (mean ± sd over steps).",
         "",
-        "Where the departure lies (share of it per token-ratio quadrant, mean over steps with a departure), and the "
-        "tokens whose gradient ABC switches off where GRPO keeps one:",
+        "Where the departure lies (its share per token-ratio quadrant), and the tokens whose gradient ABC switches "
+        "off where GRPO keeps one:",
         "",
         "| quadrant | share of the departure % | tokens cut by ABC | of the quadrant's tokens % |",
         "|---|---:|---:|---:|",
-        *[f"| {q.upper()} | {ms(share[q], 100)} | {cut[q]:,} | {100 * cut[q] / max(tokens[q], 1):.2f} |" for q in QUADS],
+        *[f"| {q.upper()} | {100 * share[q]:.1f} | {cut[q]:,} | {100 * cut[q] / max(tokens[q], 1):.2f} |" for q in QUADS],
         "",
-        f"Zero-gradient share of each quadrant's tokens (all recorded steps): grpo "
-        f"{', '.join(f'{q.upper()} {100 * (p['grpo'][f'zero_grad/{q}'] or 0):.1f}%' for q in QUADS)}; abc "
-        f"{', '.join(f'{q.upper()} {100 * (p['abc'][f'zero_grad/{q}'] or 0):.1f}%' for q in QUADS)}.",
+        f"Zero-gradient share of each quadrant's tokens (all recorded steps): grpo {zero_grad(p, 'grpo')}; "
+        f"abc {zero_grad(p, 'abc')}.",
         "",
         "This is the restoring gradient the outcome study blamed: in Q2 (A > 0, r below the band) and Q4 (A < 0, r "
         "above it) GRPO's clip keeps a gradient that pulls r back toward the band, and ABC's band removes it. "
@@ -153,13 +166,18 @@ def page(ref: dict, rows: list[dict], nsr: dict, runs: list[Path], seconds: floa
         "",
         "## How much of the gradient NSR's rescue changes versus its decay twin",
         "",
-        f"NSR and decay share their band (eps 0.2/0.28) and rescue width (delta 0.1, p 0.5); NSR rescues a token with "
-        f"probability p, decay scales it by p. On the off-policy steps where decay has a gradient "
-        f"({len(nsr['departure'])}), NSR's gradient departs from decay's by {ms(nsr['departure'], 100, 2)}% of decay's "
-        f"gradient mass (mean over {args.draws} draws, ± sd over steps); the sd of that departure over draws, within a "
-        f"step, is {ms(nsr['sd_over_draws'], 100, 2)}%; cosine {ms(nsr['cosine'], 1, 5)}. Against the grpo reference: "
-        f"nsr departs {ms([r['departure'] for r in by('nsr')], 100, 2)}%, decay "
-        f"{ms([r['departure'] for r in by('decay')], 100, 2)}%, dapo {ms([r['departure'] for r in by('dapo')], 100, 2)}%.",
+        f"NSR and decay share their band (eps 0.2/0.28) and rescue width (delta 0.1, p 0.5); NSR rescues a near-band "
+        f"token's full gradient with probability p, decay gives every such token p times it: decay is NSR's expected "
+        f"gradient, so NSR's departure from decay is the rescue's noise. On the {nsr['steps']} off-policy steps where "
+        f"decay has a gradient, NSR's gradient departs from decay's by {ms(nsr['departure'], 100, 3)}% of decay's "
+        f"gradient mass (pooled over steps; mean ± sd over {args.draws} draws). With p = 0.5 a rescued and an "
+        "unrescued token differ from decay by the same |g|/2, so that share cannot vary across draws; the draws move "
+        f"the direction: cos(g_nsr, g_decay) {ms(nsr['cosine'], 1, 5)} (mean over draws, ± sd over steps), its sd over "
+        f"draws within a step {ms(nsr['cosine_sd_over_draws'], 1, 5)}; NSR's loss varies over draws by "
+        f"{ms([r.get('loss/std', 0.0) for r in by('nsr')], 1, 5)} (sd within a step). How much of GRPO's gradient each "
+        f"changes (pooled departure vs grpo): nsr {100 * pooled(by('nsr'), 'departure'):.2f}%, decay "
+        f"{100 * pooled(by('decay'), 'departure'):.2f}%, dapo (the same band, no rescue) "
+        f"{100 * pooled(by('dapo'), 'departure'):.2f}%.",
         "",
         "## Which rules coincide at this scale",
         "",
@@ -177,9 +195,10 @@ def page(ref: dict, rows: list[dict], nsr: dict, runs: list[Path], seconds: floa
     ]
     for lb in ref["rules"]:
         rs = by(lb)
-        q24 = [(r["departure/q2"] + r["departure/q4"]) / r["departure"] for r in rs if r["departure"] > 0]
-        lines.append(f"| {lb} | {ms([r['grad_cosine'] for r in rs], 1, 4)} | {ms([r['departure'] for r in rs], 100)} | "
-                     f"{ms(q24, 100) if q24 else ''} |")
+        dep = pooled(rs, "departure")
+        q24 = (pooled(rs, "departure/q2") + pooled(rs, "departure/q4")) / dep if dep > 0 else float("nan")
+        lines.append(f"| {lb} | {ms([r['grad_cosine'] for r in rs], 1, 4)} | {100 * dep:.1f} | "
+                     f"{'' if q24 != q24 else f'{100 * q24:.1f}'} |")
     lines += ["", "## What this scale can and cannot show", "",
               "These are gradients and one-step effects on the batches GRPO itself sampled, measured exactly; they say "
               "where and how much the rules differ, not which one ends up more accurate (that is the outcome studies' "

@@ -24,7 +24,6 @@ from clipbench.config import load_run_config, run_id
 from clipbench.errors import UserError
 from clipbench.objectives import policy_loss
 from clipbench.replay.rules import RuleSpec, parse_rules
-from clipbench.replay.run import replay_runs
 from clipbench.replay.tokens import OptStepView, replay_rule
 from clipbench.tracking.records import list_records, load_record
 

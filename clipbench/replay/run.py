@@ -11,6 +11,7 @@ carries the logged `logged/loss` and `logged/grad_norm` so the reproduction is v
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,7 +58,9 @@ def _with_draws(step: OptStepView, rule: RuleSpec, cells: Cells, g_ref, draws: i
         others = [compare(cells, flat_g(step, r), g_ref) for r in results]
         for key, vals in (("loss", [r.loss for r in results]), ("grad_cosine", [o["grad_cosine"] for o in others]),
                           ("departure", [o["departure"] for o in others])):
-            row[f"{key}/mean"], row[f"{key}/std"] = statistics.fmean(vals), statistics.stdev(vals)
+            vals = [v for v in vals if math.isfinite(v)]  # a departure is NaN where the trained rule has no gradient
+            row[f"{key}/mean"] = statistics.fmean(vals) if vals else float("nan")
+            row[f"{key}/std"] = statistics.stdev(vals) if len(vals) > 1 else float("nan")
     row["draws"] = n
     return row, results[0]
 

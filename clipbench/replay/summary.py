@@ -5,7 +5,8 @@
 
 Per rule, over every replayed optimizer step of the runs that trained the reference rule: the mean
 and standard deviation (over optimizer steps) of the token-level cosine with the reference's
-gradient, of the norm ratio, of the departure sum|g - g_ref| / sum|g_ref| (in total and per cell);
+gradient, of the norm ratio, of the departure sum|g - g_ref| / sum|g_ref| (in total and per cell),
+and the departure pooled over the steps (`pooled/departure*`: each step weighted by sum|g_ref|);
 the zero-gradient, out-of-band and rescued shares of each quadrant's tokens (summed counts); the
 parameter-level cosine and the lookahead, where the records hold the policy state. Rules whose
 token-level gradients coincide with each other on every replayed step (cosine and norm ratio within
@@ -18,7 +19,7 @@ import math
 import statistics
 from collections import defaultdict
 
-QUADRANTS = ("q1", "q2", "q3", "q4")
+QUADRANTS = QUADS = ("q1", "q2", "q3", "q4")
 IDENTICAL = 1e-6
 MEANS = ("loss", "grad_cosine", "grad_norm_ratio", "departure", *(f"departure/{q}" for q in QUADRANTS),
          "param/grad_cosine", "param/grad_norm_ratio", "lookahead/kl", "lookahead/entropy_change",
@@ -36,8 +37,19 @@ def _mean_sd(xs) -> dict | None:
     return {"mean": statistics.fmean(xs), "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0, "n": len(xs)}
 
 
+def _pooled(rows: list[dict], key: str) -> float | None:
+    """A departure over all the rows' tokens: sum over steps of sum|g - g_ref| over sum of sum|g_ref|
+    (each step's relative departure weighted by the reference's gradient mass)."""
+    pairs = [(r[key], r.get("ref_l1", 0.0)) for r in rows
+             if isinstance(r.get(key), float) and math.isfinite(r[key]) and r.get("ref_l1", 0.0) > 0]
+    w = sum(x[1] for x in pairs)
+    return sum(d * m for d, m in pairs) / w if w > 0 else None
+
+
 def _rule_summary(rows: list[dict]) -> dict:
     out = {key: _mean_sd(r.get(key) for r in rows) for key in MEANS}
+    for key in ("departure", *(f"departure/{q}" for q in QUADS)):
+        out[f"pooled/{key}"] = _pooled(rows, key)
     for q in QUADRANTS:
         tokens = sum(r.get(f"{q}/tokens", 0) for r in rows)
         for count in ("zero_grad", "out_of_band", "rescued"):

@@ -162,18 +162,19 @@ def compare(cells: Cells, g: torch.Tensor, g_ref: torch.Tensor, top: int = 0) ->
     """A rule's g against the trained rule's on the mini-batch's valid tokens: cosine, norm ratio,
     the agreement table (gradient on/off; per cell: `cut`, tokens whose gradient this rule switches
     off, `added`, tokens it gives one the trained rule does not), the share of |g| per cell and the
-    departure sum |g - g_ref| (over the trained rule's sum |g_ref|) per cell; the `top` tokens that
-    differ most."""
+    departure sum |g - g_ref| (over the trained rule's sum |g_ref| = `ref_l1`; NaN when the trained
+    rule has no gradient on the step) per cell; the `top` tokens that differ most."""
     a, b = g[cells.rows, cells.cols], g_ref[cells.rows, cells.cols]
     na, nb = a.norm(), b.norm()
     on_a, on_b = a != 0, b != 0
-    ref_mass = b.abs().sum().clamp(min=1e-300)
+    ref_l1 = float(b.abs().sum())
+    ref_mass = b.abs().sum() if ref_l1 > 0 else torch.tensor(float("nan"), dtype=b.dtype)  # no reference gradient
     same = torch.equal(a, b)  # the trained rule itself (and its twins): exactly 1, not 1 - 1e-16
     out = {"grad_cosine": 1.0 if same else float(a @ b / (na * nb)) if na > 0 and nb > 0 else 0.0,
            "grad_norm_ratio": 1.0 if same and nb > 0 else float(na / nb) if nb > 0 else float("nan"),
            "agree/both": int((on_a & on_b).sum()), "agree/rule_only": int((on_a & ~on_b).sum()),
            "agree/trained_only": int((~on_a & on_b).sum()), "agree/neither": int((~on_a & ~on_b).sum()),
-           "departure": float((a - b).abs().sum() / ref_mass)}
+           "departure": float((a - b).abs().sum() / ref_mass), "ref_l1": ref_l1}
     mass = a.abs().sum().clamp(min=1e-300)
     for i, c in enumerate(CELLS):
         sel = cells.cell == i

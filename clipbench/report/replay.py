@@ -66,15 +66,16 @@ def _where(ref: dict) -> str:
 
 def versus(ref: dict) -> Table:
     t = Table("replay_versus", f"Replay vs {ref['reference']}: each rule's gradient on the same batches (token level)",
-              ["Rule", "", "cos(g, g_ref)", "|g| / |g_ref|", "departure %", *(f"of it in {q.upper()} %" for q in QUADS),
+              ["Rule", "", "cos(g, g_ref)", "|g| / |g_ref|", "departure %", *(f"in {q.upper()} %" for q in QUADS),
                "loss"], sections=False)
     for lb in ref["rules"]:
         p = ref["per_rule"][lb]
         t.add([lb, "trained" if lb == ref["reference"] else "", _ms(p["grad_cosine"]), _ms(p["grad_norm_ratio"]),
-               _ms(p["departure"], 1, 100), *(_ms(p[f"departure/{q}"], 1, 100) for q in QUADS), _ms(p["loss"], 4)],
+               _pct(p["pooled/departure"]), *(_pct(p[f"pooled/departure/{q}"]) for q in QUADS), _ms(p["loss"], 4)],
               "baseline" if lb == ref["reference"] else "")
-    t.notes.append(f"{_where(ref)}. g = d loss / d logp per token (aggregation, weights and KL included); mean ± sd "
-                   "over optimizer steps. departure = sum|g - g_ref| / sum|g_ref|, split by the token-ratio quadrant.")
+    t.notes.append(f"{_where(ref)}. g = d loss / d logp per token (aggregation, weights and KL included); cosine, norm "
+                   "ratio and loss: mean ± sd over optimizer steps. departure = sum|g - g_ref| / sum|g_ref| over every "
+                   "step's tokens (pooled), and the part of it in each token-ratio quadrant.")
     if ref["identical"]:
         t.notes.append("Identical gradients on every replayed step: " +
                        "; ".join(" = ".join(g) for g in ref["identical"]) + ".")
