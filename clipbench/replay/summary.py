@@ -90,7 +90,7 @@ def _identical(matrices: list[dict], labels: list[str]) -> list[list[str]]:
     return groups
 
 
-def summarize(result, top_tokens: int = 8) -> dict:
+def summarize(result, top_tokens: int = 3) -> dict:
     """The summary of a ReplayResult (replay/run.py), one entry per trained rule."""
     by_ref: dict[str, list[dict]] = defaultdict(list)
     for r in result.rows:

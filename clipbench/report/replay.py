@@ -176,13 +176,17 @@ def _pngs(summary: dict) -> dict[str, bytes]:
     return out
 
 
-def write_replay(summary: dict, rows: list[dict], fmt: str, out_dir: Path, title: str, header: list[str]) -> list[Path]:
-    """`clipbench replay`'s files: replay.json (the summary), replay.jsonl (every row), and the report
-    in `fmt` (markdown: replay.md + plots/*.png; html: replay.html; csv: one file per table)."""
+def write_replay(summary: dict, rows: list[dict] | None, fmt: str, out_dir: Path, title: str,
+                 header: list[str]) -> list[Path]:
+    """`clipbench replay`'s files: replay.json (the summary), replay.jsonl (every row, unless rows is
+    None), and the report in `fmt` (markdown: replay.md + plots/*.png; html: replay.html; csv: one
+    file per table; latex: replay.tex)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out_dir / "replay.json", summary)
-    atomic_write_text(out_dir / "replay.jsonl", "".join(dumps(r) + "\n" for r in rows))
-    written = [out_dir / "replay.json", out_dir / "replay.jsonl"]
+    written = [out_dir / "replay.json"]
+    if rows is not None:
+        atomic_write_text(out_dir / "replay.jsonl", "".join(dumps(r) + "\n" for r in rows))
+        written.append(out_dir / "replay.jsonl")
     tables = replay_tables(summary)
     if fmt == "markdown":
         rel = {}
