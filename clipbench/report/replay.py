@@ -91,7 +91,7 @@ def zero_grad(ref: dict) -> Table:
         t.add([lb, "trained" if lb == ref["reference"] else "", *(_pct(p[f"zero_grad/{q}"]) for q in QUADS),
                _pct(p["rescued/q1"]), _pct(p["rescued/q3"]), *(_pct(p[f"out_of_band/{q}"]) for q in QUADS)],
               "baseline" if lb == ref["reference"] else "")
-    tokens = ", ".join(f"{q.upper()} {ref['per_rule'][ref['reference']][f'tokens/{q}']:,}" for q in QUADS)
+    tokens = ", ".join(f"{q.upper()} {int(ref['per_rule'][ref['reference']][f'tokens/{q}']):,}" for q in QUADS)
     t.notes.append(f"{_where(ref)}; tokens per quadrant: {tokens}. Shares of the quadrant's tokens, summed over steps; "
                    "the out-of-band band is each rule's own reference band.")
     return t
@@ -120,8 +120,8 @@ def lookahead(ref: dict) -> Table | None:
 def disagreement(ref: dict) -> Table:
     t = Table("replay_tokens", f"Replay vs {ref['reference']}: the tokens where each rule departs most",
               ["Rule", "Run / opt step", "Context [token]", "Quadrant", "A", "r", "g", "g_ref"])
-    prev = None
-    for tok in ref["tokens"]:
+    prev, order = None, {lb: i for i, lb in enumerate(ref["rules"])}
+    for tok in sorted(ref["tokens"], key=lambda t: (order.get(t["rule"], len(order)), -abs(t["g"] - t["g_trained"]))):
         text = f"{tok.get('context', '')}[{tok.get('token', tok['token_id'])}]" if tok["token_id"] is not None else "(no ids)"
         t.add([tok["rule"] if tok["rule"] != prev else "", f"{tok['run_id'][:8]} / {tok['opt_step']}", text,
                tok["cell"].upper(), _f(tok["advantage"], 2), _f(tok["ratio"]), f"{tok['g']:.2e}", f"{tok['g_trained']:.2e}"])
