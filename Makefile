@@ -50,6 +50,7 @@ bench: install ## Speed/memory targets, measured side by side (writes results/be
 	$(PY) bench/bench_train.py
 	$(PY) bench/bench_train.py --long
 	$(PY) bench/bench_step.py
+	$(PY) bench/bench_replay.py
 	$(PY) bench/bench_gpu.py
 
 quickstart: install ## Run sweeps/quickstart.yaml on the shipped worked-steps base model, print the report
@@ -63,10 +64,14 @@ study: install ## The two studies of docs/studies/ (5 seeds per arm; measured 28
 	$(VENV)/bin/clipbench sweep sweeps/study_rescue.yaml --results-dir $(RESULTS) --jobs 2
 	$(VENV)/bin/clipbench report study_rescue --results-dir $(RESULTS) --baseline dapo --format markdown --out docs/studies/rescue
 
+study-replay: install ## Study (c), docs/studies/replay.md: grpo on the quickstart regime with recording, every rule replayed
+	$(VENV)/bin/clipbench sweep sweeps/study_replay.yaml --results-dir $(RESULTS) --jobs 2
+	$(PY) scripts/replay_study.py --results-dir $(RESULTS) --sweep study_replay --out docs/studies
+
 reproduce-table3: install ## ABC-GRPO Table 3 (GPU + vLLM); SCALE=tiny: same pipeline on CPU
 	bash recipes/abc_grpo_table3/reproduce.sh $(SCALE) $(RESULTS)
 
 clean: ## Remove generated results (keeps results/README.md)
 	find $(RESULTS) -mindepth 1 ! -name README.md -exec rm -rf {} +
 
-.PHONY: help install install-browser test test-verl test-vllm bench quickstart reproduce-table3 study test-fast clean
+.PHONY: help install install-browser test test-verl test-vllm bench quickstart reproduce-table3 study study-replay test-fast clean

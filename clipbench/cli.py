@@ -166,6 +166,32 @@ def report(
 
 @app.command()
 @_user_errors
+def replay(
+    target: str = typer.Argument(..., help="A run directory, SWEEP/RUN_ID, or a sweep (name or directory)."),
+    rules: Optional[str] = typer.Option("all", "--rules", help="all, or rules with parameters and grids: "
+                                        "grpo,dapo(eps_high=0.28,0.4),nsr(p=0.5)."),
+    steps: Optional[str] = typer.Option(None, "--steps", help="Optimizer steps (as metrics.jsonl numbers them), "
+                                        "e.g. 24,30-40; default every recorded one."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON object per line per (optimizer step, rule)."),
+    fmt: str = typer.Option("rich", "--format", help="rich | markdown | html | csv | latex"),
+    out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default results/reports/<sweep>/replay)."),
+    draws: int = typer.Option(1, "--draws", help="Replays of each rule that draws random numbers (nsr): mean, sd."),
+    top: int = typer.Option(5, "--top", help="Tokens where each rule departs most from the trained one, per step."),
+    no_params: bool = typer.Option(False, "--no-params", help="Token level only (skip the recorded policy states)."),
+    device: str = typer.Option("cpu", "--device", help="Where the parameter level runs the model (cpu, cuda)."),
+    results_dir: Path = RESULTS,
+    plugin: Optional[List[str]] = PLUGIN,
+):
+    """Counterfactual replay: every rule on the same recorded batches (train.record.every=N), vs the trained rule."""
+    from clipbench.commands.replay import replay_command
+
+    _load_plugins(plugin)
+    replay_command(target, rules=rules, steps=steps, json_out=json_out, results_dir=results_dir, fmt=fmt, out=out,
+                   draws=draws, top=top, params=not no_params, device=device)
+
+
+@app.command()
+@_user_errors
 def methods(plugin: Optional[List[str]] = PLUGIN):
     """Every registered clip rule: parameters with defaults, the rule, and where it comes from."""
     from clipbench.commands.methods import print_methods

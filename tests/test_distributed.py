@@ -77,6 +77,34 @@ def same_training(a: RunDir, b: RunDir) -> None:
     assert worst <= 1e-5, worst
 
 
+def replays_exactly(rd: RunDir) -> None:
+    """The 2 ranks' records (rollout steps 0 and 2): the trained rule replays each logged loss bit for
+    bit (each rank's micro-batch losses summed in float32, the ranks' in float64, as training did) and
+    every count; at the state the 2 ranks saved (DCP shards, loaded in this one process) its gradient
+    has the logged norm."""
+    from clipbench.replay import params as P
+    from clipbench.replay.rules import RuleSpec
+    from clipbench.replay.tokens import OptStepView, replay_rule
+    from clipbench.tracking.records import list_records, load_record
+
+    logged = {r["opt_step"]: r for r in rd.read_metrics()}
+    assert rd.status()["records"] == [0, 2]
+    for path in list_records(rd.path):
+        rec = load_record(path)
+        assert rec.index["world_size"] == 2
+        for opt in rec.index["opt_steps"]:
+            step = OptStepView(rec, opt)
+            res = replay_rule(step, RuleSpec.of("grpo", rec.index["objective"]["params"]))
+            row = logged[opt["opt_step"]]
+            assert res.loss == row["loss"] and len(opt["ranks"]) == 2
+            assert {k: v for k, v in res.stats.items() if k.split("/")[0] in COUNTS and "mass" not in k} == \
+                {k: v for k, v in row.items() if k.split("/")[0] in COUNTS and "mass" not in k}
+            state = P.load_state(rec, opt)
+            if state is not None:
+                grads, _ = P.param_gradients(state, step, {"grpo": res})
+                assert P.global_norm(grads["grpo"]) == pytest.approx(row["grad_norm"], rel=1e-5)
+
+
 def clipbench(*args: str, **kw):
     return subprocess.run([sys.executable, "-m", "clipbench", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=500, **kw)
@@ -112,13 +140,14 @@ def test_a_sweep_row_on_two_processes_trains_the_run_one_process_trains(one_proc
     sweep.write_text(yaml.safe_dump({
         "name": "dp", "base": RECIPE, "grid": {"seed": [0]},
         "overrides": {**RUN, "launch.nproc_per_node": 2, "model.gradient_checkpointing": True,
-                      "tracking.mlflow": True}}))
+                      "tracking.mlflow": True, "train.record.every": 2}}))  # recording changes nothing
     res = clipbench("sweep", str(sweep), "--results-dir", str(tmp_path / "results"))
     assert res.returncode == 0, res.stdout + res.stderr
     (run_dir,) = [p for p in (tmp_path / "results" / "dp").iterdir() if p.is_dir() and not p.name.startswith(".")]
     rd = RunDir(run_dir)
     assert rd.status()["state"] == "finished" and rd.status()["world_size"] == 2
     same_training(one_process, rd)  # rank 0 alone wrote: 12 rows, not 24
+    replays_exactly(rd)
 
     from mlflow.tracking import MlflowClient
 

@@ -274,3 +274,31 @@ def test_engine_trl_over_two_processes(tmp_path):
         tokens = sum(r[f"{c}/tokens"] for r in mine for c in ("q1", "q2", "q3", "q4", "zero_adv", "on_policy"))
         assert tokens == pytest.approx(mine[0]["response_length/mean"] * 8)  # 2 prompts x 4 samples
     assert [json.loads(line)["step"] for line in rd.hist_path.read_text().splitlines()] == [0, 1]
+
+
+@pytest.mark.slow
+def test_engine_trl_records_through_its_loss_hook_and_replays_exactly(tmp_path):
+    """train.record.every=1 on engine trl: one record per generation batch; the trained rule (nsr, its
+    recorded draws) replays each optimizer step's summed hook loss and the logged quadrant counts."""
+    from clipbench.engines import train_run
+    from clipbench.replay.rules import RuleSpec
+    from clipbench.replay.tokens import OptStepView, replay_rule
+    from clipbench.tracking.records import list_records, load_record
+
+    cfg = load_run_config(RECIPE, ["engine=trl", "train.record.every=1",
+                                   *(f"{k}={v}" for k, v in TINY.items())])
+    train_run(cfg, tmp_path / "run")
+    rd = RunDir(tmp_path / "run")
+    logged = {r["opt_step"]: r for r in rd.read_metrics()}
+    assert rd.status()["records"] == [0, 1]
+    n = 0
+    for path in list_records(rd.path):
+        rec = load_record(path)
+        assert rec.index["engine"] == "trl" and rec.get("uniforms") is not None
+        for opt in rec.index["opt_steps"]:
+            res = replay_rule(OptStepView(rec, opt), RuleSpec.of("nsr", rec.index["objective"]["params"]))
+            assert res.loss == pytest.approx(opt["hook_loss"], rel=1e-6)
+            for key in ("q1/out_of_band", "q2/zero_grad", "q3/tokens", "q4/rescued", "clip_events"):
+                assert res.stats[key] == logged[opt["opt_step"]][key], key
+            n += 1
+    assert n == 4  # 2 generation batches x 2 optimizer steps

@@ -258,3 +258,33 @@ def test_sweep_engine_verl_dry_run_overrides_load_in_verls_config_schema(tmp_pat
     line = next(block for block in text.stdout.split("\n\n") if "seed=3" in block.splitlines()[0])
     argv = shlex.split(line.split("\n", 1)[1].replace("\\\n", " "))  # the shell line, parsed as a shell would
     assert argv[0] == "VERL_USE_EXTERNAL_MODULES=clipbench.integrations.verl" and argv[1:4] == cmd[:3]
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum-norm"])
+def test_recording_through_the_registered_loss_replays_verls_loss(agg, params_env, monkeypatch, tmp_path):
+    """CLIPBENCH_RECORD_DIR (train.record.every=1): every call of a registered loss is one record; the
+    replay of the trained rule (nsr: its recorded draws) gives the loss verl's agg_loss computed, to
+    float32 round-off (verl divides by its global counts and multiplies by dp_size, clipbench divides
+    by their quotient), over two micro-batches with global counts."""
+    from clipbench.replay.rules import RuleSpec
+    from clipbench.replay.tokens import OptStepView, replay_rule
+    from clipbench.tracking.records import list_records, load_record
+
+    params = {"eps_low": 0.2, "eps_high": 0.28, "delta": 0.1, "p": 0.5}
+    params_env(params)
+    monkeypatch.setenv(cbverl.RECORD_DIR_ENV, str(tmp_path / "record"))
+    monkeypatch.setattr(cbverl, "_CALLS", itertools.count())
+    monkeypatch.setattr(cbverl, "_RECORDERS", {})
+    logp, old, A, A_bt, mask = batch(2)
+    tokens, seqs = mask.sum(), (mask.sum(-1) > 0).sum()
+    losses = []
+    for s in (slice(0, 3), slice(3, 8)):
+        cfg = with_counts(actor(), mask[s], dp_size=2, tokens=tokens, seqs=seqs)
+        losses.append(get("clipbench.nsr")(old[s], logp[s], A_bt[s], mask[s], agg, cfg)[0])
+    records = [load_record(p) for p in list_records(tmp_path)]
+    assert [r.index["step"] for r in records] == [0, 1] and all(r.index["engine"] == "verl" for r in records)
+    for rec, loss in zip(records, losses):
+        (opt,) = rec.index["opt_steps"]
+        assert opt["hook_loss"] == pytest.approx(float(loss), rel=1e-6)
+        got = replay_rule(OptStepView(rec, opt), RuleSpec.of("nsr", params)).loss
+        assert got == pytest.approx(float(loss), rel=1e-6)

@@ -283,7 +283,7 @@ def from_dict(d: Mapping) -> RunConfig:
 
 # Sections that do not change what a run computes, so they stay out of its identity.
 # plugins: where a rule is found (the manifest records its hash); launch: how many processes train the run.
-NOT_IN_ID = ("name", "tracking", "plugins", "launch")
+NOT_IN_ID = ("name", "tracking", "plugins", "launch", "train.record")  # top-level keys or dotted sections
 # Top-level keys added after run ids were first handed out: at these values they stay out of the
 # hash, so every run id from before they existed is unchanged.
 ID_DEFAULTS = {"engine": "builtin", "trl": {}}
@@ -294,11 +294,35 @@ def in_id(key: str, value: Any) -> bool:
     return key not in NOT_IN_ID and not (key in ID_DEFAULTS and value == ID_DEFAULTS[key])
 
 
+def outside_id(key: str) -> bool:
+    """Whether a dotted key lies in a part of the config that never counts in the run id (NOT_IN_ID)."""
+    return any(key == k or key.startswith(k + ".") for k in NOT_IN_ID)
+
+
+def _without_nested(d: dict) -> dict:
+    """`d` without the dotted sections of NOT_IN_ID (e.g. train.record)."""
+    out = dict(d)
+    for dotted in (k for k in NOT_IN_ID if "." in k):
+        head, *rest = dotted.split(".")
+        if isinstance(out.get(head), dict):
+            out[head] = _without_nested_path(out[head], rest)
+    return out
+
+
+def _without_nested_path(d: dict, path: list[str]) -> dict:
+    out = dict(d)
+    if len(path) == 1:
+        out.pop(path[0], None)
+    elif isinstance(out.get(path[0]), dict):
+        out[path[0]] = _without_nested_path(out[path[0]], path[1:])
+    return out
+
+
 def run_id(cfg: RunConfig | Mapping) -> str:
     """12 hex chars of sha256 over the canonical JSON of the resolved config (minus tracking/name and
     the ID_DEFAULTS keys at their defaults)."""
     d = to_dict(cfg) if isinstance(cfg, RunConfig) else dict(cfg)
-    d = {k: v for k, v in d.items() if in_id(k, v)}
+    d = {k: v for k, v in _without_nested(d).items() if in_id(k, v)}
     blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

@@ -38,6 +38,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "sampler.old_logp": ("recompute", "sampler"),
     "sampler.mismatch_is": ("none", "token", "sequence"),
     "train.lr_schedule": ("constant", "cosine"),
+    "train.record.state": ("auto", "none", "last", "all"),  # clipbench.train.record reads it
 }
 
 
@@ -199,6 +200,8 @@ RANGES: dict[str, Range | Each | Text | Source] = {
     "train.overlong.buffer": Range(1, MAX_TOKENS),
     "train.overlong.penalty": Range(0.0, 1000.0),
     "train.checkpoint_every": Range(1, MAX_STEPS),
+    "train.record.every": Range(0, MAX_STEPS),
+    "train.record.max_mb": Range(1, 1 << 30),
     "eval.every": Range(0, MAX_STEPS),
     "eval.n": Range(1, MAX_BATCH),
     "eval.limit": Range(1, None, none=True),
@@ -268,6 +271,19 @@ class OverlongConfig:
 
 
 @dataclass
+class RecordConfig:
+    """Recording of the rule's inputs for `clipbench replay` (docs/replay.md). Outside the run's
+    identity (config.load.NOT_IN_ID): it observes the run, it does not change what it computes."""
+
+    every: int = 0  # record rollout steps 0, N, 2N, ... (every optimizer step of each); 0 = off
+    # the policy and optimizer before recorded optimizer steps (parameter-level replay): last = before
+    # the last optimizer step of each recorded rollout step, all = before each, none; auto: last on
+    # engine builtin, none elsewhere
+    state: str = "auto"
+    max_mb: int = 1024  # a run's records stop growing here (a record that would pass it is skipped)
+
+
+@dataclass
 class TrainConfig:
     steps: int = 40  # rollout steps
     prompts_per_step: int = 8  # P
@@ -291,6 +307,7 @@ class TrainConfig:
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
     checkpoint_every: int = 10  # rollout steps between checkpoints (and at the end)
     log_histograms: bool = True
+    record: RecordConfig = field(default_factory=RecordConfig)
 
 
 @dataclass

@@ -123,6 +123,12 @@ TRL: dict[str, Support] = {
     "train.overlong.penalty": refused("overlong reward shaping is the built-in loop's"),
     "train.checkpoint_every": mapped(G + "save_steps = checkpoint_every x mini_batches x epochs"),
     "train.log_histograms": honoured("ClipbenchGRPOTrainer counts the log-ratio histograms"),
+    "train.record.every": mapped("ClipbenchGRPOTrainer(record=...): its loss hook records every N-th generation "
+                                 "batch (TRL's rollout step)"),
+    "train.record.state": honoured("token level only", refuse=lambda v: v in ("last", "all"),
+                                   why="the TRL engine records the rule's inputs, not the policy's state "
+                                       "(parameter-level replay needs engine builtin)"),
+    "train.record.max_mb": mapped("ClipbenchGRPOTrainer(record=...) size cap"),
     "plugins": honoured("imported in every process"),
     **{f"eval.{k}": honoured(_EVAL) for k in ("every", "benchmarks", "n", "limit", "data_dir", "temperature",
                                                "top_p", "max_new_tokens", "at_start")},
@@ -181,6 +187,13 @@ VERL: dict[str, Support] = {
     "train.overlong.penalty": refused("overlong reward shaping is the built-in loop's"),
     "train.checkpoint_every": mapped("trainer.save_freq"),
     "train.log_histograms": refused(_VERL_LOGS),
+    "train.record.every": mapped("CLIPBENCH_RECORD_DIR (the run's record/): the registered loss records every call",
+                                 refuse=lambda v: v not in (0, 1),
+                                 why="verl's loss sees micro-batches, not rollout steps: 1 records every one"),
+    "train.record.state": honoured("token level only", refuse=lambda v: v in ("last", "all"),
+                                   why="verl's loss records the rule's inputs, not the policy's state "
+                                       "(parameter-level replay needs engine builtin)"),
+    "train.record.max_mb": mapped("CLIPBENCH_RECORD_MAX_MB"),
     "plugins": mapped("CLIPBENCH_PLUGINS in the workers' environment"),
     "eval.every": mapped("trainer.test_freq"),
     "eval.benchmarks": honoured("exported as verl's validation set"),

@@ -249,6 +249,12 @@ class StoreCallback(TrainerCallback):
         _barrier()
 
 
+def record_options(cfg, rd) -> dict | None:
+    """ClipbenchGRPOTrainer's `record` (train.record; docs/replay.md), or None when off."""
+    rec = cfg.train.record
+    return {"dir": str(rd.path / "record"), "every": rec.every, "max_mb": rec.max_mb} if rec.every else None
+
+
 def _is_clipbench_stat(key: str) -> bool:
     from clipbench.objectives import CELLS
 
@@ -297,6 +303,7 @@ def run_trl(cfg, run_dir: Path, *, resume: bool = False, sink=None,
     from clipbench.tasks import build_run_task
     from clipbench.tracking.mirror import run_params
     from clipbench.tracking.provenance import provenance_params, record_start
+    from clipbench.tracking.records import record_steps
     from clipbench.tracking.sink import NullSink
     from clipbench.tracking.store import RunDir
     from clipbench.tracking.files import read_json
@@ -314,7 +321,7 @@ def run_trl(cfg, run_dir: Path, *, resume: bool = False, sink=None,
     if ckpt and state.get("engine") != "trl":
         raise UserError(f"{ckpt}: a checkpoint of engine '{state.get('engine', 'builtin')}', not 'trl'")
     if main and not resume:  # a fresh start owns the directory's generated files
-        for p in (rd.metrics_path, rd.hist_path.parent, rd.path / "eval", rd.path / "checkpoints"):
+        for p in (rd.metrics_path, rd.hist_path.parent, rd.path / "eval", rd.path / "checkpoints", rd.path / "record"):
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
     if main and ckpt:
         rd.truncate_after(state["step"])
@@ -334,7 +341,7 @@ def run_trl(cfg, run_dir: Path, *, resume: bool = False, sink=None,
     trainer = ClipbenchGRPOTrainer(model=model, reward_funcs=[_reward_fn(task, problems)], args=args,
                                    train_dataset=dataset, processing_class=tok, callbacks=[callback],
                                    method=method, params=obj, agg=cfg.train.agg,
-                                   log_histograms=cfg.train.log_histograms)
+                                   log_histograms=cfg.train.log_histograms, record=record_options(cfg, rd))
     callback.trainer = trainer
     for cb in (PrinterCallback, ProgressCallback):  # clipbench reports progress itself
         trainer.remove_callback(cb)
@@ -358,7 +365,8 @@ def run_trl(cfg, run_dir: Path, *, resume: bool = False, sink=None,
         sink.log_artifact(rd.config_path)
         if rd.hist_path.exists():
             sink.log_artifact(rd.hist_path, "hist")
-        rd.set_status("finished", step=cfg.train.steps, finished=time.time())
+        rd.set_status("finished", step=cfg.train.steps, finished=time.time(),
+                      **({"records": record_steps(rd.path)} if cfg.train.record.every else {}))
         shutil.rmtree(args.output_dir, ignore_errors=True)  # TRL's own dir: its checkpoints were moved out
     del trainer
     if torch.cuda.is_available():

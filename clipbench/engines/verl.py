@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from clipbench.errors import UserError
-from clipbench.integrations.verl_settings import MODULE, PARAMS_ENV, PLUGINS_ENV, VERL_FIELDS
+from clipbench.integrations.verl_settings import (MODULE, PARAMS_ENV, PLUGINS_ENV, RECORD_DIR_ENV, RECORD_MAX_MB_ENV,
+                                                  VERL_FIELDS)
 from clipbench.models import PROMPT_TOKENS
 
 A, R, REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
@@ -119,6 +120,14 @@ def rule_env(cfg: dict) -> dict[str, str]:
     return env
 
 
+def record_env(cfg: dict, run_dir: Path) -> dict[str, str]:
+    """train.record.every=1: the registered loss records every call into the run's record/ (docs/replay.md)."""
+    rec = cfg["train"].get("record") or {}
+    if not rec.get("every"):
+        return {}
+    return {RECORD_DIR_ENV: str(Path(run_dir) / "record"), RECORD_MAX_MB_ENV: str(rec.get("max_mb", 1024))}
+
+
 def verl_overrides(cfg: dict, *, run_dir: Path, data: tuple[Path, Path], experiment: str, n_gpus: int = 8,
                    nnodes: int = 1, tracking_uri: str | None = None) -> list[str]:
     """verl main_ppo Hydra overrides for one resolved clipbench run config (see the module docstring)."""
@@ -170,7 +179,7 @@ def verl_overrides(cfg: dict, *, run_dir: Path, data: tuple[Path, Path], experim
     if tc.get("micro_batch_tokens"):
         o[f"{A}.ppo_max_token_len_per_gpu"] = tc["micro_batch_tokens"]
     out = [f"{k}={_hydra_value(v)}" for k, v in o.items()]
-    env = rule_env(cfg)
+    env = {**rule_env(cfg), **record_env(cfg, run_dir)}
     tracking_uri = tracking_uri or cfg["tracking"].get("tracking_uri")
     if tracking_uri:
         env["MLFLOW_TRACKING_URI"] = tracking_uri

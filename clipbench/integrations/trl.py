@@ -42,6 +42,9 @@ Design choices:
   (beta > 0) is clipbench's k3, as TRL's (times the token ratio with `use_bias_correction_kl`).
 * NSR's coin flips come from a generator seeded by (args.seed, optimizer step, micro-batch, rank):
   no global RNG is touched, so TRL's own sampling stream is the same as with its built-in losses.
+* Recording (`record={"dir": ..., "every": N, "max_mb": M}`, docs/replay.md): every N-th generation
+  batch, each micro-batch's rule inputs go to a `clipbench.integrations.record.LossRecorder`, one
+  record per generation batch (and process), for `clipbench replay`.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from trl import GRPOTrainer
 
 from clipbench.objectives import (AGGREGATIONS, METHODS, aggregate, all_reduce_sums, combine, finalize, kl_k3,
                                   log_ratio_histogram, policy_loss, validate_params)
+from clipbench.integrations.record import LossRecorder
 from clipbench.seeds import derive_seed as _seed  # the one seed derivation
 
 # TRL loss_type -> the clipbench aggregation it computes (when `agg` is not given).
@@ -100,7 +104,7 @@ class ClipbenchGRPOTrainer(GRPOTrainer):
     store them, like clipbench's `engine: trl`)."""
 
     def __init__(self, *args, method: str = "grpo", params: dict[str, Any] | None = None, agg: str | None = None,
-                 log_histograms: bool = False, **kwargs):
+                 log_histograms: bool = False, record: dict | None = None, **kwargs):
         if method not in METHODS:
             raise ValueError(f"unknown clipbench method {method!r}; valid: {', '.join(sorted(METHODS))}")
         self.clipbench_method = method
@@ -113,6 +117,7 @@ class ClipbenchGRPOTrainer(GRPOTrainer):
         self.clipbench_histograms: list[dict] = [] if log_histograms else None
         self._cb_sums: list[dict] = []  # the diagnostics sums of this optimizer step's micro-batches
         self._cb_counts: tuple | None = None  # (buffer, window start, (tokens, seqs))
+        self._cb_recorder = self._recorder(record) if record and record.get("every") else None
 
     # -- the optimizer step's global counts -------------------------------------------------------
 
@@ -167,8 +172,10 @@ class ClipbenchGRPOTrainer(GRPOTrainer):
         maskf = mask.to(torch.float32)
         ref = inputs.get("ref_per_token_logps") if self.beta != 0.0 else None
         corrected_kl = ref is not None and self.args.use_bias_correction_kl
+        u = torch.rand(logp.shape, generator=gen, device=gen.device).to(logp.device) \
+            if METHODS[self.clipbench_method].needs_draws(self.clipbench_params) else None  # policy_loss's own draw
         out = policy_loss(self.clipbench_method, logp, old, adv, maskf, agg=self.clipbench_agg, generator=gen,
-                          weights=weights, ref_logp=None if corrected_kl else ref,
+                          uniforms=u, weights=weights, ref_logp=None if corrected_kl else ref,
                           beta=0.0 if corrected_kl else self.beta, max_len=self.max_completion_length,
                           global_tokens=tokens, global_seqs=seqs, **self.clipbench_params)
         loss, sums = out.loss, dict(out.sums)
@@ -182,6 +189,10 @@ class ClipbenchGRPOTrainer(GRPOTrainer):
             loss = loss + self.router_aux_loss_coef * aux_loss / scale
 
         sums["entropy/sum"] = (entropies.detach() * maskf).sum().to(torch.float64)  # a "sum" key for combine
+        if self._cb_recorder is not None and mode == "train":
+            self._record(out.loss, tokens, seqs, logp=logp, old_logp=old, advantages=adv, mask=maskf, weights=weights,
+                         ref_logp=None if corrected_kl else ref, entropy=entropies, uniforms=u,
+                         completion_ids=completion_ids)
         self._cb_sums.append(sums)
         if self.clipbench_histograms is not None and mode == "train":
             self.clipbench_histograms.append(log_ratio_histogram(logp.detach(), old, adv, mask))
@@ -189,6 +200,30 @@ class ClipbenchGRPOTrainer(GRPOTrainer):
             for k, v in self._step_stats().items():
                 self._metrics[mode][k].append(v)
         return loss
+
+    # -- recording (docs/replay.md) -------------------------------------------------------------------
+
+    def _recorder(self, record: dict) -> LossRecorder:
+        obj = {"method": self.clipbench_method, "params": dict(self.clipbench_params), "agg": self.clipbench_agg,
+               "beta": 0.0 if self.args.use_bias_correction_kl else self.beta, "max_len": self.max_completion_length}
+        self._cb_record_every = int(record["every"])
+        meta = {"engine": "trl", "objective": obj, "seed": self.args.seed, "world_size": self.accelerator.num_processes,
+                "temperature": self.args.temperature, "kl": "bias-corrected" if self.args.use_bias_correction_kl else "k3"}
+        suffix = f".rank{self.accelerator.process_index}" if self.accelerator.num_processes > 1 else ""
+        return LossRecorder(record["dir"], max_mb=record.get("max_mb", 1024), meta=meta, suffix=suffix)
+
+    def _record(self, loss, tokens, seqs, **tensors) -> None:
+        """This micro-batch's rule inputs, when its generation batch is recorded; the record is written
+        after the generation batch's last micro-batch (one record per generation batch: TRL's rollout step)."""
+        every = self.args.steps_per_generation * self.num_iterations  # micro-batches per generation batch
+        k = self._step // every
+        if k % self._cb_record_every:
+            return
+        ga = self.current_gradient_accumulation_steps
+        tensors = {name: (t.float() if t.is_floating_point() else t) for name, t in tensors.items() if t is not None}
+        self._cb_recorder.add(self.state.global_step + 1, (self._step % every) // ga, tensors, tokens, seqs, loss)
+        if (self._step + 1) % every == 0:
+            self._cb_recorder.write(k)
 
     def _step_stats(self) -> dict[str, float]:
         """The optimizer step's diagnostics: its micro-batches combined, reduced over processes, one

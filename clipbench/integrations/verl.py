@@ -43,6 +43,10 @@ Design choices:
   verl's own `actor/pg_clipfrac` (zero-gradient tokens with A != 0) and `actor/ppo_kl`.
 * NSR's coin flips: a torch.Generator per call seeded from (actor.data_loader_seed, rank, call
   number in this process); verl's global RNG is untouched.
+* Recording (docs/replay.md): with `CLIPBENCH_RECORD_DIR` in the workers' environment (the engine
+  sets it for train.record.every=1), every call's inputs (log-probs, old log-probs, advantages,
+  mask, rollout weights, the draws) and verl's global counts go to one record per call and process
+  (`clipbench.integrations.record`), until `CLIPBENCH_RECORD_MAX_MB`; `clipbench replay` reads them.
 """
 
 from __future__ import annotations
@@ -55,7 +59,8 @@ from typing import Any
 
 import torch
 
-from clipbench.integrations.verl_settings import PARAMS_ENV, PLUGINS_ENV, VERL_FIELDS
+from clipbench.integrations.record import LossRecorder
+from clipbench.integrations.verl_settings import PARAMS_ENV, PLUGINS_ENV, RECORD_DIR_ENV, RECORD_MAX_MB_ENV, VERL_FIELDS
 from clipbench.objectives import METHODS, policy_loss, validate_params
 from clipbench.seeds import derive_seed as _seed  # the one seed derivation
 
@@ -140,12 +145,18 @@ def make_loss_fn(method: str):
         maskf = response_mask.to(torch.float32)  # (B, T)
         adv = sequence_advantages(advantages.to(torch.float32), maskf)  # (B,)
         seed = config.get("data_loader_seed", 0) if config is not None else 0
-        gen = torch.Generator(device=log_prob.device).manual_seed(_seed(seed, "nsr", _rank(), next(_CALLS)))
-        out = policy_loss(method, log_prob, old_log_prob, adv, maskf, generator=gen, weights=rollout_is_weights,
-                          **params)
+        call = next(_CALLS)
+        gen = torch.Generator(device=log_prob.device).manual_seed(_seed(seed, "nsr", _rank(), call))
+        u = torch.rand(log_prob.shape, generator=gen, device=gen.device).to(log_prob.device) \
+            if METHODS[method].needs_draws(params) else None  # policy_loss's own draw, kept for a record
+        out = policy_loss(method, log_prob, old_log_prob, adv, maskf, generator=gen, uniforms=u,
+                          weights=rollout_is_weights, **params)
         info = dict(config.get("global_batch_info", None) or {}) if config is not None else {}
         # out.token_loss: (B, T), rollout weights included, 0 at padding; verl's own global normalisation
         loss = agg_loss(loss_mat=out.token_loss, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **info)
+        if os.environ.get(RECORD_DIR_ENV):
+            record_call(call, method, params, loss_agg_mode, info, loss, logp=log_prob.float(),
+                        old_logp=old_log_prob.float(), advantages=adv, mask=maskf, weights=rollout_is_weights, uniforms=u)
         return loss, _metrics(out.stats, maskf, log_prob, old_log_prob)
 
     clipbench_policy_loss.__name__ = f"clipbench_{method}"
@@ -166,6 +177,34 @@ def _metrics(stats: dict, maskf: torch.Tensor, log_prob: torch.Tensor, old_log_p
     vals += [zero_grad / n, ((old_log_prob - log_prob.detach()) * maskf).sum() / n]
     return dict(zip(keys, torch.stack([torch.as_tensor(v, dtype=torch.float32).to(maskf.device) for v in vals])
                     .tolist()))
+
+
+_RECORDERS: dict[str, LossRecorder] = {}
+
+
+def verl_counts(info: dict, agg: str, T: int) -> tuple[float | None, float | None, int]:
+    """(global_tokens, global_seqs, max_len) of clipbench's aggregation for verl's global batch info:
+    verl divides by batch_num_tokens / global_batch_size and multiplies by dp_size."""
+    dp = info.get("dp_size", 1) or 1
+    tokens, seqs = info.get("batch_num_tokens"), info.get("global_batch_size")
+    return (None if tokens is None else float(tokens) / dp, None if seqs is None else float(seqs) / dp,
+            int(info.get("loss_scale_factor") or T))
+
+
+def record_call(call: int, method: str, params: dict, agg: str, info: dict, loss, **tensors) -> None:
+    """One call of a registered loss as one record (docs/replay.md): its inputs and verl's counts."""
+    root = os.environ[RECORD_DIR_ENV]
+    tokens, seqs, max_len = verl_counts(info, agg, tensors["mask"].shape[1])
+    if root not in _RECORDERS:
+        rank = _rank()
+        meta = {"engine": "verl", "seed": 0, "rank": rank,
+                "objective": {"method": method, "params": dict(params), "agg": agg, "beta": 0.0, "max_len": max_len}}
+        _RECORDERS[root] = LossRecorder(root, max_mb=float(os.environ.get(RECORD_MAX_MB_ENV, "1024")), meta=meta,
+                                        suffix=f".rank{rank}" if rank else "")
+    rec = _RECORDERS[root]
+    rec.meta["objective"].update(method=method, params=dict(params), agg=agg, max_len=max_len)
+    rec.add(call + 1, 0, tensors, tokens, seqs, loss)
+    rec.write(call)
 
 
 def register_all() -> list[str]:

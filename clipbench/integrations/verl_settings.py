@@ -7,6 +7,8 @@ The launcher (clipbench.engines.verl) writes these; the losses registered in ver
 MODULE = "clipbench.integrations.verl"  # VERL_USE_EXTERNAL_MODULES: verl imports it in every worker
 PARAMS_ENV = "CLIPBENCH_RULE_PARAMS"    # the rule's parameters, a JSON object
 PLUGINS_ENV = "CLIPBENCH_PLUGINS"       # the run's rule files / modules, separated by os.pathsep
+RECORD_DIR_ENV = "CLIPBENCH_RECORD_DIR"  # where the registered losses record their inputs (docs/replay.md)
+RECORD_MAX_MB_ENV = "CLIPBENCH_RECORD_MAX_MB"  # ... until the directory holds this many MB
 
 # clipbench parameter <- verl actor field(s) that mean the same for verl's own losses (first one set
 # wins; the one owner of this mapping: the registered losses read it, the generated commands set the

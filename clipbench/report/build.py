@@ -26,6 +26,7 @@ from clipbench.report.health import exclusion_reason
 from clipbench.report.load import Sweep, load_results
 from clipbench.report.machines import provenance_lines, provenance_summary
 from clipbench.report.replication import replicate_against, replicate_by_halves, summary_line
+from clipbench.report.replay import replay_figures, replay_tables, sweep_replay
 from clipbench.report.tables import Table, build_tables, model_title
 from clipbench.tracking.files import atomic_write_json
 
@@ -101,6 +102,8 @@ def build_report(results_dir: Path, sweep_name: str, baseline: str | None, repli
     result = analyze(sweep, baseline)
     claims_with_replication(sweep, result, other)
     tables = add_claim_tables(build_tables(result, paper_ref.load_paper()), result)
+    result["replay"] = sweep_replay(sweep)  # None unless the sweep's runs recorded (train.record)
+    tables += replay_tables(result["replay"])
     if not any(t.key in ("table3", "quadrants") for t in tables):
         states = ", ".join(f"{v} {k}" for k, v in sorted(result["runs"]["states"].items()))
         why = "; ".join(f"{e['run_id']}: {e['reason']}" for e in result["runs"]["excluded"][:3])
@@ -113,7 +116,7 @@ def build_report(results_dir: Path, sweep_name: str, baseline: str | None, repli
 def _figures_png(sweep: Sweep, result: dict) -> dict[str, bytes]:
     from clipbench.report.plots import close_figures, make_figures
 
-    figs = make_figures(sweep, result)
+    figs = {**make_figures(sweep, result), **replay_figures(result.get("replay"))}
     out = {}
     for name, fig in figs.items():
         buf = io.BytesIO()

@@ -20,7 +20,7 @@ from clipbench.tracking.files import check_store_dir, read_jsonl
 from clipbench.tracking.provenance import read_provenance, weights_checksum
 # the model (it makes the block) and evaluation settings.
 _NOT_IN_LABEL_PREFIXES = ("seed", "name", "tracking.", "model.name", "eval.", "train.checkpoint_every",
-                          "train.log_histograms")
+                          "train.log_histograms", "train.record.")
 
 
 @dataclass

@@ -24,6 +24,10 @@ FIGURE_CAPTIONS = {
     "eval": "Avg@n and Pass@n on each benchmark at every evaluation step.",
     "quadrants": "Share of clip events per quadrant at every rollout step (the paper's Figure 4f over time).",
     "log_ratio_hist": "Distribution of log r = logp - old_logp near the clip bounds, by the sign of the advantage.",
+    "replay_zero_grad": "Replay: share of each quadrant's tokens that get no gradient, per rule, on the same recorded "
+                        "batches (Q1 A>0 r>1, Q2 A>0 r<1, Q3 A<0 r<1, Q4 A<0 r>1).",
+    "replay_cosine": "Replay: cosine between the rules' per-token gradients (d loss / d logp), mean over the recorded "
+                     "optimizer steps.",
 }
 
 

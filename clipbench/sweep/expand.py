@@ -30,7 +30,7 @@ from typing import Any, Iterable, Mapping
 
 from clipbench.config import compose, run_id, to_dict, validate
 from clipbench.config.labels import METHOD_KEY, OBJ, label
-from clipbench.config.load import NOT_IN_ID, PATH_KEYS, deep_merge, set_dotted
+from clipbench.config.load import PATH_KEYS, deep_merge, outside_id, set_dotted
 from clipbench.config.schema import leaf_keys
 from clipbench.errors import ConfigError, UserError, did_you_mean, unknown_choice
 from clipbench.objectives import METHODS, validate_params
@@ -117,7 +117,7 @@ def _pin_axes(spec: SweepSpec) -> tuple[list[Axis], dict[str, Any], list[str]]:
         else:
             axes.append(ax)
     for ax in axes:
-        if all(k.split(".")[0] in NOT_IN_ID for k in ax.keys):  # e.g. grid launch.nproc_per_node: [1, 8]
+        if all(outside_id(k) for k in ax.keys):  # e.g. grid launch.nproc_per_node: [1, 8]
             raise ConfigError(spec.source, f"{ax.where}.{ax.keys[0]}", "not part of a run's identity (how a run "
                               "is launched or tracked, not what it computes), so its values alone would be one "
                               "run; set it in overrides, or zip it with a key that differs")

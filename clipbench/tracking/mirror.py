@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from clipbench.tracking.provenance import provenance_params, read_provenance
+from clipbench.tracking.records import list_records
 from clipbench.tracking.store import RunDir
 
 MAX_PARAM_LEN = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
@@ -200,6 +201,8 @@ def expected_artifacts(rd: RunDir) -> list[tuple[Path, str | None]]:
         for d in sorted(root.glob("step_*")):
             for f in sorted(d.glob("*.json")):
                 files.append((f, f"eval/{d.name}"))
+    for d in list_records(rd.path):  # train.record: each record's index (the tensors stay in the store)
+        files.append((d / "index.json", f"record/{d.name}"))
     return files
 
 

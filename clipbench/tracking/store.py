@@ -6,6 +6,7 @@
     <results>/<sweep>/<run_id>/hist/log_ratio.jsonl   log-ratio histograms per rollout step (summed over its optimizer steps)
     <results>/<sweep>/<run_id>/eval/step_<k>/<benchmark>.json   correctness matrix + summary
     <results>/<sweep>/<run_id>/checkpoints/last/     sharded model + optimizer, trainer state (clipbench.train.checkpoint)
+    <results>/<sweep>/<run_id>/record/step_<k>/      the rule's inputs of recorded rollout steps (records.py)
 
 Design choices: whole files are written atomically and appended JSON lines survive a kill -9
 (files.py); every reader of a store file (`read_json`, `read_jsonl`, `RunDir.read_config`,
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from clipbench.errors import StoreError
+from clipbench.tracking.records import truncate_records
 from clipbench.tracking.files import (REMEDIES, _read_text, atomic_write_json, atomic_write_text, dumps, read_json,
                                       read_jsonl)
 from clipbench.yamlio import YamlError, dump_yaml, load_yaml_text
@@ -151,11 +153,15 @@ class RunDir:
         self.append_jsonl(self.hist_path, rows)
 
     def truncate_after(self, step: int) -> None:
-        """Keep only rows with row['step'] < step in every jsonl (resume from a checkpoint at step)."""
+        """Keep only rows with row['step'] < step in every jsonl, and the records of steps < step
+        (resume from a checkpoint at step)."""
         for path in (self.metrics_path, self.hist_path):
             if path.exists():
                 keep = [r for r in read_jsonl(path) if r.get("step", -1) < step]
                 atomic_write_text(path, "".join(dumps(r) + "\n" for r in keep))
+        kept = truncate_records(self.path, step)
+        if "records" in self.status():
+            self.set_status(self.status()["state"], records=kept)
 
     @staticmethod
     def _drop_torn_tail(path: Path) -> None:

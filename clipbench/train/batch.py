@@ -48,6 +48,8 @@ class RolloutBatch:
     sampler_logp: list[list[float]] | None
     advantages: torch.Tensor  # (B,)
     metrics: dict = field(default_factory=dict)
+    rewards: torch.Tensor | None = None  # (B,) each row's (shaped) reward
+    correct: torch.Tensor | None = None  # (B,) 1.0 where the task grades the completion correct
 
     def sampler_logp_tensor(self, T: int) -> torch.Tensor:
         """(B, T) the sampler's log-probs, 0 at padding."""
@@ -141,5 +143,5 @@ def _batch(kept: list[Group], sampled: list[Group], G: int, advantage: str, time
         completion_ids=[c for g in kept for c in g.completion_ids],
         sampler_logp=[lp for g in kept for lp in g.sampler_logp] if has_logp else None,
         advantages=compute_advantages(rewards, advantage).reshape(-1),  # (B,)
-        metrics=metrics,
+        metrics=metrics, rewards=rewards.reshape(-1), correct=torch.tensor(correct, dtype=torch.float32),
     )

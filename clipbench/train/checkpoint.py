@@ -42,23 +42,12 @@ def _one_process_ok():
 
 def save_checkpoint(last: Path, *, model, optimizer, scheduler, tokenizer, state: dict, dist: Dist) -> None:
     """Every rank calls this (collective); rank 0 writes the small files and swaps the directories."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
     root = last.parent
     tmp = root / f".tmp-{int(state['step'])}"
     if dist.main:
         for stale in root.glob(".tmp-*"):  # left by a crash mid-save
             shutil.rmtree(stale, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        model.config.save_pretrained(tmp / "model")
-        if getattr(model, "generation_config", None) is not None:
-            model.generation_config.save_pretrained(tmp / "model")
-        tokenizer.save_pretrained(tmp / "model")
-    dist.barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    with _one_process_ok():
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "dcp"))
+    save_model_state(tmp, model=model, optimizer=optimizer, tokenizer=tokenizer, dist=dist)
     if dist.main:
         full = {**state, "scheduler": scheduler.state_dict(), "world_size": dist.world}
         with open(tmp / "state.json", "w") as f:
@@ -67,6 +56,25 @@ def save_checkpoint(last: Path, *, model, optimizer, scheduler, tokenizer, state
             os.fsync(f.fileno())
         install_checkpoint(tmp, last)
     dist.barrier()
+
+
+def save_model_state(path: Path, *, model, optimizer, tokenizer, dist: Dist) -> None:
+    """`path/model` (config, generation config, tokenizer; rank 0) and `path/dcp` (model and optimizer,
+    every rank its shard): a checkpoint's tensors, also the policy state a record keeps (train/record.py).
+    Collective."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    if dist.main:
+        path.mkdir(parents=True, exist_ok=True)
+        model.config.save_pretrained(path / "model")
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(path / "model")
+        tokenizer.save_pretrained(path / "model")
+    dist.barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    with _one_process_ok():
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path / "dcp"))
 
 
 def install_checkpoint(tmp: Path, last: Path) -> None:
@@ -102,17 +110,22 @@ def checkpoint_step(path: Path) -> int | None:
 def load_checkpoint(path: Path, *, model, optimizer, scheduler) -> dict:
     """Restores model, optimizer and scheduler in place (sharded or not, any world size); returns
     the trainer state (step, opt_step, skipped_nonfinite)."""
+    state = json.loads((path / "state.json").read_text())
+    load_model_state(path, model=model, optimizer=optimizer)
+    scheduler.load_state_dict(state.pop("scheduler"))
+    state.pop("world_size", None)
+    return state
+
+
+def load_model_state(path: Path, *, model, optimizer) -> None:
+    """Restore `path/dcp` (save_model_state) into model and optimizer, in place, any world size."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    state = json.loads((path / "state.json").read_text())
     model_sd, optim_sd = get_state_dict(model, optimizer)
     with _one_process_ok():
         dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path / "dcp"))
     set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
-    scheduler.load_state_dict(state.pop("scheduler"))
-    state.pop("world_size", None)
-    return state
 
 
 def load_policy(path: Path, *, dtype: str = "float32", device: str = "cpu"):

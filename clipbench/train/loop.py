@@ -62,6 +62,7 @@ from clipbench.train.checkpoint import find_checkpoint, load_checkpoint, save_ch
 from clipbench.train.distributed import Dist, init_distributed, shard_model
 from clipbench.train.packing import pack
 from clipbench.train.batch import RolloutBatch, collect_rollout
+from clipbench.train.record import Recorder
 from clipbench.seeds import generator
 from clipbench.train.step import (Objective, StepInputs, StepStats, accumulate_gradients, add_histograms,
                                   draw_uniforms, frozen_logprobs, optimizer_step, own_rows, plan_update)
@@ -109,6 +110,7 @@ class Trainer:
     suite: dict
     objective: Objective
     compute: Callable  # () -> context manager of the forward passes (autocast in one process)
+    recorder: Recorder  # train.record: which rollout steps are recorded (train/record.py)
     state: dict  # step, opt_step, skipped_nonfinite (what a checkpoint restores)
     evaluated: tuple[bool, bool]  # the start's and the end's evaluation already stored (a resumed run)
 
@@ -137,7 +139,7 @@ def prepare_run_dir(rd: RunDir, dist: Dist, resume: bool) -> Path | None:
     """The checkpoint to resume from, or None: then rank 0 clears the files a previous start wrote."""
     ckpt = find_checkpoint(rd.checkpoint_dir) if resume else None
     if dist.main and ckpt is None:  # a start from step 0 owns the directory's generated files
-        for p in (rd.metrics_path, rd.hist_path.parent, rd.path / "eval", rd.path / "checkpoints"):
+        for p in (rd.metrics_path, rd.hist_path.parent, rd.path / "eval", rd.path / "checkpoints", rd.path / "record"):
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
     dist.barrier()
     return ckpt
@@ -209,7 +211,7 @@ def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricS
     return Trainer(cfg=cfg, rd=rd, dist=dist, sink=sink, model=model, ref_model=ref_model, tokenizer=tok,
                optimizer=optimizer, scheduler=scheduler, sampler=sampler, task=task,
                pool=list(task.train_problems()), suite=suite, objective=Objective.from_config(cfg),
-               compute=compute, state=state, evaluated=evaluated)
+               compute=compute, recorder=Recorder(cfg, rd, dist, model, sink), state=state, evaluated=evaluated)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -224,6 +226,7 @@ def update(trainer: Trainer, step: int, batch: RolloutBatch) -> tuple[list[dict]
     plan = plan_update(packed, mini_batches=cfg.train.mini_batches, epochs=cfg.train.epochs,
                        budget=cfg.train.micro_batch_tokens, perm=generator(cfg.seed, "perm", step), dist=dist)
     inputs, mismatch = rule_inputs(trainer, packed, batch, [s for s in plan if s.epoch == 0])
+    capture = trainer.recorder.start(step, packed, batch, inputs)  # NO_CAPTURE unless this step is recorded
     done, hist = [], None
     for s in plan:
         if trainer.objective.draws and s.index == 0:  # one draw per (row, position) and epoch
@@ -231,9 +234,11 @@ def update(trainer: Trainer, step: int, batch: RolloutBatch) -> tuple[list[dict]
                                             dist.device)
         first = not done  # the first step's forward is the policy before any update
         stats, h = accumulate_gradients(model, packed, s, inputs, trainer.objective, histogram=cfg.train.log_histograms,
-                                        mismatch=first and inputs.sampler_logp is not None, **trainer.forward_kw())
+                                        mismatch=first and inputs.sampler_logp is not None,
+                                        record=capture.forwards(s, inputs), **trainer.forward_kw())
         if first and mismatch is not None:
             stats.mismatch.append(mismatch)  # this rank's share: all-reduced with the step's statistics
+        capture.before_optimizer_step(s, trainer)
         grad_norm, stepped = optimizer_step(model, trainer.optimizer, trainer.scheduler, cfg.train.grad_clip)
         trainer.state["opt_step"] += 1
         trainer.state["skipped_nonfinite"] += int(not stepped)
@@ -241,6 +246,7 @@ def update(trainer: Trainer, step: int, batch: RolloutBatch) -> tuple[list[dict]
                      "grad_norm": grad_norm, "opt_step": trainer.state["opt_step"],
                      "lr": trainer.scheduler.get_last_lr()[0], "skipped_nonfinite": trainer.state["skipped_nonfinite"]})
         hist = hist if h is None else add_histograms(hist, h)
+    capture.finish()
     trainer.sampler.sync_weights(model)
     return done, hist
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -49,6 +50,8 @@ class OptStep:
     micro: tuple[tuple[int, ...], ...]  # this rank's micro-batches as rollout row ids; () = placeholder
     tokens: int  # valid completion tokens of the whole mini-batch (all ranks)
     seqs: int  # sequences of the whole mini-batch with >= 1 valid completion token
+    rows: tuple[int, ...] = ()  # the whole mini-batch's rollout rows, in mini-batch order
+    ranks: tuple = ()  # every rank's micro-batches, padded like `micro` (a record replays them: train/record.py)
 
 
 def pack_micro_batches(batch: Packed, rows: list[int], budget: int) -> list[list[int]]:
@@ -80,10 +83,10 @@ def plan_update(batch: Packed, *, mini_batches: int, epochs: int, budget: int, p
         for k in range(n):
             rows = p[k::n]
             packs = [pack_micro_batches(batch, list(share), budget) for share in dist.shares(rows)]
-            mine = packs[dist.rank] + [[]] * (max(1, *map(len, packs)) - len(packs[dist.rank]))
+            padded = [tuple(tuple(m) for m in part + [[]] * (max(1, *map(len, packs)) - len(part))) for part in packs]
             valid = [batch.completion_lens[i] for i in rows]
-            plan.append(OptStep(epoch, k, tuple(tuple(m) for m in mine), tokens=sum(valid),
-                                seqs=sum(v > 0 for v in valid)))
+            plan.append(OptStep(epoch, k, padded[dist.rank], tokens=sum(valid), seqs=sum(v > 0 for v in valid),
+                                rows=tuple(rows), ranks=tuple(padded)))
     return plan
 
 
@@ -215,10 +218,12 @@ class StepStats:
 
 def accumulate_gradients(model, batch: Packed, step: OptStep, inputs: StepInputs, objective: Objective, *,
                          pad_id: int, temperature: float, compute=contextlib.nullcontext, dist: Dist,
-                         histogram: bool = False, mismatch: bool = False) -> tuple[StepStats, torch.Tensor | None]:
+                         histogram: bool = False, mismatch: bool = False,
+                         record: Callable | None = None) -> tuple[StepStats, torch.Tensor | None]:
     """Forward + backward of each micro-batch of `step` (gradients accumulate in `.grad`); returns
     this rank's statistics of the step and the log-ratio counts (or None). With `mismatch`, this
-    forward (the policy before the step) measures the sampler's mismatch on its rows, for free."""
+    forward (the policy before the step) measures the sampler's mismatch on its rows, for free.
+    `record(idx, logp, entropy)`: a recorded step's capture (train/record.py) sees each forward."""
     stats, hist = StepStats(), None
     for rows in step.micro:
         mb, idx = _micro(batch, rows, pad_id, dist.device)
@@ -229,6 +234,8 @@ def accumulate_gradients(model, batch: Packed, step: OptStep, inputs: StepInputs
         out = objective.loss(logp, mask, global_tokens=step.tokens, global_seqs=step.seqs, **x)  # rule, aggregation
         (out.loss * dist.loss_scale).backward()                                         # gradients accumulate
         stats.add(out, entropy, mask)
+        if record is not None:
+            record(idx, logp.detach(), entropy.detach())
         if mismatch:
             stats.mismatch.append(sampler_mismatch(_take(inputs.sampler_logp, idx, mask.shape[1]), logp.detach(),
                                                    mask).sums)

@@ -1,0 +1,102 @@
+"""`clipbench replay RUN_OR_SWEEP [--rules all|a,b,c] [--plugin F] [--steps ...] [--json] [--format F --out DIR]`.
+
+Replays the recorded optimizer steps of a run (its directory, or SWEEP/RUN_ID) or of every run of a
+sweep (a name in --results-dir, or its directory) under every requested rule (clipbench.replay).
+`--json` prints one JSON object per line per (recorded optimizer step, rule), nothing else on stdout;
+otherwise the summary tables are printed and the report is written (default
+<results>/reports/<sweep>/replay/): replay.json, replay.jsonl and the format's files.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from clipbench.errors import UserError, unknown_choice
+from clipbench.report import render
+from clipbench.report.replay import replay_tables, write_replay
+from clipbench.tracking.files import check_store_dir, check_writable_dir, dumps
+from clipbench.tracking.records import list_records
+from clipbench.tracking.store import list_run_dirs
+
+FORMATS = ("rich", "markdown", "html", "csv", "latex")
+
+
+def parse_steps(text: str | None) -> set[int] | None:
+    """`--steps 24,30-40`: optimizer steps as metrics.jsonl numbers them (None: every recorded one)."""
+    if not text:
+        return None
+    out: set[int] = set()
+    for part in text.split(","):
+        a, _, b = part.strip().partition("-")
+        try:
+            lo, hi = int(a), int(b or a)
+        except ValueError:
+            raise UserError(f"--steps: {part.strip()!r} is not an optimizer step or a range a-b (e.g. --steps 24,30-40)") \
+                from None
+        if lo < 1 or hi < lo:
+            raise UserError(f"--steps: {part.strip()!r}: optimizer steps count from 1, ranges go up (a-b with a <= b)")
+        out.update(range(lo, hi + 1))
+    return out
+
+
+def resolve(target: str, results_dir: Path) -> tuple[str, list[Path]]:
+    """(a name for the output, the run directories) of RUN_OR_SWEEP."""
+    path = Path(target)
+    candidates = [path] if path.is_dir() else []
+    if not path.is_absolute():
+        candidates.append(results_dir / target)
+    for p in candidates:
+        if p.is_dir() and ((p / "record").is_dir() or (p / "config.yaml").is_file()):
+            return f"{p.parent.name}/{p.name}", [p]
+        runs = [r.path for r in list_run_dirs(p)] if p.is_dir() else []
+        if runs:
+            return p.name, runs
+    raise UserError(f"{target}: not a run directory, a sweep directory or a sweep in {results_dir} "
+                    f"(e.g. `clipbench replay quickstart` or `clipbench replay {results_dir}/quickstart/<run_id>`)")
+
+
+def replay_command(target: str, *, rules: str | None, steps: str | None, json_out: bool, results_dir: Path,
+                   fmt: str, out: Path | None, draws: int, top: int, params: bool, device: str) -> list[Path]:
+    from clipbench.replay.rules import parse_rules
+    from clipbench.replay.run import replay_runs
+    from clipbench.replay.summary import summarize
+
+    if fmt not in FORMATS:
+        raise UserError("--format: " + unknown_choice("format", fmt, FORMATS))
+    if draws < 1 or top < 0:
+        raise UserError(f"--draws must be >= 1 and --top >= 0, got --draws {draws} --top {top}")
+    results_dir = check_store_dir(results_dir) if not Path(target).is_dir() else Path(results_dir)
+    name, runs = resolve(target, results_dir)
+    recorded = [r for r in runs if list_records(r)]
+    if not recorded:
+        raise UserError(f"{target}: no records in {len(runs)} run(s); train with train.record.every=N (docs/replay.md)")
+    specs = parse_rules(rules)  # checked before anything runs or is written
+    opt_steps = parse_steps(steps)
+    out_dir = None
+    if not json_out:
+        out_dir = check_writable_dir(out or results_dir / "reports" / name.replace("/", "_") / "replay", "--out")
+    progress = None if json_out else (lambda msg: print(f"replaying {msg}", file=sys.stderr, flush=True))
+    result = replay_runs(recorded, specs, opt_steps=opt_steps, draws=draws, top=top, params=params, device=device,
+                         progress=progress)
+    if not result.rows:
+        raise UserError(f"{target}: no recorded optimizer step matches --steps {steps}")
+    if json_out:
+        for row in result.rows:
+            print(dumps(row))
+        return []
+    summary = summarize(result)
+    header = [f"Replay of '{name}': {len(recorded)} run(s) with records, {len(result.matrices)} optimizer steps, "
+              f"{len({r['rule'] for r in result.rows})} rules ({'token and parameter level' if params else 'token level'}).",
+              *(f"Note: {n}" for n in summary["notes"] + summary["skipped"])]
+    written = write_replay(summary, result.rows, "markdown" if fmt == "rich" else fmt, out_dir,
+                           f"clipbench replay: {name}", header)
+    if fmt == "rich":
+        console = render.report_console()
+        for line in header:
+            console.print(line, highlight=False)
+        render.print_rich(replay_tables(summary), console)
+    for p in written:
+        if p.suffix != ".png":
+            print(p)
+    return written

@@ -1,0 +1,197 @@
+"""Replay of a run's or a sweep's records: one row per (recorded optimizer step, rule), plus matrices.
+
+    result = replay(["results/quickstart/3f2a..."], parse_rules("all"), opt_steps=None, draws=4, top=5)
+    result.rows        # dicts: opt_step, rule, trained, loss, grad_cosine, q1/out_of_band, ..., param/*, lookahead/*
+    result.matrices    # per optimizer step: the rules' token-level (and parameter-level) cosine matrices
+    result.tokens      # the tokens where each rule departs most from the trained rule (text when a tokenizer loads)
+
+Rows are numbered as metrics.jsonl numbers optimizer steps (`opt_step`); the trained rule's row also
+carries the logged `logged/loss` and `logged/grad_norm` so the reproduction is visible.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+
+from clipbench.errors import UserError
+from clipbench.objectives import METHODS
+from clipbench.replay import params as P
+from clipbench.replay.rules import RuleSpec
+from clipbench.replay.tokens import Cells, NotReplayable, OptStepView, compare, cosine_matrix, flat_g, replay_rule
+from clipbench.tracking.files import read_jsonl
+from clipbench.tracking.records import list_records, load_record
+
+
+@dataclass
+class ReplayResult:
+    rows: list[dict] = field(default_factory=list)
+    matrices: list[dict] = field(default_factory=list)
+    tokens: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def trained_rule(record) -> RuleSpec:
+    obj = record.index["objective"]
+    if obj["method"] not in METHODS:
+        raise UserError(f"{record.path}: the run trained rule '{obj['method']}', which is not registered here: "
+                        f"pass its file with --plugin")
+    return RuleSpec.of(obj["method"], obj["params"])
+
+
+def _logged(run_dir: Path) -> dict[int, dict]:
+    path = run_dir / "metrics.jsonl"
+    return {r["opt_step"]: r for r in read_jsonl(path) if "opt_step" in r} if path.exists() else {}
+
+
+def _with_draws(step: OptStepView, rule: RuleSpec, cells: Cells, g_ref, draws: int, top: int):
+    """(row fields, RuleResult of draw 0): a rule that draws is replayed `draws` times (mean/std)."""
+    n = draws if METHODS[rule.method].needs_draws(rule.kwargs) else 1
+    results = [replay_rule(step, rule, d) for d in range(n)]
+    row = {"loss": results[0].loss, **results[0].stats, **compare(cells, flat_g(step, results[0]), g_ref, top)}
+    if n > 1:
+        others = [compare(cells, flat_g(step, r), g_ref) for r in results]
+        for key, vals in (("loss", [r.loss for r in results]), ("grad_cosine", [o["grad_cosine"] for o in others]),
+                          ("departure", [o["departure"] for o in others])):
+            vals = [v for v in vals if math.isfinite(v)]  # a departure is NaN where the trained rule has no gradient
+            row[f"{key}/mean"] = statistics.fmean(vals) if vals else float("nan")
+            row[f"{key}/std"] = statistics.stdev(vals) if len(vals) > 1 else float("nan")
+    row["draws"] = n
+    return row, results[0]
+
+
+def replay_step(step: OptStepView, rules: list[RuleSpec], *, draws: int = 1, top: int = 5,
+                params: bool = True, device: str = "cpu") -> tuple[list[dict], dict, list[dict]]:
+    """(rows, matrix, disagreement tokens) of one recorded optimizer step."""
+    trained = trained_rule(step.record)
+    order = [trained] + [r for r in rules if r != trained]
+    cells = Cells.of(step)
+    g_ref = flat_g(step, replay_rule(step, trained, 0))
+    base = {"record": step.record.index.get("step"), "opt_step": step.opt["opt_step"], "epoch": step.opt["epoch"],
+            "mini_batch": step.opt.get("mini_batch")}
+    rows, results, gs = [], {}, {}
+    for rule in order:
+        try:
+            fields, res = _with_draws(step, rule, cells, g_ref, draws, top)
+        except NotReplayable as e:
+            rows.append({**base, "rule": rule.label, "method": rule.method, "trained": rule == trained,
+                         "skipped": str(e)})
+            continue
+        rows.append({**base, "rule": rule.label, "method": rule.method, "params": rule.kwargs,
+                     "trained": rule == trained, **fields})
+        results[rule.label], gs[rule.label] = res, flat_g(step, res)
+    labels = list(results)
+    matrix = {**base, "rules": labels, "token": cosine_matrix([gs[k] for k in labels]),
+              "norms": [float(gs[k].norm()) for k in labels]}
+    if params:
+        _param_level(step, rows, results, matrix, trained.label, device)
+    tokens = [{**base, "rule": row["rule"], **t} for row in rows for t in row.pop("disagree", [])]
+    return rows, matrix, tokens
+
+
+def _param_level(step, rows, results, matrix, trained: str, device) -> None:
+    state = P.load_state(step.record, step.opt, device)
+    if state is None:
+        return
+    grads, diff = P.param_gradients(state, step, results)
+    groups = P.layer_groups(state.model)
+    before = P.measure(state, step)
+    ref, ref_norm = grads[trained], P.global_norm(grads[trained])
+    for row in rows:
+        g = grads.get(row["rule"])
+        if g is None:
+            continue
+        norm = P.global_norm(g)
+        row.update({"param/grad_norm": norm, "param/grad_cosine": P.cosine(g, ref),
+                    "param/grad_norm_ratio": norm / ref_norm if ref_norm > 0 else float("nan"),
+                    "state/logp_max_abs_diff": diff,
+                    **{f"param/cosine/{name}": P.cosine([g[i] for i in idx], [ref[i] for i in idx])
+                       for name, idx in groups},
+                    **P.lookahead(state, step, g, before)})
+    labels = matrix["rules"]
+    matrix["param"] = [[P.cosine(grads[a], grads[b]) for b in labels] for a in labels]
+
+
+def _selected(opt: dict, opt_steps: set[int] | None) -> bool:
+    return opt_steps is None or opt["opt_step"] in opt_steps
+
+
+def replay_runs(run_dirs: Iterable[Path], rules: list[RuleSpec], *, opt_steps: set[int] | None = None,
+                draws: int = 1, top: int = 5, params: bool = True, device: str = "cpu",
+                progress: Callable[[str], None] | None = None) -> ReplayResult:
+    """Every selected recorded optimizer step of every run, under every rule (and the trained one)."""
+    out = ReplayResult()
+    for run_dir in run_dirs:
+        run_dir = Path(run_dir)
+        logged = _logged(run_dir)
+        records = list_records(run_dir)
+        if not records:
+            out.notes.append(f"{run_dir}: no records (train.record.every was 0)")
+            continue
+        for path in records:
+            rec = load_record(path)
+            for opt in rec.index["opt_steps"]:
+                if not _selected(opt, opt_steps):
+                    continue
+                if progress:
+                    progress(f"{run_dir.name} opt_step {opt['opt_step']}")
+                rows, matrix, tokens = replay_step(OptStepView(rec, opt), rules, draws=draws, top=top,
+                                                   params=params, device=device)
+                tag = {"run_id": run_dir.name, "trained_rule": trained_rule(rec).label, "seed": rec.index.get("seed")}
+                for row in rows:
+                    row.update(tag)
+                    if row.get("trained") and opt["opt_step"] in logged:
+                        m = logged[opt["opt_step"]]
+                        row.update({"logged/loss": m.get("loss"), "logged/grad_norm": m.get("grad_norm")})
+                out.rows += rows
+                out.matrices.append({**tag, **matrix})
+                out.tokens += [{**tag, **t, **_text(rec, t)} for t in tokens]
+    return out
+
+
+_TOKENIZERS: dict = {}
+
+
+def _tokenizer(rec):
+    """The run's tokenizer (a saved state's, else the run's checkpoint's, else the model's), or None."""
+    key = str(rec.path.parent.parent)
+    if key not in _TOKENIZERS:
+        from transformers import AutoTokenizer
+
+        tok = None
+        candidates = [*(rec.path.glob("state_*/model")), rec.path.parent.parent / "checkpoints" / "last" / "model"]
+        for c in candidates:
+            try:
+                tok = AutoTokenizer.from_pretrained(c)
+                break
+            except Exception:  # noqa: BLE001 - any unreadable candidate: try the next
+                continue
+        if tok is None:
+            try:
+                from clipbench.models import resolve_model_name
+
+                tok = AutoTokenizer.from_pretrained(resolve_model_name(rec.index.get("model", "")))
+            except Exception:  # noqa: BLE001 - no tokenizer: tokens are shown by id
+                tok = None
+        _TOKENIZERS[key] = tok
+    return _TOKENIZERS[key]
+
+
+def _text(rec, t: dict) -> dict:
+    out = {"advantage": float(rec.tensors["advantages"][t["row"]]),
+           "ratio": float(torch.exp(rec.tensors["logp"][t["epoch"], t["row"], t["pos"]]
+                                    - rec.tensors["old_logp"][t["row"], t["pos"]]))}
+    if rec.get("completion_ids") is None:  # a verl record: no token ids
+        return {**out, "token_id": None}
+    ids = rec.tensors["completion_ids"][t["row"]].tolist()
+    out["token_id"] = ids[t["pos"]]
+    tok = _tokenizer(rec)
+    if tok is not None:
+        out["token"] = tok.decode([ids[t["pos"]]])
+        out["context"] = tok.decode(ids[max(0, t["pos"] - 12):t["pos"]])
+    return out

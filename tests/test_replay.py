@@ -1,0 +1,240 @@
+"""Recording (train.record) and counterfactual replay (clipbench replay, docs/replay.md).
+
+Fast: rule specs and grids; the engines' table of the new keys; recording is outside the run id; a
+loss hook's record (LossRecorder: TRL's and verl's format) replays its own losses exactly, draws
+included.
+Slow (real training runs of the tiny model, 2 rollout steps, 2 epochs, micro-batches that split):
+the trained rule replays every logged loss and quadrant count exactly and its gradient norm to
+float32 round-off; the lookahead of the trained rule lands on the next recorded state; recording
+changes nothing the run computes; a resumed run's records equal an uninterrupted run's; the budget;
+the CLI's JSON lines; the report's replay section.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from clipbench.config import load_run_config, run_id
+from clipbench.errors import UserError
+from clipbench.objectives import policy_loss
+from clipbench.replay.rules import RuleSpec, parse_rules
+from clipbench.replay.tokens import OptStepView, replay_rule
+from clipbench.tracking.records import list_records, load_record
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPE = REPO / "recipes" / "arith_tiny.yaml"
+# 2 prompts x 4 samples, 2 mini-batches x 2 epochs, a 24-token budget: 2-3 micro-batches per step
+SMALL = ["train.prompts_per_step=2", "sampler.group_size=4", "sampler.max_new_tokens=8", "train.steps=2",
+         "train.epochs=2", "train.mini_batches=2", "train.micro_batch_tokens=24", "train.checkpoint_every=1",
+         "train.lr=2e-3", "eval.limit=4", "eval.n=2", "eval.every=0", "tracking.mlflow=false",
+         "objective.method=nsr"]
+RECORD = ["train.record.every=1", "train.record.state=all"]
+
+
+# ---- fast ---------------------------------------------------------------------------------------
+
+def test_rule_specs_grids_and_labels():
+    rules = parse_rules("grpo,dapo(eps_high=0.28,0.4),nsr(p=0.25,0.75, delta=0.1)")
+    assert [r.label for r in rules] == ["grpo", "dapo", "dapo(eps_high=0.4)", "nsr(p=0.25)", "nsr(p=0.75)"]
+    assert rules[2].kwargs == {"eps_low": 0.2, "eps_high": 0.4}
+    assert len(parse_rules("all")) == len(parse_rules(None)) >= 23
+    assert parse_rules("grpo,grpo(eps_low=0.2)") == [RuleSpec.of("grpo", {})]  # same rule once
+    for bad, why in (("grpoo", "did you mean"), ("dapo(eps_hgh=0.3)", "eps_high"), ("dapo(eps_high=x)", "number"),
+                     ("dapo(0.3)", "parameter name"), ("dapo(eps_high=0.3", "unbalanced")):
+        with pytest.raises(UserError, match=why):
+            parse_rules(bad)
+
+
+def test_record_keys_have_an_entry_for_every_engine_and_stay_out_of_the_run_id():
+    from clipbench.config import to_dict
+    from clipbench.config.schema import leaf_keys
+    from clipbench.engines.keys import KEYS, refusals
+
+    keys = [k for k in leaf_keys() if k.startswith("train.record.")]
+    assert keys == ["train.record.every", "train.record.state", "train.record.max_mb"]
+    assert all(k in KEYS[e] for e in KEYS for k in keys)
+    plain = load_run_config(RECIPE)
+    recorded = load_run_config(RECIPE, ["train.record.every=5", "train.record.state=all", "train.record.max_mb=7"])
+    assert run_id(plain) == run_id(recorded)  # recording observes a run: the same run
+    d = to_dict(recorded)
+    assert [k for k, _ in refusals(d, "builtin")] == []
+    assert [k for k, _ in refusals(d, "trl")] == ["train.record.state"]  # TRL records no policy state
+    assert [k for k, _ in refusals(d, "verl")] == ["train.record.every", "train.record.state"]
+    assert [k for k, _ in refusals(to_dict(load_run_config(RECIPE, ["train.record.every=1"])), "verl")] == []
+
+
+def test_a_loss_hooks_record_replays_its_losses_exactly_draws_included(tmp_path):
+    """LossRecorder (the TRL and verl hooks' writer): 3 micro-batches of nsr in 2 optimizer steps with
+    the hook's own uniforms and global counts; the replay of the trained rule gives each step's summed
+    hook loss bit for bit, and other draws give other losses."""
+    from clipbench.integrations.record import LossRecorder
+
+    g = torch.Generator().manual_seed(0)
+    params = {"eps_low": 0.2, "eps_high": 0.28, "delta": 0.1, "p": 0.5}
+    meta = {"engine": "trl", "seed": 3, "objective": {"method": "nsr", "params": params, "agg": "token-mean",
+                                                      "beta": 0.0, "max_len": 9}}
+    rec = LossRecorder(tmp_path / "record", max_mb=10, meta=meta)
+    expected = {}
+    for opt_step, b, w in ((1, 3, 7), (1, 2, 9), (2, 4, 5)):
+        lens = torch.randint(1, w + 1, (b,), generator=g)
+        mask = (torch.arange(w) < lens[:, None]).float()
+        old = -torch.rand(b, w, generator=g) * 3 * mask
+        logp = old + 0.4 * torch.randn(b, w, generator=g) * mask  # ratios well off 1: clipping and rescues
+        adv, u = torch.randn(b, generator=g), torch.rand(b, w, generator=g)
+        out = policy_loss("nsr", logp, old, adv, mask, uniforms=u, global_tokens=11.0, global_seqs=5.0, **params)
+        expected[opt_step] = expected.get(opt_step, 0.0) + float(out.loss)
+        rec.add(opt_step, 0, {"logp": logp, "old_logp": old, "advantages": adv, "mask": mask, "uniforms": u},
+                11.0, 5.0, out.loss)
+    rec.write(0)
+    (path,) = list_records(tmp_path)
+    record = load_record(path)
+    trained = RuleSpec.of("nsr", params)
+    for opt in record.index["opt_steps"]:
+        step = OptStepView(record, opt)
+        assert replay_rule(step, trained).loss == pytest.approx(expected[opt["opt_step"]], rel=1e-6)
+        assert opt["hook_loss"] == pytest.approx(expected[opt["opt_step"]], rel=1e-6)
+        assert replay_rule(step, trained, draw=1).loss != replay_rule(step, trained).loss  # fresh coin flips
+
+
+# ---- slow: real runs ------------------------------------------------------------------------------
+
+def _train(path: Path, *extra: str, progress=None, resume: bool = False):
+    from clipbench.train.loop import run_training
+
+    torch.set_num_threads(1)
+    return run_training(load_run_config(RECIPE, SMALL + list(extra)), path, resume=resume, progress=progress)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> Path:
+    """A finished recorded run in a results store: <root>/rec/<run_id>/."""
+    root = tmp_path_factory.mktemp("replay")
+    cfg = load_run_config(RECIPE, SMALL + RECORD)
+    path = root / "rec" / run_id(cfg)
+    _train(path, *RECORD)
+    return path
+
+
+@pytest.mark.slow
+def test_the_trained_rule_replays_every_logged_loss_and_count_exactly(recorded):
+    from clipbench.tracking.store import RunDir
+
+    rd = RunDir(recorded)
+    logged = {r["opt_step"]: r for r in rd.read_metrics()}
+    assert rd.status()["records"] == [0, 1]
+    n = 0
+    for path in list_records(recorded):
+        record = load_record(path)
+        assert record.get("uniforms") is not None  # nsr draws: its draws are recorded
+        for opt in record.index["opt_steps"]:
+            assert max(len(rank) for rank in opt["ranks"]) >= 2  # the micro-batches really split
+            res = replay_rule(OptStepView(record, opt), RuleSpec.of("nsr", record.index["objective"]["params"]))
+            row = logged[opt["opt_step"]]
+            assert res.loss == row["loss"]  # exact: the same float32 terms summed in the same order
+            for key, v in res.stats.items():
+                if key.split("/")[-1] in ("tokens", "out_of_band", "zero_grad", "rescued", "in_band_near"):
+                    assert v == row[key], key
+            n += 1
+    assert n == 8  # 2 rollout steps x 2 epochs x 2 mini-batches
+
+
+@pytest.mark.slow
+def test_parameter_level_gradient_norm_and_lookahead_reproduce_training(recorded):
+    """The trained rule's parameter gradient at the recorded state has the logged norm (float32
+    round-off), and one AdamW step with it lands on the next recorded state's weights."""
+    from clipbench.replay import params as P
+    from clipbench.tracking.store import RunDir
+
+    logged = {r["opt_step"]: r for r in RunDir(recorded).read_metrics()}
+    record = load_record(list_records(recorded)[0])
+    trained = RuleSpec.of("nsr", record.index["objective"]["params"])
+    opts = record.index["opt_steps"]
+    for opt, nxt in zip(opts, opts[1:]):
+        step = OptStepView(record, opt)
+        state = P.load_state(record, opt)
+        grads, diff = P.param_gradients(state, step, {"nsr": replay_rule(step, trained)})
+        assert diff == 0.0  # the same forward as training, on the same machine
+        assert P.global_norm(grads["nsr"]) == pytest.approx(logged[opt["opt_step"]]["grad_norm"], rel=1e-5)
+        P.lookahead(state, step, grads["nsr"])  # leaves the model at the saved state
+        params = [p for p in state.model.parameters()]
+        for p, g in zip(params, grads["nsr"]):
+            p.grad = g.clone()
+        torch.nn.utils.clip_grad_norm_(params, state.grad_clip)
+        state.optimizer.step()
+        after = P.load_state(record, nxt).model.state_dict()
+        for name, w in state.model.state_dict().items():
+            torch.testing.assert_close(w, after[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow
+def test_recording_changes_nothing_the_run_computes(recorded, tmp_path):
+    from clipbench.tracking.store import RunDir
+
+    _train(tmp_path / "plain")
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]  # noqa: E731
+    assert strip(RunDir(tmp_path / "plain").read_metrics()) == strip(RunDir(recorded).read_metrics())
+    assert not (tmp_path / "plain" / "record").exists()
+
+
+@pytest.mark.slow
+def test_a_resumed_run_records_what_an_uninterrupted_one_does(recorded, tmp_path):
+    class Stop(Exception):
+        pass
+
+    def stop(ev):
+        if ev["step"] == 2:  # rollout step 1 logged (its record written), its checkpoint not yet
+            raise Stop
+
+    with pytest.raises(Stop):
+        _train(tmp_path / "cut", *RECORD, progress=stop)
+    assert [p.name for p in list_records(tmp_path / "cut")] == ["step_000000", "step_000001"]
+    _train(tmp_path / "cut", *RECORD, resume=True)  # from the checkpoint after step 0: step 1 again
+    for a, b in zip(list_records(tmp_path / "cut"), list_records(recorded), strict=True):
+        ra, rb = load_record(a), load_record(b)
+        assert ra.index == {**rb.index} and ra.tensors.keys() == rb.tensors.keys()
+        for k in ra.tensors:
+            assert torch.equal(ra.tensors[k], rb.tensors[k]), k
+
+
+@pytest.mark.slow
+def test_the_record_budget_stops_recording_with_a_note(tmp_path):
+    from clipbench.tracking.store import RunDir
+
+    _train(tmp_path / "run", "train.record.every=1", "train.record.max_mb=1", "train.record.state=all")
+    st = RunDir(tmp_path / "run").status()
+    assert list_records(tmp_path / "run") == [] and "train.record.max_mb=1" in st["record_note"]
+
+
+@pytest.mark.slow
+def test_cli_replay_json_lines_and_report(recorded, tmp_path):
+    env_py = [sys.executable, "-m", "clipbench"]
+    out = subprocess.run([*env_py, "replay", str(recorded), "--rules", "grpo,dapo(eps_high=0.28,0.4),nsr", "--json",
+                          "--draws", "2", "--no-params"], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert len(rows) == 8 * 4  # 8 optimizer steps x (nsr trained + grpo + 2 dapo)
+    for row in rows:
+        for key in ("opt_step", "rule", "trained", "loss", "grad_cosine", "q1/out_of_band", "q1/zero_grad",
+                    "q4/rescued", "q2/tokens"):
+            assert key in row, key
+    trained = [r for r in rows if r["trained"]]
+    assert {r["rule"] for r in trained} == {"nsr"} and all(r["grad_cosine"] == 1.0 for r in trained)
+    assert all(r["loss"] == r["logged/loss"] and r["draws"] == 2 for r in trained)
+    bad = subprocess.run([*env_py, "replay", str(recorded), "--rules", "nope"], capture_output=True, text=True, cwd=REPO)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "nope" in bad.stderr
+
+    rep = subprocess.run([*env_py, "report", "rec", "--results-dir", str(recorded.parent.parent), "--format", "markdown",
+                          "--out", str(tmp_path / "rep")], capture_output=True, text=True, cwd=REPO)
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "Replay vs nsr" in md and "one optimizer step ahead" in md and "replay_zero_grad.png" in md
+    own = subprocess.run([*env_py, "replay", str(recorded), "--rules", "grpo,abc", "--format", "html", "--out",
+                          str(tmp_path / "own")], capture_output=True, text=True, cwd=REPO)
+    assert own.returncode == 0, own.stderr[-2000:]
+    assert "Replay vs nsr" in (tmp_path / "own" / "replay.html").read_text()
