@@ -2,8 +2,9 @@
 
 - A sweep row with launch.nproc_per_node=2 (and activation checkpointing) logs the same loss,
   grad_norm and counts per optimizer step and ends with the same parameters as one process on the
-  same seed and batch (sampling in calls of prompts_per_call = P / 2 prompts in both), writes its
-  results store and MLflow once (rank 0).
+  same seed and batch, with the default sampler settings (each prompt's samples from its own seed:
+  one call of P/2 prompts per rank draws what one call of P prompts draws), writes its results store
+  and MLflow once (rank 0).
 - `clipbench train --nproc-per-node 2` with one rank SIGKILLed after the first checkpoint: the command
   fails with one clear line, status.json says failed; `--resume` on ONE process continues from the
   checkpoint the 2 processes wrote (resharded) and ends where the uninterrupted run ends.
@@ -38,9 +39,9 @@ def processes(test):
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = str(REPO / "recipes" / "arith_tiny.yaml")
-# 4 prompts x 4 samples, 3 rollout steps x 4 mini-batches, a checkpoint every step; P / 2 = 2 prompts a call
+# 4 prompts x 4 samples, 3 rollout steps x 4 mini-batches, a checkpoint every step; the sampler's defaults
 RUN = {"train.steps": 3, "train.prompts_per_step": 4, "sampler.group_size": 4, "sampler.max_new_tokens": 8,
-       "sampler.prompts_per_call": 2, "train.checkpoint_every": 1, "eval.benchmarks": [], "tracking.mlflow": False,
+       "train.checkpoint_every": 1, "eval.benchmarks": [], "tracking.mlflow": False,
        "sampler.mismatch_is": "token"}  # the sampler's log-probs too: the mismatch sums cross ranks
 COUNTS = ("q1", "q2", "q3", "q4", "zero_adv", "on_policy")
 

@@ -248,9 +248,9 @@ class SamplerConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     old_logp: str = "recompute"  # recompute: training policy once per rollout; sampler: backend's
-    # Prompts per generate call (0: all of a rank's prompts in one call). Each call is seeded from
-    # (seed, step, global index of its first prompt), so 1 and N processes sample the same completions
-    # when prompts_per_step / N is a multiple of it.
+    # Prompts per generate call (0: all of a rank's prompts in one call): memory and speed only. Each
+    # prompt's samples are drawn from its own seed (seed, step, its global index), so the completions
+    # do not depend on the call size or on how many processes sample.
     prompts_per_call: int = 0
     gpu_memory_utilization: float = 0.3  # vllm only
     sleep_mode: bool = False  # vllm on CUDA: the engine sleeps while the trainer updates (frees its share)
