@@ -173,11 +173,11 @@ def methods(plugin: Optional[List[str]] = PLUGIN):
 
 @app.command()
 @_user_errors
-def engines():
+def engines(fmt: str = typer.Option("rich", "--format", help="rich | markdown (docs/engines.md)")):
     """Every engine, and how it treats every run-config key: honoured, mapped (to what) or refused (why)."""
     from clipbench.commands.engines import engines_command
 
-    engines_command()
+    engines_command(fmt)
 
 
 @app.command("base-model")
