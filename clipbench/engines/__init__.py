@@ -74,10 +74,6 @@ def preflight(cfg, source: str | None = None) -> None:
 
     check(cfg, source)
     backend = resolve_backend(cfg.sampler.backend)
-    if cfg.launch.nproc_per_node > 1 and backend == "vllm":
-        raise UserError("sampler.backend: vllm over several processes is not wired into the trainer yet "
-                        "(clipbench.rollout.weights streams sharded weights); use sampler.backend=hf or "
-                        "launch.nproc_per_node=1")
     check_sleep_mode(cfg.sampler.sleep_mode, backend)
     check_model_config(cfg.model.name)
     eval_suite(cfg, build_run_task(cfg))

@@ -187,7 +187,8 @@ def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricS
                             top_p=sc.top_p, seed=cfg.seed, return_logprobs=want_logp,
                             dtype=dtype_name(dtype), gpu_memory_utilization=sc.gpu_memory_utilization,
                             longest_new_tokens=max(eval_tokens, sc.max_new_tokens),
-                            sleep_mode=sc.sleep_mode, synced_gpus=dist.sharded)
+                            sleep_mode=sc.sleep_mode, synced_gpus=dist.sharded,
+                            model_path=resolve_model_name(cfg.model.name) if dist.sharded else None)
     suite = eval_suite(cfg, task) if cfg.eval.benchmarks else {}
     first = next(iter(suite), None)  # decided before any rank can write an evaluation, so all agree
     evaluated = (first is not None and rd.eval_path(0, first).exists(),
