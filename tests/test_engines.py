@@ -157,3 +157,34 @@ def test_docs_engines_md_is_the_generated_table():
 
     assert (REPO / "docs" / "engines.md").read_text() == engines_markdown(), \
         "docs/engines.md is stale: python -m clipbench engines --format markdown > docs/engines.md"
+
+
+# ---- the 4B Table-3 recipes pass the preflight ---------------------------------------------------
+
+@pytest.mark.parametrize("method", ["grpo", "abc"])
+def test_the_4b_table3_recipes_pass_the_preflight_but_for_what_needs_a_gpu(method, tmp_path, data_dir):
+    """vLLM over 8 processes is no longer refused. On a machine without CUDA the one error is the
+    GPU-only part (sleep mode), in one line; the rest passes offline with the model's config written
+    from the shipped Qwen3-4B shape and local copies of the data, except, where vllm is not installed,
+    the one line saying so."""
+    import torch
+
+    from clipbench.engines import preflight
+    from clipbench.errors import UserError
+    from clipbench.models.shapes import QWEN3, hf_config
+
+    recipe = str(REPO / "recipes" / "abc_grpo_table3" / f"qwen3_4b_{method}.yaml")
+    cfg = load_run_config(recipe)
+    assert cfg.launch.nproc_per_node == 8 and cfg.sampler.backend == "vllm" and cfg.sampler.sleep_mode
+    if not torch.cuda.is_available():
+        with pytest.raises(UserError) as err:
+            preflight(cfg, recipe)
+        assert str(err.value).startswith("sampler.sleep_mode needs a CUDA GPU") and "\n" not in str(err.value)
+    hf_config(QWEN3["Qwen/Qwen3-4B-Base"]).save_pretrained(tmp_path / "qwen3-4b")  # config only: no weights
+    local = load_run_config(recipe, [f"sampler.sleep_mode={str(torch.cuda.is_available()).lower()}",
+                                     f"model.name={tmp_path / 'qwen3-4b'}",
+                                     f"task.path={data_dir / 'dapo_math_17k_sample.jsonl'}", f"eval.data_dir={data_dir}"])
+    try:
+        preflight(local, recipe)
+    except UserError as e:  # only this environment's missing vllm may stop it
+        assert str(e).startswith("sampler.backend: 'vllm' is not installed here"), e

