@@ -209,3 +209,31 @@ def test_two_processes_share_the_evaluation_and_write_one_processs_payload(tmp_p
     assert len(a["problem_ids"]) == 40 and a["problem_ids"] == b["problem_ids"]
     assert a["correct"] == b["correct"] and a["summary"] == b["summary"]
     assert a["mean_completion_tokens"] == b["mean_completion_tokens"]
+
+
+@processes
+def test_sigterm_preempts_two_processes_and_one_process_resumes_the_same_run(one_process, tmp_path):
+    """SIGTERM to `clipbench train --nproc-per-node 2` (as SLURM sends it): passed on to torchrun and
+    the ranks, which agree to stop at their next safe point, checkpoint (sharded) and exit; exit code
+    75, status preempted, the resume command last; resumed on ONE process, the run ends where the
+    uninterrupted one-process run ends."""
+    results = tmp_path / "results"
+    args = ["train", RECIPE, *overrides(), "--results-dir", str(results)]
+    rd = RunDir(results / "train" / run_id(load_run_config(RECIPE, overrides())))
+    proc = subprocess.Popen([sys.executable, "-m", "clipbench", *args, "--nproc-per-node", "2"], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not (rd.metrics_path.exists() and rd.metrics_path.read_text().count("\n") >= 1):
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-3000:]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=300)[1]
+    assert proc.returncode == 75, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("preempted: run ") and "on 2 processes stopped at a checkpoint; resume it: " in last, last
+    st = rd.status()
+    assert st["state"] == "preempted" and st["signal"] == "SIGTERM" and checkpoint_step(rd.checkpoint_dir) is not None
+    res = clipbench(*args, "--resume")  # one process, from the 2 processes' checkpoint
+    assert res.returncode == 0, res.stderr
+    assert rd.status()["state"] == "finished"
+    same_training(one_process, rd)

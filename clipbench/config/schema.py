@@ -38,6 +38,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "sampler.old_logp": ("recompute", "sampler"),
     "sampler.mismatch_is": ("none", "token", "sequence"),
     "train.lr_schedule": ("constant", "cosine"),
+    "launch.preempt_signal": ("SIGTERM", "SIGUSR1", "SIGUSR2"),  # clipbench.train.preempt.SIGNALS
 }
 
 
@@ -319,6 +320,9 @@ class LaunchConfig:
     # Processes per node: > 1 trains one run over N torchrun processes (FSDP2). Where a run computes,
     # not what: outside the run's identity (config.load.NOT_IN_ID), so a run may resume on another N.
     nproc_per_node: int = 1
+    # SIGTERM asks a run to finish its optimizer step, checkpoint and stop (status preempted,
+    # resumable); SIGUSR1 / SIGUSR2 too when named here (SLURM: sbatch --signal=USR1@120).
+    preempt_signal: str = "SIGTERM"
 
 
 @dataclass

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from clipbench.engines.keys import KEYS, refusals
-from clipbench.errors import ConfigError, UserError, unknown_choice
+from clipbench.errors import ConfigError, unknown_choice
 
 
 @dataclass(frozen=True)
@@ -86,16 +86,19 @@ def preflight(cfg, source: str | None = None) -> None:
 
 
 def train_run(cfg, run_dir: Path, *, resume: bool = False, sink=None,
-              progress: Callable[[dict], None] | None = None, dist=None) -> dict:
+              progress: Callable[[dict], None] | None = None, dist=None, stop=None) -> dict:
     """Train one run into `run_dir` with its engine; returns the run's summary (see run_training).
-    `dist`: this process's place in a torchrun launch (clipbench.train.distributed; the built-in loop)."""
+    `dist`: this process's place in a torchrun launch (clipbench.train.distributed; the built-in loop);
+    `stop`: its preemption request (clipbench.train.preempt; the built-in loop)."""
     if cfg.engine == "trl":
         from clipbench.engines.trl import run_trl
 
         return run_trl(cfg, run_dir, resume=resume, sink=sink, progress=progress)
     from clipbench.train.loop import run_training
 
-    return run_training(cfg, run_dir, resume=resume, sink=sink, progress=progress, dist=dist)
+    from clipbench.train.preempt import NO_STOP
+
+    return run_training(cfg, run_dir, resume=resume, sink=sink, progress=progress, dist=dist, stop=stop or NO_STOP)
 
 
 __all__ = ["ENGINES", "Engine", "KEYS", "RUN_ENGINES", "check", "preflight", "train_run"]

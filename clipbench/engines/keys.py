@@ -136,6 +136,8 @@ TRL: dict[str, Support] = {
                                                "top_p", "max_new_tokens", "at_start")},
     **{f"tracking.{k}": honoured(_TRACK) for k in ("mlflow", "tracking_uri", "experiment", "batch_every")},
     "launch.nproc_per_node": honoured("torchrun processes (TRL's accelerate reads their environment)"),
+    "launch.preempt_signal": refused("TRL's trainer has no preemption checkpoint (its generation buffer is not "
+                                     "saved): a signal stops it; it resumes from its last checkpoint"),
     "objective": honoured("the rule is TRL's loss (ClipbenchGRPOTrainer)"),
 }
 
@@ -210,6 +212,8 @@ VERL: dict[str, Support] = {
     "tracking.experiment": mapped("trainer.project_name"),
     "tracking.batch_every": refused(_VERL_LOGS),
     "launch.nproc_per_node": mapped("trainer.n_gpus_per_node"),
+    "launch.preempt_signal": refused("verl's trainer handles signals itself (it resumes from its own "
+                                     "checkpoints: trainer.resume_mode=auto)"),
     "objective": mapped(A + "policy_loss.loss_mode, CLIPBENCH_RULE_PARAMS (loss_mode=clipbench.<method>; the "
                         "parameters as JSON in the workers' environment, and verl's own fields where they mean the "
                         "same: clip_ratio_low, clip_ratio_high, clip_ratio_c, tau_pos, tau_neg, dro_beta, "

@@ -2,6 +2,8 @@
 
     checkpoints/last/
         state.json     trainer state: step, opt_step, skipped_nonfinite, LR scheduler, world size
+                       (+ "partial": true for a checkpoint taken mid-rollout-step by a preemption)
+        rollout.pt     with "partial": the interrupted rollout step (train/preempt.py: Partial)
         dcp/           torch.distributed.checkpoint of {"model": ..., "optim": ...}: one file per rank
                        (__<rank>_0.distcp) + .metadata; parameter names are the HF model's
         model/         config.json, generation config and tokenizer (no weights): rebuilds the model
@@ -40,8 +42,13 @@ def _one_process_ok():
         yield
 
 
-def save_checkpoint(last: Path, *, model, optimizer, scheduler, tokenizer, state: dict, dist: Dist) -> None:
-    """Every rank calls this (collective); rank 0 writes the small files and swaps the directories."""
+ROLLOUT = "rollout.pt"
+
+
+def save_checkpoint(last: Path, *, model, optimizer, scheduler, tokenizer, state: dict, dist: Dist,
+                    partial: dict | None = None) -> None:
+    """Every rank calls this (collective); rank 0 writes the small files and swaps the directories.
+    `partial`: an interrupted rollout step (the same on every rank), saved as rollout.pt."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -60,7 +67,9 @@ def save_checkpoint(last: Path, *, model, optimizer, scheduler, tokenizer, state
     with _one_process_ok():
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "dcp"))
     if dist.main:
-        full = {**state, "scheduler": scheduler.state_dict(), "world_size": dist.world}
+        if partial is not None:
+            torch.save(partial, tmp / ROLLOUT)
+        full = {**state, "scheduler": scheduler.state_dict(), "world_size": dist.world, "partial": partial is not None}
         with open(tmp / "state.json", "w") as f:
             f.write(json.dumps(full))
             f.flush()
@@ -113,6 +122,13 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler) -> dict:
     scheduler.load_state_dict(state.pop("scheduler"))
     state.pop("world_size", None)
     return state
+
+
+def load_partial(path: Path) -> dict | None:
+    """The interrupted rollout step a checkpoint holds (save_checkpoint's `partial`), or None."""
+    if not json.loads((path / "state.json").read_text()).get("partial"):
+        return None
+    return torch.load(path / ROLLOUT, weights_only=False)  # our own file: the batch's lists and tensors
 
 
 def load_policy(path: Path, *, dtype: str = "float32", device: str = "cpu"):
