@@ -33,6 +33,7 @@ def rehearse_command(recipe: Path, overrides: list[str], *, nproc_per_node: int 
                       tracking_uri=tracking_uri, plugins=list(plugins),
                       say=lambda msg: err.print(f"[dim]{time.time() - t0:6.1f} s  {msg}[/]"))
     out = Console(highlight=False)
+    out.width = max(out.width, 120)  # a pipe reports 80 columns: the parts' details need more
     table = Table(title=f"rehearsal of {recipe} ({result.work})", title_justify="left")
     table.add_column("part of the recipe")
     table.add_column("in the rehearsal", overflow="fold")
