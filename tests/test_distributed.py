@@ -2,8 +2,9 @@
 
 - A sweep row with launch.nproc_per_node=2 (and activation checkpointing) logs the same loss,
   grad_norm and counts per optimizer step and ends with the same parameters as one process on the
-  same seed and batch (sampling in calls of prompts_per_call = P / 2 prompts in both), writes its
-  results store and MLflow once (rank 0).
+  same seed and batch, with the default sampler settings (each prompt's samples from its own seed:
+  one call of P/2 prompts per rank draws what one call of P prompts draws), writes its results store
+  and MLflow once (rank 0).
 - `clipbench train --nproc-per-node 2` with one rank SIGKILLed after the first checkpoint: the command
   fails with one clear line, status.json says failed; `--resume` on ONE process continues from the
   checkpoint the 2 processes wrote (resharded) and ends where the uninterrupted run ends.
@@ -38,9 +39,9 @@ def processes(test):
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = str(REPO / "recipes" / "arith_tiny.yaml")
-# 4 prompts x 4 samples, 3 rollout steps x 4 mini-batches, a checkpoint every step; P / 2 = 2 prompts a call
+# 4 prompts x 4 samples, 3 rollout steps x 4 mini-batches, a checkpoint every step; the sampler's defaults
 RUN = {"train.steps": 3, "train.prompts_per_step": 4, "sampler.group_size": 4, "sampler.max_new_tokens": 8,
-       "sampler.prompts_per_call": 2, "train.checkpoint_every": 1, "eval.benchmarks": [], "tracking.mlflow": False,
+       "train.checkpoint_every": 1, "eval.benchmarks": [], "tracking.mlflow": False,
        "sampler.mismatch_is": "token"}  # the sampler's log-probs too: the mismatch sums cross ranks
 COUNTS = ("q1", "q2", "q3", "q4", "zero_adv", "on_policy")
 
@@ -243,3 +244,31 @@ def test_two_processes_share_the_evaluation_and_write_one_processs_payload(tmp_p
     assert len(a["problem_ids"]) == 40 and a["problem_ids"] == b["problem_ids"]
     assert a["correct"] == b["correct"] and a["summary"] == b["summary"]
     assert a["mean_completion_tokens"] == b["mean_completion_tokens"]
+
+
+@processes
+def test_sigterm_preempts_two_processes_and_one_process_resumes_the_same_run(one_process, tmp_path):
+    """SIGTERM to `clipbench train --nproc-per-node 2` (as SLURM sends it): passed on to torchrun and
+    the ranks, which agree to stop at their next safe point, checkpoint (sharded) and exit; exit code
+    75, status preempted, the resume command last; resumed on ONE process, the run ends where the
+    uninterrupted one-process run ends."""
+    results = tmp_path / "results"
+    args = ["train", RECIPE, *overrides(), "--results-dir", str(results)]
+    rd = RunDir(results / "train" / run_id(load_run_config(RECIPE, overrides())))
+    proc = subprocess.Popen([sys.executable, "-m", "clipbench", *args, "--nproc-per-node", "2"], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not (rd.metrics_path.exists() and rd.metrics_path.read_text().count("\n") >= 1):
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-3000:]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=300)[1]
+    assert proc.returncode == 75, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("preempted: run ") and "on 2 processes stopped at a checkpoint; resume it: " in last, last
+    st = rd.status()
+    assert st["state"] == "preempted" and st["signal"] == "SIGTERM" and checkpoint_step(rd.checkpoint_dir) is not None
+    res = clipbench(*args, "--resume")  # one process, from the 2 processes' checkpoint
+    assert res.returncode == 0, res.stderr
+    assert rd.status()["state"] == "finished"
+    same_training(one_process, rd)

@@ -126,6 +126,18 @@ def test_sink_batches_nests_tags_and_stores_artifacts(tmp_path):
     assert art.is_relative_to(res.resolve() / "mlartifacts")
     assert (art / "config.yaml").read_text() == rd.config_path.read_text()
     assert mc.recorded_mlflow_run(rd, default_tracking_uri(res))["run_id"] == sink.mlflow_run_id
+    # MLflow 3 opens the experiment on its runs (model development), not in its GenAI (traces) view
+    assert cl.get_experiment_by_name("clipbench").tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_an_existing_experiment_is_tagged_model_development_unless_its_kind_is_set(tmp_path):
+    cl = mc.client_for(default_tracking_uri(tmp_path))
+    old = cl.create_experiment("made-before")  # an experiment an older clipbench created: no kind
+    mine = cl.create_experiment("chosen", tags={"mlflow.experimentKind": "genai_development"})
+    assert mc.get_or_create_experiment(cl, "made-before", None) == old
+    assert cl.get_experiment(old).tags["mlflow.experimentKind"] == "custom_model_development"
+    assert mc.get_or_create_experiment(cl, "chosen", None) == mine
+    assert cl.get_experiment(mine).tags["mlflow.experimentKind"] == "genai_development"  # a user's choice kept
 
 
 def test_dead_server_goes_offline_fast_with_one_warning(tmp_path, caplog):

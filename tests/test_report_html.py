@@ -74,6 +74,25 @@ def test_screenshot_and_dom(page, tmp_path):
     assert dom.count("<table>") == 7  # + gradient mass, claims, the Runs table
 
 
+@pytest.mark.browser
+@needs_chromium
+def test_every_table_fits_the_page_width(page, tmp_path):
+    """Laid out by Chromium in a 1200 px window, no table reaches past the page (the claims table's
+    sentences wrap): a copy of the page with a probe script reports the page's and each table's width."""
+    import json
+
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.read_text().replace("</body>", (
+        "<script>var r={};document.querySelectorAll('div.table').forEach(function(d){"
+        "r[d.id]=Math.ceil(d.querySelector('table').getBoundingClientRect().right);});"
+        "document.body.setAttribute('data-probe',JSON.stringify({page:document.documentElement.clientWidth,"
+        "scroll:document.documentElement.scrollWidth,tables:r}));</script></body>")))
+    dom = _chromium("--window-size=1200,2000", "--dump-dom", probe.as_uri(), tmp=tmp_path).stdout
+    got = json.loads(re.search(r'data-probe="([^"]*)"', dom).group(1).replace("&quot;", '"'))
+    assert "claims" in got["tables"] and got["scroll"] <= got["page"], got
+    assert all(right <= got["page"] for right in got["tables"].values()), got
+
+
 def test_every_text_is_escaped():
     from clipbench.report.render import html_document
     from clipbench.report.tables import Table

@@ -318,3 +318,84 @@ def test_submitit_local_launcher_killed_then_relaunched(tmp_path, reference):
     res = tmp_path / "results"
     kill_launch_then_relaunch(f, res, ref_runs, "--launcher", "submitit_local", "hydra.launcher.timeout_min=10")
     assert list((res / "tiny" / ".hydra").glob("*/.submitit"))  # submitit's job folders live under the sweep
+
+
+def preempted_mid_run(rd: RunDir) -> bool:
+    """The run has a checkpoint and has trained past it (a preemption now lands inside training)."""
+    return (ckpt_step(rd) or 0) >= 2 and any(r["step"] >= ckpt_step(rd) for r in rd.read_metrics())
+
+
+def test_sigterm_preempts_the_sweep_and_the_rerun_resumes_identically(tmp_path, reference):
+    """SIGTERM to `clipbench sweep` (as a cluster sends it before it takes the machine back): the
+    running run finishes its optimizer step, checkpoints and is marked preempted, no further run
+    starts, exit code 75 with the advice to rerun; the rerun resumes it with the uninterrupted numbers."""
+    f, _, ref_runs = reference
+    res = tmp_path / "results"
+    first, second = list(ref_runs)
+    rd1, rd2 = RunDir(res / "tiny" / first), RunDir(res / "tiny" / second)
+    p = popen("sweep", str(f), "--results-dir", str(res))
+    wait_for(lambda: preempted_mid_run(rd1), 300, "a checkpoint and steps after it in the first run", p, poll=0.02)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 75, err[-3000:]
+    assert "preempted" in err and "rerun the same command to resume" in err
+    st = rd1.status()
+    assert st["state"] == "preempted" and st["signal"] == "SIGTERM"
+    assert not rd2.status_path.exists()  # the second run never started
+    again = clipbench("sweep", str(f), "--results-dir", str(res))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "0 finished, 1 to resume, 1 to start" in again.stderr
+    assert rd1.status()["resumed_from"] == st["step"] or rd1.status()["resumed_from"] is not None
+    assert_same_results(res, ref_runs)
+
+
+def test_submitit_requeues_a_preempted_job_which_resumes_the_run(tmp_path, reference):
+    """--launcher submitit_local: submitit's preemption signal (USR2, what it asks SLURM to send before a
+    time limit) reaches a job mid-run; the run checkpoints (status preempted), then submitit's own
+    handler requeues the job, which resumes the run: the sweep finishes with the uninterrupted numbers."""
+    if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
+        pytest.skip("hydra-submitit-launcher is not installed (pip install -e .[dev])")
+    f, _, ref_runs = reference
+    res = tmp_path / "results"
+    rds = [RunDir(res / "tiny" / rid) for rid in ref_runs]
+    p = popen("sweep", str(f), "--results-dir", str(res), "--launcher", "submitit_local",
+              "hydra.launcher.timeout_min=30", new_session=True)
+    try:
+        wait_for(lambda: any(preempted_mid_run(rd) and rd.status().get("state") == "running" for rd in rds), 300,
+                 "a checkpoint and steps after it in a run", p, poll=0.02)
+        (rd,) = [rd for rd in rds if rd.status().get("state") == "running"][:1]
+        job = submitit_job_of(p.pid, rd.status()["pid"])
+        os.kill(job, signal.SIGUSR2)  # submitit's default preemption signal
+        wait_for(lambda: rd.status().get("state") == "preempted" or rd.status().get("attempts", 1) > 1, 120,
+                 "the run preempted", p, poll=0.02)
+        out, err = p.communicate(timeout=400)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 0, err[-3000:]
+    st = rd.status()
+    assert st["state"] == "finished" and st["attempts"] == 2 and st["resumed_from"] is not None  # requeued, resumed
+    assert_same_results(res, ref_runs)
+
+
+def submitit_job_of(root: int, pid: int) -> int:
+    """The job process under the sweep `root` that trains the run (its status.json's pid)."""
+    assert pid in _descendants(root), (pid, root)
+    return pid
+
+
+def _descendants(root: int) -> list[int]:
+    parents = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parents[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    out, todo = [], [root]
+    while todo:
+        cur = todo.pop()
+        kids = [q for q, pp in parents.items() if pp == cur]
+        out += kids
+        todo += kids
+    return out

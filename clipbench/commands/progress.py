@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 OUTCOME_STYLE = {"finished": "green", "resumed": "green", "skipped": "dim", "locked": "yellow",
-                 "failed": "red", "failed-skipped": "red", "crashed": "red"}
+                 "failed": "red", "failed-skipped": "red", "crashed": "red", "preempted": "yellow"}
 
 
 class SweepProgress(AbstractContextManager):

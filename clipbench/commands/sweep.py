@@ -8,7 +8,8 @@
 
 Rerunning the same command skips finished runs, resumes interrupted ones from their checkpoints and
 reruns failed ones only with --retry-failed. Exit code: 0, 1 when a run failed in this invocation,
-2 for bad input (nothing written), 130 when interrupted (rerun to resume).
+2 for bad input (nothing written), 130 when interrupted (rerun to resume), 75 when preempted (SIGTERM
+or a run's launch.preempt_signal: the running runs checkpointed; rerun to resume).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from clipbench.errors import UserError, unknown_choice
+from clipbench.errors import PREEMPTED_EXIT, UserError, unknown_choice
 from clipbench.sweep.execute import RunTask, checkpoint_step, classify, run_parallel, run_sequential
 from clipbench.config.labels import format_value, label, run_label
 from clipbench.sweep.expand import Expansion, expand, iter_summary
@@ -171,13 +172,15 @@ def finish(sweep: str, manifest: dict, tasks_all: list[RunTask], results: list[d
     final = {t.run_id: classify(t.run_dir) for t in tasks_all}
     all_done = all(s == "finished" for s in final.values())
     failed = [r for r in results if r["outcome"] in ("failed", "crashed")]
+    preempted = [r for r in results if r["outcome"] == "preempted"]
     _finish_parent(parent, uri, experiment, sweep, "FINISHED" if all_done else ("FAILED" if failed else "RUNNING"))
     if results:
         err.print(summary_table(tasks_all, by_id))
     locked = [r for r in results if r["outcome"] == "locked"]
     n_fin = sum(1 for s in final.values() if s == "finished")
     err.print(f"{n_fin}/{len(tasks_all)} runs finished" + (f"; {len(locked)} locked by another process" if locked else "")
-              + (f"; {len(failed)} failed (see status.json; rerun with --retry-failed)" if failed else ""))
+              + (f"; {len(failed)} failed (see status.json; rerun with --retry-failed)" if failed else "")
+              + (f"; {len(preempted)} preempted (checkpointed)" if preempted else ""))
     if uri and any(r.get("mlflow_offline") for r in results):
         from clipbench.tracking.mirror import sync_hint
 
@@ -191,6 +194,9 @@ def finish(sweep: str, manifest: dict, tasks_all: list[RunTask], results: list[d
         _warm_metrics_cache(results_dir, sweep)
     if failed or (launcher_rc and incomplete):
         raise SystemExit(1)
+    if preempted:
+        err.print("[yellow]preempted[/]: the running runs stopped at a checkpoint; rerun the same command to resume")
+        raise SystemExit(PREEMPTED_EXIT)
     return {"sweep": sweep, "runs": list(manifest["runs"]), "results": results, "written": True, "finished": n_fin}
 
 
@@ -296,7 +302,7 @@ def _outcome_from_store(task: RunTask) -> dict:
     st = task.run_dir.status()
     state = st.get("state", "pending")
     outcome = {"finished": "resumed" if st.get("resumed_from") is not None else "finished",
-               "failed": "failed"}.get(state, "incomplete")
+               "failed": "failed", "preempted": "preempted"}.get(state, "incomplete")
     return {"run_id": task.run_id, "label": task.label, "outcome": outcome, "error": st.get("error")}
 
 
@@ -305,9 +311,10 @@ def _state(rd: RunDir) -> str:
     if st is None:
         return "pending"
     state = st.get("state", "pending")
-    if state in ("running", "pending"):
+    if state in ("running", "pending", "preempted"):
         ck = checkpoint_step(rd)
-        return f"interrupted (ckpt {ck})" if ck is not None else "interrupted"
+        what = "preempted" if state == "preempted" else "interrupted"
+        return f"{what} (ckpt {ck})" if ck is not None else what
     return state
 
 

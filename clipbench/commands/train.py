@@ -5,17 +5,20 @@ starts `torchrun --standalone --nproc-per-node N -m clipbench train ...` and wai
 this same command under torchrun (`torchrun ... -m clipbench train ...` by hand works too, with
 torchrun's rendezvous flags for several nodes). Rank 0 prints, writes the results store and MLflow.
 A rank that dies fails the whole run: status.json says failed and `--resume` continues from the last
-checkpoint (on any number of processes).
+checkpoint (on any number of processes). SIGTERM (and launch.preempt_signal) preempts it: the current
+optimizer step finishes, a checkpoint is written, status.json says preempted, and the last line is
+the command that resumes it (exit code 75).
 """
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from rich.console import Console
 
 from clipbench.config import load_run_config, run_id
-from clipbench.errors import RunFailed
+from clipbench.errors import RunFailed, RunPreempted
 from clipbench.tracking.store import RunDir
 from clipbench.tracking.files import check_writable_dir
 from clipbench.train.checkpoint import find_checkpoint
@@ -37,12 +40,16 @@ def train_command(recipe: Path, overrides: list[str], *, resume: bool, results_d
     rd.status(), rd.read_config()  # a damaged store file of this run: one line (StoreError) before any write
     preflight(cfg, str(recipe))  # engine keys, model, task, benchmarks, sleep mode, GPU memory: nothing written
     n = cfg.launch.nproc_per_node
+    args = ["train", str(recipe), *overrides, "--results-dir", str(results_dir)]
+    args += ["--tracking-uri", tracking_uri] if tracking_uri else []
+    args += [a for p in plugins for a in ("--plugin", str(p))]
+    resume_hint = "resume it: " + shlex.join(["clipbench", *args, "--resume"])
     if n > 1 and not under_torchrun():  # this process only launches the ranks
-        args = ["train", str(recipe), *overrides, "--results-dir", str(results_dir)]
-        args += ["--resume"] if resume else []
-        args += ["--tracking-uri", tracking_uri] if tracking_uri else []
-        args += [a for p in plugins for a in ("--plugin", str(p))]
-        rc = launch_ranks(n, "clipbench", args, rd)
+        from clipbench.train.preempt import preempt_signals
+
+        rc = launch_ranks(n, "clipbench", args + (["--resume"] if resume else []), rd, signals=preempt_signals(cfg))
+        if rd.status().get("state") == "preempted":
+            raise RunPreempted(f"run {rd.run_id} on {n} processes stopped at a checkpoint; {resume_hint}")
         if rc != 0:
             raise RunFailed(f"training on {n} processes failed (torchrun exit code {rc}; the failing rank's error "
                             f"is above); {rd.status_path} says failed; rerun with --resume to continue from the "
@@ -63,9 +70,12 @@ def train_command(recipe: Path, overrides: list[str], *, resume: bool, results_d
         console.print(f"  step {ev['step']:>4}/{ev['steps']}  reward {ev['reward']:.3f}  acc {ev['accuracy']:.3f}  "
                       f"entropy {ev['entropy']:.3f}  clip events {int(ev['clip_events'])}  skipped {ev.get('skipped', 0)}")
 
-    summary = run_as_rank(cfg, rd, resume=resume, progress=progress, on_rank=on_rank,
-                          make_sink=lambda: run_sink(cfg, rd, results_dir=results_dir, sweep="train",
-                                                     tracking_uri=tracking_uri, resume=resume))
+    try:
+        summary = run_as_rank(cfg, rd, resume=resume, progress=progress, on_rank=on_rank,
+                              make_sink=lambda: run_sink(cfg, rd, results_dir=results_dir, sweep="train",
+                                                         tracking_uri=tracking_uri, resume=resume))
+    except RunPreempted as e:
+        raise RunPreempted(f"{e}; {resume_hint}") from None
     for k, v in sorted(summary.items()):
         if k.startswith("eval/"):
             console.print(f"  {k} = {v:.4f}")

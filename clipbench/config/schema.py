@@ -39,6 +39,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "sampler.mismatch_is": ("none", "token", "sequence"),
     "train.lr_schedule": ("constant", "cosine"),
     "train.record.state": ("auto", "none", "last", "all"),  # clipbench.train.record reads it
+    "launch.preempt_signal": ("SIGTERM", "SIGUSR1", "SIGUSR2"),  # clipbench.train.preempt.SIGNALS
 }
 
 
@@ -251,9 +252,9 @@ class SamplerConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     old_logp: str = "recompute"  # recompute: training policy once per rollout; sampler: backend's
-    # Prompts per generate call (0: all of a rank's prompts in one call). Each call is seeded from
-    # (seed, step, global index of its first prompt), so 1 and N processes sample the same completions
-    # when prompts_per_step / N is a multiple of it.
+    # Prompts per generate call (0: all of a rank's prompts in one call): memory and speed only. Each
+    # prompt's samples are drawn from its own seed (seed, step, its global index), so the completions
+    # do not depend on the call size or on how many processes sample.
     prompts_per_call: int = 0
     gpu_memory_utilization: float = 0.3  # vllm only
     sleep_mode: bool = False  # vllm on CUDA: the engine sleeps while the trainer updates (frees its share)
@@ -336,6 +337,9 @@ class LaunchConfig:
     # Processes per node: > 1 trains one run over N torchrun processes (FSDP2). Where a run computes,
     # not what: outside the run's identity (config.load.NOT_IN_ID), so a run may resume on another N.
     nproc_per_node: int = 1
+    # SIGTERM asks a run to finish its optimizer step, checkpoint and stop (status preempted,
+    # resumable); SIGUSR1 / SIGUSR2 too when named here (SLURM: sbatch --signal=USR1@120).
+    preempt_signal: str = "SIGTERM"
 
 
 @dataclass

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from clipbench.engines.keys import KEYS, refusals
-from clipbench.errors import ConfigError, UserError, unknown_choice
+from clipbench.errors import ConfigError, unknown_choice
 
 
 @dataclass(frozen=True)
@@ -61,24 +61,22 @@ def check(cfg, source: str | None = None, *, engine: str | None = None) -> None:
 
 def preflight(cfg, source: str | None = None) -> None:
     """Everything that can fail before a run writes anything, one UserError (exit 2) naming what:
-    the engine's keys, the model's config, the task, the benchmarks, the sampler for the launch,
-    sleep mode, and on a GPU whether the run fits its memory over launch.nproc_per_node ranks."""
+    the engine's keys, sleep mode (CUDA), the sampler backend (vllm installed), the model's config,
+    the task, the benchmarks, and on a GPU whether the run fits its memory over
+    launch.nproc_per_node ranks (vLLM on every rank included)."""
     import torch
 
     from clipbench.eval.suite import eval_suite
     from clipbench.memory.plan import check_fits
     from clipbench.memory.estimator import GIB
     from clipbench.models import check_model_config, resolve_model_name
-    from clipbench.rollout import check_sleep_mode, resolve_backend
+    from clipbench.rollout import check_backend, check_sleep_mode, resolve_backend
     from clipbench.tasks import build_run_task
 
     check(cfg, source)
     backend = resolve_backend(cfg.sampler.backend)
-    if cfg.launch.nproc_per_node > 1 and backend == "vllm":
-        raise UserError("sampler.backend: vllm over several processes is not wired into the trainer yet "
-                        "(clipbench.rollout.weights streams sharded weights); use sampler.backend=hf or "
-                        "launch.nproc_per_node=1")
-    check_sleep_mode(cfg.sampler.sleep_mode, backend)
+    check_sleep_mode(cfg.sampler.sleep_mode, backend)  # the GPU-only part first: one line on a CPU machine
+    check_backend(backend)
     check_model_config(cfg.model.name)
     eval_suite(cfg, build_run_task(cfg))
     if torch.cuda.is_available():
@@ -88,16 +86,19 @@ def preflight(cfg, source: str | None = None) -> None:
 
 
 def train_run(cfg, run_dir: Path, *, resume: bool = False, sink=None,
-              progress: Callable[[dict], None] | None = None, dist=None) -> dict:
+              progress: Callable[[dict], None] | None = None, dist=None, stop=None) -> dict:
     """Train one run into `run_dir` with its engine; returns the run's summary (see run_training).
-    `dist`: this process's place in a torchrun launch (clipbench.train.distributed; the built-in loop)."""
+    `dist`: this process's place in a torchrun launch (clipbench.train.distributed; the built-in loop);
+    `stop`: its preemption request (clipbench.train.preempt; the built-in loop)."""
     if cfg.engine == "trl":
         from clipbench.engines.trl import run_trl
 
         return run_trl(cfg, run_dir, resume=resume, sink=sink, progress=progress)
     from clipbench.train.loop import run_training
 
-    return run_training(cfg, run_dir, resume=resume, sink=sink, progress=progress, dist=dist)
+    from clipbench.train.preempt import NO_STOP
+
+    return run_training(cfg, run_dir, resume=resume, sink=sink, progress=progress, dist=dist, stop=stop or NO_STOP)
 
 
 __all__ = ["ENGINES", "Engine", "KEYS", "RUN_ENGINES", "check", "preflight", "train_run"]

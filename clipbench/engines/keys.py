@@ -6,8 +6,10 @@
 
 Kinds:
     honoured  the engine does what the key says (clipbench's own code runs it: task, evaluation, tracking)
-    mapped    the engine's own setting(s) that mean the same (`to`); some values may have no counterpart
-              (`refuse`: the values refused, with the reason)
+    mapped    the engine's own setting(s) that mean the same (`to`: the settings' names first, separated
+              by ", " or " / ", then an optional " = formula" or " (note)"); some values may have no
+              counterpart (`refuse`: the values refused, with the reason). tests/test_engines.py checks
+              that changing the key changes the settings named, and only settings the entry mentions
     refused   the engine has no counterpart: any value other than the schema default is refused, so a
               key a user sets is never silently ignored; the reason says what the engine does instead
 
@@ -80,42 +82,48 @@ TRL: dict[str, Support] = {
     "trl": mapped("extra GRPOConfig fields (those clipbench derives are refused)"),
     "model.name": honoured("clipbench loads the model and hands it to TRL"),
     "model.dtype": mapped(G + "bf16 / fp16 (auto: bfloat16 on a GPU that supports it)"),
-    "model.device": mapped(G + "use_cpu"),
+    "model.device": mapped(G + "use_cpu (TRL derives dataloader_pin_memory from it)"),
     "model.gradient_checkpointing": mapped(G + "gradient_checkpointing"),
     **{f"task.{k}": honoured(_TASK) for k in ("name", "path", "config", "split", "template", "limit", "holdout",
                                                "operands", "digits", "ops", "format", "train_size", "test_size")},
     "sampler.backend": mapped(G + "use_vllm (TRL's colocated vLLM; auto: vllm when installed with a GPU)"),
-    "sampler.group_size": mapped(G + "num_generations"),
+    "sampler.group_size": mapped(G + "num_generations (and generation_batch_size, per_device_train_batch_size: "
+                                 "a rollout step is prompts_per_step x group_size sequences)"),
     "sampler.max_new_tokens": mapped(G + "max_completion_length"),
     "sampler.temperature": mapped(G + "temperature"),
     "sampler.top_p": mapped(G + "top_p"),
-    "sampler.old_logp": mapped("TRL recomputes the old log-probs", refuse=lambda v: v == "sampler",
-                               why="TRL recomputes the old log-probs itself (its importance-sampling "
-                                   "correction is sampler.mismatch_is)"),
+    "sampler.old_logp": honoured("recompute: TRL recomputes the old log-probs", refuse=lambda v: v == "sampler",
+                                 why="TRL recomputes the old log-probs itself (its importance-sampling "
+                                     "correction is sampler.mismatch_is)"),
     "sampler.prompts_per_call": refused("TRL samples a whole generation batch in one call"),
     "sampler.gpu_memory_utilization": mapped(G + "vllm_gpu_memory_utilization"),
     "sampler.sleep_mode": mapped(G + "vllm_enable_sleep_mode"),
-    "sampler.mismatch_is": mapped(G + "vllm_importance_sampling_correction / _mode (token_truncate, "
-                                  "sequence_truncate; none: no correction)"),
+    "sampler.mismatch_is": mapped(G + "vllm_importance_sampling_correction / vllm_importance_sampling_mode "
+                                  "(token: token_truncate, sequence: sequence_truncate; none: no correction)"),
     "sampler.mismatch_is_cap": mapped(G + "vllm_importance_sampling_clip_max"),
     "train.steps": mapped(G + "max_steps = steps x mini_batches x epochs"),
-    "train.prompts_per_step": mapped(G + "generation_batch_size = prompts_per_step x group_size"),
-    "train.mini_batches": mapped(G + "steps_per_generation (x gradient_accumulation_steps)"),
-    "train.epochs": mapped(G + "num_iterations"),
+    "train.prompts_per_step": mapped(G + "generation_batch_size = prompts_per_step x group_size (and "
+                                     "per_device_train_batch_size = that / (mini_batches x processes x "
+                                     "gradient_accumulation_steps))"),
+    "train.mini_batches": mapped(G + "steps_per_generation = mini_batches x gradient_accumulation_steps (and "
+                                 "per_device_train_batch_size, max_steps, save_steps)"),
+    "train.epochs": mapped(G + "num_iterations (and max_steps, save_steps: per rollout step)"),
     "train.lr": mapped(G + "learning_rate"),
     "train.weight_decay": mapped(G + "weight_decay"),
     "train.betas": mapped(G + "adam_beta1, adam_beta2"),
-    "train.warmup_steps": mapped(G + "warmup_steps"),
+    "train.warmup_steps": mapped(G + "warmup_steps (and lr_scheduler_type: constant_with_warmup when > 0)"),
     "train.lr_schedule": mapped(G + "lr_scheduler_type"),
     "train.advantage": mapped(G + "scale_rewards (group: 'group', group_mean: 'none')",
                               refuse=lambda v: v == "rloo", why="TRL's GRPOTrainer has no rloo advantage"),
-    "train.agg": mapped("ClipbenchGRPOTrainer(agg=...)"),
+    "train.agg": honoured("ClipbenchGRPOTrainer(agg=...): clipbench's aggregation is TRL's loss"),
     "train.beta": mapped(G + "beta"),
     "train.grad_clip": mapped(G + "max_grad_norm (0: no clipping in both)"),
     "train.max_skipped_frac": refused("TRL applies every optimizer step (it skips none whose gradient norm is "
                                       "not finite), so there is no skipped-step budget to enforce"),
-    "train.micro_batch_tokens": refused("TRL splits a mini-batch by rows (trl.gradient_accumulation_steps), "
-                                        "not by a token budget"),
+    "train.micro_batch_tokens": refused("TRL's micro-batches are a fixed number of rows "
+                                        "(per_device_train_batch_size), not a token budget: no exact counterpart "
+                                        "(rows x padded length varies per batch); set trl.gradient_accumulation_"
+                                        "steps=K for K micro-batches per optimizer step"),
     "train.dynamic_sampling": refused("TRL has no DAPO dynamic sampling; use engine builtin"),
     "train.max_resample_rounds": refused("dynamic sampling is the built-in loop's"),
     "train.overlong.enabled": refused("TRL has no overlong reward shaping here; use engine builtin"),
@@ -123,17 +131,19 @@ TRL: dict[str, Support] = {
     "train.overlong.penalty": refused("overlong reward shaping is the built-in loop's"),
     "train.checkpoint_every": mapped(G + "save_steps = checkpoint_every x mini_batches x epochs"),
     "train.log_histograms": honoured("ClipbenchGRPOTrainer counts the log-ratio histograms"),
-    "train.record.every": mapped("ClipbenchGRPOTrainer(record=...): its loss hook records every N-th generation "
-                                 "batch (TRL's rollout step)"),
+    "train.record.every": honoured("ClipbenchGRPOTrainer(record=...): its loss hook records every N-th generation "
+                                   "batch (TRL's rollout step)"),
     "train.record.state": honoured("token level only", refuse=lambda v: v in ("last", "all"),
                                    why="the TRL engine records the rule's inputs, not the policy's state "
                                        "(parameter-level replay needs engine builtin)"),
-    "train.record.max_mb": mapped("ClipbenchGRPOTrainer(record=...) size cap"),
+    "train.record.max_mb": honoured("ClipbenchGRPOTrainer(record=...) size cap"),
     "plugins": honoured("imported in every process"),
     **{f"eval.{k}": honoured(_EVAL) for k in ("every", "benchmarks", "n", "limit", "data_dir", "temperature",
                                                "top_p", "max_new_tokens", "at_start")},
     **{f"tracking.{k}": honoured(_TRACK) for k in ("mlflow", "tracking_uri", "experiment", "batch_every")},
     "launch.nproc_per_node": honoured("torchrun processes (TRL's accelerate reads their environment)"),
+    "launch.preempt_signal": refused("TRL's trainer has no preemption checkpoint (its generation buffer is not "
+                                     "saved): a signal stops it; it resumes from its last checkpoint"),
     "objective": honoured("the rule is TRL's loss (ClipbenchGRPOTrainer)"),
 }
 
@@ -147,25 +157,28 @@ VERL: dict[str, Support] = {
     "trl": refused("GRPOConfig settings apply to engine trl"),
     "model.name": mapped("actor_rollout_ref.model.path"),
     "model.dtype": mapped(A + "fsdp_config.dtype, " + R + "dtype (auto: bfloat16)"),
-    "model.device": mapped("verl's GPU workers", refuse=lambda v: v == "cpu", why="verl's trainer runs on GPUs"),
+    "model.device": honoured("verl's GPU workers", refuse=lambda v: v == "cpu", why="verl's trainer runs on GPUs"),
     "model.gradient_checkpointing": mapped("actor_rollout_ref.model.enable_gradient_checkpointing"),
     **{f"task.{k}": honoured("clipbench exports the task to verl's parquet format, graded by clipbench's reward")
        for k in ("name", "path", "config", "split", "template", "limit", "holdout", "operands", "digits", "ops",
                  "format", "train_size", "test_size")},
-    "sampler.backend": mapped(R + "name=vllm", refuse=lambda v: v == "hf", why="verl samples with vLLM"),
+    "sampler.backend": honoured(R + "name=vllm (auto: vllm on verl's GPUs)", refuse=lambda v: v == "hf",
+                                why="verl samples with vLLM"),
     "sampler.group_size": mapped(R + "n"),
-    "sampler.max_new_tokens": mapped("data.max_response_length"),
+    "sampler.max_new_tokens": mapped("data.max_response_length (and " + A + "loss_scale_factor, the fixed "
+                                     "length of seq-mean-token-sum-norm)"),
     "sampler.temperature": mapped(R + "temperature"),
     "sampler.top_p": mapped(R + "top_p"),
-    "sampler.old_logp": mapped("verl recomputes the old log-probs", refuse=lambda v: v == "sampler",
-                               why="not wired to verl's rollout-correction bypass mode"),
+    "sampler.old_logp": honoured("recompute: verl recomputes the old log-probs", refuse=lambda v: v == "sampler",
+                                 why="not wired to verl's rollout-correction bypass mode"),
     "sampler.prompts_per_call": refused("verl samples a whole batch per call"),
     "sampler.gpu_memory_utilization": mapped(R + "gpu_memory_utilization"),
     "sampler.sleep_mode": mapped(R + "free_cache_engine"),
     "sampler.mismatch_is": refused("not wired to verl's algorithm.rollout_correction"),
     "sampler.mismatch_is_cap": refused("not wired to verl's algorithm.rollout_correction"),
     "train.steps": mapped("trainer.total_training_steps"),
-    "train.prompts_per_step": mapped("data.train_batch_size"),
+    "train.prompts_per_step": mapped("data.train_batch_size (and " + A + "ppo_mini_batch_size = "
+                                     "prompts_per_step / mini_batches)"),
     "train.mini_batches": mapped(A + "ppo_mini_batch_size = prompts_per_step / mini_batches"),
     "train.epochs": mapped(A + "ppo_epochs"),
     "train.lr": mapped(A + "optim.lr"),
@@ -175,11 +188,14 @@ VERL: dict[str, Support] = {
     "train.lr_schedule": mapped(A + "optim.lr_scheduler_type"),
     "train.advantage": mapped("algorithm.adv_estimator, algorithm.norm_adv_by_std_in_grpo"),
     "train.agg": mapped(A + "loss_agg_mode"),
-    "train.beta": mapped(A + "use_kl_loss, kl_loss_coef (kl_loss_type=low_var_kl: k3)"),
+    "train.beta": mapped(A + "use_kl_loss, " + A + "kl_loss_coef (kl_loss_type=low_var_kl: k3)"),
     "train.grad_clip": mapped(A + "grad_clip"),
     "train.max_skipped_frac": refused("verl skips a step whose gradient norm is not finite but never fails a run "
                                       "for it"),
-    "train.micro_batch_tokens": mapped(A + "ppo_max_token_len_per_gpu (use_dynamic_bsz)"),
+    "train.micro_batch_tokens": mapped(A + "ppo_max_token_len_per_gpu (use_dynamic_bsz; not exact: verl "
+                                       "counts the real tokens of a micro-batch, clipbench rows x padded length, "
+                                       "so verl's micro-batches hold at least as many rows; 0: verl's default "
+                                       "16,384)"),
     "train.dynamic_sampling": refused("not wired to verl's DAPO recipe"),
     "train.max_resample_rounds": refused("dynamic sampling is the built-in loop's"),
     "train.overlong.enabled": refused("not wired to verl's DAPO overlong buffer"),
@@ -187,14 +203,15 @@ VERL: dict[str, Support] = {
     "train.overlong.penalty": refused("overlong reward shaping is the built-in loop's"),
     "train.checkpoint_every": mapped("trainer.save_freq"),
     "train.log_histograms": refused(_VERL_LOGS),
-    "train.record.every": mapped("CLIPBENCH_RECORD_DIR (the run's record/): the registered loss records every call",
+    "train.record.every": mapped("CLIPBENCH_RECORD_DIR (the run's record/) and CLIPBENCH_RECORD_MAX_MB: the "
+                                 "registered loss records every call",
                                  refuse=lambda v: v not in (0, 1),
                                  why="verl's loss sees micro-batches, not rollout steps: 1 records every one"),
     "train.record.state": honoured("token level only", refuse=lambda v: v in ("last", "all"),
                                    why="verl's loss records the rule's inputs, not the policy's state "
                                        "(parameter-level replay needs engine builtin)"),
-    "train.record.max_mb": mapped("CLIPBENCH_RECORD_MAX_MB"),
-    "plugins": mapped("CLIPBENCH_PLUGINS in the workers' environment"),
+    "train.record.max_mb": honoured("CLIPBENCH_RECORD_MAX_MB, set with train.record.every: 1"),
+    "plugins": mapped("CLIPBENCH_PLUGINS (the workers' environment)"),
     "eval.every": mapped("trainer.test_freq"),
     "eval.benchmarks": honoured("exported as verl's validation set"),
     "eval.n": mapped(R + "val_kwargs.n"),
@@ -205,11 +222,16 @@ VERL: dict[str, Support] = {
     "eval.max_new_tokens": refused("verl validates with data.max_response_length (sampler.max_new_tokens)"),
     "eval.at_start": mapped("trainer.val_before_train"),
     "tracking.mlflow": mapped("trainer.logger (console, mlflow)"),
-    "tracking.tracking_uri": mapped("MLFLOW_TRACKING_URI in the workers' environment"),
+    "tracking.tracking_uri": mapped("MLFLOW_TRACKING_URI (the workers' environment)"),
     "tracking.experiment": mapped("trainer.project_name"),
     "tracking.batch_every": refused(_VERL_LOGS),
     "launch.nproc_per_node": mapped("trainer.n_gpus_per_node"),
-    "objective": mapped(A + "policy_loss.loss_mode=clipbench.<method>; its parameters in CLIPBENCH_RULE_PARAMS"),
+    "launch.preempt_signal": refused("verl's trainer handles signals itself (it resumes from its own "
+                                     "checkpoints: trainer.resume_mode=auto)"),
+    "objective": mapped(A + "policy_loss.loss_mode, CLIPBENCH_RULE_PARAMS (loss_mode=clipbench.<method>; the "
+                        "parameters as JSON in the workers' environment, and verl's own fields where they mean the "
+                        "same: clip_ratio_low, clip_ratio_high, clip_ratio_c, tau_pos, tau_neg, dro_beta, "
+                        "clip_cov_ratio, clip_cov_lb, clip_cov_ub, kl_cov_ratio, ppo_kl_coef)"),
 }
 
 KEYS: dict[str, dict[str, Support]] = {"builtin": BUILTIN, "trl": TRL, "verl": VERL}
@@ -239,6 +261,14 @@ def refusals(cfg_dict: Mapping[str, Any], engine: str) -> list[tuple[str, str]]:
         if problem:
             out.append((key, problem))
     return out
+
+
+def settings(support: Support) -> list[str]:
+    """The engine settings a mapped entry names: its text up to " = ", " (" or ";", split on ", " and
+    " / ", each without the "GRPOConfig." prefix or a "=value" suffix."""
+    head = support.detail.split(" = ")[0].split(" (")[0].split(";")[0]
+    names = [n.strip() for part in head.split(", ") for n in part.split(" / ")]
+    return [n.removeprefix("GRPOConfig.").split("=")[0] for n in names if n]
 
 
 def rows() -> list[tuple[str, dict[str, Support]]]:

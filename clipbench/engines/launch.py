@@ -5,9 +5,12 @@
 
 Used by `clipbench train` and by a sweep's runs (clipbench.sweep.execute), so both treat failures
 alike: an exception marks the run failed (rank 0 writes the error and traceback to status.json);
-SIGTERM of a rank (what torchrun sends the other ranks when one dies) is one; Ctrl-C is not (the
-run stays resumable). When a launch's processes exit non-zero, the launcher marks the run failed too, keeping
-a rank's own error when it wrote one.
+Ctrl-C does not (the run stays resumable). SIGTERM (and the run's launch.preempt_signal) asks the
+built-in loop to stop at its next safe point with a checkpoint (train/preempt.py: status preempted,
+`RunPreempted`); the launcher passes the signal on to torchrun, which passes it to the ranks. When a
+launch's processes exit non-zero, the launcher marks the run failed, keeping a rank's own error when
+it wrote one and a preemption when the ranks stopped for one (a rank that died makes the others' next
+collective fail: that run fails).
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
+from clipbench.errors import RunPreempted
 from clipbench.tracking.store import RunDir
 from clipbench.train.distributed import close_distributed, init_distributed, raise_on_sigterm, torchrun_command
+from clipbench.train.preempt import NO_STOP, StopRequest, preempt_signals
 
 
 def run_as_rank(cfg, rd: RunDir, *, resume: bool,
@@ -32,8 +37,10 @@ def run_as_rank(cfg, rd: RunDir, *, resume: bool,
     from clipbench.engines import train_run
     from clipbench.objectives.plugins import ensure_plugins
 
+    builtin = cfg.engine == "builtin"
+    stop = StopRequest.install(preempt_signals(cfg)) if builtin else NO_STOP  # before setup: a signal waits
     dist = init_distributed(cfg.model.device)
-    if dist.sharded:
+    if dist.sharded and not builtin:
         raise_on_sigterm()
     if on_rank is not None:
         on_rank(dist)
@@ -42,42 +49,59 @@ def run_as_rank(cfg, rd: RunDir, *, resume: bool,
     try:
         ensure_plugins(cfg)  # the run's rule files, in whichever process runs it (every rank)
         summary = train_run(cfg, rd.path, resume=resume, sink=sink, progress=progress if dist.main else None,
-                            dist=dist)
+                            dist=dist, stop=stop)
         status = "FINISHED"
         return summary
     except BaseException as e:
-        # Ctrl-C (or an exit asked of a single process) interrupts: the run stays resumable. Anything
-        # else fails it, SIGTERM of a rank included (torchrun stopping the group after a rank died).
-        if isinstance(e, KeyboardInterrupt) or (isinstance(e, SystemExit) and not dist.sharded):
+        # Ctrl-C (or an exit asked of a single process) interrupts and a preemption checkpoints: the
+        # run stays resumable. Anything else fails it (a rank's error, or a dead rank's collective).
+        if isinstance(e, (KeyboardInterrupt, RunPreempted)) or (isinstance(e, SystemExit) and not dist.sharded):
             status = "KILLED"
         elif dist.main:
             rd.set_status("failed", error=f"{type(e).__name__}: {e}"[:2000],
                           traceback=traceback.format_exc()[-8000:], failed_at=time.time())
         raise
     finally:
+        stop.restore()
         if sink is not None:
-            sink.close(status)
+            sink.close(status)  # the MLflow mirror flushed, also on a preemption
         close_distributed()
+        if stop.received is not None and status == "KILLED":
+            stop.chain()  # e.g. submitit's handler: requeue the job, which resumes the run
 
 
-def launch_ranks(nproc: int, module: str, args: list[str], rd: RunDir, *, log: Path | None = None) -> int:
+def launch_ranks(nproc: int, module: str, args: list[str], rd: RunDir, *, log: Path | None = None,
+                 signals: list[str] = ("SIGTERM",)) -> int:
     """`torchrun --standalone --nproc-per-node N -m MODULE ARGS`, waited for; the run is marked failed
-    when it exits non-zero. `log`: a file for the ranks' output (default: this terminal)."""
-    cmd = torchrun_command(nproc, module, args)
-    if log is None:
-        rc = subprocess.run(cmd).returncode
-    else:
+    when it exits non-zero (unless its ranks marked it preempted). `log`: a file for the ranks' output
+    (default: this terminal). `signals` (the run's preemption signals, `preempt_signals`) received
+    here are passed on to torchrun, which passes them to the ranks."""
+    cmd = torchrun_command(nproc, module, args, signals)
+    out = open(log, "ab") if log is not None else None
+    if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "ab") as f:
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+    procs: list[subprocess.Popen] = []
+    stop = StopRequest.install(signals, forward=lambda signum: [p.send_signal(signum) for p in procs])
+    try:
+        procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None))
+        if stop.received is not None:  # asked before torchrun existed
+            procs[0].send_signal(stop.received)
+        rc = procs[0].wait()
+    finally:
+        stop.restore()
+        if out is not None:
+            out.close()
     if rc != 0:
         fail_run(rd, f"torchrun over {nproc} processes exited with code {rc}" + (f" (log: {log})" if log else ""))
+    if stop.received is not None and rd.status().get("state") == "preempted":
+        stop.chain()  # e.g. submitit's handler: requeue the job, which resumes the run
     return rc
 
 
 def fail_run(rd: RunDir, error: str) -> None:
-    """Mark a run failed after its processes exited, keeping a rank's own (more precise) error."""
+    """Mark a run failed after its processes exited, keeping a rank's own (more precise) error and a
+    preemption (the ranks checkpointed and stopped: resumable)."""
     status = rd.status() if rd.status_path.exists() else {}
-    if status.get("state") == "failed" and status.get("error"):
+    if (status.get("state") == "failed" and status.get("error")) or status.get("state") == "preempted":
         return
     rd.set_status("failed", error=error, failed_at=time.time())

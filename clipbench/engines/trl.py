@@ -94,8 +94,8 @@ def optimizer_steps_per_rollout(cfg) -> int:
     return cfg.train.mini_batches * cfg.train.epochs
 
 
-def grpo_args(cfg, run_dir: Path, *, world_size: int, use_cpu: bool):
-    """The GRPOConfig of a run (see the module docstring for the mapping)."""
+def grpo_args(cfg, run_dir: Path, *, world_size: int):
+    """The GRPOConfig of a run (see the module docstring for the mapping; engines/keys.py lists it)."""
     import torch
     from trl import GRPOConfig
 
@@ -103,7 +103,8 @@ def grpo_args(cfg, run_dir: Path, *, world_size: int, use_cpu: bool):
     from clipbench.train.distributed import resolve_device
 
     tc, sc = cfg.train, cfg.sampler
-    dtype = compute_dtype(cfg.model.dtype, resolve_device(cfg.model.device))
+    device = resolve_device(cfg.model.device)
+    dtype = compute_dtype(cfg.model.dtype, device)
     extra = dict(cfg.trl)
     k = int(extra.pop("gradient_accumulation_steps", 1))
     per_step = tc.prompts_per_step * sc.group_size
@@ -121,7 +122,7 @@ def grpo_args(cfg, run_dir: Path, *, world_size: int, use_cpu: bool):
         weight_decay=tc.weight_decay, warmup_steps=tc.warmup_steps, lr_scheduler_type=schedule[tc.lr_schedule],
         max_grad_norm=tc.grad_clip, beta=tc.beta, scale_rewards="group" if tc.advantage == "group" else "none",
         logging_steps=1, save_strategy="steps", save_steps=tc.checkpoint_every * per_rollout, eval_strategy="no",
-        use_cpu=use_cpu, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
+        use_cpu=device.type == "cpu", bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
         gradient_checkpointing=cfg.model.gradient_checkpointing, use_vllm=_uses_vllm(cfg),
         vllm_gpu_memory_utilization=sc.gpu_memory_utilization, vllm_enable_sleep_mode=sc.sleep_mode,
         vllm_importance_sampling_correction=sc.mismatch_is != "none",
@@ -309,7 +310,6 @@ def run_trl(cfg, run_dir: Path, *, resume: bool = False, sink=None,
     from clipbench.tracking.files import read_json
     from clipbench.models import load_model_and_tokenizer, resolve_model_name
     from clipbench.train.checkpoint import find_checkpoint
-    from clipbench.train.distributed import resolve_device
     from clipbench.eval.suite import eval_suite
 
     check_config(cfg)
@@ -328,13 +328,12 @@ def run_trl(cfg, run_dir: Path, *, resume: bool = False, sink=None,
     rd.checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
     _barrier()
 
-    device = resolve_device(cfg.model.device)
     model, tok = load_model_and_tokenizer(resolve_model_name(cfg.model.name), dtype="float32", device="cpu")
     task = build_run_task(cfg)  # the run seed draws the problems, as in the builtin loop
     problems = list(task.train_problems())
     dataset = Dataset.from_dict({"prompt": [p.prompt for p in problems], "problem": list(range(len(problems)))})
     suite = eval_suite(cfg, task) if cfg.eval.benchmarks else {}
-    args = grpo_args(cfg, rd.path, world_size=int(os.environ.get("WORLD_SIZE", "1")), use_cpu=device.type == "cpu")
+    args = grpo_args(cfg, rd.path, world_size=int(os.environ.get("WORLD_SIZE", "1")))
     obj = dict(cfg.objective)
     method = obj.pop("method")
     callback = StoreCallback(cfg, rd, sink=sink, progress=progress, suite=suite, tokenizer=tok)

@@ -141,6 +141,21 @@ def from_hf_config(cfg, name: str = "", source: str = "") -> ModelShape:
         max_position_embeddings=getattr(cfg, "max_position_embeddings", None), source=source or name)
 
 
+def hf_config(shape: ModelShape, **override):
+    """A transformers config of `shape`, its model_type's own config class (e.g. to build a model of
+    the shape's family, or write its config.json offline); `override`: config fields to replace."""
+    from transformers import AutoConfig
+
+    kw = dict(vocab_size=shape.vocab_size, hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
+              num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_heads,
+              num_key_value_heads=shape.num_kv_heads, head_dim=shape.head_dim,
+              tie_word_embeddings=shape.tie_word_embeddings, max_position_embeddings=shape.max_position_embeddings,
+              attention_bias=shape.o_bias, mlp_bias=shape.mlp_bias)
+    if shape.model_type in ("qwen2", "qwen3"):
+        kw.pop("mlp_bias")  # no such field; qwen2's q/k/v bias and qwen3's q/k norms come with the type
+    return AutoConfig.for_model(shape.model_type, **{**kw, **override})
+
+
 def model_shape(name: str) -> ModelShape:
     """The shape of `name`: a local directory (AutoConfig), a shipped Qwen3 shape, else the hub.
 

@@ -57,6 +57,8 @@ def exclusion_reason(run: RunRecord) -> str | None:
     if run.state == "failed":
         err = str(run.status.get("error") or "").strip().splitlines()
         return f"failed after {of} steps" + (f": {err[0][:160]}" if err else "")
+    if run.state == "preempted":
+        return f"preempted after {of} steps (checkpointed: rerun the sweep to resume it)"
     if run.state != "finished":
         return f"not finished ({run.state}, {of} steps: interrupted, or still training)"
     if run.final_step is None:

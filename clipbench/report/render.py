@@ -180,6 +180,15 @@ def html_layout(tables: Sequence[Table]) -> list[list[Table]]:
     return layout
 
 
+PROSE = 28  # characters: a column with a longer cell holds prose, which wraps (html)
+
+
+def text_columns(t: Table) -> set[int]:
+    """The columns of `t` that hold prose (some cell longer than PROSE characters): in HTML they wrap
+    and align left, so a table of sentences fits the page width like the tables of numbers."""
+    return {i for row in t.rows for i, c in enumerate(row) if len(c) > PROSE}
+
+
 def png_data_uri(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
@@ -190,7 +199,7 @@ def html_document(title: str, header: Sequence[str], tables: Sequence[Table],
     figs = [{"name": name, "src": png_data_uri(png), "caption": FIGURE_CAPTIONS.get(name, name)}
             for name, png in (figures or {}).items()]
     return _templates().get_template("report.html").render(title=title, header=header, layout=html_layout(tables),
-                                                           figures=figs)
+                                                           figures=figs, text_columns=text_columns)
 
 
 def unique_names(tables: Sequence[Table]) -> list[str]:

@@ -6,8 +6,9 @@ Token ids are plain Python lists (ragged); the trainer pads them itself.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
 
 @dataclass
@@ -27,12 +28,15 @@ class Rollout:
 class Sampler(Protocol):
     name: str
 
-    def generate(self, prompts: list[str], n: int, *, seed: int, temperature: float | None = None,
+    def generate(self, prompts: list[str], n: int, *, seed: int | Sequence[int], temperature: float | None = None,
                  max_new_tokens: int | None = None, top_p: float | None = None) -> Rollout:
-        """Sample ``n`` completions of each prompt. Same weights + same seed -> same rollout.
+        """Sample ``n`` completions of each prompt. Same weights + same seeds -> same rollout.
 
-        ``temperature`` / ``max_new_tokens`` / ``top_p`` override the sampler's settings for this
-        call (evaluation samples with its own settings)."""
+        ``seed``: the call's seed (prompt i's randomness is ``prompt_seeds(seed, P)[i]``) or one seed
+        per prompt. Each prompt's n samples draw from that prompt's seed alone, so a prompt samples
+        the same completions whichever call, position or process it is sampled in (up to float
+        round-off between batch shapes). ``temperature`` / ``max_new_tokens`` / ``top_p`` override
+        the sampler's settings for this call (evaluation samples with its own settings)."""
         ...
 
     def sync_weights(self, model) -> None:
@@ -46,6 +50,18 @@ class Sampler(Protocol):
 
     def close(self) -> None:
         ...
+
+
+def prompt_seeds(seed: int | Sequence[int], n_prompts: int) -> list[int]:
+    """One seed per prompt of a call, 56 bits each: hashes of (seed, prompt index) for a call seed, or
+    the given per-prompt seeds folded to 56 bits. Far apart, so that seed + j (vLLM's seed for the
+    j-th sample of a request) never collides between prompts."""
+    if isinstance(seed, int):
+        return [int.from_bytes(hashlib.sha256(f"{seed}:{i}".encode()).digest()[:7], "big") for i in range(n_prompts)]
+    seeds = [int(s) for s in seed]
+    if len(seeds) != n_prompts:
+        raise ValueError(f"{len(seeds)} seeds for {n_prompts} prompts")
+    return [int.from_bytes(hashlib.sha256(f"prompt:{s}".encode()).digest()[:7], "big") for s in seeds]
 
 
 def call_settings(sampler, temperature: float | None, top_p: float | None,

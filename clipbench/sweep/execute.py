@@ -4,7 +4,8 @@ The results store decides what to do with each run (it is the source of truth):
 
     status finished                      -> skipped
     status failed                        -> skipped, rerun (from its checkpoint if any) with --retry-failed
-    otherwise, with a complete checkpoint -> resumed: train_run(..., resume=True) (the run's engine)
+    otherwise, with a complete checkpoint -> resumed: train_run(..., resume=True) (the run's engine);
+                                            a preempted run (status preempted) is one of these
     otherwise                            -> started from scratch (the engine cleans the directory)
 
 Each run is trained under its run lock (`<sweep>/.locks/<run_id>.lock`); a process that cannot take
@@ -15,6 +16,11 @@ A run with `launch.nproc_per_node` N > 1 is trained by N torchrun processes on t
 `python -m clipbench.commands.worker MANIFEST RUN_ID --as-rank`; this process keeps the lock and the
 status, the ranks' output goes to `<run_dir>/torchrun.log`, and a rank that dies fails the run like
 any failing run (resumed from its checkpoint with --retry-failed). Its per-step progress is not shown.
+
+Preemption (SIGTERM, or a run's launch.preempt_signal): the running runs finish their optimizer step,
+checkpoint and stop (outcome "preempted"), no further run starts, and rerunning the same command
+resumes them. Worker processes ignore the signals while idle; the sweep passes a signal it receives
+on to the processes that train (its pool's workers, a run's torchrun).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue as queue_mod
+import signal
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -31,7 +38,7 @@ from pathlib import Path
 from typing import Callable
 
 from clipbench.config.labels import run_label
-from clipbench.errors import UserError, unknown_choice
+from clipbench.errors import RunPreempted, UserError, unknown_choice
 from clipbench.sweep.manifest import read_manifest
 from clipbench.tracking.lock import try_run_lock
 from clipbench.tracking.store import RunDir
@@ -158,7 +165,12 @@ def run_one(task: RunTask, *, progress: Callable[[dict], None] | None = None,
         if n > 1:
             manifest = str(Path(task.results_dir) / task.sweep / "manifest.json")
             args = [manifest, task.run_id, "--as-rank", *_worker_args(task)]
-            rc = launch_ranks(n, "clipbench.commands.worker", args, rd, log=rd.path / "torchrun.log")
+            from clipbench.train.preempt import preempt_signals
+
+            rc = launch_ranks(n, "clipbench.commands.worker", args, rd, log=rd.path / "torchrun.log",
+                              signals=preempt_signals(cfg))
+            if rd.status().get("state") == "preempted":
+                return _outcome(task, "preempted", t0, resumed_from=from_step, step=rd.status().get("step"))
             if rc != 0:
                 return _outcome(task, "failed", t0, error=str(rd.status().get("error", f"exit code {rc}"))[:500])
             return _outcome(task, "resumed" if resume else "finished", t0, resumed_from=from_step)
@@ -170,6 +182,8 @@ def run_one(task: RunTask, *, progress: Callable[[dict], None] | None = None,
 
         try:
             summary = run_as_rank(cfg, rd, resume=resume, make_sink=make_sink, progress=progress)
+        except RunPreempted:  # checkpointed: the next invocation resumes it
+            return _outcome(task, "preempted", t0, resumed_from=from_step, step=rd.status().get("step"))
         except Exception as e:  # noqa: BLE001 - a failing run must not stop the sweep (run_as_rank marked it failed)
             return _outcome(task, "failed", t0, error=f"{type(e).__name__}: {e}"[:500])
         offline = bool(sinks) and getattr(sinks[0], "offline", False) and cfg.tracking.mlflow
@@ -202,8 +216,20 @@ def train_as_rank(task: RunTask) -> None:
 
 
 def run_sequential(tasks: list[RunTask], ui=None) -> list[dict]:
+    from clipbench.train.preempt import SIGNALS, StopRequest
+
     out = []
+    preempt = StopRequest.install(SIGNALS)  # between runs: start no further one (a run installs its own)
+    try:
+        return _run_each(tasks, ui, preempt, out)
+    finally:
+        preempt.restore()
+
+
+def _run_each(tasks: list[RunTask], ui, preempt, out: list[dict]) -> list[dict]:
     for task in tasks:
+        if preempt.received is not None:
+            break
         started = []
 
         def on_start(rid, steps, action, _t=task):
@@ -215,6 +241,8 @@ def run_sequential(tasks: list[RunTask], ui=None) -> list[dict]:
         if ui is not None:
             ui.end_run(task.run_id, res["outcome"], task.label, _detail(res))
         out.append(res)
+        if res["outcome"] == "preempted":  # the machine is being taken back: start nothing more
+            break
     return out
 
 
@@ -226,6 +254,12 @@ def _pool_init(q, threads: int) -> None:
     _QUEUE = q
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(threads)
+    from clipbench.train.preempt import SIGNALS
+
+    for name in SIGNALS:  # idle, a worker outlives a preemption; a run it trains installs its own handlers
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    if q is not None:
+        q.put(("pid", os.getpid()))
 
 
 def _pool_run(task: RunTask) -> dict:
@@ -254,6 +288,7 @@ def run_parallel(tasks: list[RunTask], jobs: int, ui=None) -> list[dict]:
     tasks = [replace(t, threads=threads) for t in tasks]
     labels = {t.run_id: t.label for t in tasks}
     stop = threading.Event()
+    workers: list[int] = []
 
     def pump():
         while not stop.is_set() or not q.empty():
@@ -261,6 +296,8 @@ def run_parallel(tasks: list[RunTask], jobs: int, ui=None) -> list[dict]:
                 msg = q.get(timeout=0.2)
             except (queue_mod.Empty, EOFError, OSError):
                 continue
+            if msg[0] == "pid":
+                workers.append(msg[1])
             if ui is None:
                 continue
             if msg[0] == "start":
@@ -271,10 +308,18 @@ def run_parallel(tasks: list[RunTask], jobs: int, ui=None) -> list[dict]:
     th = threading.Thread(target=pump, daemon=True)
     th.start()
     out = []
+    from clipbench.train.preempt import SIGNALS, StopRequest
+
+    preempt = StopRequest.install(SIGNALS, forward=lambda signum: _signal_all(workers, signum))
     try:
         with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_pool_init, initargs=(q, threads)) as ex:
             futs = {ex.submit(_pool_run, t): t for t in tasks}
             for fut in as_completed(futs):
+                if preempt.received is not None:  # no further run starts; the running ones checkpoint
+                    for f in futs:
+                        f.cancel()
+                if fut.cancelled():
+                    continue
                 task = futs[fut]
                 try:
                     res = fut.result()
@@ -288,9 +333,18 @@ def run_parallel(tasks: list[RunTask], jobs: int, ui=None) -> list[dict]:
                     ui.end_run(task.run_id, res["outcome"], task.label, _detail(res))
                 out.append(res)
     finally:
+        preempt.restore()
         stop.set()
         th.join(timeout=2)
     return out
+
+
+def _signal_all(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except OSError:  # gone already
+            pass
 
 
 def _detail(res: dict) -> str:

@@ -69,19 +69,28 @@ def client_for(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
+# MLflow 3's UI opens an experiment by its kind: a training tool's experiment is model development
+# ("Machine learning": its runs), not GenAI (traces); without the tag MLflow 3.x opens the GenAI view.
+KIND_TAG, KIND = "mlflow.experimentKind", "custom_model_development"
+
+
 def get_or_create_experiment(client, name: str, location: str | None) -> str:
+    """The experiment's id (created, or restored when deleted), tagged as model development unless
+    its kind is already set (a user's choice is kept)."""
     from mlflow.exceptions import MlflowException
 
     exp = client.get_experiment_by_name(name)
     if exp is None:
         try:
-            return client.create_experiment(name, artifact_location=location)
+            return client.create_experiment(name, artifact_location=location, tags={KIND_TAG: KIND})
         except MlflowException:  # created meanwhile by another process
             exp = client.get_experiment_by_name(name)
             if exp is None:
                 raise
     if exp.lifecycle_stage == "deleted":
         client.restore_experiment(exp.experiment_id)
+    if KIND_TAG not in (exp.tags or {}):  # an experiment created before clipbench tagged it
+        client.set_experiment_tag(exp.experiment_id, KIND_TAG, KIND)
     return exp.experiment_id
 
 

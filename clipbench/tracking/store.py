@@ -1,7 +1,7 @@
 """The results store: one directory per run, plain files, atomic writes. The source of truth.
 
     <results>/<sweep>/<run_id>/config.yaml     resolved run config
-    <results>/<sweep>/<run_id>/status.json     {"state": pending|running|finished|failed, ...}
+    <results>/<sweep>/<run_id>/status.json     {"state": pending|running|finished|failed|preempted, ...}
     <results>/<sweep>/<run_id>/metrics.jsonl   one JSON object per optimizer step (append-only)
     <results>/<sweep>/<run_id>/hist/log_ratio.jsonl   log-ratio histograms per rollout step (summed over its optimizer steps)
     <results>/<sweep>/<run_id>/eval/step_<k>/<benchmark>.json   correctness matrix + summary
@@ -28,7 +28,7 @@ from clipbench.tracking.files import (REMEDIES, _read_text, atomic_write_json, a
                                       read_jsonl)
 from clipbench.yamlio import YamlError, dump_yaml, load_yaml_text
 
-STATES = ("pending", "running", "finished", "failed")
+STATES = ("pending", "running", "finished", "failed", "preempted")  # preempted: checkpointed, resumable
 # Sub-directories of a results dir that are not sweeps (`train` is: single `clipbench train` runs).
 NOT_SWEEPS = ("reports", "bench", "eval", "mlartifacts")
 
@@ -152,12 +152,15 @@ class RunDir:
     def append_hist(self, rows: Iterable[dict]) -> None:
         self.append_jsonl(self.hist_path, rows)
 
-    def truncate_after(self, step: int) -> None:
+    def truncate_after(self, step: int, opt_step: int | None = None) -> None:
         """Keep only rows with row['step'] < step in every jsonl, and the records of steps < step
-        (resume from a checkpoint at step)."""
+        (resume from a checkpoint at step); `opt_step` (a checkpoint taken inside rollout step `step`):
+        also that step's metrics rows up to this optimizer step."""
         for path in (self.metrics_path, self.hist_path):
             if path.exists():
-                keep = [r for r in read_jsonl(path) if r.get("step", -1) < step]
+                inside = opt_step is not None and path == self.metrics_path
+                keep = [r for r in read_jsonl(path) if r.get("step", -1) < step
+                        or (inside and r.get("step") == step and r.get("opt_step", opt_step + 1) <= opt_step)]
                 atomic_write_text(path, "".join(dumps(r) + "\n" for r in keep))
         kept = truncate_records(self.path, step)
         if "records" in self.status():

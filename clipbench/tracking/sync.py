@@ -32,7 +32,7 @@ from clipbench.tracking.mlflow_sink import parent_run
 from clipbench.tracking.store import RunDir, list_run_dirs, list_sweeps
 from clipbench.tracking.files import read_json
 
-STATUS = {"finished": "FINISHED", "failed": "FAILED"}
+STATUS = {"finished": "FINISHED", "failed": "FAILED", "preempted": "KILLED"}  # preempted: resumed later
 
 
 @dataclass

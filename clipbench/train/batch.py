@@ -6,9 +6,11 @@ Design choices
 - Prompts: a seeded permutation of the training pool per step (seed, "prompts", step); round r of
   dynamic sampling takes the next P prompts of it.
 - Sampling is split by whole groups: each rank samples a contiguous block of the round's prompts
-  (`Dist.block`), in calls of `sampler.prompts_per_call` prompts, and each call is seeded from
-  (seed, "sample", step, round, global index of its first prompt). So the completions depend on the
-  seed and the call size only, never on how many processes share the work.
+  (`Dist.block`), in calls of `sampler.prompts_per_call` prompts (0: the whole block). Each prompt's
+  randomness is its own, seeded from (seed, "sample", step, round, the prompt's global index in the
+  round): the samplers draw a prompt's samples from its seed alone (`Sampler.generate`). So the
+  completions depend on the seed, never on how many processes share the work or how they batch it
+  (up to float round-off between batch shapes).
 - Each rank scores its own completions; then every rank gathers the whole round (token ids, rewards:
   small), so dynamic sampling keeps the same groups on every rank and every rank knows the batch.
 - Advantages are per group (a group's G samples stay together), computed on the kept groups.
@@ -74,7 +76,8 @@ def sample_groups(cfg, step: int, rnd: int, problems: list, task, sampler, dist:
     for start in range(mine.start, mine.stop, per_call):
         chunk = problems[start:min(start + per_call, mine.stop)]
         t0 = time.perf_counter()
-        ro = sampler.generate([p.prompt for p in chunk], G, seed=derive_seed(cfg.seed, "sample", step, rnd, start))
+        seeds = [derive_seed(cfg.seed, "sample", step, rnd, i) for i in range(start, start + len(chunk))]
+        ro = sampler.generate([p.prompt for p in chunk], G, seed=seeds)  # one seed per prompt group
         t1 = time.perf_counter()
         rewards = torch.tensor([task.reward(text, chunk[i // G]) for i, text in enumerate(ro.texts)],
                                dtype=torch.float32)

@@ -2,6 +2,8 @@
 
     checkpoints/last/
         state.json     trainer state: step, opt_step, skipped_nonfinite, LR scheduler, world size
+                       (+ "partial": true for a checkpoint taken mid-rollout-step by a preemption)
+        rollout.pt     with "partial": the interrupted rollout step (train/preempt.py: Partial)
         dcp/           torch.distributed.checkpoint of {"model": ..., "optim": ...}: one file per rank
                        (__<rank>_0.distcp) + .metadata; parameter names are the HF model's
         model/         config.json, generation config and tokenizer (no weights): rebuilds the model
@@ -40,8 +42,13 @@ def _one_process_ok():
         yield
 
 
-def save_checkpoint(last: Path, *, model, optimizer, scheduler, tokenizer, state: dict, dist: Dist) -> None:
-    """Every rank calls this (collective); rank 0 writes the small files and swaps the directories."""
+ROLLOUT = "rollout.pt"
+
+
+def save_checkpoint(last: Path, *, model, optimizer, scheduler, tokenizer, state: dict, dist: Dist,
+                    partial: dict | None = None) -> None:
+    """Every rank calls this (collective); rank 0 writes the small files and swaps the directories.
+    `partial`: an interrupted rollout step (the same on every rank), saved as rollout.pt."""
     root = last.parent
     tmp = root / f".tmp-{int(state['step'])}"
     if dist.main:
@@ -49,7 +56,9 @@ def save_checkpoint(last: Path, *, model, optimizer, scheduler, tokenizer, state
             shutil.rmtree(stale, ignore_errors=True)
     save_model_state(tmp, model=model, optimizer=optimizer, tokenizer=tokenizer, dist=dist)
     if dist.main:
-        full = {**state, "scheduler": scheduler.state_dict(), "world_size": dist.world}
+        if partial is not None:
+            torch.save(partial, tmp / ROLLOUT)
+        full = {**state, "scheduler": scheduler.state_dict(), "world_size": dist.world, "partial": partial is not None}
         with open(tmp / "state.json", "w") as f:
             f.write(json.dumps(full))
             f.flush()
@@ -126,6 +135,13 @@ def load_model_state(path: Path, *, model, optimizer) -> None:
     with _one_process_ok():
         dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path / "dcp"))
     set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+
+
+def load_partial(path: Path) -> dict | None:
+    """The interrupted rollout step a checkpoint holds (save_checkpoint's `partial`), or None."""
+    if not json.loads((path / "state.json").read_text()).get("partial"):
+        return None
+    return torch.load(path / ROLLOUT, weights_only=False)  # our own file: the batch's lists and tensors
 
 
 def load_policy(path: Path, *, dtype: str = "float32", device: str = "cpu"):

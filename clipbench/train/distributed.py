@@ -136,7 +136,9 @@ def close_distributed() -> None:
 
 def raise_on_sigterm() -> None:
     """torchrun stops the other ranks with SIGTERM when one dies: turn it into SystemExit so that a
-    rank's `finally` / `except` blocks run (rank 0 marks the run failed)."""
+    rank's `finally` / `except` blocks run (rank 0 marks the run failed). Engines without a
+    preemption checkpoint only (the built-in loop's ranks take SIGTERM as a preemption request:
+    train/preempt.py)."""
     def handler(signum, frame):
         raise SystemExit("stopped by SIGTERM (torchrun stops every rank when one of them fails)")
 
@@ -178,7 +180,17 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
 # Launch
 
 
-def torchrun_command(nproc: int, module: str, args: Sequence[str]) -> list[str]:
-    """`python -m torch.distributed.run --standalone --nproc-per-node N -m MODULE ARGS` (one node)."""
+# How long torchrun waits for its ranks after passing them a signal before it kills them: a preempted
+# rank finishes its optimizer step and writes a checkpoint in that time (torchrun's default is 30 s;
+# TORCH_ELASTIC_SHUTDOWN_TIMEOUT overrides it). A cluster's own grace period still bounds it.
+SHUTDOWN_TIMEOUT_S = 600
+TORCHRUN_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # torchrun's own default list
+
+
+def torchrun_command(nproc: int, module: str, args: Sequence[str], signals: Sequence[str] = ()) -> list[str]:
+    """`python -m torch.distributed.run --standalone --nproc-per-node N -m MODULE ARGS` (one node);
+    torchrun passes `signals` (beyond its own list) on to the ranks and gives them SHUTDOWN_TIMEOUT_S."""
+    handle = ",".join(dict.fromkeys([*TORCHRUN_SIGNALS, *signals]))
+    timeout = os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_S))
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={int(nproc)}",
-            "-m", module, *args]
+            f"--signals-to-handle={handle}", f"--shutdown-timeout={timeout}", "-m", module, *args]

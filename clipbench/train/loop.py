@@ -9,6 +9,8 @@
         log        one row per optimizer step -> metrics.jsonl and the sink
         after      skipped-step budget, evaluation every eval.every steps, checkpoint
       finish       final evaluation, status finished
+    A preemption request (SIGTERM, launch.preempt_signal) stops it at the next safe point with a
+    checkpoint, status preempted (train/preempt.py); resuming continues the same run.
 
 Which process does what is decided in one place (train/distributed.py, `Dist`): this file asks it
 for its share and whether it writes (rank 0 alone writes the results store and the sink). Every
@@ -36,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import shutil
 import time
 from dataclasses import dataclass
@@ -47,7 +48,6 @@ import torch
 
 from clipbench.config import RunConfig, run_id, to_dict
 from clipbench.errors import RunFailed, UserError
-from clipbench.objectives import histogram_dict, reduce_sums
 from clipbench.rollout import build_sampler, resolve_backend
 from clipbench.objectives.corrections import sampler_mismatch
 from clipbench.tasks import build_run_task
@@ -57,34 +57,18 @@ from clipbench.tracking.mirror import run_params
 from clipbench.tracking.provenance import provenance_params, record_start
 from clipbench.tracking.sink import MetricSink, NullSink
 from clipbench.tracking.store import RunDir
-from clipbench.models import compute_dtype, dtype_name, load_model_and_tokenizer, resolve_model_name
-from clipbench.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
-from clipbench.train.distributed import Dist, init_distributed, shard_model
+from clipbench.models import compute_dtype, dtype_name, resolve_model_name
+from clipbench.train.checkpoint import checkpoint_step, find_checkpoint, load_checkpoint, load_partial, save_checkpoint
+from clipbench.train.build import build_models, build_optimizer, planned_optimizer_steps
+from clipbench.train.distributed import Dist, init_distributed
+from clipbench.train.metrics import log_step, metric_rows, sum_histogram
 from clipbench.train.packing import pack
 from clipbench.train.batch import RolloutBatch, collect_rollout
-from clipbench.train.record import Recorder
+from clipbench.train.preempt import NO_STOP, Partial, StopRequest, cpu_inputs, mark_preempted
+from clipbench.train.record import NO_CAPTURE, Recorder
 from clipbench.seeds import generator
-from clipbench.train.step import (Objective, StepInputs, StepStats, accumulate_gradients, add_histograms,
-                                  draw_uniforms, frozen_logprobs, optimizer_step, own_rows, plan_update)
-
-
-def lr_lambda(tc):
-    """LR multiplier per optimizer step: linear warmup, then constant or cosine to 0."""
-    total = planned_optimizer_steps(tc)
-
-    def f(s: int) -> float:
-        if tc.warmup_steps and s < tc.warmup_steps:
-            return (s + 1) / tc.warmup_steps
-        if tc.lr_schedule == "cosine":
-            progress = min(1.0, (s - tc.warmup_steps) / max(1, total - tc.warmup_steps))
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
-        return 1.0
-
-    return f
-
-
-def planned_optimizer_steps(tc) -> int:
-    return max(1, tc.steps * tc.mini_batches * tc.epochs)
+from clipbench.train.step import (Objective, StepInputs, accumulate_gradients, add_histograms, draw_uniforms,
+                                  frozen_logprobs, optimizer_step, own_rows, plan_update)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -113,26 +97,13 @@ class Trainer:
     recorder: Recorder  # train.record: which rollout steps are recorded (train/record.py)
     state: dict  # step, opt_step, skipped_nonfinite (what a checkpoint restores)
     evaluated: tuple[bool, bool]  # the start's and the end's evaluation already stored (a resumed run)
+    stop: StopRequest = NO_STOP  # a preemption request (train/preempt.py)
+    partial: Partial | None = None  # a rollout step a preemption interrupted, to finish first
 
     def forward_kw(self) -> dict:
         """How this run's forward passes are made (step.frozen_logprobs, step.accumulate_gradients)."""
         return dict(pad_id=self.tokenizer.pad_token_id, temperature=self.cfg.sampler.temperature,
                     compute=self.compute, dist=self.dist)
-
-
-def load_policy_model(name: str, dist: Dist, compute_dtype: torch.dtype, *, trainable: bool,
-                      gradient_checkpointing: bool = False):
-    """(model, tokenizer) with float32 master weights on this rank's device, FSDP-sharded when N > 1."""
-    model, tok = load_model_and_tokenizer(name, dtype="float32", device="cpu" if dist.sharded else str(dist.device))
-    if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if dist.sharded:
-        shard_model(model, compute_dtype)
-    if trainable:
-        model.train()
-    else:
-        model.eval().requires_grad_(False)
-    return model, tok
 
 
 def prepare_run_dir(rd: RunDir, dist: Dist, resume: bool) -> Path | None:
@@ -145,30 +116,8 @@ def prepare_run_dir(rd: RunDir, dist: Dist, resume: bool) -> Path | None:
     return ckpt
 
 
-def build_models(cfg: RunConfig, dist: Dist, dtype: torch.dtype):
-    """(policy, frozen reference or None, tokenizer). Master weights in float32; bfloat16/float16 is
-    the compute dtype (autocast in one process, FSDP's param dtype when sharded), so small AdamW
-    updates are not rounded away."""
-    name = resolve_model_name(cfg.model.name)
-    model, tok = load_policy_model(name, dist, dtype, trainable=True,
-                                   gradient_checkpointing=cfg.model.gradient_checkpointing)
-    ref_model = None
-    if cfg.train.beta > 0:  # frozen reference: the initial policy
-        if dist.sharded:
-            ref_model, _ = load_policy_model(name, dist, dtype, trainable=False)
-        else:
-            ref_model, _ = load_model_and_tokenizer(name, dtype=dtype_name(dtype), device=str(dist.device))
-            ref_model.eval().requires_grad_(False)
-    return model, ref_model, tok
-
-
-def build_optimizer(model, tc):
-    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay,
-                                  fused=True)  # one kernel for all tensors: 3x faster than the default on CPU
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tc))
-
-
-def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricSink) -> Trainer:
+def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricSink,
+          stop: StopRequest = NO_STOP) -> Trainer:
     if cfg.train.prompts_per_step % dist.world:  # torchrun's N may differ from launch.nproc_per_node
         raise UserError(f"train.prompts_per_step: {cfg.train.prompts_per_step} prompts cannot be shared by whole "
                         f"groups over {dist.world} processes (make it a multiple)")
@@ -176,9 +125,10 @@ def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricS
     dtype = compute_dtype(cfg.model.dtype, dist.device)
     model, ref_model, tok = build_models(cfg, dist, dtype)
     optimizer, scheduler = build_optimizer(model, cfg.train)
-    state = {"step": 0, "opt_step": 0, "skipped_nonfinite": 0}
+    state, partial = {"step": 0, "opt_step": 0, "skipped_nonfinite": 0}, None
     if ckpt is not None:
         state = load_checkpoint(ckpt, model=model, optimizer=optimizer, scheduler=scheduler)
+        partial = load_partial(ckpt)
     task = build_run_task(cfg)  # the run seed draws the problems, as `clipbench eval <run_dir>` does
     backend = resolve_backend(cfg.sampler.backend)
     sc = cfg.sampler
@@ -190,14 +140,15 @@ def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricS
                             top_p=sc.top_p, seed=cfg.seed, return_logprobs=want_logp,
                             dtype=dtype_name(dtype), gpu_memory_utilization=sc.gpu_memory_utilization,
                             longest_new_tokens=max(eval_tokens, sc.max_new_tokens),
-                            sleep_mode=sc.sleep_mode, synced_gpus=dist.sharded)
+                            sleep_mode=sc.sleep_mode, synced_gpus=dist.sharded,
+                            model_path=resolve_model_name(cfg.model.name) if dist.sharded else None)
     suite = eval_suite(cfg, task) if cfg.eval.benchmarks else {}
     first = next(iter(suite), None)  # decided before any rank can write an evaluation, so all agree
     evaluated = (first is not None and rd.eval_path(0, first).exists(),
                  first is not None and rd.eval_path(cfg.train.steps, first).exists())
     if dist.main:
-        if ckpt is not None:
-            rd.truncate_after(state["step"])
+        if ckpt is not None:  # a mid-step checkpoint keeps that step's logged optimizer steps
+            rd.truncate_after(state["step"], opt_step=state["opt_step"] if partial else None)
         rd.write_config(to_dict(cfg))
         rd.set_status("running", run_id=run_id(cfg), step=state["step"], steps=cfg.train.steps, backend=backend,
                       world_size=dist.world, started=rd.status().get("started", time.time()))
@@ -211,28 +162,31 @@ def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricS
     return Trainer(cfg=cfg, rd=rd, dist=dist, sink=sink, model=model, ref_model=ref_model, tokenizer=tok,
                optimizer=optimizer, scheduler=scheduler, sampler=sampler, task=task,
                pool=list(task.train_problems()), suite=suite, objective=Objective.from_config(cfg),
-               compute=compute, recorder=Recorder(cfg, rd, dist, model, sink), state=state, evaluated=evaluated)
+               compute=compute, recorder=Recorder(cfg, rd, dist, model, sink), state=state, evaluated=evaluated,
+               stop=stop, partial=None if partial is None else Partial(**partial))
 
 
 # ----------------------------------------------------------------------------------------------
 # Update: every optimizer step of one rollout batch
 
 
-def update(trainer: Trainer, step: int, batch: RolloutBatch) -> tuple[list[dict], torch.Tensor | None]:
+def update(trainer: Trainer, step: int, batch: RolloutBatch) -> tuple[list[dict], torch.Tensor | None, Partial | None]:
     """Old (and reference) log-probs, then per epoch and mini-batch: accumulate over micro-batches,
-    one optimizer step. Returns (per optimizer step: its statistics as device tensors, histogram)."""
+    one optimizer step. Returns (per optimizer step: its statistics as device tensors, histogram,
+    None; or, stopped by a preemption request after a step, what resuming the rest needs)."""
     cfg, dist, model = trainer.cfg, trainer.dist, trainer.model
     packed = pack(batch.prompt_ids, batch.completion_ids, trainer.tokenizer.pad_token_id)
     plan = plan_update(packed, mini_batches=cfg.train.mini_batches, epochs=cfg.train.epochs,
                        budget=cfg.train.micro_batch_tokens, perm=generator(cfg.seed, "perm", step), dist=dist)
-    inputs, mismatch = rule_inputs(trainer, packed, batch, [s for s in plan if s.epoch == 0])
-    capture = trainer.recorder.start(step, packed, batch, inputs)  # NO_CAPTURE unless this step is recorded
-    done, hist = [], None
-    for s in plan:
-        if trainer.objective.draws and s.index == 0:  # one draw per (row, position) and epoch
+    inputs, mismatch, start, hist = update_start(trainer, packed, batch, plan)  # fresh, or a preempted step's rest
+    # a rollout step interrupted by a preemption is not recorded: its first optimizer steps ran before the stop
+    capture = trainer.recorder.start(step, packed, batch, inputs) if start == 0 else NO_CAPTURE
+    done = []
+    for i, s in enumerate(plan[start:], start):
+        if trainer.objective.draws and (s.index == 0 or i == start):  # one draw per (row, position) and epoch
             inputs.uniforms = draw_uniforms(packed.completion_ids.shape, generator(cfg.seed, "nsr", step, s.epoch),
                                             dist.device)
-        first = not done  # the first step's forward is the policy before any update
+        first = i == 0  # the first step's forward is the policy before any update
         stats, h = accumulate_gradients(model, packed, s, inputs, trainer.objective, histogram=cfg.train.log_histograms,
                                         mismatch=first and inputs.sampler_logp is not None,
                                         record=capture.forwards(s, inputs), **trainer.forward_kw())
@@ -246,9 +200,23 @@ def update(trainer: Trainer, step: int, batch: RolloutBatch) -> tuple[list[dict]
                      "grad_norm": grad_norm, "opt_step": trainer.state["opt_step"],
                      "lr": trainer.scheduler.get_last_lr()[0], "skipped_nonfinite": trainer.state["skipped_nonfinite"]})
         hist = hist if h is None else add_histograms(hist, h)
+        if i + 1 < len(plan) and trainer.stop.agreed(dist):  # a preemption, at a safe point: the state is whole
+            return done, hist, Partial(vars(batch), cpu_inputs(inputs), i + 1, None, {})
     capture.finish()
     trainer.sampler.sync_weights(model)
-    return done, hist
+    return done, hist, None
+
+
+def update_start(trainer: Trainer, packed, batch: RolloutBatch, plan: list) -> tuple[StepInputs, dict | None, int, torch.Tensor | None]:
+    """(the rule's inputs, the mismatch sums measured here, the first optimizer step to run, the
+    log-ratio counts so far): a fresh update's, or the rest of a rollout step a preemption interrupted
+    (its saved inputs; its counts so far on rank 0)."""
+    resumed, trainer.partial = trainer.partial, None
+    if resumed is None:
+        return (*rule_inputs(trainer, packed, batch, [s for s in plan if s.epoch == 0]), 0, None)
+    dist = trainer.dist
+    hist = resumed.hist.to(dist.device) if dist.main and resumed.hist is not None else None
+    return resumed.step_inputs(StepInputs, dist.device), None, resumed.next, hist
 
 
 def rule_inputs(trainer: Trainer, packed, batch: RolloutBatch, first_epoch: list) -> tuple[StepInputs, dict | None]:
@@ -281,47 +249,6 @@ def frozen_ref(trainer: Trainer, packed, first_epoch: list) -> torch.Tensor | No
 
 
 # ----------------------------------------------------------------------------------------------
-# Logging: statistics all-reduced and transferred once per rollout step; rank 0 writes
-
-
-def metric_rows(trainer: Trainer, step: int, batch: RolloutBatch, done: list[dict], seconds: float) -> list[dict]:
-    """One row per optimizer step: the statistics all-reduced over ranks (one collective per
-    reduction kind for every step) and brought to the host in one transfer per kind, finalised."""
-    reduced = reduce_sums([d["stats"].sums() for d in done], trainer.dist.all_reduce_, to="cpu")
-    norms = torch.stack([d["grad_norm"] for d in done]).cpu().tolist()
-    mismatch = {k: v for k, v in StepStats.metrics(reduced[0]).items() if k.startswith("mismatch/")}
-    return [{"step": step, "opt_step": d["opt_step"], "epoch": d["epoch"], "mini_batch": d["mini_batch"],
-             "micro_batches": d["micro_batches"], **batch.metrics, **StepStats.metrics(r), "grad_norm": norm,
-             "lr": d["lr"], "skipped_nonfinite": d["skipped_nonfinite"],
-             "old_logp_source": 1 if trainer.cfg.sampler.old_logp == "sampler" else 0,
-             **mismatch,  # the rollout batch's sampler/trainer mismatch, on each of its rows
-             "time/update": seconds}
-            for d, r, norm in zip(done, reduced, norms)]
-
-
-def sum_histogram(counts: torch.Tensor | None, dist: Dist) -> dict | None:
-    """A rollout step's log-ratio counts summed over ranks, as the artifact's row (one transfer)."""
-    if counts is None:
-        return None
-    return histogram_dict(dist.all_reduce_(counts.to(torch.float64)).round().long())
-
-
-def log_step(trainer: Trainer, step: int, rows: list[dict], hist: dict | None, progress: Callable[[dict], None] | None) -> None:
-    """Rank 0: rows to metrics.jsonl and the sink, the histogram, the progress line."""
-    if not trainer.dist.main:
-        return
-    trainer.rd.append_metrics(rows)
-    if hist is not None:
-        trainer.rd.append_hist([{"step": step, "opt_step": trainer.state["opt_step"], **hist}])
-    for row in rows:
-        trainer.sink.log_metrics(row["opt_step"], {k: v for k, v in row.items() if isinstance(v, (int, float))})
-    if progress:
-        progress({"step": step + 1, "steps": trainer.cfg.train.steps, "reward": rows[-1]["reward/mean"],
-                  "entropy": rows[-1]["entropy"], "clip_events": sum(r.get("clip_events", 0) for r in rows),
-                  "accuracy": rows[-1]["accuracy"], "skipped": trainer.state["skipped_nonfinite"]})
-
-
-# ----------------------------------------------------------------------------------------------
 # After a step: skipped-step budget, evaluation, checkpoint
 
 
@@ -349,11 +276,36 @@ def after_step(trainer: Trainer, done: int) -> None:
     if trainer.suite and cfg.eval.every and done % cfg.eval.every == 0 and done < cfg.train.steps:
         evaluate_run(trainer, done)
     if done % cfg.train.checkpoint_every == 0 or done == cfg.train.steps:
-        trainer.state["step"] = done
-        save_checkpoint(trainer.rd.checkpoint_dir, model=trainer.model, optimizer=trainer.optimizer, scheduler=trainer.scheduler,
-                        tokenizer=trainer.tokenizer, state=trainer.state, dist=trainer.dist)
+        checkpoint(trainer, done)
         if trainer.dist.main:
             trainer.rd.set_status("running", step=done, skipped_nonfinite=trainer.state["skipped_nonfinite"])
+
+
+def checkpoint(trainer: Trainer, step: int, partial: Partial | None = None) -> None:
+    """Every rank: the run's state at rollout step `step` (`partial`: inside it, by a preemption)."""
+    trainer.state["step"] = step
+    save_checkpoint(trainer.rd.checkpoint_dir, model=trainer.model, optimizer=trainer.optimizer,
+                    scheduler=trainer.scheduler, tokenizer=trainer.tokenizer, state=trainer.state, dist=trainer.dist,
+                    partial=None if partial is None else vars(partial))
+
+
+def stop_at_boundary(trainer: Trainer, step: int) -> None:
+    """A safe point before rollout step `step` trains: on a preemption request, checkpoint (unless the
+    last one is this step's) and stop."""
+    if trainer.stop.agreed(trainer.dist):
+        if checkpoint_step(find_checkpoint(trainer.rd.checkpoint_dir) or trainer.rd.checkpoint_dir) != step:
+            checkpoint(trainer, step)
+        mark_preempted(trainer, step, trainer.stop)
+
+
+def stop_inside(trainer: Trainer, step: int, partial: Partial, rows: list[dict], hist) -> None:
+    """Stopped after an optimizer step of rollout step `step`: log its steps so far, checkpoint the
+    rest's inputs with them (the histogram so far, summed over ranks), stop."""
+    log_step(trainer, step, rows, None, None)
+    partial.hist = None if hist is None else trainer.dist.all_reduce_(hist.to(torch.float64)).cpu()
+    partial.mismatch = {k: v for k, v in rows[0].items() if k.startswith("mismatch/")}
+    checkpoint(trainer, step, partial)
+    mark_preempted(trainer, step, trainer.stop)
 
 
 def finish(trainer: Trainer, last: dict) -> dict:
@@ -376,21 +328,32 @@ def finish(trainer: Trainer, last: dict) -> dict:
 
 
 def run_training(cfg: RunConfig, run_dir: Path, *, resume: bool = False, sink: MetricSink | None = None,
-                 progress: Callable[[dict], None] | None = None, dist: Dist | None = None) -> dict:
+                 progress: Callable[[dict], None] | None = None, dist: Dist | None = None,
+                 stop: StopRequest = NO_STOP) -> dict:
     """Train one run into `run_dir` (resume: from its last checkpoint). Under torchrun every rank
-    calls this; `dist` (default: from the environment) says which rank this is. Returns the summary."""
+    calls this; `dist` (default: from the environment) says which rank this is; `stop`: the
+    preemption request its safe points check (RunPreempted once checkpointed). Returns the summary."""
     dist = dist or init_distributed(cfg.model.device)
-    trainer = setup(cfg, RunDir(run_dir), dist, resume=resume, sink=sink if sink is not None and dist.main else NullSink())
+    trainer = setup(cfg, RunDir(run_dir), dist, resume=resume, sink=sink if sink is not None and dist.main else NullSink(),
+                    stop=stop)
     try:
         if trainer.suite and trainer.state["step"] == 0 and cfg.eval.at_start and not trainer.evaluated[0]:
             evaluate_run(trainer, 0)
         last: dict = {}
         for step in range(trainer.state["step"], cfg.train.steps):
-            batch = collect_rollout(cfg, step, trainer.task, trainer.pool, trainer.sampler, dist)
+            resumed = trainer.partial
+            if resumed is None:
+                stop_at_boundary(trainer, step)
+                batch = collect_rollout(cfg, step, trainer.task, trainer.pool, trainer.sampler, dist)
+                stop_at_boundary(trainer, step)  # nothing trained yet: a resumed run samples the same again
+            else:
+                batch = RolloutBatch(**resumed.batch)
             trainer.sampler.sleep()  # sampler.sleep_mode: the engine's memory is the trainer's until the sync
             t0 = time.perf_counter()
-            done, hist = update(trainer, step, batch)
-            rows = metric_rows(trainer, step, batch, done, time.perf_counter() - t0)
+            done, hist, stopped = update(trainer, step, batch)
+            rows = metric_rows(trainer, step, batch, done, time.perf_counter() - t0, resumed and resumed.mismatch)
+            if stopped is not None:
+                stop_inside(trainer, step, stopped, rows, hist)
             log_step(trainer, step, rows, sum_histogram(hist, dist), progress)
             last = rows[-1]
             after_step(trainer, step + 1)

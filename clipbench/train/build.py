@@ -1,0 +1,73 @@
+"""What a run's trainer is built from: the policy (and frozen reference), the optimizer and its LR
+schedule. Used by `train/loop.py: setup`.
+
+Master weights are float32; bfloat16/float16 is the compute dtype (autocast in one process, FSDP's
+param dtype when sharded), so small AdamW updates are not rounded away.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from clipbench.config import RunConfig
+from clipbench.models import dtype_name, load_model_and_tokenizer, resolve_model_name
+from clipbench.train.distributed import Dist, shard_model
+
+
+def lr_lambda(tc):
+    """LR multiplier per optimizer step: linear warmup, then constant or cosine to 0."""
+    total = planned_optimizer_steps(tc)
+
+    def f(s: int) -> float:
+        if tc.warmup_steps and s < tc.warmup_steps:
+            return (s + 1) / tc.warmup_steps
+        if tc.lr_schedule == "cosine":
+            progress = min(1.0, (s - tc.warmup_steps) / max(1, total - tc.warmup_steps))
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0
+
+    return f
+
+
+def planned_optimizer_steps(tc) -> int:
+    return max(1, tc.steps * tc.mini_batches * tc.epochs)
+
+
+def load_policy_model(name: str, dist: Dist, compute_dtype: torch.dtype, *, trainable: bool,
+                      gradient_checkpointing: bool = False):
+    """(model, tokenizer) with float32 master weights on this rank's device, FSDP-sharded when N > 1."""
+    model, tok = load_model_and_tokenizer(name, dtype="float32", device="cpu" if dist.sharded else str(dist.device))
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if dist.sharded:
+        shard_model(model, compute_dtype)
+    if trainable:
+        model.train()
+    else:
+        model.eval().requires_grad_(False)
+    return model, tok
+
+
+def build_models(cfg: RunConfig, dist: Dist, dtype: torch.dtype):
+    """(policy, frozen reference or None, tokenizer). Master weights in float32; bfloat16/float16 is
+    the compute dtype (autocast in one process, FSDP's param dtype when sharded), so small AdamW
+    updates are not rounded away."""
+    name = resolve_model_name(cfg.model.name)
+    model, tok = load_policy_model(name, dist, dtype, trainable=True,
+                                   gradient_checkpointing=cfg.model.gradient_checkpointing)
+    ref_model = None
+    if cfg.train.beta > 0:  # frozen reference: the initial policy
+        if dist.sharded:
+            ref_model, _ = load_policy_model(name, dist, dtype, trainable=False)
+        else:
+            ref_model, _ = load_model_and_tokenizer(name, dtype=dtype_name(dtype), device=str(dist.device))
+            ref_model.eval().requires_grad_(False)
+    return model, ref_model, tok
+
+
+def build_optimizer(model, tc):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay,
+                                  fused=True)  # one kernel for all tensors: 3x faster than the default on CPU
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tc))
