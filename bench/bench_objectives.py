@@ -84,12 +84,15 @@ def make_batch(B: int, T: int, seed: int = 0):
 def time_objectives(B: int, T: int, repeats: int) -> dict:
     logp0, old, A, mask = make_batch(B, T)
     u = torch.rand(B, T, generator=torch.Generator().manual_seed(1))
+    # the inputs some rules read: each sequence's reward (topr), the token entropy (aspo); a rule's
+    # mini-batch statistic (bapo, m2po) is computed by the call itself (the unsplit step's cost)
+    extra = {"rewards": (A > 0).float(), "entropy": torch.rand(B, T, generator=torch.Generator().manual_seed(3))}
     methods = list(METHODS)
 
     def once(method):
         logp = logp0.clone().requires_grad_(True)
         t = time.thread_time()
-        out = policy_loss(method, logp, old, A, mask, uniforms=u)
+        out = policy_loss(method, logp, old, A, mask, uniforms=u, **extra)
         out.loss.backward()
         return time.thread_time() - t
 

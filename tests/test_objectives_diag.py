@@ -84,16 +84,40 @@ def test_aggregations_arithmetic():
         "seq-mean-token-mean": ((1.1 + 0.9) / 2 + 1.0 / 1) / 2,      # 1.0
         "seq-mean-token-sum": ((1.1 + 0.9) + 1.0) / 2,               # 1.5
         "seq-mean-token-sum-norm": ((1.1 + 0.9) / 2 + 1.0 / 2) / 2,  # max_len = T = 2: 0.75
+        "token-sum": 1.1 + 0.9 + 1.0,                                # 3.0, no normaliser (verl)
+        "prompt-mean": ((1.1 + 0.9) / 2 + 1.0 / 1) / 2,              # groups [0, 1]: 1.0
     }
+    groups = torch.tensor([0, 1])
     for agg, v in want.items():
-        assert policy_loss("grpo", *b, agg=agg).loss.item() == pytest.approx(v, rel=1e-6), agg
+        assert policy_loss("grpo", *b, agg=agg, groups=groups).loss.item() == pytest.approx(v, rel=1e-6), agg
     assert policy_loss("grpo", *b, agg="seq-mean-token-sum-norm", max_len=4).loss.item() == pytest.approx(
         ((1.1 + 0.9) / 4 + 1.0 / 4) / 2, rel=1e-6)
     # an all-padding row neither adds a term nor counts as a sequence
+    # (prompt-mean: the empty row is in group 1; an empty group of its own would count as a prompt)
     b2 = from_ratios([[1.1, 0.9], [1.0], []], [-1.0, -1.0, 1.0])
     for agg in AGGREGATIONS:
-        assert policy_loss("grpo", *b2, agg=agg).loss.item() == pytest.approx(
-            policy_loss("grpo", *b, agg=agg).loss.item(), rel=1e-6)
+        assert policy_loss("grpo", *b2, agg=agg, groups=torch.tensor([0, 1, 1])).loss.item() == pytest.approx(
+            policy_loss("grpo", *b, agg=agg, groups=groups).loss.item(), rel=1e-6)
+
+
+def test_prompt_mean_pools_each_group_and_counts_every_prompt():
+    # l = r (A = -1, inside the band [0.8, 1.2]): group 0 = rows [1.1, 0.9] and [1.15] pooled:
+    # (1.1 + 0.9 + 1.15) / 3 = 1.05; group 1 = [0.85]; prompt-mean = (1.05 + 0.85) / 2 = 0.95
+    # (token-mean would be 4.0 / 4 = 1.0)
+    b = from_ratios([[1.1, 0.9], [1.15], [0.85]], [-1.0, -1.0, -1.0])
+    out = policy_loss("grpo", *b, agg="prompt-mean", groups=torch.tensor([0, 0, 1]))
+    assert out.loss.item() == pytest.approx(0.95, rel=1e-6)
+    # SkyRL's own test (ppo_utils prompt_mean): rows [1, 2], [3] | [5, 6], [7, 8] -> (2 + 6.5) / 2 = 4.25;
+    # with l = r: an A = -1 clip-free loss equal to the ratio
+    b = from_ratios([[1.0, 1.02], [1.03], [1.05, 1.06], [1.07, 1.08]], [-1.0] * 4)
+    out = policy_loss("grpo", *b, agg="prompt-mean", groups=torch.tensor([0, 0, 1, 1]))
+    assert out.loss.item() == pytest.approx(((1.0 + 1.02 + 1.03) / 3 + (1.05 + 1.06 + 1.07 + 1.08) / 4) / 2, rel=1e-6)
+    # a prompt whose rows have no valid token still counts (SkyRL's P): (1.05 + 0.85 + 0) / 3
+    b = from_ratios([[1.1, 0.9], [1.15], [0.85], []], [-1.0] * 4)
+    out = policy_loss("grpo", *b, agg="prompt-mean", groups=torch.tensor([0, 0, 1, 2]))
+    assert out.loss.item() == pytest.approx(1.9 / 3, rel=1e-6)
+    with pytest.raises(ValueError, match="prompt group"):
+        policy_loss("grpo", *b, agg="prompt-mean")
 
 
 def test_kl_term():
@@ -154,7 +178,9 @@ def test_registry_metadata():
                             "cispo", "sapo", "gppo",
                             # from verl, TRL and papers (tests/test_objectives_external.py)
                             "gpg", "dro", "clip_cov", "kl_cov", "geo_mean", "dppo_tv", "dppo_kl", "cispo_cap",
-                            "luspo", "vespo", "ce_gppo", "dcpo"}
+                            "luspo", "vespo", "ce_gppo", "dcpo",
+                            # off-policy rules (tests/test_objectives_offpolicy.py)
+                            "m2po", "topr", "aspo", "bapo"}
     for name, spec in METHODS.items():
         assert spec.description and "\n" not in spec.description and spec.formula and spec.source
         assert validate_params(name, {}) == spec.defaults
@@ -164,7 +190,7 @@ def test_registry_metadata():
 
 
 @pytest.mark.parametrize("method,params,match", [
-    ("grpp", {}, r"unknown method 'grpp' \(did you mean 'grpo'\?\); valid: abc, ce_gppo, cispo"),
+    ("grpp", {}, r"unknown method 'grpp' \(did you mean 'grpo'\?\); valid: abc, aspo, bapo, ce_gppo, cispo"),
     ("grpo", {"eps_hgh": 0.3}, r"unknown parameter 'eps_hgh' \(did you mean 'eps_high'\?\)"),
     ("grpo", {"eps_low": -0.1}, r"'eps_low' must be >= 0"),
     ("grpo", {"eps_low": "0.2"}, r"'eps_low' must be a finite number"),

@@ -1,10 +1,12 @@
 """Loss aggregation: (B, T) per-token loss -> scalar. Orthogonal to the clip rule.
 
 The normaliser is a count over the whole mini-batch: valid tokens for ``token-mean``; sequences with
-at least one valid token for the seq-means; ``max_len`` x sequences for ``seq-mean-token-sum-norm``.
-A caller that splits a mini-batch into micro-batches (or ranks) passes the mini-batch's counts as
-``global_tokens`` / ``global_seqs`` (:func:`global_counts` of the whole mini-batch's mask), so that
-the micro-batch losses sum to exactly the mini-batch loss and gradient (no second division by the
+at least one valid token for the seq-means; ``max_len`` x sequences for ``seq-mean-token-sum-norm``;
+prompt groups and each group's tokens for ``prompt-mean``; none for ``token-sum``. A caller that
+splits a mini-batch into micro-batches (or ranks) passes the mini-batch's counts as
+``global_tokens`` / ``global_seqs`` (:func:`global_counts` of the whole mini-batch's mask) and, for
+``prompt-mean``, ``global_prompts`` / ``group_tokens`` (:func:`group_counts`), so that the
+micro-batch losses sum to exactly the mini-batch loss and gradient (no second division by the
 number of micro-batches: verl#5625, trl#5619). ``None`` uses this call's own counts. Per-sequence
 token means always use each sequence's own count (a sequence is never split).
 
@@ -13,6 +15,7 @@ An all-padding row neither adds a term nor counts as a sequence, so it can never
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Union
 
 import torch
@@ -20,8 +23,21 @@ import torch
 from clipbench.errors import unknown_choice
 
 Count = Union[int, float, torch.Tensor, None]  # a number or a 0-d tensor (no host sync)
-# Signature of every aggregation: (token_loss (B, T) masked, maskf (B, T) 0/1, max_len, tokens, seqs) -> 0-d.
-Aggregation = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Norm:
+    """The normalisers of one call (0-d float tensors, at least 1; group_tokens (B,) or None)."""
+
+    tokens: torch.Tensor
+    seqs: torch.Tensor
+    max_len: int
+    prompts: torch.Tensor | None = None
+    group_tokens: torch.Tensor | None = None  # (B,) each row's prompt group's valid tokens in the mini-batch
+
+
+# Signature of every aggregation: (token_loss (B, T) masked, maskf (B, T) 0/1, norm) -> 0-d.
+Aggregation = Callable[[torch.Tensor, torch.Tensor, Norm], torch.Tensor]
 
 
 def global_counts(mask: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -33,33 +49,57 @@ def global_counts(mask: torch.Tensor) -> dict[str, torch.Tensor]:
             "global_seqs": valid.any(-1).sum().to(torch.float32)}
 
 
-def token_mean(token_loss, maskf, max_len, tokens, seqs):
+def group_counts(mask: torch.Tensor, groups: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``{"global_prompts": distinct prompt groups among the rows, "group_tokens": (B,) the valid
+    tokens of each row's group over these rows}`` for ``prompt-mean``: compute them on the whole
+    mini-batch and pass each micro-batch its rows' ``group_tokens``. Every group with a row counts,
+    also one whose rows have no valid token or whose advantages are all 0 (SkyRL's P)."""
+    ids, inverse = torch.unique(groups.reshape(-1), return_inverse=True)
+    per_group = torch.zeros(len(ids), device=mask.device).index_add_(0, inverse.to(mask.device),
+                                                                     (mask != 0).sum(-1).to(torch.float32))
+    return {"global_prompts": torch.tensor(float(len(ids)), device=mask.device), "group_tokens": per_group[inverse]}
+
+
+def token_mean(token_loss, maskf, n: Norm):
     """sum of all valid tokens' losses / number of valid tokens in the mini-batch (DAPO)."""
-    return token_loss.sum() / tokens
+    return token_loss.sum() / n.tokens
 
 
-def seq_mean_token_mean(token_loss, maskf, max_len, tokens, seqs):
+def token_sum(token_loss, maskf, n: Norm):
+    """sum of all valid tokens' losses, no normaliser (verl `token-sum`; the gradient grows with the tokens)."""
+    return token_loss.sum()
+
+
+def seq_mean_token_mean(token_loss, maskf, n: Norm):
     """mean over sequences of each sequence's token mean (GRPO; ABC-GRPO eq. 6)."""
     per_seq = token_loss.sum(-1) / maskf.sum(-1).clamp(min=1.0)  # (B,)
-    return per_seq.sum() / seqs
+    return per_seq.sum() / n.seqs
 
 
-def seq_mean_token_sum(token_loss, maskf, max_len, tokens, seqs):
+def seq_mean_token_sum(token_loss, maskf, n: Norm):
     """mean over sequences of each sequence's token sum."""
-    return token_loss.sum() / seqs
+    return token_loss.sum() / n.seqs
 
 
-def seq_mean_token_sum_norm(token_loss, maskf, max_len, tokens, seqs):
+def seq_mean_token_sum_norm(token_loss, maskf, n: Norm):
     """token sum / max_len (a fixed length, default T), mean over sequences (Dr. GRPO)."""
-    return token_loss.sum() / (max_len * seqs)
+    return token_loss.sum() / (n.max_len * n.seqs)
+
+
+def prompt_mean(token_loss, maskf, n: Norm):
+    """mean over the mini-batch's prompt groups of each group's pooled token mean (SkyRL `prompt_mean`)."""
+    return (token_loss.sum(-1) / (n.prompts * n.group_tokens.clamp(min=1.0))).sum()
 
 
 AGGREGATIONS: dict[str, Aggregation] = {
     "token-mean": token_mean,
+    "token-sum": token_sum,
     "seq-mean-token-mean": seq_mean_token_mean,
     "seq-mean-token-sum": seq_mean_token_sum,
     "seq-mean-token-sum-norm": seq_mean_token_sum_norm,
+    "prompt-mean": prompt_mean,
 }
+NEEDS_GROUPS = ("prompt-mean",)  # the aggregations that need each row's prompt group
 
 
 def get_aggregation(name: str) -> Aggregation:
@@ -90,18 +130,41 @@ def _normaliser(given: Count, own: torch.Tensor) -> torch.Tensor:
     return own.new_tensor(max(float(given), 1.0))
 
 
+def _group_norm(maskf: torch.Tensor, groups, group_tokens, global_prompts) -> tuple:
+    """(prompts, group_tokens (B,)) for prompt-mean: the caller's mini-batch counts, else this call's."""
+    if group_tokens is None:
+        if groups is None:
+            raise ValueError("aggregation 'prompt-mean' needs each row's prompt group: pass groups=(B,) "
+                             "(and, for one micro-batch of a mini-batch, global_prompts and group_tokens)")
+        own = group_counts(maskf, groups)
+        group_tokens = own["group_tokens"]
+        global_prompts = own["global_prompts"] if global_prompts is None else global_prompts
+    elif global_prompts is None:
+        raise ValueError("group_tokens= needs global_prompts= (the mini-batch's prompt groups)")
+    if tuple(group_tokens.shape) != (maskf.shape[0],):
+        raise ValueError(f"group_tokens must be (B,) = ({maskf.shape[0]},), got {tuple(group_tokens.shape)}")
+    prompts = _normaliser(global_prompts, maskf.new_zeros(()))
+    return prompts, group_tokens.to(device=maskf.device, dtype=torch.float32)
+
+
 def aggregate(token_loss: torch.Tensor, maskf: torch.Tensor, agg: str = "token-mean", max_len: int | None = None,
-              *, global_tokens: Count = None, global_seqs: Count = None) -> torch.Tensor:
+              *, global_tokens: Count = None, global_seqs: Count = None, groups: torch.Tensor | None = None,
+              global_prompts: Count = None, group_tokens: torch.Tensor | None = None) -> torch.Tensor:
     """Scalar loss from a masked (B, T) per-token loss. ``max_len`` (default T) is used only by
-    ``seq-mean-token-sum-norm``; ``global_tokens`` / ``global_seqs``: see the module docstring."""
+    ``seq-mean-token-sum-norm``; the counts: see the module docstring (``groups`` (B,) prompt ids,
+    ``global_prompts``, ``group_tokens`` (B,): ``prompt-mean`` only)."""
     fn = get_aggregation(agg)
     if max_len is None:
         max_len = token_loss.shape[-1]
     if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
         raise ValueError(f"max_len must be a positive integer, got {max_len!r}")
-    check_count("global_tokens", global_tokens)
-    check_count("global_seqs", global_seqs)
+    for name, value in (("global_tokens", global_tokens), ("global_seqs", global_seqs),
+                        ("global_prompts", global_prompts)):
+        check_count(name, value)
     own = global_counts(maskf)
-    tokens = _normaliser(global_tokens, own["global_tokens"])
-    seqs = _normaliser(global_seqs, own["global_seqs"])
-    return fn(token_loss, maskf, max_len, tokens, seqs)
+    prompts = per_group = None
+    if agg in NEEDS_GROUPS:
+        prompts, per_group = _group_norm(maskf, groups, group_tokens, global_prompts)
+    norm = Norm(_normaliser(global_tokens, own["global_tokens"]), _normaliser(global_seqs, own["global_seqs"]),
+                max_len, prompts, per_group)
+    return fn(token_loss, maskf, norm)

@@ -37,7 +37,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
-from clipbench.objectives.primitives import on_side, past_bound  # one definition of d and of sides, shared with the rules
+from clipbench.objectives.corrections.registry import MASKED, TRUNCATED
+from clipbench.objectives.primitives import masked_extreme, on_side, past_bound  # one definition of d and of sides, shared with the rules
 
 CELLS = ("q1", "q2", "q3", "q4", "zero_adv", "on_policy")
 COUNTS = ("tokens", "out_of_band", "zero_grad", "rescued", "in_band_near")
@@ -74,13 +75,6 @@ def cell_sums(*, x: torch.Tensor, A: torch.Tensor, valid: torch.Tensor, loss: to
     return torch.einsum("btc,btf->cf", cells, features)
 
 
-def _masked_extreme(x: torch.Tensor, valid: torch.Tensor, kind: str) -> torch.Tensor:
-    fill = float("-inf") if kind == "max" else float("inf")
-    x = torch.where(valid, x.to(torch.float64), fill)
-    if x.numel() == 0:
-        return x.new_tensor(fill)
-    return x.amax() if kind == "max" else x.amin()
-
 
 def step_sums(*, x: torch.Tensor, A: torch.Tensor, valid: torch.Tensor, loss: torch.Tensor, grad: torch.Tensor,
               band, params: Mapping[str, Any], r: torch.Tensor, log_ratio: torch.Tensor,
@@ -96,17 +90,36 @@ def step_sums(*, x: torch.Tensor, A: torch.Tensor, valid: torch.Tensor, loss: to
     sums["ratio/sum"] = torch.where(valid, r64, 0.0).sum()
     # k3 estimator of KL(old || new): r - 1 - log r >= 0 (0 at padding)
     sums["approx_kl/sum"] = torch.where(valid, r64 - 1 - log_ratio.to(torch.float64), 0.0).sum()
-    sums["ratio/max"] = _masked_extreme(r, valid, "max")
-    sums["ratio/min"] = _masked_extreme(r, valid, "min")
+    sums["ratio/max"] = masked_extreme(r, valid, "max")
+    sums["ratio/min"] = masked_extreme(r, valid, "min")
     if kl is not None:
         sums["kl_ref/sum"] = torch.where(valid, kl.to(torch.float64), 0.0).sum()
     if s is not None:
         has = valid.any(-1, keepdim=True)  # (B, 1) sequences with >= 1 valid token
         sums["n_seqs"] = has.sum().to(torch.float64)
         sums["seq_ratio/sum"] = torch.where(has, s.to(torch.float64), 0.0).sum()
-        sums["seq_ratio/max"] = _masked_extreme(s, has, "max")
-        sums["seq_ratio/min"] = _masked_extreme(s, has, "min")
+        sums["seq_ratio/max"] = masked_extreme(s, has, "max")
+        sums["seq_ratio/min"] = masked_extreme(s, has, "min")
     return sums
+
+
+CORRECTION_COUNTS = ("truncated", "masked")
+
+
+def correction_cell_sums(*, x: torch.Tensor, A: torch.Tensor, valid: torch.Tensor,
+                         status: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What the sampler correction did, per cell of the clip: ``correction/{cell}/truncated`` and
+    ``correction/{cell}/masked`` (masked or rejected) token counts (status: corrections' int8 codes)."""
+    flags = torch.stack([(status == TRUNCATED), (status >= MASKED)], -1).to(torch.float64)  # (B, T, 2)
+    cells = torch.nn.functional.one_hot(cell_index(A, x), len(CELLS)).to(torch.float64) * valid.unsqueeze(-1)
+    per = torch.einsum("btc,btf->cf", cells, flags)
+    return {f"correction/{c}/{f}": per[i, j] for i, c in enumerate(CELLS) for j, f in enumerate(CORRECTION_COUNTS)}
+
+
+def stat_sums(stat: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A rule's mini-batch statistic as sums: ``stat/<name>/max`` (the same value in every call of
+    the mini-batch, so the maximum over calls and ranks is it); logged as ``stat/<name>``."""
+    return {f"stat/{k}/max": v.detach().to(torch.float64) for k, v in stat.items()}
 
 
 def reduction(key: str) -> str:
@@ -166,7 +179,8 @@ def all_reduce_sums(sums: Mapping[str, torch.Tensor], group=None) -> dict[str, t
 def finalize(sums: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The logged stats (docs/architecture.md) from ``sums``: "{cell}/{count}" and "{cell}/{mass}",
     clip_events, ratio/mean|min|max, approx_kl, kl_ref (with a reference), seq_ratio/* (sequence
-    level). Means divide by the valid-token (sequence) count; an empty batch gives ratio 1, KL 0."""
+    level), correction/{cell}/{truncated,masked} (with a sampler correction), stat/<name> (a rule's
+    mini-batch statistic). Means divide by the valid-token (sequence) count; an empty batch gives ratio 1, KL 0."""
     stats = {f"{c}/{f}": sums[f"{c}/{f}"] for c in CELLS for f in FEATURES}
     stats["clip_events"] = sum(sums[f"{c}/out_of_band"] for c in CELLS)
     n = sums["n_tokens"]
@@ -184,6 +198,11 @@ def finalize(sums: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         stats["seq_ratio/mean"] = torch.where(none, one, sums["seq_ratio/sum"] / sums["n_seqs"].clamp(min=1.0))
         stats["seq_ratio/min"] = torch.where(none, one, sums["seq_ratio/min"])
         stats["seq_ratio/max"] = torch.where(none, one, sums["seq_ratio/max"])
+    for k, v in sums.items():
+        if k.startswith("correction/") and k.split("/")[1] in CELLS:
+            stats[k] = v
+        elif k.startswith("stat/") and k.endswith("/max"):
+            stats[k[:-len("/max")]] = v
     return stats
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from clipbench.errors import RuleDefinitionError, UserError
+from clipbench.objectives.corrections import CORRECTIONS
 from clipbench.objectives.registry import (LOADED, METHODS, PluginOrigin, import_rules, load_entry_points,
                                            module_origin, sha256_file)
 
@@ -124,9 +125,10 @@ def plugin_records(configs: Iterable[Mapping]) -> list[dict]:
             origin = load_plugin(spec)
             out.setdefault(origin.path, origin.sha256)
         method = (cfg.get("objective") or {}).get("method")
-        spec = METHODS.get(method)
-        if spec is not None and spec.origin is not None:
-            out.setdefault(spec.origin.path, spec.origin.sha256)
+        correction = ((cfg.get("sampler") or {}).get("correction") or {}).get("name")
+        for spec in (METHODS.get(method), CORRECTIONS.get(correction)):
+            if spec is not None and spec.origin is not None:
+                out.setdefault(spec.origin.path, spec.origin.sha256)
     return [{"path": p, "sha256": h} for p, h in out.items()]
 
 

@@ -63,3 +63,13 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     d = ref_logp.detach().to(torch.float32) - logp
     d = d.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) + (d - d.detach())  # straight-through clamp
     return torch.exp(d) - d - 1.0
+
+
+def masked_extreme(x: torch.Tensor, where: torch.Tensor, kind: str) -> torch.Tensor:
+    """The largest (kind 'max') or smallest ('min') of x where `where` holds, in float64; -inf / +inf
+    where it holds nowhere (so that extremes of several parts combine by max / min)."""
+    fill = float("-inf") if kind == "max" else float("inf")
+    x = torch.where(where, x.to(torch.float64), fill)
+    if x.numel() == 0:
+        return x.new_tensor(fill)
+    return x.amax() if kind == "max" else x.amin()

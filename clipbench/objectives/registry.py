@@ -68,6 +68,8 @@ class MethodSpec:
     warn: Callable[[Mapping[str, Any]], "str | None"] | None = None  # a one-line warning for a setting
     origin: PluginOrigin | None = None  # None for a built-in rule
     per_call: bool = False  # a token's loss depends on other rows of the same call (clip_cov, kl_cov)
+    batch_stat: Callable[..., dict] | None = None  # (r, A, mask, params) -> the mini-batch statistic `stat`
+    check: Callable[[Mapping[str, Any]], "str | None"] | None = None  # a rule between parameters: reason or None
 
     @property
     def defaults(self) -> dict[str, Any]:
@@ -100,6 +102,9 @@ def eps_band(params: Mapping[str, Any]) -> Band:
 
 
 METHODS: dict[str, MethodSpec] = {}
+# Every registry a plugin may add to (the rules; the sampler corrections append theirs): a failed
+# plugin import removes what it added to each.
+REGISTRIES: list[dict] = [METHODS]
 LOADED: dict[str, PluginOrigin] = {}  # plugin spec (resolved path or module name) -> origin: imported once
 _LOADING: list[PluginOrigin] = []  # the plugin being imported: the rules it registers record it
 _ENTRY_POINTS_LOADED = False
@@ -124,13 +129,14 @@ def module_origin(name: str) -> PluginOrigin:
 def import_rules(origin: PluginOrigin, do_import: Callable[[], object]) -> None:
     """Run ``do_import`` with the rules it registers attributed to ``origin``; on failure, unregister
     what it registered and raise a one-line UserError naming the file (and the line of the error)."""
-    before = set(METHODS)
+    before = [set(reg) for reg in REGISTRIES]
     _LOADING.append(origin)
     try:
         do_import()
     except BaseException as e:
-        for name in set(METHODS) - before:
-            del METHODS[name]
+        for reg, names in zip(REGISTRIES, before):
+            for name in set(reg) - names:
+                del reg[name]
         if isinstance(e, (UserError, KeyboardInterrupt, SystemExit)):
             raise
         raise _import_error(origin.path, e) from None
@@ -198,7 +204,9 @@ def rule(name: str, *, source: str, level: str | Callable[[Mapping[str, Any]], s
          band: Callable[[Mapping[str, Any]], Band] | None = None,
          draws: Callable[[Mapping[str, Any]], bool] | None = None, description: str | None = None,
          bounds: Callable[[Mapping[str, Any]], dict] | None = None, checks: Mapping[str, Check] | None = None,
-         warn: Callable[[Mapping[str, Any]], "str | None"] | None = None, per_call: bool = False):
+         warn: Callable[[Mapping[str, Any]], "str | None"] | None = None, per_call: bool = False,
+         batch_stat: Callable[..., dict] | None = None,
+         check: Callable[[Mapping[str, Any]], "str | None"] | None = None):
     """Register a clip rule under ``name`` (see the module docstring; docs/plugins.md).
 
     source:      where the rule comes from (paper, arXiv id, repository file); required.
@@ -210,9 +218,16 @@ def rule(name: str, *, source: str, level: str | Callable[[Mapping[str, Any]], s
     bounds:      params -> dict of extra effective-bound run params (logged as rule.*).
     checks:      {param: value -> reason or None}, e.g. nonneg, positive, unit_interval.
     warn:        params -> a one-line warning for a legal but suspicious setting, or None.
+    check:       params -> the reason a setting is invalid (a rule between parameters), or None.
     per_call:    True when a token's loss depends on the other rows of the call (batch statistics,
                  e.g. clip_cov's covariance): such a rule is exact over micro-batch splits only
                  when the trainer does not split; say what the statistics range over in its docstring.
+    batch_stat:  (r, A, mask, params) -> {name: 0-d tensor}: a statistic of the whole mini-batch the
+                 rule reads as its input ``stat`` (no gradient; r (B, T) detached, 1 at padding; A
+                 (B, 1); mask (B, T) float). ``policy_loss`` computes it on its own call unless the
+                 caller passes the mini-batch's (``batch_stat=``: the trainer computes it over every
+                 micro-batch and rank before the step's first backward), so the rule is exact under
+                 micro-batching; its values are logged as ``stat/<name>``.
     """
     if not isinstance(source, str) or not source.strip():
         raise RuleDefinitionError(f"rule {name!r}: source= is required (the paper or repository it comes from)")
@@ -225,6 +240,9 @@ def rule(name: str, *, source: str, level: str | Callable[[Mapping[str, Any]], s
             raise RuleDefinitionError(f"{where}: rule name {name!r} must start with a letter and use letters, "
                                       "digits, '_', '-' or '.'")
         inputs, params = read_signature(fn, dict(checks or {}), where)
+        if ("stat" in inputs) != (batch_stat is not None):
+            raise RuleDefinitionError(f"{where}: a rule reads the input 'stat' exactly when it declares "
+                                      "batch_stat= (the function that computes it)")
         formula, doc_description = formula_and_description(fn)
         desc = " ".join((description if description is not None else doc_description).split())
         origin = _origin_of(fn)
@@ -237,7 +255,7 @@ def rule(name: str, *, source: str, level: str | Callable[[Mapping[str, Any]], s
             if not same:
                 raise RuleDefinitionError(f"{where}: rule '{name}' is already registered by {old.where}")
         METHODS[name] = MethodSpec(name, fn, inputs, params, formula, desc, source.strip(), level, band, draws,
-                                   bounds, warn, origin, bool(per_call))
+                                   bounds, warn, origin, bool(per_call), batch_stat, check)
         return fn
 
     return deco
@@ -269,6 +287,10 @@ def validate_params(method: str, params: Mapping[str, Any] | None = None) -> dic
         if key not in known:
             raise ValueError(f"{method}: " + unknown_choice("parameter", key, known))
     out = {name: p.validate(method, params.get(name, p.default)) for name, p in known.items()}
+    if spec.check is not None:
+        reason = spec.check(out)
+        if reason:
+            raise ValueError(f"{method}: {reason}")
     if spec.warn is not None:
         message = spec.warn(out)
         if message:

@@ -36,6 +36,10 @@ INPUTS: dict[str, str] = {
     "mask": "(B, T) float 0/1, 1 on real completion tokens",
     "u": "(B, T) detached uniforms in [0, 1) for stochastic rules (zeros when the parameters need no draws)",
     "generator": "torch.Generator or None (prefer u: its draws do not depend on micro-batch splits)",
+    "reward": "(B, 1) the sequence's reward (the task's score, before advantages), detached float32",
+    "entropy": "(B, T) token entropy of the current policy (the same forward as logp), detached; 0 at padding",
+    "stat": "dict of 0-d tensors: the rule's mini-batch statistic (rule(batch_stat=...)), computed without "
+            "gradient on the whole mini-batch (all micro-batches and ranks) before its loss",
 }
 
 Band = tuple[float, float, float, float]  # (lo_pos, hi_pos, lo_neg, hi_neg) in ratio units
@@ -128,8 +132,11 @@ def param_type(name: str, annotation: Any, default: Any, where: str) -> tuple[ty
     return annotation, ()
 
 
-def read_signature(fn: Callable, checks: Mapping[str, Check], where: str) -> tuple[tuple[str, ...], tuple[Param, ...]]:
-    """(inputs, params) from the rule's signature."""
+def read_signature(fn: Callable, checks: Mapping[str, Check], where: str,
+                   inputs_allowed: Mapping[str, str] | None = None) -> tuple[tuple[str, ...], tuple[Param, ...]]:
+    """(inputs, params) from the rule's signature (``inputs_allowed``: the input names, default the
+    rules' :data:`INPUTS`; the sampler corrections name theirs)."""
+    allowed = INPUTS if inputs_allowed is None else inputs_allowed
     try:
         hints = typing.get_type_hints(fn)
     except Exception:  # an annotation that does not resolve: fall back to the defaults' types
@@ -139,9 +146,9 @@ def read_signature(fn: Callable, checks: Mapping[str, Check], where: str) -> tup
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             raise RuleDefinitionError(f"{where}: *args/**kwargs are not allowed: name the inputs and parameters")
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
-            if p.name not in INPUTS:
+            if p.name not in allowed:
                 raise RuleDefinitionError(
-                    f"{where}: '{p.name}' is not an input ({', '.join(INPUTS)}); parameters are keyword-only "
+                    f"{where}: '{p.name}' is not an input ({', '.join(allowed)}); parameters are keyword-only "
                     f"with defaults, after '*': def {fn.__name__}(r, A, *, {p.name}=...)")
             inputs.append(p.name)
             continue

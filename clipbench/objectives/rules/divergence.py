@@ -1,8 +1,10 @@
-"""Trust regions that are not a ratio clip, and plain policy gradient: GPG, DRO's quadratic
+"""Trust regions that are not a ratio clip, and plain or tapered policy gradient: GPG, TOPR, DRO's quadratic
 penalty, DPPO's binary TV / KL regions, Clip-Cov and KL-Cov's covariance-selected tokens (verl).
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 
@@ -93,3 +95,22 @@ def kl_cov(r, A, logp, log_ratio, mask, *, kl_cov_ratio: float = 2e-4, ppo_kl_co
     cov = (A - masked_mean(A, mask)) * (logp - masked_mean(logp, mask)).detach()  # (B, T)
     top = first_k(-cov, mask > 0, share_of_tokens(kl_cov_ratio, mask))
     return -r * A + torch.where(top, ppo_kl_coef * log_ratio.abs(), 0.0)
+
+
+@rule("topr", source="TOPR (arXiv 2503.14286); alibaba/ROLL @ 8eb27cc roll/pipeline/rlvr/actor_pg_worker.py "
+      "_compute_topr_loss (pg_variant=topr; actor_train.topr_positive_weight / topr_negative_weight)",
+      checks={"positive_weight": nonneg, "negative_weight": nonneg},
+      bounds=lambda p: {"truncation": "[0, 1]", "split": "reward > 0" if p["zero"] == "negative" else "reward >= 0",
+                        "ratio_truncated": p["ratio"]})
+def topr(r, A, logp, log_ratio, reward, *, zero: Literal["negative", "positive"] = "negative",
+         ratio: Literal["token", "sequence"] = "token", positive_weight: float = 1.0, negative_weight: float = 1.0):
+    """-positive_weight*A*logp if reward > 0, else -negative_weight*sg(min(r, 1))*A*logp: TOPR, plain policy gradient on positive-reward sequences, truncated IS on the rest
+
+    The split is on the sequence's reward, never on the sign of A (ROLL: score > 0 vs score <= 0;
+    zero=positive sends a zero reward to the plain branch, the paper's R >= 0). ratio=token
+    truncates each token's ratio (ROLL); sequence truncates the trajectory ratio exp(sum_t log r)
+    (the paper). The weight is the advantage A (ROLL); the paper's is the reward R.
+    """
+    plain = reward > 0 if zero == "negative" else reward >= 0  # (B, 1)
+    w = torch.clamp(r, max=1.0) if ratio == "token" else torch.exp(torch.clamp(log_ratio.sum(-1, keepdim=True), max=0.0))
+    return torch.where(plain, -positive_weight * A * logp, -negative_weight * w.detach() * A * logp)

@@ -1,5 +1,5 @@
 """Rules whose clipped tokens keep a gradient: CISPO's clipped IS weight (verl's and TRL's forms),
-SAPO's soft gate, GPPO's and CE-GPPO's gradient-preserving clips.
+SAPO's soft gate, GPPO's and CE-GPPO's gradient-preserving clips, ASPO's flipped weight and soft dual clips.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 from clipbench.objectives.primitives import past_bound
 from clipbench.objectives.registry import interval, rule
 from clipbench.objectives.rules.common import EPS_CHECKS, TRL, clip_bounds
-from clipbench.objectives.signature import greater_than_one, nonneg, positive
+from clipbench.objectives.signature import greater_than_one, nonneg, positive, unit_interval
 
 @rule("cispo", source="CISPO, MiniMax-M1 (arXiv 2506.13585); verl core_algos.py `cispo` (two-sided)",
       checks=EPS_CHECKS,
@@ -70,3 +70,37 @@ def ce_gppo(r, A, *, eps_low: float = 0.2, eps_high: float = 0.2, beta_low: floa
     """
     loss = gppo(r, A, eps_low=eps_low, eps_high=eps_high, beta_low=beta_low, beta_high=beta_high)
     return torch.where(A < 0, torch.minimum(loss, -c * A), loss)
+
+
+def _entropy_bands(entropy, mask, q: float, narrow: float, wide: float) -> torch.Tensor:
+    """(B, T) eps per token: narrow on each sequence's low-entropy tokens (entropy <= the row's
+    q-quantile, linear interpolation, ties included), wide on the rest (the top 1-q)."""
+    ent = torch.where(mask > 0, entropy, float("nan"))
+    cut = torch.nanquantile(ent, q, dim=-1, keepdim=True)  # (B, 1); nan for a row without tokens
+    return torch.where(ent <= cut, narrow, wide)
+
+
+@rule("aspo", source="ASPO (arXiv 2510.06062); wizard-III/Archer2.0 @ b08d963 verl/trainer/ppo/core_algos.py "
+      "compute_policy_loss_archer, verl/workers/actor/dp_actor.py (token_entropy_quantile 0.8, eps 0.2 / 0.4, "
+      "clip_ratio_c 3)", checks={"eps_narrow": nonneg, "eps_wide": nonneg, "entropy_quantile": unit_interval,
+                                 "c_neg": greater_than_one, "c_pos": greater_than_one},
+      band=lambda p: (1 - p["eps_narrow"], 1 + p["eps_narrow"], 1 - p["eps_narrow"], 1 + p["eps_narrow"]),
+      bounds=lambda p: {"clip_narrow": interval(1 - p["eps_narrow"], 1 + p["eps_narrow"]),
+                        "clip_wide": interval(1 - p["eps_wide"], 1 + p["eps_wide"]),
+                        "entropy_quantile": p["entropy_quantile"], "dual_clip_neg": p["c_neg"],
+                        "dual_clip_pos": p["c_pos"]})
+def aspo(r, A, logp, entropy, mask, *, eps_narrow: float = 0.2, eps_wide: float = 0.4, entropy_quantile: float = 0.8,
+         c_neg: float = 3.0, c_pos: float = 3.0):
+    """A<0: -A*max(r, 1-e) (-c_neg*A*logp where r > c_neg); A>=0: -A/min(r, 1+e) with gradient -A/r (-c_pos*A*logp where r < 1/c_pos): ASPO, flipped weight for positive tokens, soft dual clips
+
+    e = eps_narrow on each sequence's low-entropy tokens (entropy <= its entropy_quantile) and
+    eps_wide on the rest (Archer2.0: its `high_entropy_mask` marks the low-entropy 80%). The
+    positive branch's value is -A/pc with pc = min(r, 1+e), its gradient -A/r inside the band (the
+    flipped importance weight) and 0 past it; the dual clips keep a gradient of constant weight c.
+    """
+    e = _entropy_bands(entropy, mask, entropy_quantile, eps_narrow, eps_wide)
+    nc = torch.maximum(r, 1 - e)
+    neg = torch.where(nc > c_neg, -A * c_neg * logp, -A * nc)
+    pc = torch.minimum(r, 1 + e)
+    pos = torch.where(1 / pc.detach() > c_pos, -A * c_pos * logp, -A * (pc / pc.detach()) / pc.detach())
+    return torch.where(A < 0, neg, pos)
