@@ -24,6 +24,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from clipbench.report import health, stats
+from clipbench.report.correction import label_correction
 from clipbench.report.load import RunRecord, Sweep, resolve_baseline
 
 QUADRANTS = ("q1", "q2", "q3", "q4")
@@ -358,9 +359,13 @@ def analyze(sweep: Sweep, baseline: str | None = None, *, resamples: int = stats
                       for model, rs in blocks.items()},
         "notes": list(sweep.notes),
         "dynamics": {},
+        "correction": {},
     }
     for model, rs in blocks.items():
         q, dyn = {}, {}
+        corr = {lb: c for lb in labels if (c := label_correction([r for r in rs if r.label == lb])) is not None}
+        if corr:
+            out["correction"][model] = corr
         for lb in labels:
             got = label_quadrants([r for r in rs if r.label == lb])
             if got is not None:

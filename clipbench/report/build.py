@@ -23,6 +23,7 @@ from clipbench.report.analysis import analyze
 from clipbench.report.claims import as_dicts, evaluate_claims
 from clipbench.report.claims_table import add_claim_tables
 from clipbench.report.health import exclusion_reason
+from clipbench.report.correction_table import correction_table
 from clipbench.report.load import Sweep, load_results
 from clipbench.report.machines import provenance_lines, provenance_summary
 from clipbench.report.replication import replicate_against, replicate_by_halves, summary_line
@@ -104,6 +105,10 @@ def build_report(results_dir: Path, sweep_name: str, baseline: str | None, repli
     tables = add_claim_tables(build_tables(result, paper_ref.load_paper()), result)
     result["replay"] = sweep_replay(sweep)  # None unless the sweep's runs recorded (train.record)
     tables += replay_tables(result["replay"])
+    corr = correction_table(result.get("correction", {}), result["baseline"])
+    if corr is not None:  # before the claims and the runs table
+        at = next((i for i, t in enumerate(tables) if t.key in ("claims", "runs")), len(tables))
+        tables.insert(at, corr)
     if not any(t.key in ("table3", "quadrants") for t in tables):
         states = ", ".join(f"{v} {k}" for k, v in sorted(result["runs"]["states"].items()))
         why = "; ".join(f"{e['run_id']}: {e['reason']}" for e in result["runs"]["excluded"][:3])

@@ -15,6 +15,7 @@ from typing import Mapping
 from clipbench.errors import UserError, did_you_mean
 from clipbench.config import flatten
 from clipbench.config.labels import group_label
+from clipbench.config.load import migrate
 from clipbench.tracking.store import RunDir, list_sweeps
 from clipbench.tracking.files import check_store_dir, read_jsonl
 from clipbench.tracking.provenance import read_provenance, weights_checksum
@@ -114,7 +115,7 @@ def load_run(path: str | Path, notes: list[str] | None = None) -> RunRecord:
     jsonl file is skipped with a note in `notes`."""
     rd = RunDir(path)
     status = rd.status()
-    return RunRecord(run_id=rd.run_id, path=rd.path, config=rd.read_config() or {}, state=status.get("state", "pending"),
+    return RunRecord(run_id=rd.run_id, path=rd.path, config=migrate(rd.read_config() or {}), state=status.get("state", "pending"),
                status=status, metrics=rd.read_metrics(notes), evals=rd.read_evals(),
                hist=read_jsonl(rd.hist_path, notes=notes), provenance=read_provenance(rd.path))
 
@@ -142,8 +143,14 @@ def _assign_block_labels(runs: list[RunRecord]) -> None:
     flat = {r.run_id: {k: tuple(v) if isinstance(v, list) else v for k, v in flatten(r.config).items()}
             for r in runs}
     keys = sorted({k for f in flat.values() for k in f})
+    corr, corr_name = "sampler.correction.", "sampler.correction.name"
     varying_global = [k for k in keys if not k.startswith("objective.") and _in_label(k)
-                      and len({flat[r.run_id].get(k) for r in runs}) > 1]
+                      and (not k.startswith(corr) or k == corr_name) and len({flat[r.run_id].get(k) for r in runs}) > 1]
+    by_correction: dict = {}  # a correction's parameters count when they vary among the runs of that correction
+    for r in runs:
+        by_correction.setdefault(flat[r.run_id].get(corr_name), []).append(r)
+    varying_corr = {c: [k for k in keys if k.startswith(corr) and k != corr_name
+                        and len({flat[r.run_id].get(k) for r in rs}) > 1] for c, rs in by_correction.items()}
     by_method: dict[str, list[RunRecord]] = {}
     for r in runs:
         by_method.setdefault(r.method, []).append(r)
@@ -152,16 +159,19 @@ def _assign_block_labels(runs: list[RunRecord]) -> None:
             and len({flat[r.run_id].get(k) for r in rs}) > 1]
         for m, rs in by_method.items()
     }
-    all_keys = varying_global + [k for ks in varying_obj.values() for k in ks]
+    all_keys = varying_global + [k for ks in [*varying_obj.values(), *varying_corr.values()] for k in ks]
     last = [k.rsplit(".", 1)[-1] for k in all_keys]
 
     def short(k: str) -> str:
+        if k == corr_name:
+            return "correction"
         tail = k.rsplit(".", 1)[-1]
-        return tail if last.count(tail) == 1 or k.startswith("objective.") else k
+        return tail if last.count(tail) == 1 or k.startswith(("objective.", corr)) else k
 
     for r in runs:
         f = flat[r.run_id]
-        r.label = group_label(r.method, [(short(k), f.get(k)) for k in varying_obj[r.method] + varying_global])
+        own = varying_obj[r.method] + varying_global + varying_corr[f.get(corr_name)]
+        r.label = group_label(r.method, [(short(k), f.get(k)) for k in own])
 
 
 def resolve_baseline(labels: list[str], methods_by_label: Mapping[str, str], baseline: str | None) -> str | None:
