@@ -142,7 +142,7 @@ def test_every_field_declares_its_values():
             else:
                 yield prefix + f.name, hints[f.name]
 
-    declared = set(RANGES) | set(choices()) | {"eval.benchmarks", "objective", "trl", "engine"}
+    declared = set(RANGES) | set(choices()) | {"eval.benchmarks", "objective", "sampler.correction", "trl", "engine"}
     missing = [k for k, t in leaves(RunConfig) if t is not bool and k not in declared]
     assert missing == []
     assert not set(RANGES) & set(choices())  # one declaration per field

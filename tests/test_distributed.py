@@ -72,7 +72,7 @@ def same_training(a: RunDir, b: RunDir) -> None:
         assert x["reward/mean"] == y["reward/mean"]  # the same completions were sampled
         # hf samples from the policy itself: mismatch ~1e-7 and weights 1, whatever the world size
         assert max(x["mismatch/abs_max"], y["mismatch/abs_max"]) < 1e-4
-        assert x["mismatch/is_weight_mean"] == pytest.approx(y["mismatch/is_weight_mean"], abs=1e-6)
+        assert x["correction/weight_mean"] == pytest.approx(y["correction/weight_mean"], abs=1e-6)
     pa, pb = (load_policy(rd.checkpoint_dir)[0].state_dict() for rd in (a, b))
     worst = max(float((pa[k] - pb[k]).norm() / pa[k].norm()) for k in pa)
     assert worst <= 1e-5, worst

@@ -22,6 +22,7 @@ from clipbench.errors import ConfigError
 from clipbench.tracking.store import RunDir
 from clipbench.objectives.advantages import compute_advantages
 from clipbench.models import load_model_and_tokenizer, resolve_model_name
+from clipbench.objectives.corrections import apply_correction
 from clipbench.train.distributed import Dist
 from clipbench.train.loop import run_training
 from clipbench.train.logprobs import completion_logprobs
@@ -32,17 +33,24 @@ from clipbench.train.step import (Objective, StepInputs, accumulate_gradients, d
 G = 4
 
 
-@pytest.fixture(scope="module")
-def tiny():
+def _tiny():
     model, tok = load_model_and_tokenizer(resolve_model_name("builtin:arith-tiny"))
     return model.double(), tok
 
 
 @pytest.fixture(scope="module")
+def tiny():
+    return _tiny()
+
+
+@pytest.fixture(scope="module")
 def batch(tiny):
+    return _make_batch(*tiny)
+
+
+def _make_batch(model, tok):
     """16 rows (4 groups of 4): prompts of 6-9 tokens, completions of 0-9 tokens (one empty, so a
     sequence without valid tokens), one all-equal group (A = 0), old log-probs off-policy."""
-    model, tok = tiny
     g = torch.Generator().manual_seed(0)
     prompts = [tok(p)["input_ids"] for p in ("12+7=", "3-45=", "99+99=", "5+5=")]
     lengths = torch.randint(1, 10, (4 * G,), generator=g).tolist()
@@ -56,20 +64,25 @@ def batch(tiny):
     mask = packed.completion_mask
     old = (logp + 0.3 * torch.randn(logp.shape, generator=g, dtype=logp.dtype)) * mask  # ratios well away from 1
     ref = (logp + 0.1 * torch.randn(logp.shape, generator=g, dtype=logp.dtype)) * mask
-    return packed, adv, old, ref
+    sampler = old + 0.3 * torch.randn(logp.shape, generator=g, dtype=logp.dtype)  # a sampler that disagrees
+    return packed, adv, old, ref, rewards.reshape(-1), sampler
 
 
 def _grads(model):
     return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
-def _run(model, tok, batch, objective, *, budget, world=1):
+def _run(model, tok, batch, objective, *, budget, world=1, correction=None):
     """Loss, counts and gradients of one mini-batch (all 16 rows) split by `budget` over `world` ranks."""
-    packed, adv, old, ref = batch
+    packed, adv, old, ref, rewards, sampler = batch
     model.zero_grad(set_to_none=True)
     uniforms = draw_uniforms(packed.completion_ids.shape, torch.Generator().manual_seed(7), "cpu")
     inputs = StepInputs(advantages=adv, old_logp=old, ref_logp=ref if objective.beta else None,
-                        uniforms=uniforms if objective.draws else None)
+                        uniforms=uniforms if objective.draws else None, rewards=rewards,
+                        groups=tuple(i // G for i in range(16)), mask=packed.completion_mask)
+    if correction is not None:  # the sampler correction's weights and status, as rule_inputs computes them
+        corr = apply_correction(correction, sampler, old, packed.completion_mask)
+        inputs.weights, inputs.correction_status = corr.weights, corr.status
     loss, counts, micro = 0.0, {}, []
     for rank in range(world):
         dist = Dist(rank=rank, world=world)
@@ -81,36 +94,52 @@ def _run(model, tok, batch, objective, *, budget, world=1):
         loss += float(sums["loss"])
         micro.append([len(m) for m in step.micro])
         for k, v in sums.items():
-            if k.split("/")[0] in ("q1", "q2", "q3", "q4", "zero_adv", "on_policy"):
+            if k.split("/")[0] in ("q1", "q2", "q3", "q4", "zero_adv", "on_policy", "correction"):
                 counts[k] = counts.get(k, 0.0) + float(v)
+            elif k.startswith("stat/"):  # a rule's mini-batch statistic: the same in every call
+                counts[k] = max(counts.get(k, float("-inf")), float(v))
     counts["clip_events"] = sum(v for k, v in counts.items() if k.endswith("/out_of_band"))
     grads = {n: g / world for n, g in _grads(model).items()}  # FSDP averages the ranks' gradients
     return loss, counts, grads, micro
 
 
-CASES = [("grpo", {}, "token-mean", 0.0), ("grpo", {}, "seq-mean-token-mean", 0.1),
-         ("gspo", {}, "seq-mean-token-sum", 0.0), ("dual_clip", {}, "seq-mean-token-sum-norm", 0.0),
-         ("cispo", {"eps_high": 0.2}, "token-mean", 0.0),
-         ("nsr", {"p": 0.5}, "token-mean", 0.0)]
+CASES = [("grpo", {}, "token-mean", 0.0, None), ("grpo", {}, "seq-mean-token-mean", 0.1, None),
+         ("gspo", {}, "seq-mean-token-sum", 0.0, None), ("dual_clip", {}, "seq-mean-token-sum-norm", 0.0, None),
+         ("cispo", {"eps_high": 0.2}, "token-mean", 0.0, None),
+         ("nsr", {"p": 0.5}, "token-mean", 0.0, None),
+         # rules with a mini-batch statistic (a no-grad pass over the whole mini-batch when split),
+         # with rewards, with the entropy; the prompt-mean and token-sum aggregations; corrections
+         # that mask (in the denominators) and reject (out of them)
+         ("bapo", {"target": 2.0}, "token-mean", 0.0, {"name": "icepop", "low": 0.8, "high": 1.25}),
+         ("m2po", {}, "prompt-mean", 0.0, None), ("m2po", {"action": "clip"}, "token-sum", 0.0, None),
+         ("aspo", {}, "seq-mean-token-mean", 0.0, None), ("topr", {}, "prompt-mean", 0.0, None),
+         ("grpo", {}, "token-mean", 0.0, {"name": "kl_rs", "estimator": "k1", "level": "token", "low": 0.8,
+                                         "high": 1.25})]
 
 
-@pytest.mark.parametrize("method, params, agg, beta", CASES)
+@pytest.mark.parametrize("method, params, agg, beta, correction", CASES)
 @pytest.mark.slow
-def test_step_function_is_exact_over_micro_batches_and_ranks(tiny, batch, method, params, agg, beta):
+def test_step_function_is_exact_over_micro_batches_and_ranks(tiny, batch, method, params, agg, beta, correction):
     """Every parameter's gradient (1e-12 relative), the loss (1e-6) and every token count equal, for
     1 micro-batch, 2 micro-batches, an uneven number, and 2 ranks with uneven micro-batches (one rank
     runs a placeholder to stay in step); nsr's draws are pre-drawn uniforms, split with the rows."""
     model, tok = tiny
     objective = Objective(method, {**params}, agg, beta, max_len=12)
-    loss0, counts0, grads0, micro0 = _run(model, tok, batch, objective, budget=0)
+    loss0, counts0, grads0, micro0 = _run(model, tok, batch, objective, budget=0, correction=correction)
     assert micro0 == [[16]] and counts0["clip_events"] > 0 and loss0 != 0.0, counts0
-    for budget, world in ((120, 1), (40, 1), (40, 2)):
-        loss, counts, grads, micro = _run(model, tok, batch, objective, budget=budget, world=world)
+    # a sum of O(1) token losses: float32 round-off grows with the terms (token-sum has no normaliser)
+    scale = max(abs(loss0), 1.0) * (sum(v for k, v in counts0.items() if k.endswith("/tokens")) if agg == "token-sum"
+                                    else 1.0)
+    # (ranks simulated in one process cannot all-reduce a mini-batch statistic's forward: the rules
+    # with one are checked over two real processes below)
+    for budget, world in ((120, 1), (40, 1)) + (() if objective.stat else ((40, 2),)):
+        loss, counts, grads, micro = _run(model, tok, batch, objective, budget=budget, world=world,
+                                          correction=correction)
         sizes = [n for m in micro for n in m]
         assert sum(sizes) == 16 and len(sizes) > 1, micro  # () placeholders count 0
         if budget == 40:
             assert len(set(sizes)) > 1, micro  # uneven micro-batches (placeholders included)
-        assert abs(loss - loss0) <= 1e-6 * max(abs(loss0), 1.0), (budget, world, loss, loss0)
+        assert abs(loss - loss0) <= 1e-6 * scale, (budget, world, loss, loss0)
         assert {k: v for k, v in counts.items() if "mass" not in k} == \
             {k: v for k, v in counts0.items() if "mass" not in k}, (budget, world)
         assert all(abs(counts[k] - v) <= 1e-6 * max(abs(v), 1e-3) for k, v in counts0.items() if "mass" in k)
@@ -119,10 +148,57 @@ def test_step_function_is_exact_over_micro_batches_and_ranks(tiny, batch, method
             assert err <= 1e-12 * g0.norm() + 1e-15, (budget, world, name, float(err), float(g0.norm()))
 
 
+def _two_ranks(rank: int, init: str, out: str, method: str, params: dict, agg: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        model, tok = _tiny()
+        batch = _make_batch(model, tok)
+        objective = Objective(method, params, agg, 0.0, max_len=12)
+        packed, adv, old = batch[:3]
+        inputs = StepInputs(advantages=adv, old_logp=old, rewards=batch[4], groups=tuple(i // G for i in range(16)),
+                            mask=packed.completion_mask)
+        (step,) = plan_update(packed, mini_batches=1, epochs=1, budget=40, perm=torch.Generator().manual_seed(3),
+                              dist=Dist(rank=rank, world=2))
+        stats, _ = accumulate_gradients(model, packed, step, inputs, objective, pad_id=tok.pad_token_id,
+                                        temperature=1.0, dist=Dist(rank=rank, world=2))
+        sums = stats.sums()
+        torch.save({"grads": _grads(model), "loss": float(sums["loss"]),
+                    "stat": {k: float(v) for k, v in sums.items() if k.startswith("stat/")}}, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("method, params, agg", [("bapo", {"target": 2.0}, "token-mean"),
+                                                 ("m2po", {}, "prompt-mean")])
+@pytest.mark.slow
+def test_a_mini_batch_statistic_is_exact_across_two_real_processes(tiny, batch, tmp_path, method, params, agg):
+    """Two gloo ranks, each with uneven micro-batches of its half of the mini-batch: the rule's
+    statistic comes from a no-grad forward of every rank's rows (all-reduced) before the first
+    backward, so the ranks' averaged gradients (FSDP's) equal one process's unsplit step."""
+    import torch.multiprocessing as mp
+
+    model, tok = tiny
+    objective = Objective(method, params, agg, 0.0, max_len=12)
+    loss0, counts0, grads0, _ = _run(model, tok, batch, objective, budget=0)
+    init = f"file://{tmp_path / 'rendezvous'}"
+    mp.start_processes(_two_ranks, args=(init, str(tmp_path / "out"), method, params, agg), nprocs=2, join=True,
+                       start_method="spawn")
+    ranks = [torch.load(tmp_path / f"out.{r}") for r in range(2)]
+    assert abs(sum(r["loss"] for r in ranks) - loss0) <= 1e-6 * max(abs(loss0), 1.0)
+    assert ranks[0]["stat"] == ranks[1]["stat"] and ranks[0]["stat"] == {k: v for k, v in counts0.items()
+                                                                        if k.startswith("stat/")}
+    for name, g0 in grads0.items():
+        g = (ranks[0]["grads"][name] + ranks[1]["grads"][name]) / 2  # FSDP averages; each loss is x world
+        assert (g - g0).norm() <= 1e-12 * g0.norm() + 1e-15, name
+
+
 @pytest.mark.slow  # uses the built-in model (built on a fresh machine)
 def test_packing_budget_whole_sequences_and_rank_lockstep(tiny, batch):
     packed = batch[0]
-    rows = list(range(16))
+    rows = list(range(16))  # (test_packing)
     assert pack_micro_batches(packed, rows, 0) == [rows]  # no budget: the mini-batch, in order
     for budget in (1, 25, 40, 120):
         micro = pack_micro_batches(packed, rows, budget)

@@ -205,3 +205,67 @@ def test_ten_thousand_runs_expand_to_distinct_valid_configs(tmp_path):
     sample = list(exp.runs.items())[::997]
     for rid, cfg in sample:
         assert run_id(cfg) == rid
+
+
+def test_the_sampler_correction_is_an_axis_whose_parameters_apply_to_their_corrections(tmp_path):
+    """sampler.correction.name x sampler.correction.cap x 2 seeds = 16 points: cap applies to tis only,
+    so none, icepop and geo_mask are 2 runs each and tis 4: 10 runs, each the full loader's config;
+    a tis point with cap 2 is the run of the former `sampler.mismatch_is: token` (same id)."""
+    from clipbench.config import load_run_config
+    from clipbench.config.labels import label
+
+    f = write_sweep(tmp_path, {"name": "corr", "overrides": {"train.steps": 40},
+                               "grid": {"sampler.correction.name": ["none", "tis", "icepop", "geo_mask"],
+                                        "sampler.correction.cap": [2.0, 3.0], "seed": [0, 1]}})
+    exp = expand(load_spec(f))
+    assert exp.combos == 16 and len(exp.runs) == 10 and not exp.warnings
+    names = Counter(cfg["sampler"]["correction"]["name"] for cfg in exp.runs.values())
+    assert names == {"none": 2, "tis": 4, "icepop": 2, "geo_mask": 2}
+    for rid, cfg in exp.runs.items():
+        point = exp.points[rid]
+        assert ("sampler.correction.cap" in point) == (cfg["sampler"]["correction"]["name"] == "tis")
+        nested = {"sampler": {"correction": {"name": point["sampler.correction.name"],
+                                             **({"cap": point["sampler.correction.cap"]}
+                                                if "sampler.correction.cap" in point else {})}}}
+        assert cfg == to_dict(validate(compose(RECIPE, deep_merge(nested, {"seed": point["seed"],
+                                                                           "train": {"steps": 40}})), "x"))
+    former = load_run_config(RECIPE, ["sampler.mismatch_is=token", "train.steps=40"])
+    assert run_id(former) in exp.runs
+    rid = run_id(former)
+    assert label(exp.points[rid]) == "correction=tis cap=2 seed=0"
+
+
+@pytest.mark.parametrize("body, where, reason", [
+    ({"grid": {"sampler.correction.cpa": [2.0]}}, "grid.sampler.correction.cpa", "did you mean 'cap'"),
+    ({"grid": {"sampler.correction.name": ["tis"], "sampler.correction.low": [0.5]}},
+     "grid.sampler.correction.low", "only geo_mask, icepop, kl_rs, veto have it"),
+    ({"grid": {"sampler.correction.name": ["icepp"]}}, "grid.sampler.correction.name", "unknown correction"),
+    ({"grid": {"sampler.mismatch_is": ["token"]}}, "grid.sampler.mismatch_is", "is now sampler.correction.name"),
+])
+def test_correction_axis_errors_name_the_sweep_key(tmp_path, body, where, reason):
+    from clipbench.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        expand(load_spec(write_sweep(tmp_path, body)))
+    assert e.value.key == where and reason in e.value.reason, str(e.value)
+
+
+def test_the_former_keys_still_work_in_a_sweeps_overrides(tmp_path):
+    from clipbench.config import load_run_config
+
+    f = write_sweep(tmp_path, {"overrides": {"sampler.mismatch_is": "sequence", "sampler.mismatch_is_cap": 3},
+                               "grid": {"seed": [0]}})
+    (rid,) = expand(load_spec(f)).runs
+    assert rid == run_id(load_run_config(RECIPE, ["sampler.correction={name: tis, level: sequence, cap: 3}"]))
+
+
+def test_a_zip_column_may_repeat_a_value_but_not_a_row(tmp_path):
+    from clipbench.errors import ConfigError
+
+    f = write_sweep(tmp_path, {"grid": {"seed": [0]}, "zip": {"objective.method": ["grpo", "dapo"],
+                                                             "train.lr": [1e-4, 1e-4]}})
+    assert len(expand(load_spec(f)).runs) == 2
+    f = write_sweep(tmp_path, {"grid": {"seed": [0]}, "zip": {"objective.method": ["grpo", "grpo"],
+                                                             "train.lr": [1e-4, 1e-4]}})
+    with pytest.raises(ConfigError, match="row 1 repeats an earlier row"):
+        load_spec(f)

@@ -111,7 +111,7 @@ def test_a_plugin_rule_inside_trl(unload_plugins):
     assert cb_logs[1]["q3/out_of_band"] > 0 and cb_logs[1]["q3/zero_grad"] > 0  # the lower bound acted
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "token-sum"])
 def test_optimizer_step_does_not_depend_on_its_micro_batches(agg):
     """One optimizer step over 8 sequences as 1 micro-batch of 8 or 2 of 4: the same loss and gradient
     (TRL's bnpo normalises each micro-batch by its own count; ours by the step's).
@@ -132,6 +132,21 @@ def test_optimizer_step_does_not_depend_on_its_micro_batches(agg):
     assert [h["q3/tokens"] for h in split_logs] == [h["q3/tokens"] for h in whole_logs]
 
 
+def test_rules_reading_the_entropy_or_a_mini_batch_statistic_run_inside_trl():
+    """aspo reads TRL's entropies of the same forward; bapo computes its bounds per micro-batch (as
+    its source); both train and log their diagnostics (bapo's bounds as stat/*). topr (the reward)
+    and prompt-mean (the prompt groups) are refused: TRL's loss inputs have neither."""
+    logs, grads = train(ClipbenchGRPOTrainer, method="aspo", steps=2)
+    assert len(grads) == 2 and all(torch.isfinite(g).all() for g in grads[-1].values())
+    logs, _ = train(ClipbenchGRPOTrainer, method="bapo", steps=2)  # (stat/*: the largest over the step's micro-batches)
+    assert all(0.6 - 1e-6 <= h["stat/clip_low"] <= 0.8 + 1e-6 and 1.2 - 1e-6 <= h["stat/clip_high"] <= 2.0 + 1e-6
+               for h in logs)
+    with pytest.raises(ValueError, match="reads each sequence's reward"):
+        train(ClipbenchGRPOTrainer, method="topr", steps=1)
+    with pytest.raises(ValueError, match="prompt group"):
+        train(ClipbenchGRPOTrainer, method="grpo", agg="prompt-mean", steps=1)
+
+
 def test_windows_without_an_exact_count_are_refused():
     with pytest.raises(ValueError, match=r"trl#5619"):
         train(ClipbenchGRPOTrainer, bs=4, ga=4, spg=1, steps=1, method="grpo")  # 1 x 2 iterations < 4
@@ -139,6 +154,25 @@ def test_windows_without_an_exact_count_are_refused():
 
 # ---------------------------------------------------------------------------------------------
 # engine: trl
+
+
+def test_engine_trl_maps_the_correction_onto_trls_importance_sampling():
+    from clipbench.engines.trl import correction_args
+    from clipbench.objectives.corrections import validate_correction
+
+    assert correction_args({"name": "none"}) == {"vllm_importance_sampling_correction": False}
+    assert correction_args(validate_correction({"name": "tis", "level": "sequence", "cap": 3.0})) == {
+        "vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "sequence_truncate",
+        "vllm_importance_sampling_clip_min": None, "vllm_importance_sampling_clip_max": 3.0}
+    assert correction_args(validate_correction({"name": "icepop"})) == {
+        "vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "token_mask",
+        "vllm_importance_sampling_clip_min": 0.5, "vllm_importance_sampling_clip_max": 5.0}
+    from clipbench.engines.keys import KEYS
+
+    support = KEYS["trl"]["sampler.correction"]
+    for name in ("geo_mask", "veto", "kl_rs"):
+        assert support.problem(validate_correction(name), {"name": "none"}), name
+    assert support.problem(validate_correction({"name": "icepop", "weight": "one"}), {"name": "none"})
 
 
 def test_engine_trl_config_checks():
@@ -152,6 +186,9 @@ def test_engine_trl_config_checks():
         ("trl.vlm_mode=server", "trl.vlm_mode", "not a GRPOConfig field (did you mean 'vllm_mode'?)"),
         ("trl.learning_rate=0.1", "trl.learning_rate", "clipbench sets it from the run config"),
         ("trl.gradient_accumulation_steps=3", "trl.gradient_accumulation_steps", "splits each mini-batch"),
+        ("train.agg=prompt-mean", "train.agg", "cannot tell their prompt groups"),
+        ("objective.method=topr", "objective", "no per-sequence reward"),
+        ("sampler.correction=icepop", "sampler.correction.name", "only with sampler.backend=vllm"),
     ]:
         with pytest.raises(ConfigError) as e:
             check(over)

@@ -86,15 +86,24 @@ def params_env(monkeypatch):
     return set_params
 
 
+VERL_AGGS = [a for a in AGGREGATIONS if a != "prompt-mean"]  # verl 0.9.1's loss_agg_mode values
+VERL_CANNOT = ("reward", "entropy")  # inputs verl's policy-loss signature does not pass
+
+
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_every_rule_through_verls_registry_equals_clipbench(method, params_env, monkeypatch):
     """For each aggregation: verl's function (with verl's agg_loss over the batch's global counts)
-    gives clipbench's policy_loss value and gradient; NSR's draws use the generator it documents."""
+    gives clipbench's policy_loss value and gradient; NSR's draws use the generator it documents.
+    A rule reading an input verl does not pass is refused with one line."""
     params = dict(METHODS[method].defaults)
     params_env(params)
     logp, old, A, A_bt, mask = batch()
     maskf = mask.float()
-    for agg in AGGREGATIONS:
+    if any(i in METHODS[method].inputs for i in VERL_CANNOT):
+        with pytest.raises(ValueError, match="verl's policy-loss signature does not pass"):
+            get(f"clipbench.{method}")(old, logp, A_bt, mask, "token-mean", with_counts(actor(), mask))
+        return
+    for agg in VERL_AGGS:
         monkeypatch.setattr(cbverl, "_CALLS", itertools.count())  # call 0 of this process
         cfg = with_counts(actor(), mask)
         loss_v, metrics = get(f"clipbench.{method}")(old, logp, A_bt, mask, agg, cfg)
@@ -107,7 +116,7 @@ def test_every_rule_through_verls_registry_equals_clipbench(method, params_env, 
     assert metrics["actor/clipbench/clip_events"] == pytest.approx(float(ref.stats["clip_events"]) / mask.sum().item())
 
 
-@pytest.mark.parametrize("agg", [*AGGREGATIONS, "token-sum"])
+@pytest.mark.parametrize("agg", VERL_AGGS)
 def test_global_normalisation_over_micro_batches_and_ranks(agg, params_env):
     """verl's global_batch_info: uneven micro-batches of one rank add up to the whole batch's loss and
     gradient; two ranks (dp_size=2, gradients averaged as DDP/FSDP do) give the same gradient."""
@@ -217,6 +226,40 @@ def test_installed_clipbench_registers_through_verls_plugin_entry_point():
     env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS")}
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and p.stdout.split()[-2:] == ["True", "True"], (p.stdout, p.stderr[-2000:])
+
+
+@pytest.mark.parametrize("setting", [{"name": "tis"}, {"name": "tis", "level": "sequence", "cap": 3.0},
+                                     {"name": "icepop"}, {"name": "kl_rs"},
+                                     {"name": "kl_rs", "estimator": "k1", "level": "seq_mean"}])
+def test_the_correction_maps_onto_verls_rollout_correction(setting):
+    """sampler.correction's overrides compose with verl's ppo_trainer.yaml and become verl's
+    RolloutCorrectionConfig; verl's own helper then computes clipbench's weights and masks."""
+    from hydra import compose, initialize_config_dir
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
+
+    from clipbench.engines.verl import _hydra_value, correction_overrides
+    from clipbench.objectives.corrections import REJECTED, apply_correction, validate_correction
+
+    setting = validate_correction(setting)
+    overrides = [f"{k}={_hydra_value(v)}" for k, v in correction_overrides(setting).items()]
+    config_dir = str(Path(core_algos.__file__).resolve().parents[1] / "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        rc = compose("ppo_trainer", overrides=overrides).algorithm.rollout_correction
+    g = torch.Generator().manual_seed(4)
+    old = -torch.rand(8, 6, generator=g) * 2
+    rollout = old + 0.3 * torch.randn(8, 6, generator=g)
+    mask = torch.ones(8, 6)
+    mask[2, 4:] = 0
+    weights, new_mask, _ = compute_rollout_correction_and_rejection_mask(
+        old, rollout, mask, rollout_is=rc.rollout_is, rollout_is_threshold=rc.rollout_is_threshold,
+        rollout_is_batch_normalize=rc.rollout_is_batch_normalize, rollout_rs=rc.rollout_rs,
+        rollout_rs_threshold=rc.rollout_rs_threshold)
+    ours = apply_correction(setting, rollout, old, mask)
+    if setting["name"] == "kl_rs":
+        assert weights is None and torch.equal(new_mask, mask * (ours.status != REJECTED))
+    else:
+        assert torch.equal(new_mask, mask)
+        torch.testing.assert_close(weights.batch["rollout_is_weights"], ours.weights, rtol=1e-6, atol=0)
 
 
 def test_sweep_engine_verl_dry_run_overrides_load_in_verls_config_schema(tmp_path, unload_plugins):

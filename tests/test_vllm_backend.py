@@ -20,6 +20,7 @@ import torch
 
 from clipbench.rollout import vllm as vb
 from clipbench.rollout import vllm_engine as ve
+from clipbench.rollout.base import prompt_seeds
 from clipbench.rollout.base import Rollout, Sampler
 
 VOCAB = 64         # tokenizer and model vocabulary (vLLM samples from all 64 logits)
@@ -35,9 +36,9 @@ needs_vllm = pytest.mark.skipif(not ve.is_available(),
 # ----------------------------------------------------------------------------- pure helpers (any env)
 
 def test_prompt_seeds_are_distinct_and_far_apart():
-    seeds = ve.prompt_seeds(7, 50)
-    assert seeds == ve.prompt_seeds(7, 50)                 # deterministic
-    assert seeds[:3] != ve.prompt_seeds(8, 3)              # depend on the call seed
+    seeds = prompt_seeds(7, 50)
+    assert seeds == prompt_seeds(7, 50)                 # deterministic
+    assert seeds[:3] != prompt_seeds(8, 3)              # depend on the call seed
     # vLLM uses seed + j for the j-th sample: ranges [s, s + 10_000) of different prompts never overlap
     ordered = sorted(seeds)
     assert min(b - a for a, b in zip(ordered, ordered[1:])) > 10_000
@@ -462,6 +463,6 @@ def test_mismatch_between_real_engine_and_trainer_log_probs(tiny):
         d = (trainer - sampler) * batch.completion_mask
         torch.testing.assert_close(out.weights, d.exp().clamp(max=2.0) * batch.completion_mask)
     assert stats["float32"]["mismatch/abs_max"] < TOL
-    assert stats["float32"]["mismatch/is_weight_mean"] == pytest.approx(1.0, abs=TOL)
+    assert stats["float32"]["correction/weight_mean"] == pytest.approx(1.0, abs=TOL)
     assert stats["bfloat16"]["mismatch/abs_mean"] > 10 * stats["float32"]["mismatch/abs_mean"]
     assert 0 < stats["bfloat16"]["mismatch/abs_max"] < 0.5

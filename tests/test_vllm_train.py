@@ -40,7 +40,32 @@ def test_vllm_sampler_tracks_the_policy_across_updates(tmp_path):
     run_training(cfg, tmp_path / "tis")
     for r in RunDir(tmp_path / "tis").read_metrics():
         assert r["old_logp_source"] == 0 and r["mismatch/abs_max"] < 1e-4
-        assert abs(r["mismatch/is_weight_mean"] - 1) < 1e-4 and r["mismatch/is_capped_frac"] == 0.0
+        assert abs(r["correction/weight_mean"] - 1) < 1e-4 and r["correction/truncated_frac"] == 0.0
     assert RunDir(tmp_path / "tis").eval_path(2, "arith").exists()  # the final evaluation ran on the engine
     # the updates were real (lr 1e-3 moves the policy): the policy changed between rollouts
     assert any(r["grad_norm"] > 0 for r in rows)
+
+
+def test_a_correction_masks_the_bf16_engines_tail_and_counts_it_per_cell(tmp_path):
+    """A bfloat16 engine against the trainer's bfloat16 autocast: a real mismatch (a heavy tail,
+    docs/studies/corrections.md). IcePop with a tight band masks some tokens; the rollout batch's
+    masked share and the per-cell counts of its optimizer steps (one epoch: every row once) agree
+    exactly."""
+    from clipbench.config import load_run_config
+    from clipbench.tracking.store import RunDir
+    from clipbench.train.loop import run_training
+
+    cfg = load_run_config("recipes/arith_tiny.yaml", [
+        "sampler.backend=vllm", "model.dtype=bfloat16", "sampler.correction={name: icepop, low: 0.99, high: 1.01}",
+        "train.steps=2", "train.prompts_per_step=4", "sampler.group_size=4", "sampler.max_new_tokens=8",
+        "eval.benchmarks=[]", "tracking.mlflow=false"])
+    run_training(cfg, tmp_path / "run")
+    rows = RunDir(tmp_path / "run").read_metrics()
+    cells = ("q1", "q2", "q3", "q4", "zero_adv", "on_policy")
+    for step in (0, 1):
+        steps = [r for r in rows if r["step"] == step]
+        tokens = sum(r[f"{c}/tokens"] for r in steps for c in cells)
+        masked = sum(r[f"correction/{c}/masked"] for r in steps for c in cells)
+        assert masked == pytest.approx(steps[0]["correction/masked_frac"] * tokens, abs=1e-6)
+        assert steps[0]["mismatch/abs_max"] > 1e-3  # bf16 kernels differ
+    assert sum(r["correction/masked_frac"] for r in rows) > 0

@@ -3,6 +3,7 @@ differ. The one owner of the format (the sweep's run labels, the report's group 
 
     format_value(0.25) -> "0.25"; format_value([0.9, 0.999]) -> "[0.9,0.999]"
     label({"objective.method": "nsr", "objective.p": 0.25, "seed": 1}) -> "nsr p=0.25 seed=1"
+    label({"sampler.correction.name": "tis", "sampler.correction.cap": 3.0}) -> "correction=tis cap=3"
     group_label("nsr", [("p", 0.25)]) -> "nsr(p=0.25)"     # the runs of one setting, seeds pooled
 """
 
@@ -12,6 +13,7 @@ from typing import Any, Iterable, Mapping
 
 OBJ = "objective."
 METHOD_KEY = "objective.method"
+CORRECTION = "sampler.correction."  # its name labels as correction=<name>, its parameters by their own names
 
 
 def format_value(v: Any) -> str:
@@ -29,8 +31,11 @@ def label(point: Mapping[str, Any]) -> str:
     if METHOD_KEY in point:
         parts.append(str(point[METHOD_KEY]))
     for k, v in point.items():
-        if k != METHOD_KEY:
-            parts.append(f"{k.rsplit('.', 1)[-1] if k.startswith(OBJ) or k == 'seed' else k}={format_value(v)}")
+        if k == CORRECTION + "name":
+            parts.append(f"correction={format_value(v)}")
+        elif k != METHOD_KEY:
+            short = k.startswith((OBJ, CORRECTION)) or k == "seed"
+            parts.append(f"{k.rsplit('.', 1)[-1] if short else k}={format_value(v)}")
     return " ".join(parts) if parts else "(base)"
 
 

@@ -137,8 +137,40 @@ def compose(recipe: str | Path | Mapping | None, overrides: Iterable[str] | Mapp
     return deep_merge(data, _resolve_plugins(over, Path.cwd()))  # override paths: relative to the cwd
 
 
+# ---------------------------------------------------------------------------------------------
+# Keys that changed shape: a config written before reads as today's (manifests, run configs, recipes)
+
+LEGACY_CORRECTION = ("mismatch_is", "mismatch_is_cap")  # sampler.* -> sampler.correction (truncated IS)
+CORRECTION_KEY = "sampler.correction"
+
+
+def migrate(data: Mapping, source: str | None = None) -> dict:
+    """`data` in today's shape: `sampler.mismatch_is` / `mismatch_is_cap` (truncated IS, before the
+    corrections had a registry) become `sampler.correction` ({name: none} or {name: tis, level,
+    cap}: the same weights); a bare name (`sampler.correction: icepop`) becomes {name: icepop}."""
+    sampler = data.get("sampler") if isinstance(data, Mapping) else None
+    if not isinstance(sampler, Mapping):
+        return dict(data)
+    sampler = dict(sampler)
+    old = {k: sampler.pop(k) for k in LEGACY_CORRECTION if k in sampler}
+    if old:
+        if "correction" in sampler:
+            raise ConfigError(source, "sampler.mismatch_is", "replaced by sampler.correction: set only the latter")
+        mode, cap = old.get("mismatch_is", "none"), old.get("mismatch_is_cap", 2.0)
+        if mode not in ("none", "token", "sequence"):
+            raise ConfigError(source, "sampler.mismatch_is", unknown_choice("value", mode, ("none", "token", "sequence")))
+        sampler["correction"] = ({"name": "none"} if mode == "none"
+                                 else {"name": "tis", "level": mode, "floor": 0.0,
+                                       "cap": float(cap) if isinstance(cap, int) and not isinstance(cap, bool) else cap})
+    if isinstance(sampler.get("correction"), str):
+        sampler["correction"] = {"name": sampler["correction"]}
+    return {**data, "sampler": sampler}
+
+
 def validate(data: Mapping, source: str | None = None) -> RunConfig:
-    """A composed dict -> a validated RunConfig with the method's defaults filled into `objective`."""
+    """A composed dict -> a validated RunConfig with the method's defaults filled into `objective`
+    and the correction's into `sampler.correction`."""
+    data = migrate(data, source)
     _check_unknown(data, RunConfig, "", source)
     try:
         cfg = from_dict(data)
@@ -214,9 +246,6 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
     if tc.prompts_per_step % cfg.launch.nproc_per_node:
         err("launch.nproc_per_node", f"{cfg.launch.nproc_per_node} processes cannot share "
             f"train.prompts_per_step={tc.prompts_per_step} prompts by whole groups (make it a multiple)")
-    if sc.mismatch_is != "none" and sc.old_logp != "recompute":
-        err("sampler.mismatch_is", "needs sampler.old_logp=recompute: with old_logp=sampler the ratio is "
-            "already taken against the sampler's log-probs")
     if sc.sleep_mode and sc.backend == "hf":
         err("sampler.sleep_mode", "applies to the vllm backend (the hf backend samples from the training model itself)")
     if cfg.task.name == "math" and not cfg.task.path:
@@ -244,6 +273,7 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
         ensure_plugins(cfg)
     except UserError as e:
         err("plugins", str(e))
+    _check_correction(cfg, err)
     obj = dict(cfg.objective)
     method = obj.pop("method", None)
     if method is None:
@@ -258,6 +288,22 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
             bad = next((k for k in obj if f"'{k}'" in str(e) or str(k) in str(e)), None)
         err(f"objective.{bad}" if bad else "objective", str(e))
     cfg.objective = {"method": method, **params}
+
+
+def _check_correction(cfg: RunConfig, err) -> None:
+    """`sampler.correction` against its registry (after the plugins: a plugin may register one);
+    fills its defaults. A correction needs the recomputed old log-probs."""
+    from clipbench.objectives.corrections import validate_correction
+
+    setting = dict(cfg.sampler.correction)
+    try:
+        cfg.sampler.correction = validate_correction(setting)
+    except ValueError as e:
+        bad = next((k for k in setting if k != "name" and f"'{k}'" in str(e)), None)
+        err(f"{CORRECTION_KEY}.{bad or 'name'}", str(e))
+    if cfg.sampler.correction["name"] != "none" and cfg.sampler.old_logp != "recompute":
+        err(f"{CORRECTION_KEY}.name", "needs sampler.old_logp=recompute: with old_logp=sampler the rule's ratio is "
+            "already taken against the sampler's log-probs (rho = 1)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -278,7 +324,7 @@ def _schema() -> DictConfig:
 def from_dict(d: Mapping) -> RunConfig:
     """A RunConfig from a (nested) mapping, typed by OmegaConf's structured-config rules (strings
     converted to numbers where the schema says so, unknown keys refused); values not checked."""
-    return OmegaConf.to_object(OmegaConf.merge(_schema(), OmegaConf.create(dict(d))))  # type: ignore[return-value]
+    return OmegaConf.to_object(OmegaConf.merge(_schema(), OmegaConf.create(migrate(d))))  # type: ignore[return-value]
 
 
 # Sections that do not change what a run computes, so they stay out of its identity.
@@ -318,11 +364,30 @@ def _without_nested_path(d: dict, path: list[str]) -> dict:
     return out
 
 
+def _id_sampler(sampler: Mapping) -> dict:
+    """The sampler section as the run id hashes it: a correction the former keys could express is
+    hashed as those keys (`mismatch_is`, `mismatch_is_cap`), so every run id from before
+    `sampler.correction` existed is unchanged; any other correction is hashed as itself. (A former
+    config with mismatch_is none and a cap other than 2, a cap nothing read, hashes as cap 2.)"""
+    out = dict(sampler)
+    corr = out.pop("correction", None)
+    if corr is None:
+        return out
+    corr = dict(corr)
+    if corr.get("name") == "none" and len(corr) == 1:
+        return {**out, "mismatch_is": "none", "mismatch_is_cap": 2.0}
+    if corr.get("name") == "tis" and set(corr) <= {"name", "level", "cap", "floor"} and corr.get("floor", 0.0) == 0.0:
+        return {**out, "mismatch_is": corr.get("level", "token"), "mismatch_is_cap": corr.get("cap", 2.0)}
+    return {**out, "correction": corr}
+
+
 def run_id(cfg: RunConfig | Mapping) -> str:
     """12 hex chars of sha256 over the canonical JSON of the resolved config (minus tracking/name and
-    the ID_DEFAULTS keys at their defaults)."""
-    d = to_dict(cfg) if isinstance(cfg, RunConfig) else dict(cfg)
+    the ID_DEFAULTS keys at their defaults; the sampler correction as `_id_sampler` states)."""
+    d = to_dict(cfg) if isinstance(cfg, RunConfig) else migrate(cfg)
     d = {k: v for k, v in _without_nested(d).items() if in_id(k, v)}
+    if isinstance(d.get("sampler"), Mapping):
+        d["sampler"] = _id_sampler(d["sampler"])
     blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

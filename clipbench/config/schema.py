@@ -36,7 +36,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.device": ("auto", "cpu", "cuda"),
     "sampler.backend": ("auto", "hf", "vllm"),  # clipbench.rollout implements each
     "sampler.old_logp": ("recompute", "sampler"),
-    "sampler.mismatch_is": ("none", "token", "sequence"),
     "train.lr_schedule": ("constant", "cosine"),
     "train.record.state": ("auto", "none", "last", "all"),  # clipbench.train.record reads it
     "launch.preempt_signal": ("SIGTERM", "SIGUSR1", "SIGUSR2"),  # clipbench.train.preempt.SIGNALS
@@ -159,8 +158,8 @@ class Source:
 
 
 # Every leaf of RunConfig that is neither a bool, a closed choice (CHOICES and `load.choices`) nor
-# free-form (`objective`: checked against its method's parameters; `trl`: TRL's GRPOConfig fields,
-# checked by TRL) has a declaration here.
+# free-form (`objective`: checked against its method's parameters; `sampler.correction`: against the
+# correction's; `trl`: TRL's GRPOConfig fields, checked by TRL) has a declaration here.
 MAX_STEPS = 1_000_000          # rollout steps (and optimizer/eval/checkpoint intervals)
 MAX_TOKENS = 1 << 20           # new tokens per completion
 MAX_BATCH = 1 << 16            # prompts per step, samples per prompt / problem, mini-batches
@@ -184,7 +183,6 @@ RANGES: dict[str, Range | Each | Text | Source] = {
     "sampler.top_p": Range(0.0, 1.0, lo_open=True),
     "sampler.prompts_per_call": Range(0, MAX_BATCH),
     "sampler.gpu_memory_utilization": Range(0.0, 1.0, lo_open=True),
-    "sampler.mismatch_is_cap": Range(1.0, why="a cap below 1 scales down tokens the sampler and trainer agree on"),
     "train.steps": Range(1, MAX_STEPS),
     "train.prompts_per_step": Range(1, MAX_BATCH),
     "train.mini_batches": Range(1, MAX_BATCH),
@@ -258,10 +256,10 @@ class SamplerConfig:
     prompts_per_call: int = 0
     gpu_memory_utilization: float = 0.3  # vllm only
     sleep_mode: bool = False  # vllm on CUDA: the engine sleeps while the trainer updates (frees its share)
-    # sampler/trainer mismatch correction (truncated importance sampling; needs old_logp: recompute):
-    # none | token: w_t = min(pi_old(y_t) / pi_sampler(y_t), cap) | sequence: one weight per sequence
-    mismatch_is: str = "none"
-    mismatch_is_cap: float = 2.0  # the cap C of the truncated importance weights (>= 1)
+    # The sampler/trainer correction (needs old_logp: recompute): {name: <correction>, <param>: ...},
+    # its parameters' defaults from clipbench.objectives.corrections (`clipbench methods` lists them),
+    # e.g. {name: tis, level: token, cap: 2.0} (the former mismatch_is / mismatch_is_cap), {name: icepop}.
+    correction: Dict[str, Any] = field(default_factory=lambda: {"name": "none"})
 
 
 @dataclass
@@ -361,8 +359,9 @@ class RunConfig:
 
 
 def leaf_keys() -> tuple[str, ...]:
-    """Every dotted leaf key of RunConfig, in schema order ('objective' and 'trl' are free-form
-    mappings: one key each, checked against the method's parameters and TRL's GRPOConfig)."""
+    """Every dotted leaf key of RunConfig, in schema order ('objective', 'sampler.correction' and 'trl'
+    are free-form mappings: one key each, checked against the method's or the correction's parameters
+    and TRL's GRPOConfig)."""
     import typing
     from dataclasses import fields, is_dataclass
 

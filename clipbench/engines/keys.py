@@ -65,6 +65,35 @@ def refused(why: str) -> Support:
 
 
 _OWN = "clipbench's own code runs it"
+
+
+def _correction(v: Any) -> tuple[str, dict]:
+    v = dict(v or {"name": "none"})
+    return v.pop("name", "none"), v
+
+
+def _reads(inputs: tuple[str, ...]) -> Callable[[Any], bool]:
+    """Refuse an objective whose rule reads one of `inputs` (an engine that cannot pass them)."""
+    def refuse(v: Any) -> bool:
+        from clipbench.objectives import METHODS
+
+        spec = METHODS.get((v or {}).get("method"))
+        return spec is not None and any(i in spec.inputs for i in inputs)
+    return refuse
+
+
+def trl_refuses_correction(v: Any) -> bool:
+    """TRL 1.16's vllm_importance_sampling_mode: token/sequence x truncate (clip_min, clip_max) or mask."""
+    name, p = _correction(v)
+    return not (name in ("none", "tis") or (name == "icepop" and p.get("weight", "rho") == "rho"))
+
+
+def verl_refuses_correction(v: Any) -> bool:
+    """verl 0.9.1's algorithm.rollout_correction: rollout_is (TIS: one threshold; IcePop: 'lo_hi' with
+    lo > 0) and rollout_rs (the KL-estimator rejection)."""
+    name, p = _correction(v)
+    return not (name in ("none", "kl_rs") or (name == "tis" and p.get("floor", 0.0) == 0.0)
+                or (name == "icepop" and p.get("weight", "rho") == "rho" and p.get("low", 0.5) > 0))
 _TASK = "clipbench builds the task: prompts, reward, held-out split"
 _EVAL = "clipbench's evaluation of the model"
 _TRACK = "clipbench's results store and MLflow mirror"
@@ -94,13 +123,18 @@ TRL: dict[str, Support] = {
     "sampler.top_p": mapped(G + "top_p"),
     "sampler.old_logp": honoured("recompute: TRL recomputes the old log-probs", refuse=lambda v: v == "sampler",
                                  why="TRL recomputes the old log-probs itself (its importance-sampling "
-                                     "correction is sampler.mismatch_is)"),
+                                     "correction is sampler.correction)"),
     "sampler.prompts_per_call": refused("TRL samples a whole generation batch in one call"),
     "sampler.gpu_memory_utilization": mapped(G + "vllm_gpu_memory_utilization"),
     "sampler.sleep_mode": mapped(G + "vllm_enable_sleep_mode"),
-    "sampler.mismatch_is": mapped(G + "vllm_importance_sampling_correction / vllm_importance_sampling_mode "
-                                  "(token: token_truncate, sequence: sequence_truncate; none: no correction)"),
-    "sampler.mismatch_is_cap": mapped(G + "vllm_importance_sampling_clip_max"),
+    "sampler.correction": mapped(G + "vllm_importance_sampling_correction / " + G + "vllm_importance_sampling_mode / "
+                                 + G + "vllm_importance_sampling_clip_min / " + G + "vllm_importance_sampling_clip_max (tis: "
+                                 "token_truncate, sequence_truncate with clip_min = floor, clip_max = cap; icepop: "
+                                 "token_mask, sequence_mask with clip_min = low, clip_max = high; none: no correction; "
+                                 "TRL's ratio has no +-20 clamp, which only moves weights below e^-20)",
+                                 refuse=trl_refuses_correction,
+                                 why="TRL 1.16 corrects with truncated or masked importance sampling only (tis, "
+                                     "icepop with weight=rho): no sequence masks, veto or KL rejection"),
     "train.steps": mapped(G + "max_steps = steps x mini_batches x epochs"),
     "train.prompts_per_step": mapped(G + "generation_batch_size = prompts_per_step x group_size (and "
                                      "per_device_train_batch_size = that / (mini_batches x processes x "
@@ -115,7 +149,9 @@ TRL: dict[str, Support] = {
     "train.lr_schedule": mapped(G + "lr_scheduler_type"),
     "train.advantage": mapped(G + "scale_rewards (group: 'group', group_mean: 'none')",
                               refuse=lambda v: v == "rloo", why="TRL's GRPOTrainer has no rloo advantage"),
-    "train.agg": honoured("ClipbenchGRPOTrainer(agg=...): clipbench's aggregation is TRL's loss"),
+    "train.agg": honoured("ClipbenchGRPOTrainer(agg=...): clipbench's aggregation is TRL's loss",
+                          refuse=lambda v: v == "prompt-mean",
+                          why="TRL shuffles a generation batch's rows, so its loss cannot tell their prompt groups"),
     "train.beta": mapped(G + "beta"),
     "train.grad_clip": mapped(G + "max_grad_norm (0: no clipping in both)"),
     "train.max_skipped_frac": refused("TRL applies every optimizer step (it skips none whose gradient norm is "
@@ -144,7 +180,9 @@ TRL: dict[str, Support] = {
     "launch.nproc_per_node": honoured("torchrun processes (TRL's accelerate reads their environment)"),
     "launch.preempt_signal": refused("TRL's trainer has no preemption checkpoint (its generation buffer is not "
                                      "saved): a signal stops it; it resumes from its last checkpoint"),
-    "objective": honoured("the rule is TRL's loss (ClipbenchGRPOTrainer)"),
+    "objective": honoured("the rule is TRL's loss (ClipbenchGRPOTrainer); a rule's mini-batch statistic (bapo, "
+                          "m2po) is computed per TRL micro-batch, as the rules' sources do",
+                          refuse=_reads(("reward",)), why="TRL's loss inputs carry no per-sequence reward (topr)"),
 }
 
 # --- verl: one verl trainer command per run (clipbench.engines.verl.verl_overrides) -----------------
@@ -174,8 +212,14 @@ VERL: dict[str, Support] = {
     "sampler.prompts_per_call": refused("verl samples a whole batch per call"),
     "sampler.gpu_memory_utilization": mapped(R + "gpu_memory_utilization"),
     "sampler.sleep_mode": mapped(R + "free_cache_engine"),
-    "sampler.mismatch_is": refused("not wired to verl's algorithm.rollout_correction"),
-    "sampler.mismatch_is_cap": refused("not wired to verl's algorithm.rollout_correction"),
+    "sampler.correction": mapped("algorithm.rollout_correction.rollout_is / algorithm.rollout_correction."
+                                 "rollout_is_threshold (tis: level, cap; icepop: level, 'low_high'; kl_rs: "
+                                 "algorithm.rollout_correction.rollout_rs, rollout_rs_threshold: <level>_<estimator>, "
+                                 "'low_high' or max_kl); verl floors a token's weight at e^-20",
+                                 refuse=verl_refuses_correction,
+                                 why="verl 0.9.1 has no floor for truncated IS, no weight=one or low=0 for IcePop, and "
+                                     "its sequence masks drop tokens from the denominators (geo_mask and veto keep "
+                                     "them; use kl_rs with estimator=k1, level=seq_mean for verl's Geo-RS)"),
     "train.steps": mapped("trainer.total_training_steps"),
     "train.prompts_per_step": mapped("data.train_batch_size (and " + A + "ppo_mini_batch_size = "
                                      "prompts_per_step / mini_batches)"),
@@ -187,7 +231,8 @@ VERL: dict[str, Support] = {
     "train.warmup_steps": mapped(A + "optim.lr_warmup_steps"),
     "train.lr_schedule": mapped(A + "optim.lr_scheduler_type"),
     "train.advantage": mapped("algorithm.adv_estimator, algorithm.norm_adv_by_std_in_grpo"),
-    "train.agg": mapped(A + "loss_agg_mode"),
+    "train.agg": mapped(A + "loss_agg_mode", refuse=lambda v: v == "prompt-mean",
+                        why="verl 0.9.1 has no prompt-mean aggregation"),
     "train.beta": mapped(A + "use_kl_loss, " + A + "kl_loss_coef (kl_loss_type=low_var_kl: k3)"),
     "train.grad_clip": mapped(A + "grad_clip"),
     "train.max_skipped_frac": refused("verl skips a step whose gradient norm is not finite but never fails a run "
@@ -231,7 +276,11 @@ VERL: dict[str, Support] = {
     "objective": mapped(A + "policy_loss.loss_mode, CLIPBENCH_RULE_PARAMS (loss_mode=clipbench.<method>; the "
                         "parameters as JSON in the workers' environment, and verl's own fields where they mean the "
                         "same: clip_ratio_low, clip_ratio_high, clip_ratio_c, tau_pos, tau_neg, dro_beta, "
-                        "clip_cov_ratio, clip_cov_lb, clip_cov_ub, kl_cov_ratio, ppo_kl_coef)"),
+                        "clip_cov_ratio, clip_cov_lb, clip_cov_ub, kl_cov_ratio, ppo_kl_coef; a rule's mini-batch "
+                        "statistic per verl micro-batch, as the rules' sources do)",
+                        refuse=_reads(("reward", "entropy")),
+                        why="verl's policy-loss signature passes neither the sequence reward (topr) nor the "
+                            "token entropy (aspo)"),
 }
 
 KEYS: dict[str, dict[str, Support]] = {"builtin": BUILTIN, "trl": TRL, "verl": VERL}
@@ -244,7 +293,8 @@ def schema_defaults() -> dict[str, Any]:
     from clipbench.yamlio import flatten
 
     defaults = dataclasses.asdict(RunConfig())
-    return {**flatten(defaults), "objective": defaults["objective"], "trl": {}}
+    return {**flatten(defaults), "objective": defaults["objective"], "trl": {},
+            "sampler.correction": defaults["sampler"]["correction"]}
 
 
 def refusals(cfg_dict: Mapping[str, Any], engine: str) -> list[tuple[str, str]]:
@@ -254,6 +304,7 @@ def refusals(cfg_dict: Mapping[str, Any], engine: str) -> list[tuple[str, str]]:
     flat = flatten(cfg_dict)
     flat["trl"] = cfg_dict.get("trl") or {}
     flat["objective"] = cfg_dict.get("objective")
+    flat["sampler.correction"] = (cfg_dict.get("sampler") or {}).get("correction")
     defaults = schema_defaults()
     out = []
     for key, support in KEYS[engine].items():

@@ -50,8 +50,20 @@ DERIVED = ("output_dir", "seed", "num_generations", "per_device_train_batch_size
            "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode", "vllm_importance_sampling_correction",
            "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min",
            "vllm_importance_sampling_cap", "loss_type", "epsilon", "epsilon_high")
-# sampler.mismatch_is -> TRL's vllm_importance_sampling_mode (truncated importance sampling, capped above)
-MISMATCH_MODES = {"token": "token_truncate", "sequence": "sequence_truncate"}
+# sampler.correction -> TRL's vllm_importance_sampling_mode (engines.keys refuses what has no counterpart)
+MODES = {("tis", "token"): "token_truncate", ("tis", "sequence"): "sequence_truncate",
+         ("icepop", "token"): "token_mask", ("icepop", "sequence"): "sequence_mask"}
+
+
+def correction_args(correction: dict) -> dict:
+    """GRPOConfig's vllm_importance_sampling_* fields of a (validated) sampler.correction."""
+    c = dict(correction)
+    name = c.pop("name")
+    if name == "none":
+        return {"vllm_importance_sampling_correction": False}
+    low, high = (c["floor"], c["cap"]) if name == "tis" else (c["low"], c["high"])
+    return {"vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": MODES[name, c["level"]],
+            "vllm_importance_sampling_clip_min": low if low > 0 else None, "vllm_importance_sampling_clip_max": high}
 
 
 def _grpo_fields() -> list[str]:
@@ -65,8 +77,8 @@ def _grpo_fields() -> list[str]:
 def check_config(cfg, source: str | None = None) -> None:
     """ConfigError for bad `trl:` entries and for what needs two keys together (the one-key refusals
     are the engines' table, clipbench.engines.keys)."""
-    if cfg.sampler.mismatch_is != "none" and not _uses_vllm(cfg):
-        raise ConfigError(source, "sampler.mismatch_is", "engine 'trl' corrects the sampler mismatch only with "
+    if cfg.sampler.correction["name"] != "none" and not _uses_vllm(cfg):
+        raise ConfigError(source, "sampler.correction.name", "engine 'trl' corrects the sampler mismatch only with "
                           "sampler.backend=vllm (TRL has no sampler log-probs without vLLM)")
     if cfg.trl:
         known = _grpo_fields()
@@ -125,9 +137,7 @@ def grpo_args(cfg, run_dir: Path, *, world_size: int):
         use_cpu=device.type == "cpu", bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
         gradient_checkpointing=cfg.model.gradient_checkpointing, use_vllm=_uses_vllm(cfg),
         vllm_gpu_memory_utilization=sc.gpu_memory_utilization, vllm_enable_sleep_mode=sc.sleep_mode,
-        vllm_importance_sampling_correction=sc.mismatch_is != "none",
-        vllm_importance_sampling_mode=MISMATCH_MODES.get(sc.mismatch_is, "token_truncate"),
-        vllm_importance_sampling_clip_max=sc.mismatch_is_cap, report_to="none", disable_tqdm=True,
+        **correction_args(sc.correction), report_to="none", disable_tqdm=True,
     )
     kw.update(extra)
     return GRPOConfig(**kw)
@@ -310,6 +320,7 @@ def run_trl(cfg, run_dir: Path, *, resume: bool = False, sink=None,
     from clipbench.tracking.files import read_json
     from clipbench.models import load_model_and_tokenizer, resolve_model_name
     from clipbench.train.checkpoint import find_checkpoint
+    from clipbench.train.distributed import resolve_device
     from clipbench.eval.suite import eval_suite
 
     check_config(cfg)
@@ -351,7 +362,7 @@ def run_trl(cfg, run_dir: Path, *, resume: bool = False, sink=None,
                       engine="trl", started=rd.status().get("started", time.time()))
         sink.log_params(run_params(to_dict(cfg), backend))
         starts = record_start(rd, cfg.model.name, engine="trl", world_size=int(os.environ.get("WORLD_SIZE", "1")),
-                              device=device, step=state["step"], fresh=ckpt is None)
+                              device=resolve_device(cfg.model.device), step=state["step"], fresh=ckpt is None)
         sink.log_params(provenance_params(starts))  # machine, software, base-model sha256
 
     trainer.train(resume_from_checkpoint=str(ckpt / "model") if ckpt else None)

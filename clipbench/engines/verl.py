@@ -128,11 +128,31 @@ def record_env(cfg: dict, run_dir: Path) -> dict[str, str]:
     return {RECORD_DIR_ENV: str(Path(run_dir) / "record"), RECORD_MAX_MB_ENV: str(rec.get("max_mb", 1024))}
 
 
+RC = "algorithm.rollout_correction."
+
+
+def correction_overrides(correction: dict) -> dict[str, Any]:
+    """verl's algorithm.rollout_correction of a (validated) sampler.correction (engines.keys refuses
+    what has no counterpart); verl 0.9.1 computes the rollout log-probs by default."""
+    c = dict(correction)
+    name = c.pop("name")
+    if name == "tis":
+        return {RC + "rollout_is": c["level"], RC + "rollout_is_threshold": c["cap"]}
+    if name == "icepop":
+        return {RC + "rollout_is": c["level"], RC + "rollout_is_threshold": f"{c['low']!r}_{c['high']!r}"}
+    if name == "kl_rs":
+        threshold = f"{c['low']!r}_{c['high']!r}" if c["estimator"] == "k1" else c["max_kl"]
+        return {RC + "rollout_rs": f"{c['level']}_{c['estimator']}", RC + "rollout_rs_threshold": threshold}
+    return {}
+
+
 def verl_overrides(cfg: dict, *, run_dir: Path, data: tuple[Path, Path], experiment: str, n_gpus: int = 8,
                    nnodes: int = 1, tracking_uri: str | None = None) -> list[str]:
     """verl main_ppo Hydra overrides for one resolved clipbench run config (see the module docstring)."""
+    from clipbench.config.load import migrate
     from clipbench.models import compute_dtype, dtype_name, resolve_model_name
 
+    cfg = migrate(cfg)  # a manifest frozen before sampler.correction
     tc, sc, ev, obj = cfg["train"], cfg["sampler"], cfg["eval"], dict(cfg["objective"])
     method = obj.pop("method")
     P, M = tc["prompts_per_step"], tc["mini_batches"]
@@ -178,6 +198,7 @@ def verl_overrides(cfg: dict, *, run_dir: Path, data: tuple[Path, Path], experim
             o[f"{A}.{fields[0]}"] = obj[param]
     if tc.get("micro_batch_tokens"):
         o[f"{A}.ppo_max_token_len_per_gpu"] = tc["micro_batch_tokens"]
+    o.update(correction_overrides(sc.get("correction") or {"name": "none"}))
     out = [f"{k}={_hydra_value(v)}" for k, v in o.items()]
     env = {**rule_env(cfg), **record_env(cfg, run_dir)}
     tracking_uri = tracking_uri or cfg["tracking"].get("tracking_uri")

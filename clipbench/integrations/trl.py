@@ -40,6 +40,12 @@ Design choices:
   sequence-level ratio, `delta`). vLLM's truncated importance-sampling weights
   (`vllm_importance_sampling_correction`) multiply the rule's per-token loss as in TRL; the KL term
   (beta > 0) is clipbench's k3, as TRL's (times the token ratio with `use_bias_correction_kl`).
+* Rules reading the token entropy (aspo) get TRL's entropies of the same forward; rules with a
+  mini-batch statistic (bapo, m2po) compute it per micro-batch, as their sources do. A rule reading
+  the sequence reward (topr) and the prompt-mean aggregation are refused: TRL's loss inputs carry no
+  reward and its shuffled rows no prompt group. token-sum is multiplied by the process count
+  (DDP averages), as verl's. TRL's masked importance sampling (token_mask, sequence_mask) zeroes
+  weights: those tokens are counted per cell as masked (`correction/<cell>/masked`).
 * NSR's coin flips come from a generator seeded by (args.seed, optimizer step, micro-batch, rank):
   no global RNG is touched, so TRL's own sampling stream is the same as with its built-in losses.
 * Recording (`record={"dir": ..., "every": N, "max_mb": M}`, docs/replay.md): every N-th generation
@@ -57,6 +63,7 @@ from trl import GRPOTrainer
 from clipbench.objectives import (AGGREGATIONS, METHODS, aggregate, all_reduce_sums, combine, finalize, kl_k3,
                                   log_ratio_histogram, policy_loss, validate_params)
 from clipbench.integrations.record import LossRecorder
+from clipbench.objectives.corrections import KEPT, MASKED
 from clipbench.seeds import derive_seed as _seed  # the one seed derivation
 
 # TRL loss_type -> the clipbench aggregation it computes (when `agg` is not given).
@@ -107,6 +114,10 @@ class ClipbenchGRPOTrainer(GRPOTrainer):
                  log_histograms: bool = False, record: dict | None = None, **kwargs):
         if method not in METHODS:
             raise ValueError(f"unknown clipbench method {method!r}; valid: {', '.join(sorted(METHODS))}")
+        if "reward" in METHODS[method].inputs:
+            raise ValueError(f"method {method!r} reads each sequence's reward, which TRL's loss inputs do not carry")
+        if agg == "prompt-mean":
+            raise ValueError("agg='prompt-mean' needs each row's prompt group, which TRL's shuffled batch does not keep")
         self.clipbench_method = method
         self.clipbench_params = validate_params(method, dict(params or {}))
         super().__init__(*args, **kwargs)
@@ -168,8 +179,12 @@ class ClipbenchGRPOTrainer(GRPOTrainer):
             _seed(self.args.seed, "nsr", mode, self.state.global_step, micro, self.accelerator.process_index))
         tokens, seqs = self._window_counts(inputs, mode)
         weights = inputs["importance_sampling_ratio"] if self.use_vllm and self.vllm_importance_sampling_correction \
-            else None  # TRL's truncated importance-sampling weights of the policy term
+            else None  # TRL's truncated / masked importance-sampling weights of the policy term
         maskf = mask.to(torch.float32)
+        status = None
+        if weights is not None:
+            weights = weights.expand_as(logp)  # sequence modes: (B, 1)
+            status = torch.where((weights == 0) & (maskf > 0), MASKED, KEPT).to(torch.int8)
         ref = inputs.get("ref_per_token_logps") if self.beta != 0.0 else None
         corrected_kl = ref is not None and self.args.use_bias_correction_kl
         u = torch.rand(logp.shape, generator=gen, device=gen.device).to(logp.device) \
@@ -177,13 +192,16 @@ class ClipbenchGRPOTrainer(GRPOTrainer):
         out = policy_loss(self.clipbench_method, logp, old, adv, maskf, agg=self.clipbench_agg, generator=gen,
                           uniforms=u, weights=weights, ref_logp=None if corrected_kl else ref,
                           beta=0.0 if corrected_kl else self.beta, max_len=self.max_completion_length,
-                          global_tokens=tokens, global_seqs=seqs, **self.clipbench_params)
+                          global_tokens=tokens, global_seqs=seqs, entropy=entropies, correction_status=status,
+                          **self.clipbench_params)
         loss, sums = out.loss, dict(out.sums)
         if corrected_kl:  # TRL's importance-sampling-corrected KL: k3 times the token ratio
             kl = kl_k3(logp, ref) * torch.exp(logp - old) * maskf  # (B, T)
             loss = loss + self.beta * aggregate(kl, maskf, self.clipbench_agg, self.max_completion_length,
                                                 global_tokens=tokens, global_seqs=seqs)
             sums["kl_ref/sum"] = kl.detach().sum().to(torch.float64)
+        if self.clipbench_agg == "token-sum":  # no normaliser: DDP's average over processes is undone
+            loss = loss * self.accelerator.num_processes
         if self.aux_loss_enabled:
             scale = self.current_gradient_accumulation_steps if mode == "train" else 1.0
             loss = loss + self.router_aux_loss_coef * aux_loss / scale

@@ -41,6 +41,9 @@ Design choices:
   (and gradient masses) are reported per valid token of the micro-batch: `actor/clipbench/{cell}/{count}`,
   `actor/clipbench/clip_events`, plus `actor/clipbench/ratio/{mean,max,min}` and `approx_kl`, and
   verl's own `actor/pg_clipfrac` (zero-gradient tokens with A != 0) and `actor/ppo_kl`.
+* Rules reading the sequence reward (topr) or the token entropy (aspo) are refused at their first
+  call: verl's policy-loss signature passes neither. A rule's mini-batch statistic (bapo, m2po) is
+  computed per call (verl's micro-batch), as its sources do.
 * NSR's coin flips: a torch.Generator per call seeded from (actor.data_loader_seed, rank, call
   number in this process); verl's global RNG is untouched.
 * Recording (docs/replay.md): with `CLIPBENCH_RECORD_DIR` in the workers' environment (the engine
@@ -141,6 +144,10 @@ def make_loss_fn(method: str):
                               rollout_is_weights: torch.Tensor | None = None):
         from verl.trainer.ppo.core_algos import agg_loss
 
+        missing = [i for i in ("reward", "entropy") if i in METHODS[method].inputs]
+        if missing:
+            raise ValueError(f"clipbench.{method} reads the sequence's {missing[0]}, which verl's policy-loss "
+                             "signature does not pass")
         params = rule_params(method, config)
         maskf = response_mask.to(torch.float32)  # (B, T)
         adv = sequence_advantages(advantages.to(torch.float32), maskf)  # (B,)

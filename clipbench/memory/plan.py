@@ -47,7 +47,7 @@ def setup_for(cfg: RunConfig, *, world_size: int = 1, device_gib: float = 80.0,
         reference_model=tc.beta > 0, backend=backend,
         gpu_memory_utilization=sc.gpu_memory_utilization,
         sleep_mode=sc.sleep_mode,
-        sampler_logprobs=sc.old_logp == "sampler" or sc.mismatch_is != "none")
+        sampler_logprobs=sc.old_logp == "sampler" or sc.correction["name"] != "none")
 
 
 def fit_message(plan: MemoryPlan, knobs: list[str], where: str) -> str:

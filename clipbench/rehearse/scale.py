@@ -190,8 +190,9 @@ def _sampler(plan: Plan, real: dict, here: Machine) -> None:
         plan.add("sampler.gpu_memory_utilization", "skipped", "a GPU's share; on a CPU the KV cache is sized "
                                                               "for the engine's sequences")
     plan.add("sampler.old_logp", "as", rs["old_logp"])
-    if rs["mismatch_is"] != "none":
-        plan.add("sampler.mismatch_is", "as", f"{rs['mismatch_is']} (cap {rs['mismatch_is_cap']})")
+    corr = rs["correction"]
+    if corr.get("name", "none") != "none":
+        plan.add("sampler.correction", "as", ", ".join(f"{k}={v}" for k, v in corr.items()))
 
 
 def _evaluation(plan: Plan, real: dict) -> None:

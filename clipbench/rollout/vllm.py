@@ -286,5 +286,5 @@ def _check_sampling(max_new_tokens: int, temperature: float, top_p: float) -> No
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
 
 
-__all__ = ["SleepCycle", "VLLMSampler", "is_available", "prompt_seeds", "default_kv_cache_bytes",
+__all__ = ["SleepCycle", "VLLMSampler", "is_available", "default_kv_cache_bytes",
            "kv_bytes_per_token", "completion_logprobs", "preserved_global_state", "sleep_mode_error"]

@@ -18,7 +18,6 @@ import numpy as np
 import torch
 
 from clipbench.models import shapes
-from clipbench.rollout.base import prompt_seeds  # noqa: F401  (per-request seeds; owned by base)
 
 _MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 KV_CACHE_CAP_BYTES = 2 << 30       # default CPU KV cache never exceeds 2 GiB

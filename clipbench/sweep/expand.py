@@ -34,6 +34,7 @@ from clipbench.config.load import PATH_KEYS, deep_merge, outside_id, set_dotted
 from clipbench.config.schema import leaf_keys
 from clipbench.errors import ConfigError, UserError, did_you_mean, unknown_choice
 from clipbench.objectives import METHODS, validate_params
+from clipbench.sweep import correction_axis
 from clipbench.sweep.spec import Axis, SweepSpec
 
 TRL = "trl."  # free-form: the trl engine's GRPOConfig fields (checked by the engine)
@@ -56,6 +57,8 @@ def expand(spec: SweepSpec) -> Expansion:
     base = _Base(spec, cli)
     methods = _methods(spec, axes, base.method)
     explicit = _check_objective(spec, axes, base, methods)
+    correction_axis.check_keys([(k, spec.source, f"{ax.where}.{k}") for ax in axes for k in ax.keys],
+                               correction_axis.sweep_names(axes, base.correction["name"], spec.source))  # applicable?
     plain = _PlainPart(spec, axes, base)
     runs: dict[str, dict] = {}
     points: dict[str, dict] = {}
@@ -65,7 +68,10 @@ def expand(spec: SweepSpec) -> Expansion:
         assign = {k: v for ax, i in zip(axes, idx) for k, v in zip(ax.keys, ax.values[i])}
         method = assign.get(METHOD_KEY, base.method)
         own = METHODS[method].defaults
-        point = {k: v for k, v in assign.items() if not k.startswith(OBJ) or k == METHOD_KEY or k[len(OBJ):] in own}
+        assign, corr = correction_axis.point(assign, base.correction)  # the point's sampler.correction
+        point = {k: v for ax, i in zip(axes, idx) for k, v in zip(ax.keys, ax.values[i])
+                 if (not k.startswith(OBJ) or k == METHOD_KEY or k[len(OBJ):] in own)
+                 and (not k.startswith(correction_axis.PREFIX) or k in corr)}
         if any(all(k in point and point[k] == v for k, v in e.items()) for e in spec.exclude):
             excluded += 1
             continue
@@ -80,7 +86,7 @@ def expand(spec: SweepSpec) -> Expansion:
                                 f"(run {rid}); keeping the first")
             continue  # else only inapplicable objective values differed: the same run again
         runs[rid] = cfg
-        points[rid] = {k: (v if k.startswith(OBJ) else _get(cfg, k)) for k, v in point.items()}
+        points[rid] = {k: (v if k.startswith((OBJ, correction_axis.PREFIX)) else _get(cfg, k)) for k, v in point.items()}
     if not runs:
         raise ConfigError(spec.source, "exclude", f"excludes every one of the {combos} grid points")
     return Expansion(runs, points, combos, excluded, tuple(warnings))
@@ -131,8 +137,13 @@ def _check_keys(spec: SweepSpec, axes: list[Axis], cli: Mapping[str, Any]) -> No
               + [(k, "command line", k) for k in cli]
               + [(k, spec.source, f"{ax.where}.{k}") for ax in axes for k in ax.keys])
     for key, src, where in places:
-        if key.startswith((OBJ, TRL)) or key in leaves:
-            continue  # objective parameters: checked against the sweep's methods; trl: by the engine
+        if key.startswith((OBJ, TRL, correction_axis.PREFIX)) or key in leaves:
+            continue  # objective / correction parameters: checked against the sweep's methods / corrections
+        if key in correction_axis.LEGACY:  # fine in overrides (`correction_axis.former_keys`), not as an axis
+            if not where.startswith(("overrides.", key)):
+                raise ConfigError(src, where, f"'{key}' is now {correction_axis.LEGACY[key]} (sampler.correction.name: "
+                                  "tis with sampler.correction.level: token | sequence and sampler.correction.cap)")
+            continue
         sub = sorted(leaf for leaf in leaves if leaf.startswith(key + "."))
         if sub:
             raise ConfigError(src, where, f"'{key}' is a section; use one of its keys: {', '.join(sub)}")
@@ -163,12 +174,13 @@ class _Base:
         self.objective.update({k: (v, spec.source, f"overrides.objective.{k}") for k, v in file_obj.items()})
         self.objective.update({k: (v, "command line", f"objective.{k}") for k, v in cli_obj.items()})
         sweep_dir = spec.file.resolve().parent
-        for layer, src, prefix, base_dir in ((spec.overrides, spec.source, "overrides.", sweep_dir),
-                                             (cli, "command line", "", Path.cwd())):
+        for layer, src, prefix, base_dir in ((correction_axis.former_keys(spec.overrides), spec.source, "overrides.",
+                                              sweep_dir), (correction_axis.former_keys(cli), "command line", "", Path.cwd())):
             plain = {k: _resolve_path(k, v, base_dir) for k, v in layer.items() if not k.startswith(OBJ)}
             if plain:
                 cfg = self.validated(cfg, plain, src, lambda key: f"{prefix}{key}" if key in plain else key)
         self.config = cfg
+        self.correction = dict(cfg["sampler"]["correction"])  # the base's resolved sampler correction
 
     def validated(self, cfg: dict, assign: Mapping[str, Any], src: str, where, suffix: str = "",
                   engine_check: bool = False) -> dict:
@@ -181,6 +193,8 @@ class _Base:
         for k, v in assign.items():
             set_dotted(nested, k, v)
         merged = {**deep_merge(cfg, nested), "objective": self.objective_defaults}
+        if correction_axis.KEY in assign:  # a correction's parameters are its own: it replaces the base's
+            merged["sampler"] = {**merged["sampler"], "correction": assign[correction_axis.KEY]}
         try:
             run = validate(merged, src)
             if engine_check:

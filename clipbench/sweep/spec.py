@@ -138,12 +138,17 @@ def _zip_axes(zips: Any, src: str) -> list[Axis]:
         if not group:
             raise ConfigError(src, where, "empty: give at least one key")
         keys = [_key(k, src, where) for k in group]
-        cols = [_values(group[k0], src, f"{where}.{k}") for k0, k in zip(group, keys)]
+        # a column may repeat a value (two rows with the same lr); the rows must differ
+        cols = [_values(group[k0], src, f"{where}.{k}", unique=len(keys) == 1) for k0, k in zip(group, keys)]
         lengths = {k: len(c) for k, c in zip(keys, cols)}
         if len(set(lengths.values())) > 1:
             raise ConfigError(src, where, "zipped lists must have the same length, got "
                               + ", ".join(f"{k}: {n}" for k, n in lengths.items()))
-        axes.append(Axis(tuple(keys), tuple(zip(*cols)), where))
+        rows = list(zip(*cols))
+        for j, row in enumerate(rows):
+            if any(all(_same(a, b) for a, b in zip(row, other)) for other in rows[:j]):
+                raise ConfigError(src, where, f"row {j} repeats an earlier row: {dict(zip(keys, row))}")
+        axes.append(Axis(tuple(keys), tuple(rows), where))
     return axes
 
 
@@ -190,7 +195,7 @@ def _key(k: Any, src: str, where: str) -> str:
     return k
 
 
-def _values(values: Any, src: str, where: str) -> list:
+def _values(values: Any, src: str, where: str, unique: bool = True) -> list:
     if not isinstance(values, list):
         raise ConfigError(src, where, f"expected a list of values, got {values!r}")
     if not values:
@@ -198,7 +203,7 @@ def _values(values: Any, src: str, where: str) -> list:
     for i, v in enumerate(values):
         if isinstance(v, Mapping):
             raise ConfigError(src, where, f"value {i} is a mapping; sweep leaf keys (e.g. model.name), not sections")
-        if any(_same(v, w) for w in values[:i]):
+        if unique and any(_same(v, w) for w in values[:i]):
             raise ConfigError(src, where, f"duplicate value {v!r}")
     return values
 

@@ -128,7 +128,8 @@ def mirror_points(step: int, metrics: Mapping[str, Any],
 
 def run_params(config: Mapping, backend: str | None = None) -> dict[str, Any]:
     """What a run logs as params: the flattened resolved config, the effective clip bounds and rule
-    semantics (`rule.*`), the run id and the resolved sampler backend. (The trainer logs the same.)"""
+    semantics (`rule.*`), the sampler correction's unit and denominators (`correction.*`), the run id
+    and the resolved sampler backend. (The trainer logs the same.)"""
     from clipbench.config import flatten, run_id
     from clipbench.objectives import effective_bounds
 
@@ -138,6 +139,14 @@ def run_params(config: Mapping, backend: str | None = None) -> dict[str, Any]:
     if method is not None:
         try:
             params.update({f"rule.{k}": v for k, v in effective_bounds(method, obj).items()})
+        except ValueError:
+            pass
+    correction = (config.get("sampler") or {}).get("correction")
+    if isinstance(correction, Mapping):  # its unit and which tokens stay in the denominators (correction.*)
+        from clipbench.objectives.corrections import describe
+
+        try:
+            params.update({f"correction.{k}": v for k, v in describe(correction).items() if k in ("unit", "denominator")})
         except ValueError:
             pass
     params["run_id"] = run_id(dict(config))

@@ -50,8 +50,14 @@ class RolloutBatch:
     sampler_logp: list[list[float]] | None
     advantages: torch.Tensor  # (B,)
     metrics: dict = field(default_factory=dict)
-    rewards: torch.Tensor | None = None  # (B,) each row's (shaped) reward
+    rewards: torch.Tensor | None = None  # (B,) each row's reward (after overlong shaping): rules may read it
     correct: torch.Tensor | None = None  # (B,) 1.0 where the task grades the completion correct
+
+    def row_inputs(self, mask: torch.Tensor, group_size: int, device) -> dict:
+        """Per-row inputs some rules and aggregations read (`step.StepInputs`): rewards (topr), prompt
+        groups (prompt-mean: prompt i owns rows i*G .. i*G+G-1), the (B, T) completion mask on the device."""
+        return {"rewards": None if self.rewards is None else self.rewards.to(device),
+                "groups": tuple(i // group_size for i in range(len(self.completion_ids))), "mask": mask.to(device)}
 
     def sampler_logp_tensor(self, T: int) -> torch.Tensor:
         """(B, T) the sampler's log-probs, 0 at padding."""

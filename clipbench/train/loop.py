@@ -49,7 +49,7 @@ import torch
 from clipbench.config import RunConfig, run_id, to_dict
 from clipbench.errors import RunFailed, UserError
 from clipbench.rollout import build_sampler, resolve_backend
-from clipbench.objectives.corrections import sampler_mismatch
+from clipbench.objectives.corrections import apply_correction, is_batch_metric
 from clipbench.tasks import build_run_task
 from clipbench.eval.evaluate import Shard
 from clipbench.eval.suite import eval_suite, run_eval
@@ -134,7 +134,7 @@ def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricS
     sc = cfg.sampler
     # the sampler's log-probs: its old log-probs, or the mismatch (always logged by vLLM; with hf only
     # when a correction asks for it: hf samples from the training model itself)
-    want_logp = sc.old_logp == "sampler" or sc.mismatch_is != "none" or backend == "vllm"
+    want_logp = sc.old_logp == "sampler" or sc.correction["name"] != "none" or backend == "vllm"
     eval_tokens = cfg.eval.max_new_tokens or sc.max_new_tokens  # the engine must hold eval's completions too
     sampler = build_sampler(backend, model, tok, max_new_tokens=sc.max_new_tokens, temperature=sc.temperature,
                             top_p=sc.top_p, seed=cfg.seed, return_logprobs=want_logp,
@@ -221,24 +221,26 @@ def update_start(trainer: Trainer, packed, batch: RolloutBatch, plan: list) -> t
 
 def rule_inputs(trainer: Trainer, packed, batch: RolloutBatch, first_epoch: list) -> tuple[StepInputs, dict | None]:
     """The rule's per-row inputs, fixed for the whole update: advantages, old log-probs (the policy's,
-    recomputed; or the sampler's with sampler.old_logp=sampler), the reference's, and the sampler
-    correction's weights. Also the sampler/trainer mismatch sums when they are measured here (old
-    log-probs recomputed), else None: with old_logp=sampler the first step's forward measures them."""
+    recomputed; or the sampler's with sampler.old_logp=sampler), the reference's, rewards and prompt
+    groups, and the sampler correction's weights. Also the sampler/trainer mismatch sums when they
+    are measured here (old log-probs recomputed), else None: with old_logp=sampler the first step's
+    forward measures them."""
     cfg, dist, kw = trainer.cfg, trainer.dist, trainer.forward_kw()
     sampled = None if batch.sampler_logp is None else \
         batch.sampler_logp_tensor(packed.completion_ids.shape[1]).to(dist.device)  # (B, T)
+    rows = batch.row_inputs(packed.completion_mask, cfg.sampler.group_size, dist.device)
     if cfg.sampler.old_logp == "sampler":
         return StepInputs(batch.advantages.to(dist.device), sampled, frozen_ref(trainer, packed, first_epoch),
-                          sampler_logp=sampled), None
+                          sampler_logp=sampled, **rows), None
     old = frozen_logprobs(trainer.model, packed, first_epoch, **kw)
-    inputs = StepInputs(batch.advantages.to(dist.device), old, frozen_ref(trainer, packed, first_epoch))
+    inputs = StepInputs(batch.advantages.to(dist.device), old, frozen_ref(trainer, packed, first_epoch), **rows)
     if sampled is None:
         return inputs, None
-    sc, mask = cfg.sampler, packed.completion_mask.to(dist.device)  # (B, T)
     mine = own_rows(first_epoch, len(packed.completion_lens), dist.device)  # (B,): this rank's rows, counted once
-    mm = sampler_mismatch(sampled, old, mask, mode=sc.mismatch_is, cap=sc.mismatch_is_cap, counted=mine[:, None] > 0)
-    inputs.weights = mm.weights  # every row's (later epochs hand ranks other rows)
-    return inputs, mm.sums
+    corr = apply_correction(cfg.sampler.correction, sampled, old, inputs.mask, counted=mine[:, None] > 0)
+    inputs.weights, inputs.correction_status = corr.weights, corr.status  # every row's (later epochs: other ranks)
+    return inputs, corr.sums
+
 
 
 def frozen_ref(trainer: Trainer, packed, first_epoch: list) -> torch.Tensor | None:
@@ -303,7 +305,7 @@ def stop_inside(trainer: Trainer, step: int, partial: Partial, rows: list[dict],
     rest's inputs with them (the histogram so far, summed over ranks), stop."""
     log_step(trainer, step, rows, None, None)
     partial.hist = None if hist is None else trainer.dist.all_reduce_(hist.to(torch.float64)).cpu()
-    partial.mismatch = {k: v for k, v in rows[0].items() if k.startswith("mismatch/")}
+    partial.mismatch = {k: v for k, v in rows[0].items() if is_batch_metric(k)}
     checkpoint(trainer, step, partial)
     mark_preempted(trainer, step, trainer.stop)
 

@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 
 from clipbench.objectives import histogram_dict, reduce_sums
+from clipbench.objectives.corrections import is_batch_metric
 from clipbench.train.batch import RolloutBatch
 from clipbench.train.distributed import Dist
 from clipbench.train.step import StepStats
@@ -23,12 +24,12 @@ def metric_rows(trainer, step: int, batch: RolloutBatch, done: list[dict], secon
     reduced = reduce_sums([d["stats"].sums() for d in done], trainer.dist.all_reduce_, to="cpu")
     norms = torch.stack([d["grad_norm"] for d in done]).cpu().tolist()
     if mismatch is None:
-        mismatch = {k: v for k, v in StepStats.metrics(reduced[0]).items() if k.startswith("mismatch/")}
+        mismatch = {k: v for k, v in StepStats.metrics(reduced[0]).items() if is_batch_metric(k)}
     return [{"step": step, "opt_step": d["opt_step"], "epoch": d["epoch"], "mini_batch": d["mini_batch"],
              "micro_batches": d["micro_batches"], **batch.metrics, **StepStats.metrics(r), "grad_norm": norm,
              "lr": d["lr"], "skipped_nonfinite": d["skipped_nonfinite"],
              "old_logp_source": 1 if trainer.cfg.sampler.old_logp == "sampler" else 0,
-             **mismatch,  # the rollout batch's sampler/trainer mismatch, on each of its rows
+             **mismatch,  # the rollout batch's sampler/trainer mismatch and correction, on each of its rows
              "time/update": seconds}
             for d, r, norm in zip(done, reduced, norms)]
 

@@ -35,7 +35,9 @@ from typing import Callable
 import torch
 
 from clipbench.objectives import METHODS, PolicyLossOutput, combine, finalize, log_ratio_counts, policy_loss
-from clipbench.objectives.corrections import mismatch_stats, sampler_mismatch
+from clipbench.objectives.aggregation import NEEDS_GROUPS
+from clipbench.objectives.corrections import REJECTED, apply_correction, correction_stats
+from clipbench.objectives.loss import mini_batch_stat
 from clipbench.train.distributed import Dist, full_tensor
 from clipbench.train.logprobs import completion_logprobs
 from clipbench.train.packing import Packed, placeholder
@@ -146,9 +148,14 @@ class Objective:
         """Does this rule (with these parameters) draw random numbers?"""
         return METHODS[self.method].needs_draws(self.params)
 
+    @property
+    def stat(self) -> bool:
+        """Does this rule read a statistic of the whole mini-batch (bapo, m2po)?"""
+        return METHODS[self.method].batch_stat is not None
+
     def loss(self, logp, mask, *, old_logp, advantages, **inputs) -> PolicyLossOutput:
         """`policy_loss` of this objective on one micro-batch (inputs: uniforms, ref_logp, weights,
-        global_tokens, global_seqs: docs/architecture.md)."""
+        rewards, entropy, correction_status, the mini-batch's counts and statistic: docs/architecture.md)."""
         return policy_loss(self.method, logp, old_logp, advantages, mask, agg=self.agg, beta=self.beta,
                            max_len=self.max_len, **inputs, **self.params)
 
@@ -167,14 +174,19 @@ class StepInputs:
     old_logp: torch.Tensor  # (B, T)
     ref_logp: torch.Tensor | None = None  # (B, T)
     uniforms: torch.Tensor | None = None  # (B, T) this epoch's draws of a stochastic rule
-    weights: torch.Tensor | None = None  # (B, T) the sampler correction's weights (objectives/corrections.py)
+    weights: torch.Tensor | None = None  # (B, T) the sampler correction's weights (objectives/corrections)
     sampler_logp: torch.Tensor | None = None  # (B, T) the sampler's log-probs, to measure the mismatch
+    correction_status: torch.Tensor | None = None  # (B, T) int8: what the correction did to each token
+    rewards: torch.Tensor | None = None  # (B,) each row's reward (rules that read it: topr)
+    groups: tuple[int, ...] = ()  # each row's prompt group (prompt-mean)
+    mask: torch.Tensor | None = None  # (B, T) the completion mask on the device (the mini-batch's counts)
 
     def rows(self, idx: torch.Tensor | None, width: int) -> dict[str, torch.Tensor | None]:
         """The rule's inputs for a micro-batch's rows, trimmed to its `width` (zeros for the
-        placeholder, idx None): old_logp, advantages, uniforms, ref_logp, weights."""
+        placeholder, idx None): old_logp, advantages, uniforms, ref_logp, weights, correction_status, rewards."""
         return {name: _take(getattr(self, name), idx, width)
-                for name in ("old_logp", "advantages", "uniforms", "ref_logp", "weights")}
+                for name in ("old_logp", "advantages", "uniforms", "ref_logp", "weights", "correction_status",
+                             "rewards")}
 
 
 @dataclass
@@ -212,8 +224,62 @@ class StepStats:
         out = {"entropy": float(reduced["entropy/sum"] / reduced["entropy/tokens"].clamp(min=1.0)),
                "loss": float(reduced["loss"]), **{k: float(v) for k, v in finalize(rule).items()}}
         if "mismatch/tokens" in reduced:
-            out.update(mismatch_stats({k: v for k, v in reduced.items() if k.startswith("mismatch/")}))
+            out.update(correction_stats({k: v for k, v in reduced.items() if k.startswith("mismatch/")}))
         return out
+
+
+@dataclass
+class MiniBatch:
+    """What every micro-batch of one optimizer step shares (`mini_batch_inputs`): policy_loss's
+    keywords for the whole mini-batch (its counts; a rule's mini-batch statistic) and per-row values
+    of the step ((B,) tensors, sliced per micro-batch)."""
+
+    shared: dict
+    per_row: dict = field(default_factory=dict)
+
+    def rows(self, idx: torch.Tensor | None, width: int) -> dict:
+        return {**self.shared, **{k: _take(v, idx, width) for k, v in self.per_row.items()}}
+
+
+def mini_batch_counts(step: OptStep, inputs: StepInputs, agg: str) -> MiniBatch:
+    """The mini-batch's normalisers: valid tokens and sequences (without the correction's rejected
+    tokens, which leave the denominators), and for prompt-mean its prompt groups and each row's
+    group's tokens (B,). Device tensors where they depend on the correction; no host sync."""
+    shared: dict = {"global_tokens": step.tokens, "global_seqs": step.seqs}
+    per_row: dict = {}
+    if inputs.correction_status is None and agg not in NEEDS_GROUPS:
+        return MiniBatch(shared, per_row)
+    rows = torch.tensor(step.rows, dtype=torch.long, device=inputs.mask.device)
+    counted = inputs.mask[rows] > 0  # (b, T)
+    if inputs.correction_status is not None:
+        counted = counted & (inputs.correction_status[rows] != REJECTED)
+        shared = {"global_tokens": counted.sum().float(), "global_seqs": counted.any(-1).sum().float()}
+    if agg in NEEDS_GROUPS:
+        ids = sorted({inputs.groups[r] for r in step.rows})
+        which = torch.tensor([ids.index(inputs.groups[r]) for r in step.rows], device=rows.device)  # (b,)
+        per_group = torch.zeros(len(ids), device=rows.device).index_add_(0, which, counted.sum(-1).float())
+        per_row["group_tokens"] = torch.zeros(len(inputs.groups), device=rows.device).index_copy_(
+            0, rows, per_group[which])
+        shared["global_prompts"] = len(ids)
+    return MiniBatch(shared, per_row)
+
+
+def mini_batch_inputs(model, batch: Packed, step: OptStep, inputs: StepInputs, objective: Objective, *,
+                      pad_id: int, temperature: float, compute=contextlib.nullcontext, dist: Dist) -> MiniBatch:
+    """What the step's micro-batches share: the mini-batch's counts and, for a rule with a mini-batch
+    statistic split over micro-batches or ranks, that statistic from a no-grad forward of the whole
+    mini-batch (every rank's rows, all-reduced) before any backward: the split then equals the
+    unsplit step. Unsplit, the rule computes it on its one call (no extra forward)."""
+    if inputs.mask is None:
+        inputs.mask = batch.completion_mask.to(dist.device)
+    out = mini_batch_counts(step, inputs, objective.agg)
+    if objective.stat and (len(step.micro) > 1 or dist.world > 1):
+        current = frozen_logprobs(model, batch, [step], pad_id=pad_id, temperature=temperature, compute=compute,
+                                  dist=dist)  # (B, T): the policy before this step, on the step's rows
+        rows = torch.tensor(step.rows, dtype=torch.long, device=current.device)
+        out.shared["batch_stat"] = mini_batch_stat(objective.method, current[rows], inputs.old_logp[rows],
+                                                   inputs.advantages[rows], inputs.mask[rows], **objective.params)
+    return out
 
 
 def accumulate_gradients(model, batch: Packed, step: OptStep, inputs: StepInputs, objective: Objective, *,
@@ -225,19 +291,21 @@ def accumulate_gradients(model, batch: Packed, step: OptStep, inputs: StepInputs
     forward (the policy before the step) measures the sampler's mismatch on its rows, for free.
     `record(idx, logp, entropy)`: a recorded step's capture (train/record.py) sees each forward."""
     stats, hist = StepStats(), None
+    shared = mini_batch_inputs(model, batch, step, inputs, objective, pad_id=pad_id, temperature=temperature,
+                               compute=compute, dist=dist)                               # counts, statistic
     for rows in step.micro:
         mb, idx = _micro(batch, rows, pad_id, dist.device)
         with compute():
             logp, entropy = completion_logprobs(model, mb, temperature=temperature)      # (b, T) each
         logp, mask = logp.float(), mb.completion_mask
-        x = inputs.rows(idx, mask.shape[1])                                              # old_logp, advantages, ...
-        out = objective.loss(logp, mask, global_tokens=step.tokens, global_seqs=step.seqs, **x)  # rule, aggregation
+        x = {**inputs.rows(idx, mask.shape[1]), **shared.rows(idx, mask.shape[1])}      # old_logp, advantages, ...
+        out = objective.loss(logp, mask, entropy=entropy, **x)                           # rule, aggregation
         (out.loss * dist.loss_scale).backward()                                         # gradients accumulate
         stats.add(out, entropy, mask)
         if record is not None:
             record(idx, logp.detach(), entropy.detach())
         if mismatch:
-            stats.mismatch.append(sampler_mismatch(_take(inputs.sampler_logp, idx, mask.shape[1]), logp.detach(),
+            stats.mismatch.append(apply_correction(None, _take(inputs.sampler_logp, idx, mask.shape[1]), logp.detach(),
                                                    mask).sums)
         if histogram and idx is not None:
             hist = add_histograms(hist, log_ratio_counts(logp.detach(), x["old_logp"], x["advantages"], mask))
