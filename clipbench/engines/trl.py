@@ -300,6 +300,28 @@ def _reward_fn(task, problems):
     return clipbench_reward
 
 
+def _prepare_run_dir(rd, *, resume: bool, main: bool) -> tuple[Path | None, dict]:
+    """The checkpoint a resume starts from (None: a fresh start) and its state. A fresh start owns the
+    directory's generated files (removed); a resume drops what was written after its checkpoint."""
+    import shutil
+
+    from clipbench.tracking.files import read_json
+    from clipbench.train.checkpoint import find_checkpoint
+
+    ckpt = find_checkpoint(rd.checkpoint_dir) if resume else None
+    state = read_json(ckpt / "state.json") if ckpt else {"step": 0}
+    if ckpt and state.get("engine") != "trl":
+        raise UserError(f"{ckpt}: a checkpoint of engine '{state.get('engine', 'builtin')}', not 'trl'")
+    if main and not resume:
+        for p in (rd.metrics_path, rd.hist_path.parent, rd.path / "eval", rd.path / "checkpoints", rd.path / "record"):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    if main and ckpt:
+        rd.truncate_after(state["step"])
+    rd.checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
+    _barrier()
+    return ckpt, state
+
+
 def run_trl(cfg, run_dir: Path, *, resume: bool = False, sink=None,
             progress: Callable[[dict], None] | None = None) -> dict:
     """Train `cfg` with TRL's GRPOTrainer into `run_dir` (the built-in loop's files); returns its summary."""
@@ -317,9 +339,7 @@ def run_trl(cfg, run_dir: Path, *, resume: bool = False, sink=None,
     from clipbench.tracking.records import record_steps
     from clipbench.tracking.sink import NullSink
     from clipbench.tracking.store import RunDir
-    from clipbench.tracking.files import read_json
     from clipbench.models import load_model_and_tokenizer, resolve_model_name
-    from clipbench.train.checkpoint import find_checkpoint
     from clipbench.train.distributed import resolve_device
     from clipbench.eval.suite import eval_suite
 
@@ -327,17 +347,7 @@ def run_trl(cfg, run_dir: Path, *, resume: bool = False, sink=None,
     sink = sink or NullSink()
     rd = RunDir(run_dir)
     main = _main_process()
-    ckpt = find_checkpoint(rd.checkpoint_dir) if resume else None
-    state = read_json(ckpt / "state.json") if ckpt else {"step": 0}
-    if ckpt and state.get("engine") != "trl":
-        raise UserError(f"{ckpt}: a checkpoint of engine '{state.get('engine', 'builtin')}', not 'trl'")
-    if main and not resume:  # a fresh start owns the directory's generated files
-        for p in (rd.metrics_path, rd.hist_path.parent, rd.path / "eval", rd.path / "checkpoints", rd.path / "record"):
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-    if main and ckpt:
-        rd.truncate_after(state["step"])
-    rd.checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
-    _barrier()
+    ckpt, state = _prepare_run_dir(rd, resume=resume, main=main)
 
     model, tok = load_model_and_tokenizer(resolve_model_name(cfg.model.name), dtype="float32", device="cpu")
     task = build_run_task(cfg)  # the run seed draws the problems, as in the builtin loop
