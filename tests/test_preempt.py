@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from clipbench.config import load_run_config, run_id
@@ -50,6 +51,21 @@ def overrides(**extra) -> list[str]:
 
 
 CFG = load_run_config(RECIPE, overrides())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Every run of this module, in this process or a `clipbench train` child (ONE_THREAD), on one
+    thread, so that their float arithmetic is the same: a thread count that another test file left in
+    this worker, or a child's default of every core, changes round-off (e.g. the sampler's log-probs
+    against the trainer's, which the mismatch metrics log)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +148,7 @@ def test_clipbench_train_sent_sigterm_exits_75_with_the_resume_command(uninterru
     args = ["train", RECIPE, *overrides(), "--results-dir", str(results)]
     rd = RunDir(results / "train" / run_id(CFG))
     proc = subprocess.Popen([sys.executable, "-m", "clipbench", *args], cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env=ONE_THREAD)
     deadline = time.time() + 300
     while not (rd.metrics_path.exists() and rd.metrics_path.read_text().count("\n") >= 2):
         assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-3000:]
@@ -145,7 +161,8 @@ def test_clipbench_train_sent_sigterm_exits_75_with_the_resume_command(uninterru
     assert rd.status()["state"] == "preempted"
     resume = shlex.split(last.split("resume it: ", 1)[1])
     assert resume[:2] == ["clipbench", "train"] and resume[-1] == "--resume"
-    res = subprocess.run([sys.executable, "-m", *resume], cwd=REPO, capture_output=True, text=True, timeout=300)
+    res = subprocess.run([sys.executable, "-m", *resume], cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env=ONE_THREAD)
     assert res.returncode == 0, res.stderr[-3000:]
     assert rd.status()["state"] == "finished"
     same_run(uninterrupted, rd)

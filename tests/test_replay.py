@@ -107,8 +107,12 @@ def test_a_loss_hooks_record_replays_its_losses_exactly_draws_included(tmp_path)
 def _train(path: Path, *extra: str, progress=None, resume: bool = False):
     from clipbench.train.loop import run_training
 
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    return run_training(load_run_config(RECIPE, SMALL + list(extra)), path, resume=resume, progress=progress)
+    try:
+        return run_training(load_run_config(RECIPE, SMALL + list(extra)), path, resume=resume, progress=progress)
+    finally:  # the other test files of this worker keep their thread count
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
