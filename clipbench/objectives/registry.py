@@ -50,8 +50,48 @@ class PluginOrigin:
         return self.path
 
 
+class Registered:
+    """What a registered rule and a registered correction share (both read from a function's
+    signature, signature.py): parameters with defaults, a check between parameters, an origin."""
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return {p.name: p.default for p in self.params}
+
+    @property
+    def where(self) -> str:
+        """'built-in' or 'plugin <path>' (for messages)."""
+        return "built-in" if self.origin is None else f"plugin {self.origin.path}"
+
+    def validated(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """Every parameter: the defaults merged with `given`, each value checked, then the check between
+        parameters. ValueError (did-you-mean) for an unknown parameter or a bad value."""
+        known = {p.name: p for p in self.params}
+        for key in given:
+            if key not in known:
+                raise ValueError(f"{self.name}: " + unknown_choice("parameter", key, known))
+        out = {name: p.validate(self.name, given.get(name, p.default)) for name, p in known.items()}
+        reason = self.check(out) if self.check is not None else None
+        if reason:
+            raise ValueError(f"{self.name}: {reason}")
+        return out
+
+
+def check_registration(kind: str, name: str, old: Registered | None, origin: PluginOrigin | None, where: str) -> None:
+    """A name registered again: fine from the same place (a plugin imported again); a plugin never
+    replaces a built-in (built-in names win) nor another plugin's."""
+    if old is None:
+        return
+    if old.origin is None and origin is not None:
+        raise RuleDefinitionError(f"{where}: '{name}' is a built-in {kind} (built-in names win): rename yours")
+    same = (old.origin is None and origin is None) or (
+        old.origin is not None and origin is not None and old.origin.path == origin.path)
+    if not same:
+        raise RuleDefinitionError(f"{where}: {kind} '{name}' is already registered by {old.where}")
+
+
 @dataclass(frozen=True)
-class MethodSpec:
+class MethodSpec(Registered):
     """A registered clip rule. ``fn(*inputs, **params)`` returns the per-token loss."""
 
     name: str
@@ -70,15 +110,6 @@ class MethodSpec:
     per_call: bool = False  # a token's loss depends on other rows of the same call (clip_cov, kl_cov)
     batch_stat: Callable[..., dict] | None = None  # (r, A, mask, params) -> the mini-batch statistic `stat`
     check: Callable[[Mapping[str, Any]], "str | None"] | None = None  # a rule between parameters: reason or None
-
-    @property
-    def defaults(self) -> dict[str, Any]:
-        return {p.name: p.default for p in self.params}
-
-    @property
-    def where(self) -> str:
-        """'built-in' or 'plugin <path>' (for messages)."""
-        return "built-in" if self.origin is None else f"plugin {self.origin.path}"
 
     def ratio_level(self, params: Mapping[str, Any]) -> str:
         """'token' when the rule's cells use the token ratio r, 'sequence' when GSPO's s."""
@@ -246,14 +277,7 @@ def rule(name: str, *, source: str, level: str | Callable[[Mapping[str, Any]], s
         formula, doc_description = formula_and_description(fn)
         desc = " ".join((description if description is not None else doc_description).split())
         origin = _origin_of(fn)
-        old = METHODS.get(name)
-        if old is not None:
-            if old.origin is None and origin is not None:
-                raise RuleDefinitionError(f"{where}: '{name}' is a built-in rule (built-in names win): rename yours")
-            same = (old.origin is None and origin is None) or (
-                old.origin is not None and origin is not None and old.origin.path == origin.path)
-            if not same:
-                raise RuleDefinitionError(f"{where}: rule '{name}' is already registered by {old.where}")
+        check_registration("rule", name, METHODS.get(name), origin, where)
         METHODS[name] = MethodSpec(name, fn, inputs, params, formula, desc, source.strip(), level, band, draws,
                                    bounds, warn, origin, bool(per_call), batch_stat, check)
         return fn
@@ -282,15 +306,7 @@ def validate_params(method: str, params: Mapping[str, Any] | None = None) -> dic
     if params.get("method", method) != method:
         raise ValueError(f"params name method '{params['method']}', not '{method}'")
     params.pop("method", None)  # a config's objective mapping may carry its method name
-    known = {p.name: p for p in spec.params}
-    for key in params:
-        if key not in known:
-            raise ValueError(f"{method}: " + unknown_choice("parameter", key, known))
-    out = {name: p.validate(method, params.get(name, p.default)) for name, p in known.items()}
-    if spec.check is not None:
-        reason = spec.check(out)
-        if reason:
-            raise ValueError(f"{method}: {reason}")
+    out = spec.validated(params)
     if spec.warn is not None:
         message = spec.warn(out)
         if message:

@@ -242,7 +242,6 @@ def rule_inputs(trainer: Trainer, packed, batch: RolloutBatch, first_epoch: list
     return inputs, corr.sums
 
 
-
 def frozen_ref(trainer: Trainer, packed, first_epoch: list) -> torch.Tensor | None:
     """(B, T) the frozen reference's log-probs (train.beta > 0), else None."""
     if trainer.ref_model is None:

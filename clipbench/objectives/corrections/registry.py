@@ -30,7 +30,8 @@ from typing import Any, Callable, Mapping, NamedTuple
 import torch
 
 from clipbench.errors import RuleDefinitionError, unknown_choice
-from clipbench.objectives.registry import REGISTRIES, PluginOrigin, _NAME, _origin_of, _where
+from clipbench.objectives.registry import (REGISTRIES, PluginOrigin, Registered, _NAME, _origin_of, _where,
+                                          check_registration)
 from clipbench.objectives.signature import Check, Param, formula_and_description, read_signature
 
 CORRECTION_INPUTS: dict[str, str] = {
@@ -64,7 +65,7 @@ def applied(weights: torch.Tensor, raw: torch.Tensor, *, truncated: torch.Tensor
 
 
 @dataclass(frozen=True)
-class CorrectionSpec:
+class CorrectionSpec(Registered):
     """A registered correction. ``fn(*inputs, **params)`` returns :class:`Applied`."""
 
     name: str
@@ -78,14 +79,6 @@ class CorrectionSpec:
     denominator: str  # "keep": masked tokens stay in every count; "drop": rejected tokens leave them
     check: Callable[[Mapping[str, Any]], "str | None"] | None = None
     origin: PluginOrigin | None = None
-
-    @property
-    def defaults(self) -> dict[str, Any]:
-        return {p.name: p.default for p in self.params}
-
-    @property
-    def where(self) -> str:
-        return "built-in" if self.origin is None else f"plugin {self.origin.path}"
 
     def unit(self, params: Mapping[str, Any]) -> str:
         """'token' or 'sequence': the unit this setting truncates or masks."""
@@ -124,9 +117,7 @@ def correction(name: str, *, source: str, level: str | Callable[[Mapping[str, An
             raise RuleDefinitionError(f"{where}: 'name' is the correction's key in the config; rename the parameter")
         formula, doc = formula_and_description(fn)
         origin = _origin_of(fn)
-        old = CORRECTIONS.get(name)
-        if old is not None and not (old.origin == origin or (old.origin and origin and old.origin.path == origin.path)):
-            raise RuleDefinitionError(f"{where}: correction '{name}' is already registered by {old.where}")
+        check_registration("correction", name, CORRECTIONS.get(name), origin, where)
         CORRECTIONS[name] = CorrectionSpec(name, fn, inputs, params, formula,
                                            " ".join((description if description is not None else doc).split()),
                                            source.strip(), level, denominator, check, origin)
@@ -164,17 +155,7 @@ def validate_correction(setting: Mapping[str, Any] | str | None) -> dict[str, An
         if params:
             raise ValueError(f"correction '{NONE}' has no parameters, got {sorted(params)}")
         return {"name": NONE}
-    spec = get_correction(name)
-    known = {p.name: p for p in spec.params}
-    for key in params:
-        if key not in known:
-            raise ValueError(f"{name}: " + unknown_choice("parameter", key, known))
-    out = {k: p.validate(name, params.get(k, p.default)) for k, p in known.items()}
-    if spec.check is not None:
-        reason = spec.check(out)
-        if reason:
-            raise ValueError(f"{name}: {reason}")
-    return {"name": name, **out}
+    return {"name": name, **get_correction(name).validated(params)}
 
 
 def correction_params(setting: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
