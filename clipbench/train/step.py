@@ -241,7 +241,7 @@ class MiniBatch:
         return {**self.shared, **{k: _take(v, idx, width) for k, v in self.per_row.items()}}
 
 
-def mini_batch_counts(step: OptStep, inputs: StepInputs, agg: str) -> MiniBatch:
+def mini_batch_counts(step: OptStep, inputs: StepInputs, agg: str, mask: torch.Tensor) -> MiniBatch:
     """The mini-batch's normalisers: valid tokens and sequences (without the correction's rejected
     tokens, which leave the denominators), and for prompt-mean its prompt groups and each row's
     group's tokens (B,). Device tensors where they depend on the correction; no host sync."""
@@ -249,8 +249,8 @@ def mini_batch_counts(step: OptStep, inputs: StepInputs, agg: str) -> MiniBatch:
     per_row: dict = {}
     if inputs.correction_status is None and agg not in NEEDS_GROUPS:
         return MiniBatch(shared, per_row)
-    rows = torch.tensor(step.rows, dtype=torch.long, device=inputs.mask.device)
-    counted = inputs.mask[rows] > 0  # (b, T)
+    rows = torch.tensor(step.rows, dtype=torch.long, device=mask.device)
+    counted = mask[rows] > 0  # (b, T)
     if inputs.correction_status is not None:
         counted = counted & (inputs.correction_status[rows] != REJECTED)
         shared = {"global_tokens": counted.sum().float(), "global_seqs": counted.any(-1).sum().float()}
@@ -270,15 +270,14 @@ def mini_batch_inputs(model, batch: Packed, step: OptStep, inputs: StepInputs, o
     statistic split over micro-batches or ranks, that statistic from a no-grad forward of the whole
     mini-batch (every rank's rows, all-reduced) before any backward: the split then equals the
     unsplit step. Unsplit, the rule computes it on its one call (no extra forward)."""
-    if inputs.mask is None:
-        inputs.mask = batch.completion_mask.to(dist.device)
-    out = mini_batch_counts(step, inputs, objective.agg)
+    mask = inputs.mask if inputs.mask is not None else batch.completion_mask.to(dist.device)  # (B, T)
+    out = mini_batch_counts(step, inputs, objective.agg, mask)
     if objective.stat and (len(step.micro) > 1 or dist.world > 1):
         current = frozen_logprobs(model, batch, [step], pad_id=pad_id, temperature=temperature, compute=compute,
                                   dist=dist)  # (B, T): the policy before this step, on the step's rows
         rows = torch.tensor(step.rows, dtype=torch.long, device=current.device)
         out.shared["batch_stat"] = mini_batch_stat(objective.method, current[rows], inputs.old_logp[rows],
-                                                   inputs.advantages[rows], inputs.mask[rows], **objective.params)
+                                                   inputs.advantages[rows], mask[rows], **objective.params)
     return out
 
 
