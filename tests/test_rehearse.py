@@ -98,3 +98,18 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path):
 @pytest.mark.parametrize("recipe", [pytest.param(r, marks=slow) for r in shipped_recipes(vllm=False)])
 def test_a_shipped_recipe_rehearses(recipe, tmp_path):
     check_rehearsal(recipe, tmp_path)
+
+
+def test_a_recipe_with_a_sampler_correction_keeps_it():
+    """A recipe's sampler correction runs as written, named with its parameters (pure: nothing is written)."""
+    from clipbench.config import load_run_config, to_dict
+    from clipbench.rehearse.scale import Machine, rehearsal_config
+
+    real = to_dict(load_run_config(REPO / "recipes/abc_grpo_table3/qwen3_1p7b_grpo.yaml",
+                                   ["sampler.correction.name=icepop", "sampler.correction.high=3"]))
+    plan = rehearsal_config(real, Machine(world_cap=2, cuda=False, vllm=True))
+    part = {p.name: p for p in plan.parts}["sampler.correction"]
+    assert part.how == "as" and part.detail == "name=icepop, level=token, low=0.5, high=3.0, weight=rho"
+    assert plan.config["sampler"]["correction"] == real["sampler"]["correction"]
+    plain = rehearsal_config(to_dict(load_run_config(REPO / "recipes/quickstart.yaml")), Machine(2, False, False))
+    assert "sampler.correction" not in {p.name for p in plain.parts}  # none: nothing to say
