@@ -123,8 +123,8 @@ def header(ref: dict, rows: list[dict], runs: list[Path], seconds: float, args, 
         f"(the first optimizer step of each rollout step is on-policy, r = 1, where every rule agrees, and is left out "
         f"of the figures below). Every registered rule ({len(ref['rules'])}) was replayed on every recorded optimizer "
         f"step at its default parameters, NSR with {args.draws} draws. The runs took {train_min:.0f} minutes (first start "
-        f"to last finish, `--jobs 2`) and the replay {seconds / 60:.0f} minutes, on 2 CPU cores shared with other jobs. The quickstart regime is being recalibrated (issue 16): these figures are today's "
-        "regime's and will be regenerated with it.",
+        f"to last finish, `--jobs 2`) and the replay {seconds / 60:.0f} minutes, on 2 CPU cores shared with other jobs. "
+        "The runs used the shipped base model; the quickstart regime's training settings are the ones the issue-16 recalibration kept (calibration.md: no point of its frontier reached a robust gain, and this one is its most robust with at least 5% out of band).",
         "",
         "**Reproduce.** `make study-replay` (or `clipbench sweep sweeps/study_replay.yaml --jobs 2`, then "
         "`python scripts/replay_study.py --results-dir results --sweep study_replay --out docs/studies`).",
