@@ -84,3 +84,23 @@ def test_learning_is_measured_against_the_base_model_of_the_same_runs():
         runs.append(r)
     (c,) = [c for c in evaluate_claims(sweep(runs), runs) if c.claim.startswith("RL from verifiable")]
     assert c.comparison == "grpo - base model (step 0)" and c.estimate == pytest.approx(50.0) and c.n == 2
+
+
+def test_accuracy_over_three_or_more_seeds_is_a_paired_t_over_seeds():
+    # 4 problems x 2 samples; base model all wrong. Final: seed 0 gets p0 right (Avg@2 = 2/8 = 25 pts),
+    # seeds 1 and 2 get p0 and p1 (50 pts). Gains +25, +50, +50: mean 41.667, sd 14.434,
+    # se = 14.434 / sqrt 3 = 8.333, t = 5.0, df 2, p = 0.03775 (holds); CI 41.667 +- 4.303 x 8.333
+    # = [5.81, 77.52]. The bootstrap over problems (seed-averaged gains 100, 66.7, 0, 0) would ignore
+    # that the seeds disagree; the test over seeds is what another seed's rerun would face.
+    runs = []
+    for s, right in ((0, 1), (1, 2), (2, 2)):
+        r = run("grpo", s, 0.5, correct=[[1, 1]] * right + [[0, 0]] * (4 - right))
+        r.evals[0] = {"arith": {"problem_ids": [f"p{i}" for i in range(4)], "correct": [[0, 0]] * 4, "n": 2}}
+        runs.append(r)
+    (c,) = [c for c in evaluate_claims(sweep(runs), runs) if c.claim.startswith("RL from verifiable")]
+    assert c.test == "paired t, seeds" and c.n == 3 and c.seeds == [0, 1, 2]
+    assert c.estimate == pytest.approx(125 / 3) and c.p == pytest.approx(0.037750, abs=1e-6)
+    assert c.verdict == "holds"
+    assert c.ci == pytest.approx((125 / 3 - 35.855439, 125 / 3 + 35.855439), abs=1e-5)
+    # the design: se = 8.333 with df 2; its detectable effect is (t(0.975, 2) + t(0.8, 2)) x se
+    assert c.mde == pytest.approx((sps.t.ppf(0.975, 2) + sps.t.ppf(0.8, 2)) * 14.433757 / math.sqrt(3), rel=1e-6)
