@@ -55,18 +55,18 @@ def test_entropy_paired_by_seed_and_q4_share():
 
 
 def test_accuracy_claims_pair_by_problem_and_match_rules_by_parameters():
-    # 4 problems x 2 samples, 2 seeds. dapo: all wrong but p0; nsr p=0.5: p0 and p1 right on both seeds
+    # 4 problems x 2 samples, one seed (so the test is over problems). dapo: all wrong but p0;
+    # nsr p=0.5: p0 and p1 right
     dapo_c = [[1, 1], [0, 0], [0, 0], [0, 0]]
     nsr_c = [[1, 1], [1, 1], [0, 0], [0, 0]]
-    runs = ([run("dapo", s, 0.5, correct=dapo_c) for s in (0, 1)]
-            + [run("nsr", s, 0.5, correct=nsr_c, p=0.5) for s in (0, 1)]
-            + [run("decay", s, 0.5, correct=nsr_c, p=0.5) for s in (0, 1)]
-            + [run("decay", s, 0.5, correct=dapo_c, p=0.25) for s in (0, 1)])
+    runs = [run("dapo", 0, 0.5, correct=dapo_c), run("nsr", 0, 0.5, correct=nsr_c, p=0.5),
+            run("decay", 0, 0.5, correct=nsr_c, p=0.5), run("decay", 0, 0.5, correct=dapo_c, p=0.25)]
     got = evaluate_claims(sweep(runs), runs)
     vs_dapo = [c for c in got if c.claim == "NSR beats DAPO"]
     assert len(vs_dapo) == 1 and vs_dapo[0].comparison == "nsr p=0.5 - dapo"
-    # per-problem differences (avg@2, seed-averaged): 0, 1, 0, 0 -> +25 points over 4 problems
+    # per-problem differences (avg@2): 0, 1, 0, 0 -> +25 points over 4 problems
     assert vs_dapo[0].estimate == pytest.approx(25.0) and vs_dapo[0].n == 4
+    assert vs_dapo[0].test == "paired bootstrap, problems"
     lo, hi = vs_dapo[0].ci
     assert (lo + hi) / 2 == pytest.approx(25.0) and hi - lo == pytest.approx(2 * sps.t.ppf(0.975, 3) * 50 / 2)
     twin = [c for c in got if c.claim == "stochastic rescue beats its deterministic twin"]
@@ -76,17 +76,19 @@ def test_accuracy_claims_pair_by_problem_and_match_rules_by_parameters():
 
 
 def test_learning_is_measured_against_the_base_model_of_the_same_runs():
-    # step 0: p0 right; step 5: p0 and p1 right -> +100 points on p1, 0 on p0: +50 over 2 problems
+    # step 0: p0 right; step 5: p0 and p1 right -> +100 points on p1, 0 on p0: +50 over 2 problems,
+    # on each of 3 seeds: a paired t over the 3 seeds' gains (+50 each, n = 3)
     runs = []
-    for s in (0, 1):
+    for s in (0, 1, 2):
         r = run("grpo", s, 0.5, correct=[[1, 1], [1, 1]])
         r.evals[0] = {"arith": {"problem_ids": ["p0", "p1"], "correct": [[1, 1], [0, 0]], "n": 2}}
         runs.append(r)
     (c,) = [c for c in evaluate_claims(sweep(runs), runs) if c.claim.startswith("RL from verifiable")]
-    assert c.comparison == "grpo - base model (step 0)" and c.estimate == pytest.approx(50.0) and c.n == 2
+    assert c.comparison == "grpo - base model (step 0)" and c.estimate == pytest.approx(50.0) and c.n == 3
+    assert c.test == "paired t, seeds" and c.seeds == [0, 1, 2]
 
 
-def test_accuracy_over_three_or_more_seeds_is_a_paired_t_over_seeds():
+def test_accuracy_over_two_or_more_seeds_is_a_paired_t_over_seeds():
     # 4 problems x 2 samples; base model all wrong. Final: seed 0 gets p0 right (Avg@2 = 2/8 = 25 pts),
     # seeds 1 and 2 get p0 and p1 (50 pts). Gains +25, +50, +50: mean 41.667, sd 14.434,
     # se = 14.434 / sqrt 3 = 8.333, t = 5.0, df 2, p = 0.03775 (holds); CI 41.667 +- 4.303 x 8.333

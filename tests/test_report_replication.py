@@ -83,14 +83,13 @@ def test_inconclusive_seed_claim_says_how_many_seeds_would_detect_it():
 
 
 def test_mde_of_a_bootstrap_over_problems_golden():
-    # 8 problems x 2 samples, one seed. learns: base all wrong; final p0-p5 both samples right on seed 0
-    # (+100 pts) and nothing on seed 1 (0): seed-averaged per-problem differences 50 x 6, 0 x 2 (pts).
-    # mean 37.5; sd = sqrt((6 * 12.5^2 + 2 * 37.5^2) / 7) = sqrt(3750 / 7) = 23.1455; se = 23.1455 / sqrt(8)
+    # 8 problems x 2 samples, one seed (so the test is over problems). learns: base all wrong; final
+    # p0-p5 one sample of two right: per-problem differences 50 x 6, 0 x 2 (pts). mean 37.5; sd = sqrt((6 * 12.5^2 + 2 * 37.5^2) / 7) = sqrt(3750 / 7) = 23.1455; se = 23.1455 / sqrt(8)
     # = 8.18317, df 7; t(0.975, 7) = 2.3646, t(0.80, 7) = 0.8960: MDE = 3.2606 * 8.18317 = 26.682
     base = [0] * 8
-    runs = [run("grpo", 0, final=[2] * 6 + [0, 0], base=base), run("grpo", 1, final=[0] * 8, base=base)]
+    runs = [run("grpo", 0, final=[1] * 6 + [0, 0], base=base)]
     c = claim(runs, LEARNS)
-    assert c.estimate == pytest.approx(37.5) and c.n == 8
+    assert c.estimate == pytest.approx(37.5) and c.n == 8 and c.test == "paired bootstrap, problems"
     assert c.se == pytest.approx(8.18317, rel=1e-5) and c.df == pytest.approx(7)
     assert c.mde == pytest.approx(26.682, rel=1e-4)
 
@@ -146,9 +145,9 @@ def test_inconclusive_halves_with_opposite_signs_are_fragile_and_same_signs_repl
 
 def test_accuracy_halves_disagree_fragile():
     # seeds 0, 1: p0-p5 learned (both samples right), seeds 2, 3: nothing learned; base all wrong.
-    # all four, a paired t over seeds (4 >= 3): gains +75, +75, 0, 0 -> mean +37.5, sd 43.30,
+    # all four, a paired t over seeds: gains +75, +75, 0, 0 -> mean +37.5, sd 43.30,
     # t = 37.5 / (43.30 / 2) = 1.732, df 3, p = 0.1817 (inconclusive: two seeds of four learned).
-    # halves of 2 seeds, the bootstrap over problems: +75 pts (p = 0.0005, holds) and 0 (p = 1,
+    # halves of 2 seeds, the same test: +75, +75 (no spread: p = 0, holds) and 0, 0 (p = 1,
     # inconclusive); an inconclusive whole with a half that holds is fragile
     base = [0] * 8
     runs = [run("grpo", s, final=([2] * 6 + [0, 0]) if s < 2 else [0] * 8, base=base) for s in range(4)]
@@ -168,9 +167,9 @@ def test_too_few_seeds_to_split_is_said_not_guessed():
     assert c.replication["reason"] == "too few seeds to split: 3, each half needs 2 (4 in all)"
     one = replicated([run("grpo", 0, final=[2, 0], base=[0, 0])], LEARNS)  # the bootstrap needs 1 per half
     assert one.replication["reason"] == "too few seeds to split: 1, each half needs 1 (2 in all)"
-    two = replicated([run("grpo", s, final=[2, 0], base=[0, 0]) for s in (0, 1)], LEARNS)
-    assert two.replication["status"] == "replicates" and [p["name"] for p in two.replication["parts"]] == \
-        ["seed 0", "seed 1"]
+    two = replicated([run("grpo", s, final=[2, 0], base=[0, 0]) for s in (0, 1)], LEARNS)  # over seeds: 2 each
+    assert two.test == "paired t, seeds" and two.replication["status"] == "not tested"
+    assert two.replication["reason"] == "too few seeds to split: 2, each half needs 2 (4 in all)"
 
 
 def test_a_second_sweep_replicates_or_not():

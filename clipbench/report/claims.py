@@ -17,12 +17,12 @@ Statistics (stated in every row):
   same seed draws the same prompts and the same initial samples for both); the interval is Student's
   t over the per-seed differences, the test a paired t-test (`scipy.stats.ttest_rel`; for one arm,
   `ttest_1samp`).
-- Accuracy (Avg@n at the last evaluation): with at least `SEED_TEST_MIN` (3) paired seeds, one number
+- Accuracy (Avg@n at the last evaluation): with at least `SEED_TEST_MIN` (2) paired seeds, one number
   per run as for the training figures: each seed's Avg@n (the mean over its problems; benchmarks
   averaged) paired by seed, Student's t interval over the per-seed differences and a paired t-test.
   Another seed trains another model, so this is the test of whether a rerun with other seeds would
-  agree. With one or two seeds the seed noise cannot be estimated: the difference is paired by
-  problem (per problem slot, seed-averaged; each seed evaluates both arms on the same problems), the
+  agree (and the halves of a replication check use the same test). With one seed the seed noise
+  cannot be estimated: the difference is paired by problem (per problem slot, seed-averaged; each seed evaluates both arms on the same problems), the
   interval Student's t over problems and the p-value the report's paired bootstrap
   (`stats.paired_bootstrap_p`, as in the significance table). That test speaks for the trained models
   at hand, not for another seed, and the row says which test it used.
@@ -51,7 +51,7 @@ from clipbench.report.load import RunRecord, Sweep
 
 ALPHA = stats.ALPHA
 QUADRANTS = ("q1", "q2", "q3", "q4")
-SEED_TEST_MIN = 3  # paired seeds from which accuracy is tested over seeds (below: over problems)
+SEED_TEST_MIN = 2  # paired seeds from which accuracy is tested over seeds (one seed: over problems)
 
 
 @dataclass

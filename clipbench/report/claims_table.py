@@ -69,8 +69,8 @@ def claims(rows: list[dict]) -> Table | None:
     by = next(((c.get("replication") or {}).get("by") for c in rows if c.get("replication")), None)
     t.notes = ["Holds: the difference has the claimed sign and p < 0.05; does not hold: the opposite sign and "
                "p < 0.05; else inconclusive at this scale. Training figures are paired by seed; accuracy too from "
-               "3 seeds on (each seed's Avg@n), by problem below that (seeds averaged per problem, the bootstrap: "
-               "it speaks for these trained models, not for another seed). See clipbench/report/claims.py.",
+               "2 seeds on (each seed's Avg@n), by problem with one seed (the bootstrap: it speaks for that "
+               "trained model, not for another seed). See clipbench/report/claims.py.",
                "Detectable: the smallest difference this design detects with 80% power at p < 0.05 (two-sided), "
                "(t(0.975, df) + t(0.80, df)) x se, se from the observed spread: of the seed differences for a "
                "paired t (df = seeds - 1), of the per-problem differences for the bootstrap (df = problems - 1; "
