@@ -58,7 +58,7 @@ quickstart: install ## Run sweeps/quickstart.yaml on the shipped worked-steps ba
 	$(VENV)/bin/clipbench report quickstart --results-dir $(RESULTS) --baseline grpo
 	$(VENV)/bin/clipbench report quickstart --results-dir $(RESULTS) --baseline grpo --format html
 
-study: install ## The two studies of docs/studies/ (5 seeds per arm; measured 28 + 27 min on 2 busy cores): runs, then the reports
+study: install ## The two studies of docs/studies/ (10 seeds per arm; measured 19 + 43 min on 2 cores): runs, then the reports
 	$(VENV)/bin/clipbench sweep sweeps/study_clip_rules.yaml --results-dir $(RESULTS) --jobs 2
 	$(VENV)/bin/clipbench report study_clip_rules --results-dir $(RESULTS) --baseline grpo --format markdown --out docs/studies/clip_rules
 	$(VENV)/bin/clipbench sweep sweeps/study_rescue.yaml --results-dir $(RESULTS) --jobs 2
