@@ -22,10 +22,10 @@ Statistics (stated in every row):
   averaged) paired by seed, Student's t interval over the per-seed differences and a paired t-test.
   Another seed trains another model, so this is the test of whether a rerun with other seeds would
   agree (and the halves of a replication check use the same test). With one seed the seed noise
-  cannot be estimated: the difference is paired by problem (per problem slot, seed-averaged; each seed evaluates both arms on the same problems), the
-  interval Student's t over problems and the p-value the report's paired bootstrap
-  (`stats.paired_bootstrap_p`, as in the significance table). That test speaks for the trained models
-  at hand, not for another seed, and the row says which test it used.
+  cannot be estimated: the difference is paired by problem, the interval Student's t over problems
+  and the p-value the report's paired bootstrap (`stats.paired_bootstrap_p`, as in the significance
+  table). That test speaks for the trained model at hand, not for another seed, and the row says
+  which test it used.
 - Verdict at level 0.05: "holds" when the difference has the claimed sign and p < 0.05, "does not
   hold" when it has the opposite sign and p < 0.05, else "inconclusive at this scale" (a difference
   of this size cannot be told from seed noise with these many seeds).
@@ -175,20 +175,15 @@ def seed_claim(claim: str, source: str, a_label: str, a: Sequence[RunRecord], b_
     return _seed_design(res, diffs)
 
 
-def _seed_accuracy(runs: Sequence[RunRecord], benches: Sequence[str], metric: str, *,
-                   initial: bool = False) -> dict[int, float]:
-    """{seed: Avg@n in points}, each run's mean over its problems, benchmarks averaged (seeds missing
-    a benchmark are left out)."""
+def _seed_accuracy(blocks: Sequence[tuple], runs: Sequence[RunRecord], metric: str) -> dict[int, float]:
+    """{seed: Avg@n in points} from seed_values' blocks (one per benchmark): each run's mean over its
+    problems, benchmarks averaged (a seed missing a benchmark is left out)."""
     seed_of = {r.run_id: r.seed for r in runs}
     per: dict[int, list[float]] = {}
-    for bench in benches:
-        got = seed_values(runs, bench, [1], initial=initial)
-        if got is None:
-            continue
-        _, values, run_ids = got
+    for _, values, run_ids in blocks:
         for rid, v in zip(run_ids, values[metric].mean(axis=1)):
             per.setdefault(seed_of[rid], []).append(100.0 * float(v))
-    return {s: float(np.mean(v)) for s, v in per.items() if len(v) == len(benches)}
+    return {s: float(np.mean(v)) for s, v in per.items() if len(v) == len(blocks)}
 
 
 def accuracy_claim(claim: str, source: str, a_label: str, a: Sequence[RunRecord], b_label: str,
@@ -201,17 +196,13 @@ def accuracy_claim(claim: str, source: str, a_label: str, a: Sequence[RunRecord]
         return None
     n = block_n([*a, *b], benches)
     metric = stats.metric_names(stats.ks_for(n))[0]  # avg@n
-    diffs = []
-    for bench in benches:
-        ga, gb = seed_values(a, bench, [1]), seed_values(b, bench, [1], initial=b_initial)
-        if ga is None or gb is None:
-            continue
-        diffs.append(_paired_diffs(ga[0], ga[1][metric], gb[0], gb[1][metric]))
-    if not diffs or all(d.size == 0 for d in diffs):
+    blocks = [(ga, gb) for ga, gb in ((seed_values(a, bench, [1]), seed_values(b, bench, [1], initial=b_initial))
+                                      for bench in benches) if ga is not None and gb is not None]
+    if not blocks:
         return None
     figure = f"Avg@{n}, last eval (pts, {', '.join(benches)})"
-    va = _seed_accuracy(a, benches, metric)
-    vb = _seed_accuracy(b, benches, metric, initial=b_initial)
+    va = _seed_accuracy([ga for ga, _ in blocks], a, metric)
+    vb = _seed_accuracy([gb for _, gb in blocks], b, metric)
     if len(set(va) & set(vb)) >= SEED_TEST_MIN:
         seed_diffs = _paired_seeds(va, vb)
         est, p = float(seed_diffs.mean()), _ttest_rel_p(seed_diffs)
@@ -219,6 +210,9 @@ def accuracy_claim(claim: str, source: str, a_label: str, a: Sequence[RunRecord]
                           "paired t, seeds", int(seed_diffs.size), verdict(est, p), seeds=sorted(set(va) & set(vb)),
                           checksums=_checksums([*a, *b]))
         return _seed_design(res, seed_diffs)
+    diffs = [_paired_diffs(ga[0], ga[1][metric], gb[0], gb[1][metric]) for ga, gb in blocks]
+    if all(d.size == 0 for d in diffs):
+        return None
     allv = 100.0 * np.concatenate(diffs)
     est = float(np.mean([100.0 * d.mean() for d in diffs]))
     p = stats.paired_bootstrap_p(diffs)
