@@ -184,6 +184,25 @@ def test_aspo_positive_branch_is_the_flipped_weight():
     assert float(out.token_loss[0, 1]) == pytest.approx(-2 / 1.3, rel=1e-6)
 
 
+def test_aspo_ratio_on_a_bound_keeps_its_whole_gradient():
+    # Bands are closed (docs/objectives.md), as torch.clamp's gradient and Archer2.0's clamp: a float32
+    # ratio exactly on 1-e (A<0) or 1+e (A>0) passes its gradient whole. torch.maximum/minimum with a
+    # tensor bound split it 0.5/0.5 at the tie (the bug this pins). Five tokens, equal entropy, so all
+    # are low-entropy (<= the row's 0.8-quantile, ties included): e = 0.2 everywhere.
+    from clipbench.objectives.rules.soft import aspo
+    e = torch.tensor(0.2)
+    lo, hi = 1 - e, 1 + e  # the float32 bounds the rule computes
+    entropy, mask = torch.full((1, 2), 0.5), torch.ones(1, 2)
+    for A, r0, want in [(-2.0, lo, 2.0),            # d/dr of -A*max(r, 1-e) at r = 1-e: -A = 2
+                        (3.0, hi, -3.0 / hi ** 2)]:  # d/dr of -A*pc/sg(pc)/sg(pc), pc = r = 1+e: -A/r^2
+        r = torch.stack([r0, torch.tensor(1.0)]).reshape(1, 2).requires_grad_(True)
+        logp = torch.log(r.detach())
+        loss = aspo(r, torch.full((1, 2), A), logp, entropy, mask)
+        (grad,) = torch.autograd.grad(loss[0, 0], r)
+        assert float(r[0, 0]) == float(r0)  # exactly on the bound
+        assert float(grad[0, 0]) == pytest.approx(float(want), rel=1e-6)
+
+
 # ---------------------------------------------------------------------------------------------
 # BAPO
 

@@ -99,8 +99,8 @@ def aspo(r, A, logp, entropy, mask, *, eps_narrow: float = 0.2, eps_wide: float 
     flipped importance weight) and 0 past it; the dual clips keep a gradient of constant weight c.
     """
     e = _entropy_bands(entropy, mask, entropy_quantile, eps_narrow, eps_wide)
-    nc = torch.maximum(r, 1 - e)
+    nc = torch.clamp(r, min=1 - e)  # clamp, not torch.maximum: a ratio on the bound keeps its whole gradient
     neg = torch.where(nc > c_neg, -A * c_neg * logp, -A * nc)
-    pc = torch.minimum(r, 1 + e)
+    pc = torch.clamp(r, max=1 + e)
     pos = torch.where(1 / pc.detach() > c_pos, -A * c_pos * logp, -A * (pc / pc.detach()) / pc.detach())
     return torch.where(A < 0, neg, pos)
