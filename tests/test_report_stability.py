@@ -131,3 +131,31 @@ def test_a_sweep_without_a_learning_rate_axis_has_no_stability_table(tmp_path, r
     root = report_fixture.build(tmp_path / "results")
     _, result, tables, _ = build_report(root, "fixture", "grpo")
     assert result["stability"] is None and not any(t.key == "stability" for t in tables)
+
+
+@pytest.mark.slow
+def test_stability_pipeline(tmp_path):
+    """A tiny real ladder through `clipbench sweep` and `clipbench report`: grpo at two constant rates x 2
+    seeds, 3 rollout steps of the tiny Table-3 recipe, 32 held-out problems. What the trainer writes is
+    what the stability report reads (rates, step-0 and final evaluations, the dynamics the flags use)."""
+    from clipbench.commands.sweep import sweep_command
+
+    tiny = Path(__file__).resolve().parent.parent / "recipes" / "abc_grpo_table3" / "tiny.yaml"
+    spec = tmp_path / "ladder.yaml"
+    spec.write_text(f"name: tiny_ladder\nbase: {tiny}\n"
+                    "overrides: {train.steps: 3, eval.every: 0, eval.n: 4, eval.limit: 32, tracking.mlflow: false}\n"
+                    "grid: {seed: [0, 1], train.lr: [1.0e-4, 3.0e-3], objective.method: [grpo]}\n")
+    results = tmp_path / "results"
+    sweep_command(spec, [], dry_run=False, json_out=False, results_dir=results, jobs=2, launcher=None,
+                  retry_failed=False, tracking_uri=None)
+    _, result, tables, header = build_report(results, "tiny_ladder", None)
+    block = result["stability"]["builtin:arith-tiny"]
+    assert block["rates"] == [1e-4, 3e-3] and list(block["rules"]) == ["grpo"]
+    for lr, c in block["rules"]["grpo"]["cells"].items():
+        assert c["seeds"] == [0, 1] and c["runs"] == 2 and all(math.isfinite(g) for g in c["gains"])
+        # a gain is the run's own final minus step-0 Avg@4 over the 32 problems: a multiple of 100 / 128
+        assert all(abs(g * 1.28 - round(g * 1.28)) < 1e-9 for g in c["gains"])
+    assert next(t for t in tables if t.key == "stability").rows[0][0] == "grpo"
+    assert header[0].startswith("Finding: ") and "critical learning rates: grpo " in header[0]
+    report_command("tiny_ladder", baseline=None, fmt="html", results_dir=results, out=tmp_path / "html")
+    assert "Stability: gain over the base model by learning rate" in (tmp_path / "html" / "report.html").read_text()
