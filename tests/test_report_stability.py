@@ -102,6 +102,8 @@ def test_cliff_claims_and_the_first_line(ladder):
     assert cispo["estimate"] == pytest.approx(-125 / 12) and cispo["p"] == pytest.approx(1 - 5 / math.sqrt(27))
     assert cispo["verdict"] == "does not hold" and cispo["n"] == 3
     assert not any(c["comparison"].startswith("cispo(lr=0.0002)") for c in result["claims"])  # not the cliff
+    for c in result["claims"]:  # arms are compared at the same rate only (before: every pair of rates)
+        assert len({part.split("(lr=")[1].split(")")[0] for part in c["comparison"].split(" - ") if "(lr=" in part}) == 1
     learns = {c["comparison"]: c["verdict"] for c in result["claims"] if c["claim"].startswith("RL from")}
     # 1e-4: t = 10.4167 / 2.0833 = 5.0 (p 0.0377); 2e-4: mean 0; 4e-4: t = -14.583 / 2.0833 = -7.0 (p 0.0198)
     assert learns == {"grpo(lr=0.0001) - base model (step 0)": "holds",
@@ -159,3 +161,20 @@ def test_stability_pipeline(tmp_path):
     assert header[0].startswith("Finding: ") and "critical learning rates: grpo " in header[0]
     report_command("tiny_ladder", baseline=None, fmt="html", results_dir=results, out=tmp_path / "html")
     assert "Stability: gain over the base model by learning rate" in (tmp_path / "html" / "report.html").read_text()
+
+
+def test_the_study_sweeps_share_their_cliff_runs():
+    """What sweeps/study_stability_ladder.yaml's and sweeps/quickstart.yaml's headers say: a run id is the
+    hash of the resolved config, so the ladder's 2e-4 runs (6 rules x seeds 0-4) and the quickstart's
+    runs (grpo and cispo x seeds 0-2) are runs of sweeps/study_stability.yaml."""
+    from clipbench.sweep.expand import expand
+    from clipbench.sweep.spec import load_spec
+
+    sweeps = Path(__file__).resolve().parent.parent / "sweeps"
+    study = expand(load_spec(sweeps / "study_stability.yaml")).runs
+    ladder = expand(load_spec(sweeps / "study_stability_ladder.yaml")).runs
+    quick = expand(load_spec(sweeps / "quickstart.yaml")).runs
+    assert (len(study), len(ladder), len(quick)) == (270, 150, 6)  # 27 x 10; 6 x 5 x 5; 2 x 3
+    shared = set(study) & set(ladder)
+    assert len(shared) == 30 and {ladder[r]["train"]["lr"] for r in shared} == {2e-4}
+    assert set(quick) <= set(study)
