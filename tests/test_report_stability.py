@@ -164,9 +164,10 @@ def test_stability_pipeline(tmp_path):
 
 
 def test_the_study_sweeps_share_their_cliff_runs():
-    """What sweeps/study_stability_ladder.yaml's and sweeps/quickstart.yaml's headers say: a run id is the
-    hash of the resolved config, so the ladder's 2e-4 runs (6 rules x seeds 0-4) and the quickstart's
-    runs (grpo and cispo x seeds 0-2) are runs of sweeps/study_stability.yaml."""
+    """What the headers of sweeps/study_stability_ladder.yaml, quickstart.yaml and
+    study_stability_replay.yaml say: a run id is the hash of the resolved config, so the ladder's 2e-4
+    runs (6 rules x seeds 0-4), the quickstart's (grpo and cispo x seeds 0-2) and the replay sweep's
+    (grpo, geo_mean, cispo x seeds 0-2) are runs of sweeps/study_stability.yaml."""
     from clipbench.sweep.expand import expand
     from clipbench.sweep.spec import load_spec
 
@@ -174,7 +175,8 @@ def test_the_study_sweeps_share_their_cliff_runs():
     study = expand(load_spec(sweeps / "study_stability.yaml")).runs
     ladder = expand(load_spec(sweeps / "study_stability_ladder.yaml")).runs
     quick = expand(load_spec(sweeps / "quickstart.yaml")).runs
-    assert (len(study), len(ladder), len(quick)) == (270, 150, 6)  # 27 x 10; 6 x 5 x 5; 2 x 3
+    replay = expand(load_spec(sweeps / "study_stability_replay.yaml")).runs
+    assert (len(study), len(ladder), len(quick), len(replay)) == (270, 150, 6, 9)  # 27 x 10; 6 x 5 x 5; 2 x 3; 3 x 3
     shared = set(study) & set(ladder)
     assert len(shared) == 30 and {ladder[r]["train"]["lr"] for r in shared} == {2e-4}
-    assert set(quick) <= set(study)
+    assert set(quick) <= set(study) and set(replay) <= set(study)  # recording is outside the run id
