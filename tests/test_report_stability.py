@@ -131,8 +131,13 @@ def test_markdown_and_html_show_the_table_and_the_figure(ladder, tmp_path):
 
 def test_a_sweep_without_a_learning_rate_axis_has_no_stability_table(tmp_path, report_fixture):
     root = report_fixture.build(tmp_path / "results")
-    _, result, tables, _ = build_report(root, "fixture", "grpo")
+    _, result, tables, header = build_report(root, "fixture", "grpo")
     assert result["stability"] is None and not any(t.key == "stability" for t in tables)
+    # its first line still says what it found. The Average of arith (16 samples) and gsm8k (12): base
+    # (3/16 + 1/12) / 2 = 13.542%; abc (9/16 + 4/12) / 2 = 44.792% (both seeds), +31.25 points; nsr seeds
+    # (7/16, 6/16) and (2/12, 1/12): (40.625 + 12.5) / 2 = 26.5625%, +13.02 points
+    assert header[0].startswith("Finding: the gain over the base model runs from +31.2 points (abc) to +13.0 (nsr) "
+                                "(Avg@4, mean of 2 seeds per arm); of ")
 
 
 @pytest.mark.slow

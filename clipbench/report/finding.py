@@ -35,15 +35,16 @@ def _outcome(result: dict) -> list[str]:
         if not gains:
             continue
         seeds = sorted({len(info["seeds"]) for info in block["labels"].values()})
-        seeds_text = f"{seeds[0]}" if len(seeds) == 1 else f"{seeds[0]}-{seeds[-1]}"
+        seeds_text = (f"{seeds[0]}" if len(seeds) == 1 else f"{seeds[0]}-{seeds[-1]}") + \
+            (" seed" if seeds[-1] == 1 else " seeds")
         where = f" on {model_title(block['model'])}" if multi else ""
         best, worst = max(gains, key=gains.get), min(gains, key=gains.get)
         if best == worst:
             parts.append(f"{best} ends {gains[best]:+.1f} points over the base model{where} (Avg@{block['n']}, "
-                         f"{seeds_text} seed(s))")
+                         f"mean of {seeds_text})")
         else:
             parts.append(f"the gain over the base model{where} runs from {gains[best]:+.1f} points ({best}) to "
-                         f"{gains[worst]:+.1f} ({worst}) (Avg@{block['n']}, mean of {seeds_text} seeds per arm)")
+                         f"{gains[worst]:+.1f} ({worst}) (Avg@{block['n']}, mean of {seeds_text} per arm)")
     for model, block in (result.get("stability") or {}).items():
         crit = "; ".join(f"{rule} {critical_text(info['critical'])}" for rule, info in block["rules"].items())
         parts.append(f"critical learning rates{' on ' + model_title(model) if multi else ''}: {crit}")
