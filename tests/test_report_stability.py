@@ -158,7 +158,7 @@ def test_stability_pipeline(tmp_path):
     _, result, tables, header = build_report(results, "tiny_ladder", None)
     block = result["stability"]["builtin:arith-tiny"]
     assert block["rates"] == [1e-4, 3e-3] and list(block["rules"]) == ["grpo"]
-    for lr, c in block["rules"]["grpo"]["cells"].items():
+    for c in block["rules"]["grpo"]["cells"].values():
         assert c["seeds"] == [0, 1] and c["runs"] == 2 and all(math.isfinite(g) for g in c["gains"])
         # a gain is the run's own final minus step-0 Avg@4 over the 32 problems: a multiple of 100 / 128
         assert all(abs(g * 1.28 - round(g * 1.28)) < 1e-9 for g in c["gains"])
