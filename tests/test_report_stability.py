@@ -63,6 +63,10 @@ def test_collapse_kinds_are_named_and_counted(ladder):
     assert t.columns == ["Rule", "Figure", "lr 0.0001", "lr 0.0002", "lr 0.0004", "Critical lr [interval]"]
     assert t.rows[3] == ["", "collapsed: runs, kinds", "0/3", "0/3", "3/3: ratio explosion 3, accuracy collapse 1", ""]
     assert t.rows[2][2] == "+10.4 [+1.5, +19.4] (3)"
+    # the dynamics table says the same per method label, for any sweep (one rate or many)
+    dyn = {row[0]: row[-1] for row in next(t for t in tables if t.key == "dynamics").rows}
+    assert dyn["cispo(lr=0.0002)"] == "3/3: entropy blow-up 3, length blow-up 3, no learning signal 3, accuracy collapse 3"
+    assert dyn["grpo(lr=0.0001)"] == "0/3"
 
 
 def test_critical_learning_rate_and_its_interval(ladder):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from clipbench.report.tables import Table, model_title
+from clipbench.report.tables import Table, collapse_text, model_title
 
 
 def rate_text(lr: float) -> str:
@@ -24,10 +24,7 @@ def gain_text(c: dict) -> str:
 
 
 def flags_text(c: dict) -> str:
-    if not c["flagged"]:
-        return f"0/{c['runs']}"
-    kinds = ", ".join(f"{k} {n}" for k, n in c["kinds"].items())
-    return f"{c['flagged']}/{c['runs']}: {kinds}"
+    return collapse_text(c["flagged"], c["runs"], c["kinds"])
 
 
 def critical_text(crit: dict) -> str:
