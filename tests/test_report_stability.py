@@ -116,9 +116,13 @@ def test_cliff_claims_and_the_first_line(ladder):
     assert header[0].startswith("Finding: the gain over the base model runs from +10.4 points (grpo(lr=0.0001)) to "
                                 "-25.0 (cispo(lr=")
     assert "critical learning rates: cispo 0.0001 [< 0.0001, 0.0002); grpo 0.0002 [0.0001, 0.0004)" in header[0]
-    assert "of 4 claims, 1 hold: RL from verifiable rewards raises held-out accuracy (grpo(lr=0.0001) - base model " \
+    # and cispo against its own base model at the cliff: -25 on every seed (a constant loss: p 0)
+    base = claims[("CISPO trains stably: does not lose the base model's held-out accuracy at the lr cliff",
+                   "cispo(lr=0.0004) - base model (step 0)")]
+    assert base["estimate"] == pytest.approx(-25.0) and base["verdict"] == "does not hold"
+    assert "of 5 claims, 1 hold: RL from verifiable rewards raises held-out accuracy (grpo(lr=0.0001) - base model " \
            "(step 0), +10.4)" in header[0]
-    assert "2 do not hold: " in header[0] and header[0].endswith("1 inconclusive at this scale.")
+    assert "3 do not hold: " in header[0] and header[0].endswith("1 inconclusive at this scale.")
 
 
 def test_markdown_and_html_show_the_table_and_the_figure(ladder, tmp_path):
