@@ -120,7 +120,7 @@ def test_cliff_claims_and_the_first_line(ladder):
     base = claims[("CISPO trains stably: does not lose the base model's held-out accuracy at the lr cliff",
                    "cispo(lr=0.0004) - base model (step 0)")]
     assert base["estimate"] == pytest.approx(-25.0) and base["verdict"] == "does not hold"
-    assert "of 5 claims, 1 hold: RL from verifiable rewards raises held-out accuracy (grpo(lr=0.0001) - base model " \
+    assert "of 5 claims, 1 holds: RL from verifiable rewards raises held-out accuracy (grpo(lr=0.0001) - base model " \
            "(step 0), +10.4)" in header[0]
     assert "3 do not hold: " in header[0] and header[0].endswith("1 inconclusive at this scale.")
 

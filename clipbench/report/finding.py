@@ -66,7 +66,9 @@ def _claims(claims: list[dict]) -> str | None:
         if hits:
             names = "; ".join(_claim_name(c) for c in hits[:SHOWN])
             more = f"; and {len(hits) - SHOWN} more" if len(hits) > SHOWN else ""
-            said.append(f"{len(hits)} {'hold' if verdict == 'holds' else 'do not hold'}: {names}{more}")
+            verb = {("holds", True): "holds", ("holds", False): "hold", ("does not hold", True): "does not hold",
+                    ("does not hold", False): "do not hold"}[(verdict, len(hits) == 1)]
+            said.append(f"{len(hits)} {verb}: {names}{more}")
     rest = sum(c["verdict"].startswith("inconclusive") for c in claims)
     if rest:
         said.append(f"{rest} inconclusive at this scale")
