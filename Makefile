@@ -53,7 +53,7 @@ bench: install ## Speed/memory targets, measured side by side (writes results/be
 	$(PY) bench/bench_replay.py
 	$(PY) bench/bench_gpu.py
 
-quickstart: install ## Run sweeps/quickstart.yaml on the shipped worked-steps base model, print the report
+quickstart: install ## Run sweeps/quickstart.yaml (grpo vs cispo at the lr cliff, 3 seeds) on the shipped worked-steps base model, print the report
 	$(VENV)/bin/clipbench sweep sweeps/quickstart.yaml --results-dir $(RESULTS) --jobs 2
 	$(VENV)/bin/clipbench report quickstart --results-dir $(RESULTS) --baseline grpo
 	$(VENV)/bin/clipbench report quickstart --results-dir $(RESULTS) --baseline grpo --format html
@@ -63,6 +63,14 @@ study: install ## The two studies of docs/studies/ (10 seeds per arm; measured 1
 	$(VENV)/bin/clipbench report study_clip_rules --results-dir $(RESULTS) --baseline grpo --format markdown --out docs/studies/clip_rules
 	$(VENV)/bin/clipbench sweep sweeps/study_rescue.yaml --results-dir $(RESULTS) --jobs 2
 	$(VENV)/bin/clipbench report study_rescue --results-dir $(RESULTS) --baseline dapo --format markdown --out docs/studies/rescue
+
+study-stability: install ## Study (d), docs/studies/stability.md: 27 rules at the lr cliff x 10 seeds, the lr ladder (6 rules x 5 rates x 5 seeds), replay at the cliff
+	$(VENV)/bin/clipbench sweep sweeps/study_stability.yaml --results-dir $(RESULTS) --jobs 2
+	$(VENV)/bin/clipbench report study_stability --results-dir $(RESULTS) --baseline grpo --format markdown --out docs/studies/stability
+	$(VENV)/bin/clipbench sweep sweeps/study_stability_ladder.yaml --results-dir $(RESULTS) --jobs 2
+	$(VENV)/bin/clipbench report study_stability_ladder --results-dir $(RESULTS) --format markdown --out docs/studies/stability_ladder
+	$(VENV)/bin/clipbench sweep sweeps/study_stability_replay.yaml --results-dir $(RESULTS) --jobs 2
+	$(VENV)/bin/clipbench report study_stability_replay --results-dir $(RESULTS) --baseline grpo --format markdown --out docs/studies/stability_replay
 
 study-replay: install ## Study (c), docs/studies/replay.md: grpo on the quickstart regime with recording, every rule replayed
 	$(VENV)/bin/clipbench sweep sweeps/study_replay.yaml --results-dir $(RESULTS) --jobs 2
@@ -74,4 +82,4 @@ reproduce-table3: install ## ABC-GRPO Table 3 (GPU + vLLM); SCALE=tiny: same pip
 clean: ## Remove generated results (keeps results/README.md)
 	find $(RESULTS) -mindepth 1 ! -name README.md -exec rm -rf {} +
 
-.PHONY: help install install-browser test test-verl test-vllm bench quickstart reproduce-table3 study study-replay test-fast clean
+.PHONY: help install install-browser test test-verl test-vllm bench quickstart reproduce-table3 study study-stability study-replay test-fast clean

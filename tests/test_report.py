@@ -237,7 +237,7 @@ def test_training_dynamics(result, tables):
     assert nsr["mean"] == pytest.approx(17.5) and nsr["std"] == pytest.approx(7.5 * 2 ** 0.5)
     assert math.isnan(grpo["completion_tokens"]["mean"])                     # not logged by the fixture
     t = tables["dynamics"]
-    assert t.rows[0] == ["grpo", "2", "0.905 ± 0.007 → 0.605 ± 0.007", "30.0 ± 0.0 → 40.0 ± 0.0", "25.0 ± 0.0", ""]
+    assert t.rows[0] == ["grpo", "2", "0.905 ± 0.007 → 0.605 ± 0.007", "30.0 ± 0.0 → 40.0 ± 0.0", "25.0 ± 0.0", "", "0/2"]
 
 
 def test_run_quadrants_without_metrics():

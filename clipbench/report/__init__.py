@@ -8,5 +8,7 @@ Modules: ``load`` (runs, labels), ``stats`` (pass@k per problem, CIs, paired boo
 ``plots`` (matplotlib figures), ``paper`` (the ABC-GRPO paper's reference numbers), ``claims`` (the
 papers' claims: verdict, smallest detectable effect), ``replication`` (whether each verdict replicates:
 seed halves or a second sweep), ``machines`` (where the runs ran, base-model checksums),
-``claims_table`` (their display tables).
+``claims_table`` (their display tables), ``stability`` and ``stability_table`` (gain over the base
+model, collapse kinds and critical learning rate over a learning-rate axis), ``finding`` (the
+report's first line).
 """

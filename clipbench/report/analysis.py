@@ -10,6 +10,8 @@
                    "gain": {label: {bench|"average": {metric: percent|None}}}}],
        "quadrants": {block: {label: {...shares...}}},
        "dynamics": {block: {label: {...entropy, accuracy, off-policy out-of-band share...}}},
+       "stability": {block: {"rates", "rules": {rule: {"method", "cells": {lr: {...}}, "critical"}}}} or None
+                    (stability.py: only for a learning-rate axis),
        "claims": [...] added by report.commands.build_report (claims.py builds on these figures)}
     MetricRow = {"seeds", "problems", "metrics": {metric: {"mean", "std", "ci": [lo, hi], "p", "per_seed"}}}
 
@@ -26,6 +28,7 @@ import numpy as np
 from clipbench.report import health, stats
 from clipbench.report.correction import label_correction
 from clipbench.report.load import RunRecord, Sweep, resolve_baseline
+from clipbench.report.stability import stability
 
 QUADRANTS = ("q1", "q2", "q3", "q4")
 CELLS = ("q1", "q2", "q3", "q4", "zero_adv", "on_policy")
@@ -361,6 +364,7 @@ def analyze(sweep: Sweep, baseline: str | None = None, *, resamples: int = stats
         "dynamics": {},
         "correction": {},
     }
+    out["stability"] = stability(compared, out["health"])
     for model, rs in blocks.items():
         q, dyn = {}, {}
         corr = {lb: c for lb in labels if (c := label_correction([r for r in rs if r.label == lb])) is not None}

@@ -24,10 +24,12 @@ from clipbench.report.claims import as_dicts, evaluate_claims
 from clipbench.report.claims_table import add_claim_tables
 from clipbench.report.health import exclusion_reason
 from clipbench.report.correction_table import correction_table
+from clipbench.report.finding import finding_line
 from clipbench.report.load import Sweep, load_results
 from clipbench.report.machines import provenance_lines, provenance_summary
 from clipbench.report.replication import replicate_against, replicate_by_halves, summary_line
 from clipbench.report.replay import replay_figures, replay_tables, sweep_replay
+from clipbench.report.stability_table import stability_table
 from clipbench.report.tables import Table, build_tables, model_title
 from clipbench.tracking.files import atomic_write_json
 
@@ -35,7 +37,9 @@ from clipbench.tracking.files import atomic_write_json
 def header_lines(sweep: Sweep, result: dict) -> list[str]:
     runs = result["runs"]
     states = ", ".join(f"{v} {k}" for k, v in sorted(runs["states"].items()))
-    lines = [f"Sweep '{sweep.name}' ({sweep.path}): {runs['total']} runs ({states}); {runs['compared']} compared.",
+    finding = finding_line(result)
+    lines = ([finding] if finding else []) + [
+             f"Sweep '{sweep.name}' ({sweep.path}): {runs['total']} runs ({states}); {runs['compared']} compared.",
              f"Models: {', '.join(model_title(b['model']) for b in result['blocks']) or '(none compared)'}. "
              f"Baseline: {result['baseline'] or 'none (no Gain row or p-values)'}."]
     for b in result["blocks"]:
@@ -103,6 +107,11 @@ def build_report(results_dir: Path, sweep_name: str, baseline: str | None, repli
     result = analyze(sweep, baseline)
     claims_with_replication(sweep, result, other)
     tables = add_claim_tables(build_tables(result, paper_ref.load_paper()), result)
+    stab = stability_table(result.get("stability"))
+    if stab:  # after the accuracy tables, before the quadrants, dynamics, claims and runs
+        at = next((i for i, t in enumerate(tables) if t.key not in ("table3", "significance", "paper_reference")),
+                  len(tables))
+        tables[at:at] = stab
     result["replay"] = sweep_replay(sweep)  # None unless the sweep's runs recorded (train.record)
     tables += replay_tables(result["replay"])
     corr = correction_table(result.get("correction", {}), result["baseline"])

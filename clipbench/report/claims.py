@@ -12,6 +12,15 @@ A claim applies to a sweep when the sweep has the arms it compares (on the same 
     nsr_vs_dapo     NSR beats DAPO (NSR)                                        each nsr arm vs dapo
     nsr_vs_decay    stochastic rescue beats its deterministic twin (NSR)        nsr vs decay, same parameters
 
+Arms are compared at the same learning rate (``train.lr`` and ``train.lr_schedule``), so a sweep with
+a learning-rate axis gets each claim once per rate. At the learning-rate cliff, the rates where GRPO's
+mean gain over the base model is below 0 (`stability.losing_rates`; without grpo in the block, where
+the claim's reference arm loses), the stability claims the rules' papers make apply (STABILITY): the
+rule keeps more held-out accuracy than its reference there (Avg@n at the last evaluation, the same
+test as every accuracy claim; both arms start from the same base model on the same problems, so this
+is also the difference of their gains over it). At those rates "NSR improves stability over DAPO"
+takes the place of "NSR beats DAPO".
+
 Statistics (stated in every row):
 - Training figures (entropy, quadrant shares) are one number per run. Arms are paired by seed (the
   same seed draws the same prompts and the same initial samples for both); the interval is Student's
@@ -48,10 +57,22 @@ import numpy as np
 from clipbench.report import stats
 from clipbench.report.analysis import _paired_diffs, block_benchmarks, block_n, run_dynamics, run_quadrants, seed_values
 from clipbench.report.load import RunRecord, Sweep
+from clipbench.report.stability import losing_rates, run_lr
 
 ALPHA = stats.ALPHA
 QUADRANTS = ("q1", "q2", "q3", "q4")
 SEED_TEST_MIN = 2  # paired seeds from which accuracy is tested over seeds (one seed: over problems)
+# (rule, its reference, the claim, the source): tested at the learning-rate cliff (module docstring)
+STABILITY = (
+    ("nsr", "dapo", "NSR improves stability over DAPO (more accuracy kept at the lr cliff)", "NSR, abstract"),
+    ("cispo", "grpo", "CISPO trains stably: keeps more accuracy than GRPO at the lr cliff", "MiniMax-M1 (CISPO)"),
+    ("gspo", "grpo", "GSPO is more stable than GRPO: keeps more accuracy at the lr cliff", "GSPO"),
+    ("dual_clip", "grpo", "dual-clip stabilizes training: keeps more accuracy than GRPO at the lr cliff",
+     "dual-clip PPO (Ye et al., 2020)"),
+    ("sapo", "grpo", "SAPO is more stable than GRPO: keeps more accuracy at the lr cliff", "SAPO"),
+)
+NAMES = {"nsr": "NSR", "cispo": "CISPO", "gspo": "GSPO", "dual_clip": "dual-clip", "sapo": "SAPO"}
+BASE_CLAIM = "{name} trains stably: does not lose the base model's held-out accuracy at the lr cliff"
 
 
 @dataclass
@@ -243,32 +264,78 @@ def _params(r: RunRecord) -> dict:
     return {k: v for k, v in r.config.get("objective", {}).items() if k != "method"}
 
 
-def evaluate_claims(sweep: Sweep, compared: Sequence[RunRecord]) -> list[ClaimResult]:
-    """Every claim that applies to the compared runs of a sweep, block by block (base model)."""
-    out: list[ClaimResult] = []
+def _lr_setting(runs: Sequence[RunRecord]) -> tuple:
+    train = runs[0].config.get("train") or {}
+    return (train.get("lr"), train.get("lr_schedule"))
+
+
+def stability_claims(by_label: dict[str, list[RunRecord]], cliff: set[float], method_of: dict[str, str]) -> list[ClaimResult]:
+    """STABILITY's claims at the rates in `cliff`: each rule against its reference at the same rate,
+    and each rule against its own base model (a stable run does not lose the base model's accuracy;
+    claimed sign +, so a significant loss does not hold), once per rule label."""
+    out = []
+    for rule, ref, claim, source in STABILITY:
+        for a in (lb for lb in by_label if method_of[lb] == rule and run_lr(by_label[lb][0]) in cliff):
+            for b in (lb for lb in by_label if method_of[lb] == ref):
+                if _lr_setting(by_label[a]) != _lr_setting(by_label[b]):
+                    continue
+                res = accuracy_claim(claim, source, a, by_label[a], b, by_label[b])
+                out += [res] if res else []
+            res = accuracy_claim(BASE_CLAIM.format(name=NAMES[rule]), source, a, by_label[a], "base model (step 0)",
+                                 by_label[a], b_initial=True)
+            out += [res] if res else []
+    return out
+
+
+def _cliff(runs: Sequence[RunRecord]) -> set[float]:
+    """The rates where grpo loses accuracy; without grpo, where any STABILITY reference arm does."""
+    got = losing_rates(runs, "grpo")
+    if got is None:
+        got = set().union(*[losing_rates(runs, ref) or set() for _, ref, _, _ in STABILITY])
+    return got
+
+
+def _blocks(compared: Sequence[RunRecord]) -> dict[str, list[RunRecord]]:
     blocks: dict[str, list[RunRecord]] = {}
     for r in compared:
         blocks.setdefault(r.model, []).append(r)
-    for model, runs in blocks.items():
+    return blocks
+
+
+def cliffs(compared: Sequence[RunRecord]) -> dict[str, set[float]]:
+    """{model: the rates of the learning-rate cliff} (module docstring): computed once on all the seeds,
+    so the halves of a replication test the same claims."""
+    return {model: _cliff(runs) for model, runs in _blocks(compared).items()}
+
+
+def evaluate_claims(sweep: Sweep, compared: Sequence[RunRecord],
+                    cliff_rates: dict[str, set[float]] | None = None) -> list[ClaimResult]:
+    """Every claim that applies to the compared runs of a sweep, block by block (base model).
+    `cliff_rates`: the cliff per block (default: `cliffs(compared)`)."""
+    out: list[ClaimResult] = []
+    cliff_rates = cliffs(compared) if cliff_rates is None else cliff_rates
+    for model, runs in _blocks(compared).items():
         first = len(out)
         by_label: dict[str, list[RunRecord]] = {}
         for r in runs:
             by_label.setdefault(r.label, []).append(r)
         method_of = {lb: rs[0].method for lb, rs in by_label.items()}
         arms = lambda m: [lb for lb in by_label if method_of[lb] == m]  # noqa: E731
+        same = lambda a, b: _lr_setting(by_label[a]) == _lr_setting(by_label[b])  # noqa: E731
+        cliff = cliff_rates.get(model, set())
 
         for g in arms("grpo"):
             res = accuracy_claim("RL from verifiable rewards raises held-out accuracy", "DeepSeekMath, GRPO", g,
                                  by_label[g], "base model (step 0)", by_label[g], b_initial=True)
             out += [res] if res else []
-            for a in arms("abc"):
+            for a in (a for a in arms("abc") if same(a, g)):
                 res = seed_claim("ABC-GRPO keeps entropy higher than GRPO", "ABC-GRPO", a, by_label[a], g,
                                  by_label[g], "entropy, last fifth (nats)", _last_entropy)
                 out += [res] if res else []
                 res = accuracy_claim("ABC-GRPO beats GRPO on held-out accuracy", "ABC-GRPO, Table 3", a,
                                      by_label[a], g, by_label[g])
                 out += [res] if res else []
-            for d in arms("dapo"):
+            for d in (d for d in arms("dapo") if same(d, g)):
                 res = seed_claim("clip-higher keeps entropy higher than GRPO", "DAPO", d, by_label[d], g,
                                  by_label[g], "entropy, last fifth (nats)", _last_entropy)
                 out += [res] if res else []
@@ -276,15 +343,18 @@ def evaluate_claims(sweep: Sweep, compared: Sequence[RunRecord]) -> list[ClaimRe
             out += [res] if res else []
         for d in arms("dapo"):
             for n in arms("nsr"):
+                if not same(n, d) or run_lr(by_label[n][0]) in cliff:  # at the cliff: the stability claim
+                    continue
                 res = accuracy_claim("NSR beats DAPO", "NSR", n, by_label[n], d, by_label[d])
                 out += [res] if res else []
         for n in arms("nsr"):
             for c in arms("decay"):
-                if _params(by_label[n][0]) != _params(by_label[c][0]):
+                if _params(by_label[n][0]) != _params(by_label[c][0]) or not same(n, c):
                     continue
                 res = accuracy_claim("stochastic rescue beats its deterministic twin", "NSR", n, by_label[n],
                                      c, by_label[c])
                 out += [res] if res else []
+        out += stability_claims(by_label, cliff, method_of)
         for res in out[first:]:
             res.model = model
     return out

@@ -14,6 +14,13 @@ Design choices:
   evaluation score (Avg@n, any benchmark) below half its step-0 value is flagged. So is a policy that
   never moved (the ratio is exactly 1 on every off-policy mini-batch: the updates changed nothing)
   and any optimizer step skipped as non-finite.
+- Each flag names its kind of collapse (``run_health(...)["kinds"]``), from the dynamics the store
+  has per step, with the same windows: entropy collapse (below a tenth of its start) or blow-up
+  (above twice its start); length collapse (mean completion length below half its start) or blow-up
+  (above 1.5 x its start); ratio explosion (the largest token ratio, mean over the last window, above
+  10); no learning signal (gradient norm below a tenth of its start: every group's rewards equal, so
+  every advantage is 0); reward collapse; accuracy collapse (below half of step 0); accuracy below
+  base (the 95% t interval over problems of the final-minus-step-0 Avg@n lies below 0).
 """
 
 from __future__ import annotations
@@ -31,12 +38,26 @@ REWARD_COLLAPSE = 0.5        # flagged when the end is below this fraction of th
 ENTROPY_COLLAPSE = 0.1
 ACCURACY_COLLAPSE = 0.5
 FROZEN_TOL = 1e-7            # |ratio - 1| below this on every off-policy mini-batch: the policy never moved
+ENTROPY_BLOWUP = 2.0         # flagged when the end is above this multiple of the start
+LENGTH_COLLAPSE = 0.5
+LENGTH_BLOWUP = 1.5
+RATIO_EXPLOSION = 10.0       # mean of ratio/max over the last window above this
+SIGNAL_LOST = 0.1            # grad_norm's end below this fraction of its start
+
+# The kinds of collapse a run's flags name (run_health(...)["kinds"]), in the order they are checked.
+KINDS = ("entropy collapse", "entropy blow-up", "length collapse", "length blow-up", "ratio explosion",
+         "no learning signal", "reward collapse", "accuracy collapse", "accuracy below base")
 
 RULES = (f"Flags: reward collapse = mean reward over the last {WINDOW:.0%} of rollout steps (at least one) below "
          f"{REWARD_COLLAPSE:g} x its mean over the first {WINDOW:.0%}; entropy collapse = the same with "
          f"{ENTROPY_COLLAPSE:g} x; accuracy collapse = a benchmark's final Avg@n below {ACCURACY_COLLAPSE:g} x its "
          f"step-0 value; policy frozen = ratio exactly 1 on every off-policy mini-batch; skipped = optimizer "
-         f"steps skipped as non-finite (loss or gradient norm).")
+         f"steps skipped as non-finite (loss or gradient norm); entropy blow-up = entropy's end above "
+         f"{ENTROPY_BLOWUP:g} x its start; length collapse / blow-up = mean completion length's end below "
+         f"{LENGTH_COLLAPSE:g} x / above {LENGTH_BLOWUP:g} x its start; ratio explosion = the largest token ratio "
+         f"(ratio/max), mean over the last {WINDOW:.0%} of rollout steps, above {RATIO_EXPLOSION:g}; no learning "
+         f"signal = gradient norm's end below {SIGNAL_LOST:g} x its start (all advantages 0); accuracy below base = "
+         f"the 95% t interval over problems of a benchmark's final minus step-0 Avg@n lies below 0.")
 
 
 def total_steps(run: RunRecord) -> int | None:
@@ -85,8 +106,51 @@ def _start_end(series: Sequence[float]) -> tuple[float, float] | None:
     return float(np.mean(series[:w])), float(np.mean(series[-w:]))
 
 
+def _ratio_check(series: Sequence[float], kind: str, low: float | None, high: float | None) -> tuple[str, dict | None] | None:
+    """(flag, start/end) when a series' end leaves [low x start, high x start]; None when it stays."""
+    se = _start_end(series)
+    if se is None or not se[0] > 0:
+        return None
+    start, end = se
+    if low is not None and end < low * start:
+        return f"{kind} collapse ({start:.3g} -> {end:.3g})", {"start": start, "end": end}
+    if high is not None and end > high * start:
+        return f"{kind} blow-up ({start:.3g} -> {end:.3g})", {"start": start, "end": end}
+    return None
+
+
+def _accuracy_flags(run: RunRecord) -> list[str]:
+    """Accuracy collapse (final below half of step 0) and accuracy below base (the t interval over
+    problems of final - step-0 per-problem Avg@n below 0), per benchmark."""
+    from clipbench.report.stats import t_interval
+
+    flags: list[str] = []
+    if not (run.evals and 0 in run.evals and run.final_step not in (None, 0)):
+        return flags
+    for bench, start in run.evals[0].items():
+        end = run.evals[run.final_step].get(bench)
+        if end is None:
+            continue
+        a, b = np.mean(start["correct"]), np.mean(end["correct"])
+        if a > 0 and b < ACCURACY_COLLAPSE * a:
+            flags.append(f"accuracy collapse on {bench} (Avg@n {100 * a:.1f}% -> {100 * b:.1f}%)")
+            continue
+        before = dict(zip(map(str, start["problem_ids"]), np.mean(start["correct"], axis=1)))
+        diffs = [v - before[p] for p, v in zip(map(str, end["problem_ids"]), np.mean(end["correct"], axis=1))
+                 if p in before]
+        if len(diffs) >= 2 and t_interval(diffs)[1] < 0:
+            flags.append(f"accuracy below base on {bench} (Avg@n {100 * a:.1f}% -> {100 * b:.1f}%)")
+    return flags
+
+
+def flag_kind(flag: str) -> str | None:
+    """The kind of collapse a flag names (one of KINDS), None for other flags (skipped steps, frozen)."""
+    return next((k for k in KINDS if flag.startswith(k)), None)
+
+
 def run_health(run: RunRecord) -> dict:
-    """{"steps_done", "steps", "opt_steps", "skipped", "skipped_frac", "flags": [str], "reward", "entropy"}."""
+    """{"steps_done", "steps", "opt_steps", "skipped", "skipped_frac", "flags": [str], "kinds": [str],
+    "reward", "entropy"}: kinds are the kinds of collapse the flags name (KINDS)."""
     opt_steps = len(run.metrics)
     skipped = max([int(r["skipped_nonfinite"]) for r in run.metrics if isinstance(r.get("skipped_nonfinite"), (int, float))]
                   + [int(run.status.get("skipped_nonfinite") or 0)])
@@ -95,25 +159,32 @@ def run_health(run: RunRecord) -> dict:
                  "skipped": skipped, "skipped_frac": skipped / opt_steps if opt_steps else 0.0}
     if skipped:
         flags.append(f"skipped {skipped} of {opt_steps} optimizer steps (non-finite)")
-    for key, name, frac in (("reward/mean", "reward", REWARD_COLLAPSE), ("entropy", "entropy", ENTROPY_COLLAPSE)):
+    for key, name, frac in (("reward/mean", "reward", REWARD_COLLAPSE), ("entropy", "entropy", None)):
         se = _start_end(_step_series(run, key))
         out[name] = None if se is None else {"start": se[0], "end": se[1]}
-        if se is not None and se[0] > 0 and se[1] < frac * se[0]:
+        if frac is not None and se is not None and se[0] > 0 and se[1] < frac * se[0]:
             flags.append(f"{name} collapse ({se[0]:.3g} -> {se[1]:.3g})")
-    if run.evals and 0 in run.evals and run.final_step not in (None, 0):
-        for bench, start in run.evals[0].items():
-            end = run.evals[run.final_step].get(bench)
-            if end is None:
-                continue
-            a, b = np.mean(start["correct"]), np.mean(end["correct"])
-            if a > 0 and b < ACCURACY_COLLAPSE * a:
-                flags.append(f"accuracy collapse on {bench} (Avg@n {100 * a:.1f}% -> {100 * b:.1f}%)")
+    checks = (("entropy", "entropy", ENTROPY_COLLAPSE, ENTROPY_BLOWUP),
+              ("response_length/mean", "length", LENGTH_COLLAPSE, LENGTH_BLOWUP))
+    for key, kind, low, high in checks:
+        got = _ratio_check(_step_series(run, key), kind, low, high)
+        flags += [got[0]] if got else []
+    ratio = _step_series(run, "ratio/max")
+    if len(ratio) >= 2:
+        end = float(np.mean(ratio[-max(1, int(len(ratio) * WINDOW)):]))
+        if end > RATIO_EXPLOSION:
+            flags.append(f"ratio explosion (largest ratio {end:.3g} over the last steps)")
+    grad = _start_end(_step_series(run, "grad_norm"))
+    if grad is not None and grad[0] > 0 and grad[1] < SIGNAL_LOST * grad[0]:
+        flags.append(f"no learning signal (gradient norm {grad[0]:.3g} -> {grad[1]:.3g})")
+    flags += _accuracy_flags(run)
     off_policy = [r for r in run.metrics if (r.get("mini_batch") or 0) > 0 or (r.get("epoch") or 0) > 0]
     ratios = [(r.get("ratio/min"), r.get("ratio/max")) for r in off_policy]
     ratios = [(lo, hi) for lo, hi in ratios if isinstance(lo, (int, float)) and isinstance(hi, (int, float))]
     if ratios and all(abs(lo - 1) < FROZEN_TOL and abs(hi - 1) < FROZEN_TOL for lo, hi in ratios):
         flags.append("policy frozen (ratio = 1 on every off-policy mini-batch)")
     out["flags"] = flags
+    out["kinds"] = [k for k in (flag_kind(f) for f in flags) if k is not None]
     return out
 
 

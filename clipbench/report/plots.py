@@ -6,7 +6,9 @@
 Lines are the mean over seeds; the shaded band is the min-max over seeds (only where at least two
 seeds have a value). A sparse series (at most `SPARSE_POINTS` points, or a point with no neighbour
 to draw a line to) gets markers, so a single point is never invisible; series that coincide exactly
-(one would hide the other) are named in a note under the figure. Figures: ``entropy`` (token entropy per optimizer step), ``reward`` (mean
+(one would hide the other) are named in a note under the figure. Figures: ``stability`` (for a
+sweep with a learning-rate axis: gain over the base model vs learning rate per rule, t intervals over
+seeds; report/stability.py), ``entropy`` (token entropy per optimizer step), ``reward`` (mean
 reward per rollout step), ``eval`` (Avg@n and Pass@n per benchmark over the evaluation steps),
 ``quadrants`` (share of clip events per quadrant per rollout step) and ``log_ratio_hist`` (the
 distribution of log r pooled over steps and seeds, split by the sign of A, with the clip bounds).
@@ -33,6 +35,7 @@ from clipbench.report.tables import BENCH_TITLES, metric_title, model_title, ord
 
 DPI = 100
 SPARSE_POINTS = 30
+DODGE = 1.02  # the stability figure's rules are drawn this factor apart on the (log) rate axis
 COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 
 
@@ -279,11 +282,52 @@ def hist_figure(groups: Mapping[str, list[RunRecord]]) -> Figure | None:
                               "log(lo) and log(hi), for its sign of A)")
 
 
+def stability_figure(stab: Mapping | None) -> Figure | None:
+    """Gain over the base model vs learning rate, one line per rule (mean over seeds, 95% t interval
+    over seeds as error bars; the rules a few percent apart on the rate axis so their intervals stay
+    visible), and the share of runs flagged as collapsed; one row per base model."""
+    if not stab:
+        return None
+    fig, axes = plt.subplots(len(stab), 2, figsize=(12, 4.4 * len(stab) + 0.8), dpi=DPI, squeeze=False,
+                             gridspec_kw={"width_ratios": [3, 2]})
+    for row, (model, block) in enumerate(stab.items()):
+        ax, ax_c = axes[row]
+        count = len(block["rules"])
+        for i, (rule, info) in enumerate(block["rules"].items()):
+            rates = sorted(info["cells"])
+            dodge = [r * DODGE ** (i - (count - 1) / 2) for r in rates]  # side by side, so intervals don't hide
+            cells = [info["cells"][r] for r in rates]
+            mean = np.array([c["mean"] for c in cells], dtype=float)
+            lo = np.array([c["ci"][0] for c in cells], dtype=float)
+            hi = np.array([c["ci"][1] for c in cells], dtype=float)
+            err = np.vstack([np.where(np.isfinite(lo), mean - lo, 0.0), np.where(np.isfinite(hi), hi - mean, 0.0)])
+            color = COLORS[i % len(COLORS)]
+            ax.errorbar(dodge, mean, yerr=err, label=rule, color=color, marker="o", markersize=4, capsize=3,
+                        linewidth=1.5)
+            ax_c.plot(rates, [100.0 * c["flagged"] / c["runs"] if c["runs"] else math.nan for c in cells],
+                      color=color, marker="o", markersize=4, linewidth=1.2)
+        for a in (ax, ax_c):
+            a.set_xscale("log")
+            a.set_xticks(block["rates"])
+            a.set_xticklabels([f"{r:.3g}" for r in block["rates"]], fontsize=8)
+            a.minorticks_off()
+            a.set_xlabel("learning rate (constant)" if row == len(stab) - 1 else "")
+            a.grid(alpha=0.3)
+        ax.axhline(0.0, color="black", linewidth=0.8)
+        ax.set_ylabel("gain over the base model (pts)")
+        ax.set_title(f"{model_title(model)}: final Avg@n minus step 0 (mean, 95% t CI over seeds)", fontsize=10)
+        ax_c.set_ylabel("runs flagged as collapsed (%)")
+        ax_c.set_ylim(-5, 105)
+        ax_c.set_title("collapse (any kind; see the stability table)", fontsize=10)
+    return _finish(fig, axes, "Stability: gain over the base model vs learning rate")
+
+
 def make_figures(sweep: Sweep, result: dict) -> dict[str, Figure]:
-    """Every figure that has data, in display order (entropy first)."""
+    """Every figure that has data, in display order (stability, when the sweep has a learning-rate
+    axis, then entropy)."""
     excluded = frozenset(e["run_id"] for e in result.get("runs", {}).get("excluded", []))
     groups = group_runs(sweep, result.get("baseline"), excluded)
-    figs: dict[str, Figure | None] = {}
+    figs: dict[str, Figure | None] = {"stability": stability_figure(result.get("stability"))}
     ent = _first_key(groups, ("entropy", "entropy/mean"))
     figs["entropy"] = line_figure(groups, ent, "opt_step", "Token entropy", "nats / token") if ent else None
     rew = _first_key(groups, ("reward/mean", "reward"))

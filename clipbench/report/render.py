@@ -19,6 +19,9 @@ from clipbench.report.tables import Table
 FORMATS = ("rich", "markdown", "latex", "csv", "html")
 WRAP_AT = 24  # a rich column with a longer cell wraps
 FIGURE_CAPTIONS = {
+    "stability": "Gain over the base model (final Avg@n minus step 0, points) against the learning rate, one line "
+                 "per rule: mean over seeds, error bars the 95% Student t interval over seeds; right, the share of "
+                 "runs flagged as collapsed at each rate.",
     "entropy": "Token entropy of the policy per optimizer step.",
     "reward": "Mean training reward per rollout step.",
     "eval": "Avg@n and Pass@n on each benchmark at every evaluation step.",

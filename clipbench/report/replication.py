@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from clipbench.report.claims import ClaimResult, evaluate_claims
+from clipbench.report.claims import ClaimResult, cliffs, evaluate_claims
 from clipbench.report.load import RunRecord
 
 REPLICATES, FRAGILE, NOT_TESTED = "replicates", "fragile", "not tested"
@@ -79,6 +79,7 @@ def replicate_by_halves(claims: Sequence[ClaimResult], compared: Sequence[RunRec
     """Set each claim's .replication from its two seed halves (the claims of one seed set share them)."""
     by = "on two halves of the seeds"
     cache: dict[tuple[int, ...], tuple[dict, dict]] = {}
+    cliff_rates = cliffs(compared)  # the whole's cliff: each half tests the same claims
     for c in claims:
         h1, h2 = halves(c.seeds)
         need = min_per_half(c)
@@ -88,7 +89,7 @@ def replicate_by_halves(claims: Sequence[ClaimResult], compared: Sequence[RunRec
             continue
         key = tuple(c.seeds)
         if key not in cache:
-            cache[key] = tuple({x.key: x for x in evaluate_claims(None, [r for r in compared if r.seed in h])}
+            cache[key] = tuple({x.key: x for x in evaluate_claims(None, [r for r in compared if r.seed in h], cliff_rates)}
                                for h in (h1, h2))
         found = [cache[key][i].get(c.key) for i in (0, 1)]
         if any(f is None for f in found):

@@ -283,9 +283,27 @@ def runs_table(result: dict) -> Table:
 
 # ---- training dynamics --------------------------------------------------------------------------
 
-def dynamics(dyn_by_block: dict, baseline: str | None) -> Table | None:
+def collapse_text(flagged: int, runs: int, kinds: dict[str, int]) -> str:
+    """'3/10: reward collapse 3, accuracy collapse 3': runs flagged with a kind of collapse, per kind."""
+    return f"{flagged}/{runs}" + (": " + ", ".join(f"{k} {n}" for k, n in kinds.items()) if flagged else "")
+
+
+def collapse_counts(result: dict) -> dict[tuple[str, str], str]:
+    """{(model, label): collapse_text} over each label's compared runs (health kinds, health.KINDS order)."""
+    health_of = result.get("health") or {}
+    out = {}
+    for block in result["blocks"]:
+        for lb, info in block["labels"].items():
+            kinds_per_run = [(health_of.get(rid) or {}).get("kinds") or [] for rid in info["run_ids"]]
+            counts = {k: sum(k in ks for ks in kinds_per_run) for k in health.KINDS}
+            out[(block["model"], lb)] = collapse_text(sum(bool(ks) for ks in kinds_per_run), len(kinds_per_run),
+                                                      {k: n for k, n in counts.items() if n})
+    return out
+
+
+def dynamics(dyn_by_block: dict, baseline: str | None, collapsed: dict[tuple[str, str], str] | None = None) -> Table | None:
     cols = ["Method", "Seeds", "Entropy first → last (nats)", "Sampled accuracy first → last (%)",
-            "Out of band, off-policy (% tok)", "Completion (tok)"]
+            "Out of band, off-policy (% tok)", "Completion (tok)", "Collapsed (runs: kinds)"]
     t = Table("dynamics", "Training dynamics (first → last fifth of training, mean ± std over seeds)", cols,
               sections=False)
     multi = len(dyn_by_block) > 1
@@ -302,14 +320,16 @@ def dynamics(dyn_by_block: dict, baseline: str | None) -> Table | None:
             name = f"{model_title(model)}: {lb}" if multi else lb
             t.add([name, str(s), f"{ms(e['entropy']['first'], '.3f')} → {ms(e['entropy']['last'], '.3f')}",
                    f"{ms(e['accuracy']['first'], '.1f', 100)} → {ms(e['accuracy']['last'], '.1f', 100)}",
-                   ms(e["off_policy_out_of_band"], ".1f"), ms(e["completion_tokens"], ".1f")])
+                   ms(e["off_policy_out_of_band"], ".1f"), ms(e["completion_tokens"], ".1f"),
+                   (collapsed or {}).get((model, lb), "")])
     if not t.rows:
         return None
     t.notes = ["Entropy: token entropy of the policy on its own rollouts, mean of the first / last fifth of the "
                "optimizer steps. Sampled accuracy: the rollouts' accuracy, first / last fifth of the rollout "
                "steps. Out of band, off-policy: tokens with A != 0 outside the run's reference band / all tokens "
                "with A != 0, over the optimizer steps after the first of each rollout step (the first is "
-               "on-policy, every ratio is 1)."]
+               "on-policy, every ratio is 1). Collapsed: the method's compared runs whose health flags name a kind "
+               "of collapse, counted per kind (a run may have several; thresholds in the Runs table's notes)."]
     return t
 
 
@@ -356,7 +376,7 @@ def build_tables(result: dict, paper: dict | None) -> list[Table]:
     g = gradient_mass(result["quadrants"], baseline)
     if g is not None:
         tables.append(g)
-    d = dynamics(result.get("dynamics", {}), baseline)
+    d = dynamics(result.get("dynamics", {}), baseline, collapse_counts(result))
     if d is not None:
         tables.append(d)
     if result.get("health"):

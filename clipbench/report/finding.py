@@ -1,0 +1,86 @@
+"""The report's first line: one sentence saying what the sweep found and which claims hold.
+
+    finding_line(result) -> str | None
+
+From numbers the report already has: each arm's gain over the base model (the Average row's Avg@n
+minus the base model's, per block), the critical learning rates when the sweep has a learning-rate
+axis (report/stability.py), and the claims' verdicts (report/claims.py) with whether they replicate.
+"""
+
+from __future__ import annotations
+
+import math
+
+from clipbench.report.stability_table import critical_text
+from clipbench.report.tables import model_title
+
+SHOWN = 4  # claims named per verdict; the rest are counted
+
+
+def _gains(block: dict) -> dict[str, float]:
+    """{label: Avg@n gain over the base model, points} of one block (benchmarks averaged)."""
+    avg = block["average"] if block["average"]["rows"] else next(iter(block["benchmarks"].values()), None)
+    if not avg or not avg.get("base"):
+        return {}
+    base = avg["base"]["metrics"]["avg"]["mean"]
+    return {lb: 100.0 * (row["metrics"]["avg"]["mean"] - base) for lb, row in avg["rows"].items()
+            if math.isfinite(row["metrics"]["avg"]["mean"])}
+
+
+def _outcome(result: dict) -> list[str]:
+    parts = []
+    multi = len(result["blocks"]) > 1
+    for block in result["blocks"]:
+        gains = _gains(block)
+        if not gains:
+            continue
+        seeds = sorted({len(info["seeds"]) for info in block["labels"].values()})
+        seeds_text = (f"{seeds[0]}" if len(seeds) == 1 else f"{seeds[0]}-{seeds[-1]}") + \
+            (" seed" if seeds[-1] == 1 else " seeds")
+        where = f" on {model_title(block['model'])}" if multi else ""
+        best, worst = max(gains, key=gains.get), min(gains, key=gains.get)
+        if best == worst:
+            parts.append(f"{best} ends {gains[best]:+.1f} points over the base model{where} (Avg@{block['n']}, "
+                         f"mean of {seeds_text})")
+        else:
+            parts.append(f"the gain over the base model{where} runs from {gains[best]:+.1f} points ({best}) to "
+                         f"{gains[worst]:+.1f} ({worst}) (Avg@{block['n']}, mean of {seeds_text} per arm)")
+    for model, block in (result.get("stability") or {}).items():
+        crit = "; ".join(f"{rule} {critical_text(info['critical'])}" for rule, info in block["rules"].items())
+        parts.append(f"critical learning rates{' on ' + model_title(model) if multi else ''}: {crit}")
+    return parts
+
+
+def _claim_name(c: dict) -> str:
+    rep = (c.get("replication") or {}).get("status")
+    tag = f", {rep}" if rep in ("replicates", "fragile") else ""
+    return f"{c['claim']} ({c['comparison']}, {c['estimate']:+.3g}{tag})"
+
+
+def _claims(claims: list[dict]) -> str | None:
+    if not claims:
+        return None
+    said = []
+    for verdict in ("holds", "does not hold"):
+        hits = [c for c in claims if c["verdict"] == verdict]
+        if hits:
+            names = "; ".join(_claim_name(c) for c in hits[:SHOWN])
+            more = f"; and {len(hits) - SHOWN} more" if len(hits) > SHOWN else ""
+            verb = {("holds", True): "holds", ("holds", False): "hold", ("does not hold", True): "does not hold",
+                    ("does not hold", False): "do not hold"}[(verdict, len(hits) == 1)]
+            said.append(f"{len(hits)} {verb}: {names}{more}")
+    rest = sum(c["verdict"].startswith("inconclusive") for c in claims)
+    if rest:
+        said.append(f"{rest} inconclusive at this scale")
+    return f"of {len(claims)} claims, " + ", ".join(said)
+
+
+def finding_line(result: dict) -> str | None:
+    """'Finding: ...; of N claims, H hold: ...' or None when there is nothing to say."""
+    parts = _outcome(result)
+    claims = _claims(result.get("claims", []))
+    if claims:
+        parts.append(claims)
+    if not parts:
+        return None
+    return f"Finding: {'; '.join(parts)}."

@@ -1,0 +1,135 @@
+"""Stability over a learning-rate axis: each rule's gain over the base model at every rate, the runs
+that collapsed (and how), and its critical learning rate. Plain dicts, no formatting.
+
+    stability(compared, health) -> {model: {...}} or None     None: no block has two or more rates
+
+It applies to a block (base model) whose compared runs have at least two values of ``train.lr``.
+Definitions (also in docs/reports.md):
+- A rule is a run's label without the learning rate (``load.assign_labels`` on the configs with
+  ``train.lr`` removed), so ``grpo`` at every rate is one line.
+- A run's gain over the base model: its final Avg@n minus its own step-0 Avg@n (the base model on
+  the same problems and samples), in points, benchmarks averaged. Runs without a step-0 evaluation
+  have no gain. Per (rule, rate): the mean over seeds and Student's t 95% interval over the seeds'
+  gains (`stats.t_interval`; none with one seed).
+- Collapse: the runs of a cell whose health flags name a kind of collapse (`health.KINDS`), counted
+  per kind.
+- The critical learning rate of a rule: the largest rate of the ladder at which its mean gain is
+  >= 0 there and at every lower rate of the ladder (None: below the ladder, the lowest rate already
+  loses accuracy). Its interval is bracketed by the rates whose gain interval excludes 0: the lower
+  end is the largest rate at or below the estimate whose interval lies at or above 0 (None: no rate
+  of the ladder is shown safe), the upper end the smallest rate above the estimate whose interval
+  lies below 0 (None: no rate of the ladder is shown to lose). The critical rate lies in
+  [lower, upper) if the gain falls with the rate; rates between the ends are ones where the seeds
+  cannot tell.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from clipbench.report import stats
+from clipbench.report.health import KINDS
+from clipbench.report.load import RunRecord, assign_labels
+
+
+def run_lr(run: RunRecord) -> float | None:
+    lr = (run.config.get("train") or {}).get("lr")
+    return float(lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else None
+
+
+def rule_labels(runs: Sequence[RunRecord]) -> dict[str, str]:
+    """{run_id: label without the learning rate}: the runs of one rule at every rate share it."""
+    clones = []
+    for r in runs:
+        cfg = copy.deepcopy(r.config)
+        (cfg.get("train") or {}).pop("lr", None)
+        clones.append(RunRecord(run_id=r.run_id, path=r.path, config=cfg, state=r.state))
+    assign_labels(clones)
+    return {c.run_id: c.label for c in clones}
+
+
+def run_gain(run: RunRecord) -> float | None:
+    """Final Avg@n minus step-0 Avg@n (points), benchmarks both evaluations have averaged; None
+    without a step-0 evaluation distinct from the final one."""
+    if not run.evals or 0 not in run.evals or run.final_step in (None, 0):
+        return None
+    start, end = run.evals[0], run.evals[run.final_step]
+    benches = sorted(set(start) & set(end))
+    if not benches:
+        return None
+    return float(np.mean([100.0 * (np.mean(end[b]["correct"]) - np.mean(start[b]["correct"])) for b in benches]))
+
+
+def cell(runs: Sequence[RunRecord], health: Mapping[str, dict]) -> dict:
+    """One (rule, rate): the seeds' gains, their mean and t interval, the runs flagged per kind."""
+    gains = {r.seed: g for r in runs if (g := run_gain(r)) is not None}
+    values = [gains[s] for s in sorted(gains)]
+    mean = float(np.mean(values)) if values else math.nan
+    ci = list(stats.t_interval(values)) if len(values) >= 2 else [math.nan, math.nan]
+    kinds: dict[str, int] = {}
+    flagged = 0
+    for r in runs:
+        found = (health.get(r.run_id) or {}).get("kinds") or []
+        flagged += bool(found)
+        for k in dict.fromkeys(found):
+            kinds[k] = kinds.get(k, 0) + 1
+    return {"seeds": sorted(gains), "gains": values, "mean": mean, "ci": ci, "runs": len(runs),
+            "flagged": flagged, "kinds": {k: kinds[k] for k in KINDS if k in kinds}}
+
+
+def critical_rate(cells: Mapping[float, dict]) -> dict:
+    """{"rate", "lower", "upper"} from a rule's cells by rate (module docstring)."""
+    rates = sorted(r for r, c in cells.items() if math.isfinite(c["mean"]))
+    rate = None
+    for r in rates:
+        if cells[r]["mean"] < 0:
+            break
+        rate = r
+    lower = upper = None
+    if rate is not None:
+        safe = [r for r in rates if r <= rate and cells[r]["ci"][0] >= 0]
+        lower = max(safe) if safe else None
+    losing = [r for r in rates if (rate is None or r > rate) and cells[r]["ci"][1] < 0]
+    upper = min(losing) if losing else None
+    return {"rate": rate, "lower": lower, "upper": upper, "rates": rates}
+
+
+def block_stability(runs: Sequence[RunRecord], health: Mapping[str, dict]) -> dict | None:
+    rates = sorted({lr for r in runs if (lr := run_lr(r)) is not None})
+    if len(rates) < 2:
+        return None
+    rule_of = rule_labels(runs)
+    rules = list(dict.fromkeys(rule_of[r.run_id] for r in runs))
+    out: dict = {"rates": rates, "rules": {}}
+    for rule in rules:
+        mine = [r for r in runs if rule_of[r.run_id] == rule]
+        cells = {lr: cell([r for r in mine if run_lr(r) == lr], health) for lr in rates
+                 if any(run_lr(r) == lr for r in mine)}
+        out["rules"][rule] = {"method": mine[0].method, "cells": cells, "critical": critical_rate(cells)}
+    return out
+
+
+def stability(compared: Sequence[RunRecord], health: Mapping[str, dict]) -> dict | None:
+    """{model: block_stability} for the blocks with a learning-rate axis; None when none has one."""
+    blocks: dict[str, list[RunRecord]] = {}
+    for r in compared:
+        blocks.setdefault(r.model, []).append(r)
+    out = {m: s for m, rs in blocks.items() if (s := block_stability(rs, health)) is not None}
+    return out or None
+
+
+def losing_rates(runs: Sequence[RunRecord], method: str = "grpo") -> set[float] | None:
+    """The rates at which `method`'s mean gain over the base model is below 0 (where it loses
+    accuracy: the cliff); None when the runs have no `method` run with a gain."""
+    by_rate: dict[float, list[float]] = {}
+    for r in runs:
+        g = run_gain(r) if r.method == method else None
+        if g is not None and (lr := run_lr(r)) is not None:
+            by_rate.setdefault(lr, []).append(g)
+    if not by_rate:
+        return None
+    return {lr for lr, gs in by_rate.items() if np.mean(gs) < 0}

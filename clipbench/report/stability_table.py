@@ -1,0 +1,70 @@
+"""The stability table (display strings) from ``result["stability"]`` (report/stability.py): one
+pair of rows per rule, its gain over the base model at every learning rate with the seeds' 95%
+interval, then the runs flagged at that rate and the kinds of collapse; the last column its
+critical learning rate with its interval.
+"""
+
+from __future__ import annotations
+
+import math
+
+from clipbench.report.tables import Table, collapse_text, model_title
+
+
+def rate_text(lr: float) -> str:
+    return f"{lr:.3g}"
+
+
+def gain_text(c: dict) -> str:
+    if not math.isfinite(c["mean"]):
+        return ""
+    lo, hi = c["ci"]
+    ci = f" [{lo:+.1f}, {hi:+.1f}]" if math.isfinite(lo) and math.isfinite(hi) else ""
+    return f"{c['mean']:+.1f}{ci} ({len(c['seeds'])})"
+
+
+def flags_text(c: dict) -> str:
+    return collapse_text(c["flagged"], c["runs"], c["kinds"])
+
+
+def critical_text(crit: dict) -> str:
+    """'2e-04 [<1.2e-04, 3e-04)': the estimate, then [lower, upper) (module docstring of stability.py)."""
+    rates = crit["rates"]
+    if not rates:
+        return ""
+    lowest, highest = rate_text(rates[0]), rate_text(rates[-1])
+    rate = f"< {lowest}" if crit["rate"] is None else (
+        f">= {highest}" if crit["rate"] == rates[-1] else rate_text(crit["rate"]))
+    lower = rate_text(crit["lower"]) if crit["lower"] is not None else f"< {lowest}"
+    upper = rate_text(crit["upper"]) if crit["upper"] is not None else f"> {highest}"
+    if crit["rate"] is None:  # the lowest rate already loses accuracy
+        return f"{rate} (below the ladder)"
+    return f"{rate} [{lower}, {upper})"
+
+
+def stability_table(stab: dict | None) -> list[Table]:
+    """One table per block with a learning-rate axis; [] without one."""
+    tables = []
+    for model, block in (stab or {}).items():
+        rates = block["rates"]
+        cols = ["Rule", "Figure"] + [f"lr {rate_text(r)}" for r in rates] + ["Critical lr [interval]"]
+        t = Table("stability", f"Stability: gain over the base model by learning rate ({model_title(model)})", cols)
+        for rule, info in block["rules"].items():
+            cells = [info["cells"].get(r) for r in rates]
+            t.add([rule, "gain (pts) [95% CI] (seeds)"] + [gain_text(c) if c else "" for c in cells]
+                  + [critical_text(info["critical"])])
+            flagged = any(c and c["flagged"] for c in cells)
+            t.add(["", "collapsed: runs, kinds"] + [flags_text(c) if c else "" for c in cells] + [""],
+                  "flagged" if flagged else "")
+        t.notes = [
+            "Gain: each run's final Avg@n minus its own step-0 Avg@n (the base model), in points (benchmarks "
+            "averaged); mean over seeds with Student's t 95% interval over the seeds' gains (none with one seed).",
+            "Collapsed: runs at that rate whose health flags name a kind of collapse (see the Runs table's notes "
+            "for each kind's threshold), counted per kind (a run may have several).",
+            "Critical lr: the largest rate at which the mean gain is >= 0 there and at every lower rate; "
+            "[lower, upper): lower = the largest rate at or below it whose gain interval lies at or above 0, "
+            "upper = the smallest rate above it whose gain interval lies below 0 ('< lowest' / '> highest': no "
+            "rate of the ladder is shown safe / shown to lose). Rates between the ends: the seeds cannot tell.",
+        ]
+        tables.append(t)
+    return tables

@@ -1,0 +1,195 @@
+"""The stability report of a sweep with a learning-rate axis, on a hand-checkable ladder
+(tests/fixtures/make_stability_fixture.py): gains over the base model with t intervals over seeds,
+the kinds of collapse, each rule's critical learning rate, the cliff's claims and the first line.
+Golden numbers with their arithmetic; no training (the real pipeline: test_stability_pipeline)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+from clipbench.commands.report import report_command
+from clipbench.report.build import build_report
+from clipbench.report.stability import critical_rate
+from clipbench.report.stability_table import critical_text
+
+T975_DF2 = 4.302652729911275  # scipy.stats.t.ppf(0.975, 2)
+SD = 6.25 / math.sqrt(3)      # sample sd of (a, a, a +- 6.25): sqrt((2 x (6.25/3)^2 + (12.5/3)^2) / 2) = 3.6084
+
+
+@pytest.fixture(scope="module")
+def ladder(tmp_path_factory):
+    path = Path(__file__).parent / "fixtures" / "make_stability_fixture.py"
+    spec = importlib.util.spec_from_file_location("make_stability_fixture", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    root = mod.build(tmp_path_factory.mktemp("stability") / "results")
+    return root, build_report(root, "ladder", None)
+
+
+def test_gain_per_rule_and_rate_with_t_intervals_over_seeds(ladder):
+    _, (_, result, _, _) = ladder
+    stab = result["stability"]["builtin:arith-tiny"]
+    assert stab["rates"] == [1e-4, 2e-4, 4e-4]
+    assert list(stab["rules"]) == ["cispo", "grpo"]  # the label without the rate: one line per rule
+    grpo = stab["rules"]["grpo"]["cells"]
+    # grpo at 1e-4: (6, 5, 6) of 16 correct vs the base's 4: gains 12.5, 6.25, 12.5, mean 10.4167,
+    # t interval 10.4167 -+ 4.3027 x 3.6084 / sqrt(3) = [1.4528, 19.3805]
+    assert grpo[1e-4]["gains"] == [12.5, 6.25, 12.5] and grpo[1e-4]["seeds"] == [0, 1, 2]
+    assert grpo[1e-4]["mean"] == pytest.approx(125 / 12)
+    half = T975_DF2 * SD / math.sqrt(3)
+    assert grpo[1e-4]["ci"] == pytest.approx([125 / 12 - half, 125 / 12 + half])
+    assert grpo[4e-4]["mean"] == pytest.approx(-175 / 12)  # (-12.5 - 12.5 - 18.75) / 3
+    cispo = stab["rules"]["cispo"]["cells"]
+    assert cispo[2e-4]["gains"] == [-25.0] * 3 and cispo[2e-4]["ci"] == [-25.0, -25.0]  # no spread: a point
+
+
+def test_collapse_kinds_are_named_and_counted(ladder):
+    _, (_, result, tables, _) = ladder
+    cells = result["stability"]["builtin:arith-tiny"]["rules"]
+    # cispo from 2e-4: entropy 0.2 -> 0.6 (3x > 2x), length 20 -> 45 (2.25x > 1.5x), gradient norm 0.3 -> 0,
+    # Avg@4 25% -> 0% (below half): every seed, four kinds
+    assert cells["cispo"]["cells"][2e-4]["flagged"] == 3
+    assert cells["cispo"]["cells"][2e-4]["kinds"] == {"entropy blow-up": 3, "length blow-up": 3, "no learning signal": 3,
+                                                      "accuracy collapse": 3}
+    # grpo at 4e-4: the largest ratio 15 on the last step (> 10) on every seed; seed 2 (1 of 16 = 6.25% < 12.5%)
+    # also collapsed in accuracy; 2 of 16 (12.5%) is not below half of 25%
+    assert cells["grpo"]["cells"][4e-4]["kinds"] == {"ratio explosion": 3, "accuracy collapse": 1}
+    assert cells["grpo"]["cells"][1e-4]["flagged"] == 0
+    t = next(t for t in tables if t.key == "stability")
+    assert t.columns == ["Rule", "Figure", "lr 0.0001", "lr 0.0002", "lr 0.0004", "Critical lr [interval]"]
+    assert t.rows[3] == ["", "collapsed: runs, kinds", "0/3", "0/3", "3/3: ratio explosion 3, accuracy collapse 1", ""]
+    assert t.rows[2][2] == "+10.4 [+1.5, +19.4] (3)"
+    # the dynamics table says the same per method label, for any sweep (one rate or many)
+    dyn = {row[0]: row[-1] for row in next(t for t in tables if t.key == "dynamics").rows}
+    assert dyn["cispo(lr=0.0002)"] == "3/3: entropy blow-up 3, length blow-up 3, no learning signal 3, accuracy collapse 3"
+    assert dyn["grpo(lr=0.0001)"] == "0/3"
+
+
+def test_critical_learning_rate_and_its_interval(ladder):
+    _, (_, result, tables, _) = ladder
+    rules = result["stability"]["builtin:arith-tiny"]["rules"]
+    # grpo: mean gain >= 0 at 1e-4 (+10.4) and 2e-4 (0.0), < 0 at 4e-4: critical 2e-4; 1e-4's interval lies
+    # above 0 (shown safe), 4e-4's below (hi = -14.58 + 8.96 < 0, shown to lose): [1e-4, 4e-4)
+    assert rules["grpo"]["critical"] == {"rate": 2e-4, "lower": 1e-4, "upper": 4e-4, "rates": [1e-4, 2e-4, 4e-4]}
+    # cispo: +2.08 at 1e-4 with an interval across 0 (no rate shown safe), -25 at 2e-4: [< 1e-4, 2e-4)
+    assert rules["cispo"]["critical"] == {"rate": 1e-4, "lower": None, "upper": 2e-4, "rates": [1e-4, 2e-4, 4e-4]}
+    t = next(t for t in tables if t.key == "stability")
+    assert [r[-1] for r in t.rows] == ["0.0001 [< 0.0001, 0.0002)", "", "0.0002 [0.0001, 0.0004)", ""]
+
+
+def test_critical_rate_edges():
+    def cells(*pairs):  # (rate, mean, lo, hi)
+        return {r: {"mean": m, "ci": [lo, hi]} for r, m, lo, hi in pairs}
+
+    below = critical_rate(cells((1.0, -1.0, -2.0, -0.5), (2.0, -3.0, -4.0, -2.0)))
+    assert below == {"rate": None, "lower": None, "upper": 1.0, "rates": [1.0, 2.0]}
+    assert critical_text(below) == "< 1 (below the ladder)"
+    never = critical_rate(cells((1.0, 2.0, 1.0, 3.0), (2.0, 1.0, -1.0, 3.0)))
+    assert never == {"rate": 2.0, "lower": 1.0, "upper": None, "rates": [1.0, 2.0]}
+    assert critical_text(never) == ">= 2 [1, > 2)"
+    # a gain back above 0 after a loss does not extend the critical rate ("stays >= 0")
+    back = critical_rate(cells((1.0, 1.0, -1.0, 3.0), (2.0, -1.0, -3.0, 1.0), (3.0, 1.0, -1.0, 3.0)))
+    assert back["rate"] == 1.0 and back["upper"] is None
+
+
+def test_cliff_claims_and_the_first_line(ladder):
+    _, (_, result, _, header) = ladder
+    claims = {(c["claim"], c["comparison"]): c for c in result["claims"]}
+    # the cliff: the rates where grpo's mean gain is below 0 -> 4e-4 only (2e-4's mean is exactly 0)
+    cispo = claims[("CISPO trains stably: keeps more accuracy than GRPO at the lr cliff", "cispo(lr=0.0004) - grpo(lr=0.0004)")]
+    # per seed (0 - 2, 0 - 2, 0 - 1) / 16 x 100 = -12.5, -12.5, -6.25: mean -10.4167, t = -10.4167 / 2.0833 = -5.0,
+    # df 2, two-sided p = 1 - 5 / sqrt(27) = 0.03775: against the paper
+    assert cispo["estimate"] == pytest.approx(-125 / 12) and cispo["p"] == pytest.approx(1 - 5 / math.sqrt(27))
+    assert cispo["verdict"] == "does not hold" and cispo["n"] == 3
+    assert not any(c["comparison"].startswith("cispo(lr=0.0002)") for c in result["claims"])  # not the cliff
+    for c in result["claims"]:  # arms are compared at the same rate only (before: every pair of rates)
+        assert len({part.split("(lr=")[1].split(")")[0] for part in c["comparison"].split(" - ") if "(lr=" in part}) == 1
+    learns = {c["comparison"]: c["verdict"] for c in result["claims"] if c["claim"].startswith("RL from")}
+    # 1e-4: t = 10.4167 / 2.0833 = 5.0 (p 0.0377); 2e-4: mean 0; 4e-4: t = -14.583 / 2.0833 = -7.0 (p 0.0198)
+    assert learns == {"grpo(lr=0.0001) - base model (step 0)": "holds",
+                      "grpo(lr=0.0002) - base model (step 0)": "inconclusive at this scale",
+                      "grpo(lr=0.0004) - base model (step 0)": "does not hold"}
+    assert header[0].startswith("Finding: the gain over the base model runs from +10.4 points (grpo(lr=0.0001)) to "
+                                "-25.0 (cispo(lr=")
+    assert "critical learning rates: cispo 0.0001 [< 0.0001, 0.0002); grpo 0.0002 [0.0001, 0.0004)" in header[0]
+    # and cispo against its own base model at the cliff: -25 on every seed (a constant loss: p 0)
+    base = claims[("CISPO trains stably: does not lose the base model's held-out accuracy at the lr cliff",
+                   "cispo(lr=0.0004) - base model (step 0)")]
+    assert base["estimate"] == pytest.approx(-25.0) and base["verdict"] == "does not hold"
+    assert "of 5 claims, 1 holds: RL from verifiable rewards raises held-out accuracy (grpo(lr=0.0001) - base model " \
+           "(step 0), +10.4)" in header[0]
+    assert "3 do not hold: " in header[0] and header[0].endswith("1 inconclusive at this scale.")
+
+
+def test_markdown_and_html_show_the_table_and_the_figure(ladder, tmp_path):
+    root, _ = ladder
+    md = report_command("ladder", baseline=None, fmt="markdown", results_dir=root, out=tmp_path / "md")
+    text = (tmp_path / "md" / "report.md").read_text()
+    assert text.index("### Stability: gain over the base model by learning rate") < text.index("### Runs")
+    assert "![stability](plots/stability.png)" in text and any(p.name == "stability.png" for p in md)
+    report_command("ladder", baseline=None, fmt="html", results_dir=root, out=tmp_path / "html")
+    html = (tmp_path / "html" / "report.html").read_text()
+    assert "Stability: gain over the base model by learning rate" in html
+    assert "Gain over the base model (final Avg@n minus step 0, points) against the learning rate" in html
+
+
+def test_a_sweep_without_a_learning_rate_axis_has_no_stability_table(tmp_path, report_fixture):
+    root = report_fixture.build(tmp_path / "results")
+    _, result, tables, header = build_report(root, "fixture", "grpo")
+    assert result["stability"] is None and not any(t.key == "stability" for t in tables)
+    # its first line still says what it found. The Average of arith (16 samples) and gsm8k (12): base
+    # (3/16 + 1/12) / 2 = 13.542%; abc (9/16 + 4/12) / 2 = 44.792% (both seeds), +31.25 points; nsr seeds
+    # (7/16, 6/16) and (2/12, 1/12): (40.625 + 12.5) / 2 = 26.5625%, +13.02 points
+    assert header[0].startswith("Finding: the gain over the base model runs from +31.2 points (abc) to +13.0 (nsr) "
+                                "(Avg@4, mean of 2 seeds per arm); of ")
+
+
+@pytest.mark.slow
+def test_stability_pipeline(tmp_path):
+    """A tiny real ladder through `clipbench sweep` and `clipbench report`: grpo at two constant rates x 2
+    seeds, 3 rollout steps of the tiny Table-3 recipe, 32 held-out problems. What the trainer writes is
+    what the stability report reads (rates, step-0 and final evaluations, the dynamics the flags use)."""
+    from clipbench.commands.sweep import sweep_command
+
+    tiny = Path(__file__).resolve().parent.parent / "recipes" / "abc_grpo_table3" / "tiny.yaml"
+    spec = tmp_path / "ladder.yaml"
+    spec.write_text(f"name: tiny_ladder\nbase: {tiny}\n"
+                    "overrides: {train.steps: 3, eval.every: 0, eval.n: 4, eval.limit: 32, tracking.mlflow: false}\n"
+                    "grid: {seed: [0, 1], train.lr: [1.0e-4, 3.0e-3], objective.method: [grpo]}\n")
+    results = tmp_path / "results"
+    sweep_command(spec, [], dry_run=False, json_out=False, results_dir=results, jobs=2, launcher=None,
+                  retry_failed=False, tracking_uri=None)
+    _, result, tables, header = build_report(results, "tiny_ladder", None)
+    block = result["stability"]["builtin:arith-tiny"]
+    assert block["rates"] == [1e-4, 3e-3] and list(block["rules"]) == ["grpo"]
+    for c in block["rules"]["grpo"]["cells"].values():
+        assert c["seeds"] == [0, 1] and c["runs"] == 2 and all(math.isfinite(g) for g in c["gains"])
+        # a gain is the run's own final minus step-0 Avg@4 over the 32 problems: a multiple of 100 / 128
+        assert all(abs(g * 1.28 - round(g * 1.28)) < 1e-9 for g in c["gains"])
+    assert next(t for t in tables if t.key == "stability").rows[0][0] == "grpo"
+    assert header[0].startswith("Finding: ") and "critical learning rates: grpo " in header[0]
+    report_command("tiny_ladder", baseline=None, fmt="html", results_dir=results, out=tmp_path / "html")
+    assert "Stability: gain over the base model by learning rate" in (tmp_path / "html" / "report.html").read_text()
+
+
+def test_the_study_sweeps_share_their_cliff_runs():
+    """What the headers of sweeps/study_stability_ladder.yaml, quickstart.yaml and
+    study_stability_replay.yaml say: a run id is the hash of the resolved config, so the ladder's 2e-4
+    runs (6 rules x seeds 0-4), the quickstart's (grpo and cispo x seeds 0-2) and the replay sweep's
+    (grpo, geo_mean, cispo x seeds 0-2) are runs of sweeps/study_stability.yaml."""
+    from clipbench.sweep.expand import expand
+    from clipbench.sweep.spec import load_spec
+
+    sweeps = Path(__file__).resolve().parent.parent / "sweeps"
+    study = expand(load_spec(sweeps / "study_stability.yaml")).runs
+    ladder = expand(load_spec(sweeps / "study_stability_ladder.yaml")).runs
+    quick = expand(load_spec(sweeps / "quickstart.yaml")).runs
+    replay = expand(load_spec(sweeps / "study_stability_replay.yaml")).runs
+    assert (len(study), len(ladder), len(quick), len(replay)) == (270, 150, 6, 9)  # 27 x 10; 6 x 5 x 5; 2 x 3; 3 x 3
+    shared = set(study) & set(ladder)
+    assert len(shared) == 30 and {ladder[r]["train"]["lr"] for r in shared} == {2e-4}
+    assert set(quick) <= set(study) and set(replay) <= set(study)  # recording is outside the run id
