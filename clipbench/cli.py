@@ -301,6 +301,20 @@ def init(
     init_command(directory, force=force)
 
 
+@app.command()
+@_user_errors
+def doctor(
+    results_dir: Path = RESULTS,
+    tracking_uri: Optional[str] = TRACKING,
+    json_out: bool = typer.Option(False, "--json", help="One JSON object per row."),
+):
+    """What this machine can run: torch, GPUs, vLLM, TRL, verl, the sampler and engines picked, MLflow,
+    threads; with the command that fixes each missing piece."""
+    from clipbench.commands.doctor import doctor_command
+
+    doctor_command(results_dir=results_dir, tracking_uri=tracking_uri, json_out=json_out)
+
+
 def main() -> None:  # pragma: no cover
     app()
 
