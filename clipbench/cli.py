@@ -273,11 +273,12 @@ def sync(
     sweep: Optional[str] = typer.Argument(None, help="Sweep name (default: all)."),
     results_dir: Path = RESULTS,
     tracking_uri: Optional[str] = TRACKING,
+    sink: str = typer.Option("mlflow", "--sink", help="The mirror to fill in: mlflow, wandb or tensorboard."),
 ):
-    """Replay runs and metrics missing from MLflow (after the server was unreachable)."""
+    """Replay runs and metrics a mirror lacks (MLflow by default; after an outage, or to add a mirror)."""
     from clipbench.commands.sync import sync_command
 
-    sync_command(sweep, results_dir=results_dir, tracking_uri=tracking_uri)
+    sync_command(sweep, results_dir=results_dir, tracking_uri=tracking_uri, sink=sink)
 
 
 @app.command()
