@@ -5,7 +5,8 @@
 
 One row per part a run may need: Python, torch, CUDA and each GPU with its memory, vLLM, TRL, verl
 (installed, version, usable here), the sampler `sampler.backend: auto` picks and the engines that can
-train here, MLflow (the embedded store, or whether the configured server answers), threads. A part
+train here, MLflow (the embedded store, or whether the configured server answers), the optional
+mirrors (W&B, TensorBoard), threads. A part
 that is missing or unusable carries the one command (or setting) that fixes it. Nothing is written;
 the only network call is one HTTP request (3 s timeout) to a configured MLflow server.
 """
@@ -131,6 +132,16 @@ def _mlflow_check(results_dir: Path, tracking_uri: str | None) -> Check:
                  "" if answered else "check the server's log")
 
 
+def _sink_checks() -> list[Check]:
+    """The optional mirrors (tracking.sinks): installed or the extra that installs them."""
+    out = []
+    for name, label in (("wandb", "W&B"), ("tensorboard", "TensorBoard")):
+        v = _version(name)
+        out.append(Check(f"{label} (tracking.sinks)", v or "not installed", v is not None,
+                         "" if v else f"pip install 'clipbench[{name}]'"))
+    return out
+
+
 def _threads() -> Check:
     import torch
 
@@ -148,4 +159,4 @@ def machine_checks(results_dir: str | Path = "results", tracking_uri: str | None
     gpus = torch.cuda.is_available()
     vllm, trl, verl = _vllm_check(gpus), _trl_check(), _verl_check(gpus)
     return (head + _torch_checks() + [vllm, trl, verl] + _picked(vllm, trl, verl)
-            + [_mlflow_check(Path(results_dir), tracking_uri), _threads()])
+            + [_mlflow_check(Path(results_dir), tracking_uri)] + _sink_checks() + [_threads()])
