@@ -59,9 +59,18 @@ def test_sweep_by_name_and_a_local_file_wins(tmp_path, monkeypatch):
     assert sweep_path("abc_grpo_table3/sweep_tiny") == RECIPES / "abc_grpo_table3" / "sweep_tiny.yaml"
     assert sweep_path("quickstart") == SWEEPS / "quickstart.yaml"  # sweeps/ before recipes/
     (tmp_path / "quickstart").write_text("name: mine\nbase: recipes/quickstart.yaml\ngrid: {seed: [0]}\n")
-    assert sweep_path("quickstart") == Path("quickstart")  # a local path wins
+    assert sweep_path("quickstart") == Path("quickstart")  # a local file wins
     spec = load_spec("quickstart")
     assert spec.name == "mine" and spec.base == RECIPES / "quickstart.yaml"  # no such local base: the shipped recipe
+
+
+def test_a_local_directory_of_that_name_does_not_hide_the_shipped_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "quickstart").mkdir()  # e.g. what `clipbench init quickstart` made
+    assert sweep_path("quickstart") == SWEEPS / "quickstart.yaml"
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(ConfigError, match="^mine: not a regular file"):
+        load_spec("mine")
 
 
 def test_unknown_name_is_one_line_exit_2(tmp_path, monkeypatch):

@@ -136,6 +136,28 @@ def test_sync_fills_an_outage_and_adds_nothing_twice(run_dir, tmp_path, monkeypa
         k: [s for s, _ in v] for k, v in before.items()}
 
 
+@pytest.mark.slow
+def test_a_resumed_run_continues_its_mirrors_without_repeating_a_point(run_dir, monkeypatch):
+    """After a resume from step 0 the trainer logs every row again: the sink every run gets
+    (`run_sink`, resume=True) continues the same W&B run and TensorBoard directory, sending nothing twice."""
+    from clipbench.tracking.mlflow_sink import run_sink
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    rd = RunDir(run_dir)
+    before = tb_points(run_dir / "tensorboard")
+    sink = run_sink(rd.read_config(), rd, results_dir=run_dir.parent.parent, sweep="train", resume=True)
+    assert isinstance(sink, FanoutSink) and [type(s).__name__ for s in sink.sinks] == [
+        "MlflowSink", "TensorBoardSink", "WandbSink"]
+    for row in rd.read_metrics():
+        sink.log_metrics(row["opt_step"], {k: v for k, v in row.items() if isinstance(v, (int, float))})
+    sink.close()
+    assert tb_points(run_dir / "tensorboard") == before
+    ids, wb = wandb_points(run_dir)
+    assert ids == {f"train-{rd.run_id}"} and {k: sorted(v) for k, v in wb.items()} == store_points(rd)
+
+
 class Broken(MirrorSink):
     name = "broken"
 

@@ -45,9 +45,11 @@ def _shipped(ref: str, dirs: tuple[Path, ...]) -> Path | None:
 
 def _resolve(ref: str | Path, dirs: tuple[Path, ...], kind: str) -> Path:
     path = Path(ref)
-    if path.exists():  # a local path wins (read_yaml says what is wrong with it)
+    if path.is_file():  # a local file wins
         return path
     found = _shipped(str(ref), dirs)
+    if found is None and path.exists():
+        return path  # a directory of that name, and no shipped file: read_yaml says what is wrong
     if found is None:
         raise ConfigError(str(ref), None, f"file not found, nor a shipped {kind} of that name "
                           f"(`clipbench recipes` lists them)")
