@@ -197,3 +197,22 @@ def test_an_unknown_or_missing_sink_is_refused_in_one_line(tmp_path, monkeypatch
         "error: tracking.sinks: 'wandb' is not installed here; pip install 'clipbench[wandb]' (or drop it from "
         "tracking.sinks)")
     assert not (tmp_path / "r").exists()
+
+
+def test_wandb_restart_from_scratch_is_a_new_run_and_a_resume_continues_it(tmp_path, monkeypatch):
+    from clipbench.tracking.sinks import WandbSink
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    rd = RunDir(tmp_path / "results" / "s" / "r1")
+    rd.path.mkdir(parents=True)
+    row = {"step": 0, "opt_step": 1, "loss": 0.25}
+    for resume in (False, False, True):  # a first attempt, a restart from scratch, a resume of the restart
+        sink = WandbSink(rd, {}, sweep="s", run_name="grpo seed=0", resume=resume)
+        sink.log_metrics(1, row)
+        sink.close()
+        sent = sink.n_points
+    assert sent == 0  # the resume had it already
+    ids, points = wandb_points(rd.path)
+    assert ids == {"s-r1", "s-r1-1"} and points == {"loss": [(1, 0.25), (1, 0.25)]}  # one point per W&B run
+    assert json.loads((rd.path / "wandb.json").read_text()) == {"run": "s-r1-1", "attempt": 1, "sent": {"loss": 1}}

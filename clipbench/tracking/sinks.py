@@ -15,7 +15,8 @@ The same guarantees as the MLflow mirror where the tracker allows them:
   (`<sweep>-<run_id>`) and skips what `<run_dir>/wandb.json` says it sent (written at every flush: a
   kill -9 may repeat the points of the last `tracking.batch_every` calls); TensorBoard reads its event
   files back and skips every point already there. A fresh start (`resume=False`) of a run that had
-  an earlier attempt starts its TensorBoard directory afresh (the store restarts that run too);
+  an earlier attempt starts afresh, as the store does: a new TensorBoard directory, a new W&B run
+  (`<sweep>-<run_id>-N`; the earlier one stays in W&B);
 - a sink that fails never fails the run: the first failure is one warning naming the sink and the
   `clipbench sync --sink NAME` command that replays the store later; the sink is then off for the run
   and `<run_dir>/sinks.json` records it.
@@ -179,10 +180,16 @@ class WandbSink(MirrorSink):
         import wandb
 
         self.record = rd.path / "wandb.json"
-        if resume is not False:
-            self.sent = {k: int(v) for k, v in read_json(self.record, {}, kind="mlflow").get("sent", {}).items()}
+        rec = read_json(self.record, {}, kind="mlflow")
+        self.attempt = int(rec.get("attempt", 0))
+        run_id = rec.get("run") or wandb_id(sweep, rd.run_id)
+        if resume is False and rec:  # the store restarts the run from scratch: a new W&B run, not the old one's
+            self.attempt += 1
+            run_id = f"{wandb_id(sweep, rd.run_id)}-{self.attempt}"
+        else:
+            self.sent = {k: int(v) for k, v in rec.get("sent", {}).items()}
         self.run = wandb.init(project=config.get("tracking", {}).get("experiment", "clipbench"),
-                              id=wandb_id(sweep, rd.run_id), name=run_name, group=sweep, job_type="run",
+                              id=run_id, name=run_name, group=sweep, job_type="run",
                               dir=str(rd.path), resume="allow", reinit="create_new",
                               settings=wandb.Settings(console="off", silent=True))
         self.run.define_metric("opt_step")
@@ -203,7 +210,7 @@ class WandbSink(MirrorSink):
         self.run.config.update({metric_name(k): param_value(v) for k, v in params.items()}, allow_val_change=True)
 
     def flush(self) -> None:
-        atomic_write_json(self.record, {"run": self.run.id, "sent": self.sent})
+        atomic_write_json(self.record, {"run": self.run.id, "attempt": self.attempt, "sent": self.sent})
 
     def close(self, status: str = "FINISHED") -> None:
         self.flush()
@@ -211,7 +218,8 @@ class WandbSink(MirrorSink):
 
 
 def wandb_id(sweep: str, run_id: str) -> str:
-    """The W&B run id of a store run: the same on every attempt, so a resume continues it."""
+    """The W&B run id of a store run (`-N` appended for its N-th restart from scratch): the same on
+    every resume, so a resume continues it."""
     return f"{sweep}-{run_id}"
 
 
