@@ -20,6 +20,7 @@ app = typer.Typer(
     "clipping rules with a built-in GRPO loop, MLflow tracking and Avg@k / Pass@k reports.",
 )
 
+
 def _version(value: bool) -> None:
     if value:
         from importlib.metadata import PackageNotFoundError, version
