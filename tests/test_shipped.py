@@ -106,7 +106,7 @@ def test_version():
     assert res.exit_code == 0 and res.output == f"clipbench {version('clipbench')} (results store format 2)\n"
 
 
-def test_init_writes_a_kit_that_expands_and_refuses_to_overwrite(tmp_path, monkeypatch):
+def test_init_writes_a_kit_that_expands_and_refuses_to_overwrite(tmp_path, monkeypatch, unload_plugins):
     kit = tmp_path / "study"
     res = runner.invoke(app, ["init", str(kit)])
     assert res.exit_code == 0, res.output
