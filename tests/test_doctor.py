@@ -10,7 +10,6 @@ import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from importlib.metadata import version
 
-import pytest
 import torch
 from typer.testing import CliRunner
 
