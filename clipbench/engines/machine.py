@@ -24,8 +24,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 TRL_TESTED = "1.16"  # pyproject's trl extra: trl>=1.16,<1.17
-TORCH_FIX = "a CUDA build of torch: pip install torch --index-url https://download.pytorch.org/whl/cuXXX " \
-            "(pytorch.org/get-started/locally)"
+TORCH_FIX = ("a CUDA build of torch: pip install torch --index-url https://download.pytorch.org/whl/cuXXX "
+             "(XXX: the CUDA version your driver supports, pytorch.org/get-started/locally)")
 
 
 @dataclass(frozen=True)
