@@ -20,6 +20,27 @@ app = typer.Typer(
     "clipping rules with a built-in GRPO loop, MLflow tracking and Avg@k / Pass@k reports.",
 )
 
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        from clipbench.tracking.store_format import STORE_FORMAT
+
+        try:
+            v = version("clipbench")
+        except PackageNotFoundError:  # run from a source tree that is not installed
+            v = "unknown (not installed)"
+        typer.echo(f"clipbench {v} (results store format {STORE_FORMAT})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and the results-store format, then exit.")):
+    """clipbench: which clipping rule wins, where, and why."""
+
+
 RESULTS = typer.Option(Path("results"), "--results-dir", help="Results store (source of truth).")
 TRACKING = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, "
                         "else sqlite:///<results-dir>/mlflow.db).")
@@ -61,7 +82,7 @@ def _user_errors(fn):
 @app.command()
 @_user_errors
 def sweep(
-    file: Path = typer.Argument(..., help="Sweep YAML (see sweeps/)."),
+    file: Path = typer.Argument(..., help="Sweep YAML, or a shipped sweep by name (clipbench recipes)."),
     overrides: Optional[List[str]] = typer.Argument(None, help="key=value applied to every run."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; write nothing."),
     json_out: bool = typer.Option(False, "--json", help="With --dry-run: one JSON object per run."),
@@ -86,7 +107,7 @@ def sweep(
 @app.command()
 @_user_errors
 def train(
-    recipe: Path = typer.Argument(..., help="Recipe YAML (see recipes/)."),
+    recipe: Path = typer.Argument(..., help="Recipe YAML, or a shipped recipe by name (clipbench recipes)."),
     overrides: Optional[List[str]] = typer.Argument(None, help="Dotted key=value overrides."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from its last checkpoint."),
     nproc_per_node: Optional[int] = typer.Option(
@@ -105,7 +126,7 @@ def train(
 @app.command()
 @_user_errors
 def plan(
-    recipe: Path = typer.Argument(..., help="Recipe YAML (see recipes/)."),
+    recipe: Path = typer.Argument(..., help="Recipe YAML, or a shipped recipe by name (clipbench recipes)."),
     overrides: Optional[List[str]] = typer.Argument(None, help="Dotted key=value overrides."),
     nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node",
                                                  help="GPUs per node (default: launch.nproc_per_node, else 1)."),
@@ -127,7 +148,7 @@ def plan(
 @app.command()
 @_user_errors
 def rehearse(
-    recipe: Path = typer.Argument(..., help="Recipe YAML (see recipes/)."),
+    recipe: Path = typer.Argument(..., help="Recipe YAML, or a shipped recipe by name (clipbench recipes)."),
     overrides: Optional[List[str]] = typer.Argument(None, help="Dotted key=value overrides."),
     nproc_per_node: Optional[int] = typer.Option(
         None, "--nproc-per-node", help="Processes for the rehearsal (default: the recipe's, at most 2 on a CPU)."),
@@ -253,11 +274,47 @@ def sync(
     sweep: Optional[str] = typer.Argument(None, help="Sweep name (default: all)."),
     results_dir: Path = RESULTS,
     tracking_uri: Optional[str] = TRACKING,
+    sink: str = typer.Option("mlflow", "--sink", help="The mirror to fill in: mlflow, wandb or tensorboard."),
 ):
-    """Replay runs and metrics missing from MLflow (after the server was unreachable)."""
+    """Replay runs and metrics a mirror lacks (MLflow by default; after an outage, or to add a mirror)."""
     from clipbench.commands.sync import sync_command
 
-    sync_command(sweep, results_dir=results_dir, tracking_uri=tracking_uri)
+    sync_command(sweep, results_dir=results_dir, tracking_uri=tracking_uri, sink=sink)
+
+
+@app.command()
+@_user_errors
+def recipes(show: Optional[str] = typer.Option(None, "--show", help="Print one shipped recipe or sweep (to copy).")):
+    """The recipes and sweeps shipped with clipbench, runnable by name from any directory."""
+    from clipbench.commands.recipes import recipes_command
+
+    recipes_command(show)
+
+
+@app.command()
+@_user_errors
+def init(
+    directory: Path = typer.Argument(Path("."), help="Where to write the kit (created if missing)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite the kit's files if they exist."),
+):
+    """A starter kit to edit: a sweep over two rules and three seeds, a rule file, the next commands."""
+    from clipbench.commands.init import init_command
+
+    init_command(directory, force=force)
+
+
+@app.command()
+@_user_errors
+def doctor(
+    results_dir: Path = RESULTS,
+    tracking_uri: Optional[str] = TRACKING,
+    json_out: bool = typer.Option(False, "--json", help="One JSON object per row."),
+):
+    """What this machine can run: torch, GPUs, vLLM, TRL, verl, the sampler and engines picked, MLflow,
+    threads; with the command that fixes each missing piece."""
+    from clipbench.commands.doctor import doctor_command
+
+    doctor_command(results_dir=results_dir, tracking_uri=tracking_uri, json_out=json_out)
 
 
 def main() -> None:  # pragma: no cover

@@ -52,7 +52,7 @@ CHANGES = {
     "eval.every": 5, "eval.benchmarks": ["gsm8k"], "eval.n": 4, "eval.limit": 8, "eval.data_dir": str(REPO / "tests"),
     "eval.temperature": 0.6, "eval.top_p": 0.95, "eval.max_new_tokens": 16, "eval.at_start": False,
     "tracking.mlflow": False, "tracking.tracking_uri": "http://127.0.0.1:5000", "tracking.experiment": "other",
-    "tracking.batch_every": 5, "launch.nproc_per_node": 2, "launch.preempt_signal": "SIGUSR1",
+    "tracking.batch_every": 5, "tracking.sinks": ["mlflow", "tensorboard"], "launch.nproc_per_node": 2, "launch.preempt_signal": "SIGUSR1",
     "train.record.every": 1, "train.record.state": "none", "train.record.max_mb": 64,
 }
 COMPANIONS = {"task.name": {"task.path": str(REPO / "tests")}}  # what a test value needs beside it

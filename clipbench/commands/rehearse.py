@@ -21,13 +21,17 @@ STYLE = {"as": "green", "ran": "green", "scaled": "cyan", "skipped": "yellow", "
 
 def rehearse_command(recipe: Path, overrides: list[str], *, nproc_per_node: int | None, results_dir: Path,
                      tracking_uri: str | None, plugins: list[str] = ()) -> int:
+    from clipbench.commands.doctor import doctor_command
     from clipbench.commands.plan import render
+    from clipbench.config import load_run_config
     from clipbench.errors import UserError
     from clipbench.rehearse import rehearse
 
     if nproc_per_node is not None and nproc_per_node < 1:
         raise UserError(f"--nproc-per-node must be >= 1, got {nproc_per_node}")
+    load_run_config(recipe, overrides, plugins=plugins)  # bad input: one line, before anything is printed
     err = Console(stderr=True, highlight=False)
+    doctor_command(results_dir=results_dir, tracking_uri=tracking_uri, console=err)  # what this machine can run
     t0 = time.time()
     result = rehearse(recipe, overrides, nproc_per_node=nproc_per_node, results_dir=results_dir,
                       tracking_uri=tracking_uri, plugins=list(plugins),

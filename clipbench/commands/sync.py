@@ -1,4 +1,5 @@
-"""`clipbench sync [SWEEP] [--tracking-uri URI]`: replay to MLflow what the store holds and MLflow lacks.
+"""`clipbench sync [SWEEP] [--tracking-uri URI] [--sink mlflow|wandb|tensorboard]`: replay to a mirror
+(MLflow by default) what the store holds and the mirror lacks.
 
 The replay itself is clipbench.tracking.sync's (it reads the whole store first, then sends); this
 command checks the server answers, runs it and prints one row per run.
@@ -18,7 +19,12 @@ from clipbench.tracking.files import check_store_dir
 from clipbench.tracking.sync import load_sweeps, sync_sweeps
 
 
-def sync_command(sweep: str | None, *, results_dir: Path = Path("results"), tracking_uri: str | None = None) -> list[dict]:
+def sync_command(sweep: str | None, *, results_dir: Path = Path("results"), tracking_uri: str | None = None,
+                 sink: str = "mlflow") -> list[dict]:
+    from clipbench.config.schema import SINKS
+
+    if sink not in SINKS:
+        raise UserError(f"--sink: unknown sink '{sink}'{did_you_mean(sink, SINKS)}; valid: {', '.join(SINKS)}")
     results_dir = check_store_dir(results_dir)
     sweeps = list_sweeps(results_dir)
     if sweep is not None:
@@ -29,6 +35,8 @@ def sync_command(sweep: str | None, *, results_dir: Path = Path("results"), trac
     if not sweeps:
         raise UserError(f"nothing to sync: no runs in {results_dir}")
     loaded = load_sweeps(results_dir, sweeps)  # read (and check) everything before anything is sent or written
+    if sink != "mlflow":
+        return _sync_sink(sink, loaded)
     first = next((r.config for runs, _ in loaded.values() for r in runs), {})
     uri = resolve_tracking_uri(tracking_uri, first.get("tracking", {}).get("tracking_uri"), results_dir)
     try:
@@ -47,5 +55,27 @@ def sync_command(sweep: str | None, *, results_dir: Path = Path("results"), trac
         else:
             t.add_row(r["sweep"], r["run_id"], r["mlflow_run_id"][:12], "yes" if r["created"] else "",
                       str(r["params"]), str(r["metrics"]), str(r["artifacts"]), r["state"])
+    Console(stderr=True).print(t)
+    return rows
+
+
+def _sync_sink(name: str, loaded: dict) -> list[dict]:
+    """Every run of the sweeps into its W&B run or TensorBoard directory (continued), what it lacks."""
+    from clipbench.tracking.sinks import missing_package, replay_sink
+
+    fix = missing_package(name)
+    if fix:
+        raise UserError(f"--sink {name}: not installed here; {fix}")
+    rows = []
+    for sweep, (runs, _) in loaded.items():
+        for r in runs:
+            name_ = f"{r.config.get('objective', {}).get('method', '')} seed={r.config.get('seed', '')} {r.rd.run_id}"
+            n = replay_sink(name, r.config, r.rd, sweep=sweep, run_name=name_)
+            rows.append({"sweep": sweep, "run_id": r.rd.run_id, "points": n, "state": r.status.get("state", "pending")})
+    t = Table(title=f"clipbench sync -> {name}", title_justify="left")
+    for col in ("sweep", "run_id", "+points", "state"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["sweep"], r["run_id"], str(r["points"]), r["state"])
     Console(stderr=True).print(t)
     return rows

@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from clipbench import yamlio
 from clipbench.config.schema import CHOICES, RANGES, RunConfig
+from clipbench.config.shipped import recipe_path
 from clipbench.errors import ConfigError, UserError, did_you_mean, unknown_choice
 from clipbench.yamlio import YamlError, load_yaml_file, load_yaml_text
 
@@ -130,6 +131,7 @@ def compose(recipe: str | Path | Mapping | None, overrides: Iterable[str] | Mapp
     elif isinstance(recipe, Mapping):
         data, base_dir = dict(recipe), Path.cwd()
     else:
+        recipe = recipe_path(recipe)  # a local file, else the shipped recipe of that name
         source = source or str(recipe)
         data, base_dir = read_yaml(recipe), Path(recipe).resolve().parent
     data = _resolve_paths(deep_merge({}, data), base_dir)

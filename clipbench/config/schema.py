@@ -40,6 +40,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.record.state": ("auto", "none", "last", "all"),  # clipbench.train.record reads it
     "launch.preempt_signal": ("SIGTERM", "SIGUSR1", "SIGUSR2"),  # clipbench.train.preempt.SIGNALS
 }
+# The mirrors of the results store a run may log to (`tracking.sinks`; clipbench.tracking implements each).
+SINKS = ("mlflow", "wandb", "tensorboard")
 
 
 # ---- value declarations ------------------------------------------------------------------------
@@ -88,6 +90,8 @@ class Each:
 
     item: Any  # a Range, Text, ... (anything with .problem(value))
     length: int | None = None
+    choices: tuple[str, ...] | None = None  # each item one of these
+    unique: bool = False
 
     def problem(self, v: Any) -> str | None:
         if not isinstance(v, (list, tuple)):
@@ -98,6 +102,10 @@ class Each:
             p = self.item.problem(x)
             if p:
                 return f"item {i}: {p}"
+            if self.choices is not None and x not in self.choices:
+                return f"item {i}: unknown {x!r}; valid: {', '.join(self.choices)}"
+        if self.unique and len(set(v)) != len(v):
+            return f"lists an item twice: {list(v)}"
         return None
 
 
@@ -211,6 +219,7 @@ RANGES: dict[str, Range | Each | Text | Source] = {
     "tracking.tracking_uri": Text(none=True),
     "tracking.experiment": Text(max_len=500),
     "tracking.batch_every": Range(1, MAX_STEPS),
+    "tracking.sinks": Each(Text(), choices=SINKS, unique=True),
     "plugins": Each(Text()),
     "launch.nproc_per_node": Range(1, 4096),
 }
@@ -328,6 +337,8 @@ class TrackingConfig:
     tracking_uri: Optional[str] = None  # default: MLFLOW_TRACKING_URI, else sqlite in results dir
     experiment: str = "clipbench"
     batch_every: int = 10  # optimizer steps per MLflow log_batch
+    # The mirrors: mlflow (unless mlflow: false), wandb, tensorboard (extras; clipbench.tracking.sinks)
+    sinks: List[str] = field(default_factory=lambda: ["mlflow"])
 
 
 @dataclass

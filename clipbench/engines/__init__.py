@@ -74,6 +74,7 @@ def preflight(cfg, source: str | None = None) -> None:
     from clipbench.tasks import build_run_task
 
     check(cfg, source)
+    check_sinks(cfg)
     backend = resolve_backend(cfg.sampler.backend)
     check_sleep_mode(cfg.sampler.sleep_mode, backend)  # the GPU-only part first: one line on a CPU machine
     check_backend(backend)
@@ -83,6 +84,17 @@ def preflight(cfg, source: str | None = None) -> None:
         total = torch.cuda.get_device_properties(0).total_memory
         check_fits(cfg, resolve_model_name(cfg.model.name), world_size=cfg.launch.nproc_per_node,
                    device_gib=total / GIB, backend=backend)
+
+
+def check_sinks(cfg) -> None:
+    """UserError naming the fix when a mirror in tracking.sinks is not installed here (never ignored)."""
+    from clipbench.errors import UserError
+    from clipbench.tracking.sinks import missing_package
+
+    for name in cfg.tracking.sinks:
+        fix = missing_package(name)
+        if fix:
+            raise UserError(f"tracking.sinks: '{name}' is not installed here; {fix} (or drop it from tracking.sinks)")
 
 
 def train_run(cfg, run_dir: Path, *, resume: bool = False, sink=None,

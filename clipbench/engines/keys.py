@@ -176,7 +176,7 @@ TRL: dict[str, Support] = {
     "plugins": honoured("imported in every process"),
     **{f"eval.{k}": honoured(_EVAL) for k in ("every", "benchmarks", "n", "limit", "data_dir", "temperature",
                                                "top_p", "max_new_tokens", "at_start")},
-    **{f"tracking.{k}": honoured(_TRACK) for k in ("mlflow", "tracking_uri", "experiment", "batch_every")},
+    **{f"tracking.{k}": honoured(_TRACK) for k in ("mlflow", "tracking_uri", "experiment", "batch_every", "sinks")},
     "launch.nproc_per_node": honoured("torchrun processes (TRL's accelerate reads their environment)"),
     "launch.preempt_signal": refused("TRL's trainer has no preemption checkpoint (its generation buffer is not "
                                      "saved): a signal stops it; it resumes from its last checkpoint"),
@@ -267,6 +267,7 @@ VERL: dict[str, Support] = {
     "eval.max_new_tokens": refused("verl validates with data.max_response_length (sampler.max_new_tokens)"),
     "eval.at_start": mapped("trainer.val_before_train"),
     "tracking.mlflow": mapped("trainer.logger (console, mlflow)"),
+    "tracking.sinks": mapped("trainer.logger (console + mlflow, wandb, tensorboard: verl's own loggers)"),
     "tracking.tracking_uri": mapped("MLFLOW_TRACKING_URI (the workers' environment)"),
     "tracking.experiment": mapped("trainer.project_name"),
     "tracking.batch_every": refused(_VERL_LOGS),

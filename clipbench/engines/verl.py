@@ -185,7 +185,8 @@ def verl_overrides(cfg: dict, *, run_dir: Path, data: tuple[Path, Path], experim
         f"{R}.val_kwargs.top_p": ev["top_p"], f"{R}.val_kwargs.do_sample": True,
         "reward.custom_reward_function.path": str(Path(__file__).with_name("verl_reward.py")),
         "reward.custom_reward_function.name": "compute_score",
-        "trainer.logger": ["console", "mlflow"] if cfg["tracking"]["mlflow"] else ["console"],
+        "trainer.logger": ["console"] + [s for s in cfg["tracking"].get("sinks", ["mlflow"])
+                                         if s != "mlflow" or cfg["tracking"]["mlflow"]],
         "trainer.project_name": cfg["tracking"]["experiment"], "trainer.experiment_name": experiment,
         "trainer.total_training_steps": tc["steps"], "trainer.save_freq": tc["checkpoint_every"],
         "trainer.test_freq": ev["every"] or -1,

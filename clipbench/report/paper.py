@@ -13,7 +13,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-PAPER_FILE = Path(__file__).resolve().parents[2] / "recipes" / "abc_grpo_table3" / "paper_table3.json"
+PAPER_FILE = Path(__file__).resolve().parents[1] / "recipes" / "abc_grpo_table3" / "paper_table3.json"
 PAPER_METHODS = ("base", "grpo", "abc")
 
 

@@ -27,6 +27,7 @@ from clipbench.sweep.spec import SweepSpec
 from clipbench.tracking.lock import manifest_lock
 from clipbench.errors import StoreError
 from clipbench.tracking.files import REMEDIES, atomic_write_json, read_json
+from clipbench.tracking.store_format import STORE_FORMAT, read_format
 
 MANIFEST = "manifest.json"
 
@@ -40,6 +41,7 @@ def read_manifest(path: str | Path) -> dict | None:
     m = read_json(path, kind="manifest")
     if m is None:
         return None
+    m = read_format(path, m)  # an older store format migrated; a newer one refused (one line)
     runs, points = m.get("runs"), m.get("points", {})
     if not isinstance(runs, dict) or not all(isinstance(c, dict) for c in runs.values()):
         raise StoreError(path, "not a clipbench manifest ('runs' must map run ids to configs)", REMEDIES["manifest"])
@@ -77,7 +79,7 @@ def merge(existing: dict | None, spec: SweepSpec, exp: Expansion) -> Merge:
     from clipbench.objectives.plugins import check_plugin_records, plugin_records
 
     if existing is None:
-        m = {"sweep": spec.name, "source": str(spec.file.resolve()), "base": str(spec.base), "created": _now(),
+        m = {"store_format": STORE_FORMAT, "sweep": spec.name, "source": str(spec.file.resolve()), "base": str(spec.base), "created": _now(),
              "runs": dict(exp.runs), "points": dict(exp.points)}
         records = plugin_records(exp.runs.values())
         if records:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from clipbench.config import flatten, parse_overrides, read_yaml
+from clipbench.config.shipped import shipped_recipe, sweep_path
 from clipbench.errors import ConfigError, did_you_mean
 from clipbench.tracking.store import NOT_SWEEPS
 
@@ -67,7 +68,7 @@ def load_spec(path: str | Path, cli_overrides: list[str] | tuple[str, ...] = (),
               plugins: list[str] | tuple[str, ...] = ()) -> SweepSpec:
     """Read and shape-check a sweep file. Nothing is written. ``plugins``: the CLI's --plugin
     entries (relative to the working directory), after the file's own."""
-    path = Path(path)
+    path = sweep_path(path)  # a local file, else the shipped sweep of that name
     src = str(path)
     data = read_yaml(path)
     for k in data:
@@ -101,14 +102,19 @@ def _name(name: Any, src: str) -> str:
 
 
 def _base(base: Any, path: Path, src: str) -> Path:
-    """The recipe every run starts from, relative to the sweep file."""
+    """The recipe every run starts from, relative to the sweep file; else the shipped recipe of that
+    name (`base: quickstart` works from any directory)."""
     if base is None:
         raise ConfigError(src, "base", "missing: the recipe every run starts from, e.g. base: ../recipes/quickstart.yaml")
     if not isinstance(base, str):
         raise ConfigError(src, "base", f"expected a path to a recipe, got {base!r}")
     base_path = (path.resolve().parent / base).resolve()
     if not base_path.is_file():
-        raise ConfigError(src, "base", f"recipe not found: {base_path}")
+        shipped = shipped_recipe(base)
+        if shipped is None:
+            raise ConfigError(src, "base", f"recipe not found: {base_path} (nor a shipped recipe '{base}'; "
+                              f"`clipbench recipes` lists them)")
+        base_path = shipped
     return base_path
 
 

@@ -206,25 +206,40 @@ def offline_sink(uri: str, rd: RunDir | None, reason: str, sync_hint: str = "cli
 
 def run_sink(cfg, rd: RunDir, *, results_dir: str | Path, sweep: str, tracking_uri: str | None = None,
              parent_run_id: str | None = None, run_name: str | None = None, resume: bool | None = None):
-    """The sink for one run (the one factory: `clipbench train` and every sweep worker): a NullSink when
-    the run's tracking.mlflow is off, else its MLflow child run (tag run_id), found or created. Never raises.
+    """The sink for one run (the one factory: `clipbench train` and every sweep worker): its MLflow child
+    run (tag run_id), found or created, unless tracking.mlflow is off or `mlflow` is not in
+    tracking.sinks; with the run's other mirrors (`tracking.sinks`: wandb, tensorboard; sinks.py) a
+    FanoutSink over all of them; a NullSink when there is none. Never raises.
 
     `resume=False` (a fresh start) replaces a child left by an earlier attempt (deleted, recreated),
     since the store restarts that run from scratch; otherwise the child is reused, steps already
     in MLflow are not sent again, and at close whatever the store holds and MLflow lacks is sent.
     A sweep run without a parent (MLflow was down when the sweep started) finds or creates it."""
     from clipbench.config import RunConfig, to_dict
+    from clipbench.tracking.sink import NullSink
+    from clipbench.tracking.sinks import FanoutSink, extra_sinks
 
     config = to_dict(cfg) if isinstance(cfg, RunConfig) else dict(cfg)
     tracking = config.get("tracking", {})
-    if not tracking.get("mlflow", True):
-        from clipbench.tracking.sink import NullSink
-
+    name = run_name or f"{config.get('objective', {}).get('method', '')} seed={config.get('seed', '')} {rd.run_id}"
+    extras = extra_sinks(config, rd, sweep=sweep, run_name=name, resume=resume)
+    on = tracking.get("mlflow", True) and "mlflow" in tracking.get("sinks", ["mlflow"])
+    sinks = ([_mlflow_run_sink(config, rd, results_dir=results_dir, sweep=sweep, tracking_uri=tracking_uri,
+                               parent_run_id=parent_run_id, name=name, resume=resume)] if on else []) + extras
+    if not sinks:
         return NullSink()
+    if len(sinks) == 1 and not extras:
+        return sinks[0]
+    return FanoutSink(sinks, rd, sweep=sweep, backfill=resume is not False)
+
+
+def _mlflow_run_sink(config: dict, rd: RunDir, *, results_dir, sweep: str, tracking_uri: str | None,
+                     parent_run_id: str | None, name: str, resume: bool | None):
+    """The run's MLflow child run (see run_sink), or an offline MlflowSink when MLflow is unavailable."""
+    tracking = config.get("tracking", {})
     uri = resolve_tracking_uri(tracking_uri, tracking.get("tracking_uri"), results_dir)
     hint = sync_hint(sweep, results_dir, uri)
     rid = rd.run_id
-    name = run_name or f"{config.get('objective', {}).get('method', '')} seed={config.get('seed', '')} {rid}"
     try:
         client = client_for(uri)
         exp_id = get_or_create_experiment(client, tracking.get("experiment", "clipbench"),

@@ -24,6 +24,7 @@ from typing import Any, Iterable
 
 from clipbench.errors import StoreError
 from clipbench.tracking.records import truncate_records
+from clipbench.tracking.store_format import read_format, stamp
 from clipbench.tracking.files import (REMEDIES, _read_text, atomic_write_json, atomic_write_text, dumps, read_json,
                                       read_jsonl)
 from clipbench.yamlio import YamlError, dump_yaml, load_yaml_text
@@ -119,8 +120,10 @@ class RunDir:
         return cfg
 
     def status(self) -> dict:
-        """status.json ({"state": "pending"} when missing); StoreError when damaged."""
-        st = read_json(self.status_path, {"state": "pending"}, kind="status")
+        """status.json ({"state": "pending"} when missing), read as today's store format
+        (store_format.py); StoreError when damaged or written by a newer format."""
+        st = read_json(self.status_path, None, kind="status")
+        st = {"state": "pending"} if st is None else read_format(self.status_path, st)
         if st.get("state", "pending") not in STATES:
             raise StoreError(self.status_path, f"unknown state {st.get('state')!r} (valid: {', '.join(STATES)})",
                              REMEDIES["status"])
@@ -131,7 +134,7 @@ class RunDir:
         cur = self.status()
         cur.update(extra)
         cur["state"] = state
-        atomic_write_json(self.status_path, cur)
+        atomic_write_json(self.status_path, stamp(cur))
 
     # metrics (append-only jsonl)
     def append_jsonl(self, path: Path, rows: Iterable[dict]) -> None:

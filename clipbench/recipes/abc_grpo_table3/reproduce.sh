@@ -16,6 +16,7 @@ RESULTS="${2:-results}"
 shift $(( $# >= 2 ? 2 : $# ))
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
+[ -d "$REPO/.venv" ] || REPO="$(cd "$HERE/../../.." && pwd)"  # run by its path in the package, clipbench/recipes/
 
 if [ -n "${CLIPBENCH:-}" ]; then
   CLI=("$CLIPBENCH")
