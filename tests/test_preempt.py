@@ -143,6 +143,24 @@ def test_a_signal_between_rollout_steps_stops_before_the_next_one_samples(uninte
     same_run(uninterrupted, rd)
 
 
+def test_a_signal_before_the_first_optimizer_step_resumes_exactly(uninterrupted, tmp_path):
+    """Preempted at rollout step 0 (e.g. during the start's evaluation), before any optimizer step: the
+    checkpoint holds no optimizer state, so the resumed run's first AdamW step is the uninterrupted
+    run's (issue 28: DCP's get_state_dict fills an empty optimizer with step=1 state, and the resumed
+    run then differed from optimizer step 2 on)."""
+    rd = RunDir(tmp_path / "run")
+    stop = StopRequest.install(["SIGTERM"])
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)  # pending before the run's first safe point
+        with pytest.raises(RunPreempted, match="preempted by SIGTERM at rollout step 0 .optimizer step 0."):
+            run_training(CFG, rd.path, stop=stop)
+    finally:
+        stop.restore()
+    assert rd.status()["state"] == "preempted" and checkpoint_step(rd.checkpoint_dir) == 0
+    run_training(CFG, rd.path, resume=True)
+    same_run(uninterrupted, rd)
+
+
 def test_clipbench_train_sent_sigterm_exits_75_with_the_resume_command(uninterrupted, tmp_path):
     results = tmp_path / "results"
     args = ["train", RECIPE, *overrides(), "--results-dir", str(results)]

@@ -72,7 +72,7 @@ def save_model_state(path: Path, *, model, optimizer, tokenizer, dist: Dist) -> 
     every rank its shard): a checkpoint's tensors, also the policy state a record keeps (train/record.py).
     Collective."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
     if dist.main:
         path.mkdir(parents=True, exist_ok=True)
@@ -81,9 +81,20 @@ def save_model_state(path: Path, *, model, optimizer, tokenizer, dist: Dist) -> 
             model.generation_config.save_pretrained(path / "model")
         tokenizer.save_pretrained(path / "model")
     dist.barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    if optimizer_started(optimizer):
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        tensors = {"model": model_sd, "optim": optim_sd}
+    else:  # no optimizer step yet: nothing to save (DCP would fill the empty state in with step=1)
+        tensors = {"model": get_model_state_dict(model)}
     with _one_process_ok():
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path / "dcp"))
+        dcp.save(tensors, checkpoint_id=str(path / "dcp"))
+
+
+def optimizer_started(optimizer) -> bool:
+    """Whether the optimizer has taken a step (its per-parameter state exists). Before the first step
+    torch.distributed.checkpoint's get_state_dict would create state with step=1 and zero moments,
+    and a run resumed from it would take a different first AdamW step than an uninterrupted one."""
+    return any(optimizer.state.values())
 
 
 def install_checkpoint(tmp: Path, last: Path) -> None:
@@ -129,8 +140,16 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler) -> dict:
 def load_model_state(path: Path, *, model, optimizer) -> None:
     """Restore `path/dcp` (save_model_state) into model and optimizer, in place, any world size."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
+                                                         set_state_dict)
 
+    saved = dcp.FileSystemReader(str(path / "dcp")).read_metadata().state_dict_metadata
+    if not any(k.startswith("optim.") for k in saved):  # saved before the first step: a fresh optimizer
+        model_sd = get_model_state_dict(model)
+        with _one_process_ok():
+            dcp.load({"model": model_sd}, checkpoint_id=str(path / "dcp"))
+        set_model_state_dict(model, model_sd)
+        return
     model_sd, optim_sd = get_state_dict(model, optimizer)
     with _one_process_ok():
         dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path / "dcp"))
