@@ -399,3 +399,74 @@ def _descendants(root: int) -> list[int]:
         out += kids
         todo += kids
     return out
+
+
+def test_a_signal_during_a_runs_final_evaluation_still_stops_the_sweep(tmp_path):
+    """Sequential sweep, SIGTERM once the first run has logged its last optimizer step (it is in its
+    last checkpoint or final evaluation, past its last safe point): that run finishes, and no further
+    run starts (the run's handler passed the signal on to the sweep's); exit 75. Before, the run's
+    handler swallowed it and the sweep trained the other runs and exited 0."""
+    f = write_sweep(tmp_path, "sig", methods=("grpo", "dapo", "abc"), **{"eval.limit": 64, "eval.n": 4})
+    res = tmp_path / "results"
+    p = popen("sweep", str(f), "--results-dir", str(res))
+    first = RunDir(res / "sig")
+    wait_for(lambda: any(max((r["step"] for r in RunDir(d).read_metrics()), default=-1) == 5
+                         for d in first.path.glob("*") if (d / "metrics.jsonl").exists()),
+             300, "the first run's last optimizer step", p, poll=0.01)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 75, err[-3000:]
+    states = {d.name: RunDir(d).status().get("state") for d in (res / "sig").iterdir() if (d / "status.json").exists()}
+    assert list(states.values()) == ["finished"], states  # the first run ended as it would have; no other started
+    assert "2 not started" in err and "rerun the same command to resume" in err
+
+
+def _session_pids(sid: int) -> list[int]:
+    """Every live process of session `sid` (Linux /proc): the sweep, its workers, their helpers."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":  # session id; zombies are gone already
+            out.append(int(stat.parent.name))
+    return out
+
+
+def test_sigterm_with_jobs_2_starts_no_queued_run(tmp_path):
+    """--jobs 2, four runs: SIGTERM while the first two train. They checkpoint and stop; the two
+    queued runs never start (before: the task already handed to the pool's queue started, and an idle
+    worker ignored the signal); exit 75."""
+    f = write_sweep(tmp_path, "par", methods=("grpo", "dapo", "abc", "nsr"))
+    res = tmp_path / "results"
+    p = popen("sweep", str(f), "--results-dir", str(res), "--jobs", "2")
+    started = lambda: [RunDir(d) for d in (res / "par").glob("*") if (d / "metrics.jsonl").exists()]  # noqa: E731
+    wait_for(lambda: len(started()) == 2 and all(rd.read_metrics() for rd in started()), 300,
+             "two runs training", p, poll=0.02)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 75, err[-3000:]
+    runs = [d for d in (res / "par").iterdir() if (d / "status.json").exists()]
+    assert len(runs) == 2 and {RunDir(d).status()["state"] for d in runs} <= {"preempted", "finished"}, err[-2000:]
+    assert "2 not started" in err
+
+
+def test_kill_9_of_the_sweep_leaves_no_worker_behind(tmp_path):
+    """`kill -9` of the sweep process alone (not its group): its workers get the parent-death signal,
+    checkpoint the runs they train (status preempted, not a stale 'running') and exit; no queued run
+    starts, and nothing of the session is left (before: both workers trained on, one started a queued
+    run, then they and the resource tracker idled forever)."""
+    f = write_sweep(tmp_path, "orph", methods=("grpo", "dapo", "abc", "nsr"))
+    res = tmp_path / "results"
+    p = popen("sweep", str(f), "--results-dir", str(res), "--jobs", "2", new_session=True)
+    started = lambda: [RunDir(d) for d in (res / "orph").glob("*") if (d / "metrics.jsonl").exists()]  # noqa: E731
+    wait_for(lambda: len(started()) == 2 and all(rd.read_metrics() for rd in started()), 300,
+             "two runs training", p, poll=0.02)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    wait_for(lambda: not _session_pids(p.pid), 120, "every process of the sweep's session to exit")
+    runs = [RunDir(d) for d in (res / "orph").iterdir() if (d / "status.json").exists()]
+    assert len(runs) == 2 and all(rd.status()["state"] == "preempted" for rd in runs), \
+        [rd.status().get("state") for rd in runs]
+    assert all(ckpt_step(rd) is not None for rd in runs)  # resumable

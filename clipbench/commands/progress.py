@@ -15,7 +15,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 OUTCOME_STYLE = {"finished": "green", "resumed": "green", "skipped": "dim", "locked": "yellow",
-                 "failed": "red", "failed-skipped": "red", "crashed": "red", "preempted": "yellow"}
+                 "failed": "red", "failed-skipped": "red", "crashed": "red", "preempted": "yellow",
+                 "not-started": "yellow"}
 
 
 class SweepProgress(AbstractContextManager):

@@ -173,6 +173,7 @@ def finish(sweep: str, manifest: dict, tasks_all: list[RunTask], results: list[d
     all_done = all(s == "finished" for s in final.values())
     failed = [r for r in results if r["outcome"] in ("failed", "crashed")]
     preempted = [r for r in results if r["outcome"] == "preempted"]
+    not_started = [r for r in results if r["outcome"] == "not-started"]
     _finish_parent(parent, uri, experiment, sweep, "FINISHED" if all_done else ("FAILED" if failed else "RUNNING"))
     if results:
         err.print(summary_table(tasks_all, by_id))
@@ -180,7 +181,8 @@ def finish(sweep: str, manifest: dict, tasks_all: list[RunTask], results: list[d
     n_fin = sum(1 for s in final.values() if s == "finished")
     err.print(f"{n_fin}/{len(tasks_all)} runs finished" + (f"; {len(locked)} locked by another process" if locked else "")
               + (f"; {len(failed)} failed (see status.json; rerun with --retry-failed)" if failed else "")
-              + (f"; {len(preempted)} preempted (checkpointed)" if preempted else ""))
+              + (f"; {len(preempted)} preempted (checkpointed)" if preempted else "")
+              + (f"; {len(not_started)} not started (the sweep was asked to stop)" if not_started else ""))
     if uri and any(r.get("mlflow_offline") for r in results):
         from clipbench.tracking.mirror import sync_hint
 
@@ -194,8 +196,9 @@ def finish(sweep: str, manifest: dict, tasks_all: list[RunTask], results: list[d
         _warm_metrics_cache(results_dir, sweep)
     if failed or (launcher_rc and incomplete):
         raise SystemExit(1)
-    if preempted:
-        err.print("[yellow]preempted[/]: the running runs stopped at a checkpoint; rerun the same command to resume")
+    if preempted or not_started:
+        err.print("[yellow]preempted[/]: the running runs stopped at a checkpoint and no further run started; "
+                  "rerun the same command to resume")
         raise SystemExit(PREEMPTED_EXIT)
     return {"sweep": sweep, "runs": list(manifest["runs"]), "results": results, "written": True, "finished": n_fin}
 

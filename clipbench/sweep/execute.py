@@ -19,8 +19,11 @@ any failing run (resumed from its checkpoint with --retry-failed). Its per-step 
 
 Preemption (SIGTERM, or a run's launch.preempt_signal): the running runs finish their optimizer step,
 checkpoint and stop (outcome "preempted"), no further run starts, and rerunning the same command
-resumes them. Worker processes ignore the signals while idle; the sweep passes a signal it receives
-on to the processes that train (its pool's workers, a run's torchrun).
+resumes them. The sweep passes a signal it receives on to the processes that train (its pool's
+workers, a run's torchrun); a worker that was signalled, or whose sweep was, starts no further run
+(outcome "not-started"), also when the signal came while it was idle or while a run was in its final
+evaluation. A worker dies with its sweep (Linux: a parent-death signal): a `kill -9` of the sweep
+process leaves its runs checkpointed and no worker behind.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import multiprocessing as mp
 import os
 import queue as queue_mod
 import signal
+import sys
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -38,7 +42,7 @@ from pathlib import Path
 from typing import Callable
 
 from clipbench.config.labels import run_label
-from clipbench.errors import RunPreempted, UserError, unknown_choice
+from clipbench.errors import PREEMPTED_EXIT, RunPreempted, UserError, unknown_choice
 from clipbench.sweep.manifest import read_manifest
 from clipbench.tracking.lock import try_run_lock
 from clipbench.tracking.store import RunDir
@@ -227,8 +231,9 @@ def run_sequential(tasks: list[RunTask], ui=None) -> list[dict]:
 
 
 def _run_each(tasks: list[RunTask], ui, preempt, out: list[dict]) -> list[dict]:
-    for task in tasks:
-        if preempt.received is not None:
+    for i, task in enumerate(tasks):
+        if preempt.received is not None:  # a run's own handler passes its signal on when it ends
+            out.extend(_outcome(t, "not-started", time.time()) for t in tasks[i:])
             break
         started = []
 
@@ -242,28 +247,53 @@ def _run_each(tasks: list[RunTask], ui, preempt, out: list[dict]) -> list[dict]:
             ui.end_run(task.run_id, res["outcome"], task.label, _detail(res))
         out.append(res)
         if res["outcome"] == "preempted":  # the machine is being taken back: start nothing more
+            out.extend(_outcome(t, "not-started", time.time()) for t in tasks[i + 1:])
             break
     return out
 
 
 _QUEUE = None
+_STOP = None  # the sweep's "start no further run" (a multiprocessing Event the sweep sets on a signal)
+_IDLE = None  # this worker's StopRequest between runs: a signal received here is kept
+_PARENT = None  # the sweep's pid: a worker whose sweep died exits
 
 
-def _pool_init(q, threads: int) -> None:
-    global _QUEUE
-    _QUEUE = q
+def _pool_init(q, threads: int, stop, parent: int) -> None:
+    global _QUEUE, _STOP, _IDLE, _PARENT
+    _QUEUE, _STOP, _PARENT = q, stop, parent
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(threads)
-    from clipbench.train.preempt import SIGNALS
+    from clipbench.train.preempt import SIGNALS, StopRequest
 
-    for name in SIGNALS:  # idle, a worker outlives a preemption; a run it trains installs its own handlers
-        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    # Between runs a signal is kept (no further run starts here); a run installs its own handlers
+    # inside these and passes a signal it received back out when it ends (StopRequest.restore).
+    _IDLE = StopRequest.install(SIGNALS, forward=lambda signum: _exit_if_orphaned())
+    _die_with_parent()
     if q is not None:
         q.put(("pid", os.getpid()))
 
 
+def _die_with_parent() -> None:
+    """Linux: the kernel sends this worker SIGTERM when the sweep process dies (kill -9 included), so a
+    worker never outlives its sweep: a run it trains checkpoints at its next safe point and the worker
+    exits; an idle one exits at once. Elsewhere a worker notices after its run."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    _exit_if_orphaned()  # the sweep may have died before the line above
+
+
+def _exit_if_orphaned() -> None:
+    if _PARENT is not None and os.getppid() != _PARENT:
+        os._exit(PREEMPTED_EXIT)
+
+
 def _pool_run(task: RunTask) -> dict:
     q = _QUEUE
+    if (_STOP is not None and _STOP.is_set()) or (_IDLE is not None and _IDLE.received is not None):
+        return _outcome(task, "not-started", time.time())  # the sweep was asked to stop: start nothing
 
     def send(*msg):
         if q is not None:
@@ -272,8 +302,10 @@ def _pool_run(task: RunTask) -> dict:
             except Exception:  # noqa: BLE001 - progress is cosmetic
                 pass
 
-    return run_one(task, progress=lambda ev: send("event", task.run_id, ev),
-                   on_start=lambda rid, steps, action: send("start", rid, steps, action))
+    res = run_one(task, progress=lambda ev: send("event", task.run_id, ev),
+                  on_start=lambda rid, steps, action: send("start", rid, steps, action))
+    _exit_if_orphaned()  # its sweep died while it trained: the run is checkpointed, nobody waits for it
+    return res
 
 
 def threads_per_worker(jobs: int) -> int:
@@ -310,17 +342,25 @@ def run_parallel(tasks: list[RunTask], jobs: int, ui=None) -> list[dict]:
     out = []
     from clipbench.train.preempt import SIGNALS, StopRequest
 
-    preempt = StopRequest.install(SIGNALS, forward=lambda signum: _signal_all(workers, signum))
+    stop_runs = ctx.Event()
+
+    def forward(signum):  # no further run starts (also the tasks already queued to a worker); the running ones checkpoint
+        stop_runs.set()
+        _signal_all(workers, signum)
+
+    preempt = StopRequest.install(SIGNALS, forward=forward)
     try:
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_pool_init, initargs=(q, threads)) as ex:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_pool_init,
+                                 initargs=(q, threads, stop_runs, os.getpid())) as ex:
             futs = {ex.submit(_pool_run, t): t for t in tasks}
             for fut in as_completed(futs):
-                if preempt.received is not None:  # no further run starts; the running ones checkpoint
+                if preempt.received is not None:
                     for f in futs:
                         f.cancel()
-                if fut.cancelled():
-                    continue
                 task = futs[fut]
+                if fut.cancelled():
+                    out.append(_outcome(task, "not-started", time.time()))
+                    continue
                 try:
                     res = fut.result()
                 except BrokenProcessPool as e:

@@ -69,6 +69,9 @@ class StopRequest:
         if threading.current_thread() is threading.main_thread():
             for signum in stop.signums:
                 stop.previous[signum] = signal.signal(signum, stop._handle)
+                outer = _request_of(stop.previous[signum])
+                if outer is not None and outer.received == signum and stop.received is None:
+                    stop.received = signum  # asked before this run installed its handlers: stop at its first safe point
         return stop
 
     def _handle(self, signum, frame) -> None:
@@ -91,14 +94,26 @@ class StopRequest:
         return bool(dist.all_reduce_(flag, "max").item())
 
     def restore(self) -> None:
+        """Our handlers out. A signal we received is passed on to the request we were nested in (a
+        sweep's, around its run's): a run that finished after a signal (say during its final
+        evaluation) still tells the sweep to start nothing more."""
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
+            outer = _request_of(handler)
+            if outer is not None and self.received == signum and outer.received is None:
+                outer.received = signum
 
     def chain(self) -> None:
         """Run the handler the received signal had before ours (a scheduler's requeue), if any."""
         handler = self.previous.get(self.received)
         if callable(handler) and handler is not signal.default_int_handler:
             handler(self.received, None)
+
+
+def _request_of(handler) -> StopRequest | None:
+    """The StopRequest whose handler `handler` is (a request installed around ours), else None."""
+    owner = getattr(handler, "__self__", None)
+    return owner if isinstance(owner, StopRequest) else None
 
 
 NO_STOP = StopRequest()  # never asked: runs started without handlers (a library call, a test)
