@@ -99,6 +99,12 @@ class RunDir:
     def eval_path(self, step: int, benchmark: str) -> Path:
         return self.path / "eval" / f"step_{step:06d}" / f"{benchmark}.json"
 
+    @property
+    def shared_dir(self) -> Path | None:
+        """`<results>/<sweep>/.shared/`: what the runs of one sweep share (train/shared_eval.py), or
+        None for a run outside a sweep (no manifest.json beside it). Hidden: no reader takes it for a run."""
+        return self.path.parent / ".shared" if (self.path.parent / "manifest.json").is_file() else None
+
     # config and status
     def write_config(self, cfg: dict) -> None:
         atomic_write_text(self.config_path, dump_yaml(cfg))
