@@ -7,6 +7,7 @@
     <results>/<sweep>/<run_id>/eval/step_<k>/<benchmark>.json   correctness matrix + summary
     <results>/<sweep>/<run_id>/checkpoints/last/     sharded model + optimizer, trainer state (clipbench.train.checkpoint)
     <results>/<sweep>/<run_id>/record/step_<k>/      the rule's inputs of recorded rollout steps (records.py)
+    <results>/<sweep>/.shared/eval_step_0/<key>/     evaluations the sweep's runs share (train/shared_eval.py)
 
 Design choices: whole files are written atomically and appended JSON lines survive a kill -9
 (files.py); every reader of a store file (`read_json`, `read_jsonl`, `RunDir.read_config`,
