@@ -57,6 +57,23 @@ def count_kernel_calls(monkeypatch) -> dict:
     return calls
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_kernel_with_shared_heads_equals_copied_heads(dtype):
+    # prefill (queries = keys), one decoding query over a cache, and a training-sized block; a
+    # boolean mask with left padding, as transformers builds it
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    g = torch.Generator().manual_seed(0)
+    for B, Lq, Lk in [(128, 20, 20), (128, 1, 33), (16, 36, 36), (3, 70, 70)]:
+        q, k, v = (torch.randn(B, h, L, 32, generator=g).to(dtype) for h, L in ((4, Lq), (2, Lk), (2, Lk)))
+        mask = torch.ones(B, 1, Lq, Lk, dtype=torch.bool).tril(Lk - Lq)
+        mask[: B // 2, :, :, :3] = False
+        mask[:, :, :, -1] = True
+        copied = torch.nn.functional.scaled_dot_product_attention(q, repeat_kv(k, 2), repeat_kv(v, 2), attn_mask=mask)
+        shared = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        assert torch.equal(copied, shared), (dtype, B, Lq, Lk)
+
+
 def test_sampling_is_bitwise_the_same(models, monkeypatch):
     fast, ref, tok = models
     prompts = ["37+45-12=", "3+4-1=", "99-50+7=", "1+1-1="]
