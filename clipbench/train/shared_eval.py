@@ -40,9 +40,10 @@ NOT_KEYED = ("step", "time")  # a start record's fields that differ on every sta
 def start_eval_key(cfg, rd: RunDir, *, backend: str, device, world: int) -> str | None:
     """The key of this run's evaluation before its first step, or None where it is not shared (a run
     outside a sweep, not on one CPU process with the hf sampler, or without a start record)."""
-    starts = read_provenance(rd.path)
-    if rd.shared_dir is None or backend != "hf" or world != 1 or getattr(device, "type", str(device)) != "cpu" \
-            or not starts:
+    if rd.shared_dir is None or backend != "hf" or world != 1 or getattr(device, "type", str(device)) != "cpu":
+        return None
+    starts = read_provenance(rd.path)  # rank 0's start record, written by setup
+    if not starts:
         return None
     run = to_dict(cfg)
     what = {"seed": cfg.seed, "backend": backend, **{s: run[s] for s in SECTIONS},
