@@ -37,6 +37,30 @@ def test_fp32_equals_naive(V, chunk):
         assert not ent.requires_grad
 
 
+@pytest.mark.parametrize("V", [20, 1000])
+def test_chunking_never_changes_a_number(V):
+    # Whole sequences per chunk (the default whenever a sequence fits: one chunk for a built-in
+    # model's micro-batch), one sequence per chunk (chunk_size = T: what every chunk held before
+    # issue 25), several sequences per chunk with a remainder (chunk_size 11 = 2 sequences of 5) and
+    # one position per chunk give the same log-probs, gradient and entropy bit for bit: every value
+    # is computed per vocabulary row.
+    g = torch.Generator().manual_seed(V)
+    full = (torch.randn(7, 6, V, generator=g) * 3).requires_grad_(True)
+    logits = full[:, :-1]  # (7, 5, V), non-contiguous
+    idx = torch.randint(0, V, (7, 5), generator=g)
+    w = torch.randn(7, 5, generator=g)
+    results = []
+    for chunk in (None, 5, 11, 1):
+        for temp in (1.0, 0.7):
+            lp = selective_log_softmax(logits, idx, temperature=temp, chunk_size=chunk)
+            (grad,) = torch.autograd.grad((lp * w).sum(), full)
+            results.append((chunk, temp, lp, grad, entropy_from_logits(logits, chunk, temperature=temp)))
+    for chunk, temp, *values in results[2:]:
+        _, _, *want = results[0] if temp == 1.0 else results[1]
+        for got, ref in zip(values, want):
+            assert torch.equal(got, ref), (chunk, temp)
+
+
 def test_2d_input_and_errors():
     logits = torch.randn(10, 33)
     idx = torch.randint(0, 33, (10,))

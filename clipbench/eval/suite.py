@@ -32,15 +32,21 @@ def eval_suite(cfg, task) -> dict[str, tuple[list, Callable]]:
 
 
 def run_eval(cfg, rd, step: int, sampler, suite: dict, sink, *,
-             write: bool = True, shard: Shard | None = None) -> dict:
+             write: bool = True, shard: Shard | None = None, payloads: dict | None = None) -> dict:
     """Avg@n / Pass@k of every benchmark of `suite` at rollout step `step` (both engines). Every
     process of a sharded run samples, in lockstep (with `shard`: each its share of the batches, the
-    graded results gathered); only the one with `write` stores and logs."""
-    payloads = evaluate_and_store(
-        rd if write else None, step, sampler, {name: problems for name, (problems, _) in suite.items()},
-        grade={name: grade_fn for name, (_, grade_fn) in suite.items()}, n=cfg.eval.n,
-        seed=derive_seed(cfg.seed, "eval", step), temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
-        max_new_tokens=cfg.eval.max_new_tokens or cfg.sampler.max_new_tokens, shard=shard)
+    graded results gathered); only the one with `write` stores and logs. `payloads`: this very
+    evaluation, already computed by another run ({benchmark: payload}, train/shared_eval.py): stored
+    and logged as if computed here, nothing sampled."""
+    if payloads is None:
+        payloads = evaluate_and_store(
+            rd if write else None, step, sampler, {name: problems for name, (problems, _) in suite.items()},
+            grade={name: grade_fn for name, (_, grade_fn) in suite.items()}, n=cfg.eval.n,
+            seed=derive_seed(cfg.seed, "eval", step), temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
+            max_new_tokens=cfg.eval.max_new_tokens or cfg.sampler.max_new_tokens, shard=shard)
+    elif write:
+        for name, payload in payloads.items():
+            rd.write_eval(step, name, {**payload, "step": int(step)})
     flat = {f"eval/{name}/{k}": float(v) for name, payload in payloads.items()
             for k, v in payload["summary"].items() if isinstance(v, (int, float))}
     if write:

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from clipbench.errors import UserError
+from clipbench.models.attention import use_fast_attention
 from clipbench.models.builtin import BUILTIN_PREFIX, builtin_names, builtin_path
 from clipbench.models.dtype import DTYPES
 
@@ -55,6 +56,7 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32", device: str = "c
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).to(device)
     except (OSError, ValueError, KeyError) as err:
         raise UserError(f"model.name: cannot load '{name}': {first_line(err)}") from None
+    use_fast_attention(model)  # the same numbers as transformers' sdpa, without its key/value copies
     return model, tokenizer
 
 

@@ -114,8 +114,10 @@ class HFSampler:
         completions: list[list[int]] = []
         logps: list[list[float]] | None = [] if self.return_logprobs else None
         chunk = self.max_batch or max(len(prompts), 1)
-        try:
-            with torch.autocast(device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
+        try:  # inference mode (~6% faster than no_grad alone, the same numbers), except for a sharded model,
+            # whose gathered parameters must stay usable by autograd in the training step after this call
+            with torch.inference_mode(not self.synced_gpus), \
+                    torch.autocast(device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
                 for start in range(0, len(prompts), chunk):
                     part = [ids for ids in prompt_ids[start:start + chunk] for _ in range(n)]  # prompt i: n rows
                     noise = self._noise(seeds[start:start + chunk], n, temperature, top_p)

@@ -7,6 +7,7 @@
     <results>/<sweep>/<run_id>/eval/step_<k>/<benchmark>.json   correctness matrix + summary
     <results>/<sweep>/<run_id>/checkpoints/last/     sharded model + optimizer, trainer state (clipbench.train.checkpoint)
     <results>/<sweep>/<run_id>/record/step_<k>/      the rule's inputs of recorded rollout steps (records.py)
+    <results>/<sweep>/.shared/eval_step_0/<key>/     evaluations the sweep's runs share (train/shared_eval.py)
 
 Design choices: whole files are written atomically and appended JSON lines survive a kill -9
 (files.py); every reader of a store file (`read_json`, `read_jsonl`, `RunDir.read_config`,
@@ -99,6 +100,12 @@ class RunDir:
 
     def eval_path(self, step: int, benchmark: str) -> Path:
         return self.path / "eval" / f"step_{step:06d}" / f"{benchmark}.json"
+
+    @property
+    def shared_dir(self) -> Path | None:
+        """`<results>/<sweep>/.shared/`: what the runs of one sweep share (train/shared_eval.py), or
+        None for a run outside a sweep (no manifest.json beside it). Hidden: no reader takes it for a run."""
+        return self.path.parent / ".shared" if (self.path.parent / "manifest.json").is_file() else None
 
     # config and status
     def write_config(self, cfg: dict) -> None:

@@ -7,7 +7,9 @@ Memory-efficient per-token log-probs and entropy from logits.
 A naive ``log_softmax(logits.float()).gather(...)`` materialises a float32 copy of the whole
 (B, T, V) vocabulary tensor (plus a second one for its gradient, and a bf16 input gets upcast
 first). Here the rows are processed in chunks of ``chunk_size`` rows (default: about 2^20 logits,
-4 MiB of float32, per chunk):
+4 MiB of float32, per chunk); a chunk holds whole sequences when they fit (a small vocabulary: the
+built-in models' whole micro-batch is one chunk), else part of one sequence. Every value is computed
+per vocabulary row, so the chunking never changes a number (tests/test_logprobs.py: bit for bit):
 
 * ``selective_log_softmax`` keeps only a (B, T) logsumexp from the forward; its backward writes
   the (B, T, V) logits gradient (which autograd needs anyway) chunk by chunk, recomputing the
@@ -47,13 +49,19 @@ def _as_3d(logits: torch.Tensor) -> torch.Tensor:
     return logits
 
 
-def _chunks(b_size: int, t_size: int, rows: int) -> Iterator[tuple[int, int, int]]:
-    """(b, t0, t1): slices logits[b, t0:t1] of at most ``rows`` rows. Each slice is a block of
-    whole vocabulary rows, so no copy is made even when logits is a non-contiguous (B, T, V)
-    view such as ``out.logits[:, :-1]``."""
+def _chunks(b_size: int, t_size: int, rows: int) -> Iterator[tuple[slice, slice]]:
+    """(bs, ts): slices logits[bs, ts] of at most ``rows`` vocabulary rows: whole sequences
+    (logits[b0:b1], as many as fit) when one fits, else part of one (logits[b:b+1, t0:t1]). Each
+    slice is a block of whole vocabulary rows, so no copy is made even when logits is a
+    non-contiguous (B, T, V) view such as ``out.logits[:, :-1]``."""
+    if t_size <= rows:  # whole sequences: one Python iteration per chunk, not per sequence
+        per = rows // max(t_size, 1)
+        for b0 in range(0, b_size, per):
+            yield slice(b0, min(b0 + per, b_size)), slice(0, t_size)
+        return
     for b in range(b_size):
         for t0 in range(0, t_size, rows):
-            yield b, t0, min(t0 + rows, t_size)
+            yield slice(b, b + 1), slice(t0, min(t0 + rows, t_size))
 
 
 def _scaled(chunk: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -71,10 +79,10 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
         idx = index.reshape(lg.shape[:2])
         out = torch.empty(lg.shape[:2], dtype=torch.float32, device=lg.device)
         lse = torch.empty_like(out)
-        for b, t0, t1 in _chunks(lg.shape[0], lg.shape[1], rows):
-            z = _scaled(lg[b, t0:t1], temperature)  # (c, V) float32
-            lse[b, t0:t1] = torch.logsumexp(z, dim=-1)
-            out[b, t0:t1] = z.gather(-1, idx[b, t0:t1, None]).squeeze(-1) - lse[b, t0:t1]
+        for b, t in _chunks(lg.shape[0], lg.shape[1], rows):
+            z = _scaled(lg[b, t], temperature)  # (b, t, V) float32
+            lse[b, t] = torch.logsumexp(z, dim=-1)
+            out[b, t] = z.gather(-1, idx[b, t, None]).squeeze(-1) - lse[b, t]
         ctx.save_for_backward(logits, index, lse)
         ctx.temperature, ctx.rows = temperature, rows
         return out.reshape(index.shape)
@@ -87,15 +95,15 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
         g = grad_out.reshape(lg.shape[:2]).to(torch.float32)
         grad = torch.empty(lg.shape, dtype=logits.dtype, device=logits.device)  # contiguous
         t = ctx.temperature
-        for b, t0, t1 in _chunks(lg.shape[0], lg.shape[1], ctx.rows):
+        for b, ts in _chunks(lg.shape[0], lg.shape[1], ctx.rows):
             # d/dz (z[i] - lse(z)) = onehot(i) - softmax(z); dz/dlogits = 1 / temperature
-            z = _scaled(lg[b, t0:t1], t)
-            p = (z - lse[b, t0:t1, None]).exp_()  # softmax, (c, V)
-            gc = g[b, t0:t1, None]
-            p.mul_(-gc).scatter_add_(-1, idx[b, t0:t1, None], gc)
+            z = _scaled(lg[b, ts], t)
+            p = (z - lse[b, ts, None]).exp_()  # softmax, (b, t, V)
+            gc = g[b, ts, None]
+            p.mul_(-gc).scatter_add_(-1, idx[b, ts, None], gc)
             if t != 1.0:
                 p.div_(t)
-            grad[b, t0:t1] = p
+            grad[b, ts] = p
         return grad.reshape(logits.shape), None, None, None
 
 
@@ -124,10 +132,10 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int | None = None, *,
     lg = _as_3d(logits)
     rows = _chunk_rows(lg.shape[-1], chunk_size)
     out = torch.empty(lg.shape[:2], dtype=torch.float32, device=lg.device)
-    for b, t0, t1 in _chunks(lg.shape[0], lg.shape[1], rows):
-        z = _scaled(lg[b, t0:t1], temperature)
+    for b, t in _chunks(lg.shape[0], lg.shape[1], rows):
+        z = _scaled(lg[b, t], temperature)
         logp = z - torch.logsumexp(z, dim=-1, keepdim=True)
-        out[b, t0:t1] = -logp.exp().mul_(logp).sum(-1)
+        out[b, t] = -logp.exp().mul_(logp).sum(-1)
     return out.reshape(logits.shape[:-1])
 
 

@@ -66,6 +66,7 @@ from clipbench.train.packing import pack
 from clipbench.train.batch import RolloutBatch, collect_rollout
 from clipbench.train.preempt import NO_STOP, Partial, StopRequest, cpu_inputs, mark_preempted
 from clipbench.train.record import NO_CAPTURE, Recorder
+from clipbench.train.shared_eval import read_shared, share, start_eval_key
 from clipbench.seeds import generator
 from clipbench.train.step import (Objective, StepInputs, accumulate_gradients, add_histograms, draw_uniforms,
                                   frozen_logprobs, optimizer_step, own_rows, plan_update)
@@ -266,9 +267,17 @@ def check_skipped(trainer: Trainer) -> None:
 def evaluate_run(trainer: Trainer, step: int) -> dict:
     # no sleep after an evaluation: the next rollout samples from these weights (a level-2 sleep
     # drops them, and only sync_weights reloads them)
-    dist = trainer.dist
+    dist, rd = trainer.dist, trainer.rd
     shard = Shard(dist.rank, dist.world, dist.gather) if dist.sharded else None
-    return run_eval(trainer.cfg, trainer.rd, step, trainer.sampler, trainer.suite, trainer.sink, write=dist.main, shard=shard)
+    # before the first step, a sweep's runs that would compute the same evaluation share it (train/shared_eval.py)
+    key = start_eval_key(trainer.cfg, rd, backend=trainer.sampler.name, device=dist.device,
+                         world=dist.world) if step == 0 else None
+    shared = read_shared(rd, key, trainer.suite) if key else None
+    flat = run_eval(trainer.cfg, rd, step, trainer.sampler, trainer.suite, trainer.sink, write=dist.main, shard=shard,
+                    payloads=shared)
+    if key and shared is None:
+        share(rd, key, trainer.suite)
+    return flat
 
 
 def after_step(trainer: Trainer, done: int) -> None:
