@@ -419,3 +419,39 @@ def test_the_sync_hint_is_the_exact_command(tmp_path):
     assert sync_hint("sw", res, default_tracking_uri(res)) == f"clipbench sync sw --results-dir '{res}'"
     assert sync_hint("sw", res, "http://host:5000") == (f"clipbench sync sw --results-dir '{res}' "
                                                         "--tracking-uri http://host:5000")
+
+
+RACER = """
+import sys, time
+from clipbench.tracking.mlflow_client import client_for, get_or_create_experiment
+import mlflow  # imported before the start line: the race is on opening the store, not on imports
+uri, start = sys.argv[1], float(sys.argv[2])
+while time.time() < start:
+    time.sleep(0.001)
+c = client_for(uri)
+run = c.create_run(get_or_create_experiment(c, "race", None))
+c.log_metric(run.info.run_id, "m", 1.0, step=0)
+"""
+
+
+@pytest.mark.slow
+def test_four_processes_opening_a_new_embedded_store_at_once(tmp_path):
+    """Four processes (two sweeps, their workers) open a results dir's new sqlite store at the same
+    moment: each gets a working client and the store is whole. Without the creation lock, 3 or 4 of
+    the 4 failed on every try here ("duplicate column name: step", alembic's "Online migration expected
+    to match one row", "table _alembic_tmp_metrics already exists") and the store was left half-migrated."""
+    import subprocess
+    import sys
+    import time
+
+    from clipbench.tracking.mlflow_client import client_for
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    start = str(time.time() + 15)  # after every interpreter has imported mlflow
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, uri, start], stderr=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    errs = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], [e[-600:] for e in errs]
+    client = client_for(uri)
+    exp = client.get_experiment_by_name("race")
+    assert len(client.search_runs([exp.experiment_id])) == 4

@@ -50,3 +50,10 @@ def run_locked_elsewhere(sweep_dir: str | Path, run_id: str) -> bool:
         return False
     with try_run_lock(sweep_dir, run_id) as got:
         return not got
+
+
+def store_creation_lock(db: str | Path, timeout: float = 600.0) -> FileLock:
+    """Blocking lock around opening the embedded MLflow sqlite store (`<db>.lock`): the first opener
+    creates and migrates its schema, which two processes at once leave half-migrated (alembic's
+    "Online migration expected to match one row", "table _alembic_tmp_* already exists")."""
+    return FileLock(f"{db}.lock", timeout=timeout)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from clipbench.errors import StoreError
+from clipbench.tracking.lock import store_creation_lock
 from clipbench.tracking.mirror import default_tracking_uri
 from clipbench.tracking.mirror import ROLE_TAG, expected_artifacts
 from clipbench.tracking.store import RunDir
@@ -61,12 +62,15 @@ def artifact_location(uri: str, results_dir: str | Path) -> str | None:
 
 def client_for(uri: str):
     _apply_http_defaults()
-    if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-        logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # "Creating initial tables..."
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri=uri)
+    if not uri.startswith("sqlite:///"):
+        return MlflowClient(tracking_uri=uri)
+    db = Path(uri[len("sqlite:///"):])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # "Creating initial tables..."
+    with store_creation_lock(db):  # the client opens the store (creating its schema) here, one process at a time
+        return MlflowClient(tracking_uri=uri)
 
 
 # MLflow 3's UI opens an experiment by its kind: a training tool's experiment is model development
