@@ -1,0 +1,80 @@
+"""Mixture-of-experts models on the HF path, with the shipped builtin:arith-steps-moe (a Qwen3-MoE of
+8 experts, top-2): exact micro-batching and ranks (float64, as tests/test_microbatch.py), the
+built-in loop over 2 real processes (FSDP2, one unit per decoder layer, experts inside) with
+activation checkpointing against one process, and `train.router_aux_loss_coef`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from clipbench.models import load_model_and_tokenizer, resolve_model_name
+from clipbench.train.step import Objective
+from test_microbatch import _make_batch, _run  # noqa: E402
+
+MOE = "builtin:arith-steps-moe"
+
+
+@pytest.fixture(scope="module")
+def moe():
+    model, tok = load_model_and_tokenizer(resolve_model_name(MOE))
+    model.set_experts_implementation("eager")  # torch._grouped_mm (the CPU default) has no float64
+    return model.double(), tok
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method, agg", [("grpo", "token-mean"), ("gspo", "seq-mean-token-sum")])
+def test_moe_step_is_exact_over_micro_batches_and_ranks(moe, method, agg):
+    """Routing is per token, so a split mini-batch routes every token as the whole one does: the
+    gradients of every parameter (router and packed experts included) agree to 1e-12 relative."""
+    model, tok = moe
+    batch = _make_batch(model, tok)
+    objective = Objective(method, {}, agg, 0.0, max_len=12)
+    loss0, counts0, grads0, _ = _run(model, tok, batch, objective, budget=0)
+    assert counts0["clip_events"] > 0 and loss0 != 0.0
+    assert grads0["model.layers.0.mlp.gate.weight"].norm() > 0             # the router learns
+    assert grads0["model.layers.3.mlp.experts.gate_up_proj"].norm() > 0    # so do the experts
+    for budget, world in ((40, 1), (40, 2)):
+        loss, counts, grads, micro = _run(model, tok, batch, objective, budget=budget, world=world)
+        assert len([n for m in micro for n in m]) > 1, micro
+        assert abs(loss - loss0) <= 1e-6 * max(abs(loss0), 1.0)
+        assert {k: v for k, v in counts.items() if "mass" not in k} == {k: v for k, v in counts0.items() if "mass" not in k}
+        for name, g0 in grads0.items():
+            assert (grads[name] - g0).norm() <= 1e-12 * g0.norm() + 1e-15, (budget, world, name)
+
+
+@pytest.fixture(scope="module")
+def one_process_moe(tmp_path_factory):
+    from clipbench.config import load_run_config
+    from clipbench.tracking.store import RunDir
+    from clipbench.train.loop import run_training
+    from test_distributed import RECIPE, overrides
+
+    rd = RunDir(tmp_path_factory.mktemp("one") / "run")
+    run_training(load_run_config(RECIPE, overrides(**{"model.name": MOE})), rd.path)
+    return rd
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("distributed")
+@pytest.mark.timeout(600)
+def test_moe_on_two_processes_with_checkpointing_trains_the_run_one_process_trains(one_process_moe, tmp_path):
+    """FSDP2 over torchrun (a unit per Qwen3MoeDecoderLayer: attention, router and packed experts)
+    with activation checkpointing: the same loss, grad_norm and counts per optimizer step, and the
+    same final parameters, as one process without checkpointing."""
+    import yaml
+
+    from clipbench.tracking.store import RunDir
+    from test_distributed import RECIPE, RUN, clipbench, same_training
+
+    sweep = tmp_path / "dp.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "name": "dp", "base": RECIPE, "grid": {"seed": [0]},
+        "overrides": {**RUN, "model.name": MOE, "launch.nproc_per_node": 2, "model.gradient_checkpointing": True}}))
+    res = clipbench("sweep", str(sweep), "--results-dir", str(tmp_path / "results"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    (run_dir,) = [p for p in (tmp_path / "results" / "dp").iterdir() if p.is_dir() and not p.name.startswith(".")]
+    rd = RunDir(run_dir)
+    assert rd.status()["state"] == "finished" and rd.status()["world_size"] == 2
+    same_training(one_process_moe, rd)
