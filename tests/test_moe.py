@@ -78,3 +78,62 @@ def test_moe_on_two_processes_with_checkpointing_trains_the_run_one_process_trai
     rd = RunDir(run_dir)
     assert rd.status()["state"] == "finished" and rd.status()["world_size"] == 2
     same_training(one_process_moe, rd)
+
+
+# ---- train.router_aux_loss_coef -----------------------------------------------------------------
+def test_router_logits_hooks_collect_what_transformers_computes_the_aux_loss_from():
+    """The hooks see each decoder layer's router logits: the load-balancing loss from them is the
+    model's own `aux_loss` (output_router_logits=True) on the same padded batch, to the bit."""
+    from clipbench.train.moe import RouterLogits, routers
+
+    model, tok = load_model_and_tokenizer(resolve_model_name(MOE))
+    enc = tok(["12+34-5=", "7+8="], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        own = model(**enc, output_router_logits=True).aux_loss
+        with RouterLogits(model) as routed:
+            model(**enc)
+    assert len(routers(model)) == len(routed.logits) == 4 and routed.logits[0].shape == (2 * 9, 8)
+    assert torch.equal(routed.aux_loss(enc["attention_mask"]), own)
+    assert 1.0 < float(own) < 8.0  # top-2 of 8: 2.0 when balanced, 8 when one expert takes every token
+    with RouterLogits(model, on=False) as off:
+        assert off is None
+
+
+def _run_aux(tmp_path, coef: float, *extra: str):
+    from clipbench.config import load_run_config
+    from clipbench.tracking.store import RunDir
+    from clipbench.train.loop import run_training
+    from test_distributed import RECIPE, overrides
+
+    rd = RunDir(tmp_path / f"aux{coef}")
+    over = overrides(**{"model.name": MOE, "train.steps": 1, "train.router_aux_loss_coef": coef, "task.format": "steps",
+                        "task.operands": 3, "sampler.max_new_tokens": 32, "sampler.group_size": 8})
+    run_training(load_run_config(RECIPE, over + list(extra)), rd.path)
+    return rd.read_metrics()
+
+
+@pytest.mark.slow
+def test_router_aux_loss_is_logged_and_trained_only_when_asked(tmp_path):
+    """coef 0: no router_aux_loss key; coef 0.5: logged every optimizer step, the policy loss of the
+    first step unchanged (the same forward) but its gradient, and so the later steps, differ."""
+    none, aux = _run_aux(tmp_path, 0.0), _run_aux(tmp_path, 0.5)
+    assert all("router_aux_loss" not in r for r in none)
+    assert all(1.0 < r["router_aux_loss"] < 8.0 for r in aux) and len(aux) == 4
+    assert aux[0]["loss"] == none[0]["loss"]
+    assert none[0]["grad_norm"] > 0 and aux[0]["grad_norm"] != none[0]["grad_norm"]
+    assert aux[1]["loss"] != none[1]["loss"]
+
+
+def test_a_dense_model_refuses_a_router_aux_loss(tmp_path):
+    import subprocess
+    import sys
+
+    from test_distributed import RECIPE, REPO
+
+    res = subprocess.run([sys.executable, "-m", "clipbench", "train", RECIPE, "train.router_aux_loss_coef=0.01",
+                          "--results-dir", str(tmp_path / "results")], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip() == (f"error: {RECIPE}: train.router_aux_loss_coef: 'builtin:arith-tiny' is a dense model "
+                                  f"(no router to balance); set it to 0 or train a mixture-of-experts model")
+    assert not (tmp_path / "results").exists()

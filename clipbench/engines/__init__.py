@@ -69,7 +69,7 @@ def preflight(cfg, source: str | None = None) -> None:
     from clipbench.eval.suite import eval_suite
     from clipbench.memory.plan import check_fits
     from clipbench.memory.estimator import GIB
-    from clipbench.models import check_model_config, resolve_model_name
+    from clipbench.models import check_model_config, is_moe, resolve_model_name
     from clipbench.rollout import check_backend, check_sleep_mode, resolve_backend
     from clipbench.tasks import build_run_task
 
@@ -78,6 +78,9 @@ def preflight(cfg, source: str | None = None) -> None:
     check_sleep_mode(cfg.sampler.sleep_mode, backend)  # the GPU-only part first: one line on a CPU machine
     check_backend(backend)
     check_model_config(cfg.model.name)
+    if cfg.train.router_aux_loss_coef and not is_moe(cfg.model.name):
+        raise ConfigError(source, "train.router_aux_loss_coef", f"'{cfg.model.name}' is a dense model (no router "
+                          f"to balance); set it to 0 or train a mixture-of-experts model")
     eval_suite(cfg, build_run_task(cfg))
     if torch.cuda.is_available():
         total = torch.cuda.get_device_properties(0).total_memory

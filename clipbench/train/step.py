@@ -40,6 +40,7 @@ from clipbench.objectives.corrections import REJECTED, apply_correction, correct
 from clipbench.objectives.loss import mini_batch_stat
 from clipbench.train.distributed import Dist, full_tensor
 from clipbench.train.logprobs import completion_logprobs
+from clipbench.train.moe import RouterLogits
 from clipbench.train.packing import Packed, placeholder
 
 
@@ -136,12 +137,14 @@ class Objective:
     agg: str
     beta: float
     max_len: int
+    router_aux_loss_coef: float = 0.0  # MoE: the routers' load-balancing loss weight (train/moe.py)
 
     @classmethod
     def from_config(cls, cfg) -> "Objective":
         params = dict(cfg.objective)
         method = params.pop("method")
-        return cls(method, params, cfg.train.agg, cfg.train.beta, cfg.sampler.max_new_tokens)
+        return cls(method, params, cfg.train.agg, cfg.train.beta, cfg.sampler.max_new_tokens,
+                   cfg.train.router_aux_loss_coef)
 
     @property
     def draws(self) -> bool:
@@ -202,6 +205,7 @@ class StepStats:
     loss: list = field(default_factory=list)  # each micro-batch's share of the mini-batch loss
     entropy: list = field(default_factory=list)  # (summed token entropy, tokens) per micro-batch
     mismatch: list = field(default_factory=list)  # the mismatch's sums (objectives.corrections)
+    router_aux: list = field(default_factory=list)  # MoE: each micro-batch's share of the load-balancing loss
 
     def add(self, out: PolicyLossOutput, entropy: torch.Tensor, mask: torch.Tensor) -> None:
         self.rule.append(out.sums)
@@ -214,15 +218,19 @@ class StepStats:
                "entropy/sum": ent[0], "entropy/tokens": ent[1]}
         if self.mismatch:
             out.update(combine(self.mismatch))
+        if self.router_aux:
+            out["router_aux_loss"] = torch.stack(self.router_aux).sum().to(torch.float64)
         return out
 
     @staticmethod
     def metrics(reduced: dict[str, torch.Tensor]) -> dict[str, float]:
         """loss, entropy (token mean), the rule's finalised stats, and the mismatch's when present."""
-        rule = {k: v for k, v in reduced.items() if k not in ("loss", "entropy/sum", "entropy/tokens")
+        rule = {k: v for k, v in reduced.items() if k not in ("loss", "entropy/sum", "entropy/tokens", "router_aux_loss")
                 and not k.startswith("mismatch/")}
         out = {"entropy": float(reduced["entropy/sum"] / reduced["entropy/tokens"].clamp(min=1.0)),
                "loss": float(reduced["loss"]), **{k: float(v) for k, v in finalize(rule).items()}}
+        if "router_aux_loss" in reduced:
+            out["router_aux_loss"] = float(reduced["router_aux_loss"])
         if "mismatch/tokens" in reduced:
             out.update(correction_stats({k: v for k, v in reduced.items() if k.startswith("mismatch/")}))
         return out
@@ -294,12 +302,17 @@ def accumulate_gradients(model, batch: Packed, step: OptStep, inputs: StepInputs
                                compute=compute, dist=dist)                               # counts, statistic
     for rows in step.micro:
         mb, idx = _micro(batch, rows, pad_id, dist.device)
-        with compute():
+        with compute(), RouterLogits(model, on=objective.router_aux_loss_coef > 0) as routed:
             logp, entropy = completion_logprobs(model, mb, temperature=temperature)      # (b, T) each
         logp, mask = logp.float(), mb.completion_mask
         x = {**inputs.rows(idx, mask.shape[1]), **shared.rows(idx, mask.shape[1])}      # old_logp, advantages, ...
         out = objective.loss(logp, mask, entropy=entropy, **x)                           # rule, aggregation
-        (out.loss * dist.loss_scale).backward()                                         # gradients accumulate
+        loss = out.loss
+        if routed is not None:  # per forward, as TRL and transformers: weighted by the micro-batch's rows
+            aux = routed.aux_loss(mb.attention_mask) * (len(rows) / len(step.rows))      # 0 for a placeholder
+            loss = loss + objective.router_aux_loss_coef * aux
+            stats.router_aux.append(aux.detach().float())
+        (loss * dist.loss_scale).backward()                                             # gradients accumulate
         stats.add(out, entropy, mask)
         if record is not None:
             record(idx, logp.detach(), entropy.detach())
