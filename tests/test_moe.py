@@ -137,3 +137,30 @@ def test_a_dense_model_refuses_a_router_aux_loss(tmp_path):
     assert res.stderr.strip() == (f"error: {RECIPE}: train.router_aux_loss_coef: 'builtin:arith-tiny' is a dense model "
                                   f"(no router to balance); set it to 0 or train a mixture-of-experts model")
     assert not (tmp_path / "results").exists()
+
+
+# ---- clipbench rehearse: a random 2-layer model of the recipe's MoE family -----------------------
+def test_rehearsal_of_a_30b_a3b_recipe_generates_a_2_layer_qwen3_moe(tmp_path):
+    """The plan names total and active parameters; the generated model is a Qwen3-MoE of 2 layers,
+    8 experts, top-2 (the 30B's 128 and 8, shrunk), random weights. (The whole rehearsal of
+    qwen3_4b_grpo.yaml with model.name=Qwen/Qwen3-30B-A3B-Base passed in 80 s on 2 cores.)"""
+    from transformers import AutoModelForCausalLM
+
+    from clipbench.config import load_run_config, to_dict
+    from clipbench.models import QWEN3
+    from clipbench.rehearse.local import build_model
+    from clipbench.rehearse.scale import Machine, rehearsal_config
+    from test_rehearse import REPO
+
+    real = to_dict(load_run_config(REPO / "recipes/abc_grpo_table3/qwen3_4b_grpo.yaml",
+                                   ["model.name=Qwen/Qwen3-30B-A3B-Base"]))
+    plan = rehearsal_config(real, Machine(world_cap=2, cuda=False, vllm=False))
+    model_part = {p.name: p for p in plan.parts}["model"]
+    assert "Qwen/Qwen3-30B-A3B-Base (30.53B, 3.35B active, 128 experts top-8, qwen3_moe)" in model_part.detail
+    assert "qwen3_moe of 2 layers, 8 experts top-2" in model_part.detail
+    path = build_model(plan.generate_model["shape"], ["12+3=15"], tmp_path / "m")
+    model = AutoModelForCausalLM.from_pretrained(path)
+    cfg = model.config
+    assert (cfg.model_type, cfg.num_hidden_layers, cfg.num_experts, cfg.num_experts_per_tok) == ("qwen3_moe", 2, 8, 2)
+    assert (cfg.hidden_size, cfg.head_dim, cfg.moe_intermediate_size, cfg.tie_word_embeddings) == (64, 32, 128, False)
+    assert QWEN3["Qwen/Qwen3-30B-A3B-Base"].num_experts == 128  # the shipped shape is untouched
