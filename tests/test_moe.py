@@ -164,3 +164,22 @@ def test_rehearsal_of_a_30b_a3b_recipe_generates_a_2_layer_qwen3_moe(tmp_path):
     assert (cfg.model_type, cfg.num_hidden_layers, cfg.num_experts, cfg.num_experts_per_tok) == ("qwen3_moe", 2, 8, 2)
     assert (cfg.hidden_size, cfg.head_dim, cfg.moe_intermediate_size, cfg.tie_word_embeddings) == (64, 32, 128, False)
     assert QWEN3["Qwen/Qwen3-30B-A3B-Base"].num_experts == 128  # the shipped shape is untouched
+
+
+# ---- engine trl ---------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_engine_trl_trains_the_moe_model_with_its_router_aux_loss(tmp_path):
+    """TRL's GRPOTrainer trains builtin:arith-steps-moe through clipbench's rule; the router's
+    load-balancing loss (GRPOConfig.router_aux_loss_coef, mapped) is logged as router_aux_loss."""
+    pytest.importorskip("trl")
+    from clipbench.config import load_run_config
+    from clipbench.engines import train_run
+    from clipbench.tracking.store import RunDir
+    from test_trl import RECIPE, TINY
+
+    over = {**TINY, "model.name": MOE, "train.router_aux_loss_coef": 0.01}
+    cfg = load_run_config(RECIPE, ["engine=trl", *(f"{k}={v}" for k, v in over.items())])
+    train_run(cfg, tmp_path / "run")
+    rows = RunDir(tmp_path / "run").read_metrics()
+    assert rows and all(1.0 < r["router_aux_loss"] < 8.0 for r in rows)
+    assert any(r["grad_norm"] > 0 for r in rows)
