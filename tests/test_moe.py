@@ -183,3 +183,13 @@ def test_engine_trl_trains_the_moe_model_with_its_router_aux_loss(tmp_path):
     rows = RunDir(tmp_path / "run").read_metrics()
     assert rows and all(1.0 < r["router_aux_loss"] < 8.0 for r in rows)
     assert any(r["grad_norm"] > 0 for r in rows)
+
+
+def test_the_moe_keys_at_their_defaults_leave_every_run_id_as_it_was():
+    """Run ids handed out before the MoE keys existed stay valid (the ids below are those of bdf71ea)."""
+    from clipbench.config import load_run_config, run_id
+    from test_rehearse import REPO
+
+    assert run_id(load_run_config(REPO / "recipes/quickstart.yaml")) == "ca24f4760273"
+    assert run_id(load_run_config(REPO / "recipes/arith_tiny.yaml")) == "7854dcc6128e"
+    assert run_id(load_run_config(REPO / "recipes/quickstart.yaml", ["train.router_aux_loss_coef=0.01"])) != "ca24f4760273"

@@ -333,6 +333,8 @@ NOT_IN_ID = ("name", "tracking", "plugins", "launch", "train.record")  # top-lev
 # Top-level keys added after run ids were first handed out: at these values they stay out of the
 # hash, so every run id from before they existed is unchanged.
 ID_DEFAULTS = {"engine": "builtin", "trl": {}}
+# Nested keys added later, the same way: (section, key) -> the value that keeps them out of the hash.
+NESTED_ID_DEFAULTS = {("train", "router_aux_loss_coef"): 0.0, ("model", "routing_replay"): "none"}
 
 
 def in_id(key: str, value: Any) -> bool:
@@ -386,6 +388,9 @@ def run_id(cfg: RunConfig | Mapping) -> str:
     the ID_DEFAULTS keys at their defaults; the sampler correction as `_id_sampler` states)."""
     d = to_dict(cfg) if isinstance(cfg, RunConfig) else migrate(cfg)
     d = {k: v for k, v in _without_nested(d).items() if in_id(k, v)}
+    for (section, key), default in NESTED_ID_DEFAULTS.items():
+        if isinstance(d.get(section), Mapping) and d[section].get(key, default) == default:
+            d[section] = {k: v for k, v in d[section].items() if k != key}
     if isinstance(d.get("sampler"), Mapping):
         d["sampler"] = _id_sampler(d["sampler"])
     blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=str)
