@@ -35,7 +35,7 @@ PLUGIN = str(REPO / "examples" / "plugins" / "lower_only.py")
 CHANGES = {
     "seed": 7, "name": "other", "engine": "trl", "trl": {"logging_first_step": True},
     "model.name": "builtin:arith-steps", "model.dtype": "bfloat16", "model.device": "cuda",
-    "model.gradient_checkpointing": True,
+    "model.gradient_checkpointing": True, "model.routing_replay": "r2",
     "task.name": "math", "task.path": str(REPO / "tests"), "task.config": "all", "task.split": "test",
     "task.template": "dapo", "task.limit": 10, "task.holdout": 5, "task.operands": 3, "task.digits": 1,
     "task.ops": "+", "task.format": "steps", "task.train_size": 100, "task.test_size": 50,

@@ -44,40 +44,43 @@ def test_moe_step_is_exact_over_micro_batches_and_ranks(moe, method, agg):
             assert (grads[name] - g0).norm() <= 1e-12 * g0.norm() + 1e-15, (budget, world, name)
 
 
-@pytest.fixture(scope="module")
-def one_process_moe(tmp_path_factory):
+def _one_process(tmp_path, replay: str):
     from clipbench.config import load_run_config
     from clipbench.tracking.store import RunDir
     from clipbench.train.loop import run_training
     from test_distributed import RECIPE, overrides
 
-    rd = RunDir(tmp_path_factory.mktemp("one") / "run")
-    run_training(load_run_config(RECIPE, overrides(**{"model.name": MOE})), rd.path)
+    rd = RunDir(tmp_path / "one" / "run")
+    run_training(load_run_config(RECIPE, overrides(**{"model.name": MOE, "model.routing_replay": replay})), rd.path)
     return rd
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("distributed")
 @pytest.mark.timeout(600)
-def test_moe_on_two_processes_with_checkpointing_trains_the_run_one_process_trains(one_process_moe, tmp_path):
+@pytest.mark.parametrize("replay", ["none", "r2"])
+def test_moe_on_two_processes_with_checkpointing_trains_the_run_one_process_trains(replay, tmp_path):
     """FSDP2 over torchrun (a unit per Qwen3MoeDecoderLayer: attention, router and packed experts)
     with activation checkpointing: the same loss, grad_norm and counts per optimizer step, and the
-    same final parameters, as one process without checkpointing."""
+    same final parameters, as one process without checkpointing; with r2 too (each rank records
+    its rows' routes, shared by an all-reduce, since a row's later epochs may run on the other rank)."""
     import yaml
 
     from clipbench.tracking.store import RunDir
     from test_distributed import RECIPE, RUN, clipbench, same_training
 
+    one = _one_process(tmp_path, replay)
     sweep = tmp_path / "dp.yaml"
     sweep.write_text(yaml.safe_dump({
         "name": "dp", "base": RECIPE, "grid": {"seed": [0]},
-        "overrides": {**RUN, "model.name": MOE, "launch.nproc_per_node": 2, "model.gradient_checkpointing": True}}))
+        "overrides": {**RUN, "model.name": MOE, "model.routing_replay": replay, "launch.nproc_per_node": 2,
+                      "model.gradient_checkpointing": True}}))
     res = clipbench("sweep", str(sweep), "--results-dir", str(tmp_path / "results"))
     assert res.returncode == 0, res.stdout + res.stderr
     (run_dir,) = [p for p in (tmp_path / "results" / "dp").iterdir() if p.is_dir() and not p.name.startswith(".")]
     rd = RunDir(run_dir)
     assert rd.status()["state"] == "finished" and rd.status()["world_size"] == 2
-    same_training(one_process_moe, rd)
+    same_training(one, rd)
 
 
 # ---- train.router_aux_loss_coef -----------------------------------------------------------------
@@ -193,3 +196,133 @@ def test_the_moe_keys_at_their_defaults_leave_every_run_id_as_it_was():
     assert run_id(load_run_config(REPO / "recipes/quickstart.yaml")) == "ca24f4760273"
     assert run_id(load_run_config(REPO / "recipes/arith_tiny.yaml")) == "7854dcc6128e"
     assert run_id(load_run_config(REPO / "recipes/quickstart.yaml", ["train.router_aux_loss_coef=0.01"])) != "ca24f4760273"
+
+
+# ---- model.routing_replay -----------------------------------------------------------------------
+def _experts_chosen(model):
+    """A hook on every experts module: the top-k indices each forward hands it (what the MoE block uses)."""
+    seen = []
+    mods = [m for m in model.modules() if type(m).__name__ == "Qwen3MoeExperts"]
+    handles = [m.register_forward_hook(lambda mod, args, out: seen.append(args[1].clone())) for m in mods]
+    return seen, handles
+
+
+def test_routing_replay_forces_the_recorded_experts_with_the_live_routers_weights():
+    """Recorded routes replayed on the same weights give the same logits bit for bit (the weights
+    gathered from the softmax are the router's own); on a policy whose routers moved, the replayed
+    experts are the recorded ones while the routers' gradient still flows; tokens of an entry 0
+    (nothing recorded) keep the live choice."""
+    from clipbench.models.routing import RouteReplay
+    from clipbench.train.packing import pack
+
+    model, tok = load_model_and_tokenizer(resolve_model_name(MOE))
+    packed = pack([tok(p)["input_ids"] for p in ("12+34-5=", "7+8=", "99-9+1=")],
+                  [tok(c, add_special_tokens=False)["input_ids"] for c in ("12+34=46 46-5=41 #41", "7+8=15", "9")],
+                  tok.pad_token_id)
+    kw = dict(input_ids=packed.input_ids, attention_mask=packed.attention_mask, position_ids=packed.position_ids)
+    rows, cols = torch.arange(3), slice(0, packed.input_ids.shape[1])
+    replay = RouteReplay.attach(model)
+    table = replay.new_table(*packed.input_ids.shape)
+    with torch.no_grad():
+        plain = model(**kw).logits
+        replay.record(table, rows, cols)
+        recorded = model(**kw).logits
+        replay.replay(table, rows, cols)
+        replayed = model(**kw).logits
+    replay.off()
+    assert torch.equal(plain, recorded) and torch.equal(plain, replayed)
+    assert table.shape == (3, 4, packed.input_ids.shape[1], 2) and bool((table > 0).all())
+
+    moved, _ = load_model_and_tokenizer(resolve_model_name(MOE))  # the routers move: some tokens choose other experts
+    with torch.no_grad():
+        for r in RouteReplay.attach(moved).routers:
+            r.weight.add_(torch.randn(r.weight.shape, generator=torch.Generator().manual_seed(0)) * 0.5)
+    seen, handles = _experts_chosen(moved)
+    with torch.no_grad():
+        moved(**kw)
+    free = [s.clone() for s in seen]
+    seen.clear()
+    RouteReplay.of(moved).replay(table, rows, cols)
+    moved(**kw).logits.sum().backward()
+    RouteReplay.of(moved).off()
+    for h in handles:
+        h.remove()
+    want = [(table[:, layer].reshape(-1, 2) - 1).long() for layer in range(4)]
+    assert any(not torch.equal(f, w) for f, w in zip(free, want))            # left alone, the routes moved
+    assert all(torch.equal(s, w) for s, w in zip(seen, want))                # replayed: the recorded experts
+    assert all(r.weight.grad is not None and r.weight.grad.norm() > 0 for r in RouteReplay.of(moved).routers)
+
+    partial = table.clone()
+    partial[:, :, -1] = 0                                                     # the last column: nothing recorded
+    seen, handles = _experts_chosen(moved)
+    RouteReplay.of(moved).replay(partial, rows, cols)
+    with torch.no_grad():
+        moved(**kw)
+    RouteReplay.of(moved).off()
+    for h in handles:
+        h.remove()
+    width = packed.input_ids.shape[1]
+    last = torch.arange(3) * width + width - 1                                  # each row's last column
+    assert torch.equal(seen[0][last], free[0][last])  # the live router's choice (layer 0: the same input as free)
+    for layer, s in enumerate(seen):
+        keep = torch.ones(3 * width, dtype=torch.bool)
+        keep[last] = False
+        assert torch.equal(s[keep], want[layer][keep])
+
+
+def _run_r2(tmp_path, name: str, *extra: str):
+    from clipbench.config import load_run_config
+    from clipbench.tracking.store import RunDir
+    from clipbench.train.loop import run_training
+    from test_distributed import RECIPE, overrides
+
+    rd = RunDir(tmp_path / name)
+    over = overrides(**{"model.name": MOE, "train.steps": 2, "task.format": "steps", "task.operands": 3,
+                        "sampler.max_new_tokens": 32, "sampler.group_size": 8, "train.lr": 1e-3})
+    run_training(load_run_config(RECIPE, over + list(extra)), rd.path)
+    return rd.read_metrics()
+
+
+@pytest.mark.slow
+def test_r2_is_on_policy_at_the_first_step_and_exact_under_micro_batches_and_checkpointing(tmp_path):
+    """With r2 the first optimizer step of each rollout batch has ratio 1 exactly (the update's forward
+    routes as the old-log-prob forward did); split micro-batches with activation checkpointing (whose
+    recompute replays the routes) log the same losses (1e-6), grad norms (1e-5) and counts as the
+    whole mini-batch; and the replay is live: without it the later steps differ."""
+    whole = _run_r2(tmp_path, "whole", "model.routing_replay=r2")
+    split = _run_r2(tmp_path, "split", "model.routing_replay=r2", "train.micro_batch_tokens=160",
+                    "model.gradient_checkpointing=true")
+    free = _run_r2(tmp_path, "free")
+    assert len(whole) == len(split) == len(free) == 8
+    for r in (whole[0], whole[4]):
+        assert r["ratio/max"] == r["ratio/min"] == 1.0, r
+    for a, b in zip(whole, split):
+        assert abs(a["loss"] - b["loss"]) <= 1e-6 * max(abs(a["loss"]), 1.0), (a["opt_step"], a["loss"], b["loss"])
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * max(a["grad_norm"], 1e-6), a["opt_step"]
+        assert {k: v for k, v in a.items() if k.split("/")[0] in ("q1", "q2", "q3", "q4") and "mass" not in k} == \
+            {k: v for k, v in b.items() if k.split("/")[0] in ("q1", "q2", "q3", "q4") and "mass" not in k}
+    assert all(a["micro_batches"] == 1 for a in whole) and any(b["micro_batches"] > 1 for b in split)
+    assert whole[0]["loss"] == free[0]["loss"] and whole[1]["loss"] != free[1]["loss"]
+
+
+@pytest.mark.parametrize("override, words", [
+    (["model.routing_replay=r2"], "model.routing_replay: 'builtin:arith-tiny' (qwen3) has no router it knows"),
+    (["model.name=builtin:arith-steps-moe", "model.routing_replay=r2", "sampler.old_logp=sampler"],
+     "model.routing_replay: r2 replays the experts of the old-log-prob forward: it needs sampler.old_logp=recompute"),
+    (["model.name=builtin:arith-steps-moe", "model.routing_replay=r3", "sampler.backend=vllm"], None),
+    (["model.name=builtin:arith-steps-moe", "model.routing_replay=r4"], "model.routing_replay: unknown value 'r4'"),
+])
+def test_routing_replay_refusals_are_one_line_exit_2_nothing_written(tmp_path, override, words):
+    """A dense model, r2 without a recomputed old log-prob, r3 from vLLM (GPU-only here: vllm is not
+    installed, or needs Triton), an unknown mode: one line, exit 2, nothing written."""
+    import subprocess
+    import sys
+
+    from test_distributed import RECIPE, REPO
+
+    res = subprocess.run([sys.executable, "-m", "clipbench", "train", RECIPE, *override, "--results-dir",
+                          str(tmp_path / "results")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    err = res.stderr.strip()
+    assert res.returncode == 2 and len(err.splitlines()) == 1, err
+    assert words is None or words in err, err
+    assert not (tmp_path / "results").exists()

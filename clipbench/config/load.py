@@ -301,6 +301,9 @@ def _check_correction(cfg: RunConfig, err) -> None:
     except ValueError as e:
         bad = next((k for k in setting if k != "name" and f"'{k}'" in str(e)), None)
         err(f"{CORRECTION_KEY}.{bad or 'name'}", str(e))
+    if cfg.model.routing_replay == "r2" and cfg.sampler.old_logp != "recompute":
+        err("model.routing_replay", "r2 replays the experts of the old-log-prob forward: it needs "
+            "sampler.old_logp=recompute (with old_logp=sampler there is none; r3 replays the sampler's)")
     if cfg.sampler.correction["name"] != "none" and cfg.sampler.old_logp != "recompute":
         err(f"{CORRECTION_KEY}.name", "needs sampler.old_logp=recompute: with old_logp=sampler the rule's ratio is "
             "already taken against the sampler's log-probs (rho = 1)")

@@ -36,6 +36,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.device": ("auto", "cpu", "cuda"),
     "sampler.backend": ("auto", "hf", "vllm"),  # clipbench.rollout implements each
     "sampler.old_logp": ("recompute", "sampler"),
+    "model.routing_replay": ("none", "r2", "r3"),  # clipbench.models.routing, clipbench.train.step
     "train.lr_schedule": ("constant", "cosine"),
     "train.record.state": ("auto", "none", "last", "all"),  # clipbench.train.record reads it
     "launch.preempt_signal": ("SIGTERM", "SIGUSR1", "SIGUSR2"),  # clipbench.train.preempt.SIGNALS
@@ -223,6 +224,9 @@ class ModelConfig:
     dtype: str = "float32"  # compute dtype; bfloat16/float16 train with float32 master weights + autocast
     device: str = "auto"  # auto: cuda when available, else cpu
     gradient_checkpointing: bool = False
+    # mixture-of-experts models: the experts the update's forwards use. none: the live router's;
+    # r2: those the old-log-prob forward chose; r3: those the sampler chose (clipbench.models.routing)
+    routing_replay: str = "none"
 
 
 @dataclass

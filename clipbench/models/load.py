@@ -71,11 +71,16 @@ def check_model_config(name: str) -> None:
 
 def is_moe(name: str) -> bool:
     """Is model `name` (as in model.name) a mixture-of-experts model (its config names experts)?"""
+    cfg = text_config(name)
+    return bool(getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None))
+
+
+def text_config(name: str):
+    """The transformers config of model `name` (its text model's, for a multimodal one)."""
     from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(resolve_model_name(name))
-    cfg = getattr(cfg, "get_text_config", lambda: cfg)()
-    return bool(getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None))
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
 
 def first_line(err: BaseException) -> str:

@@ -67,6 +67,7 @@ from clipbench.train.batch import RolloutBatch, collect_rollout
 from clipbench.train.preempt import NO_STOP, Partial, StopRequest, cpu_inputs, mark_preempted
 from clipbench.train.record import NO_CAPTURE, Recorder
 from clipbench.seeds import generator
+from clipbench.models.routing import RouteReplay
 from clipbench.train.step import (Objective, StepInputs, accumulate_gradients, add_histograms, draw_uniforms,
                                   frozen_logprobs, optimizer_step, own_rows, plan_update)
 
@@ -232,14 +233,23 @@ def rule_inputs(trainer: Trainer, packed, batch: RolloutBatch, first_epoch: list
     if cfg.sampler.old_logp == "sampler":
         return StepInputs(batch.advantages.to(dist.device), sampled, frozen_ref(trainer, packed, first_epoch),
                           sampler_logp=sampled, **rows), None
-    old = frozen_logprobs(trainer.model, packed, first_epoch, **kw)
-    inputs = StepInputs(batch.advantages.to(dist.device), old, frozen_ref(trainer, packed, first_epoch), **rows)
+    routes = new_routes(trainer, packed)  # r2: the experts this forward chooses, replayed by the update
+    old = frozen_logprobs(trainer.model, packed, first_epoch, **kw, routes=None if routes is None else ("record", routes))
+    inputs = StepInputs(batch.advantages.to(dist.device), old, frozen_ref(trainer, packed, first_epoch), **rows,
+                        routes=routes)
     if sampled is None:
         return inputs, None
     mine = own_rows(first_epoch, len(packed.completion_lens), dist.device)  # (B,): this rank's rows, counted once
     corr = apply_correction(cfg.sampler.correction, sampled, old, inputs.mask, counted=mine[:, None] > 0)
     inputs.weights, inputs.correction_status = corr.weights, corr.status  # every row's (later epochs: other ranks)
     return inputs, corr.sums
+
+
+def new_routes(trainer: Trainer, packed) -> torch.Tensor | None:
+    """model.routing_replay r2: an empty route table for the rollout batch (models/routing.py), else None."""
+    if trainer.cfg.model.routing_replay != "r2":
+        return None
+    return RouteReplay.of(trainer.model).new_table(*packed.input_ids.shape, device=trainer.dist.device)
 
 
 def frozen_ref(trainer: Trainer, packed, first_epoch: list) -> torch.Tensor | None:

@@ -40,6 +40,7 @@ from clipbench.objectives.corrections import REJECTED, apply_correction, correct
 from clipbench.objectives.loss import mini_batch_stat
 from clipbench.train.distributed import Dist, full_tensor
 from clipbench.train.logprobs import completion_logprobs
+from clipbench.models.routing import RouteReplay, micro_columns
 from clipbench.train.moe import RouterLogits
 from clipbench.train.packing import Packed, placeholder
 
@@ -102,20 +103,43 @@ def _micro(batch: Packed, rows: tuple[int, ...], pad_id: int, device) -> tuple[P
 
 @torch.no_grad()
 def frozen_logprobs(model, batch: Packed, plan: list[OptStep], *, pad_id: int, temperature: float,
-                    compute=contextlib.nullcontext, dist: Dist) -> torch.Tensor:
+                    compute=contextlib.nullcontext, dist: Dist, routes: tuple[str, torch.Tensor] | None = None
+                    ) -> torch.Tensor:
     """(B, T) float32 log-probs of every completion token under `model` (the policy before this
     update, or the reference), on `dist.device`, 0 at padding. Each rank runs the micro-batches of
     `plan` (one epoch's steps cover every row once); with N ranks the rows are summed over ranks
-    (each row is computed by exactly one), so every rank holds every row for every epoch."""
+    (each row is computed by exactly one), so every rank holds every row for every epoch.
+    `routes` (a MoE policy with routing replay): ("record", table) writes each token's experts into
+    the table (summed over ranks like the log-probs), ("replay", table) routes by it."""
     out = torch.zeros(batch.completion_ids.shape, device=dist.device)  # (B, T)
+    replay = RouteReplay.of(model) if routes is not None else None
     for step in plan:
         for rows in step.micro:
             mb, idx = _micro(batch, rows, pad_id, dist.device)
+            if replay is not None:
+                route_micro_batch(replay, routes, idx, batch, mb)
             with compute():
                 lp, _ = completion_logprobs(model, mb, temperature=temperature, with_entropy=False)
             if idx is not None:
                 out[idx, :lp.shape[1]] = lp.float() * mb.completion_mask
+    if replay is not None:
+        replay.off()
+        if routes[0] == "record":
+            dist.all_reduce_(routes[1])
     return dist.all_reduce_(out)
+
+
+def route_micro_batch(replay: RouteReplay, routes: tuple[str, torch.Tensor], idx: torch.Tensor | None, batch: Packed,
+                      mb: Packed) -> None:
+    """Point the routers' hooks at this micro-batch's window of the route table (record or replay);
+    the placeholder (idx None) routes freely."""
+    mode, table = routes
+    if idx is None:
+        replay.off()
+    elif mode == "record":
+        replay.record(table, idx, micro_columns(batch, mb))
+    else:
+        replay.replay(table, idx, micro_columns(batch, mb))
 
 
 def own_rows(steps: list[OptStep], B: int, device) -> torch.Tensor:
@@ -180,6 +204,7 @@ class StepInputs:
     weights: torch.Tensor | None = None  # (B, T) the sampler correction's weights (objectives/corrections)
     sampler_logp: torch.Tensor | None = None  # (B, T) the sampler's log-probs, to measure the mismatch
     correction_status: torch.Tensor | None = None  # (B, T) int8: what the correction did to each token
+    routes: torch.Tensor | None = None  # (B, layers, Lp + T, k) int32: MoE routing replay's experts (+1; 0: none)
     rewards: torch.Tensor | None = None  # (B,) each row's reward (rules that read it: topr)
     groups: tuple[int, ...] = ()  # each row's prompt group (prompt-mean)
     mask: torch.Tensor | None = None  # (B, T) the completion mask on the device (the mini-batch's counts)
@@ -282,7 +307,8 @@ def mini_batch_inputs(model, batch: Packed, step: OptStep, inputs: StepInputs, o
     out = mini_batch_counts(step, inputs, objective.agg, mask)
     if objective.stat and (len(step.micro) > 1 or dist.world > 1):
         current = frozen_logprobs(model, batch, [step], pad_id=pad_id, temperature=temperature, compute=compute,
-                                  dist=dist)  # (B, T): the policy before this step, on the step's rows
+                                  dist=dist, routes=None if inputs.routes is None else ("replay", inputs.routes))
+        # (B, T): the policy before this step, on the step's rows
         rows = torch.tensor(step.rows, dtype=torch.long, device=current.device)
         out.shared["batch_stat"] = mini_batch_stat(objective.method, current[rows], inputs.old_logp[rows],
                                                    inputs.advantages[rows], mask[rows], **objective.params)
@@ -300,8 +326,11 @@ def accumulate_gradients(model, batch: Packed, step: OptStep, inputs: StepInputs
     stats, hist = StepStats(), None
     shared = mini_batch_inputs(model, batch, step, inputs, objective, pad_id=pad_id, temperature=temperature,
                                compute=compute, dist=dist)                               # counts, statistic
+    replay = RouteReplay.of(model) if inputs.routes is not None else None
     for rows in step.micro:
         mb, idx = _micro(batch, rows, pad_id, dist.device)
+        if replay is not None:  # set until the next micro-batch: the backward's checkpoint recompute replays too
+            route_micro_batch(replay, ("replay", inputs.routes), idx, batch, mb)
         with compute(), RouterLogits(model, on=objective.router_aux_loss_coef > 0) as routed:
             logp, entropy = completion_logprobs(model, mb, temperature=temperature)      # (b, T) each
         logp, mask = logp.float(), mb.completion_mask
@@ -321,6 +350,8 @@ def accumulate_gradients(model, batch: Packed, step: OptStep, inputs: StepInputs
                                                    mask).sums)
         if histogram and idx is not None:
             hist = add_histograms(hist, log_ratio_counts(logp.detach(), x["old_logp"], x["advantages"], mask))
+    if replay is not None:
+        replay.off()
     return stats, hist
 
 

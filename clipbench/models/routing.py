@@ -1,0 +1,123 @@
+"""Routing replay for mixture-of-experts models: record which experts each token was routed to, and
+make later forwards use those experts (`model.routing_replay`: r2, r3).
+
+    replay = RouteReplay.attach(model)            # hooks every router of the model, once per run
+    table = replay.new_table(rows, width)         # (B, layers, width, k) int32, 0 = not recorded
+    replay.record(table, rows, cols)              # this micro-batch's forwards write their choices
+    replay.replay(table, rows, cols)              # ... or use the recorded ones (forward and recompute)
+    replay.off()                                  # the routers choose freely again
+
+A router is transformers' `Qwen3MoeTopKRouter` or `MixtralTopKRouter` (its forward returns the
+router logits, the top-k weights and the top-k indices). The hook replaces only the choice: the
+weights are gathered from the live router's full softmax (and renormalised as the router does), so
+the router keeps its gradient. Tokens without a recorded route (entry 0: e.g. the last token a
+sampler generated, which it never fed back) keep the live router's choice.
+
+The hooks stay registered: what they do is the state set by record/replay/off, so an
+activation-checkpoint recompute during backward (after the forward returned) replays the same
+routes. Routes are indexed by decoder layer (the router's place in the model), row and column of
+the rollout batch's packed layout (prompts left-padded to the batch's widest): `cols` is the
+micro-batch's window into it. Stored +1 (0: none), so rows recorded on different ranks add up
+(each row is recorded by one rank; an all-reduce sum shares them).
+"""
+
+from __future__ import annotations
+
+import torch
+
+# router class -> does it renormalise its top-k weights (to sum to 1)?
+ROUTERS = {"Qwen3MoeTopKRouter": lambda m: bool(m.norm_topk_prob), "MixtralTopKRouter": lambda m: True}
+REPLAY_TYPES = ("qwen3_moe", "mixtral")  # the model types whose routers these are
+ATTR = "_clipbench_route_replay"
+
+
+def routers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's top-k routers (any `*TopKRouter` module), in module order (= decoder layer order)."""
+    return [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+
+
+def replayable(model: torch.nn.Module) -> str | None:
+    """Why routing replay cannot run on `model`, or None."""
+    found = routers(model)
+    if not found:
+        return f"{type(model).__name__} has no top-k router (not a mixture-of-experts model)"
+    other = sorted({type(m).__name__ for m in found} - set(ROUTERS))
+    if other:
+        return f"routing replay knows the routers {', '.join(ROUTERS)}, not {', '.join(other)}"
+    return None
+
+
+class RouteReplay:
+    """The record/replay hooks of one model's routers (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module):
+        why = replayable(model)
+        if why is not None:
+            raise ValueError(why)
+        self.routers = routers(model)
+        self.top_k = self.routers[0].top_k
+        self.mode: str | None = None
+        self.table: torch.Tensor | None = None
+        self.rows: torch.Tensor | None = None
+        self.cols = slice(0, 0)
+        self._handles = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
+
+    @classmethod
+    def attach(cls, model: torch.nn.Module) -> "RouteReplay":
+        """The model's hooks, registered on first use."""
+        if getattr(model, ATTR, None) is None:
+            object.__setattr__(model, ATTR, cls(model))
+        return getattr(model, ATTR)
+
+    @staticmethod
+    def of(model: torch.nn.Module) -> "RouteReplay | None":
+        return getattr(model, ATTR, None)
+
+    def new_table(self, rows: int, width: int, device=None) -> torch.Tensor:
+        """(rows, layers, width, k) int32 zeros: nothing recorded."""
+        return torch.zeros(rows, len(self.routers), width, self.top_k, dtype=torch.int32, device=device)
+
+    def record(self, table: torch.Tensor, rows: torch.Tensor, cols: slice) -> None:
+        self.mode, self.table, self.rows, self.cols = "record", table, rows, cols
+
+    def replay(self, table: torch.Tensor | None, rows: torch.Tensor | None, cols: slice) -> None:
+        if table is None or rows is None:
+            return self.off()
+        self.mode, self.table, self.rows, self.cols = "replay", table, rows, cols
+
+    def off(self) -> None:
+        self.mode, self.table, self.rows = None, None, None
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+    def _window(self, layer: int) -> torch.Tensor:
+        return self.table[self.rows, layer, self.cols]                           # (b, w, k)
+
+    def _hook(self, layer: int):
+        def hook(module, args, output):
+            if self.mode is None:
+                return None
+            logits, weights, chosen = output                                     # (n, E), (n, k), (n, k)
+            b, w = self.rows.numel(), self.cols.stop - self.cols.start
+            if self.mode == "record":
+                self.table[self.rows, layer, self.cols] = chosen.reshape(b, w, -1).to(torch.int32) + 1
+                return None
+            recorded = self._window(layer).reshape(b * w, -1).to(chosen.dtype) - 1  # (n, k), -1: none
+            chosen = torch.where(recorded >= 0, recorded, chosen)
+            probs = torch.softmax(logits, dim=-1, dtype=torch.float)             # the live router's softmax
+            top = probs.gather(-1, chosen)
+            if ROUTERS[type(module).__name__](module):
+                top /= top.sum(dim=-1, keepdim=True)
+            return logits, top.to(logits.dtype), chosen
+        return hook
+
+
+def micro_columns(batch, mb) -> slice:
+    """The columns of packed micro-batch `mb` in its rollout batch `batch` (train/packing.py's layout:
+    prompts left-padded to the batch's widest prompt, then completions)."""
+    full_prompt = batch.input_ids.shape[1] - batch.completion_ids.shape[1]
+    mb_prompt = mb.input_ids.shape[1] - mb.completion_ids.shape[1]
+    start = full_prompt - mb_prompt
+    return slice(start, start + mb.input_ids.shape[1])
