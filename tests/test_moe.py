@@ -303,6 +303,14 @@ def test_r2_is_on_policy_at_the_first_step_and_exact_under_micro_batches_and_che
             {k: v for k, v in b.items() if k.split("/")[0] in ("q1", "q2", "q3", "q4") and "mass" not in k}
     assert all(a["micro_batches"] == 1 for a in whole) and any(b["micro_batches"] > 1 for b in split)
     assert whole[0]["loss"] == free[0]["loss"] and whole[1]["loss"] != free[1]["loss"]
+    # routing agreement (old routes vs the live routers' choice): whole at each rollout batch's first
+    # step, then tokens whose experts moved in some layer; only logged when routes are replayed
+    for r in (whole[0], whole[4]):
+        assert r["routing/changed_frac"] == 0.0 and all(r[f"routing/agree/l{i}"] == 1.0 for i in range(4))
+    assert all(0.0 < r["routing/changed_frac"] < 1.0 for r in whole[1:4] + whole[5:])
+    assert all(r["routing/changed_frac"] >= 1.0 - min(r[f"routing/agree/l{i}"] for i in range(4)) for r in whole)
+    assert all(abs(a["routing/changed_frac"] - b["routing/changed_frac"]) <= 0.01 for a, b in zip(whole, split))
+    assert all("routing/changed_frac" not in r for r in free)
 
 
 @pytest.mark.parametrize("override, words", [

@@ -60,6 +60,7 @@ class RouteReplay:
         self.table: torch.Tensor | None = None
         self.rows: torch.Tensor | None = None
         self.cols = slice(0, 0)
+        self.changed: dict[int, torch.Tensor] = {}  # layer -> (b, w) bool: the live choice is not the replayed one
         self._handles = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
 
     @classmethod
@@ -87,6 +88,7 @@ class RouteReplay:
 
     def off(self) -> None:
         self.mode, self.table, self.rows = None, None, None
+        self.changed = {}
 
     def remove(self) -> None:
         for h in self._handles:
@@ -105,6 +107,8 @@ class RouteReplay:
                 self.table[self.rows, layer, self.cols] = chosen.reshape(b, w, -1).to(torch.int32) + 1
                 return None
             recorded = self._window(layer).reshape(b * w, -1).to(chosen.dtype) - 1  # (n, k), -1: none
+            moved = (recorded.sort(-1).values != chosen.sort(-1).values).any(-1) & (recorded >= 0).all(-1)
+            self.changed[layer] = moved.view(b, w)                                 # as a set of k experts
             chosen = torch.where(recorded >= 0, recorded, chosen)
             probs = torch.softmax(logits, dim=-1, dtype=torch.float)             # the live router's softmax
             top = probs.gather(-1, chosen)
@@ -112,6 +116,35 @@ class RouteReplay:
                 top /= top.sum(dim=-1, keepdim=True)
             return logits, top.to(logits.dtype), chosen
         return hook
+
+
+def agreement_sums(replay: "RouteReplay | None", mb, active: bool) -> dict[str, torch.Tensor]:
+    """Routing agreement of the micro-batch `mb` just replayed: over its valid completion tokens,
+    each token's experts taken at the position that predicts it (the prompt's last token for the
+    first), `routing/tokens`, `routing/changed` (tokens where the live routers chose another set of
+    experts than the replayed ones in at least one layer) and `routing/changed/l<i>` per decoder
+    layer. Zeros for a micro-batch that was not replayed (`active` False: a placeholder)."""
+    mask = mb.completion_mask > 0                                               # (b, T)
+    layers = len(replay.routers)
+    if not active or len(replay.changed) < layers:
+        zero = torch.zeros((), dtype=torch.float64, device=mask.device)
+        return {"routing/tokens": zero, "routing/changed": zero, **{f"routing/changed/l{i}": zero for i in range(layers)}}
+    T = mask.shape[1]
+    start = mb.input_ids.shape[1] - T - 1                                       # the column predicting token 0
+    per_layer = [replay.changed[i][:, start:start + T] & mask for i in range(layers)]
+    out = {"routing/tokens": mask.sum().double(),
+           "routing/changed": torch.stack(per_layer).any(0).sum().double()}
+    out.update({f"routing/changed/l{i}": c.sum().double() for i, c in enumerate(per_layer)})
+    return out
+
+
+def agreement_metrics(reduced: dict) -> dict[str, float]:
+    """The logged routing agreement of one optimizer step from its reduced `agreement_sums`."""
+    n = max(float(reduced["routing/tokens"]), 1.0)
+    out = {"routing/changed_frac": float(reduced["routing/changed"]) / n}
+    layers = sorted(int(k.rsplit("/l", 1)[1]) for k in reduced if k.startswith("routing/changed/l"))
+    out.update({f"routing/agree/l{i}": 1.0 - float(reduced[f"routing/changed/l{i}"]) / n for i in layers})
+    return out
 
 
 def micro_columns(batch, mb) -> slice:

@@ -40,7 +40,7 @@ from clipbench.objectives.corrections import REJECTED, apply_correction, correct
 from clipbench.objectives.loss import mini_batch_stat
 from clipbench.train.distributed import Dist, full_tensor
 from clipbench.train.logprobs import completion_logprobs
-from clipbench.models.routing import RouteReplay, micro_columns
+from clipbench.models.routing import RouteReplay, agreement_metrics, agreement_sums, micro_columns
 from clipbench.train.moe import RouterLogits
 from clipbench.train.packing import Packed, placeholder
 
@@ -231,6 +231,7 @@ class StepStats:
     entropy: list = field(default_factory=list)  # (summed token entropy, tokens) per micro-batch
     mismatch: list = field(default_factory=list)  # the mismatch's sums (objectives.corrections)
     router_aux: list = field(default_factory=list)  # MoE: each micro-batch's share of the load-balancing loss
+    routing: list = field(default_factory=list)  # MoE routing replay: each micro-batch's agreement sums
 
     def add(self, out: PolicyLossOutput, entropy: torch.Tensor, mask: torch.Tensor) -> None:
         self.rule.append(out.sums)
@@ -245,17 +246,21 @@ class StepStats:
             out.update(combine(self.mismatch))
         if self.router_aux:
             out["router_aux_loss"] = torch.stack(self.router_aux).sum().to(torch.float64)
+        if self.routing:
+            out.update(combine(self.routing))
         return out
 
     @staticmethod
     def metrics(reduced: dict[str, torch.Tensor]) -> dict[str, float]:
         """loss, entropy (token mean), the rule's finalised stats, and the mismatch's when present."""
         rule = {k: v for k, v in reduced.items() if k not in ("loss", "entropy/sum", "entropy/tokens", "router_aux_loss")
-                and not k.startswith("mismatch/")}
+                and not k.startswith(("mismatch/", "routing/"))}
         out = {"entropy": float(reduced["entropy/sum"] / reduced["entropy/tokens"].clamp(min=1.0)),
                "loss": float(reduced["loss"]), **{k: float(v) for k, v in finalize(rule).items()}}
         if "router_aux_loss" in reduced:
             out["router_aux_loss"] = float(reduced["router_aux_loss"])
+        if "routing/tokens" in reduced:
+            out.update(agreement_metrics(reduced))
         if "mismatch/tokens" in reduced:
             out.update(correction_stats({k: v for k, v in reduced.items() if k.startswith("mismatch/")}))
         return out
@@ -343,6 +348,8 @@ def accumulate_gradients(model, batch: Packed, step: OptStep, inputs: StepInputs
             stats.router_aux.append(aux.detach().float())
         (loss * dist.loss_scale).backward()                                             # gradients accumulate
         stats.add(out, entropy, mask)
+        if replay is not None:  # the live routers' choice against the replayed experts
+            stats.routing.append(agreement_sums(replay, mb, idx is not None))
         if record is not None:
             record(idx, logp.detach(), entropy.detach())
         if mismatch:
