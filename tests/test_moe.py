@@ -311,6 +311,15 @@ def test_r2_is_on_policy_at_the_first_step_and_exact_under_micro_batches_and_che
     assert all(r["routing/changed_frac"] >= 1.0 - min(r[f"routing/agree/l{i}"] for i in range(4)) for r in whole)
     assert all(abs(a["routing/changed_frac"] - b["routing/changed_frac"]) <= 0.01 for a, b in zip(whole, split))
     assert all("routing/changed_frac" not in r for r in free)
+    # the clip's cells split by whether the token's experts moved: the two halves add up to each cell
+    cells = ("q1", "q2", "q3", "q4", "zero_adv", "on_policy")
+    for r in whole:
+        for c in cells:
+            for f in ("tokens", "out_of_band"):
+                assert r[f"experts_moved/{c}/{f}"] + r[f"experts_kept/{c}/{f}"] == r[f"{c}/{f}"], (r["opt_step"], c, f)
+        total = sum(r[f"{c}/tokens"] for c in cells)
+        assert sum(r[f"experts_moved/{c}/tokens"] for c in cells) == round(r["routing/changed_frac"] * total)
+    assert sum(r[f"experts_moved/{c}/out_of_band"] for r in whole for c in cells) > 0   # clip events on moved tokens
 
 
 @pytest.mark.parametrize("override, words", [
@@ -334,3 +343,26 @@ def test_routing_replay_refusals_are_one_line_exit_2_nothing_written(tmp_path, o
     assert res.returncode == 2 and len(err.splitlines()) == 1, err
     assert words is None or words in err, err
     assert not (tmp_path / "results").exists()
+
+
+def test_policy_loss_splits_the_cells_over_named_token_subsets():
+    """token_splits: each named subset's cell counts (tokens, out of band); two complementary subsets
+    add up to the cells' totals; the loss is unchanged; without it, no such keys."""
+    from clipbench.objectives import policy_loss
+
+    g = torch.Generator().manual_seed(0)
+    logp = torch.randn(4, 6, generator=g) * 0.1 - 1.0
+    old = logp + torch.randn(4, 6, generator=g) * 0.4
+    adv = torch.tensor([1.0, -1.0, 0.5, 0.0])
+    mask = torch.ones(4, 6)
+    mask[2, 4:] = 0
+    moved = torch.rand(4, 6, generator=g) > 0.5
+    plain = policy_loss("grpo", logp, old, adv, mask)
+    split = policy_loss("grpo", logp, old, adv, mask, token_splits={"experts_moved": moved, "experts_kept": ~moved})
+    assert torch.equal(plain.loss, split.loss) and not any(k.startswith("experts_") for k in plain.stats)
+    for c in ("q1", "q2", "q3", "q4", "zero_adv", "on_policy"):
+        for f in ("tokens", "out_of_band"):
+            assert split.stats[f"experts_moved/{c}/{f}"] + split.stats[f"experts_kept/{c}/{f}"] == split.stats[f"{c}/{f}"]
+    assert float(sum(split.stats[f"experts_moved/{c}/tokens"] for c in ("q1", "q2", "q3", "q4", "zero_adv", "on_policy"))) \
+        == float((moved & (mask > 0)).sum())
+    assert float(split.stats["clip_events"]) > 0

@@ -118,22 +118,25 @@ class RouteReplay:
         return hook
 
 
-def agreement_sums(replay: "RouteReplay | None", mb, active: bool) -> dict[str, torch.Tensor]:
-    """Routing agreement of the micro-batch `mb` just replayed: over its valid completion tokens,
-    each token's experts taken at the position that predicts it (the prompt's last token for the
-    first), `routing/tokens`, `routing/changed` (tokens where the live routers chose another set of
-    experts than the replayed ones in at least one layer) and `routing/changed/l<i>` per decoder
-    layer. Zeros for a micro-batch that was not replayed (`active` False: a placeholder)."""
-    mask = mb.completion_mask > 0                                               # (b, T)
+def moved_tokens(replay: "RouteReplay", mb, active: bool) -> torch.Tensor:
+    """(layers, b, T) bool over the completion tokens of micro-batch `mb` just replayed: the live
+    routers chose another set of experts than the replayed ones, each token's experts taken at the
+    position that predicts it (the prompt's last token for the first). All False for a micro-batch
+    that was not replayed (`active` False: a placeholder). Padding is not masked here."""
+    b, T = mb.completion_mask.shape
     layers = len(replay.routers)
     if not active or len(replay.changed) < layers:
-        zero = torch.zeros((), dtype=torch.float64, device=mask.device)
-        return {"routing/tokens": zero, "routing/changed": zero, **{f"routing/changed/l{i}": zero for i in range(layers)}}
-    T = mask.shape[1]
+        return torch.zeros(layers, b, T, dtype=torch.bool, device=mb.completion_mask.device)
     start = mb.input_ids.shape[1] - T - 1                                       # the column predicting token 0
-    per_layer = [replay.changed[i][:, start:start + T] & mask for i in range(layers)]
-    out = {"routing/tokens": mask.sum().double(),
-           "routing/changed": torch.stack(per_layer).any(0).sum().double()}
+    return torch.stack([replay.changed[i][:, start:start + T] for i in range(layers)])
+
+
+def agreement_sums(moved: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """`routing/tokens` (valid completion tokens), `routing/changed` (those with a moved layer) and
+    `routing/changed/l<i>` per decoder layer; moved: (layers, b, T) bool, mask: (b, T)."""
+    valid = mask > 0
+    per_layer = moved & valid
+    out = {"routing/tokens": valid.sum().double(), "routing/changed": per_layer.any(0).sum().double()}
     out.update({f"routing/changed/l{i}": c.sum().double() for i, c in enumerate(per_layer)})
     return out
 

@@ -40,7 +40,7 @@ from clipbench.objectives.corrections import REJECTED, apply_correction, correct
 from clipbench.objectives.loss import mini_batch_stat
 from clipbench.train.distributed import Dist, full_tensor
 from clipbench.train.logprobs import completion_logprobs
-from clipbench.models.routing import RouteReplay, agreement_metrics, agreement_sums, micro_columns
+from clipbench.models.routing import RouteReplay, agreement_metrics, agreement_sums, micro_columns, moved_tokens
 from clipbench.train.moe import RouterLogits
 from clipbench.train.packing import Packed, placeholder
 
@@ -340,6 +340,9 @@ def accumulate_gradients(model, batch: Packed, step: OptStep, inputs: StepInputs
             logp, entropy = completion_logprobs(model, mb, temperature=temperature)      # (b, T) each
         logp, mask = logp.float(), mb.completion_mask
         x = {**inputs.rows(idx, mask.shape[1]), **shared.rows(idx, mask.shape[1])}      # old_logp, advantages, ...
+        moved = None if replay is None else moved_tokens(replay, mb, idx is not None)   # (layers, b, T) MoE routes
+        if moved is not None:  # the clip's cells split by whether the token's experts moved
+            x["token_splits"] = {"experts_moved": moved.any(0), "experts_kept": ~moved.any(0)}
         out = objective.loss(logp, mask, entropy=entropy, **x)                           # rule, aggregation
         loss = out.loss
         if routed is not None:  # per forward, as TRL and transformers: weighted by the micro-batch's rows
@@ -348,8 +351,8 @@ def accumulate_gradients(model, batch: Packed, step: OptStep, inputs: StepInputs
             stats.router_aux.append(aux.detach().float())
         (loss * dist.loss_scale).backward()                                             # gradients accumulate
         stats.add(out, entropy, mask)
-        if replay is not None:  # the live routers' choice against the replayed experts
-            stats.routing.append(agreement_sums(replay, mb, idx is not None))
+        if moved is not None:  # the live routers' choice against the replayed experts
+            stats.routing.append(agreement_sums(moved, mask))
         if record is not None:
             record(idx, logp.detach(), entropy.detach())
         if mismatch:
