@@ -320,6 +320,10 @@ def test_r2_is_on_policy_at_the_first_step_and_exact_under_micro_batches_and_che
         total = sum(r[f"{c}/tokens"] for c in cells)
         assert sum(r[f"experts_moved/{c}/tokens"] for c in cells) == round(r["routing/changed_frac"] * total)
     assert sum(r[f"experts_moved/{c}/out_of_band"] for r in whole for c in cells) > 0   # clip events on moved tokens
+    # expert load: the busiest expert's share over the mean share, - 1 (0: balanced; top-2 of 8: at most 8/2 - 1)
+    for r in whole:
+        per_layer = [r[f"routing/load_maxvio/l{i}"] for i in range(4)]
+        assert all(0.0 <= v <= 3.0 for v in per_layer) and r["routing/load_maxvio"] == max(per_layer)
 
 
 @pytest.mark.parametrize("override, words", [

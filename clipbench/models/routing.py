@@ -61,6 +61,7 @@ class RouteReplay:
         self.rows: torch.Tensor | None = None
         self.cols = slice(0, 0)
         self.changed: dict[int, torch.Tensor] = {}  # layer -> (b, w) bool: the live choice is not the replayed one
+        self.live: dict[int, torch.Tensor] = {}     # layer -> (b, w, k): the live routers' choice (replay mode)
         self._handles = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
 
     @classmethod
@@ -88,7 +89,7 @@ class RouteReplay:
 
     def off(self) -> None:
         self.mode, self.table, self.rows = None, None, None
-        self.changed = {}
+        self.changed, self.live = {}, {}
 
     def remove(self) -> None:
         for h in self._handles:
@@ -109,6 +110,7 @@ class RouteReplay:
             recorded = self._window(layer).reshape(b * w, -1).to(chosen.dtype) - 1  # (n, k), -1: none
             moved = (recorded.sort(-1).values != chosen.sort(-1).values).any(-1) & (recorded >= 0).all(-1)
             self.changed[layer] = moved.view(b, w)                                 # as a set of k experts
+            self.live[layer] = chosen.view(b, w, -1)
             chosen = torch.where(recorded >= 0, recorded, chosen)
             probs = torch.softmax(logits, dim=-1, dtype=torch.float)             # the live router's softmax
             top = probs.gather(-1, chosen)
@@ -131,6 +133,22 @@ def moved_tokens(replay: "RouteReplay", mb, active: bool) -> torch.Tensor:
     return torch.stack([replay.changed[i][:, start:start + T] for i in range(layers)])
 
 
+def load_sums(replay: "RouteReplay", mb, active: bool) -> dict[str, torch.Tensor]:
+    """`routing/load/l<i>/e<j>`: the top-k assignments of the live routers to expert j in layer i
+    over the micro-batch's valid completion tokens (at the positions predicting them); zeros for a
+    micro-batch that was not replayed."""
+    mask = mb.completion_mask > 0                                               # (b, T)
+    b, T = mask.shape
+    layers, experts = len(replay.routers), replay.routers[0].num_experts
+    counts = torch.zeros(layers, experts, dtype=torch.float64, device=mask.device)
+    if active and len(replay.live) == layers:
+        start = mb.input_ids.shape[1] - T - 1
+        for i in range(layers):
+            chosen = replay.live[i][:, start:start + T][mask]                   # (tokens, k)
+            counts[i] = torch.bincount(chosen.flatten(), minlength=experts).double()
+    return {f"routing/load/l{i}/e{j}": counts[i, j] for i in range(layers) for j in range(experts)}
+
+
 def agreement_sums(moved: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
     """`routing/tokens` (valid completion tokens), `routing/changed` (those with a moved layer) and
     `routing/changed/l<i>` per decoder layer; moved: (layers, b, T) bool, mask: (b, T)."""
@@ -147,6 +165,16 @@ def agreement_metrics(reduced: dict) -> dict[str, float]:
     out = {"routing/changed_frac": float(reduced["routing/changed"]) / n}
     layers = sorted(int(k.rsplit("/l", 1)[1]) for k in reduced if k.startswith("routing/changed/l"))
     out.update({f"routing/agree/l{i}": 1.0 - float(reduced[f"routing/changed/l{i}"]) / n for i in layers})
+    load = {}
+    for k, v in reduced.items():
+        if k.startswith("routing/load/l"):
+            layer, expert = k[len("routing/load/l"):].split("/e")
+            load.setdefault(int(layer), {})[int(expert)] = float(v)
+    for i, per_expert in sorted(load.items()):  # max violation: the busiest expert's load over the mean load, - 1
+        mean = sum(per_expert.values()) / len(per_expert)
+        out[f"routing/load_maxvio/l{i}"] = max(per_expert.values()) / mean - 1.0 if mean > 0 else 0.0
+    if load:
+        out["routing/load_maxvio"] = max(out[f"routing/load_maxvio/l{i}"] for i in load)
     return out
 
 

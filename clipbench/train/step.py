@@ -40,7 +40,8 @@ from clipbench.objectives.corrections import REJECTED, apply_correction, correct
 from clipbench.objectives.loss import mini_batch_stat
 from clipbench.train.distributed import Dist, full_tensor
 from clipbench.train.logprobs import completion_logprobs
-from clipbench.models.routing import RouteReplay, agreement_metrics, agreement_sums, micro_columns, moved_tokens
+from clipbench.models.routing import (RouteReplay, agreement_metrics, agreement_sums, load_sums, micro_columns,
+                                     moved_tokens)
 from clipbench.train.moe import RouterLogits
 from clipbench.train.packing import Packed, placeholder
 
@@ -352,7 +353,7 @@ def accumulate_gradients(model, batch: Packed, step: OptStep, inputs: StepInputs
         (loss * dist.loss_scale).backward()                                             # gradients accumulate
         stats.add(out, entropy, mask)
         if moved is not None:  # the live routers' choice against the replayed experts
-            stats.routing.append(agreement_sums(moved, mask))
+            stats.routing.append({**agreement_sums(moved, mask), **load_sums(replay, mb, idx is not None)})
         if record is not None:
             record(idx, logp.detach(), entropy.detach())
         if mismatch:
