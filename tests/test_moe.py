@@ -370,3 +370,12 @@ def test_policy_loss_splits_the_cells_over_named_token_subsets():
     assert float(sum(split.stats[f"experts_moved/{c}/tokens"] for c in ("q1", "q2", "q3", "q4", "zero_adv", "on_policy"))) \
         == float((moved & (mask > 0)).sum())
     assert float(split.stats["clip_events"]) > 0
+
+
+def test_the_moe_metrics_are_mirrored_to_mlflow():
+    from clipbench.tracking.mirror import mirror_points
+
+    row = {"opt_step": 3, "step": 1, "routing/changed_frac": 0.5, "routing/agree/l0": 0.9, "routing/load_maxvio": 1.2,
+           "experts_moved/q1/tokens": 3.0, "experts_kept/q1/out_of_band": 1.0, "router_aux_loss": 2.0}
+    points, _ = mirror_points(1, row, lambda k: k)
+    assert {name for name, at, _ in points if at == 3} == set(row) - {"opt_step", "step"}
