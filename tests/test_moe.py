@@ -379,3 +379,51 @@ def test_the_moe_metrics_are_mirrored_to_mlflow():
            "experts_moved/q1/tokens": 3.0, "experts_kept/q1/out_of_band": 1.0, "router_aux_loss": 2.0}
     points, _ = mirror_points(1, row, lambda k: k)
     assert {name for name, at, _ in points if at == 3} == set(row) - {"opt_step", "step"}
+
+
+# ---- r3: the sampler's routes (HF sampler) --------------------------------------------------------
+def test_the_hf_sampler_records_the_routes_it_generated_with():
+    """Rollout.routes: per row (layers, prompt + completion tokens, k), nothing for the last sampled
+    token of the call's longest rows (never fed back; a row that ended earlier fed its <eos> back
+    while the others generated); placed in the packed batch's layout they are the experts a full forward
+    of the same weights chooses (KV-cached generation routes every token as the full sequence does:
+    measured equal on this CPU, float32)."""
+    from clipbench.models.routing import RouteReplay, row_routes_table
+    from clipbench.rollout.hf import HFSampler
+    from clipbench.train.packing import pack
+
+    model, tok = load_model_and_tokenizer(resolve_model_name(MOE))
+    replay = RouteReplay.attach(model)
+    sampler = HFSampler(model, tok, max_new_tokens=30)
+    sampler.record_routes = True
+    ro = sampler.generate(["12+34-5=", "7+8+9="], 2, seed=[1, 2])
+    assert len(ro.routes) == 4 and replay.mode is None
+    longest = max(len(c) for c in ro.completion_ids)
+    assert len({len(c) for c in ro.completion_ids}) > 1                       # rows of other lengths
+    for r, p, c in zip(ro.routes, ro.prompt_ids, ro.completion_ids):
+        assert r.shape == (4, len(p) + len(c), 2) and bool((r[:, :-1] > 0).all())
+        assert bool((r[:, -1] == 0).all()) == (len(c) == longest)               # the last token fed back or not
+    packed = pack(ro.prompt_ids, ro.completion_ids, tok.pad_token_id)
+    width, prompt_width = packed.input_ids.shape[1], packed.input_ids.shape[1] - packed.completion_ids.shape[1]
+    sampled = row_routes_table(ro.routes, packed.prompt_lens, width, prompt_width)
+    recorded = replay.new_table(*packed.input_ids.shape)
+    replay.record(recorded, torch.arange(4), slice(0, width))
+    with torch.no_grad():
+        model(input_ids=packed.input_ids, attention_mask=packed.attention_mask, position_ids=packed.position_ids)
+    replay.off()
+    has = sampled > 0
+    assert int(has.all(-1).sum()) == 4 * sum(len(p) + len(c) - (len(c) == longest)
+                                             for p, c in zip(ro.prompt_ids, ro.completion_ids))
+    assert torch.equal(sampled[has], recorded[has])
+
+
+@pytest.mark.slow
+def test_r3_replays_the_samplers_routes_from_the_first_step(tmp_path):
+    """r3 (HF sampler): the old-log-prob forward and the update replay the sampler's experts: ratio 1
+    exactly at each rollout batch's first step, where the routing agreement is the sampler's against
+    the trainer's (full here: the same weights and kernels)."""
+    rows = _run_r2(tmp_path, "r3", "model.routing_replay=r3")
+    assert len(rows) == 8
+    for r in (rows[0], rows[4]):
+        assert r["ratio/max"] == r["ratio/min"] == 1.0 and r["routing/changed_frac"] == 0.0
+    assert all(0.0 < r["routing/changed_frac"] < 1.0 for r in rows[1:4] + rows[5:])

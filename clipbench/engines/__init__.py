@@ -101,9 +101,6 @@ def check_routing_replay(cfg, source: str | None, backend: str) -> None:
     if model_type not in REPLAY_TYPES:
         raise ConfigError(source, "model.routing_replay", f"'{cfg.model.name}' ({model_type}) has no router it knows: "
                           f"routing replay runs on the mixture-of-experts models {', '.join(REPLAY_TYPES)}")
-    if mode == "r3" and backend == "hf":
-        raise ConfigError(source, "model.routing_replay", "r3 with sampler.backend=hf (routes recorded during "
-                          "generation) is not built yet; use r2")
     if mode == "r3" and backend == "vllm":
         raise ConfigError(source, "model.routing_replay", "r3 with sampler.backend=vllm needs vLLM's routed experts "
                           "(enable_return_routed_experts), which need its Model Runner V2 and Triton: a GPU path, not "

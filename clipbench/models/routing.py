@@ -60,6 +60,7 @@ class RouteReplay:
         self.table: torch.Tensor | None = None
         self.rows: torch.Tensor | None = None
         self.cols = slice(0, 0)
+        self.calls: dict[int, list[torch.Tensor]] = {}  # layer -> each call's choice (generate mode)
         self.changed: dict[int, torch.Tensor] = {}  # layer -> (b, w) bool: the live choice is not the replayed one
         self.live: dict[int, torch.Tensor] = {}     # layer -> (b, w, k): the live routers' choice (replay mode)
         self._handles = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
@@ -87,6 +88,18 @@ class RouteReplay:
             return self.off()
         self.mode, self.table, self.rows, self.cols = "replay", table, rows, cols
 
+    def record_generation(self) -> None:
+        """Collect every router call's choice, in call order per layer (a generate's prompt pass, then
+        one column per step): `generated_routes` assembles them."""
+        self.mode, self.calls = "generate", {i: [] for i in range(len(self.routers))}
+
+    def generated_routes(self, rows: int) -> torch.Tensor:
+        """(rows, layers, columns, k) int32 +1 of the calls since `record_generation`: the prompt pass's
+        columns, then one per generated token fed back (the last sampled token never is)."""
+        per_layer = [torch.cat([c.view(rows, -1, c.shape[-1]) for c in self.calls[i]], 1) for i in self.calls]
+        self.off()
+        return torch.stack(per_layer, 1).to(torch.int32) + 1
+
     def off(self) -> None:
         self.mode, self.table, self.rows = None, None, None
         self.changed, self.live = {}, {}
@@ -103,6 +116,9 @@ class RouteReplay:
             if self.mode is None:
                 return None
             logits, weights, chosen = output                                     # (n, E), (n, k), (n, k)
+            if self.mode == "generate":
+                self.calls[layer].append(chosen.detach().cpu())
+                return None
             b, w = self.rows.numel(), self.cols.stop - self.cols.start
             if self.mode == "record":
                 self.table[self.rows, layer, self.cols] = chosen.reshape(b, w, -1).to(torch.int32) + 1
@@ -176,6 +192,18 @@ def agreement_metrics(reduced: dict) -> dict[str, float]:
     if load:
         out["routing/load_maxvio"] = max(out[f"routing/load_maxvio/l{i}"] for i in load)
     return out
+
+
+def row_routes_table(routes: list[torch.Tensor], prompt_lens: list[int], width: int, prompt_width: int) -> torch.Tensor:
+    """(B, layers, width, k) route table of a packed batch from each row's own routes (layers, prompt
+    + completion columns, k) (+1; 0: none): row i's columns start at prompt_width - prompt_lens[i]."""
+    first = routes[0]
+    table = torch.zeros(len(routes), first.shape[0], width, first.shape[-1], dtype=torch.int32)
+    for i, (r, lp) in enumerate(zip(routes, prompt_lens)):
+        start = prompt_width - lp
+        n = min(r.shape[1], width - start)
+        table[i, :, start:start + n] = r[:, :n]
+    return table
 
 
 def micro_columns(batch, mb) -> slice:

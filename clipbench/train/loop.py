@@ -67,7 +67,7 @@ from clipbench.train.batch import RolloutBatch, collect_rollout
 from clipbench.train.preempt import NO_STOP, Partial, StopRequest, cpu_inputs, mark_preempted
 from clipbench.train.record import NO_CAPTURE, Recorder
 from clipbench.seeds import generator
-from clipbench.models.routing import RouteReplay
+from clipbench.models.routing import RouteReplay, row_routes_table
 from clipbench.train.step import (Objective, StepInputs, accumulate_gradients, add_histograms, draw_uniforms,
                                   frozen_logprobs, optimizer_step, own_rows, plan_update)
 
@@ -143,6 +143,7 @@ def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricS
                             longest_new_tokens=max(eval_tokens, sc.max_new_tokens),
                             sleep_mode=sc.sleep_mode, synced_gpus=dist.sharded,
                             model_path=resolve_model_name(cfg.model.name) if dist.sharded else None)
+    sampler.record_routes = cfg.model.routing_replay == "r3"  # hf (vllm refused in preflight): Rollout.routes
     suite = eval_suite(cfg, task) if cfg.eval.benchmarks else {}
     first = next(iter(suite), None)  # decided before any rank can write an evaluation, so all agree
     evaluated = (first is not None and rd.eval_path(0, first).exists(),
@@ -233,8 +234,8 @@ def rule_inputs(trainer: Trainer, packed, batch: RolloutBatch, first_epoch: list
     if cfg.sampler.old_logp == "sampler":
         return StepInputs(batch.advantages.to(dist.device), sampled, frozen_ref(trainer, packed, first_epoch),
                           sampler_logp=sampled, **rows), None
-    routes = new_routes(trainer, packed)  # r2: the experts this forward chooses, replayed by the update
-    old = frozen_logprobs(trainer.model, packed, first_epoch, **kw, routes=None if routes is None else ("record", routes))
+    routes, mode = batch_routes(trainer, packed, batch)  # r2: recorded by this forward; r3: the sampler's
+    old = frozen_logprobs(trainer.model, packed, first_epoch, **kw, routes=None if routes is None else (mode, routes))
     inputs = StepInputs(batch.advantages.to(dist.device), old, frozen_ref(trainer, packed, first_epoch), **rows,
                         routes=routes)
     if sampled is None:
@@ -245,11 +246,17 @@ def rule_inputs(trainer: Trainer, packed, batch: RolloutBatch, first_epoch: list
     return inputs, corr.sums
 
 
-def new_routes(trainer: Trainer, packed) -> torch.Tensor | None:
-    """model.routing_replay r2: an empty route table for the rollout batch (models/routing.py), else None."""
-    if trainer.cfg.model.routing_replay != "r2":
-        return None
-    return RouteReplay.of(trainer.model).new_table(*packed.input_ids.shape, device=trainer.dist.device)
+def batch_routes(trainer: Trainer, packed, batch: RolloutBatch) -> tuple[torch.Tensor | None, str]:
+    """model.routing_replay's route table of the rollout batch (models/routing.py) and what the old
+    forward does with it: r2 an empty table it records into; r3 the sampler's routes, replayed."""
+    mode, device = trainer.cfg.model.routing_replay, trainer.dist.device
+    if mode == "r2":
+        return RouteReplay.of(trainer.model).new_table(*packed.input_ids.shape, device=device), "record"
+    if mode == "r3":
+        prompt_width = packed.input_ids.shape[1] - packed.completion_ids.shape[1]
+        table = row_routes_table(batch.routes, packed.prompt_lens, packed.input_ids.shape[1], prompt_width)
+        return table.to(device), "replay"
+    return None, ""
 
 
 def frozen_ref(trainer: Trainer, packed, first_epoch: list) -> torch.Tensor | None:
