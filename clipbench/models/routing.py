@@ -159,9 +159,9 @@ def load_sums(replay: "RouteReplay", mb, active: bool) -> dict[str, torch.Tensor
     counts = torch.zeros(layers, experts, dtype=torch.float64, device=mask.device)
     if active and len(replay.live) == layers:
         start = mb.input_ids.shape[1] - T - 1
-        for i in range(layers):
-            chosen = replay.live[i][:, start:start + T][mask]                   # (tokens, k)
-            counts[i] = torch.bincount(chosen.flatten(), minlength=experts).double()
+        for i in range(layers):  # one-hot sums, not bincount or a boolean index: no host sync
+            chosen = torch.nn.functional.one_hot(replay.live[i][:, start:start + T].long(), experts)  # (b, T, k, E)
+            counts[i] = (chosen * mask[:, :, None, None]).sum((0, 1, 2)).double()
     return {f"routing/load/l{i}/e{j}": counts[i, j] for i in range(layers) for j in range(experts)}
 
 
