@@ -454,3 +454,24 @@ def test_r3_replays_the_samplers_routes_from_the_first_step(tmp_path):
     for r in (rows[0], rows[4]):
         assert r["ratio/max"] == r["ratio/min"] == 1.0 and r["routing/changed_frac"] == 0.0
     assert all(0.0 < r["routing/changed_frac"] < 1.0 for r in rows[1:4] + rows[5:])
+
+
+def test_plan_names_total_and_active_parameters_of_a_moe_model():
+    """`clipbench plan` of a recipe on Qwen3-30B-A3B (shipped shape: no network): the title and the
+    JSON carry the total and the active parameters; every expert counts in the memory rows."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from clipbench.cli import app
+    from test_rehearse import REPO
+
+    recipe = str(REPO / "recipes/abc_grpo_table3/qwen3_4b_grpo.yaml")
+    over = ["model.name=Qwen/Qwen3-30B-A3B-Base"]
+    text = CliRunner().invoke(app, ["plan", recipe, *over, "--nproc-per-node", "16"])
+    assert "Qwen/Qwen3-30B-A3B-Base: 30.53B params (3.35B active: 128 experts, 8 per token)" in " ".join(text.output.split())
+    out = json.loads(CliRunner().invoke(app, ["plan", recipe, *over, "--nproc-per-node", "16", "--json"]).stdout)
+    assert (out["params"], out["active_params"]) == (30_532_122_624, 3_353_032_704)
+    assert out["model"]["num_experts"] == 128 and out["model"]["experts_per_tok"] == 8
+    adam = next(r for r in out["rows"] if r["name"] == "AdamW state (2 x fp32)")
+    assert adam["bytes"] == 8 * 30_532_122_624 // 16                       # every expert's optimizer state
