@@ -279,6 +279,18 @@ def test_routing_replay_forces_the_recorded_experts_with_the_live_routers_weight
     assert all(torch.equal(s, w) for s, w in zip(seen, want))                # replayed: the recorded experts
     assert all(r.weight.grad is not None and r.weight.grad.norm() > 0 for r in RouteReplay.of(moved).routers)
 
+    observer, _ = load_model_and_tokenizer(resolve_model_name(MOE))  # replay none: the hooks only observe
+    with torch.no_grad():
+        for a, b in zip(RouteReplay.attach(observer, replaces=False).routers, RouteReplay.of(moved).routers):
+            a.weight.copy_(b.weight)
+        plain_moved = observer(**kw).logits
+        RouteReplay.of(observer).replay(table, rows, cols)
+        observed = observer(**kw).logits
+    changed = dict(RouteReplay.of(observer).changed)
+    RouteReplay.of(observer).off()
+    assert torch.equal(plain_moved, observed)                                # nothing replaced
+    assert any(bool(c.any()) for c in changed.values())                      # but the moved routes are seen
+
     partial = table.clone()
     partial[:, :, -1] = 0                                                     # the last column: nothing recorded
     seen, handles = _experts_chosen(moved)
@@ -337,7 +349,8 @@ def test_r2_is_on_policy_at_the_first_step_and_exact_under_micro_batches_and_che
     assert all(0.0 < r["routing/changed_frac"] < 1.0 for r in whole[1:4] + whole[5:])
     assert all(r["routing/changed_frac"] >= 1.0 - min(r[f"routing/agree/l{i}"] for i in range(4)) for r in whole)
     assert all(abs(a["routing/changed_frac"] - b["routing/changed_frac"]) <= 0.01 for a, b in zip(whole, split))
-    assert all("routing/changed_frac" not in r for r in free)
+    # without replay the hooks only observe: the same diagnostics, the routes free to move
+    assert free[0]["routing/changed_frac"] == 0.0 and all(0.0 < r["routing/changed_frac"] < 1.0 for r in free[1:4])
     # the clip's cells split by whether the token's experts moved: the two halves add up to each cell
     cells = ("q1", "q2", "q3", "q4", "zero_adv", "on_policy")
     for r in whole:

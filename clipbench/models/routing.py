@@ -50,10 +50,11 @@ def replayable(model: torch.nn.Module) -> str | None:
 class RouteReplay:
     """The record/replay hooks of one model's routers (see the module docstring)."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, *, replaces: bool = True):
         why = replayable(model)
         if why is not None:
             raise ValueError(why)
+        self.replaces = replaces  # False: `replay` only compares the live choice with the table (diagnostics)
         self.routers = routers(model)
         self.top_k = self.routers[0].top_k
         self.mode: str | None = None
@@ -66,10 +67,11 @@ class RouteReplay:
         self._handles = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
 
     @classmethod
-    def attach(cls, model: torch.nn.Module) -> "RouteReplay":
-        """The model's hooks, registered on first use."""
+    def attach(cls, model: torch.nn.Module, *, replaces: bool = True) -> "RouteReplay":
+        """The model's hooks, registered on first use; `replaces` False: observe only (routing replay
+        none: the diagnostics compare the live routes with the old forward's, which nothing replays)."""
         if getattr(model, ATTR, None) is None:
-            object.__setattr__(model, ATTR, cls(model))
+            object.__setattr__(model, ATTR, cls(model, replaces=replaces))
         return getattr(model, ATTR)
 
     @staticmethod
@@ -127,6 +129,8 @@ class RouteReplay:
             moved = (recorded.sort(-1).values != chosen.sort(-1).values).any(-1) & (recorded >= 0).all(-1)
             self.changed[layer] = moved.view(b, w)                                 # as a set of k experts
             self.live[layer] = chosen.view(b, w, -1)
+            if not self.replaces:
+                return None
             chosen = torch.where(recorded >= 0, recorded, chosen)
             probs = torch.softmax(logits, dim=-1, dtype=torch.float)             # the live router's softmax
             top = probs.gather(-1, chosen)

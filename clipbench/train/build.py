@@ -13,7 +13,7 @@ import torch
 
 from clipbench.config import RunConfig
 from clipbench.models import dtype_name, load_model_and_tokenizer, resolve_model_name
-from clipbench.models.routing import RouteReplay
+from clipbench.models.routing import RouteReplay, replayable
 from clipbench.train.distributed import Dist, shard_model
 
 
@@ -60,6 +60,8 @@ def build_models(cfg: RunConfig, dist: Dist, dtype: torch.dtype):
                                    gradient_checkpointing=cfg.model.gradient_checkpointing)
     if cfg.model.routing_replay != "none":
         RouteReplay.attach(model)  # the routers' hooks; step.py records and replays through them
+    elif replayable(model) is None:  # a MoE policy without replay: the hooks only observe (diagnostics)
+        RouteReplay.attach(model, replaces=False)
     ref_model = None
     if cfg.train.beta > 0:  # frozen reference: the initial policy
         if dist.sharded:

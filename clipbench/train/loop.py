@@ -248,9 +248,10 @@ def rule_inputs(trainer: Trainer, packed, batch: RolloutBatch, first_epoch: list
 
 def batch_routes(trainer: Trainer, packed, batch: RolloutBatch) -> tuple[torch.Tensor | None, str]:
     """model.routing_replay's route table of the rollout batch (models/routing.py) and what the old
-    forward does with it: r2 an empty table it records into; r3 the sampler's routes, replayed."""
+    forward does with it: r2 an empty table it records into; r3 the sampler's routes, replayed; none
+    on a MoE policy: recorded too, and the update's forwards only compare with it (diagnostics)."""
     mode, device = trainer.cfg.model.routing_replay, trainer.dist.device
-    if mode == "r2":
+    if mode == "r2" or (mode == "none" and RouteReplay.of(trainer.model) is not None):  # none: observed only
         return RouteReplay.of(trainer.model).new_table(*packed.input_ids.shape, device=device), "record"
     if mode == "r3":
         prompt_width = packed.input_ids.shape[1] - packed.completion_ids.shape[1]
