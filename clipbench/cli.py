@@ -256,12 +256,13 @@ def engines(fmt: str = typer.Option("rich", "--format", help="rich | markdown (d
 @_user_errors
 def base_model(
     name: str = typer.Argument("arith-tiny", help="Built-in model: arith-tiny (answer only), arith-steps "
-                                                  "(worked steps); 'arith' is arith-tiny."),
+                                                  "(worked steps), arith-steps-moe (worked steps, a Qwen3-MoE "
+                                                  "of 8 experts, top-2); 'arith' is arith-tiny."),
     out: Optional[Path] = typer.Option(None, "--out", help="Directory (default: <cache>/models/NAME-seedS)."),
     force: bool = typer.Option(False, "--force", help="Rebuild even when cached."),
     seed: int = typer.Option(0, "--seed"),
 ):
-    """Rebuild a built-in base model (tokenizer + small Qwen3, SFT on arith) from its recipe; runs train from
+    """Rebuild a built-in base model (tokenizer + small Qwen3 or Qwen3-MoE, SFT on arith) from its recipe; runs train from
     the build shipped with clipbench (builtin:<name>), or from this one by path (model.name=DIR)."""
     from clipbench.commands.base_model import base_model_command
 

@@ -137,7 +137,7 @@ def test_resolve_model_name(built):
     assert models.resolve_model_name("/some/local/dir") == "/some/local/dir"
     with pytest.raises(UserError, match=r"model.name: unknown built-in model 'builtin:arith-tny' "
                                         r"\(did you mean 'builtin:arith-tiny'\?\); "
-                                        r"valid: builtin:arith-steps, builtin:arith-tiny"):
+                                        r"valid: builtin:arith-steps, builtin:arith-steps-moe, builtin:arith-tiny"):
         models.resolve_model_name("builtin:arith-tny")
     with pytest.raises(UserError, match="non-empty string"):
         models.resolve_model_name("")
@@ -194,7 +194,7 @@ def test_build_is_deterministic_and_atomic(tmp_path):
 
 def test_unknown_name():
     with pytest.raises(UserError, match=r"unknown built-in model 'arth' \(did you mean 'arith'\?\); "
-                                        r"valid: arith, arith-steps, arith-tiny"):
+                                        r"valid: arith, arith-steps, arith-steps-moe, arith-tiny"):
         bm.build_base_model("arth")
     assert bm.recipe_name("arith") == bm.recipe_name("builtin:arith-tiny") == "arith-tiny"  # legacy name
 
@@ -243,3 +243,46 @@ def test_sft_loss_only_on_completion_tokens():
     # "<bos>1-9=-8<eos>" is 8 tokens, right-padded to 9
     assert lm[1].tolist() == [0, 0, 0, 0, 1, 1, 1, 0, 0] and attn[1].tolist() == [1] * 8 + [0]
     assert ids[1, -1].item() == tok.pad_token_id
+
+
+# ---- builtin:arith-steps-moe: the mixture-of-experts twin of arith-steps ----------------------------
+def test_moe_build_is_a_qwen3_moe_with_arith_steps_accuracy():
+    """The shipped MoE build: 8 experts, top-2, hidden 64, head_dim 32 (vLLM's CPU attention needs 32),
+    SFT'd on arith-steps' task by the same stopping rule, to a sampled accuracy in the same band."""
+    from transformers import Qwen3MoeForCausalLM
+
+    path = models.builtin_path("arith-steps-moe")
+    info = models.read_build_info(path)
+    m, recipe = info["measured"], BUILTIN_RECIPES["arith-steps-moe"]
+    assert info["task"] == models.read_build_info(models.builtin_path("arith-steps"))["task"]
+    assert 0.15 <= m["test_sampled_acc"] <= 0.40 and m["in_band"] is True and m["test_sampled_n"] == 2000
+    assert info["sft"]["reached_target"] is True and info["sft"]["steps"] < recipe.max_steps
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert isinstance(model, Qwen3MoeForCausalLM)
+    cfg = model.config
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size, cfg.head_dim, cfg.num_hidden_layers) == (8, 2, 64, 32, 4)
+    assert cfg.router_aux_loss_coef == 0.0 and cfg.norm_topk_prob is True and cfg.mlp_only_layers == []
+    # 20*64 embed (tied) + 4 * (q 64*128 + k,v 2*64*64 + o 128*64 (= 3*64*128) + qk-norms 2*32 + router 8*64
+    #                          + experts 8 * 3*64*128 + norms 2*64) + 64 = 1,280 + 4 * 221,888 + 64 = 888,896
+    n = sum(p.numel() for p in model.parameters())
+    assert n == info["parameters"] == 20 * 64 + 4 * (3 * 64 * 128 + 64 + 8 * 64 + 8 * 3 * 64 * 128 + 128) + 64
+    shape = models.model_shape(str(path))          # the memory plan reads it: total and active parameters
+    assert shape.n_params() == 888_896 and shape.n_active_params() == 888_896 - 4 * 6 * 3 * 64 * 128
+
+
+MOE_SMALL = bm.MoeRecipe(task=ArithKnobs(train_size=2000, test_size=50), hidden_size=32, num_layers=1, num_heads=2,
+                         num_kv_heads=1, head_dim=16, num_experts=4, moe_intermediate_size=32, max_steps=10,
+                         eval_every=10, val_size=16, test_samples_per_problem=1)
+
+
+def test_moe_build_is_deterministic_and_the_aux_loss_is_trained_when_asked(tmp_path):
+    """Same seed -> the same bytes; router_aux_loss_coef > 0 adds the load-balancing loss (other weights)."""
+    a = bm.build_base_model("arith-steps-moe", tmp_path / "a", seed=2, recipe=MOE_SMALL, log=lambda m: None)
+    b = bm.build_base_model("arith-steps-moe", tmp_path / "b", seed=2, recipe=MOE_SMALL, log=lambda m: None)
+    c = bm.build_base_model("arith-steps-moe", tmp_path / "c", seed=2, log=lambda m: None,
+                            recipe=bm.dataclasses.replace(MOE_SMALL, router_aux_loss_coef=0.01))
+    assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+    assert (a / "model.safetensors").read_bytes() != (c / "model.safetensors").read_bytes()
+    info = models.read_build_info(a)
+    assert info["recipe"]["num_experts"] == 4 and info["sft"]["steps"] == 10
+    assert json.loads((c / "config.json").read_text())["router_aux_loss_coef"] == 0.01

@@ -317,6 +317,16 @@ def test_config_keys_are_checked_before_anything_runs():
             load_run_config("recipes/quickstart.yaml", overrides)
 
 
+def _without_later_keys(d: dict) -> dict:
+    """`d` without the nested keys added after sampler.correction (config/load.py NESTED_ID_DEFAULTS):
+    a config of the former shape has none of them."""
+    from clipbench.config.load import NESTED_ID_DEFAULTS
+
+    for section, key in NESTED_ID_DEFAULTS:
+        d.get(section, {}).pop(key, None)
+    return d
+
+
 def _former_run_id(d: dict) -> str:
     """The run id as clipbench computed it before sampler.correction (config/load.py at 5ba6cb3: the
     top-level keys `in_id` keeps, with the `train.record` section left out)."""
@@ -333,7 +343,7 @@ def test_a_config_of_the_former_shape_loads_with_its_run_id(mode, cap):
 
     new = to_dict(load_run_config("recipes/quickstart.yaml",
                                   [f"sampler.mismatch_is={mode}", f"sampler.mismatch_is_cap={cap}"]))
-    old = json.loads(json.dumps(new))  # the dict a manifest or config.yaml of the former shape holds
+    old = _without_later_keys(json.loads(json.dumps(new)))  # the dict a manifest or config.yaml of the former shape holds
     del old["sampler"]["correction"]
     old["sampler"].update(mismatch_is=mode, mismatch_is_cap=cap)
     rid = _former_run_id(old)
@@ -348,7 +358,7 @@ def test_a_manifest_of_the_former_shape_resumes_its_runs(tmp_path):
     from clipbench.config import from_dict, load_run_config, run_id, to_dict
     from clipbench.sweep.execute import task_from_manifest
 
-    cfg = to_dict(load_run_config("recipes/quickstart.yaml", ["sampler.mismatch_is=token"]))
+    cfg = _without_later_keys(to_dict(load_run_config("recipes/quickstart.yaml", ["sampler.mismatch_is=token"])))
     del cfg["sampler"]["correction"]
     cfg["sampler"].update(mismatch_is="token", mismatch_is_cap=2.0)
     rid = _former_run_id(cfg)

@@ -35,7 +35,7 @@ PLUGIN = str(REPO / "examples" / "plugins" / "lower_only.py")
 CHANGES = {
     "seed": 7, "name": "other", "engine": "trl", "trl": {"logging_first_step": True},
     "model.name": "builtin:arith-steps", "model.dtype": "bfloat16", "model.device": "cuda",
-    "model.gradient_checkpointing": True,
+    "model.gradient_checkpointing": True, "model.routing_replay": "r2",
     "task.name": "math", "task.path": str(REPO / "tests"), "task.config": "all", "task.split": "test",
     "task.template": "dapo", "task.limit": 10, "task.holdout": 5, "task.operands": 3, "task.digits": 1,
     "task.ops": "+", "task.format": "steps", "task.train_size": 100, "task.test_size": 50,
@@ -45,6 +45,7 @@ CHANGES = {
     "train.steps": 5, "train.prompts_per_step": 4, "train.mini_batches": 2, "train.epochs": 2, "train.lr": 2e-5,
     "train.weight_decay": 0.1, "train.betas": [0.8, 0.99], "train.warmup_steps": 3, "train.lr_schedule": "cosine",
     "train.advantage": "group_mean", "train.agg": "seq-mean-token-mean", "train.beta": 0.04, "train.grad_clip": 0.5,
+    "train.router_aux_loss_coef": 0.01,
     "train.max_skipped_frac": 0.2, "train.micro_batch_tokens": 4096, "train.dynamic_sampling": True,
     "train.max_resample_rounds": 1, "train.overlong.enabled": True, "train.overlong.buffer": 4,
     "train.overlong.penalty": 0.5, "train.checkpoint_every": 5, "train.log_histograms": False,

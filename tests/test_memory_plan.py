@@ -42,7 +42,9 @@ def test_qwen3_1p7b_parameter_count_by_hand():
 def _hf_model_on_meta(shape: ModelShape):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = AutoConfig.for_model(
+    from clipbench.models.shapes import hf_config
+
+    cfg = hf_config(shape) if shape.is_moe else AutoConfig.for_model(
         shape.model_type, vocab_size=shape.vocab_size, hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size, num_hidden_layers=shape.num_layers,
         num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_kv_heads,
@@ -81,8 +83,38 @@ def test_model_shape_sources(tmp_path):
     local = model_shape(str(tmp_path / "local"))                               # a local directory
     assert (local.model_type, local.num_layers, local.num_kv_heads, local.qk_norm) == ("qwen3", 2, 1, True)
     MixtralConfig(num_hidden_layers=1).save_pretrained(tmp_path / "moe")
-    with pytest.raises(UserError, match="mixture-of-experts"):
-        model_shape(str(tmp_path / "moe"))
+    moe = model_shape(str(tmp_path / "moe"))                                     # Mixtral's defaults: 8 experts, top-2
+    assert (moe.model_type, moe.num_experts, moe.experts_per_tok, moe.intermediate_size) == ("mixtral", 8, 2, 14336)
+    from transformers import Qwen2MoeConfig
+
+    Qwen2MoeConfig(num_hidden_layers=1).save_pretrained(tmp_path / "shared")    # a shared expert: not known
+    with pytest.raises(UserError, match=r"'.*shared' is a mixture-of-experts model \(qwen2_moe\) of a layout"):
+        model_shape(str(tmp_path / "shared"))
+
+
+def test_qwen3_30b_a3b_total_and_active_parameters_by_hand():
+    q = QWEN3["Qwen/Qwen3-30B-A3B-Base"]
+    # attention: q 2048x4096 + k, v 2 x 2048x512 + o 4096x2048 = 18,874,368, + q/k norms 2 x 128 = 18,874,624
+    # router 128 x 2048 = 262,144; one expert 3 x 2048 x 768 = 4,718,592; 2 RMSNorms 4,096
+    # layer: 18,874,624 + 262,144 + 128 x 4,718,592 (= 603,979,776) + 4,096 = 623,120,640
+    # active layer: 18,874,624 + 262,144 + 8 x 4,718,592 (= 37,748,736) + 4,096 = 56,889,600
+    # embeddings untied: 2 x 151,936 x 2048 = 622,329,856; final norm 2048
+    assert q.layer_params() == 623_120_640 and q.active_layer_params() == 56_889_600
+    assert q.n_params() == 622_329_856 + 48 * 623_120_640 + 2048 == 30_532_122_624        # the card: 30.5B
+    assert q.n_active_params() == 622_329_856 + 48 * 56_889_600 + 2048 == 3_353_032_704   # the card: 3.3B
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral"])
+def test_moe_layouts_count_what_transformers_builds(model_type):
+    shape = ModelShape("x", model_type, vocab_size=100, hidden_size=64, intermediate_size=96, num_layers=3,
+                       num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=False,
+                       qk_norm=model_type == "qwen3_moe", num_experts=6, experts_per_tok=2)
+    cfg, model = _hf_model_on_meta(shape)
+    assert sum(p.numel() for p in model.parameters()) == shape.n_params()
+    # active: the dense count less 4 of the 6 experts of each layer (3 x 64 x 96 each)
+    assert shape.n_active_params() == shape.n_params() - 3 * 4 * 3 * 64 * 96
+    back = from_hf_config(cfg, "x")                  # reading the config back gives the same shape
+    assert replace(back, max_position_embeddings=None, source="") == shape
 
 
 # ----------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from clipbench.basemodel.recipes import BUILTIN_RECIPES, Recipe
+from clipbench.basemodel.recipes import BUILTIN_RECIPES, MoeRecipe, Recipe
 from clipbench.models.builtin import BUILTIN_PREFIX, LEGACY_NAMES, META_FILE, cache_root, weights_sha256
 from clipbench.errors import UserError, unknown_choice
 from clipbench.tasks.arith import ALPHABET, ArithTask
@@ -83,10 +83,11 @@ def build_tokenizer(corpus: Sequence[str], alphabet: str = ALPHABET):
 
 
 def build_model(recipe: Recipe, tokenizer, generator: torch.Generator):
-    """A fresh Qwen3ForCausalLM, initialised from ``generator`` (not the global RNG)."""
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    """A fresh Qwen3ForCausalLM (Qwen3MoeForCausalLM for a MoeRecipe), initialised from ``generator``
+    (not the global RNG): every matrix (router and packed experts included) ~ N(0, init_std), norms 1."""
+    from transformers import GenerationConfig
 
-    config = Qwen3Config(
+    common = dict(
         vocab_size=len(tokenizer),
         hidden_size=recipe.hidden_size,
         intermediate_size=recipe.intermediate_size,
@@ -101,7 +102,19 @@ def build_model(recipe: Recipe, tokenizer, generator: torch.Generator):
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    model = Qwen3ForCausalLM(config)
+    if isinstance(recipe, MoeRecipe):
+        from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+        config = Qwen3MoeConfig(**common, num_experts=recipe.num_experts,
+                                num_experts_per_tok=recipe.num_experts_per_tok,
+                                moe_intermediate_size=recipe.moe_intermediate_size,
+                                norm_topk_prob=recipe.norm_topk_prob, decoder_sparse_step=1, mlp_only_layers=[],
+                                router_aux_loss_coef=recipe.router_aux_loss_coef)
+        model = Qwen3MoeForCausalLM(config)
+    else:
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        model = Qwen3ForCausalLM(Qwen3Config(**common))
     with torch.no_grad():
         for name, p in model.named_parameters():  # tied lm_head is listed once (as embed_tokens)
             if p.dim() == 1:  # RMSNorm scales
@@ -114,6 +127,14 @@ def build_model(recipe: Recipe, tokenizer, generator: torch.Generator):
         pad_token_id=tokenizer.pad_token_id,
     )
     return model
+
+
+def describe(recipe: Recipe) -> str:
+    """'Qwen3 3x128' or 'Qwen3-MoE 4x64, 8 experts top-2'."""
+    if isinstance(recipe, MoeRecipe):
+        return (f"Qwen3-MoE {recipe.num_layers}x{recipe.hidden_size}, {recipe.num_experts} experts "
+                f"top-{recipe.num_experts_per_tok}")
+    return f"Qwen3 {recipe.num_layers}x{recipe.hidden_size}"
 
 
 def count_parameters(model) -> int:
@@ -142,15 +163,18 @@ def encode_sft(tokenizer, prompts: Sequence[str], completions: Sequence[str]):
     return input_ids, attention_mask, loss_mask
 
 
-def sft_loss(model, input_ids, attention_mask, loss_mask) -> torch.Tensor:
-    """Mean cross-entropy over completion tokens (teacher forcing). Shapes: all (B, L)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits   # (B, L, V)
+def sft_loss(model, input_ids, attention_mask, loss_mask, aux_coef: float = 0.0) -> torch.Tensor:
+    """Mean cross-entropy over completion tokens (teacher forcing), plus ``aux_coef`` times the
+    model's load-balancing loss when non-zero (a mixture-of-experts model). Shapes: all (B, L)."""
+    out = model(input_ids=input_ids, attention_mask=attention_mask, **({"output_router_logits": True} if aux_coef else {}))
+    logits = out.logits                                                         # (B, L, V)
     targets = input_ids[:, 1:]                                                  # (B, L-1)
     nll = torch.nn.functional.cross_entropy(
         logits[:, :-1].flatten(0, 1).float(), targets.flatten(), reduction="none"
     ).view_as(targets)                                                          # (B, L-1)
     m = loss_mask[:, :-1]
-    return (nll * m).sum() / m.sum()
+    loss = (nll * m).sum() / m.sum()
+    return loss + aux_coef * out.aux_loss if aux_coef else loss
 
 
 # ---- sampling (explicit generator; the GRPO trainer uses model.generate instead) ----------------
@@ -238,7 +262,8 @@ def train_sft(model, tokenizer, task, recipe: Recipe, seed: int, log: Callable[[
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, recipe)
         idx = torch.randint(0, input_ids.shape[0], (recipe.batch_size,), generator=g_batch)    # (B,)
-        loss = sft_loss(model, input_ids[idx], attn[idx], loss_mask[idx])
+        loss = sft_loss(model, input_ids[idx], attn[idx], loss_mask[idx],
+                        getattr(recipe, "router_aux_loss_coef", 0.0))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
@@ -328,8 +353,7 @@ def build_base_model(name: str = "arith-tiny", out_dir: str | Path | None = None
                                     alphabet=arith.alphabet)
         model = build_model(recipe, tokenizer, torch.Generator().manual_seed(seed))
         n_params = count_parameters(model)
-        log(f"building {BUILTIN_PREFIX}{name}: Qwen3 {recipe.num_layers}x{recipe.hidden_size}, "
-            f"{n_params} parameters, vocab {len(tokenizer)}")
+        log(f"building {BUILTIN_PREFIX}{name}: {describe(recipe)}, {n_params} parameters, vocab {len(tokenizer)}")
         sft = train_sft(model, tokenizer, arith, recipe, seed, log)
         measured = measure_test_accuracy(model, tokenizer, arith, recipe, seed)
     finally:

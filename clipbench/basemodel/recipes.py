@@ -44,6 +44,19 @@ class Recipe:
                                   # when other processes share the cores
 
 
+@dataclass(frozen=True)
+class MoeRecipe(Recipe):
+    """A Qwen3-MoE recipe: every decoder layer's MLP is ``num_experts`` SwiGLU experts of width
+    ``moe_intermediate_size``, ``num_experts_per_tok`` of them routed per token (softmax, top-k,
+    renormalised). A subclass, so the dense recipes' records stay as they were built."""
+
+    num_experts: int = 8
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 128
+    norm_topk_prob: bool = True
+    router_aux_loss_coef: float = 0.0   # load-balancing loss added to the SFT loss (0: none)
+
+
 # builtin name -> its recipe. arith-tiny: today's answer-only model (its weights must never change:
 # caches and tests rely on them). arith-steps: worked steps, calibrated in docs/studies/calibration.md.
 BUILTIN_RECIPES: dict[str, Recipe] = {
@@ -52,6 +65,20 @@ BUILTIN_RECIPES: dict[str, Recipe] = {
         task=ArithKnobs(operands=3, format="steps"),
         target_band=(0.15, 0.40),
         batch_size=64,            # longer sequences than arith-tiny's: half the batch, same steps budget
+        eval_every=25,
+        stop_at_sampled_acc=0.25,
+    ),
+    # arith-steps-moe: the same task and stopping rule as arith-steps, on a tiny Qwen3-MoE (hidden 64 and
+    # head_dim 32, the smallest head vLLM's CPU attention serves).
+    "arith-steps-moe": MoeRecipe(
+        task=ArithKnobs(operands=3, format="steps"),
+        target_band=(0.15, 0.40),
+        hidden_size=64,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        batch_size=64,
         eval_every=25,
         stop_at_sampled_acc=0.25,
     ),

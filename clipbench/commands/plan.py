@@ -48,7 +48,8 @@ def plan_command(recipe, overrides: list[str], *, nproc_per_node: int | None, nn
 
 
 def plan_json(plan: MemoryPlan, knobs: list[str]) -> dict:
-    return {"model": asdict(plan.shape), "params": plan.shape.n_params(), "setup": asdict(plan.setup),
+    return {"model": asdict(plan.shape), "params": plan.shape.n_params(),
+            "active_params": plan.shape.n_active_params(), "setup": asdict(plan.setup),
             "rows": [{"name": r.name, "bytes": r.bytes, "phases": list(r.phases), "how": r.how}
                      for r in plan.rows],
             "sampling_bytes": plan.phase_bytes("sampling"), "training_bytes": plan.phase_bytes("training"),
@@ -64,7 +65,9 @@ def render(plan: MemoryPlan, knobs: list[str], *, nproc: int, nnodes: int) -> No
     s, u = plan.shape, plan.setup
     con = Console(highlight=False)
     mb_tokens, mb_rows, _ = u.micro_batch()
-    title = (f"{s.name}: {s.n_params() / 1e9:.2f}B params, {u.dtype}, "
+    moe = (f" ({s.n_active_params() / 1e9:.2f}B active: {s.num_experts} experts, {s.experts_per_tok} per token)"
+           if s.is_moe else "")
+    title = (f"{s.name}: {s.n_params() / 1e9:.2f}B params{moe}, {u.dtype}, "
              f"{nproc} GPU{'s' if nproc > 1 else ''}" + (f" x {nnodes} nodes" if nnodes > 1 else "")
              + f" of {u.device_gib:g} GiB")
     table = Table(title=title, title_justify="left")

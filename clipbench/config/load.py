@@ -303,6 +303,9 @@ def _check_correction(cfg: RunConfig, err) -> None:
     except ValueError as e:
         bad = next((k for k in setting if k != "name" and f"'{k}'" in str(e)), None)
         err(f"{CORRECTION_KEY}.{bad or 'name'}", str(e))
+    if cfg.model.routing_replay == "r2" and cfg.sampler.old_logp != "recompute":
+        err("model.routing_replay", "r2 replays the experts of the old-log-prob forward: it needs "
+            "sampler.old_logp=recompute (with old_logp=sampler there is none; r3 replays the sampler's)")
     if cfg.sampler.correction["name"] != "none" and cfg.sampler.old_logp != "recompute":
         err(f"{CORRECTION_KEY}.name", "needs sampler.old_logp=recompute: with old_logp=sampler the rule's ratio is "
             "already taken against the sampler's log-probs (rho = 1)")
@@ -335,6 +338,8 @@ NOT_IN_ID = ("name", "tracking", "plugins", "launch", "train.record")  # top-lev
 # Top-level keys added after run ids were first handed out: at these values they stay out of the
 # hash, so every run id from before they existed is unchanged.
 ID_DEFAULTS = {"engine": "builtin", "trl": {}}
+# Nested keys added later, the same way: (section, key) -> the value that keeps them out of the hash.
+NESTED_ID_DEFAULTS = {("train", "router_aux_loss_coef"): 0.0, ("model", "routing_replay"): "none"}
 
 
 def in_id(key: str, value: Any) -> bool:
@@ -388,6 +393,9 @@ def run_id(cfg: RunConfig | Mapping) -> str:
     the ID_DEFAULTS keys at their defaults; the sampler correction as `_id_sampler` states)."""
     d = to_dict(cfg) if isinstance(cfg, RunConfig) else migrate(cfg)
     d = {k: v for k, v in _without_nested(d).items() if in_id(k, v)}
+    for (section, key), default in NESTED_ID_DEFAULTS.items():
+        if isinstance(d.get(section), Mapping) and d[section].get(key, default) == default:
+            d[section] = {k: v for k, v in d[section].items() if k != key}
     if isinstance(d.get("sampler"), Mapping):
         d["sampler"] = _id_sampler(d["sampler"])
     blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=str)

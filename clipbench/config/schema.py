@@ -36,6 +36,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.device": ("auto", "cpu", "cuda"),
     "sampler.backend": ("auto", "hf", "vllm"),  # clipbench.rollout implements each
     "sampler.old_logp": ("recompute", "sampler"),
+    "model.routing_replay": ("none", "r2", "r3"),  # clipbench.models.routing, clipbench.train.step
     "train.lr_schedule": ("constant", "cosine"),
     "train.record.state": ("auto", "none", "last", "all"),  # clipbench.train.record reads it
     "launch.preempt_signal": ("SIGTERM", "SIGUSR1", "SIGUSR2"),  # clipbench.train.preempt.SIGNALS
@@ -201,6 +202,7 @@ RANGES: dict[str, Range | Each | Text | Source] = {
     "train.warmup_steps": Range(0, MAX_STEPS * 1000),
     "train.beta": Range(0.0, 1000.0),
     "train.grad_clip": Range(0.0, 1e6),
+    "train.router_aux_loss_coef": Range(0.0, 1000.0),
     "train.max_skipped_frac": Range(0.0, 1.0),
     "train.micro_batch_tokens": Range(0, 1 << 40),
     "train.max_resample_rounds": Range(0, 100),
@@ -231,6 +233,9 @@ class ModelConfig:
     dtype: str = "float32"  # compute dtype; bfloat16/float16 train with float32 master weights + autocast
     device: str = "auto"  # auto: cuda when available, else cpu
     gradient_checkpointing: bool = False
+    # mixture-of-experts models: the experts the update's forwards use. none: the live router's;
+    # r2: those the old-log-prob forward chose; r3: those the sampler chose (clipbench.models.routing)
+    routing_replay: str = "none"
 
 
 @dataclass
@@ -306,6 +311,10 @@ class TrainConfig:
     agg: str = "token-mean"
     beta: float = 0.0  # KL-to-reference weight (k3); 0 keeps no reference model
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping (the norm is still logged)
+    # mixture-of-experts models: weight of the routers' load-balancing loss (Switch Transformer's, as
+    # transformers computes it) added to the policy loss; 0 = none (verl's RL default; TRL's is the
+    # model config's). Logged as router_aux_loss when non-zero. A dense model refuses a non-zero value.
+    router_aux_loss_coef: float = 0.0
     max_skipped_frac: float = 0.1  # the run fails once more than this share of its optimizer steps is skipped
     # Token budget of one forward/backward (rows x padded prompt+completion width); 0 = the whole
     # mini-batch. Gradients accumulate over micro-batches: the loss and gradient are the mini-batch's.

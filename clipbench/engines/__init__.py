@@ -69,7 +69,7 @@ def preflight(cfg, source: str | None = None) -> None:
     from clipbench.eval.suite import eval_suite
     from clipbench.memory.plan import check_fits
     from clipbench.memory.estimator import GIB
-    from clipbench.models import check_model_config, resolve_model_name
+    from clipbench.models import check_model_config, is_moe, resolve_model_name
     from clipbench.rollout import check_backend, check_sleep_mode, resolve_backend
     from clipbench.tasks import build_run_task
 
@@ -79,6 +79,10 @@ def preflight(cfg, source: str | None = None) -> None:
     check_sleep_mode(cfg.sampler.sleep_mode, backend)  # the GPU-only part first: one line on a CPU machine
     check_backend(backend)
     check_model_config(cfg.model.name)
+    check_routing_replay(cfg, source, backend)
+    if cfg.train.router_aux_loss_coef and not is_moe(cfg.model.name):
+        raise ConfigError(source, "train.router_aux_loss_coef", f"'{cfg.model.name}' is a dense model (no router "
+                          f"to balance); set it to 0 or train a mixture-of-experts model")
     eval_suite(cfg, build_run_task(cfg))
     if torch.cuda.is_available():
         total = torch.cuda.get_device_properties(0).total_memory
@@ -95,6 +99,24 @@ def check_sinks(cfg) -> None:
         fix = missing_package(name)
         if fix:
             raise UserError(f"tracking.sinks: '{name}' is not installed here; {fix} (or drop it from tracking.sinks)")
+
+
+def check_routing_replay(cfg, source: str | None, backend: str) -> None:
+    """model.routing_replay: a model whose routers it knows; r3 with a sampler that reports routes."""
+    from clipbench.models import text_config
+    from clipbench.models.routing import REPLAY_TYPES
+
+    mode = cfg.model.routing_replay
+    if mode == "none":
+        return
+    model_type = getattr(text_config(cfg.model.name), "model_type", None)
+    if model_type not in REPLAY_TYPES:
+        raise ConfigError(source, "model.routing_replay", f"'{cfg.model.name}' ({model_type}) has no router it knows: "
+                          f"routing replay runs on the mixture-of-experts models {', '.join(REPLAY_TYPES)}")
+    if mode == "r3" and backend == "vllm":
+        raise ConfigError(source, "model.routing_replay", "r3 with sampler.backend=vllm needs vLLM's routed experts "
+                          "(enable_return_routed_experts), which need its Model Runner V2 and Triton: a GPU path, not "
+                          "built here; use r2, or r3 with sampler.backend=hf")
 
 
 def train_run(cfg, run_dir: Path, *, resume: bool = False, sink=None,

@@ -154,6 +154,9 @@ TRL: dict[str, Support] = {
                           why="TRL shuffles a generation batch's rows, so its loss cannot tell their prompt groups"),
     "train.beta": mapped(G + "beta"),
     "train.grad_clip": mapped(G + "max_grad_norm (0: no clipping in both)"),
+    "model.routing_replay": refused("TRL's GRPOTrainer has no routing replay; use engine builtin"),
+    "train.router_aux_loss_coef": mapped(G + "router_aux_loss_coef (0: none, not the model config's; TRL adds "
+                                         "transformers' load-balancing loss per forward, as the built-in loop)"),
     "train.max_skipped_frac": refused("TRL applies every optimizer step (it skips none whose gradient norm is "
                                       "not finite), so there is no skipped-step budget to enforce"),
     "train.micro_batch_tokens": refused("TRL's micro-batches are a fixed number of rows "
@@ -235,6 +238,10 @@ VERL: dict[str, Support] = {
                         why="verl 0.9.1 has no prompt-mean aggregation"),
     "train.beta": mapped(A + "use_kl_loss, " + A + "kl_loss_coef (kl_loss_type=low_var_kl: k3)"),
     "train.grad_clip": mapped(A + "grad_clip"),
+    "model.routing_replay": refused("verl's router replay (router_replay.mode) is for its Megatron and VeOmni "
+                                    "engines; clipbench drives its FSDP actor: use engine builtin"),
+    "train.router_aux_loss_coef": refused("not wired to verl: its FSDP actor gets no load-balancing loss from "
+                                          "clipbench (0, verl's RL default, is what runs)"),
     "train.max_skipped_frac": refused("verl skips a step whose gradient norm is not finite but never fails a run "
                                       "for it"),
     "train.micro_batch_tokens": mapped(A + "ppo_max_token_len_per_gpu (use_dynamic_bsz; not exact: verl "

@@ -132,7 +132,7 @@ def grpo_args(cfg, run_dir: Path, *, world_size: int):
         max_steps=tc.steps * per_rollout, max_completion_length=sc.max_new_tokens, temperature=sc.temperature,
         top_p=sc.top_p, learning_rate=tc.lr, adam_beta1=tc.betas[0], adam_beta2=tc.betas[1],
         weight_decay=tc.weight_decay, warmup_steps=tc.warmup_steps, lr_scheduler_type=schedule[tc.lr_schedule],
-        max_grad_norm=tc.grad_clip, beta=tc.beta, scale_rewards="group" if tc.advantage == "group" else "none",
+        max_grad_norm=tc.grad_clip, router_aux_loss_coef=tc.router_aux_loss_coef, beta=tc.beta, scale_rewards="group" if tc.advantage == "group" else "none",
         logging_steps=1, save_strategy="steps", save_steps=tc.checkpoint_every * per_rollout, eval_strategy="no",
         use_cpu=device.type == "cpu", bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
         gradient_checkpointing=cfg.model.gradient_checkpointing, use_vllm=_uses_vllm(cfg),
@@ -147,7 +147,7 @@ def grpo_args(cfg, run_dir: Path, *, world_size: int):
 RENAME = {"reward": "reward/mean", "reward_std": "reward/std", "completions/mean_length": "response_length/mean",
           "completions/clipped_ratio": "truncated_frac", "frac_reward_zero_std": "zero_var_groups_frac",
           "learning_rate": "lr", "loss": "loss", "grad_norm": "grad_norm", "entropy": "entropy",
-          "accuracy": "accuracy"}
+          "accuracy": "accuracy", "aux_loss": "router_aux_loss"}
 # values of the rollout step (logged by TRL once per generation): repeated on each of its rows
 ROLLOUT_KEYS = ("reward/mean", "reward/std", "accuracy", "response_length/mean", "truncated_frac",
                 "zero_var_groups_frac")

@@ -205,6 +205,7 @@ class ClipbenchGRPOTrainer(GRPOTrainer):
         if self.aux_loss_enabled:
             scale = self.current_gradient_accumulation_steps if mode == "train" else 1.0
             loss = loss + self.router_aux_loss_coef * aux_loss / scale
+            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss.detach()).mean().item())
 
         sums["entropy/sum"] = (entropies.detach() * maskf).sum().to(torch.float64)  # a "sum" key for combine
         if self._cb_recorder is not None and mode == "train":

@@ -115,6 +115,9 @@ def layer_activation_bytes(s: ModelShape, p: Precision) -> int:
     # kernel takes a mask), so q, k, v are a x d each; float32 log-sum-exp per head; the output
     attention = 3 * c * ad + 4 * a + c * ad
     mlp = 4 * c * i                                  # gate, silu(gate), up, silu(gate) * up
+    if s.is_moe:  # per routed expert: its SwiGLU and its gathered input and weighted output; the
+        # router's logits and float32 softmax. An estimate: not checked against PyTorch like the dense terms
+        mlp = s.experts_per_tok * (mlp + 2 * c * h) + (c + 4) * s.num_experts
     return norms + qk_norm + attention + mlp
 
 
@@ -163,7 +166,7 @@ def logits_bytes(s: ModelShape, p: Precision, positions: int, *, backward: bool 
 def matmul_params(s: ModelShape) -> tuple[int, int]:
     """(layer weights, head weights) autocast casts per forward: every projection, and the head."""
     per_layer = s.hidden_size * (s.q_dim + 2 * s.kv_dim) + s.q_dim * s.hidden_size \
-        + 3 * s.hidden_size * s.intermediate_size
+        + (s.mlp_params(s.num_experts) if s.is_moe else 3 * s.hidden_size * s.intermediate_size)  # MoE: router + experts
     return s.num_layers * per_layer, s.vocab_size * s.hidden_size
 
 

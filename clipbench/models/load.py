@@ -71,6 +71,20 @@ def check_model_config(name: str) -> None:
         raise UserError(f"model.name: cannot load '{name}': {first_line(err)}") from None
 
 
+def is_moe(name: str) -> bool:
+    """Is model `name` (as in model.name) a mixture-of-experts model (its config names experts)?"""
+    cfg = text_config(name)
+    return bool(getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None))
+
+
+def text_config(name: str):
+    """The transformers config of model `name` (its text model's, for a multimodal one)."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(resolve_model_name(name))
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
 def first_line(err: BaseException) -> str:
     """An exception's first line, or its type's name when it has no message."""
     text = str(err).strip()

@@ -1,4 +1,4 @@
-"""The shape of a dense decoder model: what the memory plan needs from a model config.
+"""The shape of a decoder model (dense or mixture-of-experts): what the memory plan needs from a config.
 
     shape = model_shape("Qwen/Qwen3-1.7B-Base")      # shipped table: no network
     shape = model_shape("/models/my-qwen3")           # a local directory: transformers AutoConfig
@@ -8,9 +8,14 @@ Design choices:
 * The Qwen3 family's shapes ship with clipbench (`QWEN3` below), so `clipbench plan` works offline
   for the models the recipes use. Any other model is read with `transformers.AutoConfig` from a
   local path or the hub (cached by transformers after the first read).
-* Only dense decoders with the Llama layout are described (RMSNorm, GQA attention, SwiGLU MLP):
-  Qwen3 (adds q/k RMSNorm), Qwen2 (q/k/v bias), Llama and Mistral. A mixture-of-experts or any other
-  layout is refused with a clear error rather than estimated wrongly.
+* Only decoders with the Llama layout are described (RMSNorm, GQA attention, SwiGLU MLP):
+  Qwen3 (adds q/k RMSNorm), Qwen2 (q/k/v bias), Llama and Mistral; and the mixture-of-experts
+  decoders whose every layer's MLP is `num_experts` routed SwiGLU experts and a bias-free linear
+  router, no shared expert: Qwen3-MoE (q/k RMSNorm) and Mixtral. Any other layout (Qwen2-MoE's
+  shared expert, a dense layer among sparse ones, ...) is refused with a clear error rather than
+  estimated wrongly.
+* A MoE shape counts all parameters (`n_params`: what memory holds) and those one token uses
+  (`n_active_params`: attention, router, the `experts_per_tok` experts it is routed to).
 * The parameter count is computed from the config (never read from a model card), so it is exact
   for these layouts; tests check it against transformers' own modules on the meta device.
 """
@@ -23,6 +28,7 @@ from dataclasses import dataclass, replace
 from clipbench.errors import UserError
 
 SUPPORTED_TYPES = ("qwen3", "qwen2", "llama", "mistral")
+MOE_TYPES = ("qwen3_moe", "mixtral")   # every layer sparse, no shared expert
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,9 @@ class ModelShape:
     mlp_bias: bool = False     # Llama mlp_bias=true
     max_position_embeddings: int | None = None
     source: str = ""           # where the numbers come from
+    num_experts: int = 0       # E: routed experts per layer (0: a dense model)
+    experts_per_tok: int = 0   # k: experts each token is routed to
+    # intermediate_size is each expert's width I for a MoE shape (Qwen3-MoE's moe_intermediate_size)
 
     # -- parameters ------------------------------------------------------------------------------
     def layer_params(self) -> int:
@@ -55,9 +64,24 @@ class ModelShape:
             attn += h                                           # o bias
         if self.qk_norm:
             attn += 2 * self.head_dim                           # q_norm, k_norm weights
-        mlp = 3 * h * i + ((2 * i + h) if self.mlp_bias else 0)
         norms = 2 * h                                           # input and post-attention RMSNorm
-        return attn + mlp + norms
+        return attn + self.mlp_params(self.num_experts) + norms
+
+    def active_layer_params(self) -> int:
+        """Parameters of one decoder layer that one token uses (a dense layer: all of them)."""
+        if not self.is_moe:
+            return self.layer_params()
+        return self.layer_params() - self.mlp_params(self.num_experts) + self.mlp_params(self.experts_per_tok)
+
+    def mlp_params(self, experts: int) -> int:
+        """The MLP of one layer: one SwiGLU (dense), or the router (E x h) and `experts` of the E experts."""
+        h, i = self.hidden_size, self.intermediate_size
+        swiglu = 3 * h * i + ((2 * i + h) if self.mlp_bias else 0)
+        return swiglu if not self.is_moe else self.num_experts * h + experts * swiglu
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     def embedding_params(self) -> int:
         """Input embedding, plus the output head when it is not tied."""
@@ -66,6 +90,11 @@ class ModelShape:
     def n_params(self) -> int:
         """All parameters: embeddings (+ untied head) + L layers + the final RMSNorm."""
         return self.embedding_params() + self.num_layers * self.layer_params() + self.hidden_size
+
+    def n_active_params(self) -> int:
+        """The parameters one token's forward uses: all of a dense model; a MoE model's attention,
+        routers, its `experts_per_tok` experts per layer, embeddings and the final norm."""
+        return self.embedding_params() + self.num_layers * self.active_layer_params() + self.hidden_size
 
     # -- derived sizes ---------------------------------------------------------------------------
     @property
@@ -113,6 +142,23 @@ QWEN3: dict[str, ModelShape] = {s.name: s for s in (
     _q3("14B", 5120, 17408, 40, 40, False),
     _q3("32B", 5120, 25600, 64, 64, False),
 )}
+
+
+def _q3_moe(size: str, h: int, i: int, layers: int, heads: int) -> ModelShape:
+    return ModelShape(
+        name=f"Qwen/Qwen3-{size}-Base", model_type="qwen3_moe", vocab_size=151936, hidden_size=h,
+        intermediate_size=i, num_layers=layers, num_heads=heads, num_kv_heads=4, head_dim=128,
+        tie_word_embeddings=False, qk_norm=True, max_position_embeddings=32768, num_experts=128,
+        experts_per_tok=8,
+        source=f"config.json of Qwen/Qwen3-{size}-Base on the Hugging Face hub (shipped with clipbench)")
+
+
+# The Qwen3 MoE models (same report, Table 2: 128 experts, 8 routed, no shared expert; hidden size and
+# expert width from each config.json): 30.5B total / 3.3B active, and 235B / 22B.
+QWEN3.update({s.name: s for s in (
+    _q3_moe("30B-A3B", 2048, 768, 48, 32),
+    _q3_moe("235B-A22B", 4096, 1536, 94, 64),
+)})
 for _s in list(QWEN3.values()):
     _post = _s.name.removesuffix("-Base")
     QWEN3[_post] = replace(_s, name=_post, max_position_embeddings=40960,
@@ -120,25 +166,33 @@ for _s in list(QWEN3.values()):
 
 
 def from_hf_config(cfg, name: str = "", source: str = "") -> ModelShape:
-    """A ModelShape from a transformers config object (AutoConfig) of a supported dense decoder."""
+    """A ModelShape from a transformers config object (AutoConfig) of a supported decoder."""
     model_type = getattr(cfg, "model_type", None)
-    if getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None):
-        raise UserError(f"model.name: '{name}' is a mixture-of-experts model ({model_type}); "
-                        f"the memory plan knows dense decoders only ({', '.join(SUPPORTED_TYPES)})")
-    if model_type not in SUPPORTED_TYPES:
+    num_experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None) or 0
+    if num_experts and model_type not in MOE_TYPES:
+        raise UserError(f"model.name: '{name}' is a mixture-of-experts model ({model_type}) of a layout the "
+                        f"memory plan does not know; it knows the mixture-of-experts decoders {', '.join(MOE_TYPES)}")
+    if not num_experts and model_type not in SUPPORTED_TYPES:
         raise UserError(f"model.name: '{name}' has model_type '{model_type}'; the memory plan knows "
-                        f"the dense decoders {', '.join(SUPPORTED_TYPES)}")
+                        f"the dense decoders {', '.join(SUPPORTED_TYPES)} and the mixture-of-experts "
+                        f"decoders {', '.join(MOE_TYPES)}")
+    if model_type == "qwen3_moe" and (list(getattr(cfg, "mlp_only_layers", None) or [])
+                                      or getattr(cfg, "decoder_sparse_step", 1) != 1):
+        raise UserError(f"model.name: '{name}' mixes dense and sparse layers (mlp_only_layers, decoder_sparse_step); "
+                        f"the memory plan knows mixture-of-experts models whose every layer is sparse")
     heads, kv_heads, head_dim = attention_dims(cfg)
     attention_bias = bool(getattr(cfg, "attention_bias", False))
+    width = cfg.moe_intermediate_size if model_type == "qwen3_moe" else cfg.intermediate_size
     return ModelShape(
         name=name, model_type=model_type, vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size, num_layers=cfg.num_hidden_layers, num_heads=heads,
+        intermediate_size=width, num_layers=cfg.num_hidden_layers, num_heads=heads,
         num_kv_heads=kv_heads, head_dim=head_dim,
         tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
-        qk_norm=model_type == "qwen3", qkv_bias=model_type == "qwen2",
+        qk_norm=model_type in ("qwen3", "qwen3_moe"), qkv_bias=model_type == "qwen2",
         o_bias=attention_bias and model_type != "qwen2",
         mlp_bias=bool(getattr(cfg, "mlp_bias", False)),
-        max_position_embeddings=getattr(cfg, "max_position_embeddings", None), source=source or name)
+        max_position_embeddings=getattr(cfg, "max_position_embeddings", None), source=source or name,
+        num_experts=num_experts, experts_per_tok=getattr(cfg, "num_experts_per_tok", 0) if num_experts else 0)
 
 
 def hf_config(shape: ModelShape, **override):
@@ -151,8 +205,16 @@ def hf_config(shape: ModelShape, **override):
               num_key_value_heads=shape.num_kv_heads, head_dim=shape.head_dim,
               tie_word_embeddings=shape.tie_word_embeddings, max_position_embeddings=shape.max_position_embeddings,
               attention_bias=shape.o_bias, mlp_bias=shape.mlp_bias)
-    if shape.model_type in ("qwen2", "qwen3"):
+    if shape.model_type in ("qwen2", "qwen3", *MOE_TYPES):
         kw.pop("mlp_bias")  # no such field; qwen2's q/k/v bias and qwen3's q/k norms come with the type
+    if shape.model_type == "qwen3_moe":
+        kw.update(moe_intermediate_size=kw.pop("intermediate_size"), num_experts=shape.num_experts,
+                  num_experts_per_tok=shape.experts_per_tok, decoder_sparse_step=1, mlp_only_layers=[])
+    elif shape.model_type == "mixtral":
+        kw.update(num_local_experts=shape.num_experts, num_experts_per_tok=shape.experts_per_tok)
+    if "intermediate_size" in override and shape.model_type == "qwen3_moe":
+        override = {**override, "moe_intermediate_size": override["intermediate_size"]}
+    kw = {k: v for k, v in kw.items() if v is not None}  # unknown: the config class's default
     return AutoConfig.for_model(shape.model_type, **{**kw, **override})
 
 

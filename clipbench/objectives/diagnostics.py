@@ -103,6 +103,21 @@ def step_sums(*, x: torch.Tensor, A: torch.Tensor, valid: torch.Tensor, loss: to
     return sums
 
 
+SPLIT_COUNTS = ("tokens", "out_of_band")  # what a token split (`split_cell_sums`) counts per cell
+
+
+def split_cell_sums(*, x: torch.Tensor, A: torch.Tensor, valid: torch.Tensor, loss: torch.Tensor, grad: torch.Tensor,
+                    band, params: Mapping[str, Any], splits: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The cells' token and out-of-band counts over each named subset of the tokens (e.g. a MoE
+    policy's tokens whose experts moved, and the others): ``{name}/{cell}/tokens|out_of_band``.
+    splits: name -> (B, T) bool; each subset is intersected with `valid`."""
+    out = {}
+    for name, keep in splits.items():
+        per_cell = cell_sums(x=x, A=A, valid=valid & keep, loss=loss, grad=grad, band=band, params=params)
+        out.update({f"{name}/{c}/{f}": per_cell[i, FEATURES.index(f)] for i, c in enumerate(CELLS) for f in SPLIT_COUNTS})
+    return out
+
+
 CORRECTION_COUNTS = ("truncated", "masked")
 
 
@@ -203,6 +218,8 @@ def finalize(sums: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             stats[k] = v
         elif k.startswith("stat/") and k.endswith("/max"):
             stats[k[:-len("/max")]] = v
+        elif len(parts := k.split("/")) == 3 and parts[1] in CELLS and parts[2] in SPLIT_COUNTS and parts[0] not in CELLS:
+            stats[k] = v  # a token split's cell counts (split_cell_sums)
     return stats
 
 

@@ -31,7 +31,7 @@ import torch
 
 from clipbench.objectives.aggregation import Count, aggregate, check_count, get_aggregation
 from clipbench.objectives.corrections.registry import REJECTED
-from clipbench.objectives.diagnostics import correction_cell_sums, finalize, stat_sums, step_sums
+from clipbench.objectives.diagnostics import correction_cell_sums, finalize, split_cell_sums, stat_sums, step_sums
 from clipbench.errors import RuleError
 from clipbench.objectives.primitives import kl_k3, straight_through_exp
 from clipbench.objectives.registry import MethodSpec, get_method, validate_params
@@ -154,7 +154,7 @@ def policy_loss(method: str, logp: torch.Tensor, old_logp: torch.Tensor, advanta
                 entropy: torch.Tensor | None = None, groups: torch.Tensor | None = None,
                 global_prompts: Count = None, group_tokens: torch.Tensor | None = None,
                 batch_stat: dict | None = None, correction_status: torch.Tensor | None = None,
-                **params) -> PolicyLossOutput:
+                token_splits: dict | None = None, **params) -> PolicyLossOutput:
     """The clipped policy loss of ``method`` (docs/objectives.md) and its diagnostics.
 
     logp, old_logp, mask: (B, T) (mask 1 on real completion tokens, 0 on padding; padding values of
@@ -171,7 +171,9 @@ def policy_loss(method: str, logp: torch.Tensor, old_logp: torch.Tensor, advanta
     current policy's token entropy (aspo); ``batch_stat``: the mini-batch statistic of a rule that
     declares one (:func:`mini_batch_stat`; default: this call's). ``correction_status`` (B, T) int8:
     what the sampler correction did to each token (per-cell counts; rejected tokens leave the
-    counts). Computation is in float32 whatever the input dtype.
+    counts). ``token_splits`` {name: (B, T) bool}: also count each cell's tokens and out-of-band
+    tokens over each named subset (``{name}/{cell}/tokens|out_of_band``; a MoE policy's tokens whose
+    experts moved). Computation is in float32 whatever the input dtype.
     """
     spec = get_method(method)
     p = validate_params(method, params)
@@ -219,6 +221,9 @@ def policy_loss(method: str, logp: torch.Tensor, old_logp: torch.Tensor, advanta
                          kl=kl.detach() if kl is not None else None)
         if correction_status is not None:
             sums.update(correction_cell_sums(x=x, A=inputs.A, valid=valid, status=correction_status))
+        if token_splits:  # the cells' counts over named subsets of the tokens (diagnostics only)
+            sums.update(split_cell_sums(x=x, A=inputs.A, valid=valid, loss=rule_loss.detach(), grad=grad,
+                                        band=spec.reference_band(p), params=p, splits=token_splits))
         if inputs.stat is not None:
             sums.update(stat_sums(inputs.stat))
         sums = {k: v.detach() for k, v in sums.items()}

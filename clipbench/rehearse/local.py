@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from clipbench.rehearse.scale import EVAL_PROBLEMS, Plan
+from clipbench.rehearse.scale import EVAL_PROBLEMS, EXPERTS, TOP_K, Plan
 
 TRAIN_PROBLEMS = 32
 LAYERS, HIDDEN, HEAD_DIM, FFN = 2, 64, 32, 128  # the generated model (head_dim 32: vLLM's CPU kernels)
@@ -66,7 +66,10 @@ def write_benchmarks(data_dir: Path, names: list[str], seed: int) -> list[tuple[
 
 def build_model(shape, corpus: list[str], out_dir: Path, seed: int = 0) -> Path:
     """A randomly initialised model of `shape`'s family (its model_type, tied head, grouped-query
-    attention when it has it), shrunk, with a char tokenizer of `corpus` (clipbench.basemodel's)."""
+    attention when it has it; a mixture-of-experts family: EXPERTS experts of width FFN, TOP_K per
+    token), shrunk, with a char tokenizer of `corpus` (clipbench.basemodel's)."""
+    from dataclasses import replace
+
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -74,6 +77,8 @@ def build_model(shape, corpus: list[str], out_dir: Path, seed: int = 0) -> Path:
     from clipbench.models.shapes import hf_config
 
     tok = build_tokenizer(corpus)
+    if shape.is_moe:
+        shape = replace(shape, num_experts=min(EXPERTS, shape.num_experts), experts_per_tok=min(TOP_K, shape.experts_per_tok))
     heads = HIDDEN // HEAD_DIM
     config = hf_config(shape, vocab_size=len(tok), hidden_size=HIDDEN, intermediate_size=FFN,
                        num_hidden_layers=LAYERS, num_attention_heads=heads,

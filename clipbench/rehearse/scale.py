@@ -37,6 +37,9 @@ EVAL_EVERY = 2           # rollout steps between evaluations, when the recipe ev
 RESAMPLE_ROUNDS = 1      # dynamic sampling's extra rounds
 
 
+EXPERTS, TOP_K = 8, 2  # a generated mixture-of-experts model: its experts, and those routed per token
+
+
 @dataclass(frozen=True)
 class Machine:
     """What this machine can run."""
@@ -108,8 +111,13 @@ def _model(plan: Plan, real: dict) -> None:
 
         shape = model_shape(resolve_model_name(name))
         plan.generate_model = {"shape": shape}
-        plan.add("model", "scaled", _arrow(f"{name} ({shape.n_params() / 1e9:.2f}B, {shape.model_type})",
-                                           f"{shape.model_type} of 2 layers, random weights, char tokenizer"))
+        moe = (f", {shape.n_active_params() / 1e9:.2f}B active, {shape.num_experts} experts top-{shape.experts_per_tok}"
+               if shape.is_moe else "")
+        small = (f"{shape.model_type} of 2 layers, {min(EXPERTS, shape.num_experts)} experts "
+                 f"top-{min(TOP_K, shape.experts_per_tok)}"
+                 if shape.is_moe else f"{shape.model_type} of 2 layers")
+        plan.add("model", "scaled", _arrow(f"{name} ({shape.n_params() / 1e9:.2f}B{moe}, {shape.model_type})",
+                                           f"{small}, random weights, char tokenizer"))
     device = real["model"]["device"]
     if device == "cuda":
         m["device"] = "cpu"

@@ -19,6 +19,9 @@ class Rollout:
     truncated: list[bool]                  # (P*n) True when max_new_tokens was hit before EOS
     sampler_logp: list[list[float]] | None = None  # (P*n) ragged: sampler's log-prob of each token
     stats: dict = field(default_factory=dict)       # backend timings etc.
+    # (P*n) each row's routes (layers, prompt + completion tokens, k) int32 +1, 0 where none (the last
+    # token): a MoE policy's experts as the sampler chose them (HFSampler with record_routes)
+    routes: list | None = None
 
     def __len__(self) -> int:
         return len(self.completion_ids)

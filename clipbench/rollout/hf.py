@@ -28,6 +28,7 @@ from typing import Sequence
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from clipbench.models.routing import RouteReplay
 from clipbench.rollout.base import Rollout, call_settings, prompt_seeds
 
 
@@ -66,6 +67,7 @@ class HFSampler:
         self.max_batch = max_batch  # prompts per generate call (None: all at once)
         self.dtype = dtype  # compute dtype: float32 weights run under autocast when lower
         self.synced_gpus = synced_gpus  # every rank of a sharded model calls generate in lockstep
+        self.record_routes = False  # a MoE policy with routing replay r3: Rollout.routes (models/routing.py)
         self._configs: dict = {}
         if tokenizer.pad_token_id is None:
             raise ValueError("tokenizer has no pad token; set tokenizer.pad_token")
@@ -113,6 +115,8 @@ class HFSampler:
         model.eval()
         completions: list[list[int]] = []
         logps: list[list[float]] | None = [] if self.return_logprobs else None
+        replay = RouteReplay.of(model) if self.record_routes else None
+        routes: list | None = [] if replay is not None else None
         chunk = self.max_batch or max(len(prompts), 1)
         try:  # inference mode (~6% faster than no_grad alone, the same numbers), except for a sharded model,
             # whose gathered parameters must stay usable by autograd in the training step after this call
@@ -127,16 +131,24 @@ class HFSampler:
                     for i, r in enumerate(part):  # left padding
                         ids[i, width - len(r):] = torch.tensor(r)
                         att[i, width - len(r):] = 1
+                    if replay is not None:
+                        replay.record_generation()
                     out = model.generate(input_ids=ids.to(device), attention_mask=att.to(device),
                                          generation_config=self._generation_config(temperature, top_p, max_new),
                                          logits_processor=LogitsProcessorList([noise]), synced_gpus=self.synced_gpus)
                     gen = out.sequences[:, width:].cpu()  # (b, T')
+                    chunk_routes = replay.generated_routes(len(part)) if replay is not None else None
                     if logps is not None:
                         lp = torch.stack(noise.logps, 1)[:, :gen.shape[1]].cpu() if noise.logps else torch.zeros(len(part), 0)
                     for i in range(gen.shape[0]):
                         seq = gen[i].tolist()
                         cut = seq.index(eos) + 1 if eos in seq else len(seq)
                         completions.append(seq[:cut])
+                        if chunk_routes is not None:  # the row's own columns: its prompt, then its completion
+                            own = chunk_routes[i, :, width - len(part[i]):width + cut]
+                            pad = torch.zeros(own.shape[0], len(part[i]) + cut - own.shape[1], own.shape[2],
+                                              dtype=own.dtype)
+                            routes.append(torch.cat([own, pad], 1))
                         if logps is not None:
                             logps.append(lp[i, :cut].tolist())
         finally:
@@ -145,4 +157,4 @@ class HFSampler:
         truncated = [not (c and c[-1] == eos) for c in completions]
         rows = [ids for ids in prompt_ids for _ in range(n)]
         return Rollout(prompt_ids=rows, completion_ids=completions, texts=texts, truncated=truncated,
-                       sampler_logp=logps, stats={"sample_seconds": time.perf_counter() - t0})
+                       sampler_logp=logps, stats={"sample_seconds": time.perf_counter() - t0}, routes=routes)

@@ -39,6 +39,7 @@ class Group:
     sampler_logp: list[list[float]] | None
     rewards: list[float]
     correct: list[float]
+    routes: list | None = None  # (G) the sampler's routes of each sample (Rollout.routes; r3)
 
 
 @dataclass
@@ -52,6 +53,7 @@ class RolloutBatch:
     metrics: dict = field(default_factory=dict)
     rewards: torch.Tensor | None = None  # (B,) each row's reward (after overlong shaping): rules may read it
     correct: torch.Tensor | None = None  # (B,) 1.0 where the task grades the completion correct
+    routes: list | None = None  # (B) the sampler's routes of each row (r3: models/routing.py)
 
     def row_inputs(self, mask: torch.Tensor, group_size: int, device) -> dict:
         """Per-row inputs some rules and aggregations read (`step.StepInputs`): rewards (topr), prompt
@@ -97,7 +99,7 @@ def sample_groups(cfg, step: int, rnd: int, problems: list, task, sampler, dist:
             rows = slice(g * G, (g + 1) * G)
             groups.append(Group(ro.prompt_ids[g * G], ro.completion_ids[rows], ro.truncated[rows],
                                 ro.sampler_logp[rows] if ro.sampler_logp else None,
-                                rewards[rows].tolist(), correct[rows]))
+                                rewards[rows].tolist(), correct[rows], ro.routes[rows] if ro.routes else None))
         t_sample += t1 - t0
         t_score += time.perf_counter() - t1
     return [g for part in dist.gather(groups) for g in part], {"time/sample": t_sample, "time/score": t_score}
@@ -147,10 +149,12 @@ def _batch(kept: list[Group], sampled: list[Group], G: int, advantage: str, time
         **times,
     }
     has_logp = all(g.sampler_logp is not None for g in kept)
+    has_routes = bool(kept) and all(g.routes is not None for g in kept)
     return RolloutBatch(
         prompt_ids=[g.prompt_ids for g in kept for _ in range(G)],
         completion_ids=[c for g in kept for c in g.completion_ids],
         sampler_logp=[lp for g in kept for lp in g.sampler_logp] if has_logp else None,
         advantages=compute_advantages(rewards, advantage).reshape(-1),  # (B,)
         metrics=metrics, rewards=rewards.reshape(-1), correct=torch.tensor(correct, dtype=torch.float32),
+        routes=[r for g in kept for r in g.routes] if has_routes else None,
     )

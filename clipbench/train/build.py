@@ -13,6 +13,7 @@ import torch
 
 from clipbench.config import RunConfig
 from clipbench.models import dtype_name, load_model_and_tokenizer, resolve_model_name
+from clipbench.models.routing import RouteReplay, replayable
 from clipbench.train.distributed import Dist, shard_model
 
 
@@ -57,6 +58,10 @@ def build_models(cfg: RunConfig, dist: Dist, dtype: torch.dtype):
     name = resolve_model_name(cfg.model.name)
     model, tok = load_policy_model(name, dist, dtype, trainable=True,
                                    gradient_checkpointing=cfg.model.gradient_checkpointing)
+    if cfg.model.routing_replay != "none":
+        RouteReplay.attach(model)  # the routers' hooks; step.py records and replays through them
+    elif replayable(model) is None:  # a MoE policy without replay: the hooks only observe (diagnostics)
+        RouteReplay.attach(model, replaces=False)
     ref_model = None
     if cfg.train.beta > 0:  # frozen reference: the initial policy
         if dist.sharded:

@@ -68,6 +68,7 @@ from clipbench.train.preempt import NO_STOP, Partial, StopRequest, cpu_inputs, m
 from clipbench.train.record import NO_CAPTURE, Recorder
 from clipbench.train.shared_eval import read_shared, share, start_eval_key
 from clipbench.seeds import generator
+from clipbench.models.routing import RouteReplay, row_routes_table
 from clipbench.train.step import (Objective, StepInputs, accumulate_gradients, add_histograms, draw_uniforms,
                                   frozen_logprobs, optimizer_step, own_rows, plan_update)
 
@@ -143,6 +144,7 @@ def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricS
                             longest_new_tokens=max(eval_tokens, sc.max_new_tokens),
                             sleep_mode=sc.sleep_mode, synced_gpus=dist.sharded,
                             model_path=resolve_model_name(cfg.model.name) if dist.sharded else None)
+    sampler.record_routes = cfg.model.routing_replay == "r3"  # hf (vllm refused in preflight): Rollout.routes
     suite = eval_suite(cfg, task) if cfg.eval.benchmarks else {}
     first = next(iter(suite), None)  # decided before any rank can write an evaluation, so all agree
     evaluated = (first is not None and rd.eval_path(0, first).exists(),
@@ -233,14 +235,30 @@ def rule_inputs(trainer: Trainer, packed, batch: RolloutBatch, first_epoch: list
     if cfg.sampler.old_logp == "sampler":
         return StepInputs(batch.advantages.to(dist.device), sampled, frozen_ref(trainer, packed, first_epoch),
                           sampler_logp=sampled, **rows), None
-    old = frozen_logprobs(trainer.model, packed, first_epoch, **kw)
-    inputs = StepInputs(batch.advantages.to(dist.device), old, frozen_ref(trainer, packed, first_epoch), **rows)
+    routes, mode = batch_routes(trainer, packed, batch)  # r2: recorded by this forward; r3: the sampler's
+    old = frozen_logprobs(trainer.model, packed, first_epoch, **kw, routes=None if routes is None else (mode, routes))
+    inputs = StepInputs(batch.advantages.to(dist.device), old, frozen_ref(trainer, packed, first_epoch), **rows,
+                        routes=routes)
     if sampled is None:
         return inputs, None
     mine = own_rows(first_epoch, len(packed.completion_lens), dist.device)  # (B,): this rank's rows, counted once
     corr = apply_correction(cfg.sampler.correction, sampled, old, inputs.mask, counted=mine[:, None] > 0)
     inputs.weights, inputs.correction_status = corr.weights, corr.status  # every row's (later epochs: other ranks)
     return inputs, corr.sums
+
+
+def batch_routes(trainer: Trainer, packed, batch: RolloutBatch) -> tuple[torch.Tensor | None, str]:
+    """model.routing_replay's route table of the rollout batch (models/routing.py) and what the old
+    forward does with it: r2 an empty table it records into; r3 the sampler's routes, replayed; none
+    on a MoE policy: recorded too, and the update's forwards only compare with it (diagnostics)."""
+    mode, device = trainer.cfg.model.routing_replay, trainer.dist.device
+    if mode == "r2" or (mode == "none" and RouteReplay.of(trainer.model) is not None):  # none: observed only
+        return RouteReplay.of(trainer.model).new_table(*packed.input_ids.shape, device=device), "record"
+    if mode == "r3":
+        prompt_width = packed.input_ids.shape[1] - packed.completion_ids.shape[1]
+        table = row_routes_table(batch.routes, packed.prompt_lens, packed.input_ids.shape[1], prompt_width)
+        return table.to(device), "replay"
+    return None, ""
 
 
 def frozen_ref(trainer: Trainer, packed, first_epoch: list) -> torch.Tensor | None:

@@ -40,6 +40,9 @@ from clipbench.objectives.corrections import REJECTED, apply_correction, correct
 from clipbench.objectives.loss import mini_batch_stat
 from clipbench.train.distributed import Dist, full_tensor
 from clipbench.train.logprobs import completion_logprobs
+from clipbench.models.routing import (RouteReplay, agreement_metrics, agreement_sums, load_sums, micro_columns,
+                                     moved_tokens)
+from clipbench.train.moe import RouterLogits
 from clipbench.train.packing import Packed, placeholder
 
 
@@ -101,20 +104,43 @@ def _micro(batch: Packed, rows: tuple[int, ...], pad_id: int, device) -> tuple[P
 
 @torch.no_grad()
 def frozen_logprobs(model, batch: Packed, plan: list[OptStep], *, pad_id: int, temperature: float,
-                    compute=contextlib.nullcontext, dist: Dist) -> torch.Tensor:
+                    compute=contextlib.nullcontext, dist: Dist, routes: tuple[str, torch.Tensor] | None = None
+                    ) -> torch.Tensor:
     """(B, T) float32 log-probs of every completion token under `model` (the policy before this
     update, or the reference), on `dist.device`, 0 at padding. Each rank runs the micro-batches of
     `plan` (one epoch's steps cover every row once); with N ranks the rows are summed over ranks
-    (each row is computed by exactly one), so every rank holds every row for every epoch."""
+    (each row is computed by exactly one), so every rank holds every row for every epoch.
+    `routes` (a MoE policy with routing replay): ("record", table) writes each token's experts into
+    the table (summed over ranks like the log-probs), ("replay", table) routes by it."""
     out = torch.zeros(batch.completion_ids.shape, device=dist.device)  # (B, T)
+    replay = RouteReplay.of(model) if routes is not None else None
     for step in plan:
         for rows in step.micro:
             mb, idx = _micro(batch, rows, pad_id, dist.device)
+            if replay is not None:
+                route_micro_batch(replay, routes, idx, batch, mb)
             with compute():
                 lp, _ = completion_logprobs(model, mb, temperature=temperature, with_entropy=False)
             if idx is not None:
                 out[idx, :lp.shape[1]] = lp.float() * mb.completion_mask
+    if replay is not None:
+        replay.off()
+        if routes[0] == "record":
+            dist.all_reduce_(routes[1])
     return dist.all_reduce_(out)
+
+
+def route_micro_batch(replay: RouteReplay, routes: tuple[str, torch.Tensor], idx: torch.Tensor | None, batch: Packed,
+                      mb: Packed) -> None:
+    """Point the routers' hooks at this micro-batch's window of the route table (record or replay);
+    the placeholder (idx None) routes freely."""
+    mode, table = routes
+    if idx is None:
+        replay.off()
+    elif mode == "record":
+        replay.record(table, idx, micro_columns(batch, mb))
+    else:
+        replay.replay(table, idx, micro_columns(batch, mb))
 
 
 def own_rows(steps: list[OptStep], B: int, device) -> torch.Tensor:
@@ -136,12 +162,14 @@ class Objective:
     agg: str
     beta: float
     max_len: int
+    router_aux_loss_coef: float = 0.0  # MoE: the routers' load-balancing loss weight (train/moe.py)
 
     @classmethod
     def from_config(cls, cfg) -> "Objective":
         params = dict(cfg.objective)
         method = params.pop("method")
-        return cls(method, params, cfg.train.agg, cfg.train.beta, cfg.sampler.max_new_tokens)
+        return cls(method, params, cfg.train.agg, cfg.train.beta, cfg.sampler.max_new_tokens,
+                   cfg.train.router_aux_loss_coef)
 
     @property
     def draws(self) -> bool:
@@ -177,6 +205,7 @@ class StepInputs:
     weights: torch.Tensor | None = None  # (B, T) the sampler correction's weights (objectives/corrections)
     sampler_logp: torch.Tensor | None = None  # (B, T) the sampler's log-probs, to measure the mismatch
     correction_status: torch.Tensor | None = None  # (B, T) int8: what the correction did to each token
+    routes: torch.Tensor | None = None  # (B, layers, Lp + T, k) int32: MoE routing replay's experts (+1; 0: none)
     rewards: torch.Tensor | None = None  # (B,) each row's reward (rules that read it: topr)
     groups: tuple[int, ...] = ()  # each row's prompt group (prompt-mean)
     mask: torch.Tensor | None = None  # (B, T) the completion mask on the device (the mini-batch's counts)
@@ -202,6 +231,8 @@ class StepStats:
     loss: list = field(default_factory=list)  # each micro-batch's share of the mini-batch loss
     entropy: list = field(default_factory=list)  # (summed token entropy, tokens) per micro-batch
     mismatch: list = field(default_factory=list)  # the mismatch's sums (objectives.corrections)
+    router_aux: list = field(default_factory=list)  # MoE: each micro-batch's share of the load-balancing loss
+    routing: list = field(default_factory=list)  # MoE routing replay: each micro-batch's agreement sums
 
     def add(self, out: PolicyLossOutput, entropy: torch.Tensor, mask: torch.Tensor) -> None:
         self.rule.append(out.sums)
@@ -214,15 +245,23 @@ class StepStats:
                "entropy/sum": ent[0], "entropy/tokens": ent[1]}
         if self.mismatch:
             out.update(combine(self.mismatch))
+        if self.router_aux:
+            out["router_aux_loss"] = torch.stack(self.router_aux).sum().to(torch.float64)
+        if self.routing:
+            out.update(combine(self.routing))
         return out
 
     @staticmethod
     def metrics(reduced: dict[str, torch.Tensor]) -> dict[str, float]:
         """loss, entropy (token mean), the rule's finalised stats, and the mismatch's when present."""
-        rule = {k: v for k, v in reduced.items() if k not in ("loss", "entropy/sum", "entropy/tokens")
-                and not k.startswith("mismatch/")}
+        rule = {k: v for k, v in reduced.items() if k not in ("loss", "entropy/sum", "entropy/tokens", "router_aux_loss")
+                and not k.startswith(("mismatch/", "routing/"))}
         out = {"entropy": float(reduced["entropy/sum"] / reduced["entropy/tokens"].clamp(min=1.0)),
                "loss": float(reduced["loss"]), **{k: float(v) for k, v in finalize(rule).items()}}
+        if "router_aux_loss" in reduced:
+            out["router_aux_loss"] = float(reduced["router_aux_loss"])
+        if "routing/tokens" in reduced:
+            out.update(agreement_metrics(reduced))
         if "mismatch/tokens" in reduced:
             out.update(correction_stats({k: v for k, v in reduced.items() if k.startswith("mismatch/")}))
         return out
@@ -274,7 +313,8 @@ def mini_batch_inputs(model, batch: Packed, step: OptStep, inputs: StepInputs, o
     out = mini_batch_counts(step, inputs, objective.agg, mask)
     if objective.stat and (len(step.micro) > 1 or dist.world > 1):
         current = frozen_logprobs(model, batch, [step], pad_id=pad_id, temperature=temperature, compute=compute,
-                                  dist=dist)  # (B, T): the policy before this step, on the step's rows
+                                  dist=dist, routes=None if inputs.routes is None else ("replay", inputs.routes))
+        # (B, T): the policy before this step, on the step's rows
         rows = torch.tensor(step.rows, dtype=torch.long, device=current.device)
         out.shared["batch_stat"] = mini_batch_stat(objective.method, current[rows], inputs.old_logp[rows],
                                                    inputs.advantages[rows], mask[rows], **objective.params)
@@ -292,15 +332,28 @@ def accumulate_gradients(model, batch: Packed, step: OptStep, inputs: StepInputs
     stats, hist = StepStats(), None
     shared = mini_batch_inputs(model, batch, step, inputs, objective, pad_id=pad_id, temperature=temperature,
                                compute=compute, dist=dist)                               # counts, statistic
+    replay = RouteReplay.of(model) if inputs.routes is not None else None
     for rows in step.micro:
         mb, idx = _micro(batch, rows, pad_id, dist.device)
-        with compute():
+        if replay is not None:  # set until the next micro-batch: the backward's checkpoint recompute replays too
+            route_micro_batch(replay, ("replay", inputs.routes), idx, batch, mb)
+        with compute(), RouterLogits(model, on=objective.router_aux_loss_coef > 0) as routed:
             logp, entropy = completion_logprobs(model, mb, temperature=temperature)      # (b, T) each
         logp, mask = logp.float(), mb.completion_mask
         x = {**inputs.rows(idx, mask.shape[1]), **shared.rows(idx, mask.shape[1])}      # old_logp, advantages, ...
+        moved = None if replay is None else moved_tokens(replay, mb, idx is not None)   # (layers, b, T) MoE routes
+        if moved is not None:  # the clip's cells split by whether the token's experts moved
+            x["token_splits"] = {"experts_moved": moved.any(0), "experts_kept": ~moved.any(0)}
         out = objective.loss(logp, mask, entropy=entropy, **x)                           # rule, aggregation
-        (out.loss * dist.loss_scale).backward()                                         # gradients accumulate
+        loss = out.loss
+        if routed is not None:  # per forward, as TRL and transformers: weighted by the micro-batch's rows
+            aux = routed.aux_loss(mb.attention_mask) * (len(rows) / len(step.rows))      # 0 for a placeholder
+            loss = loss + objective.router_aux_loss_coef * aux
+            stats.router_aux.append(aux.detach().float())
+        (loss * dist.loss_scale).backward()                                             # gradients accumulate
         stats.add(out, entropy, mask)
+        if moved is not None:  # the live routers' choice against the replayed experts
+            stats.routing.append({**agreement_sums(moved, mask), **load_sums(replay, mb, idx is not None)})
         if record is not None:
             record(idx, logp.detach(), entropy.detach())
         if mismatch:
@@ -308,6 +361,8 @@ def accumulate_gradients(model, batch: Packed, step: OptStep, inputs: StepInputs
                                                    mask).sums)
         if histogram and idx is not None:
             hist = add_histograms(hist, log_ratio_counts(logp.detach(), x["old_logp"], x["advantages"], mask))
+    if replay is not None:
+        replay.off()
     return stats, hist
 
 
