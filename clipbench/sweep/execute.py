@@ -13,7 +13,7 @@ the lock at once skips the run ("locked"), so two sweep processes on one results
 A run that raises is marked failed (error and traceback in status.json) and the sweep goes on.
 
 A run with `launch.nproc_per_node` N > 1 is trained by N torchrun processes on this node, each running
-`python -m clipbench.commands.worker MANIFEST RUN_ID --as-rank`; this process keeps the lock and the
+`python -m clipbench.sweep.worker MANIFEST RUN_ID --as-rank`; this process keeps the lock and the
 status, the ranks' output goes to `<run_dir>/torchrun.log`, and a rank that dies fails the run like
 any failing run (resumed from its checkpoint with --retry-failed). Its per-step progress is not shown.
 
@@ -171,7 +171,7 @@ def run_one(task: RunTask, *, progress: Callable[[dict], None] | None = None,
             args = [manifest, task.run_id, "--as-rank", *_worker_args(task)]
             from clipbench.train.preempt import preempt_signals
 
-            rc = launch_ranks(n, "clipbench.commands.worker", args, rd, log=rd.path / "torchrun.log",
+            rc = launch_ranks(n, "clipbench.sweep.worker", args, rd, log=rd.path / "torchrun.log",
                               signals=preempt_signals(cfg))
             if rd.status().get("state") == "preempted":
                 return _outcome(task, "preempted", t0, resumed_from=from_step, step=rd.status().get("step"))
@@ -198,7 +198,7 @@ def run_one(task: RunTask, *, progress: Callable[[dict], None] | None = None,
 
 
 def _worker_args(task: RunTask) -> list[str]:
-    """The options of `python -m clipbench.commands.worker` that rebuild `task` from the manifest."""
+    """The options of `python -m clipbench.sweep.worker` that rebuild `task` from the manifest."""
     args = ["--tracking-uri", task.tracking_uri] if task.tracking_uri else []
     args += ["--parent-run-id", task.parent_run_id] if task.parent_run_id else []
     return args + (["--retry-failed"] if task.retry_failed else [])

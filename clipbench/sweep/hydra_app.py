@@ -1,9 +1,9 @@
 """Hydra's launcher plugins for a sweep: which launchers exist, the command that starts them, per-run resources.
 
 `clipbench sweep FILE --launcher joblib|submitit_slurm|submitit_local|ray` freezes the manifest,
-then starts the Hydra app (clipbench.commands.hydra_job) in multirun mode over the run ids still to do:
+then starts the Hydra app (clipbench.sweep.hydra_job) in multirun mode over the run ids still to do:
 
-    python -m clipbench.commands.hydra_job --multirun manifest=/abs/results/s/manifest.json \\
+    python -m clipbench.sweep.hydra_job --multirun manifest=/abs/results/s/manifest.json \\
         run_id='1bd04df439fd','e6071dc50487' hydra/launcher=submitit_slurm \\
         hydra.launcher.partition=gpu hydra.launcher.gpus_per_node=1 hydra.launcher.timeout_min=240
 
@@ -30,7 +30,7 @@ LAUNCHERS: dict[str, tuple[str, str] | None] = {
     "submitit_local": ("hydra_plugins.hydra_submitit_launcher", "hydra-submitit-launcher"),
     "ray": ("hydra_plugins.hydra_ray_launcher", "hydra-ray-launcher"),
 }
-HYDRA_APP = "clipbench.commands.hydra_job"  # the app the launchers start (each job: one run)
+HYDRA_APP = "clipbench.sweep.hydra_job"  # the app the launchers start (each job: one run)
 # Hydra override values are parsed by its grammar; a run id like 123e45678901 would become a float.
 MAX_IDS_PER_CALL = 4000  # keeps one argv element well under Linux's 128 KiB limit
 

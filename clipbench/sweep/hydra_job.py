@@ -1,6 +1,6 @@
 """The Hydra app the sweep's launcher plugins start: each job trains one run of a frozen manifest.
 
-    python -m clipbench.commands.hydra_job --multirun manifest=/abs/results/s/manifest.json \\
+    python -m clipbench.sweep.hydra_job --multirun manifest=/abs/results/s/manifest.json \\
         run_id='1bd04df439fd','e6071dc50487' hydra/launcher=submitit_slurm hydra.launcher.partition=gpu
 
 Started by `clipbench sweep FILE --launcher ...` (clipbench.sweep.hydra_app builds the command). Each
