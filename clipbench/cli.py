@@ -41,10 +41,7 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
     """clipbench: which clipping rule wins, where, and why."""
 
 
-RESULTS = typer.Option(Path("results"), "--results-dir", help="Results store (source of truth).")
-TRACKING = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, "
-                        "else sqlite:///<results-dir>/mlflow.db).")
-PLUGIN = typer.Option(None, "--plugin", help="A file (.py) or module with your own @rule; repeatable.")
+from clipbench.commands.options import Plugins, ResultsDir, TrackingUri  # noqa: E402  shared options, declared once
 
 
 def _load_plugins(plugins: Optional[List[str]]) -> None:
@@ -79,29 +76,9 @@ def _user_errors(fn):
     return wrapper
 
 
-@app.command()
-@_user_errors
-def sweep(
-    file: Path = typer.Argument(..., help="Sweep YAML, or a shipped sweep by name (clipbench recipes)."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key=value applied to every run."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; write nothing."),
-    json_out: bool = typer.Option(False, "--json", help="With --dry-run: one JSON object per run."),
-    results_dir: Path = RESULTS,
-    jobs: int = typer.Option(1, "--jobs", "-j", help="Local worker processes."),
-    launcher: Optional[str] = typer.Option(None, "--launcher", help="Hydra launcher plugin: joblib, submitit_slurm, "
-                                           "submitit_local, ray, basic."),
-    retry_failed: bool = typer.Option(False, "--retry-failed", help="Rerun runs that failed."),
-    tracking_uri: Optional[str] = TRACKING,
-    engine: Optional[str] = typer.Option(None, "--engine", help="builtin or trl: the engine of every run "
-                                         "(engine=...); verl: each run as a verl command (--dry-run prints them)."),
-    plugin: Optional[List[str]] = PLUGIN,
-):
-    """Expand a declarative sweep into runs and execute them (resumable)."""
-    from clipbench.commands.sweep import sweep_command
+from clipbench.commands.sweep import sweep_command  # noqa: E402  the verb declares its own options
 
-    sweep_command(file, overrides or [], dry_run=dry_run, json_out=json_out, results_dir=results_dir,
-                  jobs=jobs, launcher=launcher, retry_failed=retry_failed, tracking_uri=tracking_uri,
-                  plugins=plugin or [], engine=engine)
+app.command("sweep")(_user_errors(sweep_command))
 
 
 @app.command()
@@ -112,9 +89,9 @@ def train(
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from its last checkpoint."),
     nproc_per_node: Optional[int] = typer.Option(
         None, "--nproc-per-node", help="Train over N processes (torchrun, FSDP2): launch.nproc_per_node=N."),
-    results_dir: Path = RESULTS,
-    tracking_uri: Optional[str] = TRACKING,
-    plugin: Optional[List[str]] = PLUGIN,
+    results_dir: ResultsDir = Path("results"),
+    tracking_uri: TrackingUri = None,
+    plugin: Plugins = None,
 ):
     """Run one training run end to end (over N processes with --nproc-per-node; under torchrun, one rank)."""
     from clipbench.commands.train import train_command
@@ -152,9 +129,9 @@ def rehearse(
     overrides: Optional[List[str]] = typer.Argument(None, help="Dotted key=value overrides."),
     nproc_per_node: Optional[int] = typer.Option(
         None, "--nproc-per-node", help="Processes for the rehearsal (default: the recipe's, at most 2 on a CPU)."),
-    results_dir: Path = RESULTS,
-    tracking_uri: Optional[str] = TRACKING,
-    plugin: Optional[List[str]] = PLUGIN,
+    results_dir: ResultsDir = Path("results"),
+    tracking_uri: TrackingUri = None,
+    plugin: Plugins = None,
 ):
     """A recipe's own code path end to end, shrunk to this machine: a model of its family, its task, sampler,
     processes, micro-batches, a checkpoint, a kill and a resume, evaluation, tracking; then its memory plan."""
@@ -177,7 +154,7 @@ def eval_(
     seed: int = typer.Option(0, "--seed"),
     backend: str = typer.Option("auto", "--backend", help="auto | hf | vllm"),
     out: Optional[Path] = typer.Option(None, "--out", help="Directory for the correctness matrices."),
-    plugin: Optional[List[str]] = PLUGIN,
+    plugin: Plugins = None,
 ):
     """Avg@n and unbiased Pass@k of a model on benchmarks."""
     from clipbench.commands.eval import eval_command
@@ -193,12 +170,12 @@ def report(
     sweep: Optional[str] = typer.Argument(None, help="Sweep name (default: every sweep in the results dir)."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Method the Gain row compares against."),
     fmt: str = typer.Option("rich", "--format", help="rich | markdown | latex | csv | html"),
-    results_dir: Path = RESULTS,
+    results_dir: ResultsDir = Path("results"),
     out: Optional[Path] = typer.Option(None, "--out", help="Output directory for files (default results/reports/<sweep>)."),
     replicate: Optional[str] = typer.Option(None, "--replicate", help="A second sweep (name, or path to its "
                                             "directory) every claim must replicate on, instead of the two halves "
                                             "of the seeds."),
-    plugin: Optional[List[str]] = PLUGIN,
+    plugin: Plugins = None,
 ):
     """Comparison tables (Table 3 layout), clip-quadrant table, claims (with whether they replicate) and plots."""
     from clipbench.commands.report import report_command
@@ -222,8 +199,8 @@ def replay(
     top: int = typer.Option(5, "--top", help="Tokens where each rule departs most from the trained one, per step."),
     no_params: bool = typer.Option(False, "--no-params", help="Token level only (skip the recorded policy states)."),
     device: str = typer.Option("cpu", "--device", help="Where the parameter level runs the model (cpu, cuda)."),
-    results_dir: Path = RESULTS,
-    plugin: Optional[List[str]] = PLUGIN,
+    results_dir: ResultsDir = Path("results"),
+    plugin: Plugins = None,
 ):
     """Counterfactual replay: every rule on the same recorded batches (train.record.every=N), vs the trained rule."""
     from clipbench.commands.replay import replay_command
@@ -235,7 +212,7 @@ def replay(
 
 @app.command()
 @_user_errors
-def methods(plugin: Optional[List[str]] = PLUGIN):
+def methods(plugin: Plugins = None):
     """Every registered clip rule: parameters with defaults, the rule, and where it comes from."""
     from clipbench.commands.methods import print_methods
 
@@ -273,8 +250,8 @@ def base_model(
 @_user_errors
 def sync(
     sweep: Optional[str] = typer.Argument(None, help="Sweep name (default: all)."),
-    results_dir: Path = RESULTS,
-    tracking_uri: Optional[str] = TRACKING,
+    results_dir: ResultsDir = Path("results"),
+    tracking_uri: TrackingUri = None,
     sink: str = typer.Option("mlflow", "--sink", help="The mirror to fill in: mlflow, wandb or tensorboard."),
 ):
     """Replay runs and metrics a mirror lacks (MLflow by default; after an outage, or to add a mirror)."""
@@ -307,8 +284,8 @@ def init(
 @app.command()
 @_user_errors
 def doctor(
-    results_dir: Path = RESULTS,
-    tracking_uri: Optional[str] = TRACKING,
+    results_dir: ResultsDir = Path("results"),
+    tracking_uri: TrackingUri = None,
     json_out: bool = typer.Option(False, "--json", help="One JSON object per row."),
 ):
     """What this machine can run: torch, GPUs, vLLM, TRL, verl, the sampler and engines picked, MLflow,

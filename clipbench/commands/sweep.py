@@ -19,7 +19,9 @@ import re
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Optional
+
+import typer
 
 from rich.console import Console
 from rich.table import Table
@@ -30,6 +32,7 @@ from clipbench.sweep.execute import RunTask, checkpoint_step, classify, run_para
 from clipbench.config.labels import format_value, label, run_label
 from clipbench.sweep.expand import Expansion, expand, iter_summary
 from clipbench.sweep.manifest import freeze, manifest_path, manifest_runs, merge, read_manifest
+from clipbench.commands.options import Overrides, Plugins, ResultsDir, TrackingUri
 from clipbench.commands.progress import SweepProgress
 from clipbench.sweep.spec import SweepSpec, load_spec
 from clipbench.tracking.store import RunDir, list_run_dirs
@@ -54,12 +57,27 @@ def plan(file: str | Path, overrides: list[str] = (), plugins: list[str] = ()) -
     return spec, expand(spec)
 
 
-def sweep_command(file: Path, overrides: list[str], *, dry_run: bool = False, json_out: bool = False,
-                  results_dir: Path = Path("results"), jobs: int = 1, launcher: str | None = None,
-                  retry_failed: bool = False, tracking_uri: str | None = None,
-                  plugins: list[str] = (), engine: str | None = None) -> dict[str, Any]:
+def sweep_command(
+    file: Annotated[Path, typer.Argument(help="Sweep YAML, or a shipped sweep by name (clipbench recipes).")],
+    overrides: Overrides = None,
+    *,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="With --dry-run: one JSON object per run.")] = False,
+    results_dir: ResultsDir = Path("results"),
+    jobs: Annotated[int, typer.Option("--jobs", "-j", help="Local worker processes.")] = 1,
+    launcher: Annotated[Optional[str], typer.Option(
+        "--launcher", help="Hydra launcher plugin: joblib, submitit_slurm, submitit_local, ray, basic.")] = None,
+    retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Rerun runs that failed.")] = False,
+    tracking_uri: TrackingUri = None,
+    plugins: Plugins = None,
+    engine: Annotated[Optional[str], typer.Option(
+        "--engine", help="builtin or trl: the engine of every run (engine=...); verl: each run as a verl command "
+        "(--dry-run prints them).")] = None,
+) -> dict[str, Any]:
+    """Expand a declarative sweep into runs and execute them (resumable)."""
+    plugins = list(plugins or [])
     err = Console(stderr=True, highlight=False, soft_wrap=True)
-    run_overrides, hydra_overrides = split_overrides(list(overrides))
+    run_overrides, hydra_overrides = split_overrides(list(overrides or []))
     check_options(hydra_overrides, jobs=jobs, launcher=launcher, engine=engine)
     if engine in ("builtin", "trl"):  # the run config's own key, for every run
         run_overrides.append(f"engine={engine}")

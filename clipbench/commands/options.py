@@ -1,0 +1,16 @@
+"""The options several verbs share, each declared once (its flag, type, default and help): a verb's
+handler in clipbench.commands annotates its parameter with one of these and gives the default there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, List, Optional
+
+import typer
+
+ResultsDir = Annotated[Path, typer.Option("--results-dir", help="Results store (source of truth).")]
+TrackingUri = Annotated[Optional[str], typer.Option(
+    "--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else sqlite:///<results-dir>/mlflow.db).")]
+Plugins = Annotated[Optional[List[str]], typer.Option(
+    "--plugin", help="A file (.py) or module with your own @rule; repeatable.")]
+Overrides = Annotated[Optional[List[str]], typer.Argument(help="key=value overrides (dotted run-config keys).")]
