@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from clipbench.errors import RunPreempted
-from clipbench.tracking.store import RunDir
+from clipbench.tracking.store import RunDir, RunState
 from clipbench.train.distributed import close_distributed, init_distributed, raise_on_sigterm, torchrun_command
 from clipbench.train.preempt import NO_STOP, StopRequest, preempt_signals
 
@@ -58,7 +58,7 @@ def run_as_rank(cfg, rd: RunDir, *, resume: bool,
         if isinstance(e, (KeyboardInterrupt, RunPreempted)) or (isinstance(e, SystemExit) and not dist.sharded):
             status = "KILLED"
         elif dist.main:
-            rd.set_status("failed", error=f"{type(e).__name__}: {e}"[:2000],
+            rd.set_status(RunState.FAILED, error=f"{type(e).__name__}: {e}"[:2000],
                           traceback=traceback.format_exc()[-8000:], failed_at=time.time())
         raise
     finally:
@@ -93,7 +93,7 @@ def launch_ranks(nproc: int, module: str, args: list[str], rd: RunDir, *, log: P
             out.close()
     if rc != 0:
         fail_run(rd, f"torchrun over {nproc} processes exited with code {rc}" + (f" (log: {log})" if log else ""))
-    if stop.received is not None and rd.status().get("state") == "preempted":
+    if stop.received is not None and rd.state is RunState.PREEMPTED:
         stop.chain()  # e.g. submitit's handler: requeue the job, which resumes the run
     return rc
 
@@ -102,6 +102,6 @@ def fail_run(rd: RunDir, error: str) -> None:
     """Mark a run failed after its processes exited, keeping a rank's own (more precise) error and a
     preemption (the ranks checkpointed and stopped: resumable)."""
     status = rd.status() if rd.status_path.exists() else {}
-    if (status.get("state") == "failed" and status.get("error")) or status.get("state") == "preempted":
+    if (status.get("state") == RunState.FAILED and status.get("error")) or status.get("state") == RunState.PREEMPTED:
         return
-    rd.set_status("failed", error=error, failed_at=time.time())
+    rd.set_status(RunState.FAILED, error=error, failed_at=time.time())

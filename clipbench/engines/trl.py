@@ -40,6 +40,7 @@ from typing import Callable
 from transformers import TrainerCallback
 
 from clipbench.errors import ConfigError, UserError, did_you_mean
+from clipbench.tracking.store import RunState
 
 # GRPOConfig fields clipbench derives from the run config (a `trl:` entry may not set them).
 DERIVED = ("output_dir", "seed", "num_generations", "per_device_train_batch_size", "steps_per_generation",
@@ -256,7 +257,7 @@ class StoreCallback(TrainerCallback):
             os.replace(src, tmp / "model")
             atomic_write_json(tmp / "state.json", {"step": n // self.per_rollout, "opt_step": n, "engine": "trl"})
             install_checkpoint(tmp, self.rd.checkpoint_dir)
-            self.rd.set_status("running", step=n // self.per_rollout)
+            self.rd.set_status(RunState.RUNNING, step=n // self.per_rollout)
         _barrier()
 
 
@@ -368,7 +369,7 @@ def run_trl(cfg, run_dir: Path, *, resume: bool = False, sink=None,
     backend = "vllm" if args.use_vllm else "hf"
     if main:
         rd.write_config(to_dict(cfg))
-        rd.set_status("running", run_id=run_id(cfg), step=state["step"], steps=cfg.train.steps, backend=backend,
+        rd.set_status(RunState.RUNNING, run_id=run_id(cfg), step=state["step"], steps=cfg.train.steps, backend=backend,
                       engine="trl", started=rd.status().get("started", time.time()))
         sink.log_params(run_params(to_dict(cfg), backend))
         starts = record_start(rd, cfg.model.name, engine="trl", world_size=int(os.environ.get("WORLD_SIZE", "1")),
@@ -385,7 +386,7 @@ def run_trl(cfg, run_dir: Path, *, resume: bool = False, sink=None,
         sink.log_artifact(rd.config_path)
         if rd.hist_path.exists():
             sink.log_artifact(rd.hist_path, "hist")
-        rd.set_status("finished", step=cfg.train.steps, finished=time.time(),
+        rd.set_status(RunState.FINISHED, step=cfg.train.steps, finished=time.time(),
                       **({"records": record_steps(rd.path)} if cfg.train.record.every else {}))
         shutil.rmtree(args.output_dir, ignore_errors=True)  # TRL's own dir: its checkpoints were moved out
     del trainer

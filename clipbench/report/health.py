@@ -32,6 +32,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from clipbench.report.load import RunRecord
+from clipbench.tracking.store import RunState
 
 WINDOW = 0.1                 # share of the rollout steps averaged at the start and at the end
 REWARD_COLLAPSE = 0.5        # flagged when the end is below this fraction of the start
@@ -75,12 +76,12 @@ def exclusion_reason(run: RunRecord) -> str | None:
     steps = total_steps(run)
     done = steps_done(run)
     of = f"{done}/{steps}" if steps else str(done)
-    if run.state == "failed":
+    if run.state == RunState.FAILED:
         err = str(run.status.get("error") or "").strip().splitlines()
         return f"failed after {of} steps" + (f": {err[0][:160]}" if err else "")
-    if run.state == "preempted":
+    if run.state == RunState.PREEMPTED:
         return f"preempted after {of} steps (checkpointed: rerun the sweep to resume it)"
-    if run.state != "finished":
+    if run.state != RunState.FINISHED:
         return f"not finished ({run.state}, {of} steps: interrupted, or still training)"
     if run.final_step is None:
         return "finished without an evaluation"

@@ -45,8 +45,7 @@ from clipbench.config.labels import run_label
 from clipbench.errors import PREEMPTED_EXIT, RunPreempted, UserError, unknown_choice
 from clipbench.sweep.manifest import read_manifest
 from clipbench.tracking.lock import try_run_lock
-from clipbench.tracking.store import RunDir
-from clipbench.tracking.files import atomic_write_json
+from clipbench.tracking.store import RunDir, RunState
 
 
 
@@ -97,10 +96,10 @@ def checkpoint_step(rd: RunDir) -> int | None:
 
 def classify(rd: RunDir, retry_failed: bool = False) -> str:
     """'finished' | 'failed' (to skip) | 'resume' | 'start' -- from the store alone."""
-    state = rd.status().get("state", "pending")
-    if state == "finished":
+    state = rd.state
+    if state is RunState.FINISHED:
         return "finished"
-    if state == "failed" and not retry_failed:
+    if state is RunState.FAILED and not retry_failed:
         return "failed"
     return "resume" if checkpoint_step(rd) is not None else "start"
 
@@ -156,13 +155,7 @@ def run_one(task: RunTask, *, progress: Callable[[dict], None] | None = None,
         cfg = from_dict(task.config)
         from_step = checkpoint_step(rd)
         resume = from_step is not None
-        prev = rd.status() if rd.status_path.exists() else {}
-        rd.path.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(rd.status_path, {
-            **{k: v for k, v in prev.items() if k not in ("error", "traceback")},
-            "state": "running", "sweep": task.sweep, "attempts": int(prev.get("attempts", 0)) + 1,
-            "resumed_from": from_step, "pid": os.getpid(),
-        })
+        rd.start_attempt(sweep=task.sweep, resumed_from=from_step, pid=os.getpid())
         if on_start:
             on_start(task.run_id, cfg.train.steps, "resume" if resume else "start")
         n = cfg.launch.nproc_per_node
@@ -173,7 +166,7 @@ def run_one(task: RunTask, *, progress: Callable[[dict], None] | None = None,
 
             rc = launch_ranks(n, "clipbench.sweep.worker", args, rd, log=rd.path / "torchrun.log",
                               signals=preempt_signals(cfg))
-            if rd.status().get("state") == "preempted":
+            if rd.state is RunState.PREEMPTED:
                 return _outcome(task, "preempted", t0, resumed_from=from_step, step=rd.status().get("step"))
             if rc != 0:
                 return _outcome(task, "failed", t0, error=str(rd.status().get("error", f"exit code {rc}"))[:500])

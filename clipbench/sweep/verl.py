@@ -15,7 +15,7 @@ from pathlib import Path
 from clipbench.config.labels import run_label
 from clipbench.engines.verl import plan_runs, shell_line, submit
 from clipbench.sweep.manifest import manifest_runs
-from clipbench.tracking.store import RunDir
+from clipbench.tracking.store import RunDir, RunState
 
 
 def _launcher_setting(hydra_overrides: list[str], key: str) -> str | None:
@@ -52,7 +52,7 @@ def submit_verl(plans: list[dict], sweep_dir: Path, *, launcher: str | None, hyd
     for p, j in zip(todo, jobs):
         rd = RunDir(Path(sweep_dir) / p["run_id"])
         rd.write_config(p["config"])
-        rd.set_status("pending", engine="verl", submitted={"launcher": launcher or "local", "job": j["job"],
+        rd.set_status(RunState.PENDING, engine="verl", submitted={"launcher": launcher or "local", "job": j["job"],
                                                            "command": shell_line(p["command"], p["env"])})
         done.append({"plan": p, "job": j["job"]})
     return skipped, done

@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping
 
 from clipbench.tracking.files import atomic_write_json, read_json
 from clipbench.tracking.mirror import expected_metrics, metric_name, mirror_points, opt_step_after, param_value
-from clipbench.tracking.store import RunDir
+from clipbench.tracking.store import RunDir, RunState
 
 log = logging.getLogger("clipbench.tracking")
 
@@ -301,6 +301,6 @@ def replay_sink(name: str, config: Mapping, rd: RunDir, *, sweep: str, run_name:
     try:
         n = sink.replay()
     finally:
-        sink.close("FINISHED" if rd.status().get("state") == "finished" else "FAILED")
+        sink.close("FINISHED" if rd.state is RunState.FINISHED else "FAILED")
     _note(rd, name, needs_sync=False, error=None)
     return n

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+from enum import Enum
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -30,7 +31,17 @@ from clipbench.tracking.files import (REMEDIES, _read_text, atomic_write_json, a
                                       read_jsonl)
 from clipbench.yamlio import YamlError, dump_yaml, load_yaml_text
 
-STATES = ("pending", "running", "finished", "failed", "preempted")  # preempted: checkpointed, resumable
+class RunState(str, Enum):
+    """A run's state in status.json (a str, so the file holds the plain name)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    PREEMPTED = "preempted"  # checkpointed, resumable
+
+
+STATES = tuple(s.value for s in RunState)
 # Sub-directories of a results dir that are not sweeps (`train` is: single `clipbench train` runs).
 NOT_SWEEPS = ("reports", "bench", "eval", "mlartifacts")
 
@@ -130,17 +141,34 @@ class RunDir:
         """status.json ({"state": "pending"} when missing), read as today's store format
         (store_format.py); StoreError when damaged or written by a newer format."""
         st = read_json(self.status_path, None, kind="status")
-        st = {"state": "pending"} if st is None else read_format(self.status_path, st)
-        if st.get("state", "pending") not in STATES:
+        st = {"state": RunState.PENDING.value} if st is None else read_format(self.status_path, st)
+        if st.get("state", RunState.PENDING.value) not in STATES:
             raise StoreError(self.status_path, f"unknown state {st.get('state')!r} (valid: {', '.join(STATES)})",
                              REMEDIES["status"])
         return st
 
-    def set_status(self, state: str, **extra: Any) -> None:
-        assert state in STATES, state
+    @property
+    def state(self) -> RunState:
+        return RunState(self.status().get("state", RunState.PENDING.value))
+
+    def set_status(self, state: RunState, **extra: Any) -> None:
+        """The one writer of status.json: `state` and `extra` over what it holds."""
         cur = self.status()
         cur.update(extra)
-        cur["state"] = state
+        cur["state"] = RunState(state).value
+        atomic_write_json(self.status_path, stamp(cur))
+
+    def update_status(self, **extra: Any) -> None:
+        """Fields added to status.json, its state kept."""
+        self.set_status(self.state, **extra)
+
+    def start_attempt(self, **extra: Any) -> None:
+        """A sweep starts (or resumes) the run: state running, one more attempt, the last attempt's
+        error and traceback dropped."""
+        prev = self.status() if self.status_path.exists() else {}
+        self.path.mkdir(parents=True, exist_ok=True)
+        cur = {k: v for k, v in prev.items() if k not in ("error", "traceback")}
+        cur.update(extra, state=RunState.RUNNING.value, attempts=int(prev.get("attempts", 0)) + 1)
         atomic_write_json(self.status_path, stamp(cur))
 
     # metrics (append-only jsonl)
@@ -174,7 +202,7 @@ class RunDir:
                 atomic_write_text(path, "".join(dumps(r) + "\n" for r in keep))
         kept = truncate_records(self.path, step)
         if "records" in self.status():
-            self.set_status(self.status()["state"], records=kept)
+            self.update_status(records=kept)
 
     @staticmethod
     def _drop_torn_tail(path: Path) -> None:

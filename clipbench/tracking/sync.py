@@ -29,10 +29,10 @@ from clipbench.tracking.mlflow_client import (_mlflow_json, artifact_location, c
                                               send_missing_artifacts, send_params, send_points)
 from clipbench.tracking.mirror import run_tags
 from clipbench.tracking.mlflow_sink import parent_run
-from clipbench.tracking.store import RunDir, list_run_dirs, list_sweeps
+from clipbench.tracking.store import RunDir, RunState, list_run_dirs, list_sweeps
 from clipbench.tracking.files import read_json
 
-STATUS = {"finished": "FINISHED", "failed": "FAILED", "preempted": "KILLED"}  # preempted: resumed later
+STATUS = {RunState.FINISHED: "FINISHED", RunState.FAILED: "FAILED", RunState.PREEMPTED: "KILLED"}  # preempted: resumed later
 
 
 @dataclass
@@ -144,9 +144,9 @@ def close_parent(client, parent: str, runs: list[StoredRun], manifest_ids: Itera
         return None
     states = {r.rd.run_id: r.status.get("state", "pending") for r in runs}
     planned = set(manifest_ids) | set(states)
-    if all(states.get(rid) == "finished" for rid in planned):
+    if all(states.get(rid) == RunState.FINISHED for rid in planned):
         status = "FINISHED"
-    elif "failed" in states.values():
+    elif RunState.FAILED in states.values():
         status = "FAILED"
     else:
         status = "KILLED"

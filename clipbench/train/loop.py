@@ -56,7 +56,7 @@ from clipbench.eval.suite import eval_suite, run_eval
 from clipbench.tracking.mirror import run_params
 from clipbench.tracking.provenance import provenance_params, record_start
 from clipbench.tracking.sink import MetricSink, NullSink
-from clipbench.tracking.store import RunDir
+from clipbench.tracking.store import RunDir, RunState
 from clipbench.models import compute_dtype, dtype_name, resolve_model_name
 from clipbench.train.checkpoint import checkpoint_step, find_checkpoint, load_checkpoint, load_partial, save_checkpoint
 from clipbench.train.build import build_models, build_optimizer, planned_optimizer_steps
@@ -153,7 +153,7 @@ def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricS
         if ckpt is not None:  # a mid-step checkpoint keeps that step's logged optimizer steps
             rd.truncate_after(state["step"], opt_step=state["opt_step"] if partial else None)
         rd.write_config(to_dict(cfg))
-        rd.set_status("running", run_id=run_id(cfg), step=state["step"], steps=cfg.train.steps, backend=backend,
+        rd.set_status(RunState.RUNNING, run_id=run_id(cfg), step=state["step"], steps=cfg.train.steps, backend=backend,
                       world_size=dist.world, started=rd.status().get("started", time.time()))
         sink.log_params(run_params(to_dict(cfg), backend))  # config + effective clip bounds (rule.*)
         starts = record_start(rd, cfg.model.name, engine="builtin", world_size=dist.world, device=dist.device,
@@ -306,7 +306,7 @@ def after_step(trainer: Trainer, done: int) -> None:
     if done % cfg.train.checkpoint_every == 0 or done == cfg.train.steps:
         checkpoint(trainer, done)
         if trainer.dist.main:
-            trainer.rd.set_status("running", step=done, skipped_nonfinite=trainer.state["skipped_nonfinite"])
+            trainer.rd.set_status(RunState.RUNNING, step=done, skipped_nonfinite=trainer.state["skipped_nonfinite"])
 
 
 def checkpoint(trainer: Trainer, step: int, partial: Partial | None = None) -> None:
@@ -345,7 +345,7 @@ def finish(trainer: Trainer, last: dict) -> dict:
         trainer.sink.log_artifact(rd.config_path)
         if rd.hist_path.exists():
             trainer.sink.log_artifact(rd.hist_path, "hist")
-        rd.set_status("finished", step=cfg.train.steps, finished=time.time(),
+        rd.set_status(RunState.FINISHED, step=cfg.train.steps, finished=time.time(),
                       skipped_nonfinite=trainer.state["skipped_nonfinite"])
     return {"run_id": run_id(cfg), "run_dir": str(rd.path), "steps": cfg.train.steps, **final,
             "last": {k: v for k, v in last.items() if isinstance(v, (int, float))}}

@@ -31,6 +31,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from clipbench.errors import RunPreempted
+from clipbench.tracking.store import RunState
 from clipbench.train.distributed import Dist
 
 SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")  # what `launch.preempt_signal` may name (SIGTERM always asks)
@@ -153,7 +154,7 @@ def cpu_inputs(inputs) -> dict:
 def mark_preempted(trainer, step: int, stop: StopRequest) -> None:
     """Rank 0: status preempted (resumable) with where it stopped; then every rank raises."""
     if trainer.dist.main:
-        trainer.rd.set_status("preempted", step=step, opt_step=trainer.state["opt_step"], signal=stop.name,
+        trainer.rd.set_status(RunState.PREEMPTED, step=step, opt_step=trainer.state["opt_step"], signal=stop.name,
                               preempted_at=time.time(), skipped_nonfinite=trainer.state["skipped_nonfinite"])
     trainer.dist.barrier()
     raise RunPreempted(f"preempted by {stop.name} at rollout step {step} (optimizer step "

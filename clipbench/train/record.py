@@ -83,8 +83,7 @@ class Recorder:
         if self.used + size > self.cfg.train.record.max_mb * MB:
             self.full = True
             if self.dist.main:
-                self.rd.set_status(self.rd.status()["state"],
-                                   record_note=f"recording stopped at rollout step {step}: its record ({size / MB:.1f} "
+                self.rd.update_status(record_note=f"recording stopped at rollout step {step}: its record ({size / MB:.1f} "
                                                f"MB) would take the run's records past train.record.max_mb="
                                                f"{self.cfg.train.record.max_mb}")
             return NO_CAPTURE
@@ -157,7 +156,7 @@ class Capture:
             if self.uniforms is not None:
                 tensors["uniforms"] = self.uniforms
             path = install_record(self.tmp, self.index(), tensors)
-            self.r.rd.set_status(self.r.rd.status()["state"], records=record_steps(self.r.rd.path))
+            self.r.rd.update_status(records=record_steps(self.r.rd.path))
             if self.r.sink is not None:  # the index (small) mirrors to MLflow; the tensors stay in the store
                 self.r.sink.log_artifact(path / "index.json", f"record/{path.name}")
         dist.barrier()
