@@ -73,7 +73,9 @@ def test_bad_values_name_file_key_and_reason(override, key, words):
         load_run_config(RECIPE, override)
     msg = str(e.value)
     assert "\n" not in msg
-    assert msg.startswith(RECIPE) and e.value.key == key, msg
+    given = [o for o in override if o.split("=")[0] in (key, key.rsplit(".", 1)[0])]
+    # a key an override set names that override (issue 28), one it did not set names the recipe
+    assert msg.startswith(f"command line ({given[0]}): " if given else RECIPE) and e.value.key == key, msg
     assert words in msg
 
 
@@ -162,3 +164,28 @@ def test_hub_ids_and_existing_local_paths_pass(tmp_path):
     r = tmp_path / "r.yaml"  # a recipe's relative path is checked where it points, next to the recipe
     r.write_text("model: {name: ./m}\n")
     assert load_run_config(r).model.name == str(tmp_path / "m")
+
+
+def test_an_override_that_is_wrong_is_named_not_the_recipe():
+    # issue 28: the error named the recipe file although the recipe was fine and the override was not
+    with pytest.raises(ConfigError) as e:
+        load_run_config(RECIPE, ["train.lr=5"])
+    assert str(e.value) == "command line (train.lr=5): train.lr: must be in (0, 1], got 5"
+    with pytest.raises(ConfigError) as e:  # a key inside the section the override set
+        load_run_config(RECIPE, ["objective={method: grpo, eps_low: -1}"])
+    assert str(e.value).startswith("command line (objective={method: grpo, eps_low: -1}): objective.eps_low: grpo: 'eps_low'")
+
+
+@pytest.mark.parametrize("verb", ["train", "rehearse"])
+def test_objective_method_as_a_list_is_one_line_exit_2_nothing_written(verb, tmp_path):
+    # issue 28: a 71-line TypeError (unhashable type: 'list')
+    from typer.testing import CliRunner
+
+    from clipbench.cli import app
+
+    res = CliRunner().invoke(app, [verb, RECIPE, "objective.method=[grpo,dapo]", "--results-dir", str(tmp_path / "r")])
+    assert res.exit_code == 2
+    assert res.output.strip() == ("error: command line (objective.method=[grpo,dapo]): objective.method: must be one method "
+                                  "name, got list "
+                                  "['grpo', 'dapo']; to compare several, make it a sweep axis (grid: objective.method: [...])")
+    assert not (tmp_path / "r").exists()

@@ -187,12 +187,27 @@ def validate(data: Mapping, source: str | None = None) -> RunConfig:
 def load_run_config(path: str | Path | None, overrides: Iterable[str] = (), plugins: Iterable[str] = ()) -> RunConfig:
     """``plugins``: extra rule files/modules (the CLI's --plugin, relative to the working directory),
     merged into the recipe's ``plugins`` list."""
+    overrides = list(overrides)
     data = compose(path, overrides)
     if plugins:
         from clipbench.objectives.plugins import merge_specs, resolve
 
         data["plugins"] = merge_specs(data.get("plugins") or [], [resolve(p) for p in plugins])
-    return validate(data, str(path) if path else "command line")
+    try:
+        return validate(data, str(path) if path else "command line")
+    except ConfigError as e:  # a key the command line set: name the override, not the recipe
+        given = next((o for o in overrides if _overrides_key(o, e.key)), None)
+        if given is None or not path:
+            raise
+        raise ConfigError(f"command line ({given})", e.key, e.reason) from None
+
+
+def _overrides_key(override: str, key: str | None) -> bool:
+    """Whether `key=value` (or `+key=...`) sets `key`, a section above it, or a key inside it."""
+    if not key or "=" not in override:
+        return False
+    k = override.split("=", 1)[0].lstrip("+~")
+    return k == key or key.startswith(k + ".") or k.startswith(key + ".")
 
 
 @functools.lru_cache(maxsize=1)
@@ -280,6 +295,9 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
     method = obj.pop("method", None)
     if method is None:
         err("objective.method", f"missing; choose one of: {', '.join(sorted(METHODS))}")
+    if not isinstance(method, str):
+        err("objective.method", f"must be one method name, got {type(method).__name__} {method!r}"
+            + ("; to compare several, make it a sweep axis (grid: objective.method: [...])" if isinstance(method, list) else ""))
     if method not in METHODS:
         err("objective.method", unknown_choice("method", method, METHODS))
     try:
