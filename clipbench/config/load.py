@@ -278,6 +278,9 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
     method = obj.pop("method", None)
     if method is None:
         err("objective.method", f"missing; choose one of: {', '.join(sorted(METHODS))}")
+    if not isinstance(method, str):  # a list or a mapping is unhashable: refuse it, no TypeError
+        err("objective.method", f"must be a method name (one of: {', '.join(sorted(METHODS))}), "
+                                f"got {type(method).__name__} {method!r}")
     if method not in METHODS:
         err("objective.method", unknown_choice("method", method, METHODS))
     try:
