@@ -25,7 +25,7 @@ from clipbench.replay import params as P
 from clipbench.replay.rules import RuleSpec
 from clipbench.replay.tokens import Cells, NotReplayable, OptStepView, compare, cosine_matrix, flat_g, replay_rule
 from clipbench.tracking.files import read_jsonl
-from clipbench.tracking.records import list_records, load_record
+from clipbench.tracking.records import INDEX, REMEDY, damaged_records, list_records, load_record
 
 
 @dataclass
@@ -130,6 +130,7 @@ def replay_runs(run_dirs: Iterable[Path], rules: list[RuleSpec], *, opt_steps: s
         run_dir = Path(run_dir)
         logged = _logged(run_dir)
         records = list_records(run_dir)
+        out.notes.extend(f"{d}: damaged record skipped (no {INDEX}); {REMEDY}" for d in damaged_records(run_dir))
         if not records:
             out.notes.append(f"{run_dir}: no records (train.record.every was 0)")
             continue
