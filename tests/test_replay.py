@@ -264,3 +264,20 @@ def test_records_without_their_index_are_called_damaged_not_missing(recorded, tm
                          capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr[-2000:]
     assert "damaged record" in out.stderr and "index.json" in out.stderr and "train.record.every" not in out.stderr
+
+
+@pytest.mark.slow
+def test_a_record_of_another_rule_is_refused_in_one_line(recorded, tmp_path):
+    """Issue 28 item 6: a record whose index claims another rule than the run's config is not replayed."""
+    import shutil
+
+    run = tmp_path / "rec" / recorded.name
+    shutil.copytree(recorded, run)
+    index = sorted((run / "record").glob("step_*"))[-1] / "index.json"
+    data = json.loads(index.read_text())
+    data["objective"]["method"] = "grpo" if data["objective"]["method"] != "grpo" else "dapo"
+    index.write_text(json.dumps(data))
+    out = subprocess.run([sys.executable, "-m", "clipbench", "replay", str(run), "--rules", "grpo"],
+                         capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr[-2000:]
+    assert "not this run's record" in out.stderr and index.parent.name in out.stderr

@@ -44,6 +44,22 @@ def trained_rule(record) -> RuleSpec:
     return RuleSpec.of(obj["method"], obj["params"])
 
 
+def check_rule(run_dir: Path, record) -> None:
+    """Refuse a record whose rule (method or a parameter) is not the one its run's config.yaml trained."""
+    import yaml
+
+    cfg_path = run_dir / "config.yaml"
+    if not cfg_path.is_file():
+        return
+    ran = dict((yaml.safe_load(cfg_path.read_text()) or {}).get("objective") or {})
+    rec = record.index["objective"]
+    method = ran.pop("method", None)
+    bad = [k for k, v in ran.items() if k in rec["params"] and rec["params"][k] != v]
+    if method != rec["method"] or bad:
+        raise UserError(f"{record.path}: record of rule {rec['method']} {rec['params']}, but the run trained "
+                        f"{method} {ran} ({cfg_path.name}): not this run's record; {REMEDY}")
+
+
 def _logged(run_dir: Path) -> dict[int, dict]:
     path = run_dir / "metrics.jsonl"
     return {r["opt_step"]: r for r in read_jsonl(path) if "opt_step" in r} if path.exists() else {}
@@ -134,6 +150,8 @@ def replay_runs(run_dirs: Iterable[Path], rules: list[RuleSpec], *, opt_steps: s
         if not records:
             out.notes.append(f"{run_dir}: no records (train.record.every was 0)")
             continue
+        for path in records:  # every record checked before any is replayed
+            check_rule(run_dir, load_record(path))
         for path in records:
             rec = load_record(path)
             for opt in rec.index["opt_steps"]:
