@@ -39,6 +39,7 @@ def test_run_id_is_deterministic_and_config_sensitive():
     (["train.steps=abc"], "train.steps", ""),
     (["train.steps=0"], "train.steps", "must be in [1, 1000000], got 0"),
     (["objective.method=grpp"], "objective.method", "did you mean 'grpo'"),
+    (["objective.method=[grpo, dapo]"], "objective.method", "must be one method name"),  # issue 28.7
     (["objective.p=0.5"], "objective.p", "p"),  # grpo has no p
     (["objective.method=nsr", "objective.p=1.5"], "objective.p", ""),
     (["objective.eps_low=-0.1"], "objective.eps_low", ""),

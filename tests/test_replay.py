@@ -242,3 +242,42 @@ def test_cli_replay_json_lines_and_report(recorded, tmp_path):
                           str(tmp_path / "own")], capture_output=True, text=True, cwd=REPO)
     assert own.returncode == 0, own.stderr[-2000:]
     assert "Replay vs nsr" in (tmp_path / "own" / "replay.html").read_text()
+
+
+@pytest.mark.slow
+def test_records_without_their_index_are_called_damaged_not_missing(recorded, tmp_path):
+    """Issue 28 item 6: a record with no index.json is skipped with a note; all of them: refused as damaged."""
+    import shutil
+
+    from clipbench.replay.rules import parse_rules
+    from clipbench.replay.run import replay_runs
+
+    run = tmp_path / "rec" / recorded.name
+    shutil.copytree(recorded, run)
+    steps = sorted((run / "record").glob("step_*"))
+    (steps[0] / "index.json").unlink()
+    res = replay_runs([run], parse_rules("grpo"), params=False)
+    assert [n for n in res.notes if "damaged record skipped" in n and steps[0].name in n]
+    for d in steps[1:]:
+        (d / "index.json").unlink()
+    out = subprocess.run([sys.executable, "-m", "clipbench", "replay", str(run), "--rules", "grpo"],
+                         capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr[-2000:]
+    assert "damaged record" in out.stderr and "index.json" in out.stderr and "train.record.every" not in out.stderr
+
+
+@pytest.mark.slow
+def test_a_record_of_another_rule_is_refused_in_one_line(recorded, tmp_path):
+    """Issue 28 item 6: a record whose index claims another rule than the run's config is not replayed."""
+    import shutil
+
+    run = tmp_path / "rec" / recorded.name
+    shutil.copytree(recorded, run)
+    index = sorted((run / "record").glob("step_*"))[-1] / "index.json"
+    data = json.loads(index.read_text())
+    data["objective"]["method"] = "grpo" if data["objective"]["method"] != "grpo" else "dapo"
+    index.write_text(json.dumps(data))
+    out = subprocess.run([sys.executable, "-m", "clipbench", "replay", str(run), "--rules", "grpo"],
+                         capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr[-2000:]
+    assert "not this run's record" in out.stderr and index.parent.name in out.stderr

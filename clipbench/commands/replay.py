@@ -16,7 +16,7 @@ from clipbench.errors import UserError, unknown_choice
 from clipbench.report import render
 from clipbench.report.replay import replay_tables, write_replay
 from clipbench.tracking.files import check_store_dir, check_writable_dir, dumps
-from clipbench.tracking.records import list_records
+from clipbench.tracking.records import INDEX, REMEDY, damaged_records, list_records
 from clipbench.tracking.store import list_run_dirs
 
 FORMATS = ("rich", "markdown", "html", "csv", "latex")
@@ -69,6 +69,8 @@ def replay_command(target: str, *, rules: str | None, steps: str | None, json_ou
     results_dir = check_store_dir(results_dir) if not Path(target).is_dir() else Path(results_dir)
     name, runs = resolve(target, results_dir)
     recorded = [r for r in runs if list_records(r)]
+    if not recorded and (damaged := [d for r in runs for d in damaged_records(r)]):
+        raise UserError(f"{damaged[0]}: damaged record: no {INDEX} ({len(damaged)} such record(s)); {REMEDY}")
     if not recorded:
         raise UserError(f"{target}: no records in {len(runs)} run(s); train with train.record.every=N (docs/replay.md)")
     specs = parse_rules(rules)  # checked before anything runs or is written

@@ -11,6 +11,8 @@ carries the logged `logged/loss` and `logged/grad_norm` so the reproduction is v
 
 from __future__ import annotations
 
+import json
+
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -25,7 +27,8 @@ from clipbench.replay import params as P
 from clipbench.replay.rules import RuleSpec
 from clipbench.replay.tokens import Cells, NotReplayable, OptStepView, compare, cosine_matrix, flat_g, replay_rule
 from clipbench.tracking.files import read_jsonl
-from clipbench.tracking.records import list_records, load_record
+from clipbench.tracking.store import RunDir
+from clipbench.tracking.records import INDEX, REMEDY, damaged_records, list_records, load_record
 
 
 @dataclass
@@ -42,6 +45,24 @@ def trained_rule(record) -> RuleSpec:
         raise UserError(f"{record.path}: the run trained rule '{obj['method']}', which is not registered here: "
                         f"pass its file with --plugin")
     return RuleSpec.of(obj["method"], obj["params"])
+
+
+def check_rule(run_dir: Path, path: Path) -> None:
+    """Refuse a record whose rule (method or a parameter) is not the one its run's config.yaml trained
+    (reads the record's index only; a damaged one is load_record's to report)."""
+    cfg = RunDir(run_dir).read_config() if (run_dir / "config.yaml").is_file() else None
+    try:
+        rec = json.loads((path / INDEX).read_text())["objective"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if cfg is None:
+        return
+    ran = dict(cfg.get("objective") or {})
+    method = ran.pop("method", None)
+    bad = [k for k, v in ran.items() if k in rec["params"] and rec["params"][k] != v]
+    if method != rec["method"] or bad:
+        raise UserError(f"{path}: record of rule {rec['method']} {rec['params']}, but the run trained "
+                        f"{method} {ran} (config.yaml): not this run's record; {REMEDY}")
 
 
 def _logged(run_dir: Path) -> dict[int, dict]:
@@ -130,9 +151,12 @@ def replay_runs(run_dirs: Iterable[Path], rules: list[RuleSpec], *, opt_steps: s
         run_dir = Path(run_dir)
         logged = _logged(run_dir)
         records = list_records(run_dir)
+        out.notes.extend(f"{d}: damaged record skipped (no {INDEX}); {REMEDY}" for d in damaged_records(run_dir))
         if not records:
             out.notes.append(f"{run_dir}: no records (train.record.every was 0)")
             continue
+        for path in records:  # every record checked before any is replayed
+            check_rule(run_dir, path)
         for path in records:
             rec = load_record(path)
             for opt in rec.index["opt_steps"]:

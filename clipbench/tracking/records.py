@@ -83,6 +83,14 @@ def list_records(run_path: str | Path) -> list[Path]:
     return sorted(d for d in root.iterdir() if not d.name.startswith(".") and (d / INDEX).is_file())
 
 
+def damaged_records(run_path: str | Path) -> list[Path]:
+    """The run's record directories without an index (damaged: not replayable), in order."""
+    root = record_root(run_path)
+    if not root.is_dir():
+        return []
+    return sorted(d for d in root.iterdir() if not d.name.startswith(".") and d.is_dir() and not (d / INDEX).is_file())
+
+
 _STEP = re.compile(r"^step_(\d+)")  # step_<k>, step_<k>.rank<r> (a hook's record of one process)
 
 
