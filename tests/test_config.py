@@ -190,3 +190,24 @@ def test_objective_method_as_a_list_is_one_line_exit_2_nothing_written(verb, tmp
                                   "name, got list "
                                   "['grpo', 'dapo']; to compare several, make it a sweep axis (grid: objective.method: [...])")
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("verb", ["train", "rehearse", "sweep"])
+def test_a_model_directory_without_weights_is_refused_before_anything_is_written(verb, tmp_path):
+    # issue 28: a directory with config.json and no weights passed the preflight: the sweep wrote its
+    # manifest and failed every run (exit 1), train wrote a failed run and mlflow.db, rehearse passed
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from clipbench.cli import app
+    from clipbench.models import builtin_path
+
+    model = tmp_path / "no_weights"
+    model.mkdir()
+    shutil.copy(builtin_path("arith-steps") / "config.json", model)
+    res = CliRunner().invoke(app, [verb, "quickstart", f"model.name={model}", "--results-dir", str(tmp_path / "r")])
+    assert res.exit_code == 2, res.output
+    assert res.output.strip() == (f"error: model.name: cannot load '{model}': {model} has a config.json but no weights "
+                                  "(*.safetensors, pytorch_model*.bin)")
+    assert not (tmp_path / "r").exists()

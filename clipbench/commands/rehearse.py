@@ -25,11 +25,12 @@ def rehearse_command(recipe: Path, overrides: list[str], *, nproc_per_node: int 
     from clipbench.commands.plan import render
     from clipbench.config import load_run_config
     from clipbench.errors import UserError
-    from clipbench.rehearse import rehearse
+    from clipbench.rehearse import check_local_model, rehearse
 
     if nproc_per_node is not None and nproc_per_node < 1:
         raise UserError(f"--nproc-per-node must be >= 1, got {nproc_per_node}")
-    load_run_config(recipe, overrides, plugins=plugins)  # bad input: one line, before anything is printed
+    cfg = load_run_config(recipe, overrides, plugins=plugins)  # bad input: one line, before anything is printed
+    check_local_model(cfg.model.name)
     err = Console(stderr=True, highlight=False)
     doctor_command(results_dir=results_dir, tracking_uri=tracking_uri, console=err)  # what this machine can run
     t0 = time.time()

@@ -69,6 +69,13 @@ def check_model_config(name: str) -> None:
         AutoConfig.from_pretrained(path)
     except (OSError, ValueError, KeyError) as err:
         raise UserError(f"model.name: cannot load '{name}': {first_line(err)}") from None
+    local = Path(path).expanduser()
+    if looks_local(path) and local.is_dir() and not any(next(local.glob(p), None) for p in WEIGHT_FILES):
+        raise UserError(f"model.name: cannot load '{name}': {local} has a config.json but no weights "
+                        f"({', '.join(WEIGHT_FILES)})")
+
+
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")  # what from_pretrained loads (a sharded index names these)
 
 
 def is_moe(name: str) -> bool:

@@ -80,6 +80,7 @@ def rehearse(recipe: str | Path, overrides: list[str] = (), *, nproc_per_node: i
 
     t0 = time.time()
     real = load_run_config(recipe, list(overrides), plugins=plugins)  # ConfigError: one line, nothing written
+    check_local_model(real.model.name)  # the rehearsal trains a random model: the recipe's own is checked here
     work = check_writable_dir(results_dir) / "rehearse" / Path(recipe).stem
     plan = rehearsal_config(to_dict(real), machine(nproc_per_node))
     shutil.rmtree(work, ignore_errors=True)
@@ -129,3 +130,14 @@ def memory_plan(out: Rehearsal, real) -> None:
     setup = setup_for(real, world_size=out.nproc, device_gib=80.0, shape=shape)
     out.plan = estimate(shape, setup)
     out.plan_note = "" if out.plan.fits else "; ".join(advise(shape, setup))
+
+
+def check_local_model(name: str) -> None:
+    """A recipe's model.name that is a local directory (or a built-in) must load as `clipbench train`
+    would: its config and weights (UserError, one line, before anything is written). A hub id is not
+    looked up here (no network is assumed)."""
+    from clipbench.models import check_model_config, resolve_model_name
+    from clipbench.models.load import looks_local
+
+    if looks_local(resolve_model_name(name)):
+        check_model_config(name)
