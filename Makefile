@@ -23,7 +23,11 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install --quiet -e ".[dev]"
 	@touch $@
 
-test: install ## Run the test suite (and the verl and vLLM tests in their own environments)
+lint: install ## ruff: lint and format check (pyproject.toml [tool.ruff]); `ruff format .` and `ruff check --fix .` mend
+	$(VENV)/bin/ruff check clipbench tests bench scripts examples
+	$(VENV)/bin/ruff format --check clipbench tests bench scripts examples
+
+test: install lint ## Lint, then run the test suite (and the verl and vLLM tests in their own environments)
 	-@bash scripts/install_chromium.sh >/dev/null 2>&1 || echo "chromium unavailable: the HTML screenshot test will be skipped"
 	$(PY) -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-verl
@@ -88,4 +92,4 @@ dist: install ## Build the wheel and sdist into dist/ (recipes and sweeps inside
 clean: ## Remove generated results (keeps results/README.md)
 	find $(RESULTS) -mindepth 1 ! -name README.md -exec rm -rf {} +
 
-.PHONY: help install install-browser dist test test-verl test-vllm bench quickstart reproduce-table3 study study-stability study-replay test-fast clean
+.PHONY: help install install-browser dist lint test test-verl test-vllm bench quickstart reproduce-table3 study study-stability study-replay test-fast clean

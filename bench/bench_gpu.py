@@ -56,16 +56,45 @@ sys.path.insert(0, str(REPO))
 
 RECIPE = REPO / "recipes" / "quickstart.yaml"
 # Qwen3-1.7B's config.json (the architecture fields); weights here are random
-QWEN3_1_7B = dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
-                  num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
-                  rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
+QWEN3_1_7B = dict(
+    hidden_size=2048,
+    intermediate_size=6144,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=151936,
+    max_position_embeddings=40960,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+)
 # the same structure at a size that builds in a second on a CPU (tests of this script)
-QWEN3_TINY = dict(QWEN3_1_7B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=16, vocab_size=1024, max_position_embeddings=512)
+QWEN3_TINY = dict(
+    QWEN3_1_7B,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=1024,
+    max_position_embeddings=512,
+)
 SHAPES = {"1.7b": QWEN3_1_7B, "tiny": QWEN3_TINY}
 # dense bf16 tensor-core peak, TFLOP/s (vendor datasheets); matched in order against the device name
-PEAK_BF16_TFLOPS = (("H200", 989.4), ("GH200", 989.4), ("H100 NVL", 835.0), ("H100 PCIe", 756.0), ("H100", 989.4),
-                    ("A100", 312.0), ("L40S", 362.1), ("L4", 121.0), ("A10G", 70.0), ("A10", 125.0))
+PEAK_BF16_TFLOPS = (
+    ("H200", 989.4),
+    ("GH200", 989.4),
+    ("H100 NVL", 835.0),
+    ("H100 PCIe", 756.0),
+    ("H100", 989.4),
+    ("A100", 312.0),
+    ("L40S", 362.1),
+    ("L4", 121.0),
+    ("A10G", 70.0),
+    ("A10", 125.0),
+)
 ROWS_PER_MICRO = 4
 MINI_BATCHES = 4
 
@@ -102,9 +131,15 @@ def synthetic_tokenizer(vocab_size: int):
     if len(vocab) > vocab_size:
         raise ValueError(f"vocab_size {vocab_size} < the base tokenizer's {len(vocab)}")
     vocab.update({f"<f{i}>": i for i in range(len(vocab), vocab_size)})
-    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)), bos_token=BOS,
-                                   eos_token=EOS, pad_token=PAD, unk_token=UNK, padding_side="left",
-                                   model_input_names=["input_ids", "attention_mask"])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=UNK,
+        padding_side="left",
+        model_input_names=["input_ids", "attention_mask"],
+    )
 
 
 def build_model_dir(shape: dict, path: Path, seed: int = 0) -> int:
@@ -114,13 +149,15 @@ def build_model_dir(shape: dict, path: Path, seed: int = 0) -> int:
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
     tok = synthetic_tokenizer(shape["vocab_size"])
-    config = Qwen3Config(**shape, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                         pad_token_id=tok.pad_token_id)
+    config = Qwen3Config(
+        **shape, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+    )
     torch.manual_seed(seed)  # transformers' init draws from the global generator: fixed here, before any run
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # init on the GPU: seconds, not minutes
         model = Qwen3ForCausalLM(config).to(torch.bfloat16)
-    model.generation_config = GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                                               pad_token_id=tok.pad_token_id)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+    )
     model.save_pretrained(path)
     tok.save_pretrained(path)
     n = sum(p.numel() for p in model.parameters())
@@ -128,8 +165,18 @@ def build_model_dir(shape: dict, path: Path, seed: int = 0) -> int:
     return n
 
 
-def run_config(model_dir: Path, *, backend: str, engine: str, prompts: int, group: int, max_new: int, steps: int,
-               device: str = "cuda", dtype: str = "bfloat16"):
+def run_config(
+    model_dir: Path,
+    *,
+    backend: str,
+    engine: str,
+    prompts: int,
+    group: int,
+    max_new: int,
+    steps: int,
+    device: str = "cuda",
+    dtype: str = "bfloat16",
+):
     """The benchmark's run config (see the module docstring)."""
     from clipbench.config.load import load_run_config
     from clipbench.tasks import build_run_task
@@ -138,14 +185,26 @@ def run_config(model_dir: Path, *, backend: str, engine: str, prompts: int, grou
     longest_prompt = max(len(p.prompt) for p in build_run_task(base).train_problems()) + 1  # chars + <bos>
     rows = prompts * group // MINI_BATCHES
     overrides = [
-        f"model.name={model_dir}", f"model.device={device}", f"model.dtype={dtype}",
+        f"model.name={model_dir}",
+        f"model.device={device}",
+        f"model.dtype={dtype}",
         "model.gradient_checkpointing=true",
-        f"sampler.backend={backend}", f"sampler.max_new_tokens={max_new}", f"sampler.group_size={group}",
-        "sampler.old_logp=recompute", "sampler.gpu_memory_utilization=0.3",
-        f"train.prompts_per_step={prompts}", f"train.mini_batches={MINI_BATCHES}", "train.epochs=1",
-        f"train.steps={steps}", f"train.micro_batch_tokens={ROWS_PER_MICRO * (longest_prompt + max_new)}",
-        "train.checkpoint_every=1000000", "train.warmup_steps=0", "eval.benchmarks=[]", "eval.at_start=false",
-        "tracking.mlflow=false", f"engine={engine}",
+        f"sampler.backend={backend}",
+        f"sampler.max_new_tokens={max_new}",
+        f"sampler.group_size={group}",
+        "sampler.old_logp=recompute",
+        "sampler.gpu_memory_utilization=0.3",
+        f"train.prompts_per_step={prompts}",
+        f"train.mini_batches={MINI_BATCHES}",
+        "train.epochs=1",
+        f"train.steps={steps}",
+        f"train.micro_batch_tokens={ROWS_PER_MICRO * (longest_prompt + max_new)}",
+        "train.checkpoint_every=1000000",
+        "train.warmup_steps=0",
+        "eval.benchmarks=[]",
+        "eval.at_start=false",
+        "tracking.mlflow=false",
+        f"engine={engine}",
     ]
     if engine == "trl":
         overrides.append(f"+trl.gradient_accumulation_steps={max(1, rows // ROWS_PER_MICRO)}")
@@ -174,9 +233,17 @@ def run_arm(arm: str, model_dir: Path, args, out: Path) -> None:
     from clipbench.tracking.sink import NullSink
 
     engine, backend = arm.split("/")
-    cfg = run_config(model_dir, backend=backend, engine="builtin" if engine == "clipbench" else "trl",
-                     prompts=args.prompts, group=args.group, max_new=args.max_new, steps=args.warmup + args.steps,
-                     device=args.device, dtype="bfloat16" if args.device == "cuda" else "float32")
+    cfg = run_config(
+        model_dir,
+        backend=backend,
+        engine="builtin" if engine == "clipbench" else "trl",
+        prompts=args.prompts,
+        group=args.group,
+        max_new=args.max_new,
+        steps=args.warmup + args.steps,
+        device=args.device,
+        dtype="bfloat16" if args.device == "cuda" else "float32",
+    )
     rows: dict[int, dict] = {}
     walls: list[float] = []
     clock = {"t": None}
@@ -198,12 +265,19 @@ def run_arm(arm: str, model_dir: Path, args, out: Path) -> None:
             walls.append(t - clock["t"])
         clock["t"] = t
         if info["step"] == cfg.train.steps:
-            result = {"arm": arm, "per_step_wall": walls, "per_step": [rows[s] for s in sorted(rows)],
-                      "max_memory_allocated_GiB": torch.cuda.max_memory_allocated() / 2 ** 30
-                      if torch.cuda.is_available() else None,
-                      "prompt_tokens_mean": prompt_tokens_mean(cfg), "rows": cfg.train.prompts_per_step *
-                      cfg.sampler.group_size, "epochs": cfg.train.epochs,
-                      "micro_batch_tokens": cfg.train.micro_batch_tokens, "trl": dict(cfg.trl)}
+            result = {
+                "arm": arm,
+                "per_step_wall": walls,
+                "per_step": [rows[s] for s in sorted(rows)],
+                "max_memory_allocated_GiB": torch.cuda.max_memory_allocated() / 2**30
+                if torch.cuda.is_available()
+                else None,
+                "prompt_tokens_mean": prompt_tokens_mean(cfg),
+                "rows": cfg.train.prompts_per_step * cfg.sampler.group_size,
+                "epochs": cfg.train.epochs,
+                "micro_batch_tokens": cfg.train.micro_batch_tokens,
+                "trl": dict(cfg.trl),
+            }
             out.write_text(json.dumps(result, indent=2) + "\n")
             sys.stdout.flush()
             os._exit(0)  # no final checkpoint: the measurement is done
@@ -230,8 +304,11 @@ def summarize(res: dict, n_params: int, warmup: int, peak: float | None) -> dict
     wall = res["per_step_wall"][warmup:]
     rows = res["per_step"][warmup:]
     s_step = statistics.median(wall)
-    completion = statistics.fmean(r["response_length/mean"] for r in rows) if rows and \
-        "response_length/mean" in rows[0] else None
+    completion = (
+        statistics.fmean(r["response_length/mean"] for r in rows)
+        if rows and "response_length/mean" in rows[0]
+        else None
+    )
     out = {"s_per_step": s_step, "steps": len(wall), "max_memory_allocated_GiB": res["max_memory_allocated_GiB"]}
     if completion is not None:
         tokens = res["rows"] * (res["prompt_tokens_mean"] + completion)  # tokens of the rollout batch
@@ -240,9 +317,13 @@ def summarize(res: dict, n_params: int, warmup: int, peak: float | None) -> dict
             t_update = statistics.median(r["time/update"] for r in rows)
             t_sample = statistics.median(r["time/sample"] for r in rows)
             trained = tokens * res["epochs"]
-            out.update(update_s=t_update, sample_s=t_sample, update_tokens_per_s=trained / t_update,
-                       sampler_completion_tokens_per_s=res["rows"] * completion / t_sample,
-                       update_mfu=6 * n_params * trained / t_update / (peak * 1e12) if peak else None)
+            out.update(
+                update_s=t_update,
+                sample_s=t_sample,
+                update_tokens_per_s=trained / t_update,
+                sampler_completion_tokens_per_s=res["rows"] * completion / t_sample,
+                update_mfu=6 * n_params * trained / t_update / (peak * 1e12) if peak else None,
+            )
     return out
 
 
@@ -251,9 +332,11 @@ def print_table(report: dict) -> None:
     from rich.table import Table
 
     w = report["workload"]
-    t = Table(title=f"GRPO step, Qwen3-{w['shape_name']}-shaped (random init), "
-                    f"{w['rows']} x {w['max_new']} new tokens, "
-                    f"{report['device']} (median of {report['steps']} steps)")
+    t = Table(
+        title=f"GRPO step, Qwen3-{w['shape_name']}-shaped (random init), "
+        f"{w['rows']} x {w['max_new']} new tokens, "
+        f"{report['device']} (median of {report['steps']} steps)"
+    )
     for col in ("arm", "s/step", "tok/s/GPU step", "tok/s/GPU update", "update MFU", "sampler tok/s", "peak GiB"):
         t.add_column(col, justify="left" if col == "arm" else "right", no_wrap=True)
 
@@ -264,9 +347,15 @@ def print_table(report: dict) -> None:
         if "error" in a:
             t.add_row(arm, "failed: " + a["error"].splitlines()[-1][:60], "", "", "", "", "")
             continue
-        t.add_row(arm, f(a["s_per_step"], ".2f"), f(a.get("step_tokens_per_s"), ",.0f"),
-                  f(a.get("update_tokens_per_s"), ",.0f"), f(a.get("update_mfu"), ".1%"),
-                  f(a.get("sampler_completion_tokens_per_s"), ",.0f"), f(a.get("max_memory_allocated_GiB"), ".1f"))
+        t.add_row(
+            arm,
+            f(a["s_per_step"], ".2f"),
+            f(a.get("step_tokens_per_s"), ",.0f"),
+            f(a.get("update_tokens_per_s"), ",.0f"),
+            f(a.get("update_mfu"), ".1%"),
+            f(a.get("sampler_completion_tokens_per_s"), ",.0f"),
+            f(a.get("max_memory_allocated_GiB"), ".1f"),
+        )
     Console(width=130).print(t)
     for k, v in report["ratios"].items():
         print(f"{k}: {v:.3f}")
@@ -280,8 +369,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--steps", type=int, default=3, help="measured rollout steps per arm (default 3)")
     ap.add_argument("--warmup", type=int, default=1, help="excluded first steps per arm (default 1)")
     ap.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak (default: by name)")
-    ap.add_argument("--arms", default=None,
-                    help="comma-separated subset of clipbench/vllm,clipbench/hf,trl/vllm,trl/hf")
+    ap.add_argument(
+        "--arms", default=None, help="comma-separated subset of clipbench/vllm,clipbench/hf,trl/vllm,trl/hf"
+    )
     ap.add_argument("--shape", choices=sorted(SHAPES), default="1.7b", help=argparse.SUPPRESS)  # tiny: tests
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: tests of the plumbing at tiny size
     ap.add_argument("--arm", default=None, help=argparse.SUPPRESS)  # internal: run one arm in this process
@@ -308,18 +398,34 @@ def main(argv: list[str] | None = None) -> dict:
     hf_logging.disable_progress_bar()
 
     primary = resolve_backend("auto") if args.device == "cuda" else "hf"
-    arms = args.arms.split(",") if args.arms else \
-        (["clipbench/vllm"] if primary == "vllm" else []) + ["clipbench/hf", f"trl/{primary}"]
+    arms = (
+        args.arms.split(",")
+        if args.arms
+        else (["clipbench/vllm"] if primary == "vllm" else []) + ["clipbench/hf", f"trl/{primary}"]
+    )
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     peak = peak_tflops(device_name, args.peak_tflops)
-    report = {"benchmark": "GRPO step on a Qwen3-1.7B-shaped model (issue 9 §5)", "device": device_name,
-              "peak_bf16_tflops": peak, "steps": args.steps, "warmup": args.warmup,
-              "workload": {"shape_name": args.shape, "shape": SHAPES[args.shape],
-                           "rows": args.prompts * args.group, "prompts": args.prompts,
-                           "group": args.group, "max_new": args.max_new, "mini_batches": MINI_BATCHES,
-                           "rows_per_micro_batch": ROWS_PER_MICRO, "dtype": "bfloat16 autocast, float32 master",
-                           "gradient_checkpointing": True},
-              "arms": {}, "versions": {"torch": torch.__version__}}
+    report = {
+        "benchmark": "GRPO step on a Qwen3-1.7B-shaped model (issue 9 §5)",
+        "device": device_name,
+        "peak_bf16_tflops": peak,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "workload": {
+            "shape_name": args.shape,
+            "shape": SHAPES[args.shape],
+            "rows": args.prompts * args.group,
+            "prompts": args.prompts,
+            "group": args.group,
+            "max_new": args.max_new,
+            "mini_batches": MINI_BATCHES,
+            "rows_per_micro_batch": ROWS_PER_MICRO,
+            "dtype": "bfloat16 autocast, float32 master",
+            "gradient_checkpointing": True,
+        },
+        "arms": {},
+        "versions": {"torch": torch.__version__},
+    }
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench_gpu_") as tmp:
         model_dir = Path(tmp) / "model"
@@ -327,9 +433,28 @@ def main(argv: list[str] | None = None) -> dict:
         report["parameters"] = n_params
         for arm in arms:
             arm_out = Path(tmp) / (arm.replace("/", "_") + ".json")
-            cmd = [sys.executable, __file__, "--arm", arm, "--model-dir", str(model_dir), "--arm-out", str(arm_out),
-                   "--max-new", str(args.max_new), "--prompts", str(args.prompts), "--group", str(args.group),
-                   "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--arm",
+                arm,
+                "--model-dir",
+                str(model_dir),
+                "--arm-out",
+                str(arm_out),
+                "--max-new",
+                str(args.max_new),
+                "--prompts",
+                str(args.prompts),
+                "--group",
+                str(args.group),
+                "--steps",
+                str(args.steps),
+                "--warmup",
+                str(args.warmup),
+                "--device",
+                args.device,
+            ]
             proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
             if proc.returncode != 0 or not arm_out.exists():
                 report["arms"][arm] = {"error": (proc.stderr or proc.stdout or f"exit {proc.returncode}")[-4000:]}
@@ -339,11 +464,14 @@ def main(argv: list[str] | None = None) -> dict:
     ratios = {}
     for backend in ("vllm", "hf"):
         if f"clipbench/{backend}" in ok and f"trl/{backend}" in ok:
-            ratios[f"clipbench/TRL s/step ({backend})"] = \
+            ratios[f"clipbench/TRL s/step ({backend})"] = (
                 ok[f"clipbench/{backend}"]["s_per_step"] / ok[f"trl/{backend}"]["s_per_step"]
+            )
     if "clipbench/vllm" in ok and "clipbench/hf" in ok:
-        ratios["sampler tokens/s vLLM / HF generate"] = (ok["clipbench/vllm"]["sampler_completion_tokens_per_s"]
-                                                        / ok["clipbench/hf"]["sampler_completion_tokens_per_s"])
+        ratios["sampler tokens/s vLLM / HF generate"] = (
+            ok["clipbench/vllm"]["sampler_completion_tokens_per_s"]
+            / ok["clipbench/hf"]["sampler_completion_tokens_per_s"]
+        )
     report["ratios"] = ratios
     report["elapsed_s"] = time.perf_counter() - t0
     out.write_text(json.dumps(report, indent=2) + "\n")

@@ -59,9 +59,18 @@ from clipbench.train.logprobs import entropy_from_logits, selective_log_softmax 
 TARGET_SHARE = 0.02  # objective + diagnostics <= 2% of a training step
 TARGET_MEMORY = 1.3
 
-QWEN3_06B = dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8,
-                 head_dim=128, vocab_size=151936, max_position_embeddings=4096, rms_norm_eps=1e-6,
-                 tie_word_embeddings=True, rope_theta=1_000_000.0)
+QWEN3_06B = dict(
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=151936,
+    max_position_embeddings=4096,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    rope_theta=1_000_000.0,
+)
 QWEN3_06B_LAYERS = 28
 
 
@@ -124,9 +133,7 @@ def time_model_step(layers: int, T: int, repeats: int) -> float:
         return time.thread_time() - t
 
     once()  # warm-up
-    out = 1e3 * statistics.median(once() for _ in range(repeats))
-    del model
-    return out
+    return 1e3 * statistics.median(once() for _ in range(repeats))  # the model is freed with this frame
 
 
 def measure_share(T: int, obj_repeats: int, model_repeats: int) -> dict:
@@ -135,11 +142,24 @@ def measure_share(T: int, obj_repeats: int, model_repeats: int) -> dict:
     per_layer = (t3 - t1) / 2
     step = t1 + (QWEN3_06B_LAYERS - 1) * per_layer
     rules = time_objectives(1, T, obj_repeats)
-    rows = {m: {"objective_ms": ms, "share_of_step": ms / step, "meets_target": ms / step <= TARGET_SHARE}
-            for m, ms in rules.items()}
-    return {"B": 1, "T": T, "model": {"layers_1_ms": t1, "layers_3_ms": t3, "per_layer_ms": per_layer,
-                                      "step_28_layers_ms": step, "shape": QWEN3_06B, "repeats": model_repeats},
-            "objective_repeats": obj_repeats, "rules": rows}
+    rows = {
+        m: {"objective_ms": ms, "share_of_step": ms / step, "meets_target": ms / step <= TARGET_SHARE}
+        for m, ms in rules.items()
+    }
+    return {
+        "B": 1,
+        "T": T,
+        "model": {
+            "layers_1_ms": t1,
+            "layers_3_ms": t3,
+            "per_layer_ms": per_layer,
+            "step_28_layers_ms": step,
+            "shape": QWEN3_06B,
+            "repeats": model_repeats,
+        },
+        "objective_repeats": obj_repeats,
+        "rules": rows,
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -191,20 +211,19 @@ def measure_memory(vocabs, rows_for, dtypes) -> list[dict]:
             logits = torch.randn(B, T, V, generator=g).to(dtype).requires_grad_(True)
             idx = torch.randint(0, V, (B, T), generator=g)
             size = logits.numel() * logits.element_size()
-            row = {"vocab": V, "dtype": str(dtype).replace("torch.", ""), "B": B, "T": T,
-                   "logits_MiB": size / 2 ** 20}
+            row = {"vocab": V, "dtype": str(dtype).replace("torch.", ""), "B": B, "T": T, "logits_MiB": size / 2**20}
             for name, path in (("naive", naive_path), ("chunked", chunked_path)):
                 for backward in (False, True):
                     logits.grad = None
                     t = time.perf_counter()
                     peak = peak_bytes(lambda: path(logits, idx, backward))
                     key = f"{name}_{'fwd_bwd' if backward else 'fwd'}"
-                    row[f"{key}_peak_MiB"] = peak / 2 ** 20
+                    row[f"{key}_peak_MiB"] = peak / 2**20
                     row[f"{key}_vs_logits"] = peak / size
                     row[f"{key}_s"] = time.perf_counter() - t
             row["meets_target"] = row["chunked_fwd_bwd_vs_logits"] <= TARGET_MEMORY
             out.append(row)
-            del logits
+            logits = None  # free the (B, T, V) tensor before the next vocabulary's
     return out
 
 
@@ -220,9 +239,11 @@ def main(argv=None) -> int:
     T = 256 if args.quick else 1024
     share = measure_share(T, obj_repeats=10 if args.quick else 40, model_repeats=1 if args.quick else 3)
     mdl = share["model"]
-    console.print(f"Qwen3-0.6B-shaped step (forward + log-probs + backward), B=1 T={T}, 1 thread: "
-                  f"1 layer {mdl['layers_1_ms']:.0f} ms, 3 layers {mdl['layers_3_ms']:.0f} ms -> "
-                  f"{mdl['per_layer_ms']:.0f} ms per layer, 28 layers ~ {mdl['step_28_layers_ms'] / 1e3:.1f} s")
+    console.print(
+        f"Qwen3-0.6B-shaped step (forward + log-probs + backward), B=1 T={T}, 1 thread: "
+        f"1 layer {mdl['layers_1_ms']:.0f} ms, 3 layers {mdl['layers_3_ms']:.0f} ms -> "
+        f"{mdl['per_layer_ms']:.0f} ms per layer, 28 layers ~ {mdl['step_28_layers_ms'] / 1e3:.1f} s"
+    )
     t = Table(title=f"policy_loss forward + backward with diagnostics vs that step (B=1, T={T})")
     for col in ("rule", "CPU ms", "share of step", f"<= {TARGET_SHARE:.0%}"):
         t.add_column(col, justify="right")
@@ -236,25 +257,50 @@ def main(argv=None) -> int:
         vocabs, rows_for = (32_000, 151_000), (lambda V: (8, 256) if V < 100_000 else (4, 112))
     memory = measure_memory(vocabs, rows_for, (torch.float32, torch.bfloat16))
     t = Table(title="log-probs + entropy: peak extra allocation / size of the logits tensor")
-    for col in ("vocab", "dtype", "logits MiB", "naive fwd", "naive fwd+bwd", "chunked fwd", "chunked fwd+bwd",
-                f"<= {TARGET_MEMORY}x"):
+    for col in (
+        "vocab",
+        "dtype",
+        "logits MiB",
+        "naive fwd",
+        "naive fwd+bwd",
+        "chunked fwd",
+        "chunked fwd+bwd",
+        f"<= {TARGET_MEMORY}x",
+    ):
         t.add_column(col, justify="right")
     for r in memory:
-        t.add_row(str(r["vocab"]), r["dtype"], f"{r['logits_MiB']:.0f}", f"{r['naive_fwd_vs_logits']:.2f}x",
-                  f"{r['naive_fwd_bwd_vs_logits']:.2f}x", f"{r['chunked_fwd_vs_logits']:.3f}x",
-                  f"{r['chunked_fwd_bwd_vs_logits']:.2f}x", "yes" if r["meets_target"] else "NO")
+        t.add_row(
+            str(r["vocab"]),
+            r["dtype"],
+            f"{r['logits_MiB']:.0f}",
+            f"{r['naive_fwd_vs_logits']:.2f}x",
+            f"{r['naive_fwd_bwd_vs_logits']:.2f}x",
+            f"{r['chunked_fwd_vs_logits']:.3f}x",
+            f"{r['chunked_fwd_bwd_vs_logits']:.2f}x",
+            "yes" if r["meets_target"] else "NO",
+        )
     console.print(t)
 
     result = {
-        "objective_vs_step": share, "memory": memory,
+        "objective_vs_step": share,
+        "memory": memory,
         "targets": {"objective_share_of_step": TARGET_SHARE, "memory_vs_logits": TARGET_MEMORY},
-        "env": {"torch": torch.__version__, "python": platform.python_version(), "threads": 1,
-                "machine": platform.machine(), "cpus": os.cpu_count(), "quick": args.quick,
-                "malloc_env": _MALLOC_ENV, "loadavg": os.getloadavg()},
-        "method": {"speed": "median thread CPU time (time.thread_time); rules interleaved; the 28-layer step "
-                            "estimated as t1 + 27 * (t3 - t1) / 2 from 1- and 3-layer models",
-                   "memory": "torch.profiler profile_memory: max 'Total Allocated' over allocator events "
-                             "minus the value before the call"},
+        "env": {
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "threads": 1,
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "quick": args.quick,
+            "malloc_env": _MALLOC_ENV,
+            "loadavg": os.getloadavg(),
+        },
+        "method": {
+            "speed": "median thread CPU time (time.thread_time); rules interleaved; the 28-layer step "
+            "estimated as t1 + 27 * (t3 - t1) / 2 from 1- and 3-layer models",
+            "memory": "torch.profiler profile_memory: max 'Total Allocated' over allocator events "
+            "minus the value before the call",
+        },
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

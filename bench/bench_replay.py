@@ -52,19 +52,22 @@ def quickstart_batch(tok, rows: int = 128, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     vocab = len(tok)
     prompts = [torch.randint(3, vocab, (9,), generator=g).tolist() for _ in range(rows)]
-    completions = [torch.randint(3, vocab, (int(n),), generator=g).tolist()
-                   for n in torch.randint(15, 36, (rows,), generator=g)]
+    completions = [
+        torch.randint(3, vocab, (int(n),), generator=g).tolist() for n in torch.randint(15, 36, (rows,), generator=g)
+    ]
     return pack(prompts, completions, tok.pad_token_id), torch.randn(rows, generator=g)
 
 
 def timed(fn, acc: list):
     """fn, adding its process CPU time to acc[0] at each call."""
+
     def wrapper(*a, **k):
         t = time.process_time()
         try:
             return fn(*a, **k)
         finally:
             acc[0] += time.process_time() - t
+
     return wrapper
 
 
@@ -72,7 +75,14 @@ def one_update(cfg, trainer, packed, adv, recorder) -> tuple[float, float, float
     """(CPU seconds, wall seconds, CPU seconds inside the recording's own calls) of the update of one
     rollout batch, recorded or not."""
     from clipbench.seeds import generator
-    from clipbench.train.step import Objective, StepInputs, accumulate_gradients, frozen_logprobs, optimizer_step, plan_update
+    from clipbench.train.step import (
+        Objective,
+        StepInputs,
+        accumulate_gradients,
+        frozen_logprobs,
+        optimizer_step,
+        plan_update,
+    )
 
     c0, w0 = time.process_time(), time.perf_counter()
     kw = dict(pad_id=trainer.tokenizer.pad_token_id, temperature=1.0, dist=trainer.dist)
@@ -111,12 +121,23 @@ def recording_at_quickstart(reps: int) -> dict:
     with tempfile.TemporaryDirectory() as d:
         for rep in range(reps + 1):
             for arm, state in arms.items():
-                cfg = load_run_config(REPO / "recipes" / "quickstart.yaml",
-                                      [f"train.record.every={1 if state else 0}", f"train.record.state={state or 'auto'}",
-                                       "train.record.max_mb=100000"])
+                cfg = load_run_config(
+                    REPO / "recipes" / "quickstart.yaml",
+                    [
+                        f"train.record.every={1 if state else 0}",
+                        f"train.record.state={state or 'auto'}",
+                        "train.record.max_mb=100000",
+                    ],
+                )
                 optimizer, scheduler = build_optimizer(model, cfg.train)
-                trainer = SimpleNamespace(model=model, tokenizer=tok, optimizer=optimizer, scheduler=scheduler,
-                                          dist=Dist(), state={"opt_step": 0})
+                trainer = SimpleNamespace(
+                    model=model,
+                    tokenizer=tok,
+                    optimizer=optimizer,
+                    scheduler=scheduler,
+                    dist=Dist(),
+                    state={"opt_step": 0},
+                )
                 rd = RunDir(Path(d) / f"{arm}{rep}")
                 rd.path.mkdir()
                 rec = Recorder(cfg, rd, trainer.dist, model) if state else None
@@ -128,13 +149,19 @@ def recording_at_quickstart(reps: int) -> dict:
         size = sum(p.stat().st_size for p in (Path(d) / f"tokens{reps}").rglob("*") if p.is_file())
     med = {a: {k: statistics.median(v) for k, v in t.items()} for a, t in times.items()}
     off = med["off"]
-    return {"shape": {"rows": 128, "prompt": 9, "completion": "15-35", "optimizer_steps": 24},
-            "median_s": med, "reps": reps, "record_bytes_token_level": size,
-            "share_tokens_own": med["tokens"]["own_cpu"] / off["cpu"],
-            "share_state_own": med["state"]["own_cpu"] / off["cpu"],
-            "ratio_tokens_cpu": med["tokens"]["cpu"] / off["cpu"], "ratio_tokens_wall": med["tokens"]["wall"] / off["wall"],
-            "ratio_state_cpu": med["state"]["cpu"] / off["cpu"], "ratio_state_wall": med["state"]["wall"] / off["wall"],
-            "target": 1.02}
+    return {
+        "shape": {"rows": 128, "prompt": 9, "completion": "15-35", "optimizer_steps": 24},
+        "median_s": med,
+        "reps": reps,
+        "record_bytes_token_level": size,
+        "share_tokens_own": med["tokens"]["own_cpu"] / off["cpu"],
+        "share_state_own": med["state"]["own_cpu"] / off["cpu"],
+        "ratio_tokens_cpu": med["tokens"]["cpu"] / off["cpu"],
+        "ratio_tokens_wall": med["tokens"]["wall"] / off["wall"],
+        "ratio_state_cpu": med["state"]["cpu"] / off["cpu"],
+        "ratio_state_wall": med["state"]["wall"] / off["wall"],
+        "target": 1.02,
+    }
 
 
 def recording_at_qwen3_06b(model_reps: int) -> dict:
@@ -144,9 +171,12 @@ def recording_at_qwen3_06b(model_reps: int) -> dict:
 
     B, T = 512, 3072
     g = torch.Generator().manual_seed(0)
-    packed_like = {"completion_ids": torch.randint(0, QWEN3_06B["vocab_size"], (B, T), generator=g, dtype=torch.int32),
-                   "mask": torch.ones(B, T, dtype=torch.uint8), "advantages": torch.randn(B, generator=g),
-                   "old_logp": -torch.rand(B, T, generator=g)}
+    packed_like = {
+        "completion_ids": torch.randint(0, QWEN3_06B["vocab_size"], (B, T), generator=g, dtype=torch.int32),
+        "mask": torch.ones(B, T, dtype=torch.uint8),
+        "advantages": torch.randn(B, generator=g),
+        "old_logp": -torch.rand(B, T, generator=g),
+    }
     logp = -torch.rand(B, T, generator=g)
     with tempfile.TemporaryDirectory() as d:
         c0, w0 = time.process_time(), time.perf_counter()
@@ -155,18 +185,32 @@ def recording_at_qwen3_06b(model_reps: int) -> dict:
             idx = torch.arange(i, i + 32)
             slots[0, 0, idx] = logp[idx]
             slots[1, 0, idx] = logp[idx]
-        install_record(staging_dir(Path(d), "step_000000"), {"opt_steps": []},
-                       {"logp": slots[0], "entropy": slots[1], **packed_like,
-                        "prompt_ids": torch.zeros(B, 512, dtype=torch.int32)})
+        install_record(
+            staging_dir(Path(d), "step_000000"),
+            {"opt_steps": []},
+            {
+                "logp": slots[0],
+                "entropy": slots[1],
+                **packed_like,
+                "prompt_ids": torch.zeros(B, 512, dtype=torch.int32),
+            },
+        )
         rec_cpu, rec_wall = time.process_time() - c0, time.perf_counter() - w0
     t1 = time_model_step(1, 1024, model_reps)
     t3 = time_model_step(3, 1024, model_reps)
     step_ms_per_1024 = t1 + (QWEN3_06B_LAYERS - 1) * (t3 - t1) / 2
     step_s = step_ms_per_1024 / 1e3 * (B * T / 1024)
     params = 596_049_920
-    return {"tokens": B * T, "record_cpu_s": rec_cpu, "record_wall_s": rec_wall,
-            "model_step_ms_per_1024_tokens": step_ms_per_1024, "model_step_s_estimate": step_s,
-            "ratio_cpu": rec_cpu / step_s, "target": 0.02, "state_bytes": params * 12}
+    return {
+        "tokens": B * T,
+        "record_cpu_s": rec_cpu,
+        "record_wall_s": rec_wall,
+        "model_step_ms_per_1024_tokens": step_ms_per_1024,
+        "model_step_s_estimate": step_s,
+        "ratio_cpu": rec_cpu / step_s,
+        "target": 0.02,
+        "state_bytes": params * 12,
+    }
 
 
 def replay_speed(threads: int) -> dict:
@@ -185,13 +229,32 @@ def replay_speed(threads: int) -> dict:
     rewards = (torch.rand(B, generator=g) < 0.4).float()
     grp = rewards.view(-1, G)
     adv = ((grp - grp.mean(1, keepdim=True)) / (grp.std(1, keepdim=True) + 1e-6)).reshape(-1)
-    tensors = {"logp": logp[None], "old_logp": old, "mask": mask, "advantages": adv,
-               "uniforms": torch.rand(1, B, T, generator=g)}
-    micro = [{"rows": list(range(i, i + 32)), "width": int(lens[i:i + 32].max())} for i in range(0, B, 32)]
-    opt = {"opt_step": 1, "epoch": 0, "rows": list(range(B)), "ranks": [micro], "global_tokens": int(mask.sum()),
-           "global_seqs": B}
-    rec = Record(Path("."), {"objective": {"method": "grpo", "params": {}, "agg": "token-mean", "beta": 0.0,
-                                           "max_len": T}, "opt_steps": [opt], "seed": 0, "step": 0}, tensors)
+    tensors = {
+        "logp": logp[None],
+        "old_logp": old,
+        "mask": mask,
+        "advantages": adv,
+        "uniforms": torch.rand(1, B, T, generator=g),
+    }
+    micro = [{"rows": list(range(i, i + 32)), "width": int(lens[i : i + 32].max())} for i in range(0, B, 32)]
+    opt = {
+        "opt_step": 1,
+        "epoch": 0,
+        "rows": list(range(B)),
+        "ranks": [micro],
+        "global_tokens": int(mask.sum()),
+        "global_seqs": B,
+    }
+    rec = Record(
+        Path("."),
+        {
+            "objective": {"method": "grpo", "params": {}, "agg": "token-mean", "beta": 0.0, "max_len": T},
+            "opt_steps": [opt],
+            "seed": 0,
+            "step": 0,
+        },
+        tensors,
+    )
     extra = ["dapo(eps_high=0.24,0.32,0.4)", "nsr(p=0.25)", "abc(eps4=0.3)", "decay(p=0.25)", "dual_clip(c=2)"]
     rules = parse_rules("all," + ",".join(extra))[:27]
     step = OptStepView(rec, opt)
@@ -202,9 +265,18 @@ def replay_speed(threads: int) -> dict:
         t = time.process_time()
         replay_rule(step, r)
         per_rule[r.label] = time.process_time() - t
-    return {"rows": B, "tokens_per_row": T, "valid_tokens": int(mask.sum()), "micro_batches": len(micro),
-            "rules": len(rules), "registered": len(METHODS), "threads": threads,
-            "cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - t0, "per_rule_cpu_s": per_rule}
+    return {
+        "rows": B,
+        "tokens_per_row": T,
+        "valid_tokens": int(mask.sum()),
+        "micro_batches": len(micro),
+        "rules": len(rules),
+        "registered": len(METHODS),
+        "threads": threads,
+        "cpu_s": time.process_time() - c0,
+        "wall_s": time.perf_counter() - t0,
+        "per_rule_cpu_s": per_rule,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -213,28 +285,36 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default=str(REPO / "results" / "bench" / "replay.json"))
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    report = {"benchmark": "recording overhead and replay speed (issue 17)",
-              "quickstart": recording_at_quickstart(3 if args.quick else 7),
-              "qwen3_06b": recording_at_qwen3_06b(1 if args.quick else 3),
-              "replay": {"1_thread": replay_speed(1), "2_threads": replay_speed(2)}}
+    report = {
+        "benchmark": "recording overhead and replay speed (issue 17)",
+        "quickstart": recording_at_quickstart(3 if args.quick else 7),
+        "qwen3_06b": recording_at_qwen3_06b(1 if args.quick else 3),
+        "replay": {"1_thread": replay_speed(1), "2_threads": replay_speed(2)},
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     q, b, r = report["quickstart"], report["qwen3_06b"], report["replay"]
     ok = lambda x, t: "ok" if x <= t else "MISSED"  # noqa: E731
-    print(f"recording at the quickstart shape (update of one rollout batch, 24 optimizer steps, "
-          f"{q['median_s']['off']['cpu']:.2f} s CPU unrecorded): the recording's own calls cost "
-          f"{q['share_tokens_own']:.2%} of it at token level (target <= 2%) {ok(q['share_tokens_own'], 0.02)} and "
-          f"{q['share_state_own']:.2%} with the policy state (state=last; {q['share_state_own'] / 10:.2%} per rollout "
-          f"step at every=10); whole-update ratios, recorded / not: token level {q['ratio_tokens_cpu']:.3f}x CPU, "
-          f"{q['ratio_tokens_wall']:.3f}x wall; state {q['ratio_state_cpu']:.3f}x CPU, {q['ratio_state_wall']:.3f}x wall; "
-          f"{q['record_bytes_token_level'] / 1024:.0f} KiB per token-level record")
-    print(f"recording at a Qwen3-0.6B shape ({b['tokens']:,} tokens): {b['record_cpu_s']:.2f} s CPU vs a training step of "
-          f"~{b['model_step_s_estimate']:.0f} s CPU = {b['ratio_cpu']:.4%} (target <= 2%) {ok(b['ratio_cpu'], 0.02)}; "
-          f"a saved policy state would be {b['state_bytes'] / 1e9:.1f} GB")
+    print(
+        f"recording at the quickstart shape (update of one rollout batch, 24 optimizer steps, "
+        f"{q['median_s']['off']['cpu']:.2f} s CPU unrecorded): the recording's own calls cost "
+        f"{q['share_tokens_own']:.2%} of it at token level (target <= 2%) {ok(q['share_tokens_own'], 0.02)} and "
+        f"{q['share_state_own']:.2%} with the policy state (state=last; {q['share_state_own'] / 10:.2%} per rollout "
+        f"step at every=10); whole-update ratios, recorded / not: token level {q['ratio_tokens_cpu']:.3f}x CPU, "
+        f"{q['ratio_tokens_wall']:.3f}x wall; state {q['ratio_state_cpu']:.3f}x CPU, {q['ratio_state_wall']:.3f}x wall; "
+        f"{q['record_bytes_token_level'] / 1024:.0f} KiB per token-level record"
+    )
+    print(
+        f"recording at a Qwen3-0.6B shape ({b['tokens']:,} tokens): {b['record_cpu_s']:.2f} s CPU vs a training step of "
+        f"~{b['model_step_s_estimate']:.0f} s CPU = {b['ratio_cpu']:.4%} (target <= 2%) {ok(b['ratio_cpu'], 0.02)}; "
+        f"a saved policy state would be {b['state_bytes'] / 1e9:.1f} GB"
+    )
     r1, r2 = r["1_thread"], r["2_threads"]
-    print(f"replay of {r1['rules']} rules on one {r1['rows']} x {r1['tokens_per_row']} mini-batch ({r1['valid_tokens']:,} "
-          f"tokens, {r1['micro_batches']} micro-batches), token level: 1 thread {r1['cpu_s']:.1f} s CPU / "
-          f"{r1['wall_s']:.1f} s wall; 2 threads {r2['cpu_s']:.1f} s CPU / {r2['wall_s']:.1f} s wall")
+    print(
+        f"replay of {r1['rules']} rules on one {r1['rows']} x {r1['tokens_per_row']} mini-batch ({r1['valid_tokens']:,} "
+        f"tokens, {r1['micro_batches']} micro-batches), token level: 1 thread {r1['cpu_s']:.1f} s CPU / "
+        f"{r1['wall_s']:.1f} s wall; 2 threads {r2['cpu_s']:.1f} s CPU / {r2['wall_s']:.1f} s wall"
+    )
     print(f"wrote {args.out}")
     return report
 

@@ -48,8 +48,10 @@ sys.path.insert(0, str(REPO))
 
 PARTS = ("setup", "evaluate_run", "collect_rollout", "update")  # train/loop.py's phases, timed
 LABELS = {"setup": "setup", "evaluate_run": "eval", "collect_rollout": "sampling", "update": "update"}
-IMPORTS = ("import clipbench.train.loop, clipbench.sweep.execute; "
-           "from transformers import AutoModelForCausalLM, GenerationMixin")
+IMPORTS = (
+    "import clipbench.train.loop, clipbench.sweep.execute; "
+    "from transformers import AutoModelForCausalLM, GenerationMixin"
+)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -113,6 +115,7 @@ class PhaseClock:
             finally:
                 self.cpu[name] = self.cpu.get(name, 0.0) + time.thread_time() - c
                 self.wall[name] = self.wall.get(name, 0.0) + time.perf_counter() - w
+
         return wrapper
 
 
@@ -140,12 +143,19 @@ def run_sweep(configs: list, sweep_dir: Path, *, reference: bool) -> list[dict]:
     for cfg in configs:
         rid = run_id(cfg)
         clock = PhaseClock()
-        with clock.installed(), (reference_path() if reference else contextlib.nullcontext()):
+        with clock.installed(), reference_path() if reference else contextlib.nullcontext():
             c, w = time.thread_time(), time.perf_counter()
             run_training(cfg, sweep_dir / rid, sink=NullSink())
             total_cpu, total_wall = time.thread_time() - c, time.perf_counter() - w
-        out.append({"run_id": rid, "rule": cfg.objective["method"], "cpu": split(clock.cpu, total_cpu),
-                    "wall": split(clock.wall, total_wall), "numbers": run_numbers(RunDir(sweep_dir / rid))})
+        out.append(
+            {
+                "run_id": rid,
+                "rule": cfg.objective["method"],
+                "cpu": split(clock.cpu, total_cpu),
+                "wall": split(clock.wall, total_wall),
+                "numbers": run_numbers(RunDir(sweep_dir / rid)),
+            }
+        )
     return out
 
 
@@ -157,16 +167,22 @@ def split(parts: dict[str, float], total: float) -> dict[str, float]:
 def run_numbers(rd) -> dict:
     """What must not change: every metric but the wall-clock ones, every evaluation but its seconds."""
     metrics = [{k: v for k, v in row.items() if not k.startswith("time/")} for row in rd.read_metrics()]
-    evals = {step: {b: {k: v for k, v in p.items() if k != "seconds"} for b, p in d.items()}
-             for step, d in rd.read_evals().items()}
+    evals = {
+        step: {b: {k: v for k, v in p.items() if k != "seconds"} for b, p in d.items()}
+        for step, d in rd.read_evals().items()
+    }
     return {"metrics": metrics, "evals": evals}
 
 
 def import_seconds() -> float:
     """Wall seconds of a fresh interpreter importing what a run imports (and nothing else)."""
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", IMPORTS], check=True, cwd=REPO, env={"PYTHONPATH": str(REPO),
-                   "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    subprocess.run(
+        [sys.executable, "-c", IMPORTS],
+        check=True,
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+    )
     return time.perf_counter() - t
 
 
@@ -205,13 +221,24 @@ def main(argv: list[str] | None = None) -> dict:
     imports = [import_seconds() for _ in range(2)]
     result = {
         "recipe": str(a.recipe.relative_to(REPO)) if a.recipe.is_relative_to(REPO) else str(a.recipe),
-        "overrides": over, "rules": a.rules, "repeats": a.repeats, "machine": platform.processor() or platform.machine(),
-        "identical_numbers": identical, "imports_wall_s": round(min(imports), 2),
-        **{arm: {"cpu": mean_split(runs, "cpu"), "wall": mean_split(runs, "wall"),
-                 "runs": [{k: v for k, v in r.items() if k != "numbers"} for r in runs]} for arm, runs in arms.items()},
+        "overrides": over,
+        "rules": a.rules,
+        "repeats": a.repeats,
+        "machine": platform.processor() or platform.machine(),
+        "identical_numbers": identical,
+        "imports_wall_s": round(min(imports), 2),
+        **{
+            arm: {
+                "cpu": mean_split(runs, "cpu"),
+                "wall": mean_split(runs, "wall"),
+                "runs": [{k: v for k, v in r.items() if k != "numbers"} for r in runs],
+            }
+            for arm, runs in arms.items()
+        },
     }
-    result["speedup"] = {kind: round(result["before"][kind]["total"] / result["after"][kind]["total"], 3)
-                         for kind in ("cpu", "wall")}
+    result["speedup"] = {
+        kind: round(result["before"][kind]["total"] / result["after"][kind]["total"], 3) for kind in ("cpu", "wall")
+    }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=1) + "\n")
     print_table(result)
@@ -227,9 +254,11 @@ def print_table(res: dict) -> None:
     for kind in ("cpu", "wall"):
         for arm in ("before", "after"):
             print(f"{arm + ' ' + kind:14}" + "".join(f"{res[arm][kind][c]:>10.2f}" for c in cols))
-    print(f"speedup (before / after): cpu {res['speedup']['cpu']:.2f}x  wall {res['speedup']['wall']:.2f}x;  "
-          f"imports (fresh interpreter, wall, both arms): {res['imports_wall_s']:.1f} s;  "
-          f"numbers identical: {res['identical_numbers']}")
+    print(
+        f"speedup (before / after): cpu {res['speedup']['cpu']:.2f}x  wall {res['speedup']['wall']:.2f}x;  "
+        f"imports (fresh interpreter, wall, both arms): {res['imports_wall_s']:.1f} s;  "
+        f"numbers identical: {res['identical_numbers']}"
+    )
 
 
 if __name__ == "__main__":

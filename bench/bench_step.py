@@ -39,8 +39,15 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 PROMPT, COMPLETION, BUDGET = 32, 224, 2048
-SHAPE = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
-             num_key_value_heads=4, head_dim=32, vocab_size=4096)
+SHAPE = dict(
+    hidden_size=256,
+    intermediate_size=768,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=32,
+    vocab_size=4096,
+)
 
 
 def build_model(seed: int = 0):
@@ -72,13 +79,18 @@ def one_step(model, opt, sched, batch, adv, budget: int) -> float:
 
     from clipbench.objectives import METHODS
     from clipbench.train.distributed import Dist
-    from clipbench.train.step import (Objective, StepInputs, accumulate_gradients, frozen_logprobs, optimizer_step,
-                                      plan_update)
+    from clipbench.train.step import (
+        Objective,
+        StepInputs,
+        accumulate_gradients,
+        frozen_logprobs,
+        optimizer_step,
+        plan_update,
+    )
 
     dist = Dist()
     t0 = time.perf_counter()
-    plan = plan_update(batch, mini_batches=1, epochs=1, budget=budget, perm=torch.Generator().manual_seed(0),
-                       dist=dist)
+    plan = plan_update(batch, mini_batches=1, epochs=1, budget=budget, perm=torch.Generator().manual_seed(0), dist=dist)
     kw = dict(pad_id=0, temperature=1.0, dist=dist)
     old = frozen_logprobs(model, batch, plan, **kw)
     inputs = StepInputs(advantages=adv, old_logp=old, ref_logp=None, uniforms=None)
@@ -98,9 +110,18 @@ def overhead(reps: int) -> dict:
         times["whole"].append(one_step(model, opt, sched, batch, adv, 0))
         times["micro"].append(one_step(model, opt, sched, batch, adv, BUDGET))
     med = {k: statistics.median(v) for k, v in times.items()}
-    return {"rows": 32, "tokens_per_row": PROMPT + COMPLETION, "budget": BUDGET, "micro_batches": 4,
-            "s_whole": med["whole"], "s_micro": med["micro"], "ratio": med["micro"] / med["whole"], "target": 1.05,
-            "reps": reps, "all_s": times}
+    return {
+        "rows": 32,
+        "tokens_per_row": PROMPT + COMPLETION,
+        "budget": BUDGET,
+        "micro_batches": 4,
+        "s_whole": med["whole"],
+        "s_micro": med["micro"],
+        "ratio": med["micro"] / med["whole"],
+        "target": 1.05,
+        "reps": reps,
+        "all_s": times,
+    }
 
 
 def rss_mib() -> float:
@@ -135,15 +156,28 @@ MALLOC_ENV = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
 def memory() -> dict:
     out = {}
     for rows, budget in ((8, BUDGET), (32, BUDGET), (32, 0)):  # the last: no micro-batching, for reference
-        res = subprocess.run([sys.executable, __file__, "--child", str(rows), "--budget", str(budget)],
-                             capture_output=True, text=True, check=True, cwd=REPO, env=MALLOC_ENV)
+        res = subprocess.run(
+            [sys.executable, __file__, "--child", str(rows), "--budget", str(budget)],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=REPO,
+            env=MALLOC_ENV,
+        )
         out[(rows, budget)] = json.loads(res.stdout.strip().splitlines()[-1])
     small, big, whole = out[(8, BUDGET)], out[(32, BUDGET)], out[(32, 0)]
-    return {"budget": BUDGET, "rows": [8, 32], "peak_mib": [small["peak_mib"], big["peak_mib"]],
-            "growth_mib": [small["peak_mib"] - small["base_mib"], big["peak_mib"] - big["base_mib"]],
-            "ratio": big["peak_mib"] / small["peak_mib"], "target": 1.1,
-            "reference_whole_minibatch_32_rows": {"peak_mib": whole["peak_mib"],
-                                                  "ratio": whole["peak_mib"] / small["peak_mib"]}}
+    return {
+        "budget": BUDGET,
+        "rows": [8, 32],
+        "peak_mib": [small["peak_mib"], big["peak_mib"]],
+        "growth_mib": [small["peak_mib"] - small["base_mib"], big["peak_mib"] - big["base_mib"]],
+        "ratio": big["peak_mib"] / small["peak_mib"],
+        "target": 1.1,
+        "reference_whole_minibatch_32_rows": {
+            "peak_mib": whole["peak_mib"],
+            "ratio": whole["peak_mib"] / small["peak_mib"],
+        },
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -160,20 +194,28 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    report = {"benchmark": "micro-batching: overhead at equal tokens, peak memory at 4x the mini-batch (issue 9)",
-              "model": SHAPE, "overhead": overhead(args.reps or (3 if args.quick else 10)), "memory": memory()}
+    report = {
+        "benchmark": "micro-batching: overhead at equal tokens, peak memory at 4x the mini-batch (issue 9)",
+        "model": SHAPE,
+        "overhead": overhead(args.reps or (3 if args.quick else 10)),
+        "memory": memory(),
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     o, m = report["overhead"], report["memory"]
-    print(f"micro-batching overhead at equal tokens ({o['rows']} rows x {o['tokens_per_row']} tokens, 1 vs "
-          f"{o['micro_batches']} micro-batches): {o['s_whole']:.2f} s vs {o['s_micro']:.2f} s = {o['ratio']:.3f}x "
-          f"(target <= {o['target']}x) {'ok' if o['ratio'] <= o['target'] else 'MISSED'}")
-    print(f"peak memory, mini-batch 8 -> 32 rows at {m['budget']} tokens per micro-batch: {m['peak_mib'][0]:.0f} -> "
-          f"{m['peak_mib'][1]:.0f} MiB = {m['ratio']:.3f}x (target <= {m['target']}x; growth over the warmed-up "
-          f"process: {m['growth_mib'][0]:.0f} -> {m['growth_mib'][1]:.0f} MiB) "
-          f"{'ok' if m['ratio'] <= m['target'] else 'MISSED'}; without micro-batching, 32 rows: "
-          f"{m['reference_whole_minibatch_32_rows']['peak_mib']:.0f} MiB = "
-          f"{m['reference_whole_minibatch_32_rows']['ratio']:.2f}x")
+    print(
+        f"micro-batching overhead at equal tokens ({o['rows']} rows x {o['tokens_per_row']} tokens, 1 vs "
+        f"{o['micro_batches']} micro-batches): {o['s_whole']:.2f} s vs {o['s_micro']:.2f} s = {o['ratio']:.3f}x "
+        f"(target <= {o['target']}x) {'ok' if o['ratio'] <= o['target'] else 'MISSED'}"
+    )
+    print(
+        f"peak memory, mini-batch 8 -> 32 rows at {m['budget']} tokens per micro-batch: {m['peak_mib'][0]:.0f} -> "
+        f"{m['peak_mib'][1]:.0f} MiB = {m['ratio']:.3f}x (target <= {m['target']}x; growth over the warmed-up "
+        f"process: {m['growth_mib'][0]:.0f} -> {m['growth_mib'][1]:.0f} MiB) "
+        f"{'ok' if m['ratio'] <= m['target'] else 'MISSED'}; without micro-batching, 32 rows: "
+        f"{m['reference_whole_minibatch_32_rows']['peak_mib']:.0f} MiB = "
+        f"{m['reference_whole_minibatch_32_rows']['ratio']:.2f}x"
+    )
     print(f"wrote {args.out}")
     return report
 

@@ -61,17 +61,41 @@ def bench_expand(tmp: Path, repeat: int) -> dict:
 
 
 def metrics_row(rng, step: int, opt: int) -> dict:
-    row = {"step": step, "opt_step": opt, "epoch": 0, "mini_batch": (opt - 1) % 4,
-           "reward/mean": rng.random(), "reward/std": rng.random(), "accuracy": rng.random(),
-           "accuracy/sampled": rng.random(), "response_length/mean": 20 * rng.random(), "truncated_frac": 0.0,
-           "zero_var_groups_frac": rng.random(), "groups_kept": 8, "time/sample": rng.random(),
-           "time/score": rng.random(), "entropy": rng.random(), "loss": rng.normal(), "grad_norm": rng.random(),
-           "lr": 2e-4, "skipped_nonfinite": 0, "old_logp_source": 0}
+    row = {
+        "step": step,
+        "opt_step": opt,
+        "epoch": 0,
+        "mini_batch": (opt - 1) % 4,
+        "reward/mean": rng.random(),
+        "reward/std": rng.random(),
+        "accuracy": rng.random(),
+        "accuracy/sampled": rng.random(),
+        "response_length/mean": 20 * rng.random(),
+        "truncated_frac": 0.0,
+        "zero_var_groups_frac": rng.random(),
+        "groups_kept": 8,
+        "time/sample": rng.random(),
+        "time/score": rng.random(),
+        "entropy": rng.random(),
+        "loss": rng.normal(),
+        "grad_norm": rng.random(),
+        "lr": 2e-4,
+        "skipped_nonfinite": 0,
+        "old_logp_source": 0,
+    }
     for c in CELLS:
         for k in COUNTS:
             row[f"{c}/{k}"] = float(rng.integers(0, 500))
-    row.update({"ratio/mean": 1 + 0.01 * rng.normal(), "ratio/min": 0.8, "ratio/max": 1.3,
-                "approx_kl": 1e-3 * rng.random(), "clip_events": float(rng.integers(0, 50)), "time/update": rng.random()})
+    row.update(
+        {
+            "ratio/mean": 1 + 0.01 * rng.normal(),
+            "ratio/min": 0.8,
+            "ratio/max": 1.3,
+            "approx_kl": 1e-3 * rng.random(),
+            "clip_events": float(rng.integers(0, 50)),
+            "time/update": rng.random(),
+        }
+    )
     return row
 
 
@@ -79,11 +103,9 @@ def bench_load(tmp: Path, n_runs: int, steps: int, mini_batches: int, repeat: in
     import numpy as np
     import pandas as pd
 
-    from clipbench.tracking.store import RunDir, list_run_dirs
-
     from clipbench.tracking.files import read_jsonl
-
     from clipbench.tracking.metrics_table import load_sweep_metrics
+    from clipbench.tracking.store import RunDir, list_run_dirs
 
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
@@ -115,10 +137,20 @@ def bench_load(tmp: Path, n_runs: int, steps: int, mini_batches: int, repeat: in
     med_naive, ts_naive, df2 = timed(naive, max(1, repeat // 2))
     assert len(df) == len(df2) == n_runs * steps * mini_batches
     assert list(df.columns) == list(df2.columns)
-    return {"runs": n_runs, "rows": len(df), "columns": df.shape[1], "seconds": med, "all": ts,
-            "uncached_seconds": cold, "uncached_all": ts_cold, "first_load_with_cache_write_seconds": first,
-            "line_reader_seconds": med_naive, "write_seconds": t_write, "target_seconds": 2.0,
-            "bytes": sum(p.stat().st_size for p in (tmp / "sw").glob("*/metrics.jsonl"))}
+    return {
+        "runs": n_runs,
+        "rows": len(df),
+        "columns": df.shape[1],
+        "seconds": med,
+        "all": ts,
+        "uncached_seconds": cold,
+        "uncached_all": ts_cold,
+        "first_load_with_cache_write_seconds": first,
+        "line_reader_seconds": med_naive,
+        "write_seconds": t_write,
+        "target_seconds": 2.0,
+        "bytes": sum(p.stat().st_size for p in (tmp / "sw").glob("*/metrics.jsonl")),
+    }
 
 
 def main(argv=None) -> int:
@@ -135,8 +167,11 @@ def main(argv=None) -> int:
         expand_res = bench_expand(tmp, a.repeat)
         load_res = bench_load(tmp, a.runs, a.steps, a.mini_batches, a.repeat)
 
-    result = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
-              "expand_10k": expand_res, "load_1k_runs": load_res}
+    result = {
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
+        "expand_10k": expand_res,
+        "load_1k_runs": load_res,
+    }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=1) + "\n")
 
@@ -147,13 +182,31 @@ def main(argv=None) -> int:
     for col in ("what", "size", "median", "target", "ok", "note"):
         t.add_column(col)
     e, ld = expand_res, load_res
-    t.add_row("expand grid", f"{e['runs']:,} runs", f"{e['seconds']:.3f} s", "<= 1 s",
-              "yes" if e["seconds"] <= 1 else "NO", f"imports (torch) {e['import_seconds']:.1f} s, once")
+    t.add_row(
+        "expand grid",
+        f"{e['runs']:,} runs",
+        f"{e['seconds']:.3f} s",
+        "<= 1 s",
+        "yes" if e["seconds"] <= 1 else "NO",
+        f"imports (torch) {e['import_seconds']:.1f} s, once",
+    )
     size = f"{ld['runs']:,} runs, {ld['rows']:,} rows x {ld['columns']}"
-    t.add_row("load metrics (cached)", size, f"{ld['seconds']:.3f} s", "<= 2 s", "yes" if ld["seconds"] <= 2 else "NO",
-              "unchanged runs come from <sweep>/.cache")
-    t.add_row("load metrics (no cache)", size, f"{ld['uncached_seconds']:.3f} s", "", "",
-              f"Arrow JSON parse of {ld['bytes'] / 2**20:.0f} MiB; line reader {ld['line_reader_seconds']:.2f} s")
+    t.add_row(
+        "load metrics (cached)",
+        size,
+        f"{ld['seconds']:.3f} s",
+        "<= 2 s",
+        "yes" if ld["seconds"] <= 2 else "NO",
+        "unchanged runs come from <sweep>/.cache",
+    )
+    t.add_row(
+        "load metrics (no cache)",
+        size,
+        f"{ld['uncached_seconds']:.3f} s",
+        "",
+        "",
+        f"Arrow JSON parse of {ld['bytes'] / 2**20:.0f} MiB; line reader {ld['line_reader_seconds']:.2f} s",
+    )
     Console(width=max(Console().width, 110)).print(t)
     return 0
 

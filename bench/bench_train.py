@@ -48,9 +48,9 @@ import threading
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from clipbench.tracking.sink import NullSink  # no torch import: thread settings below still apply
 
@@ -62,10 +62,21 @@ EPSILON = 0.2
 # The two workloads: answer-only completions (3.4 tokens: measures per-step overhead) and worked
 # steps over 4 operands (~34 tokens: measures compute; `--long`, issue 9's >= 32-token ratio).
 WORKLOADS = {
-    "short": {"recipe": REPO / "recipes" / "arith_tiny.yaml", "model": "builtin:arith-tiny", "max_new": 32,
-              "task": {}, "target": 1.0},
-    "long": {"recipe": REPO / "recipes" / "quickstart.yaml", "model": "builtin:arith-steps", "max_new": 48,
-             "min_new": 40, "task": {}, "target": 0.9},
+    "short": {
+        "recipe": REPO / "recipes" / "arith_tiny.yaml",
+        "model": "builtin:arith-tiny",
+        "max_new": 32,
+        "task": {},
+        "target": 1.0,
+    },
+    "long": {
+        "recipe": REPO / "recipes" / "quickstart.yaml",
+        "model": "builtin:arith-steps",
+        "max_new": 48,
+        "min_new": 40,
+        "task": {},
+        "target": 0.9,
+    },
 }
 W = dict(WORKLOADS["short"])  # the workload of this process (main sets it)
 
@@ -148,16 +159,36 @@ def clipbench_config(steps: int, histograms: bool):
     from clipbench.config.load import load_run_config
 
     task = [f"task.{k}={v}" for k, v in W["task"].items()]
-    return load_run_config(W["recipe"], task + [
-        "sampler.backend=hf", "model.device=cpu", "model.dtype=float32",
-        f"train.steps={steps}", f"train.prompts_per_step={PROMPTS}", f"sampler.group_size={GROUP}",
-        f"train.mini_batches={MINI_BATCHES}", "train.epochs=1", f"sampler.max_new_tokens={W['max_new']}",
-        "sampler.temperature=1.0", "sampler.top_p=1.0", "sampler.old_logp=recompute",
-        "train.agg=token-mean", "train.beta=0.0", "train.warmup_steps=0", "train.lr_schedule=constant",
-        "objective.method=grpo", f"objective.eps_low={EPSILON}", f"objective.eps_high={EPSILON}",
-        "train.checkpoint_every=1000000", "eval.benchmarks=[]", "eval.at_start=false",
-        "tracking.mlflow=false", f"train.log_histograms={str(histograms).lower()}",
-    ])
+    return load_run_config(
+        W["recipe"],
+        task
+        + [
+            "sampler.backend=hf",
+            "model.device=cpu",
+            "model.dtype=float32",
+            f"train.steps={steps}",
+            f"train.prompts_per_step={PROMPTS}",
+            f"sampler.group_size={GROUP}",
+            f"train.mini_batches={MINI_BATCHES}",
+            "train.epochs=1",
+            f"sampler.max_new_tokens={W['max_new']}",
+            "sampler.temperature=1.0",
+            "sampler.top_p=1.0",
+            "sampler.old_logp=recompute",
+            "train.agg=token-mean",
+            "train.beta=0.0",
+            "train.warmup_steps=0",
+            "train.lr_schedule=constant",
+            "objective.method=grpo",
+            f"objective.eps_low={EPSILON}",
+            f"objective.eps_high={EPSILON}",
+            "train.checkpoint_every=1000000",
+            "eval.benchmarks=[]",
+            "eval.at_start=false",
+            "tracking.mlflow=false",
+            f"train.log_histograms={str(histograms).lower()}",
+        ],
+    )
 
 
 class CaptureSink(NullSink):
@@ -171,8 +202,10 @@ class CaptureSink(NullSink):
 
     def log_metrics(self, step: int, metrics: dict) -> None:
         if "time/update" in metrics and metrics["step"] not in self.rows:
-            self.rows[metrics["step"]] = {k: metrics[k] for k in (
-                "time/sample", "time/score", "time/update", "response_length/mean", "reward/mean")}
+            self.rows[metrics["step"]] = {
+                k: metrics[k]
+                for k in ("time/sample", "time/score", "time/update", "response_length/mean", "reward/mean")
+            }
 
 
 def force_min_new_tokens() -> None:
@@ -201,26 +234,55 @@ def run_clipbench(clock: StepClock, steps: int, histograms: bool, workdir: Path)
     sink = CaptureSink(clock)
     run_training(cfg, workdir / clock.name, sink=sink, progress=lambda info: clock.step_done())
     rows = [sink.rows[s] for s in sorted(sink.rows)]
-    return {"per_step": rows, "config": {"lr": cfg.train.lr, "objective": dict(cfg.objective),
-                                         "histograms": histograms, "agg": cfg.train.agg}}
+    return {
+        "per_step": rows,
+        "config": {
+            "lr": cfg.train.lr,
+            "objective": dict(cfg.objective),
+            "histograms": histograms,
+            "agg": cfg.train.agg,
+        },
+    }
 
 
 def trl_config(steps: int, lr: float, workdir: Path):
     from trl import GRPOConfig
 
     return GRPOConfig(
-        output_dir=str(workdir / "trl"), use_cpu=True, bf16=False, fp16=False, seed=0,
+        output_dir=str(workdir / "trl"),
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        seed=0,
         gradient_checkpointing=False,  # TRL's default is True; clipbench's is off
         max_steps=MINI_BATCHES * steps,  # global_step counts optimizer steps
-        per_device_train_batch_size=PROMPTS * GROUP // MINI_BATCHES, gradient_accumulation_steps=1,
+        per_device_train_batch_size=PROMPTS * GROUP // MINI_BATCHES,
+        gradient_accumulation_steps=1,
         generation_batch_size=PROMPTS * GROUP,  # -> steps_per_generation = 4
-        num_generations=GROUP, num_iterations=1, max_completion_length=W["max_new"],
-        temperature=1.0, top_p=1.0, top_k=0,
-        beta=0.0, loss_type="dapo", epsilon=EPSILON, scale_rewards="group",
-        learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=1.0,
-        logging_steps=1, report_to="none", save_strategy="no", eval_strategy="no",
-        disable_tqdm=True, dataloader_num_workers=0, log_completions=False,
+        num_generations=GROUP,
+        num_iterations=1,
+        max_completion_length=W["max_new"],
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        loss_type="dapo",
+        epsilon=EPSILON,
+        scale_rewards="group",
+        learning_rate=lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        max_grad_norm=1.0,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        eval_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        log_completions=False,
         generation_kwargs={"min_new_tokens": W["min_new"]} if W.get("min_new") else None,
     )
 
@@ -244,8 +306,8 @@ def run_trl(clock: StepClock, steps: int, lr: float, workdir: Path) -> dict:
     from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOTrainer
 
-    from clipbench.tasks.arith import ArithTask
     from clipbench.models import load_model_and_tokenizer, resolve_model_name
+    from clipbench.tasks.arith import ArithTask
 
     knobs = {k: v for k, v in clipbench_config(1, False).task.__dict__.items() if k in ArithTask.__dataclass_fields__}
     task = ArithTask(seed=0, **knobs)  # the recipe's arith task, as clipbench's arm builds it
@@ -268,27 +330,53 @@ def run_trl(clock: StepClock, steps: int, lr: float, workdir: Path) -> dict:
 
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and "completions/mean_length" in logs:
-                gen_logs.append({"completions/mean_length": logs["completions/mean_length"],
-                                  "reward": logs.get("reward")})
+                gen_logs.append(
+                    {"completions/mean_length": logs["completions/mean_length"], "reward": logs.get("reward")}
+                )
 
-    trainer = GRPOTrainer(model=model, reward_funcs=arith_reward, args=trl_config(steps, lr, workdir),
-                          train_dataset=data, processing_class=tok, callbacks=[Clock()])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=arith_reward,
+        args=trl_config(steps, lr, workdir),
+        train_dataset=data,
+        processing_class=tok,
+        callbacks=[Clock()],
+    )
     trainer.remove_callback(PrinterCallback)  # no console printing of every log (clipbench's arm prints nothing)
     t_gen, t_score, t_rollout = [], [], []
     timed_method(trainer, "_generate", t_gen)  # tokenize + generate + decode, as clipbench's time/sample
     timed_method(trainer, "_calculate_rewards", t_score)
     timed_method(trainer, "_generate_and_score_completions", t_rollout)
     trainer.train()
-    rows = [{"time/sample": g, "time/score": s, "time/rollout": r,
-             "response_length/mean": lg["completions/mean_length"], "reward/mean": lg["reward"]}
-            for g, s, r, lg in zip(t_gen, t_score, t_rollout, gen_logs)]
+    rows = [
+        {
+            "time/sample": g,
+            "time/score": s,
+            "time/rollout": r,
+            "response_length/mean": lg["completions/mean_length"],
+            "reward/mean": lg["reward"],
+        }
+        for g, s, r, lg in zip(t_gen, t_score, t_rollout, gen_logs)
+    ]
     a = trainer.args
-    return {"per_step": rows, "config": {
-        "lr": a.learning_rate, "generation_batch_size": a.generation_batch_size,
-        "steps_per_generation": a.steps_per_generation, "per_device_train_batch_size": a.per_device_train_batch_size,
-        "num_iterations": a.num_iterations, "loss_type": a.loss_type, "beta": a.beta, "epsilon": a.epsilon,
-        "gradient_checkpointing": a.gradient_checkpointing, "max_completion_length": a.max_completion_length,
-        "optim": str(a.optim), "lr_scheduler_type": str(a.lr_scheduler_type), "max_grad_norm": a.max_grad_norm}}
+    return {
+        "per_step": rows,
+        "config": {
+            "lr": a.learning_rate,
+            "generation_batch_size": a.generation_batch_size,
+            "steps_per_generation": a.steps_per_generation,
+            "per_device_train_batch_size": a.per_device_train_batch_size,
+            "num_iterations": a.num_iterations,
+            "loss_type": a.loss_type,
+            "beta": a.beta,
+            "epsilon": a.epsilon,
+            "gradient_checkpointing": a.gradient_checkpointing,
+            "max_completion_length": a.max_completion_length,
+            "optim": str(a.optim),
+            "lr_scheduler_type": str(a.lr_scheduler_type),
+            "max_grad_norm": a.max_grad_norm,
+        },
+    }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -350,27 +438,35 @@ def summarize(name: str, clock: StepClock, out: dict, warmup: int, block: int) -
     wall = clock.times[warmup:]
     rows = out["per_step"][warmup:]
     keys = ("time/sample", "time/score", "time/update", "time/rollout")
-    s = {"wall": quantiles(wall), "cpu": quantiles(clock.cpu_times[warmup:]), "per_step_wall": wall,
-         "per_step_cpu": clock.cpu_times[warmup:], "threads_seen": sorted(clock.threads_seen),
-         "completion_tokens_mean": mean_of(rows, "response_length/mean"),
-         "reward_mean": mean_of(rows, "reward/mean"), "config": out["config"],
-         "breakdown_median": {k: median_of(rows, k) for k in keys if median_of(rows, k) is not None}}
+    s = {
+        "wall": quantiles(wall),
+        "cpu": quantiles(clock.cpu_times[warmup:]),
+        "per_step_wall": wall,
+        "per_step_cpu": clock.cpu_times[warmup:],
+        "threads_seen": sorted(clock.threads_seen),
+        "completion_tokens_mean": mean_of(rows, "response_length/mean"),
+        "reward_mean": mean_of(rows, "reward/mean"),
+        "config": out["config"],
+        "breakdown_median": {k: median_of(rows, k) for k in keys if median_of(rows, k) is not None},
+    }
     b = s["breakdown_median"]
     # comparable on both sides: old log-probs, advantages, the 4 optimizer steps and all bookkeeping
     b["rest (wall - sample - score)"] = statistics.median(
-        w - r["time/sample"] - r["time/score"] for w, r in zip(wall, rows))
+        w - r["time/sample"] - r["time/score"] for w, r in zip(wall, rows)
+    )
     if name.startswith("clipbench"):
         parts = [r["time/sample"] + r["time/score"] + r["time/update"] for r in rows]
         s["metrics_sum"] = quantiles(parts)  # sample + score + update, from the trainer's own metrics
         b["other (wall - sample - score - update)"] = statistics.median(w - p for w, p in zip(wall, parts))
     else:  # TRL: rollout = generate + rewards + old log-probs + advantages; then the 4 optimizer steps
         b["rollout rest (old log-probs, advantages)"] = statistics.median(
-            r["time/rollout"] - r["time/sample"] - r["time/score"] for r in rows)
+            r["time/rollout"] - r["time/sample"] - r["time/score"] for r in rows
+        )
         b["update (wall - rollout)"] = statistics.median(w - r["time/rollout"] for w, r in zip(wall, rows))
     # per-round medians: steps [warmup + k*block, ...) of each arm ran back to back in round k
     starts = range(0, len(clock.times), block)
-    s["round_medians"] = [statistics.median(clock.times[i:i + block]) for i in starts]
-    s["round_cpu_medians"] = [statistics.median(clock.cpu_times[i:i + block]) for i in starts]
+    s["round_medians"] = [statistics.median(clock.times[i : i + block]) for i in starts]
+    s["round_cpu_medians"] = [statistics.median(clock.cpu_times[i : i + block]) for i in starts]
     return s
 
 
@@ -378,10 +474,12 @@ def git_revision() -> str:
     import subprocess
 
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "clipbench"], cwd=REPO, capture_output=True,
-                               text=True, check=True).stdout.strip()
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "clipbench"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
         return rev + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -393,9 +491,16 @@ def versions() -> dict:
     import transformers
     import trl
 
-    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "trl": trl.__version__, "datasets": datasets.__version__, "platform": platform.platform(),
-            "cpu_count": os.cpu_count(), "clipbench_git": git_revision()}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "trl": trl.__version__,
+        "datasets": datasets.__version__,
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "clipbench_git": git_revision(),
+    }
 
 
 def print_table(report: dict) -> None:
@@ -403,27 +508,40 @@ def print_table(report: dict) -> None:
     from rich.table import Table
 
     arms = report["arms"]
-    t = Table(title=f"GRPO step (64 completions, 4 optimizer steps): median of {report['measured_steps']} "
-                    f"steps after {report['warmup_steps']} warm-up, torch threads = {report['threads']}")
+    t = Table(
+        title=f"GRPO step (64 completions, 4 optimizer steps): median of {report['measured_steps']} "
+        f"steps after {report['warmup_steps']} warm-up, torch threads = {report['threads']}"
+    )
     for col in ("arm", "wall s/step", "IQR", "CPU s/step", "sample", "score", "rest", "tokens", "reward"):
         t.add_column(col, justify="left" if col == "arm" else "right", no_wrap=True)
     for name, a in arms.items():
         b = a["breakdown_median"]
-        t.add_row(name, f"{a['wall']['median']:.3f}", f"{a['wall']['p25']:.3f}-{a['wall']['p75']:.3f}",
-                  f"{a['cpu']['median']:.3f}", f"{b['time/sample']:.3f}", f"{b['time/score']:.4f}",
-                  f"{b['rest (wall - sample - score)']:.3f}", f"{a['completion_tokens_mean']:.2f}",
-                  f"{a['reward_mean']:.3f}")
+        t.add_row(
+            name,
+            f"{a['wall']['median']:.3f}",
+            f"{a['wall']['p25']:.3f}-{a['wall']['p75']:.3f}",
+            f"{a['cpu']['median']:.3f}",
+            f"{b['time/sample']:.3f}",
+            f"{b['time/score']:.4f}",
+            f"{b['rest (wall - sample - score)']:.3f}",
+            f"{a['completion_tokens_mean']:.2f}",
+            f"{a['reward_mean']:.3f}",
+        )
     Console(width=130).print(t)
-    print("wall s/step: wall clock per rollout step; CPU s/step: CPU time of the arm's thread; sample: generate + "
-          "decode; score: rewards; rest: wall - sample - score (old log-probs, advantages, 4 optimizer steps, "
-          "bookkeeping); tokens: mean completion length. Breakdown columns are medians of per-step wall times.")
+    print(
+        "wall s/step: wall clock per rollout step; CPU s/step: CPU time of the arm's thread; sample: generate + "
+        "decode; score: rewards; rest: wall - sample - score (old log-probs, advantages, 4 optimizer steps, "
+        "bookkeeping); tokens: mean completion length. Breakdown columns are medians of per-step wall times."
+    )
     r, rc = report["ratio"], report["ratio_cpu"]
     lo, hi = r["paired_median_ci95"]
-    print(f"clipbench / TRL: wall {r['value']:.3f} (target <= {r['target']}); paired (median of per-round ratios) "
-          f"{r['paired_median']:.3f}, 95% CI {lo:.3f}..{hi:.3f}; CPU {rc:.3f} (paired "
-          f"{report['ratio_cpu_paired']:.3f}); "
-          f"clipbench sample+score+update metrics {arms['clipbench']['metrics_sum']['median']:.3f} s/step; "
-          f"load average {report['loadavg'][0]:.1f} -> {report['loadavg'][1]:.1f} on {os.cpu_count()} cores")
+    print(
+        f"clipbench / TRL: wall {r['value']:.3f} (target <= {r['target']}); paired (median of per-round ratios) "
+        f"{r['paired_median']:.3f}, 95% CI {lo:.3f}..{hi:.3f}; CPU {rc:.3f} (paired "
+        f"{report['ratio_cpu_paired']:.3f}); "
+        f"clipbench sample+score+update metrics {arms['clipbench']['metrics_sum']['median']:.3f} s/step; "
+        f"load average {report['loadavg'][0]:.1f} -> {report['loadavg'][1]:.1f} on {os.cpu_count()} cores"
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -432,12 +550,16 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--warmup", type=int, default=None, help="excluded steps per arm (default 2)")
     ap.add_argument("--block", type=int, default=None, help="steps per arm before handing over (default 1)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads for both (default 1)")
-    ap.add_argument("--no-histogram-arm", action="store_true",
-                    help="skip the third arm (clipbench with train.log_histograms=false)")
+    ap.add_argument(
+        "--no-histogram-arm", action="store_true", help="skip the third arm (clipbench with train.log_histograms=false)"
+    )
     ap.add_argument("--quick", action="store_true", help="20 steps, two arms: about 20 seconds")
-    ap.add_argument("--long", action="store_true",
-                    help="worked-steps completions (~34 tokens, builtin:arith-steps): compute, not overhead; "
-                         "target <= 0.9x (writes train_long.json)")
+    ap.add_argument(
+        "--long",
+        action="store_true",
+        help="worked-steps completions (~34 tokens, builtin:arith-steps): compute, not overhead; "
+        "target <= 0.9x (writes train_long.json)",
+    )
     ap.add_argument("--out", default=str(REPO / "results" / "bench" / "train.json"))
     args = ap.parse_args(argv)
     W.clear()
@@ -476,24 +598,48 @@ def main(argv: list[str] | None = None) -> dict:
         elapsed = time.perf_counter() - t0
     summary = {n: summarize(n, clocks[n], out[n], warmup, block) for n in arms}
     cb, trl = summary["clipbench"], summary["trl"]
-    per_round = [c / t for c, t in zip(cb["round_medians"], trl["round_medians"])][warmup // block:]
+    per_round = [c / t for c, t in zip(cb["round_medians"], trl["round_medians"])][warmup // block :]
     paired, paired_ci = statistics.median(per_round), bootstrap_ci(per_round)
-    per_round_cpu = [c / t for c, t in zip(cb["round_cpu_medians"], trl["round_cpu_medians"])][warmup // block:]
+    per_round_cpu = [c / t for c, t in zip(cb["round_cpu_medians"], trl["round_cpu_medians"])][warmup // block :]
     report = {
         "benchmark": "train step: clipbench run_training vs TRL GRPOTrainer (issue 3)",
-        "workload": {"model": W["model"], "task": {"name": "arith", **W["task"]}, "prompts": PROMPTS, "group_size": GROUP,
-                     "completions_per_step": PROMPTS * GROUP, "optimizer_steps_per_step": MINI_BATCHES,
-                     "max_new_tokens": W["max_new"], "temperature": 1.0, "generation": "HF generate, CPU, float32",
-                     "lr": lr, "epsilon": EPSILON, "beta": 0.0, "aggregation": "token-mean (TRL: dapo)"},
-        "threads": args.threads, "warmup_steps": warmup, "measured_steps": steps, "block": block,
-        "clipbench_s_per_step": cb["wall"]["median"], "trl_s_per_step": trl["wall"]["median"],
-        "ratio": {"value": cb["wall"]["median"] / trl["wall"]["median"], "target": W["target"],
-                  "per_round": per_round, "paired_median": paired, "paired_median_ci95": paired_ci},
+        "workload": {
+            "model": W["model"],
+            "task": {"name": "arith", **W["task"]},
+            "prompts": PROMPTS,
+            "group_size": GROUP,
+            "completions_per_step": PROMPTS * GROUP,
+            "optimizer_steps_per_step": MINI_BATCHES,
+            "max_new_tokens": W["max_new"],
+            "temperature": 1.0,
+            "generation": "HF generate, CPU, float32",
+            "lr": lr,
+            "epsilon": EPSILON,
+            "beta": 0.0,
+            "aggregation": "token-mean (TRL: dapo)",
+        },
+        "threads": args.threads,
+        "warmup_steps": warmup,
+        "measured_steps": steps,
+        "block": block,
+        "clipbench_s_per_step": cb["wall"]["median"],
+        "trl_s_per_step": trl["wall"]["median"],
+        "ratio": {
+            "value": cb["wall"]["median"] / trl["wall"]["median"],
+            "target": W["target"],
+            "per_round": per_round,
+            "paired_median": paired,
+            "paired_median_ci95": paired_ci,
+        },
         "ratio_cpu": cb["cpu"]["median"] / trl["cpu"]["median"],
         "ratio_cpu_paired": statistics.median(per_round_cpu),
-        "clipbench_cpu_s_per_step": cb["cpu"]["median"], "trl_cpu_s_per_step": trl["cpu"]["median"],
+        "clipbench_cpu_s_per_step": cb["cpu"]["median"],
+        "trl_cpu_s_per_step": trl["cpu"]["median"],
         "clipbench_breakdown_s": cb["breakdown_median"],
-        "arms": summary, "elapsed_s": elapsed, "loadavg": [load0, os.getloadavg()[0]], "versions": versions(),
+        "arms": summary,
+        "elapsed_s": elapsed,
+        "loadavg": [load0, os.getloadavg()[0]],
+        "versions": versions(),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")

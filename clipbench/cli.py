@@ -7,7 +7,6 @@ import sys
 import warnings
 from functools import wraps
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -36,15 +35,22 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                       help="Print the version and the results-store format, then exit.")):
+def _main(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_version,
+        is_eager=True,
+        help="Print the version and the results-store format, then exit.",
+    ),
+):
     """clipbench: which clipping rule wins, where, and why."""
 
 
 from clipbench.commands.options import Plugins, ResultsDir, TrackingUri  # noqa: E402  shared options, declared once
 
 
-def _load_plugins(plugins: Optional[List[str]]) -> None:
+def _load_plugins(plugins: list[str] | None) -> None:
     from clipbench.objectives.plugins import load_plugins
 
     load_plugins(plugins or [])
@@ -65,13 +71,13 @@ def _user_errors(fn):
             return fn(*args, **kwargs)
         except UserError as e:
             typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(2)
+            raise typer.Exit(2) from None
         except RunFailed as e:
             typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(1)
+            raise typer.Exit(1) from None
         except RunPreempted as e:  # checkpointed and resumable: the same command with --resume continues
             typer.echo(f"preempted: {e}", err=True)
-            raise typer.Exit(PREEMPTED_EXIT)
+            raise typer.Exit(PREEMPTED_EXIT) from None
 
     return wrapper
 
@@ -85,10 +91,11 @@ app.command("sweep")(_user_errors(sweep_command))
 @_user_errors
 def train(
     recipe: Path = typer.Argument(..., help="Recipe YAML, or a shipped recipe by name (clipbench recipes)."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="Dotted key=value overrides."),
+    overrides: list[str] | None = typer.Argument(None, help="Dotted key=value overrides."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from its last checkpoint."),
-    nproc_per_node: Optional[int] = typer.Option(
-        None, "--nproc-per-node", help="Train over N processes (torchrun, FSDP2): launch.nproc_per_node=N."),
+    nproc_per_node: int | None = typer.Option(
+        None, "--nproc-per-node", help="Train over N processes (torchrun, FSDP2): launch.nproc_per_node=N."
+    ),
     results_dir: ResultsDir = Path("results"),
     tracking_uri: TrackingUri = None,
     plugin: Plugins = None,
@@ -96,39 +103,60 @@ def train(
     """Run one training run end to end (over N processes with --nproc-per-node; under torchrun, one rank)."""
     from clipbench.commands.train import train_command
 
-    train_command(recipe, overrides or [], resume=resume, results_dir=results_dir, tracking_uri=tracking_uri,
-                  nproc_per_node=nproc_per_node, plugins=plugin or [])
+    train_command(
+        recipe,
+        overrides or [],
+        resume=resume,
+        results_dir=results_dir,
+        tracking_uri=tracking_uri,
+        nproc_per_node=nproc_per_node,
+        plugins=plugin or [],
+    )
 
 
 @app.command()
 @_user_errors
 def plan(
     recipe: Path = typer.Argument(..., help="Recipe YAML, or a shipped recipe by name (clipbench recipes)."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="Dotted key=value overrides."),
-    nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node",
-                                                 help="GPUs per node (default: launch.nproc_per_node, else 1)."),
+    overrides: list[str] | None = typer.Argument(None, help="Dotted key=value overrides."),
+    nproc_per_node: int | None = typer.Option(
+        None, "--nproc-per-node", help="GPUs per node (default: launch.nproc_per_node, else 1)."
+    ),
     nnodes: int = typer.Option(1, "--nnodes", help="Nodes (FSDP shards over nproc x nnodes GPUs)."),
     gpu_memory: float = typer.Option(80.0, "--gpu-memory", help="Memory of one GPU, GiB."),
-    prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens",
-                                                help="Longest prompt assumed, tokens (default: clipbench's prompt "
-                                                "room, clipbench.models.PROMPT_TOKENS; at most the model context "
-                                                "less sampler.max_new_tokens)."),
+    prompt_tokens: int | None = typer.Option(
+        None,
+        "--prompt-tokens",
+        help="Longest prompt assumed, tokens (default: clipbench's prompt "
+        "room, clipbench.models.PROMPT_TOKENS; at most the model context "
+        "less sampler.max_new_tokens).",
+    ),
     json_out: bool = typer.Option(False, "--json", help="The plan as JSON."),
 ):
     """GPU memory per rank before anything loads (weights, AdamW, activations, vLLM); exit 1 if it won't fit."""
     from clipbench.commands.plan import plan_command
 
-    raise typer.Exit(plan_command(recipe, overrides or [], nproc_per_node=nproc_per_node, nnodes=nnodes,
-                                  gpu_memory=gpu_memory, prompt_tokens=prompt_tokens, json_out=json_out))
+    raise typer.Exit(
+        plan_command(
+            recipe,
+            overrides or [],
+            nproc_per_node=nproc_per_node,
+            nnodes=nnodes,
+            gpu_memory=gpu_memory,
+            prompt_tokens=prompt_tokens,
+            json_out=json_out,
+        )
+    )
 
 
 @app.command()
 @_user_errors
 def rehearse(
     recipe: Path = typer.Argument(..., help="Recipe YAML, or a shipped recipe by name (clipbench recipes)."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="Dotted key=value overrides."),
-    nproc_per_node: Optional[int] = typer.Option(
-        None, "--nproc-per-node", help="Processes for the rehearsal (default: the recipe's, at most 2 on a CPU)."),
+    overrides: list[str] | None = typer.Argument(None, help="Dotted key=value overrides."),
+    nproc_per_node: int | None = typer.Option(
+        None, "--nproc-per-node", help="Processes for the rehearsal (default: the recipe's, at most 2 on a CPU)."
+    ),
     results_dir: ResultsDir = Path("results"),
     tracking_uri: TrackingUri = None,
     plugin: Plugins = None,
@@ -137,8 +165,16 @@ def rehearse(
     processes, micro-batches, a checkpoint, a kill and a resume, evaluation, tracking; then its memory plan."""
     from clipbench.commands.rehearse import rehearse_command
 
-    raise typer.Exit(rehearse_command(recipe, overrides or [], nproc_per_node=nproc_per_node, results_dir=results_dir,
-                                      tracking_uri=tracking_uri, plugins=plugin or []))
+    raise typer.Exit(
+        rehearse_command(
+            recipe,
+            overrides or [],
+            nproc_per_node=nproc_per_node,
+            results_dir=results_dir,
+            tracking_uri=tracking_uri,
+            plugins=plugin or [],
+        )
+    )
 
 
 @app.command("eval")
@@ -147,34 +183,50 @@ def eval_(
     model: str = typer.Option(..., "--model", help="HF name, local path, builtin:arith-tiny, or a run dir."),
     benchmarks: str = typer.Option("aime24,aime25,amc23", "--benchmarks", help="Comma-separated."),
     n: int = typer.Option(64, "--n", help="Samples per problem."),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Local copies of the benchmarks."),
-    limit: Optional[int] = typer.Option(None, "--limit", help="Problems per benchmark."),
+    data_dir: Path | None = typer.Option(None, "--data-dir", help="Local copies of the benchmarks."),
+    limit: int | None = typer.Option(None, "--limit", help="Problems per benchmark."),
     max_new_tokens: int = typer.Option(1024, "--max-new-tokens"),
     temperature: float = typer.Option(1.0, "--temperature"),
     seed: int = typer.Option(0, "--seed"),
     backend: str = typer.Option("auto", "--backend", help="auto | hf | vllm"),
-    out: Optional[Path] = typer.Option(None, "--out", help="Directory for the correctness matrices."),
+    out: Path | None = typer.Option(None, "--out", help="Directory for the correctness matrices."),
     plugin: Plugins = None,
 ):
     """Avg@n and unbiased Pass@k of a model on benchmarks."""
     from clipbench.commands.eval import eval_command
 
     _load_plugins(plugin)
-    eval_command(model=model, benchmarks=benchmarks, n=n, data_dir=data_dir, limit=limit,
-                 max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, backend=backend, out=out)
+    eval_command(
+        model=model,
+        benchmarks=benchmarks,
+        n=n,
+        data_dir=data_dir,
+        limit=limit,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seed=seed,
+        backend=backend,
+        out=out,
+    )
 
 
 @app.command()
 @_user_errors
 def report(
-    sweep: Optional[str] = typer.Argument(None, help="Sweep name (default: every sweep in the results dir)."),
-    baseline: Optional[str] = typer.Option(None, "--baseline", help="Method the Gain row compares against."),
+    sweep: str | None = typer.Argument(None, help="Sweep name (default: every sweep in the results dir)."),
+    baseline: str | None = typer.Option(None, "--baseline", help="Method the Gain row compares against."),
     fmt: str = typer.Option("rich", "--format", help="rich | markdown | latex | csv | html"),
     results_dir: ResultsDir = Path("results"),
-    out: Optional[Path] = typer.Option(None, "--out", help="Output directory for files (default results/reports/<sweep>)."),
-    replicate: Optional[str] = typer.Option(None, "--replicate", help="A second sweep (name, or path to its "
-                                            "directory) every claim must replicate on, instead of the two halves "
-                                            "of the seeds."),
+    out: Path | None = typer.Option(
+        None, "--out", help="Output directory for files (default results/reports/<sweep>)."
+    ),
+    replicate: str | None = typer.Option(
+        None,
+        "--replicate",
+        help="A second sweep (name, or path to its "
+        "directory) every claim must replicate on, instead of the two halves "
+        "of the seeds.",
+    ),
     plugin: Plugins = None,
 ):
     """Comparison tables (Table 3 layout), clip-quadrant table, claims (with whether they replicate) and plots."""
@@ -188,13 +240,17 @@ def report(
 @_user_errors
 def replay(
     target: str = typer.Argument(..., help="A run directory, SWEEP/RUN_ID, or a sweep (name or directory)."),
-    rules: Optional[str] = typer.Option("all", "--rules", help="all, or rules with parameters and grids: "
-                                        "grpo,dapo(eps_high=0.28,0.4),nsr(p=0.5)."),
-    steps: Optional[str] = typer.Option(None, "--steps", help="Optimizer steps (as metrics.jsonl numbers them), "
-                                        "e.g. 24,30-40; default every recorded one."),
+    rules: str | None = typer.Option(
+        "all", "--rules", help="all, or rules with parameters and grids: grpo,dapo(eps_high=0.28,0.4),nsr(p=0.5)."
+    ),
+    steps: str | None = typer.Option(
+        None,
+        "--steps",
+        help="Optimizer steps (as metrics.jsonl numbers them), e.g. 24,30-40; default every recorded one.",
+    ),
     json_out: bool = typer.Option(False, "--json", help="One JSON object per line per (optimizer step, rule)."),
     fmt: str = typer.Option("rich", "--format", help="rich | markdown | html | csv | latex"),
-    out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default results/reports/<sweep>/replay)."),
+    out: Path | None = typer.Option(None, "--out", help="Output directory (default results/reports/<sweep>/replay)."),
     draws: int = typer.Option(1, "--draws", help="Replays of each rule that draws random numbers (nsr): mean, sd."),
     top: int = typer.Option(5, "--top", help="Tokens where each rule departs most from the trained one, per step."),
     no_params: bool = typer.Option(False, "--no-params", help="Token level only (skip the recorded policy states)."),
@@ -206,8 +262,19 @@ def replay(
     from clipbench.commands.replay import replay_command
 
     _load_plugins(plugin)
-    replay_command(target, rules=rules, steps=steps, json_out=json_out, results_dir=results_dir, fmt=fmt, out=out,
-                   draws=draws, top=top, params=not no_params, device=device)
+    replay_command(
+        target,
+        rules=rules,
+        steps=steps,
+        json_out=json_out,
+        results_dir=results_dir,
+        fmt=fmt,
+        out=out,
+        draws=draws,
+        top=top,
+        params=not no_params,
+        device=device,
+    )
 
 
 @app.command()
@@ -232,10 +299,13 @@ def engines(fmt: str = typer.Option("rich", "--format", help="rich | markdown (d
 @app.command("base-model")
 @_user_errors
 def base_model(
-    name: str = typer.Argument("arith-tiny", help="Built-in model: arith-tiny (answer only), arith-steps "
-                                                  "(worked steps), arith-steps-moe (worked steps, a Qwen3-MoE "
-                                                  "of 8 experts, top-2); 'arith' is arith-tiny."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Directory (default: <cache>/models/NAME-seedS)."),
+    name: str = typer.Argument(
+        "arith-tiny",
+        help="Built-in model: arith-tiny (answer only), arith-steps "
+        "(worked steps), arith-steps-moe (worked steps, a Qwen3-MoE "
+        "of 8 experts, top-2); 'arith' is arith-tiny.",
+    ),
+    out: Path | None = typer.Option(None, "--out", help="Directory (default: <cache>/models/NAME-seedS)."),
     force: bool = typer.Option(False, "--force", help="Rebuild even when cached."),
     seed: int = typer.Option(0, "--seed"),
 ):
@@ -249,7 +319,7 @@ def base_model(
 @app.command()
 @_user_errors
 def sync(
-    sweep: Optional[str] = typer.Argument(None, help="Sweep name (default: all)."),
+    sweep: str | None = typer.Argument(None, help="Sweep name (default: all)."),
     results_dir: ResultsDir = Path("results"),
     tracking_uri: TrackingUri = None,
     sink: str = typer.Option("mlflow", "--sink", help="The mirror to fill in: mlflow, wandb or tensorboard."),
@@ -262,7 +332,7 @@ def sync(
 
 @app.command()
 @_user_errors
-def recipes(show: Optional[str] = typer.Option(None, "--show", help="Print one shipped recipe or sweep (to copy).")):
+def recipes(show: str | None = typer.Option(None, "--show", help="Print one shipped recipe or sweep (to copy).")):
     """The recipes and sweeps shipped with clipbench, runnable by name from any directory."""
     from clipbench.commands.recipes import recipes_command
 

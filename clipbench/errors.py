@@ -9,7 +9,7 @@ preempted; the CLI prints the resume command, exit code 75, EX_TEMPFAIL: try aga
 from __future__ import annotations
 
 import difflib
-from typing import Iterable
+from collections.abc import Iterable
 
 
 class UserError(Exception):

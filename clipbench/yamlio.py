@@ -15,8 +15,9 @@ Design choices:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -70,8 +71,9 @@ def decode_utf8(data: bytes) -> str:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
-        raise YamlError(f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
-                        "save the file as UTF-8", line) from None
+        raise YamlError(
+            f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); save the file as UTF-8", line
+        ) from None
 
 
 def load_yaml_file(path: str | Path) -> Any:

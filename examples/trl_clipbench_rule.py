@@ -17,8 +17,8 @@ from datasets import Dataset
 from trl import GRPOConfig
 
 from clipbench.integrations.trl import ClipbenchGRPOTrainer
-from clipbench.tasks.arith import ArithTask, parse_leading_int
 from clipbench.models import load_model_and_tokenizer, resolve_model_name
+from clipbench.tasks.arith import ArithTask, parse_leading_int
 
 
 def main() -> None:
@@ -37,19 +37,38 @@ def main() -> None:
         return [float(parse_leading_int(c) == int(a)) for c, a in zip(completions, answer)]
 
     model, tokenizer = load_model_and_tokenizer(resolve_model_name(args.model))
-    config = GRPOConfig(output_dir=args.output_dir, max_steps=args.max_steps, per_device_train_batch_size=8,
-                        num_generations=4, steps_per_generation=2, max_completion_length=8, learning_rate=1e-4,
-                        logging_steps=1, report_to="none", save_strategy="no", use_cpu=args.model.startswith("builtin:"))
+    config = GRPOConfig(
+        output_dir=args.output_dir,
+        max_steps=args.max_steps,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        steps_per_generation=2,
+        max_completion_length=8,
+        learning_rate=1e-4,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=args.model.startswith("builtin:"),
+    )
 
     # The clipbench part: TRL's trainer with a clipbench rule as its policy loss.
-    trainer = ClipbenchGRPOTrainer(model=model, reward_funcs=exact_answer, args=config, train_dataset=dataset,
-                                   processing_class=tokenizer, method=args.method, agg="token-mean")
+    trainer = ClipbenchGRPOTrainer(
+        model=model,
+        reward_funcs=exact_answer,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        method=args.method,
+        agg="token-mean",
+    )
     trainer.train()
 
     for log in trainer.state.log_history:
         if "loss" in log:
-            print(f"step {log['step']}: loss {log['loss']:+.4f}  clip events {log['clip_events']:.0f}  "
-                  f"q3 rescued {log['q3/rescued']:.0f}  ratio max {log['ratio/max']:.3f}  entropy {log['entropy']:.3f}")
+            print(
+                f"step {log['step']}: loss {log['loss']:+.4f}  clip events {log['clip_events']:.0f}  "
+                f"q3 rescued {log['q3/rescued']:.0f}  ratio max {log['ratio/max']:.3f}  entropy {log['entropy']:.3f}"
+            )
 
 
 if __name__ == "__main__":

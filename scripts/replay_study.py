@@ -74,8 +74,12 @@ def pair_study(runs: list[Path], a: RuleSpec, b: RuleSpec, draws: int) -> dict:
                 cos = [o["grad_cosine"] for o in outs]
                 cos_mean.append(statistics.fmean(cos))
                 cos_sd.append(statistics.stdev(cos) if draws > 1 else 0.0)
-    return {"departure": [x / ref for x in diff] if ref else [], "cosine": cos_mean, "cosine_sd_over_draws": cos_sd,
-            "steps": len(cos_mean)}
+    return {
+        "departure": [x / ref for x in diff] if ref else [],
+        "cosine": cos_mean,
+        "cosine_sd_over_draws": cos_sd,
+        "steps": len(cos_mean),
+    }
 
 
 def pooled(rows: list[dict], key: str) -> float:
@@ -92,8 +96,12 @@ def near_pairs(ref: dict, rows: list[dict], labels: list[str]) -> list[tuple[str
     ident = {x for g in ref["identical"] for x in g}
     for i, x in enumerate(labels):
         for j, y in enumerate(labels):
-            if j > i and m and m[i][j] >= 0.999 and not (x in ident and y in ident and any(
-                    x in g and y in g for g in ref["identical"])):
+            if (
+                j > i
+                and m
+                and m[i][j] >= 0.999
+                and not (x in ident and y in ident and any(x in g and y in g for g in ref["identical"]))
+            ):
                 out.append((x, y, m[i][j]))
     return out
 
@@ -142,8 +150,10 @@ def abc_section(ref: dict, rows: list[dict]) -> list[str]:
     cut = {q: sum(r[f"cut/{q}"] for r in abc) for q in QUADS}
     tokens = {q: sum(r[f"{q}/tokens"] for r in abc) for q in QUADS}
     ahead = [r for r in rows if "lookahead/kl" in r and r["rule"] in ("grpo", "abc")]
-    la = {k: {rule: [r[k] for r in ahead if r["rule"] == rule] for rule in ("grpo", "abc")}
-          for k in ("lookahead/kl", "lookahead/dlogp_correct", "lookahead/dlogp_incorrect", "param/grad_cosine")}
+    la = {
+        k: {rule: [r[k] for r in ahead if r["rule"] == rule] for rule in ("grpo", "abc")}
+        for k in ("lookahead/kl", "lookahead/dlogp_correct", "lookahead/dlogp_incorrect", "param/grad_cosine")
+    }
     return [
         "## Where ABC-GRPO's gradient departs from GRPO's",
         "",
@@ -157,7 +167,10 @@ def abc_section(ref: dict, rows: list[dict]) -> list[str]:
         "",
         "| quadrant | share of the departure % | tokens cut by ABC | of the quadrant's tokens % |",
         "|---|---:|---:|---:|",
-        *[f"| {q.upper()} | {100 * share[q]:.1f} | {cut[q]:,} | {100 * cut[q] / max(tokens[q], 1):.2f} |" for q in QUADS],
+        *[
+            f"| {q.upper()} | {100 * share[q]:.1f} | {cut[q]:,} | {100 * cut[q] / max(tokens[q], 1):.2f} |"
+            for q in QUADS
+        ],
         "",
         f"Zero-gradient share of each quadrant's tokens (all recorded steps): grpo {zero_grad(p, 'grpo')}; "
         f"abc {zero_grad(p, 'abc')}.",
@@ -170,10 +183,13 @@ def abc_section(ref: dict, rows: list[dict]) -> list[str]:
         f"On the {len(at_state)} optimizer steps with a recorded state (the last of each recorded rollout step, the "
         f"most off-policy) the token-level departure is {100 * pooled(at_state, 'departure'):.1f}% (cosine "
         f"{ms([r['grad_cosine'] for r in at_state], 1, 4)}), and the parameter gradients' cosine is "
-        f"{ms([r['param/grad_cosine'] for r in at_state], 1, 4)}" + (
+        f"{ms([r['param/grad_cosine'] for r in at_state], 1, 4)}"
+        + (
             ": the tokens ABC cuts weigh more in parameter space than their share of the token gradient."
-            if statistics.fmean(r["param/grad_cosine"] for r in at_state) <
-            statistics.fmean(r["grad_cosine"] for r in at_state) - 0.01 else "."),
+            if statistics.fmean(r["param/grad_cosine"] for r in at_state)
+            < statistics.fmean(r["grad_cosine"] for r in at_state) - 0.01
+            else "."
+        ),
         "",
         "One optimizer step ahead from the recorded states (parameter level, "
         f"{len(la['lookahead/kl']['grpo'])} states): parameter-gradient cosine abc vs grpo "
@@ -217,9 +233,13 @@ def coincide_section(ref: dict, rows: list[dict]) -> list[str]:
         "",
         f"Identical token-level gradients on every recorded step (cosine and norm ratio within 1e-6 of 1): {identical}.",
         "",
-        ("Nearly identical (mean cosine >= 0.999 over the steps): " +
-         "; ".join(f"{x} ~ {y} ({c:.4f})" for x, y, c in near) + ".") if near else
-        "No other pair reaches a mean cosine of 0.999.",
+        (
+            "Nearly identical (mean cosine >= 0.999 over the steps): "
+            + "; ".join(f"{x} ~ {y} ({c:.4f})" for x, y, c in near)
+            + "."
+        )
+        if near
+        else "No other pair reaches a mean cosine of 0.999.",
         "",
         "Per rule, vs grpo (all recorded steps; the full table with the per-quadrant split, the zero-gradient shares "
         "and the lookahead is in [replay/replay.md](replay/replay.md)):",
@@ -231,19 +251,30 @@ def coincide_section(ref: dict, rows: list[dict]) -> list[str]:
         rs = by(lb)
         dep = pooled(rs, "departure")
         q24 = (pooled(rs, "departure/q2") + pooled(rs, "departure/q4")) / dep if dep > 0 else float("nan")
-        lines.append(f"| {lb} | {ms([r['grad_cosine'] for r in rs], 1, 4)} | {100 * dep:.1f} | "
-                     f"{'' if q24 != q24 else f'{100 * q24:.1f}'} |")
-    lines += ["", "## What this scale can and cannot show", "",
-              "These are gradients and one-step effects on the batches GRPO itself sampled, measured exactly; they say "
-              "where and how much the rules differ, not which one ends up more accurate (that is the outcome studies' "
-              "question, docs/studies/clip_rules.md and rescue.md). The batches are GRPO's own: a rule trained from the "
-              "start would sample different ones.", ""]
+        lines.append(
+            f"| {lb} | {ms([r['grad_cosine'] for r in rs], 1, 4)} | {100 * dep:.1f} | "
+            f"{'' if q24 != q24 else f'{100 * q24:.1f}'} |"
+        )
+    lines += [
+        "",
+        "## What this scale can and cannot show",
+        "",
+        "These are gradients and one-step effects on the batches GRPO itself sampled, measured exactly; they say "
+        "where and how much the rules differ, not which one ends up more accurate (that is the outcome studies' "
+        "question, docs/studies/clip_rules.md and rescue.md). The batches are GRPO's own: a rule trained from the "
+        "start would sample different ones.",
+        "",
+    ]
     return lines
 
 
 def page(ref: dict, rows: list[dict], nsr: dict, runs: list[Path], seconds: float, args, n_records: int) -> str:
-    return "\n".join(header(ref, rows, runs, seconds, args, n_records) + abc_section(ref, rows)
-                     + nsr_section(rows, nsr, args) + coincide_section(ref, rows))
+    return "\n".join(
+        header(ref, rows, runs, seconds, args, n_records)
+        + abc_section(ref, rows)
+        + nsr_section(rows, nsr, args)
+        + coincide_section(ref, rows)
+    )
 
 
 def main(argv=None) -> None:
@@ -258,15 +289,23 @@ def main(argv=None) -> None:
     if not runs:
         sys.exit(f"no recorded runs in {args.results_dir}/{args.sweep}: run `clipbench sweep sweeps/study_replay.yaml`")
     t0 = time.perf_counter()
-    result = replay_runs(runs, parse_rules("all"), draws=args.draws, top=5, params=True,
-                         progress=lambda m: print(m, file=sys.stderr, flush=True))
+    result = replay_runs(
+        runs,
+        parse_rules("all"),
+        draws=args.draws,
+        top=5,
+        params=True,
+        progress=lambda m: print(m, file=sys.stderr, flush=True),
+    )
     nsr = pair_study(runs, RuleSpec.of("nsr", {}), RuleSpec.of("decay", {}), args.draws)
     seconds = time.perf_counter() - t0
     summary = summarize(result)
     (ref,) = [r for r in summary["references"] if r["reference"] == "grpo"]
     out = Path(args.out)
-    header = [f"Replay of '{args.sweep}': {len(runs)} runs, {len(result.matrices)} optimizer steps, "
-              f"{len(ref['rules'])} rules (token and parameter level), nsr with {args.draws} draws."]
+    header = [
+        f"Replay of '{args.sweep}': {len(runs)} runs, {len(result.matrices)} optimizer steps, "
+        f"{len(ref['rules'])} rules (token and parameter level), nsr with {args.draws} draws."
+    ]
     write_replay(summary, None, "markdown", out / "replay", f"clipbench replay: {args.sweep}", header)
     rows_dir = Path(args.results_dir) / "reports" / args.sweep / "replay"  # every row: ~15 MB, kept with the results
     write_replay(summary, result.rows, "markdown", rows_dir, f"clipbench replay: {args.sweep}", header)

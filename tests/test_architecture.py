@@ -96,8 +96,10 @@ def test_imports_go_down_only():
             if there == here or there == "clipbench":
                 continue
             if declared[there] <= declared[here]:
-                wrong.append(f"{path.relative_to(REPO)}:{line}: {here} (floor {declared[here]}) imports "
-                             f"{target} ({there}, floor {declared[there]})")
+                wrong.append(
+                    f"{path.relative_to(REPO)}:{line}: {here} (floor {declared[here]}) imports "
+                    f"{target} ({there}, floor {declared[there]})"
+                )
     assert not wrong, "imports that do not go down:\n" + "\n".join(wrong)
 
 
@@ -117,7 +119,7 @@ def test_no_module_imports_itself_back():
             if t not in graph:
                 continue
             if state.get(t) == 1:
-                cycle = stack[stack.index(t):] + [t]
+                cycle = stack[stack.index(t) :] + [t]
                 # a package's __init__ importing its own submodules is how packages export: not a cycle
                 # unless a submodule imports the package back
                 pytest.fail("import cycle: " + " -> ".join(cycle))

@@ -70,9 +70,9 @@ def test_held_out_fraction_is_about_ten_percent():
     """Exact count over the 2-digit +- space (20000 expressions); binomial sd = sqrt(20000*.1*.9) = 42."""
     exprs = [render(n, o) for n in itertools.product(range(100), repeat=2) for o in itertools.product("+-")]
     held = sum(map(is_held_out, exprs))
-    expected = len(exprs) * HELD_OUT_PER_MILLE / 1000   # 2000
+    expected = len(exprs) * HELD_OUT_PER_MILLE / 1000  # 2000
     assert abs(held - expected) < 5 * 42
-    assert ArithTask().held_out_capacity == held        # enumerable space: exact capacity
+    assert ArithTask().held_out_capacity == held  # enumerable space: exact capacity
 
 
 def test_difficulty_knobs_change_problems():
@@ -103,9 +103,9 @@ def test_answers_match_python_evaluation_brute_force():
 
 
 def test_golden_values():
-    assert evaluate([37, 45, 12], ["+", "-"]) == 70          # 37+45=82, 82-12=70
-    assert evaluate([2, 3, 4], ["+", "*"]) == 14             # 3*4 first
-    assert evaluate([10, 2, 3], ["-", "-"]) == 5             # left to right
+    assert evaluate([37, 45, 12], ["+", "-"]) == 70  # 37+45=82, 82-12=70
+    assert evaluate([2, 3, 4], ["+", "*"]) == 14  # 3*4 first
+    assert evaluate([10, 2, 3], ["-", "-"]) == 5  # left to right
     assert evaluate([3, 5], ["-"]) == -2
     assert render([37, 45, 12], ["+", "-"]) == "37+45-12"
 
@@ -114,21 +114,21 @@ def test_golden_values():
     "completion, answer, reward",
     [
         ("82", "82", 1.0),
-        (" 82<eos>", "82", 1.0),     # leading space, then stops at the first non-digit
+        (" 82<eos>", "82", 1.0),  # leading space, then stops at the first non-digit
         ("82<eos>", "82", 1.0),
-        ("82\n17", "82", 1.0),       # only the first integer counts
-        ("082", "82", 1.0),          # integer value, leading zeros allowed
+        ("82\n17", "82", 1.0),  # only the first integer counts
+        ("082", "82", 1.0),  # integer value, leading zeros allowed
         ("8", "82", 0.0),
-        ("821", "82", 0.0),          # the whole digit run is the integer
+        ("821", "82", 0.0),  # the whole digit run is the integer
         ("-3", "-3", 1.0),
         ("3", "-3", 0.0),
         ("-3", "3", 0.0),
-        ("- 3", "-3", 0.0),          # '-' must touch the digits
-        ("+82", "82", 0.0),          # no leading '+'
+        ("- 3", "-3", 0.0),  # '-' must touch the digits
+        ("+82", "82", 0.0),  # no leading '+'
         ("", "82", 0.0),
         ("   ", "82", 0.0),
         ("-", "0", 0.0),
-        ("x82", "82", 0.0),          # must start (after whitespace) with the integer
+        ("x82", "82", 0.0),  # must start (after whitespace) with the integer
         ("-0", "0", 1.0),
     ],
 )
@@ -181,8 +181,11 @@ STEPS = ArithTask(operands=4, format="steps", train_size=2000, test_size=200)
 def test_worked_steps_golden():
     # products first, left to right, then the sum left to right
     assert worked_steps([3, 4, 5, 2], ["+", "*", "-"]) == [(4, "*", 5, 20), (3, "+", 20, 23), (23, "-", 2, 21)]
-    assert worked_steps([6, 61, 50, 33], ["*", "-", "*"]) == [(6, "*", 61, 366), (50, "*", 33, 1650),
-                                                             (366, "-", 1650, -1284)]
+    assert worked_steps([6, 61, 50, 33], ["*", "-", "*"]) == [
+        (6, "*", 61, 366),
+        (50, "*", 33, 1650),
+        (366, "-", 1650, -1284),
+    ]
     assert worked_steps([2, 3, 4], ["*", "*"]) == [(2, "*", 3, 6), (6, "*", 4, 24)]
     # negative partial results are written with their sign
     assert render_steps(worked_steps([12, 45, 8], ["-", "+"])) == "12-45=-33 -33+8=-25 #-25"
@@ -202,7 +205,7 @@ def test_worked_steps_agree_with_python_brute_force():
 
 def test_steps_format_same_problems_reference_completion_and_length():
     answer = ArithTask(operands=4, train_size=2000, test_size=200)
-    assert STEPS.test_problems() == answer.test_problems()      # the format changes completions only
+    assert STEPS.test_problems() == answer.test_problems()  # the format changes completions only
     assert STEPS.train_problems() == answer.train_problems()
     lengths = []
     for p in STEPS.test_problems():
@@ -238,14 +241,14 @@ def test_commutative_steps_may_be_written_either_way_round():
     "completion, reward",
     [
         ("37+45=82 82-12=70 70+8=78 #78", 1.0),
-        ("#78", 1.0),                          # outcome only: the steps are not graded
+        ("#78", 1.0),  # outcome only: the steps are not graded
         ("37+45=80 80-12=68 #78", 1.0),
         ("37+45=82 82-12=70 70+8=78 #77", 0.0),
-        ("37+45=82 82-12=70 70+8=78", 0.0),    # no '#': no final answer (e.g. truncated)
-        ("78", 0.0),                           # the answer format's completion does not count here
-        ("37+45=82 #78 #79", 1.0),             # the first '#' is the final answer
+        ("37+45=82 82-12=70 70+8=78", 0.0),  # no '#': no final answer (e.g. truncated)
+        ("78", 0.0),  # the answer format's completion does not count here
+        ("37+45=82 #78 #79", 1.0),  # the first '#' is the final answer
         ("37+45=82 #79 #78", 0.0),
-        ("37+45=82 # 78", 1.0),                # read like the answer format: leading space allowed
+        ("37+45=82 # 78", 1.0),  # read like the answer format: leading space allowed
         ("37+45=82 #", 0.0),
         ("37+45=82 #078", 1.0),
         ("37+45=82 #78x", 1.0),

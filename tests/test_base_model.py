@@ -11,18 +11,26 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
 
-from clipbench.errors import UserError
-from clipbench.tasks.arith import ArithKnobs, ArithTask
 import clipbench.basemodel.build as bm
 from clipbench import models
 from clipbench.basemodel import BUILTIN_RECIPES, DEFAULT_RECIPE, Recipe
+from clipbench.errors import UserError
+from clipbench.tasks.arith import ArithKnobs, ArithTask
 
 # One worker builds the model once for the whole module (pytest -n 2 --dist loadfile: a file runs on one worker).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("base_model")]  # builds base models
 
 SMALL = Recipe(  # a 1-layer model and 30 steps: for determinism and plumbing, not accuracy
-    task=ArithKnobs(train_size=2000, test_size=50), hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
-    head_dim=8, intermediate_size=64, max_steps=30, eval_every=15, val_size=32,
+    task=ArithKnobs(train_size=2000, test_size=50),
+    hidden_size=32,
+    num_layers=1,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    intermediate_size=64,
+    max_steps=30,
+    eval_every=15,
+    val_size=32,
     test_samples_per_problem=1,
 )
 
@@ -69,7 +77,11 @@ def test_reload_through_auto_classes(built, loaded):
     # 19*128 embed + 3 * (q 128*128 + k,v 2*128*64 + o 128*128 + mlp 3*128*256 + norms 2*128 + qk-norms 2*32) + 128
     assert n_params == 19 * 128 + 3 * (128 * 128 + 2 * 128 * 64 + 128 * 128 + 3 * 128 * 256 + 2 * 128 + 2 * 32) + 128
     gen = model.generation_config
-    assert (gen.eos_token_id, gen.pad_token_id, gen.bos_token_id) == (tok.eos_token_id, tok.pad_token_id, tok.bos_token_id)
+    assert (gen.eos_token_id, gen.pad_token_id, gen.bos_token_id) == (
+        tok.eos_token_id,
+        tok.pad_token_id,
+        tok.bos_token_id,
+    )
     assert len({tok.eos_token_id, tok.pad_token_id, tok.bos_token_id}) == 3
     assert json.loads((built / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
 
@@ -94,7 +106,7 @@ def test_tokenizer_is_char_level_and_round_trips(loaded):
 def _generate(model, tok, prompts, **kw):
     enc = tok(prompts, padding=True, return_tensors="pt")
     out = model.generate(**enc, max_new_tokens=5, **kw)
-    return out[:, enc["input_ids"].shape[1]:]  # (B, new)
+    return out[:, enc["input_ids"].shape[1] :]  # (B, new)
 
 
 def test_generate_samples_with_left_padding_and_stops_at_eos(loaded):
@@ -117,7 +129,7 @@ def test_generate_samples_with_left_padding_and_stops_at_eos(loaded):
         if tok.eos_token_id in row:
             stopped += 1
             cut = row.index(tok.eos_token_id)
-            assert all(t == tok.pad_token_id for t in row[cut + 1:])  # nothing after EOS but padding
+            assert all(t == tok.pad_token_id for t in row[cut + 1 :])  # nothing after EOS but padding
     assert stopped >= 0.95 * len(test)  # answers have <= 3 chars, 5 new tokens allowed
 
 
@@ -135,9 +147,12 @@ def test_resolve_model_name(built):
     assert built == models.builtin_path("arith-tiny") and (built / "model.safetensors").is_file()
     assert models.resolve_model_name("Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B"
     assert models.resolve_model_name("/some/local/dir") == "/some/local/dir"
-    with pytest.raises(UserError, match=r"model.name: unknown built-in model 'builtin:arith-tny' "
-                                        r"\(did you mean 'builtin:arith-tiny'\?\); "
-                                        r"valid: builtin:arith-steps, builtin:arith-steps-moe, builtin:arith-tiny"):
+    with pytest.raises(
+        UserError,
+        match=r"model.name: unknown built-in model 'builtin:arith-tny' "
+        r"\(did you mean 'builtin:arith-tiny'\?\); "
+        r"valid: builtin:arith-steps, builtin:arith-steps-moe, builtin:arith-tiny",
+    ):
         models.resolve_model_name("builtin:arith-tny")
     with pytest.raises(UserError, match="non-empty string"):
         models.resolve_model_name("")
@@ -193,8 +208,11 @@ def test_build_is_deterministic_and_atomic(tmp_path):
 
 
 def test_unknown_name():
-    with pytest.raises(UserError, match=r"unknown built-in model 'arth' \(did you mean 'arith'\?\); "
-                                        r"valid: arith, arith-steps, arith-steps-moe, arith-tiny"):
+    with pytest.raises(
+        UserError,
+        match=r"unknown built-in model 'arth' \(did you mean 'arith'\?\); "
+        r"valid: arith, arith-steps, arith-steps-moe, arith-tiny",
+    ):
         bm.build_base_model("arth")
     assert bm.recipe_name("arith") == bm.recipe_name("builtin:arith-tiny") == "arith-tiny"  # legacy name
 
@@ -260,27 +278,49 @@ def test_moe_build_is_a_qwen3_moe_with_arith_steps_accuracy():
     model = AutoModelForCausalLM.from_pretrained(path)
     assert isinstance(model, Qwen3MoeForCausalLM)
     cfg = model.config
-    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size, cfg.head_dim, cfg.num_hidden_layers) == (8, 2, 64, 32, 4)
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size, cfg.head_dim, cfg.num_hidden_layers) == (
+        8,
+        2,
+        64,
+        32,
+        4,
+    )
     assert cfg.router_aux_loss_coef == 0.0 and cfg.norm_topk_prob is True and cfg.mlp_only_layers == []
     # 20*64 embed (tied) + 4 * (q 64*128 + k,v 2*64*64 + o 128*64 (= 3*64*128) + qk-norms 2*32 + router 8*64
     #                          + experts 8 * 3*64*128 + norms 2*64) + 64 = 1,280 + 4 * 221,888 + 64 = 888,896
     n = sum(p.numel() for p in model.parameters())
     assert n == info["parameters"] == 20 * 64 + 4 * (3 * 64 * 128 + 64 + 8 * 64 + 8 * 3 * 64 * 128 + 128) + 64
-    shape = models.model_shape(str(path))          # the memory plan reads it: total and active parameters
+    shape = models.model_shape(str(path))  # the memory plan reads it: total and active parameters
     assert shape.n_params() == 888_896 and shape.n_active_params() == 888_896 - 4 * 6 * 3 * 64 * 128
 
 
-MOE_SMALL = bm.MoeRecipe(task=ArithKnobs(train_size=2000, test_size=50), hidden_size=32, num_layers=1, num_heads=2,
-                         num_kv_heads=1, head_dim=16, num_experts=4, moe_intermediate_size=32, max_steps=10,
-                         eval_every=10, val_size=16, test_samples_per_problem=1)
+MOE_SMALL = bm.MoeRecipe(
+    task=ArithKnobs(train_size=2000, test_size=50),
+    hidden_size=32,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=16,
+    num_experts=4,
+    moe_intermediate_size=32,
+    max_steps=10,
+    eval_every=10,
+    val_size=16,
+    test_samples_per_problem=1,
+)
 
 
 def test_moe_build_is_deterministic_and_the_aux_loss_is_trained_when_asked(tmp_path):
     """Same seed -> the same bytes; router_aux_loss_coef > 0 adds the load-balancing loss (other weights)."""
     a = bm.build_base_model("arith-steps-moe", tmp_path / "a", seed=2, recipe=MOE_SMALL, log=lambda m: None)
     b = bm.build_base_model("arith-steps-moe", tmp_path / "b", seed=2, recipe=MOE_SMALL, log=lambda m: None)
-    c = bm.build_base_model("arith-steps-moe", tmp_path / "c", seed=2, log=lambda m: None,
-                            recipe=bm.dataclasses.replace(MOE_SMALL, router_aux_loss_coef=0.01))
+    c = bm.build_base_model(
+        "arith-steps-moe",
+        tmp_path / "c",
+        seed=2,
+        log=lambda m: None,
+        recipe=bm.dataclasses.replace(MOE_SMALL, router_aux_loss_coef=0.01),
+    )
     assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
     assert (a / "model.safetensors").read_bytes() != (c / "model.safetensors").read_bytes()
     info = models.read_build_info(a)

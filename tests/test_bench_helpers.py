@@ -6,7 +6,6 @@ import importlib.util
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"

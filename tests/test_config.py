@@ -34,41 +34,48 @@ def test_run_id_is_deterministic_and_config_sensitive():
     assert run_id(validate(to_dict(a))) == run_id(a)
 
 
-@pytest.mark.parametrize("override, key, words", [
-    (["train.stpes=3"], "train.stpes", "did you mean 'steps'"),
-    (["train.steps=abc"], "train.steps", ""),
-    (["train.steps=0"], "train.steps", "must be in [1, 1000000], got 0"),
-    (["objective.method=grpp"], "objective.method", "did you mean 'grpo'"),
-    (["objective.method=[grpo, dapo]"], "objective.method", "must be one method name"),  # issue 28.7
-    (["objective.p=0.5"], "objective.p", "p"),  # grpo has no p
-    (["objective.method=nsr", "objective.p=1.5"], "objective.p", ""),
-    (["objective.eps_low=-0.1"], "objective.eps_low", ""),
-    (["sampler.backend=vlm"], "sampler.backend", "did you mean 'vllm'"),
-    (["train.agg=token_mean"], "train.agg", "did you mean 'token-mean'"),
-    (["sampler.top_p=0"], "sampler.top_p", "(0, 1]"),
-    (["task.name=math"], "task.path", "needs a path"),
-    # values that used to pass and fail only at run time, after the first write (issue 13)
-    (["model.name=/no/such/model"], "model.name", "no such path '/no/such/model'"),
-    (["model.name=./no-such-dir/model"], "model.name", "no such path"),
-    (["task.digits=0"], "task.digits", "must be in [1, 6], got 0"),
-    (["task.ops=+/"], "task.ops", "must be characters of '+-*'"),
-    (["model.name=builtin:a/b/c"], "model.name", "not a built-in model name"),
-    (["train.betas=[1.5, -2]"], "train.betas", "item 0: must be in [0, 1), got 1.5"),
-    (["train.betas=[0.9]"], "train.betas", "must have 2 items"),
-    (["train.lr=1.0e+400"], "train.lr", "must be a finite number in (0, 1], got inf"),
-    (["train.steps=100000000000000000000000000000"], "train.steps", "must be in [1, 1000000]"),
-    (["sampler.temperature=.inf"], "sampler.temperature", "must be a finite number in (0, 10], got inf"),
-    (["eval.temperature=.nan"], "eval.temperature", "got nan"),
-    (["train.max_skipped_frac=1.5"], "train.max_skipped_frac", "must be in [0, 1], got 1.5"),
-    (["train.grad_clip=-1"], "train.grad_clip", "must be in [0, 1e+06], got -1"),
-    (["eval.data_dir=/no/such/dir"], "eval.data_dir", "no such directory '/no/such/dir'"),
-    (["eval.benchmarks=[arith, arith]"], "eval.benchmarks", "twice"),
-    (["objective.eps_low=.inf"], "objective.eps_low", ""),
-    (["tracking.experiment="], "tracking.experiment", "non-empty string"),
-    (["train.overlong.enabled=true", "train.overlong.buffer=64"], "train.overlong.buffer", "<= sampler.max_new_tokens"),
-    (["task.format=stepz"], "task.format", "stepz"),
-    (["task.operands=9"], "task.operands", "9"),
-])
+@pytest.mark.parametrize(
+    "override, key, words",
+    [
+        (["train.stpes=3"], "train.stpes", "did you mean 'steps'"),
+        (["train.steps=abc"], "train.steps", ""),
+        (["train.steps=0"], "train.steps", "must be in [1, 1000000], got 0"),
+        (["objective.method=grpp"], "objective.method", "did you mean 'grpo'"),
+        (["objective.method=[grpo, dapo]"], "objective.method", "must be one method name"),  # issue 28.7
+        (["objective.p=0.5"], "objective.p", "p"),  # grpo has no p
+        (["objective.method=nsr", "objective.p=1.5"], "objective.p", ""),
+        (["objective.eps_low=-0.1"], "objective.eps_low", ""),
+        (["sampler.backend=vlm"], "sampler.backend", "did you mean 'vllm'"),
+        (["train.agg=token_mean"], "train.agg", "did you mean 'token-mean'"),
+        (["sampler.top_p=0"], "sampler.top_p", "(0, 1]"),
+        (["task.name=math"], "task.path", "needs a path"),
+        # values that used to pass and fail only at run time, after the first write (issue 13)
+        (["model.name=/no/such/model"], "model.name", "no such path '/no/such/model'"),
+        (["model.name=./no-such-dir/model"], "model.name", "no such path"),
+        (["task.digits=0"], "task.digits", "must be in [1, 6], got 0"),
+        (["task.ops=+/"], "task.ops", "must be characters of '+-*'"),
+        (["model.name=builtin:a/b/c"], "model.name", "not a built-in model name"),
+        (["train.betas=[1.5, -2]"], "train.betas", "item 0: must be in [0, 1), got 1.5"),
+        (["train.betas=[0.9]"], "train.betas", "must have 2 items"),
+        (["train.lr=1.0e+400"], "train.lr", "must be a finite number in (0, 1], got inf"),
+        (["train.steps=100000000000000000000000000000"], "train.steps", "must be in [1, 1000000]"),
+        (["sampler.temperature=.inf"], "sampler.temperature", "must be a finite number in (0, 10], got inf"),
+        (["eval.temperature=.nan"], "eval.temperature", "got nan"),
+        (["train.max_skipped_frac=1.5"], "train.max_skipped_frac", "must be in [0, 1], got 1.5"),
+        (["train.grad_clip=-1"], "train.grad_clip", "must be in [0, 1e+06], got -1"),
+        (["eval.data_dir=/no/such/dir"], "eval.data_dir", "no such directory '/no/such/dir'"),
+        (["eval.benchmarks=[arith, arith]"], "eval.benchmarks", "twice"),
+        (["objective.eps_low=.inf"], "objective.eps_low", ""),
+        (["tracking.experiment="], "tracking.experiment", "non-empty string"),
+        (
+            ["train.overlong.enabled=true", "train.overlong.buffer=64"],
+            "train.overlong.buffer",
+            "<= sampler.max_new_tokens",
+        ),
+        (["task.format=stepz"], "task.format", "stepz"),
+        (["task.operands=9"], "task.operands", "9"),
+    ],
+)
 def test_bad_values_name_file_key_and_reason(override, key, words):
     with pytest.raises(ConfigError) as e:
         load_run_config(RECIPE, override)
@@ -101,6 +108,7 @@ def test_relative_paths_are_relative_to_the_recipe(tmp_path):
 
 
 # ---- the one YAML reader: duplicate keys and encodings --------------------------------------
+
 
 def test_duplicate_keys_are_refused_with_both_lines(tmp_path):
     r = tmp_path / "dup.yaml"
@@ -174,7 +182,9 @@ def test_an_override_that_is_wrong_is_named_not_the_recipe():
     assert str(e.value) == "command line (train.lr=5): train.lr: must be in (0, 1], got 5"
     with pytest.raises(ConfigError) as e:  # a key inside the section the override set
         load_run_config(RECIPE, ["objective={method: grpo, eps_low: -1}"])
-    assert str(e.value).startswith("command line (objective={method: grpo, eps_low: -1}): objective.eps_low: grpo: 'eps_low'")
+    assert str(e.value).startswith(
+        "command line (objective={method: grpo, eps_low: -1}): objective.eps_low: grpo: 'eps_low'"
+    )
 
 
 @pytest.mark.parametrize("verb", ["train", "rehearse"])
@@ -186,9 +196,11 @@ def test_objective_method_as_a_list_is_one_line_exit_2_nothing_written(verb, tmp
 
     res = CliRunner().invoke(app, [verb, RECIPE, "objective.method=[grpo,dapo]", "--results-dir", str(tmp_path / "r")])
     assert res.exit_code == 2
-    assert res.output.strip() == ("error: command line (objective.method=[grpo,dapo]): objective.method: must be one method "
-                                  "name, got list "
-                                  "['grpo', 'dapo']; to compare several, make it a sweep axis (grid: objective.method: [...])")
+    assert res.output.strip() == (
+        "error: command line (objective.method=[grpo,dapo]): objective.method: must be one method "
+        "name, got list "
+        "['grpo', 'dapo']; to compare several, make it a sweep axis (grid: objective.method: [...])"
+    )
     assert not (tmp_path / "r").exists()
 
 
@@ -208,6 +220,8 @@ def test_a_model_directory_without_weights_is_refused_before_anything_is_written
     shutil.copy(builtin_path("arith-steps") / "config.json", model)
     res = CliRunner().invoke(app, [verb, "quickstart", f"model.name={model}", "--results-dir", str(tmp_path / "r")])
     assert res.exit_code == 2, res.output
-    assert res.output.strip() == (f"error: model.name: cannot load '{model}': {model} has a config.json but no weights "
-                                  "(*.safetensors, pytorch_model*.bin)")
+    assert res.output.strip() == (
+        f"error: model.name: cannot load '{model}': {model} has a config.json but no weights "
+        "(*.safetensors, pytorch_model*.bin)"
+    )
     assert not (tmp_path / "r").exists()

@@ -12,11 +12,19 @@ import math
 
 import pytest
 import torch
+from oracles import mis_variants, skyrl_off_policy, trl_vllm_is, verl_rollout_corr
 
 from clipbench.objectives import combine, policy_loss
-from clipbench.objectives.corrections import (CORRECTIONS, KEPT, REJECTED, TRUNCATED, apply_correction,
-                                              correction_stats, sampler_mismatch, validate_correction)
-from oracles import mis_variants, skyrl_off_policy, trl_vllm_is, verl_rollout_corr
+from clipbench.objectives.corrections import (
+    CORRECTIONS,
+    KEPT,
+    REJECTED,
+    TRUNCATED,
+    apply_correction,
+    correction_stats,
+    sampler_mismatch,
+    validate_correction,
+)
 
 LN3 = math.log(3.0)
 # row 0: d = trainer - sampler = [0.1, -0.5, ln 3]; row 1: d = [0.2, 0.0, padding]
@@ -52,11 +60,13 @@ def test_tis_sequence_weights_by_hand():
     want = torch.tensor([[2.0, 2.0, 2.0], [math.exp(0.2)] * 2 + [0.0]])
     torch.testing.assert_close(out.weights, want)
     stats = correction_stats(out.sums)
-    assert stats["correction/truncated_frac"] == pytest.approx(3 / 5)        # row 0's three tokens
+    assert stats["correction/truncated_frac"] == pytest.approx(3 / 5)  # row 0's three tokens
     assert stats["correction/raw_max"] == pytest.approx(3 * math.exp(-0.4), rel=1e-6)  # the sequence ratios
     assert stats["correction/raw_min"] == pytest.approx(math.exp(0.2), rel=1e-6)
     # a row without any valid token gets weight 0 and is not a sequence
-    empty = apply_correction({"name": "tis", "level": "sequence"}, SAMPLER, TRAINER, torch.tensor([[1.0, 0, 0], [0, 0, 0]]))
+    empty = apply_correction(
+        {"name": "tis", "level": "sequence"}, SAMPLER, TRAINER, torch.tensor([[1.0, 0, 0], [0, 0, 0]])
+    )
     assert empty.weights[1].abs().sum() == 0 and float(empty.sums["mismatch/units"]) == 1
 
 
@@ -72,10 +82,15 @@ def test_the_former_keys_give_the_same_weights():
 
 
 def test_no_correction_still_measures_and_agreement_is_weight_one():
-    out = apply_correction(None, SAMPLER, TRAINER, MASK)                  # no correction: metrics only
+    out = apply_correction(None, SAMPLER, TRAINER, MASK)  # no correction: metrics only
     assert out.weights is None and out.status is None
-    assert set(correction_stats(out.sums)) == {"mismatch/abs_mean", "mismatch/abs_max", "mismatch/rho_mean",
-                                               "mismatch/rho_min", "mismatch/rho_max"}
+    assert set(correction_stats(out.sums)) == {
+        "mismatch/abs_mean",
+        "mismatch/abs_max",
+        "mismatch/rho_mean",
+        "mismatch/rho_min",
+        "mismatch/rho_max",
+    }
     for name in CORRECTIONS:  # the sampler agrees with the trainer: every correction keeps every token at 1
         same = apply_correction({"name": name}, SAMPLER, SAMPLER.clone(), MASK)
         assert torch.equal(same.weights, MASK) and not (same.status != KEPT).any(), name
@@ -84,7 +99,7 @@ def test_no_correction_still_measures_and_agreement_is_weight_one():
 def test_extreme_log_ratios_stay_finite_and_weights_are_detached():
     trainer = torch.tensor([[100.0, -100.0]], requires_grad=True)
     out = apply_correction({"name": "tis", "cap": 3.0}, torch.zeros(1, 2), trainer, torch.ones(1, 2))
-    assert out.weights[0, 0] == 3.0 and 0 <= out.weights[0, 1] < 1e-40   # exp clamped at log C (unchanged)
+    assert out.weights[0, 0] == 3.0 and 0 <= out.weights[0, 1] < 1e-40  # exp clamped at log C (unchanged)
     assert not out.weights.requires_grad
     for name in CORRECTIONS:
         for level in ("token", "sequence"):
@@ -102,10 +117,16 @@ def _random(seed=0, B=6, T=7, spread=0.3):
     return sampler, trainer, mask
 
 
-SETTINGS = [{"name": "tis"}, {"name": "tis", "level": "sequence", "cap": 3.0, "floor": 0.5}, {"name": "icepop"},
-            {"name": "icepop", "level": "sequence", "low": 0.5, "high": 2.0}, {"name": "geo_mask", "low": 0.9, "high": 1.1},
-            {"name": "veto", "low": 0.5, "high": 2.0}, {"name": "kl_rs"},
-            {"name": "kl_rs", "estimator": "k1", "level": "token", "low": 0.8, "high": 1.25}]
+SETTINGS = [
+    {"name": "tis"},
+    {"name": "tis", "level": "sequence", "cap": 3.0, "floor": 0.5},
+    {"name": "icepop"},
+    {"name": "icepop", "level": "sequence", "low": 0.5, "high": 2.0},
+    {"name": "geo_mask", "low": 0.9, "high": 1.1},
+    {"name": "veto", "low": 0.5, "high": 2.0},
+    {"name": "kl_rs"},
+    {"name": "kl_rs", "estimator": "k1", "level": "token", "low": 0.8, "high": 1.25},
+]
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: "-".join(map(str, s.values())))
@@ -128,14 +149,14 @@ def test_weights_turn_sampler_expectations_into_trainer_ones():
     The weighted values w f lie in [0, 8]; their standard deviation is ~1.9, so the standard error
     is ~0.004 and the tolerance 0.03 is ~7 standard errors."""
     p_s = torch.tensor([0.4, 0.3, 0.15, 0.1, 0.05])
-    p_t = torch.tensor([0.3, 0.3, 0.2, 0.1, 0.1])           # ratios 0.75 1 1.33 1 2
+    p_t = torch.tensor([0.3, 0.3, 0.2, 0.1, 0.1])  # ratios 0.75 1 1.33 1 2
     f = torch.tensor([0.0, 1.0, 2.0, 3.0, 4.0])
     y = torch.multinomial(p_s, 200_000, replacement=True, generator=torch.Generator().manual_seed(1))
-    s_lp, t_lp = p_s.log()[y][None], p_t.log()[y][None]     # (1, N)
+    s_lp, t_lp = p_s.log()[y][None], p_t.log()[y][None]  # (1, N)
     w = apply_correction({"name": "tis", "cap": 10.0}, s_lp, t_lp, torch.ones_like(s_lp)).weights[0]
-    assert float((w * f[y]).mean()) == pytest.approx(float((p_t * f).sum()), abs=0.03)   # 1.4
+    assert float((w * f[y]).mean()) == pytest.approx(float((p_t * f).sum()), abs=0.03)  # 1.4
     w = apply_correction({"name": "tis", "cap": 1.5}, s_lp, t_lp, torch.ones_like(s_lp)).weights[0]
-    truncated = float((p_s * (p_t / p_s).clamp(max=1.5) * f).sum())                      # 1.3
+    truncated = float((p_s * (p_t / p_s).clamp(max=1.5) * f).sum())  # 1.3
     assert float((w * f[y]).mean()) == pytest.approx(truncated, abs=0.03)
     # IcePop [0.8, 1.5]: the ratios 0.75 and 2 are dropped: E_sampler[rho 1{0.8 <= rho <= 1.5} f]
     w = apply_correction({"name": "icepop", "low": 0.8, "high": 1.5}, s_lp, t_lp, torch.ones_like(s_lp)).weights[0]
@@ -167,8 +188,11 @@ def test_tis_and_icepop_equal_verl_rollout_is(level, threshold):
 def test_kl_rs_equals_verl_rollout_rs(option):
     s, t, mask = _random(2, B=16, T=9, spread=0.2)
     level, estimator = option.rsplit("_", 1)
-    thresholds = {"k1": "0.95_1.05" if level == "token" else ("0.8_1.25" if "sum" in level else "0.97_1.03"),
-                  "k2": 0.02 if level != "seq_sum" else 0.1, "k3": 0.02 if level != "seq_sum" else 0.1}[estimator]
+    thresholds = {
+        "k1": "0.95_1.05" if level == "token" else ("0.8_1.25" if "sum" in level else "0.97_1.03"),
+        "k2": 0.02 if level != "seq_sum" else 0.1,
+        "k3": 0.02 if level != "seq_sum" else 0.1,
+    }[estimator]
     want, metrics = verl_rollout_corr.verl_rollout_rejection_mask(t, s, mask, option, thresholds)
     setting = {"name": "kl_rs", "estimator": estimator, "level": level}
     if estimator == "k1":
@@ -184,10 +208,19 @@ def test_kl_rs_equals_verl_rollout_rs(option):
     assert stats["correction/seq_masked_frac"] * 15 / 16 == pytest.approx(metrics["rollout_rs_seq_masked_fraction"])
 
 
-@pytest.mark.parametrize("mode, lo, hi", [("token_truncate", None, 2.0), ("token_truncate", 0.5, 3.0),
-                                          ("sequence_truncate", None, 3.0), ("sequence_truncate", 0.5, 2.0),
-                                          ("token_mask", None, 1.2), ("token_mask", 0.8, 1.2),
-                                          ("sequence_mask", None, 3.0), ("sequence_mask", 0.7, 1.5)])
+@pytest.mark.parametrize(
+    "mode, lo, hi",
+    [
+        ("token_truncate", None, 2.0),
+        ("token_truncate", 0.5, 3.0),
+        ("sequence_truncate", None, 3.0),
+        ("sequence_truncate", 0.5, 2.0),
+        ("token_mask", None, 1.2),
+        ("token_mask", 0.8, 1.2),
+        ("sequence_mask", None, 3.0),
+        ("sequence_mask", 0.7, 1.5),
+    ],
+)
 def test_tis_and_icepop_equal_trl_vllm_importance_sampling(mode, lo, hi):
     s, t, mask = _random(3, B=16, T=9, spread=0.2)
     ratio, _ = trl_vllm_is.trl_vllm_is_ratio(t, s, mask, mode, lo, hi)
@@ -203,14 +236,18 @@ def test_tis_and_icepop_equal_trl_vllm_importance_sampling(mode, lo, hi):
 def test_geo_mask_veto_and_token_mask_equal_skyrl():
     s, t, mask = _random(4, B=16, T=9, spread=0.05)
     s[3, 1] = t[3, 1] + 12.0  # an outlier token: rho ~ 6e-6 < 1e-4, vetoes row 3
-    s[5, 0] = t[5, 0] - 5.0   # rho ~ 148 > 100, vetoes row 5
+    s[5, 0] = t[5, 0] - 5.0  # rho ~ 148 > 100, vetoes row 5
     for cfg, setting in [
-        ({"sequence_mask_metric": "geometric"}, {"name": "geo_mask"}),                     # SkyRL's 0.99 / 1.01
-        ({"sequence_mask_metric": "geometric", "geo_mask_low": 0.995, "geo_mask_high": 1.02},
-         {"name": "geo_mask", "low": 0.995, "high": 1.02}),
+        ({"sequence_mask_metric": "geometric"}, {"name": "geo_mask"}),  # SkyRL's 0.99 / 1.01
+        (
+            {"sequence_mask_metric": "geometric", "geo_mask_low": 0.995, "geo_mask_high": 1.02},
+            {"name": "geo_mask", "low": 0.995, "high": 1.02},
+        ),
         ({"outlier_token_is_threshold_low": 1e-4, "outlier_token_is_threshold_high": 100.0}, {"name": "veto"}),
-        ({"token_mask_is_threshold_low": 0.95, "token_mask_is_threshold_high": 1.05},
-         {"name": "icepop", "low": 0.95, "high": 1.05, "weight": "one"}),
+        (
+            {"token_mask_is_threshold_low": 0.95, "token_mask_is_threshold_high": 1.05},
+            {"name": "icepop", "low": 0.95, "high": 1.05, "weight": "one"},
+        ),
     ]:
         _, _, new_mask = skyrl_off_policy.skyrl_off_policy_correction(t, s, mask, **cfg)
         got = apply_correction(setting, s, t, mask).weights
@@ -220,12 +257,19 @@ def test_geo_mask_veto_and_token_mask_equal_skyrl():
 
 def test_veto_low_side_equals_slime_and_geo_rho_equals_openrlhf():
     s, t, mask = _random(5, B=12, T=8, spread=0.05)
-    s[2, 3] = t[2, 3] + 12.0   # catastrophic token (rho < 1e-4): slime vetoes row 2
-    s[4, 0] = t[4, 0] - 12.0   # rho > 1e4: slime's veto is low-side only, row 4 stays
+    s[2, 3] = t[2, 3] + 12.0  # catastrophic token (rho < 1e-4): slime vetoes row 2
+    s[4, 0] = t[4, 0] - 12.0  # rho > 1e4: slime's veto is low-side only, row 4 stays
     rows = [mask[b] > 0 for b in range(12)]
     _, masks = mis_variants.slime_compute_mis_weights(
-        [t[b][r] for b, r in enumerate(rows)], [s[b][r] for b, r in enumerate(rows)], [mask[b][r] for b, r in enumerate(rows)],
-        tis_mode="truncate", rs_lower_bound=1e-30, rs_upper_bound=1e30, rs_veto_threshold=1e-4, tis_batch_normalize=False)
+        [t[b][r] for b, r in enumerate(rows)],
+        [s[b][r] for b, r in enumerate(rows)],
+        [mask[b][r] for b, r in enumerate(rows)],
+        tis_mode="truncate",
+        rs_lower_bound=1e-30,
+        rs_upper_bound=1e30,
+        rs_veto_threshold=1e-4,
+        tis_batch_normalize=False,
+    )
     got = apply_correction({"name": "veto", "sides": "low"}, s, t, mask).weights
     for b, r in enumerate(rows):
         assert torch.equal(got[b][r], masks[b]), b
@@ -247,10 +291,17 @@ def test_denominators_icepop_keeps_tokens_kl_rs_drops_them():
     logp = t + torch.randn(t.shape, generator=g) * 0.2
     A = torch.randn(16, generator=g)
     for setting, weights, rs_mask in [
-        ({"name": "icepop", "low": 0.8, "high": 1.25},
-         verl_rollout_corr.verl_rollout_is_weights(t, s, mask, "token", "0.8_1.25")[0], mask),
-        ({"name": "kl_rs", "estimator": "k1", "level": "token", "low": 0.8, "high": 1.25},
-         None, verl_rollout_corr.verl_rollout_rejection_mask(t, s, mask, "token_k1", "0.8_1.25")[0])]:
+        (
+            {"name": "icepop", "low": 0.8, "high": 1.25},
+            verl_rollout_corr.verl_rollout_is_weights(t, s, mask, "token", "0.8_1.25")[0],
+            mask,
+        ),
+        (
+            {"name": "kl_rs", "estimator": "k1", "level": "token", "low": 0.8, "high": 1.25},
+            None,
+            verl_rollout_corr.verl_rollout_rejection_mask(t, s, mask, "token_k1", "0.8_1.25")[0],
+        ),
+    ]:
         lp = logp.clone().requires_grad_(True)
         want = verl_rollout_corr.verl_vanilla_corrected(lp, t, A[:, None].expand_as(t), rs_mask, weights)
         (want_grad,) = torch.autograd.grad(want, lp)
@@ -283,16 +334,23 @@ def test_per_cell_counts_of_the_correction():
 
 
 def test_settings_are_validated_with_defaults_filled_in():
-    assert validate_correction("icepop") == {"name": "icepop", "level": "token", "low": 0.5, "high": 5.0,
-                                             "weight": "rho"}
+    assert validate_correction("icepop") == {
+        "name": "icepop",
+        "level": "token",
+        "low": 0.5,
+        "high": 5.0,
+        "weight": "rho",
+    }
     assert validate_correction(None) == {"name": "none"}
     assert validate_correction({"name": "geo_mask"})["low"] == 0.99  # SkyRL's 0.99 / 1.01
-    for setting, match in [({"name": "icepp"}, r"unknown correction 'icepp' \(did you mean 'icepop'\?\)"),
-                           ({"name": "tis", "cpa": 3}, r"unknown parameter 'cpa' \(did you mean 'cap'\?\)"),
-                           ({"name": "tis", "cap": 0.5}, r"'cap' must be >= 1"),
-                           ({"name": "icepop", "low": 2.0, "high": 3.0}, r"needs low <= 1 <= high"),
-                           ({"name": "kl_rs", "estimator": "k1", "level": "seq_max"}, r"seq_max needs"),
-                           ({"name": "none", "cap": 2}, r"has no parameters")]:
+    for setting, match in [
+        ({"name": "icepp"}, r"unknown correction 'icepp' \(did you mean 'icepop'\?\)"),
+        ({"name": "tis", "cpa": 3}, r"unknown parameter 'cpa' \(did you mean 'cap'\?\)"),
+        ({"name": "tis", "cap": 0.5}, r"'cap' must be >= 1"),
+        ({"name": "icepop", "low": 2.0, "high": 3.0}, r"needs low <= 1 <= high"),
+        ({"name": "kl_rs", "estimator": "k1", "level": "seq_max"}, r"seq_max needs"),
+        ({"name": "none", "cap": 2}, r"has no parameters"),
+    ]:
         with pytest.raises(ValueError, match=match):
             validate_correction(setting)
 
@@ -304,15 +362,25 @@ def test_config_keys_are_checked_before_anything_runs():
     cfg = load_run_config("recipes/quickstart.yaml", ["sampler.correction.name=tis", "sampler.correction.cap=3"])
     assert cfg.sampler.correction == {"name": "tis", "level": "token", "cap": 3.0, "floor": 0.0}
     assert load_run_config("recipes/quickstart.yaml").sampler.correction == {"name": "none"}  # default off
-    assert load_run_config("recipes/quickstart.yaml", ["sampler.correction=geo_mask"]).sampler.correction["high"] == 1.01
-    for overrides, key in [(["sampler.correction.name=icepp"], "sampler.correction.name: unknown correction"),
-                           (["sampler.correction.name=tis", "sampler.correction.cap=0.5"],
-                            "sampler.correction.cap: tis: 'cap' must be >= 1"),
-                           (["sampler.correction.name=tis", "sampler.correction.low=0.5"],
-                            "sampler.correction.low: tis: unknown parameter 'low'"),
-                           (["sampler.correction.name=icepop", "sampler.old_logp=sampler"],
-                            "sampler.correction.name: needs sampler.old_logp=recompute"),
-                           (["sampler.mismatch_is=tokens"], "sampler.mismatch_is: unknown value 'tokens'")]:
+    assert (
+        load_run_config("recipes/quickstart.yaml", ["sampler.correction=geo_mask"]).sampler.correction["high"] == 1.01
+    )
+    for overrides, key in [
+        (["sampler.correction.name=icepp"], "sampler.correction.name: unknown correction"),
+        (
+            ["sampler.correction.name=tis", "sampler.correction.cap=0.5"],
+            "sampler.correction.cap: tis: 'cap' must be >= 1",
+        ),
+        (
+            ["sampler.correction.name=tis", "sampler.correction.low=0.5"],
+            "sampler.correction.low: tis: unknown parameter 'low'",
+        ),
+        (
+            ["sampler.correction.name=icepop", "sampler.old_logp=sampler"],
+            "sampler.correction.name: needs sampler.old_logp=recompute",
+        ),
+        (["sampler.mismatch_is=tokens"], "sampler.mismatch_is: unknown value 'tokens'"),
+    ]:
         with pytest.raises(ConfigError, match=key.replace("(", r"\(")):
             load_run_config("recipes/quickstart.yaml", overrides)
 
@@ -341,9 +409,12 @@ def _former_run_id(d: dict) -> str:
 def test_a_config_of_the_former_shape_loads_with_its_run_id(mode, cap):
     from clipbench.config import from_dict, load_run_config, run_id, to_dict, validate
 
-    new = to_dict(load_run_config("recipes/quickstart.yaml",
-                                  [f"sampler.mismatch_is={mode}", f"sampler.mismatch_is_cap={cap}"]))
-    old = _without_later_keys(json.loads(json.dumps(new)))  # the dict a manifest or config.yaml of the former shape holds
+    new = to_dict(
+        load_run_config("recipes/quickstart.yaml", [f"sampler.mismatch_is={mode}", f"sampler.mismatch_is_cap={cap}"])
+    )
+    old = _without_later_keys(
+        json.loads(json.dumps(new))
+    )  # the dict a manifest or config.yaml of the former shape holds
     del old["sampler"]["correction"]
     old["sampler"].update(mismatch_is=mode, mismatch_is_cap=cap)
     rid = _former_run_id(old)
@@ -366,12 +437,22 @@ def test_a_manifest_of_the_former_shape_resumes_its_runs(tmp_path):
     (tmp_path / "old" / "manifest.json").write_text(json.dumps({"sweep": "old", "runs": {rid: cfg}, "points": {}}))
     task = task_from_manifest(tmp_path / "old" / "manifest.json", rid)
     loaded = from_dict(task.config)
-    assert run_id(loaded) == rid and loaded.sampler.correction == {"name": "tis", "level": "token", "cap": 2.0,
-                                                                    "floor": 0.0}
+    assert run_id(loaded) == rid and loaded.sampler.correction == {
+        "name": "tis",
+        "level": "token",
+        "cap": 2.0,
+        "floor": 0.0,
+    }
 
 
-SMALL = ["train.prompts_per_step=4", "sampler.group_size=4", "sampler.max_new_tokens=8", "train.steps=2",
-         "eval.benchmarks=[]", "tracking.mlflow=false"]
+SMALL = [
+    "train.prompts_per_step=4",
+    "sampler.group_size=4",
+    "sampler.max_new_tokens=8",
+    "train.steps=2",
+    "eval.benchmarks=[]",
+    "tracking.mlflow=false",
+]
 
 
 @pytest.mark.slow
@@ -388,8 +469,12 @@ def test_the_loop_logs_the_mismatch_and_corrects_with_it(tmp_path):
     from clipbench.train.loop import run_training
 
     rows = {}
-    for name, over in (("none", []), ("token", ["sampler.correction=tis"]), ("bypass", ["sampler.old_logp=sampler"]),
-                       ("mask", ["sampler.correction={name: icepop, low: 1.0, high: 1.0}"])):
+    for name, over in (
+        ("none", []),
+        ("token", ["sampler.correction=tis"]),
+        ("bypass", ["sampler.old_logp=sampler"]),
+        ("mask", ["sampler.correction={name: icepop, low: 1.0, high: 1.0}"]),
+    ):
         run_training(load_run_config("recipes/arith_tiny.yaml", SMALL + over), tmp_path / name)
         rows[name] = RunDir(tmp_path / name).read_metrics()
     for r in rows["bypass"]:
@@ -415,20 +500,24 @@ def test_a_plugin_registers_a_correction(tmp_path):
     from clipbench.objectives.plugins import load_plugin
 
     f = tmp_path / "half_weight.py"
-    f.write_text("import torch\n"
-                 "from clipbench.objectives.corrections import applied, correction\n\n"
-                 "@correction('half_weight', source='a test')\n"
-                 "def half_weight(d, mask, *, w: float = 0.5):\n"
-                 "    '''w on every token: a constant weight'''\n"
-                 "    return applied(torch.full_like(d, w), torch.exp(d))\n")
+    f.write_text(
+        "import torch\n"
+        "from clipbench.objectives.corrections import applied, correction\n\n"
+        "@correction('half_weight', source='a test')\n"
+        "def half_weight(d, mask, *, w: float = 0.5):\n"
+        "    '''w on every token: a constant weight'''\n"
+        "    return applied(torch.full_like(d, w), torch.exp(d))\n"
+    )
     origin = load_plugin(str(f))
     assert CORRECTIONS["half_weight"].origin == origin and describe({"name": "half_weight"})["plugin"] == origin.path
     out = apply_correction({"name": "half_weight", "w": 0.25}, SAMPLER, TRAINER, MASK)
     assert torch.equal(out.weights, 0.25 * MASK)
     bad = tmp_path / "broken.py"
-    bad.write_text("from clipbench.objectives.corrections import applied, correction\n\n"
-                   "@correction('broken_one', source='a test')\n"
-                   "def broken_one(d, mask):\n    '''x'''\n    return d\n\nraise RuntimeError('boom')\n")
+    bad.write_text(
+        "from clipbench.objectives.corrections import applied, correction\n\n"
+        "@correction('broken_one', source='a test')\n"
+        "def broken_one(d, mask):\n    '''x'''\n    return d\n\nraise RuntimeError('boom')\n"
+    )
     from clipbench.errors import UserError
 
     with pytest.raises(UserError, match="boom"):
@@ -447,20 +536,35 @@ def test_the_report_shows_the_mismatch_and_the_masked_shares():
     from clipbench.report.render import to_markdown
 
     def row(step, rho_min, rho_max, masked, q1_masked, q1_tokens):
-        return {"step": step, "mismatch/abs_mean": 0.01 * (step + 1), "mismatch/rho_mean": 1.0 + 0.01 * step,
-                "mismatch/rho_min": rho_min, "mismatch/rho_max": rho_max, "correction/weight_mean": 0.9,
-                "correction/truncated_frac": 0.0, "correction/masked_frac": masked, "correction/seq_masked_frac": 0.5,
-                "q1/tokens": q1_tokens, "correction/q1/masked": q1_masked, "q2/tokens": 10.0, "correction/q2/masked": 0.0}
+        return {
+            "step": step,
+            "mismatch/abs_mean": 0.01 * (step + 1),
+            "mismatch/rho_mean": 1.0 + 0.01 * step,
+            "mismatch/rho_min": rho_min,
+            "mismatch/rho_max": rho_max,
+            "correction/weight_mean": 0.9,
+            "correction/truncated_frac": 0.0,
+            "correction/masked_frac": masked,
+            "correction/seq_masked_frac": 0.5,
+            "q1/tokens": q1_tokens,
+            "correction/q1/masked": q1_masked,
+            "q2/tokens": 10.0,
+            "correction/q2/masked": 0.0,
+        }
 
-    rows = [row(0, 0.5, 3.0, 0.1, 2.0, 20.0), row(0, 0.5, 3.0, 0.1, 1.0, 20.0),
-            row(1, 0.4, 2.0, 0.3, 3.0, 20.0), row(1, 0.4, 2.0, 0.3, 0.0, 20.0)]
+    rows = [
+        row(0, 0.5, 3.0, 0.1, 2.0, 20.0),
+        row(0, 0.5, 3.0, 0.1, 1.0, 20.0),
+        row(1, 0.4, 2.0, 0.3, 3.0, 20.0),
+        row(1, 0.4, 2.0, 0.3, 0.0, 20.0),
+    ]
     c = run_correction(rows)
-    assert c["mismatch/abs_mean"] == pytest.approx(0.015)            # (0.01 + 0.02) / 2 rollout steps
-    assert c["correction/masked_frac"] == pytest.approx(0.2)         # (0.1 + 0.3) / 2
-    assert (c["rho_min"], c["rho_max"]) == (0.4, 3.0)                # over the run
-    assert c["q1/masked"] == pytest.approx(100 * 6 / 80)             # (2 + 1 + 3 + 0) / (4 x 20) tokens
-    assert c["q2/masked"] == 0.0 and math.isnan(c["q3/masked"])      # q3 never logged
-    assert run_correction([{"step": 0, "loss": 1.0}]) is None         # no sampler log-probs: no row
+    assert c["mismatch/abs_mean"] == pytest.approx(0.015)  # (0.01 + 0.02) / 2 rollout steps
+    assert c["correction/masked_frac"] == pytest.approx(0.2)  # (0.1 + 0.3) / 2
+    assert (c["rho_min"], c["rho_max"]) == (0.4, 3.0)  # over the run
+    assert c["q1/masked"] == pytest.approx(100 * 6 / 80)  # (2 + 1 + 3 + 0) / (4 x 20) tokens
+    assert c["q2/masked"] == 0.0 and math.isnan(c["q3/masked"])  # q3 never logged
+    assert run_correction([{"step": 0, "loss": 1.0}]) is None  # no sampler log-probs: no row
     agg = label_correction([SimpleNamespace(metrics=rows), SimpleNamespace(metrics=rows)])
     assert agg["seeds"] == 2 and agg["correction/masked_frac"]["mean"] == pytest.approx(0.2)
     md = to_markdown(correction_table({"m": {"grpo correction=icepop": agg}}, None))

@@ -40,15 +40,24 @@ def processes(test):
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = str(REPO / "recipes" / "arith_tiny.yaml")
 # 4 prompts x 4 samples, 3 rollout steps x 4 mini-batches, a checkpoint every step; the sampler's defaults
-RUN = {"train.steps": 3, "train.prompts_per_step": 4, "sampler.group_size": 4, "sampler.max_new_tokens": 8,
-       "train.checkpoint_every": 1, "eval.benchmarks": [], "tracking.mlflow": False,
-       "sampler.mismatch_is": "token"}  # the sampler's log-probs too: the mismatch sums cross ranks
+RUN = {
+    "train.steps": 3,
+    "train.prompts_per_step": 4,
+    "sampler.group_size": 4,
+    "sampler.max_new_tokens": 8,
+    "train.checkpoint_every": 1,
+    "eval.benchmarks": [],
+    "tracking.mlflow": False,
+    "sampler.mismatch_is": "token",
+}  # the sampler's log-probs too: the mismatch sums cross ranks
 COUNTS = ("q1", "q2", "q3", "q4", "zero_adv", "on_policy")
 
 
 def overrides(**extra) -> list[str]:
-    return [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
-            for k, v in {**RUN, **extra}.items()]
+    return [
+        f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
+        for k, v in {**RUN, **extra}.items()
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +76,9 @@ def same_training(a: RunDir, b: RunDir) -> None:
     for x, y in zip(ra, rb):
         assert abs(x["loss"] - y["loss"]) <= 1e-5 * max(abs(x["loss"]), 1.0), (x["opt_step"], x["loss"], y["loss"])
         assert abs(x["grad_norm"] - y["grad_norm"]) <= 1e-5 * max(x["grad_norm"], 1e-6), x["opt_step"]
-        assert {k: v for k, v in x.items() if k.split("/")[0] in COUNTS and "mass" not in k} == \
-            {k: v for k, v in y.items() if k.split("/")[0] in COUNTS and "mass" not in k}  # token counts
+        assert {k: v for k, v in x.items() if k.split("/")[0] in COUNTS and "mass" not in k} == {
+            k: v for k, v in y.items() if k.split("/")[0] in COUNTS and "mass" not in k
+        }  # token counts
         assert x["reward/mean"] == y["reward/mean"]  # the same completions were sampled
         # hf samples from the policy itself: mismatch ~1e-7 and weights 1, whatever the world size
         assert max(x["mismatch/abs_max"], y["mismatch/abs_max"]) < 1e-4
@@ -98,8 +108,9 @@ def replays_exactly(rd: RunDir) -> None:
             res = replay_rule(step, RuleSpec.of("grpo", rec.index["objective"]["params"]))
             row = logged[opt["opt_step"]]
             assert res.loss == row["loss"] and len(opt["ranks"]) == 2
-            assert {k: v for k, v in res.stats.items() if k.split("/")[0] in COUNTS and "mass" not in k} == \
-                {k: v for k, v in row.items() if k.split("/")[0] in COUNTS and "mass" not in k}
+            assert {k: v for k, v in res.stats.items() if k.split("/")[0] in COUNTS and "mass" not in k} == {
+                k: v for k, v in row.items() if k.split("/")[0] in COUNTS and "mass" not in k
+            }
             state = P.load_state(rec, opt)
             if state is not None:
                 grads, _ = P.param_gradients(state, step, {"grpo": res})
@@ -107,8 +118,9 @@ def replays_exactly(rd: RunDir) -> None:
 
 
 def clipbench(*args: str, **kw):
-    return subprocess.run([sys.executable, "-m", "clipbench", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=500, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "clipbench", *args], cwd=REPO, capture_output=True, text=True, timeout=500, **kw
+    )
 
 
 def test_launch_is_outside_the_run_identity_and_not_a_sweep_axis(tmp_path):
@@ -121,8 +133,11 @@ def test_launch_is_outside_the_run_identity_and_not_a_sweep_axis(tmp_path):
     sweep.write_text(yaml.safe_dump({"name": "ax", "base": RECIPE, "grid": {"launch.nproc_per_node": [1, 2]}}))
     with pytest.raises(ConfigError, match="grid.launch.nproc_per_node: not part of a run's identity"):
         expand(load_spec(sweep))
-    sweep.write_text(yaml.safe_dump({"name": "ax", "base": RECIPE, "zip": {
-        "launch.nproc_per_node": [1, 2], "train.prompts_per_step": [8, 4]}}))  # zipped with a key that differs
+    sweep.write_text(
+        yaml.safe_dump(
+            {"name": "ax", "base": RECIPE, "zip": {"launch.nproc_per_node": [1, 2], "train.prompts_per_step": [8, 4]}}
+        )
+    )  # zipped with a key that differs
     assert [c["launch"]["nproc_per_node"] for c in expand(load_spec(sweep)).runs.values()] == [1, 2]
 
 
@@ -138,10 +153,22 @@ def test_rank_shares_are_contiguous_blocks():
 @processes
 def test_a_sweep_row_on_two_processes_trains_the_run_one_process_trains(one_process, tmp_path):
     sweep = tmp_path / "dp.yaml"
-    sweep.write_text(yaml.safe_dump({
-        "name": "dp", "base": RECIPE, "grid": {"seed": [0]},
-        "overrides": {**RUN, "launch.nproc_per_node": 2, "model.gradient_checkpointing": True,
-                      "tracking.mlflow": True, "train.record.every": 2}}))  # recording changes nothing
+    sweep.write_text(
+        yaml.safe_dump(
+            {
+                "name": "dp",
+                "base": RECIPE,
+                "grid": {"seed": [0]},
+                "overrides": {
+                    **RUN,
+                    "launch.nproc_per_node": 2,
+                    "model.gradient_checkpointing": True,
+                    "tracking.mlflow": True,
+                    "train.record.every": 2,
+                },
+            }
+        )
+    )  # recording changes nothing
     res = clipbench("sweep", str(sweep), "--results-dir", str(tmp_path / "results"))
     assert res.returncode == 0, res.stdout + res.stderr
     (run_dir,) = [p for p in (tmp_path / "results" / "dp").iterdir() if p.is_dir() and not p.name.startswith(".")]
@@ -193,8 +220,12 @@ def test_a_dead_rank_fails_the_run_and_one_process_resumes_it(one_process, tmp_p
     args = ["train", RECIPE, *overrides(), "--results-dir", str(results)]
     log = tmp_path / "stderr.txt"
     with open(log, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "clipbench", *args, "--nproc-per-node", "2"], cwd=REPO,
-                                stdout=subprocess.DEVNULL, stderr=f)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "clipbench", *args, "--nproc-per-node", "2"],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=f,
+        )
     # launch.* is not part of the run's identity: the 2-process run is the one-process run's directory
     run_dir = results / "train" / run_id(load_run_config(RECIPE, overrides()))
     deadline = time.time() + 300
@@ -235,8 +266,9 @@ def test_two_processes_share_the_evaluation_and_write_one_processs_payload(tmp_p
     extra = {"train.steps": 1, "eval.benchmarks": ["arith"], "eval.n": 2, "eval.limit": 40}
     one = RunDir(tmp_path / "one")
     run_training(load_run_config(RECIPE, overrides(**extra)), one.path)
-    res = clipbench("train", RECIPE, *overrides(**extra), "--results-dir", str(tmp_path / "results"),
-                    "--nproc-per-node", "2")
+    res = clipbench(
+        "train", RECIPE, *overrides(**extra), "--results-dir", str(tmp_path / "results"), "--nproc-per-node", "2"
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     two = RunDir(tmp_path / "results" / "train" / run_id(load_run_config(RECIPE, overrides(**extra))))
     assert two.status()["world_size"] == 2
@@ -255,8 +287,13 @@ def test_sigterm_preempts_two_processes_and_one_process_resumes_the_same_run(one
     results = tmp_path / "results"
     args = ["train", RECIPE, *overrides(), "--results-dir", str(results)]
     rd = RunDir(results / "train" / run_id(load_run_config(RECIPE, overrides())))
-    proc = subprocess.Popen([sys.executable, "-m", "clipbench", *args, "--nproc-per-node", "2"], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "clipbench", *args, "--nproc-per-node", "2"],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 300
     while not (rd.metrics_path.exists() and rd.metrics_path.read_text().count("\n") >= 1):
         assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-3000:]

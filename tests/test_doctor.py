@@ -29,7 +29,10 @@ def test_rows_say_what_this_machine_is(tmp_path, monkeypatch):
     assert r["torch"].found.startswith(torch.__version__) and r["torch"].ok
     assert r["TRL"].ok and r["TRL"].found == version("trl")
     assert r["W&B (tracking.sinks)"].found == version("wandb") and r["TensorBoard (tracking.sinks)"].ok
-    assert r["MLflow"].ok and r["MLflow"].found == f"{version('mlflow')}, embedded: sqlite:///{tmp_path / 'res' / 'mlflow.db'}"
+    assert (
+        r["MLflow"].ok
+        and r["MLflow"].found == f"{version('mlflow')}, embedded: sqlite:///{tmp_path / 'res' / 'mlflow.db'}"
+    )
     cores = len(os.sched_getaffinity(0))
     assert r["threads"].found.startswith(f"torch {torch.get_num_threads()}, {cores} cores usable")
     if torch.cuda.is_available():  # a GPU machine: one row per GPU with its memory
@@ -78,8 +81,12 @@ def test_cli_json(tmp_path, monkeypatch):
     res = runner.invoke(app, ["doctor", "--json", "--results-dir", str(tmp_path)])
     assert res.exit_code == 0, res.output
     parts = [json.loads(line)["part"] for line in res.stdout.splitlines()]
-    assert parts[:2] == ["clipbench", "torch"] and parts[-4:] == ["MLflow", "W&B (tracking.sinks)",
-                                                                  "TensorBoard (tracking.sinks)", "threads"]
+    assert parts[:2] == ["clipbench", "torch"] and parts[-4:] == [
+        "MLflow",
+        "W&B (tracking.sinks)",
+        "TensorBoard (tracking.sinks)",
+        "threads",
+    ]
     assert not list(tmp_path.iterdir())  # nothing written
 
 

@@ -33,28 +33,82 @@ PLUGIN = str(REPO / "examples" / "plugins" / "lower_only.py")
 
 # For every leaf key, a value other than the base run's (arith_tiny.yaml) that the config accepts.
 CHANGES = {
-    "seed": 7, "name": "other", "engine": "trl", "trl": {"logging_first_step": True},
-    "model.name": "builtin:arith-steps", "model.dtype": "bfloat16", "model.device": "cuda",
-    "model.gradient_checkpointing": True, "model.routing_replay": "r2",
-    "task.name": "math", "task.path": str(REPO / "tests"), "task.config": "all", "task.split": "test",
-    "task.template": "dapo", "task.limit": 10, "task.holdout": 5, "task.operands": 3, "task.digits": 1,
-    "task.ops": "+", "task.format": "steps", "task.train_size": 100, "task.test_size": 50,
-    "sampler.backend": "vllm", "sampler.group_size": 4, "sampler.max_new_tokens": 16, "sampler.temperature": 0.7,
-    "sampler.top_p": 0.9, "sampler.old_logp": "sampler", "sampler.prompts_per_call": 2,
-    "sampler.gpu_memory_utilization": 0.5, "sampler.sleep_mode": True, "sampler.correction": "icepop",
-    "train.steps": 5, "train.prompts_per_step": 4, "train.mini_batches": 2, "train.epochs": 2, "train.lr": 2e-5,
-    "train.weight_decay": 0.1, "train.betas": [0.8, 0.99], "train.warmup_steps": 3, "train.lr_schedule": "cosine",
-    "train.advantage": "group_mean", "train.agg": "seq-mean-token-mean", "train.beta": 0.04, "train.grad_clip": 0.5,
+    "seed": 7,
+    "name": "other",
+    "engine": "trl",
+    "trl": {"logging_first_step": True},
+    "model.name": "builtin:arith-steps",
+    "model.dtype": "bfloat16",
+    "model.device": "cuda",
+    "model.gradient_checkpointing": True,
+    "model.routing_replay": "r2",
+    "task.name": "math",
+    "task.path": str(REPO / "tests"),
+    "task.config": "all",
+    "task.split": "test",
+    "task.template": "dapo",
+    "task.limit": 10,
+    "task.holdout": 5,
+    "task.operands": 3,
+    "task.digits": 1,
+    "task.ops": "+",
+    "task.format": "steps",
+    "task.train_size": 100,
+    "task.test_size": 50,
+    "sampler.backend": "vllm",
+    "sampler.group_size": 4,
+    "sampler.max_new_tokens": 16,
+    "sampler.temperature": 0.7,
+    "sampler.top_p": 0.9,
+    "sampler.old_logp": "sampler",
+    "sampler.prompts_per_call": 2,
+    "sampler.gpu_memory_utilization": 0.5,
+    "sampler.sleep_mode": True,
+    "sampler.correction": "icepop",
+    "train.steps": 5,
+    "train.prompts_per_step": 4,
+    "train.mini_batches": 2,
+    "train.epochs": 2,
+    "train.lr": 2e-5,
+    "train.weight_decay": 0.1,
+    "train.betas": [0.8, 0.99],
+    "train.warmup_steps": 3,
+    "train.lr_schedule": "cosine",
+    "train.advantage": "group_mean",
+    "train.agg": "seq-mean-token-mean",
+    "train.beta": 0.04,
+    "train.grad_clip": 0.5,
     "train.router_aux_loss_coef": 0.01,
-    "train.max_skipped_frac": 0.2, "train.micro_batch_tokens": 4096, "train.dynamic_sampling": True,
-    "train.max_resample_rounds": 1, "train.overlong.enabled": True, "train.overlong.buffer": 4,
-    "train.overlong.penalty": 0.5, "train.checkpoint_every": 5, "train.log_histograms": False,
-    "objective": {"method": "dapo"}, "plugins": [PLUGIN],
-    "eval.every": 5, "eval.benchmarks": ["gsm8k"], "eval.n": 4, "eval.limit": 8, "eval.data_dir": str(REPO / "tests"),
-    "eval.temperature": 0.6, "eval.top_p": 0.95, "eval.max_new_tokens": 16, "eval.at_start": False,
-    "tracking.mlflow": False, "tracking.tracking_uri": "http://127.0.0.1:5000", "tracking.experiment": "other",
-    "tracking.batch_every": 5, "tracking.sinks": ["mlflow", "tensorboard"], "launch.nproc_per_node": 2, "launch.preempt_signal": "SIGUSR1",
-    "train.record.every": 1, "train.record.state": "none", "train.record.max_mb": 64,
+    "train.max_skipped_frac": 0.2,
+    "train.micro_batch_tokens": 4096,
+    "train.dynamic_sampling": True,
+    "train.max_resample_rounds": 1,
+    "train.overlong.enabled": True,
+    "train.overlong.buffer": 4,
+    "train.overlong.penalty": 0.5,
+    "train.checkpoint_every": 5,
+    "train.log_histograms": False,
+    "objective": {"method": "dapo"},
+    "plugins": [PLUGIN],
+    "eval.every": 5,
+    "eval.benchmarks": ["gsm8k"],
+    "eval.n": 4,
+    "eval.limit": 8,
+    "eval.data_dir": str(REPO / "tests"),
+    "eval.temperature": 0.6,
+    "eval.top_p": 0.95,
+    "eval.max_new_tokens": 16,
+    "eval.at_start": False,
+    "tracking.mlflow": False,
+    "tracking.tracking_uri": "http://127.0.0.1:5000",
+    "tracking.experiment": "other",
+    "tracking.batch_every": 5,
+    "tracking.sinks": ["mlflow", "tensorboard"],
+    "launch.nproc_per_node": 2,
+    "launch.preempt_signal": "SIGUSR1",
+    "train.record.every": 1,
+    "train.record.state": "none",
+    "train.record.max_mb": 64,
 }
 COMPANIONS = {"task.name": {"task.path": str(REPO / "tests")}}  # what a test value needs beside it
 
@@ -95,9 +149,16 @@ def test_a_refused_key_set_to_another_value_fails_the_check_naming_it(engine):
     check(config(), "r.yaml", engine=engine)  # the base run itself passes (no refused key set)
 
 
-@pytest.mark.parametrize("engine,key,value", [("trl", "train.advantage", "rloo"), ("trl", "sampler.old_logp", "sampler"),
-                                              ("verl", "sampler.old_logp", "sampler"), ("verl", "model.device", "cpu"),
-                                              ("verl", "sampler.backend", "hf")])
+@pytest.mark.parametrize(
+    "engine,key,value",
+    [
+        ("trl", "train.advantage", "rloo"),
+        ("trl", "sampler.old_logp", "sampler"),
+        ("verl", "sampler.old_logp", "sampler"),
+        ("verl", "model.device", "cpu"),
+        ("verl", "sampler.backend", "hf"),
+    ],
+)
 def test_a_value_an_entry_refuses_fails_the_check(engine, key, value):
     assert KEYS[engine][key].refuse(value)
     with pytest.raises(ConfigError, match=rf"{key}: engine '{engine}' cannot honour it"):
@@ -105,6 +166,7 @@ def test_a_value_an_entry_refuses_fails_the_check(engine, key, value):
 
 
 # ---- mapped entries are true -------------------------------------------------------------------
+
 
 def trl_settings(cfg) -> dict:
     """Every GRPOConfig field of the run (the world size of one process)."""
@@ -119,8 +181,9 @@ def verl_settings(cfg, tmp_path) -> dict:
     verl` plans it (GPUs per node from launch.nproc_per_node)."""
     from clipbench.sweep.verl import verl_plans
 
-    (plan,) = verl_plans({"runs": {"r": to_dict(cfg)}}, "s", results_dir=tmp_path, hydra_overrides=[],
-                         tracking_uri=None)
+    (plan,) = verl_plans(
+        {"runs": {"r": to_dict(cfg)}}, "s", results_dir=tmp_path, hydra_overrides=[], tracking_uri=None
+    )
     out = {}
     for o in plan["command"][3:]:
         key, _, value = o.partition("=")
@@ -149,7 +212,7 @@ def test_changing_a_mapped_key_changes_the_settings_its_entry_names_and_no_other
             assert diff == {"logging_first_step"}, diff
             continue
         assert all(n in base or n in new for n in names), (key, names)  # real settings of the engine
-        assert diff & set(names), (key, names, sorted(diff))                 # ... that the key moves
+        assert diff & set(names), (key, names, sorted(diff))  # ... that the key moves
         assert all(mentioned(d, support.detail) for d in diff), (key, sorted(diff), support.detail)
         checked += 1
     assert checked >= 20
@@ -158,11 +221,13 @@ def test_changing_a_mapped_key_changes_the_settings_its_entry_names_and_no_other
 def test_docs_engines_md_is_the_generated_table():
     from clipbench.commands.engines import engines_markdown
 
-    assert (REPO / "docs" / "engines.md").read_text() == engines_markdown(), \
+    assert (REPO / "docs" / "engines.md").read_text() == engines_markdown(), (
         "docs/engines.md is stale: python -m clipbench engines --format markdown > docs/engines.md"
+    )
 
 
 # ---- the 4B Table-3 recipes pass the preflight ---------------------------------------------------
+
 
 @pytest.mark.parametrize("method", ["grpo", "abc"])
 def test_the_4b_table3_recipes_pass_the_preflight_but_for_what_needs_a_gpu(method, tmp_path, data_dir):
@@ -184,9 +249,15 @@ def test_the_4b_table3_recipes_pass_the_preflight_but_for_what_needs_a_gpu(metho
             preflight(cfg, recipe)
         assert str(err.value).startswith("sampler.sleep_mode needs a CUDA GPU") and "\n" not in str(err.value)
     hf_config(QWEN3["Qwen/Qwen3-4B-Base"]).save_pretrained(tmp_path / "qwen3-4b")  # config only: no weights
-    local = load_run_config(recipe, [f"sampler.sleep_mode={str(torch.cuda.is_available()).lower()}",
-                                     f"model.name={tmp_path / 'qwen3-4b'}",
-                                     f"task.path={data_dir / 'dapo_math_17k_sample.jsonl'}", f"eval.data_dir={data_dir}"])
+    local = load_run_config(
+        recipe,
+        [
+            f"sampler.sleep_mode={str(torch.cuda.is_available()).lower()}",
+            f"model.name={tmp_path / 'qwen3-4b'}",
+            f"task.path={data_dir / 'dapo_math_17k_sample.jsonl'}",
+            f"eval.data_dir={data_dir}",
+        ],
+    )
     try:
         preflight(local, recipe)
     except UserError as e:  # only this environment's missing vllm may stop it

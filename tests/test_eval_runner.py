@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from clipbench.eval.evaluate import batch_seed, evaluate, evaluate_and_store
 from clipbench.rollout.base import Rollout
 from clipbench.tasks.base import Problem
-from clipbench.eval.evaluate import batch_seed, evaluate, evaluate_and_store
 from clipbench.tracking.store import RunDir
 
 
@@ -25,12 +25,20 @@ class ScriptedSampler:
         self.calls: list[dict] = []
 
     def generate(self, prompts, n, *, seed, temperature=None, max_new_tokens=None, top_p=None):
-        self.calls.append({"prompts": list(prompts), "n": n, "seed": seed, "temperature": temperature,
-                           "max_new_tokens": max_new_tokens})
+        self.calls.append(
+            {
+                "prompts": list(prompts),
+                "n": n,
+                "seed": seed,
+                "temperature": temperature,
+                "max_new_tokens": max_new_tokens,
+            }
+        )
         texts = [self.script[p][j] for p in prompts for j in range(n)]  # prompt i owns rows i*n .. i*n+n-1
         ids = [[len(t)] * (1 + len(t) % 3) for t in texts]  # token counts 1..3, deterministic
-        return Rollout(prompt_ids=[[0]] * len(texts), completion_ids=ids, texts=texts,
-                       truncated=[t.endswith("...") for t in texts])
+        return Rollout(
+            prompt_ids=[[0]] * len(texts), completion_ids=ids, texts=texts, truncated=[t.endswith("...") for t in texts]
+        )
 
     def sync_weights(self, model):
         pass
@@ -41,9 +49,9 @@ class ScriptedSampler:
 
 PROBLEMS = [Problem("p0", "1+1=", "2"), Problem("p1", "2+2=", "4"), Problem("p2", "3+4=", "7")]
 SCRIPT = {
-    "1+1=": ["2", "3", "2", "2"],        # 3 of 4 correct
-    "2+2=": ["5", "5...", "4", "1"],     # 1 of 4 correct
-    "3+4=": ["0", "1", "2", "3..."],     # 0 of 4 correct
+    "1+1=": ["2", "3", "2", "2"],  # 3 of 4 correct
+    "2+2=": ["5", "5...", "4", "1"],  # 1 of 4 correct
+    "3+4=": ["0", "1", "2", "3..."],  # 0 of 4 correct
 }
 
 
@@ -53,8 +61,9 @@ def exact(completion: str, problem: Problem) -> bool:
 
 def test_correctness_matrix_and_summary_golden():
     sampler = ScriptedSampler(SCRIPT)
-    out = evaluate(sampler, {"toy": PROBLEMS}, n=4, seed=7, grade=exact, temperature=0.6, max_new_tokens=9,
-                   batch_prompts=2)
+    out = evaluate(
+        sampler, {"toy": PROBLEMS}, n=4, seed=7, grade=exact, temperature=0.6, max_new_tokens=9, batch_prompts=2
+    )
     p = out["toy"]
     assert p["problem_ids"] == ["p0", "p1", "p2"]
     assert p["correct"] == [[1, 0, 1, 1], [0, 0, 1, 0], [0, 0, 0, 0]]
@@ -91,13 +100,21 @@ def test_sharded_evaluation_equals_one_process():
             box[rank] = obj
             barrier.wait()
             return list(box)
+
         return fn
 
     samplers, outs = [ScriptedSampler(SCRIPT), ScriptedSampler(SCRIPT)], [None, None]
 
     def run(rank):
-        outs[rank] = evaluate(samplers[rank], {"toy": problems}, n=4, seed=7, grade=exact, batch_prompts=2,
-                              shard=Shard(rank, 2, gather(rank)))["toy"]
+        outs[rank] = evaluate(
+            samplers[rank],
+            {"toy": problems},
+            n=4,
+            seed=7,
+            grade=exact,
+            batch_prompts=2,
+            shard=Shard(rank, 2, gather(rank)),
+        )["toy"]
 
     threads = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
     for t in threads:
@@ -129,8 +146,9 @@ def test_benchmark_samples_do_not_depend_on_other_benchmarks():
 
 def test_grade_per_benchmark_and_default_grader():
     sampler = ScriptedSampler({"1+1=": ["2", "Answer: 2"], "2+2=": ["4", "The answer is 5"]})
-    out = evaluate(sampler, {"a": PROBLEMS[:1], "b": PROBLEMS[1:2]}, n=2, seed=0,
-                   grade={"a": exact, "b": lambda c, p: "4" in c})
+    out = evaluate(
+        sampler, {"a": PROBLEMS[:1], "b": PROBLEMS[1:2]}, n=2, seed=0, grade={"a": exact, "b": lambda c, p: "4" in c}
+    )
     assert out["a"]["correct"] == [[1, 0]] and out["b"]["correct"] == [[1, 0]]
     # None: the benchmark's own grader (arith: the leading integer must equal the answer)
     arith = [Problem("arith-test-00000", "12+30=", "42")]
@@ -164,6 +182,7 @@ def test_bad_inputs():
 
 # ---- the real HF sampler on a tiny random Qwen3 (no download, a few seconds) ---------------------
 
+
 @pytest.fixture(scope="module")
 def tiny_hf():
     torch = pytest.importorskip("torch")
@@ -182,6 +201,7 @@ def test_real_hf_sampler(tiny_hf):
     model, tok = tiny_hf
     sampler = HFSampler(model, tok, max_new_tokens=6, temperature=1.0)
     problems = list(ArithTask(seed=0).test_problems(5))
+
     # a grade that depends on the text only, to check which completion landed in which cell:
     def even_length(c, p):
         return len(c) % 2 == 0
@@ -193,13 +213,17 @@ def test_real_hf_sampler(tiny_hf):
     expect = [[int(even_length(again.texts[i * 3 + j], None)) for j in range(3)] for i in range(2)]
     assert out["correct"][2:4] == expect
     # deterministic: the same seed gives the same matrix; real arith grading gives 0/1 cells
-    assert evaluate(sampler, {"arith": problems}, n=3, seed=11, grade=even_length, batch_prompts=2)["arith"]["correct"] == out["correct"]
+    assert (
+        evaluate(sampler, {"arith": problems}, n=3, seed=11, grade=even_length, batch_prompts=2)["arith"]["correct"]
+        == out["correct"]
+    )
     graded = evaluate(sampler, {"arith": problems}, n=3, seed=11)["arith"]
     assert set(np.asarray(graded["correct"]).ravel()) <= {0, 1}
     assert 0 < graded["mean_completion_tokens"] <= 6
 
 
 # ---- `clipbench eval` ----------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def saved_model(tiny_hf, tmp_path_factory):
@@ -214,8 +238,18 @@ def test_eval_command_on_a_model_dir(saved_model, tmp_path, capsys):
     from clipbench.commands.eval import eval_command
 
     out = tmp_path / "out"
-    summary = eval_command(model=str(saved_model), benchmarks="arith", n=2, data_dir=None, limit=3,
-                           max_new_tokens=4, temperature=1.0, seed=5, backend="hf", out=out)
+    summary = eval_command(
+        model=str(saved_model),
+        benchmarks="arith",
+        n=2,
+        data_dir=None,
+        limit=3,
+        max_new_tokens=4,
+        temperature=1.0,
+        seed=5,
+        backend="hf",
+        out=out,
+    )
     payload = json.loads((out / "arith.json").read_text())
     assert len(payload["problem_ids"]) == 3 and np.asarray(payload["correct"]).shape == (3, 2)
     assert json.loads((out / "summary.json").read_text())["benchmarks"]["arith"] == payload["summary"]
@@ -228,24 +262,43 @@ def test_eval_command_on_a_run_dir(saved_model, tmp_path):
     import yaml
 
     from clipbench.commands.eval import eval_command, load_suite, resolve_target
-    from clipbench.tasks.arith import ArithTask
-
     from clipbench.models import load_model_and_tokenizer
+    from clipbench.tasks.arith import ArithTask
     from clipbench.train.checkpoint import save_checkpoint
     from clipbench.train.distributed import Dist
 
     run = tmp_path / "results" / "mysweep" / "abcdef012345"
     model, tok = load_model_and_tokenizer(str(saved_model))
     opt = torch.optim.AdamW(model.parameters())
-    save_checkpoint(run / "checkpoints" / "last", model=model, optimizer=opt, tokenizer=tok, state={"step": 1},
-                    scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), dist=Dist())
-    (run / "config.yaml").write_text(yaml.safe_dump({"seed": 3, "model": {"dtype": "float32"},
-                                                     "task": {"name": "arith", "ops": "+", "template": "auto"}}))
+    save_checkpoint(
+        run / "checkpoints" / "last",
+        model=model,
+        optimizer=opt,
+        tokenizer=tok,
+        state={"step": 1},
+        scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
+        dist=Dist(),
+    )
+    (run / "config.yaml").write_text(
+        yaml.safe_dump(
+            {"seed": 3, "model": {"dtype": "float32"}, "task": {"name": "arith", "ops": "+", "template": "auto"}}
+        )
+    )
     target = resolve_target(str(run), "bfloat16")
     assert target.slug == "mysweep--abcdef012345" and target.dtype == "float32"
     assert target.arith == ArithTask(seed=3, ops="+")  # clipbench.tasks.build_run_task, as the trainer
-    eval_command(model=str(run), benchmarks="arith", n=1, data_dir=None, limit=4, max_new_tokens=3,
-                 temperature=1.0, seed=0, backend="hf", out=tmp_path / "o")
+    eval_command(
+        model=str(run),
+        benchmarks="arith",
+        n=1,
+        data_dir=None,
+        limit=4,
+        max_new_tokens=3,
+        temperature=1.0,
+        seed=0,
+        backend="hf",
+        out=tmp_path / "o",
+    )
     ids = json.loads((tmp_path / "o" / "arith.json").read_text())["problem_ids"]
     assert ids == [p.id for p in ArithTask(seed=3, ops="+").test_problems(4)]
     problems, _ = load_suite(["arith"], data_dir=None, limit=4, template="dapo", arith=target.arith)
@@ -254,11 +307,12 @@ def test_eval_command_on_a_run_dir(saved_model, tmp_path):
 
 
 def test_eval_command_bad_input(tmp_path):
-    from clipbench.errors import UserError
     from clipbench.commands.eval import eval_command
+    from clipbench.errors import UserError
 
-    kw = dict(model="x", n=2, data_dir=None, limit=None, max_new_tokens=4, temperature=1.0, seed=0,
-              backend="hf", out=None)
+    kw = dict(
+        model="x", n=2, data_dir=None, limit=None, max_new_tokens=4, temperature=1.0, seed=0, backend="hf", out=None
+    )
     with pytest.raises(UserError, match=r"unknown benchmark 'aime2' \(did you mean 'aime25'\?\); valid: aime24"):
         eval_command(benchmarks="aime2", **kw)
     with pytest.raises(UserError, match=r"--n must be >= 1"):

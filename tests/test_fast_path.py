@@ -13,8 +13,7 @@ import pytest
 import torch
 
 from clipbench.config.load import load_run_config
-from clipbench.models import load_model_and_tokenizer, resolve_model_name
-from clipbench.models import attention
+from clipbench.models import attention, load_model_and_tokenizer, resolve_model_name
 from clipbench.rollout.hf import HFSampler
 from clipbench.tracking.provenance import record_start
 from clipbench.tracking.store import RunDir
@@ -92,7 +91,7 @@ def test_sampling_is_bitwise_the_same(models, monkeypatch):
 def test_log_probs_and_gradients_are_bitwise_the_same(models, monkeypatch):
     fast, ref, tok = models
     prompts = [tok(p)["input_ids"] for p in ["37+45-12=", "3+4-1=", "99-50+7="]]
-    comps = [tok("37+45=82 82-12=70 #70")["input_ids"][1:1 + k] for k in (5, 12, 20)]
+    comps = [tok("37+45=82 82-12=70 #70")["input_ids"][1 : 1 + k] for k in (5, 12, 20)]
     batch = pack(prompts, comps, tok.pad_token_id)  # left-padded prompts, right-padded completions
     calls = count_kernel_calls(monkeypatch)
     with torch.no_grad():  # the old log-probs: the fast model shares the heads, the reference copies them
@@ -129,8 +128,15 @@ def test_start_eval_key_covers_what_the_evaluation_reads(tmp_path):
     # what a run trains cannot reach the evaluation before its first step: the same key
     assert key("objective.method=dapo", run="r2") == key("train.lr=2e-4", "train.epochs=1") == base
     # what the evaluation reads: another key
-    for over in ("seed=1", "model.dtype=bfloat16", "sampler.temperature=0.7", "eval.n=4", "eval.limit=100",
-                 "task.digits=3", "sampler.max_new_tokens=40"):
+    for over in (
+        "seed=1",
+        "model.dtype=bfloat16",
+        "sampler.temperature=0.7",
+        "eval.n=4",
+        "eval.limit=100",
+        "task.digits=3",
+        "sampler.max_new_tokens=40",
+    ):
         assert key(over) not in (None, base), over
     # not shared: outside a sweep, with vLLM, over several processes
     assert key(in_sweep=False) is None and key(backend="vllm") is None and key(world=2) is None
@@ -142,8 +148,17 @@ def test_runs_equal_the_reference_path_and_share_the_start(tmp_path):
     every metric and evaluation identical; on the fast path the second run stored the first's
     evaluation before its first step instead of sampling it (its wall-clock seconds are the first's)."""
     bench = load_bench()
-    over = ["train.steps=3", "train.prompts_per_step=4", "sampler.group_size=4", "train.mini_batches=2",
-            "train.epochs=2", "eval.limit=24", "eval.n=2", "eval.every=0", "train.checkpoint_every=100"]
+    over = [
+        "train.steps=3",
+        "train.prompts_per_step=4",
+        "sampler.group_size=4",
+        "train.mini_batches=2",
+        "train.epochs=2",
+        "eval.limit=24",
+        "eval.n=2",
+        "eval.every=0",
+        "train.checkpoint_every=100",
+    ]
     configs = bench.run_configs(REPO / "recipes" / "quickstart.yaml", ["grpo", "dapo"], over)
     ref = bench.run_sweep(configs, tmp_path / "ref" / "s", reference=True)
     fast = bench.run_sweep(configs, tmp_path / "fast" / "s", reference=False)

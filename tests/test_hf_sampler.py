@@ -34,8 +34,12 @@ def test_a_prompts_samples_do_not_depend_on_the_call_it_is_sampled_in(tiny):
     swapped = s.generate([PROMPTS[3], PROMPTS[0]], 6, seed=[44, 11])
     assert swapped.completion_ids == whole.completion_ids[18:] + whole.completion_ids[:6]
     # in calls of one prompt (max_batch): the same again
-    assert HFSampler(model, tok, max_new_tokens=8, temperature=1.3, max_batch=1).generate(
-        PROMPTS, 6, seed=seeds).completion_ids == whole.completion_ids
+    assert (
+        HFSampler(model, tok, max_new_tokens=8, temperature=1.3, max_batch=1)
+        .generate(PROMPTS, 6, seed=seeds)
+        .completion_ids
+        == whole.completion_ids
+    )
     # another seed, other samples; a call seed: per-prompt seeds from (seed, position), deterministic
     assert s.generate(PROMPTS, 6, seed=[12, 22, 33, 44]).completion_ids[:6] != whole.completion_ids[:6]
     assert s.generate(PROMPTS, 6, seed=5).completion_ids == s.generate(PROMPTS, 6, seed=5).completion_ids
@@ -66,7 +70,7 @@ def test_sampler_logp_is_the_log_prob_under_the_sampled_distribution(tiny, tempe
         assert len(lp) == len(c_ids) > 0
         ids = torch.tensor([p_ids + c_ids])
         with torch.no_grad():
-            logits = model(ids).logits[0, len(p_ids) - 1:-1].float()  # (T, V): predicts each completion token
+            logits = model(ids).logits[0, len(p_ids) - 1 : -1].float()  # (T, V): predicts each completion token
         scores = TemperatureLogitsWarper(temperature)(ids, logits)
         if top_p < 1:
             scores = TopPLogitsWarper(top_p)(ids, scores)

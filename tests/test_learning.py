@@ -20,9 +20,18 @@ pytestmark = pytest.mark.slow
 def test_grpo_raises_arith_accuracy_on_two_seeds(tmp_path):
     gains = []
     for seed in (0, 1):
-        cfg = load_run_config("recipes/arith_tiny.yaml", [
-            f"seed={seed}", "train.steps=20", "eval.every=0", "eval.limit=256", "eval.n=16",
-            "objective.method=grpo", "tracking.mlflow=false"])
+        cfg = load_run_config(
+            "recipes/arith_tiny.yaml",
+            [
+                f"seed={seed}",
+                "train.steps=20",
+                "eval.every=0",
+                "eval.limit=256",
+                "eval.n=16",
+                "objective.method=grpo",
+                "tracking.mlflow=false",
+            ],
+        )
         run_training(cfg, tmp_path / f"s{seed}")
         evals = RunDir(tmp_path / f"s{seed}").read_evals()
         before, after = evals[0]["arith"]["summary"]["avg@16"], evals[20]["arith"]["summary"]["avg@16"]

@@ -64,8 +64,12 @@ def test_chunking_never_changes_a_number(V):
 def test_2d_input_and_errors():
     logits = torch.randn(10, 33)
     idx = torch.randint(0, 33, (10,))
-    torch.testing.assert_close(selective_log_softmax(logits, idx, chunk_size=4),
-                               torch.log_softmax(logits, -1)[torch.arange(10), idx], rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        selective_log_softmax(logits, idx, chunk_size=4),
+        torch.log_softmax(logits, -1)[torch.arange(10), idx],
+        rtol=0,
+        atol=1e-5,
+    )
     with pytest.raises(ValueError, match="index shape"):
         selective_log_softmax(logits, idx[:5])
     with pytest.raises(ValueError, match="chunk_size"):
@@ -100,8 +104,15 @@ def tiny_model(vocab=97):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -123,11 +134,11 @@ def test_training_logprobs_equal_a_plain_forward_with_a_tiny_model():
         want_total = 0.0
         for i, (p, c) in enumerate(zip(prompts, completions)):
             ids = torch.tensor([p + c])
-            logits = model(input_ids=ids).logits[:, len(p) - 1:-1]  # (1, |c|, V): position j predicts j + 1
+            logits = model(input_ids=ids).logits[:, len(p) - 1 : -1]  # (1, |c|, V): position j predicts j + 1
             want, want_ent = naive(logits, torch.tensor([c]), temp)
-            torch.testing.assert_close(logp[i, :len(c)], want[0], rtol=0, atol=1e-5)
-            torch.testing.assert_close(ent[i, :len(c)], want_ent[0], rtol=0, atol=1e-5)
-            want_total = want_total + (want[0] * w[i, :len(c)]).sum()
+            torch.testing.assert_close(logp[i, : len(c)], want[0], rtol=0, atol=1e-5)
+            torch.testing.assert_close(ent[i, : len(c)], want_ent[0], rtol=0, atol=1e-5)
+            want_total = want_total + (want[0] * w[i, : len(c)]).sum()
         want_grads = torch.autograd.grad(want_total, list(model.parameters()))
         for a, b in zip(grads, want_grads):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

@@ -34,6 +34,7 @@ def _write_jsonl(path: Path, rows) -> Path:
 
 # ---- schema detection on the shared files ---------------------------------------------------
 
+
 @pytest.mark.parametrize("stem", FILES)
 def test_each_shared_file_loads_with_its_schema_and_row_count(data_dir, stem):
     rows, schema = FILES[stem]
@@ -46,9 +47,9 @@ def test_each_shared_file_loads_with_its_schema_and_row_count(data_dir, stem):
 
 
 def test_answers_are_normalised(data_dir):
-    assert load_problems(data_dir / "amc23.jsonl")[0].answer == "27"             # 27.0 in the file
-    assert load_problems(data_dir / "aime25.jsonl")[0].answer == "70"            # int in the file
-    assert load_problems(data_dir / "gsm8k_test.jsonl")[0].answer == "18"        # '#### 18'
+    assert load_problems(data_dir / "amc23.jsonl")[0].answer == "27"  # 27.0 in the file
+    assert load_problems(data_dir / "aime25.jsonl")[0].answer == "70"  # int in the file
+    assert load_problems(data_dir / "gsm8k_test.jsonl")[0].answer == "18"  # '#### 18'
     assert load_problems(data_dir / "dapo_math_17k_sample.jsonl")[0].answer == "34"
     aime24 = load_problems(data_dir / "aime24.jsonl")
     assert aime24[0].id == "aime24/60" and aime24[0].answer == "204"
@@ -91,7 +92,9 @@ def test_dotted_flat_key_parquet_and_json_layouts(tmp_path, data_dir):
     rows = [json.loads(line) for line in (data_dir / "dapo_math_17k_sample.jsonl").read_text().splitlines()]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "dapo.parquet")
     from_parquet = load_problems(tmp_path / "dapo.parquet")
-    assert [p.answer for p in from_parquet] == [p.answer for p in load_problems(data_dir / "dapo_math_17k_sample.jsonl")]
+    assert [p.answer for p in from_parquet] == [
+        p.answer for p in load_problems(data_dir / "dapo_math_17k_sample.jsonl")
+    ]
     # a JSON list and a {"data": [...]} wrapper
     (tmp_path / "list.json").write_text(json.dumps([{"problem": "p", "answer": 3}]))
     (tmp_path / "wrapped.json").write_text(json.dumps({"data": [{"question": "q", "answer": "x\n#### 4"}]}))
@@ -123,10 +126,12 @@ def test_bad_sources_are_user_errors(tmp_path):
 
 def test_limit(data_dir):
     assert [p.id for p in load_problems(data_dir / "math500.jsonl", limit=3)] == [
-        p.id for p in load_problems(data_dir / "math500.jsonl")[:3]]
+        p.id for p in load_problems(data_dir / "math500.jsonl")[:3]
+    ]
 
 
 # ---- Hugging Face datasets paths (real `datasets` code, no hub) -----------------------------
+
 
 def test_directory_sources_go_through_datasets(tmp_path, data_dir):
     import datasets
@@ -152,8 +157,7 @@ def test_load_benchmark_by_dataset_name_routes_to_load_dataset(tmp_path, data_di
     rows = [json.loads(line) for line in (data_dir / "amc23.jsonl").read_text().splitlines()]
     (tmp_path / "amc").mkdir()
     _write_jsonl(tmp_path / "amc" / "test.jsonl", rows)
-    monkeypatch.setitem(BENCHMARKS, "amc23", bm.Benchmark("amc23", str(tmp_path / "amc"), "test",
-                                                          None, "amc23.jsonl"))
+    monkeypatch.setitem(BENCHMARKS, "amc23", bm.Benchmark("amc23", str(tmp_path / "amc"), "test", None, "amc23.jsonl"))
     calls = []
     real = datasets.load_dataset
 
@@ -181,7 +185,10 @@ def test_load_benchmark_hub_offline_is_a_user_error(monkeypatch):
 
 # ---- benchmarks registry --------------------------------------------------------------------
 
-@pytest.mark.parametrize("name,rows", [("aime24", 30), ("aime25", 30), ("amc23", 40), ("math500", 500), ("gsm8k", 1319)])
+
+@pytest.mark.parametrize(
+    "name,rows", [("aime24", 30), ("aime25", 30), ("amc23", 40), ("math500", 500), ("gsm8k", 1319)]
+)
 def test_load_benchmark_from_data_dir(data_dir, name, rows):
     problems = load_benchmark(name, data_dir=data_dir)
     assert len(problems) == rows
@@ -213,9 +220,17 @@ def test_arith_benchmark_is_built_lazily_from_the_arith_task():
 
 # ---- the math task and build_task -----------------------------------------------------------
 
+
 def test_build_math_task_from_mapping(data_dir):
-    task = build_task({"name": "math", "path": str(data_dir / "dapo_math_17k_sample.jsonl"),
-                       "split": "train", "template": "auto", "limit": 6})
+    task = build_task(
+        {
+            "name": "math",
+            "path": str(data_dir / "dapo_math_17k_sample.jsonl"),
+            "split": "train",
+            "template": "auto",
+            "limit": 6,
+        }
+    )
     assert isinstance(task, MathTask) and isinstance(task, Task) and task.name == "math"
     assert len(task.train_problems()) == 6 and len(task.test_problems()) == 0
     p = task.train_problems()[0]
@@ -251,11 +266,24 @@ def test_build_task_errors():
 
 
 def test_build_arith_passes_every_knob_and_the_seed():
-    cfg = types.SimpleNamespace(name="arith", path=None, split="train", template="auto", limit=None,
-                                operands=3, digits=1, ops="+*", format="steps", train_size=100, test_size=10)
+    cfg = types.SimpleNamespace(
+        name="arith",
+        path=None,
+        split="train",
+        template="auto",
+        limit=None,
+        operands=3,
+        digits=1,
+        ops="+*",
+        format="steps",
+        train_size=100,
+        test_size=10,
+    )
     task = build_task(cfg, seed=7)
-    assert task.knobs() == {"operands": 3, "digits": 1, "ops": "+*", "format": "steps", "train_size": 100,
-                            "test_size": 10} and task.seed == 7
+    assert (
+        task.knobs() == {"operands": 3, "digits": 1, "ops": "+*", "format": "steps", "train_size": 100, "test_size": 10}
+        and task.seed == 7
+    )
     assert build_task({"name": "arith"}).seed == 0  # no seed given: 0
 
 
@@ -267,14 +295,17 @@ def test_build_run_task_uses_the_run_seed():
     cfg = load_run_config(None, ["seed=3", "task.format=steps", "task.operands=4"])
     a, b = build_run_task(cfg), build_run_task(to_dict(cfg))
     assert a == b and a.seed == 3 and a.format == "steps" and a.operands == 4
-    assert build_run_task({"seed": 3, "task": {"name": "arith"}}).test_problems() == \
-        build_task({"name": "arith"}, seed=3).test_problems()
+    assert (
+        build_run_task({"seed": 3, "task": {"name": "arith"}}).test_problems()
+        == build_task({"name": "arith"}, seed=3).test_problems()
+    )
     assert build_run_task({"task": {"name": "arith"}}).seed == 0
 
 
 def test_build_arith_with_the_real_task():
-    task = build_task({"name": "arith", "operands": 2, "digits": 1, "ops": "+", "train_size": 50,
-                       "test_size": 5, "seed": 0})
+    task = build_task(
+        {"name": "arith", "operands": 2, "digits": 1, "ops": "+", "train_size": 50, "test_size": 5, "seed": 0}
+    )
     assert task.name == "arith" and len(task.train_problems()) == 50 and len(task.test_problems()) == 5
     p = task.test_problems()[0]
     assert isinstance(p, Problem) and task.reward(p.answer, p) == 1.0

@@ -16,8 +16,8 @@ import torch
 
 from clipbench.errors import UserError
 from clipbench.memory import GIB, Setup, advise, estimate, gib
-from clipbench.models import QWEN3, model_shape
 from clipbench.memory import estimator as est
+from clipbench.models import QWEN3, model_shape
 from clipbench.models.shapes import ModelShape, from_hf_config
 
 Q17 = QWEN3["Qwen/Qwen3-1.7B-Base"]
@@ -44,12 +44,22 @@ def _hf_model_on_meta(shape: ModelShape):
 
     from clipbench.models.shapes import hf_config
 
-    cfg = hf_config(shape) if shape.is_moe else AutoConfig.for_model(
-        shape.model_type, vocab_size=shape.vocab_size, hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size, num_hidden_layers=shape.num_layers,
-        num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_kv_heads,
-        head_dim=shape.head_dim, tie_word_embeddings=shape.tie_word_embeddings,
-        **({"attention_bias": shape.o_bias, "mlp_bias": shape.mlp_bias} if shape.model_type == "llama" else {}))
+    cfg = (
+        hf_config(shape)
+        if shape.is_moe
+        else AutoConfig.for_model(
+            shape.model_type,
+            vocab_size=shape.vocab_size,
+            hidden_size=shape.hidden_size,
+            intermediate_size=shape.intermediate_size,
+            num_hidden_layers=shape.num_layers,
+            num_attention_heads=shape.num_heads,
+            num_key_value_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
+            tie_word_embeddings=shape.tie_word_embeddings,
+            **({"attention_bias": shape.o_bias, "mlp_bias": shape.mlp_bias} if shape.model_type == "llama" else {}),
+        )
+    )
     with torch.device("meta"):
         return cfg, AutoModelForCausalLM.from_config(cfg)
 
@@ -60,34 +70,53 @@ def test_shipped_qwen3_shapes_count_what_transformers_builds(name):
     shape = QWEN3[name]
     _, model = _hf_model_on_meta(shape)
     assert sum(p.numel() for p in model.parameters()) == shape.n_params()
-    assert QWEN3[name.removesuffix("-Base")].n_params() == shape.n_params()   # post-trained twin
+    assert QWEN3[name.removesuffix("-Base")].n_params() == shape.n_params()  # post-trained twin
 
 
-@pytest.mark.parametrize("model_type,extra", [("llama", {"o_bias": True, "mlp_bias": True}),
-                                              ("qwen2", {"qkv_bias": True}), ("mistral", {})])
+@pytest.mark.parametrize(
+    "model_type,extra", [("llama", {"o_bias": True, "mlp_bias": True}), ("qwen2", {"qkv_bias": True}), ("mistral", {})]
+)
 def test_other_dense_layouts_count_what_transformers_builds(model_type, extra):
-    shape = ModelShape("x", model_type, vocab_size=100, hidden_size=64, intermediate_size=96, num_layers=3,
-                       num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=False, **extra)
+    shape = ModelShape(
+        "x",
+        model_type,
+        vocab_size=100,
+        hidden_size=64,
+        intermediate_size=96,
+        num_layers=3,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        tie_word_embeddings=False,
+        **extra,
+    )
     cfg, model = _hf_model_on_meta(shape)
     assert sum(p.numel() for p in model.parameters()) == shape.n_params()
-    back = from_hf_config(cfg, "x")                  # reading the config back gives the same shape
+    back = from_hf_config(cfg, "x")  # reading the config back gives the same shape
     assert replace(back, max_position_embeddings=None, source="") == shape
 
 
 def test_model_shape_sources(tmp_path):
     from transformers import MixtralConfig, Qwen3Config
 
-    assert model_shape("Qwen/Qwen3-4B-Base") is QWEN3["Qwen/Qwen3-4B-Base"]   # shipped: no network
-    Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
-                num_key_value_heads=1, head_dim=16).save_pretrained(tmp_path / "local")
-    local = model_shape(str(tmp_path / "local"))                               # a local directory
+    assert model_shape("Qwen/Qwen3-4B-Base") is QWEN3["Qwen/Qwen3-4B-Base"]  # shipped: no network
+    Qwen3Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+    ).save_pretrained(tmp_path / "local")
+    local = model_shape(str(tmp_path / "local"))  # a local directory
     assert (local.model_type, local.num_layers, local.num_kv_heads, local.qk_norm) == ("qwen3", 2, 1, True)
     MixtralConfig(num_hidden_layers=1).save_pretrained(tmp_path / "moe")
-    moe = model_shape(str(tmp_path / "moe"))                                     # Mixtral's defaults: 8 experts, top-2
+    moe = model_shape(str(tmp_path / "moe"))  # Mixtral's defaults: 8 experts, top-2
     assert (moe.model_type, moe.num_experts, moe.experts_per_tok, moe.intermediate_size) == ("mixtral", 8, 2, 14336)
     from transformers import Qwen2MoeConfig
 
-    Qwen2MoeConfig(num_hidden_layers=1).save_pretrained(tmp_path / "shared")    # a shared expert: not known
+    Qwen2MoeConfig(num_hidden_layers=1).save_pretrained(tmp_path / "shared")  # a shared expert: not known
     with pytest.raises(UserError, match=r"'.*shared' is a mixture-of-experts model \(qwen2_moe\) of a layout"):
         model_shape(str(tmp_path / "shared"))
 
@@ -100,20 +129,32 @@ def test_qwen3_30b_a3b_total_and_active_parameters_by_hand():
     # active layer: 18,874,624 + 262,144 + 8 x 4,718,592 (= 37,748,736) + 4,096 = 56,889,600
     # embeddings untied: 2 x 151,936 x 2048 = 622,329,856; final norm 2048
     assert q.layer_params() == 623_120_640 and q.active_layer_params() == 56_889_600
-    assert q.n_params() == 622_329_856 + 48 * 623_120_640 + 2048 == 30_532_122_624        # the card: 30.5B
-    assert q.n_active_params() == 622_329_856 + 48 * 56_889_600 + 2048 == 3_353_032_704   # the card: 3.3B
+    assert q.n_params() == 622_329_856 + 48 * 623_120_640 + 2048 == 30_532_122_624  # the card: 30.5B
+    assert q.n_active_params() == 622_329_856 + 48 * 56_889_600 + 2048 == 3_353_032_704  # the card: 3.3B
 
 
 @pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral"])
 def test_moe_layouts_count_what_transformers_builds(model_type):
-    shape = ModelShape("x", model_type, vocab_size=100, hidden_size=64, intermediate_size=96, num_layers=3,
-                       num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=False,
-                       qk_norm=model_type == "qwen3_moe", num_experts=6, experts_per_tok=2)
+    shape = ModelShape(
+        "x",
+        model_type,
+        vocab_size=100,
+        hidden_size=64,
+        intermediate_size=96,
+        num_layers=3,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        tie_word_embeddings=False,
+        qk_norm=model_type == "qwen3_moe",
+        num_experts=6,
+        experts_per_tok=2,
+    )
     cfg, model = _hf_model_on_meta(shape)
     assert sum(p.numel() for p in model.parameters()) == shape.n_params()
     # active: the dense count less 4 of the 6 experts of each layer (3 x 64 x 96 each)
     assert shape.n_active_params() == shape.n_params() - 3 * 4 * 3 * 64 * 96
-    back = from_hf_config(cfg, "x")                  # reading the config back gives the same shape
+    back = from_hf_config(cfg, "x")  # reading the config back gives the same shape
     assert replace(back, max_position_embeddings=None, source="") == shape
 
 
@@ -135,8 +176,10 @@ def _saved_bytes(model, batch, *, autocast: bool) -> int:
             seen[st.data_ptr()] = st.nbytes()
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-            torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+    with (
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+        torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast),
+    ):
         completion_logprobs(model, batch)
     return sum(seen.values())
 
@@ -152,12 +195,20 @@ def test_saved_activations_are_the_formula(arch, mode, checkpointing):
 
     from clipbench.train.packing import pack
 
-    kw = dict(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=16, tie_word_embeddings=False)
+    kw = dict(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        tie_word_embeddings=False,
+    )
     cfg = Qwen3Config(**kw) if arch == "qwen3" else LlamaConfig(**kw)
     torch.manual_seed(0)
     model = (Qwen3ForCausalLM if arch == "qwen3" else LlamaForCausalLM)(cfg)
-    if mode == "bf16-sharded":      # what FSDP2's MixedPrecisionPolicy(param_dtype=bf16) computes with
+    if mode == "bf16-sharded":  # what FSDP2's MixedPrecisionPolicy(param_dtype=bf16) computes with
         model = model.to(torch.bfloat16)
     if checkpointing:
         model.gradient_checkpointing_enable()
@@ -166,23 +217,26 @@ def test_saved_activations_are_the_formula(arch, mode, checkpointing):
     prompts = [torch.randint(2, 96, (n,), generator=gen).tolist() for n in (5, 9, 7)]
     completions = [torch.randint(2, 96, (n,), generator=gen).tolist() for n in (20, 13, 24)]
     batch = pack(prompts, completions, pad_id=0)
-    B, S = batch.input_ids.shape                       # 3 x (9 + 24)
+    B, S = batch.input_ids.shape  # 3 x (9 + 24)
     T = batch.completion_ids.shape[1]
     got = _saved_bytes(model, batch, autocast=mode == "autocast")
 
     shape = from_hf_config(cfg, arch)
     p = est.precision("float32" if mode == "float32" else "bfloat16", sharded=mode == "bf16-sharded")
     n = B * S
-    if checkpointing:   # each layer's input; cos/sin and the ids are held by the recompute closure
-        want = shape.num_layers * n * est.checkpointed_layer_bytes(shape, p) \
-            + n * (est.per_token_extra_bytes(shape, p) - 2 * shape.head_dim * p.residual - 8)
-    else:               # every layer's tensors and its additive mask; the ids are saved once
-        want = shape.num_layers * (n * est.layer_activation_bytes(shape, p) + est.mask_bytes(p, B, S)) \
-            + n * (est.per_token_extra_bytes(shape, p) - 8)
+    if checkpointing:  # each layer's input; cos/sin and the ids are held by the recompute closure
+        want = shape.num_layers * n * est.checkpointed_layer_bytes(shape, p) + n * (
+            est.per_token_extra_bytes(shape, p) - 2 * shape.head_dim * p.residual - 8
+        )
+    else:  # every layer's tensors and its additive mask; the ids are saved once
+        want = shape.num_layers * (n * est.layer_activation_bytes(shape, p) + est.mask_bytes(p, B, S)) + n * (
+            est.per_token_extra_bytes(shape, p) - 8
+        )
     want += est.logits_bytes(shape, p, B * (T + 1), backward=False)
-    if p.autocast:      # autocast's bf16 weight casts are saved too (counted as weight copies)
-        want += est.compute_copy_bytes(shape, p, checkpointing=checkpointing) \
-            - (est.matmul_params(shape)[0] // shape.num_layers * 2 if checkpointing else 0)
+    if p.autocast:  # autocast's bf16 weight casts are saved too (counted as weight copies)
+        want += est.compute_copy_bytes(shape, p, checkpointing=checkpointing) - (
+            est.matmul_params(shape)[0] // shape.num_layers * 2 if checkpointing else 0
+        )
     assert got - want == -4 * B
 
 
@@ -193,10 +247,21 @@ def test_saved_activations_are_the_formula(arch, mode, checkpointing):
 def test_qwen3_1p7b_on_one_80gib_gpu_by_hand():
     """The Table-3 1.7B setting on one GPU: bf16 (autocast), 16,384-token micro-batches,
     checkpointing, vLLM at 0.5 sleeping while training."""
-    u = Setup(dtype="bfloat16", world_size=1, device_gib=80, prompt_tokens=1024, max_new_tokens=4096,
-              rows_per_mini_batch=1024, micro_batch_tokens=16384, generate_rows=4096,
-              gradient_checkpointing=True, backend="vllm", gpu_memory_utilization=0.5, sleep_mode=True)
-    assert u.micro_batch() == (16384, 3, 16384)          # 3 full 5120-token rows fit in 16,384
+    u = Setup(
+        dtype="bfloat16",
+        world_size=1,
+        device_gib=80,
+        prompt_tokens=1024,
+        max_new_tokens=4096,
+        rows_per_mini_batch=1024,
+        micro_batch_tokens=16384,
+        generate_rows=4096,
+        gradient_checkpointing=True,
+        backend="vllm",
+        gpu_memory_utilization=0.5,
+        sleep_mode=True,
+    )
+    assert u.micro_batch() == (16384, 3, 16384)  # 3 full 5120-token rows fit in 16,384
     plan = estimate(Q17, u)
     rows = {r.name: r.bytes for r in plan.rows}
     n = 1_720_574_976
@@ -226,10 +291,21 @@ def test_qwen3_1p7b_on_one_80gib_gpu_by_hand():
     # sampling: params + AdamW + vLLM share + 1.5 GiB runtime
     assert plan.phase_bytes("sampling") == 6_882_299_904 + 13_764_599_808 + 42_949_672_960 + 1_610_612_736
     # training: params + grads + AdamW + copies + activations + logits + sleeping engine + runtime
-    assert plan.phase_bytes("training") == (2 * 6_882_299_904 + 13_764_599_808 + 722_993_152 + 6_530_465_792
-                                            + 10_024_452_096 + 536_870_912 + 1_610_612_736) == 46_954_594_304
-    assert plan.peak_phase == "sampling" and plan.peak_bytes == 65_207_185_408   # 60.7 GiB
-    assert plan.with_margin_bytes == int(65_207_185_408 * 1.1) and plan.fits     # 66.8 GiB of 80
+    assert (
+        plan.phase_bytes("training")
+        == (
+            2 * 6_882_299_904
+            + 13_764_599_808
+            + 722_993_152
+            + 6_530_465_792
+            + 10_024_452_096
+            + 536_870_912
+            + 1_610_612_736
+        )
+        == 46_954_594_304
+    )
+    assert plan.peak_phase == "sampling" and plan.peak_bytes == 65_207_185_408  # 60.7 GiB
+    assert plan.with_margin_bytes == int(65_207_185_408 * 1.1) and plan.fits  # 66.8 GiB of 80
     # awake during training (no sleep mode) the share adds to training: 46.9e9 - 0.5 GiB + 42.9e9
     awake = estimate(Q17, replace(u, sleep_mode=False))
     assert awake.phase_bytes("training") == 46_954_594_304 - 536_870_912 + 42_949_672_960
@@ -239,8 +315,14 @@ def test_qwen3_1p7b_on_one_80gib_gpu_by_hand():
 def test_fsdp_shards_state_and_holds_two_layers_unsharded():
     q4 = QWEN3["Qwen/Qwen3-4B-Base"]
     n, layer = q4.n_params(), q4.layer_params()
-    u = Setup(dtype="bfloat16", world_size=8, rows_per_mini_batch=512, max_new_tokens=3072,
-              micro_batch_tokens=16384, gradient_checkpointing=True)
+    u = Setup(
+        dtype="bfloat16",
+        world_size=8,
+        rows_per_mini_batch=512,
+        max_new_tokens=3072,
+        micro_batch_tokens=16384,
+        gradient_checkpointing=True,
+    )
     rows = {r.name: r.bytes for r in estimate(q4, u).rows}
     assert rows["parameters (fp32 master)"] == 4 * n // 8 and rows["AdamW state (2 x fp32)"] == 8 * n // 8
     # root group (151,936 x 2560 tied embedding + final norm 2560) + 2 layers in bf16, and one
@@ -252,18 +334,26 @@ def test_fsdp_shards_state_and_holds_two_layers_unsharded():
 
 def test_micro_batch_shapes():
     u = Setup(prompt_tokens=1000, max_new_tokens=3000, rows_per_mini_batch=64, world_size=2)
-    assert u.micro_batch() == (32 * 4000, 32, 32 * 3001)     # whole share: 64 / 2 ranks, full rows
+    assert u.micro_batch() == (32 * 4000, 32, 32 * 3001)  # whole share: 64 / 2 ranks, full rows
     assert replace(u, micro_batch_tokens=10_000).micro_batch() == (10_000, 2, 10_000)
-    assert replace(u, micro_batch_tokens=1000).micro_batch() == (4000, 1, 4000)   # one sequence alone
+    assert replace(u, micro_batch_tokens=1000).micro_batch() == (4000, 1, 4000)  # one sequence alone
     assert replace(u, micro_batch_tokens=10**9).micro_batch() == (128_000, 32, 128_000)  # capped
 
 
 def test_advice_names_the_knob():
-    u = Setup(dtype="bfloat16", prompt_tokens=1024, max_new_tokens=4096, rows_per_mini_batch=1024,
-              backend="vllm", gpu_memory_utilization=0.5, sleep_mode=True, gradient_checkpointing=True)
+    u = Setup(
+        dtype="bfloat16",
+        prompt_tokens=1024,
+        max_new_tokens=4096,
+        rows_per_mini_batch=1024,
+        backend="vllm",
+        gpu_memory_utilization=0.5,
+        sleep_mode=True,
+        gradient_checkpointing=True,
+    )
     assert not estimate(Q17, u).fits
     knobs = advise(Q17, u)
-    assert knobs[0] == "train.micro_batch_tokens=32768"        # the largest power of two that fits
+    assert knobs[0] == "train.micro_batch_tokens=32768"  # the largest power of two that fits
     assert estimate(Q17, replace(u, micro_batch_tokens=32768)).fits
     assert not estimate(Q17, replace(u, micro_batch_tokens=65536)).fits
     # a KV cache that cannot hold one sequence: raise gpu_memory_utilization
@@ -273,19 +363,19 @@ def test_advice_names_the_knob():
     assert any(k.startswith("sampler.gpu_memory_utilization=") for k in advise(Q17, tight))
     # 8B on one GPU: 16 B x 8.19e9 params of state alone exceed 80 GiB, only sharding helps
     q8, big = QWEN3["Qwen/Qwen3-8B-Base"], replace(u, micro_batch_tokens=8192, gpu_memory_utilization=0.3)
-    assert advise(q8, big) == ["--nproc-per-node 4"]     # the smallest power of two that fits
+    assert advise(q8, big) == ["--nproc-per-node 4"]  # the smallest power of two that fits
     assert estimate(q8, replace(big, world_size=4)).fits and not estimate(q8, replace(big, world_size=2)).fits
     # 32B: each GPU's engine needs its own bf16 copy (65.5e9 B) inside its 0.3 x 80 GiB share:
     # no single knob helps (colocated vLLM without tensor parallelism cannot hold it)
     from clipbench.memory.plan import fit_message
+
     q32 = QWEN3["Qwen/Qwen3-32B-Base"]
     assert advise(q32, big) == []
     assert "no single knob" in fit_message(estimate(q32, big), [], "here")
 
 
 def test_gib_rounds_to_two_significant_digits():
-    assert [gib(x * GIB) for x in (0.0, 0.05, 0.666, 6.43, 99.7, 4769.2)] == \
-        ["0", "<0.1", "0.67", "6.4", "100", "4800"]
+    assert [gib(x * GIB) for x in (0.0, 0.05, 0.666, 6.43, 99.7, 4769.2)] == ["0", "<0.1", "0.67", "6.4", "100", "4800"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -303,7 +393,7 @@ def test_check_fits_one_line_error_naming_the_knob():
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith("Qwen/Qwen3-1.7B-Base does not fit 1 x 80 GiB GPU: training needs ~")
     assert "set train.micro_batch_tokens=" in msg
-    if not torch.cuda.is_available():   # CPU: no memory to check, but the recipe's sleep mode cannot run
+    if not torch.cuda.is_available():  # CPU: no memory to check, but the recipe's sleep mode cannot run
         with pytest.raises(UserError, match="sampler.sleep_mode needs a CUDA GPU"):
             preflight(cfg)  # before the model is looked up (this machine cannot reach the hub)
 
@@ -340,5 +430,9 @@ def test_table3_recipes_fit_their_80gib_gpus(slug, gpus):
         plan = check_fits(cfg, cfg.model.name, world_size=gpus, device_gib=80)
         assert plan.fits and plan.with_margin_bytes < 70 * GIB
         with pytest.raises(UserError, match="does not fit"):
-            check_fits(load_run_config(f"recipes/abc_grpo_table3/{slug}_{method}.yaml",
-                                       ["train.micro_batch_tokens=0"]), cfg.model.name, world_size=gpus, device_gib=80)
+            check_fits(
+                load_run_config(f"recipes/abc_grpo_table3/{slug}_{method}.yaml", ["train.micro_batch_tokens=0"]),
+                cfg.model.name,
+                world_size=gpus,
+                device_gib=80,
+            )

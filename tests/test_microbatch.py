@@ -19,16 +19,23 @@ import torch
 
 from clipbench.config import load_run_config
 from clipbench.errors import ConfigError
-from clipbench.tracking.store import RunDir
-from clipbench.objectives.advantages import compute_advantages
 from clipbench.models import load_model_and_tokenizer, resolve_model_name
+from clipbench.objectives.advantages import compute_advantages
 from clipbench.objectives.corrections import apply_correction
+from clipbench.tracking.store import RunDir
 from clipbench.train.distributed import Dist
-from clipbench.train.loop import run_training
 from clipbench.train.logprobs import completion_logprobs
+from clipbench.train.loop import run_training
 from clipbench.train.packing import pack
-from clipbench.train.step import (Objective, StepInputs, accumulate_gradients, draw_uniforms, optimizer_step,
-                                  pack_micro_batches, plan_update)
+from clipbench.train.step import (
+    Objective,
+    StepInputs,
+    accumulate_gradients,
+    draw_uniforms,
+    optimizer_step,
+    pack_micro_batches,
+    plan_update,
+)
 
 G = 4
 
@@ -77,19 +84,27 @@ def _run(model, tok, batch, objective, *, budget, world=1, correction=None):
     packed, adv, old, ref, rewards, sampler = batch
     model.zero_grad(set_to_none=True)
     uniforms = draw_uniforms(packed.completion_ids.shape, torch.Generator().manual_seed(7), "cpu")
-    inputs = StepInputs(advantages=adv, old_logp=old, ref_logp=ref if objective.beta else None,
-                        uniforms=uniforms if objective.draws else None, rewards=rewards,
-                        groups=tuple(i // G for i in range(16)), mask=packed.completion_mask)
+    inputs = StepInputs(
+        advantages=adv,
+        old_logp=old,
+        ref_logp=ref if objective.beta else None,
+        uniforms=uniforms if objective.draws else None,
+        rewards=rewards,
+        groups=tuple(i // G for i in range(16)),
+        mask=packed.completion_mask,
+    )
     if correction is not None:  # the sampler correction's weights and status, as rule_inputs computes them
         corr = apply_correction(correction, sampler, old, packed.completion_mask)
         inputs.weights, inputs.correction_status = corr.weights, corr.status
     loss, counts, micro = 0.0, {}, []
     for rank in range(world):
         dist = Dist(rank=rank, world=world)
-        (step,) = plan_update(packed, mini_batches=1, epochs=1, budget=budget,
-                              perm=torch.Generator().manual_seed(3), dist=dist)
-        stats, _ = accumulate_gradients(model, packed, step, inputs, objective, pad_id=tok.pad_token_id,
-                                        temperature=1.0, dist=dist)
+        (step,) = plan_update(
+            packed, mini_batches=1, epochs=1, budget=budget, perm=torch.Generator().manual_seed(3), dist=dist
+        )
+        stats, _ = accumulate_gradients(
+            model, packed, step, inputs, objective, pad_id=tok.pad_token_id, temperature=1.0, dist=dist
+        )
         sums = stats.sums()
         loss += float(sums["loss"])
         micro.append([len(m) for m in step.micro])
@@ -103,18 +118,23 @@ def _run(model, tok, batch, objective, *, budget, world=1, correction=None):
     return loss, counts, grads, micro
 
 
-CASES = [("grpo", {}, "token-mean", 0.0, None), ("grpo", {}, "seq-mean-token-mean", 0.1, None),
-         ("gspo", {}, "seq-mean-token-sum", 0.0, None), ("dual_clip", {}, "seq-mean-token-sum-norm", 0.0, None),
-         ("cispo", {"eps_high": 0.2}, "token-mean", 0.0, None),
-         ("nsr", {"p": 0.5}, "token-mean", 0.0, None),
-         # rules with a mini-batch statistic (a no-grad pass over the whole mini-batch when split),
-         # with rewards, with the entropy; the prompt-mean and token-sum aggregations; corrections
-         # that mask (in the denominators) and reject (out of them)
-         ("bapo", {"target": 2.0}, "token-mean", 0.0, {"name": "icepop", "low": 0.8, "high": 1.25}),
-         ("m2po", {}, "prompt-mean", 0.0, None), ("m2po", {"action": "clip"}, "token-sum", 0.0, None),
-         ("aspo", {}, "seq-mean-token-mean", 0.0, None), ("topr", {}, "prompt-mean", 0.0, None),
-         ("grpo", {}, "token-mean", 0.0, {"name": "kl_rs", "estimator": "k1", "level": "token", "low": 0.8,
-                                         "high": 1.25})]
+CASES = [
+    ("grpo", {}, "token-mean", 0.0, None),
+    ("grpo", {}, "seq-mean-token-mean", 0.1, None),
+    ("gspo", {}, "seq-mean-token-sum", 0.0, None),
+    ("dual_clip", {}, "seq-mean-token-sum-norm", 0.0, None),
+    ("cispo", {"eps_high": 0.2}, "token-mean", 0.0, None),
+    ("nsr", {"p": 0.5}, "token-mean", 0.0, None),
+    # rules with a mini-batch statistic (a no-grad pass over the whole mini-batch when split),
+    # with rewards, with the entropy; the prompt-mean and token-sum aggregations; corrections
+    # that mask (in the denominators) and reject (out of them)
+    ("bapo", {"target": 2.0}, "token-mean", 0.0, {"name": "icepop", "low": 0.8, "high": 1.25}),
+    ("m2po", {}, "prompt-mean", 0.0, None),
+    ("m2po", {"action": "clip"}, "token-sum", 0.0, None),
+    ("aspo", {}, "seq-mean-token-mean", 0.0, None),
+    ("topr", {}, "prompt-mean", 0.0, None),
+    ("grpo", {}, "token-mean", 0.0, {"name": "kl_rs", "estimator": "k1", "level": "token", "low": 0.8, "high": 1.25}),
+]
 
 
 @pytest.mark.parametrize("method, params, agg, beta, correction", CASES)
@@ -128,20 +148,23 @@ def test_step_function_is_exact_over_micro_batches_and_ranks(tiny, batch, method
     loss0, counts0, grads0, micro0 = _run(model, tok, batch, objective, budget=0, correction=correction)
     assert micro0 == [[16]] and counts0["clip_events"] > 0 and loss0 != 0.0, counts0
     # a sum of O(1) token losses: float32 round-off grows with the terms (token-sum has no normaliser)
-    scale = max(abs(loss0), 1.0) * (sum(v for k, v in counts0.items() if k.endswith("/tokens")) if agg == "token-sum"
-                                    else 1.0)
+    scale = max(abs(loss0), 1.0) * (
+        sum(v for k, v in counts0.items() if k.endswith("/tokens")) if agg == "token-sum" else 1.0
+    )
     # (ranks simulated in one process cannot all-reduce a mini-batch statistic's forward: the rules
     # with one are checked over two real processes below)
     for budget, world in ((120, 1), (40, 1)) + (() if objective.stat else ((40, 2),)):
-        loss, counts, grads, micro = _run(model, tok, batch, objective, budget=budget, world=world,
-                                          correction=correction)
+        loss, counts, grads, micro = _run(
+            model, tok, batch, objective, budget=budget, world=world, correction=correction
+        )
         sizes = [n for m in micro for n in m]
         assert sum(sizes) == 16 and len(sizes) > 1, micro  # () placeholders count 0
         if budget == 40:
             assert len(set(sizes)) > 1, micro  # uneven micro-batches (placeholders included)
         assert abs(loss - loss0) <= 1e-6 * scale, (budget, world, loss, loss0)
-        assert {k: v for k, v in counts.items() if "mass" not in k} == \
-            {k: v for k, v in counts0.items() if "mass" not in k}, (budget, world)
+        assert {k: v for k, v in counts.items() if "mass" not in k} == {
+            k: v for k, v in counts0.items() if "mass" not in k
+        }, (budget, world)
         assert all(abs(counts[k] - v) <= 1e-6 * max(abs(v), 1e-3) for k, v in counts0.items() if "mass" in k)
         for name, g0 in grads0.items():
             err = (grads[name] - g0).norm()
@@ -158,21 +181,45 @@ def _two_ranks(rank: int, init: str, out: str, method: str, params: dict, agg: s
         batch = _make_batch(model, tok)
         objective = Objective(method, params, agg, 0.0, max_len=12)
         packed, adv, old = batch[:3]
-        inputs = StepInputs(advantages=adv, old_logp=old, rewards=batch[4], groups=tuple(i // G for i in range(16)),
-                            mask=packed.completion_mask)
-        (step,) = plan_update(packed, mini_batches=1, epochs=1, budget=40, perm=torch.Generator().manual_seed(3),
-                              dist=Dist(rank=rank, world=2))
-        stats, _ = accumulate_gradients(model, packed, step, inputs, objective, pad_id=tok.pad_token_id,
-                                        temperature=1.0, dist=Dist(rank=rank, world=2))
+        inputs = StepInputs(
+            advantages=adv,
+            old_logp=old,
+            rewards=batch[4],
+            groups=tuple(i // G for i in range(16)),
+            mask=packed.completion_mask,
+        )
+        (step,) = plan_update(
+            packed,
+            mini_batches=1,
+            epochs=1,
+            budget=40,
+            perm=torch.Generator().manual_seed(3),
+            dist=Dist(rank=rank, world=2),
+        )
+        stats, _ = accumulate_gradients(
+            model,
+            packed,
+            step,
+            inputs,
+            objective,
+            pad_id=tok.pad_token_id,
+            temperature=1.0,
+            dist=Dist(rank=rank, world=2),
+        )
         sums = stats.sums()
-        torch.save({"grads": _grads(model), "loss": float(sums["loss"]),
-                    "stat": {k: float(v) for k, v in sums.items() if k.startswith("stat/")}}, f"{out}.{rank}")
+        torch.save(
+            {
+                "grads": _grads(model),
+                "loss": float(sums["loss"]),
+                "stat": {k: float(v) for k, v in sums.items() if k.startswith("stat/")},
+            },
+            f"{out}.{rank}",
+        )
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("method, params, agg", [("bapo", {"target": 2.0}, "token-mean"),
-                                                 ("m2po", {}, "prompt-mean")])
+@pytest.mark.parametrize("method, params, agg", [("bapo", {"target": 2.0}, "token-mean"), ("m2po", {}, "prompt-mean")])
 @pytest.mark.slow
 def test_a_mini_batch_statistic_is_exact_across_two_real_processes(tiny, batch, tmp_path, method, params, agg):
     """Two gloo ranks, each with uneven micro-batches of its half of the mini-batch: the rule's
@@ -184,12 +231,14 @@ def test_a_mini_batch_statistic_is_exact_across_two_real_processes(tiny, batch, 
     objective = Objective(method, params, agg, 0.0, max_len=12)
     loss0, counts0, grads0, _ = _run(model, tok, batch, objective, budget=0)
     init = f"file://{tmp_path / 'rendezvous'}"
-    mp.start_processes(_two_ranks, args=(init, str(tmp_path / "out"), method, params, agg), nprocs=2, join=True,
-                       start_method="spawn")
+    mp.start_processes(
+        _two_ranks, args=(init, str(tmp_path / "out"), method, params, agg), nprocs=2, join=True, start_method="spawn"
+    )
     ranks = [torch.load(tmp_path / f"out.{r}") for r in range(2)]
     assert abs(sum(r["loss"] for r in ranks) - loss0) <= 1e-6 * max(abs(loss0), 1.0)
-    assert ranks[0]["stat"] == ranks[1]["stat"] and ranks[0]["stat"] == {k: v for k, v in counts0.items()
-                                                                        if k.startswith("stat/")}
+    assert ranks[0]["stat"] == ranks[1]["stat"] and ranks[0]["stat"] == {
+        k: v for k, v in counts0.items() if k.startswith("stat/")
+    }
     for name, g0 in grads0.items():
         g = (ranks[0]["grads"][name] + ranks[1]["grads"][name]) / 2  # FSDP averages; each loss is x world
         assert (g - g0).norm() <= 1e-12 * g0.norm() + 1e-15, name
@@ -207,8 +256,17 @@ def test_packing_budget_whole_sequences_and_rank_lockstep(tiny, batch):
             assert len(m) * packed.width(m) <= budget or len(m) == 1
     assert len(pack_micro_batches(packed, rows, 1)) == 16
     # 2 ranks: each trains its block of every mini-batch; the lists are padded to equal length
-    plans = [plan_update(packed, mini_batches=3, epochs=2, budget=25, perm=torch.Generator().manual_seed(1),
-                         dist=Dist(rank=r, world=2)) for r in range(2)]
+    plans = [
+        plan_update(
+            packed,
+            mini_batches=3,
+            epochs=2,
+            budget=25,
+            perm=torch.Generator().manual_seed(1),
+            dist=Dist(rank=r, world=2),
+        )
+        for r in range(2)
+    ]
     single = plan_update(packed, mini_batches=3, epochs=2, budget=0, perm=torch.Generator().manual_seed(1), dist=Dist())
     assert len(plans[0]) == len(plans[1]) == len(single) == 6
     for s, a, b in zip(single, *plans):
@@ -234,8 +292,14 @@ def test_grad_clip_zero_means_no_clipping_and_the_norm_is_logged():
     assert not stepped and w.grad is None and w.detach().tolist() == pytest.approx([-0.6, -0.8])
 
 
-SMALL = ["train.prompts_per_step=4", "sampler.group_size=4", "sampler.max_new_tokens=8", "eval.benchmarks=[]",
-         "tracking.mlflow=false", "train.steps=2"]
+SMALL = [
+    "train.prompts_per_step=4",
+    "sampler.group_size=4",
+    "sampler.max_new_tokens=8",
+    "eval.benchmarks=[]",
+    "tracking.mlflow=false",
+    "train.steps=2",
+]
 
 
 @pytest.mark.slow
@@ -244,26 +308,34 @@ def test_a_run_with_micro_batches_logs_the_same_loss_grad_norm_and_counts(tmp_pa
     per step): the same loss and grad_norm (1e-5 relative; token losses are O(1) with unit-std
     advantages, so the scale of a near-zero net loss is taken as 1) and identical counts."""
     run_training(load_run_config("recipes/arith_tiny.yaml", SMALL), tmp_path / "whole")
-    run_training(load_run_config("recipes/arith_tiny.yaml", SMALL + ["train.micro_batch_tokens=40"]),
-                 tmp_path / "micro")
+    run_training(
+        load_run_config("recipes/arith_tiny.yaml", SMALL + ["train.micro_batch_tokens=40"]), tmp_path / "micro"
+    )
     whole, micro = RunDir(tmp_path / "whole").read_metrics(), RunDir(tmp_path / "micro").read_metrics()
     assert len(whole) == len(micro) == 8
     assert {r["micro_batches"] for r in whole} == {1} and max(r["micro_batches"] for r in micro) > 1
     for a, b in zip(whole, micro):
         assert abs(a["loss"] - b["loss"]) <= 1e-5 * max(abs(a["loss"]), 1.0), (a["opt_step"], a["loss"], b["loss"])
-        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * a["grad_norm"], (a["opt_step"], a["grad_norm"],
-                                                                               b["grad_norm"])
-        counts = [k for k in a if k.split("/")[0] in ("q1", "q2", "q3", "q4", "zero_adv", "on_policy")
-                  and "mass" not in k]  # token counts: exact (gradient masses are float sums)
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * a["grad_norm"], (
+            a["opt_step"],
+            a["grad_norm"],
+            b["grad_norm"],
+        )
+        counts = [
+            k for k in a if k.split("/")[0] in ("q1", "q2", "q3", "q4", "zero_adv", "on_policy") and "mass" not in k
+        ]  # token counts: exact (gradient masses are float sums)
         assert [a[k] for k in counts] == [b[k] for k in counts] and a["clip_events"] == b["clip_events"]
 
 
-@pytest.mark.parametrize("override, words", [
-    ("train.micro_batch_tokens=-1", "train.micro_batch_tokens: must be in [0, 1099511627776], got -1"),
-    ("sampler.prompts_per_call=-2", "sampler.prompts_per_call: must be in [0, 65536], got -2"),
-    ("train.max_skipped_frac=1.5", "train.max_skipped_frac: must be in [0, 1]"),
-    ("launch.nproc_per_node=3", "3 processes cannot share train.prompts_per_step=8"),
-])
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("train.micro_batch_tokens=-1", "train.micro_batch_tokens: must be in [0, 1099511627776], got -1"),
+        ("sampler.prompts_per_call=-2", "sampler.prompts_per_call: must be in [0, 65536], got -2"),
+        ("train.max_skipped_frac=1.5", "train.max_skipped_frac: must be in [0, 1]"),
+        ("launch.nproc_per_node=3", "3 processes cannot share train.prompts_per_step=8"),
+    ],
+)
 def test_loop_keys_are_checked(override, words):
     with pytest.raises(ConfigError, match=words.replace("[", r"\[").replace("]", r"\]")):
         load_run_config("recipes/arith_tiny.yaml", [override])

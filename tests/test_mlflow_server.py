@@ -20,16 +20,29 @@ from typer.testing import CliRunner
 from clipbench.cli import app
 from clipbench.sweep.manifest import manifest_path, read_manifest
 from clipbench.tracking import mlflow_client as mc
-from clipbench.tracking.store import RunDir
 from clipbench.tracking.mirror import expected_artifacts, expected_metrics
+from clipbench.tracking.store import RunDir
 
-pytestmark = [pytest.mark.mlflow_server, pytest.mark.slow, pytest.mark.xdist_group("mlflow_server"),
-              pytest.mark.timeout(600)]
+pytestmark = [
+    pytest.mark.mlflow_server,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("mlflow_server"),
+    pytest.mark.timeout(600),
+]
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = {"train.steps": 4, "train.prompts_per_step": 2, "sampler.group_size": 4, "sampler.max_new_tokens": 8,
-        "train.mini_batches": 2, "train.checkpoint_every": 2, "eval.limit": 8, "eval.n": 2, "eval.every": 2,
-        "tracking.batch_every": 2}
+TINY = {
+    "train.steps": 4,
+    "train.prompts_per_step": 2,
+    "sampler.group_size": 4,
+    "sampler.max_new_tokens": 8,
+    "train.mini_batches": 2,
+    "train.checkpoint_every": 2,
+    "eval.limit": 8,
+    "eval.n": 2,
+    "eval.every": 2,
+    "tracking.batch_every": 2,
+}
 runner = CliRunner()
 
 
@@ -50,11 +63,23 @@ class MlflowServer:
 
     def start(self, timeout: float = 120) -> None:
         exe = Path(sys.executable).parent / "mlflow"
-        cmd = [str(exe), "server", "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
-               "--artifacts-destination", str(self.root / "artifacts"), "--host", "127.0.0.1",
-               "--port", str(self.port), "--workers", "1"]
-        self.proc = subprocess.Popen(cmd, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
-                                     start_new_session=True, cwd=self.root)
+        cmd = [
+            str(exe),
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{self.root / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(self.root / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--workers",
+            "1",
+        ]
+        self.proc = subprocess.Popen(
+            cmd, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, start_new_session=True, cwd=self.root
+        )
         t0 = time.time()
         while time.time() - t0 < timeout:
             if self.proc.poll() is not None:
@@ -88,8 +113,16 @@ def server(tmp_path_factory):
 
 def write_sweep(tmp: Path, name: str, methods, **over) -> Path:
     f = tmp / f"{name}.yaml"
-    f.write_text(yaml.safe_dump({"name": name, "base": str(REPO / "recipes" / "arith_tiny.yaml"),
-                                 "overrides": {**TINY, **over}, "grid": {"objective.method": list(methods)}}))
+    f.write_text(
+        yaml.safe_dump(
+            {
+                "name": name,
+                "base": str(REPO / "recipes" / "arith_tiny.yaml"),
+                "overrides": {**TINY, **over},
+                "grid": {"objective.method": list(methods)},
+            }
+        )
+    )
     return f
 
 
@@ -113,7 +146,12 @@ def check_mirror(client, uri: str, res: Path, sweep: str) -> dict[str, str]:
         tags = run.data.tags
         assert tags["mlflow.parentRunId"] == parent
         assert (tags["sweep"], tags["run_id"], tags["method"], tags["seed"], tags["model"]) == (
-            sweep, rid, cfg["objective"]["method"], str(cfg["seed"]), cfg["model"]["name"])
+            sweep,
+            rid,
+            cfg["objective"]["method"],
+            str(cfg["seed"]),
+            cfg["model"]["name"],
+        )
         assert run.info.status == "FINISHED"
         params = run.data.params
         assert params["objective.method"] == cfg["objective"]["method"]
@@ -124,8 +162,9 @@ def check_mirror(client, uri: str, res: Path, sweep: str) -> dict[str, str]:
         assert set(run.data.metrics) == set(expected)
         # one step axis: evaluations at rollout steps 0, 2, 4 sit at optimizer steps 0, 4, 8 (2 mini-batches)
         n_steps = cfg["train"]["steps"]
-        assert sorted(m.step for m in client.get_metric_history(mid, "eval/arith/avg_at_2")) == \
-            [2 * k for k in range(0, n_steps + 1, 2)]
+        assert sorted(m.step for m in client.get_metric_history(mid, "eval/arith/avg_at_2")) == [
+            2 * k for k in range(0, n_steps + 1, 2)
+        ]
         assert not {"step", "opt_step", "epoch", "mini_batch", "old_logp_source"} & set(run.data.metrics)
         assert params["eval/arith/n"] == "2" and params["eval/arith/num_problems"] == "8"
         for key, steps in expected.items():
@@ -136,8 +175,12 @@ def check_mirror(client, uri: str, res: Path, sweep: str) -> dict[str, str]:
             arts |= {f.path for f in client.list_artifacts(mid, d)}
         for f, where in expected_artifacts(rd):
             assert (f"{where}/{f.name}" if where else f.name) in arts
-        assert {"config.yaml", "hist/log_ratio.jsonl", "eval/step_000000/arith.json",
-                f"eval/step_{n_steps:06d}/arith.json"} <= arts
+        assert {
+            "config.yaml",
+            "hist/log_ratio.jsonl",
+            "eval/step_000000/arith.json",
+            f"eval/step_{n_steps:06d}/arith.json",
+        } <= arts
         out[rid] = mid
     return out
 
@@ -173,11 +216,13 @@ def test_server_stopped_mid_sweep_then_sync_restores_everything_once(tmp_path, s
         calls.append(Path(run_dir).name)
         progress = kw.get("progress")
         if len(calls) == 2:  # the server dies during the second run, after its second step
+
             def progress_and_kill(ev, _inner=progress):
                 if ev["step"] == 2:
                     server.stop()
                 if _inner:
                     _inner(ev)
+
             kw["progress"] = progress_and_kill
         return real(cfg, run_dir, **kw)
 
@@ -256,10 +301,18 @@ def test_kill_9_then_resume_with_the_server_up_leaves_nothing_missing(tmp_path, 
     what the store holds and MLflow lacks, so the mirror is exact without `clipbench sync`."""
     f = write_sweep(tmp_path, "killed", ["grpo"], **{"tracking.batch_every": 100})
     res = tmp_path / "results"
-    cmd = [sys.executable, "-m", "clipbench.cli", "sweep", str(f), "--results-dir", str(res),
-           "--tracking-uri", server.uri]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO,
-                            start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "clipbench.cli",
+        "sweep",
+        str(f),
+        "--results-dir",
+        str(res),
+        "--tracking-uri",
+        server.uri,
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO, start_new_session=True)
     try:
         deadline = time.time() + 400
         while time.time() < deadline and proc.poll() is None:

@@ -11,13 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from clipbench.commands.sync import sync_command
 from clipbench.config import load_run_config, run_id, to_dict
 from clipbench.tracking import mlflow_client as mc
 from clipbench.tracking import mlflow_sink as ms
-from clipbench.tracking.mirror import default_tracking_uri
+from clipbench.tracking.mirror import default_tracking_uri, expected_metrics, run_params
 from clipbench.tracking.store import RunDir
-from clipbench.commands.sync import sync_command
-from clipbench.tracking.mirror import expected_metrics, run_params
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "arith_tiny.yaml"
@@ -44,15 +43,18 @@ def free_port() -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("raw,name", [
-    ("eval/arith/pass@8", "eval/arith/pass_at_8"),
-    ("eval/arith/avg@n", "eval/arith/avg_at_n"),
-    ("q1/out_of_band", "q1/out_of_band"),
-    ("ratio/mean", "ratio/mean"),
-    ("a b:c-d.e", "a b:c-d.e"),
-    ("x#y(z)", "x_y_z_"),
-    ("/lead//slash/", "lead/slash"),
-])
+@pytest.mark.parametrize(
+    "raw,name",
+    [
+        ("eval/arith/pass@8", "eval/arith/pass_at_8"),
+        ("eval/arith/avg@n", "eval/arith/avg_at_n"),
+        ("q1/out_of_band", "q1/out_of_band"),
+        ("ratio/mean", "ratio/mean"),
+        ("a b:c-d.e", "a b:c-d.e"),
+        ("x#y(z)", "x_y_z_"),
+        ("/lead//slash/", "lead/slash"),
+    ],
+)
 def test_metric_names_are_sanitised(raw, name):
     from mlflow.utils.validation import _validate_metric_name
 
@@ -115,8 +117,14 @@ def test_sink_batches_nests_tags_and_stores_artifacts(tmp_path):
     run = cl.get_run(sink.mlflow_run_id)
     assert run.info.status == "FINISHED"
     assert run.data.tags["mlflow.parentRunId"] == parent
-    for k, v in {"sweep": "sw", "run_id": rd.run_id, "method": "nsr", "seed": "3",
-                 "model": "builtin:arith-tiny", "mlflow.runName": "nsr seed=3"}.items():
+    for k, v in {
+        "sweep": "sw",
+        "run_id": rd.run_id,
+        "method": "nsr",
+        "seed": "3",
+        "model": "builtin:arith-tiny",
+        "mlflow.runName": "nsr seed=3",
+    }.items():
         assert run.data.tags[k] == v
     assert run.data.params["objective.p"] == "0.5" and run.data.params["rule.method"] == "nsr"
     assert history(cl, sink.mlflow_run_id, "loss") == [(s, s / 10) for s in range(1, 26)]
@@ -220,15 +228,32 @@ def fake_run(res: Path, sweep: str, seed: int, steps: int = 6, mb: int = 2) -> R
     for step in range(steps):
         for m in range(mb):
             opt += 1
-            rows.append({"step": step, "opt_step": opt, "mini_batch": m, "loss": 0.1 * opt + seed,
-                         "reward/mean": step / steps, "grad_norm": float("nan") if opt == 3 else 1.0,
-                         "q4/out_of_band": opt % 3})
+            rows.append(
+                {
+                    "step": step,
+                    "opt_step": opt,
+                    "mini_batch": m,
+                    "loss": 0.1 * opt + seed,
+                    "reward/mean": step / steps,
+                    "grad_norm": float("nan") if opt == 3 else 1.0,
+                    "q4/out_of_band": opt % 3,
+                }
+            )
     rd.append_metrics(rows)
     rd.append_hist([{"step": s, "opt_step": 1, "edges": [0, 1], "pos": [1], "neg": [2]} for s in range(steps)])
     for step in (0, steps):  # 8 problems x 2 samples; at the end two problems are solved once each
         correct = [[1, 0], [0, 1]] + [[0, 0]] * 6 if step else [[0, 0]] * 8
-        rd.write_eval(step, "arith", {"step": step, "n": 2, "problem_ids": [f"p{i}" for i in range(8)],
-                                      "correct": correct, "summary": summarize_public(correct)})
+        rd.write_eval(
+            step,
+            "arith",
+            {
+                "step": step,
+                "n": 2,
+                "problem_ids": [f"p{i}" for i in range(8)],
+                "correct": correct,
+                "summary": summarize_public(correct),
+            },
+        )
     rd.set_status("finished", backend="hf", started=1_700_000_000.0)
     return rd
 
@@ -291,6 +316,7 @@ def test_sync_errors_are_one_line_user_errors(tmp_path):
 
 # ---- one step axis, bookkeeping as params, the same rows live and replayed ----------------------
 
+
 @pytest.fixture(scope="module")
 def shared_res(tmp_path_factory) -> Path:
     """One results dir (one embedded MLflow store: its tables are created once) for the tests below,
@@ -333,8 +359,15 @@ def test_live_rows_equal_the_replayed_rows_with_bookkeeping_as_params(shared_res
     assert set(run.data.metrics) == set(expected)
     for key, steps in expected.items():
         assert sorted(m.step for m in cl.get_metric_history(sink.mlflow_run_id, key)) == sorted(steps), key
-    assert not {"step", "opt_step", "epoch", "mini_batch", "old_logp_source", "eval/arith/n",
-                "eval/arith/num_problems"} & set(run.data.metrics)
+    assert not {
+        "step",
+        "opt_step",
+        "epoch",
+        "mini_batch",
+        "old_logp_source",
+        "eval/arith/n",
+        "eval/arith/num_problems",
+    } & set(run.data.metrics)
     assert run.data.params["eval/arith/n"] == "2" and run.data.params["eval/arith/num_problems"] == "8"
     assert history(cl, sink.mlflow_run_id, "eval/arith/avg_at_2") == [(0, 0.0), (6, 0.125)]  # opt steps
 
@@ -417,8 +450,9 @@ def test_the_sync_hint_is_the_exact_command(tmp_path):
 
     res = tmp_path / "my results"
     assert sync_hint("sw", res, default_tracking_uri(res)) == f"clipbench sync sw --results-dir '{res}'"
-    assert sync_hint("sw", res, "http://host:5000") == (f"clipbench sync sw --results-dir '{res}' "
-                                                        "--tracking-uri http://host:5000")
+    assert sync_hint("sw", res, "http://host:5000") == (
+        f"clipbench sync sw --results-dir '{res}' --tracking-uri http://host:5000"
+    )
 
 
 RACER = """
@@ -448,8 +482,9 @@ def test_four_processes_opening_a_new_embedded_store_at_once(tmp_path):
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     start = str(time.time() + 15)  # after every interpreter has imported mlflow
-    procs = [subprocess.Popen([sys.executable, "-c", RACER, uri, start], stderr=subprocess.PIPE, text=True)
-             for _ in range(4)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", RACER, uri, start], stderr=subprocess.PIPE, text=True) for _ in range(4)
+    ]
     errs = [p.communicate(timeout=300)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0, 0], [e[-600:] for e in errs]
     client = client_for(uri)

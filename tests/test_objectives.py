@@ -39,15 +39,15 @@ def run_cases(method, cases, *, generator=None, tol=2e-6, **params):
 
 # r, A, l, dl/dlogp
 GRPO_CASES = [
-    (1.1, 2, -2.2, -2.2),   # Q1 in band: -min(1.1*2, 1.1*2) = -2.2; grad -A*r = -2.2
-    (1.5, 2, -2.4, 0.0),    # Q1 past 1.2: -min(3.0, 1.2*2) = -2.4, clipped -> 0
-    (0.9, 2, -1.8, -1.8),   # Q2 in band: -1.8
-    (0.5, 2, -1.0, -1.0),   # Q2 below 0.8: -min(1.0, 1.6) = -1.0, unclipped -> -A*r = -1.0
-    (0.9, -2, 1.8, 1.8),    # Q3 in band: -min(-1.8, -1.8) = 1.8; grad -A*r = 1.8
-    (0.5, -2, 1.6, 0.0),    # Q3 below 0.8: -min(-1.0, -1.6) = 1.6, clipped -> 0
-    (1.1, -2, 2.2, 2.2),    # Q4 in band: 2.2
-    (1.5, -2, 3.0, 3.0),    # Q4 past 1.2: -min(-3.0, -2.4) = 3.0, unbounded -> -A*r = 3.0
-    (1.5, 0, 0.0, 0.0),     # A == 0: l = 0, gradient 0
+    (1.1, 2, -2.2, -2.2),  # Q1 in band: -min(1.1*2, 1.1*2) = -2.2; grad -A*r = -2.2
+    (1.5, 2, -2.4, 0.0),  # Q1 past 1.2: -min(3.0, 1.2*2) = -2.4, clipped -> 0
+    (0.9, 2, -1.8, -1.8),  # Q2 in band: -1.8
+    (0.5, 2, -1.0, -1.0),  # Q2 below 0.8: -min(1.0, 1.6) = -1.0, unclipped -> -A*r = -1.0
+    (0.9, -2, 1.8, 1.8),  # Q3 in band: -min(-1.8, -1.8) = 1.8; grad -A*r = 1.8
+    (0.5, -2, 1.6, 0.0),  # Q3 below 0.8: -min(-1.0, -1.6) = 1.6, clipped -> 0
+    (1.1, -2, 2.2, 2.2),  # Q4 in band: 2.2
+    (1.5, -2, 3.0, 3.0),  # Q4 past 1.2: -min(-3.0, -2.4) = 3.0, unbounded -> -A*r = 3.0
+    (1.5, 0, 0.0, 0.0),  # A == 0: l = 0, gradient 0
 ]
 
 
@@ -59,50 +59,67 @@ def test_grpo_golden():
 
 
 def test_dapo_golden():
-    run_cases("dapo", [
-        (1.25, 2, -2.5, -2.5),    # Q1 inside the higher band (1.28): -1.25*2
-        (1.5, 2, -2.56, 0.0),     # Q1 past 1.28: -1.28*2 = -2.56, clipped
-        (0.5, -2, 1.6, 0.0),      # Q3 below 0.8: 0.8*2 = 1.6, clipped
-        (1.5, -2, 3.0, 3.0),      # Q4: unbounded as grpo
-        (0.5, 2, -1.0, -1.0),     # Q2: unclipped
-    ])
+    run_cases(
+        "dapo",
+        [
+            (1.25, 2, -2.5, -2.5),  # Q1 inside the higher band (1.28): -1.25*2
+            (1.5, 2, -2.56, 0.0),  # Q1 past 1.28: -1.28*2 = -2.56, clipped
+            (0.5, -2, 1.6, 0.0),  # Q3 below 0.8: 0.8*2 = 1.6, clipped
+            (1.5, -2, 3.0, 3.0),  # Q4: unbounded as grpo
+            (0.5, 2, -1.0, -1.0),  # Q2: unclipped
+        ],
+    )
 
 
 def test_dual_clip_golden():
-    run_cases("dual_clip", [
-        (1.5, 2, -2.4, 0.0),      # A>0: grpo rule, clipped at 1.2
-        (0.5, 2, -1.0, -1.0),     # A>0, Q2: unclipped
-        (0.9, -2, 1.8, 1.8),      # Q3 in band: min(max(1.8, 1.8), 6) = 1.8
-        (0.5, -2, 1.6, 0.0),      # Q3 below 0.8: min(max(1.0, 1.6), 6) = 1.6, clipped
-        (1.5, -2, 3.0, 3.0),      # Q4 between 1.2 and c=3: min(max(3.0, 2.4), 6) = 3.0, -A*r
-        (4.0, -2, 6.0, 0.0),      # Q4 past c: min(max(8.0, 2.4), 3*2) = 6.0 = -c*A, zero gradient
-        (2.0, 0, 0.0, 0.0),
-    ], c=3.0)
+    run_cases(
+        "dual_clip",
+        [
+            (1.5, 2, -2.4, 0.0),  # A>0: grpo rule, clipped at 1.2
+            (0.5, 2, -1.0, -1.0),  # A>0, Q2: unclipped
+            (0.9, -2, 1.8, 1.8),  # Q3 in band: min(max(1.8, 1.8), 6) = 1.8
+            (0.5, -2, 1.6, 0.0),  # Q3 below 0.8: min(max(1.0, 1.6), 6) = 1.6, clipped
+            (1.5, -2, 3.0, 3.0),  # Q4 between 1.2 and c=3: min(max(3.0, 2.4), 6) = 3.0, -A*r
+            (4.0, -2, 6.0, 0.0),  # Q4 past c: min(max(8.0, 2.4), 3*2) = 6.0 = -c*A, zero gradient
+            (2.0, 0, 0.0, 0.0),
+        ],
+        c=3.0,
+    )
 
 
 def test_abc_golden():
     # (lo, hi) = (0.8, 1.2) for both signs (eps1..eps4 = 0.2); no min: l = -clip(r)*A everywhere
-    out = run_cases("abc", [
-        (1.1, 2, -2.2, -2.2),     # Q1 in band
-        (1.5, 2, -2.4, 0.0),      # Q1 past 1.2: -1.2*2
-        (0.9, 2, -1.8, -1.8),     # Q2 in band
-        (0.5, 2, -1.6, 0.0),      # Q2 below 0.8: -0.8*2 = -1.6, clipped (grpo would not clip)
-        (0.9, -2, 1.8, 1.8),      # Q3 in band
-        (0.5, -2, 1.6, 0.0),      # Q3 below 0.8: 0.8*2
-        (1.1, -2, 2.2, 2.2),      # Q4 in band
-        (1.5, -2, 2.4, 0.0),      # Q4 past 1.2: bounded 1.2*2 = 2.4, clipped (grpo: 3.0, unbounded)
-        (1.5, 0, 0.0, 0.0),
-    ])
+    out = run_cases(
+        "abc",
+        [
+            (1.1, 2, -2.2, -2.2),  # Q1 in band
+            (1.5, 2, -2.4, 0.0),  # Q1 past 1.2: -1.2*2
+            (0.9, 2, -1.8, -1.8),  # Q2 in band
+            (0.5, 2, -1.6, 0.0),  # Q2 below 0.8: -0.8*2 = -1.6, clipped (grpo would not clip)
+            (0.9, -2, 1.8, 1.8),  # Q3 in band
+            (0.5, -2, 1.6, 0.0),  # Q3 below 0.8: 0.8*2
+            (1.1, -2, 2.2, 2.2),  # Q4 in band
+            (1.5, -2, 2.4, 0.0),  # Q4 past 1.2: bounded 1.2*2 = 2.4, clipped (grpo: 3.0, unbounded)
+            (1.5, 0, 0.0, 0.0),
+        ],
+    )
     assert [out.stats[f"{c}/zero_grad"].item() for c in CELLS] == [1, 1, 1, 1, 1, 0]
 
 
 def test_abc_asymmetric_bands():
-    run_cases("abc", [
-        (1.35, 2, -2.7, -2.7),    # A>0 band [1-eps2, 1+eps1] = [0.9, 1.4]: in
-        (0.85, 2, -1.8, 0.0),     # below 0.9: -0.9*2
-        (1.35, -2, 2.2, 0.0),     # A<0 band [1-eps4, 1+eps3] = [0.7, 1.1]: past 1.1 -> 1.1*2
-        (0.75, -2, 1.5, 1.5),     # in band: 0.75*2
-    ], eps1=0.4, eps2=0.1, eps3=0.1, eps4=0.3)
+    run_cases(
+        "abc",
+        [
+            (1.35, 2, -2.7, -2.7),  # A>0 band [1-eps2, 1+eps1] = [0.9, 1.4]: in
+            (0.85, 2, -1.8, 0.0),  # below 0.9: -0.9*2
+            (1.35, -2, 2.2, 0.0),  # A<0 band [1-eps4, 1+eps3] = [0.7, 1.1]: past 1.1 -> 1.1*2
+            (0.75, -2, 1.5, 1.5),  # in band: 0.75*2
+        ],
+        eps1=0.4,
+        eps2=0.1,
+        eps3=0.1,
+        eps4=0.3,
+    )
 
 
 def _seq_case(method, **params):
@@ -139,11 +156,11 @@ def test_nsr_golden_deterministic_p():
     # band past 1.28 is (1.28, 1.38], below 0.8 is [0.7, 0.8)
     cases_p1 = [
         (1.33, 2, -2.66, -2.66),  # Q1, d = 0.05 <= 0.1: rescued (p=1): l = -r*A = -2.66
-        (1.5, 2, -2.56, 0.0),     # Q1, d = 0.22 > 0.1: stays clipped: -1.28*2
-        (0.75, -2, 1.5, 1.5),     # Q3, d = 0.05: rescued: -0.75*(-2) = 1.5
-        (0.5, -2, 1.6, 0.0),      # Q3, d = 0.3: clipped: 0.8*2
-        (1.1, 2, -2.2, -2.2),     # in band: as grpo
-        (1.5, -2, 3.0, 3.0),      # Q4: as grpo (never clipped)
+        (1.5, 2, -2.56, 0.0),  # Q1, d = 0.22 > 0.1: stays clipped: -1.28*2
+        (0.75, -2, 1.5, 1.5),  # Q3, d = 0.05: rescued: -0.75*(-2) = 1.5
+        (0.5, -2, 1.6, 0.0),  # Q3, d = 0.3: clipped: 0.8*2
+        (1.1, 2, -2.2, -2.2),  # in band: as grpo
+        (1.5, -2, 3.0, 3.0),  # Q4: as grpo (never clipped)
     ]
     out = run_cases("nsr", cases_p1, p=1.0)
     assert out.stats["q1/rescued"].item() == 1 and out.stats["q3/rescued"].item() == 1
@@ -160,26 +177,38 @@ def test_nsr_sides():
 
 
 def test_decay_golden():
-    run_cases("decay", [
-        (1.33, 2, -1.33, -1.33),  # Q1 in the band, p(d) = 0.5: l = -0.5*1.33*2, grad -0.5*A*r
-        (1.5, 2, -2.56, 0.0),     # beyond the band: clipped
-        (0.75, -2, 0.75, 0.75),   # Q3 in the band: -0.5*0.75*(-2)
-        (0.5, -2, 1.6, 0.0),      # beyond: clipped
-        (1.1, 2, -2.2, -2.2),     # in the trust band: grpo
-    ], p=0.5)
+    run_cases(
+        "decay",
+        [
+            (1.33, 2, -1.33, -1.33),  # Q1 in the band, p(d) = 0.5: l = -0.5*1.33*2, grad -0.5*A*r
+            (1.5, 2, -2.56, 0.0),  # beyond the band: clipped
+            (0.75, -2, 0.75, 0.75),  # Q3 in the band: -0.5*0.75*(-2)
+            (0.5, -2, 1.6, 0.0),  # beyond: clipped
+            (1.1, 2, -2.2, -2.2),  # in the trust band: grpo
+        ],
+        p=0.5,
+    )
     # linear: p(d) = p * (1 - d/delta); r = 1.33: d = 0.05, p(d) = 0.5 * 0.5 = 0.25 -> l = -0.25*1.33*2
-    run_cases("decay", [(1.33, 2, -0.665, -0.665), (0.72, -2, 0.5*0.2*0.72*2, 0.5*0.2*0.72*2)],
-              p=0.5, schedule="linear", tol=1e-5)  # r = 0.72: d = 0.08, p(d) = 0.5*0.2 = 0.1 -> 0.1*0.72*2
+    run_cases(
+        "decay",
+        [(1.33, 2, -0.665, -0.665), (0.72, -2, 0.5 * 0.2 * 0.72 * 2, 0.5 * 0.2 * 0.72 * 2)],
+        p=0.5,
+        schedule="linear",
+        tol=1e-5,
+    )  # r = 0.72: d = 0.08, p(d) = 0.5*0.2 = 0.1 -> 0.1*0.72*2
 
 
 def test_cispo_golden():
     # l = -sg(clip(r, 0, 5)) * A * logp, logp = -1; grad = -clip(r) * A
-    run_cases("cispo", [
-        (1.5, 2, -1.5 * 2 * -1.0, -1.5 * 2),     # 3.0, grad -3.0
-        (7.0, 2, -5.0 * 2 * -1.0, -5.0 * 2),     # weight capped at 5: 10.0, grad -10.0
-        (0.5, -2, -0.5 * -2 * -1.0, -0.5 * -2),  # -1.0, grad 1.0
-        (0.01, 2, -0.01 * 2 * -1.0, -0.01 * 2),  # no lower cap (1 - eps_low = 0): never zero
-    ])
+    run_cases(
+        "cispo",
+        [
+            (1.5, 2, -1.5 * 2 * -1.0, -1.5 * 2),  # 3.0, grad -3.0
+            (7.0, 2, -5.0 * 2 * -1.0, -5.0 * 2),  # weight capped at 5: 10.0, grad -10.0
+            (0.5, -2, -0.5 * -2 * -1.0, -0.5 * -2),  # -1.0, grad 1.0
+            (0.01, 2, -0.01 * 2 * -1.0, -0.01 * 2),  # no lower cap (1 - eps_low = 0): never zero
+        ],
+    )
 
 
 def test_sapo_golden():
@@ -191,20 +220,26 @@ def test_sapo_golden():
         # l = -(4/tau) * s * A; dl/dlogp = -(4/tau) * s(1-s) * tau * r * A = -4 s (1-s) r A
         return (r, A, -(4.0 / tau) * s * A, -4.0 * s * (1.0 - s) * r * A)
 
-    run_cases("sapo", [
-        case(1.0, 2, 1.0),    # r = 1: l = -4*0.5*2 = -4, grad = -4*0.25*1*2 = -2 = -A (slope 1)
-        case(1.5, 2, 1.0),    # s = sigmoid(0.5) = 0.62246: l = -4.97967, grad -2.82000
-        case(1.5, -2, 1.05),  # tau_neg: s = sigmoid(0.525)
-        case(0.3, -2, 1.05),
-        (1.5, 0, 0.0, 0.0),
-    ])
+    run_cases(
+        "sapo",
+        [
+            case(1.0, 2, 1.0),  # r = 1: l = -4*0.5*2 = -4, grad = -4*0.25*1*2 = -2 = -A (slope 1)
+            case(1.5, 2, 1.0),  # s = sigmoid(0.5) = 0.62246: l = -4.97967, grad -2.82000
+            case(1.5, -2, 1.05),  # tau_neg: s = sigmoid(0.525)
+            case(0.3, -2, 1.05),
+            (1.5, 0, 0.0, 0.0),
+        ],
+    )
 
 
 def test_gppo_golden():
-    run_cases("gppo", [
-        (1.5, 2, -2.56, -2.56),   # Q1 past 1.28: l = -beta*b*r/sg(r)*A = -1*1.28*1*2; grad -beta*b*A
-        (0.5, -2, 1.6, 1.6),      # Q3 below 0.8: -1*0.8*(-2) = 1.6, grad 1.6
-        (1.1, 2, -2.2, -2.2),     # in band: grpo
-        (1.5, -2, 3.0, 3.0),      # Q4: grpo, unbounded
-    ])
+    run_cases(
+        "gppo",
+        [
+            (1.5, 2, -2.56, -2.56),  # Q1 past 1.28: l = -beta*b*r/sg(r)*A = -1*1.28*1*2; grad -beta*b*A
+            (0.5, -2, 1.6, 1.6),  # Q3 below 0.8: -1*0.8*(-2) = 1.6, grad 1.6
+            (1.1, 2, -2.2, -2.2),  # in band: grpo
+            (1.5, -2, 3.0, 3.0),  # Q4: grpo, unbounded
+        ],
+    )
     run_cases("gppo", [(1.5, 2, -1.28, -1.28), (0.5, -2, 0.0, 0.0)], beta_high=0.5, beta_low=0.0)

@@ -7,8 +7,16 @@ import math
 import pytest
 import torch
 
-from clipbench.objectives import (AGGREGATIONS, CELLS, COUNTS, METHODS, effective_bounds, log_ratio_histogram,
-                                  policy_loss, validate_params)
+from clipbench.objectives import (
+    AGGREGATIONS,
+    CELLS,
+    COUNTS,
+    METHODS,
+    effective_bounds,
+    log_ratio_histogram,
+    policy_loss,
+    validate_params,
+)
 
 
 def from_ratios(r_rows, A, T=None):
@@ -34,11 +42,11 @@ def test_quadrant_counts_grpo():
     out = policy_loss("grpo", *CELL_BATCH)
     # band [0.8, 1.2]; [tokens, out_of_band, zero_grad, rescued, in_band_near]
     assert counts(out) == {
-        "q1": [2, 1, 1, 0, 0],         # 1.1, 1.5 (out, clipped)
-        "q2": [2, 1, 0, 0, 0],         # 0.9, 0.5 (out, not clipped for A>0)
-        "q3": [3, 2, 2, 0, 0],         # 0.9, 0.5, 0.7 (both out, both clipped)
-        "q4": [2, 1, 0, 0, 0],         # 1.1, 1.5 (out, unbounded: not clipped)
-        "zero_adv": [2, 2, 2, 0, 0],   # both out of band; A == 0: no gradient at all
+        "q1": [2, 1, 1, 0, 0],  # 1.1, 1.5 (out, clipped)
+        "q2": [2, 1, 0, 0, 0],  # 0.9, 0.5 (out, not clipped for A>0)
+        "q3": [3, 2, 2, 0, 0],  # 0.9, 0.5, 0.7 (both out, both clipped)
+        "q4": [2, 1, 0, 0, 0],  # 1.1, 1.5 (out, unbounded: not clipped)
+        "zero_adv": [2, 2, 2, 0, 0],  # both out of band; A == 0: no gradient at all
         "on_policy": [1, 0, 0, 0, 0],  # r == 1 exactly with A != 0
     }
     assert out.stats["clip_events"].item() == 7
@@ -80,24 +88,26 @@ def test_aggregations_arithmetic():
     # token losses: grpo, all in band, A = -1 -> l = r: row 0 = [1.1, 0.9], row 1 = [1.0] (+1 padding)
     b = from_ratios([[1.1, 0.9], [1.0]], [-1.0, -1.0])
     want = {
-        "token-mean": (1.1 + 0.9 + 1.0) / 3,                         # 1.0
-        "seq-mean-token-mean": ((1.1 + 0.9) / 2 + 1.0 / 1) / 2,      # 1.0
-        "seq-mean-token-sum": ((1.1 + 0.9) + 1.0) / 2,               # 1.5
+        "token-mean": (1.1 + 0.9 + 1.0) / 3,  # 1.0
+        "seq-mean-token-mean": ((1.1 + 0.9) / 2 + 1.0 / 1) / 2,  # 1.0
+        "seq-mean-token-sum": ((1.1 + 0.9) + 1.0) / 2,  # 1.5
         "seq-mean-token-sum-norm": ((1.1 + 0.9) / 2 + 1.0 / 2) / 2,  # max_len = T = 2: 0.75
-        "token-sum": 1.1 + 0.9 + 1.0,                                # 3.0, no normaliser (verl)
-        "prompt-mean": ((1.1 + 0.9) / 2 + 1.0 / 1) / 2,              # groups [0, 1]: 1.0
+        "token-sum": 1.1 + 0.9 + 1.0,  # 3.0, no normaliser (verl)
+        "prompt-mean": ((1.1 + 0.9) / 2 + 1.0 / 1) / 2,  # groups [0, 1]: 1.0
     }
     groups = torch.tensor([0, 1])
     for agg, v in want.items():
         assert policy_loss("grpo", *b, agg=agg, groups=groups).loss.item() == pytest.approx(v, rel=1e-6), agg
     assert policy_loss("grpo", *b, agg="seq-mean-token-sum-norm", max_len=4).loss.item() == pytest.approx(
-        ((1.1 + 0.9) / 4 + 1.0 / 4) / 2, rel=1e-6)
+        ((1.1 + 0.9) / 4 + 1.0 / 4) / 2, rel=1e-6
+    )
     # an all-padding row neither adds a term nor counts as a sequence
     # (prompt-mean: the empty row is in group 1; an empty group of its own would count as a prompt)
     b2 = from_ratios([[1.1, 0.9], [1.0], []], [-1.0, -1.0, 1.0])
     for agg in AGGREGATIONS:
         assert policy_loss("grpo", *b2, agg=agg, groups=torch.tensor([0, 1, 1])).loss.item() == pytest.approx(
-            policy_loss("grpo", *b, agg=agg, groups=groups).loss.item(), rel=1e-6)
+            policy_loss("grpo", *b, agg=agg, groups=groups).loss.item(), rel=1e-6
+        )
 
 
 def test_prompt_mean_pools_each_group_and_counts_every_prompt():
@@ -136,8 +146,7 @@ def test_kl_term():
 
 
 def test_stats_are_detached_0d_tensors():
-    out = policy_loss("nsr", *CELL_BATCH, generator=torch.Generator().manual_seed(0), beta=0.1,
-                      ref_logp=CELL_BATCH[1])
+    out = policy_loss("nsr", *CELL_BATCH, generator=torch.Generator().manual_seed(0), beta=0.1, ref_logp=CELL_BATCH[1])
     for k, v in out.stats.items():
         assert isinstance(v, torch.Tensor) and v.dim() == 0 and not v.requires_grad, k
     assert {f"{c}/{k}" for c in CELLS for k in COUNTS} <= set(out.stats)
@@ -174,13 +183,37 @@ def test_effective_bounds():
 
 
 def test_registry_metadata():
-    assert set(METHODS) == {"grpo", "dapo", "dual_clip", "gspo", "gspo_token", "abc", "nsr", "decay",
-                            "cispo", "sapo", "gppo",
-                            # from verl, TRL and papers (tests/test_objectives_external.py)
-                            "gpg", "dro", "clip_cov", "kl_cov", "geo_mean", "dppo_tv", "dppo_kl", "cispo_cap",
-                            "luspo", "vespo", "ce_gppo", "dcpo",
-                            # off-policy rules (tests/test_objectives_offpolicy.py)
-                            "m2po", "topr", "aspo", "bapo"}
+    assert set(METHODS) == {
+        "grpo",
+        "dapo",
+        "dual_clip",
+        "gspo",
+        "gspo_token",
+        "abc",
+        "nsr",
+        "decay",
+        "cispo",
+        "sapo",
+        "gppo",
+        # from verl, TRL and papers (tests/test_objectives_external.py)
+        "gpg",
+        "dro",
+        "clip_cov",
+        "kl_cov",
+        "geo_mean",
+        "dppo_tv",
+        "dppo_kl",
+        "cispo_cap",
+        "luspo",
+        "vespo",
+        "ce_gppo",
+        "dcpo",
+        # off-policy rules (tests/test_objectives_offpolicy.py)
+        "m2po",
+        "topr",
+        "aspo",
+        "bapo",
+    }
     for name, spec in METHODS.items():
         assert spec.description and "\n" not in spec.description and spec.formula and spec.source
         assert validate_params(name, {}) == spec.defaults
@@ -189,22 +222,25 @@ def test_registry_metadata():
     assert validate_params("grpo", {"eps_high": 1}) == {"eps_low": 0.2, "eps_high": 1.0}
 
 
-@pytest.mark.parametrize("method,params,match", [
-    ("grpp", {}, r"unknown method 'grpp' \(did you mean 'grpo'\?\); valid: abc, aspo, bapo, ce_gppo, cispo"),
-    ("grpo", {"eps_hgh": 0.3}, r"unknown parameter 'eps_hgh' \(did you mean 'eps_high'\?\)"),
-    ("grpo", {"eps_low": -0.1}, r"'eps_low' must be >= 0"),
-    ("grpo", {"eps_low": "0.2"}, r"'eps_low' must be a finite number"),
-    ("grpo", {"eps_low": float("nan")}, r"'eps_low' must be a finite number"),
-    ("nsr", {"p": 1.5}, r"'p' must be in \[0, 1\]"),
-    ("nsr", {"delta": 0.0}, r"'delta' must be > 0"),
-    ("nsr", {"schedule": "linaer"}, r"unknown value for 'schedule' 'linaer' \(did you mean 'linear'\?\)"),
-    ("nsr", {"sides": "top"}, r"unknown value for 'sides' 'top'.*valid: both, lower, upper"),
-    ("nsr", {"base": "seq"}, r"unknown value for 'base'"),
-    ("dual_clip", {"c": 1.0}, r"'c' must be > 1"),
-    ("sapo", {"tau_neg": 0}, r"'tau_neg' must be > 0"),
-    ("gppo", {"beta_low": -1}, r"'beta_low' must be >= 0"),
-    ("abc", {"eps5": 0.1}, r"unknown parameter 'eps5'"),
-])
+@pytest.mark.parametrize(
+    "method,params,match",
+    [
+        ("grpp", {}, r"unknown method 'grpp' \(did you mean 'grpo'\?\); valid: abc, aspo, bapo, ce_gppo, cispo"),
+        ("grpo", {"eps_hgh": 0.3}, r"unknown parameter 'eps_hgh' \(did you mean 'eps_high'\?\)"),
+        ("grpo", {"eps_low": -0.1}, r"'eps_low' must be >= 0"),
+        ("grpo", {"eps_low": "0.2"}, r"'eps_low' must be a finite number"),
+        ("grpo", {"eps_low": float("nan")}, r"'eps_low' must be a finite number"),
+        ("nsr", {"p": 1.5}, r"'p' must be in \[0, 1\]"),
+        ("nsr", {"delta": 0.0}, r"'delta' must be > 0"),
+        ("nsr", {"schedule": "linaer"}, r"unknown value for 'schedule' 'linaer' \(did you mean 'linear'\?\)"),
+        ("nsr", {"sides": "top"}, r"unknown value for 'sides' 'top'.*valid: both, lower, upper"),
+        ("nsr", {"base": "seq"}, r"unknown value for 'base'"),
+        ("dual_clip", {"c": 1.0}, r"'c' must be > 1"),
+        ("sapo", {"tau_neg": 0}, r"'tau_neg' must be > 0"),
+        ("gppo", {"beta_low": -1}, r"'beta_low' must be >= 0"),
+        ("abc", {"eps5": 0.1}, r"unknown parameter 'eps5'"),
+    ],
+)
 def test_validation_errors(method, params, match):
     with pytest.raises(ValueError, match=match):
         validate_params(method, params)

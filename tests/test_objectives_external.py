@@ -109,8 +109,16 @@ def test_verl_clip_cov_per_call():
     A[A == 0] = 0.3  # (A == 0 tokens can be candidates too; their loss is 0 either way)
     u = torch.rand(logp.shape, generator=torch.Generator().manual_seed(9))
     kw = dict(clip_cov_ratio=0.05, clip_cov_lb=0.01, clip_cov_ub=10.0)
-    out, g = check("clip_cov", lambda lp, o, a, m: verl_clip_cov(lp, o, a, m, u, 0.05, 0.01, 10.0), logp, old, A,
-                   mask, uniforms=u, **kw)
+    out, g = check(
+        "clip_cov",
+        lambda lp, o, a, m: verl_clip_cov(lp, o, a, m, u, 0.05, 0.01, 10.0),
+        logp,
+        old,
+        A,
+        mask,
+        uniforms=u,
+        **kw,
+    )
     _, g_grpo = ours("grpo", logp, old, A, mask)
     detached = (g == 0) & (g_grpo != 0) & (mask > 0)
     assert int(detached.sum()) == max(int(0.05 * mask.sum()), 1)  # exactly clip_num candidates were detached
@@ -138,8 +146,16 @@ def verl_kl_cov(log_prob, old_log_prob, A, mask, kl_cov_ratio, ppo_kl_coef):
 
 def test_verl_kl_cov_per_call():
     logp, old, A, mask = make_batch(4)
-    check("kl_cov", lambda lp, o, a, m: verl_kl_cov(lp, o, a, m, 0.1, 0.5), logp, old, A, mask,
-          kl_cov_ratio=0.1, ppo_kl_coef=0.5)
+    check(
+        "kl_cov",
+        lambda lp, o, a, m: verl_kl_cov(lp, o, a, m, 0.1, 0.5),
+        logp,
+        old,
+        A,
+        mask,
+        kl_cov_ratio=0.1,
+        ppo_kl_coef=0.5,
+    )
 
 
 def verl_geo_mean(log_prob, old_log_prob, A, mask, cliprange_low, cliprange_high):
@@ -158,8 +174,17 @@ def verl_geo_mean(log_prob, old_log_prob, A, mask, cliprange_low, cliprange_high
 def test_verl_geo_mean_gmpo():
     logp, old, A, mask = make_batch(5, spread=0.5)
     # verl averages the per-sequence losses: agg=seq-mean-token-mean (no all-padding row here)
-    out, g = check("geo_mean", lambda lp, o, a, m: verl_geo_mean(lp, o, a, m, 0.3, 0.25), logp, old, A, mask,
-                   agg="seq-mean-token-mean", eps_low=0.3, eps_high=0.25)
+    out, g = check(
+        "geo_mean",
+        lambda lp, o, a, m: verl_geo_mean(lp, o, a, m, 0.3, 0.25),
+        logp,
+        old,
+        A,
+        mask,
+        agg="seq-mean-token-mean",
+        eps_low=0.3,
+        eps_high=0.25,
+    )
     assert sum(out.stats[f"{c}/zero_grad"] for c in ("q1", "q3")) > 0  # clipped tokens have no gradient
 
 
@@ -173,7 +198,8 @@ def verl_dppo(log_prob, old_log_prob, A, mask, low, high, clip_ratio_c, kind):
         valid_negative_mask = (prob - old_prob) >= -low
     else:
         binary_kl = old_prob * (old_log_prob - log_prob) + (1 - old_prob) * torch.log(
-            (1.0 - old_prob + 1e-8) / (1.0 - prob + 1e-8))
+            (1.0 - old_prob + 1e-8) / (1.0 - prob + 1e-8)
+        )
         valid_positive_mask = (binary_kl <= high) | (prob <= old_prob)
         valid_negative_mask = (binary_kl <= low) | (prob >= old_prob)
     valid_mask = torch.where(adv > 0, valid_positive_mask, valid_negative_mask).detach().float()
@@ -183,8 +209,17 @@ def verl_dppo(log_prob, old_log_prob, A, mask, low, high, clip_ratio_c, kind):
 @pytest.mark.parametrize("kind, low, high", [("tv", 0.1, 0.15), ("kl", 0.03, 0.05)])
 def test_verl_dppo(kind, low, high):
     logp, old, A, mask = make_batch(6, spread=0.6, logp_hi=0.0)  # probabilities up to 1: real TV/KL moves
-    out, g = check(f"dppo_{kind}", lambda lp, o, a, m: verl_dppo(lp, o, a, m, low, high, 2.0, kind), logp, old, A,
-                   mask, div_low=low, div_high=high, is_cap=2.0)
+    out, g = check(
+        f"dppo_{kind}",
+        lambda lp, o, a, m: verl_dppo(lp, o, a, m, low, high, 2.0, kind),
+        logp,
+        old,
+        A,
+        mask,
+        div_low=low,
+        div_high=high,
+        is_cap=2.0,
+    )
     masked = ((g == 0) & (mask > 0) & (A[:, None] != 0)).sum()
     assert 0 < masked < (mask > 0).sum()  # some tokens outside the region, most inside
 
@@ -221,8 +256,9 @@ def test_trl_luspo():
     out, g = check("luspo", ref, logp, old, A, mask, agg="seq-mean-token-mean", rtol=1e-5, atol=1e-6)
     assert sum(out.stats[f"{c}/zero_grad"] for c in ("q1", "q3")) > 0  # some sequences clipped
     # the same as gspo with the same band under seq-mean-token-sum
-    check("gspo", ref, logp, old, A, mask, agg="seq-mean-token-sum", rtol=1e-5, atol=1e-6,
-          eps_low=2e-3, eps_high=2.5e-3)
+    check(
+        "gspo", ref, logp, old, A, mask, agg="seq-mean-token-sum", rtol=1e-5, atol=1e-6, eps_low=2e-3, eps_high=2.5e-3
+    )
 
 
 def test_trl_vespo():
@@ -236,7 +272,7 @@ def test_trl_vespo():
             w = torch.exp(log_w)
             k = torch.where(adv >= 0, k_pos, k_neg)
             lam = torch.where(adv >= 0, lambda_pos, lambda_neg)
-            phi = w ** k * torch.exp(lam * (1 - w))
+            phi = w**k * torch.exp(lam * (1 - w))
         per_token_loss = -phi * adv * per_token_logps
         return (per_token_loss * m).sum() / m.sum()
 
@@ -255,9 +291,12 @@ def ce_gppo_readme(log_prob, old_log_prob, A, mask, cliprange_low, cliprange_hig
     high_mask = (ratio > (1 + cliprange_high)) & (adv > 0)
     other_mask = ~(low_mask | high_mask)
     clip_pg_losses1 = torch.zeros_like(adv)
-    clip_pg_losses1[low_mask] = -beta1 * (1 - cliprange_low) / ratio_detached[low_mask] * ratio[low_mask] * adv[low_mask]
-    clip_pg_losses1[high_mask] = (-beta2 * (1 + cliprange_high) / ratio_detached[high_mask] * ratio[high_mask]
-                                  * adv[high_mask])
+    clip_pg_losses1[low_mask] = (
+        -beta1 * (1 - cliprange_low) / ratio_detached[low_mask] * ratio[low_mask] * adv[low_mask]
+    )
+    clip_pg_losses1[high_mask] = (
+        -beta2 * (1 + cliprange_high) / ratio_detached[high_mask] * ratio[high_mask] * adv[high_mask]
+    )
     clip_pg_losses1[other_mask] = -ratio[other_mask] * adv[other_mask]
     clip_pg_losses2 = torch.min(-adv * clip_ratio_c, clip_pg_losses1)
     return token_mean(torch.where(adv < 0, clip_pg_losses2, clip_pg_losses1), mask)
@@ -265,8 +304,19 @@ def ce_gppo_readme(log_prob, old_log_prob, A, mask, cliprange_low, cliprange_hig
 
 def test_ce_gppo_readme():
     logp, old, A, mask = make_batch(10, spread=0.8)
-    check("ce_gppo", lambda lp, o, a, m: ce_gppo_readme(lp, o, a, m, 0.2, 0.25, 2.5, 0.5, 0.9), logp, old, A, mask,
-          eps_low=0.2, eps_high=0.25, c=2.5, beta_low=0.5, beta_high=0.9)
+    check(
+        "ce_gppo",
+        lambda lp, o, a, m: ce_gppo_readme(lp, o, a, m, 0.2, 0.25, 2.5, 0.5, 0.9),
+        logp,
+        old,
+        A,
+        mask,
+        eps_low=0.2,
+        eps_high=0.25,
+        c=2.5,
+        beta_low=0.5,
+        beta_high=0.9,
+    )
 
 
 def dcpo_repo(log_prob, old_log_prob, A, mask, low_clip, high_clip, clip_ratio_c):

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from oracles import aspo_archer, bapo, m2po, skyrl_prompt_mean, topr, verl_agg
 
 from clipbench.objectives import policy_loss
 from clipbench.objectives.loss import mini_batch_stat
-from oracles import aspo_archer, bapo, m2po, skyrl_prompt_mean, topr, verl_agg
 
 
 def make(seed=0, B=12, T=10, spread=0.4):
@@ -111,7 +111,9 @@ def test_m2po_clip_without_constraint_and_on_policy():
 # TOPR
 
 
-@pytest.mark.parametrize("agg, roll_agg", [("token-mean", "token-mean"), ("seq-mean-token-mean", "seq-mean-token-mean")])
+@pytest.mark.parametrize(
+    "agg, roll_agg", [("token-mean", "token-mean"), ("seq-mean-token-mean", "seq-mean-token-mean")]
+)
 def test_topr_is_rolls_pg_variant(agg, roll_agg):
     logp, old, A, mask, g = make(8)
     scores = torch.tensor([1.0, 0.0, 1.0, -1.0, 0.0, 1.0, 0.5, 0.0, -0.5, 1.0, 0.0, 1.0])
@@ -119,8 +121,12 @@ def test_topr_is_rolls_pg_variant(agg, roll_agg):
     A[0], A[2] = -0.7, 0.4
 
     def roll(lp):  # ROLL's log-probs and advantages are 0 at padding; its token-mean divides by the mask count
-        return topr.roll_agg_loss(topr.roll_topr_token_loss(lp * mask, old * mask, A[:, None] * mask, scores, 0.7, 1.3),
-                                  mask, roll_agg, global_valid_samples=int((mask.sum(-1) > 0).sum()))
+        return topr.roll_agg_loss(
+            topr.roll_topr_token_loss(lp * mask, old * mask, A[:, None] * mask, scores, 0.7, 1.3),
+            mask,
+            roll_agg,
+            global_valid_samples=int((mask.sum(-1) > 0).sum()),
+        )
 
     want, want_grad, _ = theirs(roll, logp)
     out, grad = ours("topr", logp, old, A, mask, rewards=scores, agg=agg, positive_weight=0.7, negative_weight=1.3)
@@ -138,8 +144,7 @@ def test_topr_sequence_ratio_is_the_papers_form():
         return topr.paper_topr_seq_loss(lp, old, R, mask).mean()
 
     want, want_grad, _ = theirs(paper, logp)
-    out, grad = ours("topr", logp, old, R, mask, rewards=R, zero="positive", ratio="sequence",
-                     agg="seq-mean-token-sum")
+    out, grad = ours("topr", logp, old, R, mask, rewards=R, zero="positive", ratio="sequence", agg="seq-mean-token-sum")
     close(out, grad, want, want_grad)
 
 
@@ -190,11 +195,14 @@ def test_aspo_ratio_on_a_bound_keeps_its_whole_gradient():
     # tensor bound split it 0.5/0.5 at the tie (the bug this pins). Five tokens, equal entropy, so all
     # are low-entropy (<= the row's 0.8-quantile, ties included): e = 0.2 everywhere.
     from clipbench.objectives.rules.soft import aspo
+
     e = torch.tensor(0.2)
     lo, hi = 1 - e, 1 + e  # the float32 bounds the rule computes
     entropy, mask = torch.full((1, 2), 0.5), torch.ones(1, 2)
-    for A, r0, want in [(-2.0, lo, 2.0),            # d/dr of -A*max(r, 1-e) at r = 1-e: -A = 2
-                        (3.0, hi, -3.0 / hi ** 2)]:  # d/dr of -A*pc/sg(pc)/sg(pc), pc = r = 1+e: -A/r^2
+    for A, r0, want in [
+        (-2.0, lo, 2.0),  # d/dr of -A*max(r, 1-e) at r = 1-e: -A = 2
+        (3.0, hi, -3.0 / hi**2),
+    ]:  # d/dr of -A*pc/sg(pc)/sg(pc), pc = r = 1+e: -A/r^2
         r = torch.stack([r0, torch.tensor(1.0)]).reshape(1, 2).requires_grad_(True)
         logp = torch.log(r.detach())
         loss = aspo(r, torch.full((1, 2), A), logp, entropy, mask)
@@ -215,7 +223,9 @@ def test_bapo_is_the_released_search_and_loss(seed, spread):
     want, want_grad, (_, lo, hi, _) = theirs(lambda lp: bapo.bapo_policy_loss(old, lp, A2, mask), logp)
     out, grad = ours("bapo", logp, old, A, mask)
     close(out, grad, want, want_grad)
-    assert float(out.stats["stat/clip_low"]) == pytest.approx(lo) and float(out.stats["stat/clip_high"]) == pytest.approx(hi)
+    assert float(out.stats["stat/clip_low"]) == pytest.approx(lo) and float(
+        out.stats["stat/clip_high"]
+    ) == pytest.approx(hi)
     assert hi > 1.2  # the upper loop moved (and the lower one went to its maximum first: the released order)
     assert lo == pytest.approx(0.8)
 
@@ -230,8 +240,18 @@ def test_bapo_measures():
     for measure in ("released", "gradient"):
         shares[measure] = []
         for lo in (0.6, 0.7, 0.8, 0.9):
-            stat = mini_batch_stat("bapo", logp, old, A, mask, measure=measure, lower_start=lo, lower_max=lo,
-                                   upper_start=1.2, upper_max=1.2)
+            stat = mini_batch_stat(
+                "bapo",
+                logp,
+                old,
+                A,
+                mask,
+                measure=measure,
+                lower_start=lo,
+                lower_max=lo,
+                upper_start=1.2,
+                upper_max=1.2,
+            )
             shares[measure].append(float(stat["pos_share"]))
     assert all(a >= b for a, b in zip(shares["released"], shares["released"][1:]))
     assert all(a <= b for a, b in zip(shares["gradient"], shares["gradient"][1:]))

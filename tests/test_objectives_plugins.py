@@ -16,16 +16,23 @@ import yaml
 
 from clipbench.config import load_run_config, run_id
 from clipbench.errors import ConfigError, UserError
-from clipbench.objectives import METHODS, policy_loss
+from clipbench.objectives import METHODS, policy_loss, registry
 from clipbench.objectives import plugins as plug
-from clipbench.objectives import registry
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "arith_tiny.yaml"
 EXAMPLE = REPO / "examples" / "plugins" / "lower_only.py"
 LOWER_ONLY = EXAMPLE.read_text()
-SMALL = ["train.prompts_per_step=4", "sampler.group_size=4", "sampler.max_new_tokens=8", "eval.limit=4", "eval.n=2",
-         "eval.every=0", "eval.at_start=false", "tracking.mlflow=false"]
+SMALL = [
+    "train.prompts_per_step=4",
+    "sampler.group_size=4",
+    "sampler.max_new_tokens=8",
+    "eval.limit=4",
+    "eval.n=2",
+    "eval.every=0",
+    "eval.at_start=false",
+    "tracking.mlflow=false",
+]
 
 
 @pytest.fixture
@@ -61,15 +68,22 @@ def test_the_example_file_loads_once_and_runs(isolated, tmp_path):
     assert torch.isfinite(lp.grad).all()
 
 
-@pytest.mark.parametrize("text, match", [
-    ("import torch\nraise RuntimeError('boom')\n", r"bad\.py:2: cannot import plugin: RuntimeError: boom$"),
-    ("def f(:\n", r"bad\.py:1: cannot import plugin: SyntaxError"),
-    ("import no_such_module_xyz\n", r"bad\.py:1: cannot import plugin: ModuleNotFoundError"),
-    ("from clipbench.objectives import rule\n\n@rule('grpo', source='x')\ndef grpo(r, A):\n    return r\n",
-     r"bad\.py:3: 'grpo' is a built-in rule \(built-in names win\)"),
-    ("from clipbench.objectives import rule\n\n@rule('mine', source='x')\ndef mine(r, A, eps=0.2):\n    return r\n",
-     r"bad\.py:3: 'eps' is not an input"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("import torch\nraise RuntimeError('boom')\n", r"bad\.py:2: cannot import plugin: RuntimeError: boom$"),
+        ("def f(:\n", r"bad\.py:1: cannot import plugin: SyntaxError"),
+        ("import no_such_module_xyz\n", r"bad\.py:1: cannot import plugin: ModuleNotFoundError"),
+        (
+            "from clipbench.objectives import rule\n\n@rule('grpo', source='x')\ndef grpo(r, A):\n    return r\n",
+            r"bad\.py:3: 'grpo' is a built-in rule \(built-in names win\)",
+        ),
+        (
+            "from clipbench.objectives import rule\n\n@rule('mine', source='x')\ndef mine(r, A, eps=0.2):\n    return r\n",
+            r"bad\.py:3: 'eps' is not an input",
+        ),
+    ],
+)
 def test_errors_are_one_line_naming_the_file(isolated, tmp_path, text, match):
     f = write(tmp_path / "bad.py", text)
     with pytest.raises(UserError, match=match) as e:
@@ -84,7 +98,7 @@ def test_missing_file_clash_between_files_and_failed_import_registers_nothing(is
     a = write(tmp_path / "a.py", LOWER_ONLY)
     b = write(tmp_path / "b" / "lower_only.py", LOWER_ONLY + "\nraise ValueError('late')\n")
     plug.load_plugin(str(a))
-    with pytest.raises(UserError, match=r"lower_only\.py:6: rule 'lower_only' is already registered by plugin .*a\.py"):
+    with pytest.raises(UserError, match=r"lower_only\.py:7: rule 'lower_only' is already registered by plugin .*a\.py"):
         plug.load_plugin(str(b))
     assert METHODS["lower_only"].origin.path == str(a.resolve())
 
@@ -111,19 +125,32 @@ def test_recipe_plugins_are_relative_to_the_recipe_and_merge_with_the_cli(isolat
     write(tmp_path / "cwd" / "other.py", LOWER_ONLY.replace("lower_only", "other_rule"))
     recipe = tmp_path / "recipes" / "r.yaml"
     recipe.parent.mkdir()
-    recipe.write_text(yaml.safe_dump({**yaml.safe_load(RECIPE.read_text()), "plugins": ["../rules/lower_only.py"],
-                                      "objective": {"method": "lower_only", "eps_low": 0.3}}))
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                **yaml.safe_load(RECIPE.read_text()),
+                "plugins": ["../rules/lower_only.py"],
+                "objective": {"method": "lower_only", "eps_low": 0.3},
+            }
+        )
+    )
     monkeypatch.chdir(tmp_path / "cwd")
     cfg = load_run_config(recipe, [], plugins=["other.py"])
-    assert cfg.plugins == [str((tmp_path / "rules" / "lower_only.py").resolve()), str((tmp_path / "cwd" / "other.py").resolve())]
+    assert cfg.plugins == [
+        str((tmp_path / "rules" / "lower_only.py").resolve()),
+        str((tmp_path / "cwd" / "other.py").resolve()),
+    ]
     assert cfg.objective == {"method": "lower_only", "eps_low": 0.3}
     assert run_id(cfg) == run_id(load_run_config(recipe, []))  # where a rule lives is not the run's identity
     # without its plugin the method is unknown; a broken plugin is one line naming the key and the file
     with pytest.raises(ConfigError, match="unknown method 'other_rul'"):
         load_run_config(RECIPE, ["objective.method=other_rul"])
     write(tmp_path / "cwd" / "broken.py", "x = 1/0\n")
-    with pytest.raises(ConfigError, match=r"arith_tiny\.yaml: plugins: .*broken\.py:1: cannot import plugin: "
-                                          r"ZeroDivisionError"):
+    with pytest.raises(
+        ConfigError,
+        match=r"arith_tiny\.yaml: plugins: .*broken\.py:1: cannot import plugin: "
+        r"ZeroDivisionError",
+    ):
         load_run_config(RECIPE, [], plugins=["broken.py"])
 
 
@@ -132,8 +159,11 @@ def test_manifest_records_hashes_and_refuses_a_changed_plugin(tmp_path):
     rec = [{"path": str(f), "sha256": plug.sha256_file(f)}]
     plug.check_plugin_records(rec, "sweep 's'")
     f.write_text("a = 2\n")
-    with pytest.raises(UserError, match=r"x\.py: plugin changed since sweep 's' was planned .*restore the file or "
-                                        r"use a new sweep name"):
+    with pytest.raises(
+        UserError,
+        match=r"x\.py: plugin changed since sweep 's' was planned .*restore the file or "
+        r"use a new sweep name",
+    ):
         plug.check_plugin_records(rec, "sweep 's'")
     f.unlink()
     with pytest.raises(UserError, match="plugin file of sweep 's' is missing"):
@@ -144,10 +174,14 @@ def test_manifest_records_hashes_and_refuses_a_changed_plugin(tmp_path):
 # End to end through the CLI (subprocesses: the real command, nothing loaded into this process)
 # --------------------------------------------------------------------------------------------
 def cli(*args, cwd):
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "clipbench.cli", *args], capture_output=True, text=True,
-                          timeout=300, cwd=cwd, env=env)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "OMP_NUM_THREADS": "1",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "clipbench.cli", *args], capture_output=True, text=True, timeout=300, cwd=cwd, env=env
+    )
 
 
 @pytest.mark.slow
@@ -167,8 +201,18 @@ def test_cli_methods_lists_the_plugin(tmp_path):
 @pytest.mark.slow
 def test_cli_train_runs_a_plugin_rule_with_full_diagnostics(tmp_path):
     write(tmp_path / "lower_only.py", LOWER_ONLY)
-    res = cli("train", str(RECIPE), "--plugin", "lower_only.py", "objective.method=lower_only", "train.steps=2",
-              *SMALL, "--results-dir", "results", cwd=tmp_path)
+    res = cli(
+        "train",
+        str(RECIPE),
+        "--plugin",
+        "lower_only.py",
+        "objective.method=lower_only",
+        "train.steps=2",
+        *SMALL,
+        "--results-dir",
+        "results",
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     (run,) = (tmp_path / "results" / "train").iterdir()
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -187,10 +231,17 @@ def test_cli_train_runs_a_plugin_rule_with_full_diagnostics(tmp_path):
 def test_cli_sweep_runs_and_reports_a_plugin_rule_and_notices_a_changed_file(tmp_path):
     rule_file = write(tmp_path / "rules" / "lower_only.py", LOWER_ONLY)
     sweep = write(tmp_path / "sweeps" / "mine.yaml", "")
-    sweep.write_text(yaml.safe_dump({
-        "name": "mine", "base": str(RECIPE), "plugins": ["../rules/lower_only.py"],
-        "overrides": {"train.steps": 1, **{k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in SMALL)}},
-        "grid": {"objective.method": ["grpo", "lower_only"]}}))
+    sweep.write_text(
+        yaml.safe_dump(
+            {
+                "name": "mine",
+                "base": str(RECIPE),
+                "plugins": ["../rules/lower_only.py"],
+                "overrides": {"train.steps": 1, **{k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in SMALL)}},
+                "grid": {"objective.method": ["grpo", "lower_only"]},
+            }
+        )
+    )
     res = cli("sweep", str(sweep), "--results-dir", "results", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     manifest = json.loads((tmp_path / "results" / "mine" / "manifest.json").read_text())
@@ -199,8 +250,19 @@ def test_cli_sweep_runs_and_reports_a_plugin_rule_and_notices_a_changed_file(tmp
     assert methods == ["grpo", "lower_only"]
     for rid in manifest["runs"]:
         assert json.loads((tmp_path / "results" / "mine" / rid / "status.json").read_text())["state"] == "finished"
-    res = cli("report", "mine", "--results-dir", "results", "--baseline", "grpo", "--format", "markdown",
-              "--plugin", str(rule_file), cwd=tmp_path)
+    res = cli(
+        "report",
+        "mine",
+        "--results-dir",
+        "results",
+        "--baseline",
+        "grpo",
+        "--format",
+        "markdown",
+        "--plugin",
+        str(rule_file),
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     report = (tmp_path / res.stdout.strip()).read_text()
     assert "lower_only" in report and "grpo" in report, report

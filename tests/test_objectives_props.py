@@ -38,10 +38,10 @@ def loss_and_grad(method, logp, old, A, mask, **kw):
 
 def trl_delta_loss(logp, old, A, mask, eps_low, eps_high, delta):
     """TRL GRPOTrainer._compute_loss with args.delta (two-sided clipping), token-mean ("dapo"):
-        coef_1 = exp(logp - old); coef_2 = clamp(coef_1, 1 - eps_low, 1 + eps_high)
-        coef_1 = clamp(coef_1, max=delta)
-        per_token_loss = -min(coef_1 * A, coef_2 * A)
-        loss = (per_token_loss * mask).sum() / mask.sum()
+    coef_1 = exp(logp - old); coef_2 = clamp(coef_1, 1 - eps_low, 1 + eps_high)
+    coef_1 = clamp(coef_1, max=delta)
+    per_token_loss = -min(coef_1 * A, coef_2 * A)
+    loss = (per_token_loss * mask).sum() / mask.sum()
     """
     coef_1 = torch.exp(logp - old)
     coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
@@ -96,7 +96,7 @@ def test_abc_with_huge_eps3_is_grpo_in_q4():
 
 def test_nsr_p0_is_its_base_rule():
     logp, old, A, mask = batch(seed=4)
-    for base, twin, eps in (("token", "grpo", {}), ("sequence", "gspo", {})):
+    for base, twin, _eps in (("token", "grpo", {}), ("sequence", "gspo", {})):
         kw = dict(eps_low=0.2, eps_high=0.28) if base == "token" else dict(eps_low=0.01, eps_high=0.01)
         n, gn = loss_and_grad("nsr", logp, old, A, mask, p=0.0, base=base, **kw)
         b, gb = loss_and_grad(twin, logp, old, A, mask, **kw)
@@ -166,8 +166,9 @@ def test_nsr_rescues_exactly_the_band_tokens_with_u_below_p_d():
     d = torch.where(Ab > 0, r - 1.28, torch.where(Ab < 0, 0.8 - r, torch.zeros_like(r)))
     band = (Ab != 0) & (d > 0) & (d <= 0.1) & (mask > 0)
     for schedule, p_d in (("const", torch.full_like(d, 0.3)), ("linear", 0.3 * (1 - d / 0.1))):
-        out, grad = loss_and_grad("nsr", logp, old, A, mask, uniforms=u, p=0.3, schedule=schedule,
-                                  agg="seq-mean-token-sum")
+        out, grad = loss_and_grad(
+            "nsr", logp, old, A, mask, uniforms=u, p=0.3, schedule=schedule, agg="seq-mean-token-sum"
+        )
         want = band & (u.double() < p_d)
         assert 0 < int(want.sum()) < int(band.sum())
         got = band & (grad != 0)  # band tokens keep a gradient iff rescued
@@ -207,8 +208,7 @@ def test_nsr_sequence_base_uses_the_first_uniform_of_each_row():
 
 def test_nsr_same_seed_same_result():
     logp, old, A, mask = batch(B=32, T=24, spread=0.5, seed=8)
-    outs = [loss_and_grad("nsr", logp, old, A, mask, generator=torch.Generator().manual_seed(s))
-            for s in (11, 11, 12)]
+    outs = [loss_and_grad("nsr", logp, old, A, mask, generator=torch.Generator().manual_seed(s)) for s in (11, 11, 12)]
     assert torch.equal(outs[0][1], outs[1][1]) and torch.equal(outs[0][0].token_loss, outs[1][0].token_loss)
     assert not torch.equal(outs[0][1], outs[2][1])  # another seed rescues other tokens
     # the generator advances by the same amount whatever the ratios (replayable streams)

@@ -10,9 +10,23 @@ import pytest
 import torch
 
 from clipbench.errors import UserError
-from clipbench.objectives import (CELLS, COUNTS, MASSES, METHODS, RuleDefinitionError, RuleError, combine,
-                                  effective_bounds, finalize, global_counts, nonneg, policy_loss, reduce_sums,
-                                  rule, validate_params)
+from clipbench.objectives import (
+    CELLS,
+    COUNTS,
+    MASSES,
+    METHODS,
+    RuleDefinitionError,
+    RuleError,
+    combine,
+    effective_bounds,
+    finalize,
+    global_counts,
+    nonneg,
+    policy_loss,
+    reduce_sums,
+    rule,
+    validate_params,
+)
 
 
 @pytest.fixture
@@ -82,37 +96,46 @@ def test_a_rule_whose_clipped_tokens_keep_a_gradient_is_out_of_band_not_zero_gra
 
 def test_signature_types_literal_choices_and_checks(scratch_rules):
     @rule("typed", source="test", checks={"k": nonneg})
-    def typed(r, A, mask, *, a: float = 1, k: int = 2, flag: bool = False, mode: Literal["x", "y"] = "x",
-              name="n"):
+    def typed(r, A, mask, *, a: float = 1, k: int = 2, flag: bool = False, mode: Literal["x", "y"] = "x", name="n"):
         """l = -r*A"""
         return -r * A
 
     spec = METHODS["typed"]
     assert spec.inputs == ("r", "A", "mask")
     assert [(p.name, p.type, p.default, p.choices) for p in spec.params] == [
-        ("a", float, 1.0, ()), ("k", int, 2, ()), ("flag", bool, False, ()), ("mode", str, "x", ("x", "y")),
-        ("name", str, "n", ())]
-    assert validate_params("typed", {"a": 2, "k": 3.0}) == {"a": 2.0, "k": 3, "flag": False, "mode": "x",
-                                                           "name": "n"}
-    for params, match in [({"a": "1"}, "'a' must be a finite number"), ({"a": float("inf")}, "finite number"),
-                          ({"k": 2.5}, "'k' must be an integer"), ({"k": -1}, "'k' must be >= 0"),
-                          ({"flag": 1}, "'flag' must be true or false"),
-                          ({"mode": "z"}, r"unknown value for 'mode' 'z'.*valid: x, y"),
-                          ({"nmae": "q"}, r"unknown parameter 'nmae' \(did you mean 'name'\?\)")]:
+        ("a", float, 1.0, ()),
+        ("k", int, 2, ()),
+        ("flag", bool, False, ()),
+        ("mode", str, "x", ("x", "y")),
+        ("name", str, "n", ()),
+    ]
+    assert validate_params("typed", {"a": 2, "k": 3.0}) == {"a": 2.0, "k": 3, "flag": False, "mode": "x", "name": "n"}
+    for params, match in [
+        ({"a": "1"}, "'a' must be a finite number"),
+        ({"a": float("inf")}, "finite number"),
+        ({"k": 2.5}, "'k' must be an integer"),
+        ({"k": -1}, "'k' must be >= 0"),
+        ({"flag": 1}, "'flag' must be true or false"),
+        ({"mode": "z"}, r"unknown value for 'mode' 'z'.*valid: x, y"),
+        ({"nmae": "q"}, r"unknown parameter 'nmae' \(did you mean 'name'\?\)"),
+    ]:
         with pytest.raises(ValueError, match=match):
             validate_params("typed", params)
 
 
-@pytest.mark.parametrize("define, match", [
-    (lambda: rule("bad1", source="t")(lambda r, A, eps: -r * A), r"'eps' is not an input .*keyword-only"),
-    (lambda: rule("bad2", source="t")(eval("lambda r, A, *, eps: -r * A")), "needs a default"),
-    (lambda: rule("bad3", source="t")(eval("lambda r, *args: r")), r"\*args"),
-    (lambda: rule("grpo", source="t")(lambda r, A: -r * A), "built-in rule"),
-    (lambda: rule("bad4", source="t")(eval("lambda r, A, *, eps=[1]: r")), "float, int, bool or str"),
-    (lambda: rule("bad5", source="t", checks={"nope": nonneg})(lambda r, A: r), "unknown parameter"),
-    (lambda: rule("bad name", source="t")(lambda r, A: r), "must start with a letter"),
-    (lambda: rule("bad6", source="")(lambda r, A: r), "source= is required"),
-])
+@pytest.mark.parametrize(
+    "define, match",
+    [
+        (lambda: rule("bad1", source="t")(lambda r, A, eps: -r * A), r"'eps' is not an input .*keyword-only"),
+        (lambda: rule("bad2", source="t")(eval("lambda r, A, *, eps: -r * A")), "needs a default"),
+        (lambda: rule("bad3", source="t")(eval("lambda r, *args: r")), r"\*args"),
+        (lambda: rule("grpo", source="t")(lambda r, A: -r * A), "built-in rule"),
+        (lambda: rule("bad4", source="t")(eval("lambda r, A, *, eps=[1]: r")), "float, int, bool or str"),
+        (lambda: rule("bad5", source="t", checks={"nope": nonneg})(lambda r, A: r), "unknown parameter"),
+        (lambda: rule("bad name", source="t")(lambda r, A: r), "must start with a letter"),
+        (lambda: rule("bad6", source="")(lambda r, A: r), "source= is required"),
+    ],
+)
 def test_definition_errors_are_one_line_user_errors(scratch_rules, define, match):
     with pytest.raises(RuleDefinitionError, match=match) as e:
         define()
@@ -126,8 +149,11 @@ def test_a_wrong_shape_is_a_one_line_error_naming_the_rule_and_file(scratch_rule
         return (-r * A).sum(-1)  # (B,): wrong
 
     lp, old, A, mask = one_token_rows([1.0, 1.0], [1.0, 1.0])
-    with pytest.raises(RuleError, match=r"rule 'flat' \(plugin .*test_objectives_rule_api.py\) returned shape "
-                                        r"\(2,\): a rule returns the per-token loss \(B, T\) = \(2, 1\)"):
+    with pytest.raises(
+        RuleError,
+        match=r"rule 'flat' \(plugin .*test_objectives_rule_api.py\) returned shape "
+        r"\(2,\): a rule returns the per-token loss \(B, T\) = \(2, 1\)",
+    ):
         policy_loss("flat", lp, old, A, mask)
 
 
@@ -146,11 +172,13 @@ def test_weights_scale_the_policy_term_but_not_the_diagnostics():
 def test_global_counts_are_the_normaliser():
     lp, old, A, mask = one_token_rows([1.0, 1.0, 1.0], [-1.0, -1.0, -1.0])  # l = r = 1 per token
     assert {k: v.item() for k, v in global_counts(mask).items()} == {"global_tokens": 3.0, "global_seqs": 3.0}
-    for agg, kw, want in [("token-mean", {"global_tokens": 6}, 3 / 6),
-                          ("token-mean", {"global_tokens": torch.tensor(12.0)}, 3 / 12),
-                          ("seq-mean-token-mean", {"global_seqs": 4}, 3 / 4),
-                          ("seq-mean-token-sum-norm", {"global_seqs": 5.0}, 3 / (16 * 5)),
-                          ("token-mean", {"global_tokens": 0}, 3 / 1)]:  # an empty mini-batch divides by 1
+    for agg, kw, want in [
+        ("token-mean", {"global_tokens": 6}, 3 / 6),
+        ("token-mean", {"global_tokens": torch.tensor(12.0)}, 3 / 12),
+        ("seq-mean-token-mean", {"global_seqs": 4}, 3 / 4),
+        ("seq-mean-token-sum-norm", {"global_seqs": 5.0}, 3 / (16 * 5)),
+        ("token-mean", {"global_tokens": 0}, 3 / 1),
+    ]:  # an empty mini-batch divides by 1
         out = policy_loss("grpo", lp, old, A, mask, agg=agg, max_len=16, **kw)
         assert out.loss.item() == pytest.approx(want, rel=1e-6), (agg, kw)
     with pytest.raises(ValueError, match="global_tokens must be a number >= 0"):
@@ -170,10 +198,17 @@ def test_sums_combine_and_reduce_by_kind():
 
     def fake_all_reduce(vector, kind):  # rank 0's vector meets rank 1's
         calls.append(kind)
-        other = torch.stack([halves[1][k] for k in halves[0] if {"sum": "", "max": "/max", "min": "/min"}[kind] in k
-                             and (kind != "sum" or not k.endswith(("/max", "/min")))])
-        vector.copy_({"sum": vector + other, "max": torch.maximum(vector, other),
-                      "min": torch.minimum(vector, other)}[kind])
+        other = torch.stack(
+            [
+                halves[1][k]
+                for k in halves[0]
+                if {"sum": "", "max": "/max", "min": "/min"}[kind] in k
+                and (kind != "sum" or not k.endswith(("/max", "/min")))
+            ]
+        )
+        vector.copy_(
+            {"sum": vector + other, "max": torch.maximum(vector, other), "min": torch.minimum(vector, other)}[kind]
+        )
 
     reduced = reduce_sums(halves[0], fake_all_reduce)
     assert calls == ["sum", "max", "min"]

@@ -16,8 +16,7 @@ from datetime import timedelta
 import pytest
 import torch
 
-from clipbench.objectives import (AGGREGATIONS, METHODS, combine, finalize, global_counts, policy_loss,
-                                  reduction)
+from clipbench.objectives import AGGREGATIONS, METHODS, combine, finalize, global_counts, policy_loss, reduction
 from clipbench.objectives.aggregation import aggregate, group_counts
 from clipbench.objectives.corrections import REJECTED, apply_correction
 from clipbench.objectives.loss import mini_batch_stat
@@ -45,10 +44,15 @@ def _rows():
     logp, old, A, mask, u = _batch()
     g = torch.Generator().manual_seed(5)
     sampler = old + torch.randn(B, T, generator=g) * 0.3
-    return {"rewards": (A > 0).float(), "entropy": torch.rand(B, T, generator=g), "groups": torch.arange(B) // 2,
-            "icepop": apply_correction({"name": "icepop", "low": 0.8, "high": 1.25}, sampler, old, mask),
-            "kl_rs": apply_correction({"name": "kl_rs", "estimator": "k1", "level": "token", "low": 0.8, "high": 1.25},
-                                      sampler, old, mask)}
+    return {
+        "rewards": (A > 0).float(),
+        "entropy": torch.rand(B, T, generator=g),
+        "groups": torch.arange(B) // 2,
+        "icepop": apply_correction({"name": "icepop", "low": 0.8, "high": 1.25}, sampler, old, mask),
+        "kl_rs": apply_correction(
+            {"name": "kl_rs", "estimator": "k1", "level": "token", "low": 0.8, "high": 1.25}, sampler, old, mask
+        ),
+    }
 
 
 # small GSPO bands so that some sequences are clipped at this spread
@@ -62,8 +66,9 @@ def _call(method, agg, logp, old, A, mask, u, idx=None, correction=None, **count
     if correction is not None:
         extra.update(weights=rows[correction].weights[idx], correction_status=rows[correction].status[idx])
     lp = logp.clone().requires_grad_(True)
-    out = policy_loss(method, lp, old, A, mask, agg=agg, uniforms=u, max_len=16, **counts, **extra,
-                      **PARAMS.get(method, {}))
+    out = policy_loss(
+        method, lp, old, A, mask, agg=agg, uniforms=u, max_len=16, **counts, **extra, **PARAMS.get(method, {})
+    )
     (grad,) = torch.autograd.grad(out.loss, lp)
     return out, grad
 
@@ -84,8 +89,9 @@ CORRECTIONS = {"grpo": ["icepop", "kl_rs"], "bapo": ["kl_rs"], "m2po": ["icepop"
 
 
 @pytest.mark.parametrize("agg", sorted(AGGREGATIONS))
-@pytest.mark.parametrize("method, correction", [(m, None) for m in sorted(METHODS)]
-                         + [(m, c) for m, cs in CORRECTIONS.items() for c in cs])
+@pytest.mark.parametrize(
+    "method, correction", [(m, None) for m in sorted(METHODS)] + [(m, c) for m, cs in CORRECTIONS.items() for c in cs]
+)
 def test_split_calls_sum_to_the_unsplit_loss_gradient_and_counts(method, correction, agg):
     logp, old, A, mask, u = _batch()
     full, full_grad = _call(method, agg, logp, old, A, mask, u, correction=correction)
@@ -95,8 +101,21 @@ def test_split_calls_sum_to_the_unsplit_loss_gradient_and_counts(method, correct
     for name, sizes in SPLITS.items():
         loss, grad, sums = 0.0, torch.zeros_like(logp), []
         for idx in order.split(sizes):
-            out, g = _call(method, agg, logp[idx], old[idx], A[idx], mask[idx], u[idx], idx, correction, **counts,
-                           global_prompts=groups["global_prompts"], group_tokens=groups["group_tokens"][idx], **stat)
+            out, g = _call(
+                method,
+                agg,
+                logp[idx],
+                old[idx],
+                A[idx],
+                mask[idx],
+                u[idx],
+                idx,
+                correction,
+                **counts,
+                global_prompts=groups["global_prompts"],
+                group_tokens=groups["group_tokens"][idx],
+                **stat,
+            )
             loss = loss + out.loss
             grad[idx] = g
             sums.append(out.sums)
@@ -114,8 +133,11 @@ def test_split_calls_sum_to_the_unsplit_loss_gradient_and_counts(method, correct
         merged = combine(sums)
         assert merged.keys() == full.sums.keys()
         for key, want in full.sums.items():
-            if key.startswith("n_") or key.split("/")[-1] in ("tokens", "out_of_band", "zero_grad", "rescued",
-                                                             "in_band_near") or reduction(key) != "sum":
+            if (
+                key.startswith("n_")
+                or key.split("/")[-1] in ("tokens", "out_of_band", "zero_grad", "rescued", "in_band_near")
+                or reduction(key) != "sum"
+            ):
                 assert torch.equal(merged[key], want), (name, key, merged[key], want)
             else:
                 torch.testing.assert_close(merged[key], want, rtol=1e-6, atol=1e-9, msg=f"{name}: {key}")

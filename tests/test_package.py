@@ -36,8 +36,21 @@ def installed(tmp_path_factory) -> Path:
     shutil.copytree(REPO / "clipbench", src / "clipbench", ignore=shutil.ignore_patterns("__pycache__"))
     for f in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / f, src / f)
-    res = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-               str(root / "wheel"), str(src)], cwd=root)
+    res = run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(root / "wheel"),
+            str(src),
+        ],
+        cwd=root,
+    )
     assert res.returncode == 0, res.stderr
     (wheel,) = (root / "wheel").glob("clipbench-*.whl")
     env_dir = root / "venv"

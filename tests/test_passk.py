@@ -35,9 +35,12 @@ def test_matches_brute_force_enumeration_for_every_small_case():
     assert cases == sum(n * (n + 1) for n in range(1, 11))  # 440 (n, c, k) triples
 
 
-LARGE = [(n, c, k) for n in (16, 100, 513, 1000, 1024)
-         for c in sorted({0, 1, 2, 3, n // 7, n // 2, n - 40, n - 3, n - 1, n} & set(range(n + 1)))
-         for k in sorted({1, 2, 4, 8, 16, 32, 64, 256, 512, n} & set(range(1, n + 1)))]
+LARGE = [
+    (n, c, k)
+    for n in (16, 100, 513, 1000, 1024)
+    for c in sorted({0, 1, 2, 3, n // 7, n // 2, n - 40, n - 3, n - 1, n} & set(range(n + 1)))
+    for k in sorted({1, 2, 4, 8, 16, 32, 64, 256, 512, n} & set(range(1, n + 1)))
+]
 
 
 @pytest.mark.parametrize("n", [16, 100, 513, 1000, 1024])

@@ -39,15 +39,27 @@ pytestmark = pytest.mark.slow  # trains the tiny model
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = str(REPO / "recipes" / "arith_tiny.yaml")
 # 4 rollout steps x (2 epochs x 2 mini-batches) = 16 optimizer steps; nsr draws; a token correction
-RUN = {"train.steps": 4, "train.prompts_per_step": 4, "sampler.group_size": 4, "sampler.max_new_tokens": 8,
-       "train.mini_batches": 2, "train.epochs": 2, "train.checkpoint_every": 3, "objective.method": "nsr",
-       "sampler.mismatch_is": "token", "eval.benchmarks": [], "tracking.mlflow": False,
-       "launch.preempt_signal": "SIGUSR1"}
+RUN = {
+    "train.steps": 4,
+    "train.prompts_per_step": 4,
+    "sampler.group_size": 4,
+    "sampler.max_new_tokens": 8,
+    "train.mini_batches": 2,
+    "train.epochs": 2,
+    "train.checkpoint_every": 3,
+    "objective.method": "nsr",
+    "sampler.mismatch_is": "token",
+    "eval.benchmarks": [],
+    "tracking.mlflow": False,
+    "launch.preempt_signal": "SIGUSR1",
+}
 
 
 def overrides(**extra) -> list[str]:
-    return [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
-            for k, v in {**RUN, **extra}.items()]
+    return [
+        f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
+        for k, v in {**RUN, **extra}.items()
+    ]
 
 
 CFG = load_run_config(RECIPE, overrides())
@@ -102,8 +114,9 @@ def signal_at_optimizer_step(monkeypatch, n: int, signum=signal.SIGUSR1) -> None
     monkeypatch.setattr(loop, "optimizer_step", step)
 
 
-def test_a_signal_inside_a_rollout_step_finishes_the_optimizer_step_and_resumes_exactly(uninterrupted, tmp_path,
-                                                                                       monkeypatch):
+def test_a_signal_inside_a_rollout_step_finishes_the_optimizer_step_and_resumes_exactly(
+    uninterrupted, tmp_path, monkeypatch
+):
     rd = RunDir(tmp_path / "run")
     signal_at_optimizer_step(monkeypatch, 6)  # rollout step 1 (of 4), its second optimizer step
     stop = StopRequest.install(["SIGTERM", "SIGUSR1"])
@@ -165,8 +178,14 @@ def test_clipbench_train_sent_sigterm_exits_75_with_the_resume_command(uninterru
     results = tmp_path / "results"
     args = ["train", RECIPE, *overrides(), "--results-dir", str(results)]
     rd = RunDir(results / "train" / run_id(CFG))
-    proc = subprocess.Popen([sys.executable, "-m", "clipbench", *args], cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env=ONE_THREAD)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "clipbench", *args],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ONE_THREAD,
+    )
     deadline = time.time() + 300
     while not (rd.metrics_path.exists() and rd.metrics_path.read_text().count("\n") >= 2):
         assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-3000:]
@@ -179,8 +198,9 @@ def test_clipbench_train_sent_sigterm_exits_75_with_the_resume_command(uninterru
     assert rd.status()["state"] == "preempted"
     resume = shlex.split(last.split("resume it: ", 1)[1])
     assert resume[:2] == ["clipbench", "train"] and resume[-1] == "--resume"
-    res = subprocess.run([sys.executable, "-m", *resume], cwd=REPO, capture_output=True, text=True, timeout=300,
-                         env=ONE_THREAD)
+    res = subprocess.run(
+        [sys.executable, "-m", *resume], cwd=REPO, capture_output=True, text=True, timeout=300, env=ONE_THREAD
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert rd.status()["state"] == "finished"
     same_run(uninterrupted, rd)

@@ -42,25 +42,56 @@ def test_a_hub_id_is_hashed_from_the_local_cache_and_never_downloaded(tmp_path, 
 
 
 def test_params_mirror_the_first_start_and_what_a_resume_changed():
-    first = {"step": 0, "time": 1.0, "engine": "builtin", "base_model": {"weights_sha256": "ab"}, "threads": 2,
-             "world_size": 2, "machine": {"gpu": None}}
+    first = {
+        "step": 0,
+        "time": 1.0,
+        "engine": "builtin",
+        "base_model": {"weights_sha256": "ab"},
+        "threads": 2,
+        "world_size": 2,
+        "machine": {"gpu": None},
+    }
     same = {**first, "step": 4, "time": 2.0}
     other = {**first, "step": 6, "time": 3.0, "world_size": 1}
     assert prov.provenance_params([first, same, other]) == {
-        "provenance.engine": "builtin", "provenance.base_model.weights_sha256": "ab", "provenance.threads": 2,
-        "provenance.world_size": 2, "provenance.machine.gpu": "none", "provenance.start2.world_size": 1}
+        "provenance.engine": "builtin",
+        "provenance.base_model.weights_sha256": "ab",
+        "provenance.threads": 2,
+        "provenance.world_size": 2,
+        "provenance.machine.gpu": "none",
+        "provenance.start2.world_size": 1,
+    }
     assert prov.provenance_params([]) == {}
 
 
 def test_machine_description():
-    record = {"machine": {"cpu": "Xeon", "cpu_flags": "sse2 avx2 fma", "cpu_capability": "AVX2", "cpus": 4,
-                          "gpu": "NVIDIA H100", "gpu_count": 8, "cuda": "12.8"},
-              "software": {"python": "3.11.7", "os": "Linux", "torch": "2.9.0", "transformers": "4.57.0",
-                           "vllm": "0.11.0", "trl": None, "clipbench": "0.1.0"}, "threads": 8, "world_size": 8}
+    record = {
+        "machine": {
+            "cpu": "Xeon",
+            "cpu_flags": "sse2 avx2 fma",
+            "cpu_capability": "AVX2",
+            "cpus": 4,
+            "gpu": "NVIDIA H100",
+            "gpu_count": 8,
+            "cuda": "12.8",
+        },
+        "software": {
+            "python": "3.11.7",
+            "os": "Linux",
+            "torch": "2.9.0",
+            "transformers": "4.57.0",
+            "vllm": "0.11.0",
+            "trl": None,
+            "clipbench": "0.1.0",
+        },
+        "threads": 8,
+        "world_size": 8,
+    }
     flags = hashlib.sha256(b"avx2 fma sse2").hexdigest()[:8]  # the sorted set: order does not matter
     assert prov.describe_machine(record) == (
         f"Xeon (4 CPUs, AVX2, flags {flags}); 8 x NVIDIA H100 (CUDA 12.8); torch 2.9.0, transformers 4.57.0, "
-        f"vllm 0.11.0; Python 3.11.7, Linux; 8 threads, world size 8")
+        f"vllm 0.11.0; Python 3.11.7, Linux; 8 threads, world size 8"
+    )
 
 
 @pytest.mark.slow
@@ -73,9 +104,17 @@ def test_a_real_run_records_its_provenance_once_per_start_and_mirrors_it(tmp_pat
     from clipbench.tracking.store import RunDir
     from clipbench.train.loop import run_training
 
-    cfg = load_run_config("recipes/arith_tiny.yaml", [
-        "train.prompts_per_step=4", "sampler.group_size=4", "sampler.max_new_tokens=8", "train.steps=2",
-        "eval.benchmarks=[]", "tracking.mlflow=true"])
+    cfg = load_run_config(
+        "recipes/arith_tiny.yaml",
+        [
+            "train.prompts_per_step=4",
+            "sampler.group_size=4",
+            "sampler.max_new_tokens=8",
+            "train.steps=2",
+            "eval.benchmarks=[]",
+            "tracking.mlflow=true",
+        ],
+    )
     rd = RunDir(tmp_path / "results" / "train" / "run")
 
     def train(resume: bool):
@@ -109,8 +148,9 @@ def test_a_real_run_records_its_provenance_once_per_start_and_mirrors_it(tmp_pat
         assert params["provenance.start1.threads"] == "1"
     # `clipbench sync` replays exactly what the live sink sent
     want = expected_params(rd, to_dict(cfg), rd.status())
-    assert {k: v for k, v in want.items() if k.startswith("provenance.")} == \
-        {k: v for k, v in params.items() if k.startswith("provenance.")}
+    assert {k: v for k, v in want.items() if k.startswith("provenance.")} == {
+        k: v for k, v in params.items() if k.startswith("provenance.")
+    }
 
     train(resume=False)  # a fresh start owns the directory: one record again
     assert [s["step"] for s in prov.read_provenance(rd.path)] == [0]

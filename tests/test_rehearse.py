@@ -57,7 +57,9 @@ def check_rehearsal(recipe: str, tmp_path) -> None:
 def test_the_recipes_are_found():
     cpu, vllm = shipped_recipes(False), shipped_recipes(True)
     assert "recipes/quickstart.yaml" in cpu and "recipes/nsr/dapo_nsr.yaml" in cpu and len(cpu) >= 9
-    assert sorted(vllm) == [f"recipes/abc_grpo_table3/qwen3_{m}_{r}.yaml" for m in ("1p7b", "4b") for r in ("abc", "grpo")]
+    assert sorted(vllm) == [
+        f"recipes/abc_grpo_table3/qwen3_{m}_{r}.yaml" for m in ("1p7b", "4b") for r in ("abc", "grpo")
+    ]
 
 
 def test_the_4b_table3_recipe_shrunk_for_a_cpu_machine():
@@ -88,9 +90,22 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path):
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, "-m", "clipbench", "rehearse", str(REPO / "recipes/quickstart.yaml"),
-                          "train.stepz=3", "--results-dir", str(tmp_path / "r")], capture_output=True, text=True,
-                         cwd=REPO, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "clipbench",
+            "rehearse",
+            str(REPO / "recipes/quickstart.yaml"),
+            "train.stepz=3",
+            "--results-dir",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert res.returncode == 2 and res.stderr.strip().count("\n") == 0 and "train.stepz" in res.stderr
     assert not (tmp_path / "r").exists()
 
@@ -105,8 +120,12 @@ def test_a_recipe_with_a_sampler_correction_keeps_it():
     from clipbench.config import load_run_config, to_dict
     from clipbench.rehearse.scale import Machine, rehearsal_config
 
-    real = to_dict(load_run_config(REPO / "recipes/abc_grpo_table3/qwen3_1p7b_grpo.yaml",
-                                   ["sampler.correction.name=icepop", "sampler.correction.high=3"]))
+    real = to_dict(
+        load_run_config(
+            REPO / "recipes/abc_grpo_table3/qwen3_1p7b_grpo.yaml",
+            ["sampler.correction.name=icepop", "sampler.correction.high=3"],
+        )
+    )
     plan = rehearsal_config(real, Machine(world_cap=2, cuda=False, vllm=True))
     part = {p.name: p for p in plan.parts}["sampler.correction"]
     assert part.how == "as" and part.detail == "name=icepop, level=token, low=0.5, high=3.0, weight=rho"

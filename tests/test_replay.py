@@ -30,14 +30,27 @@ from clipbench.tracking.records import list_records, load_record
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "arith_tiny.yaml"
 # 2 prompts x 4 samples, 2 mini-batches x 2 epochs, a 24-token budget: 2-3 micro-batches per step
-SMALL = ["train.prompts_per_step=2", "sampler.group_size=4", "sampler.max_new_tokens=8", "train.steps=2",
-         "train.epochs=2", "train.mini_batches=2", "train.micro_batch_tokens=24", "train.checkpoint_every=1",
-         "train.lr=2e-3", "eval.limit=4", "eval.n=2", "eval.every=0", "tracking.mlflow=false",
-         "objective.method=nsr"]
+SMALL = [
+    "train.prompts_per_step=2",
+    "sampler.group_size=4",
+    "sampler.max_new_tokens=8",
+    "train.steps=2",
+    "train.epochs=2",
+    "train.mini_batches=2",
+    "train.micro_batch_tokens=24",
+    "train.checkpoint_every=1",
+    "train.lr=2e-3",
+    "eval.limit=4",
+    "eval.n=2",
+    "eval.every=0",
+    "tracking.mlflow=false",
+    "objective.method=nsr",
+]
 RECORD = ["train.record.every=1", "train.record.state=all"]
 
 
 # ---- fast ---------------------------------------------------------------------------------------
+
 
 def test_rule_specs_grids_and_labels():
     rules = parse_rules("grpo,dapo(eps_high=0.28,0.4),nsr(p=0.25,0.75, delta=0.1)")
@@ -45,8 +58,13 @@ def test_rule_specs_grids_and_labels():
     assert rules[2].kwargs == {"eps_low": 0.2, "eps_high": 0.4}
     assert len(parse_rules("all")) == len(parse_rules(None)) >= 23
     assert parse_rules("grpo,grpo(eps_low=0.2)") == [RuleSpec.of("grpo", {})]  # same rule once
-    for bad, why in (("grpoo", "did you mean"), ("dapo(eps_hgh=0.3)", "eps_high"), ("dapo(eps_high=x)", "number"),
-                     ("dapo(0.3)", "parameter name"), ("dapo(eps_high=0.3", "unbalanced")):
+    for bad, why in (
+        ("grpoo", "did you mean"),
+        ("dapo(eps_hgh=0.3)", "eps_high"),
+        ("dapo(eps_high=x)", "number"),
+        ("dapo(0.3)", "parameter name"),
+        ("dapo(eps_high=0.3", "unbalanced"),
+    ):
         with pytest.raises(UserError, match=why):
             parse_rules(bad)
 
@@ -77,8 +95,11 @@ def test_a_loss_hooks_record_replays_its_losses_exactly_draws_included(tmp_path)
 
     g = torch.Generator().manual_seed(0)
     params = {"eps_low": 0.2, "eps_high": 0.28, "delta": 0.1, "p": 0.5}
-    meta = {"engine": "trl", "seed": 3, "objective": {"method": "nsr", "params": params, "agg": "token-mean",
-                                                      "beta": 0.0, "max_len": 9}}
+    meta = {
+        "engine": "trl",
+        "seed": 3,
+        "objective": {"method": "nsr", "params": params, "agg": "token-mean", "beta": 0.0, "max_len": 9},
+    }
     rec = LossRecorder(tmp_path / "record", max_mb=10, meta=meta)
     expected = {}
     for opt_step, b, w in ((1, 3, 7), (1, 2, 9), (2, 4, 5)):
@@ -89,8 +110,14 @@ def test_a_loss_hooks_record_replays_its_losses_exactly_draws_included(tmp_path)
         adv, u = torch.randn(b, generator=g), torch.rand(b, w, generator=g)
         out = policy_loss("nsr", logp, old, adv, mask, uniforms=u, global_tokens=11.0, global_seqs=5.0, **params)
         expected[opt_step] = expected.get(opt_step, 0.0) + float(out.loss)
-        rec.add(opt_step, 0, {"logp": logp, "old_logp": old, "advantages": adv, "mask": mask, "uniforms": u},
-                11.0, 5.0, out.loss)
+        rec.add(
+            opt_step,
+            0,
+            {"logp": logp, "old_logp": old, "advantages": adv, "mask": mask, "uniforms": u},
+            11.0,
+            5.0,
+            out.loss,
+        )
     rec.write(0)
     (path,) = list_records(tmp_path)
     record = load_record(path)
@@ -103,6 +130,7 @@ def test_a_loss_hooks_record_replays_its_losses_exactly_draws_included(tmp_path)
 
 
 # ---- slow: real runs ------------------------------------------------------------------------------
+
 
 def _train(path: Path, *extra: str, progress=None, resume: bool = False):
     from clipbench.train.loop import run_training
@@ -218,28 +246,71 @@ def test_the_record_budget_stops_recording_with_a_note(tmp_path):
 @pytest.mark.slow
 def test_cli_replay_json_lines_and_report(recorded, tmp_path):
     env_py = [sys.executable, "-m", "clipbench"]
-    out = subprocess.run([*env_py, "replay", str(recorded), "--rules", "grpo,dapo(eps_high=0.28,0.4),nsr", "--json",
-                          "--draws", "2", "--no-params"], capture_output=True, text=True, cwd=REPO)
+    out = subprocess.run(
+        [
+            *env_py,
+            "replay",
+            str(recorded),
+            "--rules",
+            "grpo,dapo(eps_high=0.28,0.4),nsr",
+            "--json",
+            "--draws",
+            "2",
+            "--no-params",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     assert len(rows) == 8 * 4  # 8 optimizer steps x (nsr trained + grpo + 2 dapo)
     for row in rows:
-        for key in ("opt_step", "rule", "trained", "loss", "grad_cosine", "q1/out_of_band", "q1/zero_grad",
-                    "q4/rescued", "q2/tokens"):
+        for key in (
+            "opt_step",
+            "rule",
+            "trained",
+            "loss",
+            "grad_cosine",
+            "q1/out_of_band",
+            "q1/zero_grad",
+            "q4/rescued",
+            "q2/tokens",
+        ):
             assert key in row, key
     trained = [r for r in rows if r["trained"]]
     assert {r["rule"] for r in trained} == {"nsr"} and all(r["grad_cosine"] == 1.0 for r in trained)
     assert all(r["loss"] == r["logged/loss"] and r["draws"] == 2 for r in trained)
-    bad = subprocess.run([*env_py, "replay", str(recorded), "--rules", "nope"], capture_output=True, text=True, cwd=REPO)
+    bad = subprocess.run(
+        [*env_py, "replay", str(recorded), "--rules", "nope"], capture_output=True, text=True, cwd=REPO
+    )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "nope" in bad.stderr
 
-    rep = subprocess.run([*env_py, "report", "rec", "--results-dir", str(recorded.parent.parent), "--format", "markdown",
-                          "--out", str(tmp_path / "rep")], capture_output=True, text=True, cwd=REPO)
+    rep = subprocess.run(
+        [
+            *env_py,
+            "report",
+            "rec",
+            "--results-dir",
+            str(recorded.parent.parent),
+            "--format",
+            "markdown",
+            "--out",
+            str(tmp_path / "rep"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert rep.returncode == 0, rep.stderr[-2000:]
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "Replay vs nsr" in md and "one optimizer step ahead" in md and "replay_zero_grad.png" in md
-    own = subprocess.run([*env_py, "replay", str(recorded), "--rules", "grpo,abc", "--format", "html", "--out",
-                          str(tmp_path / "own")], capture_output=True, text=True, cwd=REPO)
+    own = subprocess.run(
+        [*env_py, "replay", str(recorded), "--rules", "grpo,abc", "--format", "html", "--out", str(tmp_path / "own")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert own.returncode == 0, own.stderr[-2000:]
     assert "Replay vs nsr" in (tmp_path / "own" / "replay.html").read_text()
 
@@ -260,8 +331,12 @@ def test_records_without_their_index_are_called_damaged_not_missing(recorded, tm
     assert [n for n in res.notes if "damaged record skipped" in n and steps[0].name in n]
     for d in steps[1:]:
         (d / "index.json").unlink()
-    out = subprocess.run([sys.executable, "-m", "clipbench", "replay", str(run), "--rules", "grpo"],
-                         capture_output=True, text=True, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-m", "clipbench", "replay", str(run), "--rules", "grpo"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr[-2000:]
     assert "damaged record" in out.stderr and "index.json" in out.stderr and "train.record.every" not in out.stderr
 
@@ -277,7 +352,11 @@ def test_a_record_of_another_rule_is_refused_in_one_line(recorded, tmp_path):
     data = json.loads(index.read_text())
     data["objective"]["method"] = "grpo" if data["objective"]["method"] != "grpo" else "dapo"
     index.write_text(json.dumps(data))
-    out = subprocess.run([sys.executable, "-m", "clipbench", "replay", str(run), "--rules", "grpo"],
-                         capture_output=True, text=True, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-m", "clipbench", "replay", str(run), "--rules", "grpo"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr[-2000:]
     assert "not this run's record" in out.stderr and index.parent.name in out.stderr

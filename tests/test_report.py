@@ -19,18 +19,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from clipbench.commands.report import report_command
 from clipbench.errors import UserError
 from clipbench.report import stats
 from clipbench.report.analysis import analyze, run_quadrants
-from clipbench.commands.report import report_command
 from clipbench.report.build import build_report
 from clipbench.report.load import RunRecord, assign_labels, load_results
-from clipbench.tracking.store import list_sweeps
 from clipbench.report.paper import load_paper
 from clipbench.report.render import to_markdown
 from clipbench.report.tables import build_tables
-
-
+from clipbench.tracking.store import list_sweeps
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +114,7 @@ def test_seed_mean_and_std(result):
 
 # ---- confidence intervals ------------------------------------------------------------------------
 
+
 def test_t_interval_arithmetic(result):
     # grpo arith Avg@4, per problem averaged over seeds: [(4+4)/8, (2+1)/8, (1+1)/8, 0] = [1, .375, .25, 0]
     # mean .40625; squared deviations .3525390625 + .0009765625 + .0244140625 + .1650390625 = .54296875;
@@ -148,10 +147,13 @@ def test_t_intervals_cover_95_percent(sizes, sds):
 
 # ---- paired bootstrap ----------------------------------------------------------------------------
 
+
 def _exact_bootstrap_p(d: np.ndarray) -> float:
     """P(|mean(d*) - mean(d)| >= |mean(d)|) over all P^P equally likely resamples (brute force)."""
     obs = d.mean()
-    hits = [abs(d[list(idx)].mean() - obs) >= abs(obs) - 1e-12 for idx in itertools.product(range(d.size), repeat=d.size)]
+    hits = [
+        abs(d[list(idx)].mean() - obs) >= abs(obs) - 1e-12 for idx in itertools.product(range(d.size), repeat=d.size)
+    ]
     return float(np.mean(hits))
 
 
@@ -202,6 +204,7 @@ def test_paired_by_problem_id(results, tmp_path, report_fixture):
 
 # ---- clip quadrants ------------------------------------------------------------------------------
 
+
 def test_quadrant_shares(result, tables):
     q = result["quadrants"]["builtin:arith-tiny"]
     for lb, entry in q.items():
@@ -216,7 +219,10 @@ def test_quadrant_shares(result, tables):
     assert q["nsr"]["rescued"]["mean"] == pytest.approx(100 * 1 / 60)
     assert q["grpo"]["events"] == 2 * 4 * 10  # 2 seeds x 4 rows x 10 events
     text = to_markdown(tables["quadrants"])
-    assert "| grpo | 2 | 80 | 20.0 ± 0.0 | 10.0 ± 0.0 | 30.0 ± 0.0 | 40.0 ± 0.0 | 16.7 ± 0.0 | 41.7 ± 0.0 | 0.0 ± 0.0 |" in text
+    assert (
+        "| grpo | 2 | 80 | 20.0 ± 0.0 | 10.0 ± 0.0 | 30.0 ± 0.0 | 40.0 ± 0.0 | 16.7 ± 0.0 | 41.7 ± 0.0 | 0.0 ± 0.0 |"
+        in text
+    )
     assert "| paper: GRPO, Qwen3-4B-Base (Fig. 4f) |  |  | 16.8 | 7.3 | 22.9 | 41.4 |" in text
 
 
@@ -227,17 +233,27 @@ def test_training_dynamics(result, tables):
     dyn = result["dynamics"]["builtin:arith-tiny"]
     grpo = dyn["grpo"]
     assert grpo["seeds"] == 2
-    assert grpo["entropy"]["first"]["mean"] == pytest.approx(0.905)          # (0.9 + 0.91) / 2
+    assert grpo["entropy"]["first"]["mean"] == pytest.approx(0.905)  # (0.9 + 0.91) / 2
     assert grpo["entropy"]["last"]["mean"] == pytest.approx(0.605)
-    assert grpo["entropy"]["first"]["std"] == pytest.approx(0.01 / 2 ** 0.5)  # sample std of 0.90, 0.91
-    assert grpo["accuracy"]["first"]["mean"] == pytest.approx(0.3) and grpo["accuracy"]["last"]["mean"] == pytest.approx(0.4)
-    assert grpo["off_policy_out_of_band"]["mean"] == pytest.approx(25.0)      # (2+1+3+4) / 40 per row
+    assert grpo["entropy"]["first"]["std"] == pytest.approx(0.01 / 2**0.5)  # sample std of 0.90, 0.91
+    assert grpo["accuracy"]["first"]["mean"] == pytest.approx(0.3) and grpo["accuracy"]["last"][
+        "mean"
+    ] == pytest.approx(0.4)
+    assert grpo["off_policy_out_of_band"]["mean"] == pytest.approx(25.0)  # (2+1+3+4) / 40 per row
     assert dyn["abc"]["off_policy_out_of_band"]["mean"] == pytest.approx(10.0)  # 4 / 40
-    nsr = dyn["nsr"]["off_policy_out_of_band"]                               # seeds: 10/40, 4/40
-    assert nsr["mean"] == pytest.approx(17.5) and nsr["std"] == pytest.approx(7.5 * 2 ** 0.5)
-    assert math.isnan(grpo["completion_tokens"]["mean"])                     # not logged by the fixture
+    nsr = dyn["nsr"]["off_policy_out_of_band"]  # seeds: 10/40, 4/40
+    assert nsr["mean"] == pytest.approx(17.5) and nsr["std"] == pytest.approx(7.5 * 2**0.5)
+    assert math.isnan(grpo["completion_tokens"]["mean"])  # not logged by the fixture
     t = tables["dynamics"]
-    assert t.rows[0] == ["grpo", "2", "0.905 ± 0.007 → 0.605 ± 0.007", "30.0 ± 0.0 → 40.0 ± 0.0", "25.0 ± 0.0", "", "0/2"]
+    assert t.rows[0] == [
+        "grpo",
+        "2",
+        "0.905 ± 0.007 → 0.605 ± 0.007",
+        "30.0 ± 0.0 → 40.0 ± 0.0",
+        "25.0 ± 0.0",
+        "",
+        "0/2",
+    ]
 
 
 def test_run_quadrants_without_metrics():
@@ -247,23 +263,43 @@ def test_run_quadrants_without_metrics():
     assert no_events["zero_grad"] == pytest.approx(20.0)
 
 
-
 def test_gradient_mass_shares_per_quadrant_and_rescued():
     # two optimizer steps; |g| sums per quadrant: q1 1+3 = 4, q2 1, q3 2, q4 2+1 = 3 -> total 10
-    rows = [{"q1/tokens": 4, "q1/grad_mass": 1.0, "q2/grad_mass": 1.0, "q3/grad_mass": 2.0, "q4/grad_mass": 2.0,
-             "q4/rescued_grad_mass": 0.5, "zero_adv/grad_mass": 0.0},
-            {"q1/tokens": 4, "q1/grad_mass": 3.0, "q4/grad_mass": 1.0, "q1/rescued_grad_mass": 1.5}]
+    rows = [
+        {
+            "q1/tokens": 4,
+            "q1/grad_mass": 1.0,
+            "q2/grad_mass": 1.0,
+            "q3/grad_mass": 2.0,
+            "q4/grad_mass": 2.0,
+            "q4/rescued_grad_mass": 0.5,
+            "zero_adv/grad_mass": 0.0,
+        },
+        {"q1/tokens": 4, "q1/grad_mass": 3.0, "q4/grad_mass": 1.0, "q1/rescued_grad_mass": 1.5},
+    ]
     q = run_quadrants(rows)
     assert q["grad_share"] == pytest.approx({"q1": 40.0, "q2": 10.0, "q3": 20.0, "q4": 30.0})
     assert q["rescued_grad"] == pytest.approx(20.0)  # (0.5 + 1.5) / 10
     assert math.isnan(run_quadrants([{"q1/tokens": 3}])["rescued_grad"])  # logged before grad mass: unknown
     from clipbench.report.tables import gradient_mass
-    t = gradient_mass({"m": {"nsr": {"seeds": 1, **{k: {kk: {"mean": v, "std": 0.0} for kk, v in q["grad_share"].items()}
-                                                      for k in ("grad_share",)},
-                                     "rescued_grad": {"mean": 20.0, "std": 0.0}}}}, None)
+
+    t = gradient_mass(
+        {
+            "m": {
+                "nsr": {
+                    "seeds": 1,
+                    **{k: {kk: {"mean": v, "std": 0.0} for kk, v in q["grad_share"].items()} for k in ("grad_share",)},
+                    "rescued_grad": {"mean": 20.0, "std": 0.0},
+                }
+            }
+        },
+        None,
+    )
     assert t.rows[0] == ["nsr", "1", "40.0", "10.0", "20.0", "30.0", "20.0"]
 
+
 # ---- labels, baseline, errors --------------------------------------------------------------------
+
 
 def _run(rid: str, method: str, model: str = "m", seed: int = 0, **params) -> RunRecord:
     cfg = {"seed": seed, "model": {"name": model}, "train": {"steps": 10}, "objective": {"method": method, **params}}
@@ -271,9 +307,14 @@ def _run(rid: str, method: str, model: str = "m", seed: int = 0, **params) -> Ru
 
 
 def test_labels_name_what_varies_within_a_block():
-    runs = [_run("a", "dapo", eps_high=0.28), _run("b", "dapo", eps_high=0.28, seed=1),
-            _run("c", "nsr", p=0.5, delta=0.1), _run("d", "nsr", p=1.0, delta=0.1),
-            _run("e", "grpo", model="big"), _run("f", "abc", model="big")]
+    runs = [
+        _run("a", "dapo", eps_high=0.28),
+        _run("b", "dapo", eps_high=0.28, seed=1),
+        _run("c", "nsr", p=0.5, delta=0.1),
+        _run("d", "nsr", p=1.0, delta=0.1),
+        _run("e", "grpo", model="big"),
+        _run("f", "abc", model="big"),
+    ]
     for r in runs[4:]:
         r.config["train"]["steps"] = 99  # differs from block "m", but constant within block "big"
     assign_labels(runs)
@@ -286,7 +327,9 @@ def test_labels_name_what_varies_within_a_block():
 
 def test_unknown_sweep_lists_existing(results):
     assert list_sweeps(results) == ["fixture"]
-    with pytest.raises(UserError, match=r"no runs for sweep 'fixtur'.*did you mean 'fixture'.*sweeps with runs: fixture"):
+    with pytest.raises(
+        UserError, match=r"no runs for sweep 'fixtur'.*did you mean 'fixture'.*sweeps with runs: fixture"
+    ):
         load_results(results, "fixtur")
     with pytest.raises(UserError, match=r"does not exist"):
         report_command("x", baseline=None, fmt="rich", results_dir=results / "nope", out=None)
@@ -308,6 +351,7 @@ def test_no_baseline_means_no_gain(results):
 
 # ---- files of every format -----------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_report_command_writes_every_format(results, tmp_path, capsys):
     out = tmp_path / "rep"
@@ -324,8 +368,15 @@ def test_report_command_writes_every_format(results, tmp_path, capsys):
     rows = list(csv.reader(io.StringIO((out / "table3.csv").read_text())))
     assert rows[0] == ["Benchmark", "Method", "Seeds", "Avg@4", "Pass@2", "Pass@4", "kind"]
     assert ["arith (P=4)", "abc", "2", "56.2 ± 0.0", "72.9 ± 2.9", "87.5 ± 17.7", "method"] in rows
-    assert {p.name for p in out.glob("*.csv")} == {"table3.csv", "significance.csv", "quadrants.csv", "dynamics.csv", "claims.csv",
-                                                   "runs.csv", "paper_reference.csv"}
+    assert {p.name for p in out.glob("*.csv")} == {
+        "table3.csv",
+        "significance.csv",
+        "quadrants.csv",
+        "dynamics.csv",
+        "claims.csv",
+        "runs.csv",
+        "paper_reference.csv",
+    }
     data = json.loads((out / "report.json").read_text())
     assert data["baseline"] == "grpo" and data["bootstrap"]["resamples"] == 2000
     assert (out / "report.html").stat().st_mode & 0o044  # readable by others
@@ -338,6 +389,7 @@ def test_default_out_dir_and_all_sweeps(results, capsys):
 
 
 # ---- the paper's numbers -------------------------------------------------------------------------
+
 
 def test_paper_table3_transcription_is_consistent():
     """Every Gain cell equals (ABC - GRPO) / GRPO on the printed (rounded) entries, to 0.1 (the paper's
@@ -380,8 +432,11 @@ def test_paper_rows_inline_when_model_matches(tmp_path):
         (d / "status.json").write_text(json.dumps({"state": "finished"}))
         for bench, size in sizes.items():
             correct = (rng.random((size, 64)) < 0.2).astype(int).tolist()
-            (d / "eval" / "step_000010" / f"{bench}.json").write_text(json.dumps(
-                {"benchmark": bench, "n": 64, "problem_ids": [str(i) for i in range(size)], "correct": correct}))
+            (d / "eval" / "step_000010" / f"{bench}.json").write_text(
+                json.dumps(
+                    {"benchmark": bench, "n": 64, "problem_ids": [str(i) for i in range(size)], "correct": correct}
+                )
+            )
     _, res, tabs, _ = build_report(root, "paper_like", "grpo")
     t3 = next(t for t in tabs if t.key == "table3")
     assert t3.columns[3:] == ["Avg@64", "Pass@2", "Pass@4", "Pass@8", "Pass@16", "Pass@32", "Pass@64"]

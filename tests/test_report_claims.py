@@ -23,8 +23,9 @@ def run(method, seed, entropy_last, q=(10, 10, 10, 10), correct=None, **params):
         evals = {5: {"arith": {"problem_ids": [f"p{i}" for i in range(len(correct))], "correct": correct, "n": 2}}}
     cfg = {"seed": seed, "model": {"name": "m"}, "objective": {"method": method, **params}}
     label = method if not params else f"{method} p={params['p']}"
-    return RunRecord(run_id=f"{label}-{seed}", path=Path("."), config=cfg, state="finished", metrics=rows, evals=evals,
-               label=label)
+    return RunRecord(
+        run_id=f"{label}-{seed}", path=Path("."), config=cfg, state="finished", metrics=rows, evals=evals, label=label
+    )
 
 
 def sweep(runs):
@@ -44,10 +45,10 @@ def test_entropy_paired_by_seed_and_q4_share():
     got = {c.claim: c for c in evaluate_claims(sweep(grpo + abc), grpo + abc)}
     e = got["ABC-GRPO keeps entropy higher than GRPO"]
     assert e.comparison == "abc - grpo" and e.n == 3 and e.estimate == pytest.approx(0.2)
-    half = sps.t.ppf(0.975, 2) * 0.1 / math.sqrt(3)                      # 4.303 * 0.0577 = 0.248
+    half = sps.t.ppf(0.975, 2) * 0.1 / math.sqrt(3)  # 4.303 * 0.0577 = 0.248
     assert e.ci == pytest.approx((0.2 - half, 0.2 + half))
     assert e.p == pytest.approx(sps.ttest_rel([0.6, 0.7, 0.8], [0.5, 0.5, 0.5]).pvalue)  # 0.074
-    assert e.verdict == "inconclusive at this scale"                     # p = 0.074 with 3 seeds
+    assert e.verdict == "inconclusive at this scale"  # p = 0.074 with 3 seeds
     # Q4 = 50 of 100 events, the next largest Q3 = 30: lead 20 points on every seed -> holds (no spread)
     q4 = got["Q4 (A<0, r>1) is the largest share of GRPO's clip events"]
     assert q4.estimate == pytest.approx(20.0) and q4.p == 0.0 and q4.verdict == "holds"
@@ -59,8 +60,12 @@ def test_accuracy_claims_pair_by_problem_and_match_rules_by_parameters():
     # nsr p=0.5: p0 and p1 right
     dapo_c = [[1, 1], [0, 0], [0, 0], [0, 0]]
     nsr_c = [[1, 1], [1, 1], [0, 0], [0, 0]]
-    runs = [run("dapo", 0, 0.5, correct=dapo_c), run("nsr", 0, 0.5, correct=nsr_c, p=0.5),
-            run("decay", 0, 0.5, correct=nsr_c, p=0.5), run("decay", 0, 0.5, correct=dapo_c, p=0.25)]
+    runs = [
+        run("dapo", 0, 0.5, correct=dapo_c),
+        run("nsr", 0, 0.5, correct=nsr_c, p=0.5),
+        run("decay", 0, 0.5, correct=nsr_c, p=0.5),
+        run("decay", 0, 0.5, correct=dapo_c, p=0.25),
+    ]
     got = evaluate_claims(sweep(runs), runs)
     vs_dapo = [c for c in got if c.claim == "NSR beats DAPO"]
     assert len(vs_dapo) == 1 and vs_dapo[0].comparison == "nsr p=0.5 - dapo"
@@ -70,7 +75,7 @@ def test_accuracy_claims_pair_by_problem_and_match_rules_by_parameters():
     lo, hi = vs_dapo[0].ci
     assert (lo + hi) / 2 == pytest.approx(25.0) and hi - lo == pytest.approx(2 * sps.t.ppf(0.975, 3) * 50 / 2)
     twin = [c for c in got if c.claim == "stochastic rescue beats its deterministic twin"]
-    assert [c.comparison for c in twin] == ["nsr p=0.5 - decay p=0.5"]   # p=0.25 decay has no nsr twin
+    assert [c.comparison for c in twin] == ["nsr p=0.5 - decay p=0.5"]  # p=0.25 decay has no nsr twin
     assert twin[0].estimate == 0.0 and twin[0].verdict == "inconclusive at this scale"
     assert np.isfinite(twin[0].p)
 

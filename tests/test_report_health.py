@@ -59,7 +59,10 @@ def test_failed_and_unfinished_runs_are_listed_not_compared(store):
     assert any(h.startswith("Not compared (3 run(s)): abc seed 1 (abc-s1000000): finished, but") for h in header)
     runs = next(t for t in tables if t.key == "runs")
     text = to_markdown(runs)
-    assert "| grpo | 1 | grpo-s100000 | failed | 1/2 | 0 | not compared: failed after 1/2 steps: RuntimeError: boom |" in text
+    assert (
+        "| grpo | 1 | grpo-s100000 | failed | 1/2 | 0 | not compared: failed after 1/2 steps: RuntimeError: boom |"
+        in text
+    )
     assert "| grpo | 0 | grpo-s000000 | finished | 2/2 | 0 | ok |" in text
     # the quadrant table counts compared runs only: grpo 1 seed x 4 rows x 10 events
     assert result["quadrants"]["builtin:arith-tiny"]["grpo"]["events"] == 40
@@ -93,8 +96,10 @@ def test_skipped_steps_and_collapse_are_flagged_per_run(store):
     h = result["health"]
     assert h["abc-s0000000"]["skipped"] == 2 and h["abc-s0000000"]["skipped_frac"] == 0.5
     assert h["abc-s0000000"]["flags"] == ["skipped 2 of 4 optimizer steps (non-finite)", "reward collapse (0.4 -> 0.1)"]
-    assert h["grpo-s000000"]["flags"] == ["entropy collapse (0.85 -> 0.05)",
-                                          "accuracy collapse on gsm8k (Avg@n 8.3% -> 0.0%)"]
+    assert h["grpo-s000000"]["flags"] == [
+        "entropy collapse (0.85 -> 0.05)",
+        "accuracy collapse on gsm8k (Avg@n 8.3% -> 0.0%)",
+    ]
     assert h["nsr-s1000000"]["flags"] == ["policy frozen (ratio = 1 on every off-policy mini-batch)"]
     assert h["grpo-s100000"]["flags"] == []  # reward 0.35 -> 0.45, entropy 0.86 -> 0.66: healthy
     text = to_markdown(next(t for t in tables if t.key == "runs"))

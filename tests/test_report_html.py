@@ -20,7 +20,9 @@ from clipbench.commands.report import report_command
 pytestmark = pytest.mark.slow  # renders and screenshots a real report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed: run `bash scripts/install_chromium.sh`")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium not installed: run `bash scripts/install_chromium.sh`"
+)
 
 
 @pytest.fixture(scope="module")
@@ -39,15 +41,29 @@ def test_page_is_self_contained(page):
     images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
     assert len(images) == 5  # entropy, reward, eval, quadrants, log-ratio histogram
     assert all(base64.b64decode(b)[:8] == b"\x89PNG\r\n\x1a\n" for b in images)
-    for title in ("Table 3 layout: builtin:arith-tiny", "Significance vs grpo", "Clip events by quadrant",
-                  "Reference: ABC-GRPO paper, Table 3"):
+    for title in (
+        "Table 3 layout: builtin:arith-tiny",
+        "Significance vs grpo",
+        "Clip events by quadrant",
+        "Reference: ABC-GRPO paper, Table 3",
+    ):
         assert title in html
 
 
 def _chromium(*args: str, tmp: Path, timeout: int = 90) -> subprocess.CompletedProcess:
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           f"--user-data-dir={tmp / 'profile'}", *args]
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp / 'profile'}",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
@@ -82,11 +98,17 @@ def test_every_table_fits_the_page_width(page, tmp_path):
     import json
 
     probe = tmp_path / "probe.html"
-    probe.write_text(page.read_text().replace("</body>", (
-        "<script>var r={};document.querySelectorAll('div.table').forEach(function(d){"
-        "r[d.id]=Math.ceil(d.querySelector('table').getBoundingClientRect().right);});"
-        "document.body.setAttribute('data-probe',JSON.stringify({page:document.documentElement.clientWidth,"
-        "scroll:document.documentElement.scrollWidth,tables:r}));</script></body>")))
+    probe.write_text(
+        page.read_text().replace(
+            "</body>",
+            (
+                "<script>var r={};document.querySelectorAll('div.table').forEach(function(d){"
+                "r[d.id]=Math.ceil(d.querySelector('table').getBoundingClientRect().right);});"
+                "document.body.setAttribute('data-probe',JSON.stringify({page:document.documentElement.clientWidth,"
+                "scroll:document.documentElement.scrollWidth,tables:r}));</script></body>"
+            ),
+        )
+    )
     dom = _chromium("--window-size=1200,2000", "--dump-dom", probe.as_uri(), tmp=tmp_path).stdout
     got = json.loads(re.search(r'data-probe="([^"]*)"', dom).group(1).replace("&quot;", '"'))
     assert "claims" in got["tables"] and got["scroll"] <= got["page"], got

@@ -24,10 +24,17 @@ def test_tiny_table3_pipeline(tmp_path):
     from clipbench.commands.sweep import sweep_command
 
     results = tmp_path / "results"
-    sweep_command(SWEEP_TINY, ["seed=0", "train.steps=2", "eval.every=0", "eval.n=4", "eval.limit=8",
-                               "tracking.mlflow=false"],
-                  dry_run=False, json_out=False, results_dir=results, jobs=1, launcher=None,
-                  retry_failed=False, tracking_uri=None)
+    sweep_command(
+        SWEEP_TINY,
+        ["seed=0", "train.steps=2", "eval.every=0", "eval.n=4", "eval.limit=8", "tracking.mlflow=false"],
+        dry_run=False,
+        json_out=False,
+        results_dir=results,
+        jobs=1,
+        launcher=None,
+        retry_failed=False,
+        tracking_uri=None,
+    )
     sweep, result, tables, header = build_report(results, "abc_grpo_table3_tiny", "grpo")
     assert sorted(r.label for r in sweep.runs) == ["abc", "grpo"]
     block = result["blocks"][0]
@@ -42,8 +49,17 @@ def test_tiny_table3_pipeline(tmp_path):
         assert entry["tokens"] > 0
         if entry["events"]:
             assert sum(entry["share"][k]["mean"] for k in ("q1", "q2", "q3", "q4")) == pytest.approx(100.0)
-    assert [t.key for t in tables] == ["table3", "paper_reference", "significance", "quadrants", "gradient_mass", "dynamics",
-                                       "claims", "provenance", "runs"]
+    assert [t.key for t in tables] == [
+        "table3",
+        "paper_reference",
+        "significance",
+        "quadrants",
+        "gradient_mass",
+        "dynamics",
+        "claims",
+        "provenance",
+        "runs",
+    ]
     # every run recorded where it ran and its base model's checksum: one machine, the shipped bytes
     from clipbench.models import read_build_info, resolve_model_name
 

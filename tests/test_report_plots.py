@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import struct
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,8 +10,6 @@ import pytest
 from clipbench.report.analysis import analyze
 from clipbench.report.load import load_results
 from clipbench.report.plots import close_figures, make_figures, save_figures
-
-
 
 
 @pytest.fixture(scope="module")
@@ -108,19 +105,25 @@ def test_histogram_bounds_are_each_runs_effective_band(report_fixture, tmp_path)
         "dapo": {"method": "dapo"},
         "mystery": {"method": "no_such_rule"},
     }
-    groups = {name: [RunRecord(run_id=name, path=tmp_path, config={"objective": obj}, state="finished", hist=hist)]
-              for name, obj in objectives.items()}
+    groups = {
+        name: [RunRecord(run_id=name, path=tmp_path, config={"objective": obj}, state="finished", hist=hist)]
+        for name, obj in objectives.items()
+    }
     fig = hist_figure(groups)
     try:
+
         def dashed(ax, color):
-            return sorted(round(ln.get_xdata()[0], 4) for ln in ax.get_lines()
-                          if ln.get_linestyle() == "--" and ln.get_color() == color)
+            return sorted(
+                round(ln.get_xdata()[0], 4)
+                for ln in ax.get_lines()
+                if ln.get_linestyle() == "--" and ln.get_color() == color
+            )
 
         colors = {name: _lines(fig.axes[0])[name].get_color() for name in objectives}
         pos, neg = fig.axes
         log = lambda x: round(float(np.log(x)), 4)  # noqa: E731
-        assert dashed(pos, colors["abc"]) == [log(1 - 0.25), log(1 + 0.3)]   # A>0: [1 - eps2, 1 + eps1]
-        assert dashed(neg, colors["abc"]) == [log(1 - 0.15), log(1 + 0.1)]   # A<0: [1 - eps4, 1 + eps3]
+        assert dashed(pos, colors["abc"]) == [log(1 - 0.25), log(1 + 0.3)]  # A>0: [1 - eps2, 1 + eps1]
+        assert dashed(neg, colors["abc"]) == [log(1 - 0.15), log(1 + 0.1)]  # A<0: [1 - eps4, 1 + eps3]
         for ax in (pos, neg):
             assert dashed(ax, colors["sapo"]) == [log(0.8), log(1.2)]
             assert dashed(ax, colors["dapo"]) == [log(0.8), log(1.28)]

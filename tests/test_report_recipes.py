@@ -31,10 +31,13 @@ def test_recipe_validates(path):
     assert cfg.train.mini_batches > 1  # off-policy, or clipping never acts
 
 
-@pytest.mark.parametrize("model,slug,prompts,max_new,steps,warmup", [
-    ("Qwen/Qwen3-1.7B-Base", "qwen3_1p7b", 512, 4096, 165, 66),
-    ("Qwen/Qwen3-4B-Base", "qwen3_4b", 256, 3072, 335, 134),
-])
+@pytest.mark.parametrize(
+    "model,slug,prompts,max_new,steps,warmup",
+    [
+        ("Qwen/Qwen3-1.7B-Base", "qwen3_1p7b", 512, 4096, 165, 66),
+        ("Qwen/Qwen3-4B-Base", "qwen3_4b", 256, 3072, 335, 134),
+    ],
+)
 def test_table3_recipes_follow_the_paper(model, slug, prompts, max_new, steps, warmup):
     grpo = load_run_config(TABLE3 / f"{slug}_grpo.yaml")
     abc = load_run_config(TABLE3 / f"{slug}_abc.yaml")
@@ -45,8 +48,12 @@ def test_table3_recipes_follow_the_paper(model, slug, prompts, max_new, steps, w
         assert (cfg.task.name, cfg.task.path, cfg.task.template) == ("math", "open-r1/DAPO-Math-17k-Processed", "dapo")
         assert cfg.sampler.group_size == 8 and cfg.train.mini_batches == 4 and cfg.sampler.backend == "vllm"
         assert cfg.train.advantage == "group_mean" and cfg.train.agg == "seq-mean-token-mean"
-        assert (cfg.train.prompts_per_step, cfg.sampler.max_new_tokens, cfg.train.steps, cfg.train.warmup_steps) == \
-            (prompts, max_new, steps, warmup)
+        assert (cfg.train.prompts_per_step, cfg.sampler.max_new_tokens, cfg.train.steps, cfg.train.warmup_steps) == (
+            prompts,
+            max_new,
+            steps,
+            warmup,
+        )
         # 5 epochs over 17,398 prompts; warmup = 10% of the optimizer steps
         assert cfg.train.steps == 5 * (17398 // prompts) and warmup == cfg.train.steps * 4 // 10
         assert cfg.eval.benchmarks == ["aime24", "aime25", "amc23"] and cfg.eval.n == 64 and cfg.eval.limit is None
@@ -73,8 +80,14 @@ def test_table3_sweep_runs_are_the_recipes():
 
 def test_table3_tiny_sweep():
     runs = _expand(TABLE3 / "sweep_tiny.yaml")
-    assert sorted((r["objective"]["method"], r["seed"]) for r in runs) == \
-        [("abc", 0), ("abc", 1), ("abc", 2), ("grpo", 0), ("grpo", 1), ("grpo", 2)]
+    assert sorted((r["objective"]["method"], r["seed"]) for r in runs) == [
+        ("abc", 0),
+        ("abc", 1),
+        ("abc", 2),
+        ("grpo", 0),
+        ("grpo", 1),
+        ("grpo", 2),
+    ]
     for run in runs:
         assert run["model"]["name"] == "builtin:arith-tiny" and run["eval"]["benchmarks"] == ["arith"]
         assert run["train"]["advantage"] == "group_mean" and run["train"]["agg"] == "seq-mean-token-mean"
@@ -85,8 +98,14 @@ def test_nsr_sweeps_runs_are_the_recipes():
     runs = _expand(NSR / "sweep_dapo.yaml")
     assert len(runs) == 9
     for run in runs:
-        _same_run(run, NSR / {"dapo": "dapo.yaml", "nsr": "dapo_nsr.yaml", "decay": "dapo_decay.yaml"}[run["objective"]["method"]])
+        _same_run(
+            run,
+            NSR / {"dapo": "dapo.yaml", "nsr": "dapo_nsr.yaml", "decay": "dapo_decay.yaml"}[run["objective"]["method"]],
+        )
     runs = _expand(NSR / "sweep_gspo.yaml")
     assert len(runs) == 9
     for run in runs:
-        _same_run(run, NSR / {"gspo": "gspo.yaml", "nsr": "gspo_nsr.yaml", "decay": "gspo_decay.yaml"}[run["objective"]["method"]])
+        _same_run(
+            run,
+            NSR / {"gspo": "gspo.yaml", "nsr": "gspo_nsr.yaml", "decay": "gspo_decay.yaml"}[run["objective"]["method"]],
+        )

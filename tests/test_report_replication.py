@@ -15,7 +15,7 @@ from clipbench.errors import UserError
 from clipbench.report import stats
 from clipbench.report.build import build_report
 from clipbench.report.claims import evaluate_claims
-from clipbench.report.load import RunRecord, Sweep
+from clipbench.report.load import RunRecord
 from clipbench.report.replication import halves, replicate_against, replicate_by_halves, seed_ranges
 
 
@@ -25,8 +25,13 @@ def run(method, seed, entropy_last=0.5, final=None, base=None, n=2):
     rows = [{"step": i, "entropy": 1.0 if i < 4 else entropy_last, "accuracy": 0.5} for i in range(5)]
 
     def payload(counts):
-        return {"arith": {"problem_ids": [f"p{i}" for i in range(len(counts))], "n": n,
-                          "correct": [[1] * c + [0] * (n - c) for c in counts]}}
+        return {
+            "arith": {
+                "problem_ids": [f"p{i}" for i in range(len(counts))],
+                "n": n,
+                "correct": [[1] * c + [0] * (n - c) for c in counts],
+            }
+        }
 
     evals = {}
     if final is not None:
@@ -34,14 +39,14 @@ def run(method, seed, entropy_last=0.5, final=None, base=None, n=2):
     if base is not None:
         evals[0] = payload(base)
     cfg = {"seed": seed, "model": {"name": "m"}, "objective": {"method": method}}
-    return RunRecord(run_id=f"{method}-{seed}", path=Path("."), config=cfg, state="finished", metrics=rows,
-                     evals=evals, label=method)
+    return RunRecord(
+        run_id=f"{method}-{seed}", path=Path("."), config=cfg, state="finished", metrics=rows, evals=evals, label=method
+    )
 
 
 def entropy_runs(diffs):
     """grpo at entropy 0.5 on every seed; abc at 0.5 + diffs[seed]: abc - grpo = diffs, paired by seed."""
-    return ([run("grpo", s) for s in range(len(diffs))]
-            + [run("abc", s, 0.5 + d) for s, d in enumerate(diffs)])
+    return [run("grpo", s) for s in range(len(diffs))] + [run("abc", s, 0.5 + d) for s, d in enumerate(diffs)]
 
 
 def claim(runs, name):
@@ -60,6 +65,7 @@ def test_seed_ranges_and_halves():
 
 
 # ---- the smallest detectable effect -------------------------------------------------------------
+
 
 def test_mde_of_a_paired_t_over_seeds_golden():
     # abc - grpo per seed 0.1, 0.2, 0.3, 0.4, 0.5: mean 0.3, sd = sqrt((.04 + .01 + 0 + .01 + .04) / 4)
@@ -107,6 +113,7 @@ def test_inconclusive_accuracy_claim_says_how_many_problems_would_detect_it():
 
 
 # ---- halves ---------------------------------------------------------------------------------------
+
 
 def replicated(runs, name):
     cs = evaluate_claims(None, runs)
@@ -182,24 +189,54 @@ def test_a_second_sweep_replicates_or_not():
     replicate_against(cs, evaluate_claims(None, entropy_runs([-0.10, -0.12, -0.08, -0.11, -0.09])), "C")
     assert e.replication["status"] == "fragile" and e.replication["parts"][0]["verdict"] == "does not hold"
     replicate_against(cs, [], "D")
-    assert e.replication == {"status": "not tested", "by": "against sweep 'D'", "parts": [],
-                             "reason": "sweep 'D' has no such comparison"}
+    assert e.replication == {
+        "status": "not tested",
+        "by": "against sweep 'D'",
+        "parts": [],
+        "reason": "sweep 'D' has no such comparison",
+    }
 
 
 # ---- on a store: --replicate, checksums, machines -------------------------------------------------
 
+
 def machine(cpu="Test CPU A", threads=2, world=1):
-    return {"cpu": cpu, "cpu_flags": "fpu sse2 avx2", "cpu_capability": "AVX2", "cpus": 2, "gpu": None,
-            "gpu_count": 0, "cuda": None}, threads, world
+    return (
+        {
+            "cpu": cpu,
+            "cpu_flags": "fpu sse2 avx2",
+            "cpu_capability": "AVX2",
+            "cpus": 2,
+            "gpu": None,
+            "gpu_count": 0,
+            "cuda": None,
+        },
+        threads,
+        world,
+    )
 
 
 def write_provenance(run_dir: Path, sha: str | None, cpu: str = "Test CPU A", threads: int = 2, world: int = 1):
     m, t, w = machine(cpu, threads, world)
-    record = {"step": 0, "time": 0.0, "engine": "builtin", "device": "cpu",
-              "base_model": {"name": "builtin:arith-tiny", "path": "/x", "weights_sha256": sha}, "machine": m,
-              "software": {"python": "3.11.7", "os": "Linux", "torch": "2.13.0", "transformers": "5.19.0",
-                           "vllm": None, "trl": "1.16.0", "clipbench": "0.1.0"},
-              "threads": t, "world_size": w}
+    record = {
+        "step": 0,
+        "time": 0.0,
+        "engine": "builtin",
+        "device": "cpu",
+        "base_model": {"name": "builtin:arith-tiny", "path": "/x", "weights_sha256": sha},
+        "machine": m,
+        "software": {
+            "python": "3.11.7",
+            "os": "Linux",
+            "torch": "2.13.0",
+            "transformers": "5.19.0",
+            "vllm": None,
+            "trl": "1.16.0",
+            "clipbench": "0.1.0",
+        },
+        "threads": t,
+        "world_size": w,
+    }
     (run_dir / "provenance.json").write_text(json.dumps({"starts": [record]}))
 
 
@@ -214,8 +251,10 @@ def test_replicate_option_checks_every_claim_against_the_second_sweep(store, tmp
     assert result["claims"] and all(c["replication"]["status"] == "replicates" for c in result["claims"])
     assert result["replicate"]["sweep"] == "again" and result["replicate"]["compared"] == 6
     assert any(line.startswith("Replication sweep 'again'") for line in header)
-    assert any(line == f"Claims ({len(result['claims'])}) checked against sweep 'again': "
-               f"{len(result['claims'])} replicate." for line in header)
+    assert any(
+        line == f"Claims ({len(result['claims'])}) checked against sweep 'again': {len(result['claims'])} replicate."
+        for line in header
+    )
     (claims_table,) = [t for t in tables if t.key == "claims"]
     assert all(row[-1].startswith("replicates (again: seeds 0-1: holds") for row in claims_table.rows)
     # a path to a sweep directory elsewhere; abc's accuracy there no better than grpo's: fragile
@@ -244,8 +283,9 @@ def test_runs_compared_across_base_model_checksums_are_flagged(store):
     sha_a, sha_b = "a" * 64, "b" * 64
     for d in (store / "fixture").iterdir():
         if d.is_dir():  # grpo from one build, abc and nsr from another; seed 1 on another machine
-            write_provenance(d, sha_a if d.name.startswith("grpo") else sha_b,
-                             cpu="Test CPU B" if "-s1" in d.name else "Test CPU A")
+            write_provenance(
+                d, sha_a if d.name.startswith("grpo") else sha_b, cpu="Test CPU B" if "-s1" in d.name else "Test CPU A"
+            )
     _, result, tables, header = build_report(store, "fixture", "grpo")
     prov = result["provenance"]
     assert prov["checksums"] == {"builtin:arith-tiny": [sha_a, sha_b]} and prov["mixed"] == ["builtin:arith-tiny"]
@@ -259,7 +299,8 @@ def test_runs_compared_across_base_model_checksums_are_flagged(store):
     by_claim = {(c["claim"], c["comparison"]): c for c in result["claims"]}
     assert by_claim[("ABC-GRPO beats GRPO on held-out accuracy", "abc - grpo")]["checksums"] == [sha_a, sha_b]
     assert by_claim[("RL from verifiable rewards raises held-out accuracy", "grpo - base model (step 0)")][
-        "checksums"] == [sha_a]
+        "checksums"
+    ] == [sha_a]
     (ct,) = [t for t in tables if t.key == "claims"]
     row = next(r for r, _ in zip(ct.rows, ct.styles) if r[1] == "abc - grpo" and r[2].startswith("Avg@"))
     assert "[runs from 2 different base models: weights sha256 aaaaaaaa, bbbbbbbb]" in row[7]

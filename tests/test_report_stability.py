@@ -17,7 +17,7 @@ from clipbench.report.stability import critical_rate
 from clipbench.report.stability_table import critical_text
 
 T975_DF2 = 4.302652729911275  # scipy.stats.t.ppf(0.975, 2)
-SD = 6.25 / math.sqrt(3)      # sample sd of (a, a, a +- 6.25): sqrt((2 x (6.25/3)^2 + (12.5/3)^2) / 2) = 3.6084
+SD = 6.25 / math.sqrt(3)  # sample sd of (a, a, a +- 6.25): sqrt((2 x (6.25/3)^2 + (12.5/3)^2) / 2) = 3.6084
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +53,12 @@ def test_collapse_kinds_are_named_and_counted(ladder):
     # cispo from 2e-4: entropy 0.2 -> 0.6 (3x > 2x), length 20 -> 45 (2.25x > 1.5x), gradient norm 0.3 -> 0,
     # Avg@4 25% -> 0% (below half): every seed, four kinds
     assert cells["cispo"]["cells"][2e-4]["flagged"] == 3
-    assert cells["cispo"]["cells"][2e-4]["kinds"] == {"entropy blow-up": 3, "length blow-up": 3, "no learning signal": 3,
-                                                      "accuracy collapse": 3}
+    assert cells["cispo"]["cells"][2e-4]["kinds"] == {
+        "entropy blow-up": 3,
+        "length blow-up": 3,
+        "no learning signal": 3,
+        "accuracy collapse": 3,
+    }
     # grpo at 4e-4: the largest ratio 15 on the last step (> 10) on every seed; seed 2 (1 of 16 = 6.25% < 12.5%)
     # also collapsed in accuracy; 2 of 16 (12.5%) is not below half of 25%
     assert cells["grpo"]["cells"][4e-4]["kinds"] == {"ratio explosion": 3, "accuracy collapse": 1}
@@ -65,7 +69,9 @@ def test_collapse_kinds_are_named_and_counted(ladder):
     assert t.rows[2][2] == "+10.4 [+1.5, +19.4] (3)"
     # the dynamics table says the same per method label, for any sweep (one rate or many)
     dyn = {row[0]: row[-1] for row in next(t for t in tables if t.key == "dynamics").rows}
-    assert dyn["cispo(lr=0.0002)"] == "3/3: entropy blow-up 3, length blow-up 3, no learning signal 3, accuracy collapse 3"
+    assert (
+        dyn["cispo(lr=0.0002)"] == "3/3: entropy blow-up 3, length blow-up 3, no learning signal 3, accuracy collapse 3"
+    )
     assert dyn["grpo(lr=0.0001)"] == "0/3"
 
 
@@ -100,28 +106,41 @@ def test_cliff_claims_and_the_first_line(ladder):
     _, (_, result, _, header) = ladder
     claims = {(c["claim"], c["comparison"]): c for c in result["claims"]}
     # the cliff: the rates where grpo's mean gain is below 0 -> 4e-4 only (2e-4's mean is exactly 0)
-    cispo = claims[("CISPO trains stably: keeps more accuracy than GRPO at the lr cliff", "cispo(lr=0.0004) - grpo(lr=0.0004)")]
+    cispo = claims[
+        ("CISPO trains stably: keeps more accuracy than GRPO at the lr cliff", "cispo(lr=0.0004) - grpo(lr=0.0004)")
+    ]
     # per seed (0 - 2, 0 - 2, 0 - 1) / 16 x 100 = -12.5, -12.5, -6.25: mean -10.4167, t = -10.4167 / 2.0833 = -5.0,
     # df 2, two-sided p = 1 - 5 / sqrt(27) = 0.03775: against the paper
     assert cispo["estimate"] == pytest.approx(-125 / 12) and cispo["p"] == pytest.approx(1 - 5 / math.sqrt(27))
     assert cispo["verdict"] == "does not hold" and cispo["n"] == 3
     assert not any(c["comparison"].startswith("cispo(lr=0.0002)") for c in result["claims"])  # not the cliff
     for c in result["claims"]:  # arms are compared at the same rate only (before: every pair of rates)
-        assert len({part.split("(lr=")[1].split(")")[0] for part in c["comparison"].split(" - ") if "(lr=" in part}) == 1
+        assert (
+            len({part.split("(lr=")[1].split(")")[0] for part in c["comparison"].split(" - ") if "(lr=" in part}) == 1
+        )
     learns = {c["comparison"]: c["verdict"] for c in result["claims"] if c["claim"].startswith("RL from")}
     # 1e-4: t = 10.4167 / 2.0833 = 5.0 (p 0.0377); 2e-4: mean 0; 4e-4: t = -14.583 / 2.0833 = -7.0 (p 0.0198)
-    assert learns == {"grpo(lr=0.0001) - base model (step 0)": "holds",
-                      "grpo(lr=0.0002) - base model (step 0)": "inconclusive at this scale",
-                      "grpo(lr=0.0004) - base model (step 0)": "does not hold"}
-    assert header[0].startswith("Finding: the gain over the base model runs from +10.4 points (grpo(lr=0.0001)) to "
-                                "-25.0 (cispo(lr=")
+    assert learns == {
+        "grpo(lr=0.0001) - base model (step 0)": "holds",
+        "grpo(lr=0.0002) - base model (step 0)": "inconclusive at this scale",
+        "grpo(lr=0.0004) - base model (step 0)": "does not hold",
+    }
+    assert header[0].startswith(
+        "Finding: the gain over the base model runs from +10.4 points (grpo(lr=0.0001)) to -25.0 (cispo(lr="
+    )
     assert "critical learning rates: cispo 0.0001 [< 0.0001, 0.0002); grpo 0.0002 [0.0001, 0.0004)" in header[0]
     # and cispo against its own base model at the cliff: -25 on every seed (a constant loss: p 0)
-    base = claims[("CISPO trains stably: does not lose the base model's held-out accuracy at the lr cliff",
-                   "cispo(lr=0.0004) - base model (step 0)")]
+    base = claims[
+        (
+            "CISPO trains stably: does not lose the base model's held-out accuracy at the lr cliff",
+            "cispo(lr=0.0004) - base model (step 0)",
+        )
+    ]
     assert base["estimate"] == pytest.approx(-25.0) and base["verdict"] == "does not hold"
-    assert "of 5 claims, 1 holds: RL from verifiable rewards raises held-out accuracy (grpo(lr=0.0001) - base model " \
-           "(step 0), +10.4)" in header[0]
+    assert (
+        "of 5 claims, 1 holds: RL from verifiable rewards raises held-out accuracy (grpo(lr=0.0001) - base model "
+        "(step 0), +10.4)" in header[0]
+    )
     assert "3 do not hold: " in header[0] and header[0].endswith("1 inconclusive at this scale.")
 
 
@@ -144,8 +163,10 @@ def test_a_sweep_without_a_learning_rate_axis_has_no_stability_table(tmp_path, r
     # its first line still says what it found. The Average of arith (16 samples) and gsm8k (12): base
     # (3/16 + 1/12) / 2 = 13.542%; abc (9/16 + 4/12) / 2 = 44.792% (both seeds), +31.25 points; nsr seeds
     # (7/16, 6/16) and (2/12, 1/12): (40.625 + 12.5) / 2 = 26.5625%, +13.02 points
-    assert header[0].startswith("Finding: the gain over the base model runs from +31.2 points (abc) to +13.0 (nsr) "
-                                "(Avg@4, mean of 2 seeds per arm); of ")
+    assert header[0].startswith(
+        "Finding: the gain over the base model runs from +31.2 points (abc) to +13.0 (nsr) "
+        "(Avg@4, mean of 2 seeds per arm); of "
+    )
 
 
 @pytest.mark.slow
@@ -157,12 +178,23 @@ def test_stability_pipeline(tmp_path):
 
     tiny = Path(__file__).resolve().parent.parent / "recipes" / "abc_grpo_table3" / "tiny.yaml"
     spec = tmp_path / "ladder.yaml"
-    spec.write_text(f"name: tiny_ladder\nbase: {tiny}\n"
-                    "overrides: {train.steps: 3, eval.every: 0, eval.n: 4, eval.limit: 32, tracking.mlflow: false}\n"
-                    "grid: {seed: [0, 1], train.lr: [1.0e-4, 3.0e-3], objective.method: [grpo]}\n")
+    spec.write_text(
+        f"name: tiny_ladder\nbase: {tiny}\n"
+        "overrides: {train.steps: 3, eval.every: 0, eval.n: 4, eval.limit: 32, tracking.mlflow: false}\n"
+        "grid: {seed: [0, 1], train.lr: [1.0e-4, 3.0e-3], objective.method: [grpo]}\n"
+    )
     results = tmp_path / "results"
-    sweep_command(spec, [], dry_run=False, json_out=False, results_dir=results, jobs=2, launcher=None,
-                  retry_failed=False, tracking_uri=None)
+    sweep_command(
+        spec,
+        [],
+        dry_run=False,
+        json_out=False,
+        results_dir=results,
+        jobs=2,
+        launcher=None,
+        retry_failed=False,
+        tracking_uri=None,
+    )
     _, result, tables, header = build_report(results, "tiny_ladder", None)
     block = result["stability"]["builtin:arith-tiny"]
     assert block["rates"] == [1e-4, 3e-3] and list(block["rules"]) == ["grpo"]

@@ -42,12 +42,15 @@ def test_every_shipped_file_has_one_catalog_entry_and_reads():
             assert load_spec(s.name).file == s.path
 
 
-@pytest.mark.parametrize("ref, want", [
-    ("quickstart", "recipes/quickstart.yaml"),
-    ("quickstart.yaml", "recipes/quickstart.yaml"),
-    ("recipes/quickstart.yaml", "recipes/quickstart.yaml"),   # the README's spelling, from any directory
-    ("abc_grpo_table3/qwen3_4b_grpo", "recipes/abc_grpo_table3/qwen3_4b_grpo.yaml"),
-])
+@pytest.mark.parametrize(
+    "ref, want",
+    [
+        ("quickstart", "recipes/quickstart.yaml"),
+        ("quickstart.yaml", "recipes/quickstart.yaml"),
+        ("recipes/quickstart.yaml", "recipes/quickstart.yaml"),  # the README's spelling, from any directory
+        ("abc_grpo_table3/qwen3_4b_grpo", "recipes/abc_grpo_table3/qwen3_4b_grpo.yaml"),
+    ],
+)
 def test_recipe_by_name_from_any_directory(ref, want, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert recipe_path(ref) == REPO / "clipbench" / want
@@ -82,7 +85,8 @@ def test_unknown_name_is_one_line_exit_2(tmp_path, monkeypatch):
             recipe_path(ref)
     res = runner.invoke(app, ["train", "nope", "--results-dir", str(tmp_path / "r")])
     assert res.exit_code == 2 and res.stderr.strip() == (
-        "error: nope: file not found, nor a shipped recipe of that name (`clipbench recipes` lists them)")
+        "error: nope: file not found, nor a shipped recipe of that name (`clipbench recipes` lists them)"
+    )
     assert not (tmp_path / "r").exists()
     res = runner.invoke(app, ["sweep", "nope", "--results-dir", str(tmp_path / "r")])
     assert res.exit_code == 2 and "nor a shipped sweep" in res.stderr and not (tmp_path / "r").exists()
@@ -117,7 +121,13 @@ def test_init_writes_a_kit_that_expands_and_refuses_to_overwrite(tmp_path, monke
     runs = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
     # 2 rules x 3 seeds = 6 runs, on the shipped quickstart recipe, the plugin rule included
     assert sorted((r["config"]["objective"]["method"], r["config"]["seed"]) for r in runs) == [
-        ("grpo", 0), ("grpo", 1), ("grpo", 2), ("lower_only", 0), ("lower_only", 1), ("lower_only", 2)]
+        ("grpo", 0),
+        ("grpo", 1),
+        ("grpo", 2),
+        ("lower_only", 0),
+        ("lower_only", 1),
+        ("lower_only", 2),
+    ]
     assert {r["config"]["model"]["name"] for r in runs} == {"builtin:arith-steps"}
     before = (kit / "sweep.yaml").read_text()
     (kit / "sweep.yaml").write_text(before + "# mine\n")

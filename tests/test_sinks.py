@@ -21,8 +21,7 @@ from clipbench.tracking.store import RunDir
 
 REPO = Path(__file__).resolve().parent.parent
 runner = CliRunner()
-TINY = ["train.steps=2", "train.prompts_per_step=4", "train.mini_batches=2", "eval.every=0", "eval.limit=8",
-        "eval.n=2"]
+TINY = ["train.steps=2", "train.prompts_per_step=4", "train.mini_batches=2", "eval.every=0", "eval.limit=8", "eval.n=2"]
 
 
 def tb_points(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
@@ -46,11 +45,11 @@ def wandb_records(path: Path):
         if left < 7:
             pos += left
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if length == 0 and kind == 0:
             pos += left
             continue
-        buf += data[pos + 7:pos + 7 + length]
+        buf += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # FULL or LAST
             rec = wandb_internal_pb2.Record()
@@ -87,8 +86,17 @@ def run_dir(tmp_path_factory) -> Path:
     mp.setenv("WANDB_SILENT", "true")
     mp.delenv("MLFLOW_TRACKING_URI", raising=False)
     try:
-        res = runner.invoke(app, ["train", str(REPO / "recipes" / "arith_tiny.yaml"), *TINY,
-                                  "tracking.sinks=[mlflow,tensorboard,wandb]", "--results-dir", str(root / "results")])
+        res = runner.invoke(
+            app,
+            [
+                "train",
+                str(REPO / "recipes" / "arith_tiny.yaml"),
+                *TINY,
+                "tracking.sinks=[mlflow,tensorboard,wandb]",
+                "--results-dir",
+                str(root / "results"),
+            ],
+        )
     finally:
         mp.undo()
     assert res.exit_code == 0, res.output
@@ -111,7 +119,9 @@ def test_every_mirror_holds_what_the_store_holds(run_dir):
     assert {k: sorted(v) for k, v in wb.items()} == want  # JSON floats: exact
     assert json.loads((run_dir / "mlflow.json").read_text())  # MLflow still mirrors the run
     assert json.loads((run_dir / "sinks.json").read_text()) == {
-        "tensorboard": {"needs_sync": False, "error": None}, "wandb": {"needs_sync": False, "error": None}}
+        "tensorboard": {"needs_sync": False, "error": None},
+        "wandb": {"needs_sync": False, "error": None},
+    }
 
 
 @pytest.mark.slow
@@ -125,7 +135,9 @@ def test_sync_fills_an_outage_and_adds_nothing_twice(run_dir, tmp_path, monkeypa
         assert res.exit_code == 0, res.output
     assert tb_points(run_dir / "tensorboard") == before
     ids, wb = wandb_points(run_dir)
-    assert ids == {f"train-{RunDir(run_dir).run_id}"} and {k: sorted(v) for k, v in wb.items()} == store_points(RunDir(run_dir))
+    assert ids == {f"train-{RunDir(run_dir).run_id}"} and {k: sorted(v) for k, v in wb.items()} == store_points(
+        RunDir(run_dir)
+    )
     # TensorBoard was down for the whole run: its directory is missing; sync writes it from the store
     import shutil
 
@@ -133,7 +145,8 @@ def test_sync_fills_an_outage_and_adds_nothing_twice(run_dir, tmp_path, monkeypa
     res = runner.invoke(app, ["sync", "train", "--sink", "tensorboard", "--results-dir", str(results)])
     assert res.exit_code == 0, res.output
     assert {k: [s for s, _ in v] for k, v in tb_points(run_dir / "tensorboard").items()} == {
-        k: [s for s, _ in v] for k, v in before.items()}
+        k: [s for s, _ in v] for k, v in before.items()
+    }
 
 
 @pytest.mark.slow
@@ -149,7 +162,10 @@ def test_a_resumed_run_continues_its_mirrors_without_repeating_a_point(run_dir, 
     before = tb_points(run_dir / "tensorboard")
     sink = run_sink(rd.read_config(), rd, results_dir=run_dir.parent.parent, sweep="train", resume=True)
     assert isinstance(sink, FanoutSink) and [type(s).__name__ for s in sink.sinks] == [
-        "MlflowSink", "TensorBoardSink", "WandbSink"]
+        "MlflowSink",
+        "TensorBoardSink",
+        "WandbSink",
+    ]
     for row in rd.read_metrics():
         sink.log_metrics(row["opt_step"], {k: v for k, v in row.items() if isinstance(v, (int, float))})
     sink.close()
@@ -175,27 +191,50 @@ def test_a_failing_sink_never_fails_the_run_and_says_so_once(tmp_path, caplog):
             fan.log_metrics(k, {"step": k, "opt_step": k + 1, "train/loss": 0.5 * k})
         fan.close()
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and warnings[0].startswith("broken sink failed during log_metrics (ConnectionError: "
-                                                         "tracker down)")
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "broken sink failed during log_metrics (ConnectionError: tracker down)"
+    )
     assert f"clipbench sync s --sink broken --results-dir {tmp_path / 'results'}" in warnings[0]
     assert read_scalars(rd.path / "tensorboard")[0] == {"train/loss": 3}  # the other mirror got every point
     assert json.loads((rd.path / "sinks.json").read_text())["broken"] == {
-        "needs_sync": True, "error": "ConnectionError: tracker down"}
+        "needs_sync": True,
+        "error": "ConnectionError: tracker down",
+    }
 
 
 def test_an_unknown_or_missing_sink_is_refused_in_one_line(tmp_path, monkeypatch):
-    res = runner.invoke(app, ["train", str(REPO / "recipes" / "arith_tiny.yaml"), "tracking.sinks=[mlflow,neptune]",
-                              "--results-dir", str(tmp_path / "r")])
-    assert res.exit_code == 2 and "tracking.sinks: item 1: unknown 'neptune'; valid: mlflow, wandb, tensorboard" in res.stderr
+    res = runner.invoke(
+        app,
+        [
+            "train",
+            str(REPO / "recipes" / "arith_tiny.yaml"),
+            "tracking.sinks=[mlflow,neptune]",
+            "--results-dir",
+            str(tmp_path / "r"),
+        ],
+    )
+    assert (
+        res.exit_code == 2
+        and "tracking.sinks: item 1: unknown 'neptune'; valid: mlflow, wandb, tensorboard" in res.stderr
+    )
     import importlib.util
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
-    res = runner.invoke(app, ["train", str(REPO / "recipes" / "arith_tiny.yaml"), "tracking.sinks=[wandb]",
-                              "--results-dir", str(tmp_path / "r")])
+    res = runner.invoke(
+        app,
+        [
+            "train",
+            str(REPO / "recipes" / "arith_tiny.yaml"),
+            "tracking.sinks=[wandb]",
+            "--results-dir",
+            str(tmp_path / "r"),
+        ],
+    )
     assert res.exit_code == 2 and res.stderr.strip() == (
         "error: tracking.sinks: 'wandb' is not installed here; pip install 'clipbench[wandb]' (or drop it from "
-        "tracking.sinks)")
+        "tracking.sinks)"
+    )
     assert not (tmp_path / "r").exists()
 
 

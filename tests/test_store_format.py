@@ -49,8 +49,21 @@ def test_format_1_store_reports_the_same_tables_as_0_1_0(store, tmp_path):
     """The report of today's release on the 0.1.0 store equals the one 0.1.0 built (table3.csv: Avg@2
     18.8 -> 25.0 for both rules over the 16 held-out problems at step 0 and step 2; runs.csv: both
     finished at 2/2)."""
-    res = runner.invoke(app, ["report", "fixture_v1", "--results-dir", str(store), "--format", "csv",
-                              "--out", str(tmp_path / "rep"), "--baseline", "grpo"])
+    res = runner.invoke(
+        app,
+        [
+            "report",
+            "fixture_v1",
+            "--results-dir",
+            str(store),
+            "--format",
+            "csv",
+            "--out",
+            str(tmp_path / "rep"),
+            "--baseline",
+            "grpo",
+        ],
+    )
     assert res.exit_code == 0, res.output
     for name in ("table3.csv", "runs.csv"):
         assert (tmp_path / "rep" / name).read_text() == (FIXTURE / name).read_text(), name
@@ -65,7 +78,8 @@ def test_format_1_sweep_is_continued_not_rewritten(store):
     assert "2 finished" in res.output
     after = snapshot(store / "fixture_v1")
     assert {k: v for k, v in after.items() if not k.startswith(".")} == {
-        k: v for k, v in before.items() if not k.startswith(".")}
+        k: v for k, v in before.items() if not k.startswith(".")
+    }
 
 
 def _set(path: Path, **fields) -> None:
@@ -77,12 +91,14 @@ def _set(path: Path, **fields) -> None:
 def test_a_newer_run_is_refused_in_one_line(store, tmp_path):
     status = store / "fixture_v1" / RUNS[1] / "status.json"
     _set(status, store_format=3)
-    res = runner.invoke(app, ["report", "fixture_v1", "--results-dir", str(store), "--format", "csv",
-                              "--out", str(tmp_path / "rep")])
+    res = runner.invoke(
+        app, ["report", "fixture_v1", "--results-dir", str(store), "--format", "csv", "--out", str(tmp_path / "rep")]
+    )
     assert res.exit_code == 2 and res.stderr == (
         f"error: {status}: written in results-store format 3; this clipbench reads formats 1 to 2; read it with "
         "the clipbench release that wrote it, or upgrade this one (pip install -U clipbench); `clipbench "
-        "--version` prints the format a release writes\n")
+        "--version` prints the format a release writes\n"
+    )
     assert not (tmp_path / "rep").exists()
 
 

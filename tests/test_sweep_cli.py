@@ -17,8 +17,11 @@ REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "arith_tiny.yaml"
 runner = CliRunner()
 
-GOOD = {"name": "cli", "base": str(RECIPE),
-        "grid": {"objective.method": ["dapo", "nsr"], "objective.p": [0.5, 1.0], "seed": [0, 1]}}
+GOOD = {
+    "name": "cli",
+    "base": str(RECIPE),
+    "grid": {"objective.method": ["dapo", "nsr"], "objective.p": [0.5, 1.0], "seed": [0, 1]},
+}
 
 
 def sweep(tmp_path: Path, *args: str):
@@ -45,43 +48,93 @@ def with_(**changes) -> str:
 # (case id, sweep file text, expected key in the message, expected reason fragment)
 BAD = [
     ("yaml-syntax", "name: x\ngrid: {seed: [0, 1]\n", "line", "YAML syntax error"),
-    ("duplicate-key", f"name: x\nbase: {RECIPE}\ngrid: {{seed: [0]}}\ngrid: {{seed: [1]}}\n", "line 4",
-     "duplicate key 'grid' (first at line 3)"),
-    ("duplicate-key-in-flow", f"name: x\nbase: {RECIPE}\ngrid: {{seed: [0], seed: [1]}}\n", "line 3",
-     "duplicate key 'seed'"),
+    (
+        "duplicate-key",
+        f"name: x\nbase: {RECIPE}\ngrid: {{seed: [0]}}\ngrid: {{seed: [1]}}\n",
+        "line 4",
+        "duplicate key 'grid' (first at line 3)",
+    ),
+    (
+        "duplicate-key-in-flow",
+        f"name: x\nbase: {RECIPE}\ngrid: {{seed: [0], seed: [1]}}\n",
+        "line 3",
+        "duplicate key 'seed'",
+    ),
     ("unknown-top-key", with_(gird={"seed": [0]}), "gird", "unknown key (did you mean 'grid'?)"),
     ("grid-not-mapping", with_(grid=[1, 2]), "grid", "expected a mapping"),
     ("axis-not-list", with_(grid={"seed": 3}), "grid.seed", "expected a list of values"),
     ("axis-wrong-type", with_(grid={"train.steps": ["ten"]}), "grid.train.steps", "could not be converted to Integer"),
     ("unknown-axis-key", with_(grid={"train.stepz": [1, 2]}), "grid.train.stepz", "did you mean 'train.steps'?"),
-    ("unknown-method", with_(grid={"objective.method": ["grpo", "nsrr"]}), "grid.objective.method",
-     "unknown method 'nsrr' (did you mean 'nsr'?)"),
-    ("unknown-param", with_(grid={"objective.method": ["nsr"], "objective.pp": [0.5]}), "grid.objective.pp",
-     "has parameter 'pp' (did you mean 'p'?)"),
-    ("param-of-no-method-in-grid", with_(grid={"objective.method": ["grpo", "dapo"], "objective.p": [0.5]}),
-     "grid.objective.p", "no method in this sweep (dapo, grpo) has parameter 'p'; only decay, nsr have it"),
+    (
+        "unknown-method",
+        with_(grid={"objective.method": ["grpo", "nsrr"]}),
+        "grid.objective.method",
+        "unknown method 'nsrr' (did you mean 'nsr'?)",
+    ),
+    (
+        "unknown-param",
+        with_(grid={"objective.method": ["nsr"], "objective.pp": [0.5]}),
+        "grid.objective.pp",
+        "has parameter 'pp' (did you mean 'p'?)",
+    ),
+    (
+        "param-of-no-method-in-grid",
+        with_(grid={"objective.method": ["grpo", "dapo"], "objective.p": [0.5]}),
+        "grid.objective.p",
+        "no method in this sweep (dapo, grpo) has parameter 'p'; only decay, nsr have it",
+    ),
     ("empty-grid", with_(grid={}), "grid", "empty"),
     ("empty-axis", with_(grid={"seed": []}), "grid.seed", "empty list"),
-    ("negative-eps", with_(grid={"objective.method": ["grpo"], "objective.eps_low": [0.2, -0.1]}),
-     "grid.objective.eps_low", "-0.1"),
+    (
+        "negative-eps",
+        with_(grid={"objective.method": ["grpo"], "objective.eps_low": [0.2, -0.1]}),
+        "grid.objective.eps_low",
+        "-0.1",
+    ),
     ("p-above-one", with_(grid={"objective.method": ["nsr"], "objective.p": [0.5, 1.5]}), "grid.objective.p", "1.5"),
-    ("p-below-zero-in-overrides", with_(grid={"objective.method": ["nsr"], "seed": [0]}, overrides={"objective.p": -0.5}),
-     "overrides.objective.p", "-0.5"),
+    (
+        "p-below-zero-in-overrides",
+        with_(grid={"objective.method": ["nsr"], "seed": [0]}, overrides={"objective.p": -0.5}),
+        "overrides.objective.p",
+        "-0.5",
+    ),
     ("missing-base-file", with_(base="nowhere/recipe.yaml"), "base", "recipe not found"),
     ("missing-base-key", with_(base=None), "base", "missing"),
     ("unknown-override-key", with_(overrides={"train.lrr": 1.0}), "overrides.train.lrr", "did you mean 'train.lr'?"),
-    ("override-bad-value", with_(overrides={"train.steps": 0}), "overrides.train.steps", "must be in [1, 1000000], got 0"),
-    ("inf-in-an-axis", with_(grid={"train.lr": [1.0e-6, 1.0e+400]}), "grid.train.lr", "must be a finite number in (0, 1], got inf"),
-    ("model-path-in-an-axis", with_(grid={"model.name": ["builtin:arith-tiny", "/no/such/model"]}), "grid.model.name",
-     "no such path '/no/such/model'"),
+    (
+        "override-bad-value",
+        with_(overrides={"train.steps": 0}),
+        "overrides.train.steps",
+        "must be in [1, 1000000], got 0",
+    ),
+    (
+        "inf-in-an-axis",
+        with_(grid={"train.lr": [1.0e-6, 1.0e400]}),
+        "grid.train.lr",
+        "must be a finite number in (0, 1], got inf",
+    ),
+    (
+        "model-path-in-an-axis",
+        with_(grid={"model.name": ["builtin:arith-tiny", "/no/such/model"]}),
+        "grid.model.name",
+        "no such path '/no/such/model'",
+    ),
     ("override-is-axis", with_(overrides={"seed": 3}), "overrides.seed", "also an axis"),
     ("zip-unequal", with_(zip={"train.lr": [1.0e-5, 2.0e-5], "train.warmup_steps": [0]}), "zip", "same length"),
     ("exclude-not-axis", with_(exclude=[{"train.lr": 1.0e-5}]), "exclude[0].train.lr", "not an axis"),
     ("bad-name", with_(name="a b/c"), "name", "directory-safe"),
-    ("cross-field-override", with_(overrides={"train.mini_batches": 100}), "overrides.train.mini_batches",
-     "cannot split"),
-    ("cross-field-in-a-run", with_(grid={"sampler.group_size": [8, 2], "train.mini_batches": [4, 32]}),
-     "grid.train.mini_batches", "cannot split a batch of 16 sequences (prompts_per_step x group_size) (in the run"),
+    (
+        "cross-field-override",
+        with_(overrides={"train.mini_batches": 100}),
+        "overrides.train.mini_batches",
+        "cannot split",
+    ),
+    (
+        "cross-field-in-a-run",
+        with_(grid={"sampler.group_size": [8, 2], "train.mini_batches": [4, 32]}),
+        "grid.train.mini_batches",
+        "cannot split a batch of 16 sequences (prompts_per_step x group_size) (in the run",
+    ),
 ]
 
 
@@ -103,8 +156,9 @@ def test_bad_command_line_override_names_the_command_line(tmp_path):
     f = write(tmp_path, with_())
     result, res = sweep(tmp_path, str(f), "train.stepz=3")
     assert result.exit_code == 2
-    assert result.stderr.strip() == ("error: command line: train.stepz: unknown key 'train.stepz' "
-                                     "(did you mean 'train.steps'?)")
+    assert result.stderr.strip() == (
+        "error: command line: train.stepz: unknown key 'train.stepz' (did you mean 'train.steps'?)"
+    )
     assert not res.exists()
 
 
@@ -113,7 +167,9 @@ def test_sweep_file_not_utf8(tmp_path):
     f.write_bytes(with_().encode("utf-16"))
     result, res = sweep(tmp_path, str(f))
     assert result.exit_code == 2, result.output
-    assert result.stderr.strip() == f"error: {f}: line 1: not UTF-8 text (byte 0xff at offset 0); save the file as UTF-8"
+    assert (
+        result.stderr.strip() == f"error: {f}: line 1: not UTF-8 text (byte 0xff at offset 0); save the file as UTF-8"
+    )
     assert not res.exists()
 
 
@@ -180,9 +236,13 @@ def test_hydra_command_joins_a_running_ray_cluster(monkeypatch):
     kw = dict(launcher="ray", jobs=None, sweep_dir="/tmp/s")
     null = "+hydra.launcher.ray.init.object_store_memory=null"
     assert null not in hydra_command("/tmp/s/manifest.json", ["a"], **kw)  # starts its own instance
-    assert null in hydra_command("/tmp/s/manifest.json", ["a"], hydra_overrides=["hydra.launcher.ray.init.address=h:6379"], **kw)
+    assert null in hydra_command(
+        "/tmp/s/manifest.json", ["a"], hydra_overrides=["hydra.launcher.ray.init.address=h:6379"], **kw
+    )
     mine = "+hydra.launcher.ray.init.object_store_memory=1000000000"
-    cmd = hydra_command("/tmp/s/manifest.json", ["a"], hydra_overrides=["hydra.launcher.ray.init.address=h:1", mine], **kw)
+    cmd = hydra_command(
+        "/tmp/s/manifest.json", ["a"], hydra_overrides=["hydra.launcher.ray.init.address=h:1", mine], **kw
+    )
     assert null not in cmd and mine in cmd  # the user's own setting wins
     monkeypatch.setenv("RAY_ADDRESS", "h:6379")
     assert null in hydra_command("/tmp/s/manifest.json", ["a"], **kw)
@@ -206,16 +266,28 @@ def test_runs_of_several_processes_get_that_many_times_the_launchers_resources(m
     monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0))
     nprocs = {"a": 1, "b": 2, "c": 1, "d": 4}
     kw = dict(jobs=None, sweep_dir="/tmp/s")
-    hydra_app.launch("/tmp/s/manifest.json", list(nprocs), nprocs=nprocs, launcher="ray",
-                     hydra_overrides=["+hydra.launcher.ray.remote.num_gpus=1", "hydra.launcher.ray.init.address=h:1"], **kw)
+    hydra_app.launch(
+        "/tmp/s/manifest.json",
+        list(nprocs),
+        nprocs=nprocs,
+        launcher="ray",
+        hydra_overrides=["+hydra.launcher.ray.remote.num_gpus=1", "hydra.launcher.ray.init.address=h:1"],
+        **kw,
+    )
     by_ids = {next(a for a in cmd if a.startswith("run_id=")): cmd for cmd in calls}
     assert list(by_ids) == ["run_id='a','c'", "run_id='b'", "run_id='d'"]
     assert "+hydra.launcher.ray.remote.num_gpus=1" in by_ids["run_id='a','c'"]
     assert "+hydra.launcher.ray.remote.num_gpus=2" in by_ids["run_id='b'"]
     assert "+hydra.launcher.ray.remote.num_gpus=4" in by_ids["run_id='d'"]
     calls.clear()
-    hydra_app.launch("/tmp/s/manifest.json", ["b"], nprocs={"b": 2}, launcher="submitit_slurm",
-                     hydra_overrides=["hydra.launcher.cpus_per_task=8", "hydra.launcher.mem_gb=32.5"], **kw)
+    hydra_app.launch(
+        "/tmp/s/manifest.json",
+        ["b"],
+        nprocs={"b": 2},
+        launcher="submitit_slurm",
+        hydra_overrides=["hydra.launcher.cpus_per_task=8", "hydra.launcher.mem_gb=32.5"],
+        **kw,
+    )
     assert {"hydra.launcher.cpus_per_task=16", "hydra.launcher.mem_gb=65"} <= set(calls[0])
     calls.clear()
     hydra_app.launch("/tmp/s/manifest.json", ["b"], nprocs={"b": 2}, launcher="ray", hydra_overrides=[], **kw)

@@ -60,16 +60,23 @@ def test_objective_axis_applies_only_to_methods_with_that_parameter(tmp_path):
             assert cfg["objective"]["p"] == pt["objective.p"]
         assert cfg["train"]["steps"] == 40
     # (nsr/decay, p) pairs: all 3 x 3 x 3 present exactly once
-    pairs = Counter((c["objective"]["method"], c["objective"].get("p"), c["seed"]) for c in exp.runs.values()
-                    if c["objective"]["method"] != "dapo")
+    pairs = Counter(
+        (c["objective"]["method"], c["objective"].get("p"), c["seed"])
+        for c in exp.runs.values()
+        if c["objective"]["method"] != "dapo"
+    )
     assert len(pairs) == 18 and set(pairs.values()) == {1}
 
 
 def test_fast_expansion_equals_the_full_loader_run_by_run(tmp_path):
     body = {
         "overrides": {"train.steps": 7, "objective.delta": 0.2, "eval.limit": 16},
-        "grid": {"objective.method": ["grpo", "nsr", "abc"], "objective.p": [0.3, 1],
-                 "train.lr": ["1e-5", 3.0e-4], "seed": [0, 4]},
+        "grid": {
+            "objective.method": ["grpo", "nsr", "abc"],
+            "objective.p": [0.3, 1],
+            "train.lr": ["1e-5", 3.0e-4],
+            "seed": [0, 4],
+        },
     }
     f = write_sweep(tmp_path, body)
     exp = expand(load_spec(f))
@@ -91,8 +98,10 @@ def test_fast_expansion_equals_the_full_loader_run_by_run(tmp_path):
 
 
 def test_zip_varies_keys_together(tmp_path):
-    f = write_sweep(tmp_path, {"grid": {"seed": [0, 1]},
-                               "zip": {"train.lr": [1.0e-5, 2.0e-5, 4.0e-5], "train.warmup_steps": [0, 5, 10]}})
+    f = write_sweep(
+        tmp_path,
+        {"grid": {"seed": [0, 1]}, "zip": {"train.lr": [1.0e-5, 2.0e-5, 4.0e-5], "train.warmup_steps": [0, 5, 10]}},
+    )
     exp = expand(load_spec(f))
     assert len(exp.runs) == 6  # 2 seeds x 3 zipped pairs, not 2 x 3 x 3 = 18
     pairs = {(c["train"]["lr"], c["train"]["warmup_steps"]) for c in exp.runs.values()}
@@ -108,7 +117,9 @@ def test_zip_lists_must_have_equal_length(tmp_path):
 
 
 def test_exclude_removes_matching_points(tmp_path):
-    body = dict(NSR_VS_DECAY, exclude=[{"objective.method": "nsr", "objective.p": 1.0}, {"seed": 2, "objective.method": "dapo"}])
+    body = dict(
+        NSR_VS_DECAY, exclude=[{"objective.method": "nsr", "objective.p": 1.0}, {"seed": 2, "objective.method": "dapo"}]
+    )
     exp = expand(load_spec(write_sweep(tmp_path, body)))
     # 21 - 3 (nsr p=1 x 3 seeds) - 1 (dapo seed 2) = 17
     assert len(exp.runs) == 17
@@ -121,10 +132,17 @@ def test_exclude_removes_matching_points(tmp_path):
 def test_run_ids_are_deterministic_across_processes(tmp_path):
     f = write_sweep(tmp_path, NSR_VS_DECAY)
     ids = list(expand(load_spec(f)).runs)
-    code = ("import json,sys; from clipbench.sweep import expand, load_spec; "
-            "print(json.dumps(list(expand(load_spec(sys.argv[1])).runs)))")
-    out = subprocess.run([sys.executable, "-c", code, str(f)], capture_output=True, text=True, check=True,
-                         env={"PYTHONHASHSEED": "12345", "PATH": "/usr/bin:/bin"})
+    code = (
+        "import json,sys; from clipbench.sweep import expand, load_spec; "
+        "print(json.dumps(list(expand(load_spec(sys.argv[1])).runs)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(f)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONHASHSEED": "12345", "PATH": "/usr/bin:/bin"},
+    )
     assert json.loads(out.stdout.strip().splitlines()[-1]) == ids
     assert len(set(ids)) == 21 and all(len(r) == 12 for r in ids)
     # the id is the hash of the resolved config, so a changed setting changes every id
@@ -196,9 +214,13 @@ def test_manifest_is_frozen_against_recipe_edits_and_appends_new_runs(tmp_path):
 
 def test_ten_thousand_runs_expand_to_distinct_valid_configs(tmp_path):
     """The benchmark's grid (bench/bench_sweep.py times it): 10,000 distinct runs, each the loader's."""
-    grid = {"objective.method": ["nsr", "decay"], "objective.p": [i / 10 for i in range(1, 11)],
-            "objective.delta": [0.05, 0.1, 0.2, 0.3, 0.4], "train.lr": [1e-6 * (i + 1) for i in range(10)],
-            "seed": list(range(10))}
+    grid = {
+        "objective.method": ["nsr", "decay"],
+        "objective.p": [i / 10 for i in range(1, 11)],
+        "objective.delta": [0.05, 0.1, 0.2, 0.3, 0.4],
+        "train.lr": [1e-6 * (i + 1) for i in range(10)],
+        "seed": list(range(10)),
+    }
     f = write_sweep(tmp_path, {"grid": grid})
     exp = expand(load_spec(f))
     assert len(exp.runs) == 2 * 10 * 5 * 10 * 10 == 10_000
@@ -214,9 +236,18 @@ def test_the_sampler_correction_is_an_axis_whose_parameters_apply_to_their_corre
     from clipbench.config import load_run_config
     from clipbench.config.labels import label
 
-    f = write_sweep(tmp_path, {"name": "corr", "overrides": {"train.steps": 40},
-                               "grid": {"sampler.correction.name": ["none", "tis", "icepop", "geo_mask"],
-                                        "sampler.correction.cap": [2.0, 3.0], "seed": [0, 1]}})
+    f = write_sweep(
+        tmp_path,
+        {
+            "name": "corr",
+            "overrides": {"train.steps": 40},
+            "grid": {
+                "sampler.correction.name": ["none", "tis", "icepop", "geo_mask"],
+                "sampler.correction.cap": [2.0, 3.0],
+                "seed": [0, 1],
+            },
+        },
+    )
     exp = expand(load_spec(f))
     assert exp.combos == 16 and len(exp.runs) == 10 and not exp.warnings
     names = Counter(cfg["sampler"]["correction"]["name"] for cfg in exp.runs.values())
@@ -224,24 +255,36 @@ def test_the_sampler_correction_is_an_axis_whose_parameters_apply_to_their_corre
     for rid, cfg in exp.runs.items():
         point = exp.points[rid]
         assert ("sampler.correction.cap" in point) == (cfg["sampler"]["correction"]["name"] == "tis")
-        nested = {"sampler": {"correction": {"name": point["sampler.correction.name"],
-                                             **({"cap": point["sampler.correction.cap"]}
-                                                if "sampler.correction.cap" in point else {})}}}
-        assert cfg == to_dict(validate(compose(RECIPE, deep_merge(nested, {"seed": point["seed"],
-                                                                           "train": {"steps": 40}})), "x"))
+        nested = {
+            "sampler": {
+                "correction": {
+                    "name": point["sampler.correction.name"],
+                    **({"cap": point["sampler.correction.cap"]} if "sampler.correction.cap" in point else {}),
+                }
+            }
+        }
+        assert cfg == to_dict(
+            validate(compose(RECIPE, deep_merge(nested, {"seed": point["seed"], "train": {"steps": 40}})), "x")
+        )
     former = load_run_config(RECIPE, ["sampler.mismatch_is=token", "train.steps=40"])
     assert run_id(former) in exp.runs
     rid = run_id(former)
     assert label(exp.points[rid]) == "correction=tis cap=2 seed=0"
 
 
-@pytest.mark.parametrize("body, where, reason", [
-    ({"grid": {"sampler.correction.cpa": [2.0]}}, "grid.sampler.correction.cpa", "did you mean 'cap'"),
-    ({"grid": {"sampler.correction.name": ["tis"], "sampler.correction.low": [0.5]}},
-     "grid.sampler.correction.low", "only geo_mask, icepop, kl_rs, veto have it"),
-    ({"grid": {"sampler.correction.name": ["icepp"]}}, "grid.sampler.correction.name", "unknown correction"),
-    ({"grid": {"sampler.mismatch_is": ["token"]}}, "grid.sampler.mismatch_is", "is now sampler.correction.name"),
-])
+@pytest.mark.parametrize(
+    "body, where, reason",
+    [
+        ({"grid": {"sampler.correction.cpa": [2.0]}}, "grid.sampler.correction.cpa", "did you mean 'cap'"),
+        (
+            {"grid": {"sampler.correction.name": ["tis"], "sampler.correction.low": [0.5]}},
+            "grid.sampler.correction.low",
+            "only geo_mask, icepop, kl_rs, veto have it",
+        ),
+        ({"grid": {"sampler.correction.name": ["icepp"]}}, "grid.sampler.correction.name", "unknown correction"),
+        ({"grid": {"sampler.mismatch_is": ["token"]}}, "grid.sampler.mismatch_is", "is now sampler.correction.name"),
+    ],
+)
 def test_correction_axis_errors_name_the_sweep_key(tmp_path, body, where, reason):
     from clipbench.errors import ConfigError
 
@@ -253,8 +296,10 @@ def test_correction_axis_errors_name_the_sweep_key(tmp_path, body, where, reason
 def test_the_former_keys_still_work_in_a_sweeps_overrides(tmp_path):
     from clipbench.config import load_run_config
 
-    f = write_sweep(tmp_path, {"overrides": {"sampler.mismatch_is": "sequence", "sampler.mismatch_is_cap": 3},
-                               "grid": {"seed": [0]}})
+    f = write_sweep(
+        tmp_path,
+        {"overrides": {"sampler.mismatch_is": "sequence", "sampler.mismatch_is_cap": 3}, "grid": {"seed": [0]}},
+    )
     (rid,) = expand(load_spec(f)).runs
     assert rid == run_id(load_run_config(RECIPE, ["sampler.correction={name: tis, level: sequence, cap: 3}"]))
 
@@ -262,10 +307,12 @@ def test_the_former_keys_still_work_in_a_sweeps_overrides(tmp_path):
 def test_a_zip_column_may_repeat_a_value_but_not_a_row(tmp_path):
     from clipbench.errors import ConfigError
 
-    f = write_sweep(tmp_path, {"grid": {"seed": [0]}, "zip": {"objective.method": ["grpo", "dapo"],
-                                                             "train.lr": [1e-4, 1e-4]}})
+    f = write_sweep(
+        tmp_path, {"grid": {"seed": [0]}, "zip": {"objective.method": ["grpo", "dapo"], "train.lr": [1e-4, 1e-4]}}
+    )
     assert len(expand(load_spec(f)).runs) == 2
-    f = write_sweep(tmp_path, {"grid": {"seed": [0]}, "zip": {"objective.method": ["grpo", "grpo"],
-                                                             "train.lr": [1e-4, 1e-4]}})
+    f = write_sweep(
+        tmp_path, {"grid": {"seed": [0]}, "zip": {"objective.method": ["grpo", "grpo"], "train.lr": [1e-4, 1e-4]}}
+    )
     with pytest.raises(ConfigError, match="row 1 repeats an earlier row"):
         load_spec(f)

@@ -20,34 +20,58 @@ import pytest
 import yaml
 
 from clipbench.sweep.manifest import manifest_path, read_manifest
-from clipbench.tracking.store import RunDir
 from clipbench.tracking.files import read_jsonl
+from clipbench.tracking.store import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sweep_run"), pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parent.parent
 # A few seconds per run on CPU: 2 prompts x 4 samples, 8 new tokens, a checkpoint every 2 steps.
-TINY = {"train.steps": 6, "train.prompts_per_step": 2, "sampler.group_size": 4, "sampler.max_new_tokens": 8,
-        "train.mini_batches": 2, "train.checkpoint_every": 2, "eval.limit": 8, "eval.n": 2, "eval.every": 0,
-        "tracking.mlflow": False}
+TINY = {
+    "train.steps": 6,
+    "train.prompts_per_step": 2,
+    "sampler.group_size": 4,
+    "sampler.max_new_tokens": 8,
+    "train.mini_batches": 2,
+    "train.checkpoint_every": 2,
+    "eval.limit": 8,
+    "eval.n": 2,
+    "eval.every": 0,
+    "tracking.mlflow": False,
+}
 TIME_KEYS = ("time/",)  # wall-clock metrics differ between runs; everything else must not
 
 
 def write_sweep(tmp: Path, name: str, methods=("grpo", "dapo"), **over) -> Path:
     f = tmp / f"{name}.yaml"
-    f.write_text(yaml.safe_dump({"name": name, "base": str(REPO / "recipes" / "arith_tiny.yaml"),
-                                 "overrides": {**TINY, **over}, "grid": {"objective.method": list(methods)}}))
+    f.write_text(
+        yaml.safe_dump(
+            {
+                "name": name,
+                "base": str(REPO / "recipes" / "arith_tiny.yaml"),
+                "overrides": {**TINY, **over},
+                "grid": {"objective.method": list(methods)},
+            }
+        )
+    )
     return f
 
 
 def clipbench(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "clipbench.cli", *args], capture_output=True, text=True,
-                          cwd=REPO, timeout=500, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "clipbench.cli", *args], capture_output=True, text=True, cwd=REPO, timeout=500, **kw
+    )
 
 
 def popen(*args: str, new_session: bool = False) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "clipbench.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=new_session)
+    return subprocess.Popen(
+        [sys.executable, "-m", "clipbench.cli", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=new_session,
+    )
 
 
 def stable(rows: list[dict]) -> list[dict]:
@@ -56,8 +80,10 @@ def stable(rows: list[dict]) -> list[dict]:
 
 def run_files(rd: RunDir) -> dict:
     """Everything a run produced that must not depend on interruptions: metrics, histograms, evals."""
-    evals = {step: {b: {k: v for k, v in p.items() if k != "seconds"} for b, p in d.items()}  # wall clock
-             for step, d in rd.read_evals().items()}
+    evals = {
+        step: {b: {k: v for k, v in p.items() if k != "seconds"} for b, p in d.items()}  # wall clock
+        for step, d in rd.read_evals().items()
+    }
     return {"metrics": stable(rd.read_metrics()), "hist": read_jsonl(rd.hist_path), "evals": evals}
 
 
@@ -98,7 +124,9 @@ def wait_for(cond, timeout: float, what: str, proc: subprocess.Popen | None = No
         if cond():
             return
         if proc is not None and proc.poll() is not None:
-            out = (proc.stdout.read() if proc.stdout else "")[-1000:] + (proc.stderr.read() if proc.stderr else "")[-2000:]
+            out = (proc.stdout.read() if proc.stdout else "")[-1000:] + (proc.stderr.read() if proc.stderr else "")[
+                -2000:
+            ]
             raise AssertionError(f"process exited ({proc.returncode}) before {what}: {out}")
         time.sleep(poll)
     raise AssertionError(f"timed out waiting for {what}")
@@ -120,8 +148,13 @@ def test_sigkill_mid_run_then_rerun_skips_finished_and_resumes_identically(tmp_p
     p = popen("sweep", str(f), "--results-dir", str(res))
     try:
         # the second run has a checkpoint and has trained past it
-        wait_for(lambda: (ckpt_step(rd2) or 0) >= 2 and any(r["step"] >= ckpt_step(rd2) for r in rd2.read_metrics()),
-                 300, "a checkpoint and steps after it in the second run", p, poll=0.02)
+        wait_for(
+            lambda: (ckpt_step(rd2) or 0) >= 2 and any(r["step"] >= ckpt_step(rd2) for r in rd2.read_metrics()),
+            300,
+            "a checkpoint and steps after it in the second run",
+            p,
+            poll=0.02,
+        )
     finally:
         p.send_signal(signal.SIGKILL)
         p.wait()
@@ -153,9 +186,15 @@ def test_two_sweep_processes_share_one_results_dir(tmp_path, reference):
     res = tmp_path / "results"
     p1 = popen("sweep", str(f), "--results-dir", str(res))
     try:
-        wait_for(lambda: manifest_path(res, "tiny").is_file() and any(
-            RunDir(d).status().get("state") == "running" for d in (res / "tiny").iterdir() if d.is_dir()),
-            300, "the first process to start a run", p1)
+        wait_for(
+            lambda: (
+                manifest_path(res, "tiny").is_file()
+                and any(RunDir(d).status().get("state") == "running" for d in (res / "tiny").iterdir() if d.is_dir())
+            ),
+            300,
+            "the first process to start a run",
+            p1,
+        )
         p2 = popen("sweep", str(f), "--results-dir", str(res))
         out2 = p2.communicate(timeout=500)
         out1 = p1.communicate(timeout=500)
@@ -238,10 +277,25 @@ def ray_cluster():
     tmp = tempfile.mkdtemp(prefix="cbray")  # short: Ray's unix socket paths live under it
     log = open(Path(tmp) / "start.log", "w+")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}",
-         "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={tmp}",
-         f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "ray.scripts.scripts",
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            f"--temp-dir={tmp}",
+            f"--ray-client-server-port={free_port()}",
+            f"--dashboard-agent-listen-port={free_port()}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         wait_for(lambda: "block forever" in (Path(tmp) / "start.log").read_text(), 120, "ray start", proc, poll=0.2)
         yield f"127.0.0.1:{port}"
@@ -255,8 +309,9 @@ def ray_cluster():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def kill_launch_then_relaunch(f: Path, res: Path, ref_runs: dict[str, RunDir], *launch_args: str,
-                              after_a_finished_run: bool = False) -> dict:
+def kill_launch_then_relaunch(
+    f: Path, res: Path, ref_runs: dict[str, RunDir], *launch_args: str, after_a_finished_run: bool = False
+) -> dict:
     """Start the sweep, SIGKILL its whole process group (the launcher's driver and every job process it
     started locally) once a run has a checkpoint and steps after it (and, if asked, another run has
     finished), run the same command again.
@@ -268,8 +323,12 @@ def kill_launch_then_relaunch(f: Path, res: Path, ref_runs: dict[str, RunDir], *
     def interrupted_mid_run() -> bool:
         if after_a_finished_run and not any(rd.status().get("state") == "finished" for rd in rds.values()):
             return False
-        return any((ckpt_step(rd) or 0) >= 2 and any(r["step"] >= ckpt_step(rd) for r in rd.read_metrics())
-                   and rd.status().get("state") == "running" for rd in rds.values())
+        return any(
+            (ckpt_step(rd) or 0) >= 2
+            and any(r["step"] >= ckpt_step(rd) for r in rd.read_metrics())
+            and rd.status().get("state") == "running"
+            for rd in rds.values()
+        )
 
     p = popen(*args, new_session=True)
     try:
@@ -280,9 +339,16 @@ def kill_launch_then_relaunch(f: Path, res: Path, ref_runs: dict[str, RunDir], *
         except ProcessLookupError:  # already gone (wait_for reports why)
             pass
         p.wait()
-    at_kill = {rid: {"state": rd.status().get("state") if rd.status_path.exists() else None, "ckpt": ckpt_step(rd),
-                     "mtimes": (rd.metrics_path.stat().st_mtime_ns, rd.status_path.stat().st_mtime_ns)
-                     if rd.status().get("state") == "finished" else None} for rid, rd in rds.items()}
+    at_kill = {
+        rid: {
+            "state": rd.status().get("state") if rd.status_path.exists() else None,
+            "ckpt": ckpt_step(rd),
+            "mtimes": (rd.metrics_path.stat().st_mtime_ns, rd.status_path.stat().st_mtime_ns)
+            if rd.status().get("state") == "finished"
+            else None,
+        }
+        for rid, rd in rds.items()
+    }
     assert any(s["state"] == "running" for s in at_kill.values())
 
     again = clipbench(*args)
@@ -305,9 +371,16 @@ def kill_launch_then_relaunch(f: Path, res: Path, ref_runs: dict[str, RunDir], *
 def test_ray_launcher_on_a_local_cluster_killed_then_relaunched(tmp_path, reference, ray_cluster):
     f, _, ref_runs = reference
     # 2 CPUs per run on the 2-CPU cluster: one run at a time, so the kill lands in the second run
-    at_kill = kill_launch_then_relaunch(f, tmp_path / "results", ref_runs, "--launcher", "ray",
-                                        f"hydra.launcher.ray.init.address={ray_cluster}",
-                                        "+hydra.launcher.ray.remote.num_cpus=2", after_a_finished_run=True)
+    at_kill = kill_launch_then_relaunch(
+        f,
+        tmp_path / "results",
+        ref_runs,
+        "--launcher",
+        "ray",
+        f"hydra.launcher.ray.init.address={ray_cluster}",
+        "+hydra.launcher.ray.remote.num_cpus=2",
+        after_a_finished_run=True,
+    )
     assert sorted(s["state"] for s in at_kill.values()) == ["finished", "running"]
 
 
@@ -358,16 +431,34 @@ def test_submitit_requeues_a_preempted_job_which_resumes_the_run(tmp_path, refer
     f, _, ref_runs = reference
     res = tmp_path / "results"
     rds = [RunDir(res / "tiny" / rid) for rid in ref_runs]
-    p = popen("sweep", str(f), "--results-dir", str(res), "--launcher", "submitit_local",
-              "hydra.launcher.timeout_min=30", new_session=True)
+    p = popen(
+        "sweep",
+        str(f),
+        "--results-dir",
+        str(res),
+        "--launcher",
+        "submitit_local",
+        "hydra.launcher.timeout_min=30",
+        new_session=True,
+    )
     try:
-        wait_for(lambda: any(preempted_mid_run(rd) and rd.status().get("state") == "running" for rd in rds), 300,
-                 "a checkpoint and steps after it in a run", p, poll=0.02)
+        wait_for(
+            lambda: any(preempted_mid_run(rd) and rd.status().get("state") == "running" for rd in rds),
+            300,
+            "a checkpoint and steps after it in a run",
+            p,
+            poll=0.02,
+        )
         (rd,) = [rd for rd in rds if rd.status().get("state") == "running"][:1]
         job = submitit_job_of(p.pid, rd.status()["pid"])
         os.kill(job, signal.SIGUSR2)  # submitit's default preemption signal
-        wait_for(lambda: rd.status().get("state") == "preempted" or rd.status().get("attempts", 1) > 1, 120,
-                 "the run preempted", p, poll=0.02)
+        wait_for(
+            lambda: rd.status().get("state") == "preempted" or rd.status().get("attempts", 1) > 1,
+            120,
+            "the run preempted",
+            p,
+            poll=0.02,
+        )
         out, err = p.communicate(timeout=400)
     finally:
         if p.poll() is None:
@@ -410,9 +501,17 @@ def test_a_signal_during_a_runs_final_evaluation_still_stops_the_sweep(tmp_path)
     res = tmp_path / "results"
     p = popen("sweep", str(f), "--results-dir", str(res))
     first = RunDir(res / "sig")
-    wait_for(lambda: any(max((r["step"] for r in RunDir(d).read_metrics()), default=-1) == 5
-                         for d in first.path.glob("*") if (d / "metrics.jsonl").exists()),
-             300, "the first run's last optimizer step", p, poll=0.01)
+    wait_for(
+        lambda: any(
+            max((r["step"] for r in RunDir(d).read_metrics()), default=-1) == 5
+            for d in first.path.glob("*")
+            if (d / "metrics.jsonl").exists()
+        ),
+        300,
+        "the first run's last optimizer step",
+        p,
+        poll=0.01,
+    )
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=300)
     assert p.returncode == 75, err[-3000:]

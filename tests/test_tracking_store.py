@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import time
 
 import numpy as np
 import pandas as pd
+import pytest
 
+from clipbench.errors import StoreError, UserError
+from clipbench.tracking.files import atomic_write_json, check_writable_dir, read_jsonl
 from clipbench.tracking.lock import run_locked_elsewhere, try_run_lock
-from clipbench.tracking.store import RunDir, list_run_dirs
-from clipbench.tracking.files import read_jsonl
 from clipbench.tracking.metrics_table import load_sweep_metrics
+from clipbench.tracking.store import RunDir, list_run_dirs
 
 
 def make_runs(root, n_runs: int = 5, rows: int = 7, seed: int = 0) -> dict[str, list[dict]]:
@@ -26,7 +29,12 @@ def make_runs(root, n_runs: int = 5, rows: int = 7, seed: int = 0) -> dict[str, 
         rd.write_config({"seed": i})
         data = []
         for s in range(rows):
-            row = {"step": s // 2, "opt_step": s + 1, "loss": float(rng.normal()), "clip_events": int(rng.integers(0, 9))}
+            row = {
+                "step": s // 2,
+                "opt_step": s + 1,
+                "loss": float(rng.normal()),
+                "clip_events": int(rng.integers(0, 9)),
+            }
             if i % 2:  # some runs have an extra column (kl_ref only when beta > 0)
                 row["kl_ref"] = float(rng.random())
             if s == 3:
@@ -79,16 +87,20 @@ def test_fallback_reader_handles_what_arrow_rejects(tmp_path):
     rd = RunDir(tmp_path / "sw" / "r1")
     rd.write_config({})
     # a column that is a number in one row and a string in another: Arrow refuses, pandas copes
-    rd.metrics_path.write_text(json.dumps({"opt_step": 1, "x": 1.5}) + "\n" + json.dumps({"opt_step": 2, "x": "n/a"}) + "\n")
+    rd.metrics_path.write_text(
+        json.dumps({"opt_step": 1, "x": 1.5}) + "\n" + json.dumps({"opt_step": 2, "x": "n/a"}) + "\n"
+    )
     df = load_sweep_metrics(tmp_path, "sw")
     assert df.x.tolist() == [1.5, "n/a"] and df.run_id.tolist() == ["r1", "r1"]
 
 
 def test_run_lock_is_exclusive_across_processes_and_released_on_kill(tmp_path):
     sweep_dir = tmp_path / "sw"
-    code = ("import sys, time; from clipbench.tracking.lock import try_run_lock\n"
-            "with try_run_lock(sys.argv[1], 'r1') as got:\n"
-            "    print('got' if got else 'busy', flush=True); time.sleep(60)\n")
+    code = (
+        "import sys, time; from clipbench.tracking.lock import try_run_lock\n"
+        "with try_run_lock(sys.argv[1], 'r1') as got:\n"
+        "    print('got' if got else 'busy', flush=True); time.sleep(60)\n"
+    )
     p = subprocess.Popen([sys.executable, "-c", code, str(sweep_dir)], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "got"
@@ -139,13 +151,6 @@ def test_cache_is_reused_and_only_changed_runs_are_reparsed(tmp_path, monkeypatc
 
 # ---- damaged files: one line naming the file, where, and what to do ------------------------
 
-import os  # noqa: E402
-
-import pytest  # noqa: E402
-
-from clipbench.errors import StoreError, UserError  # noqa: E402
-from clipbench.tracking.files import atomic_write_json, check_writable_dir
-
 
 def test_a_corrupt_middle_line_is_an_error_naming_file_and_line_in_every_reader(tmp_path):
     make_runs(tmp_path, n_runs=3, rows=6)
@@ -154,8 +159,12 @@ def test_a_corrupt_middle_line_is_an_error_naming_file_and_line_in_every_reader(
     lines = p.read_text().splitlines(keepends=True)
     lines[2] = '{"step": 1, "opt_step": 3, "q1/out_of_ba\n'  # damaged in place, newline kept
     p.write_text("".join(lines))
-    for read in (lambda: read_jsonl(p), lambda: load_sweep_metrics(tmp_path, "sw"),
-                 lambda: load_sweep_metrics(tmp_path, "sw", cache=False), lambda: RunDir(p.parent).read_metrics()):
+    for read in (
+        lambda: read_jsonl(p),
+        lambda: load_sweep_metrics(tmp_path, "sw"),
+        lambda: load_sweep_metrics(tmp_path, "sw", cache=False),
+        lambda: RunDir(p.parent).read_metrics(),
+    ):
         with pytest.raises(StoreError) as e:
             read()
         msg = str(e.value)
@@ -173,25 +182,29 @@ def test_a_torn_last_line_is_skipped_with_a_note(tmp_path):
         f.write('{"step": 9, "opt_step": 99, "lo')
     notes: list[str] = []
     assert len(read_jsonl(p, notes=notes)) == 4
-    assert notes == [f"{p}: skipped an incomplete last line 5 (a crash or a write in progress; a resumed run "
-                     "rewrites it)"]
+    assert notes == [
+        f"{p}: skipped an incomplete last line 5 (a crash or a write in progress; a resumed run rewrites it)"
+    ]
     notes = []
     df = load_sweep_metrics(tmp_path, "sw", notes=notes)
     assert len(df) == 8 and len(notes) == 1 and str(p) in notes[0]
 
 
-@pytest.mark.parametrize("kind,text,problem", [
-    ("status", "{\"state\": \"finis", "not valid JSON (Unterminated string"),
-    ("status", "[]", "expected a JSON object, got list"),
-    ("status", "{\"state\": \"done\"}", "unknown state 'done'"),
-    ("config", "seed: [0\n", "line 2: YAML syntax error"),
-    ("config", "", "expected a mapping (the run config), got an empty file"),
-    ("config", "seed: 0\nseed: 1\n", "line 2: duplicate key 'seed'"),
-    ("eval", "{\"n\": 2, \"problem_ids\": [\"a\"], \"correct\": [[1, 0, 1]]}", "'n' (2) does not match the 3"),
-    ("eval", "{\"problem_ids\": [\"a\", \"b\"], \"correct\": [[1, 0]]}", "'correct' must be a list of 2 rows"),
-    ("eval", "{\"problem_ids\": [\"a\"], \"correct\": [[1, 7]]}", "values other than 0 and 1"),
-    ("eval", "\xff\xfe{}", "not UTF-8 text"),
-])
+@pytest.mark.parametrize(
+    "kind,text,problem",
+    [
+        ("status", '{"state": "finis', "not valid JSON (Unterminated string"),
+        ("status", "[]", "expected a JSON object, got list"),
+        ("status", '{"state": "done"}', "unknown state 'done'"),
+        ("config", "seed: [0\n", "line 2: YAML syntax error"),
+        ("config", "", "expected a mapping (the run config), got an empty file"),
+        ("config", "seed: 0\nseed: 1\n", "line 2: duplicate key 'seed'"),
+        ("eval", '{"n": 2, "problem_ids": ["a"], "correct": [[1, 0, 1]]}', "'n' (2) does not match the 3"),
+        ("eval", '{"problem_ids": ["a", "b"], "correct": [[1, 0]]}', "'correct' must be a list of 2 rows"),
+        ("eval", '{"problem_ids": ["a"], "correct": [[1, 7]]}', "values other than 0 and 1"),
+        ("eval", "\xff\xfe{}", "not UTF-8 text"),
+    ],
+)
 def test_damaged_run_files_are_one_line_with_a_remedy(tmp_path, kind, text, problem):
     rd = RunDir(tmp_path / "sw" / "r1")
     rd.write_config({"seed": 0})
@@ -203,8 +216,11 @@ def test_damaged_run_files_are_one_line_with_a_remedy(tmp_path, kind, text, prob
         read()
     msg = str(e.value)
     assert msg.startswith(f"{path}: ") and problem in msg and "\n" not in msg, msg
-    remedy = {"status": "delete it: the run then counts as interrupted", "config": "restore it",
-              "eval": "move it away"}[kind]
+    remedy = {
+        "status": "delete it: the run then counts as interrupted",
+        "config": "restore it",
+        "eval": "move it away",
+    }[kind]
     assert remedy in msg
 
 

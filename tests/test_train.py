@@ -12,18 +12,25 @@ import pytest
 import torch
 
 from clipbench.config import load_run_config
-from clipbench.tracking.store import RunDir
 from clipbench.models import load_model_and_tokenizer, resolve_model_name
-from clipbench.train.loop import run_training
+from clipbench.tracking.store import RunDir
 from clipbench.train.logprobs import completion_logprobs
+from clipbench.train.loop import run_training
 from clipbench.train.packing import pack
 
 pytestmark = pytest.mark.slow  # real training runs
 
 RECIPE = "recipes/arith_tiny.yaml"  # the answer-only regime: the fastest real runs
 # A few seconds per run: 4 prompts x 4 samples, short answers, no MLflow.
-SMALL = ["train.prompts_per_step=4", "sampler.group_size=4", "sampler.max_new_tokens=8",
-         "eval.limit=8", "eval.n=2", "eval.every=0", "tracking.mlflow=false"]
+SMALL = [
+    "train.prompts_per_step=4",
+    "sampler.group_size=4",
+    "sampler.max_new_tokens=8",
+    "eval.limit=8",
+    "eval.n=2",
+    "eval.every=0",
+    "tracking.mlflow=false",
+]
 
 
 def small_cfg(*extra):
@@ -55,17 +62,19 @@ def test_packed_logprobs_equal_each_sequence_alone(tiny):
     # temperature divides the logits: log-probs change, and still match a direct computation
     with torch.no_grad():
         lp_t, _ = completion_logprobs(model, batch, temperature=0.5, with_entropy=False)
-        full = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                     position_ids=batch.position_ids).logits
+        full = model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+        ).logits
         T = batch.completion_ids.shape[1]
-        direct = (full[:, -T - 1:-1] / 0.5).log_softmax(-1).gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1)
+        direct = (full[:, -T - 1 : -1] / 0.5).log_softmax(-1).gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1)
     m = batch.completion_mask.bool()
     assert torch.allclose(lp_t[m], direct[m], atol=1e-5)
 
 
 def test_single_minibatch_is_on_policy_every_ratio_is_one(tmp_path):
-    run_training(small_cfg("train.mini_batches=1", "train.epochs=1", "train.steps=3", "eval.benchmarks=[]"),
-                 tmp_path / "run")
+    run_training(
+        small_cfg("train.mini_batches=1", "train.epochs=1", "train.steps=3", "eval.benchmarks=[]"), tmp_path / "run"
+    )
     rows = RunDir(tmp_path / "run").read_metrics()
     assert len(rows) == 3
     for r in rows:
@@ -74,8 +83,9 @@ def test_single_minibatch_is_on_policy_every_ratio_is_one(tmp_path):
 
 
 def test_minibatches_make_later_updates_off_policy_with_clip_events(tmp_path):
-    run_training(small_cfg("train.mini_batches=4", "train.steps=4", "train.lr=5e-4", "eval.benchmarks=[]"),
-                 tmp_path / "run")
+    run_training(
+        small_cfg("train.mini_batches=4", "train.steps=4", "train.lr=5e-4", "eval.benchmarks=[]"), tmp_path / "run"
+    )
     rows = RunDir(tmp_path / "run").read_metrics()
     assert len(rows) == 16  # 4 steps x 4 mini-batches
     first = [r for r in rows if r["mini_batch"] == 0]
@@ -84,8 +94,11 @@ def test_minibatches_make_later_updates_off_policy_with_clip_events(tmp_path):
         assert abs(r["ratio/max"] - 1) < 1e-6 and abs(r["ratio/min"] - 1) < 1e-6
     # off-policy once an earlier step of the same rollout batch moved the policy (a mini-batch of
     # all-equal groups has zero gradient and leaves it where it was)
-    moved = [r for r in later if any(q["grad_norm"] > 0 for q in rows
-                                     if q["step"] == r["step"] and q["mini_batch"] < r["mini_batch"])]
+    moved = [
+        r
+        for r in later
+        if any(q["grad_norm"] > 0 for q in rows if q["step"] == r["step"] and q["mini_batch"] < r["mini_batch"])
+    ]
     assert len(moved) >= 6 and all(r["ratio/max"] - r["ratio/min"] > 1e-4 for r in moved)
     assert sum(r["clip_events"] for r in later) > 0
     cells = ("q1", "q2", "q3", "q4", "zero_adv", "on_policy")
@@ -117,9 +130,12 @@ def test_resume_replays_an_uninterrupted_run_exactly(tmp_path):
     full_rows = strip(RunDir(tmp_path / "full").read_metrics())
     assert strip(cut.read_metrics()) == full_rows
     assert len(full_rows) == 6 * 4
+
     def evals(rd):  # correctness matrices and summaries, not wall-clock seconds
-        return {s: {b: {k: v for k, v in p.items() if k != "seconds"} for b, p in e.items()}
-                for s, e in rd.read_evals().items()}
+        return {
+            s: {b: {k: v for k, v in p.items() if k != "seconds"} for b, p in e.items()}
+            for s, e in rd.read_evals().items()
+        }
 
     assert evals(RunDir(tmp_path / "full")) == evals(cut) and sorted(evals(cut)) == [0, 6]
     assert cut.status()["state"] == "finished"
@@ -152,7 +168,10 @@ def test_non_finite_loss_skips_the_step_and_the_run_goes_on(tmp_path, monkeypatc
             continue
         all_zero_adv = r["zero_adv/tokens"] == sum(r[f"{c}/tokens"] for c in cells)
         # a mini-batch whose advantages are all 0 has an exactly zero gradient; any other a positive one
-        assert isinstance(r["grad_norm"], float) and (r["grad_norm"] == 0.0 if all_zero_adv else r["grad_norm"] > 0), (i, r)
+        assert isinstance(r["grad_norm"], float) and (r["grad_norm"] == 0.0 if all_zero_adv else r["grad_norm"] > 0), (
+            i,
+            r,
+        )
 
 
 def test_a_run_that_skips_too_many_steps_fails_with_a_clear_message(tmp_path, monkeypatch):
@@ -173,18 +192,24 @@ def test_a_run_that_skips_too_many_steps_fails_with_a_clear_message(tmp_path, mo
 
 
 def _cli(tmp_path, *args):
-    return subprocess.run([sys.executable, "-m", "clipbench.cli", "train", RECIPE, *args,
-                           "--results-dir", str(tmp_path / "results")],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "clipbench.cli", "train", RECIPE, *args, "--results-dir", str(tmp_path / "results")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
-@pytest.mark.parametrize("override, words", [
-    ("model.name=/no/such/model", "model.name: no such path '/no/such/model'"),
-    ("task.name=algebra", "task.name: unknown value 'algebra'"),
-    ("objective.method=cispoo", "did you mean 'cispo'"),
-    ("objective.tau_pos=2", "tau_pos"),
-    ("eval.benchmarks=[aime2024]", "did you mean 'aime24'"),
-])
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("model.name=/no/such/model", "model.name: no such path '/no/such/model'"),
+        ("task.name=algebra", "task.name: unknown value 'algebra'"),
+        ("objective.method=cispoo", "did you mean 'cispo'"),
+        ("objective.tau_pos=2", "tau_pos"),
+        ("eval.benchmarks=[aime2024]", "did you mean 'aime24'"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, override, words):
     res = _cli(tmp_path, override)
     assert res.returncode == 2, res.stderr
@@ -196,13 +221,14 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, override, words)
 def test_dynamic_sampling_drops_all_equal_groups(tmp_path):
     """DAPO dynamic sampling: groups with all-equal rewards are replaced by fresh prompts, so the
     trained batch has fewer of them than were sampled (and none when enough were found)."""
-    run_training(small_cfg("train.steps=3", "train.dynamic_sampling=true", "train.max_resample_rounds=4",
-                           "eval.benchmarks=[]"), tmp_path / "ds")
+    run_training(
+        small_cfg("train.steps=3", "train.dynamic_sampling=true", "train.max_resample_rounds=4", "eval.benchmarks=[]"),
+        tmp_path / "ds",
+    )
     ds = [r for r in RunDir(tmp_path / "ds").read_metrics() if r["mini_batch"] == 0]
     assert all(r["groups_kept"] == 4 for r in ds)
     assert any(r["zero_var_groups_frac"] > 0 for r in ds)  # there was something to drop
-    assert all(r["zero_var_groups_frac/kept"] < r["zero_var_groups_frac"] or r["zero_var_groups_frac"] == 0
-               for r in ds)
+    assert all(r["zero_var_groups_frac/kept"] < r["zero_var_groups_frac"] or r["zero_var_groups_frac"] == 0 for r in ds)
     run_training(small_cfg("train.steps=3", "eval.benchmarks=[]"), tmp_path / "plain")
     plain = [r for r in RunDir(tmp_path / "plain").read_metrics() if r["mini_batch"] == 0]
     assert all(r["zero_var_groups_frac/kept"] == r["zero_var_groups_frac"] for r in plain)
@@ -241,16 +267,21 @@ def test_lr_schedule_warmup_then_cosine():
 
 
 def test_kl_to_reference_is_zero_before_the_first_update_then_grows(tmp_path):
-    run_training(small_cfg("train.beta=0.1", "train.steps=2", "train.lr=5e-4", "eval.benchmarks=[]"),
-                 tmp_path / "run")
+    run_training(small_cfg("train.beta=0.1", "train.steps=2", "train.lr=5e-4", "eval.benchmarks=[]"), tmp_path / "run")
     rows = RunDir(tmp_path / "run").read_metrics()
     assert abs(rows[0]["kl_ref"]) < 1e-7  # policy == reference before any update (k3 of identical logp = 0)
     assert rows[-1]["kl_ref"] > 1e-6 and all(r["kl_ref"] >= 0 for r in rows)
 
 
 def test_cli_train_end_to_end_with_embedded_mlflow_then_resume_is_a_no_op(tmp_path):
-    args = ["train.steps=2", "train.prompts_per_step=2", "sampler.group_size=4", "sampler.max_new_tokens=8",
-            "eval.limit=4", "eval.n=2"]
+    args = [
+        "train.steps=2",
+        "train.prompts_per_step=2",
+        "sampler.group_size=4",
+        "sampler.max_new_tokens=8",
+        "eval.limit=4",
+        "eval.n=2",
+    ]
     res = _cli(tmp_path, *args)
     assert res.returncode == 0, res.stderr
     assert "clip events" in res.stderr and "skipped 0" in res.stderr  # the progress line counts skipped steps

@@ -26,12 +26,12 @@ from transformers import TrainerCallback  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from clipbench.config import load_run_config  # noqa: E402
-from clipbench.errors import ConfigError  # noqa: E402
 from clipbench.engines import check as check_run  # noqa: E402
+from clipbench.errors import ConfigError  # noqa: E402
 from clipbench.integrations.trl import ClipbenchGRPOTrainer  # noqa: E402
+from clipbench.models import load_model_and_tokenizer, resolve_model_name  # noqa: E402
 from clipbench.tasks import build_task  # noqa: E402
 from clipbench.tracking.store import RunDir
-from clipbench.models import load_model_and_tokenizer, resolve_model_name  # noqa: E402
 
 pytestmark = pytest.mark.slow  # TRL's GRPOTrainer training
 
@@ -56,22 +56,54 @@ class GradsPerStep(TrainerCallback):
         self.grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
 
 
-def train(trainer_cls, *, loss_type: str = "dapo", bs: int = 8, ga: int = 2, spg: int | None = None,
-          steps: int = 3, epsilon_high: float | None = None, dtype: torch.dtype = torch.float32, **kw):
+def train(
+    trainer_cls,
+    *,
+    loss_type: str = "dapo",
+    bs: int = 8,
+    ga: int = 2,
+    spg: int | None = None,
+    steps: int = 3,
+    epsilon_high: float | None = None,
+    dtype: torch.dtype = torch.float32,
+    **kw,
+):
     """A few real GRPO steps of the tiny model: 2 prompts x 4 samples per generation, 2 iterations
     over each generation (the second one off-policy), AdamW lr 1e-3 (ratios up to ~2: clipping acts)."""
     torch.manual_seed(0)
     model, tok = load_model_and_tokenizer(resolve_model_name("builtin:arith-tiny"))
     model = model.to(dtype)
-    args = GRPOConfig(output_dir="/tmp/clipbench-test-trl", use_cpu=True, per_device_train_batch_size=bs,
-                      num_generations=4, gradient_accumulation_steps=ga, steps_per_generation=spg,
-                      max_completion_length=8, max_steps=steps, num_iterations=2, learning_rate=1e-3, seed=0,
-                      loss_type=loss_type, epsilon=0.2,
-                      epsilon_high=epsilon_high or (0.28 if loss_type == "dapo" else 0.2),
-                      max_grad_norm=0.0, logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True)
+    args = GRPOConfig(
+        output_dir="/tmp/clipbench-test-trl",
+        use_cpu=True,
+        per_device_train_batch_size=bs,
+        num_generations=4,
+        gradient_accumulation_steps=ga,
+        steps_per_generation=spg,
+        max_completion_length=8,
+        max_steps=steps,
+        num_iterations=2,
+        learning_rate=1e-3,
+        seed=0,
+        loss_type=loss_type,
+        epsilon=0.2,
+        epsilon_high=epsilon_high or (0.28 if loss_type == "dapo" else 0.2),
+        max_grad_norm=0.0,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+    )
     grads = GradsPerStep()
-    trainer = trainer_cls(model=model, reward_funcs=reward, args=args, train_dataset=DATASET, processing_class=tok,
-                          callbacks=[grads], **kw)
+    trainer = trainer_cls(
+        model=model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=DATASET,
+        processing_class=tok,
+        callbacks=[grads],
+        **kw,
+    )
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]
     return logs, grads.grads
@@ -94,7 +126,9 @@ def test_clipbench_rule_inside_trl_equals_trls_own_loss(method):
     assert [h["loss"] for h in cb_logs] == pytest.approx([h["loss"] for h in trl_logs], rel=1e-6, abs=1e-9)
     # the off-policy step clipped tokens, and the diagnostics reached TRL's logs
     assert cb_logs[1]["clip_events"] > 0 and cb_logs[1]["ratio/max"] > 1.28
-    assert cb_logs[1]["clip_events"] == sum(cb_logs[1][f"{c}/out_of_band"] for c in ("q1", "q2", "q3", "q4", "zero_adv"))
+    assert cb_logs[1]["clip_events"] == sum(
+        cb_logs[1][f"{c}/out_of_band"] for c in ("q1", "q2", "q3", "q4", "zero_adv")
+    )
     assert 0 < cb_logs[1]["entropy"] < 3
 
 
@@ -121,10 +155,12 @@ def test_optimizer_step_does_not_depend_on_its_micro_batches(agg):
     round-off (1e-7 of the terms) read as a relative difference of 1.7e-3 with one build of the
     tiny model. In float64 (TRL's advantages stay float32) it is ~5e-8; a wrong count (TRL's
     per-micro-batch normalisation) is an O(1) difference in either precision."""
-    whole_logs, whole = train(ClipbenchGRPOTrainer, bs=8, ga=1, spg=1, steps=2, method="dapo", agg=agg,
-                              dtype=torch.float64)
-    split_logs, split = train(ClipbenchGRPOTrainer, bs=4, ga=2, spg=2, steps=2, method="dapo", agg=agg,
-                              dtype=torch.float64)
+    whole_logs, whole = train(
+        ClipbenchGRPOTrainer, bs=8, ga=1, spg=1, steps=2, method="dapo", agg=agg, dtype=torch.float64
+    )
+    split_logs, split = train(
+        ClipbenchGRPOTrainer, bs=4, ga=2, spg=2, steps=2, method="dapo", agg=agg, dtype=torch.float64
+    )
     for step, (x, y) in enumerate(zip(whole, split)):
         assert rel_err(x, y) <= 1e-6, (agg, step, rel_err(x, y))
     # (abs: the on-policy step's loss is 0 up to round-off, its advantages summing to 0)
@@ -139,8 +175,9 @@ def test_rules_reading_the_entropy_or_a_mini_batch_statistic_run_inside_trl():
     logs, grads = train(ClipbenchGRPOTrainer, method="aspo", steps=2)
     assert len(grads) == 2 and all(torch.isfinite(g).all() for g in grads[-1].values())
     logs, _ = train(ClipbenchGRPOTrainer, method="bapo", steps=2)  # (stat/*: the largest over the step's micro-batches)
-    assert all(0.6 - 1e-6 <= h["stat/clip_low"] <= 0.8 + 1e-6 and 1.2 - 1e-6 <= h["stat/clip_high"] <= 2.0 + 1e-6
-               for h in logs)
+    assert all(
+        0.6 - 1e-6 <= h["stat/clip_low"] <= 0.8 + 1e-6 and 1.2 - 1e-6 <= h["stat/clip_high"] <= 2.0 + 1e-6 for h in logs
+    )
     with pytest.raises(ValueError, match="reads each sequence's reward"):
         train(ClipbenchGRPOTrainer, method="topr", steps=1)
     with pytest.raises(ValueError, match="prompt group"):
@@ -162,11 +199,17 @@ def test_engine_trl_maps_the_correction_onto_trls_importance_sampling():
 
     assert correction_args({"name": "none"}) == {"vllm_importance_sampling_correction": False}
     assert correction_args(validate_correction({"name": "tis", "level": "sequence", "cap": 3.0})) == {
-        "vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "sequence_truncate",
-        "vllm_importance_sampling_clip_min": None, "vllm_importance_sampling_clip_max": 3.0}
+        "vllm_importance_sampling_correction": True,
+        "vllm_importance_sampling_mode": "sequence_truncate",
+        "vllm_importance_sampling_clip_min": None,
+        "vllm_importance_sampling_clip_max": 3.0,
+    }
     assert correction_args(validate_correction({"name": "icepop"})) == {
-        "vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "token_mask",
-        "vllm_importance_sampling_clip_min": 0.5, "vllm_importance_sampling_clip_max": 5.0}
+        "vllm_importance_sampling_correction": True,
+        "vllm_importance_sampling_mode": "token_mask",
+        "vllm_importance_sampling_clip_min": 0.5,
+        "vllm_importance_sampling_clip_max": 5.0,
+    }
     from clipbench.engines.keys import KEYS
 
     support = KEYS["trl"]["sampler.correction"]
@@ -195,14 +238,24 @@ def test_engine_trl_config_checks():
         assert e.value.key == key and reason in e.value.reason, str(e.value)
 
 
-TINY = {"objective.method": "nsr", "train.steps": 2, "train.prompts_per_step": 2, "sampler.group_size": 4,
-        "sampler.max_new_tokens": 8, "train.mini_batches": 2, "train.checkpoint_every": 1, "eval.limit": 8,
-        "eval.n": 2, "tracking.mlflow": False}
+TINY = {
+    "objective.method": "nsr",
+    "train.steps": 2,
+    "train.prompts_per_step": 2,
+    "sampler.group_size": 4,
+    "sampler.max_new_tokens": 8,
+    "train.mini_batches": 2,
+    "train.checkpoint_every": 1,
+    "eval.limit": 8,
+    "eval.n": 2,
+    "tracking.mlflow": False,
+}
 
 
 def clipbench(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "clipbench.cli", *args], capture_output=True, text=True, cwd=REPO,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "clipbench.cli", *args], capture_output=True, text=True, cwd=REPO, timeout=600
+    )
 
 
 @pytest.mark.slow
@@ -211,8 +264,11 @@ def test_engine_axis_sweep_trains_with_trl_and_reports_side_by_side(tmp_path):
     rows per optimizer step with the quadrant counts, histograms, evals, a checkpoint), and the report
     puts both runs in its tables."""
     f = tmp_path / "engines.yaml"
-    f.write_text(yaml.safe_dump({"name": "engines", "base": str(RECIPE), "overrides": TINY,
-                                 "grid": {"engine": ["builtin", "trl"]}}))
+    f.write_text(
+        yaml.safe_dump(
+            {"name": "engines", "base": str(RECIPE), "overrides": TINY, "grid": {"engine": ["builtin", "trl"]}}
+        )
+    )
     res = tmp_path / "results"
     p = clipbench("sweep", str(f), "--results-dir", str(res))
     assert p.returncode == 0, p.stderr[-3000:]
@@ -227,7 +283,9 @@ def test_engine_axis_sweep_trains_with_trl_and_reports_side_by_side(tmp_path):
     assert shared <= set(rows[0]), shared - set(rows[0])  # every metric of the built-in loop, by name
     for r in rows:
         cells = sum(r[f"{c}/tokens"] for c in ("q1", "q2", "q3", "q4", "zero_adv", "on_policy"))
-        assert cells > 0 and r["clip_events"] == sum(r[f"{c}/out_of_band"] for c in ("q1", "q2", "q3", "q4", "zero_adv"))
+        assert cells > 0 and r["clip_events"] == sum(
+            r[f"{c}/out_of_band"] for c in ("q1", "q2", "q3", "q4", "zero_adv")
+        )
         assert r["q1/rescued"] <= r["q1/out_of_band"] and r["q3/rescued"] <= r["q3/out_of_band"]
     hist = [json.loads(line) for line in trl.hist_path.read_text().splitlines()]
     assert [h["step"] for h in hist] == [0, 1]
@@ -285,8 +343,9 @@ def test_engine_trl_run_resumes_from_its_checkpoint_with_the_same_numbers(tmp_pa
 def test_the_documented_trl_example_runs(monkeypatch, capsys, tmp_path):
     import runpy
 
-    monkeypatch.setattr(sys, "argv", ["trl_clipbench_rule.py", "--max-steps", "2", "--method", "nsr",
-                                      "--output-dir", str(tmp_path)])
+    monkeypatch.setattr(
+        sys, "argv", ["trl_clipbench_rule.py", "--max-steps", "2", "--method", "nsr", "--output-dir", str(tmp_path)]
+    )
     runpy.run_path(str(REPO / "examples" / "trl_clipbench_rule.py"), run_name="__main__")
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
     assert len(lines) == 2 and all("clip events" in line and "entropy" in line for line in lines)
@@ -298,10 +357,29 @@ def test_engine_trl_over_two_processes(tmp_path):
     optimizer step's counts are summed over both processes (they cover every completion token of the
     rollout, which TRL gathers), and rank 0 alone writes one row per optimizer step."""
     args = [f"{k}={v}" for k, v in TINY.items()]
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                        "-m", "clipbench.cli", "train", str(RECIPE), "engine=trl", *args,
-                        "--results-dir", str(tmp_path)], capture_output=True, text=True, cwd=REPO, timeout=600,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "clipbench.cli",
+            "train",
+            str(RECIPE),
+            "engine=trl",
+            *args,
+            "--results-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     (rd,) = [RunDir(d) for d in (tmp_path / "train").iterdir()]
     rows = rd.read_metrics()
@@ -322,8 +400,7 @@ def test_engine_trl_records_through_its_loss_hook_and_replays_exactly(tmp_path):
     from clipbench.replay.tokens import OptStepView, replay_rule
     from clipbench.tracking.records import list_records, load_record
 
-    cfg = load_run_config(RECIPE, ["engine=trl", "train.record.every=1",
-                                   *(f"{k}={v}" for k, v in TINY.items())])
+    cfg = load_run_config(RECIPE, ["engine=trl", "train.record.every=1", *(f"{k}={v}" for k, v in TINY.items())])
     train_run(cfg, tmp_path / "run")
     rd = RunDir(tmp_path / "run")
     logged = {r["opt_step"]: r for r in rd.read_metrics()}

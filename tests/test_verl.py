@@ -30,10 +30,11 @@ from typer.testing import CliRunner
 pytestmark = pytest.mark.verl
 core_algos = pytest.importorskip("verl.trainer.ppo.core_algos", reason="verl is not installed (make test-verl)")
 
+from verl.workers.config import ActorConfig  # noqa: E402
+
 import clipbench.integrations.verl as cbverl  # noqa: E402  (registers clipbench.* with verl)
 from clipbench.cli import app  # noqa: E402
 from clipbench.objectives import AGGREGATIONS, METHODS, policy_loss  # noqa: E402
-from verl.workers.config import ActorConfig  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 get = core_algos.get_policy_loss_fn
@@ -59,9 +60,12 @@ def batch(seed: int = 0, B: int = 8, T: int = 7, empty_row: bool = True):
 
 def with_counts(cfg: ActorConfig, mask: torch.Tensor, *, dp_size: int = 1, tokens=None, seqs=None) -> ActorConfig:
     """verl's ppo_loss fills global_batch_info before calling the loss; so do we."""
-    cfg.global_batch_info.update(dp_size=dp_size, batch_num_tokens=tokens if tokens is not None else mask.sum(),
-                                 global_batch_size=seqs if seqs is not None else (mask.sum(-1) > 0).sum(),
-                                 loss_scale_factor=None)
+    cfg.global_batch_info.update(
+        dp_size=dp_size,
+        batch_num_tokens=tokens if tokens is not None else mask.sum(),
+        global_batch_size=seqs if seqs is not None else (mask.sum(-1) > 0).sum(),
+        loss_scale_factor=None,
+    )
     return cfg
 
 
@@ -126,30 +130,44 @@ def test_global_normalisation_over_micro_batches_and_ranks(agg, params_env):
     tokens, seqs = mask.sum(), (mask.sum(-1) > 0).sum()
     whole, _ = fn(old, logp, A_bt, mask, agg, with_counts(actor(), mask))
     parts = [slice(0, 3), slice(3, 8)]
-    micro = [fn(old[s], logp[s], A_bt[s], mask[s], agg, with_counts(actor(), mask[s], tokens=tokens, seqs=seqs))[0]
-             for s in parts]
+    micro = [
+        fn(old[s], logp[s], A_bt[s], mask[s], agg, with_counts(actor(), mask[s], tokens=tokens, seqs=seqs))[0]
+        for s in parts
+    ]
     assert close(sum(micro), whole)
     assert close(grad(sum(micro), logp), grad(whole, logp))
-    ranks = [fn(old[s], logp[s], A_bt[s], mask[s], agg,
-                with_counts(actor(), mask[s], dp_size=2, tokens=tokens, seqs=seqs))[0] for s in parts]
+    ranks = [
+        fn(old[s], logp[s], A_bt[s], mask[s], agg, with_counts(actor(), mask[s], dp_size=2, tokens=tokens, seqs=seqs))[
+            0
+        ]
+        for s in parts
+    ]
     assert close(sum(grad(r, logp) for r in ranks) / 2, grad(whole, logp))
 
 
-@pytest.mark.parametrize("verl_name, ours, fields, agg", [
-    ("vanilla", "dual_clip", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0}, "token-mean"),
-    ("vanilla", "grpo", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 1e9}, "seq-mean-token-mean"),
-    ("gspo", "gspo", {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4}, "seq-mean-token-mean"),
-    ("gspo", "gspo_token", {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4}, "seq-mean-token-mean"),
-    ("gspo", "gspo", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.3}, "token-mean"),
-    ("sapo", "sapo", {"tau_pos": 1.0, "tau_neg": 1.05}, "seq-mean-token-mean"),
-    ("cispo", "cispo", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28}, "token-mean"),
-    ("gpg", "gpg", {}, "token-mean"),
-    ("dro", "dro", {"policy_loss": {"dro_beta": 0.05}}, "token-mean"),
-    ("geo_mean", "geo_mean", {"clip_ratio_low": 0.4, "clip_ratio_high": 0.4}, "seq-mean-token-mean"),
-    ("dppo_tv", "dppo_tv", {"clip_ratio_low": 0.15, "clip_ratio_high": 0.15, "clip_ratio_c": 20.0}, "token-mean"),
-    ("dppo_kl", "dppo_kl", {"clip_ratio_low": 0.05, "clip_ratio_high": 0.05, "clip_ratio_c": 20.0}, "token-mean"),
-    ("kl_cov", "kl_cov", {"policy_loss": {"kl_cov_ratio": 0.2, "ppo_kl_coef": 0.1}}, "token-mean"),
-])
+@pytest.mark.parametrize(
+    "verl_name, ours, fields, agg",
+    [
+        ("vanilla", "dual_clip", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0}, "token-mean"),
+        (
+            "vanilla",
+            "grpo",
+            {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 1e9},
+            "seq-mean-token-mean",
+        ),
+        ("gspo", "gspo", {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4}, "seq-mean-token-mean"),
+        ("gspo", "gspo_token", {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4}, "seq-mean-token-mean"),
+        ("gspo", "gspo", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.3}, "token-mean"),
+        ("sapo", "sapo", {"tau_pos": 1.0, "tau_neg": 1.05}, "seq-mean-token-mean"),
+        ("cispo", "cispo", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28}, "token-mean"),
+        ("gpg", "gpg", {}, "token-mean"),
+        ("dro", "dro", {"policy_loss": {"dro_beta": 0.05}}, "token-mean"),
+        ("geo_mean", "geo_mean", {"clip_ratio_low": 0.4, "clip_ratio_high": 0.4}, "seq-mean-token-mean"),
+        ("dppo_tv", "dppo_tv", {"clip_ratio_low": 0.15, "clip_ratio_high": 0.15, "clip_ratio_c": 20.0}, "token-mean"),
+        ("dppo_kl", "dppo_kl", {"clip_ratio_low": 0.05, "clip_ratio_high": 0.05, "clip_ratio_c": 20.0}, "token-mean"),
+        ("kl_cov", "kl_cov", {"policy_loss": {"kl_cov_ratio": 0.2, "ppo_kl_coef": 0.1}}, "token-mean"),
+    ],
+)
 def test_equal_to_verls_own_losses_where_the_rules_coincide(verl_name, ours, fields, agg, params_env):
     """The parameters come from verl's own actor fields (no CLIPBENCH_RULE_PARAMS): the same config runs
     both. Value and gradient per token equal; dual_clip with c = clip_ratio_c is verl's vanilla, and
@@ -197,17 +215,24 @@ def test_token_varying_advantages_are_refused(params_env):
         get("clipbench.grpo")(old, logp, gae, mask, "token-mean", with_counts(actor(), mask))
 
 
-PLUGIN = (REPO / "examples" / "plugins" / "lower_only.py")  # the one-file plugin of docs/plugins.md
+PLUGIN = REPO / "examples" / "plugins" / "lower_only.py"  # the one-file plugin of docs/plugins.md
 
 
 def test_a_fresh_verl_process_gets_every_rule_and_plugins_through_its_extension_point(tmp_path):
     """Only verl's own mechanism: VERL_USE_EXTERNAL_MODULES (as set on every Ray worker by the printed
     commands) makes `import verl` register clipbench's rules, the user's plugin rule included."""
     plugin = PLUGIN
-    code = ("import verl\nfrom verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY as R\n"
-            "print(sorted(k for k in R if k.startswith('clipbench.')))")
-    env = {**os.environ, "VERL_USE_EXTERNAL_MODULES": "clipbench.integrations.verl", "CLIPBENCH_PLUGINS": str(plugin),
-           "VERL_USE_EXTERNAL_PLUGINS": "none", "PYTHONPATH": str(REPO)}
+    code = (
+        "import verl\nfrom verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY as R\n"
+        "print(sorted(k for k in R if k.startswith('clipbench.')))"
+    )
+    env = {
+        **os.environ,
+        "VERL_USE_EXTERNAL_MODULES": "clipbench.integrations.verl",
+        "CLIPBENCH_PLUGINS": str(plugin),
+        "VERL_USE_EXTERNAL_PLUGINS": "none",
+        "PYTHONPATH": str(REPO),
+    }
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     names = eval(p.stdout.strip().splitlines()[-1])  # noqa: S307 - our own print
@@ -221,16 +246,25 @@ def test_installed_clipbench_registers_through_verls_plugin_entry_point():
 
     if not any(ep.value == "clipbench.integrations.verl" for ep in entry_points(group="verl.plugins")):
         pytest.skip("this environment's clipbench metadata predates the entry point (pip install -e .)")
-    code = ("import verl\nfrom verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY as R\n"
-            "print('clipbench.nsr' in R, 'clipbench.gppo' in R)")
+    code = (
+        "import verl\nfrom verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY as R\n"
+        "print('clipbench.nsr' in R, 'clipbench.gppo' in R)"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS")}
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and p.stdout.split()[-2:] == ["True", "True"], (p.stdout, p.stderr[-2000:])
 
 
-@pytest.mark.parametrize("setting", [{"name": "tis"}, {"name": "tis", "level": "sequence", "cap": 3.0},
-                                     {"name": "icepop"}, {"name": "kl_rs"},
-                                     {"name": "kl_rs", "estimator": "k1", "level": "seq_mean"}])
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"name": "tis"},
+        {"name": "tis", "level": "sequence", "cap": 3.0},
+        {"name": "icepop"},
+        {"name": "kl_rs"},
+        {"name": "kl_rs", "estimator": "k1", "level": "seq_mean"},
+    ],
+)
 def test_the_correction_maps_onto_verls_rollout_correction(setting):
     """sampler.correction's overrides compose with verl's ppo_trainer.yaml and become verl's
     RolloutCorrectionConfig; verl's own helper then computes clipbench's weights and masks."""
@@ -251,9 +285,15 @@ def test_the_correction_maps_onto_verls_rollout_correction(setting):
     mask = torch.ones(8, 6)
     mask[2, 4:] = 0
     weights, new_mask, _ = compute_rollout_correction_and_rejection_mask(
-        old, rollout, mask, rollout_is=rc.rollout_is, rollout_is_threshold=rc.rollout_is_threshold,
-        rollout_is_batch_normalize=rc.rollout_is_batch_normalize, rollout_rs=rc.rollout_rs,
-        rollout_rs_threshold=rc.rollout_rs_threshold)
+        old,
+        rollout,
+        mask,
+        rollout_is=rc.rollout_is,
+        rollout_is_threshold=rc.rollout_is_threshold,
+        rollout_is_batch_normalize=rc.rollout_is_batch_normalize,
+        rollout_rs=rc.rollout_rs,
+        rollout_rs_threshold=rc.rollout_rs_threshold,
+    )
     ours = apply_correction(setting, rollout, old, mask)
     if setting["name"] == "kl_rs":
         assert weights is None and torch.equal(new_mask, mask * (ours.status != REJECTED))
@@ -270,9 +310,17 @@ def test_sweep_engine_verl_dry_run_overrides_load_in_verls_config_schema(tmp_pat
     from verl.utils.config import omega_conf_to_dataclass
 
     f = tmp_path / "s.yaml"
-    f.write_text(yaml.safe_dump({"name": "verl_plan", "base": str(REPO / "recipes" / "arith_tiny.yaml"),
-                                 "plugins": [str(PLUGIN)], "overrides": {"train.mini_batches": 2},
-                                 "grid": {"objective.method": ["grpo", "nsr", "lower_only"], "seed": [0, 3]}}))
+    f.write_text(
+        yaml.safe_dump(
+            {
+                "name": "verl_plan",
+                "base": str(REPO / "recipes" / "arith_tiny.yaml"),
+                "plugins": [str(PLUGIN)],
+                "overrides": {"train.mini_batches": 2},
+                "grid": {"objective.method": ["grpo", "nsr", "lower_only"], "seed": [0, 3]},
+            }
+        )
+    )
     res = tmp_path / "results"
     p = runner.invoke(app, ["sweep", str(f), "--engine", "verl", "--json", "--results-dir", str(res)])
     assert p.exit_code == 0, p.output[-2000:]

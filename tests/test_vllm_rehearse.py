@@ -5,12 +5,16 @@ and the GPU memory share skipped (CUDA only). See tests/test_rehearse.py."""
 from __future__ import annotations
 
 import pytest
-
-from clipbench.rollout import vllm as vllm_backend
 from test_rehearse import check_rehearsal, shipped_recipes  # noqa: E402
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900),
-              pytest.mark.skipif(not vllm_backend.is_available(), reason="vllm not installed")]
+from clipbench.rollout import vllm as vllm_backend
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(not vllm_backend.is_available(), reason="vllm not installed"),
+]
 
 
 @pytest.mark.parametrize("recipe", shipped_recipes(vllm=True))

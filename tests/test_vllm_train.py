@@ -17,10 +17,21 @@ def test_vllm_sampler_tracks_the_policy_across_updates(tmp_path):
     from clipbench.tracking.store import RunDir
     from clipbench.train.loop import run_training
 
-    cfg = load_run_config("recipes/arith_tiny.yaml", [
-        "sampler.backend=vllm", "sampler.old_logp=sampler", "train.mini_batches=1", "train.steps=3",
-        "train.lr=1e-3", "train.prompts_per_step=4", "sampler.group_size=4", "sampler.max_new_tokens=8",
-        "eval.benchmarks=[]", "tracking.mlflow=false"])
+    cfg = load_run_config(
+        "recipes/arith_tiny.yaml",
+        [
+            "sampler.backend=vllm",
+            "sampler.old_logp=sampler",
+            "train.mini_batches=1",
+            "train.steps=3",
+            "train.lr=1e-3",
+            "train.prompts_per_step=4",
+            "sampler.group_size=4",
+            "sampler.max_new_tokens=8",
+            "eval.benchmarks=[]",
+            "tracking.mlflow=false",
+        ],
+    )
     run_training(cfg, tmp_path / "run")
     rows = RunDir(tmp_path / "run").read_metrics()
     assert len(rows) == 3 and all(r["old_logp_source"] == 1 for r in rows)
@@ -33,10 +44,22 @@ def test_vllm_sampler_tracks_the_policy_across_updates(tmp_path):
     # old_logp=recompute with a token-level correction: the weights reach the loss and are ~1 here;
     # evaluation completions longer than training's (16 > 8) on a 128-position model: the engine's
     # length is capped at the model's positions (16 + 1024 would make vLLM refuse to start)
-    cfg = load_run_config("recipes/arith_tiny.yaml", [
-        "sampler.backend=vllm", "sampler.mismatch_is=token", "train.steps=2", "train.prompts_per_step=4",
-        "sampler.group_size=4", "sampler.max_new_tokens=8", "eval.max_new_tokens=16", "eval.n=2",
-        "eval.limit=8", "eval.at_start=false", "tracking.mlflow=false"])
+    cfg = load_run_config(
+        "recipes/arith_tiny.yaml",
+        [
+            "sampler.backend=vllm",
+            "sampler.mismatch_is=token",
+            "train.steps=2",
+            "train.prompts_per_step=4",
+            "sampler.group_size=4",
+            "sampler.max_new_tokens=8",
+            "eval.max_new_tokens=16",
+            "eval.n=2",
+            "eval.limit=8",
+            "eval.at_start=false",
+            "tracking.mlflow=false",
+        ],
+    )
     run_training(cfg, tmp_path / "tis")
     for r in RunDir(tmp_path / "tis").read_metrics():
         assert r["old_logp_source"] == 0 and r["mismatch/abs_max"] < 1e-4
@@ -55,10 +78,20 @@ def test_a_correction_masks_the_bf16_engines_tail_and_counts_it_per_cell(tmp_pat
     from clipbench.tracking.store import RunDir
     from clipbench.train.loop import run_training
 
-    cfg = load_run_config("recipes/arith_tiny.yaml", [
-        "sampler.backend=vllm", "model.dtype=bfloat16", "sampler.correction={name: icepop, low: 0.99, high: 1.01}",
-        "train.steps=2", "train.prompts_per_step=4", "sampler.group_size=4", "sampler.max_new_tokens=8",
-        "eval.benchmarks=[]", "tracking.mlflow=false"])
+    cfg = load_run_config(
+        "recipes/arith_tiny.yaml",
+        [
+            "sampler.backend=vllm",
+            "model.dtype=bfloat16",
+            "sampler.correction={name: icepop, low: 0.99, high: 1.01}",
+            "train.steps=2",
+            "train.prompts_per_step=4",
+            "sampler.group_size=4",
+            "sampler.max_new_tokens=8",
+            "eval.benchmarks=[]",
+            "tracking.mlflow=false",
+        ],
+    )
     run_training(cfg, tmp_path / "run")
     rows = RunDir(tmp_path / "run").read_metrics()
     cells = ("q1", "q2", "q3", "q4", "zero_adv", "on_policy")

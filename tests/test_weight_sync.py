@@ -22,8 +22,16 @@ from clipbench.rollout.weights import checkpoint_name, training_weights
 def tiny_qwen3(tied: bool = True, seed: int = 0):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, tie_word_embeddings=tied)
+    cfg = Qwen3Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        tie_word_embeddings=tied,
+    )
     torch.manual_seed(seed)
     return Qwen3ForCausalLM(cfg).float()
 
@@ -37,7 +45,7 @@ def test_stream_is_the_state_dict_one_tensor_at_a_time(tied):
     model = tiny_qwen3(tied)
     state = model.state_dict()
     alive: list[weakref.ref] = []
-    got, previous = {}, None                        # previous: the last tensor's data pointer
+    got, previous = {}, None  # previous: the last tensor's data pointer
     for name, t in training_weights(model, torch.bfloat16):
         # every tensor streamed before is freed once the consumer lets go of it (reference
         # counting, no cycle): the stream holds one at a time. A tied head comes right after the
@@ -47,11 +55,11 @@ def test_stream_is_the_state_dict_one_tensor_at_a_time(tied):
         else:
             assert all(r() is None for r in alive), name
         assert t.dtype == torch.bfloat16 and not t.requires_grad
-        got[name] = t.float()                       # what a consumer (vLLM) copies into its own weights
+        got[name] = t.float()  # what a consumer (vLLM) copies into its own weights
         alive.append(weakref.ref(t))
         previous = t.data_ptr()
         del t
-    assert set(got) == set(state) and len(got) == len(state)    # every checkpoint name, once
+    assert set(got) == set(state) and len(got) == len(state)  # every checkpoint name, once
     for name, w in state.items():
         assert torch.equal(got[name], w.to(torch.bfloat16).float()), name
     # without a dtype: the tensors themselves (detached), no copy
@@ -60,9 +68,11 @@ def test_stream_is_the_state_dict_one_tensor_at_a_time(tied):
 
 
 def test_wrapper_prefixes_are_not_checkpoint_names():
-    assert checkpoint_name("_orig_mod.model.layers.0._checkpoint_wrapped_module.mlp.up_proj.weight") == \
-        "model.layers.0.mlp.up_proj.weight"
-    model = torch.compile(tiny_qwen3(), backend="eager")          # wraps: names get `_orig_mod.`
+    assert (
+        checkpoint_name("_orig_mod.model.layers.0._checkpoint_wrapped_module.mlp.up_proj.weight")
+        == "model.layers.0.mlp.up_proj.weight"
+    )
+    model = torch.compile(tiny_qwen3(), backend="eager")  # wraps: names get `_orig_mod.`
     assert [n for n, _ in training_weights(model)] == [n for n, _ in training_weights(model._orig_mod)]
 
 
@@ -74,7 +84,7 @@ def _fsdp_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        model = tiny_qwen3(tied=False, seed=0)             # the same weights on every rank
+        model = tiny_qwen3(tied=False, seed=0)  # the same weights on every rank
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for layer in model.model.layers:
             fully_shard(layer, mp_policy=mp)
@@ -102,7 +112,7 @@ def test_stream_gathers_an_fsdp2_sharded_model(tmp_path):
     total = sum(v.numel() for v in want.values())
     for rank in range(2):
         out = torch.load(tmp_path / f"rank{rank}.pt")
-        assert out["local"] < total                      # the rank held a shard, not the model
+        assert out["local"] < total  # the rank held a shard, not the model
         assert set(out["streamed"]) == set(want)
         for name, w in want.items():
             assert torch.equal(out["streamed"][name], w), (rank, name)
@@ -126,23 +136,27 @@ class RecordingLLM:
 def test_sleep_cycle_wakes_weights_then_kv_and_refuses_garbage_weights():
     llm = RecordingLLM()
     cycle = SleepCycle(llm, enabled=True)
-    cycle.ready_to_sample()                                   # awake at start: nothing to do
+    cycle.ready_to_sample()  # awake at start: nothing to do
     cycle.sleep()
-    cycle.sleep()                                             # idempotent
+    cycle.sleep()  # idempotent
     assert llm.calls == [("sleep", 2)]
     with pytest.raises(RuntimeError, match="no weight sync followed"):
-        cycle.ready_to_sample()                               # level 2 dropped the weights
-    assert llm.calls[-1] == ("wake_up", ("weights",))         # woke them, but refused to sample
-    cycle.loaded()                                            # the sync wrote the trained weights
-    cycle.ready_to_sample()                                   # step 2: the KV cache, then sample
+        cycle.ready_to_sample()  # level 2 dropped the weights
+    assert llm.calls[-1] == ("wake_up", ("weights",))  # woke them, but refused to sample
+    cycle.loaded()  # the sync wrote the trained weights
+    cycle.ready_to_sample()  # step 2: the KV cache, then sample
     assert llm.calls == [("sleep", 2), ("wake_up", ("weights",)), ("wake_up", ("kv_cache",))]
     # the trainer's order: sleep -> update -> sync (wakes weights, loads) -> generate (wakes KV)
     llm.calls.clear()
-    cycle.sleep(); cycle.wake("weights"); cycle.loaded(); cycle.ready_to_sample()
+    cycle.sleep()
+    cycle.wake("weights")
+    cycle.loaded()
+    cycle.ready_to_sample()
     assert llm.calls == [("sleep", 2), ("wake_up", ("weights",)), ("wake_up", ("kv_cache",))]
     off = SleepCycle(RecordingLLM(), enabled=False)
-    off.sleep(); off.ready_to_sample()
-    assert off.llm.calls == []                                # sleep_mode off: never touches the engine
+    off.sleep()
+    off.ready_to_sample()
+    assert off.llm.calls == []  # sleep_mode off: never touches the engine
 
 
 def test_sleep_mode_needs_cuda():
@@ -157,12 +171,21 @@ def test_train_with_sleep_mode_on_cpu_stops_before_writing(tmp_path):
 
     from clipbench.cli import app
 
-    res = CliRunner().invoke(app, ["train", "recipes/arith_tiny.yaml", "sampler.sleep_mode=true",
-                                   "sampler.backend=vllm", "--results-dir", str(tmp_path / "results")])
+    res = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "recipes/arith_tiny.yaml",
+            "sampler.sleep_mode=true",
+            "sampler.backend=vllm",
+            "--results-dir",
+            str(tmp_path / "results"),
+        ],
+    )
     assert res.exit_code == 2
     assert "error: sampler.sleep_mode needs a CUDA GPU" in res.output and len(res.output.strip().splitlines()) == 1
     assert not (tmp_path / "results").exists()
     from clipbench.rollout import build_sampler
 
-    with pytest.raises(UserError, match="needs a CUDA GPU"):          # any other path refuses too
+    with pytest.raises(UserError, match="needs a CUDA GPU"):  # any other path refuses too
         build_sampler("vllm", None, None, max_new_tokens=4, sleep_mode=True)

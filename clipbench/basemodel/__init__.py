@@ -7,9 +7,31 @@ The models runs train from are the shipped builds (clipbench.models.builtin); th
 them. It sits above models and tasks (it fine-tunes a model on the arith task) and below commands.
 """
 
-from clipbench.basemodel.build import (BOS, EOS, PAD, UNK, build_base_model, build_model, build_tokenizer,
-                                       default_out_dir, recipe_name)
+from clipbench.basemodel.build import (
+    BOS,
+    EOS,
+    PAD,
+    UNK,
+    build_base_model,
+    build_model,
+    build_tokenizer,
+    default_out_dir,
+    recipe_name,
+)
 from clipbench.basemodel.recipes import BUILTIN_RECIPES, DEFAULT_RECIPE, MoeRecipe, Recipe
 
-__all__ = ["BOS", "BUILTIN_RECIPES", "DEFAULT_RECIPE", "EOS", "MoeRecipe", "PAD", "Recipe", "UNK", "build_base_model",
-           "build_model", "build_tokenizer", "default_out_dir", "recipe_name"]
+__all__ = [
+    "BOS",
+    "BUILTIN_RECIPES",
+    "DEFAULT_RECIPE",
+    "EOS",
+    "MoeRecipe",
+    "PAD",
+    "Recipe",
+    "UNK",
+    "build_base_model",
+    "build_model",
+    "build_tokenizer",
+    "default_out_dir",
+    "recipe_name",
+]

@@ -29,14 +29,14 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 
 from clipbench.basemodel.recipes import BUILTIN_RECIPES, MoeRecipe, Recipe
-from clipbench.models.builtin import BUILTIN_PREFIX, LEGACY_NAMES, META_FILE, cache_root, weights_sha256
 from clipbench.errors import UserError, unknown_choice
+from clipbench.models.builtin import BUILTIN_PREFIX, LEGACY_NAMES, META_FILE, cache_root, weights_sha256
 from clipbench.tasks.arith import ALPHABET, ArithTask
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
@@ -45,7 +45,7 @@ SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 
 def recipe_name(name: str) -> str:
     """The recipe's short name from 'arith-steps', 'builtin:arith-steps' or the legacy 'arith'."""
-    short = name[len(BUILTIN_PREFIX):] if name.startswith(BUILTIN_PREFIX) else name
+    short = name[len(BUILTIN_PREFIX) :] if name.startswith(BUILTIN_PREFIX) else name
     short = LEGACY_NAMES.get(short, short)
     if short not in BUILTIN_RECIPES:
         raise UserError(unknown_choice("built-in model", name, [*BUILTIN_RECIPES, *LEGACY_NAMES]))
@@ -77,8 +77,13 @@ def build_tokenizer(corpus: Sequence[str], alphabet: str = ALPHABET):
     )
     tok.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK,
-        padding_side="left", model_input_names=["input_ids", "attention_mask"],
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=UNK,
+        padding_side="left",
+        model_input_names=["input_ids", "attention_mask"],
     )
 
 
@@ -105,18 +110,23 @@ def build_model(recipe: Recipe, tokenizer, generator: torch.Generator):
     if isinstance(recipe, MoeRecipe):
         from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-        config = Qwen3MoeConfig(**common, num_experts=recipe.num_experts,
-                                num_experts_per_tok=recipe.num_experts_per_tok,
-                                moe_intermediate_size=recipe.moe_intermediate_size,
-                                norm_topk_prob=recipe.norm_topk_prob, decoder_sparse_step=1, mlp_only_layers=[],
-                                router_aux_loss_coef=recipe.router_aux_loss_coef)
+        config = Qwen3MoeConfig(
+            **common,
+            num_experts=recipe.num_experts,
+            num_experts_per_tok=recipe.num_experts_per_tok,
+            moe_intermediate_size=recipe.moe_intermediate_size,
+            norm_topk_prob=recipe.norm_topk_prob,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            router_aux_loss_coef=recipe.router_aux_loss_coef,
+        )
         model = Qwen3MoeForCausalLM(config)
     else:
         from transformers import Qwen3Config, Qwen3ForCausalLM
 
         model = Qwen3ForCausalLM(Qwen3Config(**common))
     with torch.no_grad():
-        for name, p in model.named_parameters():  # tied lm_head is listed once (as embed_tokens)
+        for _name, p in model.named_parameters():  # tied lm_head is listed once (as embed_tokens)
             if p.dim() == 1:  # RMSNorm scales
                 p.fill_(1.0)
             else:
@@ -132,8 +142,10 @@ def build_model(recipe: Recipe, tokenizer, generator: torch.Generator):
 def describe(recipe: Recipe) -> str:
     """'Qwen3 3x128' or 'Qwen3-MoE 4x64, 8 experts top-2'."""
     if isinstance(recipe, MoeRecipe):
-        return (f"Qwen3-MoE {recipe.num_layers}x{recipe.hidden_size}, {recipe.num_experts} experts "
-                f"top-{recipe.num_experts_per_tok}")
+        return (
+            f"Qwen3-MoE {recipe.num_layers}x{recipe.hidden_size}, {recipe.num_experts} experts "
+            f"top-{recipe.num_experts_per_tok}"
+        )
     return f"Qwen3 {recipe.num_layers}x{recipe.hidden_size}"
 
 
@@ -148,7 +160,7 @@ def encode_sft(tokenizer, prompts: Sequence[str], completions: Sequence[str]):
     Returns input_ids (N, L), attention_mask (N, L) and loss_mask (N, L): loss_mask[i, t] = 1 iff
     token t+1 is a completion token (completion or <eos>), i.e. position t predicts the completion.
     """
-    p_ids = tokenizer(list(prompts))["input_ids"]                              # each starts with <bos>
+    p_ids = tokenizer(list(prompts))["input_ids"]  # each starts with <bos>
     a_ids = tokenizer(list(completions), add_special_tokens=False)["input_ids"]
     seqs = [p + a + [tokenizer.eos_token_id] for p, a in zip(p_ids, a_ids)]
     L = max(map(len, seqs))
@@ -159,19 +171,21 @@ def encode_sft(tokenizer, prompts: Sequence[str], completions: Sequence[str]):
     for i, (p, s) in enumerate(zip(p_ids, seqs)):
         input_ids[i, : len(s)] = torch.tensor(s)
         attention_mask[i, : len(s)] = 1
-        loss_mask[i, len(p) - 1 : len(s) - 1] = 1.0   # positions predicting completion tokens and <eos>
+        loss_mask[i, len(p) - 1 : len(s) - 1] = 1.0  # positions predicting completion tokens and <eos>
     return input_ids, attention_mask, loss_mask
 
 
 def sft_loss(model, input_ids, attention_mask, loss_mask, aux_coef: float = 0.0) -> torch.Tensor:
     """Mean cross-entropy over completion tokens (teacher forcing), plus ``aux_coef`` times the
     model's load-balancing loss when non-zero (a mixture-of-experts model). Shapes: all (B, L)."""
-    out = model(input_ids=input_ids, attention_mask=attention_mask, **({"output_router_logits": True} if aux_coef else {}))
-    logits = out.logits                                                         # (B, L, V)
-    targets = input_ids[:, 1:]                                                  # (B, L-1)
+    out = model(
+        input_ids=input_ids, attention_mask=attention_mask, **({"output_router_logits": True} if aux_coef else {})
+    )
+    logits = out.logits  # (B, L, V)
+    targets = input_ids[:, 1:]  # (B, L-1)
     nll = torch.nn.functional.cross_entropy(
         logits[:, :-1].flatten(0, 1).float(), targets.flatten(), reduction="none"
-    ).view_as(targets)                                                          # (B, L-1)
+    ).view_as(targets)  # (B, L-1)
     m = loss_mask[:, :-1]
     loss = (nll * m).sum() / m.sum()
     return loss + aux_coef * out.aux_loss if aux_coef else loss
@@ -179,9 +193,16 @@ def sft_loss(model, input_ids, attention_mask, loss_mask, aux_coef: float = 0.0)
 
 # ---- sampling (explicit generator; the GRPO trainer uses model.generate instead) ----------------
 @torch.no_grad()
-def sample_completions(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int,
-                       temperature: float, generator: torch.Generator | None,
-                       batch_size: int = 512) -> list[str]:
+def sample_completions(
+    model,
+    tokenizer,
+    prompts: Sequence[str],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    generator: torch.Generator | None,
+    batch_size: int = 512,
+) -> list[str]:
     """Decode completions of left-padded prompts; ``temperature == 0`` means greedy.
 
     Positions follow the attention mask (cumsum - 1), as ``model.generate`` does with left padding.
@@ -192,20 +213,21 @@ def sample_completions(model, tokenizer, prompts: Sequence[str], *, max_new_toke
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     for start in range(0, len(prompts), batch_size):
         enc = tokenizer(list(prompts[start : start + batch_size]), padding=True, return_tensors="pt")
-        ids, mask = enc["input_ids"], enc["attention_mask"]                         # (B, P)
+        ids, mask = enc["input_ids"], enc["attention_mask"]  # (B, P)
         n_prompt = ids.shape[1]
         done = torch.zeros(ids.shape[0], dtype=torch.bool)
-        step_ids, cache = ids, None                                                 # (B, P), then (B, 1)
+        step_ids, cache = ids, None  # (B, P), then (B, 1)
         for _ in range(max_new_tokens):
-            pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1]:]
-            res = model(input_ids=step_ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                        use_cache=True)
-            cache, logits = res.past_key_values, res.logits[:, -1].float()          # (B, V)
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1] :]
+            res = model(
+                input_ids=step_ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
+            )
+            cache, logits = res.past_key_values, res.logits[:, -1].float()  # (B, V)
             if temperature == 0:
                 nxt = logits.argmax(-1)
             else:
                 probs = torch.softmax(logits / temperature, dim=-1)
-                nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)   # (B,)
+                nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
             nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
             step_ids = nxt[:, None]
             ids = torch.cat([ids, step_ids], dim=1)
@@ -253,33 +275,40 @@ def train_sft(model, tokenizer, task, recipe: Recipe, seed: int, log: Callable[[
     max_new = max_completion_tokens(task, task.train_problems()) + 1
     g_batch = torch.Generator().manual_seed(seed * 1000 + 1)
     g_eval = torch.Generator().manual_seed(seed * 1000 + 2)
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=recipe.betas,
-                            weight_decay=recipe.weight_decay)
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=recipe.betas, weight_decay=recipe.weight_decay)
     history, step, reached = [], 0, False
     t0 = time.perf_counter()
     while step < recipe.max_steps and not reached:
         model.train()
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, recipe)
-        idx = torch.randint(0, input_ids.shape[0], (recipe.batch_size,), generator=g_batch)    # (B,)
-        loss = sft_loss(model, input_ids[idx], attn[idx], loss_mask[idx],
-                        getattr(recipe, "router_aux_loss_coef", 0.0))
+        idx = torch.randint(0, input_ids.shape[0], (recipe.batch_size,), generator=g_batch)  # (B,)
+        loss = sft_loss(model, input_ids[idx], attn[idx], loss_mask[idx], getattr(recipe, "router_aux_loss_coef", 0.0))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
         opt.step()
         step += 1
         if step % recipe.eval_every == 0 or step == recipe.max_steps:
-            comps = sample_completions(model, tokenizer, [p.prompt for p in val], max_new_tokens=max_new,
-                                       temperature=1.0, generator=g_eval)
+            comps = sample_completions(
+                model, tokenizer, [p.prompt for p in val], max_new_tokens=max_new, temperature=1.0, generator=g_eval
+            )
             acc = accuracy(task, val, comps)
             last_loss = float(loss.detach())
             history.append({"step": step, "loss": round(last_loss, 5), "val_sampled_acc": acc})
-            log(f"  sft step {step:5d}  loss {last_loss:.4f}  val sampled acc {acc:.3f}"
-                f"  ({time.perf_counter() - t0:.0f}s)")
+            log(
+                f"  sft step {step:5d}  loss {last_loss:.4f}  val sampled acc {acc:.3f}"
+                f"  ({time.perf_counter() - t0:.0f}s)"
+            )
             reached = acc >= recipe.stop_at_sampled_acc
-    return {"steps": step, "reached_target": reached, "history": history,
-            "sft_examples": len(sft), "val_size": len(val), "max_new_tokens": max_new}
+    return {
+        "steps": step,
+        "reached_target": reached,
+        "history": history,
+        "sft_examples": len(sft),
+        "val_size": len(val),
+        "max_new_tokens": max_new,
+    }
 
 
 def measure_test_accuracy(model, tokenizer, task, recipe: Recipe, seed: int) -> dict:
@@ -289,20 +318,38 @@ def measure_test_accuracy(model, tokenizer, task, recipe: Recipe, seed: int) -> 
     g = torch.Generator().manual_seed(seed * 1000 + 3)
     k = recipe.test_samples_per_problem
     rep = [p for p in test for _ in range(k)]
-    sampled = accuracy(task, rep, sample_completions(model, tokenizer, [p.prompt for p in rep],
-                                                     max_new_tokens=max_new, temperature=1.0, generator=g))
-    greedy = accuracy(task, test, sample_completions(model, tokenizer, [p.prompt for p in test],
-                                                     max_new_tokens=max_new, temperature=0.0, generator=None))
+    sampled = accuracy(
+        task,
+        rep,
+        sample_completions(
+            model, tokenizer, [p.prompt for p in rep], max_new_tokens=max_new, temperature=1.0, generator=g
+        ),
+    )
+    greedy = accuracy(
+        task,
+        test,
+        sample_completions(
+            model, tokenizer, [p.prompt for p in test], max_new_tokens=max_new, temperature=0.0, generator=None
+        ),
+    )
     n = len(rep)
-    return {"test_sampled_acc": sampled, "test_sampled_n": n,
-            "test_sampled_se": math.sqrt(max(sampled * (1 - sampled), 1e-12) / n),
-            "test_greedy_acc": greedy, "test_greedy_n": len(test)}
+    return {
+        "test_sampled_acc": sampled,
+        "test_sampled_n": n,
+        "test_sampled_se": math.sqrt(max(sampled * (1 - sampled), 1e-12) / n),
+        "test_greedy_acc": greedy,
+        "test_greedy_n": len(test),
+    }
 
 
 FORMAT_INFO = {  # what clipbench_base.json says about the format (documentation for its readers)
     "answer": {"prompt": "<expression>=", "completion": "<integer><eos>", "example": "37+45= -> 82"},
-    "steps": {"prompt": "<expression>=", "completion": "<left><op><right>=<result> ... #<integer><eos>",
-              "example": "37+45-12= -> 37+45=82 82-12=70 #70", "commutative_steps": "either order"},
+    "steps": {
+        "prompt": "<expression>=",
+        "completion": "<left><op><right>=<result> ... #<integer><eos>",
+        "example": "37+45-12= -> 37+45=82 82-12=70 #70",
+        "commutative_steps": "either order",
+    },
 }
 
 
@@ -326,9 +373,15 @@ def _atomic_replace_dir(tmp: Path, out_dir: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def build_base_model(name: str = "arith-tiny", out_dir: str | Path | None = None, *, seed: int = 0,
-                     force: bool = False, log: Callable[[str], None] = print,
-                     recipe: Recipe | None = None) -> Path:
+def build_base_model(
+    name: str = "arith-tiny",
+    out_dir: str | Path | None = None,
+    *,
+    seed: int = 0,
+    force: bool = False,
+    log: Callable[[str], None] = print,
+    recipe: Recipe | None = None,
+) -> Path:
     """Train the tokenizer and the tiny Qwen3 of built-in model ``name`` and save them to ``out_dir``.
 
     ``name``: a key of ``BUILTIN_RECIPES`` (``builtin:`` prefix and the legacy 'arith' accepted).
@@ -349,8 +402,9 @@ def build_base_model(name: str = "arith-tiny", out_dir: str | Path | None = None
     torch.set_num_threads(recipe.num_threads)
     try:
         train = arith.train_problems()
-        tokenizer = build_tokenizer([p.prompt for p in train] + [arith.solution(p) for p in train],
-                                    alphabet=arith.alphabet)
+        tokenizer = build_tokenizer(
+            [p.prompt for p in train] + [arith.solution(p) for p in train], alphabet=arith.alphabet
+        )
         model = build_model(recipe, tokenizer, torch.Generator().manual_seed(seed))
         n_params = count_parameters(model)
         log(f"building {BUILTIN_PREFIX}{name}: {describe(recipe)}, {n_params} parameters, vocab {len(tokenizer)}")
@@ -361,8 +415,10 @@ def build_base_model(name: str = "arith-tiny", out_dir: str | Path | None = None
     build_s, build_cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
     lo, hi = recipe.target_band
     in_band = lo <= measured["test_sampled_acc"] <= hi
-    log(f"  test accuracy: sampled (T=1) {measured['test_sampled_acc']:.3f}, greedy "
-        f"{measured['test_greedy_acc']:.3f}; {sft['steps']} steps in {build_s:.0f}s")
+    log(
+        f"  test accuracy: sampled (T=1) {measured['test_sampled_acc']:.3f}, greedy "
+        f"{measured['test_greedy_acc']:.3f}; {sft['steps']} steps in {build_s:.0f}s"
+    )
     if not in_band:
         log(f"  WARNING: sampled accuracy outside the target band [{lo}, {hi}]")
     meta = {
@@ -375,7 +431,7 @@ def build_base_model(name: str = "arith-tiny", out_dir: str | Path | None = None
         "vocab_size": len(tokenizer),
         "sft": sft,
         "measured": {**measured, "target_band": list(recipe.target_band), "in_band": in_band},
-        "build_seconds": round(build_s, 2),          # wall clock: grows when other processes share the cores
+        "build_seconds": round(build_s, 2),  # wall clock: grows when other processes share the cores
         "build_cpu_seconds": round(build_cpu_s, 2),  # CPU time of this process (one thread)
         "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
     }
@@ -394,5 +450,3 @@ def build_base_model(name: str = "arith-tiny", out_dir: str | Path | None = None
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
-
-

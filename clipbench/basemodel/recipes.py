@@ -16,7 +16,7 @@ from clipbench.tasks.arith import ARITH_DEFAULTS, ArithKnobs
 class Recipe:
     """Everything that determines the built model (recorded in ``clipbench_base.json``)."""
 
-    task: ArithKnobs = ARITH_DEFAULTS   # the arith task the model is SFT'd on (seed: the build seed)
+    task: ArithKnobs = ARITH_DEFAULTS  # the arith task the model is SFT'd on (seed: the build seed)
     target_band: tuple[float, float] = (0.15, 0.60)  # sampled (T=1) test accuracy that leaves GRPO signal
     # model (Qwen3 architecture)
     hidden_size: int = 128
@@ -40,8 +40,8 @@ class Recipe:
     stop_at_sampled_acc: float = 0.30
     # final measurement on the test split
     test_samples_per_problem: int = 4
-    num_threads: int = 1          # fixed: CPU results depend on the thread count; 1 is also robust
-                                  # when other processes share the cores
+    num_threads: int = 1  # fixed: CPU results depend on the thread count; 1 is also robust
+    # when other processes share the cores
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class MoeRecipe(Recipe):
     num_experts_per_tok: int = 2
     moe_intermediate_size: int = 128
     norm_topk_prob: bool = True
-    router_aux_loss_coef: float = 0.0   # load-balancing loss added to the SFT loss (0: none)
+    router_aux_loss_coef: float = 0.0  # load-balancing loss added to the SFT loss (0: none)
 
 
 # builtin name -> its recipe. arith-tiny: today's answer-only model (its weights must never change:
@@ -64,7 +64,7 @@ BUILTIN_RECIPES: dict[str, Recipe] = {
     "arith-steps": Recipe(
         task=ArithKnobs(operands=3, format="steps"),
         target_band=(0.15, 0.40),
-        batch_size=64,            # longer sequences than arith-tiny's: half the batch, same steps budget
+        batch_size=64,  # longer sequences than arith-tiny's: half the batch, same steps budget
         eval_every=25,
         stop_at_sampled_acc=0.25,
     ),

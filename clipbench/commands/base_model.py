@@ -24,8 +24,10 @@ def base_model_command(name: str, *, out: Path | None, seed: int, force: bool) -
     info = read_build_info(path)
     shipped = read_build_info(builtin_path(short)) if short in builtin_names() else {}
     same = shipped.get("weights_sha256") == info.get("weights_sha256")
-    _to_stderr(f"sha256 of the weights {info.get('weights_sha256')}; the shipped builtin:{short} "
-               f"(seed {shipped.get('seed')}) is {shipped.get('weights_sha256')}: "
-               + ("the same bytes" if same else f"a different model; train on this one with model.name={path}"))
+    _to_stderr(
+        f"sha256 of the weights {info.get('weights_sha256')}; the shipped builtin:{short} "
+        f"(seed {shipped.get('seed')}) is {shipped.get('weights_sha256')}: "
+        + ("the same bytes" if same else f"a different model; train on this one with model.name={path}")
+    )
     print(path)
     return path

@@ -23,8 +23,9 @@ def doctor_table(checks: list[Check]) -> Table:
     return table
 
 
-def doctor_command(*, results_dir: Path, tracking_uri: str | None, json_out: bool = False,
-                   console: Console | None = None) -> list[Check]:
+def doctor_command(
+    *, results_dir: Path, tracking_uri: str | None, json_out: bool = False, console: Console | None = None
+) -> list[Check]:
     checks = machine_checks(results_dir, tracking_uri)
     if json_out:
         for c in checks:

@@ -21,9 +21,9 @@ from rich.console import Console
 from rich.table import Table
 
 from clipbench.errors import UserError
+from clipbench.models import BUILTIN_PREFIX, compute_dtype, dtype_name, read_build_info, resolve_model_name
 from clipbench.tasks.base import Task
 from clipbench.tracking.files import atomic_write_json
-from clipbench.models import BUILTIN_PREFIX, compute_dtype, dtype_name, read_build_info, resolve_model_name
 
 DEFAULT_OUT_ROOT = Path("results") / "eval"
 EVAL_GPU_MEMORY_UTILIZATION = 0.7  # vllm: no optimizer or activations to share the GPU with here
@@ -80,14 +80,23 @@ def resolve_target(model: str, default_dtype: str) -> EvalTarget:
         cfg = rd.read_config() or {}
         ckpt = find_checkpoint(rd.checkpoint_dir)
         if ckpt is None:
-            raise UserError(f"--model {model}: run directory has no checkpoint ({rd.checkpoint_dir}); "
-                            f"train it first or pass a model name")
+            raise UserError(
+                f"--model {model}: run directory has no checkpoint ({rd.checkpoint_dir}); "
+                f"train it first or pass a model name"
+            )
         dtype = str(cfg.get("model", {}).get("dtype", default_dtype))
-        return EvalTarget(model=str(ckpt), slug=slugify(f"{path.parent.name}/{path.name}"), dtype=dtype,
-                          checkpoint=ckpt, run_config=cfg, arith=_run_arith_task(cfg))
+        return EvalTarget(
+            model=str(ckpt),
+            slug=slugify(f"{path.parent.name}/{path.name}"),
+            dtype=dtype,
+            checkpoint=ckpt,
+            run_config=cfg,
+            arith=_run_arith_task(cfg),
+        )
     if model.startswith(BUILTIN_PREFIX):
-        return EvalTarget(model=model, slug=slugify(model), dtype=default_dtype,
-                          arith=built_on_task(resolve_model_name(model)))
+        return EvalTarget(
+            model=model, slug=slugify(model), dtype=default_dtype, arith=built_on_task(resolve_model_name(model))
+        )
     return EvalTarget(model=model, slug=slugify(model), dtype=default_dtype)
 
 
@@ -102,8 +111,9 @@ def parse_benchmarks(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def load_suite(names: list[str], *, data_dir: Path | None, limit: int | None, template: str,
-               arith: Task | None = None) -> tuple[dict, dict]:
+def load_suite(
+    names: list[str], *, data_dir: Path | None, limit: int | None, template: str, arith: Task | None = None
+) -> tuple[dict, dict]:
     """({benchmark: problems}, {benchmark: grade(completion, problem)})."""
     from clipbench.tasks.benchmarks import benchmark_grader, load_benchmark
 
@@ -134,13 +144,28 @@ def summary_table(payloads: dict[str, dict], title: str) -> Table:
     for name, p in payloads.items():
         s = p["summary"]
         avg = s[f"avg@{p['n']}"]
-        table.add_row(name, str(len(p["problem_ids"])), f"{100 * avg:.1f}",
-                      *[f"{100 * s[f'pass@{k}']:.1f}" if f"pass@{k}" in s else "" for k in ks])
+        table.add_row(
+            name,
+            str(len(p["problem_ids"])),
+            f"{100 * avg:.1f}",
+            *[f"{100 * s[f'pass@{k}']:.1f}" if f"pass@{k}" in s else "" for k in ks],
+        )
     return table
 
 
-def eval_command(*, model: str, benchmarks: str, n: int, data_dir: Path | None, limit: int | None,
-                 max_new_tokens: int, temperature: float, seed: int, backend: str, out: Path | None) -> dict:
+def eval_command(
+    *,
+    model: str,
+    benchmarks: str,
+    n: int,
+    data_dir: Path | None,
+    limit: int | None,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    backend: str,
+    out: Path | None,
+) -> dict:
     from clipbench.eval.evaluate import evaluate
 
     if n < 1:
@@ -167,8 +192,8 @@ def eval_command(*, model: str, benchmarks: str, n: int, data_dir: Path | None, 
         template = "dapo" if template == "auto" else template
     problems, graders = load_suite(names, data_dir=data_dir, limit=limit, template=template, arith=target.arith)
 
-    from clipbench.rollout import build_sampler, resolve_backend
     from clipbench.models import load_model_and_tokenizer
+    from clipbench.rollout import build_sampler, resolve_backend
 
     if target.checkpoint is not None:
         from clipbench.train.checkpoint import load_policy
@@ -179,25 +204,49 @@ def eval_command(*, model: str, benchmarks: str, n: int, data_dir: Path | None, 
         path = resolve_model_name(target.model)
         lm, tok = load_model_and_tokenizer(path, dtype=target.dtype, device=device)
     resolved = resolve_backend(backend)
-    sampler = build_sampler(resolved, lm, tok, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                            dtype=target.dtype, gpu_memory_utilization=EVAL_GPU_MEMORY_UTILIZATION)
+    sampler = build_sampler(
+        resolved,
+        lm,
+        tok,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seed=seed,
+        dtype=target.dtype,
+        gpu_memory_utilization=EVAL_GPU_MEMORY_UTILIZATION,
+    )
     out_dir = Path(out) if out is not None else DEFAULT_OUT_ROOT / target.slug
     console.print(f"evaluating {model} ({resolved}, {device}) on {', '.join(names)}: n={n}, seed={seed} -> {out_dir}")
 
     def progress(name: str, payload: dict) -> None:
         atomic_write_json(out_dir / f"{name}.json", payload)
-        console.print(f"  {name}: avg@{n} {100 * payload['summary'][f'avg@{n}']:.1f}%  "
-                      f"({len(payload['problem_ids'])} problems, {payload['seconds']:.0f}s)")
+        console.print(
+            f"  {name}: avg@{n} {100 * payload['summary'][f'avg@{n}']:.1f}%  "
+            f"({len(payload['problem_ids'])} problems, {payload['seconds']:.0f}s)"
+        )
 
     t0 = time.perf_counter()
     try:
-        payloads = evaluate(sampler, problems, n=n, seed=seed, grade=graders, temperature=temperature,
-                            max_new_tokens=max_new_tokens, progress=progress)
+        payloads = evaluate(
+            sampler,
+            problems,
+            n=n,
+            seed=seed,
+            grade=graders,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            progress=progress,
+        )
     finally:
         sampler.close()
     summary: dict[str, Any] = {
-        "model": model, "resolved_model": path, "backend": resolved, "n": n, "seed": seed,
-        "temperature": temperature, "max_new_tokens": max_new_tokens, "limit": limit,
+        "model": model,
+        "resolved_model": path,
+        "backend": resolved,
+        "n": n,
+        "seed": seed,
+        "temperature": temperature,
+        "max_new_tokens": max_new_tokens,
+        "limit": limit,
         "seconds": time.perf_counter() - t0,
         "benchmarks": {name: p["summary"] for name, p in payloads.items()},
     }

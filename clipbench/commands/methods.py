@@ -13,8 +13,10 @@ from clipbench.objectives.registry import METHODS, MethodSpec
 
 
 def _params(spec) -> str:
-    return escape("\n".join(f"{p.name}={p.default}" + (f" ({'/'.join(p.choices)})" if p.choices else "")
-                             for p in spec.params) or "-")
+    return escape(
+        "\n".join(f"{p.name}={p.default}" + (f" ({'/'.join(p.choices)})" if p.choices else "") for p in spec.params)
+        or "-"
+    )
 
 
 def _scope(spec: MethodSpec) -> str:
@@ -40,8 +42,10 @@ def methods_table() -> Table:
 
 
 def corrections_table() -> Table:
-    table = Table(title="sampler corrections (sampler.correction; rho = pi_old / pi_sampler per token, d = log rho)",
-                  show_lines=True)
+    table = Table(
+        title="sampler corrections (sampler.correction; rho = pi_old / pi_sampler per token, d = log rho)",
+        show_lines=True,
+    )
     for col in ("correction", "parameters (defaults)", "weight", "masked tokens", "source"):
         table.add_column(col, overflow="fold")
     table.add_row(f"[bold]{NONE}[/bold]\nno correction (the mismatch is still measured)", "-", "1", "-", "-")
@@ -51,7 +55,9 @@ def corrections_table() -> Table:
             head += f"\nplugin: {escape(spec.origin.path)}"
         where = "leave the denominators" if spec.denominator == "drop" else "stay in the denominators"
         table.add_row(head, _params(spec), escape(spec.formula or "-"), where, escape(spec.source))
-    table.caption = "needs sampler.old_logp: recompute; every correction is per token or per sequence (exact under any split)"
+    table.caption = (
+        "needs sampler.old_logp: recompute; every correction is per token or per sequence (exact under any split)"
+    )
     return table
 
 

@@ -4,13 +4,19 @@ handler in clipbench.commands annotates its parameter with one of these and give
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, List, Optional
+from typing import Annotated
 
 import typer
 
 ResultsDir = Annotated[Path, typer.Option("--results-dir", help="Results store (source of truth).")]
-TrackingUri = Annotated[Optional[str], typer.Option(
-    "--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else sqlite:///<results-dir>/mlflow.db).")]
-Plugins = Annotated[Optional[List[str]], typer.Option(
-    "--plugin", help="A file (.py) or module with your own @rule; repeatable.")]
-Overrides = Annotated[Optional[List[str]], typer.Argument(help="key=value overrides (dotted run-config keys).")]
+TrackingUri = Annotated[
+    str | None,
+    typer.Option(
+        "--tracking-uri",
+        help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else sqlite:///<results-dir>/mlflow.db).",
+    ),
+]
+Plugins = Annotated[
+    list[str] | None, typer.Option("--plugin", help="A file (.py) or module with your own @rule; repeatable.")
+]
+Overrides = Annotated[list[str] | None, typer.Argument(help="key=value overrides (dotted run-config keys).")]

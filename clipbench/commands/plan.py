@@ -18,8 +18,16 @@ from clipbench.memory.plan import fit_message, launch_nproc, setup_for
 from clipbench.models.shapes import model_shape
 
 
-def plan_command(recipe, overrides: list[str], *, nproc_per_node: int | None, nnodes: int,
-                 gpu_memory: float, prompt_tokens: int | None, json_out: bool) -> int:
+def plan_command(
+    recipe,
+    overrides: list[str],
+    *,
+    nproc_per_node: int | None,
+    nnodes: int,
+    gpu_memory: float,
+    prompt_tokens: int | None,
+    json_out: bool,
+) -> int:
     """Print the plan of RECIPE; return 0 when it fits, 1 when it does not."""
     from clipbench.models import PROMPT_TOKENS
 
@@ -27,8 +35,11 @@ def plan_command(recipe, overrides: list[str], *, nproc_per_node: int | None, nn
     from clipbench.config import load_run_config
     from clipbench.models import resolve_model_name
 
-    for key, v in {"--nproc-per-node": nproc_per_node or 1, "--nnodes": nnodes,
-                   "--prompt-tokens": prompt_tokens}.items():
+    for key, v in {
+        "--nproc-per-node": nproc_per_node or 1,
+        "--nnodes": nnodes,
+        "--prompt-tokens": prompt_tokens,
+    }.items():
         if v < 1:
             raise UserError(f"{key} must be >= 1, got {v}")
     if not gpu_memory > 0:
@@ -36,8 +47,7 @@ def plan_command(recipe, overrides: list[str], *, nproc_per_node: int | None, nn
     cfg = load_run_config(recipe, overrides)
     nproc = nproc_per_node or launch_nproc(cfg)
     shape = model_shape(resolve_model_name(cfg.model.name))
-    setup = setup_for(cfg, world_size=nproc * nnodes, device_gib=gpu_memory, prompt_tokens=prompt_tokens,
-                      shape=shape)
+    setup = setup_for(cfg, world_size=nproc * nnodes, device_gib=gpu_memory, prompt_tokens=prompt_tokens, shape=shape)
     plan = estimate(shape, setup)
     knobs = [] if plan.fits else advise(shape, setup, nnodes=nnodes)
     if json_out:
@@ -48,14 +58,22 @@ def plan_command(recipe, overrides: list[str], *, nproc_per_node: int | None, nn
 
 
 def plan_json(plan: MemoryPlan, knobs: list[str]) -> dict:
-    return {"model": asdict(plan.shape), "params": plan.shape.n_params(),
-            "active_params": plan.shape.n_active_params(), "setup": asdict(plan.setup),
-            "rows": [{"name": r.name, "bytes": r.bytes, "phases": list(r.phases), "how": r.how}
-                     for r in plan.rows],
-            "sampling_bytes": plan.phase_bytes("sampling"), "training_bytes": plan.phase_bytes("training"),
-            "peak_phase": plan.peak_phase, "with_margin_bytes": plan.with_margin_bytes,
-            "device_bytes": plan.device_bytes, "kv_cache_bytes": plan.kv_cache_bytes,
-            "kv_sequences": plan.kv_sequences, "fits": plan.fits, "knobs": knobs}
+    return {
+        "model": asdict(plan.shape),
+        "params": plan.shape.n_params(),
+        "active_params": plan.shape.n_active_params(),
+        "setup": asdict(plan.setup),
+        "rows": [{"name": r.name, "bytes": r.bytes, "phases": list(r.phases), "how": r.how} for r in plan.rows],
+        "sampling_bytes": plan.phase_bytes("sampling"),
+        "training_bytes": plan.phase_bytes("training"),
+        "peak_phase": plan.peak_phase,
+        "with_margin_bytes": plan.with_margin_bytes,
+        "device_bytes": plan.device_bytes,
+        "kv_cache_bytes": plan.kv_cache_bytes,
+        "kv_sequences": plan.kv_sequences,
+        "fits": plan.fits,
+        "knobs": knobs,
+    }
 
 
 def render(plan: MemoryPlan, knobs: list[str], *, nproc: int, nnodes: int) -> None:
@@ -65,11 +83,17 @@ def render(plan: MemoryPlan, knobs: list[str], *, nproc: int, nnodes: int) -> No
     s, u = plan.shape, plan.setup
     con = Console(highlight=False)
     mb_tokens, mb_rows, _ = u.micro_batch()
-    moe = (f" ({s.n_active_params() / 1e9:.2f}B active: {s.num_experts} experts, {s.experts_per_tok} per token)"
-           if s.is_moe else "")
-    title = (f"{s.name}: {s.n_params() / 1e9:.2f}B params{moe}, {u.dtype}, "
-             f"{nproc} GPU{'s' if nproc > 1 else ''}" + (f" x {nnodes} nodes" if nnodes > 1 else "")
-             + f" of {u.device_gib:g} GiB")
+    moe = (
+        f" ({s.n_active_params() / 1e9:.2f}B active: {s.num_experts} experts, {s.experts_per_tok} per token)"
+        if s.is_moe
+        else ""
+    )
+    title = (
+        f"{s.name}: {s.n_params() / 1e9:.2f}B params{moe}, {u.dtype}, "
+        f"{nproc} GPU{'s' if nproc > 1 else ''}"
+        + (f" x {nnodes} nodes" if nnodes > 1 else "")
+        + f" of {u.device_gib:g} GiB"
+    )
     table = Table(title=title, title_justify="left")
     table.add_column("per GPU")
     table.add_column("GiB", justify="right")
@@ -78,18 +102,27 @@ def render(plan: MemoryPlan, knobs: list[str], *, nproc: int, nnodes: int) -> No
     table.add_column("how")
     for r in plan.rows:
         style = "dim" if not r.phases else None
-        table.add_row(r.name, gib(r.bytes), "x" if "sampling" in r.phases else "",
-                      "x" if "training" in r.phases else "", r.how, style=style)
+        table.add_row(
+            r.name,
+            gib(r.bytes),
+            "x" if "sampling" in r.phases else "",
+            "x" if "training" in r.phases else "",
+            r.how,
+            style=style,
+        )
     table.add_section()
     samp, train = plan.phase_bytes("sampling"), plan.phase_bytes("training")
     table.add_row("phase total", "", gib(samp), gib(train), f"peak: {plan.peak_phase}")
-    table.add_row(f"peak + {MARGIN:.0%} margin", gib(plan.with_margin_bytes), "", "",
-                  f"device {u.device_gib:g} GiB", style="bold")
+    table.add_row(
+        f"peak + {MARGIN:.0%} margin", gib(plan.with_margin_bytes), "", "", f"device {u.device_gib:g} GiB", style="bold"
+    )
     con.print(table)
-    con.print(f"micro-batch: {mb_tokens:,} token positions ({mb_rows} x {u.seq_tokens} max: "
-              f"{u.prompt_tokens} prompt + {u.max_new_tokens} new), checkpointing "
-              f"{'on' if u.gradient_checkpointing else 'off'}; sampler {u.backend}"
-              + (f", sleep mode {'on' if u.sleep_mode else 'off'}" if u.backend == "vllm" else ""))
+    con.print(
+        f"micro-batch: {mb_tokens:,} token positions ({mb_rows} x {u.seq_tokens} max: "
+        f"{u.prompt_tokens} prompt + {u.max_new_tokens} new), checkpointing "
+        f"{'on' if u.gradient_checkpointing else 'off'}; sampler {u.backend}"
+        + (f", sleep mode {'on' if u.sleep_mode else 'off'}" if u.backend == "vllm" else "")
+    )
     if plan.fits:
         con.print(f"[green]fits[/]: ~{gib(plan.with_margin_bytes)} of {u.device_gib:g} GiB per GPU")
     else:

@@ -14,9 +14,17 @@ from contextlib import AbstractContextManager
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-OUTCOME_STYLE = {"finished": "green", "resumed": "green", "skipped": "dim", "locked": "yellow",
-                 "failed": "red", "failed-skipped": "red", "crashed": "red", "preempted": "yellow",
-                 "not-started": "yellow"}
+OUTCOME_STYLE = {
+    "finished": "green",
+    "resumed": "green",
+    "skipped": "dim",
+    "locked": "yellow",
+    "failed": "red",
+    "failed-skipped": "red",
+    "crashed": "red",
+    "preempted": "yellow",
+    "not-started": "yellow",
+}
 
 
 class SweepProgress(AbstractContextManager):
@@ -52,8 +60,9 @@ class SweepProgress(AbstractContextManager):
 
     # sweep-level
     def _update_sweep(self) -> None:
-        self.progress.update(self.sweep_task, completed=self.done + sum(self._frac.values()),
-                             count=f"{self.done}/{self.total} runs")
+        self.progress.update(
+            self.sweep_task, completed=self.done + sum(self._frac.values()), count=f"{self.done}/{self.total} runs"
+        )
 
     def start_run(self, run_id: str, label: str, steps: int | None) -> None:
         with self._lock:
@@ -63,8 +72,9 @@ class SweepProgress(AbstractContextManager):
 
     def _start_run(self, run_id: str, label: str, steps: int | None) -> None:
         self._frac[run_id] = 0.0
-        self._tasks[run_id] = self.progress.add_task(f"  {run_id} {label}"[:60], total=steps or 1,
-                                                     count=f"0/{steps} steps", info="")
+        self._tasks[run_id] = self.progress.add_task(
+            f"  {run_id} {label}"[:60], total=steps or 1, count=f"0/{steps} steps", info=""
+        )
 
     def event(self, run_id: str, ev: dict) -> None:
         with self._lock:

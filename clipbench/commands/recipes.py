@@ -19,10 +19,15 @@ def recipes_table() -> Table:
         table.add_column(col, overflow="fold")
     for kind in ("recipe", "sweep"):
         for item in (s for s in catalog() if s.kind == kind):
-            table.add_row(escape(f"clipbench {VERB[kind]} {item.name}"), escape(item.summary), escape(item.scale),
-                          escape(item.time))
-    table.caption = ("rehearse a recipe before booking GPUs: clipbench rehearse NAME; print one: "
-                     "clipbench recipes --show NAME")
+            table.add_row(
+                escape(f"clipbench {VERB[kind]} {item.name}"),
+                escape(item.summary),
+                escape(item.scale),
+                escape(item.time),
+            )
+    table.caption = (
+        "rehearse a recipe before booking GPUs: clipbench rehearse NAME; print one: clipbench recipes --show NAME"
+    )
     return table
 
 

@@ -19,8 +19,15 @@ from rich.table import Table
 STYLE = {"as": "green", "ran": "green", "scaled": "cyan", "skipped": "yellow", "failed": "bold red"}
 
 
-def rehearse_command(recipe: Path, overrides: list[str], *, nproc_per_node: int | None, results_dir: Path,
-                     tracking_uri: str | None, plugins: list[str] = ()) -> int:
+def rehearse_command(
+    recipe: Path,
+    overrides: list[str],
+    *,
+    nproc_per_node: int | None,
+    results_dir: Path,
+    tracking_uri: str | None,
+    plugins: list[str] = (),
+) -> int:
     from clipbench.commands.doctor import doctor_command
     from clipbench.commands.plan import render
     from clipbench.config import load_run_config
@@ -34,9 +41,15 @@ def rehearse_command(recipe: Path, overrides: list[str], *, nproc_per_node: int 
     err = Console(stderr=True, highlight=False)
     doctor_command(results_dir=results_dir, tracking_uri=tracking_uri, console=err)  # what this machine can run
     t0 = time.time()
-    result = rehearse(recipe, overrides, nproc_per_node=nproc_per_node, results_dir=results_dir,
-                      tracking_uri=tracking_uri, plugins=list(plugins),
-                      say=lambda msg: err.print(f"[dim]{time.time() - t0:6.1f} s  {msg}[/]"))
+    result = rehearse(
+        recipe,
+        overrides,
+        nproc_per_node=nproc_per_node,
+        results_dir=results_dir,
+        tracking_uri=tracking_uri,
+        plugins=list(plugins),
+        say=lambda msg: err.print(f"[dim]{time.time() - t0:6.1f} s  {msg}[/]"),
+    )
     out = Console(highlight=False)
     out.width = max(out.width, 120)  # a pipe reports 80 columns: the parts' details need more
     table = Table(title=f"rehearsal of {recipe} ({result.work})", title_justify="left")

@@ -32,8 +32,9 @@ def parse_steps(text: str | None) -> set[int] | None:
         try:
             lo, hi = int(a), int(b or a)
         except ValueError:
-            raise UserError(f"--steps: {part.strip()!r} is not an optimizer step or a range a-b (e.g. --steps 24,30-40)") \
-                from None
+            raise UserError(
+                f"--steps: {part.strip()!r} is not an optimizer step or a range a-b (e.g. --steps 24,30-40)"
+            ) from None
         if lo < 1 or hi < lo:
             raise UserError(f"--steps: {part.strip()!r}: optimizer steps count from 1, ranges go up (a-b with a <= b)")
         out.update(range(lo, hi + 1))
@@ -52,12 +53,26 @@ def resolve(target: str, results_dir: Path) -> tuple[str, list[Path]]:
         runs = [r.path for r in list_run_dirs(p)] if p.is_dir() else []
         if runs:
             return p.name, runs
-    raise UserError(f"{target}: not a run directory, a sweep directory or a sweep in {results_dir} "
-                    f"(e.g. `clipbench replay quickstart` or `clipbench replay {results_dir}/quickstart/<run_id>`)")
+    raise UserError(
+        f"{target}: not a run directory, a sweep directory or a sweep in {results_dir} "
+        f"(e.g. `clipbench replay quickstart` or `clipbench replay {results_dir}/quickstart/<run_id>`)"
+    )
 
 
-def replay_command(target: str, *, rules: str | None, steps: str | None, json_out: bool, results_dir: Path,
-                   fmt: str, out: Path | None, draws: int, top: int, params: bool, device: str) -> list[Path]:
+def replay_command(
+    target: str,
+    *,
+    rules: str | None,
+    steps: str | None,
+    json_out: bool,
+    results_dir: Path,
+    fmt: str,
+    out: Path | None,
+    draws: int,
+    top: int,
+    params: bool,
+    device: str,
+) -> list[Path]:
     from clipbench.replay.rules import parse_rules
     from clipbench.replay.run import replay_runs
     from clipbench.replay.summary import summarize
@@ -79,8 +94,9 @@ def replay_command(target: str, *, rules: str | None, steps: str | None, json_ou
     if not json_out:
         out_dir = check_writable_dir(out or results_dir / "reports" / name.replace("/", "_") / "replay", "--out")
     progress = None if json_out else (lambda msg: print(f"replaying {msg}", file=sys.stderr, flush=True))
-    result = replay_runs(recorded, specs, opt_steps=opt_steps, draws=draws, top=top, params=params, device=device,
-                         progress=progress)
+    result = replay_runs(
+        recorded, specs, opt_steps=opt_steps, draws=draws, top=top, params=params, device=device, progress=progress
+    )
     if not result.rows:
         raise UserError(f"{target}: no recorded optimizer step matches --steps {steps}")
     if json_out:
@@ -88,11 +104,14 @@ def replay_command(target: str, *, rules: str | None, steps: str | None, json_ou
             print(dumps(row))
         return []
     summary = summarize(result)
-    header = [f"Replay of '{name}': {len(recorded)} run(s) with records, {len(result.matrices)} optimizer steps, "
-              f"{len({r['rule'] for r in result.rows})} rules ({'token and parameter level' if params else 'token level'}).",
-              *(f"Note: {n}" for n in summary["notes"] + summary["skipped"])]
-    written = write_replay(summary, result.rows, "markdown" if fmt == "rich" else fmt, out_dir,
-                           f"clipbench replay: {name}", header)
+    header = [
+        f"Replay of '{name}': {len(recorded)} run(s) with records, {len(result.matrices)} optimizer steps, "
+        f"{len({r['rule'] for r in result.rows})} rules ({'token and parameter level' if params else 'token level'}).",
+        *(f"Note: {n}" for n in summary["notes"] + summary["skipped"]),
+    ]
+    written = write_replay(
+        summary, result.rows, "markdown" if fmt == "rich" else fmt, out_dir, f"clipbench replay: {name}", header
+    )
     if fmt == "rich":
         console = render.report_console()
         for line in header:

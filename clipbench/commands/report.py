@@ -14,12 +14,19 @@ from pathlib import Path
 from clipbench.errors import UserError, unknown_choice
 from clipbench.report import render
 from clipbench.report.build import build_report, write_report
-from clipbench.tracking.store import list_sweeps
 from clipbench.tracking.files import check_store_dir, check_writable_dir
+from clipbench.tracking.store import list_sweeps
 
 
-def report_command(sweep: str | None, *, baseline: str | None, fmt: str, results_dir: Path,
-                   out: Path | None, replicate: str | None = None) -> list[Path]:
+def report_command(
+    sweep: str | None,
+    *,
+    baseline: str | None,
+    fmt: str,
+    results_dir: Path,
+    out: Path | None,
+    replicate: str | None = None,
+) -> list[Path]:
     if fmt not in render.FORMATS:
         raise UserError("--format: " + unknown_choice("format", fmt, render.FORMATS))
     if replicate and not sweep:
@@ -27,7 +34,9 @@ def report_command(sweep: str | None, *, baseline: str | None, fmt: str, results
     results_dir = check_store_dir(results_dir)
     names = [sweep] if sweep else list_sweeps(results_dir)
     if not names:
-        raise UserError(f"no sweeps with runs in {results_dir}; run `clipbench sweep FILE --results-dir {results_dir}` first")
+        raise UserError(
+            f"no sweeps with runs in {results_dir}; run `clipbench sweep FILE --results-dir {results_dir}` first"
+        )
     written: list[Path] = []
     for name in names:
         s, result, tables, header = build_report(results_dir, name, baseline, replicate)

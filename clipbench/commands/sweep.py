@@ -19,25 +19,23 @@ import re
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
-
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from clipbench.errors import PREEMPTED_EXIT, UserError, unknown_choice
-from clipbench.sweep.execute import RunTask, checkpoint_step, classify, run_parallel, run_sequential
-from clipbench.config.labels import format_value, label, run_label
-from clipbench.sweep.expand import Expansion, expand, iter_summary
-from clipbench.sweep.manifest import freeze, manifest_path, manifest_runs, merge, read_manifest
 from clipbench.commands.options import Overrides, Plugins, ResultsDir, TrackingUri
 from clipbench.commands.progress import SweepProgress
+from clipbench.config.labels import format_value, label, run_label
+from clipbench.errors import PREEMPTED_EXIT, UserError, unknown_choice
+from clipbench.sweep.execute import RunTask, checkpoint_step, classify, run_parallel, run_sequential
+from clipbench.sweep.expand import Expansion, expand, iter_summary
+from clipbench.sweep.manifest import freeze, manifest_path, manifest_runs, merge, read_manifest
 from clipbench.sweep.spec import SweepSpec, load_spec
-from clipbench.tracking.store import RunDir, list_run_dirs
 from clipbench.tracking.files import check_writable_dir
-
+from clipbench.tracking.store import RunDir, list_run_dirs
 
 AVG_KEY = re.compile(r"/avg@(\d+|n)$")  # eval/<benchmark>/avg@<n> (avg@n: a store from before n was named)
 
@@ -65,14 +63,21 @@ def sweep_command(
     json_out: Annotated[bool, typer.Option("--json", help="With --dry-run: one JSON object per run.")] = False,
     results_dir: ResultsDir = Path("results"),
     jobs: Annotated[int, typer.Option("--jobs", "-j", help="Local worker processes.")] = 1,
-    launcher: Annotated[Optional[str], typer.Option(
-        "--launcher", help="Hydra launcher plugin: joblib, submitit_slurm, submitit_local, ray, basic.")] = None,
+    launcher: Annotated[
+        str | None,
+        typer.Option("--launcher", help="Hydra launcher plugin: joblib, submitit_slurm, submitit_local, ray, basic."),
+    ] = None,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Rerun runs that failed.")] = False,
     tracking_uri: TrackingUri = None,
     plugins: Plugins = None,
-    engine: Annotated[Optional[str], typer.Option(
-        "--engine", help="builtin or trl: the engine of every run (engine=...); verl: each run as a verl command "
-        "(--dry-run prints them).")] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            "--engine",
+            help="builtin or trl: the engine of every run (engine=...); verl: each run as a verl command "
+            "(--dry-run prints them).",
+        ),
+    ] = None,
 ) -> dict[str, Any]:
     """Expand a declarative sweep into runs and execute them (resumable)."""
     plugins = list(plugins or [])
@@ -87,9 +92,19 @@ def sweep_command(
     existing = read_manifest(mpath)  # a damaged store: one line (StoreError), before anything is written
     check_run_files(mpath.parent)
     if engine == "verl":  # each run as a verl trainer command (clipbench.sweep.verl)
-        return verl_sweep(spec, exp, existing, results_dir=results_dir, dry_run=dry_run, json_out=json_out,
-                          launcher=launcher, hydra_overrides=hydra_overrides, tracking_uri=tracking_uri,
-                          retry_failed=retry_failed, err=err)
+        return verl_sweep(
+            spec,
+            exp,
+            existing,
+            results_dir=results_dir,
+            dry_run=dry_run,
+            json_out=json_out,
+            launcher=launcher,
+            hydra_overrides=hydra_overrides,
+            tracking_uri=tracking_uri,
+            retry_failed=retry_failed,
+            err=err,
+        )
     if dry_run or json_out:
         return show_plan(spec, exp, existing, results_dir=results_dir, json_out=json_out, err=err)
 
@@ -98,23 +113,52 @@ def sweep_command(
     mg = freeze(results_dir, spec, exp)  # the first write of this command
     warn(err, list(exp.warnings) + mg.warnings)
     runs = manifest_runs(mg.manifest)
-    tasks_all = [RunTask(results_dir=str(results_dir), sweep=spec.name, run_id=rid, config=cfg,
-                         label=run_label(cfg, point), retry_failed=retry_failed, tracking_uri=tracking_uri)
-                 for rid, cfg, point in runs]
+    tasks_all = [
+        RunTask(
+            results_dir=str(results_dir),
+            sweep=spec.name,
+            run_id=rid,
+            config=cfg,
+            label=run_label(cfg, point),
+            retry_failed=retry_failed,
+            tracking_uri=tracking_uri,
+        )
+        for rid, cfg, point in runs
+    ]
     states = {t.run_id: classify(t.run_dir, retry_failed) for t in tasks_all}
     err.print(start_line(spec.name, len(runs), results_dir, states))
     parent, uri, experiment = _parent_run(spec, runs, results_dir, tracking_uri, mpath)
     tasks = [replace(t, parent_run_id=parent) for t in tasks_all if states[t.run_id] in ("resume", "start")]
     try:
-        results, launcher_rc = execute(tasks, mpath, spec.name, jobs=jobs, launcher=launcher,
-                                       hydra_overrides=hydra_overrides, retry_failed=retry_failed,
-                                       tracking_uri=tracking_uri, parent=parent, err=err)
+        results, launcher_rc = execute(
+            tasks,
+            mpath,
+            spec.name,
+            jobs=jobs,
+            launcher=launcher,
+            hydra_overrides=hydra_overrides,
+            retry_failed=retry_failed,
+            tracking_uri=tracking_uri,
+            parent=parent,
+            err=err,
+        )
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]: finished runs are kept; rerun the same command to resume")
         _finish_parent(parent, uri, experiment, spec.name, "KILLED")
         raise SystemExit(130) from None
-    return finish(spec.name, mg.manifest, tasks_all, results, launcher, launcher_rc, results_dir=results_dir,
-                  parent=parent, uri=uri, experiment=experiment, err=err)
+    return finish(
+        spec.name,
+        mg.manifest,
+        tasks_all,
+        results,
+        launcher,
+        launcher_rc,
+        results_dir=results_dir,
+        parent=parent,
+        uri=uri,
+        experiment=experiment,
+        err=err,
+    )
 
 
 def check_options(hydra_overrides: list[str], *, jobs: int, launcher: str | None, engine: str | None) -> None:
@@ -138,8 +182,9 @@ def warn(err: Console, warnings: list[str]) -> None:
         err.print(f"[yellow]warning:[/] {w}")
 
 
-def show_plan(spec: SweepSpec, exp: Expansion, existing: dict | None, *, results_dir: Path, json_out: bool,
-              err: Console) -> dict[str, Any]:
+def show_plan(
+    spec: SweepSpec, exp: Expansion, existing: dict | None, *, results_dir: Path, json_out: bool, err: Console
+) -> dict[str, Any]:
     """--dry-run / --json: the plan, nothing written."""
     mg = merge(existing, spec, exp)
     warn(err, list(exp.warnings) + mg.warnings)
@@ -156,15 +201,27 @@ def show_plan(spec: SweepSpec, exp: Expansion, existing: dict | None, *, results
 
 def start_line(sweep: str, n_runs: int, results_dir: Path, states: dict[str, str]) -> str:
     counts = {s: sum(1 for v in states.values() if v == s) for s in ("finished", "failed", "resume", "start")}
-    return (f"sweep [bold]{sweep}[/]: {n_runs} runs -> {results_dir / sweep}  "
-            f"({counts['finished']} finished, {counts['resume']} to resume, {counts['start']} to start"
-            + (f", {counts['failed']} failed: skipped (rerun them with --retry-failed)" if counts["failed"] else "")
-            + ")")
+    return (
+        f"sweep [bold]{sweep}[/]: {n_runs} runs -> {results_dir / sweep}  "
+        f"({counts['finished']} finished, {counts['resume']} to resume, {counts['start']} to start"
+        + (f", {counts['failed']} failed: skipped (rerun them with --retry-failed)" if counts["failed"] else "")
+        + ")"
+    )
 
 
-def execute(tasks: list[RunTask], mpath: Path, sweep: str, *, jobs: int, launcher: str | None,
-            hydra_overrides: list[str], retry_failed: bool, tracking_uri: str | None, parent: str | None,
-            err: Console) -> tuple[list[dict], int]:
+def execute(
+    tasks: list[RunTask],
+    mpath: Path,
+    sweep: str,
+    *,
+    jobs: int,
+    launcher: str | None,
+    hydra_overrides: list[str],
+    retry_failed: bool,
+    tracking_uri: str | None,
+    parent: str | None,
+    err: Console,
+) -> tuple[list[dict], int]:
     """Run the tasks: here (one at a time, or `jobs` worker processes) or through a Hydra launcher.
     Returns (outcomes, the launcher's exit code)."""
     if not tasks:
@@ -173,18 +230,38 @@ def execute(tasks: list[RunTask], mpath: Path, sweep: str, *, jobs: int, launche
         from clipbench.sweep.execute import threads_per_worker
         from clipbench.sweep.hydra_app import launch
 
-        rc = launch(mpath, [t.run_id for t in tasks], launcher=launcher,
-                    nprocs={t.run_id: t.config.get("launch", {}).get("nproc_per_node", 1) for t in tasks},
-                    jobs=jobs if jobs > 1 else None, hydra_overrides=hydra_overrides, retry_failed=retry_failed,
-                    tracking_uri=tracking_uri, parent_run_id=parent,
-                    threads=threads_per_worker(jobs) if launcher == "joblib" else None, sweep_dir=mpath.parent)
+        rc = launch(
+            mpath,
+            [t.run_id for t in tasks],
+            launcher=launcher,
+            nprocs={t.run_id: t.config.get("launch", {}).get("nproc_per_node", 1) for t in tasks},
+            jobs=jobs if jobs > 1 else None,
+            hydra_overrides=hydra_overrides,
+            retry_failed=retry_failed,
+            tracking_uri=tracking_uri,
+            parent_run_id=parent,
+            threads=threads_per_worker(jobs) if launcher == "joblib" else None,
+            sweep_dir=mpath.parent,
+        )
         return [_outcome_from_store(t) for t in tasks], rc
     with SweepProgress(len(tasks), console=err, title=sweep) as ui:
         return (run_parallel(tasks, jobs, ui) if jobs > 1 else run_sequential(tasks, ui)), 0
 
 
-def finish(sweep: str, manifest: dict, tasks_all: list[RunTask], results: list[dict], launcher: str | None,
-           launcher_rc: int, *, results_dir: Path, parent, uri, experiment, err: Console) -> dict[str, Any]:
+def finish(
+    sweep: str,
+    manifest: dict,
+    tasks_all: list[RunTask],
+    results: list[dict],
+    launcher: str | None,
+    launcher_rc: int,
+    *,
+    results_dir: Path,
+    parent,
+    uri,
+    experiment,
+    err: Console,
+) -> dict[str, Any]:
     """Close the MLflow parent, print the outcomes; exit 1 when a run failed in this invocation."""
     by_id = {r["run_id"]: r for r in results}
     final = {t.run_id: classify(t.run_dir) for t in tasks_all}
@@ -197,33 +274,55 @@ def finish(sweep: str, manifest: dict, tasks_all: list[RunTask], results: list[d
         err.print(summary_table(tasks_all, by_id))
     locked = [r for r in results if r["outcome"] == "locked"]
     n_fin = sum(1 for s in final.values() if s == "finished")
-    err.print(f"{n_fin}/{len(tasks_all)} runs finished" + (f"; {len(locked)} locked by another process" if locked else "")
-              + (f"; {len(failed)} failed (see status.json; rerun with --retry-failed)" if failed else "")
-              + (f"; {len(preempted)} preempted (checkpointed)" if preempted else "")
-              + (f"; {len(not_started)} not started (the sweep was asked to stop)" if not_started else ""))
+    err.print(
+        f"{n_fin}/{len(tasks_all)} runs finished"
+        + (f"; {len(locked)} locked by another process" if locked else "")
+        + (f"; {len(failed)} failed (see status.json; rerun with --retry-failed)" if failed else "")
+        + (f"; {len(preempted)} preempted (checkpointed)" if preempted else "")
+        + (f"; {len(not_started)} not started (the sweep was asked to stop)" if not_started else "")
+    )
     if uri and any(r.get("mlflow_offline") for r in results):
         from clipbench.tracking.mirror import sync_hint
 
-        err.print(Text.assemble(("MLflow was unreachable for some runs", "yellow"),
-                                f": replay them with `{sync_hint(sweep, results_dir, uri)}`"))
+        err.print(
+            Text.assemble(
+                ("MLflow was unreachable for some runs", "yellow"),
+                f": replay them with `{sync_hint(sweep, results_dir, uri)}`",
+            )
+        )
     incomplete = [r for r in results if r["outcome"] == "incomplete"]
     if launcher_rc and incomplete:  # the launcher itself failed (bad hydra.* setting, cluster unreachable)
-        err.print(f"[red]error[/]: the {launcher} launcher exited with code {launcher_rc} and {len(incomplete)} "
-                  "run(s) did not finish (its log is above); rerun the same command to resume them")
+        err.print(
+            f"[red]error[/]: the {launcher} launcher exited with code {launcher_rc} and {len(incomplete)} "
+            "run(s) did not finish (its log is above); rerun the same command to resume them"
+        )
     if results:
         _warm_metrics_cache(results_dir, sweep)
     if failed or (launcher_rc and incomplete):
         raise SystemExit(1)
     if preempted or not_started:
-        err.print("[yellow]preempted[/]: the running runs stopped at a checkpoint and no further run started; "
-                  "rerun the same command to resume")
+        err.print(
+            "[yellow]preempted[/]: the running runs stopped at a checkpoint and no further run started; "
+            "rerun the same command to resume"
+        )
         raise SystemExit(PREEMPTED_EXIT)
     return {"sweep": sweep, "runs": list(manifest["runs"]), "results": results, "written": True, "finished": n_fin}
 
 
-def verl_sweep(spec: SweepSpec, exp: Expansion, existing: dict | None, *, results_dir: Path, dry_run: bool,
-               json_out: bool, launcher: str | None, hydra_overrides: list[str], tracking_uri: str | None,
-               retry_failed: bool, err: Console) -> dict[str, Any]:
+def verl_sweep(
+    spec: SweepSpec,
+    exp: Expansion,
+    existing: dict | None,
+    *,
+    results_dir: Path,
+    dry_run: bool,
+    json_out: bool,
+    launcher: str | None,
+    hydra_overrides: list[str],
+    tracking_uri: str | None,
+    retry_failed: bool,
+    err: Console,
+) -> dict[str, Any]:
     """`--engine verl`: print each run's verl command (--dry-run, --json), or freeze and submit them."""
     from clipbench.engines.verl import check_can_launch, shell_line
     from clipbench.sweep.verl import submit_verl, verl_plans
@@ -232,11 +331,22 @@ def verl_sweep(spec: SweepSpec, exp: Expansion, existing: dict | None, *, result
     if dry_run or json_out:
         mg = merge(existing, spec, exp)
         warn(err, list(exp.warnings) + mg.warnings)
-        for p in verl_plans(mg.manifest, spec.name, results_dir=results_dir, hydra_overrides=hydra_overrides,
-                            tracking_uri=tracking_uri):
+        for p in verl_plans(
+            mg.manifest, spec.name, results_dir=results_dir, hydra_overrides=hydra_overrides, tracking_uri=tracking_uri
+        ):
             if json_out:
-                sys.stdout.write(json.dumps({"run_id": p["run_id"], "label": p["label"], "env": p["env"],
-                                             "command": p["command"], "data_dir": p["data_dir"]}) + "\n")
+                sys.stdout.write(
+                    json.dumps(
+                        {
+                            "run_id": p["run_id"],
+                            "label": p["label"],
+                            "env": p["env"],
+                            "command": p["command"],
+                            "data_dir": p["data_dir"],
+                        }
+                    )
+                    + "\n"
+                )
             else:
                 line = shell_line(p["command"], p["env"], sep=" \\\n    ")
                 sys.stdout.write(f"# {p['run_id']}  {p['label']}\n{line}\n\n")
@@ -247,16 +357,22 @@ def verl_sweep(spec: SweepSpec, exp: Expansion, existing: dict | None, *, result
     check_can_launch(launcher)  # before anything is written
     mg = freeze(results_dir, spec, exp)
     warn(err, list(exp.warnings) + mg.warnings)
-    plans = verl_plans(mg.manifest, spec.name, results_dir=results_dir, hydra_overrides=hydra_overrides,
-                       tracking_uri=tracking_uri)
-    skipped, submitted = submit_verl(plans, mpath.parent, launcher=launcher, hydra_overrides=hydra_overrides,
-                                     retry_failed=retry_failed)
+    plans = verl_plans(
+        mg.manifest, spec.name, results_dir=results_dir, hydra_overrides=hydra_overrides, tracking_uri=tracking_uri
+    )
+    skipped, submitted = submit_verl(
+        plans, mpath.parent, launcher=launcher, hydra_overrides=hydra_overrides, retry_failed=retry_failed
+    )
     for p in skipped:
         err.print(f"{p['run_id']} {p['label']}: already submitted ({p['status']['submitted'].get('job')}); skipped")
     for s in submitted:
         err.print(f"{s['plan']['run_id']} {s['plan']['label']}: {launcher or 'local'} {s['job']}")
-    return {"sweep": spec.name, "runs": list(mg.manifest["runs"]), "written": True,
-            "submitted": [{"run_id": s["plan"]["run_id"], "job": s["job"]} for s in submitted]}
+    return {
+        "sweep": spec.name,
+        "runs": list(mg.manifest["runs"]),
+        "written": True,
+        "submitted": [{"run_id": s["plan"]["run_id"], "job": s["job"]} for s in submitted],
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -279,8 +395,11 @@ def preflight_runs(configs: list[dict]) -> None:
 
     seen = set()
     for cfg in configs:
-        key = json.dumps({k: v for k, v in cfg.items() if k not in ("seed", "name", "objective", "tracking")},
-                         sort_keys=True, default=str)
+        key = json.dumps(
+            {k: v for k, v in cfg.items() if k not in ("seed", "name", "objective", "tracking")},
+            sort_keys=True,
+            default=str,
+        )
         if key not in seen:
             seen.add(key)
             preflight(from_dict(cfg))
@@ -296,8 +415,14 @@ def _parent_run(spec: SweepSpec, runs, results_dir: Path, tracking_uri: str | No
     tr = runs[0][1].get("tracking", {})
     uri = resolve_tracking_uri(tracking_uri, tr.get("tracking_uri"), results_dir)
     experiment = tr.get("experiment", "clipbench")
-    pid = sweep_parent_run(results_dir=results_dir, sweep=spec.name, experiment=experiment,
-                           tracking_uri=tracking_uri, config_uri=tr.get("tracking_uri"), manifest_path=mpath)
+    pid = sweep_parent_run(
+        results_dir=results_dir,
+        sweep=spec.name,
+        experiment=experiment,
+        tracking_uri=tracking_uri,
+        config_uri=tr.get("tracking_uri"),
+        manifest_path=mpath,
+    )
     return pid, uri, experiment
 
 
@@ -322,8 +447,11 @@ def _warm_metrics_cache(results_dir: Path, sweep: str) -> None:
 def _outcome_from_store(task: RunTask) -> dict:
     st = task.run_dir.status()
     state = st.get("state", "pending")
-    outcome = {"finished": "resumed" if st.get("resumed_from") is not None else "finished",
-               "failed": "failed", "preempted": "preempted"}.get(state, "incomplete")
+    outcome = {
+        "finished": "resumed" if st.get("resumed_from") is not None else "finished",
+        "failed": "failed",
+        "preempted": "preempted",
+    }.get(state, "incomplete")
     return {"run_id": task.run_id, "label": task.label, "outcome": outcome, "error": st.get("error")}
 
 
@@ -339,8 +467,9 @@ def _state(rd: RunDir) -> str:
     return state
 
 
-def plan_table(spec: SweepSpec, exp: Expansion, manifest: dict, results_dir: Path, show_state: bool,
-               new: set[str]) -> Table:
+def plan_table(
+    spec: SweepSpec, exp: Expansion, manifest: dict, results_dir: Path, show_state: bool, new: set[str]
+) -> Table:
     from clipbench.objectives import METHODS
 
     t = Table(title=f"sweep {spec.name} ({spec.file})", title_justify="left")
@@ -354,9 +483,11 @@ def plan_table(spec: SweepSpec, exp: Expansion, manifest: dict, results_dir: Pat
         t.add_column("state")
     for r in rows:
         defaults = METHODS[r["method"]].defaults if r["method"] in METHODS else {}
-        on_axis = {k[len("objective."):] for k in manifest.get("points", {}).get(r["run_id"], {})}
-        params = " ".join(f"{k}={format_value(v)}" for k, v in r["params"].items()
-                          if k in on_axis or defaults.get(k) != v) or "(defaults)"
+        on_axis = {k[len("objective.") :] for k in manifest.get("points", {}).get(r["run_id"], {})}
+        params = (
+            " ".join(f"{k}={format_value(v)}" for k, v in r["params"].items() if k in on_axis or defaults.get(k) != v)
+            or "(defaults)"
+        )
         cells = [r["run_id"], r["method"], params, str(r["seed"]), str(r["steps"])]
         if other:
             cells.append(" ".join(f"{k}={format_value(v)}" for k, v in r["other"].items()))
@@ -374,8 +505,11 @@ def _plan_line(spec: SweepSpec, exp: Expansion, manifest: dict, results_dir: Pat
         why.append(f"{exp.excluded} excluded")
     if dropped:
         why.append(f"{dropped} dropped as duplicates (objective parameters a method does not have)")
-    return (f"{n} runs from {exp.combos} grid points" + (f" ({'; '.join(why)})" if why else "")
-            + f" -> {results_dir / spec.name} (dry run: nothing written)")
+    return (
+        f"{n} runs from {exp.combos} grid points"
+        + (f" ({'; '.join(why)})" if why else "")
+        + f" -> {results_dir / spec.name} (dry run: nothing written)"
+    )
 
 
 def summary_table(tasks: list[RunTask], by_id: dict[str, dict]) -> Table:
@@ -386,8 +520,7 @@ def summary_table(tasks: list[RunTask], by_id: dict[str, dict]) -> Table:
         r = by_id.get(task.run_id)
         if r is None:
             continue
-        ev = " ".join(f"{k.split('/', 1)[1]}={v:.3f}" for k, v in (r.get("evals") or {}).items()
-                      if AVG_KEY.search(k))
+        ev = " ".join(f"{k.split('/', 1)[1]}={v:.3f}" for k, v in (r.get("evals") or {}).items() if AVG_KEY.search(k))
         t.add_row(task.run_id, task.label, r["outcome"], f"{r['seconds']:.0f}s" if r.get("seconds") else "", ev)
     return t
 

@@ -13,14 +13,15 @@ from rich.console import Console
 from rich.table import Table
 
 from clipbench.errors import UserError, did_you_mean
+from clipbench.tracking.files import check_store_dir
 from clipbench.tracking.mlflow_client import client_for, resolve_tracking_uri
 from clipbench.tracking.store import list_sweeps
-from clipbench.tracking.files import check_store_dir
 from clipbench.tracking.sync import load_sweeps, sync_sweeps
 
 
-def sync_command(sweep: str | None, *, results_dir: Path = Path("results"), tracking_uri: str | None = None,
-                 sink: str = "mlflow") -> list[dict]:
+def sync_command(
+    sweep: str | None, *, results_dir: Path = Path("results"), tracking_uri: str | None = None, sink: str = "mlflow"
+) -> list[dict]:
     from clipbench.config.schema import SINKS
 
     if sink not in SINKS:
@@ -29,8 +30,10 @@ def sync_command(sweep: str | None, *, results_dir: Path = Path("results"), trac
     sweeps = list_sweeps(results_dir)
     if sweep is not None:
         if sweep not in sweeps:
-            raise UserError(f"no runs for sweep '{sweep}' in {results_dir}{did_you_mean(sweep, sweeps)}; "
-                            f"sweeps with runs: {', '.join(sweeps) or '(none)'}")
+            raise UserError(
+                f"no runs for sweep '{sweep}' in {results_dir}{did_you_mean(sweep, sweeps)}; "
+                f"sweeps with runs: {', '.join(sweeps) or '(none)'}"
+            )
         sweeps = [sweep]
     if not sweeps:
         raise UserError(f"nothing to sync: no runs in {results_dir}")
@@ -43,7 +46,9 @@ def sync_command(sweep: str | None, *, results_dir: Path = Path("results"), trac
         client = client_for(uri)
         client.search_experiments(max_results=1)
     except Exception as e:  # noqa: BLE001
-        raise UserError(f"cannot reach MLflow at {uri}: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}") from None
+        raise UserError(
+            f"cannot reach MLflow at {uri}: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+        ) from None
     rows = sync_sweeps(sweeps, results_dir=results_dir, uri=uri, client=client, loaded=loaded)
 
     t = Table(title=f"clipbench sync -> {uri}", title_justify="left")
@@ -53,8 +58,16 @@ def sync_command(sweep: str | None, *, results_dir: Path = Path("results"), trac
         if "skipped" in r:
             t.add_row(r["sweep"], r["run_id"], "", "", "", "", "", r["skipped"])
         else:
-            t.add_row(r["sweep"], r["run_id"], r["mlflow_run_id"][:12], "yes" if r["created"] else "",
-                      str(r["params"]), str(r["metrics"]), str(r["artifacts"]), r["state"])
+            t.add_row(
+                r["sweep"],
+                r["run_id"],
+                r["mlflow_run_id"][:12],
+                "yes" if r["created"] else "",
+                str(r["params"]),
+                str(r["metrics"]),
+                str(r["artifacts"]),
+                r["state"],
+            )
     Console(stderr=True).print(t)
     return rows
 

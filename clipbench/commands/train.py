@@ -18,16 +18,24 @@ from pathlib import Path
 from rich.console import Console
 
 from clipbench.config import load_run_config, run_id
+from clipbench.engines.launch import launch_ranks, run_as_rank
 from clipbench.errors import RunFailed, RunPreempted
-from clipbench.tracking.store import RunDir
 from clipbench.tracking.files import check_writable_dir
+from clipbench.tracking.store import RunDir
 from clipbench.train.checkpoint import find_checkpoint
 from clipbench.train.distributed import under_torchrun
-from clipbench.engines.launch import launch_ranks, run_as_rank
 
 
-def train_command(recipe: Path, overrides: list[str], *, resume: bool, results_dir: Path,
-                  tracking_uri: str | None, nproc_per_node: int | None = None, plugins: list[str] = ()) -> dict:
+def train_command(
+    recipe: Path,
+    overrides: list[str],
+    *,
+    resume: bool,
+    results_dir: Path,
+    tracking_uri: str | None,
+    nproc_per_node: int | None = None,
+    plugins: list[str] = (),
+) -> dict:
     from clipbench.engines import preflight
     from clipbench.tracking.mlflow_sink import run_sink
 
@@ -51,9 +59,11 @@ def train_command(recipe: Path, overrides: list[str], *, resume: bool, results_d
         if rd.status().get("state") == "preempted":
             raise RunPreempted(f"run {rd.run_id} on {n} processes stopped at a checkpoint; {resume_hint}")
         if rc != 0:
-            raise RunFailed(f"training on {n} processes failed (torchrun exit code {rc}; the failing rank's error "
-                            f"is above); {rd.status_path} says failed; rerun with --resume to continue from the "
-                            f"last checkpoint")
+            raise RunFailed(
+                f"training on {n} processes failed (torchrun exit code {rc}; the failing rank's error "
+                f"is above); {rd.status_path} says failed; rerun with --resume to continue from the "
+                f"last checkpoint"
+            )
         return {"run_id": rd.run_id, "run_dir": str(rd.path), "steps": cfg.train.steps}
 
     console = Console(stderr=True)
@@ -63,17 +73,28 @@ def train_command(recipe: Path, overrides: list[str], *, resume: bool, results_d
         if resume and find_checkpoint(rd.checkpoint_dir) is None:
             console.print(f"[yellow]no checkpoint in {rd.path}; starting from step 0[/]")
         where = f" on {dist.world} processes" if dist.sharded else ""
-        console.print(f"run {rd.run_id}: {cfg.objective['method']} on {cfg.task.name}, {cfg.train.steps} steps"
-                      f"{where} -> {rd.path}")
+        console.print(
+            f"run {rd.run_id}: {cfg.objective['method']} on {cfg.task.name}, {cfg.train.steps} steps"
+            f"{where} -> {rd.path}"
+        )
 
     def progress(ev: dict) -> None:
-        console.print(f"  step {ev['step']:>4}/{ev['steps']}  reward {ev['reward']:.3f}  acc {ev['accuracy']:.3f}  "
-                      f"entropy {ev['entropy']:.3f}  clip events {int(ev['clip_events'])}  skipped {ev.get('skipped', 0)}")
+        console.print(
+            f"  step {ev['step']:>4}/{ev['steps']}  reward {ev['reward']:.3f}  acc {ev['accuracy']:.3f}  "
+            f"entropy {ev['entropy']:.3f}  clip events {int(ev['clip_events'])}  skipped {ev.get('skipped', 0)}"
+        )
 
     try:
-        summary = run_as_rank(cfg, rd, resume=resume, progress=progress, on_rank=on_rank,
-                              make_sink=lambda: run_sink(cfg, rd, results_dir=results_dir, sweep="train",
-                                                         tracking_uri=tracking_uri, resume=resume))
+        summary = run_as_rank(
+            cfg,
+            rd,
+            resume=resume,
+            progress=progress,
+            on_rank=on_rank,
+            make_sink=lambda: run_sink(
+                cfg, rd, results_dir=results_dir, sweep="train", tracking_uri=tracking_uri, resume=resume
+            ),
+        )
     except RunPreempted as e:
         raise RunPreempted(f"{e}; {resume_hint}") from None
     for k, v in sorted(summary.items()):

@@ -9,7 +9,8 @@ differ. The one owner of the format (the sweep's run labels, the report's group 
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 OBJ = "objective."
 METHOD_KEY = "objective.method"

@@ -11,9 +11,10 @@ import dataclasses
 import functools
 import hashlib
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -115,7 +116,9 @@ def _check_unknown(data: Mapping, dc_type, prefix: str, source: str | None) -> N
     for k, v in data.items():
         full = f"{prefix}{k}"
         if k not in known:
-            raise ConfigError(source, full, "unknown key" + did_you_mean(k, known) + f"; valid keys here: {', '.join(known)}")
+            raise ConfigError(
+                source, full, "unknown key" + did_you_mean(k, known) + f"; valid keys here: {', '.join(known)}"
+            )
         f = next(f for f in fields(dc_type) if f.name == k)
         sub = f.default_factory() if callable(getattr(f, "default_factory", None)) else None  # type: ignore[misc]
         if is_dataclass(sub):
@@ -124,7 +127,9 @@ def _check_unknown(data: Mapping, dc_type, prefix: str, source: str | None) -> N
             _check_unknown(v, type(sub), full + ".", source)
 
 
-def compose(recipe: str | Path | Mapping | None, overrides: Iterable[str] | Mapping = (), *, source: str | None = None) -> dict:
+def compose(
+    recipe: str | Path | Mapping | None, overrides: Iterable[str] | Mapping = (), *, source: str | None = None
+) -> dict:
     """Recipe (file or mapping) + overrides -> a plain dict (not yet validated)."""
     if recipe is None:
         data, base_dir = {}, Path.cwd()
@@ -160,10 +165,19 @@ def migrate(data: Mapping, source: str | None = None) -> dict:
             raise ConfigError(source, "sampler.mismatch_is", "replaced by sampler.correction: set only the latter")
         mode, cap = old.get("mismatch_is", "none"), old.get("mismatch_is_cap", 2.0)
         if mode not in ("none", "token", "sequence"):
-            raise ConfigError(source, "sampler.mismatch_is", unknown_choice("value", mode, ("none", "token", "sequence")))
-        sampler["correction"] = ({"name": "none"} if mode == "none"
-                                 else {"name": "tis", "level": mode, "floor": 0.0,
-                                       "cap": float(cap) if isinstance(cap, int) and not isinstance(cap, bool) else cap})
+            raise ConfigError(
+                source, "sampler.mismatch_is", unknown_choice("value", mode, ("none", "token", "sequence"))
+            )
+        sampler["correction"] = (
+            {"name": "none"}
+            if mode == "none"
+            else {
+                "name": "tis",
+                "level": mode,
+                "floor": 0.0,
+                "cap": float(cap) if isinstance(cap, int) and not isinstance(cap, bool) else cap,
+            }
+        )
     if isinstance(sampler.get("correction"), str):
         sampler["correction"] = {"name": sampler["correction"]}
     return {**data, "sampler": sampler}
@@ -220,9 +234,14 @@ def choices() -> dict[str, tuple[str, ...]]:
     from clipbench.tasks.arith import FORMATS
     from clipbench.tasks.templates import TEMPLATE_CHOICES
 
-    return {**CHOICES, "task.name": tuple(TASK_NAMES), "task.template": tuple(TEMPLATE_CHOICES), "task.format": FORMATS,
-            "train.agg": tuple(AGGREGATIONS),
-            "train.advantage": ADVANTAGES}
+    return {
+        **CHOICES,
+        "task.name": tuple(TASK_NAMES),
+        "task.template": tuple(TEMPLATE_CHOICES),
+        "task.format": FORMATS,
+        "train.agg": tuple(AGGREGATIONS),
+        "train.advantage": ADVANTAGES,
+    }
 
 
 def _get(cfg: RunConfig, key: str) -> Any:
@@ -254,15 +273,24 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
     # cross-field rules
     tc, sc = cfg.train, cfg.sampler
     if tc.mini_batches > tc.prompts_per_step * sc.group_size:
-        err("train.mini_batches", f"{tc.mini_batches} mini-batches cannot split a batch of "
-            f"{tc.prompts_per_step * sc.group_size} sequences (prompts_per_step x group_size)")
+        err(
+            "train.mini_batches",
+            f"{tc.mini_batches} mini-batches cannot split a batch of "
+            f"{tc.prompts_per_step * sc.group_size} sequences (prompts_per_step x group_size)",
+        )
     if tc.advantage != "group_mean" and sc.group_size < 2:
         err("sampler.group_size", f"advantage '{tc.advantage}' needs group_size >= 2")
     if tc.overlong.enabled and tc.overlong.buffer > sc.max_new_tokens:
-        err("train.overlong.buffer", f"must be <= sampler.max_new_tokens ({sc.max_new_tokens}), got {tc.overlong.buffer}")
+        err(
+            "train.overlong.buffer",
+            f"must be <= sampler.max_new_tokens ({sc.max_new_tokens}), got {tc.overlong.buffer}",
+        )
     if tc.prompts_per_step % cfg.launch.nproc_per_node:
-        err("launch.nproc_per_node", f"{cfg.launch.nproc_per_node} processes cannot share "
-            f"train.prompts_per_step={tc.prompts_per_step} prompts by whole groups (make it a multiple)")
+        err(
+            "launch.nproc_per_node",
+            f"{cfg.launch.nproc_per_node} processes cannot share "
+            f"train.prompts_per_step={tc.prompts_per_step} prompts by whole groups (make it a multiple)",
+        )
     if sc.sleep_mode and sc.backend == "hf":
         err("sampler.sleep_mode", "applies to the vllm backend (the hf backend samples from the training model itself)")
     if cfg.task.name == "math" and not cfg.task.path:
@@ -296,8 +324,15 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
     if method is None:
         err("objective.method", f"missing; choose one of: {', '.join(sorted(METHODS))}")
     if not isinstance(method, str):
-        err("objective.method", f"must be one method name, got {type(method).__name__} {method!r}"
-            + ("; to compare several, make it a sweep axis (grid: objective.method: [...])" if isinstance(method, list) else ""))
+        err(
+            "objective.method",
+            f"must be one method name, got {type(method).__name__} {method!r}"
+            + (
+                "; to compare several, make it a sweep axis (grid: objective.method: [...])"
+                if isinstance(method, list)
+                else ""
+            ),
+        )
     if method not in METHODS:
         err("objective.method", unknown_choice("method", method, METHODS))
     try:
@@ -322,11 +357,17 @@ def _check_correction(cfg: RunConfig, err) -> None:
         bad = next((k for k in setting if k != "name" and f"'{k}'" in str(e)), None)
         err(f"{CORRECTION_KEY}.{bad or 'name'}", str(e))
     if cfg.model.routing_replay == "r2" and cfg.sampler.old_logp != "recompute":
-        err("model.routing_replay", "r2 replays the experts of the old-log-prob forward: it needs "
-            "sampler.old_logp=recompute (with old_logp=sampler there is none; r3 replays the sampler's)")
+        err(
+            "model.routing_replay",
+            "r2 replays the experts of the old-log-prob forward: it needs "
+            "sampler.old_logp=recompute (with old_logp=sampler there is none; r3 replays the sampler's)",
+        )
     if cfg.sampler.correction["name"] != "none" and cfg.sampler.old_logp != "recompute":
-        err(f"{CORRECTION_KEY}.name", "needs sampler.old_logp=recompute: with old_logp=sampler the rule's ratio is "
-            "already taken against the sampler's log-probs (rho = 1)")
+        err(
+            f"{CORRECTION_KEY}.name",
+            "needs sampler.old_logp=recompute: with old_logp=sampler the rule's ratio is "
+            "already taken against the sampler's log-probs (rho = 1)",
+        )
 
 
 # ---------------------------------------------------------------------------------------------

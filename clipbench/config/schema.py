@@ -25,7 +25,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from clipbench.tasks.arith import ARITH_DEFAULTS as _ARITH
 from clipbench.tasks.arith import MAX_DIGITS, MAX_OPERANDS, VALID_OPS
@@ -46,6 +46,7 @@ SINKS = ("mlflow", "wandb", "tensorboard")
 
 
 # ---- value declarations ------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Range:
@@ -169,9 +170,9 @@ class Source:
 # Every leaf of RunConfig that is neither a bool, a closed choice (CHOICES and `load.choices`) nor
 # free-form (`objective`: checked against its method's parameters; `sampler.correction`: against the
 # correction's; `trl`: TRL's GRPOConfig fields, checked by TRL) has a declaration here.
-MAX_STEPS = 1_000_000          # rollout steps (and optimizer/eval/checkpoint intervals)
-MAX_TOKENS = 1 << 20           # new tokens per completion
-MAX_BATCH = 1 << 16            # prompts per step, samples per prompt / problem, mini-batches
+MAX_STEPS = 1_000_000  # rollout steps (and optimizer/eval/checkpoint intervals)
+MAX_TOKENS = 1 << 20  # new tokens per completion
+MAX_BATCH = 1 << 16  # prompts per step, samples per prompt / problem, mini-batches
 RANGES: dict[str, Range | Each | Text | Source] = {
     "seed": Range(0, 2**63 - 1),
     "name": Text(none=True, max_len=200),
@@ -241,11 +242,11 @@ class ModelConfig:
 @dataclass
 class TaskConfig:
     name: str = "arith"  # arith | math
-    path: Optional[str] = None  # math: .jsonl/.parquet file, directory, or HF dataset name
-    config: Optional[str] = None  # math: the HF dataset's config name (e.g. 'all' for DAPO-Math-17k-Processed)
+    path: str | None = None  # math: .jsonl/.parquet file, directory, or HF dataset name
+    config: str | None = None  # math: the HF dataset's config name (e.g. 'all' for DAPO-Math-17k-Processed)
     split: str = "train"
     template: str = "auto"  # auto: dapo for math, the task's own format for arith
-    limit: Optional[int] = None  # cap on training problems
+    limit: int | None = None  # cap on training problems
     holdout: int = 0  # math: problems held out of the training file as its test split
     # arith knobs (ignored by math): defaults and checks owned by clipbench.tasks.arith.ArithKnobs
     operands: int = _ARITH.operands
@@ -273,7 +274,7 @@ class SamplerConfig:
     # The sampler/trainer correction (needs old_logp: recompute): {name: <correction>, <param>: ...},
     # its parameters' defaults from clipbench.objectives.corrections (`clipbench methods` lists them),
     # e.g. {name: tis, level: token, cap: 2.0} (the former mismatch_is / mismatch_is_cap), {name: icepop}.
-    correction: Dict[str, Any] = field(default_factory=lambda: {"name": "none"})
+    correction: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
 
 
 @dataclass
@@ -304,7 +305,7 @@ class TrainConfig:
     epochs: int = 1
     lr: float = 1e-6
     weight_decay: float = 0.0
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     warmup_steps: int = 0  # optimizer steps of linear warmup
     lr_schedule: str = "constant"  # constant | cosine (to 0 over all optimizer steps, after warmup)
     advantage: str = "group"
@@ -330,24 +331,24 @@ class TrainConfig:
 @dataclass
 class EvalConfig:
     every: int = 0  # rollout steps between evaluations; 0 = only at the start and the end
-    benchmarks: List[str] = field(default_factory=lambda: ["arith"])
+    benchmarks: list[str] = field(default_factory=lambda: ["arith"])
     n: int = 8  # samples per problem
-    limit: Optional[int] = 64  # problems per benchmark (None = all)
-    data_dir: Optional[str] = None  # local copies of the benchmarks (else HF dataset names)
+    limit: int | None = 64  # problems per benchmark (None = all)
+    data_dir: str | None = None  # local copies of the benchmarks (else HF dataset names)
     temperature: float = 1.0
     top_p: float = 1.0
-    max_new_tokens: Optional[int] = None  # default: sampler.max_new_tokens
+    max_new_tokens: int | None = None  # default: sampler.max_new_tokens
     at_start: bool = True
 
 
 @dataclass
 class TrackingConfig:
     mlflow: bool = True
-    tracking_uri: Optional[str] = None  # default: MLFLOW_TRACKING_URI, else sqlite in results dir
+    tracking_uri: str | None = None  # default: MLFLOW_TRACKING_URI, else sqlite in results dir
     experiment: str = "clipbench"
     batch_every: int = 10  # optimizer steps per MLflow log_batch
     # The mirrors: mlflow (unless mlflow: false), wandb, tensorboard (extras; clipbench.tracking.sinks)
-    sinks: List[str] = field(default_factory=lambda: ["mlflow"])
+    sinks: list[str] = field(default_factory=lambda: ["mlflow"])
 
 
 @dataclass
@@ -363,16 +364,16 @@ class LaunchConfig:
 @dataclass
 class RunConfig:
     seed: int = 0
-    name: Optional[str] = None  # display name; the run_id is a hash of the resolved config
+    name: str | None = None  # display name; the run_id is a hash of the resolved config
     engine: str = "builtin"  # which engine trains the run: `clipbench engines` (clipbench.engines) lists them
-    trl: Dict[str, Any] = field(default_factory=dict)  # engine trl: extra GRPOConfig fields (deepspeed, vllm_mode, ...)
+    trl: dict[str, Any] = field(default_factory=dict)  # engine trl: extra GRPOConfig fields (deepspeed, vllm_mode, ...)
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    objective: Dict[str, Any] = field(default_factory=lambda: {"method": "grpo"})
+    objective: dict[str, Any] = field(default_factory=lambda: {"method": "grpo"})
     # user rule files (.py, relative to the recipe) or modules, imported before objective.method is checked
-    plugins: List[str] = field(default_factory=list)
+    plugins: list[str] = field(default_factory=list)
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)

@@ -32,7 +32,7 @@ def _shipped(ref: str, dirs: tuple[Path, ...]) -> Path | None:
     name = ref.replace("\\", "/")
     for prefix in ("recipes/", "sweeps/"):
         if name.startswith(prefix):
-            name = name[len(prefix):]
+            name = name[len(prefix) :]
     if not name or name.startswith("/") or ".." in name.split("/"):
         return None
     names = (name,) if name.endswith((".yaml", ".yml")) else (name + ".yaml", name)
@@ -51,8 +51,9 @@ def _resolve(ref: str | Path, dirs: tuple[Path, ...], kind: str) -> Path:
     if found is None and path.exists():
         return path  # a directory of that name, and no shipped file: read_yaml says what is wrong
     if found is None:
-        raise ConfigError(str(ref), None, f"file not found, nor a shipped {kind} of that name "
-                          f"(`clipbench recipes` lists them)")
+        raise ConfigError(
+            str(ref), None, f"file not found, nor a shipped {kind} of that name (`clipbench recipes` lists them)"
+        )
     return found
 
 
@@ -74,13 +75,13 @@ def shipped_recipe(ref: str) -> Path | None:
 
 @dataclass(frozen=True)
 class Shipped:
-    key: str          # recipes/NAME or sweeps/NAME (the catalog's key)
-    kind: str         # recipe | sweep
+    key: str  # recipes/NAME or sweeps/NAME (the catalog's key)
+    kind: str  # recipe | sweep
     path: Path
-    data: dict        # the file's mapping
-    summary: str      # what it runs (shipped.yaml)
-    scale: str        # where it runs (shipped.yaml)
-    time: str         # expected time, as measured or estimated where stated (shipped.yaml)
+    data: dict  # the file's mapping
+    summary: str  # what it runs (shipped.yaml)
+    scale: str  # where it runs (shipped.yaml)
+    time: str  # expected time, as measured or estimated where stated (shipped.yaml)
 
     @property
     def name(self) -> str:

@@ -18,9 +18,9 @@ rehearse` all run `preflight`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from clipbench.engines.keys import KEYS, refusals
 from clipbench.errors import ConfigError, unknown_choice
@@ -33,11 +33,14 @@ class Engine:
     in_process: bool  # trains inside a clipbench process (`engine: NAME` in a run config); else launched apart
 
 
-ENGINES: dict[str, Engine] = {e.name: e for e in (
-    Engine("builtin", "clipbench's GRPO loop: micro-batched, FSDP2 over torchrun, HF or vLLM sampling", True),
-    Engine("trl", "TRL's GRPOTrainer with the run's rule as its loss, writing clipbench's results store", True),
-    Engine("verl", "verl's trainer (`clipbench sweep --engine verl`: one verl command per run; GPUs, Ray)", False),
-)}
+ENGINES: dict[str, Engine] = {
+    e.name: e
+    for e in (
+        Engine("builtin", "clipbench's GRPO loop: micro-batched, FSDP2 over torchrun, HF or vLLM sampling", True),
+        Engine("trl", "TRL's GRPOTrainer with the run's rule as its loss, writing clipbench's results store", True),
+        Engine("verl", "verl's trainer (`clipbench sweep --engine verl`: one verl command per run; GPUs, Ray)", False),
+    )
+}
 RUN_ENGINES = tuple(name for name, e in ENGINES.items() if e.in_process)  # the values of a run config's `engine`
 
 
@@ -48,9 +51,16 @@ def check(cfg, source: str | None = None, *, engine: str | None = None) -> None:
 
     name = engine or cfg.engine
     if engine is None and name not in RUN_ENGINES:
-        raise ConfigError(source, "engine", unknown_choice("engine", name, RUN_ENGINES)
-                          + ("; verl runs a sweep's runs as verl commands: clipbench sweep FILE --engine verl"
-                             if name == "verl" else ""))
+        raise ConfigError(
+            source,
+            "engine",
+            unknown_choice("engine", name, RUN_ENGINES)
+            + (
+                "; verl runs a sweep's runs as verl commands: clipbench sweep FILE --engine verl"
+                if name == "verl"
+                else ""
+            ),
+        )
     for key, reason in refusals(dataclasses.asdict(cfg), name):
         raise ConfigError(source, key, f"engine '{name}' cannot honour it: {reason}")
     if name == "trl":
@@ -67,8 +77,8 @@ def preflight(cfg, source: str | None = None) -> None:
     import torch
 
     from clipbench.eval.suite import eval_suite
-    from clipbench.memory.plan import check_fits
     from clipbench.memory.estimator import GIB
+    from clipbench.memory.plan import check_fits
     from clipbench.models import check_model_config, is_moe, resolve_model_name
     from clipbench.rollout import check_backend, check_sleep_mode, resolve_backend
     from clipbench.tasks import build_run_task
@@ -81,13 +91,22 @@ def preflight(cfg, source: str | None = None) -> None:
     check_model_config(cfg.model.name)
     check_routing_replay(cfg, source, backend)
     if cfg.train.router_aux_loss_coef and not is_moe(cfg.model.name):
-        raise ConfigError(source, "train.router_aux_loss_coef", f"'{cfg.model.name}' is a dense model (no router "
-                          f"to balance); set it to 0 or train a mixture-of-experts model")
+        raise ConfigError(
+            source,
+            "train.router_aux_loss_coef",
+            f"'{cfg.model.name}' is a dense model (no router "
+            f"to balance); set it to 0 or train a mixture-of-experts model",
+        )
     eval_suite(cfg, build_run_task(cfg))
     if torch.cuda.is_available():
         total = torch.cuda.get_device_properties(0).total_memory
-        check_fits(cfg, resolve_model_name(cfg.model.name), world_size=cfg.launch.nproc_per_node,
-                   device_gib=total / GIB, backend=backend)
+        check_fits(
+            cfg,
+            resolve_model_name(cfg.model.name),
+            world_size=cfg.launch.nproc_per_node,
+            device_gib=total / GIB,
+            backend=backend,
+        )
 
 
 def check_sinks(cfg) -> None:
@@ -111,16 +130,32 @@ def check_routing_replay(cfg, source: str | None, backend: str) -> None:
         return
     model_type = getattr(text_config(cfg.model.name), "model_type", None)
     if model_type not in REPLAY_TYPES:
-        raise ConfigError(source, "model.routing_replay", f"'{cfg.model.name}' ({model_type}) has no router it knows: "
-                          f"routing replay runs on the mixture-of-experts models {', '.join(REPLAY_TYPES)}")
+        raise ConfigError(
+            source,
+            "model.routing_replay",
+            f"'{cfg.model.name}' ({model_type}) has no router it knows: "
+            f"routing replay runs on the mixture-of-experts models {', '.join(REPLAY_TYPES)}",
+        )
     if mode == "r3" and backend == "vllm":
-        raise ConfigError(source, "model.routing_replay", "r3 with sampler.backend=vllm needs vLLM's routed experts "
-                          "(enable_return_routed_experts), which need its Model Runner V2 and Triton: a GPU path, not "
-                          "built here; use r2, or r3 with sampler.backend=hf")
+        raise ConfigError(
+            source,
+            "model.routing_replay",
+            "r3 with sampler.backend=vllm needs vLLM's routed experts "
+            "(enable_return_routed_experts), which need its Model Runner V2 and Triton: a GPU path, not "
+            "built here; use r2, or r3 with sampler.backend=hf",
+        )
 
 
-def train_run(cfg, run_dir: Path, *, resume: bool = False, sink=None,
-              progress: Callable[[dict], None] | None = None, dist=None, stop=None) -> dict:
+def train_run(
+    cfg,
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    sink=None,
+    progress: Callable[[dict], None] | None = None,
+    dist=None,
+    stop=None,
+) -> dict:
     """Train one run into `run_dir` with its engine; returns the run's summary (see run_training).
     `dist`: this process's place in a torchrun launch (clipbench.train.distributed; the built-in loop);
     `stop`: its preemption request (clipbench.train.preempt; the built-in loop)."""
@@ -129,7 +164,6 @@ def train_run(cfg, run_dir: Path, *, resume: bool = False, sink=None,
 
         return run_trl(cfg, run_dir, resume=resume, sink=sink, progress=progress)
     from clipbench.train.loop import run_training
-
     from clipbench.train.preempt import NO_STOP
 
     return run_training(cfg, run_dir, resume=resume, sink=sink, progress=progress, dist=dist, stop=stop or NO_STOP)

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from clipbench.config.schema import leaf_keys
 
@@ -44,7 +45,9 @@ class Support:
         return None
 
     def describe(self) -> str:
-        text = {"honoured": "honoured", "mapped": f"mapped: {self.detail}", "refused": f"refused: {self.detail}"}[self.kind]
+        text = {"honoured": "honoured", "mapped": f"mapped: {self.detail}", "refused": f"refused: {self.detail}"}[
+            self.kind
+        ]
         if self.kind == "honoured" and self.detail:
             text += f" ({self.detail})"
         if self.refuse is not None:
@@ -74,11 +77,13 @@ def _correction(v: Any) -> tuple[str, dict]:
 
 def _reads(inputs: tuple[str, ...]) -> Callable[[Any], bool]:
     """Refuse an objective whose rule reads one of `inputs` (an engine that cannot pass them)."""
+
     def refuse(v: Any) -> bool:
         from clipbench.objectives import METHODS
 
         spec = METHODS.get((v or {}).get("method"))
         return spec is not None and any(i in spec.inputs for i in inputs)
+
     return refuse
 
 
@@ -92,8 +97,13 @@ def verl_refuses_correction(v: Any) -> bool:
     """verl 0.9.1's algorithm.rollout_correction: rollout_is (TIS: one threshold; IcePop: 'lo_hi' with
     lo > 0) and rollout_rs (the KL-estimator rejection)."""
     name, p = _correction(v)
-    return not (name in ("none", "kl_rs") or (name == "tis" and p.get("floor", 0.0) == 0.0)
-                or (name == "icepop" and p.get("weight", "rho") == "rho" and p.get("low", 0.5) > 0))
+    return not (
+        name in ("none", "kl_rs")
+        or (name == "tis" and p.get("floor", 0.0) == 0.0)
+        or (name == "icepop" and p.get("weight", "rho") == "rho" and p.get("low", 0.5) > 0)
+    )
+
+
 _TASK = "clipbench builds the task: prompts, reward, held-out split"
 _EVAL = "clipbench's evaluation of the model"
 _TRACK = "clipbench's results store and MLflow mirror"
@@ -113,56 +123,99 @@ TRL: dict[str, Support] = {
     "model.dtype": mapped(G + "bf16 / fp16 (auto: bfloat16 on a GPU that supports it)"),
     "model.device": mapped(G + "use_cpu (TRL derives dataloader_pin_memory from it)"),
     "model.gradient_checkpointing": mapped(G + "gradient_checkpointing"),
-    **{f"task.{k}": honoured(_TASK) for k in ("name", "path", "config", "split", "template", "limit", "holdout",
-                                               "operands", "digits", "ops", "format", "train_size", "test_size")},
+    **{
+        f"task.{k}": honoured(_TASK)
+        for k in (
+            "name",
+            "path",
+            "config",
+            "split",
+            "template",
+            "limit",
+            "holdout",
+            "operands",
+            "digits",
+            "ops",
+            "format",
+            "train_size",
+            "test_size",
+        )
+    },
     "sampler.backend": mapped(G + "use_vllm (TRL's colocated vLLM; auto: vllm when installed with a GPU)"),
-    "sampler.group_size": mapped(G + "num_generations (and generation_batch_size, per_device_train_batch_size: "
-                                 "a rollout step is prompts_per_step x group_size sequences)"),
+    "sampler.group_size": mapped(
+        G + "num_generations (and generation_batch_size, per_device_train_batch_size: "
+        "a rollout step is prompts_per_step x group_size sequences)"
+    ),
     "sampler.max_new_tokens": mapped(G + "max_completion_length"),
     "sampler.temperature": mapped(G + "temperature"),
     "sampler.top_p": mapped(G + "top_p"),
-    "sampler.old_logp": honoured("recompute: TRL recomputes the old log-probs", refuse=lambda v: v == "sampler",
-                                 why="TRL recomputes the old log-probs itself (its importance-sampling "
-                                     "correction is sampler.correction)"),
+    "sampler.old_logp": honoured(
+        "recompute: TRL recomputes the old log-probs",
+        refuse=lambda v: v == "sampler",
+        why="TRL recomputes the old log-probs itself (its importance-sampling correction is sampler.correction)",
+    ),
     "sampler.prompts_per_call": refused("TRL samples a whole generation batch in one call"),
     "sampler.gpu_memory_utilization": mapped(G + "vllm_gpu_memory_utilization"),
     "sampler.sleep_mode": mapped(G + "vllm_enable_sleep_mode"),
-    "sampler.correction": mapped(G + "vllm_importance_sampling_correction / " + G + "vllm_importance_sampling_mode / "
-                                 + G + "vllm_importance_sampling_clip_min / " + G + "vllm_importance_sampling_clip_max (tis: "
-                                 "token_truncate, sequence_truncate with clip_min = floor, clip_max = cap; icepop: "
-                                 "token_mask, sequence_mask with clip_min = low, clip_max = high; none: no correction; "
-                                 "TRL's ratio has no +-20 clamp, which only moves weights below e^-20)",
-                                 refuse=trl_refuses_correction,
-                                 why="TRL 1.16 corrects with truncated or masked importance sampling only (tis, "
-                                     "icepop with weight=rho): no sequence masks, veto or KL rejection"),
+    "sampler.correction": mapped(
+        G
+        + "vllm_importance_sampling_correction / "
+        + G
+        + "vllm_importance_sampling_mode / "
+        + G
+        + "vllm_importance_sampling_clip_min / "
+        + G
+        + "vllm_importance_sampling_clip_max (tis: "
+        "token_truncate, sequence_truncate with clip_min = floor, clip_max = cap; icepop: "
+        "token_mask, sequence_mask with clip_min = low, clip_max = high; none: no correction; "
+        "TRL's ratio has no +-20 clamp, which only moves weights below e^-20)",
+        refuse=trl_refuses_correction,
+        why="TRL 1.16 corrects with truncated or masked importance sampling only (tis, "
+        "icepop with weight=rho): no sequence masks, veto or KL rejection",
+    ),
     "train.steps": mapped(G + "max_steps = steps x mini_batches x epochs"),
-    "train.prompts_per_step": mapped(G + "generation_batch_size = prompts_per_step x group_size (and "
-                                     "per_device_train_batch_size = that / (mini_batches x processes x "
-                                     "gradient_accumulation_steps))"),
-    "train.mini_batches": mapped(G + "steps_per_generation = mini_batches x gradient_accumulation_steps (and "
-                                 "per_device_train_batch_size, max_steps, save_steps)"),
+    "train.prompts_per_step": mapped(
+        G + "generation_batch_size = prompts_per_step x group_size (and "
+        "per_device_train_batch_size = that / (mini_batches x processes x "
+        "gradient_accumulation_steps))"
+    ),
+    "train.mini_batches": mapped(
+        G + "steps_per_generation = mini_batches x gradient_accumulation_steps (and "
+        "per_device_train_batch_size, max_steps, save_steps)"
+    ),
     "train.epochs": mapped(G + "num_iterations (and max_steps, save_steps: per rollout step)"),
     "train.lr": mapped(G + "learning_rate"),
     "train.weight_decay": mapped(G + "weight_decay"),
     "train.betas": mapped(G + "adam_beta1, adam_beta2"),
     "train.warmup_steps": mapped(G + "warmup_steps (and lr_scheduler_type: constant_with_warmup when > 0)"),
     "train.lr_schedule": mapped(G + "lr_scheduler_type"),
-    "train.advantage": mapped(G + "scale_rewards (group: 'group', group_mean: 'none')",
-                              refuse=lambda v: v == "rloo", why="TRL's GRPOTrainer has no rloo advantage"),
-    "train.agg": honoured("ClipbenchGRPOTrainer(agg=...): clipbench's aggregation is TRL's loss",
-                          refuse=lambda v: v == "prompt-mean",
-                          why="TRL shuffles a generation batch's rows, so its loss cannot tell their prompt groups"),
+    "train.advantage": mapped(
+        G + "scale_rewards (group: 'group', group_mean: 'none')",
+        refuse=lambda v: v == "rloo",
+        why="TRL's GRPOTrainer has no rloo advantage",
+    ),
+    "train.agg": honoured(
+        "ClipbenchGRPOTrainer(agg=...): clipbench's aggregation is TRL's loss",
+        refuse=lambda v: v == "prompt-mean",
+        why="TRL shuffles a generation batch's rows, so its loss cannot tell their prompt groups",
+    ),
     "train.beta": mapped(G + "beta"),
     "train.grad_clip": mapped(G + "max_grad_norm (0: no clipping in both)"),
     "model.routing_replay": refused("TRL's GRPOTrainer has no routing replay; use engine builtin"),
-    "train.router_aux_loss_coef": mapped(G + "router_aux_loss_coef (0: none, not the model config's; TRL adds "
-                                         "transformers' load-balancing loss per forward, as the built-in loop)"),
-    "train.max_skipped_frac": refused("TRL applies every optimizer step (it skips none whose gradient norm is "
-                                      "not finite), so there is no skipped-step budget to enforce"),
-    "train.micro_batch_tokens": refused("TRL's micro-batches are a fixed number of rows "
-                                        "(per_device_train_batch_size), not a token budget: no exact counterpart "
-                                        "(rows x padded length varies per batch); set trl.gradient_accumulation_"
-                                        "steps=K for K micro-batches per optimizer step"),
+    "train.router_aux_loss_coef": mapped(
+        G + "router_aux_loss_coef (0: none, not the model config's; TRL adds "
+        "transformers' load-balancing loss per forward, as the built-in loop)"
+    ),
+    "train.max_skipped_frac": refused(
+        "TRL applies every optimizer step (it skips none whose gradient norm is "
+        "not finite), so there is no skipped-step budget to enforce"
+    ),
+    "train.micro_batch_tokens": refused(
+        "TRL's micro-batches are a fixed number of rows "
+        "(per_device_train_batch_size), not a token budget: no exact counterpart "
+        "(rows x padded length varies per batch); set trl.gradient_accumulation_"
+        "steps=K for K micro-batches per optimizer step"
+    ),
     "train.dynamic_sampling": refused("TRL has no DAPO dynamic sampling; use engine builtin"),
     "train.max_resample_rounds": refused("dynamic sampling is the built-in loop's"),
     "train.overlong.enabled": refused("TRL has no overlong reward shaping here; use engine builtin"),
@@ -170,22 +223,33 @@ TRL: dict[str, Support] = {
     "train.overlong.penalty": refused("overlong reward shaping is the built-in loop's"),
     "train.checkpoint_every": mapped(G + "save_steps = checkpoint_every x mini_batches x epochs"),
     "train.log_histograms": honoured("ClipbenchGRPOTrainer counts the log-ratio histograms"),
-    "train.record.every": honoured("ClipbenchGRPOTrainer(record=...): its loss hook records every N-th generation "
-                                   "batch (TRL's rollout step)"),
-    "train.record.state": honoured("token level only", refuse=lambda v: v in ("last", "all"),
-                                   why="the TRL engine records the rule's inputs, not the policy's state "
-                                       "(parameter-level replay needs engine builtin)"),
+    "train.record.every": honoured(
+        "ClipbenchGRPOTrainer(record=...): its loss hook records every N-th generation batch (TRL's rollout step)"
+    ),
+    "train.record.state": honoured(
+        "token level only",
+        refuse=lambda v: v in ("last", "all"),
+        why="the TRL engine records the rule's inputs, not the policy's state "
+        "(parameter-level replay needs engine builtin)",
+    ),
     "train.record.max_mb": honoured("ClipbenchGRPOTrainer(record=...) size cap"),
     "plugins": honoured("imported in every process"),
-    **{f"eval.{k}": honoured(_EVAL) for k in ("every", "benchmarks", "n", "limit", "data_dir", "temperature",
-                                               "top_p", "max_new_tokens", "at_start")},
+    **{
+        f"eval.{k}": honoured(_EVAL)
+        for k in ("every", "benchmarks", "n", "limit", "data_dir", "temperature", "top_p", "max_new_tokens", "at_start")
+    },
     **{f"tracking.{k}": honoured(_TRACK) for k in ("mlflow", "tracking_uri", "experiment", "batch_every", "sinks")},
     "launch.nproc_per_node": honoured("torchrun processes (TRL's accelerate reads their environment)"),
-    "launch.preempt_signal": refused("TRL's trainer has no preemption checkpoint (its generation buffer is not "
-                                     "saved): a signal stops it; it resumes from its last checkpoint"),
-    "objective": honoured("the rule is TRL's loss (ClipbenchGRPOTrainer); a rule's mini-batch statistic (bapo, "
-                          "m2po) is computed per TRL micro-batch, as the rules' sources do",
-                          refuse=_reads(("reward",)), why="TRL's loss inputs carry no per-sequence reward (topr)"),
+    "launch.preempt_signal": refused(
+        "TRL's trainer has no preemption checkpoint (its generation buffer is not "
+        "saved): a signal stops it; it resumes from its last checkpoint"
+    ),
+    "objective": honoured(
+        "the rule is TRL's loss (ClipbenchGRPOTrainer); a rule's mini-batch statistic (bapo, "
+        "m2po) is computed per TRL micro-batch, as the rules' sources do",
+        refuse=_reads(("reward",)),
+        why="TRL's loss inputs carry no per-sequence reward (topr)",
+    ),
 }
 
 # --- verl: one verl trainer command per run (clipbench.engines.verl.verl_overrides) -----------------
@@ -200,32 +264,55 @@ VERL: dict[str, Support] = {
     "model.dtype": mapped(A + "fsdp_config.dtype, " + R + "dtype (auto: bfloat16)"),
     "model.device": honoured("verl's GPU workers", refuse=lambda v: v == "cpu", why="verl's trainer runs on GPUs"),
     "model.gradient_checkpointing": mapped("actor_rollout_ref.model.enable_gradient_checkpointing"),
-    **{f"task.{k}": honoured("clipbench exports the task to verl's parquet format, graded by clipbench's reward")
-       for k in ("name", "path", "config", "split", "template", "limit", "holdout", "operands", "digits", "ops",
-                 "format", "train_size", "test_size")},
-    "sampler.backend": honoured(R + "name=vllm (auto: vllm on verl's GPUs)", refuse=lambda v: v == "hf",
-                                why="verl samples with vLLM"),
+    **{
+        f"task.{k}": honoured("clipbench exports the task to verl's parquet format, graded by clipbench's reward")
+        for k in (
+            "name",
+            "path",
+            "config",
+            "split",
+            "template",
+            "limit",
+            "holdout",
+            "operands",
+            "digits",
+            "ops",
+            "format",
+            "train_size",
+            "test_size",
+        )
+    },
+    "sampler.backend": honoured(
+        R + "name=vllm (auto: vllm on verl's GPUs)", refuse=lambda v: v == "hf", why="verl samples with vLLM"
+    ),
     "sampler.group_size": mapped(R + "n"),
-    "sampler.max_new_tokens": mapped("data.max_response_length (and " + A + "loss_scale_factor, the fixed "
-                                     "length of seq-mean-token-sum-norm)"),
+    "sampler.max_new_tokens": mapped(
+        "data.max_response_length (and " + A + "loss_scale_factor, the fixed length of seq-mean-token-sum-norm)"
+    ),
     "sampler.temperature": mapped(R + "temperature"),
     "sampler.top_p": mapped(R + "top_p"),
-    "sampler.old_logp": honoured("recompute: verl recomputes the old log-probs", refuse=lambda v: v == "sampler",
-                                 why="not wired to verl's rollout-correction bypass mode"),
+    "sampler.old_logp": honoured(
+        "recompute: verl recomputes the old log-probs",
+        refuse=lambda v: v == "sampler",
+        why="not wired to verl's rollout-correction bypass mode",
+    ),
     "sampler.prompts_per_call": refused("verl samples a whole batch per call"),
     "sampler.gpu_memory_utilization": mapped(R + "gpu_memory_utilization"),
     "sampler.sleep_mode": mapped(R + "free_cache_engine"),
-    "sampler.correction": mapped("algorithm.rollout_correction.rollout_is / algorithm.rollout_correction."
-                                 "rollout_is_threshold (tis: level, cap; icepop: level, 'low_high'; kl_rs: "
-                                 "algorithm.rollout_correction.rollout_rs, rollout_rs_threshold: <level>_<estimator>, "
-                                 "'low_high' or max_kl); verl floors a token's weight at e^-20",
-                                 refuse=verl_refuses_correction,
-                                 why="verl 0.9.1 has no floor for truncated IS, no weight=one or low=0 for IcePop, and "
-                                     "its sequence masks drop tokens from the denominators (geo_mask and veto keep "
-                                     "them; use kl_rs with estimator=k1, level=seq_mean for verl's Geo-RS)"),
+    "sampler.correction": mapped(
+        "algorithm.rollout_correction.rollout_is / algorithm.rollout_correction."
+        "rollout_is_threshold (tis: level, cap; icepop: level, 'low_high'; kl_rs: "
+        "algorithm.rollout_correction.rollout_rs, rollout_rs_threshold: <level>_<estimator>, "
+        "'low_high' or max_kl); verl floors a token's weight at e^-20",
+        refuse=verl_refuses_correction,
+        why="verl 0.9.1 has no floor for truncated IS, no weight=one or low=0 for IcePop, and "
+        "its sequence masks drop tokens from the denominators (geo_mask and veto keep "
+        "them; use kl_rs with estimator=k1, level=seq_mean for verl's Geo-RS)",
+    ),
     "train.steps": mapped("trainer.total_training_steps"),
-    "train.prompts_per_step": mapped("data.train_batch_size (and " + A + "ppo_mini_batch_size = "
-                                     "prompts_per_step / mini_batches)"),
+    "train.prompts_per_step": mapped(
+        "data.train_batch_size (and " + A + "ppo_mini_batch_size = prompts_per_step / mini_batches)"
+    ),
     "train.mini_batches": mapped(A + "ppo_mini_batch_size = prompts_per_step / mini_batches"),
     "train.epochs": mapped(A + "ppo_epochs"),
     "train.lr": mapped(A + "optim.lr"),
@@ -234,20 +321,28 @@ VERL: dict[str, Support] = {
     "train.warmup_steps": mapped(A + "optim.lr_warmup_steps"),
     "train.lr_schedule": mapped(A + "optim.lr_scheduler_type"),
     "train.advantage": mapped("algorithm.adv_estimator, algorithm.norm_adv_by_std_in_grpo"),
-    "train.agg": mapped(A + "loss_agg_mode", refuse=lambda v: v == "prompt-mean",
-                        why="verl 0.9.1 has no prompt-mean aggregation"),
+    "train.agg": mapped(
+        A + "loss_agg_mode", refuse=lambda v: v == "prompt-mean", why="verl 0.9.1 has no prompt-mean aggregation"
+    ),
     "train.beta": mapped(A + "use_kl_loss, " + A + "kl_loss_coef (kl_loss_type=low_var_kl: k3)"),
     "train.grad_clip": mapped(A + "grad_clip"),
-    "model.routing_replay": refused("verl's router replay (router_replay.mode) is for its Megatron and VeOmni "
-                                    "engines; clipbench drives its FSDP actor: use engine builtin"),
-    "train.router_aux_loss_coef": refused("not wired to verl: its FSDP actor gets no load-balancing loss from "
-                                          "clipbench (0, verl's RL default, is what runs)"),
-    "train.max_skipped_frac": refused("verl skips a step whose gradient norm is not finite but never fails a run "
-                                      "for it"),
-    "train.micro_batch_tokens": mapped(A + "ppo_max_token_len_per_gpu (use_dynamic_bsz; not exact: verl "
-                                       "counts the real tokens of a micro-batch, clipbench rows x padded length, "
-                                       "so verl's micro-batches hold at least as many rows; 0: verl's default "
-                                       "16,384)"),
+    "model.routing_replay": refused(
+        "verl's router replay (router_replay.mode) is for its Megatron and VeOmni "
+        "engines; clipbench drives its FSDP actor: use engine builtin"
+    ),
+    "train.router_aux_loss_coef": refused(
+        "not wired to verl: its FSDP actor gets no load-balancing loss from "
+        "clipbench (0, verl's RL default, is what runs)"
+    ),
+    "train.max_skipped_frac": refused(
+        "verl skips a step whose gradient norm is not finite but never fails a run for it"
+    ),
+    "train.micro_batch_tokens": mapped(
+        A + "ppo_max_token_len_per_gpu (use_dynamic_bsz; not exact: verl "
+        "counts the real tokens of a micro-batch, clipbench rows x padded length, "
+        "so verl's micro-batches hold at least as many rows; 0: verl's default "
+        "16,384)"
+    ),
     "train.dynamic_sampling": refused("not wired to verl's DAPO recipe"),
     "train.max_resample_rounds": refused("dynamic sampling is the built-in loop's"),
     "train.overlong.enabled": refused("not wired to verl's DAPO overlong buffer"),
@@ -255,13 +350,17 @@ VERL: dict[str, Support] = {
     "train.overlong.penalty": refused("overlong reward shaping is the built-in loop's"),
     "train.checkpoint_every": mapped("trainer.save_freq"),
     "train.log_histograms": refused(_VERL_LOGS),
-    "train.record.every": mapped("CLIPBENCH_RECORD_DIR (the run's record/) and CLIPBENCH_RECORD_MAX_MB: the "
-                                 "registered loss records every call",
-                                 refuse=lambda v: v not in (0, 1),
-                                 why="verl's loss sees micro-batches, not rollout steps: 1 records every one"),
-    "train.record.state": honoured("token level only", refuse=lambda v: v in ("last", "all"),
-                                   why="verl's loss records the rule's inputs, not the policy's state "
-                                       "(parameter-level replay needs engine builtin)"),
+    "train.record.every": mapped(
+        "CLIPBENCH_RECORD_DIR (the run's record/) and CLIPBENCH_RECORD_MAX_MB: the registered loss records every call",
+        refuse=lambda v: v not in (0, 1),
+        why="verl's loss sees micro-batches, not rollout steps: 1 records every one",
+    ),
+    "train.record.state": honoured(
+        "token level only",
+        refuse=lambda v: v in ("last", "all"),
+        why="verl's loss records the rule's inputs, not the policy's state "
+        "(parameter-level replay needs engine builtin)",
+    ),
     "train.record.max_mb": honoured("CLIPBENCH_RECORD_MAX_MB, set with train.record.every: 1"),
     "plugins": mapped("CLIPBENCH_PLUGINS (the workers' environment)"),
     "eval.every": mapped("trainer.test_freq"),
@@ -279,16 +378,18 @@ VERL: dict[str, Support] = {
     "tracking.experiment": mapped("trainer.project_name"),
     "tracking.batch_every": refused(_VERL_LOGS),
     "launch.nproc_per_node": mapped("trainer.n_gpus_per_node"),
-    "launch.preempt_signal": refused("verl's trainer handles signals itself (it resumes from its own "
-                                     "checkpoints: trainer.resume_mode=auto)"),
-    "objective": mapped(A + "policy_loss.loss_mode, CLIPBENCH_RULE_PARAMS (loss_mode=clipbench.<method>; the "
-                        "parameters as JSON in the workers' environment, and verl's own fields where they mean the "
-                        "same: clip_ratio_low, clip_ratio_high, clip_ratio_c, tau_pos, tau_neg, dro_beta, "
-                        "clip_cov_ratio, clip_cov_lb, clip_cov_ub, kl_cov_ratio, ppo_kl_coef; a rule's mini-batch "
-                        "statistic per verl micro-batch, as the rules' sources do)",
-                        refuse=_reads(("reward", "entropy")),
-                        why="verl's policy-loss signature passes neither the sequence reward (topr) nor the "
-                            "token entropy (aspo)"),
+    "launch.preempt_signal": refused(
+        "verl's trainer handles signals itself (it resumes from its own checkpoints: trainer.resume_mode=auto)"
+    ),
+    "objective": mapped(
+        A + "policy_loss.loss_mode, CLIPBENCH_RULE_PARAMS (loss_mode=clipbench.<method>; the "
+        "parameters as JSON in the workers' environment, and verl's own fields where they mean the "
+        "same: clip_ratio_low, clip_ratio_high, clip_ratio_c, tau_pos, tau_neg, dro_beta, "
+        "clip_cov_ratio, clip_cov_lb, clip_cov_ub, kl_cov_ratio, ppo_kl_coef; a rule's mini-batch "
+        "statistic per verl micro-batch, as the rules' sources do)",
+        refuse=_reads(("reward", "entropy")),
+        why="verl's policy-loss signature passes neither the sequence reward (topr) nor the token entropy (aspo)",
+    ),
 }
 
 KEYS: dict[str, dict[str, Support]] = {"builtin": BUILTIN, "trl": TRL, "verl": VERL}
@@ -301,8 +402,12 @@ def schema_defaults() -> dict[str, Any]:
     from clipbench.yamlio import flatten
 
     defaults = dataclasses.asdict(RunConfig())
-    return {**flatten(defaults), "objective": defaults["objective"], "trl": {},
-            "sampler.correction": defaults["sampler"]["correction"]}
+    return {
+        **flatten(defaults),
+        "objective": defaults["objective"],
+        "trl": {},
+        "sampler.correction": defaults["sampler"]["correction"],
+    }
 
 
 def refusals(cfg_dict: Mapping[str, Any], engine: str) -> list[tuple[str, str]]:

@@ -18,8 +18,8 @@ from __future__ import annotations
 import subprocess
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from clipbench.errors import RunPreempted
 from clipbench.tracking.store import RunDir, RunState
@@ -27,9 +27,15 @@ from clipbench.train.distributed import close_distributed, init_distributed, rai
 from clipbench.train.preempt import NO_STOP, StopRequest, preempt_signals
 
 
-def run_as_rank(cfg, rd: RunDir, *, resume: bool,
-                make_sink: Callable[[], object] | None = None, progress: Callable[[dict], None] | None = None,
-                on_rank: Callable | None = None) -> dict:
+def run_as_rank(
+    cfg,
+    rd: RunDir,
+    *,
+    resume: bool,
+    make_sink: Callable[[], object] | None = None,
+    progress: Callable[[dict], None] | None = None,
+    on_rank: Callable | None = None,
+) -> dict:
     """Train `cfg` into `rd` as this process's part: the whole run in one process, or one rank of a
     torchrun launch (the process group is set up and torn down here), trained by the run's engine
     (`train_run`). Rank 0 gets the sink (`make_sink()`) and the progress callback. `on_rank(dist)`
@@ -48,8 +54,9 @@ def run_as_rank(cfg, rd: RunDir, *, resume: bool,
     status = "FAILED"
     try:
         ensure_plugins(cfg)  # the run's rule files, in whichever process runs it (every rank)
-        summary = train_run(cfg, rd.path, resume=resume, sink=sink, progress=progress if dist.main else None,
-                            dist=dist, stop=stop)
+        summary = train_run(
+            cfg, rd.path, resume=resume, sink=sink, progress=progress if dist.main else None, dist=dist, stop=stop
+        )
         status = "FINISHED"
         return summary
     except BaseException as e:
@@ -58,8 +65,12 @@ def run_as_rank(cfg, rd: RunDir, *, resume: bool,
         if isinstance(e, (KeyboardInterrupt, RunPreempted)) or (isinstance(e, SystemExit) and not dist.sharded):
             status = "KILLED"
         elif dist.main:
-            rd.set_status(RunState.FAILED, error=f"{type(e).__name__}: {e}"[:2000],
-                          traceback=traceback.format_exc()[-8000:], failed_at=time.time())
+            rd.set_status(
+                RunState.FAILED,
+                error=f"{type(e).__name__}: {e}"[:2000],
+                traceback=traceback.format_exc()[-8000:],
+                failed_at=time.time(),
+            )
         raise
     finally:
         stop.restore()
@@ -70,8 +81,9 @@ def run_as_rank(cfg, rd: RunDir, *, resume: bool,
             stop.chain()  # e.g. submitit's handler: requeue the job, which resumes the run
 
 
-def launch_ranks(nproc: int, module: str, args: list[str], rd: RunDir, *, log: Path | None = None,
-                 signals: list[str] = ("SIGTERM",)) -> int:
+def launch_ranks(
+    nproc: int, module: str, args: list[str], rd: RunDir, *, log: Path | None = None, signals: list[str] = ("SIGTERM",)
+) -> int:
     """`torchrun --standalone --nproc-per-node N -m MODULE ARGS`, waited for; the run is marked failed
     when it exits non-zero (unless its ranks marked it preempted). `log`: a file for the ranks' output
     (default: this terminal). `signals` (the run's preemption signals, `preempt_signals`) received

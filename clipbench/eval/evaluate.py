@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import time
 import zlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -71,10 +71,20 @@ def _public_summary(correct: np.ndarray) -> dict:
     return s
 
 
-def evaluate_benchmark(sampler, name: str, problems: Sequence[Problem], *, n: int, seed: int, grade: Grade,
-                       temperature: float | None = None, max_new_tokens: int | None = None,
-                       top_p: float | None = None, batch_prompts: int | None = DEFAULT_BATCH_PROMPTS,
-                       shard: Shard | None = None) -> dict:
+def evaluate_benchmark(
+    sampler,
+    name: str,
+    problems: Sequence[Problem],
+    *,
+    n: int,
+    seed: int,
+    grade: Grade,
+    temperature: float | None = None,
+    max_new_tokens: int | None = None,
+    top_p: float | None = None,
+    batch_prompts: int | None = DEFAULT_BATCH_PROMPTS,
+    shard: Shard | None = None,
+) -> dict:
     """The payload of one benchmark (see the module docstring)."""
     if n < 1:
         raise ValueError(f"n must be >= 1 samples per problem, got {n}")
@@ -84,7 +94,7 @@ def evaluate_benchmark(sampler, name: str, problems: Sequence[Problem], *, n: in
     step = len(problems) if not batch_prompts else int(batch_prompts)
     if step < 1:
         raise ValueError(f"batch_prompts must be >= 1 or None, got {batch_prompts}")
-    chunks = [problems[start:start + step] for start in range(0, len(problems), step)]
+    chunks = [problems[start : start + step] for start in range(0, len(problems), step)]
     rank, world = (0, 1) if shard is None else (shard.rank, shard.world)
     graded: dict[int, tuple[list[list[bool]], int, int]] = {}  # batch -> (correct rows, truncated, tokens)
     for first in range(0, len(chunks), world):  # one round: a batch per process
@@ -92,15 +102,25 @@ def evaluate_benchmark(sampler, name: str, problems: Sequence[Problem], *, n: in
         mine = b < len(chunks)
         run = b if mine else len(chunks) - 1  # no batch left: repeat the last one, discard it (lockstep)
         chunk = chunks[run]
-        out = sampler.generate([p.prompt for p in chunk], n, seed=batch_seed(seed, name, run),
-                               temperature=temperature, max_new_tokens=max_new_tokens, top_p=top_p)
+        out = sampler.generate(
+            [p.prompt for p in chunk],
+            n,
+            seed=batch_seed(seed, name, run),
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            top_p=top_p,
+        )
         if len(out.texts) != len(chunk) * n:
-            raise RuntimeError(f"sampler {getattr(sampler, 'name', sampler)!r} returned {len(out.texts)} "
-                               f"completions for {len(chunk)} prompts x n={n}")
+            raise RuntimeError(
+                f"sampler {getattr(sampler, 'name', sampler)!r} returned {len(out.texts)} "
+                f"completions for {len(chunk)} prompts x n={n}"
+            )
         if mine:  # prompt i owns rows i*n .. i*n+n-1
-            graded[b] = ([[bool(grade(out.texts[i * n + j], problem)) for j in range(n)]
-                          for i, problem in enumerate(chunk)],
-                         sum(bool(t) for t in out.truncated), sum(len(c) for c in out.completion_ids))
+            graded[b] = (
+                [[bool(grade(out.texts[i * n + j], problem)) for j in range(n)] for i, problem in enumerate(chunk)],
+                sum(bool(t) for t in out.truncated),
+                sum(len(c) for c in out.completion_ids),
+            )
     if shard is not None:
         graded = {b: part for every in shard.gather(graded) for b, part in every.items()}
     correct = np.array([row for b in range(len(chunks)) for row in graded[b][0]], dtype=np.int8)  # (P, n)
@@ -123,10 +143,20 @@ def evaluate_benchmark(sampler, name: str, problems: Sequence[Problem], *, n: in
     }
 
 
-def evaluate(sampler, problems_by_benchmark: Mapping[str, Sequence[Problem]], *, n: int, seed: int,
-             grade: Grade | Mapping[str, Grade] | None = None, temperature: float | None = None,
-             max_new_tokens: int | None = None, top_p: float | None = None, batch_prompts: int | None = DEFAULT_BATCH_PROMPTS,
-             progress: Callable[[str, dict], None] | None = None, shard: Shard | None = None) -> dict[str, dict]:
+def evaluate(
+    sampler,
+    problems_by_benchmark: Mapping[str, Sequence[Problem]],
+    *,
+    n: int,
+    seed: int,
+    grade: Grade | Mapping[str, Grade] | None = None,
+    temperature: float | None = None,
+    max_new_tokens: int | None = None,
+    top_p: float | None = None,
+    batch_prompts: int | None = DEFAULT_BATCH_PROMPTS,
+    progress: Callable[[str, dict], None] | None = None,
+    shard: Shard | None = None,
+) -> dict[str, dict]:
     """{benchmark: payload}: ``n`` samples per problem from ``sampler``, graded.
 
     ``grade(completion, problem) -> bool``: one callable for every benchmark, a mapping
@@ -137,16 +167,27 @@ def evaluate(sampler, problems_by_benchmark: Mapping[str, Sequence[Problem]], *,
     """
     out = {}
     for name, problems in problems_by_benchmark.items():
-        out[name] = evaluate_benchmark(sampler, name, list(problems), n=n, seed=seed, grade=_grader(grade, name),
-                                       temperature=temperature, max_new_tokens=max_new_tokens,
-                                       top_p=top_p, batch_prompts=batch_prompts, shard=shard)
+        out[name] = evaluate_benchmark(
+            sampler,
+            name,
+            list(problems),
+            n=n,
+            seed=seed,
+            grade=_grader(grade, name),
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            top_p=top_p,
+            batch_prompts=batch_prompts,
+            shard=shard,
+        )
         if progress is not None:
             progress(name, out[name])
     return out
 
 
-def evaluate_and_store(run_dir, step: int, sampler, problems_by_benchmark: Mapping[str, Sequence[Problem]],
-                       **kwargs) -> dict[str, dict]:
+def evaluate_and_store(
+    run_dir, step: int, sampler, problems_by_benchmark: Mapping[str, Sequence[Problem]], **kwargs
+) -> dict[str, dict]:
     """``evaluate`` and write each payload to ``run_dir.write_eval(step, benchmark, payload)``.
     ``run_dir`` None: evaluate only (the ranks of a sharded run that do not write; with ``shard`` they
     share the sampling and grading with the one that does)."""

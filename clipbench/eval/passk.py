@@ -43,8 +43,7 @@ def pass_at_k_array(n: int, c, k: int) -> np.ndarray:
     n, k = _check_nk(n, k)
     c = np.asarray(c)
     if c.size and (not np.issubdtype(c.dtype, np.integer) or c.min() < 0 or c.max() > n):
-        raise ValueError(f"c must hold integers in 0..{n}, got dtype {c.dtype} "
-                         f"range [{c.min()}, {c.max()}]")
+        raise ValueError(f"c must hold integers in 0..{n}, got dtype {c.dtype} range [{c.min()}, {c.max()}]")
     out = np.empty(c.shape, dtype=np.float64)
     for value in np.unique(c):  # at most n+1 distinct counts
         out[c == value] = pass_at_k(n, int(value), k)
@@ -86,7 +85,7 @@ def summarize(correct_matrix, ks=None) -> dict:
     m = _as_correct_matrix(correct_matrix)  # (P, n)
     num_problems, n = m.shape
     ks = default_ks(n) if ks is None else [int(k) for k in ks]
-    c = m.sum(axis=1)                        # (P,)
+    c = m.sum(axis=1)  # (P,)
     avg = f"avg@{n}"
     per = {"num_correct": c, avg: c / n}
     out: dict = {"num_problems": num_problems, "n": n, avg: float(per[avg].mean())}

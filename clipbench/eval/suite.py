@@ -10,7 +10,7 @@ each evaluation (derived from the run seed and the step), where the payloads go.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from clipbench.eval.evaluate import Shard, evaluate_and_store
 from clipbench.seeds import derive_seed
@@ -31,8 +31,18 @@ def eval_suite(cfg, task) -> dict[str, tuple[list, Callable]]:
     return suite
 
 
-def run_eval(cfg, rd, step: int, sampler, suite: dict, sink, *,
-             write: bool = True, shard: Shard | None = None, payloads: dict | None = None) -> dict:
+def run_eval(
+    cfg,
+    rd,
+    step: int,
+    sampler,
+    suite: dict,
+    sink,
+    *,
+    write: bool = True,
+    shard: Shard | None = None,
+    payloads: dict | None = None,
+) -> dict:
     """Avg@n / Pass@k of every benchmark of `suite` at rollout step `step` (both engines). Every
     process of a sharded run samples, in lockstep (with `shard`: each its share of the batches, the
     graded results gathered); only the one with `write` stores and logs. `payloads`: this very
@@ -40,15 +50,27 @@ def run_eval(cfg, rd, step: int, sampler, suite: dict, sink, *,
     and logged as if computed here, nothing sampled."""
     if payloads is None:
         payloads = evaluate_and_store(
-            rd if write else None, step, sampler, {name: problems for name, (problems, _) in suite.items()},
-            grade={name: grade_fn for name, (_, grade_fn) in suite.items()}, n=cfg.eval.n,
-            seed=derive_seed(cfg.seed, "eval", step), temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
-            max_new_tokens=cfg.eval.max_new_tokens or cfg.sampler.max_new_tokens, shard=shard)
+            rd if write else None,
+            step,
+            sampler,
+            {name: problems for name, (problems, _) in suite.items()},
+            grade={name: grade_fn for name, (_, grade_fn) in suite.items()},
+            n=cfg.eval.n,
+            seed=derive_seed(cfg.seed, "eval", step),
+            temperature=cfg.eval.temperature,
+            top_p=cfg.eval.top_p,
+            max_new_tokens=cfg.eval.max_new_tokens or cfg.sampler.max_new_tokens,
+            shard=shard,
+        )
     elif write:
         for name, payload in payloads.items():
             rd.write_eval(step, name, {**payload, "step": int(step)})
-    flat = {f"eval/{name}/{k}": float(v) for name, payload in payloads.items()
-            for k, v in payload["summary"].items() if isinstance(v, (int, float))}
+    flat = {
+        f"eval/{name}/{k}": float(v)
+        for name, payload in payloads.items()
+        for k, v in payload["summary"].items()
+        if isinstance(v, (int, float))
+    }
     if write:
         for name in payloads:
             sink.log_artifact(rd.eval_path(step, name), f"eval/step_{step:06d}")

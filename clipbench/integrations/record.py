@@ -54,8 +54,9 @@ class LossRecorder:
         for o in opt_steps:
             o["hook_loss"] = losses.get(o["opt_step"])
         name = f"step_{int(step):06d}{self.suffix}"
-        return install_record(staging_dir(self.root, name), {**self.meta, "step": step, "slots": 1,
-                                                               "opt_steps": opt_steps}, tensors)
+        return install_record(
+            staging_dir(self.root, name), {**self.meta, "step": step, "slots": 1, "opt_steps": opt_steps}, tensors
+        )
 
 
 def assemble(micro: list) -> tuple[dict, list[dict]]:
@@ -70,8 +71,17 @@ def assemble(micro: list) -> tuple[dict, list[dict]]:
             rows[k].append(torch.nn.functional.pad(x, (0, T - x.shape[1])) if x.dim() == 2 else x)
         entry = {"rows": list(range(start, start + b)), "width": w}
         if not opt_steps or opt_steps[-1]["opt_step"] != opt_step:
-            opt_steps.append({"opt_step": opt_step, "epoch": 0, "mini_batch": mini_batch, "rows": [], "ranks": [[]],
-                              "global_tokens": tokens, "global_seqs": seqs})
+            opt_steps.append(
+                {
+                    "opt_step": opt_step,
+                    "epoch": 0,
+                    "mini_batch": mini_batch,
+                    "rows": [],
+                    "ranks": [[]],
+                    "global_tokens": tokens,
+                    "global_seqs": seqs,
+                }
+            )
         opt_steps[-1]["rows"] += entry["rows"]
         opt_steps[-1]["ranks"][0].append(entry)
         start += b

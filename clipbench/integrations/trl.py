@@ -60,46 +60,83 @@ from typing import Any
 import torch
 from trl import GRPOTrainer
 
-from clipbench.objectives import (AGGREGATIONS, METHODS, aggregate, all_reduce_sums, combine, finalize, kl_k3,
-                                  log_ratio_histogram, policy_loss, validate_params)
 from clipbench.integrations.record import LossRecorder
+from clipbench.objectives import (
+    AGGREGATIONS,
+    METHODS,
+    aggregate,
+    all_reduce_sums,
+    combine,
+    finalize,
+    kl_k3,
+    log_ratio_histogram,
+    policy_loss,
+    validate_params,
+)
 from clipbench.objectives.corrections import KEPT, MASKED
 from clipbench.seeds import derive_seed as _seed  # the one seed derivation
 
 # TRL loss_type -> the clipbench aggregation it computes (when `agg` is not given).
 AGG_OF_LOSS_TYPE = {
-    "grpo": "seq-mean-token-mean", "sapo": "seq-mean-token-mean",
-    "dapo": "token-mean", "bnpo": "token-mean", "cispo": "token-mean", "vespo": "token-mean",
-    "dr_grpo": "seq-mean-token-sum-norm", "luspo": "seq-mean-token-sum",
+    "grpo": "seq-mean-token-mean",
+    "sapo": "seq-mean-token-mean",
+    "dapo": "token-mean",
+    "bnpo": "token-mean",
+    "cispo": "token-mean",
+    "vespo": "token-mean",
+    "dr_grpo": "seq-mean-token-sum-norm",
+    "luspo": "seq-mean-token-sum",
 }
 # Inputs of TRL's forward besides ids and mask (multimodal models), passed through unchanged.
-_FORWARD_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
-                 "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
+_FORWARD_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
 
 
 def check_trl_args(args, method: str) -> None:
     """Refuse GRPOConfig settings the clipbench loss cannot honour (one-line ValueError)."""
+
     def refuse(field: str, value, why: str) -> None:
         raise ValueError(f"GRPOConfig.{field}={value!r}: {why}")
 
     if args.top_entropy_quantile < 1.0:
-        refuse("top_entropy_quantile", args.top_entropy_quantile, "entropy masks are not supported with clipbench rules")
+        refuse(
+            "top_entropy_quantile", args.top_entropy_quantile, "entropy masks are not supported with clipbench rules"
+        )
     if args.entropy_coef != 0.0 or args.use_adaptive_entropy:
         refuse("entropy_coef", args.entropy_coef, "the entropy bonus is not supported with clipbench rules")
     if args.off_policy_mask_threshold is not None:
-        refuse("off_policy_mask_threshold", args.off_policy_mask_threshold,
-               "off-policy sequence masks are not supported with clipbench rules")
+        refuse(
+            "off_policy_mask_threshold",
+            args.off_policy_mask_threshold,
+            "off-policy sequence masks are not supported with clipbench rules",
+        )
     if args.importance_sampling_level != "token":
-        refuse("importance_sampling_level", args.importance_sampling_level,
-               "the ratio level is the rule's own (use method='gspo' or 'gspo_token' for sequence ratios)")
+        refuse(
+            "importance_sampling_level",
+            args.importance_sampling_level,
+            "the ratio level is the rule's own (use method='gspo' or 'gspo_token' for sequence ratios)",
+        )
     if args.delta is not None:
         refuse("delta", args.delta, "use method='dual_clip' and its parameter c")
     ga, spg, mu = args.gradient_accumulation_steps, args.steps_per_generation, args.num_iterations
     if (spg * mu) % ga:
-        refuse("gradient_accumulation_steps", ga,
-               f"an optimizer step must lie inside one generation batch for an exact global loss "
-               f"normalisation: steps_per_generation x num_iterations ({spg} x {mu}) must be a multiple of "
-               f"gradient_accumulation_steps (TRL's own count covers the wrong window here, trl#5619)")
+        refuse(
+            "gradient_accumulation_steps",
+            ga,
+            f"an optimizer step must lie inside one generation batch for an exact global loss "
+            f"normalisation: steps_per_generation x num_iterations ({spg} x {mu}) must be a multiple of "
+            f"gradient_accumulation_steps (TRL's own count covers the wrong window here, trl#5619)",
+        )
 
 
 class ClipbenchGRPOTrainer(GRPOTrainer):
@@ -110,14 +147,24 @@ class ClipbenchGRPOTrainer(GRPOTrainer):
     the log-ratio histogram of every micro-batch in `self.clipbench_histograms` (for callers that
     store them, like clipbench's `engine: trl`)."""
 
-    def __init__(self, *args, method: str = "grpo", params: dict[str, Any] | None = None, agg: str | None = None,
-                 log_histograms: bool = False, record: dict | None = None, **kwargs):
+    def __init__(
+        self,
+        *args,
+        method: str = "grpo",
+        params: dict[str, Any] | None = None,
+        agg: str | None = None,
+        log_histograms: bool = False,
+        record: dict | None = None,
+        **kwargs,
+    ):
         if method not in METHODS:
             raise ValueError(f"unknown clipbench method {method!r}; valid: {', '.join(sorted(METHODS))}")
         if "reward" in METHODS[method].inputs:
             raise ValueError(f"method {method!r} reads each sequence's reward, which TRL's loss inputs do not carry")
         if agg == "prompt-mean":
-            raise ValueError("agg='prompt-mean' needs each row's prompt group, which TRL's shuffled batch does not keep")
+            raise ValueError(
+                "agg='prompt-mean' needs each row's prompt group, which TRL's shuffled batch does not keep"
+            )
         self.clipbench_method = method
         self.clipbench_params = validate_params(method, dict(params or {}))
         super().__init__(*args, **kwargs)
@@ -134,6 +181,7 @@ class ClipbenchGRPOTrainer(GRPOTrainer):
 
     def _window_counts(self, inputs: dict, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens, seqs) of this optimizer step over all processes, divided by the process count."""
+
         def counts(batches):
             tok = seq = 0
             for b in batches:
@@ -164,8 +212,14 @@ class ClipbenchGRPOTrainer(GRPOTrainer):
         attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
         mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]  # (B, T)
         logp, entropies, aux_loss = self._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True,
-            compute_aux_loss=self.aux_loss_enabled, **{k: inputs.get(k) for k in _FORWARD_KEYS})  # (B, T)
+            model,
+            input_ids,
+            attention_mask,
+            completion_ids.size(1),
+            compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
+            **{k: inputs.get(k) for k in _FORWARD_KEYS},
+        )  # (B, T)
         old = inputs.get("old_per_token_logps")
         old = logp.detach() if old is None else old  # TRL skips it when the batch is on-policy
         adv = inputs["advantages"]
@@ -176,10 +230,12 @@ class ClipbenchGRPOTrainer(GRPOTrainer):
 
         micro = self._step % self.current_gradient_accumulation_steps if mode == "train" else 0
         gen = torch.Generator(device=logp.device).manual_seed(
-            _seed(self.args.seed, "nsr", mode, self.state.global_step, micro, self.accelerator.process_index))
+            _seed(self.args.seed, "nsr", mode, self.state.global_step, micro, self.accelerator.process_index)
+        )
         tokens, seqs = self._window_counts(inputs, mode)
-        weights = inputs["importance_sampling_ratio"] if self.use_vllm and self.vllm_importance_sampling_correction \
-            else None  # TRL's truncated / masked importance-sampling weights of the policy term
+        weights = (
+            inputs["importance_sampling_ratio"] if self.use_vllm and self.vllm_importance_sampling_correction else None
+        )  # TRL's truncated / masked importance-sampling weights of the policy term
         maskf = mask.to(torch.float32)
         status = None
         if weights is not None:
@@ -187,18 +243,36 @@ class ClipbenchGRPOTrainer(GRPOTrainer):
             status = torch.where((weights == 0) & (maskf > 0), MASKED, KEPT).to(torch.int8)
         ref = inputs.get("ref_per_token_logps") if self.beta != 0.0 else None
         corrected_kl = ref is not None and self.args.use_bias_correction_kl
-        u = torch.rand(logp.shape, generator=gen, device=gen.device).to(logp.device) \
-            if METHODS[self.clipbench_method].needs_draws(self.clipbench_params) else None  # policy_loss's own draw
-        out = policy_loss(self.clipbench_method, logp, old, adv, maskf, agg=self.clipbench_agg, generator=gen,
-                          uniforms=u, weights=weights, ref_logp=None if corrected_kl else ref,
-                          beta=0.0 if corrected_kl else self.beta, max_len=self.max_completion_length,
-                          global_tokens=tokens, global_seqs=seqs, entropy=entropies, correction_status=status,
-                          **self.clipbench_params)
+        u = (
+            torch.rand(logp.shape, generator=gen, device=gen.device).to(logp.device)
+            if METHODS[self.clipbench_method].needs_draws(self.clipbench_params)
+            else None
+        )  # policy_loss's own draw
+        out = policy_loss(
+            self.clipbench_method,
+            logp,
+            old,
+            adv,
+            maskf,
+            agg=self.clipbench_agg,
+            generator=gen,
+            uniforms=u,
+            weights=weights,
+            ref_logp=None if corrected_kl else ref,
+            beta=0.0 if corrected_kl else self.beta,
+            max_len=self.max_completion_length,
+            global_tokens=tokens,
+            global_seqs=seqs,
+            entropy=entropies,
+            correction_status=status,
+            **self.clipbench_params,
+        )
         loss, sums = out.loss, dict(out.sums)
         if corrected_kl:  # TRL's importance-sampling-corrected KL: k3 times the token ratio
             kl = kl_k3(logp, ref) * torch.exp(logp - old) * maskf  # (B, T)
-            loss = loss + self.beta * aggregate(kl, maskf, self.clipbench_agg, self.max_completion_length,
-                                                global_tokens=tokens, global_seqs=seqs)
+            loss = loss + self.beta * aggregate(
+                kl, maskf, self.clipbench_agg, self.max_completion_length, global_tokens=tokens, global_seqs=seqs
+            )
             sums["kl_ref/sum"] = kl.detach().sum().to(torch.float64)
         if self.clipbench_agg == "token-sum":  # no normaliser: DDP's average over processes is undone
             loss = loss * self.accelerator.num_processes
@@ -209,9 +283,20 @@ class ClipbenchGRPOTrainer(GRPOTrainer):
 
         sums["entropy/sum"] = (entropies.detach() * maskf).sum().to(torch.float64)  # a "sum" key for combine
         if self._cb_recorder is not None and mode == "train":
-            self._record(out.loss, tokens, seqs, logp=logp, old_logp=old, advantages=adv, mask=maskf, weights=weights,
-                         ref_logp=None if corrected_kl else ref, entropy=entropies, uniforms=u,
-                         completion_ids=completion_ids)
+            self._record(
+                out.loss,
+                tokens,
+                seqs,
+                logp=logp,
+                old_logp=old,
+                advantages=adv,
+                mask=maskf,
+                weights=weights,
+                ref_logp=None if corrected_kl else ref,
+                entropy=entropies,
+                uniforms=u,
+                completion_ids=completion_ids,
+            )
         self._cb_sums.append(sums)
         if self.clipbench_histograms is not None and mode == "train":
             self.clipbench_histograms.append(log_ratio_histogram(logp.detach(), old, adv, mask))
@@ -223,11 +308,22 @@ class ClipbenchGRPOTrainer(GRPOTrainer):
     # -- recording (docs/replay.md) -------------------------------------------------------------------
 
     def _recorder(self, record: dict) -> LossRecorder:
-        obj = {"method": self.clipbench_method, "params": dict(self.clipbench_params), "agg": self.clipbench_agg,
-               "beta": 0.0 if self.args.use_bias_correction_kl else self.beta, "max_len": self.max_completion_length}
+        obj = {
+            "method": self.clipbench_method,
+            "params": dict(self.clipbench_params),
+            "agg": self.clipbench_agg,
+            "beta": 0.0 if self.args.use_bias_correction_kl else self.beta,
+            "max_len": self.max_completion_length,
+        }
         self._cb_record_every = int(record["every"])
-        meta = {"engine": "trl", "objective": obj, "seed": self.args.seed, "world_size": self.accelerator.num_processes,
-                "temperature": self.args.temperature, "kl": "bias-corrected" if self.args.use_bias_correction_kl else "k3"}
+        meta = {
+            "engine": "trl",
+            "objective": obj,
+            "seed": self.args.seed,
+            "world_size": self.accelerator.num_processes,
+            "temperature": self.args.temperature,
+            "kl": "bias-corrected" if self.args.use_bias_correction_kl else "k3",
+        }
         suffix = f".rank{self.accelerator.process_index}" if self.accelerator.num_processes > 1 else ""
         return LossRecorder(record["dir"], max_mb=record.get("max_mb", 1024), meta=meta, suffix=suffix)
 

@@ -131,39 +131,65 @@ def sequence_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> torch.T
     seq = (advantages * mask).sum(-1) / n.clamp(min=1.0)  # (B,)
     dev = ((advantages - seq[:, None]).abs() * mask).amax() if advantages.numel() else advantages.new_zeros(())
     if float(dev) > 1e-6 * max(1.0, float(seq.abs().max()) if seq.numel() else 1.0):
-        raise ValueError("clipbench rules take one advantage per sequence (outcome advantages such as GRPO's "
-                         "or RLOO's); these advantages vary over the tokens of a response")
+        raise ValueError(
+            "clipbench rules take one advantage per sequence (outcome advantages such as GRPO's "
+            "or RLOO's); these advantages vary over the tokens of a response"
+        )
     return seq
 
 
 def make_loss_fn(method: str):
     """The verl policy-loss function of clipbench's `method`."""
 
-    def clipbench_policy_loss(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
-                              response_mask: torch.Tensor, loss_agg_mode: str = "token-mean", config=None,
-                              rollout_is_weights: torch.Tensor | None = None):
+    def clipbench_policy_loss(
+        old_log_prob: torch.Tensor,
+        log_prob: torch.Tensor,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+        loss_agg_mode: str = "token-mean",
+        config=None,
+        rollout_is_weights: torch.Tensor | None = None,
+    ):
         from verl.trainer.ppo.core_algos import agg_loss
 
         missing = [i for i in ("reward", "entropy") if i in METHODS[method].inputs]
         if missing:
-            raise ValueError(f"clipbench.{method} reads the sequence's {missing[0]}, which verl's policy-loss "
-                             "signature does not pass")
+            raise ValueError(
+                f"clipbench.{method} reads the sequence's {missing[0]}, which verl's policy-loss "
+                "signature does not pass"
+            )
         params = rule_params(method, config)
         maskf = response_mask.to(torch.float32)  # (B, T)
         adv = sequence_advantages(advantages.to(torch.float32), maskf)  # (B,)
         seed = config.get("data_loader_seed", 0) if config is not None else 0
         call = next(_CALLS)
         gen = torch.Generator(device=log_prob.device).manual_seed(_seed(seed, "nsr", _rank(), call))
-        u = torch.rand(log_prob.shape, generator=gen, device=gen.device).to(log_prob.device) \
-            if METHODS[method].needs_draws(params) else None  # policy_loss's own draw, kept for a record
-        out = policy_loss(method, log_prob, old_log_prob, adv, maskf, generator=gen, uniforms=u,
-                          weights=rollout_is_weights, **params)
+        u = (
+            torch.rand(log_prob.shape, generator=gen, device=gen.device).to(log_prob.device)
+            if METHODS[method].needs_draws(params)
+            else None
+        )  # policy_loss's own draw, kept for a record
+        out = policy_loss(
+            method, log_prob, old_log_prob, adv, maskf, generator=gen, uniforms=u, weights=rollout_is_weights, **params
+        )
         info = dict(config.get("global_batch_info", None) or {}) if config is not None else {}
         # out.token_loss: (B, T), rollout weights included, 0 at padding; verl's own global normalisation
         loss = agg_loss(loss_mat=out.token_loss, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **info)
         if os.environ.get(RECORD_DIR_ENV):
-            record_call(call, method, params, loss_agg_mode, info, loss, logp=log_prob.float(),
-                        old_logp=old_log_prob.float(), advantages=adv, mask=maskf, weights=rollout_is_weights, uniforms=u)
+            record_call(
+                call,
+                method,
+                params,
+                loss_agg_mode,
+                info,
+                loss,
+                logp=log_prob.float(),
+                old_logp=old_log_prob.float(),
+                advantages=adv,
+                mask=maskf,
+                weights=rollout_is_weights,
+                uniforms=u,
+            )
         return loss, _metrics(out.stats, maskf, log_prob, old_log_prob)
 
     clipbench_policy_loss.__name__ = f"clipbench_{method}"
@@ -182,8 +208,9 @@ def _metrics(stats: dict, maskf: torch.Tensor, log_prob: torch.Tensor, old_log_p
     zero_grad = sum(stats[f"{c}/zero_grad"] for c in ("q1", "q2", "q3", "q4", "on_policy"))
     keys += ["actor/pg_clipfrac", "actor/ppo_kl"]
     vals += [zero_grad / n, ((old_log_prob - log_prob.detach()) * maskf).sum() / n]
-    return dict(zip(keys, torch.stack([torch.as_tensor(v, dtype=torch.float32).to(maskf.device) for v in vals])
-                    .tolist()))
+    return dict(
+        zip(keys, torch.stack([torch.as_tensor(v, dtype=torch.float32).to(maskf.device) for v in vals]).tolist())
+    )
 
 
 _RECORDERS: dict[str, LossRecorder] = {}
@@ -194,8 +221,11 @@ def verl_counts(info: dict, agg: str, T: int) -> tuple[float | None, float | Non
     verl divides by batch_num_tokens / global_batch_size and multiplies by dp_size."""
     dp = info.get("dp_size", 1) or 1
     tokens, seqs = info.get("batch_num_tokens"), info.get("global_batch_size")
-    return (None if tokens is None else float(tokens) / dp, None if seqs is None else float(seqs) / dp,
-            int(info.get("loss_scale_factor") or T))
+    return (
+        None if tokens is None else float(tokens) / dp,
+        None if seqs is None else float(seqs) / dp,
+        int(info.get("loss_scale_factor") or T),
+    )
 
 
 def record_call(call: int, method: str, params: dict, agg: str, info: dict, loss, **tensors) -> None:
@@ -204,10 +234,18 @@ def record_call(call: int, method: str, params: dict, agg: str, info: dict, loss
     tokens, seqs, max_len = verl_counts(info, agg, tensors["mask"].shape[1])
     if root not in _RECORDERS:
         rank = _rank()
-        meta = {"engine": "verl", "seed": 0, "rank": rank,
-                "objective": {"method": method, "params": dict(params), "agg": agg, "beta": 0.0, "max_len": max_len}}
-        _RECORDERS[root] = LossRecorder(root, max_mb=float(os.environ.get(RECORD_MAX_MB_ENV, "1024")), meta=meta,
-                                        suffix=f".rank{rank}" if rank else "")
+        meta = {
+            "engine": "verl",
+            "seed": 0,
+            "rank": rank,
+            "objective": {"method": method, "params": dict(params), "agg": agg, "beta": 0.0, "max_len": max_len},
+        }
+        _RECORDERS[root] = LossRecorder(
+            root,
+            max_mb=float(os.environ.get(RECORD_MAX_MB_ENV, "1024")),
+            meta=meta,
+            suffix=f".rank{rank}" if rank else "",
+        )
     rec = _RECORDERS[root]
     rec.meta["objective"].update(method=method, params=dict(params), agg=agg, max_len=max_len)
     rec.add(call + 1, 0, tensors, tokens, seqs, loss)

@@ -33,8 +33,12 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
     from clipbench.tasks.base import Problem
 
     info = extra_info or {}
-    problem = Problem(id=str(info.get("id", "")), prompt=str(info.get("prompt", "")), answer=str(ground_truth),
-                      meta=json.loads(info.get("meta", "{}")))
+    problem = Problem(
+        id=str(info.get("id", "")),
+        prompt=str(info.get("prompt", "")),
+        answer=str(ground_truth),
+        meta=json.loads(info.get("meta", "{}")),
+    )
     if info.get("benchmark"):
         return float(_grader(info["benchmark"])(solution_str, problem))
     return float(_task(info["task"]).reward(solution_str, problem))

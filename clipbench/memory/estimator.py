@@ -59,10 +59,10 @@ from clipbench.models import PROMPT_TOKENS
 from clipbench.models.shapes import ModelShape
 
 GIB = 1 << 30
-MARGIN = 0.10            # multiplies the peak: fragmentation, temporaries not modelled
-RUNTIME_GIB = 1.5        # CUDA context + cuBLAS/NCCL workspaces + allocator pools, per process
-VLLM_RUNTIME_GIB = 1.0   # vLLM activations and sampler buffers inside its share (enforce_eager)
-SLEEPING_GIB = 0.5       # what a sleeping (level 2) engine keeps: buffers, allocator pools
+MARGIN = 0.10  # multiplies the peak: fragmentation, temporaries not modelled
+RUNTIME_GIB = 1.5  # CUDA context + cuBLAS/NCCL workspaces + allocator pools, per process
+VLLM_RUNTIME_GIB = 1.0  # vLLM activations and sampler buffers inside its share (enforce_eager)
+SLEEPING_GIB = 0.5  # what a sleeping (level 2) engine keeps: buffers, allocator pools
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -106,15 +106,22 @@ def rmsnorm_bytes(h: int, p: Precision, consumers: int) -> int:
 
 def layer_activation_bytes(s: ModelShape, p: Precision) -> int:
     """Bytes one decoder layer saves for backward per token (no checkpointing), padded batch."""
-    h, i, a, k, ad, kd, c = (s.hidden_size, s.intermediate_size, s.num_heads, s.num_kv_heads,
-                             s.q_dim, s.kv_dim, p.compute)
+    h, i, a, k, ad, kd, c = (
+        s.hidden_size,
+        s.intermediate_size,
+        s.num_heads,
+        s.num_kv_heads,
+        s.q_dim,
+        s.kv_dim,
+        p.compute,
+    )
     norms = rmsnorm_bytes(h, p, consumers=3) + rmsnorm_bytes(h, p, consumers=2)  # q,k,v | gate,up
     # Qwen3 q/k norm over each head: float32 input, rsqrt per head, normalised value (compute dtype)
     qk_norm = (4 * ad + 4 * a + c * ad) + (4 * kd + 4 * k + c * kd) if s.qk_norm else 0
     # SDPA inputs: with a padding mask transformers repeats k and v to all query heads (no GQA
     # kernel takes a mask), so q, k, v are a x d each; float32 log-sum-exp per head; the output
     attention = 3 * c * ad + 4 * a + c * ad
-    mlp = 4 * c * i                                  # gate, silu(gate), up, silu(gate) * up
+    mlp = 4 * c * i  # gate, silu(gate), up, silu(gate) * up
     if s.is_moe:  # per routed expert: its SwiGLU and its gathered input and weighted output; the
         # router's logits and float32 softmax. An estimate: not checked against PyTorch like the dense terms
         mlp = s.experts_per_tok * (mlp + 2 * c * h) + (c + 4) * s.num_experts
@@ -140,14 +147,12 @@ def mask_bytes(p: Precision, rows: int, seq: int) -> int:
     return p.compute * rows * seq * seq
 
 
-def activation_bytes(s: ModelShape, p: Precision, tokens: int, rows: int, seq: int, *,
-                     checkpointing: bool) -> int:
+def activation_bytes(s: ModelShape, p: Precision, tokens: int, rows: int, seq: int, *, checkpointing: bool) -> int:
     """Activations of one micro-batch of `tokens` positions in `rows` rows of length `seq`, at the
     peak of its backward: every layer's saved tensors and mask, or (checkpointing) every layer's
     input plus one layer recomputed; the per-token extras; the bool padding mask (rows x seq^2)."""
     layer = tokens * layer_activation_bytes(s, p) + mask_bytes(p, rows, seq)
-    layers = (s.num_layers * tokens * checkpointed_layer_bytes(s, p) + layer if checkpointing
-              else s.num_layers * layer)
+    layers = s.num_layers * tokens * checkpointed_layer_bytes(s, p) + layer if checkpointing else s.num_layers * layer
     return layers + tokens * per_token_extra_bytes(s, p) + rows * seq * seq
 
 
@@ -165,8 +170,11 @@ def logits_bytes(s: ModelShape, p: Precision, positions: int, *, backward: bool 
 
 def matmul_params(s: ModelShape) -> tuple[int, int]:
     """(layer weights, head weights) autocast casts per forward: every projection, and the head."""
-    per_layer = s.hidden_size * (s.q_dim + 2 * s.kv_dim) + s.q_dim * s.hidden_size \
-        + (s.mlp_params(s.num_experts) if s.is_moe else 3 * s.hidden_size * s.intermediate_size)  # MoE: router + experts
+    per_layer = (
+        s.hidden_size * (s.q_dim + 2 * s.kv_dim)
+        + s.q_dim * s.hidden_size
+        + (s.mlp_params(s.num_experts) if s.is_moe else 3 * s.hidden_size * s.intermediate_size)
+    )  # MoE: router + experts
     return s.num_layers * per_layer, s.vocab_size * s.hidden_size
 
 
@@ -198,20 +206,20 @@ def compute_copy_bytes(s: ModelShape, p: Precision, *, checkpointing: bool) -> i
 class Setup:
     """The knobs of a run that decide its memory, per rank."""
 
-    dtype: str = "bfloat16"               # float32 | bfloat16 | float16 (model.dtype; auto = bf16)
-    world_size: int = 1                   # processes over all nodes (FSDP2 shards over them)
+    dtype: str = "bfloat16"  # float32 | bfloat16 | float16 (model.dtype; auto = bf16)
+    world_size: int = 1  # processes over all nodes (FSDP2 shards over them)
     device_gib: float = 80.0
     prompt_tokens: int = PROMPT_TOKENS
     max_new_tokens: int = 1024
-    rows_per_mini_batch: int = 64         # sequences of one optimizer step, all ranks
-    micro_batch_tokens: int = 0           # 0: the rank's whole share of a mini-batch at once
-    generate_rows: int = 64               # sequences of one generate call on one rank (hf backend)
+    rows_per_mini_batch: int = 64  # sequences of one optimizer step, all ranks
+    micro_batch_tokens: int = 0  # 0: the rank's whole share of a mini-batch at once
+    generate_rows: int = 64  # sequences of one generate call on one rank (hf backend)
     gradient_checkpointing: bool = False
-    reference_model: bool = False         # train.beta > 0 keeps a frozen copy in the compute dtype
-    backend: str = "vllm"                 # vllm | hf
+    reference_model: bool = False  # train.beta > 0 keeps a frozen copy in the compute dtype
+    backend: str = "vllm"  # vllm | hf
     gpu_memory_utilization: float = 0.3
     sleep_mode: bool = False
-    sampler_logprobs: bool = False        # hf backend: generate keeps every step's scores
+    sampler_logprobs: bool = False  # hf backend: generate keeps every step's scores
 
     @property
     def seq_tokens(self) -> int:
@@ -235,8 +243,8 @@ class Setup:
 class Row:
     name: str
     bytes: int
-    phases: tuple[str, ...]   # "sampling", "training": where it is resident
-    how: str                  # the arithmetic, in words
+    phases: tuple[str, ...]  # "sampling", "training": where it is resident
+    how: str  # the arithmetic, in words
 
 
 @dataclass
@@ -244,8 +252,8 @@ class MemoryPlan:
     shape: ModelShape
     setup: Setup
     rows: list[Row]
-    kv_cache_bytes: int       # vLLM: what its share leaves for KV; hf: what generate needs
-    kv_sequences: float       # full-length sequences the vLLM KV cache holds at once
+    kv_cache_bytes: int  # vLLM: what its share leaves for KV; hf: what generate needs
+    kv_sequences: float  # full-length sequences the vLLM KV cache holds at once
 
     def phase_bytes(self, phase: str) -> int:
         return sum(r.bytes for r in self.rows if phase in r.phases)
@@ -288,8 +296,11 @@ def estimate(s: ModelShape, u: Setup) -> MemoryPlan:
     ]
     copies = compute_copy_bytes(s, p, checkpointing=u.gradient_checkpointing)
     if copies:
-        how = ("FSDP2: root + 2 layers unsharded, 1 layer's grads" if p.sharded else
-               "autocast casts: " + ("one layer + head" if u.gradient_checkpointing else "all matmul weights"))
+        how = (
+            "FSDP2: root + 2 layers unsharded, 1 layer's grads"
+            if p.sharded
+            else "autocast casts: " + ("one layer + head" if u.gradient_checkpointing else "all matmul weights")
+        )
         rows.append(Row(f"weights in {_dtype_name(p.compute)} (compute copies)", copies, ("training",), how))
     if u.reference_model:
         rows.append(Row("reference model", p.compute * n // world, both, f"{p.compute} B x params{shard}"))
@@ -300,10 +311,22 @@ def estimate(s: ModelShape, u: Setup) -> MemoryPlan:
     for ckpt in (True, False):
         act = activation_bytes(s, p, tokens, mb_rows, seq, checkpointing=ckpt)
         used = ckpt == u.gradient_checkpointing
-        rows.append(Row(f"activations, checkpointing {'on' if ckpt else 'off'}" + ("" if used else " (not used)"),
-                        act, ("training",) if used else (), where))
-    rows.append(Row("logits + gradient", logits_bytes(s, p, positions), ("training",),
-                    f"{positions:,} positions x 2 x {s.vocab_size:,} x {p.compute} B"))
+        rows.append(
+            Row(
+                f"activations, checkpointing {'on' if ckpt else 'off'}" + ("" if used else " (not used)"),
+                act,
+                ("training",) if used else (),
+                where,
+            )
+        )
+    rows.append(
+        Row(
+            "logits + gradient",
+            logits_bytes(s, p, positions),
+            ("training",),
+            f"{positions:,} positions x 2 x {s.vocab_size:,} x {p.compute} B",
+        )
+    )
 
     kv_bytes, kv_seqs = 0, 0.0
     if u.backend == "vllm":
@@ -311,24 +334,47 @@ def estimate(s: ModelShape, u: Setup) -> MemoryPlan:
         weights = p.compute * n
         kv_bytes = max(0, share - weights - int(VLLM_RUNTIME_GIB * GIB))
         kv_seqs = kv_bytes / (s.kv_bytes_per_token(p.compute) * seq)
-        rows.append(Row("vLLM weights", weights, ("sampling",) if u.sleep_mode else both,
-                        f"{p.compute} B x params (a full copy per GPU)"))
-        rows.append(Row("vLLM KV cache + runtime", share - weights, ("sampling",) if u.sleep_mode else both,
-                        f"{u.gpu_memory_utilization:g} x {u.device_gib:g} GiB - weights; "
-                        f"KV: {kv_seqs:.1f} x {seq}-token seqs"))
+        rows.append(
+            Row(
+                "vLLM weights",
+                weights,
+                ("sampling",) if u.sleep_mode else both,
+                f"{p.compute} B x params (a full copy per GPU)",
+            )
+        )
+        rows.append(
+            Row(
+                "vLLM KV cache + runtime",
+                share - weights,
+                ("sampling",) if u.sleep_mode else both,
+                f"{u.gpu_memory_utilization:g} x {u.device_gib:g} GiB - weights; KV: {kv_seqs:.1f} x {seq}-token seqs",
+            )
+        )
         if u.sleep_mode:
             rows.append(Row("vLLM asleep (level 2)", int(SLEEPING_GIB * GIB), ("training",), "assumed"))
     else:
         gen_rows = u.generate_rows
         kv_bytes = gen_rows * seq * s.kv_bytes_per_token(p.compute)
-        rows.append(Row("HF generate KV cache", kv_bytes, ("sampling",),
-                        f"{gen_rows} rows x {seq} tokens x {s.kv_bytes_per_token(p.compute):,} B"))
+        rows.append(
+            Row(
+                "HF generate KV cache",
+                kv_bytes,
+                ("sampling",),
+                f"{gen_rows} rows x {seq} tokens x {s.kv_bytes_per_token(p.compute):,} B",
+            )
+        )
         if p.autocast:
             layers, head = matmul_params(s)
             rows.append(Row("HF generate weight casts", p.compute * (layers + head), ("sampling",), "autocast"))
         if u.sampler_logprobs:
-            rows.append(Row("HF generate scores", gen_rows * u.max_new_tokens * s.vocab_size * 4, ("sampling",),
-                            "float32 scores of every step (output_scores)"))
+            rows.append(
+                Row(
+                    "HF generate scores",
+                    gen_rows * u.max_new_tokens * s.vocab_size * 4,
+                    ("sampling",),
+                    "float32 scores of every step (output_scores)",
+                )
+            )
     rows.append(Row("CUDA runtime", int(RUNTIME_GIB * GIB), both, "assumed per process"))
     return MemoryPlan(s, u, rows, kv_bytes, kv_seqs)
 
@@ -379,7 +425,7 @@ def advise(s: ModelShape, u: Setup, *, nnodes: int = 1) -> list[str]:
 def _largest_fitting_budget(s: ModelShape, u: Setup, start: int) -> int | None:
     """The largest micro-batch token budget below `start` with which the plan fits: a power of two
     at least one full-length sequence long, else exactly one sequence (the smallest budget)."""
-    m = 1 << (start - 1).bit_length() - 1 if start > 1 else 0   # largest power of two < start
+    m = 1 << (start - 1).bit_length() - 1 if start > 1 else 0  # largest power of two < start
     while m >= u.seq_tokens:
         if estimate(s, replace(u, micro_batch_tokens=m)).fits:
             return m

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from clipbench.config import RunConfig
 from clipbench.errors import UserError
-from clipbench.memory.estimator import (MARGIN, MemoryPlan, Setup, advise, estimate,
-                                       gib)
+from clipbench.memory.estimator import MARGIN, MemoryPlan, Setup, advise, estimate, gib
 from clipbench.models import PROMPT_TOKENS, compute_dtype, dtype_name
 from clipbench.models.shapes import ModelShape, model_shape
 
@@ -21,9 +20,15 @@ def launch_nproc(cfg: RunConfig) -> int:
     return cfg.launch.nproc_per_node
 
 
-def setup_for(cfg: RunConfig, *, world_size: int = 1, device_gib: float = 80.0,
-              prompt_tokens: int = PROMPT_TOKENS, backend: str | None = None,
-              shape: ModelShape | None = None) -> Setup:
+def setup_for(
+    cfg: RunConfig,
+    *,
+    world_size: int = 1,
+    device_gib: float = 80.0,
+    prompt_tokens: int = PROMPT_TOKENS,
+    backend: str | None = None,
+    shape: ModelShape | None = None,
+) -> Setup:
     """The memory-relevant knobs of `cfg` on `world_size` GPUs of `device_gib` each.
 
     prompt_tokens: the longest prompt assumed, capped by the model's context (`shape`) less the
@@ -39,15 +44,20 @@ def setup_for(cfg: RunConfig, *, world_size: int = 1, device_gib: float = 80.0,
     backend = backend or ("vllm" if sc.backend == "auto" else sc.backend)
     return Setup(
         dtype=dtype_name(compute_dtype(cfg.model.dtype, "cuda", bf16_supported=True)),  # a plan is for a GPU
-        world_size=world_size, device_gib=device_gib, prompt_tokens=prompt_tokens,
+        world_size=world_size,
+        device_gib=device_gib,
+        prompt_tokens=prompt_tokens,
         max_new_tokens=sc.max_new_tokens,
         rows_per_mini_batch=-(-rollout_rows // tc.mini_batches),
         micro_batch_tokens=tc.micro_batch_tokens,
-        generate_rows=prompts_per_call * sc.group_size, gradient_checkpointing=cfg.model.gradient_checkpointing,
-        reference_model=tc.beta > 0, backend=backend,
+        generate_rows=prompts_per_call * sc.group_size,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+        reference_model=tc.beta > 0,
+        backend=backend,
         gpu_memory_utilization=sc.gpu_memory_utilization,
         sleep_mode=sc.sleep_mode,
-        sampler_logprobs=sc.old_logp == "sampler" or sc.correction["name"] != "none")
+        sampler_logprobs=sc.old_logp == "sampler" or sc.correction["name"] != "none",
+    )
 
 
 def fit_message(plan: MemoryPlan, knobs: list[str], where: str) -> str:
@@ -56,17 +66,25 @@ def fit_message(plan: MemoryPlan, knobs: list[str], where: str) -> str:
     if not plan.kv_fits:
         need = f"the vLLM KV cache holds {plan.kv_sequences:.2f} of one {u.seq_tokens}-token sequence"
     else:
-        need = (f"{plan.peak_phase} needs ~{gib(plan.with_margin_bytes)} GiB per GPU "
-                f"(with {MARGIN:.0%} margin) of {u.device_gib:g} GiB")
-    fix = ("set " + knobs[0] + (" (or " + ", ".join(knobs[1:]) + ")" if knobs[1:] else "")) if knobs else \
-        ("no single knob (train.micro_batch_tokens, model.gradient_checkpointing, sampler.sleep_mode, "
-         "sampler.gpu_memory_utilization, --nproc-per-node up to 64) makes it fit; combine them "
-         "(see `clipbench plan`)")
+        need = (
+            f"{plan.peak_phase} needs ~{gib(plan.with_margin_bytes)} GiB per GPU "
+            f"(with {MARGIN:.0%} margin) of {u.device_gib:g} GiB"
+        )
+    fix = (
+        ("set " + knobs[0] + (" (or " + ", ".join(knobs[1:]) + ")" if knobs[1:] else ""))
+        if knobs
+        else (
+            "no single knob (train.micro_batch_tokens, model.gradient_checkpointing, sampler.sleep_mode, "
+            "sampler.gpu_memory_utilization, --nproc-per-node up to 64) makes it fit; combine them "
+            "(see `clipbench plan`)"
+        )
+    )
     return f"{plan.shape.name} does not fit {where}: {need}; {fix}"
 
 
-def check_fits(cfg: RunConfig, model_path: str, *, world_size: int, device_gib: float,
-               backend: str | None = None) -> MemoryPlan:
+def check_fits(
+    cfg: RunConfig, model_path: str, *, world_size: int, device_gib: float, backend: str | None = None
+) -> MemoryPlan:
     """The plan of `cfg` on `world_size` GPUs of `device_gib`; UserError naming the knob to turn
     when it does not fit. model_path: model.name resolved (`builtin:` names to their directory)."""
     shape = model_shape(model_path)

@@ -29,9 +29,17 @@ def _sdpa():
     return sdpa_attention_forward
 
 
-def sdpa_gqa_forward(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                     is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+def sdpa_gqa_forward(
+    module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """transformers' `sdpa_attention_forward`, with the key/value heads shared inside the kernel
     (no `repeat_kv` copy) when that gives the same numbers: on CPU, no gradient into the keys or
     values, a plain boolean or float mask (no position bias, paged cache or attention weights)."""
@@ -39,17 +47,18 @@ def sdpa_gqa_forward(module, query: torch.Tensor, key: torch.Tensor, value: torc
     grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
     plain = not any(kwargs.get(k) for k in ("position_bias", "cache", "output_attentions"))
     if groups == 1 or grad or not plain or query.device.type != "cpu":
-        return _sdpa()(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                       is_causal=is_causal, **kwargs)
+        return _sdpa()(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
     q_len, kv_len = query.shape[2], key.shape[2]
     # transformers' rule: the causal flag only without a mask, while prefilling, on a causal module
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = q_len > 1 and attention_mask is None and causal
     if causal and kv_len > q_len:  # an empty static cache's prefill: the keys past the queries are unused
         key, value = key[:, :, :q_len], value[:, :, :q_len]
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
-                                                           dropout_p=dropout, scale=scaling, is_causal=causal,
-                                                           enable_gqa=True)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=causal, enable_gqa=True
+    )
     return out.transpose(1, 2).contiguous(), None
 
 

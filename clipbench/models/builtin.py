@@ -38,7 +38,7 @@ def builtin_names() -> tuple[str, ...]:
 
 def builtin_name(name: str) -> str:
     """A built-in model's short name from 'arith-steps', 'builtin:arith-steps' or the legacy 'arith'."""
-    short = name[len(BUILTIN_PREFIX):] if name.startswith(BUILTIN_PREFIX) else name
+    short = name[len(BUILTIN_PREFIX) :] if name.startswith(BUILTIN_PREFIX) else name
     short = LEGACY_NAMES.get(short, short)
     if short not in builtin_names():
         raise UserError(unknown_choice("built-in model", name, [*builtin_names(), *LEGACY_NAMES]))

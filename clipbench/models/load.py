@@ -1,7 +1,7 @@
 """Model names -> local directories -> (model, tokenizer): one code path for every model.
 
-    path = resolve_model_name("builtin:arith-steps")      # the shipped directory
-    model, tok = load_model_and_tokenizer("Qwen/Qwen3-1.7B-Base", dtype="bfloat16", device="cuda")
+path = resolve_model_name("builtin:arith-steps")      # the shipped directory
+model, tok = load_model_and_tokenizer("Qwen/Qwen3-1.7B-Base", dtype="bfloat16", device="cuda")
 """
 
 from __future__ import annotations
@@ -25,12 +25,13 @@ def resolve_model_name(name: str) -> str:
         raise UserError(f"model.name: expected a non-empty string, got {name!r}")
     if not name.startswith(BUILTIN_PREFIX):
         return name
-    short = name[len(BUILTIN_PREFIX):]
+    short = name[len(BUILTIN_PREFIX) :]
     if short not in builtin_names():
         from clipbench.errors import unknown_choice
 
-        raise UserError("model.name: " + unknown_choice("built-in model", name,
-                                                        [BUILTIN_PREFIX + n for n in builtin_names()]))
+        raise UserError(
+            "model.name: " + unknown_choice("built-in model", name, [BUILTIN_PREFIX + n for n in builtin_names()])
+        )
     return str(builtin_path(short))
 
 
@@ -71,8 +72,9 @@ def check_model_config(name: str) -> None:
         raise UserError(f"model.name: cannot load '{name}': {first_line(err)}") from None
     local = Path(path).expanduser()
     if looks_local(path) and local.is_dir() and not any(next(local.glob(p), None) for p in WEIGHT_FILES):
-        raise UserError(f"model.name: cannot load '{name}': {local} has a config.json but no weights "
-                        f"({', '.join(WEIGHT_FILES)})")
+        raise UserError(
+            f"model.name: cannot load '{name}': {local} has a config.json but no weights ({', '.join(WEIGHT_FILES)})"
+        )
 
 
 WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")  # what from_pretrained loads (a sharded index names these)

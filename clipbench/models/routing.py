@@ -63,11 +63,11 @@ class RouteReplay:
         self.cols = slice(0, 0)
         self.calls: dict[int, list[torch.Tensor]] = {}  # layer -> each call's choice (generate mode)
         self.changed: dict[int, torch.Tensor] = {}  # layer -> (b, w) bool: the live choice is not the replayed one
-        self.live: dict[int, torch.Tensor] = {}     # layer -> (b, w, k): the live routers' choice (replay mode)
+        self.live: dict[int, torch.Tensor] = {}  # layer -> (b, w, k): the live routers' choice (replay mode)
         self._handles = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
 
     @classmethod
-    def attach(cls, model: torch.nn.Module, *, replaces: bool = True) -> "RouteReplay":
+    def attach(cls, model: torch.nn.Module, *, replaces: bool = True) -> RouteReplay:
         """The model's hooks, registered on first use; `replaces` False: observe only (routing replay
         none: the diagnostics compare the live routes with the old forward's, which nothing replays)."""
         if getattr(model, ATTR, None) is None:
@@ -75,7 +75,7 @@ class RouteReplay:
         return getattr(model, ATTR)
 
     @staticmethod
-    def of(model: torch.nn.Module) -> "RouteReplay | None":
+    def of(model: torch.nn.Module) -> RouteReplay | None:
         return getattr(model, ATTR, None)
 
     def new_table(self, rows: int, width: int, device=None) -> torch.Tensor:
@@ -111,13 +111,13 @@ class RouteReplay:
             h.remove()
 
     def _window(self, layer: int) -> torch.Tensor:
-        return self.table[self.rows, layer, self.cols]                           # (b, w, k)
+        return self.table[self.rows, layer, self.cols]  # (b, w, k)
 
     def _hook(self, layer: int):
         def hook(module, args, output):
             if self.mode is None:
                 return None
-            logits, weights, chosen = output                                     # (n, E), (n, k), (n, k)
+            logits, weights, chosen = output  # (n, E), (n, k), (n, k)
             if self.mode == "generate":
                 self.calls[layer].append(chosen.detach().cpu())
                 return None
@@ -127,20 +127,21 @@ class RouteReplay:
                 return None
             recorded = self._window(layer).reshape(b * w, -1).to(chosen.dtype) - 1  # (n, k), -1: none
             moved = (recorded.sort(-1).values != chosen.sort(-1).values).any(-1) & (recorded >= 0).all(-1)
-            self.changed[layer] = moved.view(b, w)                                 # as a set of k experts
+            self.changed[layer] = moved.view(b, w)  # as a set of k experts
             self.live[layer] = chosen.view(b, w, -1)
             if not self.replaces:
                 return None
             chosen = torch.where(recorded >= 0, recorded, chosen)
-            probs = torch.softmax(logits, dim=-1, dtype=torch.float)             # the live router's softmax
+            probs = torch.softmax(logits, dim=-1, dtype=torch.float)  # the live router's softmax
             top = probs.gather(-1, chosen)
             if ROUTERS[type(module).__name__](module):
                 top /= top.sum(dim=-1, keepdim=True)
             return logits, top.to(logits.dtype), chosen
+
         return hook
 
 
-def moved_tokens(replay: "RouteReplay", mb, active: bool) -> torch.Tensor:
+def moved_tokens(replay: RouteReplay, mb, active: bool) -> torch.Tensor:
     """(layers, b, T) bool over the completion tokens of micro-batch `mb` just replayed: the live
     routers chose another set of experts than the replayed ones, each token's experts taken at the
     position that predicts it (the prompt's last token for the first). All False for a micro-batch
@@ -149,22 +150,22 @@ def moved_tokens(replay: "RouteReplay", mb, active: bool) -> torch.Tensor:
     layers = len(replay.routers)
     if not active or len(replay.changed) < layers:
         return torch.zeros(layers, b, T, dtype=torch.bool, device=mb.completion_mask.device)
-    start = mb.input_ids.shape[1] - T - 1                                       # the column predicting token 0
-    return torch.stack([replay.changed[i][:, start:start + T] for i in range(layers)])
+    start = mb.input_ids.shape[1] - T - 1  # the column predicting token 0
+    return torch.stack([replay.changed[i][:, start : start + T] for i in range(layers)])
 
 
-def load_sums(replay: "RouteReplay", mb, active: bool) -> dict[str, torch.Tensor]:
+def load_sums(replay: RouteReplay, mb, active: bool) -> dict[str, torch.Tensor]:
     """`routing/load/l<i>/e<j>`: the top-k assignments of the live routers to expert j in layer i
     over the micro-batch's valid completion tokens (at the positions predicting them); zeros for a
     micro-batch that was not replayed."""
-    mask = mb.completion_mask > 0                                               # (b, T)
+    mask = mb.completion_mask > 0  # (b, T)
     b, T = mask.shape
     layers, experts = len(replay.routers), replay.routers[0].num_experts
     counts = torch.zeros(layers, experts, dtype=torch.float64, device=mask.device)
     if active and len(replay.live) == layers:
         start = mb.input_ids.shape[1] - T - 1
         for i in range(layers):  # one-hot sums, not bincount or a boolean index: no host sync
-            chosen = torch.nn.functional.one_hot(replay.live[i][:, start:start + T].long(), experts)  # (b, T, k, E)
+            chosen = torch.nn.functional.one_hot(replay.live[i][:, start : start + T].long(), experts)  # (b, T, k, E)
             counts[i] = (chosen * mask[:, :, None, None]).sum((0, 1, 2)).double()
     return {f"routing/load/l{i}/e{j}": counts[i, j] for i in range(layers) for j in range(experts)}
 
@@ -188,7 +189,7 @@ def agreement_metrics(reduced: dict) -> dict[str, float]:
     load = {}
     for k, v in reduced.items():
         if k.startswith("routing/load/l"):
-            layer, expert = k[len("routing/load/l"):].split("/e")
+            layer, expert = k[len("routing/load/l") :].split("/e")
             load.setdefault(int(layer), {})[int(expert)] = float(v)
     for i, per_expert in sorted(load.items()):  # max violation: the busiest expert's load over the mean load, - 1
         mean = sum(per_expert.values()) / len(per_expert)
@@ -206,7 +207,7 @@ def row_routes_table(routes: list[torch.Tensor], prompt_lens: list[int], width: 
     for i, (r, lp) in enumerate(zip(routes, prompt_lens)):
         start = prompt_width - lp
         n = min(r.shape[1], width - start)
-        table[i, :, start:start + n] = r[:, :n]
+        table[i, :, start : start + n] = r[:, :n]
     return table
 
 

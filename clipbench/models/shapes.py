@@ -28,43 +28,43 @@ from dataclasses import dataclass, replace
 from clipbench.errors import UserError
 
 SUPPORTED_TYPES = ("qwen3", "qwen2", "llama", "mistral")
-MOE_TYPES = ("qwen3_moe", "mixtral")   # every layer sparse, no shared expert
+MOE_TYPES = ("qwen3_moe", "mixtral")  # every layer sparse, no shared expert
 
 
 @dataclass(frozen=True)
 class ModelShape:
     name: str
     model_type: str
-    vocab_size: int            # V
-    hidden_size: int           # h
-    intermediate_size: int     # I (SwiGLU: gate, up (h -> I) and down (I -> h))
-    num_layers: int            # L
-    num_heads: int             # a (query heads)
-    num_kv_heads: int          # k (GQA key/value heads)
-    head_dim: int              # d
+    vocab_size: int  # V
+    hidden_size: int  # h
+    intermediate_size: int  # I (SwiGLU: gate, up (h -> I) and down (I -> h))
+    num_layers: int  # L
+    num_heads: int  # a (query heads)
+    num_kv_heads: int  # k (GQA key/value heads)
+    head_dim: int  # d
     tie_word_embeddings: bool  # the output head is the input embedding (one V x h matrix)
-    qk_norm: bool = False      # Qwen3: RMSNorm over each head of q and k (d weights each)
-    qkv_bias: bool = False     # Qwen2: bias on q, k, v
-    o_bias: bool = False       # Llama/Qwen3 attention_bias=true: bias on q, k, v and o
-    mlp_bias: bool = False     # Llama mlp_bias=true
+    qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k (d weights each)
+    qkv_bias: bool = False  # Qwen2: bias on q, k, v
+    o_bias: bool = False  # Llama/Qwen3 attention_bias=true: bias on q, k, v and o
+    mlp_bias: bool = False  # Llama mlp_bias=true
     max_position_embeddings: int | None = None
-    source: str = ""           # where the numbers come from
-    num_experts: int = 0       # E: routed experts per layer (0: a dense model)
-    experts_per_tok: int = 0   # k: experts each token is routed to
+    source: str = ""  # where the numbers come from
+    num_experts: int = 0  # E: routed experts per layer (0: a dense model)
+    experts_per_tok: int = 0  # k: experts each token is routed to
     # intermediate_size is each expert's width I for a MoE shape (Qwen3-MoE's moe_intermediate_size)
 
     # -- parameters ------------------------------------------------------------------------------
     def layer_params(self) -> int:
         """Parameters of one decoder layer."""
-        h, i, ad, kd = self.hidden_size, self.intermediate_size, self.q_dim, self.kv_dim
-        attn = h * ad + 2 * h * kd + ad * h                     # q, k, v, o projections
+        h, ad, kd = self.hidden_size, self.q_dim, self.kv_dim
+        attn = h * ad + 2 * h * kd + ad * h  # q, k, v, o projections
         if self.qkv_bias or self.o_bias:
-            attn += ad + 2 * kd                                 # q, k, v biases
+            attn += ad + 2 * kd  # q, k, v biases
         if self.o_bias:
-            attn += h                                           # o bias
+            attn += h  # o bias
         if self.qk_norm:
-            attn += 2 * self.head_dim                           # q_norm, k_norm weights
-        norms = 2 * h                                           # input and post-attention RMSNorm
+            attn += 2 * self.head_dim  # q_norm, k_norm weights
+        norms = 2 * h  # input and post-attention RMSNorm
         return attn + self.mlp_params(self.num_experts) + norms
 
     def active_layer_params(self) -> int:
@@ -118,51 +118,82 @@ def attention_dims(cfg) -> tuple[int, int, int]:
     """(query heads, key/value heads, head dim) of a transformers config (defaults as transformers:
     no num_key_value_heads = multi-head attention, no head_dim = hidden_size // heads)."""
     heads = cfg.num_attention_heads
-    return (heads, getattr(cfg, "num_key_value_heads", None) or heads,
-            getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    return (
+        heads,
+        getattr(cfg, "num_key_value_heads", None) or heads,
+        getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+    )
 
 
 def _q3(size: str, h: int, i: int, layers: int, heads: int, tied: bool) -> ModelShape:
     return ModelShape(
-        name=f"Qwen/Qwen3-{size}-Base", model_type="qwen3", vocab_size=151936, hidden_size=h,
-        intermediate_size=i, num_layers=layers, num_heads=heads, num_kv_heads=8, head_dim=128,
-        tie_word_embeddings=tied, qk_norm=True, max_position_embeddings=32768,
-        source=f"config.json of Qwen/Qwen3-{size}-Base on the Hugging Face hub (shipped with clipbench)")
+        name=f"Qwen/Qwen3-{size}-Base",
+        model_type="qwen3",
+        vocab_size=151936,
+        hidden_size=h,
+        intermediate_size=i,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=8,
+        head_dim=128,
+        tie_word_embeddings=tied,
+        qk_norm=True,
+        max_position_embeddings=32768,
+        source=f"config.json of Qwen/Qwen3-{size}-Base on the Hugging Face hub (shipped with clipbench)",
+    )
 
 
 # The Qwen3 dense family (Qwen3 Technical Report, arXiv 2505.09388, Table 1: layers, heads, tying;
 # hidden/intermediate/vocab sizes from each model's config.json). The post-trained models
 # (Qwen/Qwen3-<size>) have the same shapes (only max_position_embeddings differs, 40960), so both
 # names resolve here.
-QWEN3: dict[str, ModelShape] = {s.name: s for s in (
-    _q3("0.6B", 1024, 3072, 28, 16, True),
-    _q3("1.7B", 2048, 6144, 28, 16, True),
-    _q3("4B", 2560, 9728, 36, 32, True),
-    _q3("8B", 4096, 12288, 36, 32, False),
-    _q3("14B", 5120, 17408, 40, 40, False),
-    _q3("32B", 5120, 25600, 64, 64, False),
-)}
+QWEN3: dict[str, ModelShape] = {
+    s.name: s
+    for s in (
+        _q3("0.6B", 1024, 3072, 28, 16, True),
+        _q3("1.7B", 2048, 6144, 28, 16, True),
+        _q3("4B", 2560, 9728, 36, 32, True),
+        _q3("8B", 4096, 12288, 36, 32, False),
+        _q3("14B", 5120, 17408, 40, 40, False),
+        _q3("32B", 5120, 25600, 64, 64, False),
+    )
+}
 
 
 def _q3_moe(size: str, h: int, i: int, layers: int, heads: int) -> ModelShape:
     return ModelShape(
-        name=f"Qwen/Qwen3-{size}-Base", model_type="qwen3_moe", vocab_size=151936, hidden_size=h,
-        intermediate_size=i, num_layers=layers, num_heads=heads, num_kv_heads=4, head_dim=128,
-        tie_word_embeddings=False, qk_norm=True, max_position_embeddings=32768, num_experts=128,
+        name=f"Qwen/Qwen3-{size}-Base",
+        model_type="qwen3_moe",
+        vocab_size=151936,
+        hidden_size=h,
+        intermediate_size=i,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=4,
+        head_dim=128,
+        tie_word_embeddings=False,
+        qk_norm=True,
+        max_position_embeddings=32768,
+        num_experts=128,
         experts_per_tok=8,
-        source=f"config.json of Qwen/Qwen3-{size}-Base on the Hugging Face hub (shipped with clipbench)")
+        source=f"config.json of Qwen/Qwen3-{size}-Base on the Hugging Face hub (shipped with clipbench)",
+    )
 
 
 # The Qwen3 MoE models (same report, Table 2: 128 experts, 8 routed, no shared expert; hidden size and
 # expert width from each config.json): 30.5B total / 3.3B active, and 235B / 22B.
-QWEN3.update({s.name: s for s in (
-    _q3_moe("30B-A3B", 2048, 768, 48, 32),
-    _q3_moe("235B-A22B", 4096, 1536, 94, 64),
-)})
+QWEN3.update(
+    {
+        s.name: s
+        for s in (
+            _q3_moe("30B-A3B", 2048, 768, 48, 32),
+            _q3_moe("235B-A22B", 4096, 1536, 94, 64),
+        )
+    }
+)
 for _s in list(QWEN3.values()):
     _post = _s.name.removesuffix("-Base")
-    QWEN3[_post] = replace(_s, name=_post, max_position_embeddings=40960,
-                           source=_s.source.replace(_s.name, _post))
+    QWEN3[_post] = replace(_s, name=_post, max_position_embeddings=40960, source=_s.source.replace(_s.name, _post))
 
 
 def from_hf_config(cfg, name: str = "", source: str = "") -> ModelShape:
@@ -170,29 +201,46 @@ def from_hf_config(cfg, name: str = "", source: str = "") -> ModelShape:
     model_type = getattr(cfg, "model_type", None)
     num_experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None) or 0
     if num_experts and model_type not in MOE_TYPES:
-        raise UserError(f"model.name: '{name}' is a mixture-of-experts model ({model_type}) of a layout the "
-                        f"memory plan does not know; it knows the mixture-of-experts decoders {', '.join(MOE_TYPES)}")
+        raise UserError(
+            f"model.name: '{name}' is a mixture-of-experts model ({model_type}) of a layout the "
+            f"memory plan does not know; it knows the mixture-of-experts decoders {', '.join(MOE_TYPES)}"
+        )
     if not num_experts and model_type not in SUPPORTED_TYPES:
-        raise UserError(f"model.name: '{name}' has model_type '{model_type}'; the memory plan knows "
-                        f"the dense decoders {', '.join(SUPPORTED_TYPES)} and the mixture-of-experts "
-                        f"decoders {', '.join(MOE_TYPES)}")
-    if model_type == "qwen3_moe" and (list(getattr(cfg, "mlp_only_layers", None) or [])
-                                      or getattr(cfg, "decoder_sparse_step", 1) != 1):
-        raise UserError(f"model.name: '{name}' mixes dense and sparse layers (mlp_only_layers, decoder_sparse_step); "
-                        f"the memory plan knows mixture-of-experts models whose every layer is sparse")
+        raise UserError(
+            f"model.name: '{name}' has model_type '{model_type}'; the memory plan knows "
+            f"the dense decoders {', '.join(SUPPORTED_TYPES)} and the mixture-of-experts "
+            f"decoders {', '.join(MOE_TYPES)}"
+        )
+    if model_type == "qwen3_moe" and (
+        list(getattr(cfg, "mlp_only_layers", None) or []) or getattr(cfg, "decoder_sparse_step", 1) != 1
+    ):
+        raise UserError(
+            f"model.name: '{name}' mixes dense and sparse layers (mlp_only_layers, decoder_sparse_step); "
+            f"the memory plan knows mixture-of-experts models whose every layer is sparse"
+        )
     heads, kv_heads, head_dim = attention_dims(cfg)
     attention_bias = bool(getattr(cfg, "attention_bias", False))
     width = cfg.moe_intermediate_size if model_type == "qwen3_moe" else cfg.intermediate_size
     return ModelShape(
-        name=name, model_type=model_type, vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-        intermediate_size=width, num_layers=cfg.num_hidden_layers, num_heads=heads,
-        num_kv_heads=kv_heads, head_dim=head_dim,
+        name=name,
+        model_type=model_type,
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=width,
+        num_layers=cfg.num_hidden_layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
         tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
-        qk_norm=model_type in ("qwen3", "qwen3_moe"), qkv_bias=model_type == "qwen2",
+        qk_norm=model_type in ("qwen3", "qwen3_moe"),
+        qkv_bias=model_type == "qwen2",
         o_bias=attention_bias and model_type != "qwen2",
         mlp_bias=bool(getattr(cfg, "mlp_bias", False)),
-        max_position_embeddings=getattr(cfg, "max_position_embeddings", None), source=source or name,
-        num_experts=num_experts, experts_per_tok=getattr(cfg, "num_experts_per_tok", 0) if num_experts else 0)
+        max_position_embeddings=getattr(cfg, "max_position_embeddings", None),
+        source=source or name,
+        num_experts=num_experts,
+        experts_per_tok=getattr(cfg, "num_experts_per_tok", 0) if num_experts else 0,
+    )
 
 
 def hf_config(shape: ModelShape, **override):
@@ -200,16 +248,29 @@ def hf_config(shape: ModelShape, **override):
     the shape's family, or write its config.json offline); `override`: config fields to replace."""
     from transformers import AutoConfig
 
-    kw = dict(vocab_size=shape.vocab_size, hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
-              num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_heads,
-              num_key_value_heads=shape.num_kv_heads, head_dim=shape.head_dim,
-              tie_word_embeddings=shape.tie_word_embeddings, max_position_embeddings=shape.max_position_embeddings,
-              attention_bias=shape.o_bias, mlp_bias=shape.mlp_bias)
+    kw = dict(
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
+        tie_word_embeddings=shape.tie_word_embeddings,
+        max_position_embeddings=shape.max_position_embeddings,
+        attention_bias=shape.o_bias,
+        mlp_bias=shape.mlp_bias,
+    )
     if shape.model_type in ("qwen2", "qwen3", *MOE_TYPES):
         kw.pop("mlp_bias")  # no such field; qwen2's q/k/v bias and qwen3's q/k norms come with the type
     if shape.model_type == "qwen3_moe":
-        kw.update(moe_intermediate_size=kw.pop("intermediate_size"), num_experts=shape.num_experts,
-                  num_experts_per_tok=shape.experts_per_tok, decoder_sparse_step=1, mlp_only_layers=[])
+        kw.update(
+            moe_intermediate_size=kw.pop("intermediate_size"),
+            num_experts=shape.num_experts,
+            num_experts_per_tok=shape.experts_per_tok,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
     elif shape.model_type == "mixtral":
         kw.update(num_local_experts=shape.num_experts, num_experts_per_tok=shape.experts_per_tok)
     if "intermediate_size" in override and shape.model_type == "qwen3_moe":

@@ -8,19 +8,58 @@ The rules are in rules/ (each reads as its formula; shared formulas in primitive
 (docs/plugins.md). The math contract is docs/objectives.md; internal contracts in docs/architecture.md.
 """
 
+from clipbench.errors import RuleDefinitionError, RuleError
 from clipbench.objectives import rules as _rules  # noqa: F401  (registers every built-in method)
 from clipbench.objectives.aggregation import AGGREGATIONS, aggregate, global_counts
-from clipbench.objectives.diagnostics import (CELLS, COUNTS, MASSES, all_reduce_sums, combine, finalize,
-                                              histogram_dict, log_ratio_counts, log_ratio_histogram, reduce_sums, reduction)
-from clipbench.errors import RuleDefinitionError, RuleError
+from clipbench.objectives.diagnostics import (
+    CELLS,
+    COUNTS,
+    MASSES,
+    all_reduce_sums,
+    combine,
+    finalize,
+    histogram_dict,
+    log_ratio_counts,
+    log_ratio_histogram,
+    reduce_sums,
+    reduction,
+)
 from clipbench.objectives.loss import PolicyLossOutput, policy_loss
 from clipbench.objectives.primitives import LOG_RATIO_CLAMP, kl_k3
 from clipbench.objectives.registry import METHODS, MethodSpec, PluginOrigin, effective_bounds, rule, validate_params
 from clipbench.objectives.signature import INPUTS, Param, greater_than_one, nonneg, positive, unit_interval
 
 __all__ = [
-    "AGGREGATIONS", "CELLS", "COUNTS", "INPUTS", "LOG_RATIO_CLAMP", "MASSES", "METHODS", "MethodSpec", "Param",
-    "PluginOrigin", "PolicyLossOutput", "RuleDefinitionError", "RuleError", "aggregate", "all_reduce_sums",
-    "combine", "effective_bounds", "finalize", "global_counts", "greater_than_one", "kl_k3", "histogram_dict", "log_ratio_counts", "log_ratio_histogram",
-    "nonneg", "policy_loss", "positive", "reduce_sums", "reduction", "rule", "unit_interval", "validate_params",
+    "AGGREGATIONS",
+    "CELLS",
+    "COUNTS",
+    "INPUTS",
+    "LOG_RATIO_CLAMP",
+    "MASSES",
+    "METHODS",
+    "MethodSpec",
+    "Param",
+    "PluginOrigin",
+    "PolicyLossOutput",
+    "RuleDefinitionError",
+    "RuleError",
+    "aggregate",
+    "all_reduce_sums",
+    "combine",
+    "effective_bounds",
+    "finalize",
+    "global_counts",
+    "greater_than_one",
+    "kl_k3",
+    "histogram_dict",
+    "log_ratio_counts",
+    "log_ratio_histogram",
+    "nonneg",
+    "policy_loss",
+    "positive",
+    "reduce_sums",
+    "reduction",
+    "rule",
+    "unit_interval",
+    "validate_params",
 ]

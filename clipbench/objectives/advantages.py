@@ -1,6 +1,6 @@
 """Sequence-level advantages from group rewards (docs/objectives.md, "Advantages").
 
-    rewards: (P, G) one row per prompt, G samples each  ->  advantages: (P, G)
+rewards: (P, G) one row per prompt, G samples each  ->  advantages: (P, G)
 """
 
 from __future__ import annotations
@@ -37,8 +37,15 @@ def zero_variance_groups(rewards: torch.Tensor) -> torch.Tensor:
     return (rewards == rewards[:, :1]).all(dim=1)
 
 
-def overlong_shaping(rewards: torch.Tensor, lengths: torch.Tensor, truncated: torch.Tensor, *,
-                     max_new_tokens: int, buffer: int, penalty: float) -> torch.Tensor:
+def overlong_shaping(
+    rewards: torch.Tensor,
+    lengths: torch.Tensor,
+    truncated: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    buffer: int,
+    penalty: float,
+) -> torch.Tensor:
     """DAPO soft overlong punishment: 0 up to max-buffer tokens, then a linear penalty reaching
     -penalty at max_new_tokens; a truncated completion (no EOS) gets -penalty."""
     start = max_new_tokens - buffer

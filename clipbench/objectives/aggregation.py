@@ -15,14 +15,14 @@ An all-padding row neither adds a term nor counts as a sequence, so it can never
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Union
 
 import torch
 
 from clipbench.errors import unknown_choice
 
-Count = Union[int, float, torch.Tensor, None]  # a number or a 0-d tensor (no host sync)
+Count = int | float | torch.Tensor | None  # a number or a 0-d tensor (no host sync)
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,7 @@ def global_counts(mask: torch.Tensor) -> dict[str, torch.Tensor]:
     (B, T) mask, as float 0-d tensors: compute them on the whole mini-batch (all-reduce them across
     ranks) and pass them to every micro-batch's ``policy_loss(..., **counts)``."""
     valid = mask != 0
-    return {"global_tokens": valid.sum().to(torch.float32),
-            "global_seqs": valid.any(-1).sum().to(torch.float32)}
+    return {"global_tokens": valid.sum().to(torch.float32), "global_seqs": valid.any(-1).sum().to(torch.float32)}
 
 
 def group_counts(mask: torch.Tensor, groups: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -55,8 +54,9 @@ def group_counts(mask: torch.Tensor, groups: torch.Tensor) -> dict[str, torch.Te
     mini-batch and pass each micro-batch its rows' ``group_tokens``. Every group with a row counts,
     also one whose rows have no valid token or whose advantages are all 0 (SkyRL's P)."""
     ids, inverse = torch.unique(groups.reshape(-1), return_inverse=True)
-    per_group = torch.zeros(len(ids), device=mask.device).index_add_(0, inverse.to(mask.device),
-                                                                     (mask != 0).sum(-1).to(torch.float32))
+    per_group = torch.zeros(len(ids), device=mask.device).index_add_(
+        0, inverse.to(mask.device), (mask != 0).sum(-1).to(torch.float32)
+    )
     return {"global_prompts": torch.tensor(float(len(ids)), device=mask.device), "group_tokens": per_group[inverse]}
 
 
@@ -134,8 +134,10 @@ def _group_norm(maskf: torch.Tensor, groups, group_tokens, global_prompts) -> tu
     """(prompts, group_tokens (B,)) for prompt-mean: the caller's mini-batch counts, else this call's."""
     if group_tokens is None:
         if groups is None:
-            raise ValueError("aggregation 'prompt-mean' needs each row's prompt group: pass groups=(B,) "
-                             "(and, for one micro-batch of a mini-batch, global_prompts and group_tokens)")
+            raise ValueError(
+                "aggregation 'prompt-mean' needs each row's prompt group: pass groups=(B,) "
+                "(and, for one micro-batch of a mini-batch, global_prompts and group_tokens)"
+            )
         own = group_counts(maskf, groups)
         group_tokens = own["group_tokens"]
         global_prompts = own["global_prompts"] if global_prompts is None else global_prompts
@@ -147,9 +149,18 @@ def _group_norm(maskf: torch.Tensor, groups, group_tokens, global_prompts) -> tu
     return prompts, group_tokens.to(device=maskf.device, dtype=torch.float32)
 
 
-def aggregate(token_loss: torch.Tensor, maskf: torch.Tensor, agg: str = "token-mean", max_len: int | None = None,
-              *, global_tokens: Count = None, global_seqs: Count = None, groups: torch.Tensor | None = None,
-              global_prompts: Count = None, group_tokens: torch.Tensor | None = None) -> torch.Tensor:
+def aggregate(
+    token_loss: torch.Tensor,
+    maskf: torch.Tensor,
+    agg: str = "token-mean",
+    max_len: int | None = None,
+    *,
+    global_tokens: Count = None,
+    global_seqs: Count = None,
+    groups: torch.Tensor | None = None,
+    global_prompts: Count = None,
+    group_tokens: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Scalar loss from a masked (B, T) per-token loss. ``max_len`` (default T) is used only by
     ``seq-mean-token-sum-norm``; the counts: see the module docstring (``groups`` (B,) prompt ids,
     ``global_prompts``, ``group_tokens`` (B,): ``prompt-mean`` only)."""
@@ -158,13 +169,21 @@ def aggregate(token_loss: torch.Tensor, maskf: torch.Tensor, agg: str = "token-m
         max_len = token_loss.shape[-1]
     if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
         raise ValueError(f"max_len must be a positive integer, got {max_len!r}")
-    for name, value in (("global_tokens", global_tokens), ("global_seqs", global_seqs),
-                        ("global_prompts", global_prompts)):
+    for name, value in (
+        ("global_tokens", global_tokens),
+        ("global_seqs", global_seqs),
+        ("global_prompts", global_prompts),
+    ):
         check_count(name, value)
     own = global_counts(maskf)
     prompts = per_group = None
     if agg in NEEDS_GROUPS:
         prompts, per_group = _group_norm(maskf, groups, group_tokens, global_prompts)
-    norm = Norm(_normaliser(global_tokens, own["global_tokens"]), _normaliser(global_seqs, own["global_seqs"]),
-                max_len, prompts, per_group)
+    norm = Norm(
+        _normaliser(global_tokens, own["global_tokens"]),
+        _normaliser(global_seqs, own["global_seqs"]),
+        max_len,
+        prompts,
+        per_group,
+    )
     return fn(token_loss, maskf, norm)

@@ -33,12 +33,17 @@ stats. Nothing here syncs with the host.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 
 from clipbench.objectives.corrections.registry import MASKED, TRUNCATED
-from clipbench.objectives.primitives import masked_extreme, on_side, past_bound  # one definition of d and of sides, shared with the rules
+from clipbench.objectives.primitives import (  # one definition of d and of sides, shared with the rules
+    masked_extreme,
+    on_side,
+    past_bound,
+)
 
 CELLS = ("q1", "q2", "q3", "q4", "zero_adv", "on_policy")
 COUNTS = ("tokens", "out_of_band", "zero_grad", "rescued", "in_band_near")
@@ -53,8 +58,16 @@ def cell_index(A: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.where(A == 0, 4, torch.where(x == 1, 5, quadrant))
 
 
-def cell_sums(*, x: torch.Tensor, A: torch.Tensor, valid: torch.Tensor, loss: torch.Tensor, grad: torch.Tensor,
-              band: tuple[float, float, float, float], params: Mapping[str, Any]) -> torch.Tensor:
+def cell_sums(
+    *,
+    x: torch.Tensor,
+    A: torch.Tensor,
+    valid: torch.Tensor,
+    loss: torch.Tensor,
+    grad: torch.Tensor,
+    band: tuple[float, float, float, float],
+    params: Mapping[str, Any],
+) -> torch.Tensor:
     """(len(CELLS), len(FEATURES)) float64 sums per cell. x, valid, loss, grad: (B, T); A: (B, 1)."""
     lo_p, hi_p, lo_n, hi_n = band
     lo = torch.where(A < 0, lo_n, lo_p)  # (B, 1) the band of each row's sign
@@ -69,16 +82,27 @@ def cell_sums(*, x: torch.Tensor, A: torch.Tensor, valid: torch.Tensor, loss: to
     else:
         near = torch.zeros_like(valid)
     g = grad.abs().to(torch.float64)
-    features = torch.stack([torch.ones_like(g), out_of_band.to(g), zero_grad.to(g), rescued.to(g), near.to(g),
-                            g, g * rescued], -1)  # (B, T, F)
+    features = torch.stack(
+        [torch.ones_like(g), out_of_band.to(g), zero_grad.to(g), rescued.to(g), near.to(g), g, g * rescued], -1
+    )  # (B, T, F)
     cells = torch.nn.functional.one_hot(cell_index(A, x), len(CELLS)).to(g) * valid.unsqueeze(-1)  # (B, T, C)
     return torch.einsum("btc,btf->cf", cells, features)
 
 
-
-def step_sums(*, x: torch.Tensor, A: torch.Tensor, valid: torch.Tensor, loss: torch.Tensor, grad: torch.Tensor,
-              band, params: Mapping[str, Any], r: torch.Tensor, log_ratio: torch.Tensor,
-              s: torch.Tensor | None = None, kl: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+def step_sums(
+    *,
+    x: torch.Tensor,
+    A: torch.Tensor,
+    valid: torch.Tensor,
+    loss: torch.Tensor,
+    grad: torch.Tensor,
+    band,
+    params: Mapping[str, Any],
+    r: torch.Tensor,
+    log_ratio: torch.Tensor,
+    s: torch.Tensor | None = None,
+    kl: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
     """Every statistic of one call as combinable 0-d float64 tensors (see the module docstring).
 
     r, log_ratio: (B, T) detached (padding: r == 1, log_ratio == 0); s: (B, 1) for sequence-level
@@ -106,23 +130,35 @@ def step_sums(*, x: torch.Tensor, A: torch.Tensor, valid: torch.Tensor, loss: to
 SPLIT_COUNTS = ("tokens", "out_of_band")  # what a token split (`split_cell_sums`) counts per cell
 
 
-def split_cell_sums(*, x: torch.Tensor, A: torch.Tensor, valid: torch.Tensor, loss: torch.Tensor, grad: torch.Tensor,
-                    band, params: Mapping[str, Any], splits: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def split_cell_sums(
+    *,
+    x: torch.Tensor,
+    A: torch.Tensor,
+    valid: torch.Tensor,
+    loss: torch.Tensor,
+    grad: torch.Tensor,
+    band,
+    params: Mapping[str, Any],
+    splits: Mapping[str, torch.Tensor],
+) -> dict[str, torch.Tensor]:
     """The cells' token and out-of-band counts over each named subset of the tokens (e.g. a MoE
     policy's tokens whose experts moved, and the others): ``{name}/{cell}/tokens|out_of_band``.
     splits: name -> (B, T) bool; each subset is intersected with `valid`."""
     out = {}
     for name, keep in splits.items():
         per_cell = cell_sums(x=x, A=A, valid=valid & keep, loss=loss, grad=grad, band=band, params=params)
-        out.update({f"{name}/{c}/{f}": per_cell[i, FEATURES.index(f)] for i, c in enumerate(CELLS) for f in SPLIT_COUNTS})
+        out.update(
+            {f"{name}/{c}/{f}": per_cell[i, FEATURES.index(f)] for i, c in enumerate(CELLS) for f in SPLIT_COUNTS}
+        )
     return out
 
 
 CORRECTION_COUNTS = ("truncated", "masked")
 
 
-def correction_cell_sums(*, x: torch.Tensor, A: torch.Tensor, valid: torch.Tensor,
-                         status: torch.Tensor) -> dict[str, torch.Tensor]:
+def correction_cell_sums(
+    *, x: torch.Tensor, A: torch.Tensor, valid: torch.Tensor, status: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """What the sampler correction did, per cell of the clip: ``correction/{cell}/truncated`` and
     ``correction/{cell}/masked`` (masked or rejected) token counts (status: corrections' int8 codes)."""
     flags = torch.stack([(status == TRUNCATED), (status >= MASKED)], -1).to(torch.float64)  # (B, T, 2)
@@ -172,8 +208,9 @@ def reduce_sums(sums, reduce: Callable[[torch.Tensor, str], None], *, to=None):
         if not ks:
             continue
         zero = next(r[k] for r in rows for k in ks if k in r).new_zeros((), dtype=torch.float64)
-        stacked = torch.stack([torch.stack([r[k].to(torch.float64) if k in r else zero for k in ks])
-                               for r in rows])  # (mappings, keys)
+        stacked = torch.stack(
+            [torch.stack([r[k].to(torch.float64) if k in r else zero for k in ks]) for r in rows]
+        )  # (mappings, keys)
         reduce(stacked, kind)
         if to is not None:
             stacked = stacked.to(to)
@@ -217,8 +254,10 @@ def finalize(sums: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if k.startswith("correction/") and k.split("/")[1] in CELLS:
             stats[k] = v
         elif k.startswith("stat/") and k.endswith("/max"):
-            stats[k[:-len("/max")]] = v
-        elif len(parts := k.split("/")) == 3 and parts[1] in CELLS and parts[2] in SPLIT_COUNTS and parts[0] not in CELLS:
+            stats[k[: -len("/max")]] = v
+        elif (
+            len(parts := k.split("/")) == 3 and parts[1] in CELLS and parts[2] in SPLIT_COUNTS and parts[0] not in CELLS
+        ):
             stats[k] = v  # a token split's cell counts (split_cell_sums)
     return stats
 
@@ -226,8 +265,15 @@ def finalize(sums: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 HIST_BINS, HIST_LO, HIST_HI = 41, -0.5, 0.5
 
 
-def log_ratio_counts(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                     bins: int = HIST_BINS, lo: float = HIST_LO, hi: float = HIST_HI) -> torch.Tensor:
+def log_ratio_counts(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    bins: int = HIST_BINS,
+    lo: float = HIST_LO,
+    hi: float = HIST_HI,
+) -> torch.Tensor:
     """(2 * (bins + 2),) int64 counts of log r = logp - old_logp over valid tokens, on the inputs'
     device (no host sync: the trainer adds them up and transfers once per rollout step). The first
     bins + 2 are A > 0, the rest A < 0; within each, index 0 is the underflow (log r < lo), 1..bins
@@ -248,11 +294,21 @@ def histogram_dict(counts: torch.Tensor, bins: int = HIST_BINS, lo: float = HIST
     """``{"edges": [bins + 1 floats], "pos": [bins + 2 ints], "neg": [bins + 2 ints]}`` from
     `log_ratio_counts` (summed over anything): the artifact's row (a host transfer)."""
     c = [int(x) for x in counts.cpu().tolist()]
-    return {"edges": torch.linspace(lo, hi, bins + 1, dtype=torch.float64).tolist(), "pos": c[:bins + 2],
-            "neg": c[bins + 2:]}
+    return {
+        "edges": torch.linspace(lo, hi, bins + 1, dtype=torch.float64).tolist(),
+        "pos": c[: bins + 2],
+        "neg": c[bins + 2 :],
+    }
 
 
-def log_ratio_histogram(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                        mask: torch.Tensor, bins: int = HIST_BINS, lo: float = HIST_LO, hi: float = HIST_HI) -> dict:
+def log_ratio_histogram(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    bins: int = HIST_BINS,
+    lo: float = HIST_LO,
+    hi: float = HIST_HI,
+) -> dict:
     """The histogram of one batch as the artifact's dict (`log_ratio_counts`, then `histogram_dict`)."""
     return histogram_dict(log_ratio_counts(logp, old_logp, advantages, mask, bins, lo, hi), bins, lo, hi)

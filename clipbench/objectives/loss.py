@@ -29,10 +29,10 @@ from functools import cached_property
 
 import torch
 
+from clipbench.errors import RuleError
 from clipbench.objectives.aggregation import Count, aggregate, check_count, get_aggregation
 from clipbench.objectives.corrections.registry import REJECTED
 from clipbench.objectives.diagnostics import correction_cell_sums, finalize, split_cell_sums, stat_sums, step_sums
-from clipbench.errors import RuleError
 from clipbench.objectives.primitives import kl_k3, straight_through_exp
 from clipbench.objectives.registry import MethodSpec, get_method, validate_params
 
@@ -45,13 +45,33 @@ class PolicyLossOutput:
     sums: dict  # str -> detached 0-d float64 tensor, combinable over micro-batches and ranks (diagnostics.py)
 
 
-def _check_inputs(logp, old_logp, advantages, mask, ref_logp, weights, uniforms, generator, beta,
-                  entropy=None, status=None, rewards=None, groups=None) -> None:
+def _check_inputs(
+    logp,
+    old_logp,
+    advantages,
+    mask,
+    ref_logp,
+    weights,
+    uniforms,
+    generator,
+    beta,
+    entropy=None,
+    status=None,
+    rewards=None,
+    groups=None,
+) -> None:
     if logp.dim() != 2:
         raise ValueError(f"logp must be (B, T), got shape {tuple(logp.shape)}")
     shape = tuple(logp.shape)
-    for name, t in (("old_logp", old_logp), ("mask", mask), ("ref_logp", ref_logp), ("weights", weights),
-                    ("uniforms", uniforms), ("entropy", entropy), ("correction_status", status)):
+    for name, t in (
+        ("old_logp", old_logp),
+        ("mask", mask),
+        ("ref_logp", ref_logp),
+        ("weights", weights),
+        ("uniforms", uniforms),
+        ("entropy", entropy),
+        ("correction_status", status),
+    ):
         if t is not None and tuple(t.shape) != shape:
             raise ValueError(f"{name} must have logp's shape {shape}, got {tuple(t.shape)}")
     for name, t in (("advantages", advantages), ("rewards", rewards), ("groups", groups)):
@@ -100,13 +120,17 @@ def _uniforms(spec: MethodSpec, p: dict, shape, device, uniforms, generator) -> 
     if uniforms is not None:
         return uniforms.detach().to(device=device, dtype=torch.float32)
     if generator is None:
-        raise ValueError(f"{spec.name} with these parameters draws random numbers: pass uniforms=(B, T) in [0, 1) "
-                         "or generator=torch.Generator().manual_seed(...)")
+        raise ValueError(
+            f"{spec.name} with these parameters draws random numbers: pass uniforms=(B, T) in [0, 1) "
+            "or generator=torch.Generator().manual_seed(...)"
+        )
     return torch.rand(shape, generator=generator, device=generator.device).to(device)
 
 
-NEEDED = {"reward": "rewards=(B,) (each sequence's reward)", "entropy": "entropy=(B, T) (the current policy's "
-          "token entropy, from the same forward as logp)"}
+NEEDED = {
+    "reward": "rewards=(B,) (each sequence's reward)",
+    "entropy": "entropy=(B, T) (the current policy's token entropy, from the same forward as logp)",
+}
 
 
 def _call_rule(spec: MethodSpec, inputs: _Inputs, p: dict) -> torch.Tensor:
@@ -118,8 +142,10 @@ def _call_rule(spec: MethodSpec, inputs: _Inputs, p: dict) -> torch.Tensor:
     B, T = inputs.mask.shape
     if not isinstance(out, torch.Tensor) or not out.is_floating_point() or tuple(out.shape) not in ((B, T), (B, 1)):
         got = f"shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__
-        raise RuleError(f"rule '{spec.name}' ({spec.where}) returned {got}: a rule returns the per-token loss "
-                        f"(B, T) = ({B}, {T}) or a per-sequence loss (B, 1) as a float tensor")
+        raise RuleError(
+            f"rule '{spec.name}' ({spec.where}) returned {got}: a rule returns the per-token loss "
+            f"(B, T) = ({B}, {T}) or a per-sequence loss (B, 1) as a float tensor"
+        )
     return out.to(torch.float32).expand(B, T)
 
 
@@ -132,8 +158,9 @@ def _rule_stat(spec: MethodSpec, p: dict, r: torch.Tensor, A: torch.Tensor, mask
     return out
 
 
-def mini_batch_stat(method: str, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                    mask: torch.Tensor, **params) -> dict | None:
+def mini_batch_stat(
+    method: str, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, **params
+) -> dict | None:
     """A rule's mini-batch statistic (``rule(batch_stat=...)``) from the whole mini-batch's (B, T)
     log-probs (detached: the current policy's, before the step), old log-probs, (B,) advantages and
     mask; pass it to each micro-batch's ``policy_loss(..., batch_stat=)``. None for other rules."""
@@ -146,15 +173,32 @@ def mini_batch_stat(method: str, logp: torch.Tensor, old_logp: torch.Tensor, adv
     return _rule_stat(spec, p, inputs.r, inputs.A, maskf)
 
 
-def policy_loss(method: str, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                mask: torch.Tensor, *, agg: str = "token-mean", generator: torch.Generator | None = None,
-                uniforms: torch.Tensor | None = None, ref_logp: torch.Tensor | None = None, beta: float = 0.0,
-                max_len: int | None = None, global_tokens: Count = None, global_seqs: Count = None,
-                weights: torch.Tensor | None = None, rewards: torch.Tensor | None = None,
-                entropy: torch.Tensor | None = None, groups: torch.Tensor | None = None,
-                global_prompts: Count = None, group_tokens: torch.Tensor | None = None,
-                batch_stat: dict | None = None, correction_status: torch.Tensor | None = None,
-                token_splits: dict | None = None, **params) -> PolicyLossOutput:
+def policy_loss(
+    method: str,
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    agg: str = "token-mean",
+    generator: torch.Generator | None = None,
+    uniforms: torch.Tensor | None = None,
+    ref_logp: torch.Tensor | None = None,
+    beta: float = 0.0,
+    max_len: int | None = None,
+    global_tokens: Count = None,
+    global_seqs: Count = None,
+    weights: torch.Tensor | None = None,
+    rewards: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+    groups: torch.Tensor | None = None,
+    global_prompts: Count = None,
+    group_tokens: torch.Tensor | None = None,
+    batch_stat: dict | None = None,
+    correction_status: torch.Tensor | None = None,
+    token_splits: dict | None = None,
+    **params,
+) -> PolicyLossOutput:
     """The clipped policy loss of ``method`` (docs/objectives.md) and its diagnostics.
 
     logp, old_logp, mask: (B, T) (mask 1 on real completion tokens, 0 on padding; padding values of
@@ -178,10 +222,26 @@ def policy_loss(method: str, logp: torch.Tensor, old_logp: torch.Tensor, advanta
     spec = get_method(method)
     p = validate_params(method, params)
     get_aggregation(agg)
-    _check_inputs(logp, old_logp, advantages, mask, ref_logp, weights, uniforms, generator, beta, entropy,
-                  correction_status, rewards, groups)
-    for name, value in (("global_tokens", global_tokens), ("global_seqs", global_seqs),
-                        ("global_prompts", global_prompts)):
+    _check_inputs(
+        logp,
+        old_logp,
+        advantages,
+        mask,
+        ref_logp,
+        weights,
+        uniforms,
+        generator,
+        beta,
+        entropy,
+        correction_status,
+        rewards,
+        groups,
+    )
+    for name, value in (
+        ("global_tokens", global_tokens),
+        ("global_seqs", global_seqs),
+        ("global_prompts", global_prompts),
+    ):
         check_count(name, value)
 
     # Differentiate w.r.t. the caller's logp when it has a graph; else through a detached leaf copy
@@ -196,34 +256,63 @@ def policy_loss(method: str, logp: torch.Tensor, old_logp: torch.Tensor, advanta
         if spec.batch_stat is not None:
             inputs.stat = batch_stat if batch_stat is not None else _rule_stat(spec, p, inputs.r, inputs.A, maskf)
         rule_loss = _call_rule(spec, inputs, p)  # (B, T)
-        l = rule_loss * maskf  # 0 at padding
+        masked = rule_loss * maskf  # 0 at padding
         grad = None
-        if l.requires_grad:  # the rule's per-token gradient, on the rule graph only
-            (grad,) = torch.autograd.grad(l.sum(), lp, retain_graph=True, allow_unused=True)
+        if masked.requires_grad:  # the rule's per-token gradient, on the rule graph only
+            (grad,) = torch.autograd.grad(masked.sum(), lp, retain_graph=True, allow_unused=True)
         grad = torch.zeros_like(lp) if grad is None else grad.detach()
 
-        token_loss = l if weights is None else l * weights.detach().to(torch.float32)
+        token_loss = masked if weights is None else masked * weights.detach().to(torch.float32)
         kl = None
         if beta > 0:
             kl = kl_k3(inputs.logp, ref_logp.detach().to(torch.float32) * maskf) * maskf  # 0 at padding
             token_loss = token_loss + beta * kl
         counted = maskf if correction_status is None else maskf * (correction_status != REJECTED)  # the denominators'
-        loss = aggregate(token_loss, counted, agg, max_len, global_tokens=global_tokens, global_seqs=global_seqs,
-                         groups=groups, global_prompts=global_prompts, group_tokens=group_tokens)
+        loss = aggregate(
+            token_loss,
+            counted,
+            agg,
+            max_len,
+            global_tokens=global_tokens,
+            global_seqs=global_seqs,
+            groups=groups,
+            global_prompts=global_prompts,
+            group_tokens=group_tokens,
+        )
 
     with torch.no_grad():
         sequence = spec.ratio_level(p) == "sequence"
         s = inputs.s.detach() if sequence else None
         r = inputs.r.detach()
         x = s.expand_as(r) if sequence else r
-        sums = step_sums(x=x, A=inputs.A, valid=valid, loss=rule_loss.detach(), grad=grad,
-                         band=spec.reference_band(p), params=p, r=r, log_ratio=inputs.log_ratio.detach(), s=s,
-                         kl=kl.detach() if kl is not None else None)
+        sums = step_sums(
+            x=x,
+            A=inputs.A,
+            valid=valid,
+            loss=rule_loss.detach(),
+            grad=grad,
+            band=spec.reference_band(p),
+            params=p,
+            r=r,
+            log_ratio=inputs.log_ratio.detach(),
+            s=s,
+            kl=kl.detach() if kl is not None else None,
+        )
         if correction_status is not None:
             sums.update(correction_cell_sums(x=x, A=inputs.A, valid=valid, status=correction_status))
         if token_splits:  # the cells' counts over named subsets of the tokens (diagnostics only)
-            sums.update(split_cell_sums(x=x, A=inputs.A, valid=valid, loss=rule_loss.detach(), grad=grad,
-                                        band=spec.reference_band(p), params=p, splits=token_splits))
+            sums.update(
+                split_cell_sums(
+                    x=x,
+                    A=inputs.A,
+                    valid=valid,
+                    loss=rule_loss.detach(),
+                    grad=grad,
+                    band=spec.reference_band(p),
+                    params=p,
+                    splits=token_splits,
+                )
+            )
         if inputs.stat is not None:
             sums.update(stat_sums(inputs.stat))
         sums = {k: v.detach() for k, v in sums.items()}

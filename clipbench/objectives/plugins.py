@@ -25,13 +25,21 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from clipbench.errors import RuleDefinitionError, UserError
 from clipbench.objectives.corrections import CORRECTIONS
-from clipbench.objectives.registry import (LOADED, METHODS, PluginOrigin, import_rules, load_entry_points,
-                                           module_origin, sha256_file)
+from clipbench.objectives.registry import (
+    LOADED,
+    METHODS,
+    PluginOrigin,
+    import_rules,
+    load_entry_points,
+    module_origin,
+    sha256_file,
+)
 
 
 def is_path(spec: str) -> bool:
@@ -142,11 +150,24 @@ def check_plugin_records(records: Iterable[Mapping], source: str) -> None:
             raise UserError(f"{path}: plugin file of {source} is missing; restore it or use a new sweep name")
         have = sha256_file(path)
         if have != want:
-            raise UserError(f"{path}: plugin changed since {source} was planned (sha256 {want[:12]} -> {have[:12]}): "
-                            "the frozen runs would no longer be what was planned; restore the file or use a new "
-                            "sweep name")
+            raise UserError(
+                f"{path}: plugin changed since {source} was planned (sha256 {want[:12]} -> {have[:12]}): "
+                "the frozen runs would no longer be what was planned; restore the file or use a new "
+                "sweep name"
+            )
 
 
-__all__ = ["RuleDefinitionError", "check_plugin_records", "ensure_plugins", "is_path",
-           "load_entry_points", "load_plugin", "load_plugins", "merge_specs", "plugin_records", "plugin_specs",
-           "resolve", "sha256_file"]
+__all__ = [
+    "RuleDefinitionError",
+    "check_plugin_records",
+    "ensure_plugins",
+    "is_path",
+    "load_entry_points",
+    "load_plugin",
+    "load_plugins",
+    "merge_specs",
+    "plugin_records",
+    "plugin_specs",
+    "resolve",
+    "sha256_file",
+]

@@ -51,7 +51,6 @@ def share_of_tokens(ratio: float, mask: torch.Tensor) -> torch.Tensor:
     return torch.floor(ratio * mask.sum().to(torch.float64)).clamp(min=1)
 
 
-
 def straight_through_exp(x: torch.Tensor) -> torch.Tensor:
     """exp(clamp(x, -20, 20)) in value, with d/dx = the value everywhere (straight-through clamp)."""
     clamped = x.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) + (x - x.detach())

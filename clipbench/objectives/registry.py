@@ -26,9 +26,10 @@ import inspect
 import re
 import traceback
 import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from clipbench.errors import RuleDefinitionError, UserError, unknown_choice
 from clipbench.objectives.primitives import LOG_RATIO_CLAMP
@@ -85,7 +86,8 @@ def check_registration(kind: str, name: str, old: Registered | None, origin: Plu
     if old.origin is None and origin is not None:
         raise RuleDefinitionError(f"{where}: '{name}' is a built-in {kind} (built-in names win): rename yours")
     same = (old.origin is None and origin is None) or (
-        old.origin is not None and origin is not None and old.origin.path == origin.path)
+        old.origin is not None and origin is not None and old.origin.path == origin.path
+    )
     if not same:
         raise RuleDefinitionError(f"{where}: {kind} '{name}' is already registered by {old.where}")
 
@@ -105,11 +107,11 @@ class MethodSpec(Registered):
     band: Callable[[Mapping[str, Any]], Band] | None = None  # reference band for out_of_band
     draws: Callable[[Mapping[str, Any]], bool] | None = None  # does this setting need random draws
     bounds: Callable[[Mapping[str, Any]], dict] | None = None  # extra effective_bounds keys
-    warn: Callable[[Mapping[str, Any]], "str | None"] | None = None  # a one-line warning for a setting
+    warn: Callable[[Mapping[str, Any]], str | None] | None = None  # a one-line warning for a setting
     origin: PluginOrigin | None = None  # None for a built-in rule
     per_call: bool = False  # a token's loss depends on other rows of the same call (clip_cov, kl_cov)
     batch_stat: Callable[..., dict] | None = None  # (r, A, mask, params) -> the mini-batch statistic `stat`
-    check: Callable[[Mapping[str, Any]], "str | None"] | None = None  # a rule between parameters: reason or None
+    check: Callable[[Mapping[str, Any]], str | None] | None = None  # a rule between parameters: reason or None
 
     def ratio_level(self, params: Mapping[str, Any]) -> str:
         """'token' when the rule's cells use the token ratio r, 'sequence' when GSPO's s."""
@@ -186,8 +188,9 @@ def _import_error(where: str, e: BaseException) -> UserError:
                 line = frame.lineno
                 break
     msg = str(e).splitlines()[0] if str(e) else ""
-    return UserError(f"{where}{f':{line}' if line else ''}: cannot import plugin: {type(e).__name__}"
-                     + (f": {msg}" if msg else ""))
+    return UserError(
+        f"{where}{f':{line}' if line else ''}: cannot import plugin: {type(e).__name__}" + (f": {msg}" if msg else "")
+    )
 
 
 def load_entry_points() -> None:
@@ -231,13 +234,21 @@ def _origin_of(fn: Callable) -> PluginOrigin | None:
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*")
 
 
-def rule(name: str, *, source: str, level: str | Callable[[Mapping[str, Any]], str] = "token",
-         band: Callable[[Mapping[str, Any]], Band] | None = None,
-         draws: Callable[[Mapping[str, Any]], bool] | None = None, description: str | None = None,
-         bounds: Callable[[Mapping[str, Any]], dict] | None = None, checks: Mapping[str, Check] | None = None,
-         warn: Callable[[Mapping[str, Any]], "str | None"] | None = None, per_call: bool = False,
-         batch_stat: Callable[..., dict] | None = None,
-         check: Callable[[Mapping[str, Any]], "str | None"] | None = None):
+def rule(
+    name: str,
+    *,
+    source: str,
+    level: str | Callable[[Mapping[str, Any]], str] = "token",
+    band: Callable[[Mapping[str, Any]], Band] | None = None,
+    draws: Callable[[Mapping[str, Any]], bool] | None = None,
+    description: str | None = None,
+    bounds: Callable[[Mapping[str, Any]], dict] | None = None,
+    checks: Mapping[str, Check] | None = None,
+    warn: Callable[[Mapping[str, Any]], str | None] | None = None,
+    per_call: bool = False,
+    batch_stat: Callable[..., dict] | None = None,
+    check: Callable[[Mapping[str, Any]], str | None] | None = None,
+):
     """Register a clip rule under ``name`` (see the module docstring; docs/plugins.md).
 
     source:      where the rule comes from (paper, arXiv id, repository file); required.
@@ -268,18 +279,37 @@ def rule(name: str, *, source: str, level: str | Callable[[Mapping[str, Any]], s
     def deco(fn):
         where = _where(fn)
         if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise RuleDefinitionError(f"{where}: rule name {name!r} must start with a letter and use letters, "
-                                      "digits, '_', '-' or '.'")
+            raise RuleDefinitionError(
+                f"{where}: rule name {name!r} must start with a letter and use letters, digits, '_', '-' or '.'"
+            )
         inputs, params = read_signature(fn, dict(checks or {}), where)
         if ("stat" in inputs) != (batch_stat is not None):
-            raise RuleDefinitionError(f"{where}: a rule reads the input 'stat' exactly when it declares "
-                                      "batch_stat= (the function that computes it)")
+            raise RuleDefinitionError(
+                f"{where}: a rule reads the input 'stat' exactly when it declares "
+                "batch_stat= (the function that computes it)"
+            )
         formula, doc_description = formula_and_description(fn)
         desc = " ".join((description if description is not None else doc_description).split())
         origin = _origin_of(fn)
         check_registration("rule", name, METHODS.get(name), origin, where)
-        METHODS[name] = MethodSpec(name, fn, inputs, params, formula, desc, source.strip(), level, band, draws,
-                                   bounds, warn, origin, bool(per_call), batch_stat, check)
+        METHODS[name] = MethodSpec(
+            name,
+            fn,
+            inputs,
+            params,
+            formula,
+            desc,
+            source.strip(),
+            level,
+            band,
+            draws,
+            bounds,
+            warn,
+            origin,
+            bool(per_call),
+            batch_stat,
+            check,
+        )
         return fn
 
     return deco
@@ -344,6 +374,10 @@ def effective_bounds(method: str, params: Mapping[str, Any] | None = None) -> di
     if spec.origin is not None:
         out.update({"plugin": spec.origin.path, "plugin_sha256": spec.origin.sha256})
     if spec.bounds is not None:
-        out.update({k: (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v))
-                    for k, v in spec.bounds(p).items()})
+        out.update(
+            {
+                k: (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v))
+                for k, v in spec.bounds(p).items()
+            }
+        )
     return out

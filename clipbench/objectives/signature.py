@@ -18,16 +18,17 @@ from __future__ import annotations
 import inspect
 import math
 import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from numbers import Real
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Literal
 
 from clipbench.errors import RuleDefinitionError, unknown_choice
 
 # The inputs a rule may ask for by name (shapes: B sequences, T completion tokens):
 INPUTS: dict[str, str] = {
     "r": "(B, T) token ratio exp(logp - old_logp), with gradient (log-ratio value-clamped to +-20, "
-         "straight-through); 1 at padding",
+    "straight-through); 1 at padding",
     "A": "(B, 1) advantages, detached float32",
     "s": "(B, 1) GSPO sequence ratio exp(sum_t mask*lr / sum_t mask), with gradient; 1 for an all-padding row",
     "logp": "(B, T) current log-probs, with gradient; 0 at padding",
@@ -39,7 +40,7 @@ INPUTS: dict[str, str] = {
     "reward": "(B, 1) the sequence's reward (the task's score, before advantages), detached float32",
     "entropy": "(B, T) token entropy of the current policy (the same forward as logp), detached; 0 at padding",
     "stat": "dict of 0-d tensors: the rule's mini-batch statistic (rule(batch_stat=...)), computed without "
-            "gradient on the whole mini-batch (all micro-batches and ranks) before its loss",
+    "gradient on the whole mini-batch (all micro-batches and ranks) before its loss",
 }
 
 Band = tuple[float, float, float, float]  # (lo_pos, hi_pos, lo_neg, hi_neg) in ratio units
@@ -110,8 +111,10 @@ def param_type(name: str, annotation: Any, default: Any, where: str) -> tuple[ty
     if annotation is inspect.Parameter.empty:
         t = type(default)
         if t not in (float, int, bool, str):
-            raise RuleDefinitionError(f"{where}: parameter '{name}' has default {default!r}: parameters are "
-                                      "float, int, bool or str (annotate Literal[...] for choices)")
+            raise RuleDefinitionError(
+                f"{where}: parameter '{name}' has default {default!r}: parameters are "
+                "float, int, bool or str (annotate Literal[...] for choices)"
+            )
         return t, ()
     if typing.get_origin(annotation) is Literal:
         choices = typing.get_args(annotation)
@@ -121,25 +124,32 @@ def param_type(name: str, annotation: Any, default: Any, where: str) -> tuple[ty
             raise RuleDefinitionError(f"{where}: parameter '{name}': default {default!r} is not one of {choices}")
         return str, tuple(choices)
     if annotation not in (float, int, bool, str):
-        raise RuleDefinitionError(f"{where}: parameter '{name}': annotation {annotation!r} is not float, int, "
-                                  "bool, str or Literal[...]")
-    ok = (isinstance(default, bool) if annotation is bool
-          else isinstance(default, str) if annotation is str
-          else isinstance(default, int) and not isinstance(default, bool) if annotation is int
-          else isinstance(default, Real) and not isinstance(default, bool))
+        raise RuleDefinitionError(
+            f"{where}: parameter '{name}': annotation {annotation!r} is not float, int, bool, str or Literal[...]"
+        )
+    ok = (
+        isinstance(default, bool)
+        if annotation is bool
+        else isinstance(default, str)
+        if annotation is str
+        else isinstance(default, int) and not isinstance(default, bool)
+        if annotation is int
+        else isinstance(default, Real) and not isinstance(default, bool)
+    )
     if not ok:
         raise RuleDefinitionError(f"{where}: parameter '{name}': default {default!r} is not a {annotation.__name__}")
     return annotation, ()
 
 
-def read_signature(fn: Callable, checks: Mapping[str, Check], where: str,
-                   inputs_allowed: Mapping[str, str] | None = None) -> tuple[tuple[str, ...], tuple[Param, ...]]:
+def read_signature(
+    fn: Callable, checks: Mapping[str, Check], where: str, inputs_allowed: Mapping[str, str] | None = None
+) -> tuple[tuple[str, ...], tuple[Param, ...]]:
     """(inputs, params) from the rule's signature (``inputs_allowed``: the input names, default the
     rules' :data:`INPUTS`; the sampler corrections name theirs)."""
     allowed = INPUTS if inputs_allowed is None else inputs_allowed
     try:
         hints = typing.get_type_hints(fn)
-    except Exception:  # an annotation that does not resolve: fall back to the defaults' types
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve: fall back to the defaults' types
         hints = {}
     inputs, params = [], []
     for p in inspect.signature(fn).parameters.values():
@@ -149,7 +159,8 @@ def read_signature(fn: Callable, checks: Mapping[str, Check], where: str,
             if p.name not in allowed:
                 raise RuleDefinitionError(
                     f"{where}: '{p.name}' is not an input ({', '.join(allowed)}); parameters are keyword-only "
-                    f"with defaults, after '*': def {fn.__name__}(r, A, *, {p.name}=...)")
+                    f"with defaults, after '*': def {fn.__name__}(r, A, *, {p.name}=...)"
+                )
             inputs.append(p.name)
             continue
         if p.default is inspect.Parameter.empty:
@@ -172,7 +183,7 @@ def _top_level_colon(line: str) -> int:
             depth += 1
         elif ch in ")]}":
             depth -= 1
-        elif ch == ":" and depth == 0 and line[i + 1:i + 2] == " ":
+        elif ch == ":" and depth == 0 and line[i + 1 : i + 2] == " ":
             return i
     return -1
 
@@ -185,8 +196,6 @@ def formula_and_description(fn: Callable) -> tuple[str, str]:
     first = paragraphs[0].splitlines()[0].strip()
     i = _top_level_colon(first)
     if i >= 0:
-        return first[:i].strip(), first[i + 2:].strip()
+        return first[:i].strip(), first[i + 2 :].strip()
     rest = " ".join(" ".join(paragraphs[1].split()).split(". ")[:1]) if len(paragraphs) > 1 else ""
     return first, rest.rstrip(".")
-
-

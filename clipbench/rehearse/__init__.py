@@ -16,9 +16,9 @@ its results store (results/), the two launches' logs and the report.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from clipbench.rehearse.scale import Machine, Part, rehearsal_config
 
@@ -30,9 +30,9 @@ class Rehearsal:
     recipe: str
     work: Path
     parts: list[Part]
-    plan: object | None = None            # the real recipe's memory.estimator.MemoryPlan
-    plan_note: str = ""                   # why there is none, or the knobs that make it fit
-    nproc: int = 1                        # the real recipe's GPUs per node
+    plan: object | None = None  # the real recipe's memory.estimator.MemoryPlan
+    plan_note: str = ""  # why there is none, or the knobs that make it fit
+    nproc: int = 1  # the real recipe's GPUs per node
     seconds: float = 0.0
     skipped: list[Part] = field(default_factory=list)
 
@@ -43,12 +43,22 @@ class Rehearsal:
     def verdict(self) -> str:
         failed = [p for p in self.parts if p.how == "failed"]
         if failed:
-            return (f"rehearsal FAILED ({self.seconds:.0f} s): " + "; ".join(f"{p.name}: {p.detail}" for p in failed)
-                    + f"; logs in {self.work}")
+            return (
+                f"rehearsal FAILED ({self.seconds:.0f} s): "
+                + "; ".join(f"{p.name}: {p.detail}" for p in failed)
+                + f"; logs in {self.work}"
+            )
         skipped = [p for p in self.parts if p.how == "skipped"]
-        tail = (f"; skipped here: {', '.join(p.name for p in skipped)}" if skipped else "")
-        fits = "" if self.plan is None else (" The real recipe fits its GPUs." if self.plan.fits else
-                                             " The real recipe does NOT fit its GPUs (see the plan).")
+        tail = f"; skipped here: {', '.join(p.name for p in skipped)}" if skipped else ""
+        fits = (
+            ""
+            if self.plan is None
+            else (
+                " The real recipe fits its GPUs."
+                if self.plan.fits
+                else " The real recipe does NOT fit its GPUs (see the plan)."
+            )
+        )
         return f"rehearsal passed ({self.seconds:.0f} s): everything that can run here ran{tail}.{fits}"
 
 
@@ -64,9 +74,16 @@ def machine(world: int | None = None) -> Machine:
     return Machine(world_cap=cap, cuda=cuda, vllm=is_available())
 
 
-def rehearse(recipe: str | Path, overrides: list[str] = (), *, nproc_per_node: int | None = None,
-             results_dir: Path = Path("results"), tracking_uri: str | None = None, plugins: list[str] = (),
-             say: Callable[[str], None] = lambda msg: None) -> Rehearsal:
+def rehearse(
+    recipe: str | Path,
+    overrides: list[str] = (),
+    *,
+    nproc_per_node: int | None = None,
+    results_dir: Path = Path("results"),
+    tracking_uri: str | None = None,
+    plugins: list[str] = (),
+    say: Callable[[str], None] = lambda msg: None,
+) -> Rehearsal:
     """Rehearse `recipe` (see the module docstring); `say` receives progress lines."""
     import time
 
@@ -90,8 +107,11 @@ def rehearse(recipe: str | Path, overrides: list[str] = (), *, nproc_per_node: i
     results = work / "results"
     uri = tracking_uri or default_tracking_uri(results)
     plan.config["tracking"]["tracking_uri"] = None  # the command line's (or the embedded store) decides
-    plan.add("tracking", "as" if plan.config["tracking"]["mlflow"] else "skipped",
-             f"MLflow at {uri}" if plan.config["tracking"]["mlflow"] else "tracking.mlflow is false")
+    plan.add(
+        "tracking",
+        "as" if plan.config["tracking"]["mlflow"] else "skipped",
+        f"MLflow at {uri}" if plan.config["tracking"]["mlflow"] else "tracking.mlflow is false",
+    )
     small = work / "recipe.yaml"
     small.write_text(dump_yaml(plan.config))
     cfg = load_run_config(small)

@@ -19,7 +19,7 @@ from clipbench.rehearse.scale import EVAL_PROBLEMS, EXPERTS, TOP_K, Plan
 
 TRAIN_PROBLEMS = 32
 LAYERS, HIDDEN, HEAD_DIM, FFN = 2, 64, 32, 128  # the generated model (head_dim 32: vLLM's CPU kernels)
-POSITIONS = 512                                  # room for a templated prompt of characters + completion
+POSITIONS = 512  # room for a templated prompt of characters + completion
 
 
 def questions(n: int, seed: int) -> list[tuple[str, str]]:
@@ -42,9 +42,20 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 def write_math_problems(path: Path, seed: int) -> list[tuple[str, str]]:
     """The training pool in the dapo schema (open-r1/DAPO-Math-17k-Processed's columns)."""
     qa = questions(TRAIN_PROBLEMS, seed)
-    write_jsonl(path, [{"prompt": q, "solution": a, "data_source": "clipbench-rehearsal", "ability": "MATH",
-                        "reward_model": {"ground_truth": a, "style": "rule"}, "extra_info": {"index": str(i)}}
-                       for i, (q, a) in enumerate(qa)])
+    write_jsonl(
+        path,
+        [
+            {
+                "prompt": q,
+                "solution": a,
+                "data_source": "clipbench-rehearsal",
+                "ability": "MATH",
+                "reward_model": {"ground_truth": a, "style": "rule"},
+                "extra_info": {"index": str(i)},
+            }
+            for i, (q, a) in enumerate(qa)
+        ],
+    )
     return qa
 
 
@@ -57,9 +68,13 @@ def write_benchmarks(data_dir: Path, names: list[str], seed: int) -> list[tuple[
     for k, name in enumerate(names):
         qa = questions(EVAL_PROBLEMS, seed + 1 + k)
         gsm = name == "gsm8k"
-        write_jsonl(data_dir / get_benchmark(name).local_file,
-                    [{"id": i, "question": q, "answer": f"#### {a}"} if gsm else {"id": i, "problem": q, "answer": a}
-                     for i, (q, a) in enumerate(qa)])
+        write_jsonl(
+            data_dir / get_benchmark(name).local_file,
+            [
+                {"id": i, "question": q, "answer": f"#### {a}"} if gsm else {"id": i, "problem": q, "answer": a}
+                for i, (q, a) in enumerate(qa)
+            ],
+        )
         out += qa
     return out
 
@@ -78,18 +93,30 @@ def build_model(shape, corpus: list[str], out_dir: Path, seed: int = 0) -> Path:
 
     tok = build_tokenizer(corpus)
     if shape.is_moe:
-        shape = replace(shape, num_experts=min(EXPERTS, shape.num_experts), experts_per_tok=min(TOP_K, shape.experts_per_tok))
+        shape = replace(
+            shape, num_experts=min(EXPERTS, shape.num_experts), experts_per_tok=min(TOP_K, shape.experts_per_tok)
+        )
     heads = HIDDEN // HEAD_DIM
-    config = hf_config(shape, vocab_size=len(tok), hidden_size=HIDDEN, intermediate_size=FFN,
-                       num_hidden_layers=LAYERS, num_attention_heads=heads,
-                       num_key_value_heads=1 if shape.num_kv_heads < shape.num_heads else heads, head_dim=HEAD_DIM,
-                       max_position_embeddings=POSITIONS, bos_token_id=tok.bos_token_id,
-                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    config = hf_config(
+        shape,
+        vocab_size=len(tok),
+        hidden_size=HIDDEN,
+        intermediate_size=FFN,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=heads,
+        num_key_value_heads=1 if shape.num_kv_heads < shape.num_heads else heads,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=POSITIONS,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.generation_config = GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                                               pad_token_id=tok.pad_token_id)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+    )
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     return out_dir
@@ -114,8 +141,10 @@ def write_local(plan: Plan, work: Path) -> None:
     if plan.micro_batch_scaled:
         real, budget = cfg["train"]["micro_batch_tokens"], split_budget(cfg)
         (part,) = [p for p in plan.parts if p.name == "train.micro_batch_tokens"]
-        part.detail = (f"{real} -> {budget}: below two rows of the shortest prompt, so each rank's share of every "
-                       "mini-batch runs as >= 2 micro-batches (checked after the run)")
+        part.detail = (
+            f"{real} -> {budget}: below two rows of the shortest prompt, so each rank's share of every "
+            "mini-batch runs as >= 2 micro-batches (checked after the run)"
+        )
         cfg["train"]["micro_batch_tokens"] = budget
 
 

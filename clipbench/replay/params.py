@@ -49,7 +49,7 @@ def rebuild_packed(record, pad_id: int) -> Packed:
     t = record.tensors
     lens = t["mask"].sum(-1).tolist()
     Lp = t["prompt_ids"].shape[1]
-    prompts = [row[Lp - n:].tolist() for row, n in zip(t["prompt_ids"], t["prompt_lens"].tolist())]
+    prompts = [row[Lp - n :].tolist() for row, n in zip(t["prompt_ids"], t["prompt_lens"].tolist())]
     completions = [row[:n].tolist() for row, n in zip(t["completion_ids"], lens)]
     return pack(prompts, completions, pad_id)
 
@@ -65,8 +65,9 @@ def load_state(record, opt: dict, device: str = "cpu") -> PolicyState | None:
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path / "model"), dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(path / "model")
     oc = record.index["optimizer"]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=opt["lr"], betas=tuple(oc["betas"]),
-                                  weight_decay=oc["weight_decay"], fused=True)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=opt["lr"], betas=tuple(oc["betas"]), weight_decay=oc["weight_decay"], fused=True
+    )
     if opt.get("optimizer_state", True):
         load_model_state(path, model=model, optimizer=optimizer)
     else:  # the run's first optimizer step: AdamW had no state yet
@@ -75,8 +76,14 @@ def load_state(record, opt: dict, device: str = "cpu") -> PolicyState | None:
         model.load_state_dict(sd)
     model.to(device).train()
     saved = (copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict()))
-    return PolicyState(model, optimizer, saved, rebuild_packed(record, tok.pad_token_id),
-                       record.index.get("temperature", 1.0), oc.get("grad_clip", 0.0))
+    return PolicyState(
+        model,
+        optimizer,
+        saved,
+        rebuild_packed(record, tok.pad_token_id),
+        record.index.get("temperature", 1.0),
+        oc.get("grad_clip", 0.0),
+    )
 
 
 def _forward(state: PolicyState, rows: list[int], *, grad: bool):
@@ -101,11 +108,12 @@ def param_gradients(state: PolicyState, step, results: dict) -> tuple[dict[str, 
             if not mb["rows"]:
                 continue
             _, logp, _ = _forward(state, mb["rows"], grad=True)
-            diff = max(diff, float((logp.detach().cpu() - recorded[mb["rows"], :logp.shape[1]]).abs().max()))
+            diff = max(diff, float((logp.detach().cpu() - recorded[mb["rows"], : logp.shape[1]]).abs().max()))
             for label, acc in grads.items():
                 g = by_mb[label][tuple(mb["rows"])].to(logp.device)
-                for a, d in zip(acc, torch.autograd.grad(logp, params, grad_outputs=g, retain_graph=True,
-                                                         allow_unused=True)):
+                for a, d in zip(
+                    acc, torch.autograd.grad(logp, params, grad_outputs=g, retain_graph=True, allow_unused=True)
+                ):
                     if d is not None:
                         a.add_(d)
     return grads, diff
@@ -119,10 +127,19 @@ def global_norm(grads: list[torch.Tensor]) -> float:
 def layer_groups(model) -> list[tuple[str, list[int]]]:
     """[(group, parameter indices)] in order: embeddings, layer 0..L-1, final norm, head, others."""
     groups: dict[str, list[int]] = {}
-    for i, (name, p) in enumerate((n, p) for n, p in model.named_parameters() if p.requires_grad):
+    for i, (name, _p) in enumerate((n, p) for n, p in model.named_parameters() if p.requires_grad):
         m = re.search(r"\.layers\.(\d+)\.", name)
-        key = f"layer {int(m.group(1))}" if m else "embed" if "embed" in name else "head" if "lm_head" in name \
-            else "norm" if "norm" in name else "other"
+        key = (
+            f"layer {int(m.group(1))}"
+            if m
+            else "embed"
+            if "embed" in name
+            else "head"
+            if "lm_head" in name
+            else "norm"
+            if "norm" in name
+            else "other"
+        )
         groups.setdefault(key, []).append(i)
     return list(groups.items())
 
@@ -138,8 +155,17 @@ def _dists(state: PolicyState, rows: list[int]):
     """(log-distributions over the vocabulary (b, w, V), token log-probs (b, w), entropy (b, w), mask)."""
     mb, logp, ent = _forward(state, rows, grad=False)
     T = mb.completion_ids.shape[1]
-    logits = state.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
-                         use_cache=False, logits_to_keep=T + 1).logits[:, :-1].float()
+    logits = (
+        state.model(
+            input_ids=mb.input_ids,
+            attention_mask=mb.attention_mask,
+            position_ids=mb.position_ids,
+            use_cache=False,
+            logits_to_keep=T + 1,
+        )
+        .logits[:, :-1]
+        .float()
+    )
     return torch.log_softmax(logits / state.temperature, -1), logp, ent, mb.completion_mask
 
 
@@ -184,6 +210,9 @@ def _changes(before: dict, after: dict, step) -> dict:
         for r, v in zip(rows, d.tolist()):
             seq[bool(correct is not None and correct[r] > 0)].append(v)
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
-    return {"lookahead/kl": kl / max(n, 1.0), "lookahead/entropy_change": ent / max(n, 1.0),
-            "lookahead/dlogp_correct": mean(seq[True]) if correct is not None else float("nan"),
-            "lookahead/dlogp_incorrect": mean(seq[False])}
+    return {
+        "lookahead/kl": kl / max(n, 1.0),
+        "lookahead/entropy_change": ent / max(n, 1.0),
+        "lookahead/dlogp_correct": mean(seq[True]) if correct is not None else float("nan"),
+        "lookahead/dlogp_incorrect": mean(seq[False]),
+    }

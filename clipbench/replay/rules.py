@@ -38,7 +38,7 @@ class RuleSpec:
         return f"{self.method}({','.join(changed)})" if changed else self.method
 
     @classmethod
-    def of(cls, method: str, params: dict) -> "RuleSpec":
+    def of(cls, method: str, params: dict) -> RuleSpec:
         try:
             full = validate_params(method, dict(params))
         except ValueError as e:
@@ -107,7 +107,7 @@ def parse_rules(text: str | None) -> list[RuleSpec]:
         return [RuleSpec.of(m, {}) for m in sorted(METHODS)]
     out: list[RuleSpec] = []
     for spec in _split_top(text):
-        for r in ([RuleSpec.of(m, {}) for m in sorted(METHODS)] if spec == "all" else _grid(spec)):
+        for r in [RuleSpec.of(m, {}) for m in sorted(METHODS)] if spec == "all" else _grid(spec):
             if r not in out:
                 out.append(r)
     if not out:

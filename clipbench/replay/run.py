@@ -12,12 +12,11 @@ carries the logged `logged/loss` and `logged/grad_norm` so the reproduction is v
 from __future__ import annotations
 
 import json
-
 import math
 import statistics
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
 
 import torch
 
@@ -27,8 +26,8 @@ from clipbench.replay import params as P
 from clipbench.replay.rules import RuleSpec
 from clipbench.replay.tokens import Cells, NotReplayable, OptStepView, compare, cosine_matrix, flat_g, replay_rule
 from clipbench.tracking.files import read_jsonl
-from clipbench.tracking.store import RunDir
 from clipbench.tracking.records import INDEX, REMEDY, damaged_records, list_records, load_record
+from clipbench.tracking.store import RunDir
 
 
 @dataclass
@@ -42,8 +41,10 @@ class ReplayResult:
 def trained_rule(record) -> RuleSpec:
     obj = record.index["objective"]
     if obj["method"] not in METHODS:
-        raise UserError(f"{record.path}: the run trained rule '{obj['method']}', which is not registered here: "
-                        f"pass its file with --plugin")
+        raise UserError(
+            f"{record.path}: the run trained rule '{obj['method']}', which is not registered here: "
+            f"pass its file with --plugin"
+        )
     return RuleSpec.of(obj["method"], obj["params"])
 
 
@@ -61,8 +62,10 @@ def check_rule(run_dir: Path, path: Path) -> None:
     method = ran.pop("method", None)
     bad = [k for k, v in ran.items() if k in rec["params"] and rec["params"][k] != v]
     if method != rec["method"] or bad:
-        raise UserError(f"{path}: record of rule {rec['method']} {rec['params']}, but the run trained "
-                        f"{method} {ran} (config.yaml): not this run's record; {REMEDY}")
+        raise UserError(
+            f"{path}: record of rule {rec['method']} {rec['params']}, but the run trained "
+            f"{method} {ran} (config.yaml): not this run's record; {REMEDY}"
+        )
 
 
 def _logged(run_dir: Path) -> dict[int, dict]:
@@ -77,8 +80,11 @@ def _with_draws(step: OptStepView, rule: RuleSpec, cells: Cells, g_ref, draws: i
     row = {"loss": results[0].loss, **results[0].stats, **compare(cells, flat_g(step, results[0]), g_ref, top)}
     if n > 1:
         others = [compare(cells, flat_g(step, r), g_ref) for r in results]
-        for key, vals in (("loss", [r.loss for r in results]), ("grad_cosine", [o["grad_cosine"] for o in others]),
-                          ("departure", [o["departure"] for o in others])):
+        for key, vals in (
+            ("loss", [r.loss for r in results]),
+            ("grad_cosine", [o["grad_cosine"] for o in others]),
+            ("departure", [o["departure"] for o in others]),
+        ):
             vals = [v for v in vals if math.isfinite(v)]  # a departure is NaN where the trained rule has no gradient
             row[f"{key}/mean"] = statistics.fmean(vals) if vals else float("nan")
             row[f"{key}/std"] = statistics.stdev(vals) if len(vals) > 1 else float("nan")
@@ -86,29 +92,47 @@ def _with_draws(step: OptStepView, rule: RuleSpec, cells: Cells, g_ref, draws: i
     return row, results[0]
 
 
-def replay_step(step: OptStepView, rules: list[RuleSpec], *, draws: int = 1, top: int = 5,
-                params: bool = True, device: str = "cpu") -> tuple[list[dict], dict, list[dict]]:
+def replay_step(
+    step: OptStepView, rules: list[RuleSpec], *, draws: int = 1, top: int = 5, params: bool = True, device: str = "cpu"
+) -> tuple[list[dict], dict, list[dict]]:
     """(rows, matrix, disagreement tokens) of one recorded optimizer step."""
     trained = trained_rule(step.record)
     order = [trained] + [r for r in rules if r != trained]
     cells = Cells.of(step)
     g_ref = flat_g(step, replay_rule(step, trained, 0))
-    base = {"record": step.record.index.get("step"), "opt_step": step.opt["opt_step"], "epoch": step.opt["epoch"],
-            "mini_batch": step.opt.get("mini_batch")}
+    base = {
+        "record": step.record.index.get("step"),
+        "opt_step": step.opt["opt_step"],
+        "epoch": step.opt["epoch"],
+        "mini_batch": step.opt.get("mini_batch"),
+    }
     rows, results, gs = [], {}, {}
     for rule in order:
         try:
             fields, res = _with_draws(step, rule, cells, g_ref, draws, top)
         except NotReplayable as e:
-            rows.append({**base, "rule": rule.label, "method": rule.method, "trained": rule == trained,
-                         "skipped": str(e)})
+            rows.append(
+                {**base, "rule": rule.label, "method": rule.method, "trained": rule == trained, "skipped": str(e)}
+            )
             continue
-        rows.append({**base, "rule": rule.label, "method": rule.method, "params": rule.kwargs,
-                     "trained": rule == trained, **fields})
+        rows.append(
+            {
+                **base,
+                "rule": rule.label,
+                "method": rule.method,
+                "params": rule.kwargs,
+                "trained": rule == trained,
+                **fields,
+            }
+        )
         results[rule.label], gs[rule.label] = res, flat_g(step, res)
     labels = list(results)
-    matrix = {**base, "rules": labels, "token": cosine_matrix([gs[k] for k in labels]),
-              "norms": [float(gs[k].norm()) for k in labels]}
+    matrix = {
+        **base,
+        "rules": labels,
+        "token": cosine_matrix([gs[k] for k in labels]),
+        "norms": [float(gs[k].norm()) for k in labels],
+    }
     if params:
         _param_level(step, rows, results, matrix, trained.label, device)
     tokens = [{**base, "rule": row["rule"], **t} for row in rows for t in row.pop("disagree", [])]
@@ -128,12 +152,18 @@ def _param_level(step, rows, results, matrix, trained: str, device) -> None:
         if g is None:
             continue
         norm = P.global_norm(g)
-        row.update({"param/grad_norm": norm, "param/grad_cosine": P.cosine(g, ref),
-                    "param/grad_norm_ratio": norm / ref_norm if ref_norm > 0 else float("nan"),
-                    "state/logp_max_abs_diff": diff,
-                    **{f"param/cosine/{name}": P.cosine([g[i] for i in idx], [ref[i] for i in idx])
-                       for name, idx in groups},
-                    **P.lookahead(state, step, g, before)})
+        row.update(
+            {
+                "param/grad_norm": norm,
+                "param/grad_cosine": P.cosine(g, ref),
+                "param/grad_norm_ratio": norm / ref_norm if ref_norm > 0 else float("nan"),
+                "state/logp_max_abs_diff": diff,
+                **{
+                    f"param/cosine/{name}": P.cosine([g[i] for i in idx], [ref[i] for i in idx]) for name, idx in groups
+                },
+                **P.lookahead(state, step, g, before),
+            }
+        )
     labels = matrix["rules"]
     matrix["param"] = [[P.cosine(grads[a], grads[b]) for b in labels] for a in labels]
 
@@ -142,9 +172,17 @@ def _selected(opt: dict, opt_steps: set[int] | None) -> bool:
     return opt_steps is None or opt["opt_step"] in opt_steps
 
 
-def replay_runs(run_dirs: Iterable[Path], rules: list[RuleSpec], *, opt_steps: set[int] | None = None,
-                draws: int = 1, top: int = 5, params: bool = True, device: str = "cpu",
-                progress: Callable[[str], None] | None = None) -> ReplayResult:
+def replay_runs(
+    run_dirs: Iterable[Path],
+    rules: list[RuleSpec],
+    *,
+    opt_steps: set[int] | None = None,
+    draws: int = 1,
+    top: int = 5,
+    params: bool = True,
+    device: str = "cpu",
+    progress: Callable[[str], None] | None = None,
+) -> ReplayResult:
     """Every selected recorded optimizer step of every run, under every rule (and the trained one)."""
     out = ReplayResult()
     for run_dir in run_dirs:
@@ -164,8 +202,9 @@ def replay_runs(run_dirs: Iterable[Path], rules: list[RuleSpec], *, opt_steps: s
                     continue
                 if progress:
                     progress(f"{run_dir.name} opt_step {opt['opt_step']}")
-                rows, matrix, tokens = replay_step(OptStepView(rec, opt), rules, draws=draws, top=top,
-                                                   params=params, device=device)
+                rows, matrix, tokens = replay_step(
+                    OptStepView(rec, opt), rules, draws=draws, top=top, params=params, device=device
+                )
                 tag = {"run_id": run_dir.name, "trained_rule": trained_rule(rec).label, "seed": rec.index.get("seed")}
                 for row in rows:
                     row.update(tag)
@@ -207,9 +246,12 @@ def _tokenizer(rec):
 
 
 def _text(rec, t: dict) -> dict:
-    out = {"advantage": float(rec.tensors["advantages"][t["row"]]),
-           "ratio": float(torch.exp(rec.tensors["logp"][t["epoch"], t["row"], t["pos"]]
-                                    - rec.tensors["old_logp"][t["row"], t["pos"]]))}
+    out = {
+        "advantage": float(rec.tensors["advantages"][t["row"]]),
+        "ratio": float(
+            torch.exp(rec.tensors["logp"][t["epoch"], t["row"], t["pos"]] - rec.tensors["old_logp"][t["row"], t["pos"]])
+        ),
+    }
     if rec.get("completion_ids") is None:  # a verl record: no token ids
         return {**out, "token_id": None}
     ids = rec.tensors["completion_ids"][t["row"]].tolist()
@@ -217,5 +259,5 @@ def _text(rec, t: dict) -> dict:
     tok = _tokenizer(rec)
     if tok is not None:
         out["token"] = tok.decode([ids[t["pos"]]])
-        out["context"] = tok.decode(ids[max(0, t["pos"] - 12):t["pos"]])
+        out["context"] = tok.decode(ids[max(0, t["pos"] - 12) : t["pos"]])
     return out

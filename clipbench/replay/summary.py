@@ -21,9 +21,20 @@ from collections import defaultdict
 
 QUADRANTS = QUADS = ("q1", "q2", "q3", "q4")
 IDENTICAL = 1e-6
-MEANS = ("loss", "grad_cosine", "grad_norm_ratio", "departure", *(f"departure/{q}" for q in QUADRANTS),
-         "param/grad_cosine", "param/grad_norm_ratio", "lookahead/kl", "lookahead/entropy_change",
-         "lookahead/dlogp_correct", "lookahead/dlogp_incorrect", "grad_cosine/std")
+MEANS = (
+    "loss",
+    "grad_cosine",
+    "grad_norm_ratio",
+    "departure",
+    *(f"departure/{q}" for q in QUADRANTS),
+    "param/grad_cosine",
+    "param/grad_norm_ratio",
+    "lookahead/kl",
+    "lookahead/entropy_change",
+    "lookahead/dlogp_correct",
+    "lookahead/dlogp_incorrect",
+    "grad_cosine/std",
+)
 
 
 def _finite(xs) -> list[float]:
@@ -40,8 +51,11 @@ def _mean_sd(xs) -> dict | None:
 def _pooled(rows: list[dict], key: str) -> float | None:
     """A departure over all the rows' tokens: sum over steps of sum|g - g_ref| over sum of sum|g_ref|
     (each step's relative departure weighted by the reference's gradient mass)."""
-    pairs = [(r[key], r.get("ref_l1", 0.0)) for r in rows
-             if isinstance(r.get(key), float) and math.isfinite(r[key]) and r.get("ref_l1", 0.0) > 0]
+    pairs = [
+        (r[key], r.get("ref_l1", 0.0))
+        for r in rows
+        if isinstance(r.get(key), float) and math.isfinite(r[key]) and r.get("ref_l1", 0.0) > 0
+    ]
     w = sum(x[1] for x in pairs)
     return sum(d * m for d, m in pairs) / w if w > 0 else None
 
@@ -76,8 +90,9 @@ def _identical(matrices: list[dict], labels: list[str]) -> list[list[str]]:
                 if a in pos and b in pos:
                     i, j = pos[a], pos[b]
                     na, nb = m["norms"][i], m["norms"][j]
-                    close = abs(na - nb) <= IDENTICAL * max(na, nb, 1e-30) and \
-                        (na == nb == 0 or m["token"][i][j] >= 1 - IDENTICAL)
+                    close = abs(na - nb) <= IDENTICAL * max(na, nb, 1e-30) and (
+                        na == nb == 0 or m["token"][i][j] >= 1 - IDENTICAL
+                    )
                     same[a, b] = same[a, b] and close
     groups, seen = [], set()
     for a in labels:
@@ -102,16 +117,28 @@ def summarize(result, top_tokens: int = 3) -> dict:
         mats = [m for m in result.matrices if m["trained_rule"] == ref]
         full = [m for m in mats if m["rules"] == labels]
         per_rule = {lb: _rule_summary([r for r in rows if r["rule"] == lb]) for lb in labels}
-        tokens = sorted((t for t in result.tokens if t["trained_rule"] == ref),
-                        key=lambda t: -abs(t["g"] - t["g_trained"]))
-        refs.append({"reference": ref, "runs": sorted({r["run_id"] for r in rows}),
-                     "opt_steps": len({(r["run_id"], r["opt_step"]) for r in rows}), "rules": labels,
-                     "per_rule": per_rule, "token_cosine": _mean_matrix([m["token"] for m in full]),
-                     "param_cosine": _mean_matrix([m["param"] for m in full if "param" in m]),
-                     "param_steps": sum("param" in m for m in full),
-                     "identical": _identical(full, labels), "tokens": _top_per_rule(tokens, top_tokens)})
-    return {"references": refs, "notes": list(result.notes),
-            "skipped": sorted({f"{r['rule']}: {r['skipped']}" for r in result.rows if "skipped" in r})}
+        tokens = sorted(
+            (t for t in result.tokens if t["trained_rule"] == ref), key=lambda t: -abs(t["g"] - t["g_trained"])
+        )
+        refs.append(
+            {
+                "reference": ref,
+                "runs": sorted({r["run_id"] for r in rows}),
+                "opt_steps": len({(r["run_id"], r["opt_step"]) for r in rows}),
+                "rules": labels,
+                "per_rule": per_rule,
+                "token_cosine": _mean_matrix([m["token"] for m in full]),
+                "param_cosine": _mean_matrix([m["param"] for m in full if "param" in m]),
+                "param_steps": sum("param" in m for m in full),
+                "identical": _identical(full, labels),
+                "tokens": _top_per_rule(tokens, top_tokens),
+            }
+        )
+    return {
+        "references": refs,
+        "notes": list(result.notes),
+        "skipped": sorted({f"{r['rule']}: {r['skipped']}" for r in result.rows if "skipped" in r}),
+    }
 
 
 def _top_per_rule(tokens: list[dict], k: int) -> list[dict]:

@@ -68,10 +68,15 @@ class OptStepView:
     def inputs(self, mb: dict, uniforms: torch.Tensor | None) -> dict:
         """policy_loss's tensors for one micro-batch (logp detached; the caller makes it a leaf)."""
         rows, w = torch.tensor(mb["rows"], dtype=torch.long), int(mb["width"])
-        x = {"logp": self.tensor("logp", rows, w, slot=True), "old_logp": self.tensor("old_logp", rows, w),
-             "advantages": self.tensor("advantages", rows), "mask": self.tensor("mask", rows, w).float(),
-             "ref_logp": self.tensor("ref_logp", rows, w), "weights": self.tensor("weights", rows, w),
-             "uniforms": None if uniforms is None else uniforms[rows, :w]}
+        x = {
+            "logp": self.tensor("logp", rows, w, slot=True),
+            "old_logp": self.tensor("old_logp", rows, w),
+            "advantages": self.tensor("advantages", rows),
+            "mask": self.tensor("mask", rows, w).float(),
+            "ref_logp": self.tensor("ref_logp", rows, w),
+            "weights": self.tensor("weights", rows, w),
+            "uniforms": None if uniforms is None else uniforms[rows, :w],
+        }
         for name, kw in POLICY_LOSS_INPUTS.items():
             if kw in _ACCEPTED:
                 t = self.tensor(name, rows, w, slot=name == "entropy")
@@ -117,10 +122,20 @@ def replay_rule(step: OptStepView, rule: RuleSpec, draw: int = 0) -> RuleResult:
             x = step.inputs(mb, u)
             logp = x.pop("logp").clone().requires_grad_(True)
             try:
-                out = policy_loss(rule.method, logp, x.pop("old_logp"), x.pop("advantages"), x.pop("mask"),
-                                  agg=obj["agg"], beta=obj["beta"], max_len=obj["max_len"],
-                                  global_tokens=step.opt["global_tokens"], global_seqs=step.opt["global_seqs"],
-                                  **x, **rule.kwargs)
+                out = policy_loss(
+                    rule.method,
+                    logp,
+                    x.pop("old_logp"),
+                    x.pop("advantages"),
+                    x.pop("mask"),
+                    agg=obj["agg"],
+                    beta=obj["beta"],
+                    max_len=obj["max_len"],
+                    global_tokens=step.opt["global_tokens"],
+                    global_seqs=step.opt["global_seqs"],
+                    **x,
+                    **rule.kwargs,
+                )
             except (ValueError, RuleError) as e:  # e.g. an input or aggregation this record lacks
                 raise NotReplayable(f"{rule.label}: {e}") from None
             (g,) = torch.autograd.grad(out.loss, logp, allow_unused=True)
@@ -149,7 +164,7 @@ class Cells:
     cell: torch.Tensor  # (N,) index into CELLS
 
     @classmethod
-    def of(cls, step: OptStepView) -> "Cells":
+    def of(cls, step: OptStepView) -> Cells:
         rec, rows = step.record, torch.tensor(step.opt["rows"], dtype=torch.long)
         mask = rec.tensors["mask"][rows] != 0
         r = torch.exp((rec.tensors["logp"][step.slot][rows] - rec.tensors["old_logp"][rows]).clamp(-20, 20))
@@ -170,11 +185,16 @@ def compare(cells: Cells, g: torch.Tensor, g_ref: torch.Tensor, top: int = 0) ->
     ref_l1 = float(b.abs().sum())
     ref_mass = b.abs().sum() if ref_l1 > 0 else torch.tensor(float("nan"), dtype=b.dtype)  # no reference gradient
     same = torch.equal(a, b)  # the trained rule itself (and its twins): exactly 1, not 1 - 1e-16
-    out = {"grad_cosine": 1.0 if same else float(a @ b / (na * nb)) if na > 0 and nb > 0 else 0.0,
-           "grad_norm_ratio": 1.0 if same and nb > 0 else float(na / nb) if nb > 0 else float("nan"),
-           "agree/both": int((on_a & on_b).sum()), "agree/rule_only": int((on_a & ~on_b).sum()),
-           "agree/trained_only": int((~on_a & on_b).sum()), "agree/neither": int((~on_a & ~on_b).sum()),
-           "departure": float((a - b).abs().sum() / ref_mass), "ref_l1": ref_l1}
+    out = {
+        "grad_cosine": 1.0 if same else float(a @ b / (na * nb)) if na > 0 and nb > 0 else 0.0,
+        "grad_norm_ratio": 1.0 if same and nb > 0 else float(na / nb) if nb > 0 else float("nan"),
+        "agree/both": int((on_a & on_b).sum()),
+        "agree/rule_only": int((on_a & ~on_b).sum()),
+        "agree/trained_only": int((~on_a & on_b).sum()),
+        "agree/neither": int((~on_a & ~on_b).sum()),
+        "departure": float((a - b).abs().sum() / ref_mass),
+        "ref_l1": ref_l1,
+    }
     mass = a.abs().sum().clamp(min=1e-300)
     for i, c in enumerate(CELLS):
         sel = cells.cell == i
@@ -185,8 +205,17 @@ def compare(cells: Cells, g: torch.Tensor, g_ref: torch.Tensor, top: int = 0) ->
     if top:
         k = min(top, a.numel())
         order = (a - b).abs().topk(k).indices if k else torch.empty(0, dtype=torch.long)
-        out["disagree"] = [{"row": int(cells.rows[i]), "pos": int(cells.cols[i]), "cell": CELLS[int(cells.cell[i])],
-                            "g": float(a[i]), "g_trained": float(b[i])} for i in order if a[i] != b[i]]
+        out["disagree"] = [
+            {
+                "row": int(cells.rows[i]),
+                "pos": int(cells.cols[i]),
+                "cell": CELLS[int(cells.cell[i])],
+                "g": float(a[i]),
+                "g_trained": float(b[i]),
+            }
+            for i in order
+            if a[i] != b[i]
+        ]
     return out
 
 

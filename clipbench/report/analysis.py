@@ -21,7 +21,7 @@ Values are fractions in [0, 1] (the renderers print percent). See ``stats`` for 
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -36,6 +36,7 @@ BASE_LABEL = "base (step 0)"
 
 
 # ---- per-benchmark evaluation values ----------------------------------------------------------
+
 
 def _payload_at(run: RunRecord, bench: str, step: int | None) -> dict | None:
     if step is None:
@@ -85,8 +86,13 @@ def metric_row(values: Mapping[str, np.ndarray], problems: int) -> dict:
     for m, v in values.items():  # v: (S, P)
         per_seed = v.mean(axis=1)
         mean, std = stats.mean_std(per_seed)
-        out[m] = {"mean": mean, "std": std, "ci": list(stats.t_interval(v.mean(axis=0))), "p": None,
-                  "per_seed": per_seed.tolist()}
+        out[m] = {
+            "mean": mean,
+            "std": std,
+            "ci": list(stats.t_interval(v.mean(axis=0))),
+            "p": None,
+            "per_seed": per_seed.tolist(),
+        }
     seeds = int(next(iter(values.values())).shape[0]) if values else 0
     return {"seeds": seeds, "problems": problems, "metrics": out}
 
@@ -101,10 +107,16 @@ def _paired_diffs(a_ids, a_vals: np.ndarray, b_ids, b_vals: np.ndarray) -> np.nd
 
 # ---- one block (one base model) ---------------------------------------------------------------
 
+
 def block_n(runs: Sequence[RunRecord], benches: Sequence[str]) -> int:
     """Samples per problem: the smallest n among the final evaluations (Pass@k needs k <= n)."""
-    ns = [int(r.evals[r.final_step][b]["n"]) for r in runs if r.final_step is not None
-          for b in benches if b in r.evals[r.final_step]]
+    ns = [
+        int(r.evals[r.final_step][b]["n"])
+        for r in runs
+        if r.final_step is not None
+        for b in benches
+        if b in r.evals[r.final_step]
+    ]
     return min(ns) if ns else 0
 
 
@@ -116,8 +128,15 @@ def block_benchmarks(runs: Sequence[RunRecord]) -> list[str]:
     return list(out)
 
 
-def analyze_block(model: str, runs: Sequence[RunRecord], labels: Sequence[str], baseline: str | None, *,
-                  resamples: int = stats.BOOTSTRAP_RESAMPLES, seed: int = stats.BOOTSTRAP_SEED) -> dict:
+def analyze_block(
+    model: str,
+    runs: Sequence[RunRecord],
+    labels: Sequence[str],
+    baseline: str | None,
+    *,
+    resamples: int = stats.BOOTSTRAP_RESAMPLES,
+    seed: int = stats.BOOTSTRAP_SEED,
+) -> dict:
     evaluated = [r for r in runs if r.final_step is not None]
     benches = block_benchmarks(evaluated)
     n = block_n(evaluated, benches)
@@ -127,11 +146,23 @@ def analyze_block(model: str, runs: Sequence[RunRecord], labels: Sequence[str], 
     by_label = {lb: rs for lb, rs in by_label.items() if rs}
     base_runs = by_label.get(baseline) or (next(iter(by_label.values())) if by_label else [])
 
-    block: dict = {"model": model, "n": n, "ks": ks, "metrics": metrics, "benchmarks": {}, "gain": {},
-                   "labels": {lb: {"method": rs[0].method, "seeds": sorted(r.seed for r in rs),
-                                   "run_ids": [r.run_id for r in rs],
-                                   "final_steps": sorted({r.final_step for r in rs})}
-                              for lb, rs in by_label.items()}}
+    block: dict = {
+        "model": model,
+        "n": n,
+        "ks": ks,
+        "metrics": metrics,
+        "benchmarks": {},
+        "gain": {},
+        "labels": {
+            lb: {
+                "method": rs[0].method,
+                "seeds": sorted(r.seed for r in rs),
+                "run_ids": [r.run_id for r in rs],
+                "final_steps": sorted({r.final_step for r in rs}),
+            }
+            for lb, rs in by_label.items()
+        },
+    }
     raw: dict[str, dict[str, tuple]] = {}  # bench -> label -> (ids, values)
     for bench in benches:
         entry = {"rows": {}, "base": None, "problems": 0, "n": n}
@@ -163,8 +194,11 @@ def _average(raw, by_label, metrics, benches) -> dict:
         have = [b for b in benches if lb in raw[b]]
         if len(have) != len(benches) or not benches:
             continue
-        row = {"seeds": min(raw[b][lb][1][metrics[0]].shape[0] for b in benches),
-               "problems": sum(len(raw[b][lb][0]) for b in benches), "metrics": {}}
+        row = {
+            "seeds": min(raw[b][lb][1][metrics[0]].shape[0] for b in benches),
+            "problems": sum(len(raw[b][lb][0]) for b in benches),
+            "metrics": {},
+        }
         for m in metrics:
             per_seed = _average_per_seed([raw[b][lb][1][m] for b in benches])
             mean, std = stats.mean_std(per_seed)
@@ -198,8 +232,9 @@ def _compare(block, raw, baseline, metrics, benches, *, resamples: int, seed: in
             for m in metrics:
                 cell = rows[lb]["metrics"][m]
                 gains[bench][m] = stats.gain_percent(cell["mean"], rows[baseline]["metrics"][m]["mean"])
-                d = _paired_diffs(raw[bench][lb][0], raw[bench][lb][1][m],
-                                  raw[bench][baseline][0], raw[bench][baseline][1][m])
+                d = _paired_diffs(
+                    raw[bench][lb][0], raw[bench][lb][1][m], raw[bench][baseline][0], raw[bench][baseline][1][m]
+                )
                 cell["p"] = stats.paired_bootstrap_p([d], resamples=resamples, seed=seed)
                 cell["delta"] = float(d.mean()) if d.size else math.nan
         avg_rows = block["average"]["rows"]
@@ -208,14 +243,17 @@ def _compare(block, raw, baseline, metrics, benches, *, resamples: int, seed: in
             for m in metrics:
                 cell = avg_rows[lb]["metrics"][m]
                 gains["average"][m] = stats.gain_percent(cell["mean"], avg_rows[baseline]["metrics"][m]["mean"])
-                diffs = [_paired_diffs(raw[b][lb][0], raw[b][lb][1][m], raw[b][baseline][0], raw[b][baseline][1][m])
-                         for b in benches]
+                diffs = [
+                    _paired_diffs(raw[b][lb][0], raw[b][lb][1][m], raw[b][baseline][0], raw[b][baseline][1][m])
+                    for b in benches
+                ]
                 cell["p"] = stats.paired_bootstrap_p(diffs, resamples=resamples, seed=seed)
                 cell["delta"] = float(np.mean([d.mean() for d in diffs]))
         block["gain"][lb] = gains
 
 
 # ---- clip quadrants ---------------------------------------------------------------------------
+
 
 def _sum_key(rows: Sequence[Mapping], key: str) -> float:
     return float(sum(r.get(key) or 0.0 for r in rows))
@@ -330,8 +368,14 @@ def label_dynamics(runs: Sequence[RunRecord]) -> dict | None:
 
 # ---- the whole sweep --------------------------------------------------------------------------
 
-def analyze(sweep: Sweep, baseline: str | None = None, *, resamples: int = stats.BOOTSTRAP_RESAMPLES,
-            seed: int = stats.BOOTSTRAP_SEED) -> dict:
+
+def analyze(
+    sweep: Sweep,
+    baseline: str | None = None,
+    *,
+    resamples: int = stats.BOOTSTRAP_RESAMPLES,
+    seed: int = stats.BOOTSTRAP_SEED,
+) -> dict:
     """Every number of the report. Only runs that finished with their final evaluation are compared
     (`health.exclusion_reason`); the others are listed under runs.excluded with the reason."""
     labels = sweep.labels()
@@ -350,16 +394,28 @@ def analyze(sweep: Sweep, baseline: str | None = None, *, resamples: int = stats
         "baseline": base,
         "bootstrap": {"resamples": resamples, "seed": seed, "test": "paired, two-sided, null-centred"},
         "ci": {"level": stats.CI_LEVEL, "method": "Student t over problems (seeds averaged per problem)"},
-        "runs": {"total": len(sweep.runs), "states": states, "compared": len(compared),
-                 "without_eval": [r.run_id for r in sweep.runs if r.final_step is None],
-                 "excluded": [{"run_id": r.run_id, "label": r.label, "seed": r.seed, "state": r.state,
-                               "reason": reasons[r.run_id]} for r in sweep.runs if reasons[r.run_id] is not None]},
-        "health": {r.run_id: {"label": r.label, "seed": r.seed, "state": r.state, **health.run_health(r)}
-                   for r in sweep.runs},
-        "blocks": [analyze_block(model, rs, labels, base, resamples=resamples, seed=seed) for model, rs in blocks.items()],
+        "runs": {
+            "total": len(sweep.runs),
+            "states": states,
+            "compared": len(compared),
+            "without_eval": [r.run_id for r in sweep.runs if r.final_step is None],
+            "excluded": [
+                {"run_id": r.run_id, "label": r.label, "seed": r.seed, "state": r.state, "reason": reasons[r.run_id]}
+                for r in sweep.runs
+                if reasons[r.run_id] is not None
+            ],
+        },
+        "health": {
+            r.run_id: {"label": r.label, "seed": r.seed, "state": r.state, **health.run_health(r)} for r in sweep.runs
+        },
+        "blocks": [
+            analyze_block(model, rs, labels, base, resamples=resamples, seed=seed) for model, rs in blocks.items()
+        ],
         "quadrants": {},
-        "identical": {model: health.identical_results({lb: [r for r in rs if r.label == lb] for lb in labels})
-                      for model, rs in blocks.items()},
+        "identical": {
+            model: health.identical_results({lb: [r for r in rs if r.label == lb] for lb in labels})
+            for model, rs in blocks.items()
+        },
         "notes": list(sweep.notes),
         "dynamics": {},
         "correction": {},

@@ -22,13 +22,13 @@ from clipbench.report import render
 from clipbench.report.analysis import analyze
 from clipbench.report.claims import as_dicts, evaluate_claims
 from clipbench.report.claims_table import add_claim_tables
-from clipbench.report.health import exclusion_reason
 from clipbench.report.correction_table import correction_table
 from clipbench.report.finding import finding_line
+from clipbench.report.health import exclusion_reason
 from clipbench.report.load import Sweep, load_results
 from clipbench.report.machines import provenance_lines, provenance_summary
-from clipbench.report.replication import replicate_against, replicate_by_halves, summary_line
 from clipbench.report.replay import replay_figures, replay_tables, sweep_replay
+from clipbench.report.replication import replicate_against, replicate_by_halves, summary_line
 from clipbench.report.stability_table import stability_table
 from clipbench.report.tables import Table, build_tables, model_title
 from clipbench.tracking.files import atomic_write_json
@@ -39,18 +39,23 @@ def header_lines(sweep: Sweep, result: dict) -> list[str]:
     states = ", ".join(f"{v} {k}" for k, v in sorted(runs["states"].items()))
     finding = finding_line(result)
     lines = ([finding] if finding else []) + [
-             f"Sweep '{sweep.name}' ({sweep.path}): {runs['total']} runs ({states}); {runs['compared']} compared.",
-             f"Models: {', '.join(model_title(b['model']) for b in result['blocks']) or '(none compared)'}. "
-             f"Baseline: {result['baseline'] or 'none (no Gain row or p-values)'}."]
+        f"Sweep '{sweep.name}' ({sweep.path}): {runs['total']} runs ({states}); {runs['compared']} compared.",
+        f"Models: {', '.join(model_title(b['model']) for b in result['blocks']) or '(none compared)'}. "
+        f"Baseline: {result['baseline'] or 'none (no Gain row or p-values)'}.",
+    ]
     for b in result["blocks"]:
-        seeds = "; ".join(f"{lb}: seeds {', '.join(map(str, info['seeds']))} (final step "
-                          f"{'/'.join(map(str, info['final_steps']))})" for lb, info in b["labels"].items())
+        seeds = "; ".join(
+            f"{lb}: seeds {', '.join(map(str, info['seeds']))} (final step {'/'.join(map(str, info['final_steps']))})"
+            for lb, info in b["labels"].items()
+        )
         if seeds:
             lines.append(f"{model_title(b['model'])}: {seeds}.")
     if result.get("replicate"):
         rep = result["replicate"]
-        lines.append(f"Replication sweep '{rep['sweep']}' ({rep['path']}): {rep['compared']} runs compared; each claim "
-                     f"is computed on it alone and must reach the same verdict.")
+        lines.append(
+            f"Replication sweep '{rep['sweep']}' ({rep['path']}): {rep['compared']} runs compared; each claim "
+            f"is computed on it alone and must reach the same verdict."
+        )
     lines += provenance_lines(result.get("provenance"))
     claims_line = summary_line(result.get("claims", []))
     if claims_line:
@@ -65,8 +70,10 @@ def header_lines(sweep: Sweep, result: dict) -> list[str]:
         lines.append(f"Flagged ({len(flagged)} run(s), see the Runs table): {shown}.")
     for model, groups in result.get("identical", {}).items():
         for g in groups:
-            lines.append(f"Identical results: {' and '.join(g)} have the same correctness matrix for every seed and "
-                         f"benchmark ({model_title(model)}); their rows and curves coincide.")
+            lines.append(
+                f"Identical results: {' and '.join(g)} have the same correctness matrix for every seed and "
+                f"benchmark ({model_title(model)}); their rows and curves coincide."
+            )
     lines += [f"Note: {n}" for n in result.get("notes", [])]
     return lines
 
@@ -109,8 +116,9 @@ def build_report(results_dir: Path, sweep_name: str, baseline: str | None, repli
     tables = add_claim_tables(build_tables(result, paper_ref.load_paper()), result)
     stab = stability_table(result.get("stability"))
     if stab:  # after the accuracy tables, before the quadrants, dynamics, claims and runs
-        at = next((i for i, t in enumerate(tables) if t.key not in ("table3", "significance", "paper_reference")),
-                  len(tables))
+        at = next(
+            (i for i, t in enumerate(tables) if t.key not in ("table3", "significance", "paper_reference")), len(tables)
+        )
         tables[at:at] = stab
     result["replay"] = sweep_replay(sweep)  # None unless the sweep's runs recorded (train.record)
     tables += replay_tables(result["replay"])
@@ -122,8 +130,10 @@ def build_report(results_dir: Path, sweep_name: str, baseline: str | None, repli
         states = ", ".join(f"{v} {k}" for k, v in sorted(result["runs"]["states"].items()))
         why = "; ".join(f"{e['run_id']}: {e['reason']}" for e in result["runs"]["excluded"][:3])
         retry = " (with --retry-failed for the failed ones)" if result["runs"]["states"].get("failed") else ""
-        raise UserError(f"sweep '{sweep_name}' has no finished runs to compare yet ({len(sweep.runs)} runs: "
-                        f"{states}{'; ' + why if why else ''}); run `clipbench sweep` to finish it{retry}")
+        raise UserError(
+            f"sweep '{sweep_name}' has no finished runs to compare yet ({len(sweep.runs)} runs: "
+            f"{states}{'; ' + why if why else ''}); run `clipbench sweep` to finish it{retry}"
+        )
     return sweep, result, tables, header_lines(sweep, result)
 
 
@@ -140,8 +150,9 @@ def _figures_png(sweep: Sweep, result: dict) -> dict[str, bytes]:
     return out
 
 
-def write_report(sweep: Sweep, result: dict, tables: list[Table], header: list[str], fmt: str,
-                 out_dir: Path) -> list[Path]:
+def write_report(
+    sweep: Sweep, result: dict, tables: list[Table], header: list[str], fmt: str, out_dir: Path
+) -> list[Path]:
     """Write the files of one format (and report.json); returns the paths written (HTML page last)."""
     if fmt not in render.FORMATS:
         raise UserError("--format: " + unknown_choice("format", fmt, render.FORMATS))

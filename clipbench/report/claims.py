@@ -49,8 +49,8 @@ Statistics (stated in every row):
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
 
 import numpy as np
 
@@ -67,8 +67,12 @@ STABILITY = (
     ("nsr", "dapo", "NSR improves stability over DAPO (more accuracy kept at the lr cliff)", "NSR, abstract"),
     ("cispo", "grpo", "CISPO trains stably: keeps more accuracy than GRPO at the lr cliff", "MiniMax-M1 (CISPO)"),
     ("gspo", "grpo", "GSPO is more stable than GRPO: keeps more accuracy at the lr cliff", "GSPO"),
-    ("dual_clip", "grpo", "dual-clip stabilizes training: keeps more accuracy than GRPO at the lr cliff",
-     "dual-clip PPO (Ye et al., 2020)"),
+    (
+        "dual_clip",
+        "grpo",
+        "dual-clip stabilizes training: keeps more accuracy than GRPO at the lr cliff",
+        "dual-clip PPO (Ye et al., 2020)",
+    ),
     ("sapo", "grpo", "SAPO is more stable than GRPO: keeps more accuracy at the lr cliff", "SAPO"),
 )
 NAMES = {"nsr": "NSR", "cispo": "CISPO", "gspo": "GSPO", "dual_clip": "dual-clip", "sapo": "SAPO"}
@@ -77,24 +81,24 @@ BASE_CLAIM = "{name} trains stably: does not lose the base model's held-out accu
 
 @dataclass
 class ClaimResult:
-    claim: str        # the claim as the paper states it
-    source: str       # the paper
-    comparison: str   # the arms, e.g. "abc - grpo"
-    figure: str       # what is measured
-    estimate: float   # the mean difference (or the share), in the figure's unit
+    claim: str  # the claim as the paper states it
+    source: str  # the paper
+    comparison: str  # the arms, e.g. "abc - grpo"
+    figure: str  # what is measured
+    estimate: float  # the mean difference (or the share), in the figure's unit
     ci: tuple[float, float]
     p: float
-    test: str         # the paired test
-    n: int            # seeds or problems behind the estimate
+    test: str  # the paired test
+    n: int  # seeds or problems behind the estimate
     verdict: str
-    model: str = ""                                  # the block (base model name)
-    seeds: list[int] = field(default_factory=list)   # the seeds behind it (both arms have them)
-    se: float = math.nan                             # the test's standard error, in the figure's unit
+    model: str = ""  # the block (base model name)
+    seeds: list[int] = field(default_factory=list)  # the seeds behind it (both arms have them)
+    se: float = math.nan  # the test's standard error, in the figure's unit
     df: float = math.nan
-    mde: float = math.nan                            # smallest effect detectable at 80% power
-    needed: dict | None = None                       # inconclusive: {"unit": seeds|problems, "n", "factor"}
-    checksums: list = field(default_factory=list)    # base-model weights sha256 of its runs (None: unrecorded)
-    replication: dict | None = None                  # replication.py: replicates | fragile | not tested
+    mde: float = math.nan  # smallest effect detectable at 80% power
+    needed: dict | None = None  # inconclusive: {"unit": seeds|problems, "n", "factor"}
+    checksums: list = field(default_factory=list)  # base-model weights sha256 of its runs (None: unrecorded)
+    replication: dict | None = None  # replication.py: replicates | fragile | not tested
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -183,16 +187,36 @@ def _problem_design(res: ClaimResult, diffs: Sequence[np.ndarray]) -> ClaimResul
     return res
 
 
-def seed_claim(claim: str, source: str, a_label: str, a: Sequence[RunRecord], b_label: str, b: Sequence[RunRecord], figure: str,
-               value, scale: float = 1.0) -> ClaimResult | None:
+def seed_claim(
+    claim: str,
+    source: str,
+    a_label: str,
+    a: Sequence[RunRecord],
+    b_label: str,
+    b: Sequence[RunRecord],
+    figure: str,
+    value,
+    scale: float = 1.0,
+) -> ClaimResult | None:
     va, vb = _per_seed(a, value), _per_seed(b, value)
     diffs = scale * _paired_seeds(va, vb)
     if diffs.size == 0:
         return None
     est, p = float(diffs.mean()), _ttest_rel_p(diffs)
-    res = ClaimResult(claim, source, f"{a_label} - {b_label}", figure, est, _t_ci(diffs), p,
-                      "paired t, seeds", int(diffs.size), verdict(est, p), seeds=sorted(set(va) & set(vb)),
-                      checksums=_checksums([*a, *b]))
+    res = ClaimResult(
+        claim,
+        source,
+        f"{a_label} - {b_label}",
+        figure,
+        est,
+        _t_ci(diffs),
+        p,
+        "paired t, seeds",
+        int(diffs.size),
+        verdict(est, p),
+        seeds=sorted(set(va) & set(vb)),
+        checksums=_checksums([*a, *b]),
+    )
     return _seed_design(res, diffs)
 
 
@@ -207,8 +231,16 @@ def _seed_accuracy(blocks: Sequence[tuple], runs: Sequence[RunRecord], metric: s
     return {s: float(np.mean(v)) for s, v in per.items() if len(v) == len(blocks)}
 
 
-def accuracy_claim(claim: str, source: str, a_label: str, a: Sequence[RunRecord], b_label: str,
-                   b: Sequence[RunRecord], *, b_initial: bool = False) -> ClaimResult | None:
+def accuracy_claim(
+    claim: str,
+    source: str,
+    a_label: str,
+    a: Sequence[RunRecord],
+    b_label: str,
+    b: Sequence[RunRecord],
+    *,
+    b_initial: bool = False,
+) -> ClaimResult | None:
     """``b_initial``: compare with b's step-0 evaluation (the base model) instead of its last."""
     a = [r for r in a if r.final_step is not None]
     b = [r for r in b if r.final_step is not None]
@@ -217,8 +249,11 @@ def accuracy_claim(claim: str, source: str, a_label: str, a: Sequence[RunRecord]
         return None
     n = block_n([*a, *b], benches)
     metric = stats.metric_names(stats.ks_for(n))[0]  # avg@n
-    blocks = [(ga, gb) for ga, gb in ((seed_values(a, bench, [1]), seed_values(b, bench, [1], initial=b_initial))
-                                      for bench in benches) if ga is not None and gb is not None]
+    blocks = [
+        (ga, gb)
+        for ga, gb in ((seed_values(a, bench, [1]), seed_values(b, bench, [1], initial=b_initial)) for bench in benches)
+        if ga is not None and gb is not None
+    ]
     if not blocks:
         return None
     figure = f"Avg@{n}, last eval (pts, {', '.join(benches)})"
@@ -227,9 +262,20 @@ def accuracy_claim(claim: str, source: str, a_label: str, a: Sequence[RunRecord]
     if len(set(va) & set(vb)) >= SEED_TEST_MIN:
         seed_diffs = _paired_seeds(va, vb)
         est, p = float(seed_diffs.mean()), _ttest_rel_p(seed_diffs)
-        res = ClaimResult(claim, source, f"{a_label} - {b_label}", figure, est, _t_ci(seed_diffs), p,
-                          "paired t, seeds", int(seed_diffs.size), verdict(est, p), seeds=sorted(set(va) & set(vb)),
-                          checksums=_checksums([*a, *b]))
+        res = ClaimResult(
+            claim,
+            source,
+            f"{a_label} - {b_label}",
+            figure,
+            est,
+            _t_ci(seed_diffs),
+            p,
+            "paired t, seeds",
+            int(seed_diffs.size),
+            verdict(est, p),
+            seeds=sorted(set(va) & set(vb)),
+            checksums=_checksums([*a, *b]),
+        )
         return _seed_design(res, seed_diffs)
     diffs = [_paired_diffs(ga[0], ga[1][metric], gb[0], gb[1][metric]) for ga, gb in blocks]
     if all(d.size == 0 for d in diffs):
@@ -237,10 +283,20 @@ def accuracy_claim(claim: str, source: str, a_label: str, a: Sequence[RunRecord]
     allv = 100.0 * np.concatenate(diffs)
     est = float(np.mean([100.0 * d.mean() for d in diffs]))
     p = stats.paired_bootstrap_p(diffs)
-    res = ClaimResult(claim, source, f"{a_label} - {b_label}", figure, est, _t_ci(allv), p,
-                      "paired bootstrap, problems", int(allv.size),
-                      verdict(est, p), seeds=sorted({r.seed for r in a} & {r.seed for r in b}),
-                      checksums=_checksums([*a, *b]))
+    res = ClaimResult(
+        claim,
+        source,
+        f"{a_label} - {b_label}",
+        figure,
+        est,
+        _t_ci(allv),
+        p,
+        "paired bootstrap, problems",
+        int(allv.size),
+        verdict(est, p),
+        seeds=sorted({r.seed for r in a} & {r.seed for r in b}),
+        checksums=_checksums([*a, *b]),
+    )
     return _problem_design(res, diffs)
 
 
@@ -253,10 +309,20 @@ def q4_claim(label: str, runs: Sequence[RunRecord]) -> ClaimResult | None:
         return None
     est, p = float(lead.mean()), _ttest_rel_p(lead)
     mean_share = float(np.mean(list(shares.values())))
-    res = ClaimResult("Q4 (A<0, r>1) is the largest share of GRPO's clip events", "ABC-GRPO, Fig. 4f: 41.4%",
-                      f"{label}: Q4 - next largest quadrant", f"share of clip events (pts; Q4 {mean_share:.1f}%)",
-                      est, _t_ci(lead), p, "paired t, seeds", int(lead.size), verdict(est, p), seeds=sorted(leads),
-                      checksums=_checksums(runs))
+    res = ClaimResult(
+        "Q4 (A<0, r>1) is the largest share of GRPO's clip events",
+        "ABC-GRPO, Fig. 4f: 41.4%",
+        f"{label}: Q4 - next largest quadrant",
+        f"share of clip events (pts; Q4 {mean_share:.1f}%)",
+        est,
+        _t_ci(lead),
+        p,
+        "paired t, seeds",
+        int(lead.size),
+        verdict(est, p),
+        seeds=sorted(leads),
+        checksums=_checksums(runs),
+    )
     return _seed_design(res, lead)
 
 
@@ -269,7 +335,9 @@ def _lr_setting(runs: Sequence[RunRecord]) -> tuple:
     return (train.get("lr"), train.get("lr_schedule"))
 
 
-def stability_claims(by_label: dict[str, list[RunRecord]], cliff: set[float], method_of: dict[str, str]) -> list[ClaimResult]:
+def stability_claims(
+    by_label: dict[str, list[RunRecord]], cliff: set[float], method_of: dict[str, str]
+) -> list[ClaimResult]:
     """STABILITY's claims at the rates in `cliff`: each rule against its reference at the same rate,
     and each rule against its own base model (a stable run does not lose the base model's accuracy;
     claimed sign +, so a significant loss does not hold), once per rule label."""
@@ -281,8 +349,15 @@ def stability_claims(by_label: dict[str, list[RunRecord]], cliff: set[float], me
                     continue
                 res = accuracy_claim(claim, source, a, by_label[a], b, by_label[b])
                 out += [res] if res else []
-            res = accuracy_claim(BASE_CLAIM.format(name=NAMES[rule]), source, a, by_label[a], "base model (step 0)",
-                                 by_label[a], b_initial=True)
+            res = accuracy_claim(
+                BASE_CLAIM.format(name=NAMES[rule]),
+                source,
+                a,
+                by_label[a],
+                "base model (step 0)",
+                by_label[a],
+                b_initial=True,
+            )
             out += [res] if res else []
     return out
 
@@ -308,8 +383,9 @@ def cliffs(compared: Sequence[RunRecord]) -> dict[str, set[float]]:
     return {model: _cliff(runs) for model, runs in _blocks(compared).items()}
 
 
-def evaluate_claims(sweep: Sweep, compared: Sequence[RunRecord],
-                    cliff_rates: dict[str, set[float]] | None = None) -> list[ClaimResult]:
+def evaluate_claims(
+    sweep: Sweep, compared: Sequence[RunRecord], cliff_rates: dict[str, set[float]] | None = None
+) -> list[ClaimResult]:
     """Every claim that applies to the compared runs of a sweep, block by block (base model).
     `cliff_rates`: the cliff per block (default: `cliffs(compared)`)."""
     out: list[ClaimResult] = []
@@ -325,19 +401,43 @@ def evaluate_claims(sweep: Sweep, compared: Sequence[RunRecord],
         cliff = cliff_rates.get(model, set())
 
         for g in arms("grpo"):
-            res = accuracy_claim("RL from verifiable rewards raises held-out accuracy", "DeepSeekMath, GRPO", g,
-                                 by_label[g], "base model (step 0)", by_label[g], b_initial=True)
+            res = accuracy_claim(
+                "RL from verifiable rewards raises held-out accuracy",
+                "DeepSeekMath, GRPO",
+                g,
+                by_label[g],
+                "base model (step 0)",
+                by_label[g],
+                b_initial=True,
+            )
             out += [res] if res else []
             for a in (a for a in arms("abc") if same(a, g)):
-                res = seed_claim("ABC-GRPO keeps entropy higher than GRPO", "ABC-GRPO", a, by_label[a], g,
-                                 by_label[g], "entropy, last fifth (nats)", _last_entropy)
+                res = seed_claim(
+                    "ABC-GRPO keeps entropy higher than GRPO",
+                    "ABC-GRPO",
+                    a,
+                    by_label[a],
+                    g,
+                    by_label[g],
+                    "entropy, last fifth (nats)",
+                    _last_entropy,
+                )
                 out += [res] if res else []
-                res = accuracy_claim("ABC-GRPO beats GRPO on held-out accuracy", "ABC-GRPO, Table 3", a,
-                                     by_label[a], g, by_label[g])
+                res = accuracy_claim(
+                    "ABC-GRPO beats GRPO on held-out accuracy", "ABC-GRPO, Table 3", a, by_label[a], g, by_label[g]
+                )
                 out += [res] if res else []
             for d in (d for d in arms("dapo") if same(d, g)):
-                res = seed_claim("clip-higher keeps entropy higher than GRPO", "DAPO", d, by_label[d], g,
-                                 by_label[g], "entropy, last fifth (nats)", _last_entropy)
+                res = seed_claim(
+                    "clip-higher keeps entropy higher than GRPO",
+                    "DAPO",
+                    d,
+                    by_label[d],
+                    g,
+                    by_label[g],
+                    "entropy, last fifth (nats)",
+                    _last_entropy,
+                )
                 out += [res] if res else []
             res = q4_claim(g, by_label[g])
             out += [res] if res else []
@@ -351,8 +451,9 @@ def evaluate_claims(sweep: Sweep, compared: Sequence[RunRecord],
             for c in arms("decay"):
                 if _params(by_label[n][0]) != _params(by_label[c][0]) or not same(n, c):
                     continue
-                res = accuracy_claim("stochastic rescue beats its deterministic twin", "NSR", n, by_label[n],
-                                     c, by_label[c])
+                res = accuracy_claim(
+                    "stochastic rescue beats its deterministic twin", "NSR", n, by_label[n], c, by_label[c]
+                )
                 out += [res] if res else []
         out += stability_claims(by_label, cliff, method_of)
         for res in out[first:]:

@@ -14,8 +14,8 @@ import math
 from clipbench.report.replication import seed_ranges
 from clipbench.report.tables import Table, model_title
 
-
 # ---- the papers' claims -------------------------------------------------------------------------
+
 
 def _p_text(p: float | None) -> str:
     return "" if p is None or not math.isfinite(p) else (f"{p:.3f}" if p >= 0.001 else "<0.001")
@@ -29,8 +29,10 @@ def claim_verdict_cell(c: dict) -> str:
     if need and need["unit"] == "seeds":
         text += f"; {c['estimate']:+.3g} needs {need['n']} paired seeds at 80% power (has {c['n']})"
     elif need:
-        text += (f"; {c['estimate']:+.3g} needs ~{need['factor']:.1f}x the problems ({need['n']:,}) at 80% power "
-                 f"(or fewer with more samples per problem)")
+        text += (
+            f"; {c['estimate']:+.3g} needs ~{need['factor']:.1f}x the problems ({need['n']:,}) at 80% power "
+            f"(or fewer with more samples per problem)"
+        )
     known = [x for x in c.get("checksums", []) if x]
     if len(known) > 1:
         text += f" [runs from {len(known)} different base models: weights sha256 {', '.join(x[:8] for x in known)}]"
@@ -44,8 +46,10 @@ def replication_cell(c: dict) -> str:
     if rep["status"] == "not tested":
         return f"not tested: {rep['reason']}"
     short = {"inconclusive at this scale": "inconclusive"}
-    parts = "; ".join(f"{x['name']}: {short.get(x['verdict'], x['verdict'])} {x['estimate']:+.3g}, p {_p_text(x['p'])}"
-                      for x in rep["parts"])
+    parts = "; ".join(
+        f"{x['name']}: {short.get(x['verdict'], x['verdict'])} {x['estimate']:+.3g}, p {_p_text(x['p'])}"
+        for x in rep["parts"]
+    )
     return f"{rep['status']} ({parts})"
 
 
@@ -54,31 +58,58 @@ def claims(rows: list[dict]) -> Table | None:
     the smallest effect the design detects, and whether the verdict replicates (report/replication.py)."""
     if not rows:
         return None
-    cols = ["Claim (source)", "Comparison", "Figure", "Estimate [95% CI]", "Test", "n", "p", "Verdict",
-            "Detectable (80% power)", "Replication"]
+    cols = [
+        "Claim (source)",
+        "Comparison",
+        "Figure",
+        "Estimate [95% CI]",
+        "Test",
+        "n",
+        "p",
+        "Verdict",
+        "Detectable (80% power)",
+        "Replication",
+    ]
     t = Table("claims", "The papers' claims at this scale", cols, sections=False)
     for c in rows:
         lo, hi = c["ci"]
         ci = f" [{lo:+.3g}, {hi:+.3g}]" if math.isfinite(lo) and math.isfinite(hi) else ""
         mde = c.get("mde", math.nan)
-        flagged = (c["verdict"] == "does not hold" or (c.get("replication") or {}).get("status") == "fragile"
-                   or len([x for x in c.get("checksums", []) if x]) > 1)
-        t.add([f"{c['claim']} ({c['source']})", c["comparison"], c["figure"], f"{c['estimate']:+.3g}{ci}", c["test"],
-               str(c["n"]), _p_text(c["p"]), claim_verdict_cell(c), f"±{mde:.3g}" if math.isfinite(mde) else "",
-               replication_cell(c)], "flagged" if flagged else "")
+        flagged = (
+            c["verdict"] == "does not hold"
+            or (c.get("replication") or {}).get("status") == "fragile"
+            or len([x for x in c.get("checksums", []) if x]) > 1
+        )
+        t.add(
+            [
+                f"{c['claim']} ({c['source']})",
+                c["comparison"],
+                c["figure"],
+                f"{c['estimate']:+.3g}{ci}",
+                c["test"],
+                str(c["n"]),
+                _p_text(c["p"]),
+                claim_verdict_cell(c),
+                f"±{mde:.3g}" if math.isfinite(mde) else "",
+                replication_cell(c),
+            ],
+            "flagged" if flagged else "",
+        )
     by = next(((c.get("replication") or {}).get("by") for c in rows if c.get("replication")), None)
-    t.notes = ["Holds: the difference has the claimed sign and p < 0.05; does not hold: the opposite sign and "
-               "p < 0.05; else inconclusive at this scale. Training figures are paired by seed; accuracy too from "
-               "2 seeds on (each seed's Avg@n), by problem with one seed (the bootstrap: it speaks for that "
-               "trained model, not for another seed). See clipbench/report/claims.py.",
-               "Detectable: the smallest difference this design detects with 80% power at p < 0.05 (two-sided), "
-               "(t(0.975, df) + t(0.80, df)) x se, se from the observed spread: of the seed differences for a "
-               "paired t (df = seeds - 1), of the per-problem differences for the bootstrap (df = problems - 1; "
-               "Welch for several benchmarks). An inconclusive verdict says what would detect its estimate.",
-               f"Replication ({by or 'on two halves of the seeds'}): replicates when each part alone reaches the "
-               "whole's verdict with its sign (for an inconclusive verdict: each part inconclusive too, same "
-               "sign); fragile otherwise. Halves: the claim's seeds sorted, first half and second half; a paired "
-               "t needs 2 seeds per half, the bootstrap 1."]
+    t.notes = [
+        "Holds: the difference has the claimed sign and p < 0.05; does not hold: the opposite sign and "
+        "p < 0.05; else inconclusive at this scale. Training figures are paired by seed; accuracy too from "
+        "2 seeds on (each seed's Avg@n), by problem with one seed (the bootstrap: it speaks for that "
+        "trained model, not for another seed). See clipbench/report/claims.py.",
+        "Detectable: the smallest difference this design detects with 80% power at p < 0.05 (two-sided), "
+        "(t(0.975, df) + t(0.80, df)) x se, se from the observed spread: of the seed differences for a "
+        "paired t (df = seeds - 1), of the per-problem differences for the bootstrap (df = problems - 1; "
+        "Welch for several benchmarks). An inconclusive verdict says what would detect its estimate.",
+        f"Replication ({by or 'on two halves of the seeds'}): replicates when each part alone reaches the "
+        "whole's verdict with its sign (for an inconclusive verdict: each part inconclusive too, same "
+        "sign); fragile otherwise. Halves: the claim's seeds sorted, first half and second half; a paired "
+        "t needs 2 seeds per half, the bootstrap 1.",
+    ]
     return t
 
 
@@ -90,13 +121,17 @@ def provenance(summary: dict | None) -> Table | None:
     t = Table("provenance", "Where the runs ran and what they started from", cols, sections=False)
     for row in summary["rows"]:
         who = "; ".join(f"{lb} ({seed_ranges(seeds)})" for lb, seeds in row["labels"].items())
-        t.add([model_title(row["model"]), row["weights_sha256"][:16], row["machine"], str(len(row["runs"])), who],
-              "flagged" if row["model"] in summary["mixed"] else "")
-    t.notes = ["From each run's provenance.json (one record per start or resume; a run resumed elsewhere is on "
-               "each machine's row). Weights sha256: the base model's weight files (first 16 hex digits; unknown "
-               "for runs written before it was recorded or hub ids not in the local cache). The same numbers are "
-               "expected only on the same machine, thread count and world size; flagged rows: one base model "
-               "name, several checksums."]
+        t.add(
+            [model_title(row["model"]), row["weights_sha256"][:16], row["machine"], str(len(row["runs"])), who],
+            "flagged" if row["model"] in summary["mixed"] else "",
+        )
+    t.notes = [
+        "From each run's provenance.json (one record per start or resume; a run resumed elsewhere is on "
+        "each machine's row). Weights sha256: the base model's weight files (first 16 hex digits; unknown "
+        "for runs written before it was recorded or hub ids not in the local cache). The same numbers are "
+        "expected only on the same machine, thread count and world size; flagged rows: one base model "
+        "name, several checksums."
+    ]
     return t
 
 

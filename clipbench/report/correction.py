@@ -13,15 +13,21 @@ over the run's optimizer steps).
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from clipbench.report import stats
 
 QUADRANTS = ("q1", "q2", "q3", "q4")
-MEANS = ("mismatch/abs_mean", "mismatch/rho_mean", "correction/weight_mean", "correction/truncated_frac",
-         "correction/masked_frac", "correction/seq_masked_frac")
+MEANS = (
+    "mismatch/abs_mean",
+    "mismatch/rho_mean",
+    "correction/weight_mean",
+    "correction/truncated_frac",
+    "correction/masked_frac",
+    "correction/seq_masked_frac",
+)
 
 
 def run_correction(metrics: Sequence[Mapping]) -> dict | None:
@@ -34,13 +40,18 @@ def run_correction(metrics: Sequence[Mapping]) -> dict | None:
         return None
     rows = list(firsts.values())
     out = {k: float(np.mean([r[k] for r in rows])) if all(k in r for r in rows) else math.nan for k in MEANS}
-    out["rho_min"] = min(r["mismatch/rho_min"] for r in rows) if all("mismatch/rho_min" in r for r in rows) else math.nan
-    out["rho_max"] = max(r["mismatch/rho_max"] for r in rows) if all("mismatch/rho_max" in r for r in rows) else math.nan
+    out["rho_min"] = (
+        min(r["mismatch/rho_min"] for r in rows) if all("mismatch/rho_min" in r for r in rows) else math.nan
+    )
+    out["rho_max"] = (
+        max(r["mismatch/rho_max"] for r in rows) if all("mismatch/rho_max" in r for r in rows) else math.nan
+    )
     for q in QUADRANTS:
         tokens = sum(r.get(f"{q}/tokens", 0.0) for r in metrics)
         masked = sum(r.get(f"correction/{q}/masked", 0.0) for r in metrics)
-        out[f"{q}/masked"] = 100.0 * masked / tokens if tokens and any(f"correction/{q}/masked" in r for r in metrics) \
-            else math.nan
+        out[f"{q}/masked"] = (
+            100.0 * masked / tokens if tokens and any(f"correction/{q}/masked" in r for r in metrics) else math.nan
+        )
     return out
 
 

@@ -23,8 +23,11 @@ def _gains(block: dict) -> dict[str, float]:
     if not avg or not avg.get("base"):
         return {}
     base = avg["base"]["metrics"]["avg"]["mean"]
-    return {lb: 100.0 * (row["metrics"]["avg"]["mean"] - base) for lb, row in avg["rows"].items()
-            if math.isfinite(row["metrics"]["avg"]["mean"])}
+    return {
+        lb: 100.0 * (row["metrics"]["avg"]["mean"] - base)
+        for lb, row in avg["rows"].items()
+        if math.isfinite(row["metrics"]["avg"]["mean"])
+    }
 
 
 def _outcome(result: dict) -> list[str]:
@@ -35,16 +38,21 @@ def _outcome(result: dict) -> list[str]:
         if not gains:
             continue
         seeds = sorted({len(info["seeds"]) for info in block["labels"].values()})
-        seeds_text = (f"{seeds[0]}" if len(seeds) == 1 else f"{seeds[0]}-{seeds[-1]}") + \
-            (" seed" if seeds[-1] == 1 else " seeds")
+        seeds_text = (f"{seeds[0]}" if len(seeds) == 1 else f"{seeds[0]}-{seeds[-1]}") + (
+            " seed" if seeds[-1] == 1 else " seeds"
+        )
         where = f" on {model_title(block['model'])}" if multi else ""
         best, worst = max(gains, key=gains.get), min(gains, key=gains.get)
         if best == worst:
-            parts.append(f"{best} ends {gains[best]:+.1f} points over the base model{where} (Avg@{block['n']}, "
-                         f"mean of {seeds_text})")
+            parts.append(
+                f"{best} ends {gains[best]:+.1f} points over the base model{where} (Avg@{block['n']}, "
+                f"mean of {seeds_text})"
+            )
         else:
-            parts.append(f"the gain over the base model{where} runs from {gains[best]:+.1f} points ({best}) to "
-                         f"{gains[worst]:+.1f} ({worst}) (Avg@{block['n']}, mean of {seeds_text} per arm)")
+            parts.append(
+                f"the gain over the base model{where} runs from {gains[best]:+.1f} points ({best}) to "
+                f"{gains[worst]:+.1f} ({worst}) (Avg@{block['n']}, mean of {seeds_text} per arm)"
+            )
     for model, block in (result.get("stability") or {}).items():
         crit = "; ".join(f"{rule} {critical_text(info['critical'])}" for rule, info in block["rules"].items())
         parts.append(f"critical learning rates{' on ' + model_title(model) if multi else ''}: {crit}")
@@ -66,8 +74,12 @@ def _claims(claims: list[dict]) -> str | None:
         if hits:
             names = "; ".join(_claim_name(c) for c in hits[:SHOWN])
             more = f"; and {len(hits) - SHOWN} more" if len(hits) > SHOWN else ""
-            verb = {("holds", True): "holds", ("holds", False): "hold", ("does not hold", True): "does not hold",
-                    ("does not hold", False): "do not hold"}[(verdict, len(hits) == 1)]
+            verb = {
+                ("holds", True): "holds",
+                ("holds", False): "hold",
+                ("does not hold", True): "does not hold",
+                ("does not hold", False): "do not hold",
+            }[(verdict, len(hits) == 1)]
             said.append(f"{len(hits)} {verb}: {names}{more}")
     rest = sum(c["verdict"].startswith("inconclusive") for c in claims)
     if rest:

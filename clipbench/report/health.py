@@ -27,38 +27,49 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from clipbench.report.load import RunRecord
 from clipbench.tracking.store import RunState
 
-WINDOW = 0.1                 # share of the rollout steps averaged at the start and at the end
-REWARD_COLLAPSE = 0.5        # flagged when the end is below this fraction of the start
+WINDOW = 0.1  # share of the rollout steps averaged at the start and at the end
+REWARD_COLLAPSE = 0.5  # flagged when the end is below this fraction of the start
 ENTROPY_COLLAPSE = 0.1
 ACCURACY_COLLAPSE = 0.5
-FROZEN_TOL = 1e-7            # |ratio - 1| below this on every off-policy mini-batch: the policy never moved
-ENTROPY_BLOWUP = 2.0         # flagged when the end is above this multiple of the start
+FROZEN_TOL = 1e-7  # |ratio - 1| below this on every off-policy mini-batch: the policy never moved
+ENTROPY_BLOWUP = 2.0  # flagged when the end is above this multiple of the start
 LENGTH_COLLAPSE = 0.5
 LENGTH_BLOWUP = 1.5
-RATIO_EXPLOSION = 10.0       # mean of ratio/max over the last window above this
-SIGNAL_LOST = 0.1            # grad_norm's end below this fraction of its start
+RATIO_EXPLOSION = 10.0  # mean of ratio/max over the last window above this
+SIGNAL_LOST = 0.1  # grad_norm's end below this fraction of its start
 
 # The kinds of collapse a run's flags name (run_health(...)["kinds"]), in the order they are checked.
-KINDS = ("entropy collapse", "entropy blow-up", "length collapse", "length blow-up", "ratio explosion",
-         "no learning signal", "reward collapse", "accuracy collapse", "accuracy below base")
+KINDS = (
+    "entropy collapse",
+    "entropy blow-up",
+    "length collapse",
+    "length blow-up",
+    "ratio explosion",
+    "no learning signal",
+    "reward collapse",
+    "accuracy collapse",
+    "accuracy below base",
+)
 
-RULES = (f"Flags: reward collapse = mean reward over the last {WINDOW:.0%} of rollout steps (at least one) below "
-         f"{REWARD_COLLAPSE:g} x its mean over the first {WINDOW:.0%}; entropy collapse = the same with "
-         f"{ENTROPY_COLLAPSE:g} x; accuracy collapse = a benchmark's final Avg@n below {ACCURACY_COLLAPSE:g} x its "
-         f"step-0 value; policy frozen = ratio exactly 1 on every off-policy mini-batch; skipped = optimizer "
-         f"steps skipped as non-finite (loss or gradient norm); entropy blow-up = entropy's end above "
-         f"{ENTROPY_BLOWUP:g} x its start; length collapse / blow-up = mean completion length's end below "
-         f"{LENGTH_COLLAPSE:g} x / above {LENGTH_BLOWUP:g} x its start; ratio explosion = the largest token ratio "
-         f"(ratio/max), mean over the last {WINDOW:.0%} of rollout steps, above {RATIO_EXPLOSION:g}; no learning "
-         f"signal = gradient norm's end below {SIGNAL_LOST:g} x its start (all advantages 0); accuracy below base = "
-         f"the 95% t interval over problems of a benchmark's final minus step-0 Avg@n lies below 0.")
+RULES = (
+    f"Flags: reward collapse = mean reward over the last {WINDOW:.0%} of rollout steps (at least one) below "
+    f"{REWARD_COLLAPSE:g} x its mean over the first {WINDOW:.0%}; entropy collapse = the same with "
+    f"{ENTROPY_COLLAPSE:g} x; accuracy collapse = a benchmark's final Avg@n below {ACCURACY_COLLAPSE:g} x its "
+    f"step-0 value; policy frozen = ratio exactly 1 on every off-policy mini-batch; skipped = optimizer "
+    f"steps skipped as non-finite (loss or gradient norm); entropy blow-up = entropy's end above "
+    f"{ENTROPY_BLOWUP:g} x its start; length collapse / blow-up = mean completion length's end below "
+    f"{LENGTH_COLLAPSE:g} x / above {LENGTH_BLOWUP:g} x its start; ratio explosion = the largest token ratio "
+    f"(ratio/max), mean over the last {WINDOW:.0%} of rollout steps, above {RATIO_EXPLOSION:g}; no learning "
+    f"signal = gradient norm's end below {SIGNAL_LOST:g} x its start (all advantages 0); accuracy below base = "
+    f"the 95% t interval over problems of a benchmark's final minus step-0 Avg@n lies below 0."
+)
 
 
 def total_steps(run: RunRecord) -> int | None:
@@ -107,7 +118,9 @@ def _start_end(series: Sequence[float]) -> tuple[float, float] | None:
     return float(np.mean(series[:w])), float(np.mean(series[-w:]))
 
 
-def _ratio_check(series: Sequence[float], kind: str, low: float | None, high: float | None) -> tuple[str, dict | None] | None:
+def _ratio_check(
+    series: Sequence[float], kind: str, low: float | None, high: float | None
+) -> tuple[str, dict | None] | None:
     """(flag, start/end) when a series' end leaves [low x start, high x start]; None when it stays."""
     se = _start_end(series)
     if se is None or not se[0] > 0:
@@ -137,8 +150,9 @@ def _accuracy_flags(run: RunRecord) -> list[str]:
             flags.append(f"accuracy collapse on {bench} (Avg@n {100 * a:.1f}% -> {100 * b:.1f}%)")
             continue
         before = dict(zip(map(str, start["problem_ids"]), np.mean(start["correct"], axis=1)))
-        diffs = [v - before[p] for p, v in zip(map(str, end["problem_ids"]), np.mean(end["correct"], axis=1))
-                 if p in before]
+        diffs = [
+            v - before[p] for p, v in zip(map(str, end["problem_ids"]), np.mean(end["correct"], axis=1)) if p in before
+        ]
         if len(diffs) >= 2 and t_interval(diffs)[1] < 0:
             flags.append(f"accuracy below base on {bench} (Avg@n {100 * a:.1f}% -> {100 * b:.1f}%)")
     return flags
@@ -153,11 +167,18 @@ def run_health(run: RunRecord) -> dict:
     """{"steps_done", "steps", "opt_steps", "skipped", "skipped_frac", "flags": [str], "kinds": [str],
     "reward", "entropy"}: kinds are the kinds of collapse the flags name (KINDS)."""
     opt_steps = len(run.metrics)
-    skipped = max([int(r["skipped_nonfinite"]) for r in run.metrics if isinstance(r.get("skipped_nonfinite"), (int, float))]
-                  + [int(run.status.get("skipped_nonfinite") or 0)])
+    skipped = max(
+        [int(r["skipped_nonfinite"]) for r in run.metrics if isinstance(r.get("skipped_nonfinite"), (int, float))]
+        + [int(run.status.get("skipped_nonfinite") or 0)]
+    )
     flags: list[str] = []
-    out: dict = {"steps_done": steps_done(run), "steps": total_steps(run), "opt_steps": opt_steps,
-                 "skipped": skipped, "skipped_frac": skipped / opt_steps if opt_steps else 0.0}
+    out: dict = {
+        "steps_done": steps_done(run),
+        "steps": total_steps(run),
+        "opt_steps": opt_steps,
+        "skipped": skipped,
+        "skipped_frac": skipped / opt_steps if opt_steps else 0.0,
+    }
     if skipped:
         flags.append(f"skipped {skipped} of {opt_steps} optimizer steps (non-finite)")
     for key, name, frac in (("reward/mean", "reward", REWARD_COLLAPSE), ("entropy", "entropy", None)):
@@ -165,14 +186,16 @@ def run_health(run: RunRecord) -> dict:
         out[name] = None if se is None else {"start": se[0], "end": se[1]}
         if frac is not None and se is not None and se[0] > 0 and se[1] < frac * se[0]:
             flags.append(f"{name} collapse ({se[0]:.3g} -> {se[1]:.3g})")
-    checks = (("entropy", "entropy", ENTROPY_COLLAPSE, ENTROPY_BLOWUP),
-              ("response_length/mean", "length", LENGTH_COLLAPSE, LENGTH_BLOWUP))
+    checks = (
+        ("entropy", "entropy", ENTROPY_COLLAPSE, ENTROPY_BLOWUP),
+        ("response_length/mean", "length", LENGTH_COLLAPSE, LENGTH_BLOWUP),
+    )
     for key, kind, low, high in checks:
         got = _ratio_check(_step_series(run, key), kind, low, high)
         flags += [got[0]] if got else []
     ratio = _step_series(run, "ratio/max")
     if len(ratio) >= 2:
-        end = float(np.mean(ratio[-max(1, int(len(ratio) * WINDOW)):]))
+        end = float(np.mean(ratio[-max(1, int(len(ratio) * WINDOW)) :]))
         if end > RATIO_EXPLOSION:
             flags.append(f"ratio explosion (largest ratio {end:.3g} over the last steps)")
     grad = _start_end(_step_series(run, "grad_norm"))

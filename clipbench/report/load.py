@@ -8,20 +8,29 @@ into *blocks* by base model (the paper's Table 3 has one block per model) and, w
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
-from clipbench.errors import UserError, did_you_mean
 from clipbench.config import flatten
 from clipbench.config.labels import group_label
 from clipbench.config.load import migrate
-from clipbench.tracking.store import RunDir, list_sweeps
+from clipbench.errors import UserError, did_you_mean
 from clipbench.tracking.files import check_store_dir, read_jsonl
 from clipbench.tracking.provenance import read_provenance, weights_checksum
+from clipbench.tracking.store import RunDir, list_sweeps
+
 # the model (it makes the block) and evaluation settings.
-_NOT_IN_LABEL_PREFIXES = ("seed", "name", "tracking.", "model.name", "eval.", "train.checkpoint_every",
-                          "train.log_histograms", "train.record.")
+_NOT_IN_LABEL_PREFIXES = (
+    "seed",
+    "name",
+    "tracking.",
+    "model.name",
+    "eval.",
+    "train.checkpoint_every",
+    "train.log_histograms",
+    "train.record.",
+)
 
 
 @dataclass
@@ -115,9 +124,17 @@ def load_run(path: str | Path, notes: list[str] | None = None) -> RunRecord:
     jsonl file is skipped with a note in `notes`."""
     rd = RunDir(path)
     status = rd.status()
-    return RunRecord(run_id=rd.run_id, path=rd.path, config=migrate(rd.read_config() or {}), state=status.get("state", "pending"),
-               status=status, metrics=rd.read_metrics(notes), evals=rd.read_evals(),
-               hist=read_jsonl(rd.hist_path, notes=notes), provenance=read_provenance(rd.path))
+    return RunRecord(
+        run_id=rd.run_id,
+        path=rd.path,
+        config=migrate(rd.read_config() or {}),
+        state=status.get("state", "pending"),
+        status=status,
+        metrics=rd.read_metrics(notes),
+        evals=rd.read_evals(),
+        hist=read_jsonl(rd.hist_path, notes=notes),
+        provenance=read_provenance(rd.path),
+    )
 
 
 def _in_label(key: str) -> bool:
@@ -140,23 +157,33 @@ def assign_labels(runs: list[RunRecord]) -> None:
 
 
 def _assign_block_labels(runs: list[RunRecord]) -> None:
-    flat = {r.run_id: {k: tuple(v) if isinstance(v, list) else v for k, v in flatten(r.config).items()}
-            for r in runs}
+    flat = {r.run_id: {k: tuple(v) if isinstance(v, list) else v for k, v in flatten(r.config).items()} for r in runs}
     keys = sorted({k for f in flat.values() for k in f})
     corr, corr_name = "sampler.correction.", "sampler.correction.name"
-    varying_global = [k for k in keys if not k.startswith("objective.") and _in_label(k)
-                      and (not k.startswith(corr) or k == corr_name) and len({flat[r.run_id].get(k) for r in runs}) > 1]
+    varying_global = [
+        k
+        for k in keys
+        if not k.startswith("objective.")
+        and _in_label(k)
+        and (not k.startswith(corr) or k == corr_name)
+        and len({flat[r.run_id].get(k) for r in runs}) > 1
+    ]
     by_correction: dict = {}  # a correction's parameters count when they vary among the runs of that correction
     for r in runs:
         by_correction.setdefault(flat[r.run_id].get(corr_name), []).append(r)
-    varying_corr = {c: [k for k in keys if k.startswith(corr) and k != corr_name
-                        and len({flat[r.run_id].get(k) for r in rs}) > 1] for c, rs in by_correction.items()}
+    varying_corr = {
+        c: [k for k in keys if k.startswith(corr) and k != corr_name and len({flat[r.run_id].get(k) for r in rs}) > 1]
+        for c, rs in by_correction.items()
+    }
     by_method: dict[str, list[RunRecord]] = {}
     for r in runs:
         by_method.setdefault(r.method, []).append(r)
     varying_obj = {
-        m: [k for k in keys if k.startswith("objective.") and k != "objective.method"
-            and len({flat[r.run_id].get(k) for r in rs}) > 1]
+        m: [
+            k
+            for k in keys
+            if k.startswith("objective.") and k != "objective.method" and len({flat[r.run_id].get(k) for r in rs}) > 1
+        ]
         for m, rs in by_method.items()
     }
     all_keys = varying_global + [k for ks in [*varying_obj.values(), *varying_corr.values()] for k in ks]
@@ -188,5 +215,6 @@ def resolve_baseline(labels: list[str], methods_by_label: Mapping[str, str], bas
         return matches[0]
     if len(matches) > 1:
         raise UserError(f"--baseline '{baseline}' matches several labels; pick one of: {', '.join(matches)}")
-    raise UserError(f"unknown baseline '{baseline}'{did_you_mean(baseline, labels)}; "
-                    f"methods in this sweep: {', '.join(labels)}")
+    raise UserError(
+        f"unknown baseline '{baseline}'{did_you_mean(baseline, labels)}; methods in this sweep: {', '.join(labels)}"
+    )

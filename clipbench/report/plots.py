@@ -17,8 +17,8 @@ distribution of log r pooled over steps and seeds, split by the sign of A, with 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 import matplotlib
 
@@ -43,7 +43,9 @@ def series_key(run: RunRecord, multi_block: bool) -> str:
     return f"{model_title(run.model)}: {run.label}" if multi_block else run.label
 
 
-def group_runs(sweep: Sweep, baseline: str | None = None, exclude: frozenset[str] = frozenset()) -> dict[str, list[RunRecord]]:
+def group_runs(
+    sweep: Sweep, baseline: str | None = None, exclude: frozenset[str] = frozenset()
+) -> dict[str, list[RunRecord]]:
     """{series name: runs (seeds)}: the baseline's series first, then in label order; runs whose id
     is in `exclude` (not compared: failed, unfinished) are left out."""
     multi = len(sweep.blocks()) > 1
@@ -95,8 +97,9 @@ def draw_band(ax, frame: pd.DataFrame, label: str, color: str) -> pd.Series | No
     if (count >= 2).any():
         lo, hi = frame.min(axis=1), frame.max(axis=1)
         ok = (count >= 2).values
-        ax.fill_between(frame.index.values, lo.where(ok).values, hi.where(ok).values, color=color, alpha=0.2,
-                        linewidth=0)
+        ax.fill_between(
+            frame.index.values, lo.where(ok).values, hi.where(ok).values, color=color, alpha=0.2, linewidth=0
+        )
     return mean
 
 
@@ -132,8 +135,13 @@ def identical_series(panels: Sequence[Mapping[str, pd.Series | None]]) -> list[l
 def _finish(fig: Figure, axes, title: str, panels: Sequence[Mapping[str, pd.Series | None]] = ()) -> Figure:
     same = identical_series(panels)
     if same:
-        fig.text(0.01, 0.005, "Identical curves (drawn on top of each other): "
-                 + "; ".join(" = ".join(g) for g in same), fontsize=8, color="#b45309")
+        fig.text(
+            0.01,
+            0.005,
+            "Identical curves (drawn on top of each other): " + "; ".join(" = ".join(g) for g in same),
+            fontsize=8,
+            color="#b45309",
+        )
     handles, labels = [], []
     for ax in np.ravel(axes):
         for h, lb in zip(*ax.get_legend_handles_labels()):
@@ -147,14 +155,17 @@ def _finish(fig: Figure, axes, title: str, panels: Sequence[Mapping[str, pd.Seri
     return fig
 
 
-def line_figure(groups: Mapping[str, list[RunRecord]], key: str, x: str, title: str, ylabel: str,
-                scale: float = 1.0) -> Figure | None:
+def line_figure(
+    groups: Mapping[str, list[RunRecord]], key: str, x: str, title: str, ylabel: str, scale: float = 1.0
+) -> Figure | None:
     frames = {name: seed_frame(rs, lambda r: metric_by(r, key, x)) * scale for name, rs in groups.items()}
     frames = {k: v for k, v in frames.items() if not v.empty}
     if not frames:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=DPI)
-    drawn = {name: draw_band(ax, frame, name, COLORS[i % len(COLORS)]) for i, (name, frame) in enumerate(frames.items())}
+    drawn = {
+        name: draw_band(ax, frame, name, COLORS[i % len(COLORS)]) for i, (name, frame) in enumerate(frames.items())
+    }
     ax.set_xlabel("optimizer step" if x == "opt_step" else "rollout step")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
@@ -186,14 +197,21 @@ def eval_figure(groups: Mapping[str, list[RunRecord]], result: dict) -> Figure |
                 out[float(step)] = 100 * float(stats.per_problem_values(correct, ks)[metric].mean())
         return out
 
-    fig, axes = plt.subplots(len(benches), len(metrics), figsize=(11, 3.2 * len(benches) + 0.8),
-                             dpi=DPI, squeeze=False)  # one row per benchmark: Avg@n | Pass@n
+    fig, axes = plt.subplots(
+        len(benches), len(metrics), figsize=(11, 3.2 * len(benches) + 0.8), dpi=DPI, squeeze=False
+    )  # one row per benchmark: Avg@n | Pass@n
     panels = []
     for i, bench in enumerate(benches):
         for j, metric in enumerate(metrics):
             ax = axes[i][j]
-            panels.append({name: draw_band(ax, seed_frame(rs, lambda r: extract(r, bench, metric)), name,
-                                           COLORS[c % len(COLORS)]) for c, (name, rs) in enumerate(groups.items())})
+            panels.append(
+                {
+                    name: draw_band(
+                        ax, seed_frame(rs, lambda r: extract(r, bench, metric)), name, COLORS[c % len(COLORS)]
+                    )
+                    for c, (name, rs) in enumerate(groups.items())
+                }
+            )
             ax.set_title(f"{BENCH_TITLES.get(bench, bench)}: {metric_title(metric, n)}", fontsize=10)
             ax.set_xlabel("rollout step")
             ax.set_ylabel("%")
@@ -227,8 +245,12 @@ def quadrant_figure(groups: Mapping[str, list[RunRecord]]) -> Figure | None:
     panels = []
     for i, q in enumerate(QUADRANTS):
         ax = axes[i]
-        panels.append({name: draw_band(ax, seed_frame(rs, lambda r: shares[name][r.run_id][q]), name,
-                                       COLORS[c % len(COLORS)]) for c, (name, rs) in enumerate(groups.items())})
+        panels.append(
+            {
+                name: draw_band(ax, seed_frame(rs, lambda r: shares[name][r.run_id][q]), name, COLORS[c % len(COLORS)])
+                for c, (name, rs) in enumerate(groups.items())
+            }
+        )
         ax.set_title(f"{q.upper()} share of clip events", fontsize=10)
         ax.set_xlabel("rollout step")
         ax.grid(alpha=0.3)
@@ -278,8 +300,11 @@ def hist_figure(groups: Mapping[str, list[RunRecord]]) -> Figure | None:
         ax.set_xlabel("log r = logp - old_logp")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("fraction of tokens (pooled over steps and seeds)")
-    return _finish(fig, axes, "Log-ratio near the clip bounds (dashed: each method's reference band, "
-                              "log(lo) and log(hi), for its sign of A)")
+    return _finish(
+        fig,
+        axes,
+        "Log-ratio near the clip bounds (dashed: each method's reference band, log(lo) and log(hi), for its sign of A)",
+    )
 
 
 def stability_figure(stab: Mapping | None) -> Figure | None:
@@ -288,8 +313,9 @@ def stability_figure(stab: Mapping | None) -> Figure | None:
     visible), and the share of runs flagged as collapsed; one row per base model."""
     if not stab:
         return None
-    fig, axes = plt.subplots(len(stab), 2, figsize=(12, 4.4 * len(stab) + 0.8), dpi=DPI, squeeze=False,
-                             gridspec_kw={"width_ratios": [3, 2]})
+    fig, axes = plt.subplots(
+        len(stab), 2, figsize=(12, 4.4 * len(stab) + 0.8), dpi=DPI, squeeze=False, gridspec_kw={"width_ratios": [3, 2]}
+    )
     for row, (model, block) in enumerate(stab.items()):
         ax, ax_c = axes[row]
         count = len(block["rules"])
@@ -302,10 +328,17 @@ def stability_figure(stab: Mapping | None) -> Figure | None:
             hi = np.array([c["ci"][1] for c in cells], dtype=float)
             err = np.vstack([np.where(np.isfinite(lo), mean - lo, 0.0), np.where(np.isfinite(hi), hi - mean, 0.0)])
             color = COLORS[i % len(COLORS)]
-            ax.errorbar(dodge, mean, yerr=err, label=rule, color=color, marker="o", markersize=4, capsize=3,
-                        linewidth=1.5)
-            ax_c.plot(rates, [100.0 * c["flagged"] / c["runs"] if c["runs"] else math.nan for c in cells],
-                      color=color, marker="o", markersize=4, linewidth=1.2)
+            ax.errorbar(
+                dodge, mean, yerr=err, label=rule, color=color, marker="o", markersize=4, capsize=3, linewidth=1.5
+            )
+            ax_c.plot(
+                rates,
+                [100.0 * c["flagged"] / c["runs"] if c["runs"] else math.nan for c in cells],
+                color=color,
+                marker="o",
+                markersize=4,
+                linewidth=1.2,
+            )
         for a in (ax, ax_c):
             a.set_xscale("log")
             a.set_xticks(block["rates"])

@@ -11,8 +11,8 @@ import base64
 import csv
 import functools
 import io
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from clipbench.report.tables import Table
 
@@ -20,32 +20,44 @@ FORMATS = ("rich", "markdown", "latex", "csv", "html")
 WRAP_AT = 24  # a rich column with a longer cell wraps
 FIGURE_CAPTIONS = {
     "stability": "Gain over the base model (final Avg@n minus step 0, points) against the learning rate, one line "
-                 "per rule: mean over seeds, error bars the 95% Student t interval over seeds; right, the share of "
-                 "runs flagged as collapsed at each rate.",
+    "per rule: mean over seeds, error bars the 95% Student t interval over seeds; right, the share of "
+    "runs flagged as collapsed at each rate.",
     "entropy": "Token entropy of the policy per optimizer step.",
     "reward": "Mean training reward per rollout step.",
     "eval": "Avg@n and Pass@n on each benchmark at every evaluation step.",
     "quadrants": "Share of clip events per quadrant at every rollout step (the paper's Figure 4f over time).",
     "log_ratio_hist": "Distribution of log r = logp - old_logp near the clip bounds, by the sign of the advantage.",
     "replay_zero_grad": "Replay: share of each quadrant's tokens that get no gradient, per rule, on the same recorded "
-                        "batches (Q1 A>0 r>1, Q2 A>0 r<1, Q3 A<0 r<1, Q4 A<0 r>1).",
+    "batches (Q1 A>0 r>1, Q2 A>0 r<1, Q3 A<0 r<1, Q4 A<0 r>1).",
     "replay_cosine": "Replay: cosine between the rules' per-token gradients (d loss / d logp), mean over the recorded "
-                     "optimizer steps.",
+    "optimizer steps.",
 }
 
 
 # ---- rich -------------------------------------------------------------------------------------
 
+
 def to_rich(t: Table):
     from rich.table import Table as RichTable
 
-    styles = {"ref": "italic dim", "refgain": "italic dim", "gain": "bold", "base": "dim", "baseline": "cyan",
-              "excluded": "dim", "flagged": "yellow"}
+    styles = {
+        "ref": "italic dim",
+        "refgain": "italic dim",
+        "gain": "bold",
+        "base": "dim",
+        "baseline": "cyan",
+        "excluded": "dim",
+        "flagged": "yellow",
+    }
     rt = RichTable(title=t.title, caption="\n".join(t.notes) or None, caption_justify="left", show_lines=False)
     for i, c in enumerate(t.columns):  # numbers keep one line; a column of long texts wraps (claims, machines)
         prose = any(len(row[i]) > WRAP_AT for row in t.rows)
-        rt.add_column(c, justify="left" if i < 2 or prose else "right", no_wrap=i > 0 and not prose,
-                      min_width=14 if prose else None)
+        rt.add_column(
+            c,
+            justify="left" if i < 2 or prose else "right",
+            no_wrap=i > 0 and not prose,
+            min_width=14 if prose else None,
+        )
     prev = None
     for row, style in zip(t.rows, t.styles):
         if t.sections and row[0] and prev is not None:
@@ -75,6 +87,7 @@ def print_rich(tables: Sequence[Table], console=None) -> None:
 
 # ---- markdown ---------------------------------------------------------------------------------
 
+
 def _md_escape(s: str) -> str:
     return s.replace("|", "\\|")
 
@@ -96,8 +109,9 @@ def to_markdown(t: Table) -> str:
     return "\n".join(lines) + "\n"
 
 
-def markdown_document(title: str, header: Sequence[str], tables: Sequence[Table],
-                      figures: Mapping[str, str] | None = None) -> str:
+def markdown_document(
+    title: str, header: Sequence[str], tables: Sequence[Table], figures: Mapping[str, str] | None = None
+) -> str:
     parts = [f"# {title}", "", *[f"{h}  " for h in header], ""]
     for t in tables:
         parts.append(to_markdown(t))
@@ -108,9 +122,21 @@ def markdown_document(title: str, header: Sequence[str], tables: Sequence[Table]
 
 # ---- LaTeX ------------------------------------------------------------------------------------
 
-_LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
-                  "±": r"$\pm$", "Δ": r"$\Delta$", "≥": r"$\geq$"}
+_LATEX_SPECIAL = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "±": r"$\pm$",
+    "Δ": r"$\Delta$",
+    "≥": r"$\geq$",
+}
 
 
 def latex_escape(s: str) -> str:
@@ -119,9 +145,16 @@ def latex_escape(s: str) -> str:
 
 def to_latex(t: Table) -> str:
     spec = "ll" + "r" * (len(t.columns) - 2)
-    out = [r"\begin{table}[t]", r"\centering", r"\small", f"\\caption{{{latex_escape(t.title)}}}",
-           f"\\begin{{tabular}}{{{spec}}}", r"\toprule",
-           " & ".join(latex_escape(c) for c in t.columns) + r" \\", r"\midrule"]
+    out = [
+        r"\begin{table}[t]",
+        r"\centering",
+        r"\small",
+        f"\\caption{{{latex_escape(t.title)}}}",
+        f"\\begin{{tabular}}{{{spec}}}",
+        r"\toprule",
+        " & ".join(latex_escape(c) for c in t.columns) + r" \\",
+        r"\midrule",
+    ]
     for i, (row, style) in enumerate(zip(t.rows, t.styles)):
         if t.sections and row[0] and i > 0:
             out.append(r"\midrule")
@@ -140,10 +173,13 @@ def to_latex(t: Table) -> str:
 
 def latex_document(tables: Sequence[Table]) -> str:
     """A fragment to \\input (needs \\usepackage{booktabs})."""
-    return "% generated by `clipbench report`; needs \\usepackage{booktabs}\n\n" + "\n".join(to_latex(t) for t in tables)
+    return "% generated by `clipbench report`; needs \\usepackage{booktabs}\n\n" + "\n".join(
+        to_latex(t) for t in tables
+    )
 
 
 # ---- CSV --------------------------------------------------------------------------------------
+
 
 def to_csv(t: Table) -> str:
     """Rows as displayed, with the repeated Benchmark cell filled in and a row-kind column."""
@@ -159,13 +195,15 @@ def to_csv(t: Table) -> str:
 
 # ---- HTML -------------------------------------------------------------------------------------
 
+
 @functools.lru_cache(maxsize=1)
 def _templates():
     """The report's jinja2 templates (package data: clipbench/report/templates), autoescaped."""
     import jinja2
 
-    return jinja2.Environment(loader=jinja2.PackageLoader("clipbench.report", "templates"),
-                              autoescape=True, keep_trailing_newline=True)
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("clipbench.report", "templates"), autoescape=True, keep_trailing_newline=True
+    )
 
 
 def html_layout(tables: Sequence[Table]) -> list[list[Table]]:
@@ -196,13 +234,19 @@ def png_data_uri(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
-def html_document(title: str, header: Sequence[str], tables: Sequence[Table],
-                  figures: Mapping[str, bytes] | None = None) -> str:
+def html_document(
+    title: str, header: Sequence[str], tables: Sequence[Table], figures: Mapping[str, bytes] | None = None
+) -> str:
     """One self-contained page (templates/report.html): header lines, tables, figures."""
-    figs = [{"name": name, "src": png_data_uri(png), "caption": FIGURE_CAPTIONS.get(name, name)}
-            for name, png in (figures or {}).items()]
-    return _templates().get_template("report.html").render(title=title, header=header, layout=html_layout(tables),
-                                                           figures=figs, text_columns=text_columns)
+    figs = [
+        {"name": name, "src": png_data_uri(png), "caption": FIGURE_CAPTIONS.get(name, name)}
+        for name, png in (figures or {}).items()
+    ]
+    return (
+        _templates()
+        .get_template("report.html")
+        .render(title=title, header=header, layout=html_layout(tables), figures=figs, text_columns=text_columns)
+    )
 
 
 def unique_names(tables: Sequence[Table]) -> list[str]:

@@ -65,35 +65,70 @@ def _where(ref: dict) -> str:
 
 
 def versus(ref: dict) -> Table:
-    t = Table("replay_versus", f"Replay vs {ref['reference']}: each rule's gradient on the same batches (token level)",
-              ["Rule", "", "cos(g, g_ref)", "|g| / |g_ref|", "departure %", *(f"in {q.upper()} %" for q in QUADS),
-               "loss"], sections=False)
+    t = Table(
+        "replay_versus",
+        f"Replay vs {ref['reference']}: each rule's gradient on the same batches (token level)",
+        ["Rule", "", "cos(g, g_ref)", "|g| / |g_ref|", "departure %", *(f"in {q.upper()} %" for q in QUADS), "loss"],
+        sections=False,
+    )
     for lb in ref["rules"]:
         p = ref["per_rule"][lb]
-        t.add([lb, "trained" if lb == ref["reference"] else "", _ms(p["grad_cosine"]), _ms(p["grad_norm_ratio"]),
-               _pct(p["pooled/departure"]), *(_pct(p[f"pooled/departure/{q}"]) for q in QUADS), _ms(p["loss"], 4)],
-              "baseline" if lb == ref["reference"] else "")
-    t.notes.append(f"{_where(ref)}. g = d loss / d logp per token (aggregation, weights and KL included); cosine, norm "
-                   "ratio and loss: mean ± sd over optimizer steps. departure = sum|g - g_ref| / sum|g_ref| over every "
-                   "step's tokens (pooled), and the part of it in each token-ratio quadrant.")
+        t.add(
+            [
+                lb,
+                "trained" if lb == ref["reference"] else "",
+                _ms(p["grad_cosine"]),
+                _ms(p["grad_norm_ratio"]),
+                _pct(p["pooled/departure"]),
+                *(_pct(p[f"pooled/departure/{q}"]) for q in QUADS),
+                _ms(p["loss"], 4),
+            ],
+            "baseline" if lb == ref["reference"] else "",
+        )
+    t.notes.append(
+        f"{_where(ref)}. g = d loss / d logp per token (aggregation, weights and KL included); cosine, norm "
+        "ratio and loss: mean ± sd over optimizer steps. departure = sum|g - g_ref| / sum|g_ref| over every "
+        "step's tokens (pooled), and the part of it in each token-ratio quadrant."
+    )
     if ref["identical"]:
-        t.notes.append("Identical gradients on every replayed step: " +
-                       "; ".join(" = ".join(g) for g in ref["identical"]) + ".")
+        t.notes.append(
+            "Identical gradients on every replayed step: " + "; ".join(" = ".join(g) for g in ref["identical"]) + "."
+        )
     return t
 
 
 def zero_grad(ref: dict) -> Table:
-    t = Table("replay_zero_grad", f"Replay vs {ref['reference']}: zero-gradient and rescued shares per quadrant (%)",
-              ["Rule", "", *(f"{q.upper()} zero-grad" for q in QUADS), "Q1 rescued", "Q3 rescued",
-               *(f"{q.upper()} out of band" for q in QUADS)], sections=False)
+    t = Table(
+        "replay_zero_grad",
+        f"Replay vs {ref['reference']}: zero-gradient and rescued shares per quadrant (%)",
+        [
+            "Rule",
+            "",
+            *(f"{q.upper()} zero-grad" for q in QUADS),
+            "Q1 rescued",
+            "Q3 rescued",
+            *(f"{q.upper()} out of band" for q in QUADS),
+        ],
+        sections=False,
+    )
     for lb in ref["rules"]:
         p = ref["per_rule"][lb]
-        t.add([lb, "trained" if lb == ref["reference"] else "", *(_pct(p[f"zero_grad/{q}"]) for q in QUADS),
-               _pct(p["rescued/q1"]), _pct(p["rescued/q3"]), *(_pct(p[f"out_of_band/{q}"]) for q in QUADS)],
-              "baseline" if lb == ref["reference"] else "")
+        t.add(
+            [
+                lb,
+                "trained" if lb == ref["reference"] else "",
+                *(_pct(p[f"zero_grad/{q}"]) for q in QUADS),
+                _pct(p["rescued/q1"]),
+                _pct(p["rescued/q3"]),
+                *(_pct(p[f"out_of_band/{q}"]) for q in QUADS),
+            ],
+            "baseline" if lb == ref["reference"] else "",
+        )
     tokens = ", ".join(f"{q.upper()} {int(ref['per_rule'][ref['reference']][f'tokens/{q}']):,}" for q in QUADS)
-    t.notes.append(f"{_where(ref)}; tokens per quadrant: {tokens}. Shares of the quadrant's tokens, summed over steps; "
-                   "the out-of-band band is each rule's own reference band.")
+    t.notes.append(
+        f"{_where(ref)}; tokens per quadrant: {tokens}. Shares of the quadrant's tokens, summed over steps; "
+        "the out-of-band band is each rule's own reference band."
+    )
     return t
 
 
@@ -101,30 +136,70 @@ def lookahead(ref: dict) -> Table | None:
     rows = [lb for lb in ref["rules"] if ref["per_rule"][lb]["lookahead/kl"]]
     if not rows:
         return None
-    t = Table("replay_lookahead", f"Replay vs {ref['reference']}: one optimizer step ahead from the recorded state "
-              "(parameter level)", ["Rule", "", "cos(θ-grad)", "|grad| ratio", "KL(new‖old) ×1e3", "Δ entropy ×1e3",
-                                    "Δ log p correct", "Δ log p incorrect"], sections=False)
+    t = Table(
+        "replay_lookahead",
+        f"Replay vs {ref['reference']}: one optimizer step ahead from the recorded state (parameter level)",
+        [
+            "Rule",
+            "",
+            "cos(θ-grad)",
+            "|grad| ratio",
+            "KL(new‖old) ×1e3",
+            "Δ entropy ×1e3",
+            "Δ log p correct",
+            "Δ log p incorrect",
+        ],
+        sections=False,
+    )
     for lb in rows:
         p = ref["per_rule"][lb]
-        t.add([lb, "trained" if lb == ref["reference"] else "", _ms(p["param/grad_cosine"]),
-               _ms(p["param/grad_norm_ratio"]), _ms(p["lookahead/kl"], 3, 1e3), _ms(p["lookahead/entropy_change"], 3, 1e3),
-               _ms(p["lookahead/dlogp_correct"], 4), _ms(p["lookahead/dlogp_incorrect"], 4)],
-              "baseline" if lb == ref["reference"] else "")
-    t.notes.append(f"{ref['param_steps']} optimizer step(s) with the policy state recorded. One AdamW step (the run's "
-                   "learning rate, moments and clipping) with each rule's gradient, measured on the same mini-batch: "
-                   "KL over the whole vocabulary, mean token entropy, mean change of each completion's log-probability. "
-                   "The step includes the optimizer's momentum, which every rule shares.")
+        t.add(
+            [
+                lb,
+                "trained" if lb == ref["reference"] else "",
+                _ms(p["param/grad_cosine"]),
+                _ms(p["param/grad_norm_ratio"]),
+                _ms(p["lookahead/kl"], 3, 1e3),
+                _ms(p["lookahead/entropy_change"], 3, 1e3),
+                _ms(p["lookahead/dlogp_correct"], 4),
+                _ms(p["lookahead/dlogp_incorrect"], 4),
+            ],
+            "baseline" if lb == ref["reference"] else "",
+        )
+    t.notes.append(
+        f"{ref['param_steps']} optimizer step(s) with the policy state recorded. One AdamW step (the run's "
+        "learning rate, moments and clipping) with each rule's gradient, measured on the same mini-batch: "
+        "KL over the whole vocabulary, mean token entropy, mean change of each completion's log-probability. "
+        "The step includes the optimizer's momentum, which every rule shares."
+    )
     return t
 
 
 def disagreement(ref: dict) -> Table:
-    t = Table("replay_tokens", f"Replay vs {ref['reference']}: the tokens where each rule departs most",
-              ["Rule", "Run / opt step", "Context [token]", "Quadrant", "A", "r", "g", "g_ref"])
+    t = Table(
+        "replay_tokens",
+        f"Replay vs {ref['reference']}: the tokens where each rule departs most",
+        ["Rule", "Run / opt step", "Context [token]", "Quadrant", "A", "r", "g", "g_ref"],
+    )
     prev, order = None, {lb: i for i, lb in enumerate(ref["rules"])}
     for tok in sorted(ref["tokens"], key=lambda t: (order.get(t["rule"], len(order)), -abs(t["g"] - t["g_trained"]))):
-        text = f"{tok.get('context', '')}[{tok.get('token', tok['token_id'])}]" if tok["token_id"] is not None else "(no ids)"
-        t.add([tok["rule"] if tok["rule"] != prev else "", f"{tok['run_id'][:8]} / {tok['opt_step']}", text,
-               tok["cell"].upper(), _f(tok["advantage"], 2), _f(tok["ratio"]), f"{tok['g']:.2e}", f"{tok['g_trained']:.2e}"])
+        text = (
+            f"{tok.get('context', '')}[{tok.get('token', tok['token_id'])}]"
+            if tok["token_id"] is not None
+            else "(no ids)"
+        )
+        t.add(
+            [
+                tok["rule"] if tok["rule"] != prev else "",
+                f"{tok['run_id'][:8]} / {tok['opt_step']}",
+                text,
+                tok["cell"].upper(),
+                _f(tok["advantage"], 2),
+                _f(tok["ratio"]),
+                f"{tok['g']:.2e}",
+                f"{tok['g_trained']:.2e}",
+            ]
+        )
         prev = tok["rule"]
     return t
 
@@ -176,8 +251,9 @@ def _pngs(summary: dict) -> dict[str, bytes]:
     return out
 
 
-def write_replay(summary: dict, rows: list[dict] | None, fmt: str, out_dir: Path, title: str,
-                 header: list[str]) -> list[Path]:
+def write_replay(
+    summary: dict, rows: list[dict] | None, fmt: str, out_dir: Path, title: str, header: list[str]
+) -> list[Path]:
     """`clipbench replay`'s files: replay.json (the summary), replay.jsonl (every row, unless rows is
     None), and the report in `fmt` (markdown: replay.md + plots/*.png; html: replay.html; csv: one
     file per table; latex: replay.tex)."""
@@ -198,8 +274,9 @@ def write_replay(summary: dict, rows: list[dict] | None, fmt: str, out_dir: Path
             written.append(p)
         written.append(render.write_text(out_dir / "replay.md", render.markdown_document(title, header, tables, rel)))
     elif fmt == "html":
-        written.append(render.write_text(out_dir / "replay.html",
-                                         render.html_document(title, header, tables, _pngs(summary))))
+        written.append(
+            render.write_text(out_dir / "replay.html", render.html_document(title, header, tables, _pngs(summary)))
+        )
     elif fmt == "csv":
         for name, t in zip(render.unique_names(tables), tables):
             written.append(render.write_text(out_dir / f"{name}.csv", render.to_csv(t)))

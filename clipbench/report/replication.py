@@ -21,7 +21,7 @@ same code (`claims.evaluate_claims`), on each half's runs alone.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from clipbench.report.claims import ClaimResult, cliffs, evaluate_claims
 from clipbench.report.load import RunRecord
@@ -49,7 +49,7 @@ def seeds_name(seeds: Sequence[int]) -> str:
 
 def halves(seeds: Sequence[int]) -> tuple[list[int], list[int]]:
     s = sorted(seeds)
-    return s[: len(s) // 2], s[len(s) // 2:]
+    return s[: len(s) // 2], s[len(s) // 2 :]
 
 
 def min_per_half(claim: ClaimResult) -> int:
@@ -67,8 +67,16 @@ def agrees(whole: ClaimResult, part: ClaimResult) -> bool:
 
 
 def part(name: str, c: ClaimResult) -> dict:
-    return {"name": name, "seeds": list(c.seeds), "estimate": c.estimate, "ci": list(c.ci), "p": c.p,
-            "n": c.n, "verdict": c.verdict, "checksums": list(c.checksums)}
+    return {
+        "name": name,
+        "seeds": list(c.seeds),
+        "estimate": c.estimate,
+        "ci": list(c.ci),
+        "p": c.p,
+        "n": c.n,
+        "verdict": c.verdict,
+        "checksums": list(c.checksums),
+    }
 
 
 def _result(status: str, by: str, parts: list[dict], reason: str | None = None) -> dict:
@@ -84,13 +92,19 @@ def replicate_by_halves(claims: Sequence[ClaimResult], compared: Sequence[RunRec
         h1, h2 = halves(c.seeds)
         need = min_per_half(c)
         if len(h1) < need:
-            c.replication = _result(NOT_TESTED, by, [], f"too few seeds to split: {len(c.seeds)}, each half needs "
-                                                         f"{need} ({2 * need} in all)")
+            c.replication = _result(
+                NOT_TESTED,
+                by,
+                [],
+                f"too few seeds to split: {len(c.seeds)}, each half needs {need} ({2 * need} in all)",
+            )
             continue
         key = tuple(c.seeds)
         if key not in cache:
-            cache[key] = tuple({x.key: x for x in evaluate_claims(None, [r for r in compared if r.seed in h], cliff_rates)}
-                               for h in (h1, h2))
+            cache[key] = tuple(
+                {x.key: x for x in evaluate_claims(None, [r for r in compared if r.seed in h], cliff_rates)}
+                for h in (h1, h2)
+            )
         found = [cache[key][i].get(c.key) for i in (0, 1)]
         if any(f is None for f in found):
             missing = seed_ranges(h1 if found[0] is None else h2)
@@ -109,8 +123,9 @@ def replicate_against(claims: Sequence[ClaimResult], other: Sequence[ClaimResult
         if o is None:
             c.replication = _result(NOT_TESTED, by, [], f"sweep '{name}' has no such comparison")
             continue
-        c.replication = _result(REPLICATES if agrees(c, o) else FRAGILE, by,
-                                [part(f"{name}: {seeds_name(o.seeds)}", o)])
+        c.replication = _result(
+            REPLICATES if agrees(c, o) else FRAGILE, by, [part(f"{name}: {seeds_name(o.seeds)}", o)]
+        )
 
 
 def summary_line(claims: Sequence[dict]) -> str | None:
@@ -124,7 +139,11 @@ def summary_line(claims: Sequence[dict]) -> str | None:
     by = next(((c.get("replication") or {}).get("by") for c in claims if c.get("replication")), "")
     said = {REPLICATES: "replicate", FRAGILE: "fragile", NOT_TESTED: "not tested"}
     text = ", ".join(f"{counts[k]} {said[k]}" for k in (REPLICATES, FRAGILE, NOT_TESTED) if counts.get(k))
-    reasons = sorted({c["replication"]["reason"] for c in claims
-                      if c.get("replication") and c["replication"]["status"] == NOT_TESTED and c["replication"]["reason"]})
-    return (f"Claims ({len(claims)}) checked {by}: {text}"
-            + (f" ({'; '.join(reasons)})" if reasons else "") + ".")
+    reasons = sorted(
+        {
+            c["replication"]["reason"]
+            for c in claims
+            if c.get("replication") and c["replication"]["status"] == NOT_TESTED and c["replication"]["reason"]
+        }
+    )
+    return f"Claims ({len(claims)}) checked {by}: {text}" + (f" ({'; '.join(reasons)})" if reasons else "") + "."

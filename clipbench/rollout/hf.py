@@ -23,7 +23,7 @@ every position whether or not the row has finished, so it does not depend on the
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
@@ -47,9 +47,9 @@ class GroupNoise(LogitsProcessor):
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         for warp in self.warpers:
             scores = warp(input_ids, scores)
-        logp = scores.float().log_softmax(-1)                                           # (B, V)
+        logp = scores.float().log_softmax(-1)  # (B, V)
         u = torch.cat([torch.rand((self.n, logp.shape[1]), generator=g) for g in self.generators])
-        noisy = logp - torch.log(-torch.log(u.to(logp.device)))                         # + Gumbel(0, 1)
+        noisy = logp - torch.log(-torch.log(u.to(logp.device)))  # + Gumbel(0, 1)
         if self.record:
             self.logps.append(logp.gather(1, noisy.argmax(-1, keepdim=True)).squeeze(1))  # on device: no sync
         return noisy
@@ -58,9 +58,19 @@ class GroupNoise(LogitsProcessor):
 class HFSampler:
     name = "hf"
 
-    def __init__(self, model, tokenizer, *, max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, return_logprobs: bool = False, max_batch: int | None = None,
-                 dtype: torch.dtype = torch.float32, synced_gpus: bool = False):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        return_logprobs: bool = False,
+        max_batch: int | None = None,
+        dtype: torch.dtype = torch.float32,
+        synced_gpus: bool = False,
+    ):
         self.model, self.tokenizer = model, tokenizer
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.return_logprobs = return_logprobs
@@ -81,15 +91,21 @@ class HFSampler:
 
             tok = self.tokenizer
             self._configs[key] = GenerationConfig(
-                do_sample=False, max_new_tokens=max_new, pad_token_id=tok.pad_token_id,
-                eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id, return_dict_in_generate=True)
+                do_sample=False,
+                max_new_tokens=max_new,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
+                bos_token_id=tok.bos_token_id,
+                return_dict_in_generate=True,
+            )
         return self._configs[key]
 
     def _noise(self, seeds: list[int], n: int, temperature: float, top_p: float) -> GroupNoise:
         from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
-        warpers = ([TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []) + \
-                  ([TopPLogitsWarper(top_p)] if top_p < 1.0 else [])
+        warpers = ([TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []) + (
+            [TopPLogitsWarper(top_p)] if top_p < 1.0 else []
+        )
         return GroupNoise(warpers, [torch.Generator().manual_seed(s) for s in seeds], n, self.return_logprobs)
 
     def sync_weights(self, model) -> None:  # samples from the training model itself
@@ -102,8 +118,16 @@ class HFSampler:
         pass
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], n: int, *, seed: int | Sequence[int], temperature: float | None = None,
-                 max_new_tokens: int | None = None, top_p: float | None = None) -> Rollout:
+    def generate(
+        self,
+        prompts: list[str],
+        n: int,
+        *,
+        seed: int | Sequence[int],
+        temperature: float | None = None,
+        max_new_tokens: int | None = None,
+        top_p: float | None = None,
+    ) -> Rollout:
         t0 = time.perf_counter()
         temperature, top_p, max_new = call_settings(self, temperature, top_p, max_new_tokens)
         tok, model = self.tokenizer, self.model
@@ -120,34 +144,45 @@ class HFSampler:
         chunk = self.max_batch or max(len(prompts), 1)
         try:  # inference mode (~6% faster than no_grad alone, the same numbers), except for a sharded model,
             # whose gathered parameters must stay usable by autograd in the training step after this call
-            with torch.inference_mode(not self.synced_gpus), \
-                    torch.autocast(device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
+            with (
+                torch.inference_mode(not self.synced_gpus),
+                torch.autocast(device.type, dtype=self.dtype, enabled=self.dtype != torch.float32),
+            ):
                 for start in range(0, len(prompts), chunk):
-                    part = [ids for ids in prompt_ids[start:start + chunk] for _ in range(n)]  # prompt i: n rows
-                    noise = self._noise(seeds[start:start + chunk], n, temperature, top_p)
+                    part = [ids for ids in prompt_ids[start : start + chunk] for _ in range(n)]  # prompt i: n rows
+                    noise = self._noise(seeds[start : start + chunk], n, temperature, top_p)
                     width = max(len(r) for r in part)
                     ids = torch.full((len(part), width), tok.pad_token_id, dtype=torch.long)
                     att = torch.zeros((len(part), width), dtype=torch.long)
                     for i, r in enumerate(part):  # left padding
-                        ids[i, width - len(r):] = torch.tensor(r)
-                        att[i, width - len(r):] = 1
+                        ids[i, width - len(r) :] = torch.tensor(r)
+                        att[i, width - len(r) :] = 1
                     if replay is not None:
                         replay.record_generation()
-                    out = model.generate(input_ids=ids.to(device), attention_mask=att.to(device),
-                                         generation_config=self._generation_config(temperature, top_p, max_new),
-                                         logits_processor=LogitsProcessorList([noise]), synced_gpus=self.synced_gpus)
+                    out = model.generate(
+                        input_ids=ids.to(device),
+                        attention_mask=att.to(device),
+                        generation_config=self._generation_config(temperature, top_p, max_new),
+                        logits_processor=LogitsProcessorList([noise]),
+                        synced_gpus=self.synced_gpus,
+                    )
                     gen = out.sequences[:, width:].cpu()  # (b, T')
                     chunk_routes = replay.generated_routes(len(part)) if replay is not None else None
                     if logps is not None:
-                        lp = torch.stack(noise.logps, 1)[:, :gen.shape[1]].cpu() if noise.logps else torch.zeros(len(part), 0)
+                        lp = (
+                            torch.stack(noise.logps, 1)[:, : gen.shape[1]].cpu()
+                            if noise.logps
+                            else torch.zeros(len(part), 0)
+                        )
                     for i in range(gen.shape[0]):
                         seq = gen[i].tolist()
                         cut = seq.index(eos) + 1 if eos in seq else len(seq)
                         completions.append(seq[:cut])
                         if chunk_routes is not None:  # the row's own columns: its prompt, then its completion
-                            own = chunk_routes[i, :, width - len(part[i]):width + cut]
-                            pad = torch.zeros(own.shape[0], len(part[i]) + cut - own.shape[1], own.shape[2],
-                                              dtype=own.dtype)
+                            own = chunk_routes[i, :, width - len(part[i]) : width + cut]
+                            pad = torch.zeros(
+                                own.shape[0], len(part[i]) + cut - own.shape[1], own.shape[2], dtype=own.dtype
+                            )
                             routes.append(torch.cat([own, pad], 1))
                         if logps is not None:
                             logps.append(lp[i, :cut].tolist())
@@ -156,5 +191,12 @@ class HFSampler:
         texts = tok.batch_decode(completions, skip_special_tokens=True)
         truncated = [not (c and c[-1] == eos) for c in completions]
         rows = [ids for ids in prompt_ids for _ in range(n)]
-        return Rollout(prompt_ids=rows, completion_ids=completions, texts=texts, truncated=truncated,
-                       sampler_logp=logps, stats={"sample_seconds": time.perf_counter() - t0}, routes=routes)
+        return Rollout(
+            prompt_ids=rows,
+            completion_ids=completions,
+            texts=texts,
+            truncated=truncated,
+            sampler_logp=logps,
+            stats={"sample_seconds": time.perf_counter() - t0},
+            routes=routes,
+        )

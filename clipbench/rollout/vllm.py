@@ -50,8 +50,8 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
@@ -59,10 +59,20 @@ from clipbench.errors import UserError, unknown_choice
 from clipbench.models import PROMPT_TOKENS as PROMPT_ROOM  # room for prompts beside completions
 from clipbench.models import compute_dtype
 from clipbench.rollout.base import Rollout, call_settings, prompt_seeds
-from clipbench.rollout.vllm_engine import (SleepCycle, completion_logprobs, default_kv_cache_bytes, head_logits,
-                                           import_vllm, is_available, keep_default_process_group,
-                                           kv_bytes_per_token, model_len, preserved_global_state,
-                                           refresh_tied_heads, sleep_mode_error)
+from clipbench.rollout.vllm_engine import (
+    SleepCycle,
+    completion_logprobs,
+    default_kv_cache_bytes,
+    head_logits,
+    import_vllm,
+    is_available,
+    keep_default_process_group,
+    kv_bytes_per_token,
+    model_len,
+    preserved_global_state,
+    refresh_tied_heads,
+    sleep_mode_error,
+)
 from clipbench.rollout.weights import training_weights
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -71,16 +81,31 @@ HEAD_REL_TOL = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 5e-3, "auto": 2e-2
 
 # ----------------------------------------------------------------------------- the sampler
 
+
 class VLLMSampler:
     """`Sampler` over an in-process vLLM engine; see the module docstring for the semantics."""
 
     name = "vllm"
 
-    def __init__(self, model_path_or_hf_model, tokenizer, *, max_new_tokens: int,
-                 temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, dtype: str = "float32",
-                 max_model_len: int | None = None, longest_new_tokens: int | None = None, max_num_seqs: int = 64,
-                 gpu_memory_utilization: float = 0.3, kv_cache_bytes: int | None = None,
-                 enforce_eager: bool = True, sleep_mode: bool = False, engine_kwargs: dict | None = None):
+    def __init__(
+        self,
+        model_path_or_hf_model,
+        tokenizer,
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        dtype: str = "float32",
+        max_model_len: int | None = None,
+        longest_new_tokens: int | None = None,
+        max_num_seqs: int = 64,
+        gpu_memory_utilization: float = 0.3,
+        kv_cache_bytes: int | None = None,
+        enforce_eager: bool = True,
+        sleep_mode: bool = False,
+        engine_kwargs: dict | None = None,
+    ):
         """
         model_path_or_hf_model: a checkpoint directory, or a transformers model (saved to a temp dir).
         tokenizer: the trainer's tokenizer; prompts are tokenized and completions decoded with it,
@@ -126,10 +151,19 @@ class VLLMSampler:
             tokenizer.save_pretrained(tok_dir)
             hf_config.save_pretrained(tok_dir)  # vLLM reads config.json beside the tokenizer
             self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
-            self.max_model_len = model_len(hf_config, max_model_len or (longest_new_tokens or max_new_tokens) + PROMPT_ROOM)
-            kwargs = dict(model=model_dir, tokenizer=tok_dir, dtype=dtype, seed=seed,
-                          max_model_len=self.max_model_len, max_num_seqs=max_num_seqs,
-                          enforce_eager=enforce_eager, logprobs_mode="processed_logprobs")
+            self.max_model_len = model_len(
+                hf_config, max_model_len or (longest_new_tokens or max_new_tokens) + PROMPT_ROOM
+            )
+            kwargs = dict(
+                model=model_dir,
+                tokenizer=tok_dir,
+                dtype=dtype,
+                seed=seed,
+                max_model_len=self.max_model_len,
+                max_num_seqs=max_num_seqs,
+                enforce_eager=enforce_eager,
+                logprobs_mode="processed_logprobs",
+            )
             if sleep_mode:
                 kwargs["enable_sleep_mode"] = True
             if self._trainer_group and torch.distributed.get_world_size() > 1:
@@ -137,8 +171,9 @@ class VLLMSampler:
                 kwargs["distributed_executor_backend"] = "external_launcher"
             if kv_cache_bytes is None and current_platform.is_cpu():
                 torch_dtype = compute_dtype(dtype, "cpu")
-                kv_cache_bytes = default_kv_cache_bytes(kv_bytes_per_token(hf_config, torch_dtype),
-                                                        self.max_model_len, max_num_seqs)
+                kv_cache_bytes = default_kv_cache_bytes(
+                    kv_bytes_per_token(hf_config, torch_dtype), self.max_model_len, max_num_seqs
+                )
             if kv_cache_bytes is not None:
                 kwargs["kv_cache_memory_bytes"] = int(kv_cache_bytes)
             else:
@@ -154,8 +189,16 @@ class VLLMSampler:
 
     # -- Sampler protocol ----------------------------------------------------------------------
 
-    def generate(self, prompts: list[str], n: int, *, seed: int | Sequence[int], temperature: float | None = None,
-                 max_new_tokens: int | None = None, top_p: float | None = None) -> Rollout:
+    def generate(
+        self,
+        prompts: list[str],
+        n: int,
+        *,
+        seed: int | Sequence[int],
+        temperature: float | None = None,
+        max_new_tokens: int | None = None,
+        top_p: float | None = None,
+    ) -> Rollout:
         """n completions of each prompt; prompt i owns rows i*n .. i*n+n-1. `seed`: the call's seed
         or one per prompt (`Sampler.generate`)."""
         from vllm import SamplingParams
@@ -171,12 +214,22 @@ class VLLMSampler:
         prompt_ids = [list(self.tokenizer(p)["input_ids"]) for p in prompts]
         for i, ids in enumerate(prompt_ids):
             if not ids or len(ids) >= self.max_model_len:
-                raise ValueError(f"prompt {i} has {len(ids)} tokens; it needs 1 to "
-                                 f"{self.max_model_len - 1} (max_model_len={self.max_model_len})")
-        params = [SamplingParams(n=n, seed=s, temperature=temperature, top_p=top_p,
-                                 max_tokens=min(max_new, self.max_model_len - len(ids)),
-                                 logprobs=0, detokenize=False)
-                  for s, ids in zip(prompt_seeds(seed, len(prompts)), prompt_ids)]
+                raise ValueError(
+                    f"prompt {i} has {len(ids)} tokens; it needs 1 to "
+                    f"{self.max_model_len - 1} (max_model_len={self.max_model_len})"
+                )
+        params = [
+            SamplingParams(
+                n=n,
+                seed=s,
+                temperature=temperature,
+                top_p=top_p,
+                max_tokens=min(max_new, self.max_model_len - len(ids)),
+                logprobs=0,
+                detokenize=False,
+            )
+            for s, ids in zip(prompt_seeds(seed, len(prompts)), prompt_ids)
+        ]
         inputs = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
         with preserved_global_state():
             outputs = llm.generate(inputs, params, use_tqdm=False) if inputs else []
@@ -193,10 +246,18 @@ class VLLMSampler:
         texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True) if completions else []
         seconds = time.perf_counter() - t0
         n_tokens = sum(len(c) for c in completions)
-        return Rollout(prompt_ids=rows_prompt, completion_ids=completions, texts=texts,
-                       truncated=truncated, sampler_logp=logps,
-                       stats={"sample_seconds": seconds, "sample_tokens": n_tokens,
-                              "sample_tokens_per_s": n_tokens / max(seconds, 1e-9)})
+        return Rollout(
+            prompt_ids=rows_prompt,
+            completion_ids=completions,
+            texts=texts,
+            truncated=truncated,
+            sampler_logp=logps,
+            stats={
+                "sample_seconds": seconds,
+                "sample_tokens": n_tokens,
+                "sample_tokens_per_s": n_tokens / max(seconds, 1e-9),
+            },
+        )
 
     def sync_weights(self, model) -> None:
         """Load `model`'s current weights into the engine (waking its weights first when asleep),
@@ -205,16 +266,19 @@ class VLLMSampler:
         llm = self._engine()
         self._sleep.wake("weights")
         with torch.no_grad():
-            llm.collective_rpc("reload_weights", kwargs={
-                "weights_iterator": training_weights(model, self._engine_dtype())})
+            llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": training_weights(model, self._engine_dtype())}
+            )
             if self.tied:
                 llm.apply_model(refresh_tied_heads)
         self._sleep.loaded()
         llm.reset_prefix_cache()
         err = self.head_error(model)
         if not err <= HEAD_REL_TOL[self.dtype]:
-            raise RuntimeError(f"vLLM output head differs from the training model after sync "
-                               f"(relative error {err:.3g} > {HEAD_REL_TOL[self.dtype]:g})")
+            raise RuntimeError(
+                f"vLLM output head differs from the training model after sync "
+                f"(relative error {err:.3g} > {HEAD_REL_TOL[self.dtype]:g})"
+            )
 
     def sleep(self) -> None:
         """Release the engine's weights and KV cache while the trainer updates (sleep_mode only;
@@ -239,14 +303,14 @@ class VLLMSampler:
         with W_out in the engine's dtype (gathered when sharded: a collective on every rank)."""
         from torch.distributed.tensor import DTensor
 
-        w_out = model.get_output_embeddings().weight.detach().to(self._engine_dtype())   # (V, hidden)
+        w_out = model.get_output_embeddings().weight.detach().to(self._engine_dtype())  # (V, hidden)
         if isinstance(w_out, DTensor):
             w_out = w_out.full_tensor()
         gen = torch.Generator().manual_seed(0)
-        probe = torch.randn(n_probe, w_out.shape[1], generator=gen)                      # (B, hidden)
-        ref = (probe.to(w_out.device, w_out.dtype) @ w_out.T).float().cpu()               # (B, V)
+        probe = torch.randn(n_probe, w_out.shape[1], generator=gen)  # (B, hidden)
+        ref = (probe.to(w_out.device, w_out.dtype) @ w_out.T).float().cpu()  # (B, V)
         (got,) = self._engine().apply_model(lambda m: head_logits(m, probe))
-        got = got[:, : ref.shape[1]]                                           # drop vocab padding
+        got = got[:, : ref.shape[1]]  # drop vocab padding
         return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
 
     def sequence_logprobs(self, token_ids: list[int]) -> list[float]:
@@ -254,12 +318,10 @@ class VLLMSampler:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False,
-                                seed=0)
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False, seed=0)
         self._sleep.ready_to_sample()
         with preserved_global_state():
-            (out,) = self._engine().generate([TokensPrompt(prompt_token_ids=list(token_ids))],
-                                             params, use_tqdm=False)
+            (out,) = self._engine().generate([TokensPrompt(prompt_token_ids=list(token_ids))], params, use_tqdm=False)
         return [float(pos[tok].logprob) for tok, pos in zip(token_ids[1:], out.prompt_logprobs[1:])]
 
     def _engine(self):
@@ -286,5 +348,13 @@ def _check_sampling(max_new_tokens: int, temperature: float, top_p: float) -> No
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
 
 
-__all__ = ["SleepCycle", "VLLMSampler", "is_available", "default_kv_cache_bytes",
-           "kv_bytes_per_token", "completion_logprobs", "preserved_global_state", "sleep_mode_error"]
+__all__ = [
+    "SleepCycle",
+    "VLLMSampler",
+    "is_available",
+    "default_kv_cache_bytes",
+    "kv_bytes_per_token",
+    "completion_logprobs",
+    "preserved_global_state",
+    "sleep_mode_error",
+]

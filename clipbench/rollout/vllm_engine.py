@@ -20,11 +20,12 @@ import torch
 from clipbench.models import shapes
 
 _MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
-KV_CACHE_CAP_BYTES = 2 << 30       # default CPU KV cache never exceeds 2 GiB
-KV_CACHE_SPARE_TOKENS = 512        # room beyond one full-length sequence (block rounding)
+KV_CACHE_CAP_BYTES = 2 << 30  # default CPU KV cache never exceeds 2 GiB
+KV_CACHE_SPARE_TOKENS = 512  # room beyond one full-length sequence (block rounding)
 
 
 # ----------------------------------------------------------------------------- availability
+
 
 @cache
 def import_vllm():
@@ -39,12 +40,13 @@ def is_available() -> bool:
         return False
     try:
         import_vllm()
-    except Exception:  # a broken install (e.g. CUDA-linked torchvision) is "not available"
+    except Exception:  # noqa: BLE001 - a broken install (e.g. CUDA-linked torchvision) is "not available"
         return False
     return True
 
 
 # ----------------------------------------------------------------------------- pure helpers
+
 
 def kv_bytes_per_token(hf_config, dtype: torch.dtype) -> int:
     """K and V for every layer: 2 * layers * kv_heads * head_dim * itemsize."""
@@ -61,8 +63,7 @@ def model_len(hf_config, want: int) -> int:
     return min(want, max_pos) if max_pos else want
 
 
-def default_kv_cache_bytes(per_token: int, max_model_len: int, max_num_seqs: int,
-                           cap: int = KV_CACHE_CAP_BYTES) -> int:
+def default_kv_cache_bytes(per_token: int, max_model_len: int, max_num_seqs: int, cap: int = KV_CACHE_CAP_BYTES) -> int:
     """Room for max_num_seqs full-length sequences, capped at `cap`, never below one sequence."""
     want = per_token * max_model_len * max_num_seqs
     floor = per_token * (max_model_len + KV_CACHE_SPARE_TOKENS)
@@ -94,6 +95,7 @@ def preserved_global_state():
 
 # ----------------------------------------------------------------------------- engine-side functions
 # Run inside the worker through `llm.apply_model(fn)` (in-process: called with the vLLM nn.Module).
+
 
 def tied_head_modules(model) -> list:
     """Modules whose `weight` is the same Parameter as another module's (a tied output head)."""
@@ -155,8 +157,10 @@ def sleep_mode_error(cuda_available: bool | None = None) -> str | None:
     if cuda_available is None:
         cuda_available = torch.cuda.is_available()
     if not cuda_available:
-        return ("sampler.sleep_mode needs a CUDA GPU (vLLM frees and restores its memory through its CUDA "
-                "allocator); none is visible here: set sampler.sleep_mode=false")
+        return (
+            "sampler.sleep_mode needs a CUDA GPU (vLLM frees and restores its memory through its CUDA "
+            "allocator); none is visible here: set sampler.sleep_mode=false"
+        )
     return None
 
 
@@ -183,7 +187,7 @@ class SleepCycle:
     def wake(self, tag: str) -> None:
         if tag in self.asleep:
             if torch.cuda.is_available():
-                torch.cuda.empty_cache()   # hand the trainer's cached blocks back before vLLM maps its own
+                torch.cuda.empty_cache()  # hand the trainer's cached blocks back before vLLM maps its own
             self.llm.wake_up(tags=[tag])
             self.asleep.discard(tag)
 
@@ -193,8 +197,8 @@ class SleepCycle:
     def ready_to_sample(self) -> None:
         self.wake("weights")
         if self.weights_lost:
-            raise RuntimeError("the vLLM engine slept at level 2 (its weights dropped) and no weight sync "
-                               "followed: sampling now would read uninitialised memory; call sync_weights(model)")
+            raise RuntimeError(
+                "the vLLM engine slept at level 2 (its weights dropped) and no weight sync "
+                "followed: sampling now would read uninitialised memory; call sync_weights(model)"
+            )
         self.wake("kv_cache")
-
-

@@ -21,7 +21,7 @@ Design choices:
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -35,23 +35,22 @@ def checkpoint_name(name: str) -> str:
     return name
 
 
-def training_weights(model: torch.nn.Module, dtype: torch.dtype | None = None
-                     ) -> Iterator[tuple[str, torch.Tensor]]:
+def training_weights(model: torch.nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """(checkpoint name, full detached tensor) for every state-dict entry of `model`, one tensor at
     a time, cast to `dtype` (None: as they are). DTensors are cast on their shard, then gathered;
     every rank must exhaust the iterator."""
     from torch.distributed.tensor import DTensor
 
-    names: dict[int, list[str]] = {}          # distinct tensor -> its names, in state-dict order
+    names: dict[int, list[str]] = {}  # distinct tensor -> its names, in state-dict order
     tensors: dict[int, torch.Tensor] = {}
-    for name, tensor in model.state_dict(keep_vars=True).items():   # references, no copies
+    for name, tensor in model.state_dict(keep_vars=True).items():  # references, no copies
         names.setdefault(id(tensor), []).append(checkpoint_name(name))
         tensors.setdefault(id(tensor), tensor)
     with torch.no_grad():
         for key, tensor in tensors.items():
             t = tensor.detach()
             if dtype is not None and t.is_floating_point():
-                t = t.to(dtype)                      # on the local shard for a DTensor
+                t = t.to(dtype)  # on the local shard for a DTensor
             if isinstance(t, DTensor):
                 t = t.full_tensor()
             for name in names[key]:

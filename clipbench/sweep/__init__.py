@@ -13,5 +13,14 @@ from clipbench.sweep.expand import Expansion, expand
 from clipbench.sweep.manifest import freeze, manifest_path, merge, read_manifest
 from clipbench.sweep.spec import SweepSpec, load_spec
 
-__all__ = ["Expansion", "SweepSpec", "expand", "freeze", "label", "load_spec", "manifest_path", "merge",
-           "read_manifest"]
+__all__ = [
+    "Expansion",
+    "SweepSpec",
+    "expand",
+    "freeze",
+    "label",
+    "load_spec",
+    "manifest_path",
+    "merge",
+    "read_manifest",
+]

@@ -13,7 +13,8 @@ base's parameters belong to the base's correction); a point with the base's name
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from clipbench.config.load import migrate
 from clipbench.errors import ConfigError, did_you_mean, unknown_choice
@@ -47,13 +48,19 @@ def check_keys(places: list[tuple[str, str, str]], names: list[str]) -> None:
     for key, src, where in places:
         if not key.startswith(PREFIX) or key == NAME:
             continue
-        param = key[len(PREFIX):]
+        param = key[len(PREFIX) :]
         if param not in known:
             owners = sorted(n for n in CORRECTIONS if param in CORRECTIONS[n].defaults)
-            hint = (f"; only {', '.join(owners)} {'has' if len(owners) == 1 else 'have'} it" if owners
-                    else did_you_mean(param, sorted({p for n in CORRECTIONS for p in _params(n)})))
-            raise ConfigError(src, where, f"no correction in this sweep ({', '.join(sorted(set(names)))}) has "
-                              f"parameter '{param}'{hint}")
+            hint = (
+                f"; only {', '.join(owners)} {'has' if len(owners) == 1 else 'have'} it"
+                if owners
+                else did_you_mean(param, sorted({p for n in CORRECTIONS for p in _params(n)}))
+            )
+            raise ConfigError(
+                src,
+                where,
+                f"no correction in this sweep ({', '.join(sorted(set(names)))}) has parameter '{param}'{hint}",
+            )
 
 
 def sweep_names(axes, base_name: str, source: str) -> list[str]:
@@ -64,8 +71,9 @@ def sweep_names(axes, base_name: str, source: str) -> list[str]:
             j = ax.keys.index(NAME)
             for vals in ax.values:
                 if vals[j] not in correction_names():
-                    raise ConfigError(source, f"{ax.where}.{NAME}", unknown_choice("correction", vals[j],
-                                                                                   correction_names()))
+                    raise ConfigError(
+                        source, f"{ax.where}.{NAME}", unknown_choice("correction", vals[j], correction_names())
+                    )
             names = [vals[j] for vals in ax.values]
     return names
 
@@ -78,9 +86,9 @@ def point(assign: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[dict, set
         return dict(assign), set()
     name = dotted.get(NAME, base["name"])
     own = _params(name)
-    applies = {k for k in dotted if k == NAME or k[len(PREFIX):] in own}
+    applies = {k for k in dotted if k == NAME or k[len(PREFIX) :] in own}
     start = {k: v for k, v in base.items() if k != "name"} if name == base["name"] else {}
-    setting = {"name": name, **start, **{k[len(PREFIX):]: v for k, v in dotted.items() if k in applies and k != NAME}}
+    setting = {"name": name, **start, **{k[len(PREFIX) :]: v for k, v in dotted.items() if k in applies and k != NAME}}
     out = {k: v for k, v in assign.items() if not k.startswith(PREFIX)}
     out[KEY] = setting
     return out, applies

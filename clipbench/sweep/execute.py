@@ -35,18 +35,17 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 from clipbench.config.labels import run_label
 from clipbench.errors import PREEMPTED_EXIT, RunPreempted, UserError, unknown_choice
 from clipbench.sweep.manifest import read_manifest
 from clipbench.tracking.lock import try_run_lock
 from clipbench.tracking.store import RunDir, RunState
-
 
 
 @dataclass(frozen=True)
@@ -68,9 +67,15 @@ class RunTask:
         return RunDir(Path(self.results_dir) / self.sweep / self.run_id)
 
 
-def task_from_manifest(manifest: str | Path, run_id: str, *, retry_failed: bool = False,
-                       tracking_uri: str | None = None, parent_run_id: str | None = None,
-                       threads: int | None = None) -> RunTask:
+def task_from_manifest(
+    manifest: str | Path,
+    run_id: str,
+    *,
+    retry_failed: bool = False,
+    tracking_uri: str | None = None,
+    parent_run_id: str | None = None,
+    threads: int | None = None,
+) -> RunTask:
     path = Path(manifest).resolve()
     m = read_manifest(path)
     if m is None:
@@ -80,15 +85,23 @@ def task_from_manifest(manifest: str | Path, run_id: str, *, retry_failed: bool 
     from clipbench.objectives.plugins import check_plugin_records
 
     check_plugin_records(m.get("plugins", []), f"sweep '{path.parent.name}'")
-    return RunTask(results_dir=str(path.parent.parent), sweep=path.parent.name, run_id=run_id,
-                   config=m["runs"][run_id], label=run_label(m["runs"][run_id], m.get("points", {}).get(run_id)),
-                   retry_failed=retry_failed, tracking_uri=tracking_uri, parent_run_id=parent_run_id,
-                   threads=threads)
+    return RunTask(
+        results_dir=str(path.parent.parent),
+        sweep=path.parent.name,
+        run_id=run_id,
+        config=m["runs"][run_id],
+        label=run_label(m["runs"][run_id], m.get("points", {}).get(run_id)),
+        retry_failed=retry_failed,
+        tracking_uri=tracking_uri,
+        parent_run_id=parent_run_id,
+        threads=threads,
+    )
 
 
 def checkpoint_step(rd: RunDir) -> int | None:
     """The step of the run's newest complete checkpoint (clipbench.train.checkpoint owns the layout)."""
-    from clipbench.train.checkpoint import checkpoint_step as step_of, find_checkpoint
+    from clipbench.train.checkpoint import checkpoint_step as step_of
+    from clipbench.train.checkpoint import find_checkpoint
 
     ckpt = find_checkpoint(rd.checkpoint_dir)
     return None if ckpt is None else step_of(ckpt)
@@ -105,15 +118,28 @@ def classify(rd: RunDir, retry_failed: bool = False) -> str:
 
 
 def _outcome(task: RunTask, outcome: str, t0: float, **extra) -> dict:
-    return {"run_id": task.run_id, "label": task.label, "outcome": outcome,
-            "seconds": round(time.time() - t0, 2), **extra}
+    return {
+        "run_id": task.run_id,
+        "label": task.label,
+        "outcome": outcome,
+        "seconds": round(time.time() - t0, 2),
+        **extra,
+    }
 
 
 def _make_sink(task: RunTask, cfg, rd: RunDir, resume: bool):
     from clipbench.tracking.mlflow_sink import run_sink
 
-    return run_sink(cfg, rd, results_dir=task.results_dir, sweep=task.sweep, tracking_uri=task.tracking_uri,
-                    parent_run_id=task.parent_run_id, run_name=task.label or None, resume=resume)
+    return run_sink(
+        cfg,
+        rd,
+        results_dir=task.results_dir,
+        sweep=task.sweep,
+        tracking_uri=task.tracking_uri,
+        parent_run_id=task.parent_run_id,
+        run_name=task.label or None,
+        resume=resume,
+    )
 
 
 def _quiet_libraries() -> None:
@@ -128,8 +154,12 @@ def _quiet_libraries() -> None:
         pass
 
 
-def run_one(task: RunTask, *, progress: Callable[[dict], None] | None = None,
-            on_start: Callable[[str, int, str], None] | None = None) -> dict:
+def run_one(
+    task: RunTask,
+    *,
+    progress: Callable[[dict], None] | None = None,
+    on_start: Callable[[str, int, str], None] | None = None,
+) -> dict:
     """Train (or skip, or resume) one run of a sweep. Returns {"run_id", "outcome", ...}; never raises
     for a failing run (KeyboardInterrupt/SystemExit propagate and leave the run resumable)."""
     t0 = time.time()
@@ -164,8 +194,9 @@ def run_one(task: RunTask, *, progress: Callable[[dict], None] | None = None,
             args = [manifest, task.run_id, "--as-rank", *_worker_args(task)]
             from clipbench.train.preempt import preempt_signals
 
-            rc = launch_ranks(n, "clipbench.sweep.worker", args, rd, log=rd.path / "torchrun.log",
-                              signals=preempt_signals(cfg))
+            rc = launch_ranks(
+                n, "clipbench.sweep.worker", args, rd, log=rd.path / "torchrun.log", signals=preempt_signals(cfg)
+            )
             if rd.state is RunState.PREEMPTED:
                 return _outcome(task, "preempted", t0, resumed_from=from_step, step=rd.status().get("step"))
             if rc != 0:
@@ -186,8 +217,15 @@ def run_one(task: RunTask, *, progress: Callable[[dict], None] | None = None,
         offline = bool(sinks) and getattr(sinks[0], "offline", False) and cfg.tracking.mlflow
         last = {k: v for k, v in (summary.get("last") or {}).items() if k in ("reward/mean", "accuracy", "entropy")}
         evals = {k: v for k, v in summary.items() if k.startswith("eval/")}
-        return _outcome(task, "resumed" if resume else "finished", t0, resumed_from=from_step,
-                        mlflow_offline=bool(offline), last=last, evals=evals)
+        return _outcome(
+            task,
+            "resumed" if resume else "finished",
+            t0,
+            resumed_from=from_step,
+            mlflow_offline=bool(offline),
+            last=last,
+            evals=evals,
+        )
 
 
 def _worker_args(task: RunTask) -> list[str]:
@@ -240,7 +278,7 @@ def _run_each(tasks: list[RunTask], ui, preempt, out: list[dict]) -> list[dict]:
             ui.end_run(task.run_id, res["outcome"], task.label, _detail(res))
         out.append(res)
         if res["outcome"] == "preempted":  # the machine is being taken back: start nothing more
-            out.extend(_outcome(t, "not-started", time.time()) for t in tasks[i + 1:])
+            out.extend(_outcome(t, "not-started", time.time()) for t in tasks[i + 1 :])
             break
     return out
 
@@ -295,8 +333,11 @@ def _pool_run(task: RunTask) -> dict:
             except Exception:  # noqa: BLE001 - progress is cosmetic
                 pass
 
-    res = run_one(task, progress=lambda ev: send("event", task.run_id, ev),
-                  on_start=lambda rid, steps, action: send("start", rid, steps, action))
+    res = run_one(
+        task,
+        progress=lambda ev: send("event", task.run_id, ev),
+        on_start=lambda rid, steps, action: send("start", rid, steps, action),
+    )
     _exit_if_orphaned()  # its sweep died while it trained: the run is checkpointed, nobody waits for it
     return res
 
@@ -337,14 +378,17 @@ def run_parallel(tasks: list[RunTask], jobs: int, ui=None) -> list[dict]:
 
     stop_runs = ctx.Event()
 
-    def forward(signum):  # no further run starts (also the tasks already queued to a worker); the running ones checkpoint
+    def forward(
+        signum,
+    ):  # no further run starts (also the tasks already queued to a worker); the running ones checkpoint
         stop_runs.set()
         _signal_all(workers, signum)
 
     preempt = StopRequest.install(SIGNALS, forward=forward)
     try:
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_pool_init,
-                                 initargs=(q, threads, stop_runs, os.getpid())) as ex:
+        with ProcessPoolExecutor(
+            max_workers=jobs, mp_context=ctx, initializer=_pool_init, initargs=(q, threads, stop_runs, os.getpid())
+        ) as ex:
             futs = {ex.submit(_pool_run, t): t for t in tasks}
             for fut in as_completed(futs):
                 if preempt.received is not None:
@@ -359,8 +403,12 @@ def run_parallel(tasks: list[RunTask], jobs: int, ui=None) -> list[dict]:
                 except BrokenProcessPool as e:
                     res = {"run_id": task.run_id, "label": task.label, "outcome": "crashed", "error": str(e)}
                 except Exception as e:  # noqa: BLE001
-                    res = {"run_id": task.run_id, "label": task.label, "outcome": "crashed",
-                           "error": f"{type(e).__name__}: {e}"}
+                    res = {
+                        "run_id": task.run_id,
+                        "label": task.label,
+                        "outcome": "crashed",
+                        "error": f"{type(e).__name__}: {e}",
+                    }
                 time.sleep(0.05)  # let the pump drain the run's last events
                 if ui is not None:
                     ui.end_run(task.run_id, res["outcome"], task.label, _detail(res))

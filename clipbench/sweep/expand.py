@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from clipbench.config import compose, run_id, to_dict, validate
 from clipbench.config.labels import METHOD_KEY, OBJ, label
@@ -57,8 +58,10 @@ def expand(spec: SweepSpec) -> Expansion:
     base = _Base(spec, cli)
     methods = _methods(spec, axes, base.method)
     explicit = _check_objective(spec, axes, base, methods)
-    correction_axis.check_keys([(k, spec.source, f"{ax.where}.{k}") for ax in axes for k in ax.keys],
-                               correction_axis.sweep_names(axes, base.correction["name"], spec.source))  # applicable?
+    correction_axis.check_keys(
+        [(k, spec.source, f"{ax.where}.{k}") for ax in axes for k in ax.keys],
+        correction_axis.sweep_names(axes, base.correction["name"], spec.source),
+    )  # applicable?
     plain = _PlainPart(spec, axes, base)
     runs: dict[str, dict] = {}
     points: dict[str, dict] = {}
@@ -69,24 +72,32 @@ def expand(spec: SweepSpec) -> Expansion:
         method = assign.get(METHOD_KEY, base.method)
         own = METHODS[method].defaults
         assign, corr = correction_axis.point(assign, base.correction)  # the point's sampler.correction
-        point = {k: v for ax, i in zip(axes, idx) for k, v in zip(ax.keys, ax.values[i])
-                 if (not k.startswith(OBJ) or k == METHOD_KEY or k[len(OBJ):] in own)
-                 and (not k.startswith(correction_axis.PREFIX) or k in corr)}
+        point = {
+            k: v
+            for ax, i in zip(axes, idx)
+            for k, v in zip(ax.keys, ax.values[i])
+            if (not k.startswith(OBJ) or k == METHOD_KEY or k[len(OBJ) :] in own)
+            and (not k.startswith(correction_axis.PREFIX) or k in corr)
+        }
         if any(all(k in point and point[k] == v for k, v in e.items()) for e in spec.exclude):
             excluded += 1
             continue
         params = {k: v for k, v in explicit.items() if k in own}
-        params.update({k[len(OBJ):]: v for k, v in point.items() if k.startswith(OBJ) and k != METHOD_KEY})
+        params.update({k[len(OBJ) :]: v for k, v in point.items() if k.startswith(OBJ) and k != METHOD_KEY})
         cfg = {**plain.config(idx, assign), "objective": _objective(method, tuple(sorted(params.items())))}
         cfg = {k: cfg[k] for k in _TOP_KEYS}  # the schema's key order (== to_dict(...))
         rid = run_id(cfg)
         if rid in runs:
             if points[rid] != point:
-                warnings.append(f"the runs {label(points[rid])} and {label(point)} have the same config "
-                                f"(run {rid}); keeping the first")
+                warnings.append(
+                    f"the runs {label(points[rid])} and {label(point)} have the same config "
+                    f"(run {rid}); keeping the first"
+                )
             continue  # else only inapplicable objective values differed: the same run again
         runs[rid] = cfg
-        points[rid] = {k: (v if k.startswith((OBJ, correction_axis.PREFIX)) else _get(cfg, k)) for k, v in point.items()}
+        points[rid] = {
+            k: (v if k.startswith((OBJ, correction_axis.PREFIX)) else _get(cfg, k)) for k, v in point.items()
+        }
     if not runs:
         raise ConfigError(spec.source, "exclude", f"excludes every one of the {combos} grid points")
     return Expansion(runs, points, combos, excluded, tuple(warnings))
@@ -118,31 +129,44 @@ def _pin_axes(spec: SweepSpec) -> tuple[list[Axis], dict[str, Any], list[str]]:
             warnings.append(f"command-line override {k}={cli[k]!r} replaces the axis {ax.where}.{k}")
             axes.append(Axis(ax.keys, ((cli.pop(k),),), ax.where))
         elif hit:
-            raise ConfigError("command line", hit[0], f"'{hit[0]}' is part of the zip group {ax.where}; "
-                              "edit the sweep file to change it")
+            raise ConfigError(
+                "command line",
+                hit[0],
+                f"'{hit[0]}' is part of the zip group {ax.where}; edit the sweep file to change it",
+            )
         else:
             axes.append(ax)
     for ax in axes:
         if all(outside_id(k) for k in ax.keys):  # e.g. grid launch.nproc_per_node: [1, 8]
-            raise ConfigError(spec.source, f"{ax.where}.{ax.keys[0]}", "not part of a run's identity (how a run "
-                              "is launched or tracked, not what it computes), so its values alone would be one "
-                              "run; set it in overrides, or zip it with a key that differs")
+            raise ConfigError(
+                spec.source,
+                f"{ax.where}.{ax.keys[0]}",
+                "not part of a run's identity (how a run "
+                "is launched or tracked, not what it computes), so its values alone would be one "
+                "run; set it in overrides, or zip it with a key that differs",
+            )
     return axes, cli, warnings
 
 
 def _check_keys(spec: SweepSpec, axes: list[Axis], cli: Mapping[str, Any]) -> None:
     """Every key of the sweep file and the command line names a leaf of the run config."""
     leaves = set(leaf_keys()) - {"objective", "trl"}
-    places = ([(k, spec.source, f"overrides.{k}") for k in spec.overrides]
-              + [(k, "command line", k) for k in cli]
-              + [(k, spec.source, f"{ax.where}.{k}") for ax in axes for k in ax.keys])
+    places = (
+        [(k, spec.source, f"overrides.{k}") for k in spec.overrides]
+        + [(k, "command line", k) for k in cli]
+        + [(k, spec.source, f"{ax.where}.{k}") for ax in axes for k in ax.keys]
+    )
     for key, src, where in places:
         if key.startswith((OBJ, TRL, correction_axis.PREFIX)) or key in leaves:
             continue  # objective / correction parameters: checked against the sweep's methods / corrections
         if key in correction_axis.LEGACY:  # fine in overrides (`correction_axis.former_keys`), not as an axis
             if not where.startswith(("overrides.", key)):
-                raise ConfigError(src, where, f"'{key}' is now {correction_axis.LEGACY[key]} (sampler.correction.name: "
-                                  "tis with sampler.correction.level: token | sequence and sampler.correction.cap)")
+                raise ConfigError(
+                    src,
+                    where,
+                    f"'{key}' is now {correction_axis.LEGACY[key]} (sampler.correction.name: "
+                    "tis with sampler.correction.level: token | sequence and sampler.correction.cap)",
+                )
             continue
         sub = sorted(leaf for leaf in leaves if leaf.startswith(key + "."))
         if sub:
@@ -163,27 +187,31 @@ class _Base:
 
             cfg["plugins"] = merge_specs(cfg.get("plugins") or [], spec.plugins)
         self.objective_defaults = dict(cfg.pop("objective"))
-        file_obj = {k[len(OBJ):]: v for k, v in spec.overrides.items() if k.startswith(OBJ)}
-        cli_obj = {k[len(OBJ):]: v for k, v in cli.items() if k.startswith(OBJ)}
+        file_obj = {k[len(OBJ) :]: v for k, v in spec.overrides.items() if k.startswith(OBJ)}
+        cli_obj = {k[len(OBJ) :]: v for k, v in cli.items() if k.startswith(OBJ)}
         self.method = cli_obj.pop("method", file_obj.pop("method", self.objective_defaults["method"]))
         if not isinstance(self.method, str) or self.method not in METHODS:
-            src, where = (("command line", METHOD_KEY) if METHOD_KEY in cli else (spec.source, f"overrides.{METHOD_KEY}"))
+            src, where = ("command line", METHOD_KEY) if METHOD_KEY in cli else (spec.source, f"overrides.{METHOD_KEY}")
             raise ConfigError(src, where, unknown_choice("method", self.method, METHODS))
-        self.objective = {k: (v, str(spec.base), f"objective.{k}")
-                          for k, v in (raw.get("objective") or {}).items() if k != "method"}
+        self.objective = {
+            k: (v, str(spec.base), f"objective.{k}") for k, v in (raw.get("objective") or {}).items() if k != "method"
+        }
         self.objective.update({k: (v, spec.source, f"overrides.objective.{k}") for k, v in file_obj.items()})
         self.objective.update({k: (v, "command line", f"objective.{k}") for k, v in cli_obj.items()})
         sweep_dir = spec.file.resolve().parent
-        for layer, src, prefix, base_dir in ((correction_axis.former_keys(spec.overrides), spec.source, "overrides.",
-                                              sweep_dir), (correction_axis.former_keys(cli), "command line", "", Path.cwd())):
+        for layer, src, prefix, base_dir in (
+            (correction_axis.former_keys(spec.overrides), spec.source, "overrides.", sweep_dir),
+            (correction_axis.former_keys(cli), "command line", "", Path.cwd()),
+        ):
             plain = {k: _resolve_path(k, v, base_dir) for k, v in layer.items() if not k.startswith(OBJ)}
             if plain:
                 cfg = self.validated(cfg, plain, src, lambda key: f"{prefix}{key}" if key in plain else key)
         self.config = cfg
         self.correction = dict(cfg["sampler"]["correction"])  # the base's resolved sampler correction
 
-    def validated(self, cfg: dict, assign: Mapping[str, Any], src: str, where, suffix: str = "",
-                  engine_check: bool = False) -> dict:
+    def validated(
+        self, cfg: dict, assign: Mapping[str, Any], src: str, where, suffix: str = "", engine_check: bool = False
+    ) -> dict:
         """`cfg` with the dotted `assign`ments, validated by the config loader (and with `engine_check`
         the engine's check), the base's objective standing in (it is checked on its own); the result
         without objective. An error names `where(key)`."""
@@ -234,17 +262,30 @@ def _check_objective(spec: SweepSpec, axes: list[Axis], base: _Base, methods: li
     method of the sweep has are dropped: they belonged to the recipe's method)."""
     # Checked against the sweep file's methods too: a command line that pins the method
     # (objective.method=dapo) makes the file's `p` axis inapplicable, not wrong.
-    file_methods = [v for ax in spec.axes for k, col in zip(ax.keys, zip(*ax.values)) if k == METHOD_KEY
-                    for v in col if isinstance(v, str) and v in METHODS]
+    file_methods = [
+        v
+        for ax in spec.axes
+        for k, col in zip(ax.keys, zip(*ax.values))
+        if k == METHOD_KEY
+        for v in col
+        if isinstance(v, str) and v in METHODS
+    ]
     known = {p for m in set(methods) | set(file_methods) for p in METHODS[m].defaults}
 
     def check(name: str, value: Any, src: str, where: str) -> None:
         if name not in known:
             owners = sorted(m for m in METHODS if name in METHODS[m].defaults)
-            hint = (f"; only {', '.join(owners)} {'has' if len(owners) == 1 else 'have'} it" if owners
-                    else did_you_mean(name, sorted({p for m in METHODS for p in METHODS[m].defaults})))
-            raise ConfigError(src, where, f"no method in this sweep ({', '.join(sorted(set(methods)))}) "
-                              f"has parameter '{name}'{hint}; their parameters: {', '.join(sorted(known))}")
+            hint = (
+                f"; only {', '.join(owners)} {'has' if len(owners) == 1 else 'have'} it"
+                if owners
+                else did_you_mean(name, sorted({p for m in METHODS for p in METHODS[m].defaults}))
+            )
+            raise ConfigError(
+                src,
+                where,
+                f"no method in this sweep ({', '.join(sorted(set(methods)))}) "
+                f"has parameter '{name}'{hint}; their parameters: {', '.join(sorted(known))}",
+            )
         for m in dict.fromkeys(methods):
             if name in METHODS[m].defaults:
                 try:
@@ -262,7 +303,7 @@ def _check_objective(spec: SweepSpec, axes: list[Axis], base: _Base, methods: li
         for j, k in enumerate(ax.keys):
             if k.startswith(OBJ) and k != METHOD_KEY:
                 for vals in ax.values:
-                    check(k[len(OBJ):], vals[j], spec.source, f"{ax.where}.{k}")
+                    check(k[len(OBJ) :], vals[j], spec.source, f"{ax.where}.{k}")
     return explicit
 
 
@@ -290,8 +331,14 @@ class _PlainPart:
         if sub not in self.cache:
             plain = {k: _resolve_path(k, v, self.sweep_dir) for k, v in assign.items() if not k.startswith(OBJ)}
             shown = f" (in the run {label(plain)})" if plain else ""
-            self.cache[sub] = self.base.validated(self.base.config, plain, self.spec.source,
-                                                  lambda key: self.where.get(key, key), shown, engine_check=True)
+            self.cache[sub] = self.base.validated(
+                self.base.config,
+                plain,
+                self.spec.source,
+                lambda key: self.where.get(key, key),
+                shown,
+                engine_check=True,
+            )
         return {k: v for k, v in self.cache[sub].items()}
 
 
@@ -320,5 +367,11 @@ def iter_summary(runs: Mapping[str, dict], points: Mapping[str, dict]) -> Iterab
         m = obj.pop("method", "?")
         pt = points.get(rid, {})
         other = {k: v for k, v in pt.items() if not k.startswith(OBJ) and k != "seed"}
-        yield {"run_id": rid, "method": m, "params": obj, "seed": cfg.get("seed"),
-               "steps": cfg.get("train", {}).get("steps"), "other": other}
+        yield {
+            "run_id": rid,
+            "method": m,
+            "params": obj,
+            "seed": cfg.get("seed"),
+            "steps": cfg.get("train", {}).get("steps"),
+            "other": other,
+        }

@@ -47,17 +47,32 @@ def _quote(s: str) -> str:
     return "'" + str(s).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def hydra_command(manifest: str | Path, run_ids: list[str], *, launcher: str, jobs: int | None,
-                  hydra_overrides: list[str] = (), retry_failed: bool = False, tracking_uri: str | None = None,
-                  parent_run_id: str | None = None, threads: int | None = None, sweep_dir: str | Path) -> list[str]:
+def hydra_command(
+    manifest: str | Path,
+    run_ids: list[str],
+    *,
+    launcher: str,
+    jobs: int | None,
+    hydra_overrides: list[str] = (),
+    retry_failed: bool = False,
+    tracking_uri: str | None = None,
+    parent_run_id: str | None = None,
+    threads: int | None = None,
+    sweep_dir: str | Path,
+) -> list[str]:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    cmd = [sys.executable, "-m", HYDRA_APP, "--multirun",
-           f"manifest={_quote(Path(manifest).resolve())}",
-           "run_id=" + ",".join(_quote(r) for r in run_ids),
-           f"hydra/launcher={launcher}",
-           f"hydra.sweep.dir={_quote(Path(sweep_dir).resolve() / '.hydra' / stamp)}",
-           "hydra.sweep.subdir=${run_id}",
-           f"retry_failed={str(bool(retry_failed)).lower()}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        HYDRA_APP,
+        "--multirun",
+        f"manifest={_quote(Path(manifest).resolve())}",
+        "run_id=" + ",".join(_quote(r) for r in run_ids),
+        f"hydra/launcher={launcher}",
+        f"hydra.sweep.dir={_quote(Path(sweep_dir).resolve() / '.hydra' / stamp)}",
+        "hydra.sweep.subdir=${run_id}",
+        f"retry_failed={str(bool(retry_failed)).lower()}",
+    ]
     if tracking_uri:
         cmd.append(f"tracking_uri={_quote(tracking_uri)}")
     if parent_run_id:
@@ -66,8 +81,11 @@ def hydra_command(manifest: str | Path, run_ids: list[str], *, launcher: str, jo
         cmd.append(f"threads={int(threads)}")
     if launcher == "joblib" and jobs and not _sets(hydra_overrides, "hydra.launcher.n_jobs"):
         cmd.append(f"hydra.launcher.n_jobs={int(jobs)}")
-    if launcher == "ray" and _joins_ray_cluster(hydra_overrides) and not _sets(
-            hydra_overrides, "hydra.launcher.ray.init.object_store_memory"):
+    if (
+        launcher == "ray"
+        and _joins_ray_cluster(hydra_overrides)
+        and not _sets(hydra_overrides, "hydra.launcher.ray.init.object_store_memory")
+    ):
         # The plugin sets a small object store for the Ray instance it would start itself; Ray refuses
         # that setting when it joins a running cluster ("object_store_memory must not be provided").
         cmd.append("+hydra.launcher.ray.init.object_store_memory=null")
@@ -91,8 +109,11 @@ def _joins_ray_cluster(overrides) -> bool:
 # by N processes (launch.nproc_per_node; its job starts torchrun) gets N times them, and N CPUs when
 # none is given.
 PER_PROCESS = {
-    "ray": ("hydra.launcher.ray.remote.num_cpus", "hydra.launcher.ray.remote.num_gpus",
-            "hydra.launcher.ray.remote.memory"),
+    "ray": (
+        "hydra.launcher.ray.remote.num_cpus",
+        "hydra.launcher.ray.remote.num_gpus",
+        "hydra.launcher.ray.remote.memory",
+    ),
     "submitit_slurm": ("hydra.launcher.cpus_per_task", "hydra.launcher.gpus_per_node", "hydra.launcher.mem_gb"),
     "submitit_local": ("hydra.launcher.cpus_per_task", "hydra.launcher.gpus_per_node", "hydra.launcher.mem_gb"),
 }
@@ -110,8 +131,10 @@ def per_run_resources(launcher: str, overrides: list[str], nproc: int) -> list[s
             try:
                 v = _number(float(v) * nproc)
             except ValueError:
-                raise UserError(f"'{o}': a resource of one process must be a number (runs with "
-                                f"launch.nproc_per_node={nproc} get {nproc} times it)") from None
+                raise UserError(
+                    f"'{o}': a resource of one process must be a number (runs with "
+                    f"launch.nproc_per_node={nproc} get {nproc} times it)"
+                ) from None
             scaled = True
         out.append(f"{k}={v}")
     if not scaled:  # at least one CPU per process
@@ -133,6 +156,6 @@ def launch(manifest: str | Path, run_ids: list[str], *, nprocs: dict[str, int] |
     for nproc, ids in groups.items():
         over = per_run_resources(kw["launcher"], list(kw.get("hydra_overrides", ())), nproc)
         for i in range(0, len(ids), MAX_IDS_PER_CALL):
-            cmd = hydra_command(manifest, ids[i:i + MAX_IDS_PER_CALL], **{**kw, "hydra_overrides": over})
+            cmd = hydra_command(manifest, ids[i : i + MAX_IDS_PER_CALL], **{**kw, "hydra_overrides": over})
             rc = max(rc, subprocess.run(cmd).returncode)
     return rc

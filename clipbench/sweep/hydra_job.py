@@ -11,7 +11,6 @@ store) and prints its outcome.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 
 @dataclass
@@ -19,9 +18,9 @@ class RunJob:
     manifest: str = "???"
     run_id: str = "???"
     retry_failed: bool = False
-    tracking_uri: Optional[str] = None
-    parent_run_id: Optional[str] = None
-    threads: Optional[int] = None
+    tracking_uri: str | None = None
+    parent_run_id: str | None = None
+    threads: int | None = None
 
 
 def _register() -> None:
@@ -33,8 +32,14 @@ def _register() -> None:
 def _job(cfg) -> dict:
     from clipbench.sweep.execute import run_one, task_from_manifest
 
-    task = task_from_manifest(cfg.manifest, str(cfg.run_id), retry_failed=bool(cfg.retry_failed),
-                              tracking_uri=cfg.tracking_uri, parent_run_id=cfg.parent_run_id, threads=cfg.threads)
+    task = task_from_manifest(
+        cfg.manifest,
+        str(cfg.run_id),
+        retry_failed=bool(cfg.retry_failed),
+        tracking_uri=cfg.tracking_uri,
+        parent_run_id=cfg.parent_run_id,
+        threads=cfg.threads,
+    )
     res = run_one(task)
     print(f"{res['outcome']:>9} {task.run_id} {task.label}", flush=True)
     return res

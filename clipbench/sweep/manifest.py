@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from clipbench.config.labels import label
+from clipbench.errors import StoreError
 from clipbench.sweep.expand import Expansion
 from clipbench.sweep.spec import SweepSpec
-from clipbench.tracking.lock import manifest_lock
-from clipbench.errors import StoreError
 from clipbench.tracking.files import REMEDIES, atomic_write_json, read_json
+from clipbench.tracking.lock import manifest_lock
 from clipbench.tracking.store_format import STORE_FORMAT, read_format
 
 MANIFEST = "manifest.json"
@@ -46,8 +46,9 @@ def read_manifest(path: str | Path) -> dict | None:
     if not isinstance(runs, dict) or not all(isinstance(c, dict) for c in runs.values()):
         raise StoreError(path, "not a clipbench manifest ('runs' must map run ids to configs)", REMEDIES["manifest"])
     if not isinstance(points, dict):
-        raise StoreError(path, "not a clipbench manifest ('points' must map run ids to axis values)",
-                         REMEDIES["manifest"])
+        raise StoreError(
+            path, "not a clipbench manifest ('points' must map run ids to axis values)", REMEDIES["manifest"]
+        )
     return m
 
 
@@ -79,8 +80,15 @@ def merge(existing: dict | None, spec: SweepSpec, exp: Expansion) -> Merge:
     from clipbench.objectives.plugins import check_plugin_records, plugin_records
 
     if existing is None:
-        m = {"store_format": STORE_FORMAT, "sweep": spec.name, "source": str(spec.file.resolve()), "base": str(spec.base), "created": _now(),
-             "runs": dict(exp.runs), "points": dict(exp.points)}
+        m = {
+            "store_format": STORE_FORMAT,
+            "sweep": spec.name,
+            "source": str(spec.file.resolve()),
+            "base": str(spec.base),
+            "created": _now(),
+            "runs": dict(exp.runs),
+            "points": dict(exp.points),
+        }
         records = plugin_records(exp.runs.values())
         if records:
             m["plugins"] = records
@@ -106,14 +114,18 @@ def merge(existing: dict | None, spec: SweepSpec, exp: Expansion) -> Merge:
     if existing.get("source") and existing["source"] != src:
         warnings.append(f"the manifest of sweep '{spec.name}' was frozen from {existing['source']}, not {src}")
     if kept:
-        warnings.append(f"{len(kept)} run(s) of the current sweep file differ from their frozen configs "
-                        "(the recipe or overrides changed); the frozen configs are kept. Use a new sweep "
-                        "name to plan them afresh")
+        warnings.append(
+            f"{len(kept)} run(s) of the current sweep file differ from their frozen configs "
+            "(the recipe or overrides changed); the frozen configs are kept. Use a new sweep "
+            "name to plan them afresh"
+        )
     if new:
         shown = ", ".join(f"{r} ({label(points[r])})" for r in new[:5]) + (" ..." if len(new) > 5 else "")
         warnings.append(f"{len(new)} new run(s) appended to the frozen manifest: {shown}")
     if gone:
-        warnings.append(f"{len(gone)} frozen run(s) are no longer produced by the sweep file; they stay in the manifest")
+        warnings.append(
+            f"{len(gone)} frozen run(s) are no longer produced by the sweep file; they stay in the manifest"
+        )
     m = dict(existing, runs=runs, points=points)
     known = {r["path"] for r in existing.get("plugins", [])}
     added = [r for r in plugin_records(runs[rid] for rid in new) if r["path"] not in known]

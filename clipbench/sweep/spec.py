@@ -18,9 +18,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from clipbench.config import flatten, parse_overrides, read_yaml
 from clipbench.config.shipped import shipped_recipe, sweep_path
@@ -64,8 +65,9 @@ class SweepSpec:
         return [k for ax in self.axes for k in ax.keys]
 
 
-def load_spec(path: str | Path, cli_overrides: list[str] | tuple[str, ...] = (),
-              plugins: list[str] | tuple[str, ...] = ()) -> SweepSpec:
+def load_spec(
+    path: str | Path, cli_overrides: list[str] | tuple[str, ...] = (), plugins: list[str] | tuple[str, ...] = ()
+) -> SweepSpec:
     """Read and shape-check a sweep file. Nothing is written. ``plugins``: the CLI's --plugin
     entries (relative to the working directory), after the file's own."""
     path = sweep_path(path)  # a local file, else the shipped sweep of that name
@@ -73,7 +75,9 @@ def load_spec(path: str | Path, cli_overrides: list[str] | tuple[str, ...] = (),
     data = read_yaml(path)
     for k in data:
         if k not in TOP_KEYS:
-            raise ConfigError(src, str(k), "unknown key" + did_you_mean(str(k), TOP_KEYS) + f"; valid keys: {', '.join(TOP_KEYS)}")
+            raise ConfigError(
+                src, str(k), "unknown key" + did_you_mean(str(k), TOP_KEYS) + f"; valid keys: {', '.join(TOP_KEYS)}"
+            )
     name = _name(data.get("name", path.stem), src)
     description = data.get("description", "")
     if not isinstance(description, str):
@@ -87,10 +91,17 @@ def load_spec(path: str | Path, cli_overrides: list[str] | tuple[str, ...] = (),
     if not isinstance(file_plugins, list) or not all(isinstance(p, str) and p.strip() for p in file_plugins):
         raise ConfigError(src, "plugins", f"expected a list of .py paths or module names, got {file_plugins!r}")
     plugin_list = merge_specs([resolve(p, path.resolve().parent) for p in file_plugins], [resolve(p) for p in plugins])
-    return SweepSpec(name=name, file=path, base=_base(data.get("base"), path, src), overrides=overrides,
-                     cli_overrides=flatten(parse_overrides(cli_overrides, "command line")) if cli_overrides else {},
-                     axes=tuple(axes), exclude=_excludes(data.get("exclude"), seen, src), description=description,
-                     plugins=tuple(plugin_list))
+    return SweepSpec(
+        name=name,
+        file=path,
+        base=_base(data.get("base"), path, src),
+        overrides=overrides,
+        cli_overrides=flatten(parse_overrides(cli_overrides, "command line")) if cli_overrides else {},
+        axes=tuple(axes),
+        exclude=_excludes(data.get("exclude"), seen, src),
+        description=description,
+        plugins=tuple(plugin_list),
+    )
 
 
 def _name(name: Any, src: str) -> str:
@@ -105,15 +116,20 @@ def _base(base: Any, path: Path, src: str) -> Path:
     """The recipe every run starts from, relative to the sweep file; else the shipped recipe of that
     name (`base: quickstart` works from any directory)."""
     if base is None:
-        raise ConfigError(src, "base", "missing: the recipe every run starts from, e.g. base: ../recipes/quickstart.yaml")
+        raise ConfigError(
+            src, "base", "missing: the recipe every run starts from, e.g. base: ../recipes/quickstart.yaml"
+        )
     if not isinstance(base, str):
         raise ConfigError(src, "base", f"expected a path to a recipe, got {base!r}")
     base_path = (path.resolve().parent / base).resolve()
     if not base_path.is_file():
         shipped = shipped_recipe(base)
         if shipped is None:
-            raise ConfigError(src, "base", f"recipe not found: {base_path} (nor a shipped recipe '{base}'; "
-                              f"`clipbench recipes` lists them)")
+            raise ConfigError(
+                src,
+                "base",
+                f"recipe not found: {base_path} (nor a shipped recipe '{base}'; `clipbench recipes` lists them)",
+            )
         base_path = shipped
     return base_path
 
@@ -148,8 +164,11 @@ def _zip_axes(zips: Any, src: str) -> list[Axis]:
         cols = [_values(group[k0], src, f"{where}.{k}", unique=len(keys) == 1) for k0, k in zip(group, keys)]
         lengths = {k: len(c) for k, c in zip(keys, cols)}
         if len(set(lengths.values())) > 1:
-            raise ConfigError(src, where, "zipped lists must have the same length, got "
-                              + ", ".join(f"{k}: {n}" for k, n in lengths.items()))
+            raise ConfigError(
+                src,
+                where,
+                "zipped lists must have the same length, got " + ", ".join(f"{k}: {n}" for k, n in lengths.items()),
+            )
         rows = list(zip(*cols))
         for j, row in enumerate(rows):
             if any(all(_same(a, b) for a, b in zip(row, other)) for other in rows[:j]):
@@ -183,13 +202,18 @@ def _excludes(exclude: Any, seen: Mapping[str, str], src: str) -> tuple[dict, ..
     out = []
     for i, item in enumerate(exclude):
         if not isinstance(item, Mapping) or not item:
-            raise ConfigError(src, f"exclude[{i}]", f"expected a non-empty mapping of axis keys to values, got {item!r}")
+            raise ConfigError(
+                src, f"exclude[{i}]", f"expected a non-empty mapping of axis keys to values, got {item!r}"
+            )
         entry = {}
         for k, v in item.items():
             k = _key(k, src, f"exclude[{i}]")
             if k not in seen:
-                raise ConfigError(src, f"exclude[{i}].{k}", "not an axis of this sweep" + did_you_mean(k, seen)
-                                  + f"; axes: {', '.join(seen)}")
+                raise ConfigError(
+                    src,
+                    f"exclude[{i}].{k}",
+                    "not an axis of this sweep" + did_you_mean(k, seen) + f"; axes: {', '.join(seen)}",
+                )
             entry[k] = v
         out.append(entry)
     return tuple(out)
@@ -215,8 +239,17 @@ def _values(values: Any, src: str, where: str, unique: bool = True) -> list:
 
 
 def _same(a: Any, b: Any) -> bool:
-    return type(a) is type(b) and a == b or (isinstance(a, (int, float)) and isinstance(b, (int, float))
-                                             and not isinstance(a, bool) and not isinstance(b, bool) and a == b)
+    return (
+        type(a) is type(b)
+        and a == b
+        or (
+            isinstance(a, (int, float))
+            and isinstance(b, (int, float))
+            and not isinstance(a, bool)
+            and not isinstance(b, bool)
+            and a == b
+        )
+    )
 
 
 def _dotted_mapping(d: Any, src: str, where: str) -> dict[str, Any]:

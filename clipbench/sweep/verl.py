@@ -19,24 +19,42 @@ from clipbench.tracking.store import RunDir, RunState
 
 
 def _launcher_setting(hydra_overrides: list[str], key: str) -> str | None:
-    return next((o.split("=", 1)[1] for o in hydra_overrides if o.lstrip("+").startswith(f"hydra.launcher.{key}=")),
-                None)
+    return next(
+        (o.split("=", 1)[1] for o in hydra_overrides if o.lstrip("+").startswith(f"hydra.launcher.{key}=")), None
+    )
 
 
-def verl_plans(manifest: dict, sweep: str, *, results_dir: Path, hydra_overrides: list[str],
-               tracking_uri: str | None) -> list[dict]:
+def verl_plans(
+    manifest: dict, sweep: str, *, results_dir: Path, hydra_overrides: list[str], tracking_uri: str | None
+) -> list[dict]:
     """[{run_id, label, config, data_dir, env, command}] for every run of `manifest`. GPUs per node:
     hydra.launcher.gpus_per_node, else the runs' launch.nproc_per_node, else 8; nodes: hydra.launcher.nodes."""
     runs = [(rid, cfg, run_label(cfg, point)) for rid, cfg, point in manifest_runs(manifest)]
     gpus = _launcher_setting(hydra_overrides, "gpus_per_node")
-    n_gpus = int(gpus or next((cfg.get("launch", {}).get("nproc_per_node") for _, cfg, _ in runs
-                               if cfg.get("launch", {}).get("nproc_per_node")), 8))
-    return plan_runs(runs, results_dir=results_dir, sweep=sweep, tracking_uri=tracking_uri, n_gpus=n_gpus,
-                     nnodes=int(_launcher_setting(hydra_overrides, "nodes") or 1))
+    n_gpus = int(
+        gpus
+        or next(
+            (
+                cfg.get("launch", {}).get("nproc_per_node")
+                for _, cfg, _ in runs
+                if cfg.get("launch", {}).get("nproc_per_node")
+            ),
+            8,
+        )
+    )
+    return plan_runs(
+        runs,
+        results_dir=results_dir,
+        sweep=sweep,
+        tracking_uri=tracking_uri,
+        n_gpus=n_gpus,
+        nnodes=int(_launcher_setting(hydra_overrides, "nodes") or 1),
+    )
 
 
-def submit_verl(plans: list[dict], sweep_dir: Path, *, launcher: str | None, hydra_overrides: list[str],
-                retry_failed: bool) -> tuple[list[dict], list[dict]]:
+def submit_verl(
+    plans: list[dict], sweep_dir: Path, *, launcher: str | None, hydra_overrides: list[str], retry_failed: bool
+) -> tuple[list[dict], list[dict]]:
     """Submit the plans not submitted before (all of them with `retry_failed`); each submitted run's
     config.yaml and status (pending, with the submission) are written. Returns (skipped plans with
     their status, [{plan, job}])."""
@@ -52,7 +70,10 @@ def submit_verl(plans: list[dict], sweep_dir: Path, *, launcher: str | None, hyd
     for p, j in zip(todo, jobs):
         rd = RunDir(Path(sweep_dir) / p["run_id"])
         rd.write_config(p["config"])
-        rd.set_status(RunState.PENDING, engine="verl", submitted={"launcher": launcher or "local", "job": j["job"],
-                                                           "command": shell_line(p["command"], p["env"])})
+        rd.set_status(
+            RunState.PENDING,
+            engine="verl",
+            submitted={"launcher": launcher or "local", "job": j["job"], "command": shell_line(p["command"], p["env"])},
+        )
         done.append({"plan": p, "job": j["job"]})
     return skipped, done

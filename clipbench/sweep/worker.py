@@ -31,8 +31,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--as-rank", action="store_true", help="train as one torchrun rank (started by the sweep)")
     a = ap.parse_args(argv)
     try:
-        task = task_from_manifest(a.manifest, a.run_id, retry_failed=a.retry_failed, tracking_uri=a.tracking_uri,
-                                  parent_run_id=a.parent_run_id, threads=a.threads)
+        task = task_from_manifest(
+            a.manifest,
+            a.run_id,
+            retry_failed=a.retry_failed,
+            tracking_uri=a.tracking_uri,
+            parent_run_id=a.parent_run_id,
+            threads=a.threads,
+        )
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

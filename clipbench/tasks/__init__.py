@@ -7,7 +7,8 @@ builds one from a ``task`` section alone.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from clipbench.errors import ConfigError, UserError, unknown_choice
 from clipbench.tasks.base import Problem, Task
@@ -50,8 +51,11 @@ def build_task(task_cfg: Any, *, seed: int | None = None) -> Task:
 
         path = _get(task_cfg, "path")
         if not path:
-            raise ConfigError(None, "task.path", "required for task 'math' (a .jsonl/.json/.parquet "
-                                                "file, a directory, or a Hugging Face dataset name)")
+            raise ConfigError(
+                None,
+                "task.path",
+                "required for task 'math' (a .jsonl/.json/.parquet file, a directory, or a Hugging Face dataset name)",
+            )
         kwargs = {k: _get(task_cfg, k) for k in ("split", "template", "limit", "config", "holdout")}
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
         return MathTask.from_source(path, seed=seed or 0, **kwargs)

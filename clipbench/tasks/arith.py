@@ -38,23 +38,23 @@ import hashlib
 import itertools
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from functools import cached_property
-from typing import Sequence
 
 from clipbench.errors import did_you_mean
 from clipbench.tasks.base import Problem
 
 VALID_OPS = "+-*"
-FORMATS = ("answer", "steps")      # completion formats (see the module docstring)
-STEP_SEP = " "                     # between worked steps
-ANSWER_MARK = "#"                  # steps format: the final answer follows it
-COMMUTATIVE = "+*"                 # steps format: these steps may be written either way round
-ALPHABET = "0123456789+-*= "       # every character of the answer format's prompts and completions
+FORMATS = ("answer", "steps")  # completion formats (see the module docstring)
+STEP_SEP = " "  # between worked steps
+ANSWER_MARK = "#"  # steps format: the final answer follows it
+COMMUTATIVE = "+*"  # steps format: these steps may be written either way round
+ALPHABET = "0123456789+-*= "  # every character of the answer format's prompts and completions
 MAX_OPERANDS = 8
 MAX_DIGITS = 6
-HELD_OUT_PER_MILLE = 100          # 10% of all expressions are reserved for test
-ENUMERATE_LIMIT = 200_000          # spaces this small are enumerated exactly
+HELD_OUT_PER_MILLE = 100  # 10% of all expressions are reserved for test
+ENUMERATE_LIMIT = 200_000  # spaces this small are enumerated exactly
 _HASH_SALT = b"clipbench-arith:"
 _LEADING_INT = re.compile(r"\s*(-?\d+)")
 
@@ -154,8 +154,9 @@ def _check_ops(ops) -> str:
     bad = [c for c in ops if c not in VALID_OPS]
     if bad:
         raise ArithKnobError(
-            "ops", f"unknown operator {bad[0]!r} in ops={ops!r}{did_you_mean(bad[0], VALID_OPS)}; "
-            f"valid: {', '.join(VALID_OPS)}"
+            "ops",
+            f"unknown operator {bad[0]!r} in ops={ops!r}{did_you_mean(bad[0], VALID_OPS)}; "
+            f"valid: {', '.join(VALID_OPS)}",
         )
     if len(set(ops)) != len(ops):
         raise ArithKnobError("ops", f"ops={ops!r} repeats an operator; list each of {VALID_OPS!r} at most once")
@@ -167,20 +168,22 @@ class ArithKnobs:
     """The arith knobs and their defaults: the one owner (``TaskConfig`` and the base-model builder
     read them). Operands are uniform on ``0 .. 10**digits - 1``; operators uniform on ``ops``."""
 
-    operands: int = 2              # numbers per expression
-    digits: int = 2                # digits per number (at most)
-    ops: str = "+-"                # operators to draw from, each at most once
-    format: str = "answer"         # completion format: answer | steps
-    train_size: int = 20000        # train problems (drawn with replacement)
-    test_size: int = 500           # held-out test problems (distinct)
+    operands: int = 2  # numbers per expression
+    digits: int = 2  # digits per number (at most)
+    ops: str = "+-"  # operators to draw from, each at most once
+    format: str = "answer"  # completion format: answer | steps
+    train_size: int = 20000  # train problems (drawn with replacement)
+    test_size: int = 500  # held-out test problems (distinct)
 
     def __post_init__(self):  # cheap checks only (the config loader runs them on every run config)
         _check_int("operands", self.operands, 2, MAX_OPERANDS)
         _check_int("digits", self.digits, 1, MAX_DIGITS)
         _check_ops(self.ops)
         if self.format not in FORMATS:
-            raise ArithKnobError("format", f"unknown format {self.format!r}{did_you_mean(self.format, FORMATS)}; "
-                                 f"valid: {', '.join(FORMATS)}")
+            raise ArithKnobError(
+                "format",
+                f"unknown format {self.format!r}{did_you_mean(self.format, FORMATS)}; valid: {', '.join(FORMATS)}",
+            )
         _check_int("train_size", self.train_size, 1)
         _check_int("test_size", self.test_size, 1)
 
@@ -215,16 +218,17 @@ class ArithTask(ArithKnobs):
         capacity = self.held_out_capacity
         if self.test_size > capacity:
             raise ArithKnobError(
-                "test_size", f"test_size={self.test_size} exceeds the {capacity} held-out expressions "
+                "test_size",
+                f"test_size={self.test_size} exceeds the {capacity} held-out expressions "
                 f"available for operands={self.operands} digits={self.digits} ops={self.ops!r}; "
-                f"lower test_size or raise digits/operands"
+                f"lower test_size or raise digits/operands",
             )
 
     # ---- the expression space -------------------------------------------------------------
     @property
     def space_size(self) -> int:
         """Number of distinct (operands, ops) tuples."""
-        return (10 ** self.digits) ** self.operands * len(self.ops) ** (self.operands - 1)
+        return (10**self.digits) ** self.operands * len(self.ops) ** (self.operands - 1)
 
     @property
     def held_out_capacity(self) -> int:
@@ -237,7 +241,7 @@ class ArithTask(ArithKnobs):
     @cached_property
     def _held_out_pool(self) -> list[tuple[tuple[int, ...], tuple[str, ...]]]:
         """All held-out expressions (only built when the space is enumerable), sorted."""
-        values = range(10 ** self.digits)
+        values = range(10**self.digits)
         pool = []
         for nums in itertools.product(values, repeat=self.operands):
             for ops in itertools.product(self.ops, repeat=self.operands - 1):
@@ -246,7 +250,7 @@ class ArithTask(ArithKnobs):
         return pool
 
     def _draw(self, rng: random.Random) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        hi = 10 ** self.digits - 1
+        hi = 10**self.digits - 1
         nums = tuple(rng.randint(0, hi) for _ in range(self.operands))
         ops = tuple(rng.choice(self.ops) for _ in range(self.operands - 1))
         return nums, ops

@@ -6,16 +6,16 @@ answer as a string. A ``Task`` owns a training pool, a held-out test pool and it
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, runtime_checkable
-
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
 class Problem:
     id: str
-    prompt: str                                           # fully rendered prompt text
-    answer: str                                           # gold answer, normalised to a string
+    prompt: str  # fully rendered prompt text
+    answer: str  # gold answer, normalised to a string
     meta: dict = field(default_factory=dict, hash=False)  # source, schema, raw problem text, ...
 
 
@@ -35,5 +35,4 @@ class Task(Protocol):
         """1.0 when correct, 0.0 otherwise."""
         ...
 
-    def is_correct(self, completion: str, problem: Problem) -> bool:
-        ...
+    def is_correct(self, completion: str, problem: Problem) -> bool: ...

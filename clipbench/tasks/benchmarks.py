@@ -1,16 +1,16 @@
 """Evaluation benchmarks by name: Hugging Face datasets by default, local files with ``data_dir``.
 
-    load_benchmark("aime24")                        # datasets.load_dataset("HuggingFaceH4/aime_2024", split="train")
-    load_benchmark("aime24", data_dir="data/")      # data/aime24.jsonl (offline)
-    load_benchmark("arith")                         # ArithTask()'s test split (no files)
-    load_benchmark("arith", arith=task)             # a given arith task's test split (a run's own)
+load_benchmark("aime24")                        # datasets.load_dataset("HuggingFaceH4/aime_2024", split="train")
+load_benchmark("aime24", data_dir="data/")      # data/aime24.jsonl (offline)
+load_benchmark("arith")                         # ArithTask()'s test split (no files)
+load_benchmark("arith", arith=task)             # a given arith task's test split (a run's own)
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from clipbench.errors import UserError, unknown_choice
 from clipbench.tasks.base import Problem, Task
@@ -21,7 +21,7 @@ from clipbench.tasks.math import load_problems
 @dataclass(frozen=True)
 class Benchmark:
     name: str
-    hf_name: str | None            # None: generated, not loaded (arith)
+    hf_name: str | None  # None: generated, not loaded (arith)
     hf_split: str = "test"
     hf_config: str | None = None
     local_file: str | None = None  # file name inside a --data-dir
@@ -55,8 +55,14 @@ def _arith_task(arith: Task | None) -> Task:
     return ArithTask()
 
 
-def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | None = None,
-                   template: str = "dapo", *, arith: Task | None = None) -> list[Problem]:
+def load_benchmark(
+    name: str,
+    data_dir: str | Path | None = None,
+    limit: int | None = None,
+    template: str = "dapo",
+    *,
+    arith: Task | None = None,
+) -> list[Problem]:
     """Problems of benchmark ``name`` (first ``limit``), prompts rendered with ``template``.
 
     With ``data_dir`` the benchmark's local file is read from it; otherwise the Hugging Face dataset
@@ -78,9 +84,7 @@ def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | N
     try:
         return load_problems(bench.hf_name, template, bench.hf_split, limit, config=bench.hf_config, label=name)
     except UserError as e:
-        raise UserError(
-            f"benchmark '{name}': {e}; offline? pass --data-dir DIR holding {bench.local_file}"
-        ) from None
+        raise UserError(f"benchmark '{name}': {e}; offline? pass --data-dir DIR holding {bench.local_file}") from None
 
 
 def benchmark_grader(name: str, *, arith: Task | None = None) -> Callable[[str, Problem], bool]:

@@ -19,9 +19,9 @@ import re
 import threading
 from decimal import Decimal, InvalidOperation
 
-TIMEOUT_S = 3                  # math-verify parse / verify timeout (main thread only)
-FALLBACK_TAIL_CHARS = 2000     # without Answer:/\boxed, math-verify scans this tail of the text
-MAX_ANSWER_CHARS = 1000        # longer "answers" are not answers
+TIMEOUT_S = 3  # math-verify parse / verify timeout (main thread only)
+FALLBACK_TAIL_CHARS = 2000  # without Answer:/\boxed, math-verify scans this tail of the text
+MAX_ANSWER_CHARS = 1000  # longer "answers" are not answers
 
 _ANSWER_MARK = re.compile(r"answer\s*:", re.IGNORECASE)
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*")
@@ -30,15 +30,16 @@ _NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|[+-]?\.\d+")
 _TRAILING_WORDS = re.compile(r"([+-]?[\d.,]*\d)\s+([A-Za-z]{2,}[A-Za-z .]*)")
 _MATH_WORDS = {"pi", "sqrt", "infinity", "infty"}
 _EXPLOSIVE = re.compile(
-    r"\^\s*\{[^{}]*\^"                    # 9^{9^9}: a power in a braced exponent
-    r"|\^\s*\d+\s*\^"                     # 9^9^9
-    r"|\*\*\s*\(?\s*\d+\s*\*\*"             # 9**9**9, 9**(9**9)
-    r"|(?:\^|\*\*)\s*[{(]?\s*\d{7,}"       # 10^{10000000}
-    r"|\d{5,}\s*!"                        # 100000!
+    r"\^\s*\{[^{}]*\^"  # 9^{9^9}: a power in a braced exponent
+    r"|\^\s*\d+\s*\^"  # 9^9^9
+    r"|\*\*\s*\(?\s*\d+\s*\*\*"  # 9**9**9, 9**(9**9)
+    r"|(?:\^|\*\*)\s*[{(]?\s*\d{7,}"  # 10^{10000000}
+    r"|\d{5,}\s*!"  # 100000!
 )
 
 
 # ---- extraction -----------------------------------------------------------------------------
+
 
 def last_boxed(text: str) -> str | None:
     """Content of the last ``\\boxed{...}`` (nested braces matched) or ``\\boxed X``; None if none
@@ -92,11 +93,11 @@ def extract_answer(completion: str) -> str | None:
         marks = list(_ANSWER_MARK.finditer(lines[i]))
         if not marks:
             continue
-        content, last = lines[i][marks[-1].end():].strip(), i
+        content, last = lines[i][marks[-1].end() :].strip(), i
         if not content.strip("*$ "):
             last = next((j for j in range(i + 1, len(lines)) if lines[j].strip()), i)
             content = lines[last].strip() if last > i else ""
-        if last_boxed("\n".join(lines[last + 1:])) is not None:
+        if last_boxed("\n".join(lines[last + 1 :])) is not None:
             break  # a later \boxed{} wins
         boxed = last_boxed(content)
         answer = _clean(boxed if boxed is not None else content)
@@ -125,6 +126,7 @@ def normalize_gold(answer) -> str:
 
 
 # ---- comparison -----------------------------------------------------------------------------
+
 
 def _as_number(s: str) -> Decimal | None:
     """Decimal value of a plain number ("025", "27.0", "1,000", "-3"), else None."""

@@ -16,9 +16,9 @@ Schemas are detected from the columns (nested dicts are also seen as dotted keys
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -51,6 +51,7 @@ SCHEMAS: tuple[Schema, ...] = (
 
 
 # ---- reading rows ---------------------------------------------------------------------------
+
 
 def _read_json(path: Path) -> list[dict]:
     text = path.read_text(encoding="utf-8")
@@ -132,15 +133,14 @@ def load_rows(source: str | Path, split: str = "train", config: str | None = Non
 
 # ---- rows -> problems -----------------------------------------------------------------------
 
+
 def detect_schema(columns: set[str], label: str) -> Schema:
     """First schema whose problem and answer columns are present; UserError naming the columns."""
     for schema in SCHEMAS:
         if schema.matches(columns):
             return schema
     wanted = "; ".join(f"{s.name}: {s.problem_key} + {s.answer_key}" for s in SCHEMAS)
-    raise UserError(
-        f"{label}: no known problem schema fits the columns {sorted(columns)}; expected one of: {wanted}"
-    )
+    raise UserError(f"{label}: no known problem schema fits the columns {sorted(columns)}; expected one of: {wanted}")
 
 
 def _row_id(row: dict, schema: Schema, index: int) -> str:
@@ -159,8 +159,7 @@ def row_to_problem(row: dict, index: int, schema: Schema, label: str, template: 
         raise UserError(f"{label}: row {index}: empty answer in '{schema.answer_key}'")
     meta = {"source": label, "schema": schema.name, "row": index, "problem": text}
     meta.update({k: row[k] for k in schema.meta_keys if row.get(k) is not None})
-    return Problem(id=f"{label}/{_row_id(row, schema, index)}", prompt=render(template, text),
-                   answer=answer, meta=meta)
+    return Problem(id=f"{label}/{_row_id(row, schema, index)}", prompt=render(template, text), answer=answer, meta=meta)
 
 
 def source_label(source: str | Path) -> str:
@@ -169,8 +168,9 @@ def source_label(source: str | Path) -> str:
     return path.stem if path.suffix in LOCAL_SUFFIXES else str(source).rstrip("/")
 
 
-def rows_to_problems(rows: Sequence[dict], label: str, template: str = "dapo",
-                     limit: int | None = None) -> list[Problem]:
+def rows_to_problems(
+    rows: Sequence[dict], label: str, template: str = "dapo", limit: int | None = None
+) -> list[Problem]:
     template = resolve_template(template)
     if limit is not None:
         if limit < 0:
@@ -186,15 +186,22 @@ def rows_to_problems(rows: Sequence[dict], label: str, template: str = "dapo",
     return [row_to_problem(r, i, schema, label, template) for i, r in enumerate(flat)]
 
 
-def load_problems(source: str | Path, template: str = "dapo", split: str = "train",
-                  limit: int | None = None, *, config: str | None = None,
-                  label: str | None = None) -> list[Problem]:
+def load_problems(
+    source: str | Path,
+    template: str = "dapo",
+    split: str = "train",
+    limit: int | None = None,
+    *,
+    config: str | None = None,
+    label: str | None = None,
+) -> list[Problem]:
     """Problems of a file, directory or Hugging Face dataset (first ``limit`` rows)."""
     rows = load_rows(source, split=split, config=config)
     return rows_to_problems(rows, label or source_label(source), template, limit)
 
 
 # ---- the task -------------------------------------------------------------------------------
+
 
 def hold_out(problems: Sequence[Problem], n: int, seed: int) -> tuple[list[Problem], list[Problem]]:
     """(train, test): ``n`` problems drawn by ``np.random.default_rng(seed)`` form the test split;
@@ -216,9 +223,18 @@ class MathTask:
         self._train, self._test, self.strict = tuple(train), tuple(test), strict
 
     @classmethod
-    def from_source(cls, path: str | Path, *, split: str = "train", template: str = "auto",
-                    limit: int | None = None, config: str | None = None, holdout: int = 0,
-                    seed: int = 0, test: Sequence[Problem] = ()) -> "MathTask":
+    def from_source(
+        cls,
+        path: str | Path,
+        *,
+        split: str = "train",
+        template: str = "auto",
+        limit: int | None = None,
+        config: str | None = None,
+        holdout: int = 0,
+        seed: int = 0,
+        test: Sequence[Problem] = (),
+    ) -> MathTask:
         """Training pool from ``path``; ``holdout`` of its problems (seeded) become the test split,
         followed by any ``test`` problems given (e.g. a benchmark)."""
         problems = load_problems(path, template, split, limit, config=config)
@@ -230,7 +246,6 @@ class MathTask:
 
     def test_problems(self) -> Sequence[Problem]:
         return self._test
-
 
     def is_correct(self, completion: str, problem: Problem) -> bool:
         return grade(completion, problem.answer, strict=self.strict)

@@ -27,17 +27,17 @@ from clipbench.yamlio import YamlError, decode_utf8
 # What a user can do about a damaged file, by kind.
 REMEDIES = {
     "manifest": "move it away and rerun `clipbench sweep FILE` to freeze the plan again (finished runs are "
-                "found again by their run ids)",
+    "found again by their run ids)",
     "status": "delete it: the run then counts as interrupted and resumes from its checkpoint (or restarts) "
-              "on the next `clipbench sweep`",
+    "on the next `clipbench sweep`",
     "config": "restore it (the sweep's manifest.json holds the same config) or delete the run directory to "
-              "train the run again",
+    "train the run again",
     "eval": "move it away (the evaluation is then left out) or delete the run directory to train the run again",
     "mlflow": "delete it (it only remembers the run's MLflow ids; `clipbench sync` finds them again by tags)",
     "provenance": "delete it: the report then counts the run's machine and base-model checksum as unknown "
-                  "(its next start or resume records them again)",
+    "(its next start or resume records them again)",
     "jsonl": "repair or delete that line (the other rows are intact), or delete the run directory to train "
-             "the run again",
+    "the run again",
 }
 
 
@@ -139,8 +139,10 @@ def check_store_dir(path: str | Path) -> Path:
     if path.exists() and not path.is_dir():
         raise UserError(f"--results-dir {path}: exists and is not a directory")
     if not path.is_dir():
-        raise UserError(f"--results-dir {path}: does not exist (no results yet; `clipbench sweep FILE "
-                        f"--results-dir {path}` writes them)")
+        raise UserError(
+            f"--results-dir {path}: does not exist (no results yet; `clipbench sweep FILE "
+            f"--results-dir {path}` writes them)"
+        )
     return path
 
 
@@ -173,10 +175,15 @@ def read_json(path: str | Path, default: Any = None, *, kind: str = "status", ex
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
-        raise StoreError(path, f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})", REMEDIES[kind]) from None
+        raise StoreError(
+            path, f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})", REMEDIES[kind]
+        ) from None
     if expect is not None and not isinstance(obj, expect):
-        raise StoreError(path, f"expected a JSON {'object' if expect is dict else expect.__name__}, got "
-                         f"{type(obj).__name__}", REMEDIES[kind])
+        raise StoreError(
+            path,
+            f"expected a JSON {'object' if expect is dict else expect.__name__}, got {type(obj).__name__}",
+            REMEDIES[kind],
+        )
     return obj
 
 
@@ -199,8 +206,10 @@ def read_jsonl(path: str | Path, *, notes: list[str] | None = None) -> list[dict
         rows.append(_jsonl_row(path, i, line))
     if tail.strip():
         if notes is not None:
-            notes.append(f"{path}: skipped an incomplete last line {len(lines) + 1} (a crash or a write in "
-                         "progress; a resumed run rewrites it)")
+            notes.append(
+                f"{path}: skipped an incomplete last line {len(lines) + 1} (a crash or a write in "
+                "progress; a resumed run rewrites it)"
+            )
     return rows
 
 
@@ -208,11 +217,11 @@ def _jsonl_row(path: Path, lineno: int, line: str) -> dict:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as e:
-        raise StoreError(path, f"not valid JSON ({e.msg}, column {e.colno})", REMEDIES["jsonl"],
-                         where=f"line {lineno}") from None
+        raise StoreError(
+            path, f"not valid JSON ({e.msg}, column {e.colno})", REMEDIES["jsonl"], where=f"line {lineno}"
+        ) from None
     if not isinstance(row, dict):
-        raise StoreError(path, f"expected a JSON object, got {type(row).__name__}", REMEDIES["jsonl"],
-                         where=f"line {lineno}")
+        raise StoreError(
+            path, f"expected a JSON object, got {type(row).__name__}", REMEDIES["jsonl"], where=f"line {lineno}"
+        )
     return row
-
-

@@ -9,9 +9,9 @@ A process that cannot take a run's lock at once skips the run: another process o
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from filelock import FileLock, Timeout
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from clipbench.tracking.files import _temp_beside, read_jsonl
 from clipbench.tracking.store import RunDir, list_run_dirs
+
 
 def _complete_lines(path: Path) -> bytes:
     """The file's bytes up to its last newline (a torn last line, left by a crash, is dropped)."""
@@ -98,8 +99,15 @@ def _torn_tail(path: Path) -> bool:
         return False
 
 
-def load_sweep_metrics(results_dir: str | Path, sweep: str, *, run_ids: Iterable[str] | None = None,
-                       filename: str = "metrics.jsonl", cache: bool = True, notes: list[str] | None = None):
+def load_sweep_metrics(
+    results_dir: str | Path,
+    sweep: str,
+    *,
+    run_ids: Iterable[str] | None = None,
+    filename: str = "metrics.jsonl",
+    cache: bool = True,
+    notes: list[str] | None = None,
+):
     """Every run's ``metrics.jsonl`` as one pandas DataFrame with a leading ``run_id`` column (runs in
     run-id order, rows in file order; columns are the union over runs, missing values NaN/None).
 
@@ -122,8 +130,12 @@ def load_sweep_metrics(results_dir: str | Path, sweep: str, *, run_ids: Iterable
     if not runs:
         return pd.DataFrame({"run_id": pd.Series([], dtype=object)})
     if notes is not None:
-        notes += [f"{rd.path / filename}: skipped an incomplete last line (a crash or a write in progress; "
-                  "a resumed run rewrites it)" for rd in runs if _torn_tail(rd.path / filename)]
+        notes += [
+            f"{rd.path / filename}: skipped an incomplete last line (a crash or a write in progress; "
+            "a resumed run rewrites it)"
+            for rd in runs
+            if _torn_tail(rd.path / filename)
+        ]
 
     cache_path = root / CACHE_DIR / (filename.replace("/", "__") + ".arrow")
     cached, index = _read_cache(cache_path) if cache else (None, {})

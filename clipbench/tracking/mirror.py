@@ -24,8 +24,9 @@ from __future__ import annotations
 import posixpath
 import re
 import shlex
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from clipbench.tracking.provenance import provenance_params, read_provenance
 from clipbench.tracking.records import list_records
@@ -78,8 +79,14 @@ def metric_value(v: Any) -> float | None:
 
 def opt_step_after(rows: Iterable[Mapping], k: int) -> int:
     """The optimizer step reached after k rollout steps: the largest opt_step of a row with step < k."""
-    return max((int(r["opt_step"]) for r in rows
-                if isinstance(r.get("step"), int) and r["step"] < k and isinstance(r.get("opt_step"), int)), default=0)
+    return max(
+        (
+            int(r["opt_step"])
+            for r in rows
+            if isinstance(r.get("step"), int) and r["step"] < k and isinstance(r.get("opt_step"), int)
+        ),
+        default=0,
+    )
 
 
 def eval_metrics(benchmark: str, summary: Mapping) -> dict[str, Any]:
@@ -88,8 +95,9 @@ def eval_metrics(benchmark: str, summary: Mapping) -> dict[str, Any]:
     return {f"{EVAL_PREFIX}{benchmark}/{f'avg@{n}' if k == 'avg@n' and n else k}": v for k, v in summary.items()}
 
 
-def mirror_points(step: int, metrics: Mapping[str, Any],
-                  opt_step_after_k: Callable[[int], int]) -> tuple[list[tuple[str, int, float]], dict[str, str]]:
+def mirror_points(
+    step: int, metrics: Mapping[str, Any], opt_step_after_k: Callable[[int], int]
+) -> tuple[list[tuple[str, int, float]], dict[str, str]]:
     """One sink call -> ([(metric name, MLflow step, value)], {param: value}).
 
     `metrics` is a training row (it has `opt_step`: the step axis) or evaluation metrics
@@ -103,8 +111,11 @@ def mirror_points(step: int, metrics: Mapping[str, Any],
         at = int(step)
     points: list[tuple[str, int, float]] = []
     params: dict[str, str] = {}
-    ns = {k.rsplit("/", 1)[0]: int(v) for k, v in metrics.items()
-          if str(k).startswith(EVAL_PREFIX) and k.endswith("/n") and isinstance(v, (int, float))}
+    ns = {
+        k.rsplit("/", 1)[0]: int(v)
+        for k, v in metrics.items()
+        if str(k).startswith(EVAL_PREFIX) and k.endswith("/n") and isinstance(v, (int, float))
+    }
     for k, v in metrics.items():
         k = str(k)
         if k in ROW_BOOKKEEPING:
@@ -146,7 +157,9 @@ def run_params(config: Mapping, backend: str | None = None) -> dict[str, Any]:
         from clipbench.objectives.corrections import describe
 
         try:
-            params.update({f"correction.{k}": v for k, v in describe(correction).items() if k in ("unit", "denominator")})
+            params.update(
+                {f"correction.{k}": v for k, v in describe(correction).items() if k in ("unit", "denominator")}
+            )
         except ValueError:
             pass
     params["run_id"] = run_id(dict(config))
@@ -159,13 +172,19 @@ ROLE_TAG = "clipbench.role"  # "sweep" (a sweep's parent run) or "run"
 
 
 def run_tags(config: Mapping, *, sweep: str, run_id: str) -> dict[str, str]:
-    return {"sweep": sweep, "run_id": run_id, "method": str(config.get("objective", {}).get("method", "")),
-            "seed": str(config.get("seed", "")), "model": str(config.get("model", {}).get("name", "")),
-            ROLE_TAG: "run"}
+    return {
+        "sweep": sweep,
+        "run_id": run_id,
+        "method": str(config.get("objective", {}).get("method", "")),
+        "seed": str(config.get("seed", "")),
+        "model": str(config.get("model", {}).get("name", "")),
+        ROLE_TAG: "run",
+    }
 
 
-def expected_metrics(rd: RunDir, rows: list[dict] | None = None,
-                     evals: dict[int, dict[str, dict]] | None = None) -> dict[str, dict[int, float]]:
+def expected_metrics(
+    rd: RunDir, rows: list[dict] | None = None, evals: dict[int, dict[str, dict]] | None = None
+) -> dict[str, dict[int, float]]:
     """{metric name: {MLflow step: value}}: exactly what the trainer sends live (`mirror_points`)."""
     rows = rd.read_metrics() if rows is None else rows
     evals = rd.read_evals() if evals is None else evals
@@ -179,13 +198,17 @@ def expected_metrics(rd: RunDir, rows: list[dict] | None = None,
         add(mirror_points(int(row.get("step", 0)), row, lambda k: 0)[0])
     for k, per_bench in evals.items():
         for bench, payload in per_bench.items():
-            add(mirror_points(k, eval_metrics(bench, payload.get("summary") or {}),
-                              lambda kk: opt_step_after(rows, kk))[0])
+            add(
+                mirror_points(
+                    k, eval_metrics(bench, payload.get("summary") or {}), lambda kk: opt_step_after(rows, kk)
+                )[0]
+            )
     return out
 
 
-def expected_params(rd: RunDir, config: Mapping, status: Mapping,
-                    evals: dict[int, dict[str, dict]] | None = None) -> dict[str, str]:
+def expected_params(
+    rd: RunDir, config: Mapping, status: Mapping, evals: dict[int, dict[str, dict]] | None = None
+) -> dict[str, str]:
     """{param name: value}: the run's params (`run_params`), its provenance (`provenance.*`, from
     provenance.json) and its evaluations' bookkeeping."""
     want = {metric_name(k): param_value(v) for k, v in run_params(config, status.get("backend")).items()}

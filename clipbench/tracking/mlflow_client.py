@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from clipbench.errors import StoreError
-from clipbench.tracking.lock import store_creation_lock
-from clipbench.tracking.mirror import default_tracking_uri
-from clipbench.tracking.mirror import ROLE_TAG, expected_artifacts
-from clipbench.tracking.store import RunDir
 from clipbench.tracking.files import atomic_write_json, read_json
+from clipbench.tracking.lock import store_creation_lock
+from clipbench.tracking.mirror import ROLE_TAG, default_tracking_uri, expected_artifacts
+from clipbench.tracking.store import RunDir
 
 log = logging.getLogger("clipbench.tracking")
 
@@ -66,7 +66,7 @@ def client_for(uri: str):
 
     if not uri.startswith("sqlite:///"):
         return MlflowClient(tracking_uri=uri)
-    db = Path(uri[len("sqlite:///"):])
+    db = Path(uri[len("sqlite:///") :])
     db.parent.mkdir(parents=True, exist_ok=True)
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # "Creating initial tables..."
     with store_creation_lock(db):  # the client opens the store (creating its schema) here, one process at a time
@@ -107,8 +107,11 @@ def find_runs(client, experiment_id: str, *, sweep: str, role: str, run_id: str 
     filt = f"tags.sweep = '{_q(sweep)}' AND tags.`{ROLE_TAG}` = '{role}'"
     if run_id is not None:
         filt += f" AND tags.run_id = '{_q(run_id)}'"
-    return list(client.search_runs([experiment_id], filter_string=filt, max_results=1000,
-                                   order_by=["attributes.start_time ASC"]))
+    return list(
+        client.search_runs(
+            [experiment_id], filter_string=filt, max_results=1000, order_by=["attributes.start_time ASC"]
+        )
+    )
 
 
 def metric_steps(client, mlflow_run_id: str, keys: Iterable[str]) -> dict[str, dict[int, int]]:
@@ -160,7 +163,7 @@ def artifact_sizes(client, mlflow_run_id: str, path: str | None = None) -> dict[
 def send_points(client, mlflow_run_id: str, points: list) -> int:
     """log_batch in chunks of MLflow's limit; returns the number sent."""
     for i in range(0, len(points), MAX_METRICS_PER_BATCH):
-        client.log_batch(mlflow_run_id, metrics=points[i:i + MAX_METRICS_PER_BATCH], synchronous=True)
+        client.log_batch(mlflow_run_id, metrics=points[i : i + MAX_METRICS_PER_BATCH], synchronous=True)
     return len(points)
 
 
@@ -169,7 +172,7 @@ def send_params(client, mlflow_run_id: str, params: Mapping[str, str]) -> int:
 
     todo = [Param(k, v) for k, v in params.items()]
     for i in range(0, len(todo), MAX_PARAMS_PER_BATCH):
-        client.log_batch(mlflow_run_id, params=todo[i:i + MAX_PARAMS_PER_BATCH], synchronous=True)
+        client.log_batch(mlflow_run_id, params=todo[i : i + MAX_PARAMS_PER_BATCH], synchronous=True)
     return len(todo)
 
 

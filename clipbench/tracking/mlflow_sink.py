@@ -27,19 +27,38 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from clipbench.errors import StoreError
-from clipbench.tracking.lock import manifest_lock
-from clipbench.tracking.mirror import (expected_metrics, expected_params, metric_name, mirror_points, opt_step_after,
-                                       param_value, sync_hint)
-from clipbench.tracking.mirror import ROLE_TAG, run_tags
-from clipbench.tracking.mlflow_client import (artifact_location, artifact_sizes, send_missing_artifacts, send_params, send_points,
-                                              client_for, find_runs, get_or_create_experiment, metric_steps,
-                                              record_mlflow_run, resolve_tracking_uri)
-from clipbench.tracking.store import RunDir
 from clipbench.tracking.files import read_json
+from clipbench.tracking.lock import manifest_lock
+from clipbench.tracking.mirror import (
+    ROLE_TAG,
+    expected_metrics,
+    expected_params,
+    metric_name,
+    mirror_points,
+    opt_step_after,
+    param_value,
+    run_tags,
+    sync_hint,
+)
+from clipbench.tracking.mlflow_client import (
+    artifact_location,
+    artifact_sizes,
+    client_for,
+    find_runs,
+    get_or_create_experiment,
+    metric_steps,
+    record_mlflow_run,
+    resolve_tracking_uri,
+    send_missing_artifacts,
+    send_params,
+    send_points,
+)
+from clipbench.tracking.store import RunDir
 
 log = logging.getLogger("clipbench.tracking")
 
@@ -50,10 +69,21 @@ log = logging.getLogger("clipbench.tracking")
 class MlflowSink:
     """A `MetricSink` bound to one MLflow run. Every public method swallows errors (offline mode)."""
 
-    def __init__(self, client, mlflow_run_id: str | None, *, uri: str, rd: RunDir | None = None,
-                 batch_every: int = 10, logged_params: Mapping[str, str] | None = None,
-                 logged_steps: Mapping[str, Iterable[int]] | None = None, offline_reason: str | None = None,
-                 sync_hint: str = "clipbench sync", config: Mapping | None = None, backfill: bool = False):
+    def __init__(
+        self,
+        client,
+        mlflow_run_id: str | None,
+        *,
+        uri: str,
+        rd: RunDir | None = None,
+        batch_every: int = 10,
+        logged_params: Mapping[str, str] | None = None,
+        logged_steps: Mapping[str, Iterable[int]] | None = None,
+        offline_reason: str | None = None,
+        sync_hint: str = "clipbench sync",
+        config: Mapping | None = None,
+        backfill: bool = False,
+    ):
         self.client = client
         self.mlflow_run_id = mlflow_run_id
         self.uri = uri
@@ -76,8 +106,14 @@ class MlflowSink:
     def _fail(self, what: str, exc: BaseException) -> None:
         if not self.offline:
             msg = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
-            log.warning("MLflow at %s failed during %s (%s); going offline. Training continues and the results "
-                        "store keeps everything; replay it later with `%s`.", self.uri, what, msg, self.sync_hint)
+            log.warning(
+                "MLflow at %s failed during %s (%s); going offline. Training continues and the results "
+                "store keeps everything; replay it later with `%s`.",
+                self.uri,
+                what,
+                msg,
+                self.sync_hint,
+            )
             self.error = msg
         self.offline = True
         self._buf.clear()
@@ -167,8 +203,12 @@ class MlflowSink:
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
-        todo = [Metric(name, val, ts, step) for name, steps in expected_metrics(self.rd).items()
-                for step, val in steps.items() if step not in self._logged.get(name, ())]
+        todo = [
+            Metric(name, val, ts, step)
+            for name, steps in expected_metrics(self.rd).items()
+            for step, val in steps.items()
+            if step not in self._logged.get(name, ())
+        ]
         for m in todo:
             self._logged.setdefault(m.key, set()).add(m.step)
         self.n_metrics += send_points(self.client, self.mlflow_run_id, todo)
@@ -197,15 +237,25 @@ class MlflowSink:
             self._fail("set_terminated", e)
 
 
-def offline_sink(uri: str, rd: RunDir | None, reason: str, sync_hint: str = "clipbench sync",
-                 run_name: str | None = None) -> MlflowSink:
+def offline_sink(
+    uri: str, rd: RunDir | None, reason: str, sync_hint: str = "clipbench sync", run_name: str | None = None
+) -> MlflowSink:
     s = MlflowSink(None, None, uri=uri, rd=rd, offline_reason=reason, sync_hint=sync_hint)
     s._note(offline=True, needs_sync=True, error=reason, **({"run_name": run_name} if run_name else {}))
     return s
 
 
-def run_sink(cfg, rd: RunDir, *, results_dir: str | Path, sweep: str, tracking_uri: str | None = None,
-             parent_run_id: str | None = None, run_name: str | None = None, resume: bool | None = None):
+def run_sink(
+    cfg,
+    rd: RunDir,
+    *,
+    results_dir: str | Path,
+    sweep: str,
+    tracking_uri: str | None = None,
+    parent_run_id: str | None = None,
+    run_name: str | None = None,
+    resume: bool | None = None,
+):
     """The sink for one run (the one factory: `clipbench train` and every sweep worker): its MLflow child
     run (tag run_id), found or created, unless tracking.mlflow is off or `mlflow` is not in
     tracking.sinks; with the run's other mirrors (`tracking.sinks`: wandb, tensorboard; sinks.py) a
@@ -224,8 +274,22 @@ def run_sink(cfg, rd: RunDir, *, results_dir: str | Path, sweep: str, tracking_u
     name = run_name or f"{config.get('objective', {}).get('method', '')} seed={config.get('seed', '')} {rd.run_id}"
     extras = extra_sinks(config, rd, sweep=sweep, run_name=name, resume=resume)
     on = tracking.get("mlflow", True) and "mlflow" in tracking.get("sinks", ["mlflow"])
-    sinks = ([_mlflow_run_sink(config, rd, results_dir=results_dir, sweep=sweep, tracking_uri=tracking_uri,
-                               parent_run_id=parent_run_id, name=name, resume=resume)] if on else []) + extras
+    sinks = (
+        [
+            _mlflow_run_sink(
+                config,
+                rd,
+                results_dir=results_dir,
+                sweep=sweep,
+                tracking_uri=tracking_uri,
+                parent_run_id=parent_run_id,
+                name=name,
+                resume=resume,
+            )
+        ]
+        if on
+        else []
+    ) + extras
     if not sinks:
         return NullSink()
     if len(sinks) == 1 and not extras:
@@ -233,8 +297,17 @@ def run_sink(cfg, rd: RunDir, *, results_dir: str | Path, sweep: str, tracking_u
     return FanoutSink(sinks, rd, sweep=sweep, backfill=resume is not False)
 
 
-def _mlflow_run_sink(config: dict, rd: RunDir, *, results_dir, sweep: str, tracking_uri: str | None,
-                     parent_run_id: str | None, name: str, resume: bool | None):
+def _mlflow_run_sink(
+    config: dict,
+    rd: RunDir,
+    *,
+    results_dir,
+    sweep: str,
+    tracking_uri: str | None,
+    parent_run_id: str | None,
+    name: str,
+    resume: bool | None,
+):
     """The run's MLflow child run (see run_sink), or an offline MlflowSink when MLflow is unavailable."""
     tracking = config.get("tracking", {})
     uri = resolve_tracking_uri(tracking_uri, tracking.get("tracking_uri"), results_dir)
@@ -242,8 +315,9 @@ def _mlflow_run_sink(config: dict, rd: RunDir, *, results_dir, sweep: str, track
     rid = rd.run_id
     try:
         client = client_for(uri)
-        exp_id = get_or_create_experiment(client, tracking.get("experiment", "clipbench"),
-                                          artifact_location(uri, results_dir))
+        exp_id = get_or_create_experiment(
+            client, tracking.get("experiment", "clipbench"), artifact_location(uri, results_dir)
+        )
         if parent_run_id is None and sweep != "train":
             parent_run_id = parent_run(client, exp_id, sweep, rd.path.parent)
         found = find_runs(client, exp_id, sweep=sweep, role="run", run_id=rid)
@@ -267,15 +341,38 @@ def _mlflow_run_sink(config: dict, rd: RunDir, *, results_dir, sweep: str, track
             params = dict(run.data.params)
             steps = metric_steps(client, run.info.run_id, run.data.metrics.keys())
         mid = run.info.run_id
-        record_mlflow_run(rd, uri, experiment_id=exp_id, run_id=mid, parent_run_id=parent_run_id, run_name=name,
-                          offline=False, needs_sync=False, error=None)
-        return MlflowSink(client, mid, uri=uri, rd=rd, batch_every=tracking.get("batch_every", 10),
-                          logged_params=params, logged_steps=steps, sync_hint=hint, config=config,
-                          backfill=resume is not False)
+        record_mlflow_run(
+            rd,
+            uri,
+            experiment_id=exp_id,
+            run_id=mid,
+            parent_run_id=parent_run_id,
+            run_name=name,
+            offline=False,
+            needs_sync=False,
+            error=None,
+        )
+        return MlflowSink(
+            client,
+            mid,
+            uri=uri,
+            rd=rd,
+            batch_every=tracking.get("batch_every", 10),
+            logged_params=params,
+            logged_steps=steps,
+            sync_hint=hint,
+            config=config,
+            backfill=resume is not False,
+        )
     except Exception as e:  # noqa: BLE001 - tracking trouble never stops training
         msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-        log.warning("MLflow at %s is unavailable (%s); training continues offline. The results store keeps "
-                    "everything; replay it later with `%s`.", uri, msg, hint)
+        log.warning(
+            "MLflow at %s is unavailable (%s); training continues offline. The results store keeps "
+            "everything; replay it later with `%s`.",
+            uri,
+            msg,
+            hint,
+        )
         return offline_sink(uri, rd, msg, hint, run_name=name)
 
 
@@ -294,8 +391,12 @@ def parent_run(client, exp_id: str, sweep: str, sweep_dir: str | Path, *, attach
         if found:
             pid = found[0].info.run_id
         else:
-            pid = client.create_run(exp_id, tags={"sweep": sweep, ROLE_TAG: "sweep"}, run_name=sweep,
-                                    start_time=_manifest_created_ms(manifest)).info.run_id
+            pid = client.create_run(
+                exp_id,
+                tags={"sweep": sweep, ROLE_TAG: "sweep"},
+                run_name=sweep,
+                start_time=_manifest_created_ms(manifest),
+            ).info.run_id
     if attach_manifest and manifest.is_file():
         if artifact_sizes(client, pid).get(manifest.name) != manifest.stat().st_size:
             client.log_artifact(pid, str(manifest))
@@ -312,9 +413,16 @@ def _manifest_created_ms(manifest: Path) -> int | None:
         return None
 
 
-def sweep_parent_run(*, results_dir: str | Path, sweep: str, experiment: str, tracking_uri: str | None,
-                     config_uri: str | None = None, manifest_path: str | Path | None = None,
-                     client=None) -> str | None:
+def sweep_parent_run(
+    *,
+    results_dir: str | Path,
+    sweep: str,
+    experiment: str,
+    tracking_uri: str | None,
+    config_uri: str | None = None,
+    manifest_path: str | Path | None = None,
+    client=None,
+) -> str | None:
     """Find or create the parent run of a sweep, mark it RUNNING and attach the manifest. Returns its
     id, or None (one warning) when MLflow is unreachable."""
     uri = resolve_tracking_uri(tracking_uri, config_uri, results_dir)
@@ -325,13 +433,19 @@ def sweep_parent_run(*, results_dir: str | Path, sweep: str, experiment: str, tr
         client.update_run(pid, status="RUNNING")
         return pid
     except Exception as e:  # noqa: BLE001
-        log.warning("MLflow at %s is unavailable (%s: %s); the sweep runs offline. Replay it later with `%s`.",
-                    uri, type(e).__name__, (str(e).splitlines() or [""])[0][:200], sync_hint(sweep, results_dir, uri))
+        log.warning(
+            "MLflow at %s is unavailable (%s: %s); the sweep runs offline. Replay it later with `%s`.",
+            uri,
+            type(e).__name__,
+            (str(e).splitlines() or [""])[0][:200],
+            sync_hint(sweep, results_dir, uri),
+        )
         return None
 
 
-def finish_parent_run(parent_run_id: str | None, status: str, *, uri: str, sweep: str | None = None,
-                      experiment: str = "clipbench") -> None:
+def finish_parent_run(
+    parent_run_id: str | None, status: str, *, uri: str, sweep: str | None = None, experiment: str = "clipbench"
+) -> None:
     """Terminate the sweep's parent run; without an id (MLflow was down when the sweep started), the
     parent a run created meanwhile is found by its tags."""
     try:

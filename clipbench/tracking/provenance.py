@@ -26,8 +26,9 @@ import hashlib
 import os
 import platform
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from clipbench.tracking.files import atomic_write_json, read_json
 
@@ -48,13 +49,22 @@ def read_provenance(run_dir: str | Path) -> list[dict]:
     return [s for s in starts if isinstance(s, dict)] if isinstance(starts, list) else []
 
 
-def record_start(rd, model_name: str, *, engine: str, world_size: int, device: str, step: int = 0,
-                 fresh: bool) -> list[dict]:
+def record_start(
+    rd, model_name: str, *, engine: str, world_size: int, device: str, step: int = 0, fresh: bool
+) -> list[dict]:
     """Collect this start's record and write provenance.json (atomically): replaced on a fresh start,
     appended on a resume. Returns every record of the run (what `provenance_params` mirrors)."""
-    record = {"step": int(step), "time": time.time(), "engine": engine, "device": str(device),
-              "base_model": base_model(model_name), "machine": machine(), "software": software(),
-              "threads": torch_threads(), "world_size": int(world_size)}
+    record = {
+        "step": int(step),
+        "time": time.time(),
+        "engine": engine,
+        "device": str(device),
+        "base_model": base_model(model_name),
+        "machine": machine(),
+        "software": software(),
+        "threads": torch_threads(),
+        "world_size": int(world_size),
+    }
     starts = [] if fresh else read_provenance(rd.path)
     starts.append(record)
     atomic_write_json(provenance_path(rd.path), {"starts": starts})
@@ -62,6 +72,7 @@ def record_start(rd, model_name: str, *, engine: str, world_size: int, device: s
 
 
 # ---- what is recorded ---------------------------------------------------------------------------
+
 
 def base_model(name: str) -> dict:
     """The base model's name, directory and weights checksum (a hub id: its local cache's copy, if any)."""
@@ -74,8 +85,10 @@ def base_model(name: str) -> dict:
         if cached is not None:
             out.update(path=str(cached), weights_sha256=weights_sha256(cached), source="local Hugging Face cache")
     if out["weights_sha256"] is None:
-        out["note"] = ("no weight files found locally (a hub id not in the local Hugging Face cache): no checksum; "
-                       "nothing was downloaded to compute one")
+        out["note"] = (
+            "no weight files found locally (a hub id not in the local Hugging Face cache): no checksum; "
+            "nothing was downloaded to compute one"
+        )
     return out
 
 
@@ -93,11 +106,18 @@ def machine() -> dict:
     import torch
 
     cpu, flags = _cpuinfo()
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
-    return {"cpu": cpu or platform.processor() or platform.machine(), "cpu_flags": flags,
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpus": _cpus(),
-            "gpu": ", ".join(sorted(set(gpus))) or None, "gpu_count": len(gpus),
-            "cuda": torch.version.cuda if gpus else None}
+    gpus = (
+        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    )
+    return {
+        "cpu": cpu or platform.processor() or platform.machine(),
+        "cpu_flags": flags,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpus": _cpus(),
+        "gpu": ", ".join(sorted(set(gpus))) or None,
+        "gpu_count": len(gpus),
+        "cuda": torch.version.cuda if gpus else None,
+    }
 
 
 def _cpuinfo() -> tuple[str | None, str | None]:
@@ -140,6 +160,7 @@ def torch_threads() -> int:
 
 # ---- reading records: the MLflow mirror and the report -------------------------------------------
 
+
 def _flat(d: Mapping, prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():
@@ -176,12 +197,15 @@ def describe_machine(record: Mapping) -> str:
     """Where a start ran, on one line: hardware, software, threads and world size (not the model)."""
     m, s = record.get("machine", {}), record.get("software", {})
     flags = flags_digest(m.get("cpu_flags"))
-    cpu = f"{m.get('cpu') or 'unknown CPU'} ({m.get('cpus', '?')} CPUs, {m.get('cpu_capability') or '?'}" + \
-        (f", flags {flags})" if flags else ")")
+    cpu = f"{m.get('cpu') or 'unknown CPU'} ({m.get('cpus', '?')} CPUs, {m.get('cpu_capability') or '?'}" + (
+        f", flags {flags})" if flags else ")"
+    )
     gpu = f"{m['gpu_count']} x {m['gpu']} (CUDA {m.get('cuda')})" if m.get("gpu_count") else "no GPU"
     versions = ", ".join(f"{k} {s[k]}" for k in SOFTWARE if s.get(k) and k != "clipbench")
-    return (f"{cpu}; {gpu}; {versions}; Python {s.get('python', '?')}, {s.get('os', '?')}; "
-            f"{record.get('threads', '?')} threads, world size {record.get('world_size', '?')}")
+    return (
+        f"{cpu}; {gpu}; {versions}; Python {s.get('python', '?')}, {s.get('os', '?')}; "
+        f"{record.get('threads', '?')} threads, world size {record.get('world_size', '?')}"
+    )
 
 
 def weights_checksum(record: Mapping) -> str | None:

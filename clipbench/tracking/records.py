@@ -63,8 +63,11 @@ def install_record(tmp: Path, index: dict, tensors: dict[str, torch.Tensor]) -> 
 
     cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     save_file(cpu, str(tmp / TENSORS), metadata={"format": str(FORMAT)})
-    index = {**index, "format": FORMAT,
-             "tensors": {k: {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", "")} for k, v in cpu.items()}}
+    index = {
+        **index,
+        "format": FORMAT,
+        "tensors": {k: {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", "")} for k, v in cpu.items()},
+    }
     atomic_write_json(tmp / INDEX, index)
     with open(tmp / TENSORS, "rb+") as f:
         os.fsync(f.fileno())

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from clipbench.tracking.files import atomic_write_json, read_json
 from clipbench.tracking.mirror import expected_metrics, metric_name, mirror_points, opt_step_after, param_value
@@ -68,7 +69,7 @@ class MirrorSink:
     def __init__(self, rd: RunDir):
         self.rd = rd
         self._opt_at: dict[int, int] = {}  # rollout step -> the largest opt_step logged for it
-        self.sent: dict[str, int] = {}     # metric name -> the largest step sent
+        self.sent: dict[str, int] = {}  # metric name -> the largest step sent
         self.n_points = 0
 
     def _opt_step_after(self, k: int) -> int:
@@ -103,8 +104,12 @@ class MirrorSink:
     def replay(self) -> int:
         """Send what the store holds and this tracker lacks (a resumed run at close; `clipbench sync`)."""
         before = self.n_points
-        points = [(n, at, v) for n, steps in expected_metrics(self.rd).items() for at, v in steps.items()
-                  if self._is_new(n, at)]
+        points = [
+            (n, at, v)
+            for n, steps in expected_metrics(self.rd).items()
+            for at, v in steps.items()
+            if self._is_new(n, at)
+        ]
         self.send(points)
         return self.n_points - before
 
@@ -144,7 +149,9 @@ class TensorBoardSink(MirrorSink):
             self.writer.add_scalar(name, val, at)
 
     def log_params(self, params: dict) -> None:
-        new = {metric_name(k): param_value(v) for k, v in params.items() if f"params/{metric_name(k)}" not in self._texts}
+        new = {
+            metric_name(k): param_value(v) for k, v in params.items() if f"params/{metric_name(k)}" not in self._texts
+        }
         for k, v in new.items():
             self.writer.add_text(f"params/{k}", v, 0)
             self._texts.add(f"params/{k}")
@@ -165,8 +172,7 @@ def read_scalars(log_dir: Path) -> tuple[dict[str, int], set[str]]:
     acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
     tags = acc.Tags()
-    return ({t: max(e.step for e in acc.Scalars(t)) for t in tags.get("scalars", [])},
-            set(tags.get("tensors", [])))
+    return ({t: max(e.step for e in acc.Scalars(t)) for t in tags.get("scalars", [])}, set(tags.get("tensors", [])))
 
 
 class WandbSink(MirrorSink):
@@ -188,10 +194,17 @@ class WandbSink(MirrorSink):
             run_id = f"{wandb_id(sweep, rd.run_id)}-{self.attempt}"
         else:
             self.sent = {k: int(v) for k, v in rec.get("sent", {}).items()}
-        self.run = wandb.init(project=config.get("tracking", {}).get("experiment", "clipbench"),
-                              id=run_id, name=run_name, group=sweep, job_type="run",
-                              dir=str(rd.path), resume="allow", reinit="create_new",
-                              settings=wandb.Settings(console="off", silent=True))
+        self.run = wandb.init(
+            project=config.get("tracking", {}).get("experiment", "clipbench"),
+            id=run_id,
+            name=run_name,
+            group=sweep,
+            job_type="run",
+            dir=str(rd.path),
+            resume="allow",
+            reinit="create_new",
+            settings=wandb.Settings(console="off", silent=True),
+        )
         self.run.define_metric("opt_step")
         self.run.define_metric("*", step_metric="opt_step")
         self.batch_every = max(1, int(config.get("tracking", {}).get("batch_every", 10)))
@@ -253,8 +266,14 @@ def extra_sinks(config: Mapping, rd: RunDir, *, sweep: str, run_name: str, resum
 
 def _warn_once(name: str, what: str, exc: BaseException, hint: str, rd: RunDir | None) -> None:
     msg = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"[:300]
-    log.warning("%s sink failed during %s (%s); it is off for this run. Training continues and the results "
-                "store keeps everything; replay it later with `%s`.", name, what, msg, hint)
+    log.warning(
+        "%s sink failed during %s (%s); it is off for this run. Training continues and the results "
+        "store keeps everything; replay it later with `%s`.",
+        name,
+        what,
+        msg,
+        hint,
+    )
     _note(rd, name, needs_sync=True, error=msg)
 
 

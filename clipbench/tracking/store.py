@@ -20,16 +20,25 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from enum import Enum
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from clipbench.errors import StoreError
+from clipbench.tracking.files import (
+    REMEDIES,
+    _read_text,
+    atomic_write_json,
+    atomic_write_text,
+    dumps,
+    read_json,
+    read_jsonl,
+)
 from clipbench.tracking.records import truncate_records
 from clipbench.tracking.store_format import read_format, stamp
-from clipbench.tracking.files import (REMEDIES, _read_text, atomic_write_json, atomic_write_text, dumps, read_json,
-                                      read_jsonl)
 from clipbench.yamlio import YamlError, dump_yaml, load_yaml_text
+
 
 class RunState(str, Enum):
     """A run's state in status.json (a str, so the file holds the plain name)."""
@@ -130,11 +139,16 @@ class RunDir:
         try:
             cfg = load_yaml_text(text)
         except YamlError as e:
-            raise StoreError(self.config_path, e.reason, REMEDIES["config"],
-                             where=f"line {e.line}" if e.line else None) from None
+            raise StoreError(
+                self.config_path, e.reason, REMEDIES["config"], where=f"line {e.line}" if e.line else None
+            ) from None
         if not isinstance(cfg, dict):
-            raise StoreError(self.config_path, f"expected a mapping (the run config), got "
-                             f"{type(cfg).__name__ if cfg is not None else 'an empty file'}", REMEDIES["config"])
+            raise StoreError(
+                self.config_path,
+                f"expected a mapping (the run config), got "
+                f"{type(cfg).__name__ if cfg is not None else 'an empty file'}",
+                REMEDIES["config"],
+            )
         return cfg
 
     def status(self) -> dict:
@@ -143,8 +157,9 @@ class RunDir:
         st = read_json(self.status_path, None, kind="status")
         st = {"state": RunState.PENDING.value} if st is None else read_format(self.status_path, st)
         if st.get("state", RunState.PENDING.value) not in STATES:
-            raise StoreError(self.status_path, f"unknown state {st.get('state')!r} (valid: {', '.join(STATES)})",
-                             REMEDIES["status"])
+            raise StoreError(
+                self.status_path, f"unknown state {st.get('state')!r} (valid: {', '.join(STATES)})", REMEDIES["status"]
+            )
         return st
 
     @property
@@ -197,8 +212,12 @@ class RunDir:
         for path in (self.metrics_path, self.hist_path):
             if path.exists():
                 inside = opt_step is not None and path == self.metrics_path
-                keep = [r for r in read_jsonl(path) if r.get("step", -1) < step
-                        or (inside and r.get("step") == step and r.get("opt_step", opt_step + 1) <= opt_step)]
+                keep = [
+                    r
+                    for r in read_jsonl(path)
+                    if r.get("step", -1) < step
+                    or (inside and r.get("step") == step and r.get("opt_step", opt_step + 1) <= opt_step)
+                ]
                 atomic_write_text(path, "".join(dumps(r) + "\n" for r in keep))
         kept = truncate_records(self.path, step)
         if "records" in self.status():
@@ -247,8 +266,11 @@ def list_sweeps(results_dir: str | Path) -> list[str]:
     root = Path(results_dir)
     if not root.is_dir():
         return []
-    return [d.name for d in sorted(root.iterdir())
-            if d.is_dir() and d.name not in NOT_SWEEPS and not d.name.startswith(".") and list_run_dirs(d)]
+    return [
+        d.name
+        for d in sorted(root.iterdir())
+        if d.is_dir() and d.name not in NOT_SWEEPS and not d.name.startswith(".") and list_run_dirs(d)
+    ]
 
 
 def list_run_dirs(sweep_dir: str | Path) -> list[RunDir]:
@@ -256,7 +278,10 @@ def list_run_dirs(sweep_dir: str | Path) -> list[RunDir]:
     root = Path(sweep_dir)
     if not root.is_dir():
         return []
-    return [RunDir(d) for d in sorted(root.iterdir())
-            if d.is_dir() and not d.name.startswith(".") and ((d / "config.yaml").is_file() or (d / "metrics.jsonl").is_file())]
-
-
+    return [
+        RunDir(d)
+        for d in sorted(root.iterdir())
+        if d.is_dir()
+        and not d.name.startswith(".")
+        and ((d / "config.yaml").is_file() or (d / "metrics.jsonl").is_file())
+    ]

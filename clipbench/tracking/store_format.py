@@ -16,8 +16,8 @@ format n into n + 1) and a fixture of the last release's store.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from clipbench.errors import StoreError
 
@@ -38,12 +38,18 @@ def found_format(path: str | Path, data: dict) -> int:
     cannot read."""
     found = data.get(KEY, UNVERSIONED)
     if isinstance(found, bool) or not isinstance(found, int) or found < 1:
-        raise StoreError(path, f"{KEY} is {found!r}, not a results-store format version (expected an integer "
-                         f"from 1 to {STORE_FORMAT})", "restore the file, or delete it (see `clipbench --version`)")
+        raise StoreError(
+            path,
+            f"{KEY} is {found!r}, not a results-store format version (expected an integer from 1 to {STORE_FORMAT})",
+            "restore the file, or delete it (see `clipbench --version`)",
+        )
     if found > STORE_FORMAT:
-        raise StoreError(path, f"written in results-store format {found}; this clipbench reads formats 1 to "
-                         f"{STORE_FORMAT}", "read it with the clipbench release that wrote it, or upgrade this one "
-                         "(pip install -U clipbench); `clipbench --version` prints the format a release writes")
+        raise StoreError(
+            path,
+            f"written in results-store format {found}; this clipbench reads formats 1 to {STORE_FORMAT}",
+            "read it with the clipbench release that wrote it, or upgrade this one "
+            "(pip install -U clipbench); `clipbench --version` prints the format a release writes",
+        )
     return found
 
 

@@ -17,22 +17,34 @@ Runs locked by a live training process are skipped (their own sink is still logg
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-
+from clipbench.tracking.files import read_json
 from clipbench.tracking.lock import LOCK_DIR, run_locked_elsewhere, try_run_lock
-from clipbench.tracking.mirror import expected_artifacts, expected_metrics, expected_params
-from clipbench.tracking.mlflow_client import (_mlflow_json, artifact_location, client_for, find_runs,
-                                              get_or_create_experiment, metric_steps, record_mlflow_run,
-                                              send_missing_artifacts, send_params, send_points)
-from clipbench.tracking.mirror import run_tags
+from clipbench.tracking.mirror import expected_artifacts, expected_metrics, expected_params, run_tags
+from clipbench.tracking.mlflow_client import (
+    _mlflow_json,
+    artifact_location,
+    client_for,
+    find_runs,
+    get_or_create_experiment,
+    metric_steps,
+    record_mlflow_run,
+    send_missing_artifacts,
+    send_params,
+    send_points,
+)
 from clipbench.tracking.mlflow_sink import parent_run
 from clipbench.tracking.store import RunDir, RunState, list_run_dirs, list_sweeps
-from clipbench.tracking.files import read_json
 
-STATUS = {RunState.FINISHED: "FINISHED", RunState.FAILED: "FAILED", RunState.PREEMPTED: "KILLED"}  # preempted: resumed later
+STATUS = {
+    RunState.FINISHED: "FINISHED",
+    RunState.FAILED: "FAILED",
+    RunState.PREEMPTED: "KILLED",
+}  # preempted: resumed later
 
 
 @dataclass
@@ -65,8 +77,14 @@ class StoredRun:
 
 def read_run(rd: RunDir, sweep: str) -> StoredRun:
     """Every file sync reads, read now: a damaged one raises StoreError naming it."""
-    return StoredRun(rd=rd, sweep=sweep, config=rd.read_config() or {}, status=rd.status(), rows=rd.read_metrics(),
-                     evals=rd.read_evals())
+    return StoredRun(
+        rd=rd,
+        sweep=sweep,
+        config=rd.read_config() or {},
+        status=rd.status(),
+        rows=rd.read_metrics(),
+        evals=rd.read_evals(),
+    )
 
 
 def recorded_name(rd: RunDir, uri: str) -> str | None:
@@ -79,8 +97,9 @@ def recorded_name(rd: RunDir, uri: str) -> str | None:
 # ---------------------------------------------------------------------------------------------
 
 
-def sync_run(client, uri: str, run: StoredRun, *, results_dir: Path, experiments: dict[str, str],
-             parents: dict[str, str | None]) -> dict[str, Any]:
+def sync_run(
+    client, uri: str, run: StoredRun, *, results_dir: Path, experiments: dict[str, str], parents: dict[str, str | None]
+) -> dict[str, Any]:
     from mlflow.entities import Metric
 
     rd, sweep, config, status = run.rd, run.sweep, run.config, run.status
@@ -90,8 +109,9 @@ def sync_run(client, uri: str, run: StoredRun, *, results_dir: Path, experiments
     exp_id = experiments[exp_name]
     pkey = f"{exp_id}/{sweep}"
     if pkey not in parents:  # single `clipbench train` runs have no parent
-        parents[pkey] = None if sweep == "train" else parent_run(client, exp_id, sweep, rd.path.parent,
-                                                                 attach_manifest=True)
+        parents[pkey] = (
+            None if sweep == "train" else parent_run(client, exp_id, sweep, rd.path.parent, attach_manifest=True)
+        )
     parent = parents[pkey]
 
     rid = rd.run_id
@@ -119,8 +139,12 @@ def sync_run(client, uri: str, run: StoredRun, *, results_dir: Path, experiments
     have_keys = set(mlrun.data.metrics) if not created else set()
     have = metric_steps(client, mid, [k for k in expected if k in have_keys])
     ts = run.start_ms or 0
-    todo = [Metric(name, val, ts, step) for name, steps in expected.items()
-            for step, val in steps.items() if step not in have.get(name, {})]
+    todo = [
+        Metric(name, val, ts, step)
+        for name, steps in expected.items()
+        for step, val in steps.items()
+        if step not in have.get(name, {})
+    ]
     send_points(client, mid, todo)
     dupes = sum(c - 1 for steps in have.values() for c in steps.values() if c > 1)
 
@@ -129,10 +153,28 @@ def sync_run(client, uri: str, run: StoredRun, *, results_dir: Path, experiments
     state = status.get("state", "pending")
     if state in STATUS and mlrun.info.status != STATUS[state]:
         client.set_terminated(mid, STATUS[state], end_time=run.end_ms)
-    record_mlflow_run(rd, uri, experiment_id=exp_id, run_id=mid, parent_run_id=parent, offline=False,
-                      needs_sync=False, error=None, synced=True)
-    return {"run_id": rid, "mlflow_run_id": mid, "created": created, "params": n_params, "metrics": len(todo),
-            "artifacts": n_art, "state": state, "duplicates_seen": dupes, "end_ms": run.end_ms}
+    record_mlflow_run(
+        rd,
+        uri,
+        experiment_id=exp_id,
+        run_id=mid,
+        parent_run_id=parent,
+        offline=False,
+        needs_sync=False,
+        error=None,
+        synced=True,
+    )
+    return {
+        "run_id": rid,
+        "mlflow_run_id": mid,
+        "created": created,
+        "params": n_params,
+        "metrics": len(todo),
+        "artifacts": n_art,
+        "state": state,
+        "duplicates_seen": dupes,
+        "end_ms": run.end_ms,
+    }
 
 
 def close_parent(client, parent: str, runs: list[StoredRun], manifest_ids: Iterable[str]) -> str | None:
@@ -167,8 +209,14 @@ def load_sweeps(results_dir: Path, sweeps: Iterable[str]) -> dict[str, tuple[lis
     return out
 
 
-def sync_sweeps(sweeps: Iterable[str], *, results_dir: Path, uri: str, client=None,
-                loaded: dict[str, tuple[list[StoredRun], list[str]]] | None = None) -> list[dict]:
+def sync_sweeps(
+    sweeps: Iterable[str],
+    *,
+    results_dir: Path,
+    uri: str,
+    client=None,
+    loaded: dict[str, tuple[list[StoredRun], list[str]]] | None = None,
+) -> list[dict]:
     results_dir = Path(results_dir)
     loaded = loaded if loaded is not None else load_sweeps(results_dir, sweeps)
     client = client or client_for(uri)
@@ -182,13 +230,16 @@ def sync_sweeps(sweeps: Iterable[str], *, results_dir: Path, uri: str, client=No
                 if not got:
                     out.append({"sweep": sweep, "run_id": run.rd.run_id, "skipped": "in progress (locked)"})
                     continue
-                out.append({"sweep": sweep, **sync_run(client, uri, run, results_dir=results_dir,
-                                                       experiments=experiments, parents=parents)})
+                out.append(
+                    {
+                        "sweep": sweep,
+                        **sync_run(client, uri, run, results_dir=results_dir, experiments=experiments, parents=parents),
+                    }
+                )
         for key, pid in parents.items():
             if pid and key.endswith(f"/{sweep}") and stored:
                 close_parent(client, pid, stored, planned)
     return out
 
 
-__all__ = ["sync_sweeps", "sync_run", "read_run", "expected_metrics", "expected_artifacts",
-           "list_sweeps", "LOCK_DIR"]
+__all__ = ["sync_sweeps", "sync_run", "read_run", "expected_metrics", "expected_artifacts", "list_sweeps", "LOCK_DIR"]

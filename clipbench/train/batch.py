@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from clipbench.objectives.advantages import compute_advantages, overlong_shaping, zero_variance_groups
-from clipbench.train.distributed import Dist
 from clipbench.seeds import derive_seed
+from clipbench.train.distributed import Dist
 
 
 @dataclass
@@ -58,14 +58,17 @@ class RolloutBatch:
     def row_inputs(self, mask: torch.Tensor, group_size: int, device) -> dict:
         """Per-row inputs some rules and aggregations read (`step.StepInputs`): rewards (topr), prompt
         groups (prompt-mean: prompt i owns rows i*G .. i*G+G-1), the (B, T) completion mask on the device."""
-        return {"rewards": None if self.rewards is None else self.rewards.to(device),
-                "groups": tuple(i // group_size for i in range(len(self.completion_ids))), "mask": mask.to(device)}
+        return {
+            "rewards": None if self.rewards is None else self.rewards.to(device),
+            "groups": tuple(i // group_size for i in range(len(self.completion_ids))),
+            "mask": mask.to(device),
+        }
 
     def sampler_logp_tensor(self, T: int) -> torch.Tensor:
         """(B, T) the sampler's log-probs, 0 at padding."""
         out = torch.zeros(len(self.completion_ids), T)
         for i, lp in enumerate(self.sampler_logp or ()):
-            out[i, :len(lp)] = torch.tensor(lp)
+            out[i, : len(lp)] = torch.tensor(lp)
         return out
 
 
@@ -82,24 +85,37 @@ def sample_groups(cfg, step: int, rnd: int, problems: list, task, sampler, dist:
     groups: list[Group] = []
     t_sample = t_score = 0.0
     for start in range(mine.start, mine.stop, per_call):
-        chunk = problems[start:min(start + per_call, mine.stop)]
+        chunk = problems[start : min(start + per_call, mine.stop)]
         t0 = time.perf_counter()
         seeds = [derive_seed(cfg.seed, "sample", step, rnd, i) for i in range(start, start + len(chunk))]
         ro = sampler.generate([p.prompt for p in chunk], G, seed=seeds)  # one seed per prompt group
         t1 = time.perf_counter()
-        rewards = torch.tensor([task.reward(text, chunk[i // G]) for i, text in enumerate(ro.texts)],
-                               dtype=torch.float32)
+        rewards = torch.tensor(
+            [task.reward(text, chunk[i // G]) for i, text in enumerate(ro.texts)], dtype=torch.float32
+        )
         if cfg.train.overlong.enabled:
             rewards = overlong_shaping(
-                rewards, torch.tensor([len(c) for c in ro.completion_ids]), torch.tensor(ro.truncated),
-                max_new_tokens=cfg.sampler.max_new_tokens, buffer=cfg.train.overlong.buffer,
-                penalty=cfg.train.overlong.penalty)
+                rewards,
+                torch.tensor([len(c) for c in ro.completion_ids]),
+                torch.tensor(ro.truncated),
+                max_new_tokens=cfg.sampler.max_new_tokens,
+                buffer=cfg.train.overlong.buffer,
+                penalty=cfg.train.overlong.penalty,
+            )
         correct = [float(task.is_correct(text, chunk[i // G])) for i, text in enumerate(ro.texts)]
         for g in range(len(chunk)):
             rows = slice(g * G, (g + 1) * G)
-            groups.append(Group(ro.prompt_ids[g * G], ro.completion_ids[rows], ro.truncated[rows],
-                                ro.sampler_logp[rows] if ro.sampler_logp else None,
-                                rewards[rows].tolist(), correct[rows], ro.routes[rows] if ro.routes else None))
+            groups.append(
+                Group(
+                    ro.prompt_ids[g * G],
+                    ro.completion_ids[rows],
+                    ro.truncated[rows],
+                    ro.sampler_logp[rows] if ro.sampler_logp else None,
+                    rewards[rows].tolist(),
+                    correct[rows],
+                    ro.routes[rows] if ro.routes else None,
+                )
+            )
         t_sample += t1 - t0
         t_score += time.perf_counter() - t1
     return [g for part in dist.gather(groups) for g in part], {"time/sample": t_sample, "time/score": t_score}
@@ -138,7 +154,8 @@ def _batch(kept: list[Group], sampled: list[Group], G: int, advantage: str, time
     raw = [c for g in sampled for c in g.correct]
     all_equal = zero_variance_groups(torch.tensor([g.rewards for g in sampled]))
     metrics = {
-        "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+        "reward/mean": float(rewards.mean()),
+        "reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
         "accuracy": float(np.mean(correct)) if correct else 0.0,
         "accuracy/sampled": float(np.mean(raw)) if raw else 0.0,
         "response_length/mean": float(np.mean(lengths)) if lengths else 0.0,
@@ -155,6 +172,8 @@ def _batch(kept: list[Group], sampled: list[Group], G: int, advantage: str, time
         completion_ids=[c for g in kept for c in g.completion_ids],
         sampler_logp=[lp for g in kept for lp in g.sampler_logp] if has_logp else None,
         advantages=compute_advantages(rewards, advantage).reshape(-1),  # (B,)
-        metrics=metrics, rewards=rewards.reshape(-1), correct=torch.tensor(correct, dtype=torch.float32),
+        metrics=metrics,
+        rewards=rewards.reshape(-1),
+        correct=torch.tensor(correct, dtype=torch.float32),
         routes=[r for g in kept for r in g.routes] if has_routes else None,
     )

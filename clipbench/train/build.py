@@ -36,8 +36,9 @@ def planned_optimizer_steps(tc) -> int:
     return max(1, tc.steps * tc.mini_batches * tc.epochs)
 
 
-def load_policy_model(name: str, dist: Dist, compute_dtype: torch.dtype, *, trainable: bool,
-                      gradient_checkpointing: bool = False):
+def load_policy_model(
+    name: str, dist: Dist, compute_dtype: torch.dtype, *, trainable: bool, gradient_checkpointing: bool = False
+):
     """(model, tokenizer) with float32 master weights on this rank's device, FSDP-sharded when N > 1."""
     model, tok = load_model_and_tokenizer(name, dtype="float32", device="cpu" if dist.sharded else str(dist.device))
     if gradient_checkpointing:
@@ -56,8 +57,9 @@ def build_models(cfg: RunConfig, dist: Dist, dtype: torch.dtype):
     the compute dtype (autocast in one process, FSDP's param dtype when sharded), so small AdamW
     updates are not rounded away."""
     name = resolve_model_name(cfg.model.name)
-    model, tok = load_policy_model(name, dist, dtype, trainable=True,
-                                   gradient_checkpointing=cfg.model.gradient_checkpointing)
+    model, tok = load_policy_model(
+        name, dist, dtype, trainable=True, gradient_checkpointing=cfg.model.gradient_checkpointing
+    )
     if cfg.model.routing_replay != "none":
         RouteReplay.attach(model)  # the routers' hooks; step.py records and replays through them
     elif replayable(model) is None:  # a MoE policy without replay: the hooks only observe (diagnostics)
@@ -73,6 +75,7 @@ def build_models(cfg: RunConfig, dist: Dist, dtype: torch.dtype):
 
 
 def build_optimizer(model, tc):
-    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay,
-                                  fused=True)  # one kernel for all tensors: 3x faster than the default on CPU
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay, fused=True
+    )  # one kernel for all tensors: 3x faster than the default on CPU
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tc))

@@ -45,8 +45,9 @@ def _one_process_ok():
 ROLLOUT = "rollout.pt"
 
 
-def save_checkpoint(last: Path, *, model, optimizer, scheduler, tokenizer, state: dict, dist: Dist,
-                    partial: dict | None = None) -> None:
+def save_checkpoint(
+    last: Path, *, model, optimizer, scheduler, tokenizer, state: dict, dist: Dist, partial: dict | None = None
+) -> None:
     """Every rank calls this (collective); rank 0 writes the small files and swaps the directories.
     `partial`: an interrupted rollout step (the same on every rank), saved as rollout.pt."""
     root = last.parent
@@ -140,8 +141,12 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler) -> dict:
 def load_model_state(path: Path, *, model, optimizer) -> None:
     """Restore `path/dcp` (save_model_state) into model and optimizer, in place, any world size."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
-                                                         set_state_dict)
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_state_dict,
+        set_model_state_dict,
+        set_state_dict,
+    )
 
     saved = dcp.FileSystemReader(str(path / "dcp")).read_metadata().state_dict_metadata
     if not any(k.startswith("optim.") for k in saved):  # saved before the first step: a fresh optimizer
@@ -180,5 +185,7 @@ def load_policy(path: Path, *, dtype: str = "float32", device: str = "cpu"):
         model = AutoModelForCausalLM.from_pretrained(path / "model", dtype=torch.float32)
     from clipbench.models import compute_dtype
 
-    return (model.to(device=device, dtype=compute_dtype(dtype, device)).eval(),
-            AutoTokenizer.from_pretrained(path / "model"))
+    return (
+        model.to(device=device, dtype=compute_dtype(dtype, device)).eval(),
+        AutoTokenizer.from_pretrained(path / "model"),
+    )

@@ -36,9 +36,10 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Sequence, TypeVar
+from typing import TypeVar
 
 import torch
 import torch.distributed as tdist
@@ -82,11 +83,11 @@ class Dist:
 
     def share(self, items: Sequence[T]) -> Sequence[T]:
         b = self.block(len(items))
-        return items[b.start:b.stop]
+        return items[b.start : b.stop]
 
     def shares(self, items: Sequence[T]) -> list[Sequence[T]]:
         """Every rank's share, in rank order (to plan what the others do without asking them)."""
-        return [items[b.start:b.stop] for b in (self.block(len(items), r) for r in range(self.world))]
+        return [items[b.start : b.stop] for b in (self.block(len(items), r) for r in range(self.world))]
 
     # collectives (no-ops in a single process)
     def gather(self, obj) -> list:
@@ -99,8 +100,9 @@ class Dist:
 
     def all_reduce_(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
         if self.sharded:
-            tdist.all_reduce(t, op={"sum": tdist.ReduceOp.SUM, "max": tdist.ReduceOp.MAX,
-                                    "min": tdist.ReduceOp.MIN}[op])
+            tdist.all_reduce(
+                t, op={"sum": tdist.ReduceOp.SUM, "max": tdist.ReduceOp.MAX, "min": tdist.ReduceOp.MIN}[op]
+            )
         return t
 
     def barrier(self) -> None:
@@ -124,8 +126,11 @@ def init_distributed(device: str = "auto", timeout_s: float = 1800.0) -> Dist:
         dev = torch.device("cuda", local)
         torch.cuda.set_device(dev)
     if not tdist.is_initialized():
-        tdist.init_process_group("nccl" if dev.type == "cuda" else "gloo", timeout=timedelta(seconds=timeout_s),
-                                 device_id=dev if dev.type == "cuda" else None)
+        tdist.init_process_group(
+            "nccl" if dev.type == "cuda" else "gloo",
+            timeout=timedelta(seconds=timeout_s),
+            device_id=dev if dev.type == "cuda" else None,
+        )
     return Dist(rank=rank, world=world, device=dev)
 
 
@@ -139,6 +144,7 @@ def raise_on_sigterm() -> None:
     rank's `finally` / `except` blocks run (rank 0 marks the run failed). Engines without a
     preemption checkpoint only (the built-in loop's ranks take SIGTERM as a preemption request:
     train/preempt.py)."""
+
     def handler(signum, frame):
         raise SystemExit("stopped by SIGTERM (torchrun stops every rank when one of them fails)")
 
@@ -163,8 +169,11 @@ def shard_model(model: torch.nn.Module, compute_dtype: torch.dtype) -> torch.nn.
     Parameters stay float32 (master weights); a lower `compute_dtype` is FSDP's param dtype."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mp = MixedPrecisionPolicy() if compute_dtype == torch.float32 else \
-        MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    mp = (
+        MixedPrecisionPolicy()
+        if compute_dtype == torch.float32
+        else MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    )
     for block in decoder_blocks(model):
         fully_shard(block, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
@@ -192,5 +201,15 @@ def torchrun_command(nproc: int, module: str, args: Sequence[str], signals: Sequ
     torchrun passes `signals` (beyond its own list) on to the ranks and gives them SHUTDOWN_TIMEOUT_S."""
     handle = ",".join(dict.fromkeys([*TORCHRUN_SIGNALS, *signals]))
     timeout = os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_S))
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={int(nproc)}",
-            f"--signals-to-handle={handle}", f"--shutdown-timeout={timeout}", "-m", module, *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={int(nproc)}",
+        f"--signals-to-handle={handle}",
+        f"--shutdown-timeout={timeout}",
+        "-m",
+        module,
+        *args,
+    ]

@@ -23,7 +23,8 @@ the result equals the naive float32 computation on the same (upcast) logits with
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -107,8 +108,9 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
         return grad.reshape(logits.shape), None, None, None
 
 
-def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, *, temperature: float = 1.0,
-                          chunk_size: int | None = None) -> torch.Tensor:
+def selective_log_softmax(
+    logits: torch.Tensor, index: torch.Tensor, *, temperature: float = 1.0, chunk_size: int | None = None
+) -> torch.Tensor:
     """log_softmax(logits / temperature)[..., index] without a full-vocabulary float32 copy.
 
     logits: (B, T, V) (any float dtype, may be a non-contiguous view) or (N, V);
@@ -123,8 +125,9 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, *, temperat
 
 
 @torch.no_grad()
-def entropy_from_logits(logits: torch.Tensor, chunk_size: int | None = None, *,
-                        temperature: float = 1.0) -> torch.Tensor:
+def entropy_from_logits(
+    logits: torch.Tensor, chunk_size: int | None = None, *, temperature: float = 1.0
+) -> torch.Tensor:
     """Entropy of softmax(logits / temperature) per row, float32 (B, T) / (N,), detached.
 
     H = -sum(p * log p) with log p = z - logsumexp(z), computed ``chunk_size`` rows at a time
@@ -139,13 +142,18 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int | None = None, *,
     return out.reshape(logits.shape[:-1])
 
 
-def completion_logprobs(model, batch: "Packed", *, temperature: float = 1.0, with_entropy: bool = True):
+def completion_logprobs(model, batch: Packed, *, temperature: float = 1.0, with_entropy: bool = True):
     """(logp (B, T) with grad if enabled, entropy (B, T) detached or None) of the completion tokens
     under `model`, with logits divided by the sampling temperature (the distribution sampled from)."""
     T = batch.completion_ids.shape[1]
     # logits at position j predict token j+1: keep the last T+1 positions, drop the final one.
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                position_ids=batch.position_ids, use_cache=False, logits_to_keep=T + 1)
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,
+        logits_to_keep=T + 1,
+    )
     logits = out.logits[:, :-1, :]  # (B, T, V), never copied: temperature is applied per chunk
     logp = selective_log_softmax(logits, batch.completion_ids, temperature=temperature)  # (B, T)
     ent = entropy_from_logits(logits.detach(), temperature=temperature) if with_entropy else None

@@ -40,38 +40,46 @@ import contextlib
 import functools
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from clipbench.config import RunConfig, run_id, to_dict
 from clipbench.errors import RunFailed, UserError
-from clipbench.rollout import build_sampler, resolve_backend
-from clipbench.objectives.corrections import apply_correction, is_batch_metric
-from clipbench.tasks import build_run_task
 from clipbench.eval.evaluate import Shard
 from clipbench.eval.suite import eval_suite, run_eval
+from clipbench.models import compute_dtype, dtype_name, resolve_model_name
+from clipbench.models.routing import RouteReplay, row_routes_table
+from clipbench.objectives.corrections import apply_correction, is_batch_metric
+from clipbench.rollout import build_sampler, resolve_backend
+from clipbench.seeds import generator
+from clipbench.tasks import build_run_task
 from clipbench.tracking.mirror import run_params
 from clipbench.tracking.provenance import provenance_params, record_start
 from clipbench.tracking.sink import MetricSink, NullSink
 from clipbench.tracking.store import RunDir, RunState
-from clipbench.models import compute_dtype, dtype_name, resolve_model_name
-from clipbench.train.checkpoint import checkpoint_step, find_checkpoint, load_checkpoint, load_partial, save_checkpoint
+from clipbench.train.batch import RolloutBatch, collect_rollout
 from clipbench.train.build import build_models, build_optimizer, planned_optimizer_steps
+from clipbench.train.checkpoint import checkpoint_step, find_checkpoint, load_checkpoint, load_partial, save_checkpoint
 from clipbench.train.distributed import Dist, init_distributed
 from clipbench.train.metrics import log_step, metric_rows, sum_histogram
 from clipbench.train.packing import pack
-from clipbench.train.batch import RolloutBatch, collect_rollout
 from clipbench.train.preempt import NO_STOP, Partial, StopRequest, cpu_inputs, mark_preempted
 from clipbench.train.record import NO_CAPTURE, Recorder
 from clipbench.train.shared_eval import read_shared, share, start_eval_key
-from clipbench.seeds import generator
-from clipbench.models.routing import RouteReplay, row_routes_table
-from clipbench.train.step import (Objective, StepInputs, accumulate_gradients, add_histograms, draw_uniforms,
-                                  frozen_logprobs, optimizer_step, own_rows, plan_update)
-
+from clipbench.train.step import (
+    Objective,
+    StepInputs,
+    accumulate_gradients,
+    add_histograms,
+    draw_uniforms,
+    frozen_logprobs,
+    optimizer_step,
+    own_rows,
+    plan_update,
+)
 
 # ----------------------------------------------------------------------------------------------
 # Setup
@@ -104,8 +112,12 @@ class Trainer:
 
     def forward_kw(self) -> dict:
         """How this run's forward passes are made (step.frozen_logprobs, step.accumulate_gradients)."""
-        return dict(pad_id=self.tokenizer.pad_token_id, temperature=self.cfg.sampler.temperature,
-                    compute=self.compute, dist=self.dist)
+        return dict(
+            pad_id=self.tokenizer.pad_token_id,
+            temperature=self.cfg.sampler.temperature,
+            compute=self.compute,
+            dist=self.dist,
+        )
 
 
 def prepare_run_dir(rd: RunDir, dist: Dist, resume: bool) -> Path | None:
@@ -118,11 +130,14 @@ def prepare_run_dir(rd: RunDir, dist: Dist, resume: bool) -> Path | None:
     return ckpt
 
 
-def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricSink,
-          stop: StopRequest = NO_STOP) -> Trainer:
+def setup(
+    cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricSink, stop: StopRequest = NO_STOP
+) -> Trainer:
     if cfg.train.prompts_per_step % dist.world:  # torchrun's N may differ from launch.nproc_per_node
-        raise UserError(f"train.prompts_per_step: {cfg.train.prompts_per_step} prompts cannot be shared by whole "
-                        f"groups over {dist.world} processes (make it a multiple)")
+        raise UserError(
+            f"train.prompts_per_step: {cfg.train.prompts_per_step} prompts cannot be shared by whole "
+            f"groups over {dist.world} processes (make it a multiple)"
+        )
     ckpt = prepare_run_dir(rd, dist, resume)
     dtype = compute_dtype(cfg.model.dtype, dist.device)
     model, ref_model, tok = build_models(cfg, dist, dtype)
@@ -138,35 +153,78 @@ def setup(cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricS
     # when a correction asks for it: hf samples from the training model itself)
     want_logp = sc.old_logp == "sampler" or sc.correction["name"] != "none" or backend == "vllm"
     eval_tokens = cfg.eval.max_new_tokens or sc.max_new_tokens  # the engine must hold eval's completions too
-    sampler = build_sampler(backend, model, tok, max_new_tokens=sc.max_new_tokens, temperature=sc.temperature,
-                            top_p=sc.top_p, seed=cfg.seed, return_logprobs=want_logp,
-                            dtype=dtype_name(dtype), gpu_memory_utilization=sc.gpu_memory_utilization,
-                            longest_new_tokens=max(eval_tokens, sc.max_new_tokens),
-                            sleep_mode=sc.sleep_mode, synced_gpus=dist.sharded,
-                            model_path=resolve_model_name(cfg.model.name) if dist.sharded else None)
+    sampler = build_sampler(
+        backend,
+        model,
+        tok,
+        max_new_tokens=sc.max_new_tokens,
+        temperature=sc.temperature,
+        top_p=sc.top_p,
+        seed=cfg.seed,
+        return_logprobs=want_logp,
+        dtype=dtype_name(dtype),
+        gpu_memory_utilization=sc.gpu_memory_utilization,
+        longest_new_tokens=max(eval_tokens, sc.max_new_tokens),
+        sleep_mode=sc.sleep_mode,
+        synced_gpus=dist.sharded,
+        model_path=resolve_model_name(cfg.model.name) if dist.sharded else None,
+    )
     sampler.record_routes = cfg.model.routing_replay == "r3"  # hf (vllm refused in preflight): Rollout.routes
     suite = eval_suite(cfg, task) if cfg.eval.benchmarks else {}
     first = next(iter(suite), None)  # decided before any rank can write an evaluation, so all agree
-    evaluated = (first is not None and rd.eval_path(0, first).exists(),
-                 first is not None and rd.eval_path(cfg.train.steps, first).exists())
+    evaluated = (
+        first is not None and rd.eval_path(0, first).exists(),
+        first is not None and rd.eval_path(cfg.train.steps, first).exists(),
+    )
     if dist.main:
         if ckpt is not None:  # a mid-step checkpoint keeps that step's logged optimizer steps
             rd.truncate_after(state["step"], opt_step=state["opt_step"] if partial else None)
         rd.write_config(to_dict(cfg))
-        rd.set_status(RunState.RUNNING, run_id=run_id(cfg), step=state["step"], steps=cfg.train.steps, backend=backend,
-                      world_size=dist.world, started=rd.status().get("started", time.time()))
+        rd.set_status(
+            RunState.RUNNING,
+            run_id=run_id(cfg),
+            step=state["step"],
+            steps=cfg.train.steps,
+            backend=backend,
+            world_size=dist.world,
+            started=rd.status().get("started", time.time()),
+        )
         sink.log_params(run_params(to_dict(cfg), backend))  # config + effective clip bounds (rule.*)
-        starts = record_start(rd, cfg.model.name, engine="builtin", world_size=dist.world, device=dist.device,
-                              step=state["step"], fresh=ckpt is None)  # machine, software, base-model sha256
+        starts = record_start(
+            rd,
+            cfg.model.name,
+            engine="builtin",
+            world_size=dist.world,
+            device=dist.device,
+            step=state["step"],
+            fresh=ckpt is None,
+        )  # machine, software, base-model sha256
         sink.log_params(provenance_params(starts))
     dist.barrier()
     autocast = dtype != torch.float32 and not dist.sharded  # sharded: FSDP casts the parameters itself
     compute = functools.partial(torch.autocast, dist.device.type, dtype=dtype) if autocast else contextlib.nullcontext
-    return Trainer(cfg=cfg, rd=rd, dist=dist, sink=sink, model=model, ref_model=ref_model, tokenizer=tok,
-               optimizer=optimizer, scheduler=scheduler, sampler=sampler, task=task,
-               pool=list(task.train_problems()), suite=suite, objective=Objective.from_config(cfg),
-               compute=compute, recorder=Recorder(cfg, rd, dist, model, sink), state=state, evaluated=evaluated,
-               stop=stop, partial=None if partial is None else Partial(**partial))
+    return Trainer(
+        cfg=cfg,
+        rd=rd,
+        dist=dist,
+        sink=sink,
+        model=model,
+        ref_model=ref_model,
+        tokenizer=tok,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        sampler=sampler,
+        task=task,
+        pool=list(task.train_problems()),
+        suite=suite,
+        objective=Objective.from_config(cfg),
+        compute=compute,
+        recorder=Recorder(cfg, rd, dist, model, sink),
+        state=state,
+        evaluated=evaluated,
+        stop=stop,
+        partial=None if partial is None else Partial(**partial),
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -179,29 +237,53 @@ def update(trainer: Trainer, step: int, batch: RolloutBatch) -> tuple[list[dict]
     None; or, stopped by a preemption request after a step, what resuming the rest needs)."""
     cfg, dist, model = trainer.cfg, trainer.dist, trainer.model
     packed = pack(batch.prompt_ids, batch.completion_ids, trainer.tokenizer.pad_token_id)
-    plan = plan_update(packed, mini_batches=cfg.train.mini_batches, epochs=cfg.train.epochs,
-                       budget=cfg.train.micro_batch_tokens, perm=generator(cfg.seed, "perm", step), dist=dist)
+    plan = plan_update(
+        packed,
+        mini_batches=cfg.train.mini_batches,
+        epochs=cfg.train.epochs,
+        budget=cfg.train.micro_batch_tokens,
+        perm=generator(cfg.seed, "perm", step),
+        dist=dist,
+    )
     inputs, mismatch, start, hist = update_start(trainer, packed, batch, plan)  # fresh, or a preempted step's rest
     # a rollout step interrupted by a preemption is not recorded: its first optimizer steps ran before the stop
     capture = trainer.recorder.start(step, packed, batch, inputs) if start == 0 else NO_CAPTURE
     done = []
     for i, s in enumerate(plan[start:], start):
         if trainer.objective.draws and (s.index == 0 or i == start):  # one draw per (row, position) and epoch
-            inputs.uniforms = draw_uniforms(packed.completion_ids.shape, generator(cfg.seed, "nsr", step, s.epoch),
-                                            dist.device)
+            inputs.uniforms = draw_uniforms(
+                packed.completion_ids.shape, generator(cfg.seed, "nsr", step, s.epoch), dist.device
+            )
         first = i == 0  # the first step's forward is the policy before any update
-        stats, h = accumulate_gradients(model, packed, s, inputs, trainer.objective, histogram=cfg.train.log_histograms,
-                                        mismatch=first and inputs.sampler_logp is not None,
-                                        record=capture.forwards(s, inputs), **trainer.forward_kw())
+        stats, h = accumulate_gradients(
+            model,
+            packed,
+            s,
+            inputs,
+            trainer.objective,
+            histogram=cfg.train.log_histograms,
+            mismatch=first and inputs.sampler_logp is not None,
+            record=capture.forwards(s, inputs),
+            **trainer.forward_kw(),
+        )
         if first and mismatch is not None:
             stats.mismatch.append(mismatch)  # this rank's share: all-reduced with the step's statistics
         capture.before_optimizer_step(s, trainer)
         grad_norm, stepped = optimizer_step(model, trainer.optimizer, trainer.scheduler, cfg.train.grad_clip)
         trainer.state["opt_step"] += 1
         trainer.state["skipped_nonfinite"] += int(not stepped)
-        done.append({"epoch": s.epoch, "mini_batch": s.index, "micro_batches": len(s.micro), "stats": stats,
-                     "grad_norm": grad_norm, "opt_step": trainer.state["opt_step"],
-                     "lr": trainer.scheduler.get_last_lr()[0], "skipped_nonfinite": trainer.state["skipped_nonfinite"]})
+        done.append(
+            {
+                "epoch": s.epoch,
+                "mini_batch": s.index,
+                "micro_batches": len(s.micro),
+                "stats": stats,
+                "grad_norm": grad_norm,
+                "opt_step": trainer.state["opt_step"],
+                "lr": trainer.scheduler.get_last_lr()[0],
+                "skipped_nonfinite": trainer.state["skipped_nonfinite"],
+            }
+        )
         hist = hist if h is None else add_histograms(hist, h)
         if i + 1 < len(plan) and trainer.stop.agreed(dist):  # a preemption, at a safe point: the state is whole
             return done, hist, Partial(vars(batch), cpu_inputs(inputs), i + 1, None, {})
@@ -210,7 +292,9 @@ def update(trainer: Trainer, step: int, batch: RolloutBatch) -> tuple[list[dict]
     return done, hist, None
 
 
-def update_start(trainer: Trainer, packed, batch: RolloutBatch, plan: list) -> tuple[StepInputs, dict | None, int, torch.Tensor | None]:
+def update_start(
+    trainer: Trainer, packed, batch: RolloutBatch, plan: list
+) -> tuple[StepInputs, dict | None, int, torch.Tensor | None]:
     """(the rule's inputs, the mismatch sums measured here, the first optimizer step to run, the
     log-ratio counts so far): a fresh update's, or the rest of a rollout step a preemption interrupted
     (its saved inputs; its counts so far on rank 0)."""
@@ -229,16 +313,25 @@ def rule_inputs(trainer: Trainer, packed, batch: RolloutBatch, first_epoch: list
     are measured here (old log-probs recomputed), else None: with old_logp=sampler the first step's
     forward measures them."""
     cfg, dist, kw = trainer.cfg, trainer.dist, trainer.forward_kw()
-    sampled = None if batch.sampler_logp is None else \
-        batch.sampler_logp_tensor(packed.completion_ids.shape[1]).to(dist.device)  # (B, T)
+    sampled = (
+        None
+        if batch.sampler_logp is None
+        else batch.sampler_logp_tensor(packed.completion_ids.shape[1]).to(dist.device)
+    )  # (B, T)
     rows = batch.row_inputs(packed.completion_mask, cfg.sampler.group_size, dist.device)
     if cfg.sampler.old_logp == "sampler":
-        return StepInputs(batch.advantages.to(dist.device), sampled, frozen_ref(trainer, packed, first_epoch),
-                          sampler_logp=sampled, **rows), None
+        return StepInputs(
+            batch.advantages.to(dist.device),
+            sampled,
+            frozen_ref(trainer, packed, first_epoch),
+            sampler_logp=sampled,
+            **rows,
+        ), None
     routes, mode = batch_routes(trainer, packed, batch)  # r2: recorded by this forward; r3: the sampler's
     old = frozen_logprobs(trainer.model, packed, first_epoch, **kw, routes=None if routes is None else (mode, routes))
-    inputs = StepInputs(batch.advantages.to(dist.device), old, frozen_ref(trainer, packed, first_epoch), **rows,
-                        routes=routes)
+    inputs = StepInputs(
+        batch.advantages.to(dist.device), old, frozen_ref(trainer, packed, first_epoch), **rows, routes=routes
+    )
     if sampled is None:
         return inputs, None
     mine = own_rows(first_epoch, len(packed.completion_lens), dist.device)  # (B,): this rank's rows, counted once
@@ -277,9 +370,11 @@ def check_skipped(trainer: Trainer) -> None:
     tc, skipped = trainer.cfg.train, trainer.state["skipped_nonfinite"]
     total = planned_optimizer_steps(tc)
     if skipped > tc.max_skipped_frac * total:
-        raise RunFailed(f"train.max_skipped_frac: {skipped} of the run's {total} optimizer steps were skipped "
-                        f"(non-finite gradient norm), more than {tc.max_skipped_frac:g} of them: the loss overflows; "
-                        f"lower train.lr or train.beta (metrics.jsonl shows where it starts)")
+        raise RunFailed(
+            f"train.max_skipped_frac: {skipped} of the run's {total} optimizer steps were skipped "
+            f"(non-finite gradient norm), more than {tc.max_skipped_frac:g} of them: the loss overflows; "
+            f"lower train.lr or train.beta (metrics.jsonl shows where it starts)"
+        )
 
 
 def evaluate_run(trainer: Trainer, step: int) -> dict:
@@ -288,11 +383,23 @@ def evaluate_run(trainer: Trainer, step: int) -> dict:
     dist, rd = trainer.dist, trainer.rd
     shard = Shard(dist.rank, dist.world, dist.gather) if dist.sharded else None
     # before the first step, a sweep's runs that would compute the same evaluation share it (train/shared_eval.py)
-    key = start_eval_key(trainer.cfg, rd, backend=trainer.sampler.name, device=dist.device,
-                         world=dist.world) if step == 0 else None
+    key = (
+        start_eval_key(trainer.cfg, rd, backend=trainer.sampler.name, device=dist.device, world=dist.world)
+        if step == 0
+        else None
+    )
     shared = read_shared(rd, key, trainer.suite) if key else None
-    flat = run_eval(trainer.cfg, rd, step, trainer.sampler, trainer.suite, trainer.sink, write=dist.main, shard=shard,
-                    payloads=shared)
+    flat = run_eval(
+        trainer.cfg,
+        rd,
+        step,
+        trainer.sampler,
+        trainer.suite,
+        trainer.sink,
+        write=dist.main,
+        shard=shard,
+        payloads=shared,
+    )
     if key and shared is None:
         share(rd, key, trainer.suite)
     return flat
@@ -312,9 +419,16 @@ def after_step(trainer: Trainer, done: int) -> None:
 def checkpoint(trainer: Trainer, step: int, partial: Partial | None = None) -> None:
     """Every rank: the run's state at rollout step `step` (`partial`: inside it, by a preemption)."""
     trainer.state["step"] = step
-    save_checkpoint(trainer.rd.checkpoint_dir, model=trainer.model, optimizer=trainer.optimizer,
-                    scheduler=trainer.scheduler, tokenizer=trainer.tokenizer, state=trainer.state, dist=trainer.dist,
-                    partial=None if partial is None else vars(partial))
+    save_checkpoint(
+        trainer.rd.checkpoint_dir,
+        model=trainer.model,
+        optimizer=trainer.optimizer,
+        scheduler=trainer.scheduler,
+        tokenizer=trainer.tokenizer,
+        state=trainer.state,
+        dist=trainer.dist,
+        partial=None if partial is None else vars(partial),
+    )
 
 
 def stop_at_boundary(trainer: Trainer, step: int) -> None:
@@ -345,25 +459,47 @@ def finish(trainer: Trainer, last: dict) -> dict:
         trainer.sink.log_artifact(rd.config_path)
         if rd.hist_path.exists():
             trainer.sink.log_artifact(rd.hist_path, "hist")
-        rd.set_status(RunState.FINISHED, step=cfg.train.steps, finished=time.time(),
-                      skipped_nonfinite=trainer.state["skipped_nonfinite"])
-    return {"run_id": run_id(cfg), "run_dir": str(rd.path), "steps": cfg.train.steps, **final,
-            "last": {k: v for k, v in last.items() if isinstance(v, (int, float))}}
+        rd.set_status(
+            RunState.FINISHED,
+            step=cfg.train.steps,
+            finished=time.time(),
+            skipped_nonfinite=trainer.state["skipped_nonfinite"],
+        )
+    return {
+        "run_id": run_id(cfg),
+        "run_dir": str(rd.path),
+        "steps": cfg.train.steps,
+        **final,
+        "last": {k: v for k, v in last.items() if isinstance(v, (int, float))},
+    }
 
 
 # ----------------------------------------------------------------------------------------------
 # The run
 
 
-def run_training(cfg: RunConfig, run_dir: Path, *, resume: bool = False, sink: MetricSink | None = None,
-                 progress: Callable[[dict], None] | None = None, dist: Dist | None = None,
-                 stop: StopRequest = NO_STOP) -> dict:
+def run_training(
+    cfg: RunConfig,
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    sink: MetricSink | None = None,
+    progress: Callable[[dict], None] | None = None,
+    dist: Dist | None = None,
+    stop: StopRequest = NO_STOP,
+) -> dict:
     """Train one run into `run_dir` (resume: from its last checkpoint). Under torchrun every rank
     calls this; `dist` (default: from the environment) says which rank this is; `stop`: the
     preemption request its safe points check (RunPreempted once checkpointed). Returns the summary."""
     dist = dist or init_distributed(cfg.model.device)
-    trainer = setup(cfg, RunDir(run_dir), dist, resume=resume, sink=sink if sink is not None and dist.main else NullSink(),
-                    stop=stop)
+    trainer = setup(
+        cfg,
+        RunDir(run_dir),
+        dist,
+        resume=resume,
+        sink=sink if sink is not None and dist.main else NullSink(),
+        stop=stop,
+    )
     try:
         if trainer.suite and trainer.state["step"] == 0 and cfg.eval.at_start and not trainer.evaluated[0]:
             evaluate_run(trainer, 0)

@@ -5,7 +5,7 @@ its Trainer).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -16,8 +16,9 @@ from clipbench.train.distributed import Dist
 from clipbench.train.step import StepStats
 
 
-def metric_rows(trainer, step: int, batch: RolloutBatch, done: list[dict], seconds: float,
-                mismatch: dict | None = None) -> list[dict]:
+def metric_rows(
+    trainer, step: int, batch: RolloutBatch, done: list[dict], seconds: float, mismatch: dict | None = None
+) -> list[dict]:
     """One row per optimizer step: the statistics all-reduced over ranks (one collective per
     reduction kind for every step) and brought to the host in one transfer per kind, finalised.
     `mismatch`: the rollout batch's, measured before an interruption (a resumed rollout step)."""
@@ -25,13 +26,24 @@ def metric_rows(trainer, step: int, batch: RolloutBatch, done: list[dict], secon
     norms = torch.stack([d["grad_norm"] for d in done]).cpu().tolist()
     if mismatch is None:
         mismatch = {k: v for k, v in StepStats.metrics(reduced[0]).items() if is_batch_metric(k)}
-    return [{"step": step, "opt_step": d["opt_step"], "epoch": d["epoch"], "mini_batch": d["mini_batch"],
-             "micro_batches": d["micro_batches"], **batch.metrics, **StepStats.metrics(r), "grad_norm": norm,
-             "lr": d["lr"], "skipped_nonfinite": d["skipped_nonfinite"],
-             "old_logp_source": 1 if trainer.cfg.sampler.old_logp == "sampler" else 0,
-             **mismatch,  # the rollout batch's sampler/trainer mismatch and correction, on each of its rows
-             "time/update": seconds}
-            for d, r, norm in zip(done, reduced, norms)]
+    return [
+        {
+            "step": step,
+            "opt_step": d["opt_step"],
+            "epoch": d["epoch"],
+            "mini_batch": d["mini_batch"],
+            "micro_batches": d["micro_batches"],
+            **batch.metrics,
+            **StepStats.metrics(r),
+            "grad_norm": norm,
+            "lr": d["lr"],
+            "skipped_nonfinite": d["skipped_nonfinite"],
+            "old_logp_source": 1 if trainer.cfg.sampler.old_logp == "sampler" else 0,
+            **mismatch,  # the rollout batch's sampler/trainer mismatch and correction, on each of its rows
+            "time/update": seconds,
+        }
+        for d, r, norm in zip(done, reduced, norms)
+    ]
 
 
 def sum_histogram(counts: torch.Tensor | None, dist: Dist) -> dict | None:
@@ -51,6 +63,14 @@ def log_step(trainer, step: int, rows: list[dict], hist: dict | None, progress: 
     for row in rows:
         trainer.sink.log_metrics(row["opt_step"], {k: v for k, v in row.items() if isinstance(v, (int, float))})
     if progress:
-        progress({"step": step + 1, "steps": trainer.cfg.train.steps, "reward": rows[-1]["reward/mean"],
-                  "entropy": rows[-1]["entropy"], "clip_events": sum(r.get("clip_events", 0) for r in rows),
-                  "accuracy": rows[-1]["accuracy"], "skipped": trainer.state["skipped_nonfinite"]})
+        progress(
+            {
+                "step": step + 1,
+                "steps": trainer.cfg.train.steps,
+                "reward": rows[-1]["reward/mean"],
+                "entropy": rows[-1]["entropy"],
+                "clip_events": sum(r.get("clip_events", 0) for r in rows),
+                "accuracy": rows[-1]["accuracy"],
+                "skipped": trainer.state["skipped_nonfinite"],
+            }
+        )

@@ -27,7 +27,7 @@ class RouterLogits:
         self.logits: list[torch.Tensor] = []
         self._handles: list = []
 
-    def __enter__(self) -> "RouterLogits | None":
+    def __enter__(self) -> RouterLogits | None:
         if not self.on:
             return None
         mods = routers(self.model)

@@ -24,21 +24,38 @@ class Packed:
     prompt_lens: list[int] = field(default_factory=list)  # (B,) real prompt tokens per row
     completion_lens: list[int] = field(default_factory=list)  # (B,) real completion tokens per row
 
-    def to(self, device) -> "Packed":
-        return Packed(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.position_ids,
-                                              self.completion_ids, self.completion_mask)),
-                      self.prompt_lens, self.completion_lens)
+    def to(self, device) -> Packed:
+        return Packed(
+            *(
+                t.to(device)
+                for t in (
+                    self.input_ids,
+                    self.attention_mask,
+                    self.position_ids,
+                    self.completion_ids,
+                    self.completion_mask,
+                )
+            ),
+            self.prompt_lens,
+            self.completion_lens,
+        )
 
-    def select(self, rows: list[int]) -> "Packed":
+    def select(self, rows: list[int]) -> Packed:
         """The rows `rows`, trimmed to their longest prompt (left) and completion (right, >= 1 column)."""
         Lp = self.input_ids.shape[1] - self.completion_ids.shape[1]
         lp = max(self.prompt_lens[i] for i in rows)
         T = max(1, max(self.completion_lens[i] for i in rows))
         idx = torch.tensor(rows)
         cols = slice(Lp - lp, Lp + T)
-        return Packed(self.input_ids[idx, cols], self.attention_mask[idx, cols], self.position_ids[idx, cols],
-                      self.completion_ids[idx, :T], self.completion_mask[idx, :T],
-                      [self.prompt_lens[i] for i in rows], [self.completion_lens[i] for i in rows])
+        return Packed(
+            self.input_ids[idx, cols],
+            self.attention_mask[idx, cols],
+            self.position_ids[idx, cols],
+            self.completion_ids[idx, :T],
+            self.completion_mask[idx, :T],
+            [self.prompt_lens[i] for i in rows],
+            [self.completion_lens[i] for i in rows],
+        )
 
     def width(self, rows: list[int]) -> int:
         """Padded length (longest prompt + longest completion) of `rows` as one micro-batch."""
@@ -48,15 +65,24 @@ class Packed:
 def pack(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int) -> Packed:
     Lp = max(len(p) for p in prompt_ids)
     T = max(1, max(len(c) for c in completion_ids))
-    ids = torch.tensor([[pad_id] * (Lp - len(p)) + p + c + [pad_id] * (T - len(c))
-                        for p, c in zip(prompt_ids, completion_ids)], dtype=torch.long)  # (B, Lp + T)
+    ids = torch.tensor(
+        [[pad_id] * (Lp - len(p)) + p + c + [pad_id] * (T - len(c)) for p, c in zip(prompt_ids, completion_ids)],
+        dtype=torch.long,
+    )  # (B, Lp + T)
     lp = torch.tensor([len(p) for p in prompt_ids])[:, None]  # (B, 1)
     lc = torch.tensor([len(c) for c in completion_ids])[:, None]  # (B, 1)
     j = torch.arange(Lp + T)
     att = ((j >= Lp - lp) & (j < Lp + lc)).long()  # real prompt and completion tokens
     pos = (att.cumsum(-1) - 1).clamp(min=0)
-    return Packed(ids, att, pos, ids[:, Lp:], (torch.arange(T) < lc).float(),
-                  [len(p) for p in prompt_ids], [len(c) for c in completion_ids])
+    return Packed(
+        ids,
+        att,
+        pos,
+        ids[:, Lp:],
+        (torch.arange(T) < lc).float(),
+        [len(p) for p in prompt_ids],
+        [len(c) for c in completion_ids],
+    )
 
 
 def placeholder(pad_id: int) -> Packed:

@@ -62,7 +62,7 @@ class StopRequest:
         self.previous: dict[int, object] = {}
 
     @classmethod
-    def install(cls, names, forward=None) -> "StopRequest":
+    def install(cls, names, forward=None) -> StopRequest:
         """Handlers for `names` (SIGTERM, SIGUSR1, ...); `forward(signum)`: also pass each signal on
         (a launcher to its torchrun). A no-op outside the main thread (a signal handler can only be
         set there: a run in a thread is not preemptible)."""
@@ -135,27 +135,43 @@ class Partial:
     mismatch: dict  # the rollout batch's mismatch metrics (logged on each of its rows)
 
     def to_save(self) -> dict:
-        return {"batch": self.batch, "inputs": self.inputs, "next": self.next, "hist": self.hist,
-                "mismatch": self.mismatch}
+        return {
+            "batch": self.batch,
+            "inputs": self.inputs,
+            "next": self.next,
+            "hist": self.hist,
+            "mismatch": self.mismatch,
+        }
 
     def step_inputs(self, cls, device):
         """The saved inputs as `cls` (StepInputs) on `device`."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.inputs.items()
-                      if k in names})
+        return cls(
+            **{k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.inputs.items() if k in names}
+        )
 
 
 def cpu_inputs(inputs) -> dict:
     """A StepInputs' tensors on the CPU (every field: what a rule reads is what is saved)."""
-    return {f.name: (v.detach().cpu() if isinstance(v := getattr(inputs, f.name), torch.Tensor) else v)
-            for f in fields(inputs)}
+    return {
+        f.name: (v.detach().cpu() if isinstance(v := getattr(inputs, f.name), torch.Tensor) else v)
+        for f in fields(inputs)
+    }
 
 
 def mark_preempted(trainer, step: int, stop: StopRequest) -> None:
     """Rank 0: status preempted (resumable) with where it stopped; then every rank raises."""
     if trainer.dist.main:
-        trainer.rd.set_status(RunState.PREEMPTED, step=step, opt_step=trainer.state["opt_step"], signal=stop.name,
-                              preempted_at=time.time(), skipped_nonfinite=trainer.state["skipped_nonfinite"])
+        trainer.rd.set_status(
+            RunState.PREEMPTED,
+            step=step,
+            opt_step=trainer.state["opt_step"],
+            signal=stop.name,
+            preempted_at=time.time(),
+            skipped_nonfinite=trainer.state["skipped_nonfinite"],
+        )
     trainer.dist.barrier()
-    raise RunPreempted(f"preempted by {stop.name} at rollout step {step} (optimizer step "
-                       f"{trainer.state['opt_step']}); a checkpoint was written")
+    raise RunPreempted(
+        f"preempted by {stop.name} at rollout step {step} (optimizer step "
+        f"{trainer.state['opt_step']}); a checkpoint was written"
+    )

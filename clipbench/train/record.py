@@ -36,8 +36,15 @@ from __future__ import annotations
 
 import torch
 
-from clipbench.tracking.records import (install_record, record_name, record_root, record_steps, records_bytes,
-                                        staging_dir, state_name)
+from clipbench.tracking.records import (
+    install_record,
+    record_name,
+    record_root,
+    record_steps,
+    records_bytes,
+    staging_dir,
+    state_name,
+)
 from clipbench.train.checkpoint import save_model_state
 
 MB = 1 << 20
@@ -83,9 +90,11 @@ class Recorder:
         if self.used + size > self.cfg.train.record.max_mb * MB:
             self.full = True
             if self.dist.main:
-                self.rd.update_status(record_note=f"recording stopped at rollout step {step}: its record ({size / MB:.1f} "
-                                               f"MB) would take the run's records past train.record.max_mb="
-                                               f"{self.cfg.train.record.max_mb}")
+                self.rd.update_status(
+                    record_note=f"recording stopped at rollout step {step}: its record ({size / MB:.1f} "
+                    f"MB) would take the run's records past train.record.max_mb="
+                    f"{self.cfg.train.record.max_mb}"
+                )
             return NO_CAPTURE
         self.used += size
         return Capture(self, step, packed, batch, inputs)
@@ -96,8 +105,9 @@ def planned_bytes(cfg, packed, inputs, n_params: int) -> int:
     each slot of logp, entropy (and uniforms), old_logp, token id, optional inputs, 1 for the mask;
     the prompts; the policy states (AdamW: weights and two moments, 12 bytes per parameter)."""
     (B, T), E = packed.completion_ids.shape, cfg.train.epochs
-    per_token = 4 * 2 * E + 4 + 4 + 1 + 4 * sum(t is not None for t in (inputs.ref_logp, inputs.weights,
-                                                                          inputs.sampler_logp))
+    per_token = (
+        4 * 2 * E + 4 + 4 + 1 + 4 * sum(t is not None for t in (inputs.ref_logp, inputs.weights, inputs.sampler_logp))
+    )
     per_token += 4 * E if _draws(cfg) else 0
     n_states = {"none": 0, "last": 1, "all": E * min(cfg.train.mini_batches, B)}[state_mode(cfg)]
     return B * T * per_token + 4 * packed.input_ids.numel() + 32 * B + n_states * n_params * 12
@@ -127,25 +137,41 @@ class Capture:
 
         def record(idx, logp, entropy):
             if idx is not None:  # a placeholder has no rows
-                self.logp[s.epoch, idx, :logp.shape[1]] = logp
-                self.entropy[s.epoch, idx, :entropy.shape[1]] = entropy.float()
+                self.logp[s.epoch, idx, : logp.shape[1]] = logp
+                self.entropy[s.epoch, idx, : entropy.shape[1]] = entropy.float()
+
         return record
 
     def before_optimizer_step(self, s, trainer) -> None:
         """The optimizer step's place in the run; the policy and optimizer before it, when asked."""
         opt_step = trainer.state["opt_step"] + 1  # numbered as metrics.jsonl numbers it
         lens = self.packed.completion_lens
-        self.opt_steps.append({
-            "opt_step": opt_step, "epoch": s.epoch, "mini_batch": s.index, "rows": list(s.rows),
-            "ranks": [[{"rows": list(m), "width": max(1, max((lens[i] for i in m), default=1))} for m in rank]
-                      for rank in s.ranks],
-            "global_tokens": s.tokens, "global_seqs": s.seqs, "lr": trainer.optimizer.param_groups[0]["lr"]})
+        self.opt_steps.append(
+            {
+                "opt_step": opt_step,
+                "epoch": s.epoch,
+                "mini_batch": s.index,
+                "rows": list(s.rows),
+                "ranks": [
+                    [{"rows": list(m), "width": max(1, max((lens[i] for i in m), default=1))} for m in rank]
+                    for rank in s.ranks
+                ],
+                "global_tokens": s.tokens,
+                "global_seqs": s.seqs,
+                "lr": trainer.optimizer.param_groups[0]["lr"],
+            }
+        )
         mode, cfg = state_mode(self.r.cfg), self.r.cfg
         last = s.epoch == cfg.train.epochs - 1 and s.index == min(cfg.train.mini_batches, len(lens)) - 1
         if mode == "all" or (mode == "last" and last):
             self.opt_steps[-1].update(state=state_name(opt_step), optimizer_state=bool(trainer.optimizer.state))
-            save_model_state(self.tmp / state_name(opt_step), model=trainer.model, optimizer=trainer.optimizer,
-                             tokenizer=trainer.tokenizer, dist=trainer.dist)
+            save_model_state(
+                self.tmp / state_name(opt_step),
+                model=trainer.model,
+                optimizer=trainer.optimizer,
+                tokenizer=trainer.tokenizer,
+                dist=trainer.dist,
+            )
 
     def finish(self) -> None:
         """Sum the captured slots over ranks, move everything to the host once, rank 0 installs it."""
@@ -166,11 +192,15 @@ class Capture:
     def row_tensors(self) -> dict[str, torch.Tensor]:
         p, inputs, batch = self.packed, self.inputs, self.batch
         B, Lp = len(p.completion_lens), p.input_ids.shape[1] - p.completion_ids.shape[1]
-        out = {"completion_ids": p.completion_ids.to(torch.int32), "mask": (p.completion_mask != 0).to(torch.uint8),
-               "advantages": inputs.advantages.float(), "old_logp": inputs.old_logp.float(),
-               "groups": torch.arange(B) // self.r.cfg.sampler.group_size,
-               "prompt_ids": p.input_ids[:, :Lp].to(torch.int32),
-               "prompt_lens": torch.tensor(p.prompt_lens, dtype=torch.int32)}
+        out = {
+            "completion_ids": p.completion_ids.to(torch.int32),
+            "mask": (p.completion_mask != 0).to(torch.uint8),
+            "advantages": inputs.advantages.float(),
+            "old_logp": inputs.old_logp.float(),
+            "groups": torch.arange(B) // self.r.cfg.sampler.group_size,
+            "prompt_ids": p.input_ids[:, :Lp].to(torch.int32),
+            "prompt_lens": torch.tensor(p.prompt_lens, dtype=torch.int32),
+        }
         for name in ("ref_logp", "weights", "sampler_logp"):
             if getattr(inputs, name) is not None:
                 out[name] = getattr(inputs, name).float()
@@ -182,13 +212,31 @@ class Capture:
     def index(self) -> dict:
         cfg = self.r.cfg
         obj = dict(cfg.objective)
-        return {"engine": "builtin", "step": self.step, "world_size": self.r.dist.world, "seed": cfg.seed,
-                "objective": {"method": obj.pop("method"), "params": obj, "agg": cfg.train.agg,
-                              "beta": cfg.train.beta, "max_len": cfg.sampler.max_new_tokens},
-                "model": cfg.model.name, "temperature": cfg.sampler.temperature, "group_size": cfg.sampler.group_size,
-                "optimizer": {"name": "adamw", "lr": cfg.train.lr, "betas": list(cfg.train.betas),
-                              "weight_decay": cfg.train.weight_decay, "grad_clip": cfg.train.grad_clip},
-                "slots": cfg.train.epochs, "opt_steps": self.opt_steps}
+        return {
+            "engine": "builtin",
+            "step": self.step,
+            "world_size": self.r.dist.world,
+            "seed": cfg.seed,
+            "objective": {
+                "method": obj.pop("method"),
+                "params": obj,
+                "agg": cfg.train.agg,
+                "beta": cfg.train.beta,
+                "max_len": cfg.sampler.max_new_tokens,
+            },
+            "model": cfg.model.name,
+            "temperature": cfg.sampler.temperature,
+            "group_size": cfg.sampler.group_size,
+            "optimizer": {
+                "name": "adamw",
+                "lr": cfg.train.lr,
+                "betas": list(cfg.train.betas),
+                "weight_decay": cfg.train.weight_decay,
+                "grad_clip": cfg.train.grad_clip,
+            },
+            "slots": cfg.train.epochs,
+            "opt_steps": self.opt_steps,
+        }
 
 
 def _draws(cfg) -> bool:

@@ -46,8 +46,12 @@ def start_eval_key(cfg, rd: RunDir, *, backend: str, device, world: int) -> str 
     if not starts:
         return None
     run = to_dict(cfg)
-    what = {"seed": cfg.seed, "backend": backend, **{s: run[s] for s in SECTIONS},
-            "start": {k: v for k, v in starts[-1].items() if k not in NOT_KEYED}}
+    what = {
+        "seed": cfg.seed,
+        "backend": backend,
+        **{s: run[s] for s in SECTIONS},
+        "start": {k: v for k, v in starts[-1].items() if k not in NOT_KEYED},
+    }
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 

@@ -29,19 +29,25 @@ Design choices
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
+from clipbench.models.routing import (
+    RouteReplay,
+    agreement_metrics,
+    agreement_sums,
+    load_sums,
+    micro_columns,
+    moved_tokens,
+)
 from clipbench.objectives import METHODS, PolicyLossOutput, combine, finalize, log_ratio_counts, policy_loss
 from clipbench.objectives.aggregation import NEEDS_GROUPS
 from clipbench.objectives.corrections import REJECTED, apply_correction, correction_stats
 from clipbench.objectives.loss import mini_batch_stat
 from clipbench.train.distributed import Dist, full_tensor
 from clipbench.train.logprobs import completion_logprobs
-from clipbench.models.routing import (RouteReplay, agreement_metrics, agreement_sums, load_sums, micro_columns,
-                                     moved_tokens)
 from clipbench.train.moe import RouterLogits
 from clipbench.train.packing import Packed, placeholder
 
@@ -75,8 +81,9 @@ def pack_micro_batches(batch: Packed, rows: list[int], budget: int) -> list[list
     return out
 
 
-def plan_update(batch: Packed, *, mini_batches: int, epochs: int, budget: int, perm: torch.Generator,
-                dist: Dist) -> list[OptStep]:
+def plan_update(
+    batch: Packed, *, mini_batches: int, epochs: int, budget: int, perm: torch.Generator, dist: Dist
+) -> list[OptStep]:
     """Every optimizer step of this rollout batch on this rank: `epochs` seeded permutations of the B
     rows, each cut into `mini_batches` strided slices (perm[k::n]) as in one process; each slice
     split over ranks by `dist.share`, packed into micro-batches, padded to the longest rank's count."""
@@ -90,8 +97,17 @@ def plan_update(batch: Packed, *, mini_batches: int, epochs: int, budget: int, p
             packs = [pack_micro_batches(batch, list(share), budget) for share in dist.shares(rows)]
             padded = [tuple(tuple(m) for m in part + [[]] * (max(1, *map(len, packs)) - len(part))) for part in packs]
             valid = [batch.completion_lens[i] for i in rows]
-            plan.append(OptStep(epoch, k, padded[dist.rank], tokens=sum(valid), seqs=sum(v > 0 for v in valid),
-                                rows=tuple(rows), ranks=tuple(padded)))
+            plan.append(
+                OptStep(
+                    epoch,
+                    k,
+                    padded[dist.rank],
+                    tokens=sum(valid),
+                    seqs=sum(v > 0 for v in valid),
+                    rows=tuple(rows),
+                    ranks=tuple(padded),
+                )
+            )
     return plan
 
 
@@ -103,9 +119,17 @@ def _micro(batch: Packed, rows: tuple[int, ...], pad_id: int, device) -> tuple[P
 
 
 @torch.no_grad()
-def frozen_logprobs(model, batch: Packed, plan: list[OptStep], *, pad_id: int, temperature: float,
-                    compute=contextlib.nullcontext, dist: Dist, routes: tuple[str, torch.Tensor] | None = None
-                    ) -> torch.Tensor:
+def frozen_logprobs(
+    model,
+    batch: Packed,
+    plan: list[OptStep],
+    *,
+    pad_id: int,
+    temperature: float,
+    compute=contextlib.nullcontext,
+    dist: Dist,
+    routes: tuple[str, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """(B, T) float32 log-probs of every completion token under `model` (the policy before this
     update, or the reference), on `dist.device`, 0 at padding. Each rank runs the micro-batches of
     `plan` (one epoch's steps cover every row once); with N ranks the rows are summed over ranks
@@ -122,7 +146,7 @@ def frozen_logprobs(model, batch: Packed, plan: list[OptStep], *, pad_id: int, t
             with compute():
                 lp, _ = completion_logprobs(model, mb, temperature=temperature, with_entropy=False)
             if idx is not None:
-                out[idx, :lp.shape[1]] = lp.float() * mb.completion_mask
+                out[idx, : lp.shape[1]] = lp.float() * mb.completion_mask
     if replay is not None:
         replay.off()
         if routes[0] == "record":
@@ -130,8 +154,9 @@ def frozen_logprobs(model, batch: Packed, plan: list[OptStep], *, pad_id: int, t
     return dist.all_reduce_(out)
 
 
-def route_micro_batch(replay: RouteReplay, routes: tuple[str, torch.Tensor], idx: torch.Tensor | None, batch: Packed,
-                      mb: Packed) -> None:
+def route_micro_batch(
+    replay: RouteReplay, routes: tuple[str, torch.Tensor], idx: torch.Tensor | None, batch: Packed, mb: Packed
+) -> None:
     """Point the routers' hooks at this micro-batch's window of the route table (record or replay);
     the placeholder (idx None) routes freely."""
     mode, table = routes
@@ -165,11 +190,12 @@ class Objective:
     router_aux_loss_coef: float = 0.0  # MoE: the routers' load-balancing loss weight (train/moe.py)
 
     @classmethod
-    def from_config(cls, cfg) -> "Objective":
+    def from_config(cls, cfg) -> Objective:
         params = dict(cfg.objective)
         method = params.pop("method")
-        return cls(method, params, cfg.train.agg, cfg.train.beta, cfg.sampler.max_new_tokens,
-                   cfg.train.router_aux_loss_coef)
+        return cls(
+            method, params, cfg.train.agg, cfg.train.beta, cfg.sampler.max_new_tokens, cfg.train.router_aux_loss_coef
+        )
 
     @property
     def draws(self) -> bool:
@@ -184,8 +210,18 @@ class Objective:
     def loss(self, logp, mask, *, old_logp, advantages, **inputs) -> PolicyLossOutput:
         """`policy_loss` of this objective on one micro-batch (inputs: uniforms, ref_logp, weights,
         rewards, entropy, correction_status, the mini-batch's counts and statistic: docs/architecture.md)."""
-        return policy_loss(self.method, logp, old_logp, advantages, mask, agg=self.agg, beta=self.beta,
-                           max_len=self.max_len, **inputs, **self.params)
+        return policy_loss(
+            self.method,
+            logp,
+            old_logp,
+            advantages,
+            mask,
+            agg=self.agg,
+            beta=self.beta,
+            max_len=self.max_len,
+            **inputs,
+            **self.params,
+        )
 
 
 def draw_uniforms(shape: torch.Size, generator: torch.Generator, device) -> torch.Tensor:
@@ -213,9 +249,10 @@ class StepInputs:
     def rows(self, idx: torch.Tensor | None, width: int) -> dict[str, torch.Tensor | None]:
         """The rule's inputs for a micro-batch's rows, trimmed to its `width` (zeros for the
         placeholder, idx None): old_logp, advantages, uniforms, ref_logp, weights, correction_status, rewards."""
-        return {name: _take(getattr(self, name), idx, width)
-                for name in ("old_logp", "advantages", "uniforms", "ref_logp", "weights", "correction_status",
-                             "rewards")}
+        return {
+            name: _take(getattr(self, name), idx, width)
+            for name in ("old_logp", "advantages", "uniforms", "ref_logp", "weights", "correction_status", "rewards")
+        }
 
 
 @dataclass
@@ -241,8 +278,12 @@ class StepStats:
 
     def sums(self) -> dict[str, torch.Tensor]:
         ent = torch.stack([torch.stack(e) for e in self.entropy]).sum(0).to(torch.float64)
-        out = {**combine(self.rule), "loss": torch.stack(self.loss).sum().to(torch.float64),
-               "entropy/sum": ent[0], "entropy/tokens": ent[1]}
+        out = {
+            **combine(self.rule),
+            "loss": torch.stack(self.loss).sum().to(torch.float64),
+            "entropy/sum": ent[0],
+            "entropy/tokens": ent[1],
+        }
         if self.mismatch:
             out.update(combine(self.mismatch))
         if self.router_aux:
@@ -254,10 +295,17 @@ class StepStats:
     @staticmethod
     def metrics(reduced: dict[str, torch.Tensor]) -> dict[str, float]:
         """loss, entropy (token mean), the rule's finalised stats, and the mismatch's when present."""
-        rule = {k: v for k, v in reduced.items() if k not in ("loss", "entropy/sum", "entropy/tokens", "router_aux_loss")
-                and not k.startswith(("mismatch/", "routing/"))}
-        out = {"entropy": float(reduced["entropy/sum"] / reduced["entropy/tokens"].clamp(min=1.0)),
-               "loss": float(reduced["loss"]), **{k: float(v) for k, v in finalize(rule).items()}}
+        rule = {
+            k: v
+            for k, v in reduced.items()
+            if k not in ("loss", "entropy/sum", "entropy/tokens", "router_aux_loss")
+            and not k.startswith(("mismatch/", "routing/"))
+        }
+        out = {
+            "entropy": float(reduced["entropy/sum"] / reduced["entropy/tokens"].clamp(min=1.0)),
+            "loss": float(reduced["loss"]),
+            **{k: float(v) for k, v in finalize(rule).items()},
+        }
         if "router_aux_loss" in reduced:
             out["router_aux_loss"] = float(reduced["router_aux_loss"])
         if "routing/tokens" in reduced:
@@ -298,13 +346,24 @@ def mini_batch_counts(step: OptStep, inputs: StepInputs, agg: str, mask: torch.T
         which = torch.tensor([ids.index(inputs.groups[r]) for r in step.rows], device=rows.device)  # (b,)
         per_group = torch.zeros(len(ids), device=rows.device).index_add_(0, which, counted.sum(-1).float())
         per_row["group_tokens"] = torch.zeros(len(inputs.groups), device=rows.device).index_copy_(
-            0, rows, per_group[which])
+            0, rows, per_group[which]
+        )
         shared["global_prompts"] = len(ids)
     return MiniBatch(shared, per_row)
 
 
-def mini_batch_inputs(model, batch: Packed, step: OptStep, inputs: StepInputs, objective: Objective, *,
-                      pad_id: int, temperature: float, compute=contextlib.nullcontext, dist: Dist) -> MiniBatch:
+def mini_batch_inputs(
+    model,
+    batch: Packed,
+    step: OptStep,
+    inputs: StepInputs,
+    objective: Objective,
+    *,
+    pad_id: int,
+    temperature: float,
+    compute=contextlib.nullcontext,
+    dist: Dist,
+) -> MiniBatch:
     """What the step's micro-batches share: the mini-batch's counts and, for a rule with a mini-batch
     statistic split over micro-batches or ranks, that statistic from a no-grad forward of the whole
     mini-batch (every rank's rows, all-reduced) before any backward: the split then equals the
@@ -312,53 +371,80 @@ def mini_batch_inputs(model, batch: Packed, step: OptStep, inputs: StepInputs, o
     mask = inputs.mask if inputs.mask is not None else batch.completion_mask.to(dist.device)  # (B, T)
     out = mini_batch_counts(step, inputs, objective.agg, mask)
     if objective.stat and (len(step.micro) > 1 or dist.world > 1):
-        current = frozen_logprobs(model, batch, [step], pad_id=pad_id, temperature=temperature, compute=compute,
-                                  dist=dist, routes=None if inputs.routes is None else ("replay", inputs.routes))
+        current = frozen_logprobs(
+            model,
+            batch,
+            [step],
+            pad_id=pad_id,
+            temperature=temperature,
+            compute=compute,
+            dist=dist,
+            routes=None if inputs.routes is None else ("replay", inputs.routes),
+        )
         # (B, T): the policy before this step, on the step's rows
         rows = torch.tensor(step.rows, dtype=torch.long, device=current.device)
-        out.shared["batch_stat"] = mini_batch_stat(objective.method, current[rows], inputs.old_logp[rows],
-                                                   inputs.advantages[rows], mask[rows], **objective.params)
+        out.shared["batch_stat"] = mini_batch_stat(
+            objective.method,
+            current[rows],
+            inputs.old_logp[rows],
+            inputs.advantages[rows],
+            mask[rows],
+            **objective.params,
+        )
     return out
 
 
-def accumulate_gradients(model, batch: Packed, step: OptStep, inputs: StepInputs, objective: Objective, *,
-                         pad_id: int, temperature: float, compute=contextlib.nullcontext, dist: Dist,
-                         histogram: bool = False, mismatch: bool = False,
-                         record: Callable | None = None) -> tuple[StepStats, torch.Tensor | None]:
+def accumulate_gradients(
+    model,
+    batch: Packed,
+    step: OptStep,
+    inputs: StepInputs,
+    objective: Objective,
+    *,
+    pad_id: int,
+    temperature: float,
+    compute=contextlib.nullcontext,
+    dist: Dist,
+    histogram: bool = False,
+    mismatch: bool = False,
+    record: Callable | None = None,
+) -> tuple[StepStats, torch.Tensor | None]:
     """Forward + backward of each micro-batch of `step` (gradients accumulate in `.grad`); returns
     this rank's statistics of the step and the log-ratio counts (or None). With `mismatch`, this
     forward (the policy before the step) measures the sampler's mismatch on its rows, for free.
     `record(idx, logp, entropy)`: a recorded step's capture (train/record.py) sees each forward."""
     stats, hist = StepStats(), None
-    shared = mini_batch_inputs(model, batch, step, inputs, objective, pad_id=pad_id, temperature=temperature,
-                               compute=compute, dist=dist)                               # counts, statistic
+    shared = mini_batch_inputs(
+        model, batch, step, inputs, objective, pad_id=pad_id, temperature=temperature, compute=compute, dist=dist
+    )  # counts, statistic
     replay = RouteReplay.of(model) if inputs.routes is not None else None
     for rows in step.micro:
         mb, idx = _micro(batch, rows, pad_id, dist.device)
         if replay is not None:  # set until the next micro-batch: the backward's checkpoint recompute replays too
             route_micro_batch(replay, ("replay", inputs.routes), idx, batch, mb)
         with compute(), RouterLogits(model, on=objective.router_aux_loss_coef > 0) as routed:
-            logp, entropy = completion_logprobs(model, mb, temperature=temperature)      # (b, T) each
+            logp, entropy = completion_logprobs(model, mb, temperature=temperature)  # (b, T) each
         logp, mask = logp.float(), mb.completion_mask
-        x = {**inputs.rows(idx, mask.shape[1]), **shared.rows(idx, mask.shape[1])}      # old_logp, advantages, ...
-        moved = None if replay is None else moved_tokens(replay, mb, idx is not None)   # (layers, b, T) MoE routes
+        x = {**inputs.rows(idx, mask.shape[1]), **shared.rows(idx, mask.shape[1])}  # old_logp, advantages, ...
+        moved = None if replay is None else moved_tokens(replay, mb, idx is not None)  # (layers, b, T) MoE routes
         if moved is not None:  # the clip's cells split by whether the token's experts moved
             x["token_splits"] = {"experts_moved": moved.any(0), "experts_kept": ~moved.any(0)}
-        out = objective.loss(logp, mask, entropy=entropy, **x)                           # rule, aggregation
+        out = objective.loss(logp, mask, entropy=entropy, **x)  # rule, aggregation
         loss = out.loss
         if routed is not None:  # per forward, as TRL and transformers: weighted by the micro-batch's rows
-            aux = routed.aux_loss(mb.attention_mask) * (len(rows) / len(step.rows))      # 0 for a placeholder
+            aux = routed.aux_loss(mb.attention_mask) * (len(rows) / len(step.rows))  # 0 for a placeholder
             loss = loss + objective.router_aux_loss_coef * aux
             stats.router_aux.append(aux.detach().float())
-        (loss * dist.loss_scale).backward()                                             # gradients accumulate
+        (loss * dist.loss_scale).backward()  # gradients accumulate
         stats.add(out, entropy, mask)
         if moved is not None:  # the live routers' choice against the replayed experts
             stats.routing.append({**agreement_sums(moved, mask), **load_sums(replay, mb, idx is not None)})
         if record is not None:
             record(idx, logp.detach(), entropy.detach())
         if mismatch:
-            stats.mismatch.append(apply_correction(None, _take(inputs.sampler_logp, idx, mask.shape[1]), logp.detach(),
-                                                   mask).sums)
+            stats.mismatch.append(
+                apply_correction(None, _take(inputs.sampler_logp, idx, mask.shape[1]), logp.detach(), mask).sums
+            )
         if histogram and idx is not None:
             hist = add_histograms(hist, log_ratio_counts(logp.detach(), x["old_logp"], x["advantages"], mask))
     if replay is not None:

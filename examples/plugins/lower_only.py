@@ -1,5 +1,6 @@
 # lower_only.py
 import torch
+
 from clipbench.objectives import rule
 
 

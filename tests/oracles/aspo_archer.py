@@ -32,8 +32,18 @@ def archer_low_entropy_mask(entropy, response_mask, q=0.8):
     return (masked <= q80) & rm
 
 
-def archer_policy_loss(old_log_prob, log_prob, advantages, response_mask, entropy=None, low_entropy_mask=None,
-                       eps_narrow=0.2, eps_wide=0.4, neg_c=3.0, pos_c=3.0):
+def archer_policy_loss(
+    old_log_prob,
+    log_prob,
+    advantages,
+    response_mask,
+    entropy=None,
+    low_entropy_mask=None,
+    eps_narrow=0.2,
+    eps_wide=0.4,
+    neg_c=3.0,
+    pos_c=3.0,
+):
     """compute_policy_loss_archer with the dp_actor call (eps 0.2 on the low-entropy mask, 0.4 elsewhere).
 
     r = exp(clamp(logp - old, +-20));  e = 0.2 where low_entropy_mask else 0.4 (per token)
@@ -48,8 +58,12 @@ def archer_policy_loss(old_log_prob, log_prob, advantages, response_mask, entrop
     if low_entropy_mask is None:
         low_entropy_mask = archer_low_entropy_mask(entropy, rm)
     ratio = torch.exp(torch.clamp(log_prob - old_log_prob, -20.0, 20.0))
-    neg_clip = torch.where(low_entropy_mask, torch.clamp(ratio, min=1 - eps_narrow), torch.clamp(ratio, min=1 - eps_wide))
-    pos_clip = torch.where(low_entropy_mask, torch.clamp(ratio, max=1 + eps_narrow), torch.clamp(ratio, max=1 + eps_wide))
+    neg_clip = torch.where(
+        low_entropy_mask, torch.clamp(ratio, min=1 - eps_narrow), torch.clamp(ratio, min=1 - eps_wide)
+    )
+    pos_clip = torch.where(
+        low_entropy_mask, torch.clamp(ratio, max=1 + eps_narrow), torch.clamp(ratio, max=1 + eps_wide)
+    )
     clip_ratio = torch.where(advantages < 0, neg_clip, pos_clip)
     m = rm.to(log_prob.dtype)
 
@@ -69,8 +83,13 @@ def archer_policy_loss(old_log_prob, log_prob, advantages, response_mask, entrop
     pos_l = torch.where(pos_dual_mask, -advantages * pos_dual.detach() * log_prob, pos_l)
     pg = torch.where(advantages < 0, neg_l, pos_l)
     loss = mmean(pg, m)
-    return (loss, clipfrac_upper, clipfrac_lower, mmean(neg_dual_mask.float(), rm & (advantages < 0)),
-            mmean(pos_dual_mask.float(), rm & (advantages > 0)))
+    return (
+        loss,
+        clipfrac_upper,
+        clipfrac_lower,
+        mmean(neg_dual_mask.float(), rm & (advantages < 0)),
+        mmean(pos_dual_mask.float(), rm & (advantages > 0)),
+    )
 
 
 if __name__ == "__main__":
@@ -82,7 +101,7 @@ if __name__ == "__main__":
     mask = torch.ones(B, T, dtype=torch.bool)
     mask[2, 6:] = False
     low = archer_low_entropy_mask(ent, mask)
-    assert int((mask & ~low)[0].sum()) == 2 and int((mask & ~low)[2].sum()) == 1   # n=10 -> 2, n=6 -> 1
+    assert int((mask & ~low)[0].sum()) == 2 and int((mask & ~low)[2].sum()) == 1  # n=10 -> 2, n=6 -> 1
     A = torch.tensor([1.0, -1.0, 0.5])[:, None].expand(B, T)
     lp = lp0.clone().requires_grad_(True)
     loss = archer_policy_loss(old, lp, A, mask, low_entropy_mask=low)[0]

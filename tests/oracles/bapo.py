@@ -31,8 +31,15 @@ def bapo_pos_neg_ratio(ratio, advantages, response_mask, clip_low, clip_high, ep
     pos = sum(max(eff, 0)); neg = sum(max(-eff, 0))  (this call's tokens, all-reduced over DP ranks)
     ratio = inf if neg <= 0 else pos / (neg + eps).
     Raising clip_low can only INCREASE neg (clipped negative tokens are counted at clip_low >= r)."""
-    eff = torch.where(advantages >= 0, torch.minimum(ratio, ratio.new_tensor(float(clip_high))),
-                      torch.maximum(ratio, ratio.new_tensor(float(clip_low)))) * advantages * response_mask
+    eff = (
+        torch.where(
+            advantages >= 0,
+            torch.minimum(ratio, ratio.new_tensor(float(clip_high))),
+            torch.maximum(ratio, ratio.new_tensor(float(clip_low))),
+        )
+        * advantages
+        * response_mask
+    )
     pos = eff.clamp(min=0).sum()
     neg = (-eff.clamp(max=0)).sum()
     if torch.all(neg <= 0):
@@ -40,8 +47,19 @@ def bapo_pos_neg_ratio(ratio, advantages, response_mask, clip_low, clip_high, ep
     return pos / (neg + ratio.new_tensor(eps))
 
 
-def bapo_search(ratio, advantages, response_mask, lower_start=0.6, lower_max=0.8, lower_step=0.05,
-                upper_start=1.2, upper_max=2.0, upper_step=0.05, target=1.0, eps=1e-8):
+def bapo_search(
+    ratio,
+    advantages,
+    response_mask,
+    lower_start=0.6,
+    lower_max=0.8,
+    lower_step=0.05,
+    upper_start=1.2,
+    upper_max=2.0,
+    upper_step=0.05,
+    target=1.0,
+    eps=1e-8,
+):
     """The released search (python floats, as the source): first raise the lower bound by lower_step
     (capped at lower_max) while ratio < target; then, if still < target, raise the upper bound by
     upper_step (capped at upper_max).  Returns (clip_low, clip_high, pos_neg_ratio, trace)."""
@@ -64,8 +82,9 @@ def bapo_search(ratio, advantages, response_mask, lower_start=0.6, lower_max=0.8
     return lo, hi, pr.item(), trace
 
 
-def bapo_policy_loss(old_log_prob, log_prob, advantages, response_mask, clip_ratio_c=3.0, rollout_is_weights=None,
-                     **search):
+def bapo_policy_loss(
+    old_log_prob, log_prob, advantages, response_mask, clip_ratio_c=3.0, rollout_is_weights=None, **search
+):
     """compute_policy_loss_bapo: r = exp(clamp(logp - old, +-20)); bounds from bapo_search on this call's
     (detached) ratios; then verl's vanilla loss with ABSOLUTE bounds [clip_low, clip_high] and dual clip:
     l = max(-A r, -A clamp(r, lo, hi)); for A < 0: min(l, -A c).  token-mean over the call

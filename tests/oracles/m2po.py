@@ -66,8 +66,17 @@ def areal_m2po_mask(old_logp, prox_logp, loss_mask, m2_threshold):
     return out.view_as(lm)
 
 
-def areal_m2po_loss(logprobs, old_logp, prox_logp, advantages, loss_mask, m2_threshold=0.04, eps_clip=0.2,
-                    eps_clip_higher=None, c_clip=None):
+def areal_m2po_loss(
+    logprobs,
+    old_logp,
+    prox_logp,
+    advantages,
+    loss_mask,
+    m2_threshold=0.04,
+    eps_clip=0.2,
+    eps_clip_higher=None,
+    c_clip=None,
+):
     """grpo_loss_fn with m2_threshold and no rejection sampling, token-level ratio.
     Returns (per-call loss, m2po mask).  Per-call loss = sum over KEPT tokens / (#kept or 1); the engine
     then multiplies by (original #valid tokens of the micro-batch / original #valid of the mini-batch)
@@ -79,7 +88,7 @@ def areal_m2po_loss(logprobs, old_logp, prox_logp, advantages, loss_mask, m2_thr
     l1, l2 = -advantages * ratio, -advantages * torch.clamp(ratio, 1.0 - eps_clip, 1.0 + hi)
     pg = torch.max(l1, l2)
     if c_clip is not None:
-        pg = torch.min(pg, torch.sign(advantages) * c_clip * advantages)   # = dual clip on A<0 only
+        pg = torch.min(pg, torch.sign(advantages) * c_clip * advantages)  # = dual clip on A<0 only
     return torch.where(m, pg, torch.zeros_like(pg)).sum() / count, m
 
 
@@ -93,7 +102,7 @@ def paper_m2po_mask(log_prob, behav_log_prob, advantages, response_mask, tau=0.0
     lr = (log_prob - behav_log_prob).detach()
     valid = response_mask.bool()
     tr = valid & (((advantages > 0) & (lr > 0)) | ((advantages < 0) & (lr < 0)))
-    m2 = lr ** 2
+    m2 = lr**2
     sel = m2[tr]
     M = valid.clone()
     n = sel.numel()
@@ -101,9 +110,9 @@ def paper_m2po_mask(log_prob, behav_log_prob, advantages, response_mask, tau=0.0
         return M
     srt, idx = torch.sort(sel, descending=True, stable=True)
     suffix = srt.flip(0).cumsum(0).flip(0)
-    means = suffix / torch.arange(n, 0, -1, dtype=srt.dtype)     # mean after removing the first i
+    means = suffix / torch.arange(n, 0, -1, dtype=srt.dtype)  # mean after removing the first i
     ok = torch.nonzero(means <= tau).flatten()
-    k = int(ok[0]) if ok.numel() > 0 else n                        # n: every T token removed
+    k = int(ok[0]) if ok.numel() > 0 else n  # n: every T token removed
     drop_sorted = torch.zeros(n, dtype=torch.bool)
     drop_sorted[:k] = True
     drop = torch.empty_like(drop_sorted)
@@ -126,7 +135,7 @@ def paper_m2po_loss(log_prob, behav_log_prob, advantages, response_mask, tau=0.0
 # ------------------------------------------------------------------------------------------------
 def _official_tr_delta_sq(old_log_prob, log_prob, advantages, response_mask):
     mask = response_mask.bool()
-    adv0 = advantages[:, 0]                      # sequence sign from the first position
+    adv0 = advantages[:, 0]  # sequence sign from the first position
     pos, neg = adv0 > 1e-12, adv0 < -1e-12
     delta = old_log_prob - log_prob
     ratio = torch.exp(-delta)
@@ -164,13 +173,14 @@ def official_m2po_bounds(old_log_prob, log_prob, advantages, response_mask, M2_b
     if m2_now <= M2_budget + 1e-12:
         return 0.0, 100000, m2_now, m2_now
     tau, after = _official_solve_tau(torch.sort(d2)[0], target)
-    lo = float(torch.exp(torch.tensor(-tau)).item())    # float32 round trip, as the source
+    lo = float(torch.exp(torch.tensor(-tau)).item())  # float32 round trip, as the source
     hi = float(torch.exp(torch.tensor(+tau)).item())
     return lo, hi, m2_now, after
 
 
-def official_m2po_loss(old_log_prob, log_prob, advantages, response_mask, M2_budget=0.04, miniclip_low=None,
-                       miniclip_high=None):
+def official_m2po_loss(
+    old_log_prob, log_prob, advantages, response_mask, M2_budget=0.04, miniclip_low=None, miniclip_high=None
+):
     """compute_m2po_policy_loss with loss_agg_mode token-mean (verl v0.4 masked_mean, per micro-batch).
     eps_low = 1 - ratio_low, eps_high = ratio_high - 1, floored at miniclip_* when given (the shipped
     scripts leave them None).  loss = token-mean of max(-A r, -A clamp(r, 1-eps_low, 1+eps_high))."""
@@ -216,5 +226,11 @@ if __name__ == "__main__":
     lc, st = official_m2po_loss(behav, lp, A, mask)
     lc.backward()
     assert st["m2po/M2_after"] <= 0.04 + 1e-9 and st["m2po/M2"] > 0.04
-    print("m2po ok", {k: round(v, 5) for k, v in st.items()}, "areal masked", int((~mA & mask.bool()).sum()),
-          "paper masked", int((~MB & mask.bool()).sum()))
+    print(
+        "m2po ok",
+        {k: round(v, 5) for k, v in st.items()},
+        "areal masked",
+        int((~mA & mask.bool()).sum()),
+        "paper masked",
+        int((~MB & mask.bool()).sum()),
+    )

@@ -29,9 +29,19 @@ import torch
 # ------------------------------------------------------------------------------------------------
 # slime (per-sequence 1-D tensors, as slime passes them)
 # ------------------------------------------------------------------------------------------------
-SLIME_MIS_YAML = dict(use_tis=True, use_rs=True, tis_level="token", rs_level="token", tis_mode="truncate",
-                      tis_lower_bound=0.5, tis_upper_bound=2.0, rs_lower_bound=None, rs_upper_bound=None,
-                      rs_veto_threshold=1e-4, tis_batch_normalize=True)
+SLIME_MIS_YAML = dict(
+    use_tis=True,
+    use_rs=True,
+    tis_level="token",
+    rs_level="token",
+    tis_mode="truncate",
+    tis_lower_bound=0.5,
+    tis_upper_bound=2.0,
+    rs_lower_bound=None,
+    rs_upper_bound=None,
+    rs_veto_threshold=1e-4,
+    tis_batch_normalize=True,
+)
 
 
 def slime_compute_mis_weights(train_log_probs, rollout_log_probs, loss_masks, **args):
@@ -86,7 +96,9 @@ def slime_compute_mis_weights(train_log_probs, rollout_log_probs, loss_masks, **
         ms.append(new_m.detach())
     if a["tis_batch_normalize"]:
         if a["tis_level"] == "token":
-            mean = sum((w * m).sum() for w, m in zip(ws, loss_masks)) / torch.clamp_min(sum(m.sum() for m in loss_masks), 1)
+            mean = sum((w * m).sum() for w, m in zip(ws, loss_masks)) / torch.clamp_min(
+                sum(m.sum() for m in loss_masks), 1
+            )
         elif a["tis_level"] == "sequence":
             mean = sum((w * m).sum() / torch.clamp_min(m.sum(), 1) for w, m in zip(ws, loss_masks)) / len(ws)
         else:
@@ -115,18 +127,19 @@ def openrlhf_is_weight(old_log_probs, rollout_log_probs, action_mask, kind="tis"
     rho = torch.exp(lr).detach()
     if kind == "icepop":
         return rho * ((rho >= lo) & (rho <= hi))
-    if kind == "seq-mask-tis":          # geometric-mean filter, RAW (untruncated) token weights
+    if kind == "seq-mask-tis":  # geometric-mean filter, RAW (untruncated) token weights
         am = action_mask.to(lr.dtype)
-        geo = torch.exp((lr * am).sum(-1) / am.sum(-1))      # openrlhf masked_mean (no clamp)
+        geo = torch.exp((lr * am).sum(-1) / am.sum(-1))  # openrlhf masked_mean (no clamp)
         return ((geo >= lo) & (geo <= hi)).unsqueeze(-1) * rho
-    return torch.exp(lr).clamp(min=lo, max=hi).detach()      # "tis": two-sided clamp
+    return torch.exp(lr).clamp(min=lo, max=hi).detach()  # "tis": two-sided clamp
 
 
 # ------------------------------------------------------------------------------------------------
 # NeMo-RL (ClippedPGLossFn; weights multiply the clipped loss; masks unchanged)
 # ------------------------------------------------------------------------------------------------
-def nemo_rl_is_weight(prev_logprobs, generation_logprobs, mask, kind=None, ratio_max=None, ratio_min=None,
-                      sequence_level=False):
+def nemo_rl_is_weight(
+    prev_logprobs, generation_logprobs, mask, kind=None, ratio_max=None, ratio_min=None, sequence_level=False
+):
     """mask = token_mask * sample_mask (NeMo takes the seq-mask-tis geometric mean over token_mask
     alone; equal here when sample_mask is all ones).  kind None | 'tis' | 'icepop' | 'seq-mask-tis'.
     tis: clamp(w, ratio_min or 0, ratio_max); icepop: w if ratio_min <= w <= ratio_max else 0;
@@ -144,15 +157,21 @@ def nemo_rl_is_weight(prev_logprobs, generation_logprobs, mask, kind=None, ratio
     if kind == "icepop":
         return torch.where((w >= ratio_min) & (w <= ratio_max), w, torch.zeros_like(w))
     lr = torch.nan_to_num(prev_logprobs - generation_logprobs, nan=0.0, posinf=0.0, neginf=0.0)
-    geo = torch.exp((lr * mask).sum(-1) / (mask.sum(-1) + 1e-8)).detach()   # nemo masked_mean: /(n + 1e-8)
+    geo = torch.exp((lr * mask).sum(-1) / (mask.sum(-1) + 1e-8)).detach()  # nemo masked_mean: /(n + 1e-8)
     return w * ((geo >= ratio_min) & (geo <= ratio_max)).float().unsqueeze(-1)
 
 
 # ------------------------------------------------------------------------------------------------
 # open-instruct (compute_rho_correction); weights multiply the per-token loss, denominator unchanged
 # ------------------------------------------------------------------------------------------------
-OI_DEFAULTS = dict(use_rho_correction=True, rho_clamp_lower_bound=0.0, rho_clamp_upper_bound=2.0,
-                   rho_mask_lower_bound=0.0, rho_mask_upper_bound=0.0, rho_mask_sequence_level=False)
+OI_DEFAULTS = dict(
+    use_rho_correction=True,
+    rho_clamp_lower_bound=0.0,
+    rho_clamp_upper_bound=2.0,
+    rho_mask_lower_bound=0.0,
+    rho_mask_upper_bound=0.0,
+    rho_mask_sequence_level=False,
+)
 
 
 def open_instruct_rho_weights(old_logprob, vllm_logprobs, response_mask, **cfg):
@@ -186,8 +205,17 @@ def open_instruct_rho_weights(old_logprob, vllm_logprobs, response_mask, **cfg):
 # ------------------------------------------------------------------------------------------------
 # AReaL rejection sampling (2-D padded path); decoupled PPO: rho = pi_prox / pi_behave
 # ------------------------------------------------------------------------------------------------
-def areal_rejection_sampling(proximal_logprobs, old_logprobs, loss_mask, level="token", action="mask",
-                             metric="ratio", agg="mean", upper=5.0, lower=None):
+def areal_rejection_sampling(
+    proximal_logprobs,
+    old_logprobs,
+    loss_mask,
+    level="token",
+    action="mask",
+    metric="ratio",
+    agg="mean",
+    upper=5.0,
+    lower=None,
+):
     """Returns (new_loss_mask bool, behave_imp_weight, filtered_fraction).  Defaults = RejectionSamplingConfig.
     lr = prox - behave (fp32, non-finite -> 0).  metric: ratio = exp(lr); kl_k1 = lr; kl_k2 = lr^2/2;
     kl_k3 = exp(-lr) - 1 + lr  (note: the OPPOSITE direction from verl's k3 = exp(lr) - 1 - lr).
@@ -206,7 +234,7 @@ def areal_rejection_sampling(proximal_logprobs, old_logprobs, loss_mask, level="
     elif metric == "kl_k1":
         met = lr
     elif metric == "kl_k2":
-        met = lr ** 2 / 2.0
+        met = lr**2 / 2.0
     else:
         met = torch.exp(-lr) - 1 - (-lr)
     w = torch.exp(lr)
@@ -256,7 +284,7 @@ if __name__ == "__main__":
     B, T = 3, 5
     old = -torch.rand(B, T, generator=g) * 2
     ro = old + torch.randn(B, T, generator=g) * 0.4
-    ro[1, 0] = old[1, 0] + 10.0                         # catastrophic token -> slime veto of row 1
+    ro[1, 0] = old[1, 0] + 10.0  # catastrophic token -> slime veto of row 1
     mask = torch.ones(B, T)
     mask[2, 4] = 0
     ws, ms = slime_compute_mis_weights(list(old), list(ro), list(mask))

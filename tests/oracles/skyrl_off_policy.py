@@ -22,16 +22,18 @@ from __future__ import annotations
 import torch
 
 DEFAULTS = dict(
-    tis_ratio_type=None,                 # None | "token" | "sequence"
+    tis_ratio_type=None,  # None | "token" | "sequence"
     token_tis_ratio_clip_high=2.0,
     sequence_tis_ratio_clip_high=5.0,
-    sequence_mask_metric=None,           # None | "geometric" | "product"
-    geo_mask_high=1.01, geo_mask_low=0.99,
-    product_mask_high=2.0, product_mask_low=0.5,
-    outlier_token_is_threshold_low=None,     # doc suggests 1e-4
-    outlier_token_is_threshold_high=None,    # doc suggests 100
-    token_mask_is_threshold_low=None,        # doc suggests 0.5 (both must be set)
-    token_mask_is_threshold_high=None,       # doc suggests 2.0
+    sequence_mask_metric=None,  # None | "geometric" | "product"
+    geo_mask_high=1.01,
+    geo_mask_low=0.99,
+    product_mask_high=2.0,
+    product_mask_low=0.5,
+    outlier_token_is_threshold_low=None,  # doc suggests 1e-4
+    outlier_token_is_threshold_high=None,  # doc suggests 100
+    token_mask_is_threshold_low=None,  # doc suggests 0.5 (both must be set)
+    token_mask_is_threshold_high=None,  # doc suggests 2.0
 )
 
 
@@ -40,7 +42,11 @@ def safe_exp_delta(delta, clip=20.0, out_dtype=None):
 
 
 def _masked_mean(x, m, dim=None):
-    return (x * m).sum(dim=dim) / m.sum(dim=dim).clamp(min=1.0) if dim is not None else (x * m).sum() / m.sum().clamp(min=1.0)
+    return (
+        (x * m).sum(dim=dim) / m.sum(dim=dim).clamp(min=1.0)
+        if dim is not None
+        else (x * m).sum() / m.sum().clamp(min=1.0)
+    )
 
 
 def skyrl_off_policy_correction(old_log_probs, rollout_logprobs, loss_mask, **cfg):
@@ -68,10 +74,12 @@ def skyrl_off_policy_correction(old_log_probs, rollout_logprobs, loss_mask, **cf
     dt = old_log_probs.dtype
     lr = old_log_probs - rollout_logprobs
     rho = safe_exp_delta(lr, 20.0, dt)
-    m = {"is_ratio_mean": _masked_mean(rho, loss_mask).mean().item(),
-         "is_ratio_std": (rho * loss_mask).std().item(),        # over ALL B*T entries (zeros at padding)
-         "is_ratio_max": (rho * loss_mask).max().item(),
-         "is_ratio_min": (rho * loss_mask).min().item()}        # 0 whenever any padding exists
+    m = {
+        "is_ratio_mean": _masked_mean(rho, loss_mask).mean().item(),
+        "is_ratio_std": (rho * loss_mask).std().item(),  # over ALL B*T entries (zeros at padding)
+        "is_ratio_max": (rho * loss_mask).max().item(),
+        "is_ratio_min": (rho * loss_mask).min().item(),
+    }  # 0 whenever any padding exists
     if apply_outlier:
         lo, hi = c["outlier_token_is_threshold_low"], c["outlier_token_is_threshold_high"]
         over = (rho > hi) & (loss_mask > 0) if hi is not None else torch.zeros_like(loss_mask, dtype=torch.bool)
@@ -92,8 +100,9 @@ def skyrl_off_policy_correction(old_log_probs, rollout_logprobs, loss_mask, **cf
     if apply_tis:
         if c["tis_ratio_type"] == "token":
             cap = c["token_tis_ratio_clip_high"]
-            m["tis_token_clip_high_ratio"] = (((rho > cap) & (loss_mask > 0)).sum()
-                                              / (loss_mask > 0).sum().clamp(min=1)).item()
+            m["tis_token_clip_high_ratio"] = (
+                ((rho > cap) & (loss_mask > 0)).sum() / (loss_mask > 0).sum().clamp(min=1)
+            ).item()
             tis = torch.clamp(rho, max=cap).detach()
         else:
             s = safe_exp_delta((lr * loss_mask).sum(dim=-1, keepdim=True), 20.0, dt)
@@ -119,8 +128,17 @@ def skyrl_off_policy_correction(old_log_probs, rollout_logprobs, loss_mask, **cf
     return tis, m, loss_mask
 
 
-def skyrl_ppo_loss(log_probs, old_log_probs, advantages, loss_mask, rollout_logprobs=None, eps_clip_low=0.2,
-                   eps_clip_high=0.2, clip_ratio_c=None, **opc):
+def skyrl_ppo_loss(
+    log_probs,
+    old_log_probs,
+    advantages,
+    loss_mask,
+    rollout_logprobs=None,
+    eps_clip_low=0.2,
+    eps_clip_high=0.2,
+    clip_ratio_c=None,
+    **opc,
+):
     """ppo_policy_loss ('regular', or 'dual_clip' when clip_ratio_c is given) + off-policy correction
     + reduce_loss = sum(loss * loss_mask).  `advantages` must already be pre-scaled."""
     ratio = safe_exp_delta(log_probs - old_log_probs, 20.0, log_probs.dtype)
@@ -141,18 +159,32 @@ if __name__ == "__main__":
     B, T = 5, 6
     old = -torch.rand(B, T, generator=g) * 2
     roll = old + torch.randn(B, T, generator=g) * 0.05
-    roll[0, 1] = old[0, 1] + 12.0                    # outlier token: rho ~ 6e-6 < 1e-4 -> veto row 0
+    roll[0, 1] = old[0, 1] + 12.0  # outlier token: rho ~ 6e-6 < 1e-4 -> veto row 0
     mask = torch.ones(B, T)
     mask[4, 3:] = 0
-    tis, m, nm = skyrl_off_policy_correction(old, roll, mask, sequence_mask_metric="geometric",
-                                             outlier_token_is_threshold_low=1e-4, outlier_token_is_threshold_high=100.0)
+    tis, m, nm = skyrl_off_policy_correction(
+        old,
+        roll,
+        mask,
+        sequence_mask_metric="geometric",
+        outlier_token_is_threshold_low=1e-4,
+        outlier_token_is_threshold_high=100.0,
+    )
     assert tis is None and nm[0].sum() == 0
     geo = torch.exp(((old - roll) * mask).sum(-1) / mask.sum(-1))
     for b in range(1, B):
         assert bool(nm[b].sum() > 0) == bool((geo[b] >= 0.99) & (geo[b] <= 1.01))
     lp = old.clone().requires_grad_(True)
-    A = torch.randn(B, 1, generator=g) / mask.sum()            # token_mean pre-scaling
-    loss, _ = skyrl_ppo_loss(lp, old, A, mask, roll, tis_ratio_type="token", token_mask_is_threshold_low=0.5,
-                             token_mask_is_threshold_high=2.0)
+    A = torch.randn(B, 1, generator=g) / mask.sum()  # token_mean pre-scaling
+    loss, _ = skyrl_ppo_loss(
+        lp,
+        old,
+        A,
+        mask,
+        roll,
+        tis_ratio_type="token",
+        token_mask_is_threshold_low=0.5,
+        token_mask_is_threshold_high=2.0,
+    )
     loss.backward()
     print("skyrl_off_policy ok", {k: round(v, 4) for k, v in m.items()})

@@ -23,8 +23,9 @@ from __future__ import annotations
 import torch
 
 
-def skyrl_scale_advantages(advantages, loss_mask, loss_reduction="token_mean", micro_batch_size=None,
-                           max_seq_len=None, prompt_boundaries=None):
+def skyrl_scale_advantages(
+    advantages, loss_mask, loss_reduction="token_mean", micro_batch_size=None, max_seq_len=None, prompt_boundaries=None
+):
     """Return advantages scaled so that sum(per_token_loss(scaled) * loss_mask) is the reduced loss.
 
     token_mean:              A / max(sum(loss_mask), 1)                      (whole mini-batch)
@@ -66,8 +67,9 @@ def skyrl_reduce_loss(per_token_loss, loss_mask):
 
 def prompt_mean_direct(per_token_loss, loss_mask, prompt_boundaries):
     """The same quantity written directly: mean over prompts of the prompt's pooled token mean."""
-    vals = [(per_token_loss[s:e] * loss_mask[s:e]).sum() / loss_mask[s:e].sum().clamp(min=1)
-            for s, e in prompt_boundaries]
+    vals = [
+        (per_token_loss[s:e] * loss_mask[s:e]).sum() / loss_mask[s:e].sum().clamp(min=1) for s, e in prompt_boundaries
+    ]
     return torch.stack(vals).mean()
 
 
@@ -76,7 +78,7 @@ if __name__ == "__main__":
     lm = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 1.0]])
     pb = [(0, 2), (2, 4)]
     scaled = skyrl_scale_advantages(adv, lm, "prompt_mean", prompt_boundaries=pb)
-    assert torch.allclose(skyrl_reduce_loss(scaled, lm), torch.tensor(4.25))   # SkyRL's own test value
+    assert torch.allclose(skyrl_reduce_loss(scaled, lm), torch.tensor(4.25))  # SkyRL's own test value
     assert torch.allclose(prompt_mean_direct(adv, lm, pb), torch.tensor(4.25))
     # gradient equivalence for a PPO-clip loss: scaled advantages == direct prompt mean
     g = torch.Generator().manual_seed(3)

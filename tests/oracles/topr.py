@@ -38,8 +38,14 @@ def roll_topr_token_loss(log_probs, old_log_probs, advantages, scores, positive_
     return positive_weight * pos_loss + negative_weight * neg_loss
 
 
-def roll_agg_loss(loss_mat, loss_mask, loss_agg_mode="seq-mean-token-mean", batch_num_tokens=None,
-                  global_valid_samples=None, weights=None):
+def roll_agg_loss(
+    loss_mat,
+    loss_mask,
+    loss_agg_mode="seq-mean-token-mean",
+    batch_num_tokens=None,
+    global_valid_samples=None,
+    weights=None,
+):
     """ROLL agg_loss.  token-mean: sum(loss_mat * w_seq) / batch_num_tokens  -- NOTE: loss_mask is not
     applied in the numerator (ROLL relies on loss_mat being 0 off-mask); seq-mean-token-mean:
     sum_seq(masked token mean * w_seq * [seq non-empty]) / (global_valid_samples + 1e-8), token mean
@@ -73,8 +79,9 @@ def paper_topr_seq_loss(log_probs, old_log_probs, rewards, response_mask):
     Returned per sequence (B,); the paper averages over the dataset/batch."""
     m = response_mask.to(log_probs.dtype)
     seq_lp = (log_probs * m).sum(-1)
-    w = torch.where(rewards < 0, torch.exp(((log_probs - old_log_probs) * m).sum(-1)).clamp(0, 1),
-                    torch.ones_like(rewards)).detach()
+    w = torch.where(
+        rewards < 0, torch.exp(((log_probs - old_log_probs) * m).sum(-1)).clamp(0, 1), torch.ones_like(rewards)
+    ).detach()
     return -w * rewards * seq_lp
 
 
@@ -86,7 +93,7 @@ if __name__ == "__main__":
     mask[1, 3:] = 0
     lp = ((old + torch.randn(B, T, generator=g) * 0.3) * mask).requires_grad_(True)
     scores = torch.tensor([1.0, 0.0, 1.0, -1.0])
-    A = (torch.tensor([0.8, -0.4, 0.3, -0.7])[:, None] * mask)
+    A = torch.tensor([0.8, -0.4, 0.3, -0.7])[:, None] * mask
     l = roll_agg_loss(roll_topr_token_loss(lp, old * mask, A, scores), mask)
     (gr,) = torch.autograd.grad(l, lp)
     r = torch.exp(lp.detach() - old * mask)

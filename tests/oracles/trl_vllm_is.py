@@ -25,8 +25,16 @@ import torch
 MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
-def trl_vllm_is_ratio(old_per_token_logps, sampling_per_token_logps, completion_mask, mode="sequence_mask",
-                      clip_min=None, clip_max=3.0, tool_mask=None, with_raw_metrics=False):
+def trl_vllm_is_ratio(
+    old_per_token_logps,
+    sampling_per_token_logps,
+    completion_mask,
+    mode="sequence_mask",
+    clip_min=None,
+    clip_max=3.0,
+    tool_mask=None,
+    with_raw_metrics=False,
+):
     """Returns (ratio, metrics).  ratio is (B, T) for token_* modes, (B, 1) for sequence_* modes.
 
     d_t = (old - sampling) * mask            (padding contributes 0, so token ratio is 1 there)
@@ -68,7 +76,7 @@ def trl_vllm_is_ratio(old_per_token_logps, sampling_per_token_logps, completion_
             "sampling/importance_sampling_ratio/mean": (flat.mean() if flat.numel() else z).item(),
             "sampling/importance_sampling_ratio/max": (flat.max() if flat.numel() else z).item(),
         }
-        if with_raw_metrics:   # proposal of trl#5231 / PR #5243, not in TRL main
+        if with_raw_metrics:  # proposal of trl#5231 / PR #5243, not in TRL main
             rflat = raw.flatten() if seq else raw[mb]
             metrics["sampling/raw_importance_sampling_ratio/min"] = rflat.min().item()
             metrics["sampling/raw_importance_sampling_ratio/mean"] = rflat.mean().item()
@@ -77,8 +85,17 @@ def trl_vllm_is_ratio(old_per_token_logps, sampling_per_token_logps, completion_
     return ratio, metrics
 
 
-def trl_dapo_loss(per_token_logps, old_per_token_logps, advantages, completion_mask, is_ratio,
-                  num_items_in_batch, eps_low=0.2, eps_high=0.28, num_processes=1):
+def trl_dapo_loss(
+    per_token_logps,
+    old_per_token_logps,
+    advantages,
+    completion_mask,
+    is_ratio,
+    num_items_in_batch,
+    eps_low=0.2,
+    eps_high=0.28,
+    num_processes=1,
+):
     """TRL loss_type='dapo' with the vLLM IS ratio applied: sum(l * r * mask) / (num_items_in_batch / nproc).
     num_items_in_batch = the global count of completion-mask tokens of the whole generation batch
     (unchanged by *_mask modes).  advantages: (B, 1)."""

@@ -25,8 +25,9 @@ def _msum(x, m, axis=None):
     return v.sum() if axis is None else v.sum(dim=axis)
 
 
-def verl_agg_loss(loss_mat, loss_mask, loss_agg_mode, dp_size=1, batch_num_tokens=None, global_batch_size=None,
-                  loss_scale_factor=None):
+def verl_agg_loss(
+    loss_mat, loss_mask, loss_agg_mode, dp_size=1, batch_num_tokens=None, global_batch_size=None, loss_scale_factor=None
+):
     """token-mean:  sum_valid / batch_num_tokens * dp_size     (own count if None and dp_size == 1)
     token-sum:   sum_valid * dp_size                          (NO normaliser at all; micro-batches and
                                                               ranks add up to the mini-batch's token sum)
@@ -66,13 +67,13 @@ def verl_agg_loss(loss_mat, loss_mask, loss_agg_mode, dp_size=1, batch_num_token
 if __name__ == "__main__":
     lm = torch.tensor([[1.0, 2.0, 30.0], [4.0, 50.0, 6.0]])
     mk = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 1.0]])
-    assert verl_agg_loss(lm, mk, "token-sum", dp_size=4).item() == (1 + 2 + 4 + 6) * 4   # verl's own test
+    assert verl_agg_loss(lm, mk, "token-sum", dp_size=4).item() == (1 + 2 + 4 + 6) * 4  # verl's own test
     L = torch.arange(1, 25, dtype=torch.float32).reshape(8, 3)
     M = torch.tensor([[1.0, 1.0, 0.0]] * 8)
     whole = verl_agg_loss(L, M, "token-sum")
-    parts = sum(verl_agg_loss(L[i:i + 2], M[i:i + 2], "token-sum") for i in range(0, 8, 2))
-    ranks = torch.stack([verl_agg_loss(L[i:i + 4], M[i:i + 4], "token-sum", dp_size=2) for i in (0, 4)]).mean()
+    parts = sum(verl_agg_loss(L[i : i + 2], M[i : i + 2], "token-sum") for i in range(0, 8, 2))
+    ranks = torch.stack([verl_agg_loss(L[i : i + 4], M[i : i + 4], "token-sum", dp_size=2) for i in (0, 4)]).mean()
     assert torch.allclose(whole, parts) and torch.allclose(whole, ranks)
-    tm = sum(verl_agg_loss(L[i:i + 2], M[i:i + 2], "token-mean", batch_num_tokens=M.sum()) for i in range(0, 8, 2))
+    tm = sum(verl_agg_loss(L[i : i + 2], M[i : i + 2], "token-mean", batch_num_tokens=M.sum()) for i in range(0, 8, 2))
     assert torch.allclose(tm, verl_agg_loss(L, M, "token-mean"))
     print("verl_agg ok", whole.item())

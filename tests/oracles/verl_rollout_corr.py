@@ -23,14 +23,28 @@ import math
 import torch
 
 SAFETY_BOUND = 20.0
-RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
-              "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
+RS_OPTIONS = (
+    "token_k1",
+    "token_k2",
+    "token_k3",
+    "seq_sum_k1",
+    "seq_sum_k2",
+    "seq_sum_k3",
+    "seq_mean_k1",
+    "seq_mean_k2",
+    "seq_mean_k3",
+    "seq_max_k2",
+    "seq_max_k3",
+)
 
 
 def _msum(x, m, axis=None):
     # verl_F.masked_sum: where(mask, x, 0) * mask, summed
-    return (torch.where(m.bool(), x, torch.zeros_like(x)) * m).sum(dim=axis) if axis is not None else \
-        (torch.where(m.bool(), x, torch.zeros_like(x)) * m).sum()
+    return (
+        (torch.where(m.bool(), x, torch.zeros_like(x)) * m).sum(dim=axis)
+        if axis is not None
+        else (torch.where(m.bool(), x, torch.zeros_like(x)) * m).sum()
+    )
 
 
 def _mmean(x, m, axis=None):
@@ -54,8 +68,14 @@ def parse_is_threshold(spec) -> tuple[float, float | None]:
     return float(s), None
 
 
-def verl_rollout_is_weights(old_log_prob, rollout_log_prob, response_mask, rollout_is="token",
-                            rollout_is_threshold=2.0, rollout_is_batch_normalize=False):
+def verl_rollout_is_weights(
+    old_log_prob,
+    rollout_log_prob,
+    response_mask,
+    rollout_is="token",
+    rollout_is_threshold=2.0,
+    rollout_is_batch_normalize=False,
+):
     """Returns (weights (B, T) detached, metrics dict).
 
     token:    w_t = exp(clamp(lr_t, -20, 20)) * mask
@@ -74,7 +94,7 @@ def verl_rollout_is_weights(old_log_prob, rollout_log_prob, response_mask, rollo
         lr_metrics = lr
         raw = torch.exp(torch.clamp(lr, -SAFETY_BOUND, SAFETY_BOUND))
     else:
-        lr_metrics = _msum(lr, mask, axis=-1).unsqueeze(-1)                   # (B, 1)
+        lr_metrics = _msum(lr, mask, axis=-1).unsqueeze(-1)  # (B, 1)
         raw = torch.exp(torch.clamp(lr_metrics, -SAFETY_BOUND, SAFETY_BOUND)).expand_as(lr)
     raw = raw * mask
     if lower is None:
@@ -131,7 +151,7 @@ def _parse_rs_thresholds(options, spec):
                 lo, hi = (float(v) for v in s.split("_", 1))
             else:
                 hi = float(s)
-                lo = float(str(1.0 / hi))          # verl: str(1/upper) then float
+                lo = float(str(1.0 / hi))  # verl: str(1/upper) then float
             out[opt] = (lo, hi)
         else:
             assert "_" not in s
@@ -139,8 +159,9 @@ def _parse_rs_thresholds(options, spec):
     return out
 
 
-def verl_rollout_rejection_mask(old_log_prob, rollout_log_prob, response_mask, rollout_rs="seq_mean_k1",
-                                rollout_rs_threshold="0.999_1.001"):
+def verl_rollout_rejection_mask(
+    old_log_prob, rollout_log_prob, response_mask, rollout_rs="seq_mean_k1", rollout_rs_threshold="0.999_1.001"
+):
     """Returns (modified_response_mask, metrics).  All listed options must pass (logical AND).
 
     lr = clamp(old - rollout, -20, 20);  k1 = -lr;  k2 = lr^2 / 2;  k3 = exp(lr) - 1 - lr.
@@ -161,7 +182,7 @@ def verl_rollout_rejection_mask(old_log_prob, rollout_log_prob, response_mask, r
     mask = response_mask.to(old_log_prob.dtype)
     mb = mask.bool()
     lr = torch.clamp(old_log_prob - rollout_log_prob, -SAFETY_BOUND, SAFETY_BOUND)
-    stats = {"k1": -lr, "k2": 0.5 * lr ** 2, "k3": torch.exp(lr) - 1.0 - lr}
+    stats = {"k1": -lr, "k2": 0.5 * lr**2, "k3": torch.exp(lr) - 1.0 - lr}
     combined = torch.ones_like(mask)
     metrics = {}
     for o in opts:
@@ -197,8 +218,16 @@ def verl_agg_token_mean(loss_mat, loss_mask, batch_num_tokens=None, dp_size=1):
     return _msum(loss_mat, loss_mask.to(loss_mat.dtype)) / batch_num_tokens * dp_size
 
 
-def verl_vanilla_corrected(log_prob, old_log_prob, advantages, response_mask, rollout_is_weights=None,
-                           clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0):
+def verl_vanilla_corrected(
+    log_prob,
+    old_log_prob,
+    advantages,
+    response_mask,
+    rollout_is_weights=None,
+    clip_low=0.2,
+    clip_high=0.2,
+    clip_ratio_c=3.0,
+):
     """compute_policy_loss_vanilla with the IS weight multiplied onto the clipped per-token loss,
     aggregated with token-mean over the (possibly RS-modified) response_mask."""
     lr = torch.clamp(log_prob - old_log_prob, -20.0, 20.0)
@@ -231,7 +260,7 @@ if __name__ == "__main__":
     s = ((old - roll) * mask).sum(-1, keepdim=True)
     assert torch.allclose(ws, torch.exp(s).clamp(max=2.0) * mask)
     mm, m = verl_rollout_rejection_mask(old, roll, mask, "seq_mean_k1", "0.9_1.1")
-    geo_inv = torch.exp(-((old - roll) * mask).sum(-1) / mask.sum(-1))       # pi_rollout/pi_old geo mean
+    geo_inv = torch.exp(-((old - roll) * mask).sum(-1) / mask.sum(-1))  # pi_rollout/pi_old geo mean
     want = ((geo_inv >= 0.9) & (geo_inv <= 1.1)).float()[:, None] * mask
     assert torch.allclose(mm, want, atol=0)
     mm2, _ = verl_rollout_rejection_mask(old, roll, mask, "token_k3,seq_max_k2", "0.05,0.02")

@@ -24,12 +24,32 @@ from dataclasses import dataclass
 import torch
 
 from clipbench.objectives.corrections import builtin as _builtin  # noqa: F401  (registers the built-ins)
-from clipbench.objectives.corrections.apply import (Corrected, apply_correction, correction_stats, is_batch_metric,
-                                                    mismatch_sums)
-from clipbench.objectives.corrections.registry import (CORRECTION_INPUTS, CORRECTIONS, KEPT, MASKED, NONE,
-                                                       REJECTED, STATUS, TRUNCATED, Applied, CorrectionSpec, applied,
-                                                       correction, correction_names, correction_params, describe,
-                                                       get_correction, validate_correction)
+from clipbench.objectives.corrections.apply import (
+    Corrected,
+    apply_correction,
+    correction_stats,
+    is_batch_metric,
+    mismatch_sums,
+)
+from clipbench.objectives.corrections.registry import (
+    CORRECTION_INPUTS,
+    CORRECTIONS,
+    KEPT,
+    MASKED,
+    NONE,
+    REJECTED,
+    STATUS,
+    TRUNCATED,
+    Applied,
+    CorrectionSpec,
+    applied,
+    correction,
+    correction_names,
+    correction_params,
+    describe,
+    get_correction,
+    validate_correction,
+)
 
 MODES = ("none", "token", "sequence")  # the former sampler.mismatch_is values (truncated IS)
 
@@ -47,8 +67,9 @@ class Mismatch:
     sums: dict[str, torch.Tensor]
 
 
-def sampler_mismatch(sampler_logp, trainer_logp, mask, *, mode: str = "none", cap: float = 2.0,
-                     counted: torch.Tensor | None = None) -> Mismatch:
+def sampler_mismatch(
+    sampler_logp, trainer_logp, mask, *, mode: str = "none", cap: float = 2.0, counted: torch.Tensor | None = None
+) -> Mismatch:
     """Truncated IS by its former name (mode none | token | sequence, cap C): `apply_correction` of
     `legacy_setting(mode, cap)`."""
     out = apply_correction(legacy_setting(mode, cap), sampler_logp, trainer_logp, mask, counted=counted)
@@ -57,7 +78,32 @@ def sampler_mismatch(sampler_logp, trainer_logp, mask, *, mode: str = "none", ca
 
 mismatch_stats = correction_stats
 
-__all__ = ["Applied", "CORRECTIONS", "CORRECTION_INPUTS", "Corrected", "CorrectionSpec", "KEPT", "MASKED", "MODES",
-           "Mismatch", "NONE", "REJECTED", "STATUS", "TRUNCATED", "applied", "apply_correction", "correction",
-           "correction_names", "correction_params", "correction_stats", "describe", "get_correction", "is_batch_metric",
-           "legacy_setting", "mismatch_stats", "mismatch_sums", "sampler_mismatch", "validate_correction"]
+__all__ = [
+    "Applied",
+    "CORRECTIONS",
+    "CORRECTION_INPUTS",
+    "Corrected",
+    "CorrectionSpec",
+    "KEPT",
+    "MASKED",
+    "MODES",
+    "Mismatch",
+    "NONE",
+    "REJECTED",
+    "STATUS",
+    "TRUNCATED",
+    "applied",
+    "apply_correction",
+    "correction",
+    "correction_names",
+    "correction_params",
+    "correction_stats",
+    "describe",
+    "get_correction",
+    "is_batch_metric",
+    "legacy_setting",
+    "mismatch_stats",
+    "mismatch_sums",
+    "sampler_mismatch",
+    "validate_correction",
+]

@@ -14,15 +14,23 @@ the denominators), the sequences it touched, and the raw per-unit statistic it t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
 from clipbench.objectives.corrections.builtin import SAFETY
+from clipbench.objectives.corrections.registry import (
+    MASKED,
+    NONE,
+    REJECTED,
+    TRUNCATED,
+    correction_params,
+    get_correction,
+    validate_correction,
+)
 from clipbench.objectives.primitives import masked_extreme
-from clipbench.objectives.corrections.registry import (MASKED, NONE, REJECTED, TRUNCATED, correction_params,
-                                                       get_correction, validate_correction)
 
 
 @dataclass
@@ -35,11 +43,14 @@ class Corrected:
 def mismatch_sums(d: torch.Tensor, count: torch.Tensor) -> dict[str, torch.Tensor]:
     """|d| and the raw token ratio rho = exp(d) (d clamped to +-20) over the counted valid tokens."""
     a, rho = d.abs().to(torch.float64), torch.exp(d.clamp(-SAFETY, SAFETY)).to(torch.float64)
-    return {"mismatch/abs_sum": torch.where(count, a, 0.0).sum(), "mismatch/tokens": count.sum().to(torch.float64),
-            "mismatch/abs/max": torch.where(count, a, 0.0).amax() if a.numel() else a.new_zeros(()),
-            "mismatch/rho_sum": torch.where(count, rho, 0.0).sum(),
-            "mismatch/rho/max": masked_extreme(rho, count, "max"),
-            "mismatch/rho/min": masked_extreme(rho, count, "min")}
+    return {
+        "mismatch/abs_sum": torch.where(count, a, 0.0).sum(),
+        "mismatch/tokens": count.sum().to(torch.float64),
+        "mismatch/abs/max": torch.where(count, a, 0.0).amax() if a.numel() else a.new_zeros(()),
+        "mismatch/rho_sum": torch.where(count, rho, 0.0).sum(),
+        "mismatch/rho/max": masked_extreme(rho, count, "max"),
+        "mismatch/rho/min": masked_extreme(rho, count, "min"),
+    }
 
 
 def _correction_sums(w, status, raw, valid, count) -> dict[str, torch.Tensor]:
@@ -48,18 +59,29 @@ def _correction_sums(w, status, raw, valid, count) -> dict[str, torch.Tensor]:
     units = count if raw.shape == count.shape else rows  # the raw statistic's unit: token or sequence
     touched = (status >= MASKED) & count
     raw_v = raw.to(f64).expand_as(units)
-    return {"mismatch/correction_tokens": count.sum().to(f64), "mismatch/weight_sum": torch.where(count, w, 0.0).to(f64).sum(),
-            "mismatch/truncated": ((status == TRUNCATED) & count).sum().to(f64),
-            "mismatch/masked": touched.sum().to(f64),
-            "mismatch/rejected": ((status == REJECTED) & count).sum().to(f64),
-            "mismatch/seqs": rows.sum().to(f64), "mismatch/seq_masked": (touched.any(-1) & rows[:, 0]).sum().to(f64),
-            "mismatch/units": units.sum().to(f64), "mismatch/raw_sum": torch.where(units, raw_v, 0.0).sum(),
-            "mismatch/raw/max": masked_extreme(raw_v, units, "max"),
-            "mismatch/raw/min": masked_extreme(raw_v, units, "min")}
+    return {
+        "mismatch/correction_tokens": count.sum().to(f64),
+        "mismatch/weight_sum": torch.where(count, w, 0.0).to(f64).sum(),
+        "mismatch/truncated": ((status == TRUNCATED) & count).sum().to(f64),
+        "mismatch/masked": touched.sum().to(f64),
+        "mismatch/rejected": ((status == REJECTED) & count).sum().to(f64),
+        "mismatch/seqs": rows.sum().to(f64),
+        "mismatch/seq_masked": (touched.any(-1) & rows[:, 0]).sum().to(f64),
+        "mismatch/units": units.sum().to(f64),
+        "mismatch/raw_sum": torch.where(units, raw_v, 0.0).sum(),
+        "mismatch/raw/max": masked_extreme(raw_v, units, "max"),
+        "mismatch/raw/min": masked_extreme(raw_v, units, "min"),
+    }
 
 
-def apply_correction(setting: Mapping[str, Any] | str | None, sampler_logp: torch.Tensor, trainer_logp: torch.Tensor,
-                     mask: torch.Tensor, *, counted: torch.Tensor | None = None) -> Corrected:
+def apply_correction(
+    setting: Mapping[str, Any] | str | None,
+    sampler_logp: torch.Tensor,
+    trainer_logp: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    counted: torch.Tensor | None = None,
+) -> Corrected:
     """The correction `setting` ({name, params...}, validated here) of one batch.
 
     sampler_logp, trainer_logp: (B, T) log-probs of the sampled tokens under the sampler and under
@@ -67,8 +89,10 @@ def apply_correction(setting: Mapping[str, Any] | str | None, sampler_logp: torc
     to (B, T): the tokens the sums count (default all: a rank counts its own rows, so that the sums of
     all ranks cover the batch once; the weights are every row's)."""
     if not sampler_logp.shape == trainer_logp.shape == mask.shape:
-        raise ValueError(f"sampler_logp {tuple(sampler_logp.shape)}, trainer_logp {tuple(trainer_logp.shape)} "
-                         f"and mask {tuple(mask.shape)} must have the same (B, T) shape")
+        raise ValueError(
+            f"sampler_logp {tuple(sampler_logp.shape)}, trainer_logp {tuple(trainer_logp.shape)} "
+            f"and mask {tuple(mask.shape)} must have the same (B, T) shape"
+        )
     name, params = correction_params(validate_correction(setting))
     valid = mask > 0
     count = valid if counted is None else valid & counted
@@ -90,20 +114,27 @@ def correction_stats(sums: Mapping[str, torch.Tensor | float]) -> dict[str, floa
     seq_masked_frac, raw_mean, raw_min, raw_max (an empty batch reads 1 for ratios, 0 for shares)."""
     f = {k: float(v) for k, v in sums.items()}
     n = f["mismatch/tokens"]
-    out = {"mismatch/abs_mean": f["mismatch/abs_sum"] / max(n, 1.0), "mismatch/abs_max": f["mismatch/abs/max"],
-           "mismatch/rho_mean": f["mismatch/rho_sum"] / n if n else 1.0,
-           "mismatch/rho_min": f["mismatch/rho/min"] if n else 1.0,
-           "mismatch/rho_max": f["mismatch/rho/max"] if n else 1.0}
+    out = {
+        "mismatch/abs_mean": f["mismatch/abs_sum"] / max(n, 1.0),
+        "mismatch/abs_max": f["mismatch/abs/max"],
+        "mismatch/rho_mean": f["mismatch/rho_sum"] / n if n else 1.0,
+        "mismatch/rho_min": f["mismatch/rho/min"] if n else 1.0,
+        "mismatch/rho_max": f["mismatch/rho/max"] if n else 1.0,
+    }
     if "mismatch/correction_tokens" in f:
         t, s, u = max(f["mismatch/correction_tokens"], 1.0), max(f["mismatch/seqs"], 1.0), f["mismatch/units"]
-        out.update({"correction/weight_mean": f["mismatch/weight_sum"] / t,
-                    "correction/truncated_frac": f["mismatch/truncated"] / t,
-                    "correction/masked_frac": f["mismatch/masked"] / t,
-                    "correction/rejected_frac": f["mismatch/rejected"] / t,
-                    "correction/seq_masked_frac": f["mismatch/seq_masked"] / s,
-                    "correction/raw_mean": f["mismatch/raw_sum"] / u if u else 1.0,
-                    "correction/raw_min": f["mismatch/raw/min"] if u else 1.0,
-                    "correction/raw_max": f["mismatch/raw/max"] if u else 1.0})
+        out.update(
+            {
+                "correction/weight_mean": f["mismatch/weight_sum"] / t,
+                "correction/truncated_frac": f["mismatch/truncated"] / t,
+                "correction/masked_frac": f["mismatch/masked"] / t,
+                "correction/rejected_frac": f["mismatch/rejected"] / t,
+                "correction/seq_masked_frac": f["mismatch/seq_masked"] / s,
+                "correction/raw_mean": f["mismatch/raw_sum"] / u if u else 1.0,
+                "correction/raw_min": f["mismatch/raw/min"] if u else 1.0,
+                "correction/raw_max": f["mismatch/raw/max"] if u else 1.0,
+            }
+        )
     return out
 
 

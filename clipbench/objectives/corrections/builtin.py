@@ -18,8 +18,10 @@ from clipbench.objectives.signature import nonneg, positive, unit_interval
 
 SAFETY = 20.0  # verl's SAFETY_BOUND, SkyRL's safe_exp_delta clip
 VERL = "verl-project/verl @ 1dda039 verl/trainer/ppo/rollout_corr_helper.py (the same in verl 0.9.1)"
-SKYRL = ("NovaSky-AI/SkyRL @ a956457 skyrl/backends/skyrl_train/utils/off_policy_correction_utils.py "
-         "(docs/content/docs/algorithms/off_policy_correction.mdx)")
+SKYRL = (
+    "NovaSky-AI/SkyRL @ a956457 skyrl/backends/skyrl_train/utils/off_policy_correction_utils.py "
+    "(docs/content/docs/algorithms/off_policy_correction.mdx)"
+)
 TRL = "huggingface/trl @ f2cd577 (TRL 1.16) grpo_trainer.py _generate_and_score_completions"
 
 
@@ -43,14 +45,18 @@ def _band(lo_name: str, hi_name: str, *, lo_max: float = 1.0):
         if not p[lo_name] <= lo_max <= p[hi_name]:
             return f"needs {lo_name} <= {lo_max:g} <= {hi_name} (a band around rho = 1), got {p[lo_name]:g}, {p[hi_name]:g}"
         return None
+
     return check
 
 
-@correction("tis", source=f"Yao et al. 2025 (truncated IS); {VERL} compute_rollout_correction_weights "
-            f"(rollout_is: token|sequence, rollout_is_threshold: 2.0); {TRL} token_truncate / sequence_truncate",
-            level=lambda p: p["level"], checks={"cap": lambda v: None if v >= 1 else "must be >= 1",
-                                                 "floor": unit_interval},
-            check=lambda p: None if p["floor"] < p["cap"] else "needs floor < cap")
+@correction(
+    "tis",
+    source=f"Yao et al. 2025 (truncated IS); {VERL} compute_rollout_correction_weights "
+    f"(rollout_is: token|sequence, rollout_is_threshold: 2.0); {TRL} token_truncate / sequence_truncate",
+    level=lambda p: p["level"],
+    checks={"cap": lambda v: None if v >= 1 else "must be >= 1", "floor": unit_interval},
+    check=lambda p: None if p["floor"] < p["cap"] else "needs floor < cap",
+)
 def tis(d, mask, *, level: Literal["token", "sequence"] = "token", cap: float = 2.0, floor: float = 0.0):
     """w = clamp(rho, floor, cap) per token, or of the sequence's product ratio exp(sum_t d) on all its tokens: truncated importance sampling
 
@@ -60,17 +66,27 @@ def tis(d, mask, *, level: Literal["token", "sequence"] = "token", cap: float = 
     """
     x = d if level == "token" else seq_sum(d, mask)  # (B, T) or (B, 1)
     w = torch.exp(x.clamp(max=math.log(cap))).clamp(min=floor)
-    return applied(w, torch.exp(x.clamp(-SAFETY, SAFETY)),
-                   truncated=(x > math.log(cap)) | (torch.exp(x) < floor))
+    return applied(w, torch.exp(x.clamp(-SAFETY, SAFETY)), truncated=(x > math.log(cap)) | (torch.exp(x) < floor))
 
 
-@correction("icepop", source=f"IcePop (Ring-1T, arXiv 2510.18855); {VERL} rollout_is with threshold 'lo_hi' "
-            f"(presets decoupled_token_icepop / bypass_pg_token_icepop: 0.5_5.0); {TRL} token_mask / "
-            "sequence_mask (clip_min, clip_max)", level=lambda p: p["level"],
-            checks={"low": nonneg, "high": lambda v: None if v <= 1e8 else "must be <= 1e8"},
-            check=_band("low", "high"))
-def icepop(d, mask, *, level: Literal["token", "sequence"] = "token", low: float = 0.5, high: float = 5.0,
-           weight: Literal["rho", "one"] = "rho"):
+@correction(
+    "icepop",
+    source=f"IcePop (Ring-1T, arXiv 2510.18855); {VERL} rollout_is with threshold 'lo_hi' "
+    f"(presets decoupled_token_icepop / bypass_pg_token_icepop: 0.5_5.0); {TRL} token_mask / "
+    "sequence_mask (clip_min, clip_max)",
+    level=lambda p: p["level"],
+    checks={"low": nonneg, "high": lambda v: None if v <= 1e8 else "must be <= 1e8"},
+    check=_band("low", "high"),
+)
+def icepop(
+    d,
+    mask,
+    *,
+    level: Literal["token", "sequence"] = "token",
+    low: float = 0.5,
+    high: float = 5.0,
+    weight: Literal["rho", "one"] = "rho",
+):
     """rho if low <= rho <= high else 0, per token or on the sequence's product ratio: IcePop / masked importance sampling (MIS)
 
     Masked tokens stay in every denominator (verl: weight 0 with the response mask untouched; TRL
@@ -82,9 +98,14 @@ def icepop(d, mask, *, level: Literal["token", "sequence"] = "token", low: float
     return applied(torch.where(keep, x if weight == "rho" else torch.ones_like(x), 0.0), x, masked=~keep)
 
 
-@correction("geo_mask", source=f"{SKYRL} compute_sequence_mask (sequence_mask_metric: geometric, geo_mask_low/high "
-            "0.99/1.01: SkyRL's recommended first correction); OpenRLHF / NeMo-RL seq-mask-tis (weight=rho)",
-            level="sequence", checks={"low": positive}, check=_band("low", "high"))
+@correction(
+    "geo_mask",
+    source=f"{SKYRL} compute_sequence_mask (sequence_mask_metric: geometric, geo_mask_low/high "
+    "0.99/1.01: SkyRL's recommended first correction); OpenRLHF / NeMo-RL seq-mask-tis (weight=rho)",
+    level="sequence",
+    checks={"low": positive},
+    check=_band("low", "high"),
+)
 def geo_mask(d, mask, *, low: float = 0.99, high: float = 1.01, weight: Literal["one", "rho"] = "one"):
     """g = exp(mean_t d) over the row's valid tokens; the whole row weighs 0 unless low <= g <= high: geometric-mean sequence mask
 
@@ -98,10 +119,15 @@ def geo_mask(d, mask, *, low: float = 0.99, high: float = 1.01, weight: Literal[
     return applied(torch.where(keep, kept, 0.0), g, masked=~keep)
 
 
-@correction("veto", source=f"{SKYRL} compute_outlier_token_mask (outlier_token_is_threshold_low/high, suggested "
-            "1e-4 / 100); THUDM/slime @ 624b824 examples/train_infer_mismatch_helper/mis.py calculate_veto_mask "
-            "(low side only, rs_veto_threshold 1e-4)", level="sequence", checks={"low": positive},
-            check=_band("low", "high"))
+@correction(
+    "veto",
+    source=f"{SKYRL} compute_outlier_token_mask (outlier_token_is_threshold_low/high, suggested "
+    "1e-4 / 100); THUDM/slime @ 624b824 examples/train_infer_mismatch_helper/mis.py calculate_veto_mask "
+    "(low side only, rs_veto_threshold 1e-4)",
+    level="sequence",
+    checks={"low": positive},
+    check=_band("low", "high"),
+)
 def veto(d, mask, *, low: float = 1e-4, high: float = 100.0, sides: Literal["both", "low"] = "both"):
     """the whole row weighs 0 if any valid token has rho < low (or, sides=both, rho > high), else 1: sequence outlier veto
 
@@ -111,8 +137,9 @@ def veto(d, mask, *, low: float = 1e-4, high: float = 100.0, sides: Literal["bot
     bad = mask & ((rho < low) | ((rho > high) if sides == "both" else torch.zeros_like(mask)))
     drop = bad.any(-1, keepdim=True)  # (B, 1)
     raw = torch.where(mask, rho, float("inf")).amin(-1, keepdim=True)  # the row's smallest rho
-    return applied(torch.where(drop, 0.0, torch.ones_like(d)), torch.where(mask.any(-1, keepdim=True), raw, 1.0),
-                   masked=drop)
+    return applied(
+        torch.where(drop, 0.0, torch.ones_like(d)), torch.where(mask.any(-1, keepdim=True), raw, 1.0), masked=drop
+    )
 
 
 def _kl_rs_check(p) -> str | None:
@@ -123,13 +150,25 @@ def _kl_rs_check(p) -> str | None:
     return None
 
 
-@correction("kl_rs", source=f"{VERL} compute_rollout_rejection_mask (rollout_rs: token_k1..seq_max_k3; presets: "
-            "seq_mean_k3 0.01 'K3-RS', seq_mean_k1 '0.999_1.001' 'Geo-RS', seq_sum_k1 '0.5_2.0')",
-            level=lambda p: "token" if p["level"] == "token" else "sequence", denominator="drop",
-            checks={"max_kl": positive}, check=_kl_rs_check)
-def kl_rs(d, mask, *, estimator: Literal["k1", "k2", "k3"] = "k3",
-          level: Literal["token", "seq_sum", "seq_mean", "seq_max"] = "seq_mean",
-          low: float = 0.999, high: float = 1.001, max_kl: float = 0.01):
+@correction(
+    "kl_rs",
+    source=f"{VERL} compute_rollout_rejection_mask (rollout_rs: token_k1..seq_max_k3; presets: "
+    "seq_mean_k3 0.01 'K3-RS', seq_mean_k1 '0.999_1.001' 'Geo-RS', seq_sum_k1 '0.5_2.0')",
+    level=lambda p: "token" if p["level"] == "token" else "sequence",
+    denominator="drop",
+    checks={"max_kl": positive},
+    check=_kl_rs_check,
+)
+def kl_rs(
+    d,
+    mask,
+    *,
+    estimator: Literal["k1", "k2", "k3"] = "k3",
+    level: Literal["token", "seq_sum", "seq_mean", "seq_max"] = "seq_mean",
+    low: float = 0.999,
+    high: float = 1.001,
+    max_kl: float = 0.01,
+):
     """1 if the KL estimate of pi_sampler vs pi_old is within its bound (k1 = -d in [log low, log high]; k2 = d^2/2 or k3 = rho - 1 - d at most max_kl), per token or its sequence sum / mean / max, else 0: verl's rejection sampling
 
     d is clamped to +-20. k1's bounds are on pi_sampler / pi_old (= 1/rho), as verl's. Rejected

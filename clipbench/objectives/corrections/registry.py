@@ -24,19 +24,27 @@ is recorded the same way (registry.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
 from clipbench.errors import RuleDefinitionError, unknown_choice
-from clipbench.objectives.registry import (REGISTRIES, PluginOrigin, Registered, _NAME, _origin_of, _where,
-                                          check_registration)
+from clipbench.objectives.registry import (
+    _NAME,
+    REGISTRIES,
+    PluginOrigin,
+    Registered,
+    _origin_of,
+    _where,
+    check_registration,
+)
 from clipbench.objectives.signature import Check, Param, formula_and_description, read_signature
 
 CORRECTION_INPUTS: dict[str, str] = {
     "d": "(B, T) log rho = log pi_old(y_t) - log pi_sampler(y_t) (the trainer's old log-prob minus the "
-         "sampler's), float32, not clamped; 0 at padding",
+    "sampler's), float32, not clamped; 0 at padding",
     "mask": "(B, T) bool, True on real completion tokens",
 }
 
@@ -54,8 +62,14 @@ class Applied(NamedTuple):
     raw: torch.Tensor
 
 
-def applied(weights: torch.Tensor, raw: torch.Tensor, *, truncated: torch.Tensor | None = None,
-            masked: torch.Tensor | None = None, rejected: torch.Tensor | None = None) -> Applied:
+def applied(
+    weights: torch.Tensor,
+    raw: torch.Tensor,
+    *,
+    truncated: torch.Tensor | None = None,
+    masked: torch.Tensor | None = None,
+    rejected: torch.Tensor | None = None,
+) -> Applied:
     """An :class:`Applied` from boolean flags (broadcastable to the weights' (B, T)); later flags win."""
     status = torch.zeros(torch.broadcast_shapes(weights.shape, raw.shape), dtype=torch.int8, device=weights.device)
     for code, flag in ((TRUNCATED, truncated), (MASKED, masked), (REJECTED, rejected)):
@@ -77,7 +91,7 @@ class CorrectionSpec(Registered):
     source: str
     level: str | Callable[[Mapping[str, Any]], str]  # "token" | "sequence" (or of the params): its unit
     denominator: str  # "keep": masked tokens stay in every count; "drop": rejected tokens leave them
-    check: Callable[[Mapping[str, Any]], "str | None"] | None = None
+    check: Callable[[Mapping[str, Any]], str | None] | None = None
     origin: PluginOrigin | None = None
 
     def unit(self, params: Mapping[str, Any]) -> str:
@@ -90,10 +104,16 @@ REGISTRIES.append(CORRECTIONS)
 NONE = "none"  # no correction: the mismatch is measured, nothing is re-weighted
 
 
-def correction(name: str, *, source: str, level: str | Callable[[Mapping[str, Any]], str] = "token",
-               denominator: str = "keep",
-               checks: Mapping[str, Check] | None = None,
-               check: Callable[[Mapping[str, Any]], "str | None"] | None = None, description: str | None = None):
+def correction(
+    name: str,
+    *,
+    source: str,
+    level: str | Callable[[Mapping[str, Any]], str] = "token",
+    denominator: str = "keep",
+    checks: Mapping[str, Check] | None = None,
+    check: Callable[[Mapping[str, Any]], str | None] | None = None,
+    description: str | None = None,
+):
     """Register a sampler correction under ``name`` (see the module docstring).
 
     source:      the implementation it follows (repository file and commit); required.
@@ -110,17 +130,28 @@ def correction(name: str, *, source: str, level: str | Callable[[Mapping[str, An
     def deco(fn):
         where = _where(fn)
         if not isinstance(name, str) or not _NAME.fullmatch(name) or name == NONE:
-            raise RuleDefinitionError(f"{where}: correction name {name!r} must start with a letter (and is not "
-                                      f"'{NONE}')")
+            raise RuleDefinitionError(
+                f"{where}: correction name {name!r} must start with a letter (and is not '{NONE}')"
+            )
         inputs, params = read_signature(fn, dict(checks or {}), where, CORRECTION_INPUTS)
         if "name" in {p.name for p in params}:
             raise RuleDefinitionError(f"{where}: 'name' is the correction's key in the config; rename the parameter")
         formula, doc = formula_and_description(fn)
         origin = _origin_of(fn)
         check_registration("correction", name, CORRECTIONS.get(name), origin, where)
-        CORRECTIONS[name] = CorrectionSpec(name, fn, inputs, params, formula,
-                                           " ".join((description if description is not None else doc).split()),
-                                           source.strip(), level, denominator, check, origin)
+        CORRECTIONS[name] = CorrectionSpec(
+            name,
+            fn,
+            inputs,
+            params,
+            formula,
+            " ".join((description if description is not None else doc).split()),
+            source.strip(),
+            level,
+            denominator,
+            check,
+            origin,
+        )
         return fn
 
     return deco
@@ -174,4 +205,3 @@ def describe(setting: Mapping[str, Any]) -> dict[str, Any]:
     if spec.origin is not None:
         out.update({"plugin": spec.origin.path, "plugin_sha256": spec.origin.sha256})
     return out
-

@@ -16,9 +16,11 @@ from clipbench.objectives.registry import interval, rule
 from clipbench.objectives.signature import greater_than_one, nonneg, positive
 
 BAPO = "WooooDyy/BAPO @ 7287044 recipe/bapo/policy_loss.py (loss file 3b8389c), config/bapo_trainer.yaml"
-M2PO = ("Infini-AI-Lab/M2PO @ af54a3e (docs/static/m2po-images/alg.jpg: Algorithm 1; verl/trainer/ppo/core_algos.py "
-        "kpo_clip_harmful_tokens, compute_m2po_policy_loss); inclusionAI/AReaL @ 4aef98d areal/trainer/ppo/actor.py "
-        "_get_m2po_loss_mask")
+M2PO = (
+    "Infini-AI-Lab/M2PO @ af54a3e (docs/static/m2po-images/alg.jpg: Algorithm 1; verl/trainer/ppo/core_algos.py "
+    "kpo_clip_harmful_tokens, compute_m2po_policy_loss); inclusionAI/AReaL @ 4aef98d areal/trainer/ppo/actor.py "
+    "_get_m2po_loss_mask"
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -61,11 +63,14 @@ def _bapo_stat(r, A, mask, p) -> dict:
     def ratio(a, b):
         return torch.where(b <= 0, torch.full_like(a, math.inf), a / (b + 1e-8))
 
-    i = _first(ratio(pos[0], neg) >= p["target"])   # phase 1: the lower bound, upper at its start
-    j = _first(ratio(pos, neg[i]) >= p["target"])   # phase 2: the upper bound (j = 0 when phase 1 reached it)
+    i = _first(ratio(pos[0], neg) >= p["target"])  # phase 1: the lower bound, upper at its start
+    j = _first(ratio(pos, neg[i]) >= p["target"])  # phase 2: the upper bound (j = 0 when phase 1 reached it)
     total = pos[j] + neg[i]
-    return {"clip_low": r.new_tensor(lows)[i].float(), "clip_high": r.new_tensor(highs)[j].float(),
-            "pos_share": torch.where(total > 0, pos[j] / total.clamp(min=1e-300), 1.0).float()}
+    return {
+        "clip_low": r.new_tensor(lows)[i].float(),
+        "clip_high": r.new_tensor(highs)[j].float(),
+        "pos_share": torch.where(total > 0, pos[j] / total.clamp(min=1e-300), 1.0).float(),
+    }
 
 
 def _bapo_check(p) -> str | None:
@@ -78,15 +83,37 @@ def _bapo_check(p) -> str | None:
     return None
 
 
-@rule("bapo", source=f"BAPO (arXiv 2510.18927); {BAPO}", batch_stat=_bapo_stat, check=_bapo_check,
-      checks={"lower_step": nonneg, "upper_step": nonneg, "target": nonneg, "c": greater_than_one},
-      band=lambda p: (p["lower_start"], p["upper_start"], p["lower_start"], p["upper_start"]),
-      bounds=lambda p: {"clip_low_range": interval(p["lower_start"], p["lower_max"]),
-                        "clip_high_range": interval(p["upper_start"], p["upper_max"]), "target": p["target"],
-                        "measure": p["measure"], "dual_clip_c": p["c"], "stat_scope": "mini-batch"})
-def bapo(r, A, stat, *, lower_start: float = 0.6, lower_max: float = 0.8, lower_step: float = 0.05,
-         upper_start: float = 1.2, upper_max: float = 2.0, upper_step: float = 0.05, target: float = 1.0,
-         c: float = 3.0, measure: Literal["released", "gradient"] = "released"):
+@rule(
+    "bapo",
+    source=f"BAPO (arXiv 2510.18927); {BAPO}",
+    batch_stat=_bapo_stat,
+    check=_bapo_check,
+    checks={"lower_step": nonneg, "upper_step": nonneg, "target": nonneg, "c": greater_than_one},
+    band=lambda p: (p["lower_start"], p["upper_start"], p["lower_start"], p["upper_start"]),
+    bounds=lambda p: {
+        "clip_low_range": interval(p["lower_start"], p["lower_max"]),
+        "clip_high_range": interval(p["upper_start"], p["upper_max"]),
+        "target": p["target"],
+        "measure": p["measure"],
+        "dual_clip_c": p["c"],
+        "stat_scope": "mini-batch",
+    },
+)
+def bapo(
+    r,
+    A,
+    stat,
+    *,
+    lower_start: float = 0.6,
+    lower_max: float = 0.8,
+    lower_step: float = 0.05,
+    upper_start: float = 1.2,
+    upper_max: float = 2.0,
+    upper_step: float = 0.05,
+    target: float = 1.0,
+    c: float = 3.0,
+    measure: Literal["released", "gradient"] = "released",
+):
     """dual_clip with absolute bounds [clip_low, clip_high] searched on each mini-batch until the positive-to-negative contribution ratio reaches target: BAPO
 
     measure=released is the released code's contribution (each token's clipped surrogate value; a
@@ -143,20 +170,40 @@ def _water_fill(asc: torch.Tensor, inside: torch.Tensor, n: torch.Tensor, mean: 
     v = torch.where(inside, asc, 0.0).to(torch.float64)
     cs = v.cumsum(0)
     idx = torch.arange(v.numel(), device=v.device)
-    k = (inside & (cs + (n - 1 - idx) * (v - 1e-12) >= tau * n - 1e-12)).to(torch.int64).argmax() \
-        if v.numel() else idx.new_zeros(())
+    k = (
+        (inside & (cs + (n - 1 - idx) * (v - 1e-12) >= tau * n - 1e-12)).to(torch.int64).argmax()
+        if v.numel()
+        else idx.new_zeros(())
+    )
     t = torch.where(k > 0, (v[(k - 1).clamp(min=0)] - 1e-12).clamp(min=0).sqrt(), 0.0) if v.numel() else v.new_zeros(())
     band = (n > 0) & (mean > tau + 1e-12)
     lo, hi = torch.exp(-t.float()), torch.exp(t.float())
     return {"clip_low": torch.where(band, lo, 0.0), "clip_high": torch.where(band, hi, 1e5)}
 
 
-@rule("m2po", source=f"M2PO (arXiv 2510.01161); {M2PO}", batch_stat=_m2po_stat, checks={"tau": positive},
-      band=lambda p: (0.8, 1.2, 0.8, 1.2),
-      bounds=lambda p: {"m2_budget": p["tau"], "candidates": p["candidates"], "action": p["action"],
-                        "stat_scope": "mini-batch"})
-def m2po(r, A, mask, stat, *, tau: float = 0.04, candidates: Literal["trust_region", "all"] = "trust_region",
-         action: Literal["mask", "clip"] = "mask"):
+@rule(
+    "m2po",
+    source=f"M2PO (arXiv 2510.01161); {M2PO}",
+    batch_stat=_m2po_stat,
+    checks={"tau": positive},
+    band=lambda p: (0.8, 1.2, 0.8, 1.2),
+    bounds=lambda p: {
+        "m2_budget": p["tau"],
+        "candidates": p["candidates"],
+        "action": p["action"],
+        "stat_scope": "mini-batch",
+    },
+)
+def m2po(
+    r,
+    A,
+    mask,
+    stat,
+    *,
+    tau: float = 0.04,
+    candidates: Literal["trust_region", "all"] = "trust_region",
+    action: Literal["mask", "clip"] = "mask",
+):
     """-M*r*A, M = 0 on the candidates of largest (log r)^2 until the rest's mean is <= tau: M2PO (action=clip: PPO clip in the water-filling band [e^-t, e^t])
 
     candidates=trust_region: the two cells PPO's clip acts on, (A>0, r>1) and (A<0, r<1) (the paper's

@@ -11,6 +11,7 @@ from clipbench.objectives.registry import interval, rule
 from clipbench.objectives.rules.common import EPS_CHECKS, GRPO_SRC, clip_bounds
 from clipbench.objectives.signature import greater_than_one, nonneg
 
+
 @rule("grpo", source=GRPO_SRC, checks=EPS_CHECKS, bounds=clip_bounds)
 def grpo(r, A, *, eps_low: float = 0.2, eps_high: float = 0.2):
     """-min(r*A, clip(r, 1-eps_low, 1+eps_high)*A): PPO/GRPO clipped surrogate
@@ -28,14 +29,21 @@ def dapo(r, A, *, eps_low: float = 0.2, eps_high: float = 0.28):
 
 def _dual_clip_warning(p) -> str | None:
     if p["c"] <= 1 + p["eps_high"]:
-        return (f"c={p['c']:g} <= 1 + eps_high = {1 + p['eps_high']:g}: the cap binds inside the trust band; "
-                "this is not TRL's `delta` (which needs delta > 1 + eps_high)")
+        return (
+            f"c={p['c']:g} <= 1 + eps_high = {1 + p['eps_high']:g}: the cap binds inside the trust band; "
+            "this is not TRL's `delta` (which needs delta > 1 + eps_high)"
+        )
     return None
 
 
-@rule("dual_clip", source="Dual-clip PPO (arXiv 1912.09729); INTELLECT-2 delta (arXiv 2505.07291); "
-      "verl core_algos.py `vanilla` (clip_ratio_c=3)", checks={**EPS_CHECKS, "c": greater_than_one},
-      bounds=lambda p: {**clip_bounds(p), "dual_clip_c": p["c"]}, warn=_dual_clip_warning)
+@rule(
+    "dual_clip",
+    source="Dual-clip PPO (arXiv 1912.09729); INTELLECT-2 delta (arXiv 2505.07291); "
+    "verl core_algos.py `vanilla` (clip_ratio_c=3)",
+    checks={**EPS_CHECKS, "c": greater_than_one},
+    bounds=lambda p: {**clip_bounds(p), "dual_clip_c": p["c"]},
+    warn=_dual_clip_warning,
+)
 def dual_clip(r, A, *, eps_low: float = 0.2, eps_high: float = 0.2, c: float = 3.0):
     """grpo, and min(grpo, -c*A) for A<0: GRPO clip plus a cap c on the loss of A<0 tokens
 
@@ -46,11 +54,16 @@ def dual_clip(r, A, *, eps_low: float = 0.2, eps_high: float = 0.2, c: float = 3
     return torch.where(A < 0, torch.minimum(loss, -c * A), loss)
 
 
-@rule("abc", source="ABC-GRPO (arXiv 2601.03895), eq. 5-8, Algorithm 1",
-      checks={f"eps{i}": nonneg for i in (1, 2, 3, 4)},
-      band=lambda p: (1 - p["eps2"], 1 + p["eps1"], 1 - p["eps4"], 1 + p["eps3"]),
-      bounds=lambda p: {"clip_pos": interval(1 - p["eps2"], 1 + p["eps1"]),
-                        "clip_neg": interval(1 - p["eps4"], 1 + p["eps3"])})
+@rule(
+    "abc",
+    source="ABC-GRPO (arXiv 2601.03895), eq. 5-8, Algorithm 1",
+    checks={f"eps{i}": nonneg for i in (1, 2, 3, 4)},
+    band=lambda p: (1 - p["eps2"], 1 + p["eps1"], 1 - p["eps4"], 1 + p["eps3"]),
+    bounds=lambda p: {
+        "clip_pos": interval(1 - p["eps2"], 1 + p["eps1"]),
+        "clip_neg": interval(1 - p["eps4"], 1 + p["eps3"]),
+    },
+)
 def abc(r, A, *, eps1: float = 0.2, eps2: float = 0.2, eps3: float = 0.2, eps4: float = 0.2):
     """-clip(r, lo, hi)*A, (lo, hi) = (1-eps2, 1+eps1) if A>0 else (1-eps4, 1+eps3): asymmetric bounded clip, no min
 
@@ -61,10 +74,13 @@ def abc(r, A, *, eps1: float = 0.2, eps2: float = 0.2, eps3: float = 0.2, eps4: 
     return -torch.clamp(r, lo, hi) * A
 
 
-@rule("dcpo", source="DCPO (arXiv 2509.02333); lime-RL/DCPO verl/trainer/ppo/core_algos.py get_clip_low_high, "
-      "compute_policy_loss_dcpo (clip_type=dynamic)",
-      checks={**EPS_CHECKS, "c": greater_than_one},
-      bounds=lambda p: {"clip_low_min": 0.5, "clip_high_cap": max(p["c"], 10.0), "dual_clip_c": p["c"]})
+@rule(
+    "dcpo",
+    source="DCPO (arXiv 2509.02333); lime-RL/DCPO verl/trainer/ppo/core_algos.py get_clip_low_high, "
+    "compute_policy_loss_dcpo (clip_type=dynamic)",
+    checks={**EPS_CHECKS, "c": greater_than_one},
+    bounds=lambda p: {"clip_low_min": 0.5, "clip_high_cap": max(p["c"], 10.0), "dual_clip_c": p["c"]},
+)
 def dcpo(r, A, old_logp, *, eps_low: float = 0.2, eps_high: float = 0.28, c: float = 10.0):
     """dual_clip with per-token bounds lo = (1+sqrt(max(1-4*eps_low/q, 0)))/2, hi = min((1+sqrt(1+4*eps_high/q))/2, max(c, 10)), q = exp(old_logp): DCPO's dynamic-adaptive clip
 

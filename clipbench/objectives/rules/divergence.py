@@ -13,6 +13,7 @@ from clipbench.objectives.registry import rule
 from clipbench.objectives.rules.common import EPS_CHECKS, VERL, clip_bounds
 from clipbench.objectives.signature import nonneg, positive, unit_interval
 
+
 @rule("gpg", source=f"GPG (arXiv 2504.02546); {VERL} `gpg`")
 def gpg(logp, A):
     """-logp*A: GPG, plain policy gradient with no ratio and no clip"""
@@ -32,8 +33,12 @@ def dro(logp, log_ratio, A, *, dro_beta: float = 0.05):
 _DPPO_CHECKS = {"div_low": nonneg, "div_high": nonneg, "is_cap": positive}
 
 
-@rule("dppo_tv", source=f"DPPO (arXiv 2602.04879); {VERL} `dppo_tv`", checks=_DPPO_CHECKS,
-      bounds=lambda p: {"tv_low": p["div_low"], "tv_high": p["div_high"], "is_cap": p["is_cap"]})
+@rule(
+    "dppo_tv",
+    source=f"DPPO (arXiv 2602.04879); {VERL} `dppo_tv`",
+    checks=_DPPO_CHECKS,
+    bounds=lambda p: {"tv_low": p["div_low"], "tv_high": p["div_high"], "is_cap": p["is_cap"]},
+)
 def dppo_tv(r, A, logp, old_logp, *, div_low: float = 0.15, div_high: float = 0.15, is_cap: float = 20.0):
     """-A*sg(min(r, is_cap))*logp while p - q <= div_high (A>0) / p - q >= -div_low (A<=0), else 0: DPPO-Binary-TV
 
@@ -47,8 +52,12 @@ def dppo_tv(r, A, logp, old_logp, *, div_low: float = 0.15, div_high: float = 0.
     return torch.where(inside, -A * torch.clamp(r, max=is_cap).detach() * logp, 0.0)
 
 
-@rule("dppo_kl", source=f"DPPO (arXiv 2602.04879); {VERL} `dppo_kl`", checks=_DPPO_CHECKS,
-      bounds=lambda p: {"kl_low": p["div_low"], "kl_high": p["div_high"], "is_cap": p["is_cap"]})
+@rule(
+    "dppo_kl",
+    source=f"DPPO (arXiv 2602.04879); {VERL} `dppo_kl`",
+    checks=_DPPO_CHECKS,
+    bounds=lambda p: {"kl_low": p["div_low"], "kl_high": p["div_high"], "is_cap": p["is_cap"]},
+)
 def dppo_kl(r, A, logp, old_logp, *, div_low: float = 0.05, div_high: float = 0.05, is_cap: float = 20.0):
     """-A*sg(min(r, is_cap))*logp while the binary KL(q || p) stays within div_high (A>0) / div_low (A<=0) or p moved back, else 0: DPPO-Binary-KL
 
@@ -62,11 +71,26 @@ def dppo_kl(r, A, logp, old_logp, *, div_low: float = 0.05, div_high: float = 0.
     return torch.where(inside, -A * torch.clamp(r, max=is_cap).detach() * logp, 0.0)
 
 
-@rule("clip_cov", source=f"Clip-Cov (arXiv 2505.22617); {VERL} `clip_cov`", per_call=True,
-      checks={**EPS_CHECKS, "clip_cov_ratio": unit_interval},
-      bounds=lambda p: {**clip_bounds(p), "per_call": "covariance, token count and random choice per call"})
-def clip_cov(r, A, logp, mask, u, *, eps_low: float = 0.2, eps_high: float = 0.2, clip_cov_ratio: float = 2e-4,
-             clip_cov_lb: float = 1.0, clip_cov_ub: float = 5.0):
+@rule(
+    "clip_cov",
+    source=f"Clip-Cov (arXiv 2505.22617); {VERL} `clip_cov`",
+    per_call=True,
+    checks={**EPS_CHECKS, "clip_cov_ratio": unit_interval},
+    bounds=lambda p: {**clip_bounds(p), "per_call": "covariance, token count and random choice per call"},
+)
+def clip_cov(
+    r,
+    A,
+    logp,
+    mask,
+    u,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    clip_cov_ratio: float = 2e-4,
+    clip_cov_lb: float = 1.0,
+    clip_cov_ub: float = 5.0,
+):
     """grpo, with a random clip_cov_ratio share of the tokens whose (A - mean A)(logp - mean logp) lies in (lb, ub) detached: Clip-Cov
 
     The candidates are valid tokens that grpo did not clip; max(int(clip_cov_ratio * tokens), 1) of
@@ -82,9 +106,13 @@ def clip_cov(r, A, logp, mask, u, *, eps_low: float = 0.2, eps_high: float = 0.2
     return torch.where(chosen, torch.zeros_like(loss), loss)
 
 
-@rule("kl_cov", source=f"KL-Cov (arXiv 2505.22617); {VERL} `kl_cov`", per_call=True,
-      checks={"kl_cov_ratio": unit_interval, "ppo_kl_coef": nonneg},
-      bounds=lambda p: {"per_call": "covariance and token count per call"})
+@rule(
+    "kl_cov",
+    source=f"KL-Cov (arXiv 2505.22617); {VERL} `kl_cov`",
+    per_call=True,
+    checks={"kl_cov_ratio": unit_interval, "ppo_kl_coef": nonneg},
+    bounds=lambda p: {"per_call": "covariance and token count per call"},
+)
 def kl_cov(r, A, logp, log_ratio, mask, *, kl_cov_ratio: float = 2e-4, ppo_kl_coef: float = 0.1):
     """-r*A, plus ppo_kl_coef*|logp - old_logp| on the kl_cov_ratio share of tokens of largest (A - mean A)(logp - mean logp): KL-Cov
 
@@ -97,13 +125,29 @@ def kl_cov(r, A, logp, log_ratio, mask, *, kl_cov_ratio: float = 2e-4, ppo_kl_co
     return -r * A + torch.where(top, ppo_kl_coef * log_ratio.abs(), 0.0)
 
 
-@rule("topr", source="TOPR (arXiv 2503.14286); alibaba/ROLL @ 8eb27cc roll/pipeline/rlvr/actor_pg_worker.py "
-      "_compute_topr_loss (pg_variant=topr; actor_train.topr_positive_weight / topr_negative_weight)",
-      checks={"positive_weight": nonneg, "negative_weight": nonneg},
-      bounds=lambda p: {"truncation": "[0, 1]", "split": "reward > 0" if p["zero"] == "negative" else "reward >= 0",
-                        "ratio_truncated": p["ratio"]})
-def topr(r, A, logp, log_ratio, reward, *, zero: Literal["negative", "positive"] = "negative",
-         ratio: Literal["token", "sequence"] = "token", positive_weight: float = 1.0, negative_weight: float = 1.0):
+@rule(
+    "topr",
+    source="TOPR (arXiv 2503.14286); alibaba/ROLL @ 8eb27cc roll/pipeline/rlvr/actor_pg_worker.py "
+    "_compute_topr_loss (pg_variant=topr; actor_train.topr_positive_weight / topr_negative_weight)",
+    checks={"positive_weight": nonneg, "negative_weight": nonneg},
+    bounds=lambda p: {
+        "truncation": "[0, 1]",
+        "split": "reward > 0" if p["zero"] == "negative" else "reward >= 0",
+        "ratio_truncated": p["ratio"],
+    },
+)
+def topr(
+    r,
+    A,
+    logp,
+    log_ratio,
+    reward,
+    *,
+    zero: Literal["negative", "positive"] = "negative",
+    ratio: Literal["token", "sequence"] = "token",
+    positive_weight: float = 1.0,
+    negative_weight: float = 1.0,
+):
     """-positive_weight*A*logp if reward > 0, else -negative_weight*sg(min(r, 1))*A*logp: TOPR, plain policy gradient on positive-reward sequences, truncated IS on the rest
 
     The split is on the sequence's reward, never on the sign of A (ROLL: score > 0 vs score <= 0;
@@ -112,5 +156,9 @@ def topr(r, A, logp, log_ratio, reward, *, zero: Literal["negative", "positive"]
     (the paper). The weight is the advantage A (ROLL); the paper's is the reward R.
     """
     plain = reward > 0 if zero == "negative" else reward >= 0  # (B, 1)
-    w = torch.clamp(r, max=1.0) if ratio == "token" else torch.exp(torch.clamp(log_ratio.sum(-1, keepdim=True), max=0.0))
+    w = (
+        torch.clamp(r, max=1.0)
+        if ratio == "token"
+        else torch.exp(torch.clamp(log_ratio.sum(-1, keepdim=True), max=0.0))
+    )
     return torch.where(plain, -positive_weight * A * logp, -negative_weight * w.detach() * A * logp)

@@ -30,10 +30,17 @@ def _nsr_bounds(p) -> dict:
     lo, hi, d = 1.0 - p["eps_low"], 1.0 + p["eps_high"], p["delta"]
     upper = interval(hi, hi + d, "(]") if p["sides"] in ("both", "upper") else "none"
     lower = interval(lo - d, lo, "[)") if p["sides"] in ("both", "lower") else "none"
-    return {**clip_bounds(p), "nsr_band_upper": upper, "nsr_band_lower": lower,
-            "nsr_p": p["p"], "nsr_schedule": p["schedule"], "nsr_sides": p["sides"], "nsr_base": p["base"],
-            "nsr_draw": "u < p(d), u ~ U[0,1) per (row, position)" + (", u[:, 0] per sequence"
-                                                                     if p["base"] == "sequence" else "")}
+    return {
+        **clip_bounds(p),
+        "nsr_band_upper": upper,
+        "nsr_band_lower": lower,
+        "nsr_p": p["p"],
+        "nsr_schedule": p["schedule"],
+        "nsr_sides": p["sides"],
+        "nsr_base": p["base"],
+        "nsr_draw": "u < p(d), u ~ U[0,1) per (row, position)"
+        + (", u[:, 0] per sequence" if p["base"] == "sequence" else ""),
+    }
 
 
 Schedule = Literal["const", "linear"]
@@ -49,11 +56,30 @@ def _near_band(x, A, eps_low, eps_high, delta, p, schedule, sides):
     return near, p_d
 
 
-@rule("nsr", source=_NSR_SRC, level=_nsr_level, checks=_NSR_CHECKS, draws=_nsr_draws, bounds=_nsr_bounds,
-      description="Near-boundary stochastic rescue: clipped tokens just past a bound keep their unclipped "
-                  "loss with probability p(d)")
-def nsr(r, s, A, u, *, eps_low: float = 0.2, eps_high: float = 0.28, delta: float = 0.1, p: float = 0.5,
-        schedule: Schedule = "const", sides: Sides = "both", base: Base = "token"):
+@rule(
+    "nsr",
+    source=_NSR_SRC,
+    level=_nsr_level,
+    checks=_NSR_CHECKS,
+    draws=_nsr_draws,
+    bounds=_nsr_bounds,
+    description="Near-boundary stochastic rescue: clipped tokens just past a bound keep their unclipped "
+    "loss with probability p(d)",
+)
+def nsr(
+    r,
+    s,
+    A,
+    u,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    delta: float = 0.1,
+    p: float = 0.5,
+    schedule: Schedule = "const",
+    sides: Sides = "both",
+    base: Base = "token",
+):
     """grpo on x (r, or s for base='sequence'); where 0 < d <= delta and u < p(d), the unclipped -x*A
 
     p(d) = p (const) or p*(1 - d/delta) (linear); sides: upper (A>0), lower (A<0) or both bounds
@@ -65,11 +91,27 @@ def nsr(r, s, A, u, *, eps_low: float = 0.2, eps_high: float = 0.28, delta: floa
     return torch.where(rescued, -x * A, ppo_clip(x, A, 1 - eps_low, 1 + eps_high))
 
 
-@rule("decay", source="clipbench (expected-gradient twin of NSR, arXiv 2605.22703)", level=_nsr_level,
-      checks=_NSR_CHECKS, bounds=_nsr_bounds,
-      description="Deterministic twin of nsr: in the band the gradient is scaled by p(d)")
-def decay(r, s, A, *, eps_low: float = 0.2, eps_high: float = 0.28, delta: float = 0.1, p: float = 0.5,
-          schedule: Schedule = "const", sides: Sides = "both", base: Base = "token"):
+@rule(
+    "decay",
+    source="clipbench (expected-gradient twin of NSR, arXiv 2605.22703)",
+    level=_nsr_level,
+    checks=_NSR_CHECKS,
+    bounds=_nsr_bounds,
+    description="Deterministic twin of nsr: in the band the gradient is scaled by p(d)",
+)
+def decay(
+    r,
+    s,
+    A,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    delta: float = 0.1,
+    p: float = 0.5,
+    schedule: Schedule = "const",
+    sides: Sides = "both",
+    base: Base = "token",
+):
     """grpo on x (r, or s for base='sequence'); where 0 < d <= delta, -sg(p(d))*x*A
 
     nsr's expected gradient with no noise; zero gradient beyond the band.

@@ -35,8 +35,13 @@ def gspo_token(s, logp, A, *, eps_low: float = 3e-4, eps_high: float = 4e-4):
     return ppo_clip(s_tok, A, 1 - eps_low, 1 + eps_high)
 
 
-@rule("luspo", source=f"LUSPO (arXiv 2602.05261); {TRL} loss_type='luspo'", level="sequence", checks=EPS_CHECKS,
-      bounds=clip_bounds)
+@rule(
+    "luspo",
+    source=f"LUSPO (arXiv 2602.05261); {TRL} loss_type='luspo'",
+    level="sequence",
+    checks=EPS_CHECKS,
+    bounds=clip_bounds,
+)
 def luspo(s, A, mask, *, eps_low: float = 2e-3, eps_high: float = 2.5e-3):
     """|y|*(-min(s*A, clip(s, 1-eps_low, 1+eps_high)*A)), |y| = the sequence's tokens: LUSPO, GSPO's sequence loss scaled by its length
 
@@ -46,9 +51,13 @@ def luspo(s, A, mask, *, eps_low: float = 2e-3, eps_high: float = 2.5e-3):
     return mask.sum(-1, keepdim=True) * ppo_clip(s, A, 1 - eps_low, 1 + eps_high)
 
 
-@rule("geo_mean", source=f"GMPO (arXiv 2507.20673); {VERL} `geo_mean`", checks=EPS_CHECKS,
-      band=lambda p: (math.exp(-p["eps_low"]), math.exp(p["eps_high"])) * 2,
-      bounds=lambda p: {"log_ratio_clip": interval(-p["eps_low"], p["eps_high"])})
+@rule(
+    "geo_mean",
+    source=f"GMPO (arXiv 2507.20673); {VERL} `geo_mean`",
+    checks=EPS_CHECKS,
+    band=lambda p: (math.exp(-p["eps_low"]), math.exp(p["eps_high"])) * 2,
+    bounds=lambda p: {"log_ratio_clip": interval(-p["eps_low"], p["eps_high"])},
+)
 def geo_mean(log_ratio, A, mask, *, eps_low: float = 0.4, eps_high: float = 0.4):
     """-A*exp(mean_t sgn(A)*min(sgn(A)*lr, sgn(A)*clip(lr, -eps_low, eps_high))): GMPO, geometric mean of the token ratios, clipped per token in log space
 
@@ -61,10 +70,23 @@ def geo_mean(log_ratio, A, mask, *, eps_low: float = 0.4, eps_high: float = 0.4)
     return -A * torch.exp((lr * mask).sum(-1, keepdim=True) / (mask.sum(-1, keepdim=True) + 1e-8))
 
 
-@rule("vespo", source=f"VESPO (arXiv 2602.10693); {TRL} loss_type='vespo' (get_gamma_weights)", level="sequence",
-      checks={"k_pos": nonneg, "k_neg": nonneg, "lambda_pos": nonneg, "lambda_neg": nonneg})
-def vespo(log_ratio, A, logp, mask, *, k_pos: float = 2.0, lambda_pos: float = 3.0, k_neg: float = 3.0,
-          lambda_neg: float = 2.0):
+@rule(
+    "vespo",
+    source=f"VESPO (arXiv 2602.10693); {TRL} loss_type='vespo' (get_gamma_weights)",
+    level="sequence",
+    checks={"k_pos": nonneg, "k_neg": nonneg, "lambda_pos": nonneg, "lambda_neg": nonneg},
+)
+def vespo(
+    log_ratio,
+    A,
+    logp,
+    mask,
+    *,
+    k_pos: float = 2.0,
+    lambda_pos: float = 3.0,
+    k_neg: float = 3.0,
+    lambda_neg: float = 2.0,
+):
     """-sg(phi(W))*A*logp, phi(W) = W^k * exp(lambda*(1 - W)), W = prod_t r_t: VESPO's gamma weight on the sequence ratio
 
     (k, lambda) = (k_pos, lambda_pos) for A >= 0 else (k_neg, lambda_neg), lambda >= 1e-4; log W sums

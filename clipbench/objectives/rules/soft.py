@@ -11,10 +11,17 @@ from clipbench.objectives.registry import interval, rule
 from clipbench.objectives.rules.common import EPS_CHECKS, TRL, clip_bounds
 from clipbench.objectives.signature import greater_than_one, nonneg, positive, unit_interval
 
-@rule("cispo", source="CISPO, MiniMax-M1 (arXiv 2506.13585); verl core_algos.py `cispo` (two-sided)",
-      checks=EPS_CHECKS,
-      bounds=lambda p: {"weight_cap": interval(max(0.0, 1 - p["eps_low"]), 1 + p["eps_high"]),
-                        "weight_low": 1 - p["eps_low"], "weight_high": 1 + p["eps_high"]})
+
+@rule(
+    "cispo",
+    source="CISPO, MiniMax-M1 (arXiv 2506.13585); verl core_algos.py `cispo` (two-sided)",
+    checks=EPS_CHECKS,
+    bounds=lambda p: {
+        "weight_cap": interval(max(0.0, 1 - p["eps_low"]), 1 + p["eps_high"]),
+        "weight_low": 1 - p["eps_low"],
+        "weight_high": 1 + p["eps_high"],
+    },
+)
 def cispo(r, A, logp, *, eps_low: float = 1.0, eps_high: float = 4.0):
     """-sg(clip(r, 1-eps_low, 1+eps_high))*A*logp: clipped importance-sampling weight on a REINFORCE term; never zero
 
@@ -24,18 +31,28 @@ def cispo(r, A, logp, *, eps_low: float = 1.0, eps_high: float = 4.0):
     return -torch.clamp(r, 1 - eps_low, 1 + eps_high).detach() * A * logp
 
 
-@rule("sapo", source="SAPO (arXiv 2511.20347)", checks={"tau_pos": positive, "tau_neg": positive},
-      bounds=lambda p: {"gate": "sigmoid", "tau_pos": p["tau_pos"], "tau_neg": p["tau_neg"]})
+@rule(
+    "sapo",
+    source="SAPO (arXiv 2511.20347)",
+    checks={"tau_pos": positive, "tau_neg": positive},
+    bounds=lambda p: {"gate": "sigmoid", "tau_pos": p["tau_pos"], "tau_neg": p["tau_neg"]},
+)
 def sapo(r, A, *, tau_pos: float = 1.0, tau_neg: float = 1.05):
     """-(4/tau)*sigmoid(tau*(r-1))*A, tau = tau_pos if A>0 else tau_neg: soft adaptive gate, slope 1 at r=1"""
     tau = torch.where(A > 0, tau_pos, tau_neg)  # (B, 1)
     return -(4 / tau) * torch.sigmoid(tau * (r - 1)) * A
 
 
-@rule("gppo", source="GPPO, Klear-Reasoner (arXiv 2508.07629)",
-      checks={**EPS_CHECKS, "beta_low": nonneg, "beta_high": nonneg},
-      bounds=lambda p: {**clip_bounds(p), "grad_past_high": p["beta_high"] * (1 + p["eps_high"]),
-                        "grad_past_low": p["beta_low"] * (1 - p["eps_low"])})
+@rule(
+    "gppo",
+    source="GPPO, Klear-Reasoner (arXiv 2508.07629)",
+    checks={**EPS_CHECKS, "beta_low": nonneg, "beta_high": nonneg},
+    bounds=lambda p: {
+        **clip_bounds(p),
+        "grad_past_high": p["beta_high"] * (1 + p["eps_high"]),
+        "grad_past_low": p["beta_low"] * (1 - p["eps_low"]),
+    },
+)
 def gppo(r, A, *, eps_low: float = 0.2, eps_high: float = 0.28, beta_low: float = 1.0, beta_high: float = 1.0):
     """grpo, but -beta*b*r/sg(r)*A where grpo clips: gradient-preserving clip, constant-magnitude gradient past the bound
 
@@ -47,9 +64,13 @@ def gppo(r, A, *, eps_low: float = 0.2, eps_high: float = 0.28, beta_low: float 
     return torch.where(clipped, -beta_b * r / r.detach() * A, -r * A)
 
 
-@rule("cispo_cap", source=f"CISPO (arXiv 2506.13585); ScaleRL (arXiv 2510.13786); {TRL} loss_type='cispo'",
-      checks={"cap": positive}, band=lambda p: (0.0, p["cap"], 0.0, p["cap"]),
-      bounds=lambda p: {"weight_cap": interval(0.0, p["cap"])})
+@rule(
+    "cispo_cap",
+    source=f"CISPO (arXiv 2506.13585); ScaleRL (arXiv 2510.13786); {TRL} loss_type='cispo'",
+    checks={"cap": positive},
+    band=lambda p: (0.0, p["cap"], 0.0, p["cap"]),
+    bounds=lambda p: {"weight_cap": interval(0.0, p["cap"])},
+)
 def cispo_cap(r, A, logp, *, cap: float = 5.0):
     """-sg(min(r, cap))*A*logp: CISPO with TRL's absolute cap on the IS weight (TRL's epsilon_high)
 
@@ -58,12 +79,27 @@ def cispo_cap(r, A, logp, *, cap: float = 5.0):
     return -torch.clamp(r, max=cap).detach() * A * logp
 
 
-@rule("ce_gppo", source="CE-GPPO (arXiv 2509.20712); Kwai-Klear/CE-GPPO README compute_gppo_loss_general_beta",
-      checks={**EPS_CHECKS, "beta_low": nonneg, "beta_high": nonneg, "c": greater_than_one},
-      bounds=lambda p: {**clip_bounds(p), "grad_past_high": p["beta_high"] * (1 + p["eps_high"]),
-                        "grad_past_low": p["beta_low"] * (1 - p["eps_low"]), "dual_clip_c": p["c"]})
-def ce_gppo(r, A, *, eps_low: float = 0.2, eps_high: float = 0.2, beta_low: float = 0.75, beta_high: float = 1.0,
-            c: float = 10.0):
+@rule(
+    "ce_gppo",
+    source="CE-GPPO (arXiv 2509.20712); Kwai-Klear/CE-GPPO README compute_gppo_loss_general_beta",
+    checks={**EPS_CHECKS, "beta_low": nonneg, "beta_high": nonneg, "c": greater_than_one},
+    bounds=lambda p: {
+        **clip_bounds(p),
+        "grad_past_high": p["beta_high"] * (1 + p["eps_high"]),
+        "grad_past_low": p["beta_low"] * (1 - p["eps_low"]),
+        "dual_clip_c": p["c"],
+    },
+)
+def ce_gppo(
+    r,
+    A,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    beta_low: float = 0.75,
+    beta_high: float = 1.0,
+    c: float = 10.0,
+):
     """gppo, and min(gppo, -c*A) for A<0: CE-GPPO, gradient-preserving clip with scales beta_low (beta1) / beta_high (beta2) and PPO's dual clip
 
     Defaults: the authors' 7B recipe (beta1 = 0.75, 0.5 for 1.5B; eps 0.2/0.2; clip_ratio_c = 10).
@@ -80,17 +116,40 @@ def _entropy_bands(entropy, mask, q: float, narrow: float, wide: float) -> torch
     return torch.where(ent <= cut, narrow, wide)
 
 
-@rule("aspo", source="ASPO (arXiv 2510.06062); wizard-III/Archer2.0 @ b08d963 verl/trainer/ppo/core_algos.py "
-      "compute_policy_loss_archer, verl/workers/actor/dp_actor.py (token_entropy_quantile 0.8, eps 0.2 / 0.4, "
-      "clip_ratio_c 3)", checks={"eps_narrow": nonneg, "eps_wide": nonneg, "entropy_quantile": unit_interval,
-                                 "c_neg": greater_than_one, "c_pos": greater_than_one},
-      band=lambda p: (1 - p["eps_narrow"], 1 + p["eps_narrow"], 1 - p["eps_narrow"], 1 + p["eps_narrow"]),
-      bounds=lambda p: {"clip_narrow": interval(1 - p["eps_narrow"], 1 + p["eps_narrow"]),
-                        "clip_wide": interval(1 - p["eps_wide"], 1 + p["eps_wide"]),
-                        "entropy_quantile": p["entropy_quantile"], "dual_clip_neg": p["c_neg"],
-                        "dual_clip_pos": p["c_pos"]})
-def aspo(r, A, logp, entropy, mask, *, eps_narrow: float = 0.2, eps_wide: float = 0.4, entropy_quantile: float = 0.8,
-         c_neg: float = 3.0, c_pos: float = 3.0):
+@rule(
+    "aspo",
+    source="ASPO (arXiv 2510.06062); wizard-III/Archer2.0 @ b08d963 verl/trainer/ppo/core_algos.py "
+    "compute_policy_loss_archer, verl/workers/actor/dp_actor.py (token_entropy_quantile 0.8, eps 0.2 / 0.4, "
+    "clip_ratio_c 3)",
+    checks={
+        "eps_narrow": nonneg,
+        "eps_wide": nonneg,
+        "entropy_quantile": unit_interval,
+        "c_neg": greater_than_one,
+        "c_pos": greater_than_one,
+    },
+    band=lambda p: (1 - p["eps_narrow"], 1 + p["eps_narrow"], 1 - p["eps_narrow"], 1 + p["eps_narrow"]),
+    bounds=lambda p: {
+        "clip_narrow": interval(1 - p["eps_narrow"], 1 + p["eps_narrow"]),
+        "clip_wide": interval(1 - p["eps_wide"], 1 + p["eps_wide"]),
+        "entropy_quantile": p["entropy_quantile"],
+        "dual_clip_neg": p["c_neg"],
+        "dual_clip_pos": p["c_pos"],
+    },
+)
+def aspo(
+    r,
+    A,
+    logp,
+    entropy,
+    mask,
+    *,
+    eps_narrow: float = 0.2,
+    eps_wide: float = 0.4,
+    entropy_quantile: float = 0.8,
+    c_neg: float = 3.0,
+    c_pos: float = 3.0,
+):
     """A<0: -A*max(r, 1-e) (-c_neg*A*logp where r > c_neg); A>=0: -A/min(r, 1+e) with gradient -A/r (-c_pos*A*logp where r < 1/c_pos): ASPO, flipped weight for positive tokens, soft dual clips
 
     e = eps_narrow on each sequence's low-entropy tokens (entropy <= its entropy_quantile) and
