@@ -225,3 +225,58 @@ def test_a_model_directory_without_weights_is_refused_before_anything_is_written
         "(*.safetensors, pytorch_model*.bin)"
     )
     assert not (tmp_path / "r").exists()
+
+
+RAISING_CORRECTION = """import torch
+from clipbench.objectives.corrections import applied, correction
+
+
+@correction("NAME", source="a test")
+def NAME(d, mask):
+    '''a correction with a bug'''
+    return applied(torch.ones_like(d), torch.exp(d[:, :1].squeeze(9)))
+"""
+
+WRONG_SHAPE_RULE = """import torch
+from clipbench.objectives import rule
+
+
+@rule("NAME", source="a test")
+def NAME(r, A):
+    '''a rule with a bug: one number instead of the per-token loss'''
+    return -(r * A).sum()
+"""
+
+
+@pytest.mark.parametrize("verb", ["train", "sweep"])
+@pytest.mark.parametrize(
+    "plugin, key, said",
+    [
+        (
+            RAISING_CORRECTION,
+            "sampler.correction.name=NAME",
+            "correction 'NAME' (plugin {f}) raised IndexError: Dimension out of range",
+        ),
+        (
+            WRONG_SHAPE_RULE,
+            "objective.method=NAME",
+            "rule 'NAME' (plugin {f}) returned shape (): a rule returns the per-token loss (B, T) = (4, 3)",
+        ),
+    ],
+)
+def test_a_plugin_that_fails_is_caught_by_the_preflight_in_one_line(verb, plugin, key, said, tmp_path):
+    # issue 28: a raising plugin correction gave 140 lines naming neither it nor its file, and a rule
+    # returning the wrong shape failed only at the first update, after the base evaluation was written
+    from typer.testing import CliRunner
+
+    from clipbench.cli import app
+
+    name = f"buggy_{verb}_{'rule' if 'method' in key else 'correction'}"  # one registry per process: a name per test
+    f = tmp_path / "mine.py"
+    f.write_text(plugin.replace("NAME", name))
+    key, said = key.replace("NAME", name), said.replace("NAME", name)
+    res = CliRunner().invoke(app, [verb, "quickstart", key, "--plugin", str(f), "--results-dir", str(tmp_path / "r")])
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and said.format(f=f.resolve()) in lines[0], res.output
+    assert not (tmp_path / "r").exists()

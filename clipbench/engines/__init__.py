@@ -85,6 +85,7 @@ def preflight(cfg, source: str | None = None) -> None:
 
     check(cfg, source)
     check_sinks(cfg)
+    check_plugin_code(cfg)
     backend = resolve_backend(cfg.sampler.backend)
     check_sleep_mode(cfg.sampler.sleep_mode, backend)  # the GPU-only part first: one line on a CPU machine
     check_backend(backend)
@@ -107,6 +108,41 @@ def preflight(cfg, source: str | None = None) -> None:
             device_gib=total / GIB,
             backend=backend,
         )
+
+
+def check_plugin_code(cfg) -> None:
+    """The run's own rule and sampler correction, when they are plugins, called once on a tiny batch
+    (4 rows of 3 tokens, a gradient through the rule): one that raises or returns the wrong shape
+    fails here in one line naming it and its file, before anything is written (the built-ins are
+    the test suite's)."""
+    import torch
+
+    from clipbench.objectives import METHODS, policy_loss
+    from clipbench.objectives.corrections import apply_correction, get_correction
+
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(4, 3, generator=g)  # (B, T)
+    logp = (old + 0.3 * torch.randn(4, 3, generator=g)).requires_grad_(True)
+    mask, A = torch.ones(4, 3), torch.tensor([1.0, -1.0, 0.5, -0.5])  # (B,)
+    obj = dict(cfg.objective)
+    method = obj.pop("method")
+    if METHODS[method].origin is not None:
+        out = policy_loss(
+            method,
+            logp,
+            old,
+            A,
+            mask,
+            generator=g,
+            rewards=A,
+            entropy=torch.rand(4, 3, generator=g),
+            groups=torch.tensor([0, 0, 1, 1]),
+            **obj,
+        )
+        out.loss.backward()
+    correction = dict(cfg.sampler.correction)
+    if correction.get("name", "none") != "none" and get_correction(correction["name"]).origin is not None:
+        apply_correction(correction, old, logp.detach(), mask)
 
 
 def check_sinks(cfg) -> None:

@@ -138,7 +138,7 @@ def _call_rule(spec: MethodSpec, inputs: _Inputs, p: dict) -> torch.Tensor:
     for name in spec.inputs:
         if name in NEEDED and getattr(inputs, name) is None:
             raise ValueError(f"{spec.name} reads the input '{name}': pass {NEEDED[name]}")
-    out = spec.fn(*[getattr(inputs, name) for name in spec.inputs], **p)
+    out = spec.call("rule", *[getattr(inputs, name) for name in spec.inputs], **p)
     B, T = inputs.mask.shape
     if not isinstance(out, torch.Tensor) or not out.is_floating_point() or tuple(out.shape) not in ((B, T), (B, 1)):
         got = f"shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clipbench.errors import RuleDefinitionError, UserError, unknown_choice
+from clipbench.errors import RuleDefinitionError, RuleError, UserError, unknown_choice
 from clipbench.objectives.primitives import LOG_RATIO_CLAMP
 from clipbench.objectives.signature import Band, Check, Param, formula_and_description, read_signature
 
@@ -63,6 +63,16 @@ class Registered:
     def where(self) -> str:
         """'built-in' or 'plugin <path>' (for messages)."""
         return "built-in" if self.origin is None else f"plugin {self.origin.path}"
+
+    def call(self, kind: str, *args: Any, **kwargs: Any) -> Any:
+        """The function itself; a plugin's exception becomes one RuleError line naming the kind, the
+        name and the file (a built-in's propagates as it is: that is a bug of clipbench's)."""
+        if self.origin is None:
+            return self.fn(*args, **kwargs)
+        try:
+            return self.fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - the user's code: one line that names it
+            raise RuleError(f"{kind} '{self.name}' ({self.where}) raised {type(e).__name__}: {e}") from e
 
     def validated(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """Every parameter: the defaults merged with `given`, each value checked, then the check between

@@ -101,7 +101,7 @@ def apply_correction(
     if name == NONE:
         return Corrected(None, None, sums)
     spec = get_correction(name)
-    out = spec.fn(*[{"d": d, "mask": valid}[i] for i in spec.inputs], **params)
+    out = spec.call("correction", *[{"d": d, "mask": valid}[i] for i in spec.inputs], **params)
     w = torch.where(valid, out.weights.detach().float().expand_as(d), 0.0)
     status = torch.where(valid, out.status.expand_as(d), 0).to(torch.int8)
     sums.update(_correction_sums(w, status, out.raw.detach(), valid, count))
