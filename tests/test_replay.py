@@ -360,3 +360,52 @@ def test_a_record_of_another_rule_is_refused_in_one_line(recorded, tmp_path):
     )
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr[-2000:]
     assert "not this run's record" in out.stderr and index.parent.name in out.stderr
+
+
+def _replay_cli(run: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "clipbench", "replay", str(run), "--rules", "grpo", *extra],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["shifted", "twice"])
+def test_records_whose_opt_steps_are_not_the_runs_are_refused(recorded, tmp_path, damage):
+    """Issue 28 item 6: shifted or out-of-range opt_step values paired rows with the wrong logged
+    loss; the same step in two records gave duplicate keys. Both are refused in one line, exit 2."""
+    import shutil
+
+    run = tmp_path / "rec" / recorded.name
+    shutil.copytree(recorded, run)
+    first, last = (sorted((run / "record").glob("step_*"))[i] / "index.json" for i in (0, -1))
+    data = json.loads(last.read_text())
+    if damage == "shifted":
+        for opt in data["opt_steps"]:
+            opt["opt_step"] += 1000
+    else:
+        data["opt_steps"][0]["opt_step"] = json.loads(first.read_text())["opt_steps"][0]["opt_step"]
+    last.write_text(json.dumps(data))
+    out = _replay_cli(run)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr[-2000:]
+    want = "is not an optimizer step the run logged" if damage == "shifted" else "is recorded twice"
+    assert want in out.stderr and last.parent.name in out.stderr
+
+
+@pytest.mark.slow
+def test_a_truncated_saved_policy_state_is_one_line(recorded, tmp_path):
+    """Issue 28 item 6: a truncated saved policy state gave an 87-line traceback."""
+    import shutil
+
+    run = tmp_path / "rec" / recorded.name
+    shutil.copytree(recorded, run)
+    shards = sorted((run / "record").rglob("*.distcp"))
+    assert shards
+    for f in shards:
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    out = _replay_cli(run)
+    last = out.stderr.strip().splitlines()[-1]  # after the progress lines of the steps replayed before it
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert last.startswith("error: ") and "the saved policy state does not load (RuntimeError: " in last

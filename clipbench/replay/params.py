@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from clipbench.train.checkpoint import load_model_state
+from clipbench.train.checkpoint import load_model_state, one_process_ok
 from clipbench.train.packing import Packed, pack
 
 
@@ -72,7 +72,8 @@ def load_state(record, opt: dict, device: str = "cpu") -> PolicyState | None:
         load_model_state(path, model=model, optimizer=optimizer)
     else:  # the run's first optimizer step: AdamW had no state yet
         sd = model.state_dict()
-        dcp.load({"model": sd}, checkpoint_id=str(path / "dcp"))
+        with one_process_ok():
+            dcp.load({"model": sd}, checkpoint_id=str(path / "dcp"))
         model.load_state_dict(sd)
     model.to(device).train()
     saved = (copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict()))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from clipbench.errors import UserError
+from clipbench.errors import StoreError, UserError
 from clipbench.objectives import METHODS
 from clipbench.replay import params as P
 from clipbench.replay.rules import RuleSpec
@@ -66,6 +66,34 @@ def check_rule(run_dir: Path, path: Path) -> None:
             f"{path}: record of rule {rec['method']} {rec['params']}, but the run trained "
             f"{method} {ran} (config.yaml): not this run's record; {REMEDY}"
         )
+
+
+def check_opt_steps(records: list[Path], logged: dict[int, dict]) -> None:
+    """Refuse records whose optimizer steps cannot be the run's: one recorded twice, or one the run
+    never logged (shifted or out of range); one line naming the record."""
+    seen: dict[int, Path] = {}
+    for path in records:
+        try:
+            steps = [int(o["opt_step"]) for o in json.loads((path / INDEX).read_text())["opt_steps"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a damaged index is load_record's to report
+        for n in steps:
+            if n in seen:
+                raise UserError(f"{path}: opt_step {n} is recorded twice (also in {seen[n].name}); {REMEDY}")
+            if logged and n not in logged:
+                raise UserError(
+                    f"{path}: opt_step {n} is not an optimizer step the run logged "
+                    f"({min(logged)}..{max(logged)} in metrics.jsonl): not this run's record; {REMEDY}"
+                )
+            seen[n] = path
+
+
+def _same_loss(replayed, logged, rel: float = 1e-4, abs_: float = 1e-6) -> bool:
+    """The trained rule's replayed loss against the logged one (float32 round-off passes; a record
+    of another step or batch does not). Unknown values pass."""
+    if replayed is None or logged is None or not (math.isfinite(replayed) and math.isfinite(logged)):
+        return True
+    return abs(replayed - logged) <= abs_ + rel * abs(logged)
 
 
 def _logged(run_dir: Path) -> dict[int, dict]:
@@ -140,7 +168,18 @@ def replay_step(
 
 
 def _param_level(step, rows, results, matrix, trained: str, device) -> None:
-    state = P.load_state(step.record, step.opt, device)
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
+
+    try:
+        state = P.load_state(step.record, step.opt, device)
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - a damaged saved state (truncated): one line
+        where = step.record.state(step.opt["opt_step"])
+        if isinstance(e, CheckpointException) and e.failures:  # {rank: (exception, traceback)}: the cause
+            e = next(iter(e.failures.values()))[0]
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise StoreError(
+            where, f"the saved policy state does not load ({type(e).__name__}: {first[:200]})", REMEDY
+        ) from None
     if state is None:
         return
     grads, diff = P.param_gradients(state, step, results)
@@ -195,6 +234,7 @@ def replay_runs(
             continue
         for path in records:  # every record checked before any is replayed
             check_rule(run_dir, path)
+        check_opt_steps(records, logged)
         for path in records:
             rec = load_record(path)
             for opt in rec.index["opt_steps"]:
@@ -211,6 +251,13 @@ def replay_runs(
                     if row.get("trained") and opt["opt_step"] in logged:
                         m = logged[opt["opt_step"]]
                         row.update({"logged/loss": m.get("loss"), "logged/grad_norm": m.get("grad_norm")})
+                        if not _same_loss(row.get("loss"), m.get("loss")):
+                            out.notes.append(
+                                f"{path}: opt_step {opt['opt_step']}: the trained rule's replayed loss "
+                                f"{row.get('loss'):.6g} is not the logged {m.get('loss'):.6g} (metrics.jsonl): "
+                                "the record does not match its run's step; its rows are kept, marked"
+                            )
+                            row["logged/mismatch"] = True
                 out.rows += rows
                 out.matrices.append({**tag, **matrix})
                 out.tokens += [{**tag, **t, **_text(rec, t)} for t in tokens]

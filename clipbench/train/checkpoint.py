@@ -35,7 +35,7 @@ from clipbench.train.distributed import Dist
 
 
 @contextlib.contextmanager
-def _one_process_ok():
+def one_process_ok():
     """DCP warns that it assumes one process when no process group exists: that is the intent."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
@@ -87,7 +87,7 @@ def save_model_state(path: Path, *, model, optimizer, tokenizer, dist: Dist) -> 
         tensors = {"model": model_sd, "optim": optim_sd}
     else:  # no optimizer step yet: nothing to save (DCP would fill the empty state in with step=1)
         tensors = {"model": get_model_state_dict(model)}
-    with _one_process_ok():
+    with one_process_ok():
         dcp.save(tensors, checkpoint_id=str(path / "dcp"))
 
 
@@ -151,12 +151,12 @@ def load_model_state(path: Path, *, model, optimizer) -> None:
     saved = dcp.FileSystemReader(str(path / "dcp")).read_metadata().state_dict_metadata
     if not any(k.startswith("optim.") for k in saved):  # saved before the first step: a fresh optimizer
         model_sd = get_model_state_dict(model)
-        with _one_process_ok():
+        with one_process_ok():
             dcp.load({"model": model_sd}, checkpoint_id=str(path / "dcp"))
         set_model_state_dict(model, model_sd)
         return
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    with _one_process_ok():
+    with one_process_ok():
         dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path / "dcp"))
     set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
 
@@ -178,7 +178,7 @@ def load_policy(path: Path, *, dtype: str = "float32", device: str = "cpu"):
     if (path / "dcp").is_dir():
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path / "model"), dtype=torch.float32)
         sd = model.state_dict()
-        with _one_process_ok():
+        with one_process_ok():
             dcp.load({"model": sd}, checkpoint_id=str(path / "dcp"))
         model.load_state_dict(sd)
     else:
