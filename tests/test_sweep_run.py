@@ -238,17 +238,20 @@ def test_failed_runs_are_skipped_unless_retry_failed(tmp_path):
 
     from clipbench.models import resolve_model_name
 
-    # a model directory with its config but no weights: the preflight passes, training fails
+    # a model directory with its config and a damaged weights file: the preflight (config, a weights
+    # file present) passes, training fails to load it (a directory without weights is refused by the
+    # preflight: tests/test_config.py)
     broken = tmp_path / "no_such_model"
     broken.mkdir()
     shutil.copy(Path(resolve_model_name("builtin:arith-tiny")) / "config.json", broken)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
     f = write_sweep(tmp_path, "broken", methods=("grpo",), **{"model.name": str(broken)})
     res = tmp_path / "results"
     p = clipbench("sweep", str(f), "--results-dir", str(res))
     assert p.returncode == 1, p.stderr[-2000:]
     (rid,) = read_manifest(manifest_path(res, "broken"))["runs"]
     st = RunDir(res / "broken" / rid).status()
-    assert st["state"] == "failed" and "no_such_model" in st["error"] and "Traceback" in st["traceback"]
+    assert st["state"] == "failed" and "SafetensorError" in st["error"] and "Traceback" in st["traceback"]
     again = clipbench("sweep", str(f), "--results-dir", str(res))
     assert again.returncode == 0 and "1 failed: skipped" in again.stderr
     assert RunDir(res / "broken" / rid).status()["attempts"] == 1
