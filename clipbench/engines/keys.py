@@ -24,7 +24,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from clipbench.config.schema import leaf_keys
+from clipbench.config.schema import TaskConfig, leaf_keys
+
+# Every task.* key: both engines hand the whole task to clipbench's own loader and grader.
+TASK_KEYS = tuple(f.name for f in dataclasses.fields(TaskConfig))
 
 
 @dataclass(frozen=True)
@@ -123,24 +126,7 @@ TRL: dict[str, Support] = {
     "model.dtype": mapped(G + "bf16 / fp16 (auto: bfloat16 on a GPU that supports it)"),
     "model.device": mapped(G + "use_cpu (TRL derives dataloader_pin_memory from it)"),
     "model.gradient_checkpointing": mapped(G + "gradient_checkpointing"),
-    **{
-        f"task.{k}": honoured(_TASK)
-        for k in (
-            "name",
-            "path",
-            "config",
-            "split",
-            "template",
-            "limit",
-            "holdout",
-            "operands",
-            "digits",
-            "ops",
-            "format",
-            "train_size",
-            "test_size",
-        )
-    },
+    **{f"task.{k}": honoured(_TASK) for k in TASK_KEYS},
     "sampler.backend": mapped(G + "use_vllm (TRL's colocated vLLM; auto: vllm when installed with a GPU)"),
     "sampler.group_size": mapped(
         G + "num_generations (and generation_batch_size, per_device_train_batch_size: "
@@ -266,21 +252,7 @@ VERL: dict[str, Support] = {
     "model.gradient_checkpointing": mapped("actor_rollout_ref.model.enable_gradient_checkpointing"),
     **{
         f"task.{k}": honoured("clipbench exports the task to verl's parquet format, graded by clipbench's reward")
-        for k in (
-            "name",
-            "path",
-            "config",
-            "split",
-            "template",
-            "limit",
-            "holdout",
-            "operands",
-            "digits",
-            "ops",
-            "format",
-            "train_size",
-            "test_size",
-        )
+        for k in TASK_KEYS
     },
     "sampler.backend": honoured(
         R + "name=vllm (auto: vllm on verl's GPUs)", refuse=lambda v: v == "hf", why="verl samples with vLLM"
