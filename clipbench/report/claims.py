@@ -202,11 +202,16 @@ def seed_claim(
     diffs = scale * _paired_seeds(va, vb)
     if diffs.size == 0:
         return None
+    return _seed_t(claim, source, f"{a_label} - {b_label}", figure, diffs, sorted(set(va) & set(vb)), [*a, *b])
+
+
+def _seed_t(claim: str, source: str, label: str, figure: str, diffs, seeds: list, runs) -> ClaimResult:
+    """A claim tested by a paired t over the seeds' differences `diffs` (one per seed in `seeds`)."""
     est, p = float(diffs.mean()), _ttest_rel_p(diffs)
     res = ClaimResult(
         claim,
         source,
-        f"{a_label} - {b_label}",
+        label,
         figure,
         est,
         _t_ci(diffs),
@@ -214,8 +219,8 @@ def seed_claim(
         "paired t, seeds",
         int(diffs.size),
         verdict(est, p),
-        seeds=sorted(set(va) & set(vb)),
-        checksums=_checksums([*a, *b]),
+        seeds=seeds,
+        checksums=_checksums(runs),
     )
     return _seed_design(res, diffs)
 
@@ -260,23 +265,9 @@ def accuracy_claim(
     va = _seed_accuracy([ga for ga, _ in blocks], a, metric)
     vb = _seed_accuracy([gb for _, gb in blocks], b, metric)
     if len(set(va) & set(vb)) >= SEED_TEST_MIN:
-        seed_diffs = _paired_seeds(va, vb)
-        est, p = float(seed_diffs.mean()), _ttest_rel_p(seed_diffs)
-        res = ClaimResult(
-            claim,
-            source,
-            f"{a_label} - {b_label}",
-            figure,
-            est,
-            _t_ci(seed_diffs),
-            p,
-            "paired t, seeds",
-            int(seed_diffs.size),
-            verdict(est, p),
-            seeds=sorted(set(va) & set(vb)),
-            checksums=_checksums([*a, *b]),
+        return _seed_t(
+            claim, source, f"{a_label} - {b_label}", figure, _paired_seeds(va, vb), sorted(set(va) & set(vb)), [*a, *b]
         )
-        return _seed_design(res, seed_diffs)
     diffs = [_paired_diffs(ga[0], ga[1][metric], gb[0], gb[1][metric]) for ga, gb in blocks]
     if all(d.size == 0 for d in diffs):
         return None
