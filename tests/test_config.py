@@ -227,6 +227,20 @@ def test_a_model_directory_without_weights_is_refused_before_anything_is_written
     assert not (tmp_path / "r").exists()
 
 
+@pytest.fixture
+def unloaded():
+    """The plugins a test loads are unregistered afterwards (the registries are per process, and an
+    xdist worker runs other files' registry tests after this one)."""
+    from clipbench.objectives import registry
+    from clipbench.objectives.corrections import CORRECTIONS
+
+    methods, corrections, loaded = dict(registry.METHODS), dict(CORRECTIONS), dict(registry.LOADED)
+    yield
+    for reg, saved in ((registry.METHODS, methods), (CORRECTIONS, corrections), (registry.LOADED, loaded)):
+        reg.clear()
+        reg.update(saved)
+
+
 RAISING_CORRECTION = """import torch
 from clipbench.objectives.corrections import applied, correction
 
@@ -264,7 +278,7 @@ def NAME(r, A):
         ),
     ],
 )
-def test_a_plugin_that_fails_is_caught_by_the_preflight_in_one_line(verb, plugin, key, said, tmp_path):
+def test_a_plugin_that_fails_is_caught_by_the_preflight_in_one_line(verb, plugin, key, said, tmp_path, unloaded):
     # issue 28: a raising plugin correction gave 140 lines naming neither it nor its file, and a rule
     # returning the wrong shape failed only at the first update, after the base evaluation was written
     from typer.testing import CliRunner
