@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from clipbench.errors import PREEMPTED_EXIT, RunFailed, RunPreempted, UserError
+from clipbench.errors import PREEMPTED_EXIT, RunFailed, RunPreempted, UserError, no_space_left
 
 app = typer.Typer(
     add_completion=False,
@@ -78,6 +78,11 @@ def _user_errors(fn):
         except RunPreempted as e:  # checkpointed and resumable: the same command with --resume continues
             typer.echo(f"preempted: {e}", err=True)
             raise typer.Exit(PREEMPTED_EXIT) from None
+        except OSError as e:  # a full disk outside a run (a manifest, a report): one line, exit 1
+            if no_space_left(e) is None:
+                raise
+            typer.echo(f"error: no space left on device{f' writing {e.filename}' if e.filename else ''}", err=True)
+            raise typer.Exit(1) from None
 
     return wrapper
 

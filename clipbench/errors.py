@@ -9,6 +9,8 @@ preempted; the CLI prints the resume command, exit code 75, EX_TEMPFAIL: try aga
 from __future__ import annotations
 
 import difflib
+import errno
+import os
 from collections.abc import Iterable
 
 
@@ -41,6 +43,45 @@ class RunFailed(Exception):
 class RunPreempted(Exception):
     """A run a signal (SIGTERM, or the run's launch.preempt_signal) stopped at a safe point after
     writing a checkpoint; status.json says preempted and resuming continues it. Exit code 75."""
+
+
+class DiskFull(RunFailed):
+    """No space left on the device holding the results: the run is marked failed (where its status can
+    still be written), its temporary files are removed, nothing finished is touched, and a sweep starts
+    no further run. One line, exit code 1; rerunning the same command after freeing space resumes."""
+
+    def __init__(
+        self, path, *, status_written: bool = True, remedy: str = "free space and rerun the same command to resume"
+    ):
+        self.path, self.status_written = str(path), status_written
+        note = "" if status_written else " (its status.json could not be updated: it still says running)"
+        super().__init__(
+            f"no space left on device writing {self.path}{note}; temporary files removed, finished work "
+            f"untouched: {remedy}"
+        )
+
+
+def no_space_left(exc: BaseException | None) -> OSError | None:
+    """The "no space left" error (ENOSPC or EDQUOT, or SQLite's "database or disk is full") behind `exc`:
+    searched through its causes and contexts, and through the per-rank failures of a
+    torch.distributed.checkpoint ``CheckpointException``. None when the disk is not the reason."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return e
+        if "database or disk is full" in str(e) and type(e).__name__ == "OperationalError":
+            return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        failures = getattr(e, "failures", None)  # CheckpointException: {rank: exception or (exception, tb)}
+        if isinstance(failures, dict):
+            for f in failures.values():
+                todo.extend(x for x in (f if isinstance(f, tuple) else (f,)) if isinstance(x, BaseException))
+        todo.extend(x for x in (e.__cause__, e.__context__) if isinstance(x, BaseException))
+    return None
 
 
 PREEMPTED_EXIT = 75  # EX_TEMPFAIL: a temporary failure, the same command again resumes

@@ -22,6 +22,7 @@ OUTCOME_STYLE = {
     "failed": "red",
     "failed-skipped": "red",
     "crashed": "red",
+    "disk-full": "red",
     "preempted": "yellow",
     "not-started": "yellow",
 }
@@ -102,7 +103,7 @@ class SweepProgress(AbstractContextManager):
         if tid is not None:
             self.progress.remove_task(tid)
         self._frac.pop(run_id, None)
-        if outcome in ("finished", "resumed", "failed", "crashed"):
+        if outcome in ("finished", "resumed", "failed", "crashed", "disk-full"):
             self.done += 1
         style = OUTCOME_STYLE.get(outcome, "")
         self.progress.console.print(f"[{style}]{outcome:>9}[/] {run_id} {label}" + (f"  {detail}" if detail else ""))

@@ -267,6 +267,7 @@ def finish(
     final = {t.run_id: classify(t.run_dir) for t in tasks_all}
     all_done = all(s == "finished" for s in final.values())
     failed = [r for r in results if r["outcome"] in ("failed", "crashed")]
+    disk_full = [r for r in results if r["outcome"] == "disk-full"]
     preempted = [r for r in results if r["outcome"] == "preempted"]
     not_started = [r for r in results if r["outcome"] == "not-started"]
     _finish_parent(parent, uri, experiment, sweep, "FINISHED" if all_done else ("FAILED" if failed else "RUNNING"))
@@ -278,8 +279,9 @@ def finish(
         f"{n_fin}/{len(tasks_all)} runs finished"
         + (f"; {len(locked)} locked by another process" if locked else "")
         + (f"; {len(failed)} failed (see status.json; rerun with --retry-failed)" if failed else "")
+        + (f"; {len(disk_full)} stopped by a full disk" if disk_full else "")
         + (f"; {len(preempted)} preempted (checkpointed)" if preempted else "")
-        + (f"; {len(not_started)} not started (the sweep was asked to stop)" if not_started else "")
+        + (f"; {len(not_started)} not started (the sweep stopped)" if not_started else "")
     )
     if uri and any(r.get("mlflow_offline") for r in results):
         from clipbench.tracking.mirror import sync_hint
@@ -298,7 +300,9 @@ def finish(
         )
     if results:
         _warm_metrics_cache(results_dir, sweep)
-    if failed or (launcher_rc and incomplete):
+    if disk_full:
+        err.print(f"[red]error[/]: {disk_full[0]['error']}", soft_wrap=True)
+    if failed or disk_full or (launcher_rc and incomplete):
         raise SystemExit(1)
     if preempted or not_started:
         err.print(

@@ -19,7 +19,7 @@ from rich.console import Console
 
 from clipbench.config import load_run_config, run_id
 from clipbench.engines.launch import launch_ranks, run_as_rank
-from clipbench.errors import RunFailed, RunPreempted
+from clipbench.errors import DiskFull, RunFailed, RunPreempted
 from clipbench.tracking.files import check_writable_dir
 from clipbench.tracking.store import RunDir
 from clipbench.train.checkpoint import find_checkpoint
@@ -97,6 +97,8 @@ def train_command(
         )
     except RunPreempted as e:
         raise RunPreempted(f"{e}; {resume_hint}") from None
+    except DiskFull as e:
+        raise DiskFull(e.path, status_written=e.status_written, remedy=f"free space, then {resume_hint}") from None
     for k, v in sorted(summary.items()):
         if k.startswith("eval/"):
             console.print(f"  {k} = {v:.4f}")

@@ -21,7 +21,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from clipbench.errors import RunPreempted
+from clipbench.errors import RunPreempted, no_space_left
 from clipbench.tracking.store import RunDir, RunState
 from clipbench.train.distributed import close_distributed, init_distributed, raise_on_sigterm, torchrun_command
 from clipbench.train.preempt import NO_STOP, StopRequest, preempt_signals
@@ -64,6 +64,9 @@ def run_as_rank(
         # run stays resumable. Anything else fails it (a rank's error, or a dead rank's collective).
         if isinstance(e, (KeyboardInterrupt, RunPreempted)) or (isinstance(e, SystemExit) and not dist.sharded):
             status = "KILLED"
+        elif (full := no_space_left(e)) is not None:
+            if dist.main:
+                raise rd.fail_for_disk(full) from None  # one line, not the writers' tracebacks
         elif dist.main:
             rd.set_status(
                 RunState.FAILED,

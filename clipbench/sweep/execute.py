@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from clipbench.config.labels import run_label
-from clipbench.errors import PREEMPTED_EXIT, RunPreempted, UserError, unknown_choice
+from clipbench.errors import PREEMPTED_EXIT, DiskFull, RunPreempted, UserError, no_space_left, unknown_choice
 from clipbench.sweep.manifest import read_manifest
 from clipbench.tracking.lock import try_run_lock
 from clipbench.tracking.store import RunDir, RunState
@@ -108,11 +108,13 @@ def checkpoint_step(rd: RunDir) -> int | None:
 
 
 def classify(rd: RunDir, retry_failed: bool = False) -> str:
-    """'finished' | 'failed' (to skip) | 'resume' | 'start' -- from the store alone."""
-    state = rd.state
+    """'finished' | 'failed' (to skip) | 'resume' | 'start' -- from the store alone. A run that a
+    full disk stopped is not skipped: the same command resumes it once there is room."""
+    status = rd.status()
+    state = RunState(status.get("state", RunState.PENDING.value))
     if state is RunState.FINISHED:
         return "finished"
-    if state is RunState.FAILED and not retry_failed:
+    if state is RunState.FAILED and not retry_failed and status.get("reason") != "disk-full":
         return "failed"
     return "resume" if checkpoint_step(rd) is not None else "start"
 
@@ -163,6 +165,17 @@ def run_one(
     """Train (or skip, or resume) one run of a sweep. Returns {"run_id", "outcome", ...}; never raises
     for a failing run (KeyboardInterrupt/SystemExit propagate and leave the run resumable)."""
     t0 = time.time()
+    try:
+        return _run_one(task, t0, progress=progress, on_start=on_start)
+    except DiskFull as e:
+        return _outcome(task, "disk-full", t0, error=str(e))
+    except OSError as e:  # writing the run's lock or status before training: the run's own files are whole
+        if (full := no_space_left(e)) is None:
+            raise
+        return _outcome(task, "disk-full", t0, error=str(task.run_dir.fail_for_disk(full)))
+
+
+def _run_one(task: RunTask, t0: float, *, progress, on_start) -> dict:
     rd = task.run_dir
     sweep_dir = rd.path.parent
     with try_run_lock(sweep_dir, task.run_id) as got:
@@ -200,7 +213,9 @@ def run_one(
             if rd.state is RunState.PREEMPTED:
                 return _outcome(task, "preempted", t0, resumed_from=from_step, step=rd.status().get("step"))
             if rc != 0:
-                return _outcome(task, "failed", t0, error=str(rd.status().get("error", f"exit code {rc}"))[:500])
+                st = rd.status()
+                outcome = "disk-full" if st.get("reason") == "disk-full" else "failed"
+                return _outcome(task, outcome, t0, error=str(st.get("error", f"exit code {rc}"))[:500])
             return _outcome(task, "resumed" if resume else "finished", t0, resumed_from=from_step)
         sinks = []
 
@@ -212,6 +227,8 @@ def run_one(
             summary = run_as_rank(cfg, rd, resume=resume, make_sink=make_sink, progress=progress)
         except RunPreempted:  # checkpointed: the next invocation resumes it
             return _outcome(task, "preempted", t0, resumed_from=from_step, step=rd.status().get("step"))
+        except DiskFull:
+            raise
         except Exception as e:  # noqa: BLE001 - a failing run must not stop the sweep (run_as_rank marked it failed)
             return _outcome(task, "failed", t0, error=f"{type(e).__name__}: {e}"[:500])
         offline = bool(sinks) and getattr(sinks[0], "offline", False) and cfg.tracking.mlflow
@@ -277,11 +294,13 @@ def _run_each(tasks: list[RunTask], ui, preempt, out: list[dict]) -> list[dict]:
         if ui is not None:
             ui.end_run(task.run_id, res["outcome"], task.label, _detail(res))
         out.append(res)
-        if res["outcome"] == "preempted":  # the machine is being taken back: start nothing more
+        if res["outcome"] in STOPS_SWEEP:  # the machine is being taken back, or the disk is full: start nothing more
             out.extend(_outcome(t, "not-started", time.time()) for t in tasks[i + 1 :])
             break
     return out
 
+
+STOPS_SWEEP = ("preempted", "disk-full")  # outcomes after which a sweep starts no further run
 
 _QUEUE = None
 _STOP = None  # the sweep's "start no further run" (a multiprocessing Event the sweep sets on a signal)
@@ -409,6 +428,10 @@ def run_parallel(tasks: list[RunTask], jobs: int, ui=None) -> list[dict]:
                         "outcome": "crashed",
                         "error": f"{type(e).__name__}: {e}",
                     }
+                if res["outcome"] == "disk-full":  # start no further run (queued ones included); running ones go on
+                    stop_runs.set()
+                    for f in futs:
+                        f.cancel()
                 time.sleep(0.05)  # let the pump drain the run's last events
                 if ui is not None:
                     ui.end_run(task.run_id, res["outcome"], task.label, _detail(res))

@@ -14,6 +14,7 @@ Design choices:
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -89,10 +90,18 @@ def atomic_write_text(path: str | Path, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        raise_naming(e, path)
         raise
+
+
+def raise_naming(err: BaseException, path: str | Path) -> None:
+    """Re-raise a "no space left" OSError with the file it was writing (a write to an open file
+    reports none), so the one line the user reads names it; any other error: return."""
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT) and not err.filename:
+        raise OSError(err.errno, os.strerror(err.errno), str(path)) from err
 
 
 def _jsonable(x: Any) -> Any:

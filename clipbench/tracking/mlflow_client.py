@@ -68,7 +68,10 @@ def client_for(uri: str):
         return MlflowClient(tracking_uri=uri)
     db = Path(uri[len("sqlite:///") :])
     db.parent.mkdir(parents=True, exist_ok=True)
-    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # "Creating initial tables..."
+    # Quiet "Creating initial tables..." (INFO) and the SQL store's logging of each database error with
+    # its traceback before raising it (ERROR): our callers report a failure in one line (the sink goes
+    # offline, `clipbench sync` exits 2), e.g. "database or disk is full".
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     with store_creation_lock(db):  # the client opens the store (creating its schema) here, one process at a time
         return MlflowClient(tracking_uri=uri)
 

@@ -20,18 +20,21 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import time
 from collections.abc import Iterable
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from clipbench.errors import StoreError
+from clipbench.errors import DiskFull, StoreError
 from clipbench.tracking.files import (
     REMEDIES,
     _read_text,
     atomic_write_json,
     atomic_write_text,
     dumps,
+    raise_naming,
     read_json,
     read_jsonl,
 )
@@ -173,6 +176,32 @@ class RunDir:
         cur["state"] = RunState(state).value
         atomic_write_json(self.status_path, stamp(cur))
 
+    def fail_for_disk(self, err: OSError) -> DiskFull:
+        """A run the disk stopped (`err`: no space left): its temporary files removed first (a
+        half-written checkpoint, the temp files of atomic writes: that also frees room for the
+        status), then marked failed where status.json can still be written. Returns the one-line
+        error to raise; finished files and the last whole checkpoint are not touched."""
+        self.remove_temporaries()
+        path = err.filename or self.path
+        try:
+            self.set_status(
+                RunState.FAILED,
+                error=f"no space left on device writing {path}",
+                reason="disk-full",
+                failed_at=time.time(),
+            )
+            written = True
+        except OSError:
+            written = False
+        return DiskFull(path, status_written=written)
+
+    def remove_temporaries(self) -> None:
+        """A checkpoint being written (`checkpoints/.tmp-*`) and atomic writes' temp files (`.NAME.*.tmp`)."""
+        for tmp in self.checkpoint_dir.glob(".tmp-*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+        for tmp in self.path.rglob(".*.tmp"):
+            tmp.unlink(missing_ok=True)
+
     def update_status(self, **extra: Any) -> None:
         """Fields added to status.json, its state kept."""
         self.set_status(self.state, **extra)
@@ -193,8 +222,12 @@ class RunDir:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         self._drop_torn_tail(path)
-        with open(path, "a") as f:  # closed = in the OS page cache: survives kill -9 (not power loss);
-            f.write("".join(dumps(r) + "\n" for r in rows))  # checkpoints and whole files are fsynced
+        try:
+            with open(path, "a") as f:  # closed = in the OS page cache: survives kill -9 (not power loss);
+                f.write("".join(dumps(r) + "\n" for r in rows))  # checkpoints and whole files are fsynced
+        except OSError as e:  # a torn last line is dropped by the next append or read
+            raise_naming(e, path)
+            raise
 
     def append_metrics(self, rows: Iterable[dict]) -> None:
         self.append_jsonl(self.metrics_path, rows)

@@ -22,6 +22,7 @@ Design choices
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from clipbench.errors import no_space_left
 from clipbench.tracking.files import share_like_umask
 from clipbench.train.distributed import Dist
 
@@ -55,17 +57,41 @@ def save_checkpoint(
     if dist.main:
         for stale in root.glob(".tmp-*"):  # left by a crash mid-save
             shutil.rmtree(stale, ignore_errors=True)
-    save_model_state(tmp, model=model, optimizer=optimizer, tokenizer=tokenizer, dist=dist)
-    if dist.main:
-        if partial is not None:
-            torch.save(partial, tmp / ROLLOUT)
-        full = {**state, "scheduler": scheduler.state_dict(), "world_size": dist.world, "partial": partial is not None}
-        with open(tmp / "state.json", "w") as f:
-            f.write(json.dumps(full))
-            f.flush()
-            os.fsync(f.fileno())
-        install_checkpoint(tmp, last)
+    try:
+        save_model_state(tmp, model=model, optimizer=optimizer, tokenizer=tokenizer, dist=dist)
+        if dist.main:
+            if partial is not None:
+                torch.save(partial, tmp / ROLLOUT)
+            full = {
+                **state,
+                "scheduler": scheduler.state_dict(),
+                "world_size": dist.world,
+                "partial": partial is not None,
+            }
+            with open(tmp / "state.json", "w") as f:
+                f.write(json.dumps(full))
+                f.flush()
+                os.fsync(f.fileno())
+            install_checkpoint(tmp, last)
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
+        full_disk = no_space_left(e) is not None or _nearly_full(root)
+        shutil.rmtree(tmp, ignore_errors=True)  # `last` is untouched: the previous checkpoint stays whole
+        if full_disk:  # torch's writers may report it as "unexpected pos" (the errno is lost in C++)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp)) from e
+        raise
     dist.barrier()
+
+
+NEARLY_FULL = 1 << 20  # bytes
+
+
+def _nearly_full(path: Path) -> bool:
+    """Under 1 MiB available where a checkpoint failed to write: the disk filled (a checkpoint is
+    megabytes at the least, so a write that failed with less than that left is read as no space)."""
+    try:
+        return shutil.disk_usage(path).free < NEARLY_FULL
+    except OSError:
+        return False
 
 
 def save_model_state(path: Path, *, model, optimizer, tokenizer, dist: Dist) -> None:
