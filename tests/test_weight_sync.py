@@ -16,7 +16,7 @@ import torch
 
 from clipbench.errors import UserError
 from clipbench.rollout.vllm_engine import SleepCycle, sleep_mode_error
-from clipbench.rollout.weights import checkpoint_name, training_weights
+from clipbench.rollout.weights import checkpoint_name, engine_weights, training_weights
 
 
 def tiny_qwen3(tied: bool = True, seed: int = 0):
@@ -38,6 +38,35 @@ def tiny_qwen3(tied: bool = True, seed: int = 0):
 
 # ----------------------------------------------------------------------------------------------
 # The stream
+
+
+def test_an_moe_models_packed_experts_stream_in_the_checkpoints_per_expert_layout():
+    """transformers 5 packs a Qwen3-MoE layer's experts into `mlp.experts.gate_up_proj` (8, 256, 64)
+    and `mlp.experts.down_proj` (8, 64, 128) in memory; the engine stream names and shapes them as
+    the saved checkpoint does (`mlp.experts.<e>.{gate,up,down}_proj.weight`), value for value:
+    4 layers x 8 experts x 3 = 96 expert tensors where the module has 8 packed ones."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from clipbench.models.builtin import builtin_path
+
+    path = builtin_path("arith-steps-moe")
+    model = AutoModelForCausalLM.from_pretrained(path)
+    saved = load_file(path / "model.safetensors")
+    streamed = dict(engine_weights(model))
+    assert sum("gate_up_proj" in k for k in dict(training_weights(model))) == 4  # packed in memory
+    assert sum(".experts." in k for k in streamed) == 96
+    missing = set(saved) - set(streamed)
+    assert missing <= {"lm_head.weight"} and set(streamed) - set(saved) <= {"lm_head.weight"}
+    for name, tensor in saved.items():
+        assert torch.equal(streamed[name], tensor), name
+
+
+def test_a_dense_models_stream_passes_unchanged():
+    model = tiny_qwen3(tied=False)
+    assert [(n, t.data_ptr()) for n, t in engine_weights(model)] == [
+        (n, t.data_ptr()) for n, t in training_weights(model)
+    ]
 
 
 @pytest.mark.parametrize("tied", [True, False])

