@@ -62,6 +62,7 @@ from clipbench.rollout.base import Rollout, call_settings, prompt_seeds
 from clipbench.rollout.vllm_engine import (
     SleepCycle,
     completion_logprobs,
+    count_cpu_moe_layers,
     default_kv_cache_bytes,
     head_logits,
     import_vllm,
@@ -70,7 +71,6 @@ from clipbench.rollout.vllm_engine import (
     kv_bytes_per_token,
     model_len,
     preserved_global_state,
-    count_cpu_moe_layers,
     refresh_tied_heads,
     reprepack_cpu_moe,
     sleep_mode_error,
