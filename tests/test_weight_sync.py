@@ -218,3 +218,34 @@ def test_train_with_sleep_mode_on_cpu_stops_before_writing(tmp_path):
 
     with pytest.raises(UserError, match="needs a CUDA GPU"):  # any other path refuses too
         build_sampler("vllm", None, None, max_new_tokens=4, sleep_mode=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Routing replay r3 from vLLM (its routed experts: a CUDA path; the conversion and refusals here)
+
+
+def test_vllms_routed_experts_become_the_rollouts_routes():
+    """vLLM returns (tokens, layers, k) expert ids for the tokens its forwards computed (prompt 3 +
+    completion 2 - the last sampled token = 4); a row's routes are (layers, 5, k), +1, the last
+    column 0 (no route: the live choice stands), as the HF sampler records them."""
+    import numpy as np
+
+    from clipbench.rollout.vllm_engine import routes_from_vllm
+
+    got = np.arange(4 * 2 * 2, dtype=np.uint8).reshape(4, 2, 2) % 8  # 4 tokens, 2 layers, top-2
+    routes = routes_from_vllm(got, prompt_len=3, completion_len=2)
+    assert routes.dtype == torch.int32 and routes.shape == (2, 5, 2)
+    # token t, layer l, slot j: (4t + 2l + j) % 8, +1; token 4 (the last sampled) has none
+    assert routes[0, :, 0].tolist() == [1, 5, 1, 5, 0] and routes[1, :, 1].tolist() == [4, 8, 4, 8, 0]
+    with pytest.raises(RuntimeError, match="no routed experts"):
+        routes_from_vllm(None, 3, 2)
+    with pytest.raises(RuntimeError, match=r"expected \(at most 5 tokens"):
+        routes_from_vllm(np.zeros((6, 2, 2)), 3, 2)
+
+
+def test_r3_from_vllm_is_refused_where_vllm_cannot_return_routes():
+    from clipbench.rollout.vllm_engine import routed_experts_error
+
+    assert "CUDA GPU" in routed_experts_error(cuda_available=False, has_option=True)
+    assert "installed:" in routed_experts_error(cuda_available=True, has_option=False)
+    assert routed_experts_error(cuda_available=True, has_option=True) is None

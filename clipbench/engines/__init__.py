@@ -173,13 +173,10 @@ def check_routing_replay(cfg, source: str | None, backend: str) -> None:
             f"routing replay runs on the mixture-of-experts models {', '.join(REPLAY_TYPES)}",
         )
     if mode == "r3" and backend == "vllm":
-        raise ConfigError(
-            source,
-            "model.routing_replay",
-            "r3 with sampler.backend=vllm needs vLLM's routed experts "
-            "(enable_return_routed_experts), which need its Model Runner V2 and Triton: a GPU path, not "
-            "built here; use r2, or r3 with sampler.backend=hf",
-        )
+        from clipbench.rollout.vllm_engine import routed_experts_error
+
+        if why := routed_experts_error():
+            raise ConfigError(source, "model.routing_replay", why)
 
 
 def train_run(

@@ -74,6 +74,7 @@ def build_sampler(
     sleep_mode: bool = False,
     synced_gpus: bool = False,
     model_path: str | None = None,
+    record_routes: bool = False,
 ) -> Sampler:
     """The sampler for `backend` over `model` (the training policy); `synced_gpus` when the model is
     sharded over several processes (hf: every rank generates in lockstep); `longest_new_tokens`: the
@@ -81,7 +82,8 @@ def build_sampler(
     max_new_tokens), which the vLLM engine sizes its length for. `model_path` (vllm): the engine
     starts from this checkpoint, then takes `model`'s weights by `sync_weights` (one tensor at a time,
     gathered from the shards: every rank of a sharded model calls this); without it the engine starts
-    from a copy of `model` saved to a temp dir (one process)."""
+    from a copy of `model` saved to a temp dir (one process). `record_routes`: a MoE policy's experts
+    as the sampler chose them, in `Rollout.routes` (routing replay r3)."""
     check_sleep_mode(sleep_mode, backend)
     backend = resolve_backend(backend)
     if backend == "hf":
@@ -97,6 +99,7 @@ def build_sampler(
             return_logprobs=return_logprobs,
             synced_gpus=synced_gpus,
             dtype=compute_dtype(dtype, next(model.parameters()).device),
+            record_routes=record_routes,
         )
     check_backend(backend)
     from clipbench.rollout import vllm as vllm_backend
@@ -115,6 +118,7 @@ def build_sampler(
         gpu_memory_utilization=gpu_memory_utilization,
         longest_new_tokens=longest_new_tokens,
         sleep_mode=sleep_mode,
+        record_routes=record_routes,
     )
     if model_path is not None:
         try:

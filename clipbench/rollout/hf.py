@@ -70,6 +70,7 @@ class HFSampler:
         max_batch: int | None = None,
         dtype: torch.dtype = torch.float32,
         synced_gpus: bool = False,
+        record_routes: bool = False,
     ):
         self.model, self.tokenizer = model, tokenizer
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
@@ -77,7 +78,7 @@ class HFSampler:
         self.max_batch = max_batch  # prompts per generate call (None: all at once)
         self.dtype = dtype  # compute dtype: float32 weights run under autocast when lower
         self.synced_gpus = synced_gpus  # every rank of a sharded model calls generate in lockstep
-        self.record_routes = False  # a MoE policy with routing replay r3: Rollout.routes (models/routing.py)
+        self.record_routes = record_routes  # a MoE policy with routing replay r3: Rollout.routes (models/routing.py)
         self._configs: dict = {}
         if tokenizer.pad_token_id is None:
             raise ValueError("tokenizer has no pad token; set tokenizer.pad_token")

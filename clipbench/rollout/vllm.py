@@ -73,6 +73,8 @@ from clipbench.rollout.vllm_engine import (
     preserved_global_state,
     refresh_tied_heads,
     reprepack_cpu_moe,
+    routed_experts_error,
+    routes_from_vllm,
     sleep_mode_error,
 )
 from clipbench.rollout.weights import engine_weights
@@ -107,6 +109,7 @@ class VLLMSampler:
         kv_cache_bytes: int | None = None,
         enforce_eager: bool = True,
         sleep_mode: bool = False,
+        record_routes: bool = False,
         engine_kwargs: dict | None = None,
     ):
         """
@@ -121,10 +124,16 @@ class VLLMSampler:
             at most 2 GiB; default on GPU: sized by gpu_memory_utilization.
         enforce_eager: skip torch.compile / graph capture (fast start; right for small models).
         sleep_mode: release the engine's GPU memory between samples (`sleep()`); CUDA only.
+        record_routes: a MoE policy's routed experts per token in `Rollout.routes` (routing replay
+            r3), from vLLM's `enable_return_routed_experts`; refused where vLLM cannot return them
+            (`routed_experts_error`: on CPU, and in a vLLM without the option).
         """
         _check_sampling(max_new_tokens, temperature, top_p)
         if sleep_mode and (why := sleep_mode_error()):
             raise UserError(why)
+        if record_routes and (why := routed_experts_error()):
+            raise UserError(why)
+        self.record_routes = record_routes
         if dtype not in DTYPES:
             raise ValueError(unknown_choice("dtype", dtype, DTYPES))
         if max_num_seqs < 1:
@@ -169,6 +178,8 @@ class VLLMSampler:
             )
             if sleep_mode:
                 kwargs["enable_sleep_mode"] = True
+            if record_routes:
+                kwargs["enable_return_routed_experts"] = True
             if self._trainer_group and torch.distributed.get_world_size() > 1:
                 # one engine per rank inside the trainer's torchrun world (as TRL's colocate mode)
                 kwargs["distributed_executor_backend"] = "external_launcher"
@@ -238,6 +249,7 @@ class VLLMSampler:
         with preserved_global_state():
             outputs = llm.generate(inputs, params, use_tqdm=False) if inputs else []
         rows_prompt, completions, logps, truncated = [], [], [], []
+        routes: list | None = [] if self.record_routes else None
         for ids, out in zip(prompt_ids, outputs):
             samples = sorted(out.outputs, key=lambda c: c.index)
             if len(samples) != n:
@@ -247,6 +259,8 @@ class VLLMSampler:
                 completions.append(list(c.token_ids))
                 logps.append(completion_logprobs(c.token_ids, c.logprobs))
                 truncated.append(c.finish_reason == "length")
+                if routes is not None:
+                    routes.append(routes_from_vllm(c.routed_experts, len(ids), len(c.token_ids)))
         texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True) if completions else []
         seconds = time.perf_counter() - t0
         n_tokens = sum(len(c) for c in completions)
@@ -256,6 +270,7 @@ class VLLMSampler:
             texts=texts,
             truncated=truncated,
             sampler_logp=logps,
+            routes=routes,
             stats={
                 "sample_seconds": seconds,
                 "sample_tokens": n_tokens,

@@ -192,6 +192,55 @@ def sleep_mode_error(cuda_available: bool | None = None) -> str | None:
     return None
 
 
+def routed_experts_error(cuda_available: bool | None = None, has_option: bool | None = None) -> str | None:
+    """Why vLLM cannot return a MoE policy's routed experts here (routing replay r3), or None."""
+    if has_option is None:
+        try:
+            from vllm.config.aux_output import AuxOutputConfig
+
+            has_option = "enable_return_routed_experts" in AuxOutputConfig.__dataclass_fields__
+        except (ImportError, AttributeError):
+            has_option = False
+    if not has_option:
+        import importlib.metadata
+
+        version = importlib.metadata.version("vllm") if is_available() else "none"
+        return (
+            "routing replay r3 with the vLLM sampler needs a vLLM that returns routed experts "
+            f"(enable_return_routed_experts, in vLLM 0.32); installed: {version}: upgrade vLLM, use r2, "
+            "or r3 with sampler.backend=hf"
+        )
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    if not cuda_available:
+        return (
+            "routing replay r3 with the vLLM sampler needs vLLM's routed experts "
+            "(enable_return_routed_experts), which its Model Runner V2 captures with Triton kernels: a "
+            "CUDA GPU; none is visible here: use r2, or r3 with sampler.backend=hf"
+        )
+    return None
+
+
+def routes_from_vllm(routed_experts, prompt_len: int, completion_len: int) -> torch.Tensor:
+    """One completion's routes in `Rollout.routes`' form, (layers, prompt + completion tokens, k)
+    int32 +1 with 0 where none, from vLLM's `CompletionOutput.routed_experts` ((tokens, layers, k),
+    the experts of every token its forwards computed: the prompt's, then each generated token fed
+    back; the last sampled token never is, so its column stays 0 and keeps the live choice, as with
+    the HF sampler). Layers are vLLM's decoder layers, as the trainer's routers are for a model whose
+    every layer is sparse (Qwen3-MoE, Mixtral)."""
+    if routed_experts is None:
+        raise RuntimeError("vLLM returned no routed experts for a completion (enable_return_routed_experts is off)")
+    got = torch.as_tensor(np.asarray(routed_experts).astype(np.int32))
+    total = prompt_len + completion_len
+    if got.ndim != 3 or got.shape[0] > total:
+        raise RuntimeError(
+            f"vLLM's routed experts have shape {tuple(got.shape)}; expected (at most {total} tokens, layers, k)"
+        )
+    routes = torch.zeros((got.shape[1], total, got.shape[2]), dtype=torch.int32)
+    routes[:, : got.shape[0]] = got.permute(1, 0, 2) + 1
+    return routes
+
+
 class SleepCycle:
     """Sleep/wake bookkeeping of a colocated engine; every call is a no-op when disabled.
 

@@ -168,8 +168,8 @@ def setup(
         sleep_mode=sc.sleep_mode,
         synced_gpus=dist.sharded,
         model_path=resolve_model_name(cfg.model.name) if dist.sharded else None,
+        record_routes=cfg.model.routing_replay == "r3",  # Rollout.routes: the experts the sampler chose
     )
-    sampler.record_routes = cfg.model.routing_replay == "r3"  # hf (vllm refused in preflight): Rollout.routes
     suite = eval_suite(cfg, task) if cfg.eval.benchmarks else {}
     first = next(iter(suite), None)  # decided before any rank can write an evaluation, so all agree
     evaluated = (
