@@ -256,6 +256,12 @@ def test_training_dynamics(result, tables):
     ]
 
 
+def test_no_routing_section_without_moe_runs(result):
+    from clipbench.report.routing_table import routing_table
+
+    assert result["routing"] == {} and routing_table(result["routing"], "grpo") is None
+
+
 def test_run_quadrants_without_metrics():
     assert run_quadrants([]) is None
     no_events = run_quadrants([{"step": 0, "q1/tokens": 5, "q1/zero_grad": 1}])

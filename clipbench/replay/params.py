@@ -18,18 +18,25 @@ Design choices
   the same mini-batch: KL(new || old) over the whole vocabulary at the sampling temperature, the
   mean token entropy's change, and the mean change of each completion's log-probability, for correct
   and incorrect completions apart.
+- Mixture-of-experts: a record of routing replay r2/r3 holds the route table training's forwards
+  replayed; every forward here replays it (the same hooks, models/routing.py), so the forward is
+  training's. A record of `none` holds none: its forwards routed freely, as these do.
 - Layer groups: embeddings, each decoder layer, the final norm, the head (parameter names of HF's
   decoder models); cosines per group vs the trained rule.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 from dataclasses import dataclass
 
 import torch
 
+from clipbench.errors import StoreError
+from clipbench.models.routing import RouteReplay, micro_columns
+from clipbench.tracking.records import REMEDY, TENSORS
 from clipbench.train.checkpoint import load_model_state, one_process_ok
 from clipbench.train.packing import Packed, pack
 
@@ -42,6 +49,22 @@ class PolicyState:
     packed: Packed
     temperature: float
     grad_clip: float
+    routes: torch.Tensor | None = None  # MoE routing replay: the record's route table (B, layers, columns, k) +1
+
+
+def record_routes(record) -> torch.Tensor | None:
+    """The route table a record's forwards replayed (routing replay r2/r3), or None (a dense policy,
+    routing replay none, a record from before records held routes); StoreError when a record of
+    r2/r3 lacks it."""
+    mode, routes = record.index.get("routing_replay"), record.get("routes")
+    if mode in ("r2", "r3") and routes is None:
+        raise StoreError(
+            record.path / TENSORS,
+            f"a record of model.routing_replay={mode} without its 'routes' tensor: its forwards cannot route as "
+            "training did",
+            REMEDY,
+        )
+    return routes
 
 
 def rebuild_packed(record, pad_id: int) -> Packed:
@@ -76,6 +99,10 @@ def load_state(record, opt: dict, device: str = "cpu") -> PolicyState | None:
             dcp.load({"model": sd}, checkpoint_id=str(path / "dcp"))
         model.load_state_dict(sd)
     model.to(device).train()
+    routes = record_routes(record)
+    if routes is not None:
+        RouteReplay.attach(model)
+        routes = routes.to(device=device, dtype=torch.int32)
     saved = (copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict()))
     return PolicyState(
         model,
@@ -84,14 +111,29 @@ def load_state(record, opt: dict, device: str = "cpu") -> PolicyState | None:
         rebuild_packed(record, tok.pad_token_id),
         record.index.get("temperature", 1.0),
         oc.get("grad_clip", 0.0),
+        routes,
     )
+
+
+@contextlib.contextmanager
+def _routed(state: PolicyState, rows: list[int], mb):
+    """The forwards inside route micro-batch `mb` (rows `rows`) by the record's routes, if it has them."""
+    if state.routes is None:
+        yield
+        return
+    replay = RouteReplay.of(state.model)
+    replay.replay(state.routes, torch.tensor(rows, device=state.routes.device), micro_columns(state.packed, mb))
+    try:
+        yield
+    finally:
+        replay.off()
 
 
 def _forward(state: PolicyState, rows: list[int], *, grad: bool):
     from clipbench.train.logprobs import completion_logprobs
 
     mb = state.packed.select(rows).to(next(state.model.parameters()).device)
-    with torch.set_grad_enabled(grad):
+    with torch.set_grad_enabled(grad), _routed(state, rows, mb):
         logp, ent = completion_logprobs(state.model, mb, temperature=state.temperature)
     return mb, logp, ent
 
@@ -156,17 +198,15 @@ def _dists(state: PolicyState, rows: list[int]):
     """(log-distributions over the vocabulary (b, w, V), token log-probs (b, w), entropy (b, w), mask)."""
     mb, logp, ent = _forward(state, rows, grad=False)
     T = mb.completion_ids.shape[1]
-    logits = (
-        state.model(
+    with _routed(state, rows, mb):
+        out = state.model(
             input_ids=mb.input_ids,
             attention_mask=mb.attention_mask,
             position_ids=mb.position_ids,
             use_cache=False,
             logits_to_keep=T + 1,
         )
-        .logits[:, :-1]
-        .float()
-    )
+    logits = out.logits[:, :-1].float()
     return torch.log_softmax(logits / state.temperature, -1), logp, ent, mb.completion_mask
 
 

@@ -68,6 +68,29 @@ def check_rule(run_dir: Path, path: Path) -> None:
         )
 
 
+def routes_note(run_dir: Path, records: list[Path]) -> str | None:
+    """One line when records of a run with routing replay r2/r3 (config.yaml) predate records holding
+    their routes (their index names no routing_replay): their parameter level routes freely."""
+    cfg = RunDir(run_dir).read_config() if (run_dir / "config.yaml").is_file() else None
+    mode = ((cfg or {}).get("model") or {}).get("routing_replay", "none")
+    if mode not in ("r2", "r3"):
+        return None
+    old = []
+    for path in records:
+        try:
+            if "routing_replay" not in json.loads((path / INDEX).read_text()):
+                old.append(path.name)
+        except (OSError, ValueError, TypeError):
+            continue  # a damaged index is load_record's to report
+    if not old:
+        return None
+    return (
+        f"{run_dir}: {len(old)} record(s) ({', '.join(old[:3])}{', ...' if len(old) > 3 else ''}) of "
+        f"model.routing_replay={mode} hold no routes (recorded before records held them): their parameter "
+        "level routes freely, not as training did (state/logp_max_abs_diff shows how far)"
+    )
+
+
 def check_opt_steps(records: list[Path], logged: dict[int, dict]) -> None:
     """Refuse records whose optimizer steps cannot be the run's: one recorded twice, or one the run
     never logged (shifted or out of range); one line naming the record."""
@@ -172,6 +195,8 @@ def _param_level(step, rows, results, matrix, trained: str, device) -> None:
 
     try:
         state = P.load_state(step.record, step.opt, device)
+    except StoreError:  # already one line naming the file (a record of r2/r3 without its routes)
+        raise
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - a damaged saved state (truncated): one line
         where = step.record.state(step.opt["opt_step"])
         if isinstance(e, CheckpointException) and e.failures:  # {rank: (exception, traceback)}: the cause
@@ -234,6 +259,9 @@ def replay_runs(
             continue
         for path in records:  # every record checked before any is replayed
             check_rule(run_dir, path)
+        note = routes_note(run_dir, records)
+        if note:
+            out.notes.append(note)
         check_opt_steps(records, logged)
         for path in records:
             rec = load_record(path)

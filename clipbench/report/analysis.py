@@ -10,6 +10,7 @@
                    "gain": {label: {bench|"average": {metric: percent|None}}}}],
        "quadrants": {block: {label: {...shares...}}},
        "dynamics": {block: {label: {...entropy, accuracy, off-policy out-of-band share...}}},
+       "routing": {block: {label: {...moved tokens, agreement, load, clip split...}}} (routing.py: MoE runs),
        "stability": {block: {"rates", "rules": {rule: {"method", "cells": {lr: {...}}, "critical"}}}} or None
                     (stability.py: only for a learning-rate axis),
        "claims": [...] added by report.commands.build_report (claims.py builds on these figures)}
@@ -28,6 +29,7 @@ import numpy as np
 from clipbench.report import health, stats
 from clipbench.report.correction import label_correction
 from clipbench.report.load import RunRecord, Sweep, resolve_baseline
+from clipbench.report.routing import label_routing
 from clipbench.report.stability import stability
 
 QUADRANTS = ("q1", "q2", "q3", "q4")
@@ -419,6 +421,7 @@ def analyze(
         "notes": list(sweep.notes),
         "dynamics": {},
         "correction": {},
+        "routing": {},
     }
     out["stability"] = stability(compared, out["health"])
     for model, rs in blocks.items():
@@ -426,6 +429,9 @@ def analyze(
         corr = {lb: c for lb in labels if (c := label_correction([r for r in rs if r.label == lb])) is not None}
         if corr:
             out["correction"][model] = corr
+        routing = {lb: c for lb in labels if (c := label_routing([r for r in rs if r.label == lb])) is not None}
+        if routing:
+            out["routing"][model] = routing
         for lb in labels:
             got = label_quadrants([r for r in rs if r.label == lb])
             if got is not None:

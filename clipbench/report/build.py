@@ -29,6 +29,7 @@ from clipbench.report.load import Sweep, load_results
 from clipbench.report.machines import provenance_lines, provenance_summary
 from clipbench.report.replay import replay_figures, replay_tables, sweep_replay
 from clipbench.report.replication import replicate_against, replicate_by_halves, summary_line
+from clipbench.report.routing_table import routing_table
 from clipbench.report.stability_table import stability_table
 from clipbench.report.tables import Table, build_tables, model_title
 from clipbench.tracking.files import atomic_write_json
@@ -126,6 +127,10 @@ def build_report(results_dir: Path, sweep_name: str, baseline: str | None, repli
     if corr is not None:  # before the claims and the runs table
         at = next((i for i, t in enumerate(tables) if t.key in ("claims", "runs")), len(tables))
         tables.insert(at, corr)
+    routes = routing_table(result.get("routing", {}), result["baseline"])
+    if routes is not None:  # MoE runs: before the claims and the runs table
+        at = next((i for i, t in enumerate(tables) if t.key in ("claims", "runs")), len(tables))
+        tables.insert(at, routes)
     if not any(t.key in ("table3", "quadrants") for t in tables):
         states = ", ".join(f"{v} {k}" for k, v in sorted(result["runs"]["states"].items()))
         why = "; ".join(f"{e['run_id']}: {e['reason']}" for e in result["runs"]["excluded"][:3])

@@ -13,6 +13,10 @@ Design choices
   own width), the rollout's old log-probs, advantages, mask, sampler log-probs, reference log-probs,
   the sampler correction's weights and each epoch's uniforms, plus what later rules and
   aggregations may read (rewards, correctness, prompt groups) and the token ids (text in reports).
+- A mixture-of-experts policy with routing replay (model.routing_replay r2, r3) records the route
+  table its forwards replayed (rows x layers x columns x k experts, +1, 0: none; int16), the same
+  for every epoch, so the replay's forwards route as training did; with `none` the forwards routed
+  freely, and a replay's forward of the same state routes the same way, so nothing is recorded.
   An epoch's optimizer steps cover every row once, so the log-probs are kept as (epochs, B, T): one
   slot per epoch (clipbench.tracking.records holds the layout).
 - Each optimizer step's mini-batch rows and every rank's micro-batches (placeholders included) are
@@ -109,8 +113,16 @@ def planned_bytes(cfg, packed, inputs, n_params: int) -> int:
         4 * 2 * E + 4 + 4 + 1 + 4 * sum(t is not None for t in (inputs.ref_logp, inputs.weights, inputs.sampler_logp))
     )
     per_token += 4 * E if _draws(cfg) else 0
+    routes = recorded_routes(cfg, inputs)
+    per_route = 0 if routes is None else 2 * routes[0].numel()  # int16, per row: layers x columns x k
     n_states = {"none": 0, "last": 1, "all": E * min(cfg.train.mini_batches, B)}[state_mode(cfg)]
-    return B * T * per_token + 4 * packed.input_ids.numel() + 32 * B + n_states * n_params * 12
+    return B * T * per_token + 4 * packed.input_ids.numel() + 32 * B + B * per_route + n_states * n_params * 12
+
+
+def recorded_routes(cfg, inputs) -> torch.Tensor | None:
+    """The route table the update's forwards replayed (r2, r3: (B, layers, columns, k) int32 +1), or None
+    (a dense policy, or routing replay none: the forwards routed freely)."""
+    return inputs.routes if cfg.model.routing_replay != "none" else None
 
 
 class Capture:
@@ -207,6 +219,9 @@ class Capture:
         for name in ("rewards", "correct"):
             if getattr(batch, name) is not None:
                 out[name] = getattr(batch, name).float()
+        routes = recorded_routes(self.r.cfg, inputs)
+        if routes is not None:
+            out["routes"] = routes.to(torch.int16)
         return out
 
     def index(self) -> dict:
@@ -225,6 +240,7 @@ class Capture:
                 "max_len": cfg.sampler.max_new_tokens,
             },
             "model": cfg.model.name,
+            "routing_replay": cfg.model.routing_replay,
             "temperature": cfg.sampler.temperature,
             "group_size": cfg.sampler.group_size,
             "optimizer": {
