@@ -20,14 +20,14 @@ def routing_table(by_block: dict, baseline: str | None) -> Table | None:
         "Method",
         "Seeds",
         "Moved (% tok)",
-        "Agreement per layer (%)",
-        "Load max violation mean / max",
-        *(f"{q.upper()} out of band: moved / kept (%)" for q in QUADRANTS),
-        "Q1-Q4: moved / kept (%)",
+        "Agree per layer (%)",
+        "Load maxvio mean / max",
+        *(f"{q.upper()} moved / kept" for q in QUADRANTS),
+        "Q1-Q4 moved / kept",
     ]
     t = Table(
         "routing",
-        "Mixture-of-experts routing (off-policy optimizer steps, mean ± std over seeds)",
+        "Mixture-of-experts routing and the clip (off-policy steps; Qk: % out of band of the moved / kept tokens)",
         cols,
         sections=False,
     )
@@ -57,7 +57,7 @@ def routing_table(by_block: dict, baseline: str | None) -> Table | None:
         "experts in that layer are the old ones, mean over seeds.",
         "Load max violation: per optimizer step the busiest expert's share of the top-k assignments over the "
         "mean share, - 1, in the worst layer (0: balanced); mean over the run's steps and its maximum.",
-        "Out of band, moved / kept: the quadrant's tokens outside the run's reference band, as a share of "
+        "Mean ± std over seeds. Qk moved / kept: the quadrant's tokens outside the run's reference band, as a share of "
         "its tokens whose experts moved / were kept (blank: no such token). The quadrant's tokens are "
         "report.json's routing split (moved + kept = all).",
     ]
