@@ -71,6 +71,7 @@ def test_the_routing_section_numbers_from_metrics_rows():
     got = run_routing(rows)
     assert got["steps"] == 4 and got["off_policy_steps"] == 2 and got["tokens"] == 20  # 10 + 10
     assert got["moved"] == pytest.approx(100 * 6 / 20)  # (4 + 2) moved of 20
+    assert got["moved_first"] == 0.0  # 0 of the first steps' 10 + 20 tokens
     assert got["agree"] == pytest.approx({"l0": 100 * (10 * 0.8 + 10 * 0.9) / 20, "l1": 100 * (7 + 9) / 20})
     assert got["load_maxvio"] == pytest.approx((0.5 + 1.5 + 0.2 + 0.6) / 4) and got["load_maxvio_max"] == 1.5
     s = got["split"]
@@ -88,7 +89,7 @@ def test_the_routing_section_numbers_from_metrics_rows():
     both = label_routing([Run(rows), Run(rows[:2])])  # the second seed: rollout step 0 only
     assert both["seeds"] == 2 and both["moved"]["mean"] == pytest.approx((30 + 40) / 2)  # 6/20, 4/10
     t = routing_table({"m": {"grpo": both}}, None)
-    assert t.rows[0][:3] == ["grpo", "2", "35.0 ± 7.1"]  # sample std of 30, 40: 7.07
+    assert t.rows[0][:4] == ["grpo", "2", "0.0", "35.0 ± 7.1"]  # sample std of 30, 40: 7.07
     assert t.notes[0].startswith("Reading: ") and "more often than" in t.notes[0]
     assert routing_table({}, None) is None
 
@@ -222,6 +223,7 @@ def test_the_report_has_a_routing_section_that_adds_up_with_the_runs_metrics(swe
         (e,) = [e for lb, e in labels.items() if mode in lb]
         off = off_policy_rows(rows)
         assert e["seeds"] == 1 and len(off) == 6  # 2 rollout steps x (4 - 1) optimizer steps
+        assert e["moved_first"]["mean"] == 0.0  # none and r2: the first step's forward is the old one
         split = e["split"]
         for q in ("q1", "q2", "q3", "q4", "all"):  # moved + kept = the quadrant's tokens
             assert (
