@@ -81,6 +81,10 @@ study-replay: install ## Study (c), docs/studies/replay.md: grpo on the quicksta
 	$(VENV)/bin/clipbench sweep sweeps/study_replay.yaml --results-dir $(RESULTS) --jobs 2
 	$(PY) scripts/replay_study.py --results-dir $(RESULTS) --sweep study_replay --out docs/studies
 
+study-moe: install ## Issue 24 part 6, docs/moe.md: grpo, gspo, nsr (sequence) x routing replay none / r2 on builtin:arith-steps-moe, 10 seeds (60 runs)
+	$(VENV)/bin/clipbench sweep sweeps/study_moe.yaml --results-dir $(RESULTS) --jobs 2
+	$(VENV)/bin/clipbench report study_moe --results-dir $(RESULTS) --format markdown --out docs/studies/moe
+
 reproduce-table3: install ## ABC-GRPO Table 3 (GPU + vLLM); SCALE=tiny: same pipeline on CPU
 	bash recipes/abc_grpo_table3/reproduce.sh $(SCALE) $(RESULTS)
 
@@ -92,4 +96,4 @@ dist: install ## Build the wheel and sdist into dist/ (recipes and sweeps inside
 clean: ## Remove generated results (keeps results/README.md)
 	find $(RESULTS) -mindepth 1 ! -name README.md -exec rm -rf {} +
 
-.PHONY: help install install-browser dist lint test test-verl test-vllm bench quickstart reproduce-table3 study study-stability study-replay test-fast clean
+.PHONY: help install install-browser dist lint test test-verl test-vllm bench quickstart reproduce-table3 study study-stability study-replay study-moe test-fast clean

@@ -3,10 +3,11 @@
 
 Fast: the routing section's numbers from metrics rows (golden arithmetic); no section without
 routing metrics.
-Slow (a sweep of 2 real runs of builtin:arith-steps-moe, routing replay r2 recorded and none, 2
-rollout steps of 4 optimizer steps): the r2 record holds the replayed routes; the trained rule
+Slow (a sweep of 3 real recorded runs of builtin:arith-steps-moe, routing replay r2, r3 and none,
+2 rollout steps of 4 optimizer steps): the r2/r3 records hold the replayed routes; the trained rule
 replays every logged loss exactly; at the recorded states the parameter level's forward, routed by
-the record, is training's (log-probs equal, gradient norm as logged) and is not without the routes;
+the record, is training's (log-probs equal, gradient norm as logged) and is not without the routes
+(none: the free forward is training's);
 a record of r2 without its routes is refused in one line, an older one is noted; the report's
 routing section adds up with the runs' metrics.
 """
@@ -71,6 +72,7 @@ def test_the_routing_section_numbers_from_metrics_rows():
     got = run_routing(rows)
     assert got["steps"] == 4 and got["off_policy_steps"] == 2 and got["tokens"] == 20  # 10 + 10
     assert got["moved"] == pytest.approx(100 * 6 / 20)  # (4 + 2) moved of 20
+    assert got["moved_first"] == 0.0  # 0 of the first steps' 10 + 20 tokens
     assert got["agree"] == pytest.approx({"l0": 100 * (10 * 0.8 + 10 * 0.9) / 20, "l1": 100 * (7 + 9) / 20})
     assert got["load_maxvio"] == pytest.approx((0.5 + 1.5 + 0.2 + 0.6) / 4) and got["load_maxvio_max"] == 1.5
     s = got["split"]
@@ -88,7 +90,7 @@ def test_the_routing_section_numbers_from_metrics_rows():
     both = label_routing([Run(rows), Run(rows[:2])])  # the second seed: rollout step 0 only
     assert both["seeds"] == 2 and both["moved"]["mean"] == pytest.approx((30 + 40) / 2)  # 6/20, 4/10
     t = routing_table({"m": {"grpo": both}}, None)
-    assert t.rows[0][:3] == ["grpo", "2", "35.0 ± 7.1"]  # sample std of 30, 40: 7.07
+    assert t.rows[0][:4] == ["grpo", "2", "0.0", "35.0 ± 7.1"]  # sample std of 30, 40: 7.07
     assert t.notes[0].startswith("Reading: ") and "more often than" in t.notes[0]
     assert routing_table({}, None) is None
 
@@ -110,43 +112,53 @@ def _train(path: Path, *extra: str):
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory) -> Path:
-    """<root>/moe/<run_id> x 2: routing replay r2 (recorded) and none."""
+    """<root>/moe/<run_id> x 3: routing replay r2, r3 and none, each recorded."""
     from clipbench.config import load_run_config, run_id
 
     root = tmp_path_factory.mktemp("moe_report")
-    for mode, extra in (("r2", RECORD), ("none", [])):
-        over = [f"model.routing_replay={mode}", *extra]
+    for mode in ("r2", "r3", "none"):
+        over = [f"model.routing_replay={mode}", *RECORD]
         _train(root / "moe" / run_id(load_run_config(RECIPE, RUN + over)), *over)
     return root
 
 
-def _r2_run(sweep: Path) -> Path:
+def _run(sweep: Path, mode: str) -> Path:
     from clipbench.tracking.store import RunDir
 
-    (path,) = [p for p in (sweep / "moe").iterdir() if (p / "record").is_dir()]
-    assert RunDir(path).read_config()["model"]["routing_replay"] == "r2"
+    (path,) = [
+        p
+        for p in (sweep / "moe").iterdir()
+        if (p / "config.yaml").is_file() and RunDir(p).read_config()["model"]["routing_replay"] == mode
+    ]
     return path
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_moe_record_replays_its_losses_and_routes_its_forwards_as_training_did(sweep):
+@pytest.mark.parametrize("mode", ["r2", "r3", "none"])
+def test_a_moe_record_replays_its_losses_and_routes_its_forwards_as_training_did(sweep, mode):
+    """r2, r3: the record holds the route table the update replayed, and the parameter level's forward
+    routed by it is training's (routing freely is not: the routes had moved by the saved state);
+    none: no routes, and the free forward is training's."""
     from clipbench.replay import params as P
     from clipbench.replay.rules import RuleSpec
     from clipbench.replay.tokens import OptStepView, replay_rule
     from clipbench.tracking.records import list_records, load_record
     from clipbench.tracking.store import RunDir
 
-    run = _r2_run(sweep)
+    run = _run(sweep, mode)
     logged = {r["opt_step"]: r for r in RunDir(run).read_metrics()}
     n = states = 0
     for path in list_records(run):
         record = load_record(path)
         routes = record.get("routes")
-        assert record.index["routing_replay"] == "r2" and routes.dtype == torch.int16
-        B, W = record.get("prompt_ids").shape[0], record.get("prompt_ids").shape[1] + record.get("mask").shape[1]
-        assert tuple(routes.shape) == (B, 4, W, 2)  # rows x layers x columns x top-2
-        assert int(routes.min()) >= 0 and int(routes.max()) <= 8  # expert + 1 (0: none)
+        assert record.index["routing_replay"] == mode
+        if mode == "none":
+            assert routes is None
+        else:
+            B, W = record.get("prompt_ids").shape[0], record.get("prompt_ids").shape[1] + record.get("mask").shape[1]
+            assert routes.dtype == torch.int16 and tuple(routes.shape) == (B, 4, W, 2)  # rows x layers x columns x k
+            assert int(routes.min()) >= 0 and int(routes.max()) <= 8  # expert + 1 (0: none)
         trained = RuleSpec.of("grpo", record.index["objective"]["params"])
         for opt in record.index["opt_steps"]:
             step = OptStepView(record, opt)
@@ -158,11 +170,12 @@ def test_a_moe_record_replays_its_losses_and_routes_its_forwards_as_training_did
             states += 1
             assert logged[opt["opt_step"]]["routing/changed_frac"] > 0  # the routes had moved by then
             grads, diff = P.param_gradients(state, step, {"grpo": replay_rule(step, trained)})
-            assert diff == 0.0  # routed by the record: training's forward
+            assert diff == 0.0  # training's forward (r2, r3: routed by the record)
             assert P.global_norm(grads["grpo"]) == pytest.approx(logged[opt["opt_step"]]["grad_norm"], rel=1e-5)
-            state.routes = None  # free routing: another forward (what the replay did before routes were recorded)
-            _, free = P.param_gradients(state, step, {"grpo": replay_rule(step, trained)})
-            assert free > 1e-4, free
+            if mode != "none":
+                state.routes = None  # free routing: another forward (the replay before routes were recorded)
+                _, free = P.param_gradients(state, step, {"grpo": replay_rule(step, trained)})
+                assert free > 1e-4, free
     assert n == 8 and states == 2  # 2 rollout steps x 4 optimizer steps; state: last
 
 
@@ -177,7 +190,7 @@ def test_a_moe_record_without_its_routes_is_refused_or_noted_in_one_line(sweep, 
     from clipbench.replay.run import replay_runs
 
     run = tmp_path / "run"
-    shutil.copytree(_r2_run(sweep), run)
+    shutil.copytree(_run(sweep, "r2"), run)
     rec = run / "record" / "step_000000"
     tensors = load_file(str(rec / "tensors.safetensors"))
     del tensors["routes"]
@@ -203,16 +216,18 @@ def test_the_report_has_a_routing_section_that_adds_up_with_the_runs_metrics(swe
     from clipbench.report.routing import off_policy_rows
     from clipbench.tracking.store import RunDir
 
-    s, result, tables, header = build_report(sweep, "moe", baseline=None)
+    root = tmp_path / "results"  # without the record: the report's replay section (every rule) is replay's
+    shutil.copytree(sweep, root, ignore=shutil.ignore_patterns("record"))
+    s, result, tables, header = build_report(root, "moe", baseline=None)
     written = write_report(s, result, tables, header, "markdown", tmp_path / "rep")
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "Mixture-of-experts routing" in md and "Reading: " in md
     (t,) = [t for t in tables if t.key == "routing"]
-    assert len(t.rows) == 2
+    assert len(t.rows) == 3
     routing = json.loads((tmp_path / "rep" / "report.json").read_text())["routing"]
     (labels,) = routing.values()
-    assert len(labels) == 2 and tmp_path / "rep" / "report.json" in written
-    for run in (sweep / "moe").iterdir():
+    assert len(labels) == 3 and tmp_path / "rep" / "report.json" in written
+    for run in (root / "moe").iterdir():
         if not (run / "config.yaml").is_file():
             continue
         rows = RunDir(run).read_metrics()
@@ -220,6 +235,7 @@ def test_the_report_has_a_routing_section_that_adds_up_with_the_runs_metrics(swe
         (e,) = [e for lb, e in labels.items() if mode in lb]
         off = off_policy_rows(rows)
         assert e["seeds"] == 1 and len(off) == 6  # 2 rollout steps x (4 - 1) optimizer steps
+        assert e["moved_first"]["mean"] == 0.0  # none, r2: the old forward; r3: the sampler's routes, the same here
         split = e["split"]
         for q in ("q1", "q2", "q3", "q4", "all"):  # moved + kept = the quadrant's tokens
             assert (

@@ -7,6 +7,8 @@ From each run's metrics rows (docs/metrics.md: `routing/*`, `experts_moved/<cell
 `experts_kept/<cell>/*`, logged per optimizer step by a MoE policy on the HF path). Routes can only
 move after the first optimizer step of a rollout step (that step's forward is the old forward's), so
 the agreement and the clip split are taken over the other, off-policy, steps:
+- `moved_first`: the same share at the first optimizer step of each rollout step: 0 by construction
+  with none and r2 (that forward is the old one); with r3 the sampler's experts against the trainer's;
 - `moved`: % of the valid completion tokens with at least one decoder layer whose experts differ
   from the old forward's (or the sampler's, r3), summed over the off-policy steps
   (sum of `experts_moved/<cell>/tokens` / sum of `<cell>/tokens`);
@@ -60,6 +62,7 @@ def run_routing(metrics: Sequence[Mapping]) -> dict | None:
     if not rows:
         return None
     off = off_policy_rows(rows)
+    first = [r for r in rows if not any(r is o for o in off)]
     tokens = sum(_tokens(r) for r in off)
     layers = sorted(int(k.rsplit("/l", 1)[1]) for k in rows[0] if k.startswith("routing/agree/l"))
     split: dict = {}
@@ -77,6 +80,9 @@ def run_routing(metrics: Sequence[Mapping]) -> dict | None:
         "off_policy_steps": len(off),
         "tokens": tokens,
         "moved": _share(sum(_sum(off, f"experts_moved/{c}/tokens") for c in CELLS), tokens),
+        "moved_first": _share(
+            sum(_sum(first, f"experts_moved/{c}/tokens") for c in CELLS), sum(_tokens(r) for r in first)
+        ),
         "agree": {
             f"l{i}": _share(sum(_tokens(r) * r.get(f"routing/agree/l{i}", math.nan) for r in off), tokens)
             for i in layers
@@ -102,6 +108,7 @@ def label_routing(runs) -> dict | None:
         "seeds": len(per_run),
         "tokens": sum(r["tokens"] for r in per_run),
         "moved": _ms([r["moved"] for r in per_run]),
+        "moved_first": _ms([r["moved_first"] for r in per_run]),
         "agree": {k: _ms([r["agree"].get(k, math.nan) for r in per_run]) for k in first["agree"]},
         "load_maxvio": _ms([r["load_maxvio"] for r in per_run]),
         "load_maxvio_max": {"mean": max(r["load_maxvio_max"] for r in per_run), "std": 0.0},
