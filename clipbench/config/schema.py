@@ -167,6 +167,66 @@ class Source:
         return None
 
 
+# ---- components: the typed slots ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A component of a run: its name in its registry and its parameters (the registry's defaults
+    filled in once validated). ``slot(cfg, "objective")`` reads one from a RunConfig."""
+
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SlotDecl:
+    """Where a component slot lives in the run config and how it is stored.
+
+    The one YAML form of every slot is ``<key>: {name: <component>, <param>: <value>, ...}`` (a
+    sweep's axes: ``<key>.name`` and ``<key>.<param>``). The stored form (what `to_dict` returns, the
+    manifest records and the run id hashes) is the older one, unchanged so that every run id and
+    results store stays valid: the name under ``name_key`` (``method`` for the objective), and a
+    bare name for the slots whose components take no parameters (``bare``)."""
+
+    slot: str  # the slot's own name: objective | correction | aggregation | advantage
+    key: str  # its dotted place in the run config
+    name_key: str = "name"  # the stored form's key of the name
+    bare: bool = False  # stored as the bare name: its components take no parameters
+    help: str = ""
+
+    @property
+    def name_path(self) -> str:
+        """The dotted key of the name in the stored form (a sweep point's key)."""
+        return self.key if self.bare else f"{self.key}.{self.name_key}"
+
+    def name_keys(self) -> tuple[str, ...]:
+        """Every dotted key that names the component (the one form's first)."""
+        return tuple(dict.fromkeys((f"{self.key}.name", self.name_path)))
+
+
+SLOTS: dict[str, SlotDecl] = {
+    d.slot: d
+    for d in (
+        SlotDecl("objective", "objective", name_key="method", help="the clipping rule (`clipbench methods`)"),
+        SlotDecl("correction", "sampler.correction", help="the sampler/trainer correction (needs old_logp: recompute)"),
+        SlotDecl("aggregation", "train.agg", bare=True, help="how token losses reduce to the loss"),
+        SlotDecl("advantage", "train.advantage", bare=True, help="the advantage estimator"),
+    )
+}
+
+
+def slot_of(key: str) -> tuple[SlotDecl, str | None] | None:
+    """(the slot, the parameter) a dotted key names: ``None`` parameter for the component's name;
+    None when the key is outside every slot."""
+    for decl in SLOTS.values():
+        if key in decl.name_keys():
+            return decl, None
+        if not decl.bare and key.startswith(decl.key + "."):
+            return decl, key[len(decl.key) + 1 :]
+    return None
+
+
 # Every leaf of RunConfig that is neither a bool, a closed choice (CHOICES and `load.choices`) nor
 # free-form (`objective`: checked against its method's parameters; `sampler.correction`: against the
 # correction's; `trl`: TRL's GRPOConfig fields, checked by TRL) has a declaration here.
