@@ -8,6 +8,7 @@ from clipbench.config.load import (
     parse_overrides,
     read_yaml,
     run_id,
+    setting,
     to_dict,
     validate,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "parse_overrides",
     "read_yaml",
     "run_id",
+    "setting",
     "to_dict",
     "validate",
 ]

@@ -7,6 +7,7 @@ Every failure is a `ConfigError(file, key, reason)`: one line, exit code 2 at th
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import hashlib
@@ -538,6 +539,29 @@ def run_id(cfg: RunConfig | Mapping) -> str:
         d["sampler"] = _id_sampler(d["sampler"])
     blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+@functools.lru_cache(maxsize=1)
+def _defaults() -> dict:
+    return to_dict(RunConfig())
+
+
+def setting(config: RunConfig | Mapping, key: str) -> Any:
+    """The value of the dotted run-config `key` in a run config: a RunConfig, or a stored one (a
+    manifest's, a run's run_config.json, perhaps written before the key existed), where a key it
+    lacks reads as the schema's default (the one owner of defaults: no reader keeps its own copy).
+    KeyError for a key that is not a field of RunConfig.
+
+        setting(manifest_cfg, "launch.nproc_per_node") -> 1 (for a config from before `launch`)"""
+    default: Any = _defaults()
+    node: Any = to_dict(config) if isinstance(config, RunConfig) else config
+    for part in key.split("."):
+        default = default[part]  # KeyError: not a key of the run config
+        node = node.get(part, _UNSET) if isinstance(node, Mapping) else _UNSET
+    return copy.deepcopy(default) if node is _UNSET else node
+
+
+_UNSET = object()
 
 
 def dump_yaml(cfg: RunConfig | Mapping) -> str:

@@ -37,6 +37,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from clipbench.config.load import setting
 from clipbench.errors import UserError
 from clipbench.integrations.verl_settings import (
     MODULE,
@@ -233,7 +234,7 @@ def verl_overrides(
         "reward.custom_reward_function.path": str(Path(__file__).with_name("verl_reward.py")),
         "reward.custom_reward_function.name": "compute_score",
         "trainer.logger": ["console"]
-        + [s for s in cfg["tracking"].get("sinks", ["mlflow"]) if s != "mlflow" or cfg["tracking"]["mlflow"]],
+        + [s for s in setting(cfg, "tracking.sinks") if s != "mlflow" or setting(cfg, "tracking.mlflow")],
         "trainer.project_name": cfg["tracking"]["experiment"],
         "trainer.experiment_name": experiment,
         "trainer.total_training_steps": tc["steps"],

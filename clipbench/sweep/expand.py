@@ -31,7 +31,7 @@ from typing import Any
 
 from clipbench.config import compose, run_id, to_dict, validate
 from clipbench.config.labels import METHOD_KEY, OBJ, label
-from clipbench.config.load import PATH_KEYS, deep_merge, migrate, outside_id, set_dotted
+from clipbench.config.load import PATH_KEYS, deep_merge, migrate, outside_id, set_dotted, setting
 from clipbench.config.schema import SLOTS, leaf_keys, slot_of
 from clipbench.errors import ConfigError, UserError, did_you_mean, unknown_choice
 from clipbench.objectives import METHODS, validate_params
@@ -345,7 +345,7 @@ _TOP_KEYS = _top_keys()
 def iter_summary(runs: Mapping[str, dict], points: Mapping[str, dict]) -> Iterable[dict]:
     """One row per run for tables: run_id, method, parameters, seed, steps, other axes."""
     for rid, cfg in runs.items():
-        obj = dict(cfg.get("objective", {}))
+        obj = dict(setting(cfg, "objective"))
         m = obj.pop("method", "?")
         pt = points.get(rid, {})
         other = {k: v for k, v in pt.items() if not k.startswith(OBJ) and k != "seed"}
@@ -353,7 +353,7 @@ def iter_summary(runs: Mapping[str, dict], points: Mapping[str, dict]) -> Iterab
             "run_id": rid,
             "method": m,
             "params": obj,
-            "seed": cfg.get("seed"),
-            "steps": cfg.get("train", {}).get("steps"),
+            "seed": setting(cfg, "seed"),
+            "steps": setting(cfg, "train.steps"),
             "other": other,
         }

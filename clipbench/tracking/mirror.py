@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from clipbench.config.load import setting
 from clipbench.tracking.provenance import provenance_params, read_provenance
 from clipbench.tracking.records import list_records
 from clipbench.tracking.store import RunDir
@@ -145,14 +146,14 @@ def run_params(config: Mapping, backend: str | None = None) -> dict[str, Any]:
     from clipbench.objectives import effective_bounds
 
     params = flatten(dict(config))
-    obj = dict(config.get("objective", {}))
+    obj = dict(setting(config, "objective"))
     method = obj.pop("method", None)
     if method is not None:
         try:
             params.update({f"rule.{k}": v for k, v in effective_bounds(method, obj).items()})
         except ValueError:
             pass
-    correction = (config.get("sampler") or {}).get("correction")
+    correction = setting(config, "sampler.correction")
     if isinstance(correction, Mapping):  # its unit and which tokens stay in the denominators (correction.*)
         from clipbench.objectives.corrections import describe
 
@@ -175,9 +176,9 @@ def run_tags(config: Mapping, *, sweep: str, run_id: str) -> dict[str, str]:
     return {
         "sweep": sweep,
         "run_id": run_id,
-        "method": str(config.get("objective", {}).get("method", "")),
-        "seed": str(config.get("seed", "")),
-        "model": str(config.get("model", {}).get("name", "")),
+        "method": str(setting(config, "objective.method")),
+        "seed": str(setting(config, "seed")),
+        "model": str(setting(config, "model.name")),
         ROLE_TAG: "run",
     }
 
