@@ -117,18 +117,18 @@ def check_plugin_code(cfg) -> None:
     the test suite's)."""
     import torch
 
+    from clipbench.config.load import slot
     from clipbench.objectives import METHODS, policy_loss
-    from clipbench.objectives.corrections import apply_correction, get_correction
+    from clipbench.objectives.corrections import NONE, apply_correction, get_correction
 
     g = torch.Generator().manual_seed(0)
     old = -torch.rand(4, 3, generator=g)  # (B, T)
     logp = (old + 0.3 * torch.randn(4, 3, generator=g)).requires_grad_(True)
     mask, A = torch.ones(4, 3), torch.tensor([1.0, -1.0, 0.5, -0.5])  # (B,)
-    obj = dict(cfg.objective)
-    method = obj.pop("method")
-    if METHODS[method].origin is not None:
+    rule = slot(cfg, "objective")
+    if METHODS[rule.name].origin is not None:
         out = policy_loss(
-            method,
+            rule.name,
             logp,
             old,
             A,
@@ -137,12 +137,12 @@ def check_plugin_code(cfg) -> None:
             rewards=A,
             entropy=torch.rand(4, 3, generator=g),
             groups=torch.tensor([0, 0, 1, 1]),
-            **obj,
+            **rule.params,
         )
         out.loss.backward()
-    correction = dict(cfg.sampler.correction)
-    if correction.get("name", "none") != "none" and get_correction(correction["name"]).origin is not None:
-        apply_correction(correction, old, logp.detach(), mask)
+    correction = slot(cfg, "correction")
+    if correction.name != NONE and get_correction(correction.name).origin is not None:
+        apply_correction({"name": correction.name, **correction.params}, old, logp.detach(), mask)
 
 
 def check_sinks(cfg) -> None:

@@ -24,10 +24,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from clipbench.config.schema import TaskConfig, leaf_keys
+from clipbench.config.load import setting
+from clipbench.config.schema import EvalConfig, TaskConfig, TrackingConfig, leaf_keys
 
 # Every task.* key: both engines hand the whole task to clipbench's own loader and grader.
 TASK_KEYS = tuple(f.name for f in dataclasses.fields(TaskConfig))
+# Every eval.* and tracking.* key: clipbench's own evaluation and results store run them on engine trl.
+EVAL_KEYS = tuple(f.name for f in dataclasses.fields(EvalConfig))
+TRACKING_KEYS = tuple(f.name for f in dataclasses.fields(TrackingConfig))
 
 
 @dataclass(frozen=True)
@@ -220,11 +224,8 @@ TRL: dict[str, Support] = {
     ),
     "train.record.max_mb": honoured("ClipbenchGRPOTrainer(record=...) size cap"),
     "plugins": honoured("imported in every process"),
-    **{
-        f"eval.{k}": honoured(_EVAL)
-        for k in ("every", "benchmarks", "n", "limit", "data_dir", "temperature", "top_p", "max_new_tokens", "at_start")
-    },
-    **{f"tracking.{k}": honoured(_TRACK) for k in ("mlflow", "tracking_uri", "experiment", "batch_every", "sinks")},
+    **{f"eval.{k}": honoured(_EVAL) for k in EVAL_KEYS},
+    **{f"tracking.{k}": honoured(_TRACK) for k in TRACKING_KEYS},
     "launch.nproc_per_node": honoured("torchrun processes (TRL's accelerate reads their environment)"),
     "launch.preempt_signal": refused(
         "TRL's trainer has no preemption checkpoint (its generation buffer is not "
@@ -387,9 +388,8 @@ def refusals(cfg_dict: Mapping[str, Any], engine: str) -> list[tuple[str, str]]:
     from clipbench.yamlio import flatten
 
     flat = flatten(cfg_dict)
-    flat["trl"] = cfg_dict.get("trl") or {}
-    flat["objective"] = cfg_dict.get("objective")
-    flat["sampler.correction"] = (cfg_dict.get("sampler") or {}).get("correction")
+    for key in ("trl", "objective", "sampler.correction"):  # the free-form mappings: one key each
+        flat[key] = setting(cfg_dict, key)
     defaults = schema_defaults()
     out = []
     for key, support in KEYS[engine].items():

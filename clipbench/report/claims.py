@@ -323,8 +323,8 @@ def _params(r: RunRecord) -> dict:
 
 
 def _lr_setting(runs: Sequence[RunRecord]) -> tuple:
-    train = runs[0].config.get("train") or {}
-    return (train.get("lr"), train.get("lr_schedule"))
+    first = runs[0].config
+    return (setting(first, "train.lr"), setting(first, "train.lr_schedule"))
 
 
 def stability_claims(

@@ -197,7 +197,7 @@ class _Base:
         if spec.plugins:  # every run lists the sweep's plugins after the recipe's (workers import them)
             from clipbench.objectives.plugins import merge_specs
 
-            cfg["plugins"] = merge_specs(cfg.get("plugins") or [], spec.plugins)
+            cfg["plugins"] = merge_specs(cfg["plugins"], spec.plugins)
         self.objective_defaults = dict(cfg.pop("objective"))
         sweep_dir = spec.file.resolve().parent
         for layer, src, prefix, base_dir in (
