@@ -553,8 +553,15 @@ def setting(config: RunConfig | Mapping, key: str) -> Any:
     KeyError for a key that is not a field of RunConfig.
 
         setting(manifest_cfg, "launch.nproc_per_node") -> 1 (for a config from before `launch`)"""
+    if isinstance(config, RunConfig):
+        node: Any = config
+        for part in key.split("."):
+            if not hasattr(node, part):
+                raise KeyError(key)
+            node = getattr(node, part)
+        return node
     default: Any = _defaults()
-    node: Any = to_dict(config) if isinstance(config, RunConfig) else config
+    node = config
     for part in key.split("."):
         default = default[part]  # KeyError: not a key of the run config
         node = node.get(part, _UNSET) if isinstance(node, Mapping) else _UNSET

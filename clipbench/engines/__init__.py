@@ -47,8 +47,6 @@ RUN_ENGINES = tuple(name for name, e in ENGINES.items() if e.in_process)  # the 
 def check(cfg, source: str | None = None, *, engine: str | None = None) -> None:
     """ConfigError naming the key when `engine` (default: the run config's) cannot run `cfg` as set:
     an unknown engine, a refused key (engines/keys.py), or an engine's own check of several keys."""
-    import dataclasses
-
     name = engine or cfg.engine
     if engine is None and name not in RUN_ENGINES:
         raise ConfigError(
@@ -61,7 +59,7 @@ def check(cfg, source: str | None = None, *, engine: str | None = None) -> None:
                 else ""
             ),
         )
-    for key, reason in refusals(dataclasses.asdict(cfg), name):
+    for key, reason in refusals(cfg, name):
         raise ConfigError(source, key, f"engine '{name}' cannot honour it: {reason}")
     if name == "trl":
         from clipbench.engines.trl import check_config

@@ -19,13 +19,12 @@ Every leaf of the run config has an entry for every engine (tests/test_engines.p
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from clipbench.config.load import setting
-from clipbench.config.schema import EvalConfig, TaskConfig, TrackingConfig, leaf_keys
+from clipbench.config.schema import EvalConfig, RunConfig, TaskConfig, TrackingConfig, leaf_keys
 
 # Every task.* key: both engines hand the whole task to clipbench's own loader and grader.
 TASK_KEYS = tuple(f.name for f in dataclasses.fields(TaskConfig))
@@ -368,32 +367,13 @@ VERL: dict[str, Support] = {
 KEYS: dict[str, dict[str, Support]] = {"builtin": BUILTIN, "trl": TRL, "verl": VERL}
 
 
-@functools.lru_cache(maxsize=1)
-def schema_defaults() -> dict[str, Any]:
-    """{dotted leaf key: its schema default}."""
-    from clipbench.config.schema import RunConfig
-    from clipbench.yamlio import flatten
-
-    defaults = dataclasses.asdict(RunConfig())
-    return {
-        **flatten(defaults),
-        "objective": defaults["objective"],
-        "trl": {},
-        "sampler.correction": defaults["sampler"]["correction"],
-    }
-
-
-def refusals(cfg_dict: Mapping[str, Any], engine: str) -> list[tuple[str, str]]:
-    """[(key, reason)] for every key of a resolved run config (dict) that `engine` cannot honour."""
-    from clipbench.yamlio import flatten
-
-    flat = flatten(cfg_dict)
-    for key in ("trl", "objective", "sampler.correction"):  # the free-form mappings: one key each
-        flat[key] = setting(cfg_dict, key)
-    defaults = schema_defaults()
+def refusals(cfg: RunConfig | Mapping[str, Any], engine: str) -> list[tuple[str, str]]:
+    """[(key, reason)] for every key of a resolved run config (a RunConfig or its stored dict) that
+    `engine` cannot honour."""
+    defaults = RunConfig()
     out = []
     for key, support in KEYS[engine].items():
-        problem = support.problem(flat.get(key), defaults.get(key))
+        problem = support.problem(setting(cfg, key), setting(defaults, key))
         if problem:
             out.append((key, problem))
     return out
