@@ -132,3 +132,16 @@ def test_an_unknown_slot_parameter_or_name_names_the_sweep_key(tmp_path):
         with pytest.raises(ConfigError) as e:
             expand(load_spec(_sweep(tmp_path, body)))
         assert e.value.key == where and reason in e.value.reason, (e.value.key, e.value.reason)
+
+
+def test_a_correction_setting_applies_to_every_correction_of_the_sweep_that_declares_it(tmp_path):
+    """A recipe with {name: tis, level: sequence} and a name axis [tis, icepop]: tis and icepop both
+    declare `level`, so both runs are sequence-level (the one rule: as objective settings always
+    were; before the slots the icepop run fell back to icepop's default, token)."""
+    recipe = yaml.safe_load(RECIPE.read_text())
+    recipe.setdefault("sampler", {})["correction"] = {"name": "tis", "level": "sequence"}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
+    f = _sweep(tmp_path, {"base": str(tmp_path / "r.yaml"), "grid": {"sampler.correction.name": ["tis", "icepop"]}})
+    corr = {c["sampler"]["correction"]["name"]: c["sampler"]["correction"] for c in expand(load_spec(f)).runs.values()}
+    assert corr["tis"]["level"] == corr["icepop"]["level"] == "sequence"
+    assert corr["icepop"]["low"] == 0.5  # the rest from icepop's own defaults
