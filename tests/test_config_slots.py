@@ -125,9 +125,24 @@ def test_an_objective_setting_applies_to_every_method_of_the_sweep_that_declares
 
 def test_an_unknown_slot_parameter_or_name_names_the_sweep_key(tmp_path):
     for body, where, reason in (
-        ({"grid": {"train.agg.name": ["token-meen"]}}, "grid.train.agg", "unknown aggregation 'token-meen'"),
+        ({"grid": {"train.agg.name": ["token-meen"]}}, "grid.train.agg.name", "unknown aggregation 'token-meen'"),
+        ({"grid": {"objective.name": ["grpoo"]}}, "grid.objective.name", "unknown method 'grpoo'"),
         ({"grid": {"objective.name": ["grpo"], "objective.epsilon": [0.1]}}, "grid.objective.epsilon", "no method"),
-        ({"grid": {"objective.name": ["grpo"], "objective.method": ["dapo"]}}, "grid.objective.method", "same setting"),
+        (
+            {"grid": {"objective.name": ["grpo"], "objective.method": ["dapo"]}},
+            "grid.objective.method",
+            "already an axis",
+        ),
+        (
+            {"grid": {"seed": [0]}, "overrides": {"objective.name": "x", "objective.method": "y"}},
+            "overrides.objective.method",
+            "same setting",
+        ),
+        (
+            {"grid": {"objective.name": ["grpo"]}, "overrides": {"objective.method": "dapo"}},
+            "overrides.objective.method",
+            "also an axis",
+        ),
     ):
         with pytest.raises(ConfigError) as e:
             expand(load_spec(_sweep(tmp_path, body)))

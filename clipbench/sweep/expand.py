@@ -53,7 +53,17 @@ class Expansion:
 def expand(spec: SweepSpec) -> Expansion:
     """The sweep's runs (see the module docstring); ConfigError naming the sweep file's key."""
     _load_plugins(spec)
-    spec = slots.stored_spec(spec)  # objective.name -> objective.method, train.agg.name -> train.agg
+    given = slots.given_keys(spec)
+    stored = slots.stored_spec(spec)  # objective.name -> objective.method, train.agg.name -> train.agg
+    try:
+        return _expand(stored)
+    except ConfigError as e:  # name the key as it was written
+        if e.key not in given:
+            raise
+        raise ConfigError(e.file, given[e.key], e.reason) from None
+
+
+def _expand(spec: SweepSpec) -> Expansion:
     axes, cli, warnings = _pin_axes(spec)
     _check_keys(spec, axes, cli)
     base = _Base(spec, cli)

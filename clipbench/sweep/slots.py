@@ -51,6 +51,15 @@ def stored_keys(layer: Mapping[str, Any], source: str, where: str = "") -> dict:
     return out
 
 
+def given_keys(spec) -> dict[str, str]:
+    """{the place of a key in its stored form: the place as the sweep file or command line gave it}
+    for the keys `stored_spec` renames, so that an error names the key the user wrote."""
+    places = [(f"{ax.where}.", k) for ax in spec.axes for k in ax.keys]
+    places += [("overrides.", k) for k in spec.overrides] + [("", k) for k in spec.cli_overrides]
+    places += [("exclude.", k) for e in spec.exclude for k in e]
+    return {where + stored_key(k): where + k for where, k in places if stored_key(k) != k}
+
+
 def stored_spec(spec):
     """The sweep spec with every key in the stored form (its axes, overrides, command line, excludes)."""
     from clipbench.sweep.spec import Axis
