@@ -7,11 +7,14 @@
 Layers, later wins: base recipe < sweep `overrides` < command-line overrides < axis values (a
 command-line override of an axis key replaces that axis by its one value).
 
-Objective parameters are conditional: `objective.p` applies only to methods that declare `p`
-(`clipbench.objectives.METHODS[m].defaults`). An inapplicable axis or override value is dropped
-for that run and the runs are deduplicated by run_id, so `method: [dapo, nsr, decay] x p: [3
-values] x seed: [3]` is 3 + 9 + 9 = 21 runs. A parameter that no method of the sweep has is an
-error (a typo), except in the base recipe (it belonged to the recipe's own method).
+The components (objective, sampler correction, aggregation, advantage) follow one rule
+(`clipbench.sweep.slots`): their parameters are conditional, `objective.p` applies only to
+methods that declare `p` (`clipbench.objectives.METHODS[m].defaults`). An inapplicable axis or
+override value is dropped for that run and the runs are deduplicated by run_id, so `method: [dapo,
+nsr, decay] x p: [3 values] x seed: [3]` is 3 + 9 + 9 = 21 runs. A parameter that no component of
+the sweep has is an error (a typo), except in the base recipe (it belonged to the recipe's own).
+Keys are read in their stored form (`objective.name` as `objective.method`, `train.agg.name` as
+`train.agg`); an error names the key as written.
 
 One validator: every run config is the config loader's (`clipbench.config.validate`) and the
 engine's check (`clipbench.engines.check`), run once per distinct setting of the non-objective axes
