@@ -546,26 +546,41 @@ def _defaults() -> dict:
     return to_dict(RunConfig())
 
 
+@functools.lru_cache(maxsize=1)
+def _readable() -> tuple[frozenset[str], tuple[str, ...]]:
+    """(the leaf keys of the run config, the free-form mappings among them: objective, trl,
+    sampler.correction, whose own keys are their components' parameters)."""
+    from clipbench.config.schema import leaf_keys
+
+    leaves = leaf_keys()
+    flat = yamlio.flatten(_defaults())
+    return frozenset(leaves), tuple(k for k in leaves if k not in flat or isinstance(flat[k], dict))
+
+
 def setting(config: RunConfig | Mapping, key: str) -> Any:
-    """The value of the dotted run-config `key` in a run config: a RunConfig, or a stored one (a
-    manifest's, a run's run_config.json, perhaps written before the key existed), where a key it
-    lacks reads as the schema's default (the one owner of defaults: no reader keeps its own copy).
-    KeyError for a key that is not a field of RunConfig.
+    """The value of the dotted run-config `key` (a leaf, or a parameter inside the objective, the
+    correction or `trl`) in a run config: a RunConfig, or a stored one (a manifest's, a run's
+    run_config.json, perhaps written before the key existed), where a key it lacks reads as the
+    schema's default (the one owner of defaults: no reader keeps its own copy). KeyError for a key
+    that is not one of the run config's, or a parameter that is neither set nor defaulted.
 
         setting(manifest_cfg, "launch.nproc_per_node") -> 1 (for a config from before `launch`)"""
-    if isinstance(config, RunConfig):
-        node: Any = config
-        for part in key.split("."):
-            if not hasattr(node, part):
-                raise KeyError(key)
-            node = getattr(node, part)
-        return node
+    leaves, free = _readable()
+    if key not in leaves and not any(key.startswith(f + ".") for f in free):
+        raise KeyError(key)
+    node: Any = config
     default: Any = _defaults()
-    node = config
     for part in key.split("."):
-        default = default[part]  # KeyError: not a key of the run config
-        node = node.get(part, _UNSET) if isinstance(node, Mapping) else _UNSET
-    return copy.deepcopy(default) if node is _UNSET else node
+        default = default.get(part, _UNSET) if isinstance(default, Mapping) else _UNSET
+        if isinstance(node, Mapping):
+            node = node.get(part, _UNSET)
+        elif node is not _UNSET:
+            node = getattr(node, part, _UNSET)
+    if node is not _UNSET:
+        return node
+    if default is _UNSET:
+        raise KeyError(key)
+    return copy.deepcopy(default)
 
 
 _UNSET = object()

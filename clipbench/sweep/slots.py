@@ -62,8 +62,6 @@ def given_keys(spec) -> dict[str, str]:
 
 def stored_spec(spec):
     """The sweep spec with every key in the stored form (its axes, overrides, command line, excludes)."""
-    from clipbench.sweep.spec import Axis
-
     axes, seen = [], set()
     for ax in spec.axes:
         keys = tuple(stored_keys(dict.fromkeys(ax.keys), spec.source, f"{ax.where}."))
@@ -71,7 +69,7 @@ def stored_spec(spec):
             if k in seen:
                 raise ConfigError(spec.source, f"{ax.where}.{given}", f"names the same setting as {k}: set one of them")
             seen.add(k)
-        axes.append(Axis(keys, ax.values, ax.where))
+        axes.append(replace(ax, keys=keys))
     return replace(
         spec,
         overrides=stored_keys(spec.overrides, spec.source, "overrides."),
