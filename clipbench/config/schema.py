@@ -512,19 +512,4 @@ def leaf_keys() -> tuple[str, ...]:
     """Every dotted leaf key of RunConfig, in schema order ('objective', 'sampler.correction' and 'trl'
     are free-form mappings: one key each, checked against the method's or the correction's parameters
     and TRL's GRPOConfig)."""
-    import typing
-    from dataclasses import fields, is_dataclass
-
-    out: list[str] = []
-
-    def walk(cls, prefix: str) -> None:
-        hints = typing.get_type_hints(cls)
-        for f in fields(cls):
-            kind = hints[f.name]
-            if is_dataclass(kind):
-                walk(kind, f"{prefix}{f.name}.")
-            else:
-                out.append(prefix + f.name)
-
-    walk(RunConfig, "")
-    return tuple(out)
+    return tuple(declarations())
