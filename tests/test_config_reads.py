@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from clipbench.config import setting
+from clipbench.config import recorded, setting
 from clipbench.config.schema import RunConfig, leaf_keys
 
 PACKAGE = Path(__file__).resolve().parent.parent / "clipbench"
@@ -98,3 +98,13 @@ def test_setting_reads_the_schemas_default_where_a_stored_config_lacks_the_key()
     for key in ("tracking.experimnet", "train", "objective.p"):  # a typo, a section, an unset parameter
         with pytest.raises(KeyError):
             setting(stored, key)
+
+
+def test_recorded_reads_none_where_a_partial_config_records_nothing():
+    """A report of runs must not guess what a partial config left out (health's total steps)."""
+    stored = {"seed": 3, "train": {"steps": 10}}
+    assert recorded(stored, "train.steps") == 10 and recorded(stored, "seed") == 3
+    assert recorded(stored, "train.lr") is None and recorded(stored, "objective.method") is None
+    assert recorded(RunConfig(), "train.lr") == 1e-6
+    with pytest.raises(KeyError):
+        recorded(stored, "train.stepz")

@@ -20,7 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from clipbench.config.load import setting
+from clipbench.config.load import recorded, setting
 from clipbench.errors import UserError
 from clipbench.models import BUILTIN_PREFIX, compute_dtype, dtype_name, read_build_info, resolve_model_name
 from clipbench.tasks.base import Task
@@ -85,7 +85,7 @@ def resolve_target(model: str, default_dtype: str) -> EvalTarget:
                 f"--model {model}: run directory has no checkpoint ({rd.checkpoint_dir}); "
                 f"train it first or pass a model name"
             )
-        dtype = str(setting(cfg, "model.dtype"))
+        dtype = str(recorded(cfg, "model.dtype") or default_dtype)
         return EvalTarget(
             model=str(ckpt),
             slug=slugify(f"{path.parent.name}/{path.name}"),

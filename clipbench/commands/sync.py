@@ -15,6 +15,7 @@ from rich.table import Table
 from clipbench.config.load import setting
 from clipbench.errors import UserError, did_you_mean
 from clipbench.tracking.files import check_store_dir
+from clipbench.tracking.mirror import run_name_of
 from clipbench.tracking.mlflow_client import client_for, resolve_tracking_uri
 from clipbench.tracking.store import list_sweeps
 from clipbench.tracking.sync import load_sweeps, sync_sweeps
@@ -83,7 +84,7 @@ def _sync_sink(name: str, loaded: dict) -> list[dict]:
     rows = []
     for sweep, (runs, _) in loaded.items():
         for r in runs:
-            name_ = f"{setting(r.config, 'objective.method')} seed={setting(r.config, 'seed')} {r.rd.run_id}"
+            name_ = run_name_of(r.config, r.rd.run_id)
             n = replay_sink(name, r.config, r.rd, sweep=sweep, run_name=name_)
             rows.append({"sweep": sweep, "run_id": r.rd.run_id, "points": n, "state": r.status.get("state", "pending")})
     t = Table(title=f"clipbench sync -> {name}", title_justify="left")

@@ -565,6 +565,24 @@ def setting(config: RunConfig | Mapping, key: str) -> Any:
     that is not one of the run config's, or a parameter that is neither set nor defaulted.
 
         setting(manifest_cfg, "launch.nproc_per_node") -> 1 (for a config from before `launch`)"""
+    value, default = _lookup(config, key)
+    if value is not _UNSET:
+        return value
+    if default is _UNSET:
+        raise KeyError(key)
+    return copy.deepcopy(default)
+
+
+def recorded(config: RunConfig | Mapping, key: str) -> Any:
+    """What a run config records at the dotted run-config `key`, None where it records nothing: for
+    readers that must not guess (a report of runs whose configs may be partial), where `setting`
+    reads the schema's default. KeyError for a key that is not one of the run config's."""
+    value, _ = _lookup(config, key)
+    return None if value is _UNSET else value
+
+
+def _lookup(config: RunConfig | Mapping, key: str) -> tuple[Any, Any]:
+    """(the value at `key` in `config`, the schema's default there), either _UNSET where absent."""
     leaves, free = _readable()
     if key not in leaves and not any(key.startswith(f + ".") for f in free):
         raise KeyError(key)
@@ -576,11 +594,7 @@ def setting(config: RunConfig | Mapping, key: str) -> Any:
             node = node.get(part, _UNSET)
         elif node is not _UNSET:
             node = getattr(node, part, _UNSET)
-    if node is not _UNSET:
-        return node
-    if default is _UNSET:
-        raise KeyError(key)
-    return copy.deepcopy(default)
+    return node, default
 
 
 _UNSET = object()

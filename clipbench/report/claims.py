@@ -54,7 +54,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from clipbench.config.load import setting
+from clipbench.config.load import recorded
 from clipbench.report import stats
 from clipbench.report.analysis import _paired_diffs, block_benchmarks, block_n, run_dynamics, run_quadrants, seed_values
 from clipbench.report.load import RunRecord, Sweep
@@ -319,12 +319,12 @@ def q4_claim(label: str, runs: Sequence[RunRecord]) -> ClaimResult | None:
 
 
 def _params(r: RunRecord) -> dict:
-    return {k: v for k, v in setting(r.config, "objective").items() if k != "method"}
+    return {k: v for k, v in (recorded(r.config, "objective") or {}).items() if k != "method"}
 
 
 def _lr_setting(runs: Sequence[RunRecord]) -> tuple:
     first = runs[0].config
-    return (setting(first, "train.lr"), setting(first, "train.lr_schedule"))
+    return (recorded(first, "train.lr"), recorded(first, "train.lr_schedule"))
 
 
 def stability_claims(

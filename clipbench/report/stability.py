@@ -31,14 +31,14 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from clipbench.config.load import setting
+from clipbench.config.load import recorded
 from clipbench.report import stats
 from clipbench.report.health import KINDS
 from clipbench.report.load import RunRecord, assign_labels
 
 
 def run_lr(run: RunRecord) -> float | None:
-    lr = setting(run.config, "train.lr")
+    lr = recorded(run.config, "train.lr")
     return float(lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else None
 
 

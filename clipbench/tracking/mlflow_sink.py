@@ -43,6 +43,7 @@ from clipbench.tracking.mirror import (
     mirror_points,
     opt_step_after,
     param_value,
+    run_name_of,
     run_tags,
     sync_hint,
 )
@@ -271,7 +272,7 @@ def run_sink(
     from clipbench.tracking.sinks import FanoutSink, extra_sinks
 
     config = to_dict(cfg) if isinstance(cfg, RunConfig) else dict(cfg)
-    name = run_name or f"{setting(config, 'objective.method')} seed={setting(config, 'seed')} {rd.run_id}"
+    name = run_name or run_name_of(config, rd.run_id)
     extras = extra_sinks(config, rd, sweep=sweep, run_name=name, resume=resume)
     on = setting(config, "tracking.mlflow") and "mlflow" in setting(config, "tracking.sinks")
     sinks = (
