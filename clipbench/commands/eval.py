@@ -20,6 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from clipbench.config.load import recorded, setting
 from clipbench.errors import UserError
 from clipbench.models import BUILTIN_PREFIX, compute_dtype, dtype_name, read_build_info, resolve_model_name
 from clipbench.tasks.base import Task
@@ -50,7 +51,7 @@ def slugify(text: str) -> str:
 
 def _run_arith_task(cfg: dict) -> Task | None:
     """The run's own task when it is arith (the trainer evaluated its test split), else None."""
-    if (cfg.get("task", {}) or {}).get("name", "arith") != "arith":
+    if setting(cfg, "task.name") != "arith":
         return None
     from clipbench.tasks import build_run_task
 
@@ -84,7 +85,7 @@ def resolve_target(model: str, default_dtype: str) -> EvalTarget:
                 f"--model {model}: run directory has no checkpoint ({rd.checkpoint_dir}); "
                 f"train it first or pass a model name"
             )
-        dtype = str(cfg.get("model", {}).get("dtype", default_dtype))
+        dtype = str(recorded(cfg, "model.dtype") or default_dtype)
         return EvalTarget(
             model=str(ckpt),
             slug=slugify(f"{path.parent.name}/{path.name}"),
@@ -188,7 +189,7 @@ def eval_command(
     target.dtype = dtype_name(compute_dtype(target.dtype, device))  # a run's `auto` too
     template = "dapo"
     if target.run_config:
-        template = (target.run_config.get("task", {}) or {}).get("template") or "dapo"
+        template = setting(target.run_config, "task.template") or "dapo"
         template = "dapo" if template == "auto" else template
     problems, graders = load_suite(names, data_dir=data_dir, limit=limit, template=template, arith=target.arith)
 

@@ -29,6 +29,7 @@ from rich.text import Text
 from clipbench.commands.options import Overrides, Plugins, ResultsDir, TrackingUri
 from clipbench.commands.progress import SweepProgress
 from clipbench.config.labels import format_value, label, run_label
+from clipbench.config.load import setting
 from clipbench.errors import PREEMPTED_EXIT, UserError, unknown_choice
 from clipbench.sweep.execute import RunTask, checkpoint_step, classify, run_parallel, run_sequential
 from clipbench.sweep.expand import Expansion, expand, iter_summary
@@ -234,7 +235,7 @@ def execute(
             mpath,
             [t.run_id for t in tasks],
             launcher=launcher,
-            nprocs={t.run_id: t.config.get("launch", {}).get("nproc_per_node", 1) for t in tasks},
+            nprocs={t.run_id: setting(t.config, "launch.nproc_per_node") for t in tasks},
             jobs=jobs if jobs > 1 else None,
             hydra_overrides=hydra_overrides,
             retry_failed=retry_failed,
@@ -411,20 +412,20 @@ def preflight_runs(configs: list[dict]) -> None:
 
 def _parent_run(spec: SweepSpec, runs, results_dir: Path, tracking_uri: str | None, mpath: Path):
     """(parent run id or None, tracking URI, experiment); (None, None, None) when tracking is off."""
-    if not runs or not any(cfg.get("tracking", {}).get("mlflow", True) for _, cfg, _ in runs):
+    if not runs or not any(setting(cfg, "tracking.mlflow") for _, cfg, _ in runs):
         return None, None, None
     from clipbench.tracking.mlflow_client import resolve_tracking_uri
     from clipbench.tracking.mlflow_sink import sweep_parent_run
 
-    tr = runs[0][1].get("tracking", {})
-    uri = resolve_tracking_uri(tracking_uri, tr.get("tracking_uri"), results_dir)
-    experiment = tr.get("experiment", "clipbench")
+    first = runs[0][1]
+    uri = resolve_tracking_uri(tracking_uri, setting(first, "tracking.tracking_uri"), results_dir)
+    experiment = setting(first, "tracking.experiment")
     pid = sweep_parent_run(
         results_dir=results_dir,
         sweep=spec.name,
         experiment=experiment,
         tracking_uri=tracking_uri,
-        config_uri=tr.get("tracking_uri"),
+        config_uri=setting(first, "tracking.tracking_uri"),
         manifest_path=mpath,
     )
     return pid, uri, experiment

@@ -12,8 +12,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from clipbench.config.load import setting
 from clipbench.errors import UserError, did_you_mean
 from clipbench.tracking.files import check_store_dir
+from clipbench.tracking.mirror import run_name_of
 from clipbench.tracking.mlflow_client import client_for, resolve_tracking_uri
 from clipbench.tracking.store import list_sweeps
 from clipbench.tracking.sync import load_sweeps, sync_sweeps
@@ -41,7 +43,7 @@ def sync_command(
     if sink != "mlflow":
         return _sync_sink(sink, loaded)
     first = next((r.config for runs, _ in loaded.values() for r in runs), {})
-    uri = resolve_tracking_uri(tracking_uri, first.get("tracking", {}).get("tracking_uri"), results_dir)
+    uri = resolve_tracking_uri(tracking_uri, setting(first, "tracking.tracking_uri"), results_dir)
     try:
         client = client_for(uri)
         client.search_experiments(max_results=1)
@@ -82,7 +84,7 @@ def _sync_sink(name: str, loaded: dict) -> list[dict]:
     rows = []
     for sweep, (runs, _) in loaded.items():
         for r in runs:
-            name_ = f"{r.config.get('objective', {}).get('method', '')} seed={r.config.get('seed', '')} {r.rd.run_id}"
+            name_ = run_name_of(r.config, r.rd.run_id)
             n = replay_sink(name, r.config, r.rd, sweep=sweep, run_name=name_)
             rows.append({"sweep": sweep, "run_id": r.rd.run_id, "points": n, "state": r.status.get("state", "pending")})
     t = Table(title=f"clipbench sync -> {name}", title_justify="left")

@@ -7,7 +7,9 @@ from clipbench.config.load import (
     load_run_config,
     parse_overrides,
     read_yaml,
+    recorded,
     run_id,
+    setting,
     to_dict,
     validate,
 )
@@ -23,7 +25,9 @@ __all__ = [
     "load_run_config",
     "parse_overrides",
     "read_yaml",
+    "recorded",
     "run_id",
+    "setting",
     "to_dict",
     "validate",
 ]

@@ -7,6 +7,7 @@ Every failure is a `ConfigError(file, key, reason)`: one line, exit code 2 at th
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import hashlib
@@ -20,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from clipbench import yamlio
-from clipbench.config.schema import CHOICES, RANGES, RunConfig
+from clipbench.config.schema import CHOICES, RANGES, SLOTS, RunConfig, Slot, SlotDecl
 from clipbench.config.shipped import recipe_path
 from clipbench.errors import ConfigError, UserError, did_you_mean, unknown_choice
 from clipbench.yamlio import YamlError, load_yaml_file, load_yaml_text
@@ -139,8 +140,9 @@ def compose(
         recipe = recipe_path(recipe)  # a local file, else the shipped recipe of that name
         source = source or str(recipe)
         data, base_dir = read_yaml(recipe), Path(recipe).resolve().parent
-    data = _resolve_paths(deep_merge({}, data), base_dir)
+    data = _resolve_paths(deep_merge({}, one_form(data, source)), base_dir)
     over = dict(overrides) if isinstance(overrides, Mapping) else parse_overrides(overrides)
+    over = one_form(over, source if isinstance(overrides, Mapping) else "command line")
     return deep_merge(data, _resolve_plugins(over, Path.cwd()))  # override paths: relative to the cwd
 
 
@@ -178,9 +180,87 @@ def migrate(data: Mapping, source: str | None = None) -> dict:
                 "cap": float(cap) if isinstance(cap, int) and not isinstance(cap, bool) else cap,
             }
         )
-    if isinstance(sampler.get("correction"), str):
-        sampler["correction"] = {"name": sampler["correction"]}
-    return {**data, "sampler": sampler}
+    return one_form({**data, "sampler": sampler}, source)
+
+
+def one_form(data: Mapping, source: str | None = None) -> dict:
+    """Every component slot (`schema.SLOTS`) of `data` in its stored form: the one YAML form
+    ``{name: <component>, <param>: ...}`` and a bare name both become ``{method: ...}`` for the
+    objective, ``{name: ...}`` for the correction, the bare name for the aggregation and the
+    advantage (whose components take no parameters). A partial layer (overrides) is left partial."""
+    out = dict(data)
+    for decl in SLOTS.values():
+        head, _, rest = decl.key.partition(".")
+        section = out if not rest else out.get(head)
+        if not isinstance(section, Mapping) or (rest or head) not in section:
+            continue
+        value = _stored_slot(decl, section[rest or head], source)
+        out = {**out, head: value} if not rest else {**out, head: {**section, rest: value}}
+    return out
+
+
+def _stored_slot(decl: SlotDecl, value: Any, source: str | None) -> Any:
+    if isinstance(value, str) and not decl.bare:
+        return {decl.name_key: value}
+    if not isinstance(value, Mapping) or "name" not in value:
+        return value
+    if decl.bare:
+        extra = sorted(k for k in value if k != "name")
+        if extra:
+            raise ConfigError(
+                source, f"{decl.key}.{extra[0]}", f"the {decl.slot} '{value['name']}' takes no parameters"
+            )
+        return value["name"]
+    if decl.name_key == "name":
+        return dict(value)
+    if decl.name_key in value:
+        raise ConfigError(
+            source,
+            f"{decl.key}.name",
+            f"set the name once: {decl.key}.name ({decl.key}.{decl.name_key} is its older form)",
+        )
+    return {(decl.name_key if k == "name" else k): v for k, v in value.items()}
+
+
+def slot(cfg: RunConfig, which: str) -> Slot:
+    """The component in slot `which` (objective | correction | aggregation | advantage) of a
+    validated RunConfig, its parameters resolved."""
+    decl = SLOTS[which]
+    value = _get(cfg, decl.key)
+    if decl.bare:
+        return Slot(value)
+    params = dict(value)
+    return Slot(params.pop(decl.name_key), params)
+
+
+def slot_components(which: str) -> dict[str, dict[str, Any]]:
+    """{component name: its parameters' defaults} of a slot's registry (read at call time: the run's
+    plugins may have added to it)."""
+    from clipbench.objectives import METHODS
+    from clipbench.objectives.corrections import CORRECTIONS, correction_names
+
+    if which == "objective":
+        return {m: dict(spec.defaults) for m, spec in METHODS.items()}
+    if which == "correction":
+        return {n: dict(CORRECTIONS[n].defaults) if n in CORRECTIONS else {} for n in correction_names()}
+    return dict.fromkeys(choices()[SLOTS[which].key], {})
+
+
+def resolve_slot(which: str, name: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """Every parameter of component `name` in slot `which`: its registry's defaults merged with
+    `params` and checked (ValueError naming the problem)."""
+    from clipbench.objectives import validate_params
+    from clipbench.objectives.corrections import validate_correction
+
+    if which == "objective":
+        return validate_params(name, dict(params))
+    if which == "correction":
+        out = validate_correction({"name": name, **params})
+        out.pop("name")
+        return out
+    if params:
+        raise ValueError(f"the {which} '{name}' takes no parameters, got {sorted(params)}")
+    return {}
 
 
 def validate(data: Mapping, source: str | None = None) -> RunConfig:
@@ -459,6 +539,65 @@ def run_id(cfg: RunConfig | Mapping) -> str:
         d["sampler"] = _id_sampler(d["sampler"])
     blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+@functools.lru_cache(maxsize=1)
+def _defaults() -> dict:
+    return to_dict(RunConfig())
+
+
+@functools.lru_cache(maxsize=1)
+def _readable() -> tuple[frozenset[str], tuple[str, ...]]:
+    """(the leaf keys of the run config, the free-form mappings among them: objective, trl,
+    sampler.correction, whose own keys are their components' parameters)."""
+    from clipbench.config.schema import leaf_keys
+
+    leaves = leaf_keys()
+    flat = yamlio.flatten(_defaults())
+    return frozenset(leaves), tuple(k for k in leaves if k not in flat or isinstance(flat[k], dict))
+
+
+def setting(config: RunConfig | Mapping, key: str) -> Any:
+    """The value of the dotted run-config `key` (a leaf, or a parameter inside the objective, the
+    correction or `trl`) in a run config: a RunConfig, or a stored one (a manifest's, a run's
+    run_config.json, perhaps written before the key existed), where a key it lacks reads as the
+    schema's default (the one owner of defaults: no reader keeps its own copy). KeyError for a key
+    that is not one of the run config's, or a parameter that is neither set nor defaulted.
+
+        setting(manifest_cfg, "launch.nproc_per_node") -> 1 (for a config from before `launch`)"""
+    value, default = _lookup(config, key)
+    if value is not _UNSET:
+        return value
+    if default is _UNSET:
+        raise KeyError(key)
+    return copy.deepcopy(default)
+
+
+def recorded(config: RunConfig | Mapping, key: str) -> Any:
+    """What a run config records at the dotted run-config `key`, None where it records nothing: for
+    readers that must not guess (a report of runs whose configs may be partial), where `setting`
+    reads the schema's default. KeyError for a key that is not one of the run config's."""
+    value, _ = _lookup(config, key)
+    return None if value is _UNSET else value
+
+
+def _lookup(config: RunConfig | Mapping, key: str) -> tuple[Any, Any]:
+    """(the value at `key` in `config`, the schema's default there), either _UNSET where absent."""
+    leaves, free = _readable()
+    if key not in leaves and not any(key.startswith(f + ".") for f in free):
+        raise KeyError(key)
+    node: Any = config
+    default: Any = _defaults()
+    for part in key.split("."):
+        default = default.get(part, _UNSET) if isinstance(default, Mapping) else _UNSET
+        if isinstance(node, Mapping):
+            node = node.get(part, _UNSET)
+        elif node is not _UNSET:
+            node = getattr(node, part, _UNSET)
+    return node, default
+
+
+_UNSET = object()
 
 
 def dump_yaml(cfg: RunConfig | Mapping) -> str:

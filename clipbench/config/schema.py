@@ -1,6 +1,9 @@
 """The run config: every default of a run lives here (method parameters live in METHODS, arith's
-knobs in ``clipbench.tasks.arith.ArithKnobs``, their one owner: ``TaskConfig`` reads them from it),
-and next to the dataclasses, every field's allowed values (`CHOICES`, `RANGES`).
+knobs in ``clipbench.tasks.arith.ArithKnobs``, their one owner: ``TaskConfig`` reads them from it).
+Each field is declared once (`declared`): its type, default, allowed values and help side by side;
+`RANGES`, `CHOICES` and the reference table of docs/config.md are derived from those declarations.
+The components of a run (objective, sampler correction, aggregation, advantage) are slots
+(`SLOTS`): a name plus parameters, with one YAML form (docs/config.md).
 
 A recipe YAML is merged over these dataclasses (OmegaConf structured config), so an unknown key or
 a wrong type is an error naming the key. `clipbench.config.load.check_values` then checks every
@@ -8,15 +11,16 @@ field against its declaration below (and the few cross-field rules it states), b
 written: a value that passes is one the trainer can run.
 
 Design choices:
-- Ranges are declarations, not `if`s scattered through the loader, and every leaf of `RunConfig`
-  has one (tests/test_config.py checks it): a new field must say what it accepts.
+- Ranges are declarations beside their fields, not `if`s scattered through the loader, and every
+  leaf of `RunConfig` has one (tests/test_config.py, test_config_schema.py check it): a new field
+  must say what it accepts.
 - Floats must be finite (1e400 in YAML is inf). Upper bounds are generous but finite, so a typo
   like `train.steps: 10**29` is an error, not a run that trains until it is killed.
 - Closed lists owned by the packages below config are read from their owner
   (`clipbench.config.load.choices`): tasks and templates (`clipbench.tasks`), aggregations,
-  advantages and methods (`clipbench.objectives`), benchmarks (`clipbench.tasks.benchmarks`). The
-  lists below are the ones this schema owns; the packages above config (the samplers, the trainer)
-  read them from here. Engine names are the engines' (`clipbench.engines`, above config).
+  advantages and methods (`clipbench.objectives`), benchmarks (`clipbench.tasks.benchmarks`): such
+  a field names its `owner`. The `choices` declared below are the ones this schema owns; the
+  packages above config (the samplers, the trainer) read them from here (`CHOICES`). Engine names are the engines' (`clipbench.engines`, above config).
 """
 
 from __future__ import annotations
@@ -24,23 +28,12 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from typing import Any
 
 from clipbench.tasks.arith import ARITH_DEFAULTS as _ARITH
 from clipbench.tasks.arith import MAX_DIGITS, MAX_OPERANDS, VALID_OPS
 
-# Closed choices this schema owns (the trainer reads these fields); see `load.choices` for the rest.
-CHOICES: dict[str, tuple[str, ...]] = {
-    "model.dtype": ("float32", "bfloat16", "float16", "auto"),
-    "model.device": ("auto", "cpu", "cuda"),
-    "sampler.backend": ("auto", "hf", "vllm"),  # clipbench.rollout implements each
-    "sampler.old_logp": ("recompute", "sampler"),
-    "model.routing_replay": ("none", "r2", "r3"),  # clipbench.models.routing, clipbench.train.step
-    "train.lr_schedule": ("constant", "cosine"),
-    "train.record.state": ("auto", "none", "last", "all"),  # clipbench.train.record reads it
-    "launch.preempt_signal": ("SIGTERM", "SIGUSR1", "SIGUSR2"),  # clipbench.train.preempt.SIGNALS
-}
 # The mirrors of the results store a run may log to (`tracking.sinks`; clipbench.tracking implements each).
 SINKS = ("mlflow", "wandb", "tensorboard")
 
@@ -167,121 +160,179 @@ class Source:
         return None
 
 
-# Every leaf of RunConfig that is neither a bool, a closed choice (CHOICES and `load.choices`) nor
-# free-form (`objective`: checked against its method's parameters; `sampler.correction`: against the
-# correction's; `trl`: TRL's GRPOConfig fields, checked by TRL) has a declaration here.
+# ---- components: the typed slots ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A component of a run: its name in its registry and its parameters (the registry's defaults
+    filled in once validated). ``slot(cfg, "objective")`` reads one from a RunConfig."""
+
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SlotDecl:
+    """Where a component slot lives in the run config and how it is stored.
+
+    The one YAML form of every slot is ``<key>: {name: <component>, <param>: <value>, ...}`` (a
+    sweep's axes: ``<key>.name`` and ``<key>.<param>``). The stored form (what `to_dict` returns, the
+    manifest records and the run id hashes) is the older one, unchanged so that every run id and
+    results store stays valid: the name under ``name_key`` (``method`` for the objective), and a
+    bare name for the slots whose components take no parameters (``bare``)."""
+
+    slot: str  # the slot's own name: objective | correction | aggregation | advantage
+    key: str  # its dotted place in the run config
+    name_key: str = "name"  # the stored form's key of the name
+    bare: bool = False  # stored as the bare name: its components take no parameters
+    help: str = ""
+
+    @property
+    def name_path(self) -> str:
+        """The dotted key of the name in the stored form (a sweep point's key)."""
+        return self.key if self.bare else f"{self.key}.{self.name_key}"
+
+    def name_keys(self) -> tuple[str, ...]:
+        """Every dotted key that names the component (the one form's first)."""
+        return tuple(dict.fromkeys((f"{self.key}.name", self.name_path)))
+
+
+SLOTS: dict[str, SlotDecl] = {
+    d.slot: d
+    for d in (
+        SlotDecl("objective", "objective", name_key="method", help="the clipping rule (`clipbench methods`)"),
+        SlotDecl("correction", "sampler.correction", help="the sampler/trainer correction (needs old_logp: recompute)"),
+        SlotDecl("aggregation", "train.agg", bare=True, help="how token losses reduce to the loss"),
+        SlotDecl("advantage", "train.advantage", bare=True, help="the advantage estimator"),
+    )
+}
+
+
+def slot_of(key: str) -> tuple[SlotDecl, str | None] | None:
+    """(the slot, the parameter) a dotted key names: ``None`` parameter for the component's name;
+    None when the key is outside every slot."""
+    for decl in SLOTS.values():
+        if key in decl.name_keys():
+            return decl, None
+        if not decl.bare and key.startswith(decl.key + "."):
+            return decl, key[len(decl.key) + 1 :]
+    return None
+
+
+# ---- the fields: type, default, allowed values and help, declared together ------------------------
+#
+# Every leaf of RunConfig that is neither a bool nor free-form (`objective`: checked against its
+# method's parameters; `sampler.correction`: against the correction's; `trl`: TRL's GRPOConfig
+# fields, checked by TRL) declares its values beside its default: a `check` (Range, Each, Text,
+# Source), closed `choices` this schema owns, or a closed list owned by a package below config
+# (`owner`, read by `clipbench.config.load.choices`). RANGES and CHOICES are derived from them.
 MAX_STEPS = 1_000_000  # rollout steps (and optimizer/eval/checkpoint intervals)
 MAX_TOKENS = 1 << 20  # new tokens per completion
 MAX_BATCH = 1 << 16  # prompts per step, samples per prompt / problem, mini-batches
-RANGES: dict[str, Range | Each | Text | Source] = {
-    "seed": Range(0, 2**63 - 1),
-    "name": Text(none=True, max_len=200),
-    "model.name": Source(builtin=True),
-    "task.path": Source(none=True),
-    "task.config": Text(none=True),
-    "task.split": Text(max_len=200),
-    "task.limit": Range(1, None, none=True),
-    "task.holdout": Range(0, 10**8),
-    "task.operands": Range(2, MAX_OPERANDS),
-    "task.digits": Range(1, MAX_DIGITS),
-    "task.ops": Text(alphabet=VALID_OPS),
-    "task.train_size": Range(1, 10**8),
-    "task.test_size": Range(1, 10**7),
-    "sampler.group_size": Range(1, MAX_BATCH),
-    "sampler.max_new_tokens": Range(1, MAX_TOKENS),
-    "sampler.temperature": Range(0.0, 10.0, lo_open=True),
-    "sampler.top_p": Range(0.0, 1.0, lo_open=True),
-    "sampler.prompts_per_call": Range(0, MAX_BATCH),
-    "sampler.gpu_memory_utilization": Range(0.0, 1.0, lo_open=True),
-    "train.steps": Range(1, MAX_STEPS),
-    "train.prompts_per_step": Range(1, MAX_BATCH),
-    "train.mini_batches": Range(1, MAX_BATCH),
-    "train.epochs": Range(1, 1000),
-    "train.lr": Range(0.0, 1.0, lo_open=True),
-    "train.weight_decay": Range(0.0, 1.0),
-    "train.betas": Each(Range(0.0, 1.0, hi_open=True), length=2),
-    "train.warmup_steps": Range(0, MAX_STEPS * 1000),
-    "train.beta": Range(0.0, 1000.0),
-    "train.grad_clip": Range(0.0, 1e6),
-    "train.router_aux_loss_coef": Range(0.0, 1000.0),
-    "train.max_skipped_frac": Range(0.0, 1.0),
-    "train.micro_batch_tokens": Range(0, 1 << 40),
-    "train.max_resample_rounds": Range(0, 100),
-    "train.overlong.buffer": Range(1, MAX_TOKENS),
-    "train.overlong.penalty": Range(0.0, 1000.0),
-    "train.checkpoint_every": Range(1, MAX_STEPS),
-    "train.record.every": Range(0, MAX_STEPS),
-    "train.record.max_mb": Range(1, 1 << 30),
-    "eval.every": Range(0, MAX_STEPS),
-    "eval.n": Range(1, MAX_BATCH),
-    "eval.limit": Range(1, None, none=True),
-    "eval.data_dir": Source(hub=False, dir_only=True, none=True),
-    "eval.temperature": Range(0.0, 10.0, lo_open=True),
-    "eval.top_p": Range(0.0, 1.0, lo_open=True),
-    "eval.max_new_tokens": Range(1, MAX_TOKENS, none=True),
-    "tracking.tracking_uri": Text(none=True),
-    "tracking.experiment": Text(max_len=500),
-    "tracking.batch_every": Range(1, MAX_STEPS),
-    "tracking.sinks": Each(Text(), choices=SINKS, unique=True),
-    "plugins": Each(Text()),
-    "launch.nproc_per_node": Range(1, 4096),
-}
+
+
+def declared(
+    default: Any = MISSING,
+    check: Range | Each | Text | Source | None = None,
+    help: str = "",  # noqa: A002  (the field's help, as argparse names it)
+    *,
+    choices: tuple[str, ...] | None = None,
+    owner: str | None = None,
+    factory: Any = None,
+) -> Any:
+    """A field of the run config with its declaration beside it: ``check`` (its values), closed
+    ``choices`` (this schema's) or ``owner`` (the package below config whose closed list it is:
+    `clipbench.config.load.choices` reads it there), and ``help``. ``factory``: a default_factory."""
+    meta = {"check": check, "choices": choices, "owner": owner, "help": help}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass
 class ModelConfig:
-    name: str = "builtin:arith-tiny"  # HF name, local path, or builtin:arith-tiny
-    dtype: str = "float32"  # compute dtype; bfloat16/float16 train with float32 master weights + autocast
-    device: str = "auto"  # auto: cuda when available, else cpu
-    gradient_checkpointing: bool = False
-    # mixture-of-experts models: the experts the update's forwards use. none: the live router's;
-    # r2: those the old-log-prob forward chose; r3: those the sampler chose (clipbench.models.routing)
-    routing_replay: str = "none"
+    name: str = declared("builtin:arith-tiny", Source(builtin=True), "HF name, local path, or builtin:<name>")
+    dtype: str = declared(
+        "float32",
+        help="compute dtype; bfloat16/float16 train with float32 master weights + autocast",
+        choices=("float32", "bfloat16", "float16", "auto"),
+    )
+    device: str = declared("auto", help="auto: cuda when available, else cpu", choices=("auto", "cpu", "cuda"))
+    gradient_checkpointing: bool = declared(False, help="recompute activations in the backward")
+    routing_replay: str = declared(
+        "none",
+        help="mixture-of-experts models: the experts the update's forwards use. none: the live router's; "
+        "r2: those the old-log-prob forward chose; r3: those the sampler chose (clipbench.models.routing)",
+        choices=("none", "r2", "r3"),  # clipbench.models.routing, clipbench.train.step
+    )
 
 
 @dataclass
 class TaskConfig:
-    name: str = "arith"  # arith | math
-    path: str | None = None  # math: .jsonl/.parquet file, directory, or HF dataset name
-    config: str | None = None  # math: the HF dataset's config name (e.g. 'all' for DAPO-Math-17k-Processed)
-    split: str = "train"
-    template: str = "auto"  # auto: dapo for math, the task's own format for arith
-    limit: int | None = None  # cap on training problems
-    holdout: int = 0  # math: problems held out of the training file as its test split
+    name: str = declared("arith", help="arith | math", owner="clipbench.tasks")
+    path: str | None = declared(None, Source(none=True), "math: .jsonl/.parquet file, directory, or HF dataset name")
+    config: str | None = declared(None, Text(none=True), "math: the HF dataset's config name (e.g. 'all')")
+    split: str = declared("train", Text(max_len=200), "the dataset split to train on")
+    template: str = declared(
+        "auto", help="auto: dapo for math, the task's own format for arith", owner="clipbench.tasks.templates"
+    )
+    limit: int | None = declared(None, Range(1, None, none=True), "cap on training problems")
+    holdout: int = declared(0, Range(0, 10**8), "math: problems held out of the training file as its test split")
     # arith knobs (ignored by math): defaults and checks owned by clipbench.tasks.arith.ArithKnobs
-    operands: int = _ARITH.operands
-    digits: int = _ARITH.digits
-    ops: str = _ARITH.ops
-    format: str = _ARITH.format  # answer: "37+45=" -> "82"; steps: worked steps, then "#<answer>"
-    train_size: int = _ARITH.train_size
-    test_size: int = _ARITH.test_size
+    operands: int = declared(_ARITH.operands, Range(2, MAX_OPERANDS), "arith: operands per problem")
+    digits: int = declared(_ARITH.digits, Range(1, MAX_DIGITS), "arith: digits per operand")
+    ops: str = declared(_ARITH.ops, Text(alphabet=VALID_OPS), "arith: the operators drawn from")
+    format: str = declared(
+        _ARITH.format,
+        help='arith: answer: "37+45=" -> "82"; steps: worked steps, then "#<answer>"',
+        owner="clipbench.tasks.arith",
+    )
+    train_size: int = declared(_ARITH.train_size, Range(1, 10**8), "arith: training problems")
+    test_size: int = declared(_ARITH.test_size, Range(1, 10**7), "arith: held-out problems")
 
 
 @dataclass
 class SamplerConfig:
-    backend: str = "auto"  # auto: vllm when installed and a GPU is present, else hf
-    group_size: int = 8  # G samples per prompt
-    max_new_tokens: int = 32
-    temperature: float = 1.0
-    top_p: float = 1.0
-    old_logp: str = "recompute"  # recompute: training policy once per rollout; sampler: backend's
-    # Prompts per generate call (0: all of a rank's prompts in one call): memory and speed only. Each
-    # prompt's samples are drawn from its own seed (seed, step, its global index), so the completions
-    # do not depend on the call size or on how many processes sample.
-    prompts_per_call: int = 0
-    gpu_memory_utilization: float = 0.3  # vllm only
-    sleep_mode: bool = False  # vllm on CUDA: the engine sleeps while the trainer updates (frees its share)
-    # The sampler/trainer correction (needs old_logp: recompute): {name: <correction>, <param>: ...},
-    # its parameters' defaults from clipbench.objectives.corrections (`clipbench methods` lists them),
-    # e.g. {name: tis, level: token, cap: 2.0} (the former mismatch_is / mismatch_is_cap), {name: icepop}.
-    correction: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
+    backend: str = declared(
+        "auto",
+        help="auto: vllm when installed and a GPU is present, else hf",
+        choices=("auto", "hf", "vllm"),  # clipbench.rollout implements each
+    )
+    group_size: int = declared(8, Range(1, MAX_BATCH), "G samples per prompt")
+    max_new_tokens: int = declared(32, Range(1, MAX_TOKENS), "new tokens per completion at most")
+    temperature: float = declared(1.0, Range(0.0, 10.0, lo_open=True), "sampling temperature")
+    top_p: float = declared(1.0, Range(0.0, 1.0, lo_open=True), "nucleus sampling mass")
+    old_logp: str = declared(
+        "recompute",
+        help="recompute: the training policy once per rollout; sampler: the backend's",
+        choices=("recompute", "sampler"),
+    )
+    prompts_per_call: int = declared(
+        0,
+        Range(0, MAX_BATCH),
+        "prompts per generate call (0: all of a rank's prompts in one call): memory and speed only; "
+        "each prompt's samples are drawn from its own seed (seed, step, its global index), so the "
+        "completions do not depend on the call size or on how many processes sample",
+    )
+    gpu_memory_utilization: float = declared(0.3, Range(0.0, 1.0, lo_open=True), "vllm only")
+    sleep_mode: bool = declared(
+        False, help="vllm on CUDA: the engine sleeps while the trainer updates (frees its share)"
+    )
+    correction: dict[str, Any] = declared(
+        factory=lambda: {"name": "none"},
+        help="the sampler/trainer correction (needs old_logp: recompute): {name: <correction>, <param>: ...}, "
+        "its parameters' defaults from clipbench.objectives.corrections (`clipbench methods` lists them)",
+    )
 
 
 @dataclass
 class OverlongConfig:
-    enabled: bool = False  # DAPO overlong reward shaping
-    buffer: int = 8  # soft penalty over the last `buffer` tokens before max_new_tokens
-    penalty: float = 1.0  # reward - penalty * (len - (max - buffer)) / buffer; truncated: -penalty
+    enabled: bool = declared(False, help="DAPO overlong reward shaping")
+    buffer: int = declared(8, Range(1, MAX_TOKENS), "soft penalty over the last `buffer` tokens before max_new_tokens")
+    penalty: float = declared(
+        1.0, Range(0.0, 1000.0), "reward - penalty * (len - (max - buffer)) / buffer; truncated: -penalty"
+    )
 
 
 @dataclass
@@ -289,113 +340,176 @@ class RecordConfig:
     """Recording of the rule's inputs for `clipbench replay` (docs/replay.md). Outside the run's
     identity (config.load.NOT_IN_ID): it observes the run, it does not change what it computes."""
 
-    every: int = 0  # record rollout steps 0, N, 2N, ... (every optimizer step of each); 0 = off
-    # the policy and optimizer before recorded optimizer steps (parameter-level replay): last = before
-    # the last optimizer step of each recorded rollout step, all = before each, none; auto: last on
-    # engine builtin, none elsewhere
-    state: str = "auto"
-    max_mb: int = 1024  # a run's records stop growing here (a record that would pass it is skipped)
+    every: int = declared(
+        0, Range(0, MAX_STEPS), "record rollout steps 0, N, 2N, ... (every optimizer step of each); 0 = off"
+    )
+    state: str = declared(
+        "auto",
+        help="the policy and optimizer before recorded optimizer steps (parameter-level replay): last = "
+        "before the last optimizer step of each recorded rollout step, all = before each, none; auto: "
+        "last on engine builtin, none elsewhere",
+        choices=("auto", "none", "last", "all"),  # clipbench.train.record reads it
+    )
+    max_mb: int = declared(
+        1024, Range(1, 1 << 30), "a run's records stop growing here (a record that would pass it is skipped)"
+    )
 
 
 @dataclass
 class TrainConfig:
-    steps: int = 40  # rollout steps
-    prompts_per_step: int = 8  # P
-    mini_batches: int = 4  # optimizer steps per rollout batch (and epoch): >1 makes updates off-policy
-    epochs: int = 1
-    lr: float = 1e-6
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    warmup_steps: int = 0  # optimizer steps of linear warmup
-    lr_schedule: str = "constant"  # constant | cosine (to 0 over all optimizer steps, after warmup)
-    advantage: str = "group"
-    agg: str = "token-mean"
-    beta: float = 0.0  # KL-to-reference weight (k3); 0 keeps no reference model
-    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping (the norm is still logged)
-    # mixture-of-experts models: weight of the routers' load-balancing loss (Switch Transformer's, as
-    # transformers computes it) added to the policy loss; 0 = none (verl's RL default; TRL's is the
-    # model config's). Logged as router_aux_loss when non-zero. A dense model refuses a non-zero value.
-    router_aux_loss_coef: float = 0.0
-    max_skipped_frac: float = 0.1  # the run fails once more than this share of its optimizer steps is skipped
-    # Token budget of one forward/backward (rows x padded prompt+completion width); 0 = the whole
-    # mini-batch. Gradients accumulate over micro-batches: the loss and gradient are the mini-batch's.
-    micro_batch_tokens: int = 0
-    dynamic_sampling: bool = False  # DAPO: drop all-equal groups, draw more prompts
-    max_resample_rounds: int = 3  # cap on extra draws per step when dynamic_sampling
+    steps: int = declared(40, Range(1, MAX_STEPS), "rollout steps")
+    prompts_per_step: int = declared(8, Range(1, MAX_BATCH), "P: prompts per rollout step")
+    mini_batches: int = declared(
+        4, Range(1, MAX_BATCH), "optimizer steps per rollout batch (and epoch): >1 makes updates off-policy"
+    )
+    epochs: int = declared(1, Range(1, 1000), "passes over each rollout batch")
+    lr: float = declared(1e-6, Range(0.0, 1.0, lo_open=True), "AdamW learning rate")
+    weight_decay: float = declared(0.0, Range(0.0, 1.0), "AdamW weight decay")
+    betas: list[float] = declared(
+        factory=lambda: [0.9, 0.999], check=Each(Range(0.0, 1.0, hi_open=True), length=2), help="AdamW betas"
+    )
+    warmup_steps: int = declared(0, Range(0, MAX_STEPS * 1000), "optimizer steps of linear warmup")
+    lr_schedule: str = declared(
+        "constant",
+        help="constant | cosine (to 0 over all optimizer steps, after warmup)",
+        choices=("constant", "cosine"),
+    )
+    advantage: str = declared("group", help="the advantage estimator (a slot)", owner="clipbench.objectives.advantages")
+    agg: str = declared("token-mean", help="how token losses reduce to the loss (a slot)", owner="clipbench.objectives")
+    beta: float = declared(0.0, Range(0.0, 1000.0), "KL-to-reference weight (k3); 0 keeps no reference model")
+    grad_clip: float = declared(
+        1.0, Range(0.0, 1e6), "max global gradient norm; 0 = no clipping (the norm is still logged)"
+    )
+    router_aux_loss_coef: float = declared(
+        0.0,
+        Range(0.0, 1000.0),
+        "mixture-of-experts models: weight of the routers' load-balancing loss (Switch Transformer's, as "
+        "transformers computes it) added to the policy loss; 0 = none (verl's RL default; TRL's is the "
+        "model config's). Logged as router_aux_loss when non-zero. A dense model refuses a non-zero value",
+    )
+    max_skipped_frac: float = declared(
+        0.1, Range(0.0, 1.0), "the run fails once more than this share of its optimizer steps is skipped"
+    )
+    micro_batch_tokens: int = declared(
+        0,
+        Range(0, 1 << 40),
+        "token budget of one forward/backward (rows x padded prompt+completion width); 0 = the whole "
+        "mini-batch. Gradients accumulate over micro-batches: the loss and gradient are the mini-batch's",
+    )
+    dynamic_sampling: bool = declared(False, help="DAPO: drop all-equal groups, draw more prompts")
+    max_resample_rounds: int = declared(3, Range(0, 100), "cap on extra draws per step when dynamic_sampling")
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
-    checkpoint_every: int = 10  # rollout steps between checkpoints (and at the end)
-    log_histograms: bool = True
+    checkpoint_every: int = declared(10, Range(1, MAX_STEPS), "rollout steps between checkpoints (and at the end)")
+    log_histograms: bool = declared(True, help="log the log-ratio histograms")
     record: RecordConfig = field(default_factory=RecordConfig)
 
 
 @dataclass
 class EvalConfig:
-    every: int = 0  # rollout steps between evaluations; 0 = only at the start and the end
-    benchmarks: list[str] = field(default_factory=lambda: ["arith"])
-    n: int = 8  # samples per problem
-    limit: int | None = 64  # problems per benchmark (None = all)
-    data_dir: str | None = None  # local copies of the benchmarks (else HF dataset names)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int | None = None  # default: sampler.max_new_tokens
-    at_start: bool = True
+    every: int = declared(
+        0, Range(0, MAX_STEPS), "rollout steps between evaluations; 0 = only at the start and the end"
+    )
+    benchmarks: list[str] = declared(
+        factory=lambda: ["arith"], help="benchmarks to evaluate on", owner="clipbench.tasks.benchmarks"
+    )
+    n: int = declared(8, Range(1, MAX_BATCH), "samples per problem")
+    limit: int | None = declared(64, Range(1, None, none=True), "problems per benchmark (null = all)")
+    data_dir: str | None = declared(
+        None, Source(hub=False, dir_only=True, none=True), "local copies of the benchmarks (else HF dataset names)"
+    )
+    temperature: float = declared(1.0, Range(0.0, 10.0, lo_open=True), "sampling temperature")
+    top_p: float = declared(1.0, Range(0.0, 1.0, lo_open=True), "nucleus sampling mass")
+    max_new_tokens: int | None = declared(
+        None, Range(1, MAX_TOKENS, none=True), "new tokens per completion (null: sampler.max_new_tokens)"
+    )
+    at_start: bool = declared(True, help="evaluate the base model before the first step")
 
 
 @dataclass
 class TrackingConfig:
-    mlflow: bool = True
-    tracking_uri: str | None = None  # default: MLFLOW_TRACKING_URI, else sqlite in results dir
-    experiment: str = "clipbench"
-    batch_every: int = 10  # optimizer steps per MLflow log_batch
-    # The mirrors: mlflow (unless mlflow: false), wandb, tensorboard (extras; clipbench.tracking.sinks)
-    sinks: list[str] = field(default_factory=lambda: ["mlflow"])
+    mlflow: bool = declared(True, help="mirror the run to MLflow")
+    tracking_uri: str | None = declared(
+        None, Text(none=True), "default: MLFLOW_TRACKING_URI, else sqlite in the results dir"
+    )
+    experiment: str = declared("clipbench", Text(max_len=500), "the MLflow experiment (wandb: the project)")
+    batch_every: int = declared(10, Range(1, MAX_STEPS), "optimizer steps per MLflow log_batch")
+    sinks: list[str] = declared(
+        factory=lambda: ["mlflow"],
+        check=Each(Text(), choices=SINKS, unique=True),
+        help="the mirrors: mlflow (unless mlflow: false), wandb, tensorboard (extras; clipbench.tracking.sinks)",
+    )
 
 
 @dataclass
 class LaunchConfig:
-    # Processes per node: > 1 trains one run over N torchrun processes (FSDP2). Where a run computes,
-    # not what: outside the run's identity (config.load.NOT_IN_ID), so a run may resume on another N.
-    nproc_per_node: int = 1
-    # SIGTERM asks a run to finish its optimizer step, checkpoint and stop (status preempted,
-    # resumable); SIGUSR1 / SIGUSR2 too when named here (SLURM: sbatch --signal=USR1@120).
-    preempt_signal: str = "SIGTERM"
+    nproc_per_node: int = declared(
+        1,
+        Range(1, 4096),
+        "processes per node: > 1 trains one run over N torchrun processes (FSDP2). Where a run computes, "
+        "not what: outside the run's identity (config.load.NOT_IN_ID), so a run may resume on another N",
+    )
+    preempt_signal: str = declared(
+        "SIGTERM",
+        help="SIGTERM asks a run to finish its optimizer step, checkpoint and stop (status preempted, "
+        "resumable); SIGUSR1 / SIGUSR2 too when named here (SLURM: sbatch --signal=USR1@120)",
+        choices=("SIGTERM", "SIGUSR1", "SIGUSR2"),  # clipbench.train.preempt.SIGNALS
+    )
 
 
 @dataclass
 class RunConfig:
-    seed: int = 0
-    name: str | None = None  # display name; the run_id is a hash of the resolved config
-    engine: str = "builtin"  # which engine trains the run: `clipbench engines` (clipbench.engines) lists them
-    trl: dict[str, Any] = field(default_factory=dict)  # engine trl: extra GRPOConfig fields (deepspeed, vllm_mode, ...)
+    seed: int = declared(0, Range(0, 2**63 - 1), "the run's seed (every random draw derives from it)")
+    name: str | None = declared(
+        None, Text(none=True, max_len=200), "display name; the run_id is a hash of the resolved config"
+    )
+    engine: str = declared(
+        "builtin", help="which engine trains the run: `clipbench engines` (clipbench.engines) lists them"
+    )
+    trl: dict[str, Any] = declared(factory=dict, help="engine trl: extra GRPOConfig fields (deepspeed, vllm_mode, ...)")
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    objective: dict[str, Any] = field(default_factory=lambda: {"method": "grpo"})
-    # user rule files (.py, relative to the recipe) or modules, imported before objective.method is checked
-    plugins: list[str] = field(default_factory=list)
+    objective: dict[str, Any] = declared(
+        factory=lambda: {"method": "grpo"},
+        help="the clipping rule: {name: <method>, <param>: ...} (a slot), its defaults from clipbench.objectives.METHODS",
+    )
+    plugins: list[str] = declared(
+        factory=list,
+        check=Each(Text()),
+        help="user rule files (.py, relative to the recipe) or modules, imported before objective.method is checked",
+    )
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+
+
+def declarations() -> dict[str, dict[str, Any]]:
+    """{dotted leaf key: its declaration (check, choices, owner, help)}, in schema order."""
+    import typing
+    from dataclasses import fields, is_dataclass
+
+    out: dict[str, dict[str, Any]] = {}
+
+    def walk(cls, prefix: str) -> None:
+        hints = typing.get_type_hints(cls)
+        for f in fields(cls):
+            if is_dataclass(hints[f.name]):
+                walk(hints[f.name], f"{prefix}{f.name}.")
+            else:
+                out[prefix + f.name] = dict(f.metadata)
+
+    walk(RunConfig, "")
+    return out
+
+
+# Derived from the declarations above (their one place): the checks and the schema's closed lists.
+RANGES: dict[str, Range | Each | Text | Source] = {k: d["check"] for k, d in declarations().items() if d.get("check")}
+CHOICES: dict[str, tuple[str, ...]] = {k: d["choices"] for k, d in declarations().items() if d.get("choices")}
 
 
 def leaf_keys() -> tuple[str, ...]:
     """Every dotted leaf key of RunConfig, in schema order ('objective', 'sampler.correction' and 'trl'
     are free-form mappings: one key each, checked against the method's or the correction's parameters
     and TRL's GRPOConfig)."""
-    import typing
-    from dataclasses import fields, is_dataclass
-
-    out: list[str] = []
-
-    def walk(cls, prefix: str) -> None:
-        hints = typing.get_type_hints(cls)
-        for f in fields(cls):
-            kind = hints[f.name]
-            if is_dataclass(kind):
-                walk(kind, f"{prefix}{f.name}.")
-            else:
-                out.append(prefix + f.name)
-
-    walk(RunConfig, "")
-    return tuple(out)
+    return tuple(declarations())

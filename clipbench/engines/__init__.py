@@ -47,8 +47,6 @@ RUN_ENGINES = tuple(name for name, e in ENGINES.items() if e.in_process)  # the 
 def check(cfg, source: str | None = None, *, engine: str | None = None) -> None:
     """ConfigError naming the key when `engine` (default: the run config's) cannot run `cfg` as set:
     an unknown engine, a refused key (engines/keys.py), or an engine's own check of several keys."""
-    import dataclasses
-
     name = engine or cfg.engine
     if engine is None and name not in RUN_ENGINES:
         raise ConfigError(
@@ -61,7 +59,7 @@ def check(cfg, source: str | None = None, *, engine: str | None = None) -> None:
                 else ""
             ),
         )
-    for key, reason in refusals(dataclasses.asdict(cfg), name):
+    for key, reason in refusals(cfg, name):
         raise ConfigError(source, key, f"engine '{name}' cannot honour it: {reason}")
     if name == "trl":
         from clipbench.engines.trl import check_config
@@ -117,18 +115,18 @@ def check_plugin_code(cfg) -> None:
     the test suite's)."""
     import torch
 
+    from clipbench.config.load import slot
     from clipbench.objectives import METHODS, policy_loss
-    from clipbench.objectives.corrections import apply_correction, get_correction
+    from clipbench.objectives.corrections import NONE, apply_correction, get_correction
 
     g = torch.Generator().manual_seed(0)
     old = -torch.rand(4, 3, generator=g)  # (B, T)
     logp = (old + 0.3 * torch.randn(4, 3, generator=g)).requires_grad_(True)
     mask, A = torch.ones(4, 3), torch.tensor([1.0, -1.0, 0.5, -0.5])  # (B,)
-    obj = dict(cfg.objective)
-    method = obj.pop("method")
-    if METHODS[method].origin is not None:
+    rule = slot(cfg, "objective")
+    if METHODS[rule.name].origin is not None:
         out = policy_loss(
-            method,
+            rule.name,
             logp,
             old,
             A,
@@ -137,12 +135,12 @@ def check_plugin_code(cfg) -> None:
             rewards=A,
             entropy=torch.rand(4, 3, generator=g),
             groups=torch.tensor([0, 0, 1, 1]),
-            **obj,
+            **rule.params,
         )
         out.loss.backward()
-    correction = dict(cfg.sampler.correction)
-    if correction.get("name", "none") != "none" and get_correction(correction["name"]).origin is not None:
-        apply_correction(correction, old, logp.detach(), mask)
+    correction = slot(cfg, "correction")
+    if correction.name != NONE and get_correction(correction.name).origin is not None:
+        apply_correction({"name": correction.name, **correction.params}, old, logp.detach(), mask)
 
 
 def check_sinks(cfg) -> None:

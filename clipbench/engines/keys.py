@@ -19,15 +19,18 @@ Every leaf of the run config has an entry for every engine (tests/test_engines.p
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from clipbench.config.schema import TaskConfig, leaf_keys
+from clipbench.config.load import setting
+from clipbench.config.schema import EvalConfig, RunConfig, TaskConfig, TrackingConfig, leaf_keys
 
 # Every task.* key: both engines hand the whole task to clipbench's own loader and grader.
 TASK_KEYS = tuple(f.name for f in dataclasses.fields(TaskConfig))
+# Every eval.* and tracking.* key: clipbench's own evaluation and results store run them on engine trl.
+EVAL_KEYS = tuple(f.name for f in dataclasses.fields(EvalConfig))
+TRACKING_KEYS = tuple(f.name for f in dataclasses.fields(TrackingConfig))
 
 
 @dataclass(frozen=True)
@@ -220,11 +223,8 @@ TRL: dict[str, Support] = {
     ),
     "train.record.max_mb": honoured("ClipbenchGRPOTrainer(record=...) size cap"),
     "plugins": honoured("imported in every process"),
-    **{
-        f"eval.{k}": honoured(_EVAL)
-        for k in ("every", "benchmarks", "n", "limit", "data_dir", "temperature", "top_p", "max_new_tokens", "at_start")
-    },
-    **{f"tracking.{k}": honoured(_TRACK) for k in ("mlflow", "tracking_uri", "experiment", "batch_every", "sinks")},
+    **{f"eval.{k}": honoured(_EVAL) for k in EVAL_KEYS},
+    **{f"tracking.{k}": honoured(_TRACK) for k in TRACKING_KEYS},
     "launch.nproc_per_node": honoured("torchrun processes (TRL's accelerate reads their environment)"),
     "launch.preempt_signal": refused(
         "TRL's trainer has no preemption checkpoint (its generation buffer is not "
@@ -367,33 +367,13 @@ VERL: dict[str, Support] = {
 KEYS: dict[str, dict[str, Support]] = {"builtin": BUILTIN, "trl": TRL, "verl": VERL}
 
 
-@functools.lru_cache(maxsize=1)
-def schema_defaults() -> dict[str, Any]:
-    """{dotted leaf key: its schema default}."""
-    from clipbench.config.schema import RunConfig
-    from clipbench.yamlio import flatten
-
-    defaults = dataclasses.asdict(RunConfig())
-    return {
-        **flatten(defaults),
-        "objective": defaults["objective"],
-        "trl": {},
-        "sampler.correction": defaults["sampler"]["correction"],
-    }
-
-
-def refusals(cfg_dict: Mapping[str, Any], engine: str) -> list[tuple[str, str]]:
-    """[(key, reason)] for every key of a resolved run config (dict) that `engine` cannot honour."""
-    from clipbench.yamlio import flatten
-
-    flat = flatten(cfg_dict)
-    flat["trl"] = cfg_dict.get("trl") or {}
-    flat["objective"] = cfg_dict.get("objective")
-    flat["sampler.correction"] = (cfg_dict.get("sampler") or {}).get("correction")
-    defaults = schema_defaults()
+def refusals(cfg: RunConfig | Mapping[str, Any], engine: str) -> list[tuple[str, str]]:
+    """[(key, reason)] for every key of a resolved run config (a RunConfig or its stored dict) that
+    `engine` cannot honour."""
+    defaults = RunConfig()
     out = []
     for key, support in KEYS[engine].items():
-        problem = support.problem(flat.get(key), defaults.get(key))
+        problem = support.problem(setting(cfg, key), setting(defaults, key))
         if problem:
             out.append((key, problem))
     return out

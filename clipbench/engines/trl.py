@@ -39,7 +39,9 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from clipbench.config.load import slot
 from clipbench.errors import ConfigError, UserError, did_you_mean
+from clipbench.objectives.corrections import NONE
 from clipbench.tracking.store import RunState
 
 # GRPOConfig fields clipbench derives from the run config (a `trl:` entry may not set them).
@@ -120,7 +122,7 @@ def _grpo_fields() -> list[str]:
 def check_config(cfg, source: str | None = None) -> None:
     """ConfigError for bad `trl:` entries and for what needs two keys together (the one-key refusals
     are the engines' table, clipbench.engines.keys)."""
-    if cfg.sampler.correction["name"] != "none" and not _uses_vllm(cfg):
+    if slot(cfg, "correction").name != NONE and not _uses_vllm(cfg):
         raise ConfigError(
             source,
             "sampler.correction.name",
@@ -485,8 +487,7 @@ def run_trl(
     dataset = Dataset.from_dict({"prompt": [p.prompt for p in problems], "problem": list(range(len(problems)))})
     suite = eval_suite(cfg, task) if cfg.eval.benchmarks else {}
     args = grpo_args(cfg, rd.path, world_size=int(os.environ.get("WORLD_SIZE", "1")))
-    obj = dict(cfg.objective)
-    method = obj.pop("method")
+    rule = slot(cfg, "objective")
     callback = StoreCallback(cfg, rd, sink=sink, progress=progress, suite=suite, tokenizer=tok)
     trainer = ClipbenchGRPOTrainer(
         model=model,
@@ -495,8 +496,8 @@ def run_trl(
         train_dataset=dataset,
         processing_class=tok,
         callbacks=[callback],
-        method=method,
-        params=obj,
+        method=rule.name,
+        params=rule.params,
         agg=cfg.train.agg,
         log_histograms=cfg.train.log_histograms,
         record=record_options(cfg, rd),

@@ -127,20 +127,28 @@ def export_task(cfg: dict, out_dir: Path) -> tuple[Path, Path]:
 def rule_env(cfg: dict) -> dict[str, str]:
     """The environment of verl's workers: the module to import, the rule's parameters, the run's plugins
     (absolute paths once the config is composed: they must exist on the workers' nodes)."""
-    obj = dict(cfg["objective"])
-    obj.pop("method")
-    env = {"VERL_USE_EXTERNAL_MODULES": MODULE, PARAMS_ENV: json.dumps(obj, sort_keys=True)}
-    if cfg.get("plugins"):
-        env[PLUGINS_ENV] = os.pathsep.join(cfg["plugins"])
+    from clipbench.config.load import slot
+
+    run = _typed(cfg)
+    env = {"VERL_USE_EXTERNAL_MODULES": MODULE, PARAMS_ENV: json.dumps(slot(run, "objective").params, sort_keys=True)}
+    if run.plugins:
+        env[PLUGINS_ENV] = os.pathsep.join(run.plugins)
     return env
 
 
 def record_env(cfg: dict, run_dir: Path) -> dict[str, str]:
     """train.record.every=1: the registered loss records every call into the run's record/ (docs/replay.md)."""
-    rec = cfg["train"].get("record") or {}
-    if not rec.get("every"):
+    rec = _typed(cfg).train.record
+    if not rec.every:
         return {}
-    return {RECORD_DIR_ENV: str(Path(run_dir) / "record"), RECORD_MAX_MB_ENV: str(rec.get("max_mb", 1024))}
+    return {RECORD_DIR_ENV: str(Path(run_dir) / "record"), RECORD_MAX_MB_ENV: str(rec.max_mb)}
+
+
+def _typed(cfg):
+    """A stored run config (a manifest's dict, perhaps of a former shape) as a RunConfig."""
+    from clipbench.config import RunConfig, from_dict
+
+    return cfg if isinstance(cfg, RunConfig) else from_dict(cfg)
 
 
 RC = "algorithm.rollout_correction."
@@ -172,88 +180,86 @@ def verl_overrides(
     tracking_uri: str | None = None,
 ) -> list[str]:
     """verl main_ppo Hydra overrides for one resolved clipbench run config (see the module docstring)."""
-    from clipbench.config.load import migrate
+    from clipbench.config.load import slot
     from clipbench.models import compute_dtype, dtype_name, resolve_model_name
 
-    cfg = migrate(cfg)  # a manifest frozen before sampler.correction
-    tc, sc, ev, obj = cfg["train"], cfg["sampler"], cfg["eval"], dict(cfg["objective"])
-    method = obj.pop("method")
-    P, M = tc["prompts_per_step"], tc["mini_batches"]
+    run = _typed(cfg)  # from_dict reads a manifest frozen before sampler.correction too
+    tc, sc, ev, rule = run.train, run.sampler, run.eval, slot(run, "objective")
+    P, M = tc.prompts_per_step, tc.mini_batches
     if P % M:
         raise UserError(
             f"engine verl: verl's mini-batches count prompts; train.prompts_per_step={P} does not split "
             f"into train.mini_batches={M}"
         )
-    model = resolve_model_name(cfg["model"]["name"])
-    dtype = dtype_name(compute_dtype(cfg["model"]["dtype"], "cuda", bf16_supported=True))  # verl runs on GPUs
+    model = resolve_model_name(run.model.name)
+    dtype = dtype_name(compute_dtype(run.model.dtype, "cuda", bf16_supported=True))  # verl runs on GPUs
     o: dict[str, Any] = {
-        "algorithm.adv_estimator": ADV[tc["advantage"]],
-        "algorithm.norm_adv_by_std_in_grpo": tc["advantage"] == "group",
+        "algorithm.adv_estimator": ADV[tc.advantage],
+        "algorithm.norm_adv_by_std_in_grpo": tc.advantage == "group",
         "algorithm.use_kl_in_reward": False,
         "data.train_files": str(data[0]),
         "data.val_files": str(data[1]),
         "data.train_batch_size": P,
         "data.max_prompt_length": PROMPT_TOKENS,  # verl drops longer prompts
-        "data.max_response_length": sc["max_new_tokens"],
-        "data.seed": cfg["seed"],
+        "data.max_response_length": sc.max_new_tokens,
+        "data.seed": run.seed,
         "actor_rollout_ref.model.path": model,
-        "actor_rollout_ref.model.enable_gradient_checkpointing": cfg["model"]["gradient_checkpointing"],
+        "actor_rollout_ref.model.enable_gradient_checkpointing": run.model.gradient_checkpointing,
         f"{A}.fsdp_config.dtype": dtype,
         f"{R}.dtype": dtype,
-        f"{R}.free_cache_engine": sc["sleep_mode"],
-        f"{A}.policy_loss.loss_mode": f"clipbench.{method}",
-        f"{A}.loss_agg_mode": tc["agg"],
-        f"{A}.loss_scale_factor": sc["max_new_tokens"],
+        f"{R}.free_cache_engine": sc.sleep_mode,
+        f"{A}.policy_loss.loss_mode": f"clipbench.{rule.name}",
+        f"{A}.loss_agg_mode": tc.agg,
+        f"{A}.loss_scale_factor": sc.max_new_tokens,
         f"{A}.ppo_mini_batch_size": P // M,
-        f"{A}.ppo_epochs": tc["epochs"],
+        f"{A}.ppo_epochs": tc.epochs,
         f"{A}.use_dynamic_bsz": True,
-        f"{A}.optim.lr": tc["lr"],
-        f"{A}.optim.weight_decay": tc["weight_decay"],
-        f"{A}.optim.betas": tc["betas"],
-        f"{A}.optim.lr_warmup_steps": tc["warmup_steps"],
-        f"{A}.optim.lr_scheduler_type": tc["lr_schedule"],
-        f"{A}.grad_clip": tc["grad_clip"],
+        f"{A}.optim.lr": tc.lr,
+        f"{A}.optim.weight_decay": tc.weight_decay,
+        f"{A}.optim.betas": tc.betas,
+        f"{A}.optim.lr_warmup_steps": tc.warmup_steps,
+        f"{A}.optim.lr_scheduler_type": tc.lr_schedule,
+        f"{A}.grad_clip": tc.grad_clip,
         f"{A}.entropy_coeff": 0.0,
-        f"{A}.data_loader_seed": cfg["seed"],
-        f"{A}.use_kl_loss": tc["beta"] > 0,
-        f"{A}.kl_loss_coef": tc["beta"],
+        f"{A}.data_loader_seed": run.seed,
+        f"{A}.use_kl_loss": tc.beta > 0,
+        f"{A}.kl_loss_coef": tc.beta,
         f"{A}.kl_loss_type": "low_var_kl",
         f"{R}.name": "vllm",
-        f"{R}.n": sc["group_size"],
-        f"{R}.temperature": sc["temperature"],
-        f"{R}.top_p": sc["top_p"],
-        f"{R}.seed": cfg["seed"],
-        f"{R}.gpu_memory_utilization": sc["gpu_memory_utilization"],
+        f"{R}.n": sc.group_size,
+        f"{R}.temperature": sc.temperature,
+        f"{R}.top_p": sc.top_p,
+        f"{R}.seed": run.seed,
+        f"{R}.gpu_memory_utilization": sc.gpu_memory_utilization,
         f"{R}.log_prob_use_dynamic_bsz": True,
         f"{REF}.log_prob_use_dynamic_bsz": True,
-        f"{R}.val_kwargs.n": ev["n"],
-        f"{R}.val_kwargs.temperature": ev["temperature"],
-        f"{R}.val_kwargs.top_p": ev["top_p"],
+        f"{R}.val_kwargs.n": ev.n,
+        f"{R}.val_kwargs.temperature": ev.temperature,
+        f"{R}.val_kwargs.top_p": ev.top_p,
         f"{R}.val_kwargs.do_sample": True,
         "reward.custom_reward_function.path": str(Path(__file__).with_name("verl_reward.py")),
         "reward.custom_reward_function.name": "compute_score",
-        "trainer.logger": ["console"]
-        + [s for s in cfg["tracking"].get("sinks", ["mlflow"]) if s != "mlflow" or cfg["tracking"]["mlflow"]],
-        "trainer.project_name": cfg["tracking"]["experiment"],
+        "trainer.logger": ["console"] + [s for s in run.tracking.sinks if s != "mlflow" or run.tracking.mlflow],
+        "trainer.project_name": run.tracking.experiment,
         "trainer.experiment_name": experiment,
-        "trainer.total_training_steps": tc["steps"],
-        "trainer.save_freq": tc["checkpoint_every"],
-        "trainer.test_freq": ev["every"] or -1,
-        "trainer.val_before_train": bool(ev["at_start"] and ev["benchmarks"]),
+        "trainer.total_training_steps": tc.steps,
+        "trainer.save_freq": tc.checkpoint_every,
+        "trainer.test_freq": ev.every or -1,
+        "trainer.val_before_train": bool(ev.at_start and ev.benchmarks),
         "trainer.default_local_dir": str(Path(run_dir) / "verl"),
         "trainer.resume_mode": "auto",
         "trainer.n_gpus_per_node": n_gpus,
         "trainer.nnodes": nnodes,
     }
     for param, fields in VERL_FIELDS.items():  # verl's own fields, where they mean the same
-        if param in obj:
-            o[f"{A}.{fields[0]}"] = obj[param]
-    if tc.get("micro_batch_tokens"):
-        o[f"{A}.ppo_max_token_len_per_gpu"] = tc["micro_batch_tokens"]
-    o.update(correction_overrides(sc.get("correction") or {"name": "none"}))
+        if param in rule.params:
+            o[f"{A}.{fields[0]}"] = rule.params[param]
+    if tc.micro_batch_tokens:
+        o[f"{A}.ppo_max_token_len_per_gpu"] = tc.micro_batch_tokens
+    o.update(correction_overrides(sc.correction))
     out = [f"{k}={_hydra_value(v)}" for k, v in o.items()]
-    env = {**rule_env(cfg), **record_env(cfg, run_dir)}
-    tracking_uri = tracking_uri or cfg["tracking"].get("tracking_uri")
+    env = {**rule_env(run), **record_env(run, run_dir)}
+    tracking_uri = tracking_uri or run.tracking.tracking_uri
     if tracking_uri:
         env["MLFLOW_TRACKING_URI"] = tracking_uri
     out += [f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={_hydra_value(v)}" for k, v in env.items()]

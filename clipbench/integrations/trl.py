@@ -60,6 +60,7 @@ from typing import Any
 import torch
 from trl import GRPOTrainer
 
+from clipbench.config.schema import RecordConfig  # train.record.max_mb's default: the schema's
 from clipbench.integrations.record import LossRecorder
 from clipbench.objectives import (
     AGGREGATIONS,
@@ -325,7 +326,7 @@ class ClipbenchGRPOTrainer(GRPOTrainer):
             "kl": "bias-corrected" if self.args.use_bias_correction_kl else "k3",
         }
         suffix = f".rank{self.accelerator.process_index}" if self.accelerator.num_processes > 1 else ""
-        return LossRecorder(record["dir"], max_mb=record.get("max_mb", 1024), meta=meta, suffix=suffix)
+        return LossRecorder(record["dir"], max_mb=record.get("max_mb", RecordConfig.max_mb), meta=meta, suffix=suffix)
 
     def _record(self, loss, tokens, seqs, **tensors) -> None:
         """This micro-batch's rule inputs, when its generation batch is recorded; the record is written

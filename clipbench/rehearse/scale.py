@@ -234,7 +234,7 @@ def _sampler(plan: Plan, real: dict, here: Machine) -> None:
         )
     plan.add("sampler.old_logp", "as", rs["old_logp"])
     corr = rs["correction"]
-    if corr.get("name", "none") != "none":
+    if corr["name"] != "none":  # a resolved config's correction always names one
         plan.add("sampler.correction", "as", ", ".join(f"{k}={v}" for k, v in corr.items()))
 
 

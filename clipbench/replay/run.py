@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from clipbench.config.load import recorded
 from clipbench.errors import StoreError, UserError
 from clipbench.objectives import METHODS
 from clipbench.replay import params as P
@@ -58,7 +59,7 @@ def check_rule(run_dir: Path, path: Path) -> None:
         return
     if cfg is None:
         return
-    ran = dict(cfg.get("objective") or {})
+    ran = dict(recorded(cfg, "objective") or {})
     method = ran.pop("method", None)
     bad = [k for k, v in ran.items() if k in rec["params"] and rec["params"][k] != v]
     if method != rec["method"] or bad:

@@ -54,6 +54,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from clipbench.config.load import recorded
 from clipbench.report import stats
 from clipbench.report.analysis import _paired_diffs, block_benchmarks, block_n, run_dynamics, run_quadrants, seed_values
 from clipbench.report.load import RunRecord, Sweep
@@ -318,12 +319,12 @@ def q4_claim(label: str, runs: Sequence[RunRecord]) -> ClaimResult | None:
 
 
 def _params(r: RunRecord) -> dict:
-    return {k: v for k, v in r.config.get("objective", {}).items() if k != "method"}
+    return {k: v for k, v in (recorded(r.config, "objective") or {}).items() if k != "method"}
 
 
 def _lr_setting(runs: Sequence[RunRecord]) -> tuple:
-    train = runs[0].config.get("train") or {}
-    return (train.get("lr"), train.get("lr_schedule"))
+    first = runs[0].config
+    return (recorded(first, "train.lr"), recorded(first, "train.lr_schedule"))
 
 
 def stability_claims(

@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from clipbench.config.load import recorded
 from clipbench.report.load import RunRecord
 from clipbench.tracking.store import RunState
 
@@ -73,7 +74,7 @@ RULES = (
 
 
 def total_steps(run: RunRecord) -> int | None:
-    steps = (run.config.get("train") or {}).get("steps")
+    steps = recorded(run.config, "train.steps")  # None: a partial config, the total unknown
     return int(steps) if isinstance(steps, int) else None
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from clipbench.config import flatten
 from clipbench.config.labels import group_label
-from clipbench.config.load import migrate
+from clipbench.config.load import migrate, recorded
 from clipbench.errors import UserError, did_you_mean
 from clipbench.tracking.files import check_store_dir, read_jsonl
 from clipbench.tracking.provenance import read_provenance, weights_checksum
@@ -53,15 +53,15 @@ class RunRecord:
 
     @property
     def method(self) -> str:
-        return str(self.config.get("objective", {}).get("method", "?"))
+        return str(recorded(self.config, "objective.method") or "?")  # a partial config: unknown
 
     @property
     def seed(self) -> int:
-        return int(self.config.get("seed", 0))
+        return int(recorded(self.config, "seed") or 0)
 
     @property
     def model(self) -> str:
-        return str(self.config.get("model", {}).get("name", "?"))
+        return str(recorded(self.config, "model.name") or "?")
 
     @property
     def final_step(self) -> int | None:
@@ -73,7 +73,7 @@ class RunRecord:
         (``clipbench.objectives.effective_bounds``). None when this install does not know the rule."""
         from clipbench.objectives import effective_bounds  # lazy: torch, only for the figures
 
-        obj = dict(self.config.get("objective", {}))
+        obj = dict(recorded(self.config, "objective") or {})
         method = obj.pop("method", None)
         try:
             bounds = effective_bounds(method, obj)

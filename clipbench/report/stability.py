@@ -31,13 +31,14 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from clipbench.config.load import recorded
 from clipbench.report import stats
 from clipbench.report.health import KINDS
 from clipbench.report.load import RunRecord, assign_labels
 
 
 def run_lr(run: RunRecord) -> float | None:
-    lr = (run.config.get("train") or {}).get("lr")
+    lr = recorded(run.config, "train.lr")
     return float(lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else None
 
 
@@ -46,7 +47,8 @@ def rule_labels(runs: Sequence[RunRecord]) -> dict[str, str]:
     clones = []
     for r in runs:
         cfg = copy.deepcopy(r.config)
-        (cfg.get("train") or {}).pop("lr", None)
+        if isinstance(cfg.get("train"), dict):
+            cfg["train"].pop("lr", None)
         clones.append(RunRecord(run_id=r.run_id, path=r.path, config=cfg, state=r.state))
     assign_labels(clones)
     return {c.run_id: c.label for c in clones}

@@ -7,11 +7,14 @@
 Layers, later wins: base recipe < sweep `overrides` < command-line overrides < axis values (a
 command-line override of an axis key replaces that axis by its one value).
 
-Objective parameters are conditional: `objective.p` applies only to methods that declare `p`
-(`clipbench.objectives.METHODS[m].defaults`). An inapplicable axis or override value is dropped
-for that run and the runs are deduplicated by run_id, so `method: [dapo, nsr, decay] x p: [3
-values] x seed: [3]` is 3 + 9 + 9 = 21 runs. A parameter that no method of the sweep has is an
-error (a typo), except in the base recipe (it belonged to the recipe's own method).
+The components (objective, sampler correction, aggregation, advantage) follow one rule
+(`clipbench.sweep.slots`): their parameters are conditional, `objective.p` applies only to
+methods that declare `p` (`clipbench.objectives.METHODS[m].defaults`). An inapplicable axis or
+override value is dropped for that run and the runs are deduplicated by run_id, so `method: [dapo,
+nsr, decay] x p: [3 values] x seed: [3]` is 3 + 9 + 9 = 21 runs. A parameter that no component of
+the sweep has is an error (a typo), except in the base recipe (it belonged to the recipe's own).
+Keys are read in their stored form (`objective.name` as `objective.method`, `train.agg.name` as
+`train.agg`); an error names the key as written.
 
 One validator: every run config is the config loader's (`clipbench.config.validate`) and the
 engine's check (`clipbench.engines.check`), run once per distinct setting of the non-objective axes
@@ -31,11 +34,11 @@ from typing import Any
 
 from clipbench.config import compose, run_id, to_dict, validate
 from clipbench.config.labels import METHOD_KEY, OBJ, label
-from clipbench.config.load import PATH_KEYS, deep_merge, outside_id, set_dotted
-from clipbench.config.schema import leaf_keys
+from clipbench.config.load import PATH_KEYS, deep_merge, migrate, outside_id, set_dotted, setting
+from clipbench.config.schema import SLOTS, leaf_keys, slot_of
 from clipbench.errors import ConfigError, UserError, did_you_mean, unknown_choice
 from clipbench.objectives import METHODS, validate_params
-from clipbench.sweep import correction_axis
+from clipbench.sweep import slots
 from clipbench.sweep.spec import Axis, SweepSpec
 
 TRL = "trl."  # free-form: the trl engine's GRPOConfig fields (checked by the engine)
@@ -53,15 +56,26 @@ class Expansion:
 def expand(spec: SweepSpec) -> Expansion:
     """The sweep's runs (see the module docstring); ConfigError naming the sweep file's key."""
     _load_plugins(spec)
+    given = slots.given_keys(spec)
+    stored = slots.stored_spec(spec)  # objective.name -> objective.method, train.agg.name -> train.agg
+    try:
+        return _expand(stored)
+    except ConfigError as e:  # name the key as it was written
+        if e.key not in given:
+            raise
+        raise ConfigError(e.file, given[e.key], e.reason) from None
+
+
+def _expand(spec: SweepSpec) -> Expansion:
     axes, cli, warnings = _pin_axes(spec)
     _check_keys(spec, axes, cli)
     base = _Base(spec, cli)
-    methods = _methods(spec, axes, base.method)
-    explicit = _check_objective(spec, axes, base, methods)
-    correction_axis.check_keys(
-        [(k, spec.source, f"{ax.where}.{k}") for ax in axes for k in ax.keys],
-        correction_axis.sweep_names(axes, base.correction["name"], spec.source),
-    )  # applicable?
+    rules = {
+        which: slots.build_rule(
+            decl, base.names[which], base.settings[which], axes, spec.axes, str(spec.base), spec.source
+        )
+        for which, decl in SLOTS.items()
+    }
     plain = _PlainPart(spec, axes, base)
     runs: dict[str, dict] = {}
     points: dict[str, dict] = {}
@@ -69,22 +83,17 @@ def expand(spec: SweepSpec) -> Expansion:
     for idx in itertools.product(*[range(len(ax.values)) for ax in axes]):
         combos += 1
         assign = {k: v for ax, i in zip(axes, idx) for k, v in zip(ax.keys, ax.values[i])}
-        method = assign.get(METHOD_KEY, base.method)
-        own = METHODS[method].defaults
-        assign, corr = correction_axis.point(assign, base.correction)  # the point's sampler.correction
+        assign, objective, applies = _components(rules, assign)
         point = {
             k: v
             for ax, i in zip(axes, idx)
             for k, v in zip(ax.keys, ax.values[i])
-            if (not k.startswith(OBJ) or k == METHOD_KEY or k[len(OBJ) :] in own)
-            and (not k.startswith(correction_axis.PREFIX) or k in corr)
+            if slot_of(k) is None or k in applies
         }
         if any(all(k in point and point[k] == v for k, v in e.items()) for e in spec.exclude):
             excluded += 1
             continue
-        params = {k: v for k, v in explicit.items() if k in own}
-        params.update({k[len(OBJ) :]: v for k, v in point.items() if k.startswith(OBJ) and k != METHOD_KEY})
-        cfg = {**plain.config(idx, assign), "objective": _objective(method, tuple(sorted(params.items())))}
+        cfg = {**plain.config(idx, assign), "objective": objective}
         cfg = {k: cfg[k] for k in _TOP_KEYS}  # the schema's key order (== to_dict(...))
         rid = run_id(cfg)
         if rid in runs:
@@ -93,14 +102,30 @@ def expand(spec: SweepSpec) -> Expansion:
                     f"the runs {label(points[rid])} and {label(point)} have the same config "
                     f"(run {rid}); keeping the first"
                 )
-            continue  # else only inapplicable objective values differed: the same run again
+            continue  # else only inapplicable component values differed: the same run again
         runs[rid] = cfg
-        points[rid] = {
-            k: (v if k.startswith((OBJ, correction_axis.PREFIX)) else _get(cfg, k)) for k, v in point.items()
-        }
+        points[rid] = {k: (v if slot_of(k) else _get(cfg, k)) for k, v in point.items()}
     if not runs:
         raise ConfigError(spec.source, "exclude", f"excludes every one of the {combos} grid points")
     return Expansion(runs, points, combos, excluded, tuple(warnings))
+
+
+def _components(rules: Mapping[str, slots.SlotRule], assign: dict) -> tuple[dict, dict, set[str]]:
+    """(the point's assignments with each component it sets in place of its dotted keys, its
+    objective, the component keys that apply to it). The objective is validated here by its
+    registry (cached per method and parameters); the other components with the rest of the config."""
+    applies: set[str] = set()
+    objective: dict = {}
+    for which, rule in rules.items():
+        name, params, keys = rule.component(assign)
+        applies |= keys
+        key = rule.decl.key
+        if which == "objective":
+            objective = _objective(name, tuple(sorted(params.items())))
+        elif not rule.decl.bare and any(k.startswith(key + ".") for k in assign):
+            assign = {k: v for k, v in assign.items() if not k.startswith(key + ".")}
+            assign[key] = {rule.decl.name_key: name, **params}  # replaces the base's component
+    return assign, objective, applies
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,14 +182,14 @@ def _check_keys(spec: SweepSpec, axes: list[Axis], cli: Mapping[str, Any]) -> No
         + [(k, spec.source, f"{ax.where}.{k}") for ax in axes for k in ax.keys]
     )
     for key, src, where in places:
-        if key.startswith((OBJ, TRL, correction_axis.PREFIX)) or key in leaves:
-            continue  # objective / correction parameters: checked against the sweep's methods / corrections
-        if key in correction_axis.LEGACY:  # fine in overrides (`correction_axis.former_keys`), not as an axis
+        if key.startswith(TRL) or slot_of(key) is not None or key in leaves:
+            continue  # a component's parameters: checked against the sweep's components (sweep/slots.py)
+        if key in slots.LEGACY:  # fine in overrides (`slots.former_keys`), not as an axis
             if not where.startswith(("overrides.", key)):
                 raise ConfigError(
                     src,
                     where,
-                    f"'{key}' is now {correction_axis.LEGACY[key]} (sampler.correction.name: "
+                    f"'{key}' is now {slots.LEGACY[key]} (sampler.correction.name: "
                     "tis with sampler.correction.level: token | sequence and sampler.correction.cap)",
                 )
             continue
@@ -176,38 +201,35 @@ def _check_keys(spec: SweepSpec, axes: list[Axis], cli: Mapping[str, Any]) -> No
 
 class _Base:
     """The recipe, then the sweep's overrides, then the command line's (each layer validated on its
-    own, so an error names its layer); `objective` holds the explicit objective settings as
-    {param: (value, source, where)}."""
+    own, so an error names its layer). Per component slot: `names` (the base's component) and
+    `settings` (its explicit parameter settings, recipe first: (param, value, source, where))."""
 
     def __init__(self, spec: SweepSpec, cli: Mapping[str, Any]):
-        raw = compose(spec.base)
+        raw = migrate(compose(spec.base), str(spec.base))
         cfg = to_dict(validate(raw, str(spec.base)))
         if spec.plugins:  # every run lists the sweep's plugins after the recipe's (workers import them)
             from clipbench.objectives.plugins import merge_specs
 
-            cfg["plugins"] = merge_specs(cfg.get("plugins") or [], spec.plugins)
+            cfg["plugins"] = merge_specs(cfg["plugins"], spec.plugins)
         self.objective_defaults = dict(cfg.pop("objective"))
-        file_obj = {k[len(OBJ) :]: v for k, v in spec.overrides.items() if k.startswith(OBJ)}
-        cli_obj = {k[len(OBJ) :]: v for k, v in cli.items() if k.startswith(OBJ)}
-        self.method = cli_obj.pop("method", file_obj.pop("method", self.objective_defaults["method"]))
-        if not isinstance(self.method, str) or self.method not in METHODS:
-            src, where = ("command line", METHOD_KEY) if METHOD_KEY in cli else (spec.source, f"overrides.{METHOD_KEY}")
-            raise ConfigError(src, where, unknown_choice("method", self.method, METHODS))
-        self.objective = {
-            k: (v, str(spec.base), f"objective.{k}") for k, v in (raw.get("objective") or {}).items() if k != "method"
-        }
-        self.objective.update({k: (v, spec.source, f"overrides.objective.{k}") for k, v in file_obj.items()})
-        self.objective.update({k: (v, "command line", f"objective.{k}") for k, v in cli_obj.items()})
         sweep_dir = spec.file.resolve().parent
         for layer, src, prefix, base_dir in (
-            (correction_axis.former_keys(spec.overrides), spec.source, "overrides.", sweep_dir),
-            (correction_axis.former_keys(cli), "command line", "", Path.cwd()),
+            (slots.former_keys(spec.overrides), spec.source, "overrides.", sweep_dir),
+            (slots.former_keys(cli), "command line", "", Path.cwd()),
         ):
             plain = {k: _resolve_path(k, v, base_dir) for k, v in layer.items() if not k.startswith(OBJ)}
             if plain:
                 cfg = self.validated(cfg, plain, src, lambda key: f"{prefix}{key}" if key in plain else key)
         self.config = cfg
-        self.correction = dict(cfg["sampler"]["correction"])  # the base's resolved sampler correction
+        self.names = {
+            which: _get({**cfg, "objective": self.objective_defaults}, d.name_path) for which, d in SLOTS.items()
+        }
+        self.settings = {which: _settings(decl, raw, spec, cli) for which, decl in SLOTS.items()}
+        method = cli.get(METHOD_KEY, spec.overrides.get(METHOD_KEY, self.names["objective"]))
+        if not isinstance(method, str) or method not in METHODS:
+            src, where = ("command line", METHOD_KEY) if METHOD_KEY in cli else (spec.source, f"overrides.{METHOD_KEY}")
+            raise ConfigError(src, where, unknown_choice("method", method, METHODS))
+        self.names["objective"] = method
 
     def validated(
         self, cfg: dict, assign: Mapping[str, Any], src: str, where, suffix: str = "", engine_check: bool = False
@@ -221,8 +243,9 @@ class _Base:
         for k, v in assign.items():
             set_dotted(nested, k, v)
         merged = {**deep_merge(cfg, nested), "objective": self.objective_defaults}
-        if correction_axis.KEY in assign:  # a correction's parameters are its own: it replaces the base's
-            merged["sampler"] = {**merged["sampler"], "correction": assign[correction_axis.KEY]}
+        for decl in SLOTS.values():  # a component's parameters are its own: it replaces the base's
+            if not decl.bare and decl.key in assign:
+                merged = _replaced(merged, decl.key, assign[decl.key])
         try:
             run = validate(merged, src)
             if engine_check:
@@ -234,6 +257,25 @@ class _Base:
         return out
 
 
+def _settings(decl, raw: Mapping, spec: SweepSpec, cli: Mapping[str, Any]) -> list[tuple[str, Any, str, str]]:
+    """A slot's explicit parameter settings (param, value, source, where): the recipe's, then the
+    sweep's overrides, then the command line's."""
+    head = decl.key + "."
+    out = []
+    if not decl.bare:
+        recipe = dict(_get_or(raw, decl.key) or {})
+        recipe.pop(decl.name_key, None)
+        out += [(k, v, str(spec.base), head + k) for k, v in recipe.items()]
+    for layer, src, where in (
+        (slots.former_keys(spec.overrides), spec.source, "overrides."),
+        (slots.former_keys(cli), "command line", ""),
+    ):
+        out += [
+            (k[len(head) :], v, src, where + k) for k, v in layer.items() if k.startswith(head) and k != decl.name_path
+        ]
+    return out
+
+
 def _resolve_path(key: str, value: Any, base_dir: Path) -> Any:
     if key in PATH_KEYS and isinstance(value, str) and (value.startswith("./") or value.startswith("../")):
         return str((base_dir / value).resolve())
@@ -242,69 +284,6 @@ def _resolve_path(key: str, value: Any, base_dir: Path) -> Any:
 
 # ---------------------------------------------------------------------------------------------
 # The objective
-
-
-def _methods(spec: SweepSpec, axes: list[Axis], method: str) -> list[str]:
-    """The methods of the sweep's runs (the method axis, else the one method); unknown ones refused."""
-    axis = next((ax for ax in axes if METHOD_KEY in ax.keys), None)
-    if axis is None:
-        return [method]
-    j = axis.keys.index(METHOD_KEY)
-    for vals in axis.values:
-        if not isinstance(vals[j], str) or vals[j] not in METHODS:
-            raise ConfigError(spec.source, f"{axis.where}.{METHOD_KEY}", unknown_choice("method", vals[j], METHODS))
-    return [vals[j] for vals in axis.values]
-
-
-def _check_objective(spec: SweepSpec, axes: list[Axis], base: _Base, methods: list[str]) -> dict[str, Any]:
-    """Every objective parameter of the sweep belongs to a method of it and is valid for each method
-    that has it. Returns the explicit settings {param: value} (the recipe's own parameters that no
-    method of the sweep has are dropped: they belonged to the recipe's method)."""
-    # Checked against the sweep file's methods too: a command line that pins the method
-    # (objective.method=dapo) makes the file's `p` axis inapplicable, not wrong.
-    file_methods = [
-        v
-        for ax in spec.axes
-        for k, col in zip(ax.keys, zip(*ax.values))
-        if k == METHOD_KEY
-        for v in col
-        if isinstance(v, str) and v in METHODS
-    ]
-    known = {p for m in set(methods) | set(file_methods) for p in METHODS[m].defaults}
-
-    def check(name: str, value: Any, src: str, where: str) -> None:
-        if name not in known:
-            owners = sorted(m for m in METHODS if name in METHODS[m].defaults)
-            hint = (
-                f"; only {', '.join(owners)} {'has' if len(owners) == 1 else 'have'} it"
-                if owners
-                else did_you_mean(name, sorted({p for m in METHODS for p in METHODS[m].defaults}))
-            )
-            raise ConfigError(
-                src,
-                where,
-                f"no method in this sweep ({', '.join(sorted(set(methods)))}) "
-                f"has parameter '{name}'{hint}; their parameters: {', '.join(sorted(known))}",
-            )
-        for m in dict.fromkeys(methods):
-            if name in METHODS[m].defaults:
-                try:
-                    _objective(m, ((name, value),))
-                except (ValueError, TypeError) as e:
-                    raise ConfigError(src, where, str(e)) from None
-
-    explicit = {}
-    for name, (value, src, where) in base.objective.items():
-        if src == str(spec.base) and name not in known:
-            continue
-        check(name, value, src, where)
-        explicit[name] = value
-    for ax in axes:
-        for j, k in enumerate(ax.keys):
-            if k.startswith(OBJ) and k != METHOD_KEY:
-                for vals in ax.values:
-                    check(k[len(OBJ) :], vals[j], spec.source, f"{ax.where}.{k}")
-    return explicit
 
 
 @functools.lru_cache(maxsize=4096)
@@ -342,6 +321,22 @@ class _PlainPart:
         return {k: v for k, v in self.cache[sub].items()}
 
 
+def _replaced(cfg: Mapping, key: str, value: Any) -> dict:
+    """`cfg` with the value at the dotted `key` replaced (not merged)."""
+    head, _, rest = key.partition(".")
+    return {**cfg, head: _replaced(cfg[head], rest, value) if rest else value}
+
+
+def _get_or(cfg: Mapping, key: str) -> Any:
+    """The value at a dotted key of a partial config, None when it is not set."""
+    node: Any = cfg
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
 def _get(cfg: Mapping, key: str) -> Any:
     node: Any = cfg
     for part in key.split("."):
@@ -363,7 +358,7 @@ _TOP_KEYS = _top_keys()
 def iter_summary(runs: Mapping[str, dict], points: Mapping[str, dict]) -> Iterable[dict]:
     """One row per run for tables: run_id, method, parameters, seed, steps, other axes."""
     for rid, cfg in runs.items():
-        obj = dict(cfg.get("objective", {}))
+        obj = dict(setting(cfg, "objective"))
         m = obj.pop("method", "?")
         pt = points.get(rid, {})
         other = {k: v for k, v in pt.items() if not k.startswith(OBJ) and k != "seed"}
@@ -371,7 +366,7 @@ def iter_summary(runs: Mapping[str, dict], points: Mapping[str, dict]) -> Iterab
             "run_id": rid,
             "method": m,
             "params": obj,
-            "seed": cfg.get("seed"),
-            "steps": cfg.get("train", {}).get("steps"),
+            "seed": setting(cfg, "seed"),
+            "steps": setting(cfg, "train.steps"),
             "other": other,
         }

@@ -178,17 +178,21 @@ def _zip_axes(zips: Any, src: str) -> list[Axis]:
 
 
 def _axis_places(axes: list[Axis], overrides: Mapping[str, Any], src: str) -> dict[str, str]:
-    """{axis key: where it is}; a key on two axes, or both an axis and an override, is refused."""
+    """{axis key: where it is}; a key on two axes, or both an axis and an override, is refused (a
+    component's name in its one form and its older form, `objective.name` and `objective.method`,
+    is one key: `sweep.slots.stored_key`)."""
+    from clipbench.sweep.slots import stored_key
+
     if not axes:
         raise ConfigError(src, "grid", "empty: give at least one axis, e.g. grid: {seed: [0, 1, 2]}")
     seen: dict[str, str] = {}
     for ax in axes:
         for k in ax.keys:
-            if k in seen:
-                raise ConfigError(src, f"{ax.where}.{k}", f"'{k}' is already an axis in {seen[k]}")
-            seen[k] = ax.where
+            if stored_key(k) in seen:
+                raise ConfigError(src, f"{ax.where}.{k}", f"'{k}' is already an axis in {seen[stored_key(k)]}")
+            seen[stored_key(k)] = ax.where
     for k in overrides:
-        if k in seen:
+        if stored_key(k) in seen:
             raise ConfigError(src, f"overrides.{k}", f"'{k}' is also an axis in {seen[k]}; remove one of them")
     return seen
 

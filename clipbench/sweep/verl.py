@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from clipbench.config.labels import run_label
+from clipbench.config.load import setting
 from clipbench.engines.verl import plan_runs, shell_line, submit
 from clipbench.sweep.manifest import manifest_runs
 from clipbench.tracking.store import RunDir, RunState
@@ -28,20 +29,11 @@ def verl_plans(
     manifest: dict, sweep: str, *, results_dir: Path, hydra_overrides: list[str], tracking_uri: str | None
 ) -> list[dict]:
     """[{run_id, label, config, data_dir, env, command}] for every run of `manifest`. GPUs per node:
-    hydra.launcher.gpus_per_node, else the runs' launch.nproc_per_node, else 8; nodes: hydra.launcher.nodes."""
+    hydra.launcher.gpus_per_node, else the first run's launch.nproc_per_node (the schema's default
+    for a config written before `launch`); nodes: hydra.launcher.nodes."""
     runs = [(rid, cfg, run_label(cfg, point)) for rid, cfg, point in manifest_runs(manifest)]
     gpus = _launcher_setting(hydra_overrides, "gpus_per_node")
-    n_gpus = int(
-        gpus
-        or next(
-            (
-                cfg.get("launch", {}).get("nproc_per_node")
-                for _, cfg, _ in runs
-                if cfg.get("launch", {}).get("nproc_per_node")
-            ),
-            8,
-        )
-    )
+    n_gpus = int(gpus or next((setting(cfg, "launch.nproc_per_node") for _, cfg, _ in runs), 1))
     return plan_runs(
         runs,
         results_dir=results_dir,

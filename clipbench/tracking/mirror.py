@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from clipbench.config.load import recorded
 from clipbench.tracking.provenance import provenance_params, read_provenance
 from clipbench.tracking.records import list_records
 from clipbench.tracking.store import RunDir
@@ -145,14 +146,14 @@ def run_params(config: Mapping, backend: str | None = None) -> dict[str, Any]:
     from clipbench.objectives import effective_bounds
 
     params = flatten(dict(config))
-    obj = dict(config.get("objective", {}))
+    obj = dict(recorded(config, "objective") or {})
     method = obj.pop("method", None)
     if method is not None:
         try:
             params.update({f"rule.{k}": v for k, v in effective_bounds(method, obj).items()})
         except ValueError:
             pass
-    correction = (config.get("sampler") or {}).get("correction")
+    correction = recorded(config, "sampler.correction")
     if isinstance(correction, Mapping):  # its unit and which tokens stay in the denominators (correction.*)
         from clipbench.objectives.corrections import describe
 
@@ -168,6 +169,16 @@ def run_params(config: Mapping, backend: str | None = None) -> dict[str, Any]:
     return params
 
 
+def shown(value: Any) -> str:
+    """A recorded config value as a tag or a name part: "" where the config records none."""
+    return "" if value is None else str(value)
+
+
+def run_name_of(config: Mapping, run_id: str) -> str:
+    """A run's display name in the mirrors: '<method> seed=<seed> <run id>'."""
+    return f"{shown(recorded(config, 'objective.method'))} seed={shown(recorded(config, 'seed'))} {run_id}"
+
+
 ROLE_TAG = "clipbench.role"  # "sweep" (a sweep's parent run) or "run"
 
 
@@ -175,9 +186,9 @@ def run_tags(config: Mapping, *, sweep: str, run_id: str) -> dict[str, str]:
     return {
         "sweep": sweep,
         "run_id": run_id,
-        "method": str(config.get("objective", {}).get("method", "")),
-        "seed": str(config.get("seed", "")),
-        "model": str(config.get("model", {}).get("name", "")),
+        "method": shown(recorded(config, "objective.method")),
+        "seed": shown(recorded(config, "seed")),
+        "model": shown(recorded(config, "model.name")),
         ROLE_TAG: "run",
     }
 

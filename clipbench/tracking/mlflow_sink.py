@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from clipbench.config.load import setting
 from clipbench.errors import StoreError
 from clipbench.tracking.files import read_json
 from clipbench.tracking.lock import manifest_lock
@@ -42,6 +43,7 @@ from clipbench.tracking.mirror import (
     mirror_points,
     opt_step_after,
     param_value,
+    run_name_of,
     run_tags,
     sync_hint,
 )
@@ -270,10 +272,9 @@ def run_sink(
     from clipbench.tracking.sinks import FanoutSink, extra_sinks
 
     config = to_dict(cfg) if isinstance(cfg, RunConfig) else dict(cfg)
-    tracking = config.get("tracking", {})
-    name = run_name or f"{config.get('objective', {}).get('method', '')} seed={config.get('seed', '')} {rd.run_id}"
+    name = run_name or run_name_of(config, rd.run_id)
     extras = extra_sinks(config, rd, sweep=sweep, run_name=name, resume=resume)
-    on = tracking.get("mlflow", True) and "mlflow" in tracking.get("sinks", ["mlflow"])
+    on = setting(config, "tracking.mlflow") and "mlflow" in setting(config, "tracking.sinks")
     sinks = (
         [
             _mlflow_run_sink(
@@ -309,14 +310,13 @@ def _mlflow_run_sink(
     resume: bool | None,
 ):
     """The run's MLflow child run (see run_sink), or an offline MlflowSink when MLflow is unavailable."""
-    tracking = config.get("tracking", {})
-    uri = resolve_tracking_uri(tracking_uri, tracking.get("tracking_uri"), results_dir)
+    uri = resolve_tracking_uri(tracking_uri, setting(config, "tracking.tracking_uri"), results_dir)
     hint = sync_hint(sweep, results_dir, uri)
     rid = rd.run_id
     try:
         client = client_for(uri)
         exp_id = get_or_create_experiment(
-            client, tracking.get("experiment", "clipbench"), artifact_location(uri, results_dir)
+            client, setting(config, "tracking.experiment"), artifact_location(uri, results_dir)
         )
         if parent_run_id is None and sweep != "train":
             parent_run_id = parent_run(client, exp_id, sweep, rd.path.parent)
@@ -357,7 +357,7 @@ def _mlflow_run_sink(
             mid,
             uri=uri,
             rd=rd,
-            batch_every=tracking.get("batch_every", 10),
+            batch_every=setting(config, "tracking.batch_every"),
             logged_params=params,
             logged_steps=steps,
             sync_hint=hint,

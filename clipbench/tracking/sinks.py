@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from clipbench.config.load import setting
 from clipbench.tracking.files import atomic_write_json, read_json
 from clipbench.tracking.mirror import expected_metrics, metric_name, mirror_points, opt_step_after, param_value
 from clipbench.tracking.store import RunDir, RunState
@@ -195,7 +196,7 @@ class WandbSink(MirrorSink):
         else:
             self.sent = {k: int(v) for k, v in rec.get("sent", {}).items()}
         self.run = wandb.init(
-            project=config.get("tracking", {}).get("experiment", "clipbench"),
+            project=setting(config, "tracking.experiment"),
             id=run_id,
             name=run_name,
             group=sweep,
@@ -207,7 +208,7 @@ class WandbSink(MirrorSink):
         )
         self.run.define_metric("opt_step")
         self.run.define_metric("*", step_metric="opt_step")
-        self.batch_every = max(1, int(config.get("tracking", {}).get("batch_every", 10)))
+        self.batch_every = max(1, int(setting(config, "tracking.batch_every")))
         self._calls = 0
 
     def log_metrics(self, step: int, metrics: dict) -> None:
@@ -251,7 +252,7 @@ def sync_hint(name: str, sweep: str, results_dir: Path) -> str:
 def extra_sinks(config: Mapping, rd: RunDir, *, sweep: str, run_name: str, resume: bool | None) -> list:
     """The run's mirrors other than MLflow, opened; one that cannot open is left out with one warning."""
     out = []
-    for name in config.get("tracking", {}).get("sinks", []):
+    for name in setting(config, "tracking.sinks"):
         if name == "mlflow":
             continue
         try:

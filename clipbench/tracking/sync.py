@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clipbench.config.load import setting
 from clipbench.tracking.files import read_json
 from clipbench.tracking.lock import LOCK_DIR, run_locked_elsewhere, try_run_lock
 from clipbench.tracking.mirror import expected_artifacts, expected_metrics, expected_params, run_tags
@@ -103,7 +104,7 @@ def sync_run(
     from mlflow.entities import Metric
 
     rd, sweep, config, status = run.rd, run.sweep, run.config, run.status
-    exp_name = config.get("tracking", {}).get("experiment", "clipbench")
+    exp_name = setting(config, "tracking.experiment")
     if exp_name not in experiments:
         experiments[exp_name] = get_or_create_experiment(client, exp_name, artifact_location(uri, results_dir))
     exp_id = experiments[exp_name]

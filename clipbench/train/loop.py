@@ -47,12 +47,13 @@ from pathlib import Path
 import torch
 
 from clipbench.config import RunConfig, run_id, to_dict
+from clipbench.config.load import slot
 from clipbench.errors import RunFailed, UserError
 from clipbench.eval.evaluate import Shard
 from clipbench.eval.suite import eval_suite, run_eval
 from clipbench.models import compute_dtype, dtype_name, resolve_model_name
 from clipbench.models.routing import RouteReplay, row_routes_table
-from clipbench.objectives.corrections import apply_correction, is_batch_metric
+from clipbench.objectives.corrections import NONE, apply_correction, is_batch_metric
 from clipbench.rollout import build_sampler, resolve_backend
 from clipbench.seeds import generator
 from clipbench.tasks import build_run_task
@@ -151,7 +152,7 @@ def setup(
     sc = cfg.sampler
     # the sampler's log-probs: its old log-probs, or the mismatch (always logged by vLLM; with hf only
     # when a correction asks for it: hf samples from the training model itself)
-    want_logp = sc.old_logp == "sampler" or sc.correction["name"] != "none" or backend == "vllm"
+    want_logp = sc.old_logp == "sampler" or slot(cfg, "correction").name != NONE or backend == "vllm"
     eval_tokens = cfg.eval.max_new_tokens or sc.max_new_tokens  # the engine must hold eval's completions too
     sampler = build_sampler(
         backend,

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import torch
 
+from clipbench.config.load import slot
 from clipbench.tracking.records import (
     install_record,
     record_name,
@@ -226,15 +227,15 @@ class Capture:
 
     def index(self) -> dict:
         cfg = self.r.cfg
-        obj = dict(cfg.objective)
+        rule = slot(cfg, "objective")
         return {
             "engine": "builtin",
             "step": self.step,
             "world_size": self.r.dist.world,
             "seed": cfg.seed,
             "objective": {
-                "method": obj.pop("method"),
-                "params": obj,
+                "method": rule.name,
+                "params": rule.params,
                 "agg": cfg.train.agg,
                 "beta": cfg.train.beta,
                 "max_len": cfg.sampler.max_new_tokens,
@@ -259,5 +260,5 @@ def _draws(cfg) -> bool:
     """Does the trained rule draw uniforms (then each epoch's draws are recorded)?"""
     from clipbench.objectives import METHODS
 
-    obj = dict(cfg.objective)
-    return METHODS[obj.pop("method")].needs_draws(obj)
+    rule = slot(cfg, "objective")
+    return METHODS[rule.name].needs_draws(rule.params)

@@ -1,0 +1,162 @@
+"""The components of a run as typed slots (issue 26 part 2): the objective, the sampler correction,
+the aggregation and the advantage each take one YAML form, {name: <component>, <param>: ...}; the
+older forms load to the same config and the same run id; one sweep rule expands `<slot>.name` and
+`<slot>.<param>` axes for all four."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from clipbench.config import load_run_config, run_id, to_dict
+from clipbench.config.load import slot
+from clipbench.config.schema import SLOTS, Slot
+from clipbench.errors import ConfigError
+from clipbench.sweep import expand, load_spec
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPE = REPO / "recipes" / "quickstart.yaml"
+PINNED = json.loads((Path(__file__).parent / "fixtures" / "run_ids_0b85e9e.json").read_text())
+
+
+@pytest.mark.parametrize(
+    "one_form, older",
+    [
+        ("objective={name: dapo, eps_high: 0.3}", ["objective.method=dapo", "objective.eps_high=0.3"]),
+        ("objective.name=nsr", ["objective.method=nsr"]),
+        ("sampler.correction={name: icepop}", ["sampler.correction=icepop"]),
+        (
+            "sampler.correction={name: tis, level: sequence, cap: 3.0}",
+            ["sampler.mismatch_is=sequence", "sampler.mismatch_is_cap=3.0"],
+        ),
+        ("train.agg={name: seq-mean-token-mean}", ["train.agg=seq-mean-token-mean"]),
+        ("train.agg.name=token-sum", ["train.agg=token-sum"]),
+        ("train.advantage={name: rloo}", ["train.advantage=rloo"]),
+    ],
+)
+def test_the_one_form_loads_to_the_older_forms_config_and_run_id(one_form, older):
+    new, old = load_run_config(RECIPE, [one_form]), load_run_config(RECIPE, older)
+    assert to_dict(new) == to_dict(old) and run_id(new) == run_id(old)
+    assert run_id(new) != run_id(load_run_config(RECIPE))  # the setting took effect
+
+
+def test_a_slot_reads_as_name_and_resolved_parameters():
+    cfg = load_run_config(RECIPE, ["objective={name: dapo}", "sampler.correction={name: tis, cap: 3.0}"])
+    assert slot(cfg, "objective") == Slot("dapo", {"eps_low": 0.2, "eps_high": 0.28})  # dapo's registry defaults
+    assert slot(cfg, "correction") == Slot("tis", {"level": "token", "floor": 0.0, "cap": 3.0})
+    assert slot(cfg, "aggregation") == Slot("token-mean") and slot(cfg, "advantage") == Slot("group")
+    assert set(SLOTS) == {"objective", "correction", "aggregation", "advantage"}
+
+
+@pytest.mark.parametrize(
+    "override, key, reason",
+    [
+        ("objective={name: dapo, method: grpo}", "objective.name", "set the name once"),
+        ("train.agg={name: token-mean, scale: 2}", "train.agg.scale", "takes no parameters"),
+        ("train.advantage={name: grpo-ish}", "train.advantage", "unknown value 'grpo-ish'"),
+    ],
+)
+def test_a_bad_slot_setting_names_its_key(override, key, reason):
+    with pytest.raises(ConfigError) as e:
+        load_run_config(RECIPE, [override])
+    assert e.value.key == key and reason in e.value.reason
+
+
+def _sweep(tmp_path: Path, body: dict, name: str = "s.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump({"base": str(RECIPE), **body}, sort_keys=False))
+    return p
+
+
+def test_every_shipped_sweep_in_the_one_form_expands_to_its_pinned_run_ids(tmp_path):
+    """Each shipped sweep with its name axes written as `<slot>.name` (objective.method ->
+    objective.name, train.agg -> train.agg.name, ...) lists the run ids pinned at 0b85e9e."""
+    rename = {d.name_path: f"{d.key}.name" for d in SLOTS.values()}
+    renamed = 0
+    for rel, ids in PINNED["sweeps"].items():
+        src = REPO / "clipbench" / rel
+        body = yaml.safe_load(src.read_text())
+        for part in ("grid", "zip", "overrides"):
+            if isinstance(body.get(part), dict):
+                renamed += sum(k in rename for k in body[part])
+                body[part] = {rename.get(k, k): v for k, v in body[part].items()}
+        body["base"] = str((src.parent / body["base"]).resolve())
+        f = tmp_path / rel.replace("/", "_")
+        f.write_text(yaml.safe_dump(body, sort_keys=False))
+        assert list(expand(load_spec(f)).runs) == ids, rel
+    assert renamed >= 15  # the method axes of the shipped sweeps, and study_corrections' correction name
+
+
+def test_the_aggregation_and_advantage_are_slots_of_the_sweep_rule(tmp_path):
+    """train.agg.name x train.advantage.name: 3 x 2 = 6 runs, each the loader's run for its point."""
+    f = _sweep(
+        tmp_path,
+        {
+            "grid": {
+                "train.agg.name": ["token-mean", "seq-mean-token-mean", "token-sum"],
+                "train.advantage.name": ["group", "rloo"],
+            }
+        },
+    )
+    exp = expand(load_spec(f))
+    assert len(exp.runs) == 6
+    for rid, point in exp.points.items():
+        assert set(point) == {"train.agg", "train.advantage"}  # the stored form's keys (labels unchanged)
+        cfg = load_run_config(
+            RECIPE, [f"train.agg={point['train.agg']}", f"train.advantage={point['train.advantage']}"]
+        )
+        assert run_id(cfg) == rid
+
+
+def test_an_objective_setting_applies_to_every_method_of_the_sweep_that_declares_it(tmp_path):
+    """overrides objective.eps_high with methods grpo, dapo, sapo: grpo and dapo declare eps_high,
+    sapo not: 3 runs, the first two with eps_high 0.3 (the same rule for every slot)."""
+    f = _sweep(
+        tmp_path, {"overrides": {"objective.eps_high": 0.3}, "grid": {"objective.name": ["grpo", "dapo", "sapo"]}}
+    )
+    exp = expand(load_spec(f))
+    by_method = {c["objective"]["method"]: c["objective"] for c in exp.runs.values()}
+    assert by_method["grpo"]["eps_high"] == by_method["dapo"]["eps_high"] == 0.3
+    assert "eps_high" not in by_method["sapo"]
+
+
+def test_an_unknown_slot_parameter_or_name_names_the_sweep_key(tmp_path):
+    for body, where, reason in (
+        ({"grid": {"train.agg.name": ["token-meen"]}}, "grid.train.agg.name", "unknown aggregation 'token-meen'"),
+        ({"grid": {"objective.name": ["grpoo"]}}, "grid.objective.name", "unknown method 'grpoo'"),
+        ({"grid": {"objective.name": ["grpo"], "objective.epsilon": [0.1]}}, "grid.objective.epsilon", "no method"),
+        (
+            {"grid": {"objective.name": ["grpo"], "objective.method": ["dapo"]}},
+            "grid.objective.method",
+            "already an axis",
+        ),
+        (
+            {"grid": {"seed": [0]}, "overrides": {"objective.name": "x", "objective.method": "y"}},
+            "overrides.objective.method",
+            "same setting",
+        ),
+        (
+            {"grid": {"objective.name": ["grpo"]}, "overrides": {"objective.method": "dapo"}},
+            "overrides.objective.method",
+            "also an axis",
+        ),
+    ):
+        with pytest.raises(ConfigError) as e:
+            expand(load_spec(_sweep(tmp_path, body)))
+        assert e.value.key == where and reason in e.value.reason, (e.value.key, e.value.reason)
+
+
+def test_a_correction_setting_applies_to_every_correction_of_the_sweep_that_declares_it(tmp_path):
+    """A recipe with {name: tis, level: sequence} and a name axis [tis, icepop]: tis and icepop both
+    declare `level`, so both runs are sequence-level (the one rule: as objective settings always
+    were; before the slots the icepop run fell back to icepop's default, token)."""
+    recipe = yaml.safe_load(RECIPE.read_text())
+    recipe.setdefault("sampler", {})["correction"] = {"name": "tis", "level": "sequence"}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
+    f = _sweep(tmp_path, {"base": str(tmp_path / "r.yaml"), "grid": {"sampler.correction.name": ["tis", "icepop"]}})
+    corr = {c["sampler"]["correction"]["name"]: c["sampler"]["correction"] for c in expand(load_spec(f)).runs.values()}
+    assert corr["tis"]["level"] == corr["icepop"]["level"] == "sequence"
+    assert corr["icepop"]["low"] == 0.5  # the rest from icepop's own defaults

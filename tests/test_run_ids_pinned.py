@@ -1,0 +1,36 @@
+"""Every shipped recipe and sweep keeps its run ids (issue 26: the components as typed slots and the
+typed run config change no run's identity).
+
+tests/fixtures/run_ids_0b85e9e.json holds the run id of every shipped recipe and the run ids of every
+shipped sweep, in expansion order, as computed at commit 0b85e9e (before the slots): a run id is a
+hash of the canonical config, so any change in what is hashed shows here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from clipbench.config import load_run_config, run_id
+from clipbench.sweep import load_spec
+from clipbench.sweep.expand import expand
+
+PACKAGE = Path(__file__).resolve().parent.parent / "clipbench"
+PINNED = json.loads((Path(__file__).parent / "fixtures" / "run_ids_0b85e9e.json").read_text())
+
+
+def test_the_pins_cover_every_shipped_file():
+    shipped = {str(p.relative_to(PACKAGE)) for d in ("recipes", "sweeps") for p in (PACKAGE / d).glob("**/*.yaml")}
+    assert shipped == set(PINNED["recipes"]) | set(PINNED["sweeps"])
+    assert sum(len(ids) for ids in PINNED["sweeps"].values()) == 682  # 19 sweeps
+
+
+@pytest.mark.parametrize("rel", sorted(PINNED["recipes"]))
+def test_a_shipped_recipe_keeps_its_run_id(rel):
+    assert run_id(load_run_config(PACKAGE / rel)) == PINNED["recipes"][rel]
+
+
+@pytest.mark.parametrize("rel", sorted(PINNED["sweeps"]))
+def test_a_shipped_sweep_keeps_its_run_ids_and_their_order(rel):
+    assert list(expand(load_spec(PACKAGE / rel)).runs) == PINNED["sweeps"][rel]
