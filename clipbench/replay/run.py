@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from clipbench.config.load import recorded
+from clipbench.config.load import recorded, setting
 from clipbench.errors import StoreError, UserError
 from clipbench.objectives import METHODS
 from clipbench.replay import params as P
@@ -73,7 +73,7 @@ def routes_note(run_dir: Path, records: list[Path]) -> str | None:
     """One line when records of a run with routing replay r2/r3 (config.yaml) predate records holding
     their routes (their index names no routing_replay): their parameter level routes freely."""
     cfg = RunDir(run_dir).read_config() if (run_dir / "config.yaml").is_file() else None
-    mode = ((cfg or {}).get("model") or {}).get("routing_replay", "none")
+    mode = setting(cfg, "model.routing_replay") if cfg is not None else "none"
     if mode not in ("r2", "r3"):
         return None
     old = []
