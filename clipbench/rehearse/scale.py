@@ -141,6 +141,10 @@ def _model(plan: Plan, real: dict) -> None:
         plan.add("model.device", "skipped", "cuda: no GPU here; on the CPU")
     plan.add("model.dtype", "as", m["dtype"])
     plan.add("model.gradient_checkpointing", "as", str(m["gradient_checkpointing"]).lower())
+    if (
+        m.get("routing_replay", "none") != "none"
+    ):  # a MoE recipe's replay runs as written (the generated model has routers)
+        plan.add("model.routing_replay", "as", m["routing_replay"])
 
 
 def _task(plan: Plan, real: dict) -> None:
