@@ -259,17 +259,20 @@ def test_a_dense_recipe_rehearses_with_the_hf_sampler(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_reproduce_nsr_tiny_runs_both_arms_end_to_end(tmp_path):
-    """reproduce.sh tiny (what `make reproduce-nsr SCALE=tiny` runs), 2 rollout steps a run: every
-    arm trains (GRPO with r2 replays routes), each sweep is reported against its baseline."""
+    """reproduce.sh tiny (what `make reproduce-nsr SCALE=tiny` runs), one rollout step a run: every
+    arm trains (GRPO with r2 replays routes), each sweep is reported against its baseline. Measured
+    on 2 cores shared with other work: 96 s as written (load average ~6), 206 s with 2 steps and all
+    five formats (load ~10)."""
     import json
     import os
 
     from clipbench.yamlio import load_yaml_file
 
-    env = {**os.environ, "CLIPBENCH": str(Path(sys.executable).parent / "clipbench")}
+    # the HTML report (the other formats are the report tests' business)
+    env = {**os.environ, "CLIPBENCH": str(Path(sys.executable).parent / "clipbench"), "FORMATS": "html"}
     res = subprocess.run(
         ["bash", str(HERE / "reproduce.sh"), "tiny", str(tmp_path / "results")]
-        + ["train.steps=2", "eval.every=0", "eval.n=4", "eval.limit=8", "tracking.mlflow=false"],
+        + ["train.steps=1", "eval.every=0", "eval.n=4", "eval.limit=8", "tracking.mlflow=false"],
         capture_output=True,
         text=True,
         cwd=tmp_path,
@@ -279,11 +282,12 @@ def test_reproduce_nsr_tiny_runs_both_arms_end_to_end(tmp_path):
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     for sweep in ("nsr_scale_moe_tiny", "nsr_scale_dense_tiny"):
         report = tmp_path / "results" / "reports" / sweep
-        assert (report / "report.html").exists() and (report / "report.md").exists()
+        assert (report / "report.html").exists()
     r2 = next(
         p
         for p in (tmp_path / "results" / "nsr_scale_moe_tiny").glob("*/config.yaml")
         if load_yaml_file(p)["model"]["routing_replay"] == "r2"
     )
     rows = [json.loads(line) for line in (r2.parent / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == 8 and rows[0]["ratio/max"] == rows[0]["ratio/min"] == 1.0  # 2 steps x 4 mini-batches
+    assert len(rows) == 4 and rows[0]["ratio/max"] == rows[0]["ratio/min"] == 1.0  # 1 step x 4 mini-batches
+    assert rows[0]["routing/changed_frac"] == 0.0 < max(r["routing/changed_frac"] for r in rows[1:])

@@ -9,6 +9,7 @@
 #     RESULTS  results directory (default: results)
 #     key=value  overrides for every run, e.g. eval.data_dir=/data/benchmarks (offline benchmarks)
 #   ARMS="moe dense" (default) or one of them: which arms to run.
+#   FORMATS="rich markdown latex csv html" (default) or some of them: the report formats written.
 #
 # Each arm runs `clipbench sweep` (resumable: rerun the same command after an interruption), then
 # `clipbench report` against its baseline (gspo, dapo) in every format. The HTML pages are printed last.
@@ -59,7 +60,7 @@ for ARM in ${ARMS:-moe dense}; do
   echo "== clipbench sweep $(basename "$SWEEP_FILE") -> $RESULTS/$SWEEP ($SCALE)"
   "${CLI[@]}" sweep "$SWEEP_FILE" "$@" --results-dir "$RESULTS" --jobs "$JOBS"
   echo "== clipbench report $SWEEP --baseline $BASELINE"
-  for fmt in rich markdown latex csv html; do
+  for fmt in ${FORMATS:-rich markdown latex csv html}; do
     "${CLI[@]}" report "$SWEEP" --results-dir "$RESULTS" --baseline "$BASELINE" --format "$fmt"
   done
 done
