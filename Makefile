@@ -88,6 +88,9 @@ study-moe: install ## Issue 24 part 6, docs/moe.md: grpo, gspo, nsr (sequence) x
 reproduce-table3: install ## ABC-GRPO Table 3 (GPU + vLLM); SCALE=tiny: same pipeline on CPU
 	bash recipes/abc_grpo_table3/reproduce.sh $(SCALE) $(RESULTS)
 
+reproduce-nsr: install ## NSR-paper scale: Qwen3-30B-A3B (GSPO, +NSR, +decay, GRPO+r2) and Qwen2.5-7B (DAPO, +NSR, +decay); SCALE=tiny: same pipeline on CPU
+	bash recipes/nsr_scale/reproduce.sh $(SCALE) $(RESULTS)
+
 dist: install ## Build the wheel and sdist into dist/ (recipes and sweeps inside; tests/test_package.py installs the wheel)
 	@$(PY) -c "import build" 2>/dev/null || $(PIP) install --quiet build
 	rm -rf dist
@@ -96,4 +99,4 @@ dist: install ## Build the wheel and sdist into dist/ (recipes and sweeps inside
 clean: ## Remove generated results (keeps results/README.md)
 	find $(RESULTS) -mindepth 1 ! -name README.md -exec rm -rf {} +
 
-.PHONY: help install install-browser dist lint test test-verl test-vllm bench quickstart reproduce-table3 study study-stability study-replay study-moe test-fast clean
+.PHONY: help install install-browser dist lint test test-verl test-vllm bench quickstart reproduce-table3 reproduce-nsr study study-stability study-replay study-moe test-fast clean

@@ -162,6 +162,9 @@ def rehearse(
     nproc_per_node: int | None = typer.Option(
         None, "--nproc-per-node", help="Processes for the rehearsal (default: the recipe's, at most 2 on a CPU)."
     ),
+    gpu_memory: float = typer.Option(
+        80.0, "--gpu-memory", help="GiB of each of the real recipe's GPUs, for its memory plan (as clipbench plan)."
+    ),
     results_dir: ResultsDir = Path("results"),
     tracking_uri: TrackingUri = None,
     plugin: Plugins = None,
@@ -178,6 +181,7 @@ def rehearse(
             results_dir=results_dir,
             tracking_uri=tracking_uri,
             plugins=plugin or [],
+            gpu_memory=gpu_memory,
         )
     )
 

@@ -73,6 +73,20 @@ def test_shipped_qwen3_shapes_count_what_transformers_builds(name):
     assert QWEN3[name.removesuffix("-Base")].n_params() == shape.n_params()  # post-trained twin
 
 
+def test_shipped_qwen2_5_7b_shape_counts_what_transformers_builds():
+    """Qwen2.5-7B (the NSR-scale recipes' dense model) ships too: plan works offline. By hand:
+    embeddings 2 x 152064 x 3584 = 1,089,994,752 (untied); one layer: q 3584^2 + 3584, k and v
+    2 x (3584 x 512 + 512), o 3584^2, MLP 3 x 3584 x 18944, 2 norms x 3584 = 233,057,792; x 28
+    = 6,525,618,176; + final norm 3584 = 7,615,616,512 (the card's 7.61B, 6.53B non-embedding)."""
+    from clipbench.models.shapes import QWEN2_5
+
+    shape = model_shape("Qwen/Qwen2.5-7B")
+    assert shape is QWEN2_5["Qwen/Qwen2.5-7B"] and shape.layer_params() == 233_057_792
+    assert shape.n_params() == 1_089_994_752 + 6_525_618_176 + 3584 == 7_615_616_512
+    _, model = _hf_model_on_meta(shape)
+    assert sum(p.numel() for p in model.parameters()) == shape.n_params()
+
+
 @pytest.mark.parametrize(
     "model_type,extra", [("llama", {"o_bias": True, "mlp_bias": True}), ("qwen2", {"qkv_bias": True}), ("mistral", {})]
 )

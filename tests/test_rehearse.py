@@ -37,10 +37,19 @@ def shipped_recipes(vllm: bool) -> list[str]:
     return out
 
 
+def header_gpu_memory(recipe: str) -> float:
+    """The GiB per GPU of the `clipbench plan ... --gpu-memory N` line in a recipe's header (80 when
+    it names none): the GPUs the recipe is written for."""
+    import re
+
+    m = re.search(r"^#\s+clipbench plan \S+ --gpu-memory (\d+(?:\.\d+)?)", (REPO / recipe).read_text(), re.M)
+    return float(m.group(1)) if m else 80.0
+
+
 def check_rehearsal(recipe: str, tmp_path) -> None:
     from clipbench.rehearse import rehearse
 
-    result = rehearse(REPO / recipe, results_dir=tmp_path)
+    result = rehearse(REPO / recipe, results_dir=tmp_path, gpu_memory=header_gpu_memory(recipe))
     parts = {p.name: p for p in result.parts}
     failed = [f"{p.name}: {p.detail}" for p in result.parts if p.how == "failed"]
     assert result.ok, failed
@@ -50,7 +59,7 @@ def check_rehearsal(recipe: str, tmp_path) -> None:
     if "train.micro_batch_tokens" in parts and parts["train.micro_batch_tokens"].how == "scaled":
         assert parts["micro-batches"].how == "ran"  # every optimizer step in >= 2 micro-batches
     assert parts["evaluation"].how == "ran" and parts["report"].how == "ran"
-    assert result.plan is not None and result.plan.fits  # the real recipe on its GPUs of 80 GiB
+    assert result.plan is not None and result.plan.fits  # the real recipe on its header's GPUs (80 GiB unless named)
     assert result.verdict().startswith("rehearsal passed")
 
 
@@ -59,7 +68,9 @@ def test_the_recipes_are_found():
     assert "recipes/quickstart.yaml" in cpu and "recipes/nsr/dapo_nsr.yaml" in cpu and len(cpu) >= 9
     assert sorted(vllm) == [
         f"recipes/abc_grpo_table3/qwen3_{m}_{r}.yaml" for m in ("1p7b", "4b") for r in ("abc", "grpo")
-    ]
+    ] + [f"recipes/nsr_scale/qwen2_5_7b_dapo{r}.yaml" for r in ("", "_decay", "_nsr")]
+    moe = [f"recipes/nsr_scale/qwen3_30b_a3b_{r}.yaml" for r in ("gspo", "gspo_decay", "gspo_nsr", "grpo_r2")]
+    assert set(moe) <= set(cpu) and {header_gpu_memory(r) for r in moe} == {139.0}  # 8 x H200 (HF sampler)
 
 
 def test_the_4b_table3_recipe_shrunk_for_a_cpu_machine():

@@ -12,7 +12,8 @@ from clipbench.objectives import METHODS
 ROOT = Path(__file__).resolve().parent.parent / "recipes"
 TABLE3 = ROOT / "abc_grpo_table3"
 NSR = ROOT / "nsr"
-RECIPES = sorted(p for d in (TABLE3, NSR) for p in d.glob("*.yaml") if not p.name.startswith("sweep"))
+NSR_SCALE = ROOT / "nsr_scale"  # tests/test_nsr_scale.py checks its settings and sweeps
+RECIPES = sorted(p for d in (TABLE3, NSR, NSR_SCALE) for p in d.glob("*.yaml") if not p.name.startswith("sweep"))
 
 
 def _expand(path: Path) -> list[dict]:

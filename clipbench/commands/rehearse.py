@@ -27,6 +27,7 @@ def rehearse_command(
     results_dir: Path,
     tracking_uri: str | None,
     plugins: list[str] = (),
+    gpu_memory: float = 80.0,
 ) -> int:
     from clipbench.commands.doctor import doctor_command
     from clipbench.commands.plan import render
@@ -36,6 +37,8 @@ def rehearse_command(
 
     if nproc_per_node is not None and nproc_per_node < 1:
         raise UserError(f"--nproc-per-node must be >= 1, got {nproc_per_node}")
+    if not gpu_memory > 0:
+        raise UserError(f"--gpu-memory must be > 0 (GiB), got {gpu_memory}")
     cfg = load_run_config(recipe, overrides, plugins=plugins)  # bad input: one line, before anything is printed
     check_local_model(cfg.model.name)
     err = Console(stderr=True, highlight=False)
@@ -48,6 +51,7 @@ def rehearse_command(
         results_dir=results_dir,
         tracking_uri=tracking_uri,
         plugins=list(plugins),
+        gpu_memory=gpu_memory,
         say=lambda msg: err.print(f"[dim]{time.time() - t0:6.1f} s  {msg}[/]"),
     )
     out = Console(highlight=False)

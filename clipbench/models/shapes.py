@@ -5,8 +5,8 @@
     shape.n_params(), shape.kv_bytes_per_token(2)
 
 Design choices:
-* The Qwen3 family's shapes ship with clipbench (`QWEN3` below), so `clipbench plan` works offline
-  for the models the recipes use. Any other model is read with `transformers.AutoConfig` from a
+* The Qwen3 family's shapes ship with clipbench (`QWEN3` below), and Qwen2.5-7B's (`QWEN2_5`, the
+  dense arm of the NSR-scale recipes), so `clipbench plan` works offline for the models the recipes use. Any other model is read with `transformers.AutoConfig` from a
   local path or the hub (cached by transformers after the first read).
 * Only decoders with the Llama layout are described (RMSNorm, GQA attention, SwiGLU MLP):
   Qwen3 (adds q/k RMSNorm), Qwen2 (q/k/v bias), Llama and Mistral; and the mixture-of-experts
@@ -196,6 +196,28 @@ for _s in list(QWEN3.values()):
     QWEN3[_post] = replace(_s, name=_post, max_position_embeddings=40960, source=_s.source.replace(_s.name, _post))
 
 
+# Qwen2.5-7B (base and instruct share the shape): config.json of Qwen/Qwen2.5-7B on the Hugging Face
+# hub. 7,615,616,512 parameters, the card's "7.61B" (6.53B non-embedding); q/k/v carry a bias.
+QWEN2_5: dict[str, ModelShape] = {
+    name: ModelShape(
+        name=name,
+        model_type="qwen2",
+        vocab_size=152064,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_layers=28,
+        num_heads=28,
+        num_kv_heads=4,
+        head_dim=128,
+        tie_word_embeddings=False,
+        qkv_bias=True,
+        max_position_embeddings=131072 if name.endswith("7B") else 32768,
+        source=f"config.json of {name} on the Hugging Face hub (shipped with clipbench)",
+    )
+    for name in ("Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-7B-Instruct")
+}
+
+
 def from_hf_config(cfg, name: str = "", source: str = "") -> ModelShape:
     """A ModelShape from a transformers config object (AutoConfig) of a supported decoder."""
     model_type = getattr(cfg, "model_type", None)
@@ -280,13 +302,15 @@ def hf_config(shape: ModelShape, **override):
 
 
 def model_shape(name: str) -> ModelShape:
-    """The shape of `name`: a local directory (AutoConfig), a shipped Qwen3 shape, else the hub.
+    """The shape of `name`: a local directory (AutoConfig), a shipped Qwen3 / Qwen2.5 shape, else the hub.
 
     `name` is already resolved (no `builtin:` prefix). Raises UserError when it cannot be read."""
     if os.path.exists(os.path.expanduser(name)):
         return _auto_config(os.path.expanduser(name), f"{name}/config.json")
     if name in QWEN3:
         return QWEN3[name]
+    if name in QWEN2_5:
+        return QWEN2_5[name]
     return _auto_config(name, f"config.json of {name} (Hugging Face hub)")
 
 

@@ -82,9 +82,11 @@ def rehearse(
     results_dir: Path = Path("results"),
     tracking_uri: str | None = None,
     plugins: list[str] = (),
+    gpu_memory: float = 80.0,
     say: Callable[[str], None] = lambda msg: None,
 ) -> Rehearsal:
-    """Rehearse `recipe` (see the module docstring); `say` receives progress lines."""
+    """Rehearse `recipe` (see the module docstring); `say` receives progress lines; `gpu_memory`: the
+    GiB of each of the real recipe's GPUs, for its memory plan (`clipbench plan --gpu-memory`)."""
     import time
 
     from clipbench.config import load_run_config, run_id, to_dict
@@ -129,13 +131,14 @@ def rehearse(
             say("checking the results store, MLflow and the report")
             steps.check_store(plan, run_dir, uri)
             steps.check_report(plan, results, work / "report")
-    memory_plan(out, real)
+    memory_plan(out, real, gpu_memory)
     out.seconds = time.time() - t0
     return out
 
 
-def memory_plan(out: Rehearsal, real) -> None:
-    """The real recipe's memory plan per GPU (80 GiB, its processes), as `clipbench plan` computes it."""
+def memory_plan(out: Rehearsal, real, gpu_memory: float = 80.0) -> None:
+    """The real recipe's memory plan per GPU (`gpu_memory` GiB, its processes), as `clipbench plan`
+    computes it."""
     from clipbench.errors import UserError
     from clipbench.memory.estimator import advise, estimate
     from clipbench.memory.plan import setup_for
@@ -147,7 +150,7 @@ def memory_plan(out: Rehearsal, real) -> None:
     except UserError as e:
         out.plan_note = f"no memory plan: {e}"
         return
-    setup = setup_for(real, world_size=out.nproc, device_gib=80.0, shape=shape)
+    setup = setup_for(real, world_size=out.nproc, device_gib=gpu_memory, shape=shape)
     out.plan = estimate(shape, setup)
     out.plan_note = "" if out.plan.fits else "; ".join(advise(shape, setup))
 

@@ -141,6 +141,10 @@ def _model(plan: Plan, real: dict) -> None:
         plan.add("model.device", "skipped", "cuda: no GPU here; on the CPU")
     plan.add("model.dtype", "as", m["dtype"])
     plan.add("model.gradient_checkpointing", "as", str(m["gradient_checkpointing"]).lower())
+    if (
+        m.get("routing_replay", "none") != "none"
+    ):  # a MoE recipe's replay runs as written (the generated model has routers)
+        plan.add("model.routing_replay", "as", m["routing_replay"])
 
 
 def _task(plan: Plan, real: dict) -> None:
@@ -198,12 +202,26 @@ def _batch(plan: Plan, real: dict, world: int) -> None:
     for key in ("mini_batches", "epochs", "lr", "advantage", "agg", "beta", "grad_clip", "dynamic_sampling"):
         plan.add(f"train.{key}", "as", str(rt[key]))
     if rt["overlong"]["enabled"]:
-        plan.add("train.overlong", "as", f"buffer {rt['overlong']['buffer']}, penalty {rt['overlong']['penalty']}")
+        _overlong(plan, rt["overlong"], rs["max_new_tokens"], plan.config["sampler"]["max_new_tokens"])
     if rt["micro_batch_tokens"]:
         plan.micro_batch_scaled = True  # the budget itself is set once the prompts are known (local.py)
         plan.add("train.micro_batch_tokens", "scaled", str(rt["micro_batch_tokens"]))
     else:
         plan.add("train.micro_batch_tokens", "as", "0: each mini-batch in one forward/backward")
+
+
+def _overlong(plan: Plan, real: dict, max_new: int, small_new: int) -> None:
+    """DAPO's overlong shaping: a buffer longer than the shrunk completions keeps its share of them
+    (the loader refuses buffer > max_new_tokens), e.g. 4096 of 20480 -> 2 of 12."""
+    buffer = real["buffer"]
+    small = buffer if buffer <= small_new else max(1, buffer * small_new // max_new)
+    plan.config["train"]["overlong"]["buffer"] = small
+    how = "as" if small == buffer else "scaled"
+    plan.add(
+        "train.overlong",
+        how,
+        f"buffer {buffer if small == buffer else _arrow(buffer, small)}, penalty {real['penalty']}",
+    )
 
 
 def _sampler(plan: Plan, real: dict, here: Machine) -> None:
