@@ -180,6 +180,9 @@ def load_entry_points(group: str) -> None:
         IMPORTED[module] = origin
 
 
+_FROM_VALUE = object()  # register()'s default origin: origin_of the value (or the plugin being imported)
+
+
 class Registry(MutableMapping[str, V]):
     """Named entries of one kind (see the module docstring).
 
@@ -234,13 +237,11 @@ class Registry(MutableMapping[str, V]):
         return f"Registry({self.kind!r}: {', '.join(self._entries)})"
 
     # --- registering ------------------------------------------------------------------------------
-    def register(
-        self, name: str, value: V, *, origin: Origin | None | str = "auto", where: str | None = None, **meta: Any
-    ) -> V:
+    def register(self, name: str, value: V, *, origin: Any = _FROM_VALUE, where: str | None = None, **meta: Any) -> V:
         """Add ``name``; returns ``value``. ``origin`` defaults to :func:`origin_of` the value (the
         plugin being imported, else the value's module); ``where`` (file:line) starts a collision's
         message. Metadata: keyword arguments, kept on the entry."""
-        if origin == "auto":
+        if origin is _FROM_VALUE:
             origin = origin_of(value) if (inspect.isfunction(value) or inspect.isclass(value)) else loading_origin()
         self.check_free(name, origin, where or (origin.path if origin else name))
         self._entries[name] = Entry(name, value, origin, dict(meta))
