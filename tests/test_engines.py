@@ -281,3 +281,25 @@ def test_no_engine_name_branches_outside_engines():
         if branch.search(line)
     ]
     assert not found, "\n".join(found)
+
+
+def test_every_engine_implements_its_interface():
+    """Each registered engine's module has what its kind needs (docs/architecture.md, "Adding an
+    engine"): train for an engine inside a clipbench process, the four submission functions for one
+    launched apart; and a keys entry for every run-config key."""
+    import inspect
+
+    from clipbench.config.schema import leaf_keys
+    from clipbench.engines import ENGINES, RUN_ENGINES
+
+    assert list(ENGINES) == ["builtin", "trl", "verl"] and RUN_ENGINES == ("builtin", "trl")
+    for name, engine in ENGINES.items():
+        needs = ("train",) if engine.in_process else ("check_can_launch", "plan_runs", "shell_line", "submit")
+        missing = [f for f in needs if not callable(getattr(engine.impl, f, None))]
+        assert not missing, f"engine {name}: {engine.module} lacks {missing}"
+        assert set(leaf_keys()) <= set(engine.keys), name
+        if engine.in_process:
+            params = inspect.signature(engine.impl.train).parameters
+            assert {"resume", "sink", "progress", "dist", "stop"} <= set(params), name
+    assert [n for n, e in ENGINES.items() if e.preemptible] == ["builtin"]
+    assert ENGINES["verl"].submits and not ENGINES["trl"].submits
