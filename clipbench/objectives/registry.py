@@ -15,6 +15,8 @@ Where rules come from: the built-in ones (objectives/rules/, registered when the
 imported), a user's files and modules (plugins.py imports them through :func:`import_rules`, so the
 rules they register record their file and its sha256), and installed packages' ``clipbench.rules``
 entry points, which this registry loads itself on the first lookup of a name it does not know.
+``METHODS`` is a :class:`clipbench.registry.Registry` (the storage, origins, collisions, entry points
+and did-you-mean every registry of clipbench shares); this module adds what a rule is.
 """
 
 from __future__ import annotations
