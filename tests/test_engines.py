@@ -179,10 +179,11 @@ def trl_settings(cfg) -> dict:
 def verl_settings(cfg, tmp_path) -> dict:
     """Every main_ppo override and worker environment variable of the run, as `clipbench sweep --engine
     verl` plans it (GPUs per node from launch.nproc_per_node)."""
-    from clipbench.sweep.verl import verl_plans
+    from clipbench.engines import ENGINES
+    from clipbench.sweep.submitted import plans_of
 
-    (plan,) = verl_plans(
-        {"runs": {"r": to_dict(cfg)}}, "s", results_dir=tmp_path, hydra_overrides=[], tracking_uri=None
+    (plan,) = plans_of(
+        ENGINES["verl"], {"runs": {"r": to_dict(cfg)}}, "s", results_dir=tmp_path, hydra_overrides=[], tracking_uri=None
     )
     out = {}
     for o in plan["command"][3:]:
@@ -262,3 +263,43 @@ def test_the_4b_table3_recipes_pass_the_preflight_but_for_what_needs_a_gpu(metho
         preflight(local, recipe)
     except UserError as e:  # only this environment's missing vllm may stop it
         assert str(e).startswith("sampler.backend: 'vllm' is not installed here"), e
+
+
+def test_no_engine_name_branches_outside_engines():
+    """Engines are registered objects (clipbench.engines.ENGINES): code outside clipbench/engines/
+    reads the engine object (in_process, submits, preemptible, train, check) instead of comparing
+    its name, so adding an engine is one module and one registration."""
+    import re
+
+    pkg = Path(__file__).resolve().parent.parent / "clipbench"
+    branch = re.compile(r"engine\s*(==|!=|in\b)")
+    found = [
+        f"{p.relative_to(pkg.parent)}:{i}: {line.strip()}"
+        for p in sorted(pkg.rglob("*.py"))
+        if "engines" not in p.relative_to(pkg).parts[:1]
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if branch.search(line)
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_every_engine_implements_its_interface():
+    """Each registered engine's module has what its kind needs (docs/architecture.md, "Adding an
+    engine"): train for an engine inside a clipbench process, the four submission functions for one
+    launched apart; and a keys entry for every run-config key."""
+    import inspect
+
+    from clipbench.config.schema import leaf_keys
+    from clipbench.engines import ENGINES, RUN_ENGINES
+
+    assert list(ENGINES) == ["builtin", "trl", "verl"] and RUN_ENGINES == ("builtin", "trl")
+    for name, engine in ENGINES.items():
+        needs = ("train",) if engine.in_process else ("check_can_launch", "plan_runs", "shell_line", "submit")
+        missing = [f for f in needs if not callable(getattr(engine.impl, f, None))]
+        assert not missing, f"engine {name}: {engine.module} lacks {missing}"
+        assert set(leaf_keys()) <= set(engine.keys), name
+        if engine.in_process:
+            params = inspect.signature(engine.impl.train).parameters
+            assert {"resume", "sink", "progress", "dist", "stop"} <= set(params), name
+    assert [n for n, e in ENGINES.items() if e.preemptible] == ["builtin"]
+    assert ENGINES["verl"].submits and not ENGINES["trl"].submits

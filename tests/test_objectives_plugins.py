@@ -14,6 +14,7 @@ import pytest
 import torch
 import yaml
 
+from clipbench import registry as generic
 from clipbench.config import load_run_config, run_id
 from clipbench.errors import ConfigError, UserError
 from clipbench.objectives import METHODS, policy_loss, registry
@@ -38,14 +39,15 @@ SMALL = [
 @pytest.fixture
 def isolated():
     """Whatever a test loads is unloaded afterwards (METHODS and the loader's caches)."""
-    methods, loaded, ep = dict(METHODS), dict(registry.LOADED), registry._ENTRY_POINTS_LOADED
+    methods, loaded, ep = dict(METHODS), dict(registry.LOADED), set(generic.GROUPS_LOADED)
     mods = set(sys.modules)
     yield
     METHODS.clear()
     METHODS.update(methods)
     registry.LOADED.clear()
     registry.LOADED.update(loaded)
-    registry._ENTRY_POINTS_LOADED = ep
+    generic.GROUPS_LOADED.clear()
+    generic.GROUPS_LOADED.update(ep)
     for m in set(sys.modules) - mods:
         if m.startswith("clipbench_plugin_") or m.startswith("cb_test_"):
             del sys.modules[m]
@@ -109,7 +111,7 @@ def test_module_names_and_entry_points(isolated, tmp_path, monkeypatch):
     write(tmp_path / "cb_test_ep-0.1.dist-info" / "METADATA", "Metadata-Version: 2.1\nName: cb-test-ep\nVersion: 0.1\n")
     write(tmp_path / "cb_test_ep-0.1.dist-info" / "entry_points.txt", "[clipbench.rules]\nmine = cb_test_ep_rules\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    registry._ENTRY_POINTS_LOADED = False  # as in a fresh process
+    generic.GROUPS_LOADED.discard(registry.ENTRY_POINT_GROUP)  # as in a fresh process
     # an installed package's rule is found by name, with no --plugin
     lp = torch.zeros(1, 2, requires_grad=True)
     policy_loss("ep_rule", lp, torch.zeros(1, 2), torch.tensor([1.0]), torch.ones(1, 2))

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from clipbench.basemodel.recipes import BUILTIN_RECIPES, MoeRecipe, Recipe
-from clipbench.errors import UserError, unknown_choice
+from clipbench.errors import UserError
 from clipbench.models.builtin import BUILTIN_PREFIX, LEGACY_NAMES, META_FILE, cache_root, weights_sha256
 from clipbench.tasks.arith import ALPHABET, ArithTask
 
@@ -48,7 +48,7 @@ def recipe_name(name: str) -> str:
     short = name[len(BUILTIN_PREFIX) :] if name.startswith(BUILTIN_PREFIX) else name
     short = LEGACY_NAMES.get(short, short)
     if short not in BUILTIN_RECIPES:
-        raise UserError(unknown_choice("built-in model", name, [*BUILTIN_RECIPES, *LEGACY_NAMES]))
+        raise UserError(BUILTIN_RECIPES.unknown(name))
     return short
 
 

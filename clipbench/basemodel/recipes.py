@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from clipbench.models.builtin import LEGACY_NAMES
+from clipbench.registry import Registry
 from clipbench.tasks.arith import ARITH_DEFAULTS, ArithKnobs
 
 
@@ -59,18 +61,23 @@ class MoeRecipe(Recipe):
 
 # builtin name -> its recipe. arith-tiny: today's answer-only model (its weights must never change:
 # caches and tests rely on them). arith-steps: worked steps, calibrated in docs/studies/calibration.md.
-BUILTIN_RECIPES: dict[str, Recipe] = {
-    "arith-tiny": Recipe(),
-    "arith-steps": Recipe(
+BUILTIN_RECIPES: Registry[Recipe] = Registry("built-in model", also=LEGACY_NAMES)
+BUILTIN_RECIPES.register("arith-tiny", Recipe())
+BUILTIN_RECIPES.register(
+    "arith-steps",
+    Recipe(
         task=ArithKnobs(operands=3, format="steps"),
         target_band=(0.15, 0.40),
         batch_size=64,  # longer sequences than arith-tiny's: half the batch, same steps budget
         eval_every=25,
         stop_at_sampled_acc=0.25,
     ),
-    # arith-steps-moe: the same task and stopping rule as arith-steps, on a tiny Qwen3-MoE (hidden 64 and
-    # head_dim 32, the smallest head vLLM's CPU attention serves).
-    "arith-steps-moe": MoeRecipe(
+)
+# arith-steps-moe: the same task and stopping rule as arith-steps, on a tiny Qwen3-MoE (hidden 64 and
+# head_dim 32, the smallest head vLLM's CPU attention serves).
+BUILTIN_RECIPES.register(
+    "arith-steps-moe",
+    MoeRecipe(
         task=ArithKnobs(operands=3, format="steps"),
         target_band=(0.15, 0.40),
         hidden_size=64,
@@ -82,5 +89,5 @@ BUILTIN_RECIPES: dict[str, Recipe] = {
         eval_every=25,
         stop_at_sampled_acc=0.25,
     ),
-}
+)
 DEFAULT_RECIPE = BUILTIN_RECIPES["arith-tiny"]

@@ -19,7 +19,7 @@ import re
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -30,13 +30,16 @@ from clipbench.commands.options import Overrides, Plugins, ResultsDir, TrackingU
 from clipbench.commands.progress import SweepProgress
 from clipbench.config.labels import format_value, label, run_label
 from clipbench.config.load import setting
-from clipbench.errors import PREEMPTED_EXIT, UserError, unknown_choice
+from clipbench.errors import PREEMPTED_EXIT, UserError
 from clipbench.sweep.execute import RunTask, checkpoint_step, classify, run_parallel, run_sequential
 from clipbench.sweep.expand import Expansion, expand, iter_summary
 from clipbench.sweep.manifest import freeze, manifest_path, manifest_runs, merge, read_manifest
 from clipbench.sweep.spec import SweepSpec, load_spec
 from clipbench.tracking.files import check_writable_dir
 from clipbench.tracking.store import RunDir, list_run_dirs
+
+if TYPE_CHECKING:
+    from clipbench.engines import Engine
 
 AVG_KEY = re.compile(r"/avg@(\d+|n)$")  # eval/<benchmark>/avg@<n> (avg@n: a store from before n was named)
 
@@ -84,16 +87,17 @@ def sweep_command(
     plugins = list(plugins or [])
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     run_overrides, hydra_overrides = split_overrides(list(overrides or []))
-    check_options(hydra_overrides, jobs=jobs, launcher=launcher, engine=engine)
-    if engine in ("builtin", "trl"):  # the run config's own key, for every run
-        run_overrides.append(f"engine={engine}")
+    eng = check_options(hydra_overrides, jobs=jobs, launcher=launcher, engine=engine)
+    if eng is not None and eng.in_process:  # the run config's own key, for every run
+        run_overrides.append(f"engine={eng.name}")
     spec, exp = plan(file, run_overrides, plugins)
     results_dir = check_writable_dir(results_dir)
     mpath = manifest_path(results_dir, spec.name)
     existing = read_manifest(mpath)  # a damaged store: one line (StoreError), before anything is written
     check_run_files(mpath.parent)
-    if engine == "verl":  # each run as a verl trainer command (clipbench.sweep.verl)
-        return verl_sweep(
+    if eng is not None and eng.submits:  # each run as the engine's own command (clipbench.sweep.submitted)
+        return submitted_sweep(
+            eng,
             spec,
             exp,
             existing,
@@ -162,8 +166,9 @@ def sweep_command(
     )
 
 
-def check_options(hydra_overrides: list[str], *, jobs: int, launcher: str | None, engine: str | None) -> None:
-    """The command's own options, before anything is read: one line each (UserError)."""
+def check_options(hydra_overrides: list[str], *, jobs: int, launcher: str | None, engine: str | None) -> Engine | None:
+    """The command's own options, before anything is read: one line each (UserError). Returns the
+    engine --engine names (None: each run's own)."""
     from clipbench.engines import ENGINES
 
     if hydra_overrides and not launcher:
@@ -171,11 +176,13 @@ def check_options(hydra_overrides: list[str], *, jobs: int, launcher: str | None
     if jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {jobs}")
     if engine is not None and engine not in ENGINES:
-        raise UserError("--engine: " + unknown_choice("engine", engine, ENGINES))
-    if launcher and engine != "verl":
+        raise UserError("--engine: " + ENGINES.unknown(engine))
+    eng = ENGINES[engine] if engine is not None else None
+    if launcher and not (eng is not None and eng.submits):  # an engine launched apart checks its own
         from clipbench.sweep.hydra_app import check_launcher
 
         check_launcher(launcher)
+    return eng
 
 
 def warn(err: Console, warnings: list[str]) -> None:
@@ -314,7 +321,8 @@ def finish(
     return {"sweep": sweep, "runs": list(manifest["runs"]), "results": results, "written": True, "finished": n_fin}
 
 
-def verl_sweep(
+def submitted_sweep(
+    eng: Engine,
     spec: SweepSpec,
     exp: Expansion,
     existing: dict | None,
@@ -328,16 +336,21 @@ def verl_sweep(
     retry_failed: bool,
     err: Console,
 ) -> dict[str, Any]:
-    """`--engine verl`: print each run's verl command (--dry-run, --json), or freeze and submit them."""
-    from clipbench.engines.verl import check_can_launch, shell_line
-    from clipbench.sweep.verl import submit_verl, verl_plans
+    """`--engine NAME` of an engine launched apart (verl): print each run's command (--dry-run,
+    --json), or freeze and submit them."""
+    from clipbench.sweep.submitted import plans_of, submit_plans
 
     mpath = manifest_path(results_dir, spec.name)
     if dry_run or json_out:
         mg = merge(existing, spec, exp)
         warn(err, list(exp.warnings) + mg.warnings)
-        for p in verl_plans(
-            mg.manifest, spec.name, results_dir=results_dir, hydra_overrides=hydra_overrides, tracking_uri=tracking_uri
+        for p in plans_of(
+            eng,
+            mg.manifest,
+            spec.name,
+            results_dir=results_dir,
+            hydra_overrides=hydra_overrides,
+            tracking_uri=tracking_uri,
         ):
             if json_out:
                 sys.stdout.write(
@@ -353,20 +366,25 @@ def verl_sweep(
                     + "\n"
                 )
             else:
-                line = shell_line(p["command"], p["env"], sep=" \\\n    ")
+                line = eng.shell_line(p["command"], p["env"], sep=" \\\n    ")
                 sys.stdout.write(f"# {p['run_id']}  {p['label']}\n{line}\n\n")
         sys.stdout.flush()
         if not json_out:
-            err.print(f"{len(mg.manifest['runs'])} verl runs of sweep {spec.name} (dry run: nothing written)")
+            err.print(f"{len(mg.manifest['runs'])} {eng.name} runs of sweep {spec.name} (dry run: nothing written)")
         return {"sweep": spec.name, "runs": list(mg.manifest["runs"]), "written": False}
-    check_can_launch(launcher)  # before anything is written
+    eng.check_launch(launcher)  # before anything is written
     mg = freeze(results_dir, spec, exp)
     warn(err, list(exp.warnings) + mg.warnings)
-    plans = verl_plans(
-        mg.manifest, spec.name, results_dir=results_dir, hydra_overrides=hydra_overrides, tracking_uri=tracking_uri
+    plans = plans_of(
+        eng,
+        mg.manifest,
+        spec.name,
+        results_dir=results_dir,
+        hydra_overrides=hydra_overrides,
+        tracking_uri=tracking_uri,
     )
-    skipped, submitted = submit_verl(
-        plans, mpath.parent, launcher=launcher, hydra_overrides=hydra_overrides, retry_failed=retry_failed
+    skipped, submitted = submit_plans(
+        eng, plans, mpath.parent, launcher=launcher, hydra_overrides=hydra_overrides, retry_failed=retry_failed
     )
     for p in skipped:
         err.print(f"{p['run_id']} {p['label']}: already submitted ({p['status']['submitted'].get('job')}); skipped")

@@ -320,7 +320,7 @@ def choices() -> dict[str, tuple[str, ...]]:
         "task.template": tuple(TEMPLATE_CHOICES),
         "task.format": FORMATS,
         "train.agg": tuple(AGGREGATIONS),
-        "train.advantage": ADVANTAGES,
+        "train.advantage": tuple(ADVANTAGES),
     }
 
 

@@ -1,70 +1,138 @@
-"""Engines: what trains a run. One table of them, one check of a run config against its engine, one
-preflight every command runs, one `train_run`. Nothing below this package knows which engines exist.
+"""Engines: what trains a run. Each engine is one registered object (:class:`Engine`, in ``ENGINES``)
+with one interface; nothing outside this package branches on an engine's name.
 
     from clipbench.engines import ENGINES, check, preflight, train_run
     check(cfg, source)         # ConfigError: an unknown engine, or a key the run's engine refuses as set
     preflight(cfg)             # before anything is written: check, model, task, benchmarks, sleep mode, memory
     train_run(cfg, run_dir, resume=..., sink=..., progress=..., dist=...) -> summary
+    ENGINES.lookup("verl").submits   # launched apart: plan_runs / shell_line / check_launch / submit
 
-    builtin   clipbench's GRPO loop (clipbench.train.loop)
+    builtin   clipbench's GRPO loop (engines/builtin.py -> clipbench.train.loop)
     trl       TRL's GRPOTrainer with the run's rule as its loss (engines/trl.py, integrations/trl.py)
     verl      one verl trainer command per run, submitted by `clipbench sweep --engine verl`
               (engines/verl.py; the losses in verl's registry: integrations/verl.py)
 
-Which run-config keys each engine honours, maps or refuses is engines/keys.py; `clipbench engines`
-prints it. `clipbench train`, `clipbench sweep` (before its manifest is written) and `clipbench
-rehearse` all run `preflight`.
+An engine is a module (imported on first use, so `clipbench engines` imports no trainer) and one
+registration below: its keys table (engines/keys.py), and in its module either ``train(cfg, run_dir,
+*, resume, sink, progress, dist, stop) -> summary`` (it trains inside a clipbench process: a run
+config's ``engine`` may name it) or ``check_can_launch``, ``plan_runs``, ``shell_line`` and
+``submit`` (it is launched apart: ``clipbench sweep --engine NAME``), and optionally
+``check_config(cfg, source)``, its own check of several keys. docs/architecture.md, "Adding an
+engine / a registry entry". `clipbench train`, `clipbench sweep` (before its manifest is written)
+and `clipbench rehearse` all run `preflight`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
-from clipbench.engines.keys import KEYS, refusals
+from clipbench.engines.keys import KEYS, Support, refusals
 from clipbench.errors import ConfigError, unknown_choice
+from clipbench.registry import Registry
 
 
 @dataclass(frozen=True)
 class Engine:
+    """One engine: its name and description, the module that implements it (imported on first use),
+    whether it trains inside a clipbench process, whether a signal stops it at a checkpoint (the
+    run's launch.preempt_signal), and what to say when a run config names a launched-apart engine."""
+
     name: str
     description: str
+    module: str
     in_process: bool  # trains inside a clipbench process (`engine: NAME` in a run config); else launched apart
+    preemptible: bool = False  # a signal stops it at a safe point with a checkpoint (clipbench.train.preempt)
+    hint: str = ""  # a run config that names a launched-apart engine: how to run it instead
+
+    @property
+    def keys(self) -> Mapping[str, Support]:
+        """How it treats each run-config key (engines/keys.py)."""
+        return KEYS[self.name]
+
+    @property
+    def impl(self) -> ModuleType:
+        return importlib.import_module(self.module)
+
+    @property
+    def submits(self) -> bool:
+        """Launched apart: `clipbench sweep --engine NAME` plans its commands and submits them."""
+        return not self.in_process
+
+    def check(self, cfg, source: str | None = None) -> None:
+        """ConfigError naming the key when this engine cannot run `cfg` as set: a refused key
+        (engines/keys.py), or the engine's own check of several keys."""
+        for key, reason in refusals(cfg, self.name):
+            raise ConfigError(source, key, f"engine '{self.name}' cannot honour it: {reason}")
+        own = getattr(self.impl, "check_config", None)
+        if own is not None:
+            own(cfg, source)
+
+    def train(self, cfg, run_dir: Path, **kwargs: Any) -> dict:
+        """Train one run into `run_dir` (see `train_run`)."""
+        return self.impl.train(cfg, run_dir, **kwargs)
+
+    # launched apart (submits): the verl engine's module
+    def check_launch(self, launcher: str | None) -> None:
+        self.impl.check_can_launch(launcher)
+
+    def plan_runs(self, runs, **kwargs: Any) -> list[dict]:
+        return self.impl.plan_runs(runs, **kwargs)
+
+    def shell_line(self, cmd: list[str], env: dict[str, str], sep: str = " ") -> str:
+        return self.impl.shell_line(cmd, env, sep)
+
+    def submit(self, plans: list[dict], **kwargs: Any) -> list[dict]:
+        return self.impl.submit(plans, **kwargs)
 
 
-ENGINES: dict[str, Engine] = {
-    e.name: e
-    for e in (
-        Engine("builtin", "clipbench's GRPO loop: micro-batched, FSDP2 over torchrun, HF or vLLM sampling", True),
-        Engine("trl", "TRL's GRPOTrainer with the run's rule as its loss, writing clipbench's results store", True),
-        Engine("verl", "verl's trainer (`clipbench sweep --engine verl`: one verl command per run; GPUs, Ray)", False),
-    )
-}
+ENGINES: Registry[Engine] = Registry("engine")
+for _e in (
+    Engine(
+        "builtin",
+        "clipbench's GRPO loop: micro-batched, FSDP2 over torchrun, HF or vLLM sampling",
+        "clipbench.engines.builtin",
+        in_process=True,
+        preemptible=True,
+    ),
+    Engine(
+        "trl",
+        "TRL's GRPOTrainer with the run's rule as its loss, writing clipbench's results store",
+        "clipbench.engines.trl",
+        in_process=True,
+    ),
+    Engine(
+        "verl",
+        "verl's trainer (`clipbench sweep --engine verl`: one verl command per run; GPUs, Ray)",
+        "clipbench.engines.verl",
+        in_process=False,
+        hint="verl runs a sweep's runs as verl commands: clipbench sweep FILE --engine verl",
+    ),
+):
+    ENGINES.register(_e.name, _e)
 RUN_ENGINES = tuple(name for name, e in ENGINES.items() if e.in_process)  # the values of a run config's `engine`
+
+
+def engine_of(cfg) -> Engine:
+    """The engine a run config names (validated by `check`)."""
+    return ENGINES.lookup(cfg.engine)
 
 
 def check(cfg, source: str | None = None, *, engine: str | None = None) -> None:
     """ConfigError naming the key when `engine` (default: the run config's) cannot run `cfg` as set:
     an unknown engine, a refused key (engines/keys.py), or an engine's own check of several keys."""
-    name = engine or cfg.engine
-    if engine is None and name not in RUN_ENGINES:
-        raise ConfigError(
-            source,
-            "engine",
-            unknown_choice("engine", name, RUN_ENGINES)
-            + (
-                "; verl runs a sweep's runs as verl commands: clipbench sweep FILE --engine verl"
-                if name == "verl"
-                else ""
-            ),
-        )
-    for key, reason in refusals(cfg, name):
-        raise ConfigError(source, key, f"engine '{name}' cannot honour it: {reason}")
-    if name == "trl":
-        from clipbench.engines.trl import check_config
-
-        check_config(cfg, source)
+    if engine is not None:
+        ENGINES.lookup(engine).check(cfg, source)
+        return
+    found = ENGINES.get(cfg.engine)
+    if found is None or not found.in_process:
+        hint = f"; {found.hint}" if found is not None and found.hint else ""
+        raise ConfigError(source, "engine", unknown_choice("engine", cfg.engine, RUN_ENGINES) + hint)
+    found.check(cfg, source)
 
 
 def preflight(cfg, source: str | None = None) -> None:
@@ -190,14 +258,7 @@ def train_run(
     """Train one run into `run_dir` with its engine; returns the run's summary (see run_training).
     `dist`: this process's place in a torchrun launch (clipbench.train.distributed; the built-in loop);
     `stop`: its preemption request (clipbench.train.preempt; the built-in loop)."""
-    if cfg.engine == "trl":
-        from clipbench.engines.trl import run_trl
-
-        return run_trl(cfg, run_dir, resume=resume, sink=sink, progress=progress)
-    from clipbench.train.loop import run_training
-    from clipbench.train.preempt import NO_STOP
-
-    return run_training(cfg, run_dir, resume=resume, sink=sink, progress=progress, dist=dist, stop=stop or NO_STOP)
+    return engine_of(cfg).train(cfg, run_dir, resume=resume, sink=sink, progress=progress, dist=dist, stop=stop)
 
 
-__all__ = ["ENGINES", "Engine", "KEYS", "RUN_ENGINES", "check", "preflight", "train_run"]
+__all__ = ["ENGINES", "Engine", "KEYS", "RUN_ENGINES", "check", "engine_of", "preflight", "train_run"]

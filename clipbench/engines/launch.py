@@ -40,13 +40,13 @@ def run_as_rank(
     torchrun launch (the process group is set up and torn down here), trained by the run's engine
     (`train_run`). Rank 0 gets the sink (`make_sink()`) and the progress callback. `on_rank(dist)`
     runs once the rank is known."""
-    from clipbench.engines import train_run
+    from clipbench.engines import engine_of, train_run
     from clipbench.objectives.plugins import ensure_plugins
 
-    builtin = cfg.engine == "builtin"
-    stop = StopRequest.install(preempt_signals(cfg)) if builtin else NO_STOP  # before setup: a signal waits
+    preemptible = engine_of(cfg).preemptible
+    stop = StopRequest.install(preempt_signals(cfg)) if preemptible else NO_STOP  # before setup: a signal waits
     dist = init_distributed(cfg.model.device)
-    if dist.sharded and not builtin:
+    if dist.sharded and not preemptible:
         raise_on_sigterm()
     if on_rank is not None:
         on_rank(dist)

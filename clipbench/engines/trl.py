@@ -453,6 +453,12 @@ def _prepare_run_dir(rd, *, resume: bool, main: bool) -> tuple[Path | None, dict
     return ckpt, state
 
 
+def train(cfg, run_dir: Path, *, resume: bool = False, sink=None, progress=None, dist=None, stop=None) -> dict:
+    """The engine's interface (clipbench.engines.Engine.train): TRL runs its own processes and
+    preemption, so `dist` and `stop` are not used (the launcher turns SIGTERM into an exit)."""
+    return run_trl(cfg, run_dir, resume=resume, sink=sink, progress=progress)
+
+
 def run_trl(
     cfg, run_dir: Path, *, resume: bool = False, sink=None, progress: Callable[[dict], None] | None = None
 ) -> dict:

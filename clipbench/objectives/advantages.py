@@ -5,28 +5,46 @@ rewards: (P, G) one row per prompt, G samples each  ->  advantages: (P, G)
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-ADVANTAGES = ("group", "group_mean", "rloo")  # `train.advantage` (the config reads this list)
+from clipbench.registry import Registry
+
+# `train.advantage`: (r (P, G) float64, eps) -> advantages (P, G) before the all-equal groups' zeroing.
+Advantage = Callable[[torch.Tensor, float], torch.Tensor]
+
+
+def group(r: torch.Tensor, eps: float) -> torch.Tensor:
+    """(R - mean) / (std + eps), Bessel-corrected std (GRPO)."""
+    mean = r.mean(dim=1, keepdim=True)
+    std = r.std(dim=1, keepdim=True, unbiased=True) if r.shape[1] > 1 else torch.zeros_like(mean)
+    return (r - mean) / (std + eps)
+
+
+def group_mean(r: torch.Tensor, eps: float) -> torch.Tensor:
+    """R - mean (ABC-GRPO eq. 3, Dr. GRPO)."""
+    return r - r.mean(dim=1, keepdim=True)
+
+
+def rloo(r: torch.Tensor, eps: float) -> torch.Tensor:
+    """R - mean of the other G-1 rewards: R_i - (sum - R_i) / (G - 1)  ==  G/(G-1) * (R_i - mean)."""
+    G = r.shape[1]
+    return (r - (r.sum(dim=1, keepdim=True) - r) / (G - 1)) if G > 1 else torch.zeros_like(r)
+
+
+ADVANTAGES: Registry[Advantage] = Registry("advantage", error=ValueError)  # the config reads its names
+ADVANTAGES.register("group", group)
+ADVANTAGES.register("group_mean", group_mean)
+ADVANTAGES.register("rloo", rloo)
 
 
 def compute_advantages(rewards: torch.Tensor, kind: str = "group", eps: float = 1e-6) -> torch.Tensor:
-    """`group`: (R - mean) / (std + eps), Bessel-corrected std (GRPO).
-    `group_mean`: R - mean (ABC-GRPO eq. 3, Dr. GRPO).
-    `rloo`: R - mean of the other G-1 rewards.
+    """`kind` (ADVANTAGES: group, group_mean, rloo) of each group's rewards.
     A group whose rewards are all equal gets A = 0 for every member (exactly, for every kind)."""
-    if kind not in ADVANTAGES:
-        raise ValueError(f"unknown advantage '{kind}'; valid: {', '.join(ADVANTAGES)}")
+    fn = ADVANTAGES.lookup(kind)
     r = rewards.double()  # (P, G)
-    G = r.shape[1]
-    mean = r.mean(dim=1, keepdim=True)
-    if kind == "group":
-        std = r.std(dim=1, keepdim=True, unbiased=True) if G > 1 else torch.zeros_like(mean)
-        adv = (r - mean) / (std + eps)
-    elif kind == "group_mean":
-        adv = r - mean
-    else:  # rloo: R_i - (sum - R_i) / (G - 1)  ==  G/(G-1) * (R_i - mean)
-        adv = (r - (r.sum(dim=1, keepdim=True) - r) / (G - 1)) if G > 1 else torch.zeros_like(r)
+    adv = fn(r, eps)
     equal = (r == r[:, :1]).all(dim=1, keepdim=True)  # (P, 1) all-equal groups
     adv = torch.where(equal, torch.zeros_like(adv), adv)
     return adv.to(rewards.dtype if rewards.is_floating_point() else torch.float32)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from clipbench.errors import unknown_choice
+from clipbench.registry import Registry
 
 Count = int | float | torch.Tensor | None  # a number or a 0-d tensor (no host sync)
 
@@ -91,22 +91,19 @@ def prompt_mean(token_loss, maskf, n: Norm):
     return (token_loss.sum(-1) / (n.prompts * n.group_tokens.clamp(min=1.0))).sum()
 
 
-AGGREGATIONS: dict[str, Aggregation] = {
-    "token-mean": token_mean,
-    "token-sum": token_sum,
-    "seq-mean-token-mean": seq_mean_token_mean,
-    "seq-mean-token-sum": seq_mean_token_sum,
-    "seq-mean-token-sum-norm": seq_mean_token_sum_norm,
-    "prompt-mean": prompt_mean,
-}
-NEEDS_GROUPS = ("prompt-mean",)  # the aggregations that need each row's prompt group
+# `train.agg`: each aggregation with `needs_groups` (it reads each row's prompt group).
+AGGREGATIONS: Registry[Aggregation] = Registry("aggregation", error=ValueError)
+AGGREGATIONS.register("token-mean", token_mean, needs_groups=False)
+AGGREGATIONS.register("token-sum", token_sum, needs_groups=False)
+AGGREGATIONS.register("seq-mean-token-mean", seq_mean_token_mean, needs_groups=False)
+AGGREGATIONS.register("seq-mean-token-sum", seq_mean_token_sum, needs_groups=False)
+AGGREGATIONS.register("seq-mean-token-sum-norm", seq_mean_token_sum_norm, needs_groups=False)
+AGGREGATIONS.register("prompt-mean", prompt_mean, needs_groups=True)
+NEEDS_GROUPS = AGGREGATIONS.names(needs_groups=True)  # the aggregations that need each row's prompt group
 
 
 def get_aggregation(name: str) -> Aggregation:
-    try:
-        return AGGREGATIONS[name]
-    except (KeyError, TypeError):
-        raise ValueError(unknown_choice("aggregation", name, AGGREGATIONS)) from None
+    return AGGREGATIONS.lookup(name)
 
 
 def check_count(name: str, value: Count) -> None:

@@ -15,40 +15,32 @@ Where rules come from: the built-in ones (objectives/rules/, registered when the
 imported), a user's files and modules (plugins.py imports them through :func:`import_rules`, so the
 rules they register record their file and its sha256), and installed packages' ``clipbench.rules``
 entry points, which this registry loads itself on the first lookup of a name it does not know.
+``METHODS`` is a :class:`clipbench.registry.Registry` (the storage, origins, collisions, entry points
+and did-you-mean every registry of clipbench shares); this module adds what a rule is.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.metadata
-import importlib.util
 import inspect
 import re
-import traceback
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from clipbench.errors import RuleDefinitionError, RuleError, UserError, unknown_choice
+from clipbench import registry as _registry
+from clipbench.errors import RuleDefinitionError, RuleError, unknown_choice
 from clipbench.objectives.primitives import LOG_RATIO_CLAMP
 from clipbench.objectives.signature import Band, Check, Param, formula_and_description, read_signature
+from clipbench.registry import IMPORTED, Origin, Registry, describe_origin, import_attributed
+from clipbench.registry import sha256_file as sha256_file  # re-exported: plugins.py
 
 # Reference band for out_of_band counts when a method has no eps (sapo): [1 - 0.2, 1 + 0.2].
 DEFAULT_REF_EPS = 0.2
 ENTRY_POINT_GROUP = "clipbench.rules"
 
 
-@dataclass(frozen=True)
-class PluginOrigin:
-    """Where a user's rule comes from: its file (resolved) and the sha256 of the file's content."""
-
-    path: str
-    sha256: str
-
-    def __str__(self) -> str:
-        return self.path
+PluginOrigin = Origin  # where a user's rule comes from: its file (resolved) and its sha256 (clipbench.registry)
 
 
 class Registered:
@@ -62,7 +54,7 @@ class Registered:
     @property
     def where(self) -> str:
         """'built-in' or 'plugin <path>' (for messages)."""
-        return "built-in" if self.origin is None else f"plugin {self.origin.path}"
+        return describe_origin(self.origin)
 
     def call(self, kind: str, *args: Any, **kwargs: Any) -> Any:
         """The function itself; a plugin's exception becomes one RuleError line naming the kind, the
@@ -86,20 +78,6 @@ class Registered:
         if reason:
             raise ValueError(f"{self.name}: {reason}")
         return out
-
-
-def check_registration(kind: str, name: str, old: Registered | None, origin: PluginOrigin | None, where: str) -> None:
-    """A name registered again: fine from the same place (a plugin imported again); a plugin never
-    replaces a built-in (built-in names win) nor another plugin's."""
-    if old is None:
-        return
-    if old.origin is None and origin is not None:
-        raise RuleDefinitionError(f"{where}: '{name}' is a built-in {kind} (built-in names win): rename yours")
-    same = (old.origin is None and origin is None) or (
-        old.origin is not None and origin is not None and old.origin.path == origin.path
-    )
-    if not same:
-        raise RuleDefinitionError(f"{where}: {kind} '{name}' is already registered by {old.where}")
 
 
 @dataclass(frozen=True)
@@ -144,81 +122,17 @@ def eps_band(params: Mapping[str, Any]) -> Band:
     return lo, hi, lo, hi
 
 
-METHODS: dict[str, MethodSpec] = {}
-# Every registry a plugin may add to (the rules; the sampler corrections append theirs): a failed
-# plugin import removes what it added to each.
-REGISTRIES: list[dict] = [METHODS]
-LOADED: dict[str, PluginOrigin] = {}  # plugin spec (resolved path or module name) -> origin: imported once
-_LOADING: list[PluginOrigin] = []  # the plugin being imported: the rules it registers record it
-_ENTRY_POINTS_LOADED = False
-
-
-def sha256_file(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def module_origin(name: str) -> PluginOrigin:
-    """The origin of an importable module: its file and hash (or just its name, for a namespace)."""
-    try:
-        found = importlib.util.find_spec(name)
-    except (ImportError, ValueError) as e:
-        raise UserError(f"{name}: plugin module not found ({type(e).__name__}: {e})") from None
-    if found is None:
-        raise UserError(f"{name}: plugin module not found (not a file path ending in .py and not importable)")
-    path = found.origin if found.origin and Path(found.origin).is_file() else None
-    return PluginOrigin(str(Path(path).resolve()), sha256_file(path)) if path else PluginOrigin(name, "")
-
-
-def import_rules(origin: PluginOrigin, do_import: Callable[[], object]) -> None:
-    """Run ``do_import`` with the rules it registers attributed to ``origin``; on failure, unregister
-    what it registered and raise a one-line UserError naming the file (and the line of the error)."""
-    before = [set(reg) for reg in REGISTRIES]
-    _LOADING.append(origin)
-    try:
-        do_import()
-    except BaseException as e:
-        for reg, names in zip(REGISTRIES, before):
-            for name in set(reg) - names:
-                del reg[name]
-        if isinstance(e, (UserError, KeyboardInterrupt, SystemExit)):
-            raise
-        raise _import_error(origin.path, e) from None
-    finally:
-        _LOADING.pop()
-
-
-def _import_error(where: str, e: BaseException) -> UserError:
-    """One line: the plugin's file and line of the error, the error itself."""
-    line = None
-    if isinstance(e, SyntaxError) and e.filename and Path(e.filename).resolve() == Path(where).resolve():
-        line = e.lineno
-    else:
-        for frame in reversed(traceback.extract_tb(e.__traceback__)):
-            if frame.filename and Path(frame.filename).resolve() == Path(where).resolve():
-                line = frame.lineno
-                break
-    msg = str(e).splitlines()[0] if str(e) else ""
-    return UserError(
-        f"{where}{f':{line}' if line else ''}: cannot import plugin: {type(e).__name__}" + (f": {msg}" if msg else "")
-    )
+# The rules, in registration order; an unknown name first imports the installed packages'
+# `clipbench.rules` entry points (their rules and corrections), then fails with a did-you-mean.
+METHODS: Registry[MethodSpec] = Registry("rule", entry_points=ENTRY_POINT_GROUP, error=ValueError, asked_as="method")
+LOADED = IMPORTED  # plugin spec (resolved path or module name) -> origin: each imported once
+module_origin = Origin.of_module
+import_rules = import_attributed  # run an import with the rules it registers attributed to an origin
 
 
 def load_entry_points() -> None:
     """Import every module registered under the ``clipbench.rules`` entry-point group (once)."""
-    global _ENTRY_POINTS_LOADED
-    if _ENTRY_POINTS_LOADED:
-        return
-    _ENTRY_POINTS_LOADED = True
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        module = ep.value.split(":")[0].strip()
-        if module in LOADED:
-            continue
-        try:
-            origin = module_origin(module)
-        except UserError as e:
-            raise UserError(f"entry point {ep.name} = {ep.value} ({ENTRY_POINT_GROUP}): {e}") from None
-        import_rules(origin, ep.load)
-        LOADED[module] = origin
+    _registry.load_entry_points(ENTRY_POINT_GROUP)
 
 
 def _where(fn: Callable) -> str:
@@ -228,17 +142,7 @@ def _where(fn: Callable) -> str:
         return getattr(fn, "__module__", "?")
 
 
-def _origin_of(fn: Callable) -> PluginOrigin | None:
-    if _LOADING:
-        return _LOADING[-1]
-    module = getattr(fn, "__module__", "") or ""
-    if module.startswith("clipbench.objectives"):
-        return None  # built-in
-    path = inspect.getsourcefile(fn) if hasattr(fn, "__code__") else None
-    if path and Path(path).is_file():
-        p = Path(path).resolve()
-        return PluginOrigin(str(p), sha256_file(p))
-    return PluginOrigin(module or "<unknown>", "")
+_origin_of = _registry.origin_of
 
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*")
@@ -301,8 +205,8 @@ def rule(
         formula, doc_description = formula_and_description(fn)
         desc = " ".join((description if description is not None else doc_description).split())
         origin = _origin_of(fn)
-        check_registration("rule", name, METHODS.get(name), origin, where)
-        METHODS[name] = MethodSpec(
+        METHODS.check_free(name, origin, where)
+        spec = MethodSpec(
             name,
             fn,
             inputs,
@@ -320,6 +224,7 @@ def rule(
             batch_stat,
             check,
         )
+        METHODS.register(name, spec, origin=origin, where=where, source=spec.source)
         return fn
 
     return deco
@@ -330,12 +235,7 @@ def rule(
 # --------------------------------------------------------------------------------------------
 def get_method(method: str) -> MethodSpec:
     """The spec of a registered method; rules of installed packages (entry points) load on first need."""
-    if isinstance(method, str) and method not in METHODS:
-        load_entry_points()
-    try:
-        return METHODS[method]
-    except (KeyError, TypeError):
-        raise ValueError(unknown_choice("method", method, METHODS)) from None
+    return METHODS.lookup(method)
 
 
 def validate_params(method: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -20,16 +20,16 @@ import sys
 import time
 from pathlib import Path
 
-from clipbench.errors import UserError, unknown_choice
+from clipbench.errors import UserError
+from clipbench.registry import Registry
 
 # launcher name -> (plugin module, pip package); None: built into hydra-core.
-LAUNCHERS: dict[str, tuple[str, str] | None] = {
-    "basic": None,
-    "joblib": ("hydra_plugins.hydra_joblib_launcher", "hydra-joblib-launcher"),
-    "submitit_slurm": ("hydra_plugins.hydra_submitit_launcher", "hydra-submitit-launcher"),
-    "submitit_local": ("hydra_plugins.hydra_submitit_launcher", "hydra-submitit-launcher"),
-    "ray": ("hydra_plugins.hydra_ray_launcher", "hydra-ray-launcher"),
-}
+LAUNCHERS: Registry[tuple[str, str] | None] = Registry("launcher")
+LAUNCHERS.register("basic", None)
+LAUNCHERS.register("joblib", ("hydra_plugins.hydra_joblib_launcher", "hydra-joblib-launcher"))
+LAUNCHERS.register("submitit_slurm", ("hydra_plugins.hydra_submitit_launcher", "hydra-submitit-launcher"))
+LAUNCHERS.register("submitit_local", ("hydra_plugins.hydra_submitit_launcher", "hydra-submitit-launcher"))
+LAUNCHERS.register("ray", ("hydra_plugins.hydra_ray_launcher", "hydra-ray-launcher"))
 HYDRA_APP = "clipbench.sweep.hydra_job"  # the app the launchers start (each job: one run)
 # Hydra override values are parsed by its grammar; a run id like 123e45678901 would become a float.
 MAX_IDS_PER_CALL = 4000  # keeps one argv element well under Linux's 128 KiB limit
@@ -37,7 +37,7 @@ MAX_IDS_PER_CALL = 4000  # keeps one argv element well under Linux's 128 KiB lim
 
 def check_launcher(name: str) -> None:
     if name not in LAUNCHERS:
-        raise UserError("--launcher: " + unknown_choice("launcher", name, LAUNCHERS))
+        raise UserError("--launcher: " + LAUNCHERS.unknown(name))
     plugin = LAUNCHERS[name]
     if plugin is not None and importlib.util.find_spec(plugin[0]) is None:
         raise UserError(f"--launcher {name}: the Hydra plugin is not installed; pip install {plugin[1]}")

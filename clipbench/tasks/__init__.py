@@ -7,15 +7,14 @@ builds one from a ``task`` section alone.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from clipbench.errors import ConfigError, UserError, unknown_choice
+from clipbench.errors import ConfigError
+from clipbench.registry import Registry
 from clipbench.tasks.base import Problem, Task
 
-TASK_NAMES = ("arith", "math")
-
-__all__ = ["Problem", "Task", "TASK_NAMES", "build_run_task", "build_task"]
+__all__ = ["Problem", "Task", "TASKS", "TASK_NAMES", "build_run_task", "build_task"]
 
 
 def _get(cfg: Any, key: str, default=None):
@@ -36,27 +35,37 @@ def build_run_task(config: Any) -> Task:
 def build_task(task_cfg: Any, *, seed: int | None = None) -> Task:
     """The task named by ``task_cfg.name``. ``seed`` (the run seed) draws arith's problems and
     math's held-out slice (0 when not given). Prefer ``build_run_task`` for a run."""
-    name = _get(task_cfg, "name")
-    if name == "arith":
-        from clipbench.tasks.arith import ArithKnobs, ArithTask  # lazy: owned by the arith module
+    return TASKS.lookup(_get(task_cfg, "name"))(task_cfg, seed or 0)
 
-        knobs = {k: _get(task_cfg, k) for k in ArithKnobs.names()}
-        knobs = {k: v for k, v in knobs.items() if v is not None}
-        try:
-            return ArithTask(seed=seed or 0, **knobs)
-        except ValueError as e:
-            raise ConfigError(None, "task", str(e)) from None
-    if name == "math":
-        from clipbench.tasks.math import MathTask
 
-        path = _get(task_cfg, "path")
-        if not path:
-            raise ConfigError(
-                None,
-                "task.path",
-                "required for task 'math' (a .jsonl/.json/.parquet file, a directory, or a Hugging Face dataset name)",
-            )
-        kwargs = {k: _get(task_cfg, k) for k in ("split", "template", "limit", "config", "holdout")}
-        kwargs = {k: v for k, v in kwargs.items() if v is not None}
-        return MathTask.from_source(path, seed=seed or 0, **kwargs)
-    raise UserError(unknown_choice("task", name, TASK_NAMES))
+def build_arith(task_cfg: Any, seed: int) -> Task:
+    from clipbench.tasks.arith import ArithKnobs, ArithTask  # lazy: owned by the arith module
+
+    knobs = {k: _get(task_cfg, k) for k in ArithKnobs.names()}
+    knobs = {k: v for k, v in knobs.items() if v is not None}
+    try:
+        return ArithTask(seed=seed, **knobs)
+    except ValueError as e:
+        raise ConfigError(None, "task", str(e)) from None
+
+
+def build_math(task_cfg: Any, seed: int) -> Task:
+    from clipbench.tasks.math import MathTask
+
+    path = _get(task_cfg, "path")
+    if not path:
+        raise ConfigError(
+            None,
+            "task.path",
+            "required for task 'math' (a .jsonl/.json/.parquet file, a directory, or a Hugging Face dataset name)",
+        )
+    kwargs = {k: _get(task_cfg, k) for k in ("split", "template", "limit", "config", "holdout")}
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    return MathTask.from_source(path, seed=seed, **kwargs)
+
+
+# `task.name`: name -> builder(task section, run seed) -> Task.
+TASKS: Registry[Callable[[Any, int], Task]] = Registry("task")
+TASKS.register("arith", build_arith)
+TASKS.register("math", build_math)
+TASK_NAMES = TASKS.names()

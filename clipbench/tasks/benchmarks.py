@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from clipbench.errors import UserError, unknown_choice
+from clipbench.errors import UserError
+from clipbench.registry import Registry
 from clipbench.tasks.base import Problem, Task
 from clipbench.tasks.grader import grade
 from clipbench.tasks.math import load_problems
@@ -28,23 +29,20 @@ class Benchmark:
     description: str = ""
 
 
-BENCHMARKS: dict[str, Benchmark] = {
-    b.name: b
-    for b in (
-        Benchmark("aime24", "HuggingFaceH4/aime_2024", "train", None, "aime24.jsonl", "AIME 2024 I+II, 30 problems"),
-        Benchmark("aime25", "yentinglin/aime_2025", "train", None, "aime25.jsonl", "AIME 2025 I+II, 30 problems"),
-        Benchmark("amc23", "math-ai/amc23", "test", None, "amc23.jsonl", "AMC 12 2023, 40 problems"),
-        Benchmark("math500", "HuggingFaceH4/MATH-500", "test", None, "math500.jsonl", "MATH-500 (Lightman et al.)"),
-        Benchmark("gsm8k", "openai/gsm8k", "test", "main", "gsm8k_test.jsonl", "GSM8K test, 1319 problems"),
-        Benchmark("arith", None, description="ArithTask's held-out test split"),
-    )
-}
+BENCHMARKS: Registry[Benchmark] = Registry("benchmark")
+for _b in (
+    Benchmark("aime24", "HuggingFaceH4/aime_2024", "train", None, "aime24.jsonl", "AIME 2024 I+II, 30 problems"),
+    Benchmark("aime25", "yentinglin/aime_2025", "train", None, "aime25.jsonl", "AIME 2025 I+II, 30 problems"),
+    Benchmark("amc23", "math-ai/amc23", "test", None, "amc23.jsonl", "AMC 12 2023, 40 problems"),
+    Benchmark("math500", "HuggingFaceH4/MATH-500", "test", None, "math500.jsonl", "MATH-500 (Lightman et al.)"),
+    Benchmark("gsm8k", "openai/gsm8k", "test", "main", "gsm8k_test.jsonl", "GSM8K test, 1319 problems"),
+    Benchmark("arith", None, description="ArithTask's held-out test split"),
+):
+    BENCHMARKS.register(_b.name, _b)
 
 
 def get_benchmark(name: str) -> Benchmark:
-    if name not in BENCHMARKS:
-        raise UserError(unknown_choice("benchmark", name, BENCHMARKS))
-    return BENCHMARKS[name]
+    return BENCHMARKS.lookup(name)
 
 
 def _arith_task(arith: Task | None) -> Task:

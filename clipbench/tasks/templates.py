@@ -7,7 +7,7 @@ is the bare problem text; ``auto`` resolves to ``dapo`` for math (its answers ar
 
 from __future__ import annotations
 
-from clipbench.errors import UserError, unknown_choice
+from clipbench.registry import Registry
 
 DAPO_TEMPLATE = (
     "Solve the following math problem step by step. The last line of your response should be of "
@@ -17,17 +17,18 @@ DAPO_TEMPLATE = (
 )
 PLAIN_TEMPLATE = "{problem}"
 
-TEMPLATES: dict[str, str] = {"dapo": DAPO_TEMPLATE, "plain": PLAIN_TEMPLATE}
 AUTO_TEMPLATE = "dapo"
-TEMPLATE_CHOICES = (*TEMPLATES, "auto")
+TEMPLATES: Registry[str] = Registry("template", also=("auto",))  # name -> the template text
+TEMPLATES.register("dapo", DAPO_TEMPLATE)
+TEMPLATES.register("plain", PLAIN_TEMPLATE)
+TEMPLATE_CHOICES = TEMPLATES.choices()  # the templates and 'auto'
 
 
 def resolve_template(name: str) -> str:
     """Template name -> the concrete name ('auto' -> 'dapo'); UserError for unknown names."""
     if name == "auto":
         return AUTO_TEMPLATE
-    if name not in TEMPLATES:
-        raise UserError(unknown_choice("template", name, TEMPLATE_CHOICES))
+    TEMPLATES.lookup(name)
     return name
 
 

@@ -30,17 +30,10 @@ from typing import Any, NamedTuple
 
 import torch
 
-from clipbench.errors import RuleDefinitionError, unknown_choice
-from clipbench.objectives.registry import (
-    _NAME,
-    REGISTRIES,
-    PluginOrigin,
-    Registered,
-    _origin_of,
-    _where,
-    check_registration,
-)
+from clipbench.errors import RuleDefinitionError
+from clipbench.objectives.registry import _NAME, ENTRY_POINT_GROUP, PluginOrigin, Registered, _origin_of, _where
 from clipbench.objectives.signature import Check, Param, formula_and_description, read_signature
+from clipbench.registry import Registry
 
 CORRECTION_INPUTS: dict[str, str] = {
     "d": "(B, T) log rho = log pi_old(y_t) - log pi_sampler(y_t) (the trainer's old log-prob minus the "
@@ -99,9 +92,12 @@ class CorrectionSpec(Registered):
         return self.level(params) if callable(self.level) else self.level
 
 
-CORRECTIONS: dict[str, CorrectionSpec] = {}
-REGISTRIES.append(CORRECTIONS)
 NONE = "none"  # no correction: the mismatch is measured, nothing is re-weighted
+# The corrections, in registration order ('none' is valid and no entry); installed packages' entry
+# points of the rules' group load on the first unknown name, as for the rules.
+CORRECTIONS: Registry[CorrectionSpec] = Registry(
+    "correction", entry_points=ENTRY_POINT_GROUP, error=ValueError, also=(NONE,)
+)
 
 
 def correction(
@@ -138,8 +134,8 @@ def correction(
             raise RuleDefinitionError(f"{where}: 'name' is the correction's key in the config; rename the parameter")
         formula, doc = formula_and_description(fn)
         origin = _origin_of(fn)
-        check_registration("correction", name, CORRECTIONS.get(name), origin, where)
-        CORRECTIONS[name] = CorrectionSpec(
+        CORRECTIONS.check_free(name, origin, where)
+        spec = CorrectionSpec(
             name,
             fn,
             inputs,
@@ -152,20 +148,16 @@ def correction(
             check,
             origin,
         )
+        CORRECTIONS.register(name, spec, origin=origin, where=where, source=spec.source)
         return fn
 
     return deco
 
 
 def get_correction(name: str) -> CorrectionSpec:
-    if isinstance(name, str) and name not in CORRECTIONS and name != NONE:
-        from clipbench.objectives.registry import load_entry_points
-
-        load_entry_points()
-    try:
-        return CORRECTIONS[name]
-    except (KeyError, TypeError):
-        raise ValueError(unknown_choice("correction", name, [NONE, *CORRECTIONS])) from None
+    if name == NONE:  # valid, but no entry: nothing to load
+        raise ValueError(CORRECTIONS.unknown(name))
+    return CORRECTIONS.lookup(name)
 
 
 def correction_names() -> tuple[str, ...]:

@@ -1,11 +1,13 @@
-"""`clipbench sweep FILE --engine verl`: a sweep's runs as verl trainer commands, planned or submitted.
+"""`clipbench sweep FILE --engine NAME` of an engine launched apart (verl): a sweep's runs as the
+engine's own commands, planned or submitted.
 
-    plans = verl_plans(manifest, sweep, results_dir=..., hydra_overrides=..., tracking_uri=...)
-    submitted = submit_verl(plans, sweep_dir, launcher=..., hydra_overrides=..., retry_failed=...)
+    plans = plans_of(engine, manifest, sweep, results_dir=..., hydra_overrides=..., tracking_uri=...)
+    skipped, submitted = submit_plans(engine, plans, sweep_dir, launcher=..., hydra_overrides=..., retry_failed=...)
 
-The commands themselves are the verl engine's (clipbench.engines.verl: one verl trainer command per
-run config). A real launch freezes the manifest first (the caller), then writes each run's
-config.yaml and a status.json that records its submission, so a rerun does not submit it again.
+The commands themselves are the engine's (`Engine.plan_runs`, `Engine.submit`: clipbench.engines.verl,
+one verl trainer command per run config). A real launch freezes the manifest first (the caller),
+then writes each run's config.yaml and a status.json that records its submission, so a rerun does
+not submit it again.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 
 from clipbench.config.labels import run_label
 from clipbench.config.load import setting
-from clipbench.engines.verl import plan_runs, shell_line, submit
+from clipbench.engines import Engine
 from clipbench.sweep.manifest import manifest_runs
 from clipbench.tracking.store import RunDir, RunState
 
@@ -25,8 +27,14 @@ def _launcher_setting(hydra_overrides: list[str], key: str) -> str | None:
     )
 
 
-def verl_plans(
-    manifest: dict, sweep: str, *, results_dir: Path, hydra_overrides: list[str], tracking_uri: str | None
+def plans_of(
+    engine: Engine,
+    manifest: dict,
+    sweep: str,
+    *,
+    results_dir: Path,
+    hydra_overrides: list[str],
+    tracking_uri: str | None,
 ) -> list[dict]:
     """[{run_id, label, config, data_dir, env, command}] for every run of `manifest`. GPUs per node:
     hydra.launcher.gpus_per_node, else the first run's launch.nproc_per_node (the schema's default
@@ -34,7 +42,7 @@ def verl_plans(
     runs = [(rid, cfg, run_label(cfg, point)) for rid, cfg, point in manifest_runs(manifest)]
     gpus = _launcher_setting(hydra_overrides, "gpus_per_node")
     n_gpus = int(gpus or next((setting(cfg, "launch.nproc_per_node") for _, cfg, _ in runs), 1))
-    return plan_runs(
+    return engine.plan_runs(
         runs,
         results_dir=results_dir,
         sweep=sweep,
@@ -44,8 +52,14 @@ def verl_plans(
     )
 
 
-def submit_verl(
-    plans: list[dict], sweep_dir: Path, *, launcher: str | None, hydra_overrides: list[str], retry_failed: bool
+def submit_plans(
+    engine: Engine,
+    plans: list[dict],
+    sweep_dir: Path,
+    *,
+    launcher: str | None,
+    hydra_overrides: list[str],
+    retry_failed: bool,
 ) -> tuple[list[dict], list[dict]]:
     """Submit the plans not submitted before (all of them with `retry_failed`); each submitted run's
     config.yaml and status (pending, with the submission) are written. Returns (skipped plans with
@@ -57,15 +71,19 @@ def submit_verl(
             skipped.append({**p, "status": st})
         else:
             todo.append(p)
-    jobs = submit(todo, launcher=launcher, hydra_overrides=hydra_overrides, sweep_dir=sweep_dir) if todo else []
+    jobs = engine.submit(todo, launcher=launcher, hydra_overrides=hydra_overrides, sweep_dir=sweep_dir) if todo else []
     done = []
     for p, j in zip(todo, jobs):
         rd = RunDir(Path(sweep_dir) / p["run_id"])
         rd.write_config(p["config"])
         rd.set_status(
             RunState.PENDING,
-            engine="verl",
-            submitted={"launcher": launcher or "local", "job": j["job"], "command": shell_line(p["command"], p["env"])},
+            engine=engine.name,
+            submitted={
+                "launcher": launcher or "local",
+                "job": j["job"],
+                "command": engine.shell_line(p["command"], p["env"]),
+            },
         )
         done.append({"plan": p, "job": j["job"]})
     return skipped, done

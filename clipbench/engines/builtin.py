@@ -1,0 +1,24 @@
+"""`engine: builtin`: clipbench's own GRPO loop (clipbench.train.loop), registered in engines/__init__.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+
+def train(
+    cfg,
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    sink=None,
+    progress: Callable[[dict], None] | None = None,
+    dist=None,
+    stop=None,
+) -> dict:
+    """`run_training` of the run: every process of a torchrun launch (`dist`), stopped at a safe point
+    with a checkpoint by its preemption request (`stop`)."""
+    from clipbench.train.loop import run_training
+    from clipbench.train.preempt import NO_STOP
+
+    return run_training(cfg, run_dir, resume=resume, sink=sink, progress=progress, dist=dist, stop=stop or NO_STOP)
