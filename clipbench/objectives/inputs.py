@@ -130,6 +130,8 @@ def _given_value(spec: dict, t: torch.Tensor | None, maskf: torch.Tensor) -> tor
 INPUTS: dict[str, str] = {f.name: f.metadata["doc"] for f in fields(RuleInputs)}
 # The given inputs: field name -> {"shape", "keyword", "hint", "doc"}.
 GIVEN: dict[str, dict] = {f.name: dict(f.metadata) for f in fields(RuleInputs) if "keyword" in f.metadata}
+# A given input's keyword (the bound call's and policy_loss's, the record's tensor name) -> its field.
+KEYWORDS: dict[str, str] = {spec["keyword"]: name for name, spec in GIVEN.items()}
 RuleInputs.__doc__ += "".join(f"\n    {name}: {doc}" for name, doc in INPUTS.items())
 
 

@@ -41,13 +41,11 @@ from clipbench.errors import RuleError
 from clipbench.objectives.aggregation import aggregate, get_aggregation
 from clipbench.objectives.corrections.registry import REJECTED
 from clipbench.objectives.diagnostics import correction_cell_sums, finalize, split_cell_sums, stat_sums, step_sums
-from clipbench.objectives.inputs import GIVEN, NO_COUNTS, Counts, RuleInputs, check_given, missing_input
+from clipbench.objectives.inputs import GIVEN, KEYWORDS, NO_COUNTS, Counts, RuleInputs, check_given, missing_input
 from clipbench.objectives.primitives import kl_k3
 from clipbench.objectives.registry import MethodSpec, get_method, validate_params
 from clipbench.objectives.signature import Band
 
-# a given input's keyword (policy_loss's, the bound call's) -> its RuleInputs field
-KEYWORDS: dict[str, str] = {spec["keyword"]: name for name, spec in GIVEN.items()}
 COUNT_KEYWORDS = ("global_tokens", "global_seqs", "global_prompts", "group_tokens", "groups")
 
 
@@ -103,6 +101,13 @@ class BoundRule:
     @property
     def method(self) -> str:
         return self.spec.name
+
+    def with_loss(self, *, agg: str = "token-mean", beta: float = 0.0, max_len: int | None = None) -> BoundRule:
+        """The same bound rule under another aggregation, KL weight and fixed length (checked; the rule
+        is not looked up again): for a caller that knows them only after binding (TRL's trainer)."""
+        get_aggregation(agg)
+        _check_beta(beta)
+        return replace(self, agg=agg, beta=beta, max_len=max_len)
 
     @property
     def has_stat(self) -> bool:
@@ -291,19 +296,14 @@ def bind(
     needs resolved. ValueError (did-you-mean) for an unknown method, parameter or aggregation."""
     spec = get_method(method)
     p = validate_params(method, params)
-    get_aggregation(agg)
-    _check_beta(beta)
     return BoundRule(
         spec,
         p,
-        agg,
-        beta,
-        max_len,
         reads=tuple(name for name in spec.inputs if name in GIVEN),
         draws=spec.needs_draws(p),
         sequence=spec.ratio_level(p) == "sequence",
         band=spec.reference_band(p),
-    )
+    ).with_loss(agg=agg, beta=beta, max_len=max_len)
 
 
 def mini_batch_stat(
