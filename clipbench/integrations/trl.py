@@ -72,7 +72,7 @@ from clipbench.objectives import (
     log_ratio_histogram,
 )
 from clipbench.objectives.corrections import KEPT, MASKED
-from clipbench.objectives.inputs import Counts
+from clipbench.objectives.inputs import GIVEN, Counts
 from clipbench.objectives.loss import bind
 from clipbench.seeds import derive_seed as _seed  # the one seed derivation
 
@@ -87,6 +87,8 @@ AGG_OF_LOSS_TYPE = {
     "dr_grpo": "seq-mean-token-sum-norm",
     "luspo": "seq-mean-token-sum",
 }
+# The given rule inputs (objectives.inputs.GIVEN) TRL's loss has: the entropy of its own forward.
+TRL_INPUTS = ("entropy",)
 # Inputs of TRL's forward besides ids and mask (multimodal models), passed through unchanged.
 _FORWARD_KEYS = (
     "pixel_values",
@@ -159,14 +161,15 @@ class ClipbenchGRPOTrainer(GRPOTrainer):
     ):
         if method not in METHODS:
             raise ValueError(f"unknown clipbench method {method!r}; valid: {', '.join(sorted(METHODS))}")
-        if "reward" in METHODS[method].inputs:
-            raise ValueError(f"method {method!r} reads each sequence's reward, which TRL's loss inputs do not carry")
+        bound = bind(method, dict(params or {}))  # looked up and validated once, before TRL loads anything
+        for name in bound.reads:
+            if name not in TRL_INPUTS:
+                raise ValueError(f"method {method!r} reads {GIVEN[name]['hint']}, which TRL's loss inputs do not carry")
         if agg == "prompt-mean":
             raise ValueError(
                 "agg='prompt-mean' needs each row's prompt group, which TRL's shuffled batch does not keep"
             )
         self.clipbench_method = method
-        bound = bind(method, dict(params or {}))  # looked up and validated once, before TRL loads anything
         self.clipbench_params = bound.params
         super().__init__(*args, **kwargs)
         check_trl_args(self.args, method)
