@@ -90,13 +90,13 @@ class BoundRule:
 
     spec: MethodSpec
     params: dict[str, Any]  # validated, every parameter
+    reads: tuple[str, ...]  # the given inputs the rule names (RuleInputs fields in GIVEN)
+    draws: bool  # does this parameter setting need random draws
+    sequence: bool  # the cells use GSPO's s (else the token ratio r)
+    band: Band  # the reference band of the out_of_band counts
     agg: str = "token-mean"
     beta: float = 0.0
     max_len: int | None = None  # seq-mean-token-sum-norm's fixed length (default: T)
-    reads: tuple[str, ...] = ()  # the given inputs the rule names (RuleInputs fields in GIVEN)
-    draws: bool = False  # does this parameter setting need random draws
-    sequence: bool = False  # the cells use GSPO's s (else the token ratio r)
-    band: Band = (0.8, 1.2, 0.8, 1.2)  # the reference band of the out_of_band counts
 
     @property
     def method(self) -> str:
@@ -136,8 +136,8 @@ class BoundRule:
         """The policy loss of one call (:func:`policy_loss` documents the tensors); ``counts``: the
         mini-batch's normalisers when this call is one micro-batch of it; ``given``: the inputs some
         rules read, by keyword (inputs.GIVEN: ``rewards`` (B,), ``entropy`` (B, T))."""
-        values = self._given(given, logp)
         _check_tensors(logp, old_logp, advantages, mask, ref_logp, weights, uniforms, generator, correction_status)
+        values = self._given(given, tuple(logp.shape))
         counts.check(logp.shape[0])
         if self.beta > 0 and ref_logp is None:
             raise ValueError("beta > 0 needs ref_logp (the reference policy's log-probs, (B, T))")
@@ -182,16 +182,16 @@ class BoundRule:
             loss, token_loss = loss.detach(), token_loss.detach()
         return PolicyLossOutput(loss, token_loss, finalize(sums), sums)
 
-    def _given(self, given: dict, logp: torch.Tensor) -> dict[str, torch.Tensor | None]:
+    @staticmethod
+    def _given(given: dict, shape: tuple[int, int]) -> dict[str, torch.Tensor | None]:
         """The given inputs by field name, shapes checked (a keyword that names none is a TypeError)."""
         unknown = set(given) - set(KEYWORDS)
         if unknown:
             raise TypeError(f"unexpected keyword argument(s) {sorted(unknown)}: rule inputs are {sorted(KEYWORDS)}")
-        shape = tuple(logp.shape)
-        for keyword, t in given.items():
-            if logp.dim() == 2:
-                check_given(KEYWORDS[keyword], t, shape)
-        return {KEYWORDS[k]: t for k, t in given.items()}
+        values = {KEYWORDS[k]: t for k, t in given.items()}
+        for name, t in values.items():
+            check_given(name, t, shape)
+        return values
 
     def _uniforms(self, shape, device, uniforms, generator) -> torch.Tensor | None:
         """The rule's ``u``: the caller's uniforms, else torch.rand from the generator; zeros when this
@@ -299,10 +299,10 @@ def bind(
     return BoundRule(
         spec,
         p,
-        reads=tuple(name for name in spec.inputs if name in GIVEN),
-        draws=spec.needs_draws(p),
-        sequence=spec.ratio_level(p) == "sequence",
-        band=spec.reference_band(p),
+        tuple(name for name in spec.inputs if name in GIVEN),
+        spec.needs_draws(p),
+        spec.ratio_level(p) == "sequence",
+        spec.reference_band(p),
     ).with_loss(agg=agg, beta=beta, max_len=max_len)
 
 
