@@ -13,7 +13,8 @@
   caller passes, the shape, what to pass when it is missing).
 * Adding a given input is adding one field with :func:`given` (docs/objectives.md, "Adding a rule
   input"): the shape check, the padding, the missing-input error, the bound loss's keyword, the
-  trainer's per-row slicing and the replay's record lookup all read :data:`GIVEN`.
+  trainer's per-row slicing (of a ``StepInputs`` field of that keyword, which the producer of the
+  values fills) and the replay's record lookup all read :data:`GIVEN`.
 * Padding is neutralised once, in :meth:`RuleInputs.build`: log-ratio 0 (so r == 1 and s ignores
   padding), logp/old_logp 0, a per-token given input 0; so a rule never needs the mask.
 """
