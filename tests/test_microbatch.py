@@ -275,6 +275,25 @@ def test_packing_budget_whole_sequences_and_rank_lockstep(tiny, batch):
         assert (a.tokens, a.seqs) == (b.tokens, b.seqs) == (s.tokens, s.seqs)
 
 
+@pytest.mark.parametrize("method, params, agg", [("m2po", {}, "prompt-mean"), ("nsr", {"p": 0.5}, "token-mean")])
+def test_the_rule_is_bound_once_per_run_not_looked_up_or_validated_per_micro_batch(
+    tiny, batch, monkeypatch, method, params, agg
+):
+    """The Objective binds its rule when it is built (one validation); the steps' micro-batches
+    (here 3 to 4 per step, a mini-batch statistic's extra forward, pre-drawn uniforms) then neither
+    look the rule up in the registry nor validate its parameters again."""
+    from test_objectives_inputs import Counter
+
+    n = Counter(monkeypatch)
+    objective = Objective(method, dict(params), agg, 0.0, max_len=12)
+    assert n.validations == 1
+    setup = (n.lookups, n.validations)
+    for budget in (40, 60):
+        _, _, _, micro = _run(*tiny, batch, objective, budget=budget)
+        assert len(micro[0]) > 2, micro
+    assert (n.lookups, n.validations) == setup
+
+
 def test_grad_clip_zero_means_no_clipping_and_the_norm_is_logged():
     """grad_clip 0: the step uses the raw gradient (SGD lr 1: w -= g) and returns its norm 5."""
     for clip, expected in ((0.0, [-3.0, -4.0]), (1.0, [-0.6, -0.8])):

@@ -145,17 +145,17 @@ def test_non_finite_loss_skips_the_step_and_the_run_goes_on(tmp_path, monkeypatc
     """A fake around the real loss (logic test): the 2nd optimizer step's loss is NaN."""
     import clipbench.train.step as step
 
-    real = step.policy_loss
+    real = step.Objective.loss  # the run's bound rule, called once per micro-batch
     calls = {"n": 0}
 
-    def flaky(*args, **kwargs):
-        out = real(*args, **kwargs)
+    def flaky(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
         calls["n"] += 1  # one call per micro-batch: one per optimizer step here
         if calls["n"] == 2:
             out = dataclasses.replace(out, loss=out.loss * float("nan"))
         return out
 
-    monkeypatch.setattr(step, "policy_loss", flaky)
+    monkeypatch.setattr(step.Objective, "loss", flaky)
     run_training(small_cfg("train.steps=2", "eval.benchmarks=[]", "train.max_skipped_frac=0.2"), tmp_path / "run")
     rows = RunDir(tmp_path / "run").read_metrics()
     assert [r["skipped_nonfinite"] for r in rows] == [0, 1, 1, 1, 1, 1, 1, 1]
@@ -178,13 +178,13 @@ def test_a_run_that_skips_too_many_steps_fails_with_a_clear_message(tmp_path, mo
     import clipbench.train.step as step
     from clipbench.errors import RunFailed
 
-    real = step.policy_loss
+    real = step.Objective.loss
 
-    def nan_loss(*args, **kwargs):
-        out = real(*args, **kwargs)
+    def nan_loss(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
         return dataclasses.replace(out, loss=out.loss * float("nan"))
 
-    monkeypatch.setattr(step, "policy_loss", nan_loss)
+    monkeypatch.setattr(step.Objective, "loss", nan_loss)
     # 3 steps x 4 mini-batches = 12 planned optimizer steps; 0.25 of them allows 3 skips: the 4th fails
     with pytest.raises(RunFailed, match=r"train.max_skipped_frac: 4 of the run's 12 optimizer steps were skipped"):
         run_training(small_cfg("train.steps=3", "eval.benchmarks=[]", "train.max_skipped_frac=0.25"), tmp_path / "run")

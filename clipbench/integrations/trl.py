@@ -71,10 +71,10 @@ from clipbench.objectives import (
     finalize,
     kl_k3,
     log_ratio_histogram,
-    policy_loss,
-    validate_params,
 )
 from clipbench.objectives.corrections import KEPT, MASKED
+from clipbench.objectives.inputs import GIVEN, Counts
+from clipbench.objectives.loss import bind
 from clipbench.seeds import derive_seed as _seed  # the one seed derivation
 
 # TRL loss_type -> the clipbench aggregation it computes (when `agg` is not given).
@@ -88,6 +88,8 @@ AGG_OF_LOSS_TYPE = {
     "dr_grpo": "seq-mean-token-sum-norm",
     "luspo": "seq-mean-token-sum",
 }
+# The given rule inputs (objectives.inputs.GIVEN) TRL's loss has: the entropy of its own forward.
+TRL_INPUTS = ("entropy",)
 # Inputs of TRL's forward besides ids and mask (multimodal models), passed through unchanged.
 _FORWARD_KEYS = (
     "pixel_values",
@@ -160,19 +162,26 @@ class ClipbenchGRPOTrainer(GRPOTrainer):
     ):
         if method not in METHODS:
             raise ValueError(f"unknown clipbench method {method!r}; valid: {', '.join(sorted(METHODS))}")
-        if "reward" in METHODS[method].inputs:
-            raise ValueError(f"method {method!r} reads each sequence's reward, which TRL's loss inputs do not carry")
+        bound = bind(method, dict(params or {}))  # looked up and validated once, before TRL loads anything
+        for name in bound.reads:
+            if name not in TRL_INPUTS:
+                raise ValueError(f"method {method!r} reads {GIVEN[name]['hint']}, which TRL's loss inputs do not carry")
         if agg == "prompt-mean":
             raise ValueError(
                 "agg='prompt-mean' needs each row's prompt group, which TRL's shuffled batch does not keep"
             )
         self.clipbench_method = method
-        self.clipbench_params = validate_params(method, dict(params or {}))
+        self.clipbench_params = bound.params
         super().__init__(*args, **kwargs)
         check_trl_args(self.args, method)
         self.clipbench_agg = agg or AGG_OF_LOSS_TYPE.get(self.args.loss_type, "token-mean")
         if self.clipbench_agg not in AGGREGATIONS:
             raise ValueError(f"unknown aggregation {self.clipbench_agg!r}; valid: {', '.join(AGGREGATIONS)}")
+        self.clipbench_rule = bound.with_loss(
+            agg=self.clipbench_agg,
+            beta=0.0 if self.args.use_bias_correction_kl else self.beta,  # the corrected KL is added here
+            max_len=self.max_completion_length,
+        )
         self.clipbench_histograms: list[dict] = [] if log_histograms else None
         self._cb_sums: list[dict] = []  # the diagnostics sums of this optimizer step's micro-batches
         self._cb_counts: tuple | None = None  # (buffer, window start, (tokens, seqs))
@@ -246,27 +255,21 @@ class ClipbenchGRPOTrainer(GRPOTrainer):
         corrected_kl = ref is not None and self.args.use_bias_correction_kl
         u = (
             torch.rand(logp.shape, generator=gen, device=gen.device).to(logp.device)
-            if METHODS[self.clipbench_method].needs_draws(self.clipbench_params)
+            if self.clipbench_rule.draws
             else None
-        )  # policy_loss's own draw
-        out = policy_loss(
-            self.clipbench_method,
+        )  # the rule's own draw
+        out = self.clipbench_rule(
             logp,
             old,
             adv,
             maskf,
-            agg=self.clipbench_agg,
+            Counts(global_tokens=tokens, global_seqs=seqs),
             generator=gen,
             uniforms=u,
             weights=weights,
             ref_logp=None if corrected_kl else ref,
-            beta=0.0 if corrected_kl else self.beta,
-            max_len=self.max_completion_length,
-            global_tokens=tokens,
-            global_seqs=seqs,
             entropy=entropies,
             correction_status=status,
-            **self.clipbench_params,
         )
         loss, sums = out.loss, dict(out.sums)
         if corrected_kl:  # TRL's importance-sampling-corrected KL: k3 times the token ratio

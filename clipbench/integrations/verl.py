@@ -64,7 +64,8 @@ import torch
 
 from clipbench.integrations.record import LossRecorder
 from clipbench.integrations.verl_settings import PARAMS_ENV, PLUGINS_ENV, RECORD_DIR_ENV, RECORD_MAX_MB_ENV, VERL_FIELDS
-from clipbench.objectives import METHODS, policy_loss, validate_params
+from clipbench.objectives import METHODS
+from clipbench.objectives.loss import BoundRule, bind
 from clipbench.seeds import derive_seed as _seed  # the one seed derivation
 
 PREFIX = "clipbench."
@@ -79,7 +80,8 @@ def _load_plugins() -> None:
 
 
 @functools.lru_cache(maxsize=256)
-def _params(method: str, verl_values: tuple, env: str) -> tuple:
+def _bound(method: str, verl_values: tuple, env: str) -> BoundRule:
+    """The rule bound under these parameters: once per setting and process, not per call."""
     params = {k: v for k, v in verl_values if k in METHODS[method].defaults}
     if env:
         try:
@@ -90,13 +92,18 @@ def _params(method: str, verl_values: tuple, env: str) -> tuple:
             raise ValueError(f"{PARAMS_ENV}: expected a JSON object of parameters, got {env!r}")
         params.update(extra)
     try:
-        return tuple(validate_params(method, params).items())
+        return bind(method, params)
     except ValueError as e:
         raise ValueError(f"{e} (parameters from verl's actor config and {PARAMS_ENV})") from None
 
 
 def rule_params(method: str, config) -> dict[str, Any]:
     """The parameters of `method` under a verl actor config (see the module docstring)."""
+    return dict(bound_rule(method, config).params)
+
+
+def bound_rule(method: str, config) -> BoundRule:
+    """`method` bound under a verl actor config's parameters (cached per setting)."""
     verl_values = []
     for param, fields in VERL_FIELDS.items():
         if param not in METHODS[method].defaults:
@@ -106,7 +113,7 @@ def rule_params(method: str, config) -> dict[str, Any]:
             if v is not None:
                 verl_values.append((param, float(v)))
                 break
-    return dict(_params(method, tuple(verl_values), os.environ.get(PARAMS_ENV, "")))
+    return _bound(method, tuple(verl_values), os.environ.get(PARAMS_ENV, ""))
 
 
 def _field(config, dotted: str):
@@ -152,26 +159,22 @@ def make_loss_fn(method: str):
     ):
         from verl.trainer.ppo.core_algos import agg_loss
 
-        missing = [i for i in ("reward", "entropy") if i in METHODS[method].inputs]
-        if missing:
+        bound = bound_rule(method, config)
+        if bound.reads:  # verl's signature passes none of the given rule inputs (rewards, entropy)
             raise ValueError(
-                f"clipbench.{method} reads the sequence's {missing[0]}, which verl's policy-loss "
+                f"clipbench.{method} reads the sequence's {bound.reads[0]}, which verl's policy-loss "
                 "signature does not pass"
             )
-        params = rule_params(method, config)
+        params = bound.params
         maskf = response_mask.to(torch.float32)  # (B, T)
         adv = sequence_advantages(advantages.to(torch.float32), maskf)  # (B,)
         seed = config.get("data_loader_seed", 0) if config is not None else 0
         call = next(_CALLS)
         gen = torch.Generator(device=log_prob.device).manual_seed(_seed(seed, "nsr", _rank(), call))
         u = (
-            torch.rand(log_prob.shape, generator=gen, device=gen.device).to(log_prob.device)
-            if METHODS[method].needs_draws(params)
-            else None
-        )  # policy_loss's own draw, kept for a record
-        out = policy_loss(
-            method, log_prob, old_log_prob, adv, maskf, generator=gen, uniforms=u, weights=rollout_is_weights, **params
-        )
+            torch.rand(log_prob.shape, generator=gen, device=gen.device).to(log_prob.device) if bound.draws else None
+        )  # the rule's own draw, kept for a record
+        out = bound(log_prob, old_log_prob, adv, maskf, generator=gen, uniforms=u, weights=rollout_is_weights)
         info = dict(config.get("global_batch_info", None) or {}) if config is not None else {}
         # out.token_loss: (B, T), rollout weights included, 0 at padding; verl's own global normalisation
         loss = agg_loss(loss_mat=out.token_loss, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **info)

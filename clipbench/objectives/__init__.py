@@ -3,6 +3,8 @@
     from clipbench.objectives import policy_loss, METHODS, AGGREGATIONS, validate_params, rule
     out = policy_loss("grpo", logp, old_logp, advantages, mask, agg="token-mean", eps_high=0.28)
     out.loss, out.token_loss, out.stats, out.sums
+    bound = bind("grpo", {"eps_high": 0.28}, agg="token-mean")           # once per run: looked up, validated
+    out = bound(logp, old_logp, advantages, mask, Counts(global_tokens=n))   # per micro-batch
 
 The rules are in rules/ (each reads as its formula; shared formulas in primitives.py); a user's own rule is one decorated function
 (docs/plugins.md). The math contract is docs/objectives.md; internal contracts in docs/architecture.md.
@@ -24,15 +26,18 @@ from clipbench.objectives.diagnostics import (
     reduce_sums,
     reduction,
 )
-from clipbench.objectives.loss import PolicyLossOutput, policy_loss
+from clipbench.objectives.inputs import Counts, RuleInputs
+from clipbench.objectives.loss import BoundRule, PolicyLossOutput, bind, policy_loss
 from clipbench.objectives.primitives import LOG_RATIO_CLAMP, kl_k3
 from clipbench.objectives.registry import METHODS, MethodSpec, PluginOrigin, effective_bounds, rule, validate_params
 from clipbench.objectives.signature import INPUTS, Param, greater_than_one, nonneg, positive, unit_interval
 
 __all__ = [
     "AGGREGATIONS",
+    "BoundRule",
     "CELLS",
     "COUNTS",
+    "Counts",
     "INPUTS",
     "LOG_RATIO_CLAMP",
     "MASSES",
@@ -43,8 +48,10 @@ __all__ = [
     "PolicyLossOutput",
     "RuleDefinitionError",
     "RuleError",
+    "RuleInputs",
     "aggregate",
     "all_reduce_sums",
+    "bind",
     "combine",
     "effective_bounds",
     "finalize",

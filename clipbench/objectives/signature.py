@@ -3,8 +3,8 @@
     inputs, params = read_signature(fn, checks, where)     # positional names -> INPUTS; keyword-only -> Params
     formula, description = formula_and_description(fn)      # the docstring's first line
 
-* Positional parameters name the inputs the rule needs, from :data:`INPUTS` (built by
-  ``policy_loss``, see loss.py); any other positional name is a definition error.
+* Positional parameters name the inputs the rule needs: the fields of ``inputs.RuleInputs``
+  (:data:`INPUTS`: name -> meaning); any other positional name is a definition error.
 * Keyword-only parameters with defaults are the rule's parameters. Their type comes from the
   annotation (float, int, bool, str, ``Literal["a", "b"]`` for a str with choices) or else from the
   default. Validation of a value: type, finiteness, choices, then the rule's ``checks``
@@ -24,24 +24,7 @@ from numbers import Real
 from typing import Any, Literal
 
 from clipbench.errors import RuleDefinitionError, unknown_choice
-
-# The inputs a rule may ask for by name (shapes: B sequences, T completion tokens):
-INPUTS: dict[str, str] = {
-    "r": "(B, T) token ratio exp(logp - old_logp), with gradient (log-ratio value-clamped to +-20, "
-    "straight-through); 1 at padding",
-    "A": "(B, 1) advantages, detached float32",
-    "s": "(B, 1) GSPO sequence ratio exp(sum_t mask*lr / sum_t mask), with gradient; 1 for an all-padding row",
-    "logp": "(B, T) current log-probs, with gradient; 0 at padding",
-    "old_logp": "(B, T) behaviour log-probs, detached; 0 at padding",
-    "log_ratio": "(B, T) logp - old_logp, with gradient, not clamped; 0 at padding",
-    "mask": "(B, T) float 0/1, 1 on real completion tokens",
-    "u": "(B, T) detached uniforms in [0, 1) for stochastic rules (zeros when the parameters need no draws)",
-    "generator": "torch.Generator or None (prefer u: its draws do not depend on micro-batch splits)",
-    "reward": "(B, 1) the sequence's reward (the task's score, before advantages), detached float32",
-    "entropy": "(B, T) token entropy of the current policy (the same forward as logp), detached; 0 at padding",
-    "stat": "dict of 0-d tensors: the rule's mini-batch statistic (rule(batch_stat=...)), computed without "
-    "gradient on the whole mini-batch (all micro-batches and ranks) before its loss",
-}
+from clipbench.objectives.inputs import INPUTS  # the rule inputs: RuleInputs' fields
 
 Band = tuple[float, float, float, float]  # (lo_pos, hi_pos, lo_neg, hi_neg) in ratio units
 Check = Callable[[Any], "str | None"]

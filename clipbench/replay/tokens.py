@@ -12,9 +12,11 @@ Design choices
   loss and counts exactly (tests/test_replay.py), and every other rule is computed the same way.
 - g = d loss / d logp per token (the aggregated loss, weights and KL included: what the model's
   backward receives), one `torch.autograd.grad` per micro-batch on the rule's small graph.
-- Inputs a rule may read are passed by name when `policy_loss` accepts them (`POLICY_LOSS_INPUTS`),
-  so rules that read inputs added later (rewards, entropy, prompt groups) replay once the record has
-  them; a rule whose input the record lacks is reported as not replayable, not guessed.
+- Each rule is bound once per optimizer step (objectives.loss.bind), then called per micro-batch.
+  The inputs a rule may read are passed under their keyword (objectives.inputs.KEYWORDS: rewards,
+  entropy) and prompt groups as the counts' `groups` whenever the record holds them, so a rule that
+  reads an input added later replays once the record has it; a rule whose input the record lacks
+  is reported as not replayable, not guessed.
 - Draws: a rule that draws replays the recorded uniforms (the trained rule's own draws) as draw 0;
   other draws, and every draw when none was recorded, come from (run seed, "replay", record, slot, draw).
 - Cells of the comparisons are the token-ratio quadrants (objectives.diagnostics.cell_index on r and
@@ -23,19 +25,18 @@ Design choices
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 
 import torch
 
-from clipbench.objectives import CELLS, METHODS, RuleError, combine, finalize, policy_loss
+from clipbench.objectives import CELLS, METHODS, RuleError, combine, finalize
 from clipbench.objectives.diagnostics import cell_index
+from clipbench.objectives.inputs import GIVEN, KEYWORDS, Counts
+from clipbench.objectives.loss import bind
 from clipbench.replay.rules import RuleSpec
 from clipbench.seeds import generator
 
-# record tensor -> the policy_loss keyword that feeds it (passed only when policy_loss accepts it)
-POLICY_LOSS_INPUTS = {"rewards": "rewards", "entropy": "entropy", "groups": "groups"}
-_ACCEPTED = set(inspect.signature(policy_loss).parameters)
+SLOT_INPUTS = ("entropy",)  # recorded per slot (epoch): the policy's own forward
 
 
 class NotReplayable(Exception):
@@ -66,7 +67,8 @@ class OptStepView:
         return t[:, :width] if width is not None and t.dim() == 2 else t
 
     def inputs(self, mb: dict, uniforms: torch.Tensor | None) -> dict:
-        """policy_loss's tensors for one micro-batch (logp detached; the caller makes it a leaf)."""
+        """The bound rule's tensors for one micro-batch (logp detached; the caller makes it a leaf),
+        with every given rule input the record holds, by its keyword."""
         rows, w = torch.tensor(mb["rows"], dtype=torch.long), int(mb["width"])
         x = {
             "logp": self.tensor("logp", rows, w, slot=True),
@@ -77,12 +79,19 @@ class OptStepView:
             "weights": self.tensor("weights", rows, w),
             "uniforms": None if uniforms is None else uniforms[rows, :w],
         }
-        for name, kw in POLICY_LOSS_INPUTS.items():
-            if kw in _ACCEPTED:
-                t = self.tensor(name, rows, w, slot=name == "entropy")
-                if t is not None:
-                    x[kw] = t
+        for kw in KEYWORDS:
+            t = self.tensor(kw, rows, w, slot=kw in SLOT_INPUTS)
+            if t is not None:
+                x[kw] = t
         return x
+
+    def counts(self, mb: dict) -> Counts:
+        """The mini-batch's counts as training passed them (and the rows' prompt groups when recorded)."""
+        return Counts(
+            global_tokens=self.opt["global_tokens"],
+            global_seqs=self.opt["global_seqs"],
+            groups=self.tensor("groups", torch.tensor(mb["rows"], dtype=torch.long)),
+        )
 
 
 @dataclass
@@ -108,7 +117,11 @@ def uniforms_for(step: OptStepView, rule: RuleSpec, draw: int) -> torch.Tensor |
 def replay_rule(step: OptStepView, rule: RuleSpec, draw: int = 0) -> RuleResult:
     """The rule's loss, finalised stats and per-token gradients on one recorded optimizer step."""
     obj = step.record.index["objective"]
-    missing = [n for n in METHODS[rule.method].inputs if n in POLICY_LOSS_INPUTS and step.record.get(n) is None]
+    try:
+        bound = bind(rule.method, rule.kwargs, agg=obj["agg"], beta=obj["beta"], max_len=obj["max_len"])
+    except ValueError as e:  # e.g. an aggregation this version does not know
+        raise NotReplayable(f"{rule.label}: {e}") from None
+    missing = [n for n in bound.reads if step.record.get(GIVEN[n]["keyword"]) is None]
     if missing:
         raise NotReplayable(f"{rule.label} reads {', '.join(missing)}, which this record does not hold")
     u = uniforms_for(step, rule, draw)
@@ -122,20 +135,7 @@ def replay_rule(step: OptStepView, rule: RuleSpec, draw: int = 0) -> RuleResult:
             x = step.inputs(mb, u)
             logp = x.pop("logp").clone().requires_grad_(True)
             try:
-                out = policy_loss(
-                    rule.method,
-                    logp,
-                    x.pop("old_logp"),
-                    x.pop("advantages"),
-                    x.pop("mask"),
-                    agg=obj["agg"],
-                    beta=obj["beta"],
-                    max_len=obj["max_len"],
-                    global_tokens=step.opt["global_tokens"],
-                    global_seqs=step.opt["global_seqs"],
-                    **x,
-                    **rule.kwargs,
-                )
+                out = bound(logp, x.pop("old_logp"), x.pop("advantages"), x.pop("mask"), step.counts(mb), **x)
             except (ValueError, RuleError) as e:  # e.g. an input or aggregation this record lacks
                 raise NotReplayable(f"{rule.label}: {e}") from None
             (g,) = torch.autograd.grad(out.loss, logp, allow_unused=True)

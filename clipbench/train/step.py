@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
@@ -42,10 +42,11 @@ from clipbench.models.routing import (
     micro_columns,
     moved_tokens,
 )
-from clipbench.objectives import METHODS, PolicyLossOutput, combine, finalize, log_ratio_counts, policy_loss
+from clipbench.objectives import PolicyLossOutput, combine, finalize, log_ratio_counts
 from clipbench.objectives.aggregation import NEEDS_GROUPS
 from clipbench.objectives.corrections import REJECTED, apply_correction, correction_stats
-from clipbench.objectives.loss import mini_batch_stat
+from clipbench.objectives.inputs import KEYWORDS, Counts
+from clipbench.objectives.loss import BoundRule, bind
 from clipbench.train.distributed import Dist, full_tensor
 from clipbench.train.logprobs import completion_logprobs
 from clipbench.train.moe import RouterLogits
@@ -180,7 +181,8 @@ def own_rows(steps: list[OptStep], B: int, device) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Objective:
-    """The run's policy loss: rule, its parameters, aggregation, KL weight, fixed length."""
+    """The run's policy loss: rule, its parameters, aggregation, KL weight, fixed length; the rule
+    bound once here (`bound`: looked up, parameters validated, objectives/loss.py), not per micro-batch."""
 
     method: str
     params: dict
@@ -188,6 +190,11 @@ class Objective:
     beta: float
     max_len: int
     router_aux_loss_coef: float = 0.0  # MoE: the routers' load-balancing loss weight (train/moe.py)
+    bound: BoundRule = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        bound = bind(self.method, self.params, agg=self.agg, beta=self.beta, max_len=self.max_len)
+        object.__setattr__(self, "bound", bound)
 
     @classmethod
     def from_config(cls, cfg) -> Objective:
@@ -200,28 +207,18 @@ class Objective:
     @property
     def draws(self) -> bool:
         """Does this rule (with these parameters) draw random numbers?"""
-        return METHODS[self.method].needs_draws(self.params)
+        return self.bound.draws
 
     @property
     def stat(self) -> bool:
         """Does this rule read a statistic of the whole mini-batch (bapo, m2po)?"""
-        return METHODS[self.method].batch_stat is not None
+        return self.bound.has_stat
 
-    def loss(self, logp, mask, *, old_logp, advantages, **inputs) -> PolicyLossOutput:
-        """`policy_loss` of this objective on one micro-batch (inputs: uniforms, ref_logp, weights,
-        rewards, entropy, correction_status, the mini-batch's counts and statistic: docs/architecture.md)."""
-        return policy_loss(
-            self.method,
-            logp,
-            old_logp,
-            advantages,
-            mask,
-            agg=self.agg,
-            beta=self.beta,
-            max_len=self.max_len,
-            **inputs,
-            **self.params,
-        )
+    def loss(self, logp, mask, counts: Counts, *, old_logp, advantages, **inputs) -> PolicyLossOutput:
+        """The bound rule's policy loss on one micro-batch: the mini-batch's `counts`; inputs: uniforms,
+        ref_logp, weights, correction_status, the statistic, the given rule inputs (rewards, entropy):
+        docs/architecture.md."""
+        return self.bound(logp, old_logp, advantages, mask, counts, **inputs)
 
 
 def draw_uniforms(shape: torch.Size, generator: torch.Generator, device) -> torch.Tensor:
@@ -247,12 +244,17 @@ class StepInputs:
     mask: torch.Tensor | None = None  # (B, T) the completion mask on the device (the mini-batch's counts)
 
     def rows(self, idx: torch.Tensor | None, width: int) -> dict[str, torch.Tensor | None]:
-        """The rule's inputs for a micro-batch's rows, trimmed to its `width` (zeros for the
-        placeholder, idx None): old_logp, advantages, uniforms, ref_logp, weights, correction_status, rewards."""
-        return {
-            name: _take(getattr(self, name), idx, width)
-            for name in ("old_logp", "advantages", "uniforms", "ref_logp", "weights", "correction_status", "rewards")
-        }
+        """The loss's inputs for a micro-batch's rows, trimmed to its `width` (zeros for the
+        placeholder, idx None): old_logp, advantages, uniforms, ref_logp, weights, correction_status
+        and the given rule inputs held here (objectives.inputs.GIVEN: rewards)."""
+        return {name: _take(getattr(self, name), idx, width) for name in ROW_INPUTS}
+
+
+# The per-row tensors of StepInputs each micro-batch's loss takes: the fixed ones and every given
+# rule input (by its keyword) the rollout provides here.
+ROW_INPUTS = ("old_logp", "advantages", "uniforms", "ref_logp", "weights", "correction_status") + tuple(
+    k for k in KEYWORDS if k in {f.name for f in fields(StepInputs)}
+)
 
 
 @dataclass
@@ -317,39 +319,40 @@ class StepStats:
 
 @dataclass
 class MiniBatch:
-    """What every micro-batch of one optimizer step shares (`mini_batch_inputs`): policy_loss's
-    keywords for the whole mini-batch (its counts; a rule's mini-batch statistic) and per-row values
-    of the step ((B,) tensors, sliced per micro-batch)."""
+    """What every micro-batch of one optimizer step shares (`mini_batch_inputs`): the mini-batch's
+    counts (objectives.inputs.Counts; prompt-mean's group_tokens per rollout row (B,), sliced per
+    micro-batch) and a rule's mini-batch statistic."""
 
-    shared: dict
-    per_row: dict = field(default_factory=dict)
+    counts: Counts
+    group_tokens: torch.Tensor | None = None  # (B,) each rollout row's prompt group's tokens (prompt-mean)
+    batch_stat: dict | None = None
 
-    def rows(self, idx: torch.Tensor | None, width: int) -> dict:
-        return {**self.shared, **{k: _take(v, idx, width) for k, v in self.per_row.items()}}
+    def rows(self, idx: torch.Tensor | None, width: int) -> Counts:
+        """The counts of one micro-batch (its rows' group_tokens)."""
+        if self.group_tokens is None:
+            return self.counts
+        return replace(self.counts, group_tokens=_take(self.group_tokens, idx, width))
 
 
 def mini_batch_counts(step: OptStep, inputs: StepInputs, agg: str, mask: torch.Tensor) -> MiniBatch:
     """The mini-batch's normalisers: valid tokens and sequences (without the correction's rejected
     tokens, which leave the denominators), and for prompt-mean its prompt groups and each row's
     group's tokens (B,). Device tensors where they depend on the correction; no host sync."""
-    shared: dict = {"global_tokens": step.tokens, "global_seqs": step.seqs}
-    per_row: dict = {}
     if inputs.correction_status is None and agg not in NEEDS_GROUPS:
-        return MiniBatch(shared, per_row)
+        return MiniBatch(Counts(global_tokens=step.tokens, global_seqs=step.seqs))
     rows = torch.tensor(step.rows, dtype=torch.long, device=mask.device)
     counted = mask[rows] > 0  # (b, T)
+    tokens, seqs = step.tokens, step.seqs
     if inputs.correction_status is not None:
         counted = counted & (inputs.correction_status[rows] != REJECTED)
-        shared = {"global_tokens": counted.sum().float(), "global_seqs": counted.any(-1).sum().float()}
-    if agg in NEEDS_GROUPS:
-        ids = sorted({inputs.groups[r] for r in step.rows})
-        which = torch.tensor([ids.index(inputs.groups[r]) for r in step.rows], device=rows.device)  # (b,)
-        per_group = torch.zeros(len(ids), device=rows.device).index_add_(0, which, counted.sum(-1).float())
-        per_row["group_tokens"] = torch.zeros(len(inputs.groups), device=rows.device).index_copy_(
-            0, rows, per_group[which]
-        )
-        shared["global_prompts"] = len(ids)
-    return MiniBatch(shared, per_row)
+        tokens, seqs = counted.sum().float(), counted.any(-1).sum().float()
+    if agg not in NEEDS_GROUPS:
+        return MiniBatch(Counts(global_tokens=tokens, global_seqs=seqs))
+    ids = sorted({inputs.groups[r] for r in step.rows})
+    which = torch.tensor([ids.index(inputs.groups[r]) for r in step.rows], device=rows.device)  # (b,)
+    per_group = torch.zeros(len(ids), device=rows.device).index_add_(0, which, counted.sum(-1).float())
+    group_tokens = torch.zeros(len(inputs.groups), device=rows.device).index_copy_(0, rows, per_group[which])
+    return MiniBatch(Counts(global_tokens=tokens, global_seqs=seqs, global_prompts=len(ids)), group_tokens)
 
 
 def mini_batch_inputs(
@@ -383,13 +386,8 @@ def mini_batch_inputs(
         )
         # (B, T): the policy before this step, on the step's rows
         rows = torch.tensor(step.rows, dtype=torch.long, device=current.device)
-        out.shared["batch_stat"] = mini_batch_stat(
-            objective.method,
-            current[rows],
-            inputs.old_logp[rows],
-            inputs.advantages[rows],
-            mask[rows],
-            **objective.params,
+        out.batch_stat = objective.bound.mini_batch_stat(
+            current[rows], inputs.old_logp[rows], inputs.advantages[rows], mask[rows]
         )
     return out
 
@@ -425,11 +423,14 @@ def accumulate_gradients(
         with compute(), RouterLogits(model, on=objective.router_aux_loss_coef > 0) as routed:
             logp, entropy = completion_logprobs(model, mb, temperature=temperature)  # (b, T) each
         logp, mask = logp.float(), mb.completion_mask
-        x = {**inputs.rows(idx, mask.shape[1]), **shared.rows(idx, mask.shape[1])}  # old_logp, advantages, ...
+        x = inputs.rows(idx, mask.shape[1])  # old_logp, advantages, ...
+        if shared.batch_stat is not None:
+            x["batch_stat"] = shared.batch_stat
         moved = None if replay is None else moved_tokens(replay, mb, idx is not None)  # (layers, b, T) MoE routes
         if moved is not None:  # the clip's cells split by whether the token's experts moved
             x["token_splits"] = {"experts_moved": moved.any(0), "experts_kept": ~moved.any(0)}
-        out = objective.loss(logp, mask, entropy=entropy, **x)  # rule, aggregation
+        counts = shared.rows(idx, mask.shape[1])
+        out = objective.loss(logp, mask, counts, entropy=entropy, **x)  # rule, aggregation
         loss = out.loss
         if routed is not None:  # per forward, as TRL and transformers: weighted by the micro-batch's rows
             aux = routed.aux_loss(mb.attention_mask) * (len(rows) / len(step.rows))  # 0 for a placeholder

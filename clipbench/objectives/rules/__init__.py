@@ -1,7 +1,7 @@
 """The built-in clip rules. Each is a short function that reads as its formula (docs/objectives.md).
 
 A rule receives the inputs it names (``r`` the token ratio, ``A`` the advantages, ``s`` GSPO's
-sequence ratio, ``logp``, ``mask``, ``u`` uniforms, ...; see ``registry.INPUTS``) and its parameters
+sequence ratio, ``logp``, ``mask``, ``u`` uniforms, ...: the fields of ``inputs.RuleInputs``) and its parameters
 as keyword arguments, and returns the per-token loss l (B, T) (or a per-sequence loss (B, 1),
 broadcast to the sequence's tokens). The loss is minimised. Nothing else: padding, the KL term,
 aggregation and every diagnostic (quadrant cells, zero-gradient, rescued, near-band tokens) are
