@@ -7,7 +7,9 @@ checked) and must pass with nothing skipped but what needs hardware this machine
 that sample with vLLM are rehearsed in .venv-vllm (tests/test_vllm_rehearse.py, `make test-vllm`);
 here every other recipe. Measured: the 9 CPU recipes' rehearsals take 265 CPU-seconds in all (about 29
 each: two `clipbench train` processes and the checks; 9.5 minutes of wall clock on 2 cores shared
-with a load average of 9, about 4.5 on idle ones in one xdist worker).
+with a load average of 9, about 4.5 on idle ones in one xdist worker). The four NSR-scale MoE
+recipes (recipes/nsr_scale/qwen3_30b_a3b_*, a random 2-layer Qwen3-MoE, planned on their header's
+139 GiB GPUs): 72-86 s each on 2 cores shared with a load average of ~6.
 """
 
 from __future__ import annotations
