@@ -19,19 +19,7 @@ SCALE="${1:-full}"
 RESULTS="${2:-results}"
 shift $(( $# >= 2 ? 2 : $# ))
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO="$(cd "$HERE/../.." && pwd)"
-[ -d "$REPO/.venv" ] || REPO="$(cd "$HERE/../../.." && pwd)"  # run by its path in the package, clipbench/recipes/
-
-if [ -n "${CLIPBENCH:-}" ]; then
-  CLI=("$CLIPBENCH")
-elif [ -x "$REPO/.venv/bin/clipbench" ]; then
-  CLI=("$REPO/.venv/bin/clipbench")
-elif command -v clipbench >/dev/null 2>&1; then
-  CLI=(clipbench)
-else
-  echo "clipbench not found: run 'make install' first (or set CLIPBENCH=/path/to/clipbench)" >&2
-  exit 2
-fi
+source "$HERE/../find_clipbench.sh"  # REPO and CLI
 
 case "$SCALE" in
   full)
