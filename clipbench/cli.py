@@ -47,7 +47,7 @@ def _main(
     """clipbench: which clipping rule wins, where, and why."""
 
 
-from clipbench.commands.options import Plugins, ResultsDir, TrackingUri  # noqa: E402  shared options, declared once
+from clipbench.commands.options import GpuMemory, Overrides, Plugins, Recipe, ResultsDir, TrackingUri  # noqa: E402  shared options, declared once
 
 
 def _load_plugins(plugins: list[str] | None) -> None:
@@ -95,8 +95,8 @@ app.command("sweep")(_user_errors(sweep_command))
 @app.command()
 @_user_errors
 def train(
-    recipe: Path = typer.Argument(..., help="Recipe YAML, or a shipped recipe by name (clipbench recipes)."),
-    overrides: list[str] | None = typer.Argument(None, help="Dotted key=value overrides."),
+    recipe: Recipe,
+    overrides: Overrides = None,
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from its last checkpoint."),
     nproc_per_node: int | None = typer.Option(
         None, "--nproc-per-node", help="Train over N processes (torchrun, FSDP2): launch.nproc_per_node=N."
@@ -122,13 +122,13 @@ def train(
 @app.command()
 @_user_errors
 def plan(
-    recipe: Path = typer.Argument(..., help="Recipe YAML, or a shipped recipe by name (clipbench recipes)."),
-    overrides: list[str] | None = typer.Argument(None, help="Dotted key=value overrides."),
+    recipe: Recipe,
+    overrides: Overrides = None,
     nproc_per_node: int | None = typer.Option(
         None, "--nproc-per-node", help="GPUs per node (default: launch.nproc_per_node, else 1)."
     ),
     nnodes: int = typer.Option(1, "--nnodes", help="Nodes (FSDP shards over nproc x nnodes GPUs)."),
-    gpu_memory: float = typer.Option(80.0, "--gpu-memory", help="Memory of one GPU, GiB."),
+    gpu_memory: GpuMemory = 80.0,
     prompt_tokens: int | None = typer.Option(
         None,
         "--prompt-tokens",
@@ -157,14 +157,12 @@ def plan(
 @app.command()
 @_user_errors
 def rehearse(
-    recipe: Path = typer.Argument(..., help="Recipe YAML, or a shipped recipe by name (clipbench recipes)."),
-    overrides: list[str] | None = typer.Argument(None, help="Dotted key=value overrides."),
+    recipe: Recipe,
+    overrides: Overrides = None,
     nproc_per_node: int | None = typer.Option(
         None, "--nproc-per-node", help="Processes for the rehearsal (default: the recipe's, at most 2 on a CPU)."
     ),
-    gpu_memory: float = typer.Option(
-        80.0, "--gpu-memory", help="GiB of each of the real recipe's GPUs, for its memory plan (as clipbench plan)."
-    ),
+    gpu_memory: GpuMemory = 80.0,
     results_dir: ResultsDir = Path("results"),
     tracking_uri: TrackingUri = None,
     plugin: Plugins = None,

@@ -20,3 +20,7 @@ Plugins = Annotated[
     list[str] | None, typer.Option("--plugin", help="A file (.py) or module with your own @rule; repeatable.")
 ]
 Overrides = Annotated[list[str] | None, typer.Argument(help="key=value overrides (dotted run-config keys).")]
+Recipe = Annotated[Path, typer.Argument(help="Recipe YAML, or a shipped recipe by name (clipbench recipes).")]
+GpuMemory = Annotated[
+    float, typer.Option("--gpu-memory", help="Memory of one of the recipe's GPUs, GiB (its memory plan).")
+]
