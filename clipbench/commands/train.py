@@ -22,6 +22,7 @@ from clipbench.engines import preflight
 from clipbench.engines.launch import launch_ranks, run_as_rank
 from clipbench.errors import DiskFull, RunFailed, RunPreempted
 from clipbench.tracking.files import check_writable_dir
+from clipbench.tracking.mlflow_sink import run_sink
 from clipbench.tracking.store import RunDir
 from clipbench.train.checkpoint import find_checkpoint
 from clipbench.train.distributed import under_torchrun
@@ -38,8 +39,6 @@ def train_command(
     nproc_per_node: int | None = None,
     plugins: list[str] = (),
 ) -> dict:
-    from clipbench.tracking.mlflow_sink import run_sink  # noqa: PLC0415 - tracking.mlflow_sink pulls in filelock
-
     if nproc_per_node is not None:
         overrides = [*overrides, f"launch.nproc_per_node={nproc_per_node}"]
     # raises ConfigError before anything is written; imports the run's plugins (recipe + --plugin)
