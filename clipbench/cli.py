@@ -6,11 +6,13 @@ from __future__ import annotations
 import sys
 import warnings
 from functools import wraps
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import typer
 
 from clipbench.errors import PREEMPTED_EXIT, RunFailed, RunPreempted, UserError, no_space_left
+from clipbench.tracking.store_format import STORE_FORMAT
 
 app = typer.Typer(
     add_completion=False,
@@ -22,10 +24,6 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import PackageNotFoundError, version
-
-        from clipbench.tracking.store_format import STORE_FORMAT
-
         try:
             v = version("clipbench")
         except PackageNotFoundError:  # run from a source tree that is not installed
@@ -51,7 +49,7 @@ from clipbench.commands.options import GpuMemory, Overrides, Plugins, Recipe, Re
 
 
 def _load_plugins(plugins: list[str] | None) -> None:
-    from clipbench.objectives.plugins import load_plugins
+    from clipbench.objectives.plugins import load_plugins  # noqa: PLC0415 - objectives pulls in torch
 
     load_plugins(plugins or [])
 
@@ -106,7 +104,7 @@ def train(
     plugin: Plugins = None,
 ):
     """Run one training run end to end (over N processes with --nproc-per-node; under torchrun, one rank)."""
-    from clipbench.commands.train import train_command
+    from clipbench.commands.train import train_command  # noqa: PLC0415 - verbs load on use: `--help` stays light
 
     train_command(
         recipe,
@@ -139,7 +137,7 @@ def plan(
     json_out: bool = typer.Option(False, "--json", help="The plan as JSON."),
 ):
     """GPU memory per rank before anything loads (weights, AdamW, activations, vLLM); exit 1 if it won't fit."""
-    from clipbench.commands.plan import plan_command
+    from clipbench.commands.plan import plan_command  # noqa: PLC0415 - verbs load on use: `--help` stays light
 
     raise typer.Exit(
         plan_command(
@@ -169,7 +167,7 @@ def rehearse(
 ):
     """A recipe's own code path end to end, shrunk to this machine: a model of its family, its task, sampler,
     processes, micro-batches, a checkpoint, a kill and a resume, evaluation, tracking; then its memory plan."""
-    from clipbench.commands.rehearse import rehearse_command
+    from clipbench.commands.rehearse import rehearse_command  # noqa: PLC0415 - verbs load on use: `--help` stays light
 
     raise typer.Exit(
         rehearse_command(
@@ -200,7 +198,7 @@ def eval_(
     plugin: Plugins = None,
 ):
     """Avg@n and unbiased Pass@k of a model on benchmarks."""
-    from clipbench.commands.eval import eval_command
+    from clipbench.commands.eval import eval_command  # noqa: PLC0415 - verbs load on use: `--help` stays light
 
     _load_plugins(plugin)
     eval_command(
@@ -237,7 +235,7 @@ def report(
     plugin: Plugins = None,
 ):
     """Comparison tables (Table 3 layout), clip-quadrant table, claims (with whether they replicate) and plots."""
-    from clipbench.commands.report import report_command
+    from clipbench.commands.report import report_command  # noqa: PLC0415 - verbs load on use: `--help` stays light
 
     _load_plugins(plugin)
     report_command(sweep, baseline=baseline, fmt=fmt, results_dir=results_dir, out=out, replicate=replicate)
@@ -266,7 +264,7 @@ def replay(
     plugin: Plugins = None,
 ):
     """Counterfactual replay: every rule on the same recorded batches (train.record.every=N), vs the trained rule."""
-    from clipbench.commands.replay import replay_command
+    from clipbench.commands.replay import replay_command  # noqa: PLC0415 - verbs load on use: `--help` stays light
 
     _load_plugins(plugin)
     replay_command(
@@ -288,7 +286,7 @@ def replay(
 @_user_errors
 def methods(plugin: Plugins = None):
     """Every registered clip rule: parameters with defaults, the rule, and where it comes from."""
-    from clipbench.commands.methods import print_methods
+    from clipbench.commands.methods import print_methods  # noqa: PLC0415 - verbs load on use: `--help` stays light
 
     _load_plugins(plugin)
     print_methods()
@@ -298,7 +296,7 @@ def methods(plugin: Plugins = None):
 @_user_errors
 def engines(fmt: str = typer.Option("rich", "--format", help="rich | markdown (docs/engines.md)")):
     """Every engine, and how it treats every run-config key: honoured, mapped (to what) or refused (why)."""
-    from clipbench.commands.engines import engines_command
+    from clipbench.commands.engines import engines_command  # noqa: PLC0415 - verbs load on use: `--help` stays light
 
     engines_command(fmt)
 
@@ -318,7 +316,8 @@ def base_model(
 ):
     """Rebuild a built-in base model (tokenizer + small Qwen3 or Qwen3-MoE, SFT on arith) from its recipe; runs train from
     the build shipped with clipbench (builtin:<name>), or from this one by path (model.name=DIR)."""
-    from clipbench.commands.base_model import base_model_command
+    # PLC0415, deferred: verbs load on use: `--help` stays light
+    from clipbench.commands.base_model import base_model_command  # noqa: PLC0415
 
     base_model_command(name, out=out, seed=seed, force=force)
 
@@ -332,7 +331,7 @@ def sync(
     sink: str = typer.Option("mlflow", "--sink", help="The mirror to fill in: mlflow, wandb or tensorboard."),
 ):
     """Replay runs and metrics a mirror lacks (MLflow by default; after an outage, or to add a mirror)."""
-    from clipbench.commands.sync import sync_command
+    from clipbench.commands.sync import sync_command  # noqa: PLC0415 - verbs load on use: `--help` stays light
 
     sync_command(sweep, results_dir=results_dir, tracking_uri=tracking_uri, sink=sink)
 
@@ -341,7 +340,7 @@ def sync(
 @_user_errors
 def recipes(show: str | None = typer.Option(None, "--show", help="Print one shipped recipe or sweep (to copy).")):
     """The recipes and sweeps shipped with clipbench, runnable by name from any directory."""
-    from clipbench.commands.recipes import recipes_command
+    from clipbench.commands.recipes import recipes_command  # noqa: PLC0415 - verbs load on use: `--help` stays light
 
     recipes_command(show)
 
@@ -353,7 +352,7 @@ def init(
     force: bool = typer.Option(False, "--force", help="Overwrite the kit's files if they exist."),
 ):
     """A starter kit to edit: a sweep over two rules and three seeds, a rule file, the next commands."""
-    from clipbench.commands.init import init_command
+    from clipbench.commands.init import init_command  # noqa: PLC0415 - verbs load on use: `--help` stays light
 
     init_command(directory, force=force)
 
@@ -367,7 +366,7 @@ def doctor(
 ):
     """What this machine can run: torch, GPUs, vLLM, TRL, verl, the sampler and engines picked, MLflow,
     threads; with the command that fixes each missing piece."""
-    from clipbench.commands.doctor import doctor_command
+    from clipbench.commands.doctor import doctor_command  # noqa: PLC0415 - verbs load on use: `--help` stays light
 
     doctor_command(results_dir=results_dir, tracking_uri=tracking_uri, json_out=json_out)
 

@@ -64,8 +64,9 @@ def _is_built(path: Path) -> bool:
 # ---- tokenizer and model ------------------------------------------------------------------------
 def build_tokenizer(corpus: Sequence[str], alphabet: str = ALPHABET):
     """Char-level WordLevel tokenizer trained on ``alphabet`` + corpus; prepends <bos>, never <eos>."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
+    # PLC0415, deferred: tokenizers is heavy
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: PLC0415
+    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415 - transformers is heavy
 
     tok = Tokenizer(models.WordLevel(unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
@@ -90,7 +91,7 @@ def build_tokenizer(corpus: Sequence[str], alphabet: str = ALPHABET):
 def build_model(recipe: Recipe, tokenizer, generator: torch.Generator):
     """A fresh Qwen3ForCausalLM (Qwen3MoeForCausalLM for a MoeRecipe), initialised from ``generator``
     (not the global RNG): every matrix (router and packed experts included) ~ N(0, init_std), norms 1."""
-    from transformers import GenerationConfig
+    from transformers import GenerationConfig  # noqa: PLC0415 - transformers is heavy
 
     common = dict(
         vocab_size=len(tokenizer),
@@ -108,7 +109,7 @@ def build_model(recipe: Recipe, tokenizer, generator: torch.Generator):
         pad_token_id=tokenizer.pad_token_id,
     )
     if isinstance(recipe, MoeRecipe):
-        from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+        from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM  # noqa: PLC0415 - transformers is heavy
 
         config = Qwen3MoeConfig(
             **common,
@@ -122,7 +123,7 @@ def build_model(recipe: Recipe, tokenizer, generator: torch.Generator):
         )
         model = Qwen3MoeForCausalLM(config)
     else:
-        from transformers import Qwen3Config, Qwen3ForCausalLM
+        from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: PLC0415 - transformers is heavy
 
         model = Qwen3ForCausalLM(Qwen3Config(**common))
     with torch.no_grad():

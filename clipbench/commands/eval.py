@@ -17,14 +17,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from rich.console import Console
 from rich.table import Table
 
 from clipbench.config.load import recorded, setting
 from clipbench.errors import UserError
-from clipbench.models import BUILTIN_PREFIX, compute_dtype, dtype_name, read_build_info, resolve_model_name
+from clipbench.eval.evaluate import evaluate
+from clipbench.eval.passk import default_ks
+from clipbench.models import (
+    BUILTIN_PREFIX,
+    compute_dtype,
+    dtype_name,
+    load_model_and_tokenizer,
+    read_build_info,
+    resolve_model_name,
+)
+from clipbench.rollout import build_sampler, resolve_backend
+from clipbench.tasks import build_run_task, build_task
 from clipbench.tasks.base import Task
+from clipbench.tasks.benchmarks import benchmark_grader, get_benchmark, load_benchmark
 from clipbench.tracking.files import atomic_write_json
+from clipbench.tracking.store import RunDir
+from clipbench.train.checkpoint import find_checkpoint, load_policy
 
 DEFAULT_OUT_ROOT = Path("results") / "eval"
 EVAL_GPU_MEMORY_UTILIZATION = 0.7  # vllm: no optimizer or activations to share the GPU with here
@@ -53,7 +68,6 @@ def _run_arith_task(cfg: dict) -> Task | None:
     """The run's own task when it is arith (the trainer evaluated its test split), else None."""
     if setting(cfg, "task.name") != "arith":
         return None
-    from clipbench.tasks import build_run_task
 
     try:
         return build_run_task(cfg)
@@ -64,7 +78,6 @@ def _run_arith_task(cfg: dict) -> Task | None:
 def built_on_task(path: str | Path) -> Task:
     """The arith task a built-in model was fine-tuned on (its build record), seed 0: every seed's
     test split is held out of every seed's train split, so it is a fair test for any build seed."""
-    from clipbench.tasks import build_task
 
     knobs = {k: v for k, v in read_build_info(path)["task"].items() if k not in ("name", "seed")}
     return build_task({"name": "arith", **knobs}, seed=0)
@@ -74,9 +87,6 @@ def resolve_target(model: str, default_dtype: str) -> EvalTarget:
     """A run directory (config.yaml + checkpoints/last/model) or a model name/path."""
     path = Path(model).expanduser()
     if (path / "config.yaml").is_file():
-        from clipbench.tracking.store import RunDir
-        from clipbench.train.checkpoint import find_checkpoint
-
         rd = RunDir(path)
         cfg = rd.read_config() or {}
         ckpt = find_checkpoint(rd.checkpoint_dir)
@@ -102,8 +112,6 @@ def resolve_target(model: str, default_dtype: str) -> EvalTarget:
 
 
 def parse_benchmarks(text: str) -> list[str]:
-    from clipbench.tasks.benchmarks import get_benchmark
-
     names = [b.strip() for b in text.split(",") if b.strip()]
     if not names:
         raise UserError("--benchmarks: give at least one benchmark, e.g. aime24,aime25,amc23")
@@ -116,7 +124,6 @@ def load_suite(
     names: list[str], *, data_dir: Path | None, limit: int | None, template: str, arith: Task | None = None
 ) -> tuple[dict, dict]:
     """({benchmark: problems}, {benchmark: grade(completion, problem)})."""
-    from clipbench.tasks.benchmarks import benchmark_grader, load_benchmark
 
     problems, graders = {}, {}
     for name in names:
@@ -132,7 +139,6 @@ def load_suite(
 
 def summary_table(payloads: dict[str, dict], title: str) -> Table:
     """Rich table: one row per benchmark, Avg@n and Pass@k (percent)."""
-    from clipbench.eval.passk import default_ks
 
     n = min(p["n"] for p in payloads.values())
     ks = [k for k in default_ks(n) if k > 1]  # Avg@n is Pass@1
@@ -167,8 +173,6 @@ def eval_command(
     backend: str,
     out: Path | None,
 ) -> dict:
-    from clipbench.eval.evaluate import evaluate
-
     if n < 1:
         raise UserError(f"--n must be >= 1, got {n}")
     if limit is not None and limit < 1:
@@ -182,8 +186,6 @@ def eval_command(
     names = parse_benchmarks(benchmarks)
     console = Console(stderr=True)
 
-    import torch
-
     device = "cuda" if torch.cuda.is_available() else "cpu"
     target = resolve_target(model, "auto")
     target.dtype = dtype_name(compute_dtype(target.dtype, device))  # a run's `auto` too
@@ -193,12 +195,7 @@ def eval_command(
         template = "dapo" if template == "auto" else template
     problems, graders = load_suite(names, data_dir=data_dir, limit=limit, template=template, arith=target.arith)
 
-    from clipbench.models import load_model_and_tokenizer
-    from clipbench.rollout import build_sampler, resolve_backend
-
     if target.checkpoint is not None:
-        from clipbench.train.checkpoint import load_policy
-
         path = target.model
         lm, tok = load_policy(target.checkpoint, dtype=target.dtype, device=device)
     else:

@@ -12,9 +12,14 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
+from rich.console import Console
+from rich.table import Table
+
+from clipbench.config import load_run_config
 from clipbench.errors import UserError
 from clipbench.memory.estimator import MARGIN, MemoryPlan, advise, estimate, gib
 from clipbench.memory.plan import fit_message, launch_nproc, setup_for
+from clipbench.models import PROMPT_TOKENS, resolve_model_name
 from clipbench.models.shapes import model_shape
 
 
@@ -29,11 +34,8 @@ def plan_command(
     json_out: bool,
 ) -> int:
     """Print the plan of RECIPE; return 0 when it fits, 1 when it does not."""
-    from clipbench.models import PROMPT_TOKENS
 
     prompt_tokens = PROMPT_TOKENS if prompt_tokens is None else prompt_tokens
-    from clipbench.config import load_run_config
-    from clipbench.models import resolve_model_name
 
     for key, v in {
         "--nproc-per-node": nproc_per_node or 1,
@@ -77,8 +79,6 @@ def plan_json(plan: MemoryPlan, knobs: list[str]) -> dict:
 
 
 def render(plan: MemoryPlan, knobs: list[str], *, nproc: int, nnodes: int) -> None:
-    from rich.console import Console
-    from rich.table import Table
 
     s, u = plan.shape, plan.setup
     con = Console(highlight=False)

@@ -8,7 +8,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from clipbench.config.shipped import catalog
+from clipbench.config.shipped import catalog, recipe_path, sweep_path
+from clipbench.errors import ConfigError
 
 VERB = {"recipe": "train", "sweep": "sweep"}
 
@@ -34,9 +35,6 @@ def recipes_table() -> Table:
 def recipes_command(show: str | None = None) -> None:
     """The table, or with `show` the text of one shipped file (to copy and edit)."""
     if show is not None:
-        from clipbench.config.shipped import recipe_path, sweep_path
-        from clipbench.errors import ConfigError
-
         try:
             path = sweep_path(show)
         except ConfigError:

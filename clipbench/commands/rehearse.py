@@ -16,6 +16,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from clipbench.errors import UserError
+from clipbench.rehearse import check_local_model, rehearse
+
 STYLE = {"as": "green", "ran": "green", "scaled": "cyan", "skipped": "yellow", "failed": "bold red"}
 
 
@@ -29,11 +32,9 @@ def rehearse_command(
     plugins: list[str] = (),
     gpu_memory: float = 80.0,
 ) -> int:
-    from clipbench.commands.doctor import doctor_command
-    from clipbench.commands.plan import render
-    from clipbench.config import load_run_config
-    from clipbench.errors import UserError
-    from clipbench.rehearse import check_local_model, rehearse
+    from clipbench.commands.doctor import doctor_command  # noqa: PLC0415 - commands.doctor pulls in omegaconf
+    from clipbench.commands.plan import render  # noqa: PLC0415 - commands.plan pulls in torch
+    from clipbench.config import load_run_config  # noqa: PLC0415 - config pulls in omegaconf
 
     if nproc_per_node is not None and nproc_per_node < 1:
         raise UserError(f"--nproc-per-node must be >= 1, got {nproc_per_node}")

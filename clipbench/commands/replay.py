@@ -13,6 +13,9 @@ import sys
 from pathlib import Path
 
 from clipbench.errors import UserError, unknown_choice
+from clipbench.replay.rules import parse_rules
+from clipbench.replay.run import replay_runs
+from clipbench.replay.summary import summarize
 from clipbench.report import render
 from clipbench.report.replay import replay_tables, write_replay
 from clipbench.tracking.files import check_store_dir, check_writable_dir, dumps
@@ -73,9 +76,6 @@ def replay_command(
     params: bool,
     device: str,
 ) -> list[Path]:
-    from clipbench.replay.rules import parse_rules
-    from clipbench.replay.run import replay_runs
-    from clipbench.replay.summary import summarize
 
     if fmt not in FORMATS:
         raise UserError("--format: " + unknown_choice("format", fmt, FORMATS))

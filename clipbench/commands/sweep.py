@@ -28,14 +28,26 @@ from rich.text import Text
 
 from clipbench.commands.options import Overrides, Plugins, ResultsDir, TrackingUri
 from clipbench.commands.progress import SweepProgress
+from clipbench.config import from_dict
 from clipbench.config.labels import format_value, label, run_label
 from clipbench.config.load import setting
+from clipbench.engines import (
+    ENGINES,
+    preflight,  # the run's engine checks, then model, task, benchmarks, memory
+)
 from clipbench.errors import PREEMPTED_EXIT, UserError
-from clipbench.sweep.execute import RunTask, checkpoint_step, classify, run_parallel, run_sequential
+from clipbench.objectives import METHODS
+from clipbench.sweep.execute import RunTask, checkpoint_step, classify, run_parallel, run_sequential, threads_per_worker
 from clipbench.sweep.expand import Expansion, expand, iter_summary
+from clipbench.sweep.hydra_app import check_launcher, launch
 from clipbench.sweep.manifest import freeze, manifest_path, manifest_runs, merge, read_manifest
 from clipbench.sweep.spec import SweepSpec, load_spec
+from clipbench.sweep.submitted import plans_of, submit_plans
 from clipbench.tracking.files import check_writable_dir
+from clipbench.tracking.metrics_table import load_sweep_metrics
+from clipbench.tracking.mirror import sync_hint
+from clipbench.tracking.mlflow_client import resolve_tracking_uri
+from clipbench.tracking.mlflow_sink import finish_parent_run, sweep_parent_run
 from clipbench.tracking.store import RunDir, list_run_dirs
 
 if TYPE_CHECKING:
@@ -169,7 +181,6 @@ def sweep_command(
 def check_options(hydra_overrides: list[str], *, jobs: int, launcher: str | None, engine: str | None) -> Engine | None:
     """The command's own options, before anything is read: one line each (UserError). Returns the
     engine --engine names (None: each run's own)."""
-    from clipbench.engines import ENGINES
 
     if hydra_overrides and not launcher:
         raise UserError(f"'{hydra_overrides[0]}' is a Hydra launcher setting; it needs --launcher")
@@ -179,8 +190,6 @@ def check_options(hydra_overrides: list[str], *, jobs: int, launcher: str | None
         raise UserError("--engine: " + ENGINES.unknown(engine))
     eng = ENGINES[engine] if engine is not None else None
     if launcher and not (eng is not None and eng.submits):  # an engine launched apart checks its own
-        from clipbench.sweep.hydra_app import check_launcher
-
         check_launcher(launcher)
     return eng
 
@@ -235,9 +244,6 @@ def execute(
     if not tasks:
         return [], 0
     if launcher:
-        from clipbench.sweep.execute import threads_per_worker
-        from clipbench.sweep.hydra_app import launch
-
         rc = launch(
             mpath,
             [t.run_id for t in tasks],
@@ -292,8 +298,6 @@ def finish(
         + (f"; {len(not_started)} not started (the sweep stopped)" if not_started else "")
     )
     if uri and any(r.get("mlflow_offline") for r in results):
-        from clipbench.tracking.mirror import sync_hint
-
         err.print(
             Text.assemble(
                 ("MLflow was unreachable for some runs", "yellow"),
@@ -338,7 +342,6 @@ def submitted_sweep(
 ) -> dict[str, Any]:
     """`--engine NAME` of an engine launched apart (verl): print each run's command (--dry-run,
     --json), or freeze and submit them."""
-    from clipbench.sweep.submitted import plans_of, submit_plans
 
     mpath = manifest_path(results_dir, spec.name)
     if dry_run or json_out:
@@ -413,8 +416,6 @@ def preflight_runs(configs: list[dict]) -> None:
     """The trainer's preflight (model, task and benchmarks load) once per distinct setting of the
     runs entering the manifest (seeds and objectives share one), before it is written; runs frozen
     earlier were checked when they entered it."""
-    from clipbench.config import from_dict
-    from clipbench.engines import preflight  # the run's engine checks, then model, task, benchmarks, memory
 
     seen = set()
     for cfg in configs:
@@ -432,8 +433,6 @@ def _parent_run(spec: SweepSpec, runs, results_dir: Path, tracking_uri: str | No
     """(parent run id or None, tracking URI, experiment); (None, None, None) when tracking is off."""
     if not runs or not any(setting(cfg, "tracking.mlflow") for _, cfg, _ in runs):
         return None, None, None
-    from clipbench.tracking.mlflow_client import resolve_tracking_uri
-    from clipbench.tracking.mlflow_sink import sweep_parent_run
 
     first = runs[0][1]
     uri = resolve_tracking_uri(tracking_uri, setting(first, "tracking.tracking_uri"), results_dir)
@@ -452,16 +451,12 @@ def _parent_run(spec: SweepSpec, runs, results_dir: Path, tracking_uri: str | No
 def _finish_parent(parent: str | None, uri: str | None, experiment: str | None, sweep: str, status: str) -> None:
     """Close the parent run, also one a run created when MLflow came back mid-sweep (found by tags)."""
     if uri and status != "RUNNING":
-        from clipbench.tracking.mlflow_sink import finish_parent_run
-
         finish_parent_run(parent, status, uri=uri, sweep=sweep, experiment=experiment or "clipbench")
 
 
 def _warm_metrics_cache(results_dir: Path, sweep: str) -> None:
     """Parse the new metrics once now, so the report that follows reads the sweep's cache."""
     try:
-        from clipbench.tracking.metrics_table import load_sweep_metrics
-
         load_sweep_metrics(results_dir, sweep)
     except Exception:  # noqa: BLE001 - an optimisation only
         pass
@@ -493,8 +488,6 @@ def _state(rd: RunDir) -> str:
 def plan_table(
     spec: SweepSpec, exp: Expansion, manifest: dict, results_dir: Path, show_state: bool, new: set[str]
 ) -> Table:
-    from clipbench.objectives import METHODS
-
     t = Table(title=f"sweep {spec.name} ({spec.file})", title_justify="left")
     for col in ("run_id", "method", "parameters", "seed", "steps"):
         t.add_column(col, justify="right" if col in ("seed", "steps") else "left")

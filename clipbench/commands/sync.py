@@ -13,10 +13,12 @@ from rich.console import Console
 from rich.table import Table
 
 from clipbench.config.load import setting
+from clipbench.config.schema import SINKS
 from clipbench.errors import UserError, did_you_mean
 from clipbench.tracking.files import check_store_dir
 from clipbench.tracking.mirror import run_name_of
 from clipbench.tracking.mlflow_client import client_for, resolve_tracking_uri
+from clipbench.tracking.sinks import missing_package, replay_sink
 from clipbench.tracking.store import list_sweeps
 from clipbench.tracking.sync import load_sweeps, sync_sweeps
 
@@ -24,8 +26,6 @@ from clipbench.tracking.sync import load_sweeps, sync_sweeps
 def sync_command(
     sweep: str | None, *, results_dir: Path = Path("results"), tracking_uri: str | None = None, sink: str = "mlflow"
 ) -> list[dict]:
-    from clipbench.config.schema import SINKS
-
     if sink not in SINKS:
         raise UserError(f"--sink: unknown sink '{sink}'{did_you_mean(sink, SINKS)}; valid: {', '.join(SINKS)}")
     results_dir = check_store_dir(results_dir)
@@ -76,7 +76,6 @@ def sync_command(
 
 def _sync_sink(name: str, loaded: dict) -> list[dict]:
     """Every run of the sweeps into its W&B run or TensorBoard directory (continued), what it lacks."""
-    from clipbench.tracking.sinks import missing_package, replay_sink
 
     fix = missing_package(name)
     if fix:

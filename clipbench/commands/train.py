@@ -18,12 +18,15 @@ from pathlib import Path
 from rich.console import Console
 
 from clipbench.config import load_run_config, run_id
+from clipbench.engines import preflight
 from clipbench.engines.launch import launch_ranks, run_as_rank
 from clipbench.errors import DiskFull, RunFailed, RunPreempted
 from clipbench.tracking.files import check_writable_dir
+from clipbench.tracking.mlflow_sink import run_sink
 from clipbench.tracking.store import RunDir
 from clipbench.train.checkpoint import find_checkpoint
 from clipbench.train.distributed import under_torchrun
+from clipbench.train.preempt import preempt_signals
 
 
 def train_command(
@@ -36,9 +39,6 @@ def train_command(
     nproc_per_node: int | None = None,
     plugins: list[str] = (),
 ) -> dict:
-    from clipbench.engines import preflight
-    from clipbench.tracking.mlflow_sink import run_sink
-
     if nproc_per_node is not None:
         overrides = [*overrides, f"launch.nproc_per_node={nproc_per_node}"]
     # raises ConfigError before anything is written; imports the run's plugins (recipe + --plugin)
@@ -53,8 +53,6 @@ def train_command(
     args += [a for p in plugins for a in ("--plugin", str(p))]
     resume_hint = "resume it: " + shlex.join(["clipbench", *args, "--resume"])
     if n > 1 and not under_torchrun():  # this process only launches the ranks
-        from clipbench.train.preempt import preempt_signals
-
         rc = launch_ranks(n, "clipbench", args + (["--resume"] if resume else []), rd, signals=preempt_signals(cfg))
         if rd.status().get("state") == "preempted":
             raise RunPreempted(f"run {rd.run_id} on {n} processes stopped at a checkpoint; {resume_hint}")

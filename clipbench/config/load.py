@@ -21,9 +21,12 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from clipbench import yamlio
-from clipbench.config.schema import CHOICES, RANGES, SLOTS, RunConfig, Slot, SlotDecl
+from clipbench.config.schema import CHOICES, RANGES, SLOTS, RunConfig, Slot, SlotDecl, leaf_keys
 from clipbench.config.shipped import recipe_path
 from clipbench.errors import ConfigError, UserError, did_you_mean, unknown_choice
+from clipbench.tasks import TASK_NAMES
+from clipbench.tasks.arith import FORMATS, ArithKnobError, ArithKnobs
+from clipbench.tasks.templates import TEMPLATE_CHOICES
 from clipbench.yamlio import YamlError, load_yaml_file, load_yaml_text
 
 # Keys whose relative values are paths relative to the recipe file (when they look like paths).
@@ -100,7 +103,7 @@ def _resolve_paths(d: dict, base_dir: Path) -> dict:
 
 def _resolve_plugins(d: dict, base_dir: Path) -> dict:
     """`plugins`: .py paths made absolute (relative to base_dir); module names unchanged."""
-    from clipbench.objectives.plugins import resolve
+    from clipbench.objectives.plugins import resolve  # noqa: PLC0415 - objectives.plugins pulls in torch
 
     if isinstance(d.get("plugins"), list):
         d["plugins"] = [resolve(p, base_dir) if isinstance(p, str) and p.strip() else p for p in d["plugins"]]
@@ -236,8 +239,9 @@ def slot(cfg: RunConfig, which: str) -> Slot:
 def slot_components(which: str) -> dict[str, dict[str, Any]]:
     """{component name: its parameters' defaults} of a slot's registry (read at call time: the run's
     plugins may have added to it)."""
-    from clipbench.objectives import METHODS
-    from clipbench.objectives.corrections import CORRECTIONS, correction_names
+    # PLC0415, deferred: torch is heavy
+    from clipbench.objectives import METHODS  # noqa: PLC0415
+    from clipbench.objectives.corrections import CORRECTIONS, correction_names  # noqa: PLC0415
 
     if which == "objective":
         return {m: dict(spec.defaults) for m, spec in METHODS.items()}
@@ -249,8 +253,9 @@ def slot_components(which: str) -> dict[str, dict[str, Any]]:
 def resolve_slot(which: str, name: str, params: Mapping[str, Any]) -> dict[str, Any]:
     """Every parameter of component `name` in slot `which`: its registry's defaults merged with
     `params` and checked (ValueError naming the problem)."""
-    from clipbench.objectives import validate_params
-    from clipbench.objectives.corrections import validate_correction
+    # PLC0415, deferred: torch is heavy
+    from clipbench.objectives import validate_params  # noqa: PLC0415
+    from clipbench.objectives.corrections import validate_correction  # noqa: PLC0415
 
     if which == "objective":
         return validate_params(name, dict(params))
@@ -284,7 +289,8 @@ def load_run_config(path: str | Path | None, overrides: Iterable[str] = (), plug
     overrides = list(overrides)
     data = compose(path, overrides)
     if plugins:
-        from clipbench.objectives.plugins import merge_specs, resolve
+        # PLC0415, deferred: objectives.plugins pulls in torch
+        from clipbench.objectives.plugins import merge_specs, resolve  # noqa: PLC0415
 
         data["plugins"] = merge_specs(data.get("plugins") or [], [resolve(p) for p in plugins])
     try:
@@ -308,11 +314,9 @@ def _overrides_key(override: str, key: str | None) -> bool:
 def choices() -> dict[str, tuple[str, ...]]:
     """Every closed choice of the run config: the schema's own (`schema.CHOICES`) and the lists
     owned by the packages a key configures (read from there, never copied)."""
-    from clipbench.objectives import AGGREGATIONS
-    from clipbench.objectives.advantages import ADVANTAGES
-    from clipbench.tasks import TASK_NAMES
-    from clipbench.tasks.arith import FORMATS
-    from clipbench.tasks.templates import TEMPLATE_CHOICES
+    # PLC0415, deferred: torch is heavy
+    from clipbench.objectives import AGGREGATIONS  # noqa: PLC0415
+    from clipbench.objectives.advantages import ADVANTAGES  # noqa: PLC0415
 
     return {
         **CHOICES,
@@ -336,7 +340,7 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
 
     Every field against its declaration (`schema.RANGES`, `choices()`), then the cross-field rules
     below, then the objective against its method. The sweep expander's fast path calls this too."""
-    from clipbench.objectives import METHODS, validate_params
+    from clipbench.objectives import METHODS, validate_params  # noqa: PLC0415 - objectives pulls in torch
 
     def err(key: str, reason: str):
         raise ConfigError(source, key, reason)
@@ -375,7 +379,7 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
         err("sampler.sleep_mode", "applies to the vllm backend (the hf backend samples from the training model itself)")
     if cfg.task.name == "math" and not cfg.task.path:
         err("task.path", "task 'math' needs a path: a .jsonl/.parquet file or a Hugging Face dataset name")
-    from clipbench.tasks.benchmarks import BENCHMARKS
+    from clipbench.tasks.benchmarks import BENCHMARKS  # noqa: PLC0415 - tasks.benchmarks pulls in numpy
 
     for b in cfg.eval.benchmarks:
         if b not in BENCHMARKS:
@@ -383,8 +387,6 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
     if len(set(cfg.eval.benchmarks)) != len(cfg.eval.benchmarks):
         err("eval.benchmarks", f"lists a benchmark twice: {cfg.eval.benchmarks}")
     if cfg.task.name == "arith":  # checked by the knobs' owner (its cheap checks: no problem is drawn)
-        from clipbench.tasks.arith import ArithKnobError, ArithKnobs
-
         try:
             ArithKnobs(**{k: getattr(cfg.task, k) for k in ArithKnobs.names()})
         except ArithKnobError as e:
@@ -392,7 +394,7 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
 
     # The objective: method from the registry (after the run's plugins are imported), parameters
     # exactly those the method declares.
-    from clipbench.objectives.plugins import ensure_plugins
+    from clipbench.objectives.plugins import ensure_plugins  # noqa: PLC0415 - objectives.plugins pulls in torch
 
     try:
         ensure_plugins(cfg)
@@ -428,7 +430,8 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
 def _check_correction(cfg: RunConfig, err) -> None:
     """`sampler.correction` against its registry (after the plugins: a plugin may register one);
     fills its defaults. A correction needs the recomputed old log-probs."""
-    from clipbench.objectives.corrections import validate_correction
+    # PLC0415, deferred: objectives.corrections pulls in torch
+    from clipbench.objectives.corrections import validate_correction  # noqa: PLC0415
 
     setting = dict(cfg.sampler.correction)
     try:
@@ -550,7 +553,6 @@ def _defaults() -> dict:
 def _readable() -> tuple[frozenset[str], tuple[str, ...]]:
     """(the leaf keys of the run config, the free-form mappings among them: objective, trl,
     sampler.correction, whose own keys are their components' parameters)."""
-    from clipbench.config.schema import leaf_keys
 
     leaves = leaf_keys()
     flat = yamlio.flatten(_defaults())

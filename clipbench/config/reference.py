@@ -11,6 +11,7 @@ import json
 import typing
 
 from clipbench.config.schema import SLOTS, Each, Range, RunConfig, Text, declarations
+from clipbench.yamlio import flatten
 
 _SLOT_KEYS = {d.key: d.slot for d in SLOTS.values()}
 
@@ -36,8 +37,6 @@ def _types() -> dict[str, str]:
 
 
 def _defaults() -> dict[str, typing.Any]:
-    from clipbench.yamlio import flatten
-
     d = dataclasses.asdict(RunConfig())
     return {
         **flatten(d),

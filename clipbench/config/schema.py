@@ -28,7 +28,8 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import MISSING, dataclass, field
+import typing
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any
 
 from clipbench.tasks.arith import ARITH_DEFAULTS as _ARITH
@@ -486,8 +487,6 @@ class RunConfig:
 
 def declarations() -> dict[str, dict[str, Any]]:
     """{dotted leaf key: its declaration (check, choices, owner, help)}, in schema order."""
-    import typing
-    from dataclasses import fields, is_dataclass
 
     out: dict[str, dict[str, Any]] = {}
 

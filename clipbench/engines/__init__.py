@@ -31,9 +31,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from clipbench.config.load import slot
 from clipbench.engines.keys import KEYS, Support, refusals
-from clipbench.errors import ConfigError, unknown_choice
+from clipbench.errors import ConfigError, UserError, unknown_choice
 from clipbench.registry import Registry
+from clipbench.rollout import check_backend, check_sleep_mode, resolve_backend
+from clipbench.tasks import build_run_task
 
 
 @dataclass(frozen=True)
@@ -140,14 +143,13 @@ def preflight(cfg, source: str | None = None) -> None:
     the engine's keys, sleep mode (CUDA), the sampler backend (vllm installed), the model's config,
     the task, the benchmarks, and on a GPU whether the run fits its memory over
     launch.nproc_per_node ranks (vLLM on every rank included)."""
-    import torch
+    # PLC0415, deferred: torch is heavy
+    import torch  # noqa: PLC0415
 
-    from clipbench.eval.suite import eval_suite
-    from clipbench.memory.estimator import GIB
-    from clipbench.memory.plan import check_fits
-    from clipbench.models import check_model_config, is_moe, resolve_model_name
-    from clipbench.rollout import check_backend, check_sleep_mode, resolve_backend
-    from clipbench.tasks import build_run_task
+    from clipbench.eval.suite import eval_suite  # noqa: PLC0415
+    from clipbench.memory.estimator import GIB  # noqa: PLC0415
+    from clipbench.memory.plan import check_fits  # noqa: PLC0415
+    from clipbench.models import check_model_config, is_moe, resolve_model_name  # noqa: PLC0415
 
     check(cfg, source)
     check_sinks(cfg)
@@ -181,11 +183,11 @@ def check_plugin_code(cfg) -> None:
     (4 rows of 3 tokens, a gradient through the rule): one that raises or returns the wrong shape
     fails here in one line naming it and its file, before anything is written (the built-ins are
     the test suite's)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch is heavy
 
-    from clipbench.config.load import slot
-    from clipbench.objectives import METHODS, policy_loss
-    from clipbench.objectives.corrections import NONE, apply_correction, get_correction
+    # PLC0415, deferred: torch is heavy
+    from clipbench.objectives import METHODS, policy_loss  # noqa: PLC0415
+    from clipbench.objectives.corrections import NONE, apply_correction, get_correction  # noqa: PLC0415
 
     g = torch.Generator().manual_seed(0)
     old = -torch.rand(4, 3, generator=g)  # (B, T)
@@ -213,8 +215,7 @@ def check_plugin_code(cfg) -> None:
 
 def check_sinks(cfg) -> None:
     """UserError naming the fix when a mirror in tracking.sinks is not installed here (never ignored)."""
-    from clipbench.errors import UserError
-    from clipbench.tracking.sinks import missing_package
+    from clipbench.tracking.sinks import missing_package  # noqa: PLC0415 - tracking.sinks pulls in torch
 
     for name in cfg.tracking.sinks:
         fix = missing_package(name)
@@ -224,8 +225,9 @@ def check_sinks(cfg) -> None:
 
 def check_routing_replay(cfg, source: str | None, backend: str) -> None:
     """model.routing_replay: a model whose routers it knows; r3 with a sampler that reports routes."""
-    from clipbench.models import text_config
-    from clipbench.models.routing import REPLAY_TYPES
+    # PLC0415, deferred: torch is heavy
+    from clipbench.models import text_config  # noqa: PLC0415
+    from clipbench.models.routing import REPLAY_TYPES  # noqa: PLC0415
 
     mode = cfg.model.routing_replay
     if mode == "none":
@@ -239,7 +241,8 @@ def check_routing_replay(cfg, source: str | None, backend: str) -> None:
             f"routing replay runs on the mixture-of-experts models {', '.join(REPLAY_TYPES)}",
         )
     if mode == "r3" and backend == "vllm":
-        from clipbench.rollout.vllm_engine import routed_experts_error
+        # PLC0415, deferred: rollout.vllm_engine pulls in torch
+        from clipbench.rollout.vllm_engine import routed_experts_error  # noqa: PLC0415
 
         if why := routed_experts_error():
             raise ConfigError(source, "model.routing_replay", why)

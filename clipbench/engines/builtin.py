@@ -18,7 +18,8 @@ def train(
 ) -> dict:
     """`run_training` of the run: every process of a torchrun launch (`dist`), stopped at a safe point
     with a checkpoint by its preemption request (`stop`)."""
-    from clipbench.train.loop import run_training
-    from clipbench.train.preempt import NO_STOP
+    # PLC0415, deferred: torch is heavy
+    from clipbench.train.loop import run_training  # noqa: PLC0415
+    from clipbench.train.preempt import NO_STOP  # noqa: PLC0415
 
     return run_training(cfg, run_dir, resume=resume, sink=sink, progress=progress, dist=dist, stop=stop or NO_STOP)

@@ -21,7 +21,9 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from clipbench.engines import engine_of, train_run
 from clipbench.errors import RunPreempted, no_space_left
+from clipbench.objectives.plugins import ensure_plugins
 from clipbench.tracking.store import RunDir, RunState
 from clipbench.train.distributed import close_distributed, init_distributed, raise_on_sigterm, torchrun_command
 from clipbench.train.preempt import NO_STOP, StopRequest, preempt_signals
@@ -40,8 +42,6 @@ def run_as_rank(
     torchrun launch (the process group is set up and torn down here), trained by the run's engine
     (`train_run`). Rank 0 gets the sink (`make_sink()`) and the progress callback. `on_rank(dist)`
     runs once the rank is known."""
-    from clipbench.engines import engine_of, train_run
-    from clipbench.objectives.plugins import ensure_plugins
 
     preemptible = engine_of(cfg).preemptible
     stop = StopRequest.install(preempt_signals(cfg)) if preemptible else NO_STOP  # before setup: a signal waits

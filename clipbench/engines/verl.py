@@ -28,6 +28,7 @@ and submissions, not their metrics, so `clipbench report` does not read them.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -37,7 +38,12 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from clipbench.config import RunConfig, from_dict
+from clipbench.config.load import slot
 from clipbench.errors import UserError
+from clipbench.eval.suite import eval_suite
 from clipbench.integrations.verl_settings import (
     MODULE,
     PARAMS_ENV,
@@ -46,7 +52,8 @@ from clipbench.integrations.verl_settings import (
     RECORD_MAX_MB_ENV,
     VERL_FIELDS,
 )
-from clipbench.models import PROMPT_TOKENS
+from clipbench.models import PROMPT_TOKENS, compute_dtype, dtype_name, resolve_model_name
+from clipbench.tasks import build_task
 
 A, R, REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
 _PLAIN = re.compile(r"[A-Za-z_/.~][A-Za-z0-9_./:@+~-]*")
@@ -85,11 +92,7 @@ def export_task(cfg: dict, out_dir: Path) -> tuple[Path, Path]:
     benchmark of the run (eval.benchmarks, eval.limit problems each; data_source clipbench/<benchmark>,
     so verl reports each one). Each row: data_source, prompt (one user message: clipbench's rendered
     prompt), ability, reward_model.ground_truth, extra_info (what verl_reward.compute_score needs)."""
-    import pandas as pd
-
-    from clipbench.config import from_dict
-    from clipbench.eval.suite import eval_suite
-    from clipbench.tasks import build_task
+    import pandas as pd  # noqa: PLC0415 - pandas is heavy
 
     out_dir = Path(out_dir)
     train, val = out_dir / "train.parquet", out_dir / "val.parquet"
@@ -127,7 +130,6 @@ def export_task(cfg: dict, out_dir: Path) -> tuple[Path, Path]:
 def rule_env(cfg: dict) -> dict[str, str]:
     """The environment of verl's workers: the module to import, the rule's parameters, the run's plugins
     (absolute paths once the config is composed: they must exist on the workers' nodes)."""
-    from clipbench.config.load import slot
 
     run = _typed(cfg)
     env = {"VERL_USE_EXTERNAL_MODULES": MODULE, PARAMS_ENV: json.dumps(slot(run, "objective").params, sort_keys=True)}
@@ -146,7 +148,6 @@ def record_env(cfg: dict, run_dir: Path) -> dict[str, str]:
 
 def _typed(cfg):
     """A stored run config (a manifest's dict, perhaps of a former shape) as a RunConfig."""
-    from clipbench.config import RunConfig, from_dict
 
     return cfg if isinstance(cfg, RunConfig) else from_dict(cfg)
 
@@ -180,8 +181,6 @@ def verl_overrides(
     tracking_uri: str | None = None,
 ) -> list[str]:
     """verl main_ppo Hydra overrides for one resolved clipbench run config (see the module docstring)."""
-    from clipbench.config.load import slot
-    from clipbench.models import compute_dtype, dtype_name, resolve_model_name
 
     run = _typed(cfg)  # from_dict reads a manifest frozen before sampler.correction too
     tc, sc, ev, rule = run.train, run.sampler, run.eval, slot(run, "objective")
@@ -312,14 +311,12 @@ def check_can_launch(launcher: str | None) -> None:
         return  # the GPUs and verl are on the cluster
     if launcher is not None:
         raise UserError(f"--engine verl: --launcher {launcher} is not supported; use ray, submitit_slurm, or none")
-    import importlib.util
 
     if importlib.util.find_spec("verl") is None:
         raise UserError(
             "--engine verl: verl is not installed here (pip install verl, with its GPU dependencies); "
             "--dry-run prints the commands, --launcher ray or submitit_slurm submits them to a cluster"
         )
-    import torch
 
     if not torch.cuda.is_available():
         raise UserError(
@@ -350,7 +347,7 @@ def submit(plans: list[dict], *, launcher: str | None, hydra_overrides: list[str
 
 
 def _submit_ray(plans: list[dict], settings: dict) -> list[dict]:
-    from ray.job_submission import JobSubmissionClient
+    from ray.job_submission import JobSubmissionClient  # noqa: PLC0415 - optional: ray
 
     address = settings.get("ray.init.address") or os.environ.get("RAY_ADDRESS")
     if not address:
@@ -374,7 +371,7 @@ def _submit_ray(plans: list[dict], settings: dict) -> list[dict]:
 
 
 def _submit_slurm(plans: list[dict], settings: dict, sweep_dir: Path) -> list[dict]:
-    import submitit
+    import submitit  # noqa: PLC0415 - optional: submitit
 
     if shutil.which("sbatch") is None:
         raise UserError("--engine verl --launcher submitit_slurm: sbatch not found (not on a SLURM login node)")

@@ -34,6 +34,7 @@ import numpy as np
 
 from clipbench.eval.passk import summarize
 from clipbench.tasks.base import Problem
+from clipbench.tasks.benchmarks import benchmark_grader
 
 Grade = Callable[[str, Problem], bool]
 DEFAULT_BATCH_PROMPTS = 16
@@ -60,7 +61,6 @@ def _grader(grade: Grade | Mapping[str, Grade] | None, benchmark: str) -> Grade:
         return grade
     if isinstance(grade, Mapping) and benchmark in grade:
         return grade[benchmark]
-    from clipbench.tasks.benchmarks import benchmark_grader
 
     return benchmark_grader(benchmark)
 

@@ -14,11 +14,11 @@ from collections.abc import Callable
 
 from clipbench.eval.evaluate import Shard, evaluate_and_store
 from clipbench.seeds import derive_seed
+from clipbench.tasks.benchmarks import benchmark_grader, load_benchmark
 
 
 def eval_suite(cfg, task) -> dict[str, tuple[list, Callable]]:
     """{benchmark: (problems, grade(completion, problem) -> bool)} for the run's eval config."""
-    from clipbench.tasks.benchmarks import benchmark_grader, load_benchmark
 
     suite = {}
     for name in cfg.eval.benchmarks:

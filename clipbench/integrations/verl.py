@@ -61,11 +61,13 @@ import os
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from clipbench.integrations.record import LossRecorder
 from clipbench.integrations.verl_settings import PARAMS_ENV, PLUGINS_ENV, RECORD_DIR_ENV, RECORD_MAX_MB_ENV, VERL_FIELDS
 from clipbench.objectives import METHODS
 from clipbench.objectives.loss import BoundRule, bind
+from clipbench.objectives.plugins import load_plugins
 from clipbench.seeds import derive_seed as _seed  # the one seed derivation
 
 PREFIX = "clipbench."
@@ -74,7 +76,6 @@ _CALLS = itertools.count()
 
 def _load_plugins() -> None:
     """The user's rule files/modules named in CLIPBENCH_PLUGINS (and installed `clipbench.rules`)."""
-    from clipbench.objectives.plugins import load_plugins
 
     load_plugins([e for e in os.environ.get(PLUGINS_ENV, "").split(os.pathsep) if e])
 
@@ -125,8 +126,6 @@ def _field(config, dotted: str):
 
 
 def _rank() -> int:
-    import torch.distributed as dist
-
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
@@ -157,7 +156,7 @@ def make_loss_fn(method: str):
         config=None,
         rollout_is_weights: torch.Tensor | None = None,
     ):
-        from verl.trainer.ppo.core_algos import agg_loss
+        from verl.trainer.ppo.core_algos import agg_loss  # noqa: PLC0415 - optional: verl
 
         bound = bound_rule(method, config)
         if bound.reads:  # verl's signature passes none of the given rule inputs (rewards, entropy)
@@ -257,7 +256,7 @@ def record_call(call: int, method: str, params: dict, agg: str, info: dict, loss
 
 def register_all() -> list[str]:
     """Register `clipbench.<name>` for every clipbench rule verl does not have yet; returns the names."""
-    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_loss
+    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_loss  # noqa: PLC0415 - optional: verl
 
     added = []
     for method in METHODS:

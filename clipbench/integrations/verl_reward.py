@@ -13,24 +13,24 @@ from __future__ import annotations
 import functools
 import json
 
+from clipbench.tasks import build_task
+from clipbench.tasks.base import Problem
+
 
 @functools.lru_cache(maxsize=8)
 def _task(task_json: str):
-    from clipbench.tasks import build_task
-
     return build_task(json.loads(task_json))
 
 
 @functools.lru_cache(maxsize=16)
 def _grader(benchmark: str):
-    from clipbench.tasks.benchmarks import benchmark_grader
+    from clipbench.tasks.benchmarks import benchmark_grader  # noqa: PLC0415 - tasks.benchmarks pulls in numpy
 
     return benchmark_grader(benchmark)
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
     """Training rows: the task's reward. Validation rows of another benchmark: its grader (1.0 / 0.0)."""
-    from clipbench.tasks.base import Problem
 
     info = extra_info or {}
     problem = Problem(

@@ -24,7 +24,7 @@ NAME = "sdpa_gqa"
 
 
 def _sdpa():
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: PLC0415 - transformers is heavy
 
     return sdpa_attention_forward
 
@@ -64,8 +64,9 @@ def sdpa_gqa_forward(
 
 def register() -> None:
     """Make NAME a transformers attention implementation (its masks are SDPA's); idempotent."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    # PLC0415, deferred: torch is heavy
+    from transformers import AttentionInterface  # noqa: PLC0415
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask  # noqa: PLC0415
 
     AttentionInterface.register(NAME, sdpa_gqa_forward)
     ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)

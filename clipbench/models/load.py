@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from clipbench.errors import UserError
+from clipbench.errors import UserError, unknown_choice
 from clipbench.models.attention import use_fast_attention
 from clipbench.models.builtin import BUILTIN_PREFIX, builtin_names, builtin_path
 from clipbench.models.dtype import DTYPES
@@ -27,8 +27,6 @@ def resolve_model_name(name: str) -> str:
         return name
     short = name[len(BUILTIN_PREFIX) :]
     if short not in builtin_names():
-        from clipbench.errors import unknown_choice
-
         raise UserError(
             "model.name: " + unknown_choice("built-in model", name, [BUILTIN_PREFIX + n for n in builtin_names()])
         )
@@ -43,11 +41,9 @@ def looks_local(name: str) -> bool:
 def load_model_and_tokenizer(name: str, dtype: str = "float32", device: str = "cpu"):
     """(model, tokenizer) for an HF name, a local path or a ``builtin:`` name; same code path for all.
     `dtype`: the weights' dtype (float32, bfloat16 or float16; resolve `auto` with models.dtype first)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415 - transformers is heavy
 
     if dtype not in DTYPES:
-        from clipbench.errors import unknown_choice
-
         raise UserError("model.dtype: " + unknown_choice("dtype", dtype, DTYPES))
     path = resolve_model_name(name)
     if looks_local(path) and not Path(path).expanduser().is_dir():
@@ -63,7 +59,7 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32", device: str = "c
 
 def check_model_config(name: str) -> None:
     """UserError unless the model's config loads (cheap: no weights); `name` as in model.name."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # noqa: PLC0415 - transformers is heavy
 
     path = resolve_model_name(name)
     try:
@@ -88,7 +84,7 @@ def is_moe(name: str) -> bool:
 
 def text_config(name: str):
     """The transformers config of model `name` (its text model's, for a multimodal one)."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # noqa: PLC0415 - transformers is heavy
 
     cfg = AutoConfig.from_pretrained(resolve_model_name(name))
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg

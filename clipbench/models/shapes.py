@@ -268,7 +268,7 @@ def from_hf_config(cfg, name: str = "", source: str = "") -> ModelShape:
 def hf_config(shape: ModelShape, **override):
     """A transformers config of `shape`, its model_type's own config class (e.g. to build a model of
     the shape's family, or write its config.json offline); `override`: config fields to replace."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # noqa: PLC0415 - transformers is heavy
 
     kw = dict(
         vocab_size=shape.vocab_size,
@@ -315,7 +315,7 @@ def model_shape(name: str) -> ModelShape:
 
 
 def _auto_config(name: str, source: str) -> ModelShape:
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # noqa: PLC0415 - transformers is heavy
 
     try:
         cfg = AutoConfig.from_pretrained(name)

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from clipbench.objectives.corrections.registry import MASKED, TRUNCATED
 from clipbench.objectives.primitives import (  # one definition of d and of sides, shared with the rules
@@ -222,7 +223,6 @@ def reduce_sums(sums, reduce: Callable[[torch.Tensor, str], None], *, to=None):
 def all_reduce_sums(sums: Mapping[str, torch.Tensor], group=None) -> dict[str, torch.Tensor]:
     """``sums`` all-reduced across the processes of ``group`` (torch.distributed): the one-liner a
     data-parallel trainer needs before :func:`finalize`."""
-    import torch.distributed as dist
 
     ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
     return reduce_sums(sums, lambda vector, kind: dist.all_reduce(vector, op=ops[kind], group=group))

@@ -16,11 +16,16 @@ its results store (results/), the two launches' logs and the report.
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from clipbench.errors import UserError
+from clipbench.rehearse import run as steps
 from clipbench.rehearse.scale import Machine, Part, rehearsal_config
+from clipbench.tracking.files import check_writable_dir
+from clipbench.yamlio import dump_yaml
 
 __all__ = ["Rehearsal", "machine", "rehearse"]
 
@@ -65,9 +70,10 @@ class Rehearsal:
 def machine(world: int | None = None) -> Machine:
     """This machine: processes a run may use (--nproc-per-node, else 2 on a CPU, the GPUs on a GPU
     machine), CUDA, vllm importable."""
-    import torch
+    # PLC0415, deferred: torch is heavy
+    import torch  # noqa: PLC0415
 
-    from clipbench.rollout.vllm_engine import is_available
+    from clipbench.rollout.vllm_engine import is_available  # noqa: PLC0415
 
     cuda = torch.cuda.is_available()
     cap = world or (torch.cuda.device_count() if cuda else 2)
@@ -87,15 +93,12 @@ def rehearse(
 ) -> Rehearsal:
     """Rehearse `recipe` (see the module docstring); `say` receives progress lines; `gpu_memory`: the
     GiB of each of the real recipe's GPUs, for its memory plan (`clipbench plan --gpu-memory`)."""
-    import time
 
-    from clipbench.config import load_run_config, run_id, to_dict
-    from clipbench.engines import preflight
-    from clipbench.rehearse import run as steps
-    from clipbench.rehearse.local import write_local
-    from clipbench.tracking.files import check_writable_dir
-    from clipbench.tracking.mirror import default_tracking_uri
-    from clipbench.yamlio import dump_yaml
+    # PLC0415, deferred: omegaconf is heavy
+    from clipbench.config import load_run_config, run_id, to_dict  # noqa: PLC0415
+    from clipbench.engines import preflight  # noqa: PLC0415
+    from clipbench.rehearse.local import write_local  # noqa: PLC0415 - rehearse.local pulls in numpy
+    from clipbench.tracking.mirror import default_tracking_uri  # noqa: PLC0415 - tracking.mirror pulls in torch
 
     t0 = time.time()
     real = load_run_config(recipe, list(overrides), plugins=plugins)  # ConfigError: one line, nothing written
@@ -139,11 +142,11 @@ def rehearse(
 def memory_plan(out: Rehearsal, real, gpu_memory: float = 80.0) -> None:
     """The real recipe's memory plan per GPU (`gpu_memory` GiB, its processes), as `clipbench plan`
     computes it."""
-    from clipbench.errors import UserError
-    from clipbench.memory.estimator import advise, estimate
-    from clipbench.memory.plan import setup_for
-    from clipbench.models import resolve_model_name
-    from clipbench.models.shapes import model_shape
+    # PLC0415, deferred: torch is heavy
+    from clipbench.memory.estimator import advise, estimate  # noqa: PLC0415
+    from clipbench.memory.plan import setup_for  # noqa: PLC0415
+    from clipbench.models import resolve_model_name  # noqa: PLC0415
+    from clipbench.models.shapes import model_shape  # noqa: PLC0415
 
     try:
         shape = model_shape(resolve_model_name(real.model.name))
@@ -159,8 +162,9 @@ def check_local_model(name: str) -> None:
     """A recipe's model.name that is a local directory (or a built-in) must load as `clipbench train`
     would: its config and weights (UserError, one line, before anything is written). A hub id is not
     looked up here (no network is assumed)."""
-    from clipbench.models import check_model_config, resolve_model_name
-    from clipbench.models.load import looks_local
+    # PLC0415, deferred: torch is heavy
+    from clipbench.models import check_model_config, resolve_model_name  # noqa: PLC0415
+    from clipbench.models.load import looks_local  # noqa: PLC0415
 
     if looks_local(resolve_model_name(name)):
         check_model_config(name)

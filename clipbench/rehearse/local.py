@@ -11,11 +11,15 @@ only have to be read, rendered, sampled and graded by the recipe's own code, not
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from clipbench.rehearse.scale import EVAL_PROBLEMS, EXPERTS, TOP_K, Plan
+from clipbench.tasks import build_run_task
+from clipbench.tasks.benchmarks import get_benchmark
+from clipbench.tasks.templates import render
 
 TRAIN_PROBLEMS = 32
 LAYERS, HIDDEN, HEAD_DIM, FFN = 2, 64, 32, 128  # the generated model (head_dim 32: vLLM's CPU kernels)
@@ -62,7 +66,6 @@ def write_math_problems(path: Path, seed: int) -> list[tuple[str, str]]:
 def write_benchmarks(data_dir: Path, names: list[str], seed: int) -> list[tuple[str, str]]:
     """Each benchmark's local file (`tasks.benchmarks`: its file name), in its schema: gsm8k
     question + answer ('#### n'), the others problem + answer."""
-    from clipbench.tasks.benchmarks import get_benchmark
 
     out = []
     for k, name in enumerate(names):
@@ -83,13 +86,13 @@ def build_model(shape, corpus: list[str], out_dir: Path, seed: int = 0) -> Path:
     """A randomly initialised model of `shape`'s family (its model_type, tied head, grouped-query
     attention when it has it; a mixture-of-experts family: EXPERTS experts of width FFN, TOP_K per
     token), shrunk, with a char tokenizer of `corpus` (clipbench.basemodel's)."""
-    from dataclasses import replace
 
-    import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    # PLC0415, deferred: torch is heavy
+    import torch  # noqa: PLC0415
+    from transformers import AutoModelForCausalLM, GenerationConfig  # noqa: PLC0415
 
-    from clipbench.basemodel.build import build_tokenizer
-    from clipbench.models.shapes import hf_config
+    from clipbench.basemodel.build import build_tokenizer  # noqa: PLC0415
+    from clipbench.models.shapes import hf_config  # noqa: PLC0415
 
     tok = build_tokenizer(corpus)
     if shape.is_moe:
@@ -124,7 +127,6 @@ def build_model(shape, corpus: list[str], out_dir: Path, seed: int = 0) -> Path:
 
 def write_local(plan: Plan, work: Path) -> None:
     """Write what `plan` generates under `work` and point its config at it."""
-    from clipbench.tasks.templates import render
 
     cfg, seed = plan.config, plan.config["seed"]
     texts = []
@@ -151,11 +153,10 @@ def write_local(plan: Plan, work: Path) -> None:
 def split_budget(cfg: dict) -> int:
     """A micro-batch token budget no two rows fit in: 2 x (the shortest prompt + 1 token) - 1 (a
     micro-batch holds rows x the longest prompt + completion among them)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # noqa: PLC0415 - transformers is heavy
 
-    from clipbench.config import from_dict
-    from clipbench.models import resolve_model_name
-    from clipbench.tasks import build_run_task
+    from clipbench.config import from_dict  # noqa: PLC0415 - config pulls in omegaconf
+    from clipbench.models import resolve_model_name  # noqa: PLC0415 - models pulls in torch
 
     run = from_dict(cfg)
     tok = AutoTokenizer.from_pretrained(resolve_model_name(run.model.name))

@@ -80,7 +80,8 @@ def train_kill_resume(
     plan: Plan, recipe: Path, results: Path, uri: str, run_dir: Path, say: Callable[[str], None]
 ) -> None:
     """Train, SIGKILL after the first checkpoint, resume to the end; adds the part."""
-    from clipbench.train.checkpoint import checkpoint_step, find_checkpoint
+    # PLC0415, deferred: train.checkpoint pulls in torch
+    from clipbench.train.checkpoint import checkpoint_step, find_checkpoint  # noqa: PLC0415
 
     def ckpt() -> int:
         found = find_checkpoint(run_dir / "checkpoints" / "last")
@@ -121,7 +122,7 @@ def train_kill_resume(
 def check_store(plan: Plan, run_dir: Path, uri: str) -> None:
     """The results store and the MLflow mirror are a finished run's: every optimizer step once, the
     micro-batch split, the evaluations; adds the parts."""
-    from clipbench.tracking.store import RunDir
+    from clipbench.tracking.store import RunDir  # noqa: PLC0415 - tracking.store pulls in torch
 
     rd = RunDir(run_dir)
     tc = plan.config["train"]
@@ -151,7 +152,7 @@ def check_store(plan: Plan, run_dir: Path, uri: str) -> None:
 
 
 def check_mlflow(plan: Plan, rd, uri: str, n_rows: int) -> None:
-    from clipbench.tracking.mlflow_client import client_for
+    from clipbench.tracking.mlflow_client import client_for  # noqa: PLC0415 - tracking.mlflow_client pulls in torch
 
     try:
         client = client_for(uri)
@@ -171,7 +172,7 @@ def check_mlflow(plan: Plan, rd, uri: str, n_rows: int) -> None:
 
 def check_report(plan: Plan, results: Path, out: Path) -> None:
     """`clipbench report`'s library on the rehearsal's store: the run is compared like any run."""
-    from clipbench.report.build import build_report, write_report
+    from clipbench.report.build import build_report, write_report  # noqa: PLC0415 - report.build pulls in torch
 
     if not plan.config["eval"]["benchmarks"]:
         plan.add("report", "skipped", "the recipe evaluates nothing: a report compares evaluations")

@@ -25,6 +25,7 @@ Rules (every part of a recipe, in the order of the rehearsal's table):
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,7 +90,6 @@ def _arrow(a: Any, b: Any) -> str:
 def rehearsal_config(real: dict, here: Machine) -> Plan:
     """The rehearsal of the resolved run config `real` (config.to_dict) on `here` (see the module
     docstring); the paths of generated files are filled in by the caller (rehearse.local)."""
-    import copy
 
     cfg = copy.deepcopy(real)
     plan = Plan(cfg)
@@ -111,8 +111,9 @@ def _model(plan: Plan, real: dict) -> None:
     if name.startswith("builtin:"):
         plan.add("model", "as", f"{name} (shipped with clipbench)")
     else:
-        from clipbench.models import resolve_model_name
-        from clipbench.models.shapes import model_shape
+        # PLC0415, deferred: torch is heavy
+        from clipbench.models import resolve_model_name  # noqa: PLC0415
+        from clipbench.models.shapes import model_shape  # noqa: PLC0415
 
         shape = model_shape(resolve_model_name(name))
         plan.generate_model = {"shape": shape}

@@ -38,6 +38,7 @@ from clipbench.errors import StoreError
 from clipbench.models.routing import RouteReplay, micro_columns
 from clipbench.tracking.records import REMEDY, TENSORS
 from clipbench.train.checkpoint import load_model_state, one_process_ok
+from clipbench.train.logprobs import completion_logprobs
 from clipbench.train.packing import Packed, pack
 
 
@@ -79,8 +80,9 @@ def rebuild_packed(record, pad_id: int) -> Packed:
 
 def load_state(record, opt: dict, device: str = "cpu") -> PolicyState | None:
     """The policy and optimizer before optimizer step `opt` (None when the record did not save them)."""
-    import torch.distributed.checkpoint as dcp
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    # PLC0415, deferred: torch is heavy
+    import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
 
     path = record.state(opt["opt_step"])
     if path is None:
@@ -130,8 +132,6 @@ def _routed(state: PolicyState, rows: list[int], mb):
 
 
 def _forward(state: PolicyState, rows: list[int], *, grad: bool):
-    from clipbench.train.logprobs import completion_logprobs
-
     mb = state.packed.select(rows).to(next(state.model.parameters()).device)
     with torch.set_grad_enabled(grad), _routed(state, rows, mb):
         logp, ent = completion_logprobs(state.model, mb, temperature=state.temperature)

@@ -22,6 +22,7 @@ import torch
 
 from clipbench.config.load import recorded, setting
 from clipbench.errors import StoreError, UserError
+from clipbench.models import resolve_model_name
 from clipbench.objectives import METHODS
 from clipbench.replay import params as P
 from clipbench.replay.rules import RuleSpec
@@ -192,7 +193,8 @@ def replay_step(
 
 
 def _param_level(step, rows, results, matrix, trained: str, device) -> None:
-    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
+    # PLC0415, deferred: torch is heavy
+    from torch.distributed.checkpoint.api import CheckpointException  # noqa: PLC0415 - a BaseException, not an Exception
 
     try:
         state = P.load_state(step.record, step.opt, device)
@@ -300,7 +302,7 @@ def _tokenizer(rec):
     """The run's tokenizer (a saved state's, else the run's checkpoint's, else the model's), or None."""
     key = str(rec.path.parent.parent)
     if key not in _TOKENIZERS:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # noqa: PLC0415 - transformers is heavy
 
         tok = None
         candidates = [*(rec.path.glob("state_*/model")), rec.path.parent.parent / "checkpoints" / "last" / "model"]
@@ -312,8 +314,6 @@ def _tokenizer(rec):
                 continue
         if tok is None:
             try:
-                from clipbench.models import resolve_model_name
-
                 tok = AutoTokenizer.from_pretrained(resolve_model_name(rec.index.get("model", "")))
             except Exception:  # noqa: BLE001 - no tokenizer: tokens are shown by id
                 tok = None

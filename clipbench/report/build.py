@@ -143,7 +143,7 @@ def build_report(results_dir: Path, sweep_name: str, baseline: str | None, repli
 
 
 def _figures_png(sweep: Sweep, result: dict) -> dict[str, bytes]:
-    from clipbench.report.plots import close_figures, make_figures
+    from clipbench.report.plots import close_figures, make_figures  # noqa: PLC0415 - report.plots pulls in matplotlib
 
     figs = {**make_figures(sweep, result), **replay_figures(result.get("replay"))}
     out = {}

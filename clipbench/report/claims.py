@@ -138,7 +138,7 @@ def _paired_seeds(a: dict[int, float], b: dict[int, float]) -> np.ndarray:
 
 
 def _ttest_rel_p(diffs: np.ndarray) -> float:
-    from scipy import stats as sps
+    from scipy import stats as sps  # noqa: PLC0415 - scipy is heavy
 
     if diffs.size < 2 or np.allclose(diffs, diffs[0]):
         return 0.0 if diffs.size >= 2 and diffs[0] != 0 else (1.0 if diffs.size >= 2 else math.nan)

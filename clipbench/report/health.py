@@ -33,6 +33,7 @@ import numpy as np
 
 from clipbench.config.load import recorded
 from clipbench.report.load import RunRecord
+from clipbench.report.stats import t_interval
 from clipbench.tracking.store import RunState
 
 WINDOW = 0.1  # share of the rollout steps averaged at the start and at the end
@@ -137,7 +138,6 @@ def _ratio_check(
 def _accuracy_flags(run: RunRecord) -> list[str]:
     """Accuracy collapse (final below half of step 0) and accuracy below base (the t interval over
     problems of final - step-0 per-problem Avg@n below 0), per benchmark."""
-    from clipbench.report.stats import t_interval
 
     flags: list[str] = []
     if not (run.evals and 0 in run.evals and run.final_step not in (None, 0)):

@@ -16,6 +16,7 @@ from clipbench.config import flatten
 from clipbench.config.labels import group_label
 from clipbench.config.load import migrate, recorded
 from clipbench.errors import UserError, did_you_mean
+from clipbench.objectives import effective_bounds
 from clipbench.tracking.files import check_store_dir, read_jsonl
 from clipbench.tracking.provenance import read_provenance, weights_checksum
 from clipbench.tracking.store import RunDir, list_sweeps
@@ -71,7 +72,6 @@ class RunRecord:
         """The run's reference band per advantage sign in ratio units, ``{"pos": (lo, hi), "neg":
         (lo, hi)}``: the band its ``out_of_band`` counts use, from its own rule and parameters
         (``clipbench.objectives.effective_bounds``). None when this install does not know the rule."""
-        from clipbench.objectives import effective_bounds  # lazy: torch, only for the figures
 
         obj = dict(recorded(self.config, "objective") or {})
         method = obj.pop("method", None)

@@ -11,10 +11,15 @@ import base64
 import csv
 import functools
 import io
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from rich.console import Console
+from rich.table import Table as RichTable
+
 from clipbench.report.tables import Table
+from clipbench.tracking.files import atomic_write_text
 
 FORMATS = ("rich", "markdown", "latex", "csv", "html")
 WRAP_AT = 24  # a rich column with a longer cell wraps
@@ -38,8 +43,6 @@ FIGURE_CAPTIONS = {
 
 
 def to_rich(t: Table):
-    from rich.table import Table as RichTable
-
     styles = {
         "ref": "italic dim",
         "refgain": "italic dim",
@@ -69,9 +72,6 @@ def to_rich(t: Table):
 
 def report_console():
     """The terminal's width on a terminal; 200 columns when piped (rich would assume 80)."""
-    import sys
-
-    from rich.console import Console
 
     return Console(width=None if sys.stdout.isatty() else 200)
 
@@ -199,7 +199,7 @@ def to_csv(t: Table) -> str:
 @functools.lru_cache(maxsize=1)
 def _templates():
     """The report's jinja2 templates (package data: clipbench/report/templates), autoescaped."""
-    import jinja2
+    import jinja2  # noqa: PLC0415 - jinja2 is heavy
 
     return jinja2.Environment(
         loader=jinja2.PackageLoader("clipbench.report", "templates"), autoescape=True, keep_trailing_newline=True
@@ -260,7 +260,5 @@ def unique_names(tables: Sequence[Table]) -> list[str]:
 
 
 def write_text(path: Path, text: str) -> Path:
-    from clipbench.tracking.files import atomic_write_text
-
     atomic_write_text(path, text)
     return path

@@ -13,19 +13,21 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import numpy as np
+
+from clipbench.replay.rules import parse_rules
+from clipbench.replay.run import replay_runs
+from clipbench.replay.summary import summarize
 from clipbench.report import render
 from clipbench.report.tables import Table
 from clipbench.tracking.files import atomic_write_json, atomic_write_text, dumps
+from clipbench.tracking.records import list_records
 
 QUADS = ("q1", "q2", "q3", "q4")
 
 
 def sweep_replay(sweep, rules: str | None = None) -> dict | None:
     """The replay summary of a sweep's finished runs with records (every registered rule), or None."""
-    from clipbench.replay.rules import parse_rules
-    from clipbench.replay.run import replay_runs
-    from clipbench.replay.summary import summarize
-    from clipbench.tracking.records import list_records
 
     dirs = [r.path for r in sweep.runs if list_records(r.path)]
     if not dirs:
@@ -206,11 +208,10 @@ def disagreement(ref: dict) -> Table:
 
 def replay_figures(summary: dict | None) -> dict:
     """Heatmaps of the first reference: zero-gradient shares (rules x quadrants), the cosine matrix."""
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - matplotlib is heavy
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - matplotlib is heavy
 
     refs = (summary or {}).get("references", [])
     if not refs:
@@ -240,7 +241,7 @@ def replay_figures(summary: dict | None) -> dict:
 
 
 def _pngs(summary: dict) -> dict[str, bytes]:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - matplotlib is heavy
 
     out = {}
     for name, fig in replay_figures(summary).items():

@@ -21,9 +21,12 @@ package is imported.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
+
+from clipbench.eval.passk import default_ks, pass_at_k_array
 
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
@@ -33,7 +36,6 @@ CI_LEVEL = 0.95
 def ks_for(n: int) -> list[int]:
     """Pass@k columns for n samples: the evaluation's k list (`passk.default_ks`) without k = 1, which is
     Avg@n: 2, 4, 8, ... below n, then n (the paper's k in {2..64} for n=64)."""
-    from clipbench.eval.passk import default_ks
 
     return [k for k in default_ks(n) if k > 1]
 
@@ -45,7 +47,6 @@ def metric_names(ks: Sequence[int]) -> list[str]:
 
 def per_problem_values(correct: np.ndarray, ks: Sequence[int]) -> dict[str, np.ndarray]:
     """correct (P, n) 0/1 -> {'avg': (P,), 'pass@k': (P,)} per-problem values in [0, 1]."""
-    from clipbench.eval.passk import pass_at_k_array
 
     correct = np.asarray(correct, dtype=float)
     if correct.ndim != 2:
@@ -71,7 +72,7 @@ def t_interval(values: Sequence[float], level: float = CI_LEVEL) -> tuple[float,
 
     (lo, hi) = mean -+ t_{(1+level)/2, P-1} * s / sqrt(P); a degenerate (mean, mean) when P < 2 or s = 0.
     """
-    from scipy import stats as sps
+    from scipy import stats as sps  # noqa: PLC0415 - scipy is heavy
 
     v = np.asarray(values, dtype=float)
     m = float(v.mean())
@@ -91,7 +92,7 @@ def combined_se(groups: Sequence[Sequence[float]]) -> tuple[float, float]:
     df = (sum_b v_b)^2 / sum_b v_b^2 / (P_b - 1) with v_b = s_b^2 / P_b (one group: s / sqrt(P), P - 1).
     (nan, nan) when a group has fewer than 2 values; (0.0, nan) when every group is constant.
     """
-    from scipy import stats as sps
+    from scipy import stats as sps  # noqa: PLC0415 - scipy is heavy
 
     arrays = [np.asarray(g, dtype=float) for g in groups]
     if not arrays or any(a.size < 2 for a in arrays):
@@ -106,7 +107,7 @@ def combined_se(groups: Sequence[Sequence[float]]) -> tuple[float, float]:
 def combined_t_interval(groups: Sequence[Sequence[float]], level: float = CI_LEVEL) -> tuple[float, float]:
     """CI of the unweighted mean over groups (benchmarks) of each group's mean over its problems
     (`combined_se`: the benchmarks' standard errors, Welch-Satterthwaite df)."""
-    from scipy import stats as sps
+    from scipy import stats as sps  # noqa: PLC0415 - scipy is heavy
 
     m = float(np.mean([np.asarray(g, dtype=float).mean() for g in groups]))
     se, df = combined_se(groups)
@@ -126,7 +127,7 @@ def mde(se: float, df: float, *, alpha: float = ALPHA, power: float = POWER) -> 
     The exact effect for 80% noncentral-t power (scipy.stats.nct) is 5.1% larger at df = 2, 1.2% at
     df = 4, 0.1% at df = 9, equal to 0.01% at df = 127.
     nan when se or df is not finite (df nan with se 0: 0.0, nothing varies)."""
-    from scipy import stats as sps
+    from scipy import stats as sps  # noqa: PLC0415 - scipy is heavy
 
     if se == 0.0:
         return 0.0
@@ -162,9 +163,8 @@ def paired_bootstrap_p(
     the p-value is ``(1 + #{|d*_b - d| >= |d|}) / (resamples + 1)`` over its bootstrap distribution
     (null-centred bootstrap; 1.0 when d == 0). A group of one problem resamples to itself.
     """
-    import warnings
 
-    from scipy import stats as sps
+    from scipy import stats as sps  # noqa: PLC0415 - scipy is heavy
 
     groups = [np.asarray(g, dtype=float) for g in diffs_by_group]
     if not groups or any(g.size == 0 for g in groups):

@@ -19,9 +19,10 @@ def resolve_backend(backend: str) -> str:
         raise UserError("sampler.backend: " + unknown_choice("backend", backend, BACKENDS))
     if backend != "auto":
         return backend
-    import torch
+    # PLC0415, deferred: torch is heavy
+    import torch  # noqa: PLC0415
 
-    from clipbench.rollout.vllm_engine import is_available
+    from clipbench.rollout.vllm_engine import is_available  # noqa: PLC0415
 
     return "vllm" if is_available() and torch.cuda.is_available() else "hf"
 
@@ -31,7 +32,7 @@ def check_backend(backend: str) -> str:
     before anything is written (the preflight)."""
     backend = resolve_backend(backend)
     if backend == "vllm":
-        from clipbench.rollout.vllm_engine import is_available
+        from clipbench.rollout.vllm_engine import is_available  # noqa: PLC0415 - rollout.vllm_engine pulls in torch
 
         if not is_available():
             raise UserError(
@@ -46,7 +47,7 @@ def check_sleep_mode(sleep_mode: bool, backend: str) -> None:
     vllm (`backend` resolved). Run it before anything is written (the trainer's preflight)."""
     if not sleep_mode:
         return
-    from clipbench.rollout.vllm_engine import sleep_mode_error
+    from clipbench.rollout.vllm_engine import sleep_mode_error  # noqa: PLC0415 - rollout.vllm_engine pulls in torch
 
     why = sleep_mode_error()
     if why:
@@ -87,8 +88,9 @@ def build_sampler(
     check_sleep_mode(sleep_mode, backend)
     backend = resolve_backend(backend)
     if backend == "hf":
-        from clipbench.models import compute_dtype
-        from clipbench.rollout.hf import HFSampler
+        # PLC0415, deferred: torch is heavy
+        from clipbench.models import compute_dtype  # noqa: PLC0415
+        from clipbench.rollout.hf import HFSampler  # noqa: PLC0415
 
         return HFSampler(
             model,
@@ -102,7 +104,7 @@ def build_sampler(
             record_routes=record_routes,
         )
     check_backend(backend)
-    from clipbench.rollout import vllm as vllm_backend
+    from clipbench.rollout import vllm as vllm_backend  # noqa: PLC0415 - rollout pulls in torch
 
     # the engine samples from the training model's current weights, so a resumed run samples from its
     # checkpoint: saved to a temp dir by the sampler (one process), or streamed in after the engine

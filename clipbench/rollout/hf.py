@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
 from clipbench.models.routing import RouteReplay
 from clipbench.rollout.base import Rollout, call_settings, prompt_seeds
@@ -88,7 +88,7 @@ class HFSampler:
         Greedy over the noisy scores of `GroupNoise`, which applies temperature and top-p itself."""
         key = (temperature, top_p, max_new)
         if key not in self._configs:
-            from transformers import GenerationConfig
+            from transformers import GenerationConfig  # noqa: PLC0415 - transformers is heavy
 
             tok = self.tokenizer
             self._configs[key] = GenerationConfig(
@@ -102,8 +102,6 @@ class HFSampler:
         return self._configs[key]
 
     def _noise(self, seeds: list[int], n: int, temperature: float, top_p: float) -> GroupNoise:
-        from transformers import TemperatureLogitsWarper, TopPLogitsWarper
-
         warpers = ([TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []) + (
             [TopPLogitsWarper(top_p)] if top_p < 1.0 else []
         )

@@ -139,7 +139,7 @@ class VLLMSampler:
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         vllm = import_vllm()
-        from vllm.platforms import current_platform
+        from vllm.platforms import current_platform  # noqa: PLC0415 - optional: vllm
 
         self.tokenizer = tokenizer
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
@@ -152,7 +152,7 @@ class VLLMSampler:
         try:
             if isinstance(model_path_or_hf_model, (str, os.PathLike)):
                 model_dir = str(model_path_or_hf_model)
-                from transformers import AutoConfig
+                from transformers import AutoConfig  # noqa: PLC0415 - transformers is heavy
 
                 hf_config = AutoConfig.from_pretrained(model_dir)
             else:
@@ -216,8 +216,9 @@ class VLLMSampler:
     ) -> Rollout:
         """n completions of each prompt; prompt i owns rows i*n .. i*n+n-1. `seed`: the call's seed
         or one per prompt (`Sampler.generate`)."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
+        # PLC0415, deferred: optional: vllm
+        from vllm import SamplingParams  # noqa: PLC0415
+        from vllm.inputs import TokensPrompt  # noqa: PLC0415
 
         t0 = time.perf_counter()
         temperature, top_p, max_new = call_settings(self, temperature, top_p, max_new_tokens)
@@ -325,7 +326,7 @@ class VLLMSampler:
         Measured, not assumed: the checkpoint the engine started from is reloaded in place (the same
         weights) and a probe sequence's log-probs must come back; else the prepack is re-run and they
         must come back then. False on GPU and for dense models (nothing to measure)."""
-        from vllm.platforms import current_platform
+        from vllm.platforms import current_platform  # noqa: PLC0415 - optional: vllm
 
         llm = self._engine()
         if not current_platform.is_cpu() or not llm.apply_model(count_cpu_moe_layers)[0]:
@@ -345,7 +346,7 @@ class VLLMSampler:
             return False
         if (gap := reload_gap(fix=True)) <= MOE_RELOAD_TOL:
             return True
-        import vllm
+        import vllm  # noqa: PLC0415 - optional: vllm
 
         raise UserError(
             f"vLLM {vllm.__version__} cannot update this mixture-of-experts model's weights in place on CPU "
@@ -355,7 +356,7 @@ class VLLMSampler:
     def head_error(self, model, n_probe: int = 4) -> float:
         """max |engine head(x) - x @ W_out^T| / max |x @ W_out^T| for fixed random x (B, hidden),
         with W_out in the engine's dtype (gathered when sharded: a collective on every rank)."""
-        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor import DTensor  # noqa: PLC0415 - torch is heavy
 
         w_out = model.get_output_embeddings().weight.detach().to(self._engine_dtype())  # (V, hidden)
         if isinstance(w_out, DTensor):
@@ -369,8 +370,9 @@ class VLLMSampler:
 
     def sequence_logprobs(self, token_ids: list[int]) -> list[float]:
         """log p(token_t | tokens_<t) for t = 1..T-1 under the engine's weights (temperature 1)."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
+        # PLC0415, deferred: optional: vllm
+        from vllm import SamplingParams  # noqa: PLC0415
+        from vllm.inputs import TokensPrompt  # noqa: PLC0415
 
         params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False, seed=0)
         self._sleep.ready_to_sample()

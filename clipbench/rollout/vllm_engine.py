@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.metadata
 import importlib.util
 import os
 import random
 from functools import cache
+from unittest import mock
 
 import numpy as np
 import torch
@@ -162,9 +164,8 @@ def keep_default_process_group(keep: bool):
     if not keep:
         yield
         return
-    from unittest import mock
 
-    from vllm.distributed import parallel_state as ps
+    from vllm.distributed import parallel_state as ps  # noqa: PLC0415 - optional: vllm
 
     def destroy_vllm_world_only():
         if ps._WORLD:
@@ -196,14 +197,12 @@ def routed_experts_error(cuda_available: bool | None = None, has_option: bool | 
     """Why vLLM cannot return a MoE policy's routed experts here (routing replay r3), or None."""
     if has_option is None:
         try:
-            from vllm.config.aux_output import AuxOutputConfig
+            from vllm.config.aux_output import AuxOutputConfig  # noqa: PLC0415 - optional: vllm
 
             has_option = "enable_return_routed_experts" in AuxOutputConfig.__dataclass_fields__
         except (ImportError, AttributeError):
             has_option = False
     if not has_option:
-        import importlib.metadata
-
         version = importlib.metadata.version("vllm") if is_available() else "none"
         return (
             "routing replay r3 with the vLLM sampler needs a vLLM that returns routed experts "

@@ -45,7 +45,7 @@ def training_weights(model: torch.nn.Module, dtype: torch.dtype | None = None) -
     """(checkpoint name, full detached tensor) for every state-dict entry of `model`, one tensor at
     a time, cast to `dtype` (None: as they are). DTensors are cast on their shard, then gathered;
     every rank must exhaust the iterator."""
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # noqa: PLC0415 - torch is heavy
 
     names: dict[int, list[str]] = {}  # distinct tensor -> its names, in state-dict order
     tensors: dict[int, torch.Tensor] = {}
@@ -67,7 +67,7 @@ def training_weights(model: torch.nn.Module, dtype: torch.dtype | None = None) -
 def engine_weights(model: torch.nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """`training_weights` named and shaped as in the model's checkpoint (what an inference engine
     loaded): a packed MoE expert tensor becomes its per-expert pieces (views, no copies)."""
-    from transformers.core_model_loading import revert_weight_conversion
+    from transformers.core_model_loading import revert_weight_conversion  # noqa: PLC0415 - transformers is heavy
 
     for name, tensor in training_weights(model, dtype):
         yield from revert_weight_conversion(model, {name: tensor}).items()

@@ -28,6 +28,7 @@ process leaves its runs checkpointed and no worker behind.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
 import os
 import queue as queue_mod
@@ -41,11 +42,20 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
+
+from clipbench.config import from_dict
 from clipbench.config.labels import run_label
+from clipbench.engines.launch import launch_ranks, run_as_rank
 from clipbench.errors import PREEMPTED_EXIT, DiskFull, RunPreempted, UserError, no_space_left, unknown_choice
+from clipbench.objectives.plugins import check_plugin_records
 from clipbench.sweep.manifest import read_manifest
 from clipbench.tracking.lock import try_run_lock
+from clipbench.tracking.mlflow_sink import run_sink
 from clipbench.tracking.store import RunDir, RunState
+from clipbench.train.checkpoint import checkpoint_step as step_of
+from clipbench.train.checkpoint import find_checkpoint
+from clipbench.train.preempt import SIGNALS, StopRequest, preempt_signals
 
 
 @dataclass(frozen=True)
@@ -82,7 +92,6 @@ def task_from_manifest(
         raise UserError(f"manifest not found: {path}")
     if run_id not in m["runs"]:
         raise UserError(f"{path}: " + unknown_choice("run id", run_id, list(m["runs"])[:20]))
-    from clipbench.objectives.plugins import check_plugin_records
 
     check_plugin_records(m.get("plugins", []), f"sweep '{path.parent.name}'")
     return RunTask(
@@ -100,8 +109,6 @@ def task_from_manifest(
 
 def checkpoint_step(rd: RunDir) -> int | None:
     """The step of the run's newest complete checkpoint (clipbench.train.checkpoint owns the layout)."""
-    from clipbench.train.checkpoint import checkpoint_step as step_of
-    from clipbench.train.checkpoint import find_checkpoint
 
     ckpt = find_checkpoint(rd.checkpoint_dir)
     return None if ckpt is None else step_of(ckpt)
@@ -130,8 +137,6 @@ def _outcome(task: RunTask, outcome: str, t0: float, **extra) -> dict:
 
 
 def _make_sink(task: RunTask, cfg, rd: RunDir, resume: bool):
-    from clipbench.tracking.mlflow_sink import run_sink
-
     return run_sink(
         cfg,
         rd,
@@ -147,8 +152,8 @@ def _make_sink(task: RunTask, cfg, rd: RunDir, resume: bool):
 def _quiet_libraries() -> None:
     """The sweep draws its own progress bars: no per-checkpoint tqdm bars from transformers/hub."""
     try:
-        import huggingface_hub.utils as hub_utils
-        import transformers.utils.logging as tf_logging
+        import huggingface_hub.utils as hub_utils  # noqa: PLC0415 - huggingface_hub is heavy
+        import transformers.utils.logging as tf_logging  # noqa: PLC0415 - transformers is heavy
 
         tf_logging.disable_progress_bar()
         hub_utils.disable_progress_bars()
@@ -188,12 +193,8 @@ def _run_one(task: RunTask, t0: float, *, progress, on_start) -> dict:
             return _outcome(task, "failed-skipped", t0, error=rd.status().get("error"))
 
         if task.threads:
-            import torch
-
             torch.set_num_threads(task.threads)
         _quiet_libraries()
-        from clipbench.config import from_dict
-        from clipbench.engines.launch import launch_ranks, run_as_rank
 
         cfg = from_dict(task.config)
         from_step = checkpoint_step(rd)
@@ -205,7 +206,6 @@ def _run_one(task: RunTask, t0: float, *, progress, on_start) -> dict:
         if n > 1:
             manifest = str(Path(task.results_dir) / task.sweep / "manifest.json")
             args = [manifest, task.run_id, "--as-rank", *_worker_args(task)]
-            from clipbench.train.preempt import preempt_signals
 
             rc = launch_ranks(
                 n, "clipbench.sweep.worker", args, rd, log=rd.path / "torchrun.log", signals=preempt_signals(cfg)
@@ -254,8 +254,6 @@ def _worker_args(task: RunTask) -> list[str]:
 
 def train_as_rank(task: RunTask) -> None:
     """One rank of a run that `run_one` launched over N processes (it holds the lock and the status)."""
-    from clipbench.config import from_dict
-    from clipbench.engines.launch import run_as_rank
 
     _quiet_libraries()
     cfg, rd = from_dict(task.config), task.run_dir
@@ -268,8 +266,6 @@ def train_as_rank(task: RunTask) -> None:
 
 
 def run_sequential(tasks: list[RunTask], ui=None) -> list[dict]:
-    from clipbench.train.preempt import SIGNALS, StopRequest
-
     out = []
     preempt = StopRequest.install(SIGNALS)  # between runs: start no further one (a run installs its own)
     try:
@@ -313,7 +309,6 @@ def _pool_init(q, threads: int, stop, parent: int) -> None:
     _QUEUE, _STOP, _PARENT = q, stop, parent
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(threads)
-    from clipbench.train.preempt import SIGNALS, StopRequest
 
     # Between runs a signal is kept (no further run starts here); a run installs its own handlers
     # inside these and passes a signal it received back out when it ends (StopRequest.restore).
@@ -328,8 +323,6 @@ def _die_with_parent() -> None:
     worker never outlives its sweep: a run it trains checkpoints at its next safe point and the worker
     exits; an idle one exits at once. Elsewhere a worker notices after its run."""
     if sys.platform.startswith("linux"):
-        import ctypes
-
         PR_SET_PDEATHSIG = 1
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
     _exit_if_orphaned()  # the sweep may have died before the line above
@@ -393,7 +386,6 @@ def run_parallel(tasks: list[RunTask], jobs: int, ui=None) -> list[dict]:
     th = threading.Thread(target=pump, daemon=True)
     th.start()
     out = []
-    from clipbench.train.preempt import SIGNALS, StopRequest
 
     stop_runs = ctx.Event()
 

@@ -28,16 +28,18 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from clipbench.config import compose, run_id, to_dict, validate
 from clipbench.config.labels import METHOD_KEY, OBJ, label
 from clipbench.config.load import PATH_KEYS, deep_merge, migrate, outside_id, set_dotted, setting
-from clipbench.config.schema import SLOTS, leaf_keys, slot_of
+from clipbench.config.schema import SLOTS, RunConfig, leaf_keys, slot_of
+from clipbench.engines import check
 from clipbench.errors import ConfigError, UserError, did_you_mean, unknown_choice
 from clipbench.objectives import METHODS, validate_params
+from clipbench.objectives.plugins import load_plugins, merge_specs
 from clipbench.sweep import slots
 from clipbench.sweep.spec import Axis, SweepSpec
 
@@ -135,8 +137,6 @@ def _components(rules: Mapping[str, slots.SlotRule], assign: dict) -> tuple[dict
 def _load_plugins(spec: SweepSpec) -> None:
     """The sweep's own rule files, before any method is checked."""
     if spec.plugins:
-        from clipbench.objectives.plugins import load_plugins
-
         try:
             load_plugins(spec.plugins)
         except UserError as e:
@@ -208,8 +208,6 @@ class _Base:
         raw = migrate(compose(spec.base), str(spec.base))
         cfg = to_dict(validate(raw, str(spec.base)))
         if spec.plugins:  # every run lists the sweep's plugins after the recipe's (workers import them)
-            from clipbench.objectives.plugins import merge_specs
-
             cfg["plugins"] = merge_specs(cfg["plugins"], spec.plugins)
         self.objective_defaults = dict(cfg.pop("objective"))
         sweep_dir = spec.file.resolve().parent
@@ -237,7 +235,6 @@ class _Base:
         """`cfg` with the dotted `assign`ments, validated by the config loader (and with `engine_check`
         the engine's check), the base's objective standing in (it is checked on its own); the result
         without objective. An error names `where(key)`."""
-        from clipbench.engines import check
 
         nested: dict = {}
         for k, v in assign.items():
@@ -345,9 +342,6 @@ def _get(cfg: Mapping, key: str) -> Any:
 
 
 def _top_keys() -> tuple[str, ...]:
-    from dataclasses import fields
-
-    from clipbench.config.schema import RunConfig
 
     return tuple(f.name for f in fields(RunConfig))
 

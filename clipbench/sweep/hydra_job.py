@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from clipbench.sweep.execute import run_one, task_from_manifest
+
 
 @dataclass
 class RunJob:
@@ -24,14 +26,12 @@ class RunJob:
 
 
 def _register() -> None:
-    from hydra.core.config_store import ConfigStore
+    from hydra.core.config_store import ConfigStore  # noqa: PLC0415 - hydra is heavy
 
     ConfigStore.instance().store(name="clipbench_run", node=RunJob)
 
 
 def _job(cfg) -> dict:
-    from clipbench.sweep.execute import run_one, task_from_manifest
-
     task = task_from_manifest(
         cfg.manifest,
         str(cfg.run_id),
@@ -46,7 +46,7 @@ def _job(cfg) -> dict:
 
 
 def main() -> None:  # pragma: no cover - exercised through `clipbench sweep --launcher`
-    import hydra
+    import hydra  # noqa: PLC0415 - hydra is heavy
 
     _register()
     hydra.main(version_base=None, config_path=None, config_name="clipbench_run")(_job)()

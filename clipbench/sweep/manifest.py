@@ -23,6 +23,7 @@ from typing import Any
 
 from clipbench.config.labels import label
 from clipbench.errors import StoreError
+from clipbench.objectives.plugins import check_plugin_records, plugin_records
 from clipbench.sweep.expand import Expansion
 from clipbench.sweep.spec import SweepSpec
 from clipbench.tracking.files import REMEDIES, atomic_write_json, read_json
@@ -77,7 +78,6 @@ def _pkey(point: dict) -> str:
 def merge(existing: dict | None, spec: SweepSpec, exp: Expansion) -> Merge:
     """Pure: the manifest after this invocation (nothing is written). A UserError when a plugin the
     frozen runs use changed."""
-    from clipbench.objectives.plugins import check_plugin_records, plugin_records
 
     if existing is None:
         m = {

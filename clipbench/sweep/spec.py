@@ -26,6 +26,8 @@ from typing import Any
 from clipbench.config import flatten, parse_overrides, read_yaml
 from clipbench.config.shipped import shipped_recipe, sweep_path
 from clipbench.errors import ConfigError, did_you_mean
+from clipbench.objectives.plugins import merge_specs, resolve
+from clipbench.sweep.slots import stored_key
 from clipbench.tracking.store import NOT_SWEEPS
 
 TOP_KEYS = ("name", "description", "base", "overrides", "grid", "zip", "exclude", "plugins")
@@ -85,7 +87,6 @@ def load_spec(
     overrides = _dotted_mapping(data.get("overrides", {}), src, "overrides")
     axes = _grid_axes(data.get("grid"), src) + _zip_axes(data.get("zip"), src)
     seen = _axis_places(axes, overrides, src)
-    from clipbench.objectives.plugins import merge_specs, resolve
 
     file_plugins = data.get("plugins") or []
     if not isinstance(file_plugins, list) or not all(isinstance(p, str) and p.strip() for p in file_plugins):
@@ -181,7 +182,6 @@ def _axis_places(axes: list[Axis], overrides: Mapping[str, Any], src: str) -> di
     """{axis key: where it is}; a key on two axes, or both an axis and an override, is refused (a
     component's name in its one form and its older form, `objective.name` and `objective.method`,
     is one key: `sweep.slots.stored_key`)."""
-    from clipbench.sweep.slots import stored_key
 
     if not axes:
         raise ConfigError(src, "grid", "empty: give at least one axis, e.g. grid: {seed: [0, 1, 2]}")

@@ -12,6 +12,7 @@ from typing import Any
 
 from clipbench.errors import ConfigError
 from clipbench.registry import Registry
+from clipbench.tasks.arith import ArithKnobs, ArithTask
 from clipbench.tasks.base import Problem, Task
 
 __all__ = ["Problem", "Task", "TASKS", "TASK_NAMES", "build_run_task", "build_task"]
@@ -39,8 +40,6 @@ def build_task(task_cfg: Any, *, seed: int | None = None) -> Task:
 
 
 def build_arith(task_cfg: Any, seed: int) -> Task:
-    from clipbench.tasks.arith import ArithKnobs, ArithTask  # lazy: owned by the arith module
-
     knobs = {k: _get(task_cfg, k) for k in ArithKnobs.names()}
     knobs = {k: v for k, v in knobs.items() if v is not None}
     try:
@@ -50,7 +49,7 @@ def build_arith(task_cfg: Any, seed: int) -> Task:
 
 
 def build_math(task_cfg: Any, seed: int) -> Task:
-    from clipbench.tasks.math import MathTask
+    from clipbench.tasks.math import MathTask  # noqa: PLC0415 - tasks.math pulls in numpy
 
     path = _get(task_cfg, "path")
     if not path:

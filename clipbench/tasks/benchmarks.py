@@ -14,6 +14,7 @@ from pathlib import Path
 
 from clipbench.errors import UserError
 from clipbench.registry import Registry
+from clipbench.tasks.arith import ArithTask
 from clipbench.tasks.base import Problem, Task
 from clipbench.tasks.grader import grade
 from clipbench.tasks.math import load_problems
@@ -48,7 +49,6 @@ def get_benchmark(name: str) -> Benchmark:
 def _arith_task(arith: Task | None) -> Task:
     if arith is not None:
         return arith
-    from clipbench.tasks.arith import ArithTask  # lazy: owned by the arith module
 
     return ArithTask()
 

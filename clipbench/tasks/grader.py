@@ -165,7 +165,7 @@ def _timeout() -> int | None:
 def _mv_parse(expr: str, *, raw: bool = False):
     """math-verify parse of an answer: wrapped in ``$...$`` so bare LaTeX (tuples, sets, intervals)
     is read whole, unless it already carries delimiters or ``raw`` (default extraction over text)."""
-    from math_verify import parse
+    from math_verify import parse  # noqa: PLC0415 - math_verify is heavy
 
     text = expr if raw or "$" in expr or "\\boxed" in expr else f"${expr}$"
     return parse(text, parsing_timeout=_timeout())
@@ -183,7 +183,7 @@ def _drop_currency(s: str) -> str:
 
 
 def _grade_strings(pred: str, gold: str) -> bool:
-    from math_verify import verify
+    from math_verify import verify  # noqa: PLC0415 - math_verify is heavy
 
     if _squash(pred) == _squash(gold):
         return True
@@ -220,7 +220,7 @@ def grade(completion: str, gold, *, strict: bool = False) -> bool:
         tail = completion[-FALLBACK_TAIL_CHARS:]
         if _looks_explosive(tail):
             return False
-        from math_verify import verify
+        from math_verify import verify  # noqa: PLC0415 - math_verify is heavy
 
         gold_parsed = _mv_parse(gold_s)
         pred_parsed = _mv_parse(tail, raw=True)

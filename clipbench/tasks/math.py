@@ -26,6 +26,7 @@ from clipbench.errors import UserError
 from clipbench.tasks.base import Problem
 from clipbench.tasks.grader import grade, normalize_gold
 from clipbench.tasks.templates import render, resolve_template
+from clipbench.yamlio import flatten
 
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
 
@@ -80,7 +81,7 @@ def _read_json(path: Path) -> list[dict]:
 
 def _from_datasets(obj, split: str, label: str) -> list[dict]:
     """Rows of a ``datasets.Dataset``, or of ``split`` of a ``DatasetDict``."""
-    import datasets
+    import datasets  # noqa: PLC0415 - datasets is heavy
 
     if isinstance(obj, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         if split not in obj:
@@ -90,7 +91,7 @@ def _from_datasets(obj, split: str, label: str) -> list[dict]:
 
 
 def _read_dir(path: Path, split: str, config: str | None) -> list[dict]:
-    import datasets
+    import datasets  # noqa: PLC0415 - datasets is heavy
 
     if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
         return _from_datasets(datasets.load_from_disk(str(path)), split, str(path))
@@ -98,7 +99,7 @@ def _read_dir(path: Path, split: str, config: str | None) -> list[dict]:
 
 
 def _load_hub_or_files(name: str, split: str, config: str | None) -> list[dict]:
-    import datasets
+    import datasets  # noqa: PLC0415 - datasets is heavy
 
     try:
         ds = datasets.load_dataset(name, config, split=split)
@@ -118,7 +119,7 @@ def load_rows(source: str | Path, split: str = "train", config: str | None = Non
     path = Path(source).expanduser()
     if path.is_file():
         if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
+            import pyarrow.parquet as pq  # noqa: PLC0415 - pyarrow is heavy
 
             return pq.read_table(path).to_pylist()
         if path.suffix in (".jsonl", ".json"):
@@ -176,7 +177,6 @@ def rows_to_problems(
         if limit < 0:
             raise UserError(f"{label}: limit must be >= 0, got {limit}")
         rows = rows[:limit]
-    from clipbench.yamlio import flatten  # nested columns also reachable by dotted keys
 
     flat = [flatten(r, sections=True) for r in rows]
     if not flat:

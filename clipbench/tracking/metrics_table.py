@@ -9,10 +9,13 @@ mid-append) is skipped with a note, as the line reader does (files.read_jsonl).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
+
+import numpy as np
 
 from clipbench.tracking.files import _temp_beside, read_jsonl
 from clipbench.tracking.store import RunDir, list_run_dirs
@@ -41,11 +44,10 @@ def _signature(path: Path) -> tuple[int, int] | None:
 
 def _parse_jsonl_arrow(ids: list[str], chunks: list[bytes]):
     """Concatenated complete lines of several runs -> one Arrow table with a leading run_id column."""
-    import io
 
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.json as pj
+    # PLC0415, deferred: pyarrow is heavy
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.json as pj  # noqa: PLC0415
 
     counts = [c.count(b"\n") for c in chunks]
     table = pj.read_json(io.BytesIO(b"".join(chunks)))
@@ -59,7 +61,7 @@ def _parse_jsonl_arrow(ids: list[str], chunks: list[bytes]):
 
 def _read_cache(path: Path):
     """(table, {run_id: (size, mtime_ns, offset, rows)}) or (None, {})."""
-    import pyarrow as pa
+    import pyarrow as pa  # noqa: PLC0415 - pyarrow is heavy
 
     try:
         with pa.memory_map(str(path)) as src:
@@ -71,7 +73,7 @@ def _read_cache(path: Path):
 
 
 def _write_cache(path: Path, table, index: dict) -> None:
-    import pyarrow as pa
+    import pyarrow as pa  # noqa: PLC0415 - pyarrow is heavy
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -119,8 +121,7 @@ def load_sweep_metrics(
     A torn last line is skipped, with a note in `notes` when given.
     ``filename="hist/log_ratio.jsonl"`` reads the histograms the same way.
     """
-    import numpy as np
-    import pandas as pd
+    import pandas as pd  # noqa: PLC0415 - pandas is heavy
 
     root = Path(results_dir) / sweep
     wanted = set(run_ids) if run_ids is not None else None
@@ -148,7 +149,7 @@ def load_sweep_metrics(
                 fresh_ids.append(rd.run_id)
                 fresh_chunks.append(blob)
     try:
-        import pyarrow as pa
+        import pyarrow as pa  # noqa: PLC0415 - pyarrow is heavy
 
         fresh = _parse_jsonl_arrow(fresh_ids, fresh_chunks) if fresh_chunks else None
         parts, new_index, offset = [], {}, 0
@@ -181,8 +182,7 @@ def load_sweep_metrics(
 
 
 def _load_slow(runs: list[RunDir], filename: str):
-    import numpy as np
-    import pandas as pd
+    import pandas as pd  # noqa: PLC0415 - pandas is heavy
 
     rows, ids, counts = [], [], []
     for rd in runs:

@@ -28,7 +28,10 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from clipbench.config import flatten, run_id
 from clipbench.config.load import recorded
+from clipbench.objectives import effective_bounds
+from clipbench.objectives.corrections import describe
 from clipbench.tracking.provenance import provenance_params, read_provenance
 from clipbench.tracking.records import list_records
 from clipbench.tracking.store import RunDir
@@ -142,8 +145,6 @@ def run_params(config: Mapping, backend: str | None = None) -> dict[str, Any]:
     """What a run logs as params: the flattened resolved config, the effective clip bounds and rule
     semantics (`rule.*`), the sampler correction's unit and denominators (`correction.*`), the run id
     and the resolved sampler backend. (The trainer logs the same.)"""
-    from clipbench.config import flatten, run_id
-    from clipbench.objectives import effective_bounds
 
     params = flatten(dict(config))
     obj = dict(recorded(config, "objective") or {})
@@ -155,8 +156,6 @@ def run_params(config: Mapping, backend: str | None = None) -> dict[str, Any]:
             pass
     correction = recorded(config, "sampler.correction")
     if isinstance(correction, Mapping):  # its unit and which tokens stay in the denominators (correction.*)
-        from clipbench.objectives.corrections import describe
-
         try:
             params.update(
                 {f"correction.{k}": v for k, v in describe(correction).items() if k in ("unit", "denominator")}

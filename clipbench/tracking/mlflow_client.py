@@ -62,7 +62,7 @@ def artifact_location(uri: str, results_dir: str | Path) -> str | None:
 
 def client_for(uri: str):
     _apply_http_defaults()
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient  # noqa: PLC0415 - mlflow is heavy
 
     if not uri.startswith("sqlite:///"):
         return MlflowClient(tracking_uri=uri)
@@ -84,7 +84,7 @@ KIND_TAG, KIND = "mlflow.experimentKind", "custom_model_development"
 def get_or_create_experiment(client, name: str, location: str | None) -> str:
     """The experiment's id (created, or restored when deleted), tagged as model development unless
     its kind is already set (a user's choice is kept)."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # noqa: PLC0415 - mlflow is heavy
 
     exp = client.get_experiment_by_name(name)
     if exp is None:
@@ -171,7 +171,7 @@ def send_points(client, mlflow_run_id: str, points: list) -> int:
 
 
 def send_params(client, mlflow_run_id: str, params: Mapping[str, str]) -> int:
-    from mlflow.entities import Param
+    from mlflow.entities import Param  # noqa: PLC0415 - mlflow is heavy
 
     todo = [Param(k, v) for k, v in params.items()]
     for i in range(0, len(todo), MAX_PARAMS_PER_BATCH):

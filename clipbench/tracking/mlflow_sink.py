@@ -25,12 +25,14 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from clipbench.config import RunConfig, to_dict
 from clipbench.config.load import setting
 from clipbench.errors import StoreError
 from clipbench.tracking.files import read_json
@@ -60,6 +62,8 @@ from clipbench.tracking.mlflow_client import (
     send_params,
     send_points,
 )
+from clipbench.tracking.sink import NullSink
+from clipbench.tracking.sinks import FanoutSink, extra_sinks
 from clipbench.tracking.store import RunDir
 
 log = logging.getLogger("clipbench.tracking")
@@ -161,7 +165,7 @@ class MlflowSink:
         if self.offline:
             return
         try:
-            from mlflow.entities import Metric
+            from mlflow.entities import Metric  # noqa: PLC0415 - mlflow is heavy
 
             if isinstance(metrics.get("opt_step"), (int, float)) and isinstance(metrics.get("step"), (int, float)):
                 k = int(metrics["step"])
@@ -202,7 +206,7 @@ class MlflowSink:
 
     def _send_missing(self) -> None:
         """What the store holds and MLflow lacks (lost with a killed process's buffer): metrics, params, artifacts."""
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # noqa: PLC0415 - mlflow is heavy
 
         ts = int(time.time() * 1000)
         todo = [
@@ -267,9 +271,6 @@ def run_sink(
     since the store restarts that run from scratch; otherwise the child is reused, steps already
     in MLflow are not sent again, and at close whatever the store holds and MLflow lacks is sent.
     A sweep run without a parent (MLflow was down when the sweep started) finds or creates it."""
-    from clipbench.config import RunConfig, to_dict
-    from clipbench.tracking.sink import NullSink
-    from clipbench.tracking.sinks import FanoutSink, extra_sinks
 
     config = to_dict(cfg) if isinstance(cfg, RunConfig) else dict(cfg)
     name = run_name or run_name_of(config, rd.run_id)
@@ -404,8 +405,6 @@ def parent_run(client, exp_id: str, sweep: str, sweep_dir: str | Path, *, attach
 
 
 def _manifest_created_ms(manifest: Path) -> int | None:
-    import datetime as dt
-
     try:
         created = read_json(manifest, {}, kind="manifest").get("created")
         return int(dt.datetime.fromisoformat(created).timestamp() * 1000) if created else None

@@ -27,6 +27,7 @@ import os
 import platform
 import time
 from collections.abc import Mapping, Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,8 @@ def record_start(
 
 def base_model(name: str) -> dict:
     """The base model's name, directory and weights checksum (a hub id: its local cache's copy, if any)."""
-    from clipbench.models import looks_local, resolve_model_name, weights_sha256
+    # PLC0415, deferred: models pulls in torch
+    from clipbench.models import looks_local, resolve_model_name, weights_sha256  # noqa: PLC0415
 
     path = resolve_model_name(name)
     out: dict[str, Any] = {"name": name, "path": str(path), "weights_sha256": weights_sha256(path)}
@@ -95,7 +97,7 @@ def base_model(name: str) -> dict:
 def _hub_cache_snapshot(repo_id: str) -> Path | None:
     """The local Hugging Face cache's snapshot of `repo_id`, never downloading; None when absent."""
     try:
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import snapshot_download  # noqa: PLC0415 - huggingface_hub is heavy
 
         return Path(snapshot_download(repo_id, local_files_only=True))
     except Exception:  # noqa: BLE001 - not cached, not a valid id, no huggingface_hub: no checksum
@@ -103,7 +105,7 @@ def _hub_cache_snapshot(repo_id: str) -> Path | None:
 
 
 def machine() -> dict:
-    import torch
+    import torch  # noqa: PLC0415 - torch is heavy
 
     cpu, flags = _cpuinfo()
     gpus = (
@@ -141,8 +143,6 @@ def _cpus() -> int:
 
 
 def software() -> dict:
-    from importlib import metadata
-
     out: dict[str, str | None] = {"python": platform.python_version(), "os": platform.platform()}
     for name in SOFTWARE:
         try:
@@ -153,7 +153,7 @@ def software() -> dict:
 
 
 def torch_threads() -> int:
-    import torch
+    import torch  # noqa: PLC0415 - torch is heavy
 
     return torch.get_num_threads()
 

@@ -59,7 +59,7 @@ def staging_dir(root: Path, name: str) -> Path:
 def install_record(tmp: Path, index: dict, tensors: dict[str, torch.Tensor]) -> Path:
     """Write the tensors (safetensors) and the index into `tmp`, then rename it into place; returns
     the record's directory. Tensors go to the host, contiguous."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # noqa: PLC0415 - safetensors is heavy
 
     cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     save_file(cpu, str(tmp / TENSORS), metadata={"format": str(FORMAT)})
@@ -139,8 +139,9 @@ class Record:
 
 def load_record(path: str | Path) -> Record:
     """A record from disk; StoreError (the file, the problem, the remedy) when it is damaged."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    # PLC0415, deferred: safetensors is heavy
+    from safetensors import SafetensorError  # noqa: PLC0415
+    from safetensors.torch import load_file  # noqa: PLC0415
 
     path = Path(path)
     try:

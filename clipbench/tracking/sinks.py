@@ -24,6 +24,7 @@ The same guarantees as the MLflow mirror where the tracker allows them:
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import shutil
 from collections.abc import Callable, Mapping
@@ -43,7 +44,6 @@ SINKS_JSON = "sinks.json"
 
 def missing_package(name: str) -> str | None:
     """The pip command that makes sink `name` usable here, or None when it is."""
-    import importlib.util
 
     pkg = EXTRAS.get(name)
     if pkg is None or importlib.util.find_spec(pkg) is not None:
@@ -137,7 +137,7 @@ class TensorBoardSink(MirrorSink):
 
     def __init__(self, rd: RunDir, *, resume: bool | None):
         super().__init__(rd)
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 - torch is heavy
 
         self.dir = rd.path / "tensorboard"
         if resume is False and self.dir.exists():
@@ -168,7 +168,8 @@ def read_scalars(log_dir: Path) -> tuple[dict[str, int], set[str]]:
     """({scalar tag: largest step}, {text tags}) of the event files under `log_dir` (tensorboard's reader)."""
     if not log_dir.is_dir():
         return {}, set()
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    # PLC0415, deferred: optional: tensorboard
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: PLC0415
 
     acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
@@ -184,7 +185,7 @@ class WandbSink(MirrorSink):
 
     def __init__(self, rd: RunDir, config: Mapping, *, sweep: str, run_name: str, resume: bool | None):
         super().__init__(rd)
-        import wandb
+        import wandb  # noqa: PLC0415 - optional: wandb
 
         self.record = rd.path / "wandb.json"
         rec = read_json(self.record, {}, kind="mlflow")

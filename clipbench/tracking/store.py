@@ -27,6 +27,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from clipbench.errors import DiskFull, StoreError
 from clipbench.tracking.files import (
     REMEDIES,
@@ -60,7 +62,6 @@ NOT_SWEEPS = ("reports", "bench", "eval", "mlartifacts")
 
 def check_eval_payload(path: Path, payload: dict) -> dict:
     """An evaluation payload as the report needs it: P problem ids, a P x n matrix of 0/1, n."""
-    import numpy as np
 
     def bad(problem: str):
         raise StoreError(path, problem, REMEDIES["eval"])

@@ -101,7 +101,7 @@ def recorded_name(rd: RunDir, uri: str) -> str | None:
 def sync_run(
     client, uri: str, run: StoredRun, *, results_dir: Path, experiments: dict[str, str], parents: dict[str, str | None]
 ) -> dict[str, Any]:
-    from mlflow.entities import Metric
+    from mlflow.entities import Metric  # noqa: PLC0415 - mlflow is heavy
 
     rd, sweep, config, status = run.rd, run.sweep, run.config, run.status
     exp_name = setting(config, "tracking.experiment")

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from clipbench.errors import no_space_left
+from clipbench.models import compute_dtype
 from clipbench.tracking.files import share_like_umask
 from clipbench.train.distributed import Dist
 
@@ -98,8 +99,9 @@ def save_model_state(path: Path, *, model, optimizer, tokenizer, dist: Dist) -> 
     """`path/model` (config, generation config, tokenizer; rank 0) and `path/dcp` (model and optimizer,
     every rank its shard): a checkpoint's tensors, also the policy state a record keeps (train/record.py).
     Collective."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+    # PLC0415, deferred: torch is heavy
+    import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict  # noqa: PLC0415
 
     if dist.main:
         path.mkdir(parents=True, exist_ok=True)
@@ -166,8 +168,9 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler) -> dict:
 
 def load_model_state(path: Path, *, model, optimizer) -> None:
     """Restore `path/dcp` (save_model_state) into model and optimizer, in place, any world size."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
+    # PLC0415, deferred: torch is heavy
+    import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+    from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415
         get_model_state_dict,
         get_state_dict,
         set_model_state_dict,
@@ -198,8 +201,9 @@ def load_policy(path: Path, *, dtype: str = "float32", device: str = "cpu"):
     """(model, tokenizer): a checkpoint's policy as a plain HF model in this process (any world size
     wrote it). The architecture comes from `model/`, the weights from `dcp/` (or from `model/`
     itself: an engine trl checkpoint)."""
-    import torch.distributed.checkpoint as dcp
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    # PLC0415, deferred: torch is heavy
+    import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
 
     if (path / "dcp").is_dir():
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path / "model"), dtype=torch.float32)
@@ -209,7 +213,6 @@ def load_policy(path: Path, *, dtype: str = "float32", device: str = "cpu"):
         model.load_state_dict(sd)
     else:
         model = AutoModelForCausalLM.from_pretrained(path / "model", dtype=torch.float32)
-    from clipbench.models import compute_dtype
 
     return (
         model.to(device=device, dtype=compute_dtype(dtype, device)).eval(),

@@ -167,7 +167,7 @@ def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 def shard_model(model: torch.nn.Module, compute_dtype: torch.dtype) -> torch.nn.Module:
     """`fully_shard` every decoder block, then the root, over all ranks of the process group.
     Parameters stay float32 (master weights); a lower `compute_dtype` is FSDP's param dtype."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: PLC0415 - torch is heavy
 
     mp = (
         MixedPrecisionPolicy()

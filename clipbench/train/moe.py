@@ -47,7 +47,8 @@ class RouterLogits:
     def aux_loss(self, attention_mask: torch.Tensor) -> torch.Tensor:
         """transformers' load_balancing_loss_func over this forward's non-padding tokens:
         E * sum_e f_e * P_e (f_e: share of top-k assignments to expert e, P_e: mean router probability)."""
-        from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+        # PLC0415, deferred: transformers is heavy
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func  # noqa: PLC0415
 
         router = routers(self.model)[0]
         return load_balancing_loss_func(tuple(self.logits), router.num_experts, router.top_k, attention_mask)

@@ -23,6 +23,7 @@ run's) runs once the checkpoint is written, so the job is requeued and resumes t
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -46,7 +47,6 @@ def preempt_signals(cfg) -> list[str]:
 def submitit_signal() -> str | None:
     """The signal submitit sends a job before its time limit or on preemption (its requeue handler's),
     when this process is a submitit job; else None."""
-    import os
 
     if not os.environ.get("SUBMITIT_EXECUTOR"):
         return None

@@ -41,6 +41,7 @@ from __future__ import annotations
 import torch
 
 from clipbench.config.load import slot
+from clipbench.objectives import METHODS
 from clipbench.tracking.records import (
     install_record,
     record_name,
@@ -258,7 +259,6 @@ class Capture:
 
 def _draws(cfg) -> bool:
     """Does the trained rule draw uniforms (then each epoch's draws are recorded)?"""
-    from clipbench.objectives import METHODS
 
     rule = slot(cfg, "objective")
     return METHODS[rule.name].needs_draws(rule.params)
