@@ -45,7 +45,15 @@ def _main(
     """clipbench: which clipping rule wins, where, and why."""
 
 
-from clipbench.commands.options import GpuMemory, Overrides, Plugins, Recipe, ResultsDir, TrackingUri  # noqa: E402  shared options, declared once
+from clipbench.commands.options import (  # noqa: E402  shared options, declared once
+    GpuMemory,
+    Overrides,
+    Plugins,
+    Recipe,
+    ReportFormat,
+    ResultsDir,
+    TrackingUri,
+)
 
 
 def _load_plugins(plugins: list[str] | None) -> None:
@@ -220,7 +228,7 @@ def eval_(
 def report(
     sweep: str | None = typer.Argument(None, help="Sweep name (default: every sweep in the results dir)."),
     baseline: str | None = typer.Option(None, "--baseline", help="Method the Gain row compares against."),
-    fmt: str = typer.Option("rich", "--format", help="rich | markdown | latex | csv | html"),
+    fmt: ReportFormat = "rich",
     results_dir: ResultsDir = Path("results"),
     out: Path | None = typer.Option(
         None, "--out", help="Output directory for files (default results/reports/<sweep>)."
@@ -254,7 +262,7 @@ def replay(
         help="Optimizer steps (as metrics.jsonl numbers them), e.g. 24,30-40; default every recorded one.",
     ),
     json_out: bool = typer.Option(False, "--json", help="One JSON object per line per (optimizer step, rule)."),
-    fmt: str = typer.Option("rich", "--format", help="rich | markdown | html | csv | latex"),
+    fmt: ReportFormat = "rich",
     out: Path | None = typer.Option(None, "--out", help="Output directory (default results/reports/<sweep>/replay)."),
     draws: int = typer.Option(1, "--draws", help="Replays of each rule that draws random numbers (nsr): mean, sd."),
     top: int = typer.Option(5, "--top", help="Tokens where each rule departs most from the trained one, per step."),

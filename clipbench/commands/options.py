@@ -20,6 +20,7 @@ Plugins = Annotated[
     list[str] | None, typer.Option("--plugin", help="A file (.py) or module with your own @rule; repeatable.")
 ]
 Overrides = Annotated[list[str] | None, typer.Argument(help="key=value overrides (dotted run-config keys).")]
+ReportFormat = Annotated[str, typer.Option("--format", help="rich | markdown | latex | csv | html")]
 Recipe = Annotated[Path, typer.Argument(help="Recipe YAML, or a shipped recipe by name (clipbench recipes).")]
 GpuMemory = Annotated[
     float, typer.Option("--gpu-memory", help="Memory of one of the recipe's GPUs, GiB (its memory plan).")
