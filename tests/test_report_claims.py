@@ -111,3 +111,74 @@ def test_accuracy_over_two_or_more_seeds_is_a_paired_t_over_seeds():
     assert c.ci == pytest.approx((125 / 3 - 35.855439, 125 / 3 + 35.855439), abs=1e-5)
     # the design: se = 8.333 with df 2; its detectable effect is (t(0.975, 2) + t(0.8, 2)) x se
     assert c.mde == pytest.approx((sps.t.ppf(0.975, 2) + sps.t.ppf(0.8, 2)) * 14.433757 / math.sqrt(3), rel=1e-6)
+
+
+def _acc(k):
+    """4 problems x 2 samples, the first k problems right on both samples: Avg@2 = 25 k points."""
+    return [[1, 1]] * k + [[0, 0]] * (4 - k)
+
+
+def moe_run(method, replay, seed, k, **params):
+    cfg = {
+        "seed": seed,
+        "model": {"name": "moe", "routing_replay": replay},
+        "train": {"lr": 2e-4, "lr_schedule": "constant"},
+        "objective": {"method": method, **params},
+    }
+    rows = [{"step": i, "entropy": 1.0, "accuracy": 0.5} for i in range(5)]
+    evals = {5: {"arith": {"problem_ids": [f"p{i}" for i in range(4)], "correct": _acc(k), "n": 2}}}
+    label = f"{method}(routing_replay={replay})"
+    return RunRecord(
+        run_id=f"{label}-{seed}", path=Path("."), config=cfg, state="finished", metrics=rows, evals=evals, label=label
+    )
+
+
+def test_routing_replay_claims_pair_by_seed_and_replay_setting():
+    # problems right per seed (Avg@2 = 25 x k points):
+    #   grpo none 1,1,0   grpo r2 2,3,2   -> r2 - none: 25, 50, 50 points (mean 41.7)
+    #   gspo none 2,2,2   gspo r2 2,3,2   -> r2 - none: 0, 25, 0
+    #   nsr (base sequence) none 3,3,3    -> nsr - gspo (none): 25, 25, 25
+    cells = {
+        ("grpo", "none"): (1, 1, 0),
+        ("grpo", "r2"): (2, 3, 2),
+        ("gspo", "none"): (2, 2, 2),
+        ("gspo", "r2"): (2, 3, 2),
+    }
+    runs = [moe_run(m, rp, s, k) for (m, rp), ks in cells.items() for s, k in enumerate(ks)]
+    runs += [moe_run("nsr", "none", s, 3, base="sequence") for s in range(3)]
+    runs += [moe_run("nsr", "r2", s, 3, base="token") for s in range(3)]  # not on gspo's ratio: no claim
+    got = evaluate_claims(sweep(runs), runs)
+    by_claim = {}
+    for c in got:
+        by_claim.setdefault(c.claim, []).append(c)
+
+    (needs,) = by_claim["GRPO needs routing replay on a mixture-of-experts model (r2 keeps more accuracy than none)"]
+    assert needs.comparison == "grpo(routing_replay=r2) - grpo(routing_replay=none)"
+    assert needs.test == "paired t, seeds" and needs.seeds == [0, 1, 2]
+    assert needs.estimate == pytest.approx(125 / 3)  # (25 + 50 + 50) / 3
+    assert needs.p == pytest.approx(sps.ttest_1samp([25, 50, 50], 0).pvalue)  # t = 41.7 / (14.4 / sqrt 3) = 5.0
+    assert needs.verdict == "holds"  # p = 0.038
+
+    (inter,) = by_claim[
+        "routing replay matters for GRPO, not for GSPO (replay's gain is larger for GRPO than for GSPO)"
+    ]
+    # per seed (25 - 0, 50 - 25, 50 - 0) = 25, 25, 50: mean 33.3, sd 14.4, p = 0.074 with 3 seeds
+    assert inter.estimate == pytest.approx(100 / 3) and inter.n == 3
+    assert inter.p == pytest.approx(sps.ttest_1samp([25, 25, 50], 0).pvalue)
+    assert inter.verdict == "inconclusive at this scale"
+    assert inter.comparison == (
+        "(grpo(routing_replay=r2) - grpo(routing_replay=none)) - (gspo(routing_replay=r2) - gspo(routing_replay=none))"
+    )
+
+    # NSR against GSPO at the same replay only (nsr r2 is on the token ratio: no claim); no spread -> p 0
+    (nsr,) = by_claim["NSR beats GSPO"]
+    assert nsr.comparison == "nsr(routing_replay=none) - gspo(routing_replay=none)"
+    assert nsr.estimate == pytest.approx(25.0) and nsr.p == 0.0 and nsr.verdict == "holds"
+
+    # arms with different replay settings are never compared by the other claims
+    for c in got:
+        if c.claim not in by_claim or "routing" in c.claim:
+            continue
+        if " - " in c.comparison and "base model" not in c.comparison:
+            a, b = c.comparison.split(" - ")
+            assert a.split("=")[-1] == b.split("=")[-1], c

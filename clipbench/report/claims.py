@@ -11,9 +11,14 @@ A claim applies to a sweep when the sweep has the arms it compares (on the same 
                     (ABC-GRPO, Figure 4f: 41.4%)
     nsr_vs_dapo     NSR beats DAPO (NSR)                                        each nsr arm vs dapo
     nsr_vs_decay    stochastic rescue beats its deterministic twin (NSR)        nsr vs decay, same parameters
+    grpo_replay     GRPO needs routing replay on MoE (GSPO)                     grpo r2 vs grpo none
+    gspo_replay     routing replay matters for GRPO, not for GSPO (GSPO)        (grpo r2 - none) - (gspo r2 - none)
+    nsr_vs_gspo     NSR beats GSPO (NSR, on MoE)                                nsr on gspo's sequence ratio vs gspo
 
-Arms are compared at the same learning rate (``train.lr`` and ``train.lr_schedule``), so a sweep with
-a learning-rate axis gets each claim once per rate. At the learning-rate cliff, the rates where GRPO's
+Arms are compared at the same learning rate (``train.lr`` and ``train.lr_schedule``) and the same
+``model.routing_replay``, so a sweep with a learning-rate axis gets each claim once per rate, and one
+with a routing-replay axis (a mixture-of-experts model: docs/moe.md) once per replay setting; the
+routing claims (ROUTING) compare the replay settings themselves. At the learning-rate cliff, the rates where GRPO's
 mean gain over the base model is below 0 (`stability.losing_rates`; without grpo in the block, where
 the claim's reference arm loses), the stability claims the rules' papers make apply (STABILITY): the
 rule keeps more held-out accuracy than its reference there (Avg@n at the last evaluation, the same
@@ -76,6 +81,12 @@ STABILITY = (
     ),
     ("sapo", "grpo", "SAPO is more stable than GRPO: keeps more accuracy at the lr cliff", "SAPO"),
 )
+# the routing claims (GSPO's Routing Replay, section 5.3 of arXiv 2507.18071): where a block has arms
+# with routing replay none and r2 at the same learning rate
+ROUTING_SOURCE = "GSPO (arXiv 2507.18071), Routing Replay"
+GRPO_REPLAY = "GRPO needs routing replay on a mixture-of-experts model (r2 keeps more accuracy than none)"
+GSPO_REPLAY = "routing replay matters for GRPO, not for GSPO (replay's gain is larger for GRPO than for GSPO)"
+NSR_GSPO = "NSR beats GSPO"
 NAMES = {"nsr": "NSR", "cispo": "CISPO", "gspo": "GSPO", "dual_clip": "dual-clip", "sapo": "SAPO"}
 BASE_CLAIM = "{name} trains stably: does not lose the base model's held-out accuracy at the lr cliff"
 
@@ -323,8 +334,56 @@ def _params(r: RunRecord) -> dict:
 
 
 def _lr_setting(runs: Sequence[RunRecord]) -> tuple:
+    """What two arms must share to be compared: the learning rate and the routing replay."""
     first = runs[0].config
-    return (recorded(first, "train.lr"), recorded(first, "train.lr_schedule"))
+    return (recorded(first, "train.lr"), recorded(first, "train.lr_schedule"), _replay(runs))
+
+
+def _replay(runs: Sequence[RunRecord]) -> str:
+    return recorded(runs[0].config, "model.routing_replay") or "none"
+
+
+def _seed_avg(runs: Sequence[RunRecord], benches: Sequence[str]) -> tuple[dict[int, float], str]:
+    """({seed: Avg@n at the last evaluation, points, benchmarks averaged}, the figure's text)."""
+    n = block_n(runs, benches)
+    metric = stats.metric_names(stats.ks_for(n))[0]
+    blocks = [g for g in (seed_values(runs, bench, [1]) for bench in benches) if g is not None]
+    return _seed_accuracy(blocks, runs, metric), f"Avg@{n}, last eval (pts, {', '.join(benches)})"
+
+
+def routing_claims(by_label: dict[str, list[RunRecord]], method_of: dict[str, str]) -> list[ClaimResult]:
+    """ROUTING's claims, per learning rate: GRPO with r2 against GRPO with none (accuracy), and the
+    difference of replay's gains, (grpo r2 - grpo none) - (gspo r2 - gspo none), paired by seed (the
+    GSPO paper: GRPO needs Routing Replay to converge on MoE, GSPO does not)."""
+    arm = {}  # (method, lr, schedule, replay) -> label; one label per cell (other axes: skipped)
+    for lb, runs in by_label.items():
+        key = (method_of[lb], *_lr_setting(runs))
+        arm[key] = None if key in arm else lb
+    out = []
+    for (method, lr, sched, replay), g_none in sorted(arm.items(), key=str):
+        g_r2 = arm.get((method, lr, sched, "r2"))
+        if method != "grpo" or replay != "none" or not g_none or not g_r2:
+            continue
+        res = accuracy_claim(GRPO_REPLAY, ROUTING_SOURCE, g_r2, by_label[g_r2], g_none, by_label[g_none])
+        out += [res] if res else []
+        s_none, s_r2 = arm.get(("gspo", lr, sched, "none")), arm.get(("gspo", lr, sched, "r2"))
+        if not s_none or not s_r2:
+            continue
+        cells = [by_label[lb] for lb in (g_r2, g_none, s_r2, s_none)]
+        runs = [r for c in cells for r in c if r.final_step is not None]
+        benches = [b for b in block_benchmarks(runs) if all(b in block_benchmarks(c) for c in cells)]
+        if not benches:
+            continue
+        (gr, figure), (gn, _), (sr, _), (sn, _) = (
+            _seed_avg([r for r in c if r.final_step is not None], benches) for c in cells
+        )
+        seeds = sorted(set(gr) & set(gn) & set(sr) & set(sn))
+        if len(seeds) < SEED_TEST_MIN:
+            continue
+        diffs = np.array([(gr[s] - gn[s]) - (sr[s] - sn[s]) for s in seeds])
+        comparison = f"({g_r2} - {g_none}) - ({s_r2} - {s_none})"
+        out.append(_seed_t(GSPO_REPLAY, ROUTING_SOURCE, comparison, figure, diffs, seeds, runs))
+    return out
 
 
 def stability_claims(
@@ -447,6 +506,11 @@ def evaluate_claims(
                     "stochastic rescue beats its deterministic twin", "NSR", n, by_label[n], c, by_label[c]
                 )
                 out += [res] if res else []
+        for n in (n for n in arms("nsr") if _params(by_label[n][0]).get("base") == "sequence"):
+            for g in (g for g in arms("gspo") if same(n, g)):
+                res = accuracy_claim(NSR_GSPO, "NSR, abstract (MoE, against GSPO)", n, by_label[n], g, by_label[g])
+                out += [res] if res else []
+        out += routing_claims(by_label, method_of)
         out += stability_claims(by_label, cliff, method_of)
         for res in out[first:]:
             res.model = model
