@@ -287,11 +287,12 @@ def test_moe_build_is_a_qwen3_moe_with_arith_steps_accuracy():
     )
     assert cfg.router_aux_loss_coef == 0.0 and cfg.norm_topk_prob is True and cfg.mlp_only_layers == []
     # 20*64 embed (tied) + 4 * (q 64*128 + k,v 2*64*64 + o 128*64 (= 3*64*128) + qk-norms 2*32 + router 8*64
-    #                          + experts 8 * 3*64*128 + norms 2*64) + 64 = 1,280 + 4 * 221,888 + 64 = 888,896
+    #                          + experts 8 * 3*64*64 + norms 2*64) + 64 = 1,280 + 4 * 123,584 + 64 = 495,680
     n = sum(p.numel() for p in model.parameters())
-    assert n == info["parameters"] == 20 * 64 + 4 * (3 * 64 * 128 + 64 + 8 * 64 + 8 * 3 * 64 * 128 + 128) + 64
+    assert n == info["parameters"] == 20 * 64 + 4 * (3 * 64 * 128 + 64 + 8 * 64 + 8 * 3 * 64 * 64 + 128) + 64
+    assert cfg.moe_intermediate_size == 64  # experts 64 wide: the float32 file stays under 2 MB
     shape = models.model_shape(str(path))  # the memory plan reads it: total and active parameters
-    assert shape.n_params() == 888_896 and shape.n_active_params() == 888_896 - 4 * 6 * 3 * 64 * 128
+    assert shape.n_params() == 495_680 and shape.n_active_params() == 495_680 - 4 * 6 * 3 * 64 * 64  # 200,768
 
 
 MOE_SMALL = bm.MoeRecipe(
