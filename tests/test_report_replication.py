@@ -179,6 +179,23 @@ def test_too_few_seeds_to_split_is_said_not_guessed():
     assert two.replication["reason"] == "too few seeds to split: 2, each half needs 2 (4 in all)"
 
 
+def test_a_second_build_of_the_base_model_replicates():
+    """Sweep B ran on another build (another model name, one block on each side): the claims match by
+    claim and comparison; with two models on a side they match by model too."""
+    a = entropy_runs([0.10, 0.12, 0.08, 0.11, 0.09])
+    b = entropy_runs([0.09, 0.11, 0.10, 0.12, 0.08])
+    for r in b:
+        r.config["model"]["name"] = "/builds/arith-steps-seed1"
+    cs = evaluate_claims(None, a)
+    other = evaluate_claims(None, b)
+    assert {c.model for c in other} == {"/builds/arith-steps-seed1"} and {c.model for c in cs} == {"m"}
+    replicate_against(cs, other, "B")
+    (e,) = [c for c in cs if c.claim == ENTROPY]
+    assert e.replication["status"] == "replicates" and e.replication["parts"][0]["name"] == "B: seeds 0-4"
+    replicate_against(cs, other + evaluate_claims(None, a), "B2")  # B2 has both models: matched by model
+    assert e.replication["status"] == "replicates"
+
+
 def test_a_second_sweep_replicates_or_not():
     a = entropy_runs([0.10, 0.12, 0.08, 0.11, 0.09])
     cs = evaluate_claims(None, a)

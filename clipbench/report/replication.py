@@ -115,9 +115,15 @@ def replicate_by_halves(claims: Sequence[ClaimResult], compared: Sequence[RunRec
 
 
 def replicate_against(claims: Sequence[ClaimResult], other: Sequence[ClaimResult], name: str) -> None:
-    """Set each claim's .replication from the same claim (model, claim, comparison) in sweep `name`."""
+    """Set each claim's .replication from the same claim (model, claim, comparison) in sweep `name`.
+    Where each side has one base model and they differ (sweep `name` ran on a second build of it, the
+    replication the base model's seed cannot give), the claim and comparison match across them."""
     by = f"against sweep '{name}'"
     index = {c.key: c for c in other}
+    models, other_models = {c.model for c in claims}, {c.model for c in other}
+    if len(models) == len(other_models) == 1 and models != other_models:
+        (model,) = models
+        index = {(model, *c.key[1:]): c for c in other}
     for c in claims:
         o = index.get(c.key)
         if o is None:
