@@ -388,7 +388,8 @@ def _run_r2(tmp_path, name: str, *extra: str):
 def test_r2_is_on_policy_at_the_first_step_and_exact_under_micro_batches_and_checkpointing(tmp_path):
     """With r2 the first optimizer step of each rollout batch has ratio 1 exactly (the update's forward
     routes as the old-log-prob forward did); split micro-batches with activation checkpointing (whose
-    recompute replays the routes) log the same losses (1e-6), grad norms (1e-5) and counts as the
+    recompute replays the routes) log the same losses (1e-6), grad norms (5e-5: float32 sums in another
+    order, measured up to 1.5e-5; the float64 test holds every gradient to 1e-12) and counts as the
     whole mini-batch; and the replay is live: without it the later steps differ."""
     whole = _run_r2(tmp_path, "whole", "model.routing_replay=r2")
     split = _run_r2(
@@ -404,7 +405,7 @@ def test_r2_is_on_policy_at_the_first_step_and_exact_under_micro_batches_and_che
         assert r["ratio/max"] == r["ratio/min"] == 1.0, r
     for a, b in zip(whole, split):
         assert abs(a["loss"] - b["loss"]) <= 1e-6 * max(abs(a["loss"]), 1.0), (a["opt_step"], a["loss"], b["loss"])
-        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * max(a["grad_norm"], 1e-6), a["opt_step"]
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 5e-5 * max(a["grad_norm"], 1e-6), a["opt_step"]
         assert {k: v for k, v in a.items() if k.split("/")[0] in ("q1", "q2", "q3", "q4") and "mass" not in k} == {
             k: v for k, v in b.items() if k.split("/")[0] in ("q1", "q2", "q3", "q4") and "mass" not in k
         }
