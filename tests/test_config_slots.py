@@ -71,18 +71,20 @@ def _sweep(tmp_path: Path, body: dict, name: str = "s.yaml") -> Path:
     return p
 
 
-def test_every_shipped_sweep_in_the_one_form_expands_to_its_pinned_run_ids(tmp_path):
-    """Each shipped sweep with its name axes written as `<slot>.name` (objective.method ->
-    objective.name, train.agg -> train.agg.name, ...) lists the run ids pinned at 0b85e9e."""
-    rename = {d.name_path: f"{d.key}.name" for d in SLOTS.values()}
+def test_every_shipped_sweep_is_in_the_one_form_and_its_older_form_expands_to_the_same_run_ids(tmp_path):
+    """The shipped sweeps name their components `<slot>.name` only (objective.name, never the older
+    objective.method); written back in the older form (objective.name -> objective.method, ...) each
+    lists the same run ids, those pinned at 0b85e9e."""
+    older = {f"{d.key}.name": d.name_path for d in SLOTS.values() if d.name_path != f"{d.key}.name"}
     renamed = 0
     for rel, ids in PINNED["sweeps"].items():
         src = REPO / "clipbench" / rel
         body = yaml.safe_load(src.read_text())
         for part in ("grid", "zip", "overrides"):
             if isinstance(body.get(part), dict):
-                renamed += sum(k in rename for k in body[part])
-                body[part] = {rename.get(k, k): v for k, v in body[part].items()}
+                assert not set(body[part]) & set(older.values()), (rel, part)
+                renamed += sum(k in older for k in body[part])
+                body[part] = {older.get(k, k): v for k, v in body[part].items()}
         body["base"] = str((src.parent / body["base"]).resolve())
         f = tmp_path / rel.replace("/", "_")
         f.write_text(yaml.safe_dump(body, sort_keys=False))

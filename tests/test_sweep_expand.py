@@ -165,7 +165,9 @@ def test_command_line_overrides_win_and_can_pin_an_axis(tmp_path):
 
 def test_base_recipe_objective_params_are_dropped_for_other_methods(tmp_path):
     recipe = tmp_path / "nsr_recipe.yaml"
-    recipe.write_text(RECIPE.read_text().replace("method: grpo", "method: nsr\n  p: 0.3\n  delta: 0.05"))
+    text = RECIPE.read_text()
+    assert "  name: grpo" in text  # the recipe's objective, in the one form
+    recipe.write_text(text.replace("  name: grpo", "  name: nsr\n  p: 0.3\n  delta: 0.05", 1))
     f = tmp_path / "s.yaml"
     f.write_text(yaml.safe_dump({"base": "nsr_recipe.yaml", "grid": {"objective.method": ["grpo", "nsr"]}}))
     exp = expand(load_spec(f))

@@ -24,7 +24,7 @@ plugins: [lower_only.py]           # relative to this file
 overrides:
   eval.every: 0                    # evaluate at the start and the end only
 grid:
-  objective.method: [grpo, lower_only]
+  objective.name: [grpo, lower_only]
   seed: [0, 1, 2]
 """
 

@@ -478,7 +478,7 @@ class RunConfig:
     plugins: list[str] = declared(
         factory=list,
         check=Each(Text()),
-        help="user rule files (.py, relative to the recipe) or modules, imported before objective.method is checked",
+        help="user rule files (.py, relative to the recipe) or modules, imported before objective.name is checked",
     )
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
