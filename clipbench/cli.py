@@ -8,6 +8,7 @@ import warnings
 from functools import wraps
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -93,9 +94,48 @@ def _user_errors(fn):
     return wrapper
 
 
-from clipbench.commands.sweep import sweep_command  # noqa: E402  the verb declares its own options
+@app.command("sweep")
+@_user_errors
+def sweep(
+    file: Annotated[Path, typer.Argument(help="Sweep YAML, or a shipped sweep by name (clipbench recipes).")],
+    overrides: Overrides = None,
+    *,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="With --dry-run: one JSON object per run.")] = False,
+    results_dir: ResultsDir = Path("results"),
+    jobs: Annotated[int, typer.Option("--jobs", "-j", help="Local worker processes.")] = 1,
+    launcher: Annotated[
+        str | None,
+        typer.Option("--launcher", help="Hydra launcher plugin: joblib, submitit_slurm, submitit_local, ray, basic."),
+    ] = None,
+    retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Rerun runs that failed.")] = False,
+    tracking_uri: TrackingUri = None,
+    plugins: Plugins = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            "--engine",
+            help="builtin or trl: the engine of every run (engine=...); verl: each run as a verl command "
+            "(--dry-run prints them).",
+        ),
+    ] = None,
+):
+    """Expand a declarative sweep into runs and execute them (resumable)."""
+    from clipbench.commands.sweep import sweep_command  # noqa: PLC0415 - verbs load on use: `--help` stays light
 
-app.command("sweep")(_user_errors(sweep_command))
+    sweep_command(
+        file,
+        overrides,
+        dry_run=dry_run,
+        json_out=json_out,
+        results_dir=results_dir,
+        jobs=jobs,
+        launcher=launcher,
+        retry_failed=retry_failed,
+        tracking_uri=tracking_uri,
+        plugins=plugins,
+        engine=engine,
+    )
 
 
 @app.command()

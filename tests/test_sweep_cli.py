@@ -292,3 +292,19 @@ def test_runs_of_several_processes_get_that_many_times_the_launchers_resources(m
     calls.clear()
     hydra_app.launch("/tmp/s/manifest.json", ["b"], nprocs={"b": 2}, launcher="ray", hydra_overrides=[], **kw)
     assert "+hydra.launcher.ray.remote.num_cpus=2" in calls[0]
+
+
+def test_the_cli_loads_without_torch_and_the_sweep_verb_passes_every_option():
+    """`clipbench --help` imports no verb's implementation (torch, transformers: ~1.5 s): each verb
+    loads on use. The sweep verb's options are declared in cli.py and passed through one for one."""
+    import inspect
+    import subprocess
+    import sys
+
+    code = "import sys, clipbench.cli; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    from clipbench.cli import sweep
+    from clipbench.commands.sweep import sweep_command
+
+    assert list(inspect.signature(sweep).parameters) == list(inspect.signature(sweep_command).parameters)

@@ -19,14 +19,12 @@ import re
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
-import typer
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from clipbench.commands.options import Overrides, Plugins, ResultsDir, TrackingUri
 from clipbench.commands.progress import SweepProgress
 from clipbench.config import from_dict
 from clipbench.config.labels import format_value, label, run_label
@@ -72,30 +70,21 @@ def plan(file: str | Path, overrides: list[str] = (), plugins: list[str] = ()) -
 
 
 def sweep_command(
-    file: Annotated[Path, typer.Argument(help="Sweep YAML, or a shipped sweep by name (clipbench recipes).")],
-    overrides: Overrides = None,
+    file: Path,
+    overrides: list[str] | None = None,
     *,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="With --dry-run: one JSON object per run.")] = False,
-    results_dir: ResultsDir = Path("results"),
-    jobs: Annotated[int, typer.Option("--jobs", "-j", help="Local worker processes.")] = 1,
-    launcher: Annotated[
-        str | None,
-        typer.Option("--launcher", help="Hydra launcher plugin: joblib, submitit_slurm, submitit_local, ray, basic."),
-    ] = None,
-    retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Rerun runs that failed.")] = False,
-    tracking_uri: TrackingUri = None,
-    plugins: Plugins = None,
-    engine: Annotated[
-        str | None,
-        typer.Option(
-            "--engine",
-            help="builtin or trl: the engine of every run (engine=...); verl: each run as a verl command "
-            "(--dry-run prints them).",
-        ),
-    ] = None,
+    dry_run: bool = False,
+    json_out: bool = False,
+    results_dir: Path = Path("results"),
+    jobs: int = 1,
+    launcher: str | None = None,
+    retry_failed: bool = False,
+    tracking_uri: str | None = None,
+    plugins: list[str] | None = None,
+    engine: str | None = None,
 ) -> dict[str, Any]:
-    """Expand a declarative sweep into runs and execute them (resumable)."""
+    """Expand a declarative sweep into runs and execute them (resumable); the options are
+    `clipbench sweep`'s (cli.py declares them)."""
     plugins = list(plugins or [])
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     run_overrides, hydra_overrides = split_overrides(list(overrides or []))

@@ -5,7 +5,7 @@
     exp = expand(spec)              # pure: {run_id: config}, {run_id: axis point}
     freeze("results", spec, exp)    # results/nsr_vs_decay/manifest.json (append-only)
 
-See docs/sweeps.md. The CLI entry point is `clipbench.sweep.commands.sweep_command`.
+See docs/sweeps.md. The CLI entry point is `clipbench sweep` (cli.py), which calls `clipbench.commands.sweep.sweep_command`.
 """
 
 from clipbench.config.labels import label
