@@ -83,7 +83,7 @@ study-replay: install ## Study (c), docs/studies/replay.md: grpo on the quicksta
 
 study-moe: install ## Issue 24 part 6, docs/moe.md: grpo, gspo, nsr (sequence) x routing replay none / r2 on builtin:arith-steps-moe, 10 seeds (60 runs)
 	$(VENV)/bin/clipbench sweep sweeps/study_moe.yaml --results-dir $(RESULTS) --jobs 2
-	$(VENV)/bin/clipbench report study_moe --results-dir $(RESULTS) --format markdown --out docs/studies/moe
+	$(VENV)/bin/clipbench report study_moe --results-dir $(RESULTS) --baseline 'grpo(routing_replay=none, agg=token-mean)' --format markdown --out docs/studies/moe
 
 reproduce-table3: install ## ABC-GRPO Table 3 (GPU + vLLM); SCALE=tiny: same pipeline on CPU
 	bash recipes/abc_grpo_table3/reproduce.sh $(SCALE) $(RESULTS)
