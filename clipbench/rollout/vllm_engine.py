@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import importlib
 import importlib.util
 import os
 import random
