@@ -176,9 +176,9 @@ def test_routing_replay_claims_pair_by_seed_and_replay_setting():
     assert nsr.estimate == pytest.approx(25.0) and nsr.p == 0.0 and nsr.verdict == "holds"
 
     # arms with different replay settings are never compared by the other claims
-    for c in got:
-        if c.claim not in by_claim or "routing" in c.claim:
-            continue
-        if " - " in c.comparison and "base model" not in c.comparison:
-            a, b = c.comparison.split(" - ")
-            assert a.split("=")[-1] == b.split("=")[-1], c
+    paired = [c for c in got if "routing" not in c.claim and " - " in c.comparison and ":" not in c.comparison]
+    paired = [c for c in paired if "base model" not in c.comparison]
+    assert paired  # NSR beats GSPO, at least
+    for c in paired:
+        a, b = c.comparison.split(" - ")
+        assert a.split("=")[-1] == b.split("=")[-1], c

@@ -333,8 +333,9 @@ def _params(r: RunRecord) -> dict:
     return {k: v for k, v in (recorded(r.config, "objective") or {}).items() if k != "method"}
 
 
-def _lr_setting(runs: Sequence[RunRecord]) -> tuple:
-    """What two arms must share to be compared: the learning rate and the routing replay."""
+def _setting(runs: Sequence[RunRecord]) -> tuple:
+    """What two arms must share to be compared: the learning rate (and its schedule) and the routing
+    replay."""
     first = runs[0].config
     return (recorded(first, "train.lr"), recorded(first, "train.lr_schedule"), _replay(runs))
 
@@ -357,7 +358,7 @@ def routing_claims(by_label: dict[str, list[RunRecord]], method_of: dict[str, st
     GSPO paper: GRPO needs Routing Replay to converge on MoE, GSPO does not)."""
     arm = {}  # (method, lr, schedule, replay) -> label; one label per cell (other axes: skipped)
     for lb, runs in by_label.items():
-        key = (method_of[lb], *_lr_setting(runs))
+        key = (method_of[lb], *_setting(runs))
         arm[key] = None if key in arm else lb
     out = []
     for (method, lr, sched, replay), g_none in sorted(arm.items(), key=str):
@@ -396,7 +397,7 @@ def stability_claims(
     for rule, ref, claim, source in STABILITY:
         for a in (lb for lb in by_label if method_of[lb] == rule and run_lr(by_label[lb][0]) in cliff):
             for b in (lb for lb in by_label if method_of[lb] == ref):
-                if _lr_setting(by_label[a]) != _lr_setting(by_label[b]):
+                if _setting(by_label[a]) != _setting(by_label[b]):
                     continue
                 res = accuracy_claim(claim, source, a, by_label[a], b, by_label[b])
                 out += [res] if res else []
@@ -448,7 +449,7 @@ def evaluate_claims(
             by_label.setdefault(r.label, []).append(r)
         method_of = {lb: rs[0].method for lb, rs in by_label.items()}
         arms = lambda m: [lb for lb in by_label if method_of[lb] == m]  # noqa: E731
-        same = lambda a, b: _lr_setting(by_label[a]) == _lr_setting(by_label[b])  # noqa: E731
+        same = lambda a, b: _setting(by_label[a]) == _setting(by_label[b])  # noqa: E731
         cliff = cliff_rates.get(model, set())
 
         for g in arms("grpo"):
