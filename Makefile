@@ -76,6 +76,7 @@ study-stability: install ## Study (d), docs/studies/stability.md: 27 rules at th
 	$(VENV)/bin/clipbench report study_stability_ladder --results-dir $(RESULTS) --format markdown --out docs/studies/stability_ladder
 	$(VENV)/bin/clipbench sweep sweeps/study_stability_replay.yaml --results-dir $(RESULTS) --jobs 2
 	$(VENV)/bin/clipbench report study_stability_replay --results-dir $(RESULTS) --baseline grpo --format markdown --out docs/studies/stability_replay
+	$(PY) scripts/stability_why.py --results-dir $(RESULTS) --replay docs/studies/stability_replay/report.json > docs/studies/stability_replay/why.md
 
 study-replay: install ## Study (c), docs/studies/replay.md: grpo on the quickstart regime with recording, every rule replayed
 	$(VENV)/bin/clipbench sweep sweeps/study_replay.yaml --results-dir $(RESULTS) --jobs 2

@@ -1,0 +1,63 @@
+"""scripts/stability_why.py: the rank association of a rule's loss at the cliff with its replayed step."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "stability_why.py"
+
+
+@pytest.fixture(scope="module")
+def why():
+    spec = importlib.util.spec_from_file_location("stability_why", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _ref(name, runs, step, kl):
+    return {
+        "reference": name,
+        "runs": runs,
+        "per_rule": {r: {"param/grad_norm_ratio": {"mean": step[r]}, "lookahead/kl": {"mean": kl[r]}} for r in step},
+    }
+
+
+def test_spearman_of_mean_gain_with_step_over_grpos(why):
+    # mean gains: a (-1-3)/2 = -2, grpo -5, c (-10-12)/2 = -11, d -20 (e is d's twin: not counted)
+    gains = {"a": [-1.0, -3.0], "grpo": [-5.0], "c": [-10.0, -12.0], "d": [-20.0], "e": [-20.0]}
+    # steps over grpo's 0.5: a 0.5, grpo 1, c 3, d 2; KL over grpo's 2: a 0.5, grpo 1, c 2, d 3
+    ref = _ref(
+        "grpo",
+        ["r0", "r1"],
+        {"a": 0.25, "grpo": 0.5, "c": 1.5, "d": 1.0, "e": 1.0},
+        {"a": 1.0, "grpo": 2.0, "c": 4.0, "d": 6.0, "e": 6.0},
+    )
+    out = why.association(gains, [ref], identical=[["d", "e"]])
+    assert [r["rule"] for r in out["rules"]] == ["a", "grpo", "c", "d"]  # by mean gain, best first
+    assert [r["gain"] for r in out["rules"]] == [-2.0, -5.0, -11.0, -20.0]
+    assert [r["step"]["grpo"] for r in out["rules"]] == [0.5, 1.0, 3.0, 2.0]
+    # gain ranks a4 grpo3 c2 d1; step ranks a1 grpo2 c4 d3: d = 3, 1, -2, -2, sum d^2 = 18,
+    # rho = 1 - 6*18 / (4*(16-1)) = -0.8
+    assert out["rho"][("grpo", "step")][0] == pytest.approx(-0.8)
+    # KL ranks a1 grpo2 c3 d4 against gain ranks a4 grpo3 c2 d1: a perfect reversal, rho = -1
+    assert out["rho"][("grpo", "kl")][0] == pytest.approx(-1.0)
+    text = why.markdown(out)
+    assert "| c | 2 | -11.0 | 3.00 |" in text
+    assert "rho of the mean gain with the step over GRPO's = -0.80" in text and "4 rules" in text
+
+
+def test_a_rule_without_a_replay_or_without_a_gain_is_left_out(why):
+    gains = {"grpo": [-5.0], "a": [-2.0], "b": [-1.0], "only_outcome": [0.0]}
+    ref = _ref(
+        "grpo",
+        ["r0"],
+        {"grpo": 1.0, "a": 2.0, "b": 3.0, "only_replay": 9.0},
+        {"grpo": 1.0, "a": 2.0, "b": 3.0, "only_replay": 9.0},
+    )
+    out = why.association(gains, [ref])
+    assert [r["rule"] for r in out["rules"]] == ["b", "a", "grpo"]
+    assert out["rho"][("grpo", "step")][0] == pytest.approx(1.0)  # the larger step, the better here
