@@ -248,6 +248,12 @@ def _seed_accuracy(blocks: Sequence[tuple], runs: Sequence[RunRecord], metric: s
     return {s: float(np.mean(v)) for s, v in per.items() if len(v) == len(blocks)}
 
 
+def _avg_n(runs: Sequence[RunRecord], benches: Sequence[str]) -> tuple[str, str]:
+    """(the Avg@n metric's name for the runs' samples per problem, the claims' figure text)."""
+    n = block_n(runs, benches)
+    return stats.metric_names(stats.ks_for(n))[0], f"Avg@{n}, last eval (pts, {', '.join(benches)})"
+
+
 def accuracy_claim(
     claim: str,
     source: str,
@@ -264,8 +270,7 @@ def accuracy_claim(
     benches = [x for x in block_benchmarks([*a, *b]) if x in block_benchmarks(a) and x in block_benchmarks(b)]
     if not benches:
         return None
-    n = block_n([*a, *b], benches)
-    metric = stats.metric_names(stats.ks_for(n))[0]  # avg@n
+    metric, figure = _avg_n([*a, *b], benches)
     blocks = [
         (ga, gb)
         for ga, gb in ((seed_values(a, bench, [1]), seed_values(b, bench, [1], initial=b_initial)) for bench in benches)
@@ -273,7 +278,6 @@ def accuracy_claim(
     ]
     if not blocks:
         return None
-    figure = f"Avg@{n}, last eval (pts, {', '.join(benches)})"
     va = _seed_accuracy([ga for ga, _ in blocks], a, metric)
     vb = _seed_accuracy([gb for _, gb in blocks], b, metric)
     if len(set(va) & set(vb)) >= SEED_TEST_MIN:
@@ -346,10 +350,9 @@ def _replay(runs: Sequence[RunRecord]) -> str:
 
 def _seed_avg(runs: Sequence[RunRecord], benches: Sequence[str]) -> tuple[dict[int, float], str]:
     """({seed: Avg@n at the last evaluation, points, benchmarks averaged}, the figure's text)."""
-    n = block_n(runs, benches)
-    metric = stats.metric_names(stats.ks_for(n))[0]
+    metric, figure = _avg_n(runs, benches)
     blocks = [g for g in (seed_values(runs, bench, [1]) for bench in benches) if g is not None]
-    return _seed_accuracy(blocks, runs, metric), f"Avg@{n}, last eval (pts, {', '.join(benches)})"
+    return _seed_accuracy(blocks, runs, metric), figure
 
 
 def routing_claims(by_label: dict[str, list[RunRecord]], method_of: dict[str, str]) -> list[ClaimResult]:
