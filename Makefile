@@ -69,7 +69,7 @@ study: install ## The two studies of docs/studies/ (10 seeds per arm; measured 1
 	$(VENV)/bin/clipbench sweep sweeps/study_rescue.yaml --results-dir $(RESULTS) --jobs 2
 	$(VENV)/bin/clipbench report study_rescue --results-dir $(RESULTS) --baseline dapo --format markdown --out docs/studies/rescue
 
-study-stability: install ## Study (d), docs/studies/stability.md: 27 rules at the lr cliff x 10 seeds, the lr ladder (6 rules x 4 rates x 5 seeds), replay at the cliff
+study-stability: install ## Study (d), docs/studies/stability.md: 27 rules at the lr cliff x 10 seeds, the lr ladder (6 rules x 4 rates x 5 seeds, cispo also at 6e-5), replay at the cliff
 	$(VENV)/bin/clipbench sweep sweeps/study_stability.yaml --results-dir $(RESULTS) --jobs 2
 	$(VENV)/bin/clipbench report study_stability --results-dir $(RESULTS) --baseline grpo --format markdown --out docs/studies/stability
 	$(VENV)/bin/clipbench sweep sweeps/study_stability_ladder.yaml --results-dir $(RESULTS) --jobs 2

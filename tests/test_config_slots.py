@@ -85,11 +85,35 @@ def test_every_shipped_sweep_is_in_the_one_form_and_its_older_form_expands_to_th
                 assert not set(body[part]) & set(older.values()), (rel, part)
                 renamed += sum(k in older for k in body[part])
                 body[part] = {older.get(k, k): v for k, v in body[part].items()}
+        for entry in body.get("exclude") or []:
+            assert not set(entry) & set(older.values()), (rel, "exclude")
+        body["exclude"] = [{older.get(k, k): v for k, v in e.items()} for e in body.get("exclude") or []] or None
         body["base"] = str((src.parent / body["base"]).resolve())
         f = tmp_path / rel.replace("/", "_")
         f.write_text(yaml.safe_dump(body, sort_keys=False))
         assert list(expand(load_spec(f)).runs) == ids, rel
     assert renamed >= 15  # the method axes of the shipped sweeps, and study_corrections' correction name
+
+
+def test_an_exclude_names_a_component_in_either_form(tmp_path):
+    """An exclude entry matches the axis whichever form each names (objective.name or the older
+    objective.method); an entry naming both forms is refused, naming the key as written."""
+    grid = {"objective.name": ["grpo", "dapo", "nsr"], "seed": [0, 1]}
+    full = expand(load_spec(_sweep(tmp_path, {"grid": grid}, "full.yaml"))).runs
+    for i, key in enumerate(("objective.name", "objective.method")):
+        body = {"grid": grid, "exclude": [{key: "dapo", "seed": 1}, {key: "nsr"}]}
+        runs = expand(load_spec(_sweep(tmp_path, body, f"x{i}.yaml"))).runs
+        # 3 x 2 = 6 points - dapo seed 1 - nsr x 2 = 3: grpo seeds 0-1, dapo seed 0
+        assert sorted((c["objective"]["method"], c["seed"]) for c in runs.values()) == [
+            ("dapo", 0),
+            ("grpo", 0),
+            ("grpo", 1),
+        ]
+        assert set(runs) <= set(full)
+    both = {"grid": grid, "exclude": [{"objective.name": "nsr", "objective.method": "nsr"}]}
+    with pytest.raises(ConfigError) as e:
+        load_spec(_sweep(tmp_path, both, "both.yaml"))
+    assert e.value.key == "exclude[0].objective.method" and "same axis" in e.value.reason
 
 
 def test_the_aggregation_and_advantage_are_slots_of_the_sweep_rule(tmp_path):

@@ -221,7 +221,7 @@ def test_the_study_sweeps_share_their_cliff_runs():
     ladder = expand(load_spec(sweeps / "study_stability_ladder.yaml")).runs
     quick = expand(load_spec(sweeps / "quickstart.yaml")).runs
     replay = expand(load_spec(sweeps / "study_stability_replay.yaml")).runs
-    assert (len(study), len(ladder), len(quick), len(replay)) == (270, 120, 6, 9)  # 27 x 10; 6 x 4 x 5; 2 x 3; 3 x 3
+    assert (len(study), len(ladder), len(quick), len(replay)) == (270, 125, 6, 9)  # 27 x 10; 6 x 4 x 5 + 5; 2 x 3; 3 x 3
     shared = set(study) & set(ladder)
     assert len(shared) == 30 and {ladder[r]["train"]["lr"] for r in shared} == {2e-4}
     assert set(quick) <= set(study) and set(replay) <= set(study)  # recording is outside the run id

@@ -193,12 +193,16 @@ def _axis_places(axes: list[Axis], overrides: Mapping[str, Any], src: str) -> di
             seen[stored_key(k)] = ax.where
     for k in overrides:
         if stored_key(k) in seen:
-            raise ConfigError(src, f"overrides.{k}", f"'{k}' is also an axis in {seen[k]}; remove one of them")
+            raise ConfigError(
+                src, f"overrides.{k}", f"'{k}' is also an axis in {seen[stored_key(k)]}; remove one of them"
+            )
     return seen
 
 
 def _excludes(exclude: Any, seen: Mapping[str, str], src: str) -> tuple[dict, ...]:
-    """Partial assignments of axis keys: the grid points they match are left out."""
+    """Partial assignments of axis keys: the grid points they match are left out. A key is stored in
+    a point's form (`objective.name` as `objective.method`: `sweep.slots.stored_key`), so either form
+    of a component's name matches the axis in either form."""
     if exclude is None:
         return ()
     if not isinstance(exclude, list):
@@ -212,13 +216,16 @@ def _excludes(exclude: Any, seen: Mapping[str, str], src: str) -> tuple[dict, ..
         entry = {}
         for k, v in item.items():
             k = _key(k, src, f"exclude[{i}]")
-            if k not in seen:
+            key = stored_key(k)
+            if key not in seen:
                 raise ConfigError(
                     src,
                     f"exclude[{i}].{k}",
                     "not an axis of this sweep" + did_you_mean(k, seen) + f"; axes: {', '.join(seen)}",
                 )
-            entry[k] = v
+            if key in entry:
+                raise ConfigError(src, f"exclude[{i}].{k}", f"names the same axis as {key}: give one of them")
+            entry[key] = v
         out.append(entry)
     return tuple(out)
 
