@@ -5,10 +5,10 @@
     base: ../recipes/quickstart.yaml       # the recipe every run starts from (relative to this file)
     overrides: {train.steps: 40}           # optional, applied to every run (dotted or nested keys)
     grid:                                  # cartesian product over dotted keys of the run config
-      objective.method: [dapo, nsr, decay]
+      objective.name: [dapo, nsr, decay]
       seed: [0, 1, 2]
     zip: {train.lr: [1e-5, 2e-5], train.warmup_steps: [0, 10]}   # optional: axes varying together
-    exclude: [{objective.method: nsr, seed: 2}]                  # optional: partial assignments
+    exclude: [{objective.name: nsr, seed: 2}]                    # optional: partial assignments
     plugins: [../rules/lower_only.py]      # optional: your own rule files (relative to this file) or modules
 
 `zip` may also be a list of such mappings (several independent zip groups). Every problem is a
