@@ -169,6 +169,11 @@ def test_an_unknown_slot_parameter_or_name_names_the_sweep_key(tmp_path):
             "overrides.objective.method",
             "also an axis",
         ),
+        (  # the other way round: the axis in the older form, the override in the one form
+            {"grid": {"objective.method": ["grpo"]}, "overrides": {"objective.name": "dapo"}},
+            "overrides.objective.name",
+            "also an axis in grid",
+        ),
     ):
         with pytest.raises(ConfigError) as e:
             expand(load_spec(_sweep(tmp_path, body)))
