@@ -47,3 +47,20 @@ def test_gpu_bench_shapes_tokenizer_and_skip(tmp_path):
         out = tmp_path / "gpu.json"
         assert g.main(["--out", str(out)]) == {"skipped": "no CUDA device"}
         assert "skipped" in out.read_text()
+
+
+def test_compile_bench_batch_and_step():
+    """bench_compile's micro-batch is the packed shape training feeds `completion_logprobs`, and its
+    step returns the eager log-probs and gradient (the arm the compiled one is measured against)."""
+    c = load("bench_compile")
+    from clipbench.models import load_model_and_tokenizer
+
+    model, _ = load_model_and_tokenizer("builtin:arith-steps")
+    b = c.micro_batch(model.config.vocab_size, 2, torch.Generator().manual_seed(0))
+    assert b.input_ids.shape == (16, 12 + 26) and b.completion_ids.shape == (16, 26)
+    # rows 0-3 have 3 pad columns: their first real token sits at position 0, their last at 38 - 3 - 1 = 34
+    assert b.position_ids[0, 3].item() == 0 and b.position_ids[0, -1].item() == 34
+    assert b.position_ids[4, -1].item() == 37 and b.attention_mask[:4, :3].sum().item() == 0
+    logp, grad = c.step(model, b)
+    assert logp.shape == (16, 26) and bool((logp <= 0).all())
+    assert grad.numel() == sum(p.numel() for p in model.parameters()) and bool(grad.isfinite().all())
