@@ -113,7 +113,15 @@ def test_an_exclude_names_a_component_in_either_form(tmp_path):
     both = {"grid": grid, "exclude": [{"objective.name": "nsr", "objective.method": "nsr"}]}
     with pytest.raises(ConfigError) as e:
         load_spec(_sweep(tmp_path, both, "both.yaml"))
-    assert e.value.key == "exclude[0].objective.method" and "same axis" in e.value.reason
+    assert e.value.key == "exclude[0].objective.method" and "same axis as objective.name" in e.value.reason
+    typo = {"grid": grid, "exclude": [{"objective.nme": "nsr"}]}
+    with pytest.raises(ConfigError) as e:
+        load_spec(_sweep(tmp_path, typo, "typo.yaml"))
+    # the axes as the sweep file writes them, not in their stored form (objective.method)
+    assert e.value.key == "exclude[0].objective.nme"
+    assert e.value.reason == (
+        "not an axis of this sweep (did you mean 'objective.name'?); axes: objective.name, seed"
+    )
 
 
 def test_the_aggregation_and_advantage_are_slots_of_the_sweep_rule(tmp_path):

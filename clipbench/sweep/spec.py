@@ -178,28 +178,28 @@ def _zip_axes(zips: Any, src: str) -> list[Axis]:
     return axes
 
 
-def _axis_places(axes: list[Axis], overrides: Mapping[str, Any], src: str) -> dict[str, str]:
-    """{axis key: where it is}; a key on two axes, or both an axis and an override, is refused (a
-    component's name in its one form and its older form, `objective.name` and `objective.method`,
-    is one key: `sweep.slots.stored_key`)."""
+def _axis_places(axes: list[Axis], overrides: Mapping[str, Any], src: str) -> dict[str, tuple[str, str]]:
+    """{axis key as stored: (where it is, the key as the sweep file writes it)}; a key on two axes, or
+    both an axis and an override, is refused (a component's name in its one form and its older form,
+    `objective.name` and `objective.method`, is one key: `sweep.slots.stored_key`)."""
 
     if not axes:
         raise ConfigError(src, "grid", "empty: give at least one axis, e.g. grid: {seed: [0, 1, 2]}")
-    seen: dict[str, str] = {}
+    seen: dict[str, tuple[str, str]] = {}
     for ax in axes:
         for k in ax.keys:
             if stored_key(k) in seen:
-                raise ConfigError(src, f"{ax.where}.{k}", f"'{k}' is already an axis in {seen[stored_key(k)]}")
-            seen[stored_key(k)] = ax.where
+                raise ConfigError(src, f"{ax.where}.{k}", f"'{k}' is already an axis in {seen[stored_key(k)][0]}")
+            seen[stored_key(k)] = (ax.where, k)
     for k in overrides:
         if stored_key(k) in seen:
             raise ConfigError(
-                src, f"overrides.{k}", f"'{k}' is also an axis in {seen[stored_key(k)]}; remove one of them"
+                src, f"overrides.{k}", f"'{k}' is also an axis in {seen[stored_key(k)][0]}; remove one of them"
             )
     return seen
 
 
-def _excludes(exclude: Any, seen: Mapping[str, str], src: str) -> tuple[dict, ...]:
+def _excludes(exclude: Any, seen: Mapping[str, tuple[str, str]], src: str) -> tuple[dict, ...]:
     """Partial assignments of axis keys: the grid points they match are left out. A key is stored in
     a point's form (`objective.name` as `objective.method`: `sweep.slots.stored_key`), so either form
     of a component's name matches the axis in either form."""
@@ -213,7 +213,8 @@ def _excludes(exclude: Any, seen: Mapping[str, str], src: str) -> tuple[dict, ..
             raise ConfigError(
                 src, f"exclude[{i}]", f"expected a non-empty mapping of axis keys to values, got {item!r}"
             )
-        entry = {}
+        entry, written = {}, {}
+        axes = [w for _, w in seen.values()]  # as the sweep file writes them
         for k, v in item.items():
             k = _key(k, src, f"exclude[{i}]")
             key = stored_key(k)
@@ -221,11 +222,11 @@ def _excludes(exclude: Any, seen: Mapping[str, str], src: str) -> tuple[dict, ..
                 raise ConfigError(
                     src,
                     f"exclude[{i}].{k}",
-                    "not an axis of this sweep" + did_you_mean(k, seen) + f"; axes: {', '.join(seen)}",
+                    "not an axis of this sweep" + did_you_mean(k, axes) + f"; axes: {', '.join(axes)}",
                 )
             if key in entry:
-                raise ConfigError(src, f"exclude[{i}].{k}", f"names the same axis as {key}: give one of them")
-            entry[key] = v
+                raise ConfigError(src, f"exclude[{i}].{k}", f"names the same axis as {written[key]}: give one of them")
+            entry[key], written[key] = v, k
         out.append(entry)
     return tuple(out)
 
