@@ -119,9 +119,7 @@ def test_an_exclude_names_a_component_in_either_form(tmp_path):
         load_spec(_sweep(tmp_path, typo, "typo.yaml"))
     # the axes as the sweep file writes them, not in their stored form (objective.method)
     assert e.value.key == "exclude[0].objective.nme"
-    assert e.value.reason == (
-        "not an axis of this sweep (did you mean 'objective.name'?); axes: objective.name, seed"
-    )
+    assert e.value.reason == ("not an axis of this sweep (did you mean 'objective.name'?); axes: objective.name, seed")
 
 
 def test_the_aggregation_and_advantage_are_slots_of_the_sweep_rule(tmp_path):
