@@ -211,7 +211,7 @@ def test_stability_pipeline(tmp_path):
 def test_the_study_sweeps_share_their_cliff_runs():
     """What the headers of sweeps/study_stability_ladder.yaml, quickstart.yaml and
     study_stability_replay.yaml say: a run id is the hash of the resolved config, so the ladder's 2e-4
-    runs (6 rules x seeds 0-4), the quickstart's (grpo and cispo x seeds 0-2) and the replay sweep's
+    runs (7 rules x seeds 0-4), the quickstart's (grpo and cispo x seeds 0-2) and the replay sweep's
     (grpo, gspo, geo_mean, cispo x seeds 0-2) are runs of sweeps/study_stability.yaml."""
     from clipbench.sweep.expand import expand
     from clipbench.sweep.spec import load_spec
@@ -221,8 +221,8 @@ def test_the_study_sweeps_share_their_cliff_runs():
     ladder = expand(load_spec(sweeps / "study_stability_ladder.yaml")).runs
     quick = expand(load_spec(sweeps / "quickstart.yaml")).runs
     replay = expand(load_spec(sweeps / "study_stability_replay.yaml")).runs
-    # 27 x 10; 6 x 4 x 5 + cispo x 5 at 6e-5; 2 x 3; 4 x 3
-    assert (len(study), len(ladder), len(quick), len(replay)) == (270, 125, 6, 12)
+    # 27 x 10; 7 x 4 x 5 + (cispo, gppo) x 5 at 6e-5; 2 x 3; 4 x 3
+    assert (len(study), len(ladder), len(quick), len(replay)) == (270, 150, 6, 12)
     shared = set(study) & set(ladder)
-    assert len(shared) == 30 and {ladder[r]["train"]["lr"] for r in shared} == {2e-4}
+    assert len(shared) == 35 and {ladder[r]["train"]["lr"] for r in shared} == {2e-4}
     assert set(quick) <= set(study) and set(replay) <= set(study)  # recording is outside the run id
