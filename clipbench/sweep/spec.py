@@ -208,13 +208,13 @@ def _excludes(exclude: Any, seen: Mapping[str, tuple[str, str]], src: str) -> tu
     if not isinstance(exclude, list):
         raise ConfigError(src, "exclude", f"expected a list of partial assignments, got {type(exclude).__name__}")
     out = []
+    axes = [w for _, w in seen.values()]  # as the sweep file writes them
     for i, item in enumerate(exclude):
         if not isinstance(item, Mapping) or not item:
             raise ConfigError(
                 src, f"exclude[{i}]", f"expected a non-empty mapping of axis keys to values, got {item!r}"
             )
         entry, written = {}, {}
-        axes = [w for _, w in seen.values()]  # as the sweep file writes them
         for k, v in item.items():
             k = _key(k, src, f"exclude[{i}]")
             key = stored_key(k)
