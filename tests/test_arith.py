@@ -267,3 +267,28 @@ def test_knobs_have_one_owner():
     assert ArithTask(seed=3).knobs() == ArithKnobs().knobs()
     cfg = TaskConfig()
     assert {k: getattr(cfg, k) for k in ArithKnobs.names()} == ArithKnobs().knobs()
+
+
+@pytest.mark.parametrize("knobs", [{}, {"operands": 3, "digits": 2, "ops": "+-"}, {"digits": 4}])
+def test_validation_split_is_held_out_and_disjoint_from_test(knobs):
+    """The validation split (what hyperparameters are tuned on) never shares an expression with the
+    test split (what verdicts are read on) nor with any train split; it is as large as the test split
+    where the space allows, distinct, and the same for the same seed. The test split is unchanged by
+    its existence (it is drawn first, by its own generator): every stored evaluation stays valid."""
+    task, again = ArithTask(seed=5, test_size=120, **knobs), ArithTask(seed=5, test_size=120, **knobs)
+    val, test = _prompts(task.val_problems()), _prompts(task.test_problems())
+    assert len(set(val)) == len(val) == min(120, task.held_out_capacity - 120)
+    assert set(val).isdisjoint(test)
+    assert set(val).isdisjoint(_prompts(task.train_problems()[:5000]))
+    assert all(is_held_out(p.meta["expression"]) for p in task.val_problems())
+    assert task.val_problems() == again.val_problems()
+    assert task.val_problems(7) == task.val_problems()[:7]
+    assert task.val_problems()[0].id == "arith-val-00000"
+
+
+def test_test_split_unchanged_golden():
+    """The first test problems of the default task, pinned before the validation split existed."""
+    assert _prompts(ArithTask(seed=0).test_problems()[:3]) == GOLDEN_TEST_PROMPTS
+
+
+GOLDEN_TEST_PROMPTS = ["41-76=", "46-42=", "83+67="]

@@ -93,6 +93,7 @@ CHANGES = {
     "eval.every": 5,
     "eval.benchmarks": ["gsm8k"],
     "eval.n": 4,
+    "eval.n_ends": 16,
     "eval.limit": 8,
     "eval.data_dir": str(REPO / "tests"),
     "eval.temperature": 0.6,

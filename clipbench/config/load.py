@@ -481,7 +481,11 @@ NOT_IN_ID = ("name", "tracking", "plugins", "launch", "train.record")  # top-lev
 # hash, so every run id from before they existed is unchanged.
 ID_DEFAULTS = {"engine": "builtin", "trl": {}}
 # Nested keys added later, the same way: (section, key) -> the value that keeps them out of the hash.
-NESTED_ID_DEFAULTS = {("train", "router_aux_loss_coef"): 0.0, ("model", "routing_replay"): "none"}
+NESTED_ID_DEFAULTS = {
+    ("train", "router_aux_loss_coef"): 0.0,
+    ("model", "routing_replay"): "none",
+    ("eval", "n_ends"): None,
+}
 
 
 def in_id(key: str, value: Any) -> bool:

@@ -414,6 +414,12 @@ class EvalConfig:
         factory=lambda: ["arith"], help="benchmarks to evaluate on", owner="clipbench.tasks.benchmarks"
     )
     n: int = declared(8, Range(1, MAX_BATCH), "samples per problem")
+    n_ends: int | None = declared(
+        None,
+        Range(1, MAX_BATCH, none=True),
+        "samples per problem at the first and the last evaluation (the endpoints: Avg@n and Pass@k up to "
+        "this n); null: n. The evaluations between use n (curves)",
+    )
     limit: int | None = declared(64, Range(1, None, none=True), "problems per benchmark (null = all)")
     data_dir: str | None = declared(
         None, Source(hub=False, dir_only=True, none=True), "local copies of the benchmarks (else HF dataset names)"

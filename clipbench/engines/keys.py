@@ -338,6 +338,7 @@ VERL: dict[str, Support] = {
     "eval.every": mapped("trainer.test_freq"),
     "eval.benchmarks": honoured("exported as verl's validation set"),
     "eval.n": mapped(R + "val_kwargs.n"),
+    "eval.n_ends": refused("verl validates every time with one n (eval.n)"),
     "eval.limit": honoured("exported as verl's validation set"),
     "eval.data_dir": honoured("exported as verl's validation set"),
     "eval.temperature": mapped(R + "val_kwargs.temperature"),

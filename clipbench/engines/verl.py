@@ -54,6 +54,7 @@ from clipbench.integrations.verl_settings import (
 )
 from clipbench.models import PROMPT_TOKENS, compute_dtype, dtype_name, resolve_model_name
 from clipbench.tasks import build_task
+from clipbench.tasks.benchmarks import ARITH_SPLITS
 
 A, R, REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
 _PLAIN = re.compile(r"[A-Za-z_/.~][A-Za-z0-9_./:@+~-]*")
@@ -117,7 +118,7 @@ def export_task(cfg: dict, out_dir: Path) -> tuple[Path, Path]:
     train_rows = rows(cfg["task"]["name"], task.train_problems(), {"task": task_json, "benchmark": ""})
     val_rows = []
     for name, (problems, _) in (eval_suite(run, task) if run.eval.benchmarks else {}).items():
-        own = name == "arith" and run.task.name == "arith"  # the run's own held-out split, graded by the task
+        own = name in ARITH_SPLITS and run.task.name == "arith"  # the run's own held-out split, graded by the task
         val_rows += rows(name, problems, {"task": task_json, "benchmark": "" if own else name})
     out_dir.mkdir(parents=True, exist_ok=True)
     for path, data in ((train, train_rows), (val, val_rows)):

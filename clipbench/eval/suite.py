@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from clipbench.eval.evaluate import Shard, evaluate_and_store
 from clipbench.seeds import derive_seed
-from clipbench.tasks.benchmarks import benchmark_grader, load_benchmark
+from clipbench.tasks.benchmarks import ARITH_SPLITS, arith_split, benchmark_grader, load_benchmark
 
 
 def eval_suite(cfg, task) -> dict[str, tuple[list, Callable]]:
@@ -22,13 +22,20 @@ def eval_suite(cfg, task) -> dict[str, tuple[list, Callable]]:
 
     suite = {}
     for name in cfg.eval.benchmarks:
-        if name == "arith" and cfg.task.name == "arith":  # the run's own held-out split and knobs
-            problems = list(task.test_problems())[: cfg.eval.limit or None]
+        if name in ARITH_SPLITS and cfg.task.name == "arith":  # the run's own held-out split and knobs
+            problems = list(arith_split(task, name))[: cfg.eval.limit or None]
             suite[name] = (problems, task.is_correct)
         else:
             problems = load_benchmark(name, data_dir=cfg.eval.data_dir, limit=cfg.eval.limit)
             suite[name] = (problems, benchmark_grader(name))
     return suite
+
+
+def eval_n(cfg, step: int) -> int:
+    """Samples per problem of the evaluation at rollout step ``step``: ``eval.n_ends`` at the first
+    and the last (the endpoints a verdict reads), ``eval.n`` between."""
+    ends = cfg.eval.n_ends is not None and step in (0, cfg.train.steps)
+    return cfg.eval.n_ends if ends else cfg.eval.n
 
 
 def run_eval(
@@ -55,7 +62,7 @@ def run_eval(
             sampler,
             {name: problems for name, (problems, _) in suite.items()},
             grade={name: grade_fn for name, (_, grade_fn) in suite.items()},
-            n=cfg.eval.n,
+            n=eval_n(cfg, step),
             seed=derive_seed(cfg.seed, "eval", step),
             temperature=cfg.eval.temperature,
             top_p=cfg.eval.top_p,

@@ -21,7 +21,7 @@ from clipbench.report import health
 from clipbench.report import paper as paper_ref
 from clipbench.report.analysis import BASE_LABEL, QUADRANTS
 
-BENCH_ORDER = ("aime24", "aime25", "amc23", "math500", "gsm8k", "arith")
+BENCH_ORDER = ("aime24", "aime25", "amc23", "math500", "gsm8k", "arith", "arith-val")
 BENCH_TITLES = {
     "aime24": "AIME24",
     "aime25": "AIME25",
@@ -29,6 +29,7 @@ BENCH_TITLES = {
     "math500": "MATH500",
     "gsm8k": "GSM8K",
     "arith": "arith",
+    "arith-val": "arith (validation)",
 }
 QUADRANT_TITLES = {"q1": "Q1 (A>0, r>1)", "q2": "Q2 (A>0, r<1)", "q3": "Q3 (A<0, r<1)", "q4": "Q4 (A<0, r>1)"}
 

@@ -23,6 +23,10 @@ with replacement from the other expressions. So no seed's train split ever conta
 test expression, which keeps the base model (trained on seed 0's train split) honest on every test
 split.
 
+A run's validation split (``val_problems``, the ``arith-val`` benchmark) is drawn from the held-out
+expressions too, by a generator of its own, and never shares an expression with the test split:
+hyperparameters are chosen on it, verdicts are read on the test split.
+
 Reward (outcome only, like RLVR on math): the stated final answer equals the answer -> 1.0, else
 0.0. The stated final answer is the completion's leading integer in the answer format and the
 leading integer of the text after the first ``#`` in the steps format (see ``parse_leading_int``);
@@ -280,20 +284,36 @@ class ArithTask(ArithKnobs):
                 out.append(self._problem("train", len(out), nums, ops))
         return tuple(out)
 
-    @cached_property
-    def _test(self) -> tuple[Problem, ...]:
-        rng = self._rng("test")
+    def _held_out_draw(self, split: str, size: int, exclude: frozenset[str] = frozenset()) -> tuple[Problem, ...]:
+        """``size`` distinct held-out expressions drawn by ``split``'s generator, none in ``exclude``."""
+        rng = self._rng(split)
         if self.space_size <= ENUMERATE_LIMIT:
-            chosen = rng.sample(self._held_out_pool, self.test_size)
+            pool = [e for e in self._held_out_pool if render(*e) not in exclude]
+            if size > len(pool):
+                raise ArithKnobError(
+                    "test_size", f"{split}: {size} problems asked, {len(pool)} held-out expressions left"
+                )
+            chosen = rng.sample(pool, size)
         else:
-            seen, chosen = set(), []
-            while len(chosen) < self.test_size:
+            seen, chosen = set(exclude), []
+            while len(chosen) < size:
                 nums, ops = self._draw(rng)
                 expr = render(nums, ops)
                 if expr not in seen and is_held_out(expr):
                     seen.add(expr)
                     chosen.append((nums, ops))
-        return tuple(self._problem("test", i, nums, ops) for i, (nums, ops) in enumerate(chosen))
+        return tuple(self._problem(split, i, nums, ops) for i, (nums, ops) in enumerate(chosen))
+
+    @cached_property
+    def _test(self) -> tuple[Problem, ...]:
+        return self._held_out_draw("test", self.test_size)
+
+    @cached_property
+    def _val(self) -> tuple[Problem, ...]:
+        # the validation split: held-out expressions too (never trained on), drawn by a generator of
+        # its own and disjoint from the test split, so tuning on it leaves the test split unseen
+        test = frozenset(p.meta["expression"] for p in self._test)
+        return self._held_out_draw("val", min(self.test_size, self.held_out_capacity - self.test_size), test)
 
     def train_problems(self, n: int | None = None) -> Sequence[Problem]:
         """The first ``n`` (default all ``train_size``) train problems; drawn with replacement."""
@@ -302,6 +322,11 @@ class ArithTask(ArithKnobs):
     def test_problems(self, n: int | None = None) -> Sequence[Problem]:
         """The first ``n`` (default all ``test_size``) test problems; distinct expressions."""
         return self._test if n is None else self._test[: _check_int("n", n, 0, self.test_size)]
+
+    def val_problems(self, n: int | None = None) -> Sequence[Problem]:
+        """The first ``n`` validation problems (as many as the test split where the space allows):
+        held-out expressions disjoint from the test split, for choosing hyperparameters."""
+        return self._val if n is None else self._val[: _check_int("n", n, 0, len(self._val))]
 
     # ---- the format -----------------------------------------------------------------------
     def solution(self, problem: Problem, rng: random.Random | None = None) -> str:

@@ -4,6 +4,7 @@ load_benchmark("aime24")                        # datasets.load_dataset("Hugging
 load_benchmark("aime24", data_dir="data/")      # data/aime24.jsonl (offline)
 load_benchmark("arith")                         # ArithTask()'s test split (no files)
 load_benchmark("arith", arith=task)             # a given arith task's test split (a run's own)
+load_benchmark("arith-val", arith=task)         # its validation split (held out, disjoint from test)
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ for _b in (
     Benchmark("math500", "HuggingFaceH4/MATH-500", "test", None, "math500.jsonl", "MATH-500 (Lightman et al.)"),
     Benchmark("gsm8k", "openai/gsm8k", "test", "main", "gsm8k_test.jsonl", "GSM8K test, 1319 problems"),
     Benchmark("arith", None, description="ArithTask's held-out test split"),
+    Benchmark("arith-val", None, description="ArithTask's validation split (held out, disjoint from the test split)"),
 ):
     BENCHMARKS.register(_b.name, _b)
 
@@ -51,6 +53,14 @@ def _arith_task(arith: Task | None) -> Task:
         return arith
 
     return ArithTask()
+
+
+ARITH_SPLITS = {"arith": "test", "arith-val": "val"}  # the generated benchmarks: a run's own splits
+
+
+def arith_split(task: Task, name: str):
+    """The problems of generated benchmark ``name`` ('arith': the test split, 'arith-val': validation)."""
+    return task.test_problems() if ARITH_SPLITS[name] == "test" else task.val_problems()
 
 
 def load_benchmark(
@@ -72,7 +82,7 @@ def load_benchmark(
     if limit is not None and limit < 0:
         raise UserError(f"benchmark '{name}': limit must be >= 0, got {limit}")
     if bench.hf_name is None:
-        problems = list(_arith_task(arith).test_problems())
+        problems = list(arith_split(_arith_task(arith), name))
         return problems if limit is None else problems[:limit]
     if data_dir is not None:
         path = Path(data_dir).expanduser() / bench.local_file
