@@ -292,3 +292,20 @@ def test_test_split_unchanged_golden():
 
 
 GOLDEN_TEST_PROMPTS = ["41-76=", "46-42=", "83+67="]
+
+
+def test_slipped_steps_golden():
+    """One sum step's result off by a SLIPS offset, carried on: 43-80+59 = -37, then 22.
+    random.Random(1): choice of step index 0 (of the chain [0, 1]), offset -10: 43-80=-47, -47+59=12."""
+    from clipbench.tasks.arith import SLIPS, slipped_steps
+
+    steps = worked_steps([43, 80, 59], ["-", "+"])
+    assert steps == [(43, "-", 80, -37), (-37, "+", 59, 22)]
+    assert slipped_steps(steps, random.Random(1)) == [(43, "-", 80, -47), (-47, "+", 59, 12)]
+    for seed in range(50):  # every slip: exactly one step's own arithmetic is wrong, later steps carry it
+        out = slipped_steps(steps, random.Random(seed))
+        wrong = [i for i, (a, op, b, c) in enumerate(out) if c != (a + b if op == "+" else a - b)]
+        assert len(wrong) == 1 and out[wrong[0]][3] - steps[wrong[0]][3] in SLIPS
+        assert out[-1][3] != steps[-1][3]
+    products = worked_steps([3, 4], ["*"])
+    assert slipped_steps(products, random.Random(0)) == products  # products are never slipped

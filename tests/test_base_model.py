@@ -151,7 +151,7 @@ def test_resolve_model_name(built):
         UserError,
         match=r"model.name: unknown built-in model 'builtin:arith-tny' "
         r"\(did you mean 'builtin:arith-tiny'\?\); "
-        r"valid: builtin:arith-steps, builtin:arith-steps-moe, builtin:arith-tiny",
+        r"valid: builtin:arith-organism, builtin:arith-steps, builtin:arith-steps-moe, builtin:arith-tiny",
     ):
         models.resolve_model_name("builtin:arith-tny")
     with pytest.raises(UserError, match="non-empty string"):
@@ -211,7 +211,7 @@ def test_unknown_name():
     with pytest.raises(
         UserError,
         match=r"unknown built-in model 'arth' \(did you mean 'arith'\?\); "
-        r"valid: arith, arith-steps, arith-steps-moe, arith-tiny",
+        r"valid: arith, arith-organism, arith-steps, arith-steps-moe, arith-tiny",
     ):
         bm.build_base_model("arth")
     assert bm.recipe_name("arith") == bm.recipe_name("builtin:arith-tiny") == "arith-tiny"  # legacy name
@@ -327,3 +327,43 @@ def test_moe_build_is_deterministic_and_the_aux_loss_is_trained_when_asked(tmp_p
     info = models.read_build_info(a)
     assert info["recipe"]["num_experts"] == 4 and info["sft"]["steps"] == 10
     assert json.loads((c / "config.json").read_text())["router_aux_loss_coef"] == 0.01
+
+
+# ---- builtin:arith-organism: arith-steps' task and model, SFT on solutions with slips -------------
+def test_shipped_organism_model_record():
+    """The organism's base model: the steps task, half of its SFT solutions slipped, and the room RL
+    sharpens into: sampled (T=1) test accuracy well below greedy (measured at the build: 26.7% of
+    2000 samples against 53.8% greedy on the 500 test problems)."""
+    from clipbench.commands.eval import built_on_task
+
+    path = models.builtin_path("arith-organism")
+    info = models.read_build_info(path)
+    recipe = BUILTIN_RECIPES["arith-organism"]
+    assert recipe.sft_slip_rate == 0.5 and info["recipe"]["sft_slip_rate"] == 0.5
+    assert built_on_task(path) == ArithTask(**recipe.task.knobs())
+    m = info["measured"]
+    assert m["in_band"] and m["test_greedy_acc"] - m["test_sampled_acc"] > 0.2
+    assert info["weights_sha256"] == models.weights_sha256(path)
+
+
+def test_slips_change_only_the_slipped_builds(tmp_path):
+    """sft_slip_rate draws from a generator of its own: a recipe without slips builds the same bytes
+    as before slips existed (arith-steps is unchanged), and one with slips trains on other targets."""
+    recipe = bm.dataclasses.replace(SMALL, task=ArithKnobs(operands=3, format="steps", train_size=500, test_size=20))
+    plain = bm.build_base_model("arith-steps", tmp_path / "a", seed=1, recipe=recipe, log=lambda m: None)
+    again = bm.build_base_model(
+        "arith-steps",
+        tmp_path / "b",
+        seed=1,
+        recipe=bm.dataclasses.replace(recipe, sft_slip_rate=0.0),
+        log=lambda m: None,
+    )
+    slipped = bm.build_base_model(
+        "arith-steps",
+        tmp_path / "c",
+        seed=1,
+        recipe=bm.dataclasses.replace(recipe, sft_slip_rate=0.5),
+        log=lambda m: None,
+    )
+    assert (plain / "model.safetensors").read_bytes() == (again / "model.safetensors").read_bytes()
+    assert (plain / "model.safetensors").read_bytes() != (slipped / "model.safetensors").read_bytes()

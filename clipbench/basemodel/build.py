@@ -272,7 +272,13 @@ def train_sft(model, tokenizer, task, recipe: Recipe, seed: int, log: Callable[[
     """SFT until sampled validation accuracy reaches ``recipe.stop_at_sampled_acc`` (or max_steps)."""
     sft, val = _split_validation(task.train_problems(), recipe.val_size)
     rng = random.Random(seed * 1000 + 4)  # which way round each commutative step is written
-    input_ids, attn, loss_mask = encode_sft(tokenizer, [p.prompt for p in sft], [task.solution(p, rng) for p in sft])
+    slips = random.Random(seed * 1000 + 5)  # which completions carry a slip, and which (its own generator:
+    # a recipe without slips draws exactly what it drew before slips existed)
+    completions = [
+        task.solution(p, rng, slip=slips if recipe.sft_slip_rate and slips.random() < recipe.sft_slip_rate else None)
+        for p in sft
+    ]
+    input_ids, attn, loss_mask = encode_sft(tokenizer, [p.prompt for p in sft], completions)
     max_new = max_completion_tokens(task, task.train_problems()) + 1
     g_batch = torch.Generator().manual_seed(seed * 1000 + 1)
     g_eval = torch.Generator().manual_seed(seed * 1000 + 2)

@@ -40,6 +40,7 @@ class Recipe:
     eval_every: int = 50
     val_size: int = 256
     stop_at_sampled_acc: float = 0.30
+    sft_slip_rate: float = 0.0  # steps format: share of SFT completions with one slip (tasks.arith.slipped_steps)
     # final measurement on the test split
     test_samples_per_problem: int = 4
     num_threads: int = 1  # fixed: CPU results depend on the thread count; 1 is also robust
@@ -71,6 +72,22 @@ BUILTIN_RECIPES.register(
         batch_size=64,  # longer sequences than arith-tiny's: half the batch, same steps budget
         eval_every=25,
         stop_at_sampled_acc=0.25,
+    ),
+)
+# arith-organism: the organism regime's base model (recipes/organism.yaml, docs/studies/organism.md). The
+# same task and model as arith-steps, but half of its SFT solutions carry one slip (a sum step's
+# result off by 1 or 10, carried on to a wrong answer), as text written by people does: the model
+# learns the right steps as the mode with mistakes around them, so it samples with more entropy
+# than it needs and its greedy answer beats its sampled one, the room RL sharpens into.
+BUILTIN_RECIPES.register(
+    "arith-organism",
+    Recipe(
+        task=ArithKnobs(operands=3, format="steps"),
+        target_band=(0.15, 0.45),
+        batch_size=64,
+        eval_every=25,
+        stop_at_sampled_acc=0.30,
+        sft_slip_rate=0.5,
     ),
 )
 # arith-steps-moe: the same task and stopping rule as arith-steps, on a tiny Qwen3-MoE (hidden 64 and

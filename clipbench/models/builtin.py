@@ -3,6 +3,8 @@
     builtin:arith-tiny    a char-level Qwen3 fine-tuned on arith, answer format: "37+45=" -> "82"
     builtin:arith-steps   ... on arith in the worked-steps format: "37+45-12=" -> "37+45=82 82-12=70 #70"
     builtin:arith-steps-moe  the same task on a char-level Qwen3-MoE (8 experts, top-2, 0.50M parameters)
+    builtin:arith-organism   arith-steps' task and model, SFT on solutions half of which carry a slip: the
+                             base of the organism regime (recipes/organism.yaml)
 
 Each is a Hugging Face model directory under ``clipbench/models/weights/<name>/`` (weights,
 config, tokenizer) with ``clipbench_base.json``, the record of its build (the arith task it was

@@ -121,6 +121,29 @@ def render_steps(steps: Sequence[Step], swap: Sequence[bool] = ()) -> str:
     return f"{STEP_SEP.join(parts)}{STEP_SEP}{ANSWER_MARK}{steps[-1][3]}"
 
 
+SLIPS = (-10, -1, 1, 10)  # a slip: one digit of a sum step's result off by one (units or tens)
+
+
+def slipped_steps(steps: Sequence[Step], rng: random.Random) -> list[Step]:
+    """``steps`` with one slip, as a person working it out might make: the result of one step of the
+    sum chain (a '+' or '-' step, chosen uniformly) is off by one of ``SLIPS``, and every later step
+    carries the wrong value on, so the final answer is wrong. Products are never slipped. Steps with
+    no '+' or '-' step are returned as they are."""
+    out = list(steps)
+    chain = [i for i, (_, op, _, _) in enumerate(out) if op in "+-"]
+    if not chain:
+        return out
+    i = rng.choice(chain)
+    a, op, b, c = out[i]
+    total = c + rng.choice(SLIPS)
+    out[i] = (a, op, b, total)
+    for j in chain[chain.index(i) + 1 :]:  # the sum chain runs last, each step on the previous total
+        _, op, b, _ = out[j]
+        new = total + b if op == "+" else total - b
+        out[j], total = (total, op, b, new), new
+    return out
+
+
 def render(operands: Sequence[int], ops: Sequence[str]) -> str:
     """'37+45-12' for operands (37, 45, 12) and ops ('+', '-')."""
     parts = [str(operands[0])]
@@ -329,12 +352,15 @@ class ArithTask(ArithKnobs):
         return self._val if n is None else self._val[: _check_int("n", n, 0, len(self._val))]
 
     # ---- the format -----------------------------------------------------------------------
-    def solution(self, problem: Problem, rng: random.Random | None = None) -> str:
+    def solution(self, problem: Problem, rng: random.Random | None = None, *, slip: random.Random | None = None) -> str:
         """A reference completion (without EOS): what the base model is fine-tuned on. Steps format:
         with ``rng``, each commutative step is written either way round with probability 1/2 (all
-        are correct); without, the canonical order."""
+        are correct); without, the canonical order. With ``slip`` (a generator), the steps carry one
+        slip (``slipped_steps``): a worked solution with a mistake in it, as real text has."""
         if self.format == "steps":
             steps = worked_steps(problem.meta["operands"], problem.meta["ops"])
+            if slip is not None:
+                steps = slipped_steps(steps, slip)
             return render_steps(steps, [rng.random() < 0.5 for _ in steps] if rng is not None else ())
         return problem.answer
 
