@@ -57,6 +57,7 @@ bench: install ## Speed/memory targets, measured side by side (writes results/be
 	$(PY) bench/bench_run.py
 	$(PY) bench/bench_compile.py
 	$(PY) bench/bench_replay.py
+	$(PY) bench/bench_sampling.py
 	$(PY) bench/bench_gpu.py
 
 quickstart: install ## Run sweeps/quickstart.yaml (grpo vs cispo at the lr cliff, 3 seeds) on the shipped worked-steps base model, print the report

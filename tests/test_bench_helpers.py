@@ -64,3 +64,23 @@ def test_compile_bench_batch_and_step():
     logp, grad = c.step(model, b)
     assert logp.shape == (16, 26) and bool((logp <= 0).all())
     assert grad.numel() == sum(p.numel() for p in model.parameters()) and bool(grad.isfinite().all())
+
+
+def test_sampling_bench_flops_per_token_and_run(tmp_path):
+    """The organism model's arithmetic per generated token. Per layer: q 128*4*32 = 16,384; k, v
+    2*128*2*32 = 16,384; o 4*32*128 = 16,384; MLP 3*128*256 = 98,304 -> 147,456 x 3 layers = 442,368,
+    + the tied output layer 128*20 = 2,560: 444,928 matmul parameters, x 2 = 889,856 FLOPs; attention
+    4*3 layers*4 heads*32*context = 1,536 per position of context: 30,720 at 20 -> 920,576."""
+    import json
+
+    from transformers import AutoConfig
+
+    from clipbench.models import builtin_path
+
+    b = load("bench_sampling")
+    config = AutoConfig.from_pretrained(builtin_path("arith-organism"))
+    assert b.flops_per_token(config, 20) == 920_576
+    out = tmp_path / "s.json"
+    assert b.main(["--prompts", "4", "--n", "2", "--reps", "1", "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["rows"] == 8 and got["tokens_per_s"] > 0 and 0 < got["fraction_of_bound"]
