@@ -80,6 +80,11 @@ study-stability: install ## Study (d), docs/studies/stability.md: 27 rules at th
 	$(VENV)/bin/clipbench report study_stability_replay --results-dir $(RESULTS) --baseline grpo --format markdown --out docs/studies/stability_replay
 	$(PY) scripts/stability_why.py --results-dir $(RESULTS) --replay docs/studies/stability_replay/report.json > docs/studies/stability_replay/why.md
 
+study-organism: install ## The organism's gate, docs/studies/organism.md: grpo (seeds 0-19) and dapo (seeds 0-9) on recipes/organism.yaml (30 runs of ~6 min), then the gate table and figures
+	$(VENV)/bin/clipbench sweep sweeps/organism_gate.yaml --results-dir $(RESULTS) --jobs 2
+	$(PY) scripts/organism_gate.py --results-dir $(RESULTS) --sweep organism_gate --out docs/studies/organism
+	$(VENV)/bin/clipbench report organism_gate --results-dir $(RESULTS) --baseline grpo --format markdown --out docs/studies/organism/report
+
 study-replay: install ## Study (c), docs/studies/replay.md: grpo on the quickstart regime with recording, every rule replayed
 	$(VENV)/bin/clipbench sweep sweeps/study_replay.yaml --results-dir $(RESULTS) --jobs 2
 	$(PY) scripts/replay_study.py --results-dir $(RESULTS) --sweep study_replay --out docs/studies
@@ -102,4 +107,4 @@ dist: install ## Build the wheel and sdist into dist/ (recipes and sweeps inside
 clean: ## Remove generated results (keeps results/README.md)
 	find $(RESULTS) -mindepth 1 ! -name README.md -exec rm -rf {} +
 
-.PHONY: help install install-browser dist lint test test-verl test-vllm bench quickstart reproduce-table3 reproduce-nsr study study-stability study-replay study-moe test-fast clean
+.PHONY: help install install-browser dist lint test test-verl test-vllm bench quickstart reproduce-table3 reproduce-nsr study study-stability study-organism study-replay study-moe test-fast clean

@@ -97,13 +97,35 @@ def per_run(run: RunRecord) -> dict:
     if q is not None:
         acted = sum(sum(float(r.get(f"{c}/tokens", 0) or 0) for c in NONZERO_ADV_CELLS) for r in run.metrics)
         near = sum(sum(float(r.get(f"{c}/in_band_near", 0) or 0) for c in NONZERO_ADV_CELLS) for r in run.metrics)
+        rule_band = 100.0 * near / acted if acted else math.nan  # the run's own rule's band (rules with a delta)
         out["clip"] = {
             "out_of_band": q["out_of_band"],
             "share": q["share"],
             "grad_share": q["grad_share"],
-            "rescue_band": 100.0 * near / acted if acted else math.nan,
+            "rescue_band": rule_band if run.method == "nsr" else nsr_band_share(run.hist),
         }
     return out
+
+
+NSR_BAND = {"pos": (math.log(1.28), math.log(1.38)), "neg": (math.log(0.7), math.log(0.8))}  # nsr's defaults
+
+
+def nsr_band_share(hist: Sequence[dict]) -> float:
+    """% of tokens with A != 0 whose ratio lies in NSR's rescue band at its defaults (eps 0.2 / 0.28,
+    delta 0.1: A > 0 with r in (1.28, 1.38], A < 0 with r in [0.7, 0.8)), read from the run's log-ratio
+    histograms (the last optimizer step of each rollout step, the most off-policy one; a bin counts
+    when its centre lies in the band)."""
+    inside = total = 0.0
+    for h in hist:
+        edges = np.asarray(h["edges"], dtype=float)
+        centres = (edges[:-1] + edges[1:]) / 2
+        for side, (lo, hi) in NSR_BAND.items():
+            counts = np.asarray(h.get(side, []), dtype=float)  # [below the first edge, the bins, above the last]
+            if counts.size != centres.size + 2:
+                continue
+            total += counts.sum()
+            inside += counts[1:-1][(centres > lo) & (centres <= hi)].sum()
+    return 100.0 * inside / total if total else math.nan
 
 
 def ks(n: int) -> list[int]:
@@ -252,7 +274,9 @@ def render(g: dict, rows: list[dict]) -> str:
         "",
         "Out of band: tokens outside [0.8, 1.2] / all tokens the rule saw. Clip-event shares: each quadrant's "
         "out-of-band tokens / all four quadrants' (ABC-GRPO reports Q4 at about 41%). NSR band: tokens with "
-        "A != 0 in the near-boundary band NSR acts on / all tokens with A != 0. Length: completion tokens, "
+        "A != 0 whose ratio lies in the band NSR rescues at its defaults (A > 0: r in (1.28, 1.38]; A < 0: r in "
+        "[0.7, 0.8)) / all tokens with A != 0, from the log-ratio histograms of the last optimizer step of each "
+        "rollout step (the most off-policy one). Length: completion tokens, "
         "mean of the first and the last fifth of rollout steps.",
         "",
         "![entropy](plots/organism_entropy.png)",
