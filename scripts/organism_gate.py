@@ -177,7 +177,8 @@ def gates(rows: list[dict]) -> dict:
         for name, f in endpoints.items():
             xa, xb = [f(r) for r in a], [f(r) for r in b]
             res = stats.ttest_ind(xa, xb, equal_var=False)
-            fam[name] = {"diff": float(np.mean(xa) - np.mean(xb)), "p": float(res.pvalue)}
+            p = float(res.pvalue)  # nan only when both arms are constant: no evidence of a difference
+            fam[name] = {"diff": float(np.mean(xa) - np.mean(xb)), "p": 1.0 if math.isnan(p) else p}
         adjusted = multipletests([v["p"] for v in fam.values()], method="holm")[1]
         for v, adj in zip(fam.values(), adjusted):
             v["p_holm"] = float(adj)
