@@ -4,8 +4,9 @@ Tables of a report, per block (base model):
 - ``table3``: the paper's Table 3 layout: per benchmark one row per method, Avg@n and Pass@k
   (k = 2, 4, ..., n), mean +- std over seeds in %, an Average block and Gain rows (% vs the
   baseline), the paper's reference rows inline when model and benchmark are the paper's;
-- ``significance``: Avg@n and Pass@n with 95% CIs over problems, the difference from the baseline
-  (percentage points) and its paired-bootstrap p-value;
+- ``significance``: Avg@n and Pass@n with 95% CIs over problems (within-seed sampling noise only),
+  the difference from the baseline (percentage points) with its interval and p over seeds (a paired t,
+  the seed the unit) and the Holm-adjusted p over the methods compared;
 and once: ``quadrants`` (share of clip events per quadrant, like the paper's Figure 4f), ``dynamics``
 (entropy and sampled accuracy early vs late, the off-policy out-of-band share), ``runs`` (every run:
 state, skipped steps, collapse flags, why it is not compared) and, for a grpo-vs-abc sweep on other
@@ -172,16 +173,27 @@ def table3(block: dict, baseline: str | None, paper: dict | None) -> Table:
 # ---- significance -----------------------------------------------------------------------------
 
 
+def delta_cell(c: dict) -> str:
+    """'+3.1 [-0.4, +6.6]': method - baseline in points, the mean over paired seeds and its t interval."""
+    delta = c.get("delta")
+    if delta is None or not math.isfinite(delta):
+        return ""
+    lo, hi = c.get("delta_ci") or (math.nan, math.nan)
+    ci = f" [{100 * lo:+.1f}, {100 * hi:+.1f}]" if math.isfinite(lo) and math.isfinite(hi) else ""
+    return f"{100 * delta:+.1f}{ci}"
+
+
 def significance(block: dict, baseline: str | None, resamples: int, seed: int) -> Table:
     n, metrics = block["n"], block["metrics"]
     headline = [metrics[0]] + ([metrics[-1]] if len(metrics) > 1 else [])
     cols = ["Benchmark", "Method", "Seeds x problems"]
     for m in headline:
-        cols += [f"{metric_title(m, n)} [95% CI]", "Δ (pp)", "p"]
+        cols += [f"{metric_title(m, n)} [95% CI, problems]", "Δ (pp) [95% CI, seeds]", "p (seeds)", "p Holm"]
     t = Table("significance", f"Significance vs {baseline or '(no baseline)'}: {model_title(block['model'])}", cols)
     entries = [(b, block["benchmarks"][b]) for b in ordered_benchmarks(block["benchmarks"])]
     if len(entries) > 1 and block["average"]["rows"]:
         entries.append(("average", block["average"]))
+    family = 0
     for bench, entry in entries:
         first = True
         for lb in ordered_labels(block, baseline):
@@ -192,17 +204,22 @@ def significance(block: dict, baseline: str | None, resamples: int, seed: int) -
             cells = [title if first else "", lb, f"{r['seeds']} x {r['problems']}"]
             for m in headline:
                 c = r["metrics"][m]
-                delta = c.get("delta")
-                cells += [ci_cell(c), "" if delta is None else f"{100 * delta:+.1f}", p_cell(c.get("p"))]
+                family = max(family, c.get("family") or 0)
+                cells += [ci_cell(c), delta_cell(c), p_cell(c.get("p")), p_cell(c.get("p_holm"))]
             t.add(cells, "baseline" if lb == baseline else "")
             first = False
     t.notes = [
-        "95% CI: Student t interval over problems of the per-problem values (each problem's value averaged "
-        "over seeds first), clipped to [0, 100]; for Average, the benchmarks' standard errors combined "
-        "(Welch-Satterthwaite df).",
-        f"p: two-sided paired bootstrap vs the baseline, problems paired by id and resampled with replacement "
-        f"({resamples} resamples, numpy default_rng({seed}); stratified by benchmark for Average); "
-        f"p = (1 + #{{|d* - d| >= |d|}}) / (B + 1). Δ: method - baseline in percentage points.",
+        "[95% CI, problems]: Student t interval over problems of the per-problem values (each problem's value "
+        "averaged over seeds first), clipped to [0, 100]; for Average, the benchmarks' standard errors combined "
+        "(Welch-Satterthwaite df). It shows within-seed sampling noise only (the problems drawn), not how much "
+        "another seed's run would differ.",
+        "Δ: method - baseline in percentage points, each seed's mean over its problems paired by seed; its "
+        "95% CI and p (two-sided): a paired t over the seeds' differences (scipy.stats.ttest_1samp; the seed is "
+        "the unit; blank with fewer than 2 paired seeds). p Holm: Holm's correction over the "
+        f"{family} method(s) compared with the baseline on that row's benchmark and metric "
+        "(statsmodels multipletests); a difference is significant at 0.05 only when p Holm < 0.05.",
+        f"report.json keeps p_problems: the paired bootstrap over problems ({resamples} resamples, "
+        f"default_rng({seed})), within-seed sampling noise only (it speaks for these trained models, not for a rerun).",
     ]
     return t
 
