@@ -95,7 +95,11 @@ def test_mde_of_a_bootstrap_over_problems_golden():
     base = [0] * 8
     runs = [run("grpo", 0, final=[1] * 6 + [0, 0], base=base)]
     c = claim(runs, LEARNS)
-    assert c.estimate == pytest.approx(37.5) and c.n == 8 and c.test == "paired bootstrap, problems"
+    assert (
+        c.estimate == pytest.approx(37.5)
+        and c.n == 8
+        and c.test == "paired bootstrap, problems (within-seed noise only)"
+    )
     assert c.se == pytest.approx(8.18317, rel=1e-5) and c.df == pytest.approx(7)
     assert c.mde == pytest.approx(26.682, rel=1e-4)
 
@@ -320,7 +324,10 @@ def test_runs_compared_across_base_model_checksums_are_flagged(store):
     ] == [sha_a]
     (ct,) = [t for t in tables if t.key == "claims"]
     row = next(r for r, _ in zip(ct.rows, ct.styles) if r[1] == "abc - grpo" and r[2].startswith("Avg@"))
-    assert "[runs from 2 different base models: weights sha256 aaaaaaaa, bbbbbbbb]" in row[7]
+    assert "[runs from 2 different base models: weights sha256 aaaaaaaa, bbbbbbbb]" in row[8]  # after p, p Holm
+    # issue 37 (5): seeds 0 and 1 ran on two machines: said next to the verdict
+    assert "[runs from 2 machines: the same run ids give different numbers on each]" in row[8]
+    assert len(by_claim[("ABC-GRPO beats GRPO on held-out accuracy", "abc - grpo")]["machines"]) == 2
     assert ct.styles[ct.rows.index(row)] == "flagged"
     (pt,) = [t for t in tables if t.key == "provenance"]
     assert [r[1] for r in pt.rows] == [sha_a[:16]] * 2 + [sha_b[:16]] * 2 and set(pt.styles) == {"flagged"}

@@ -84,7 +84,8 @@ def _claims(claims: list[dict]) -> str | None:
     rest = sum(c["verdict"].startswith("inconclusive") for c in claims)
     if rest:
         said.append(f"{rest} inconclusive at this scale")
-    return f"of {len(claims)} claims, " + ", ".join(said)
+    family = max((c.get("family") or 0 for c in claims), default=0)
+    return f"of {len(claims)} claims (one family, Holm over {family}), " + ", ".join(said)
 
 
 def finding_line(result: dict) -> str | None:
