@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from clipbench.report.replication import seed_ranges
+from clipbench.report.replication import HALVES, MIN_PER_HALF, seed_ranges
 from clipbench.report.tables import Table, model_title
 
 # ---- the papers' claims -------------------------------------------------------------------------
@@ -56,6 +56,12 @@ def replication_cell(c: dict) -> str:
     return f"{rep['status']} ({parts})"
 
 
+def consistency_title(rows: list[dict]) -> str:
+    """'Split-half consistency' for the halves of one sweep's seeds, 'Replication' against another sweep."""
+    by = next(((c.get("replication") or {}).get("by") for c in rows if c.get("replication")), None)
+    return "Split-half consistency" if by == HALVES else "Replication"
+
+
 def claims(rows: list[dict]) -> Table | None:
     """One row per claim that applies to the sweep (clipbench.report.claims): figure, CI, test, verdict,
     the smallest effect the design detects, and whether the verdict replicates (report/replication.py)."""
@@ -72,7 +78,7 @@ def claims(rows: list[dict]) -> Table | None:
         "p Holm",
         "Verdict",
         "Detectable (80% power)",
-        "Replication",
+        consistency_title(rows),
     ]
     t = Table("claims", "The papers' claims at this scale", cols, sections=False)
     for c in rows:
@@ -117,10 +123,16 @@ def claims(rows: list[dict]) -> Table | None:
         "(t(0.975, df) + t(0.80, df)) x se, se from the observed spread: of the seed differences for a "
         "paired t (df = seeds - 1), of the per-problem differences for the bootstrap (df = problems - 1; "
         "Welch for several benchmarks). An inconclusive verdict says what would detect its estimate.",
-        f"Replication ({by or 'on two halves of the seeds'}): replicates when each part alone reaches the "
-        "whole's verdict with its sign (for an inconclusive verdict: each part inconclusive too, same "
-        "sign); fragile otherwise. Halves: the claim's seeds sorted, first half and second half; a paired "
-        "t needs 2 seeds per half, the bootstrap 1.",
+        (
+            f"Split-half consistency: the claim's seeds sorted, first half and second half, each computed alone "
+            f"(its own family, Holm); consistent when each half reaches the whole's verdict with its sign (for an "
+            f"inconclusive verdict: each half inconclusive too, same sign), inconsistent otherwise; not tested "
+            f"below {MIN_PER_HALF} seeds per half. Both halves share the sweep's build, machine and code: this is "
+            f"consistency, not replication (`clipbench report --replicate` checks another sweep)."
+            if by == HALVES
+            else f"Replication ({by or 'against another sweep'}): replicates when the other sweep reaches this "
+            "verdict with its sign (for an inconclusive verdict: inconclusive too, same sign); fragile otherwise."
+        ),
     ]
     return t
 

@@ -61,7 +61,11 @@ def _outcome(result: dict) -> list[str]:
 
 def _claim_name(c: dict) -> str:
     rep = (c.get("replication") or {}).get("status")
-    tag = f", {rep}" if rep in ("replicates", "fragile") else ""
+    tag = (
+        f", {rep}"
+        if rep in ("replicates", "fragile")
+        else (f", split halves {rep}" if rep in ("consistent", "inconsistent") else "")
+    )
     return f"{c['claim']} ({c['comparison']}, {c['estimate']:+.3g}{tag})"
 
 
