@@ -394,6 +394,7 @@ def test_report_command_writes_every_format(results, tmp_path, capsys):
     assert {p.name for p in out.glob("*.csv")} == {
         "table3.csv",
         "significance.csv",
+        "aggregates.csv",
         "quadrants.csv",
         "dynamics.csv",
         "claims.csv",
@@ -484,3 +485,25 @@ def test_bootstrap_with_a_one_problem_benchmark():
     # resampled d* in {0.3, 0.325, 0.35}: |d* - d| <= 0.025 < 0.325, so no resample is extreme: p = 1 / (B + 1)
     assert stats.paired_bootstrap_p([[0.5], [0.1, 0.2]]) == pytest.approx(1 / 2001)
     assert stats.paired_bootstrap_p([[0.0]]) == 1.0  # d == 0
+
+
+def test_rliable_aggregates_golden(result, tables):
+    # issue 37 (8): one score per run and task (final Avg@4). abc: arith 9/16, 9/16; gsm8k 4/12, 4/12.
+    # IQM (25% cut each side of the 4 pooled scores): mean of 1/3 and 9/16 = 0.447917.
+    agg = result["blocks"][0]["aggregates"]
+    assert agg["abc"]["iqm"] == pytest.approx((1 / 3 + 9 / 16) / 2) and agg["abc"]["runs"] == 4
+    # P(abc > grpo): arith abc 9/16 beats grpo's 7/16 and 6/16 on every pair (1.0); gsm8k abc 4/12 beats
+    # 2/12 and 3/12 (1.0): 1.0. nsr: arith 7/16, 6/16 vs 7/16, 6/16: (0.5 + 1 + 0 + 0.5) / 4 = 0.5;
+    # gsm8k 2/12, 1/12 vs 2/12, 3/12: (0.5 + 0 + 0 + 0) / 4 = 0.125; mean 0.3125
+    assert agg["abc"]["poi"] == 1.0 and agg["nsr"]["poi"] == pytest.approx(0.3125)
+    lo, hi = agg["nsr"]["poi_ci"]
+    assert 0.0 <= lo <= 0.3125 <= hi <= 1.0
+    # the batched statistics the bootstrap uses equal rliable's on the data themselves
+    x = [np.array([0.1, 0.5, 0.3]), np.array([0.2, 0.2])]
+    y = [np.array([0.3, 0.1, 0.3]), np.array([0.2, 0.4])]
+    assert stats.poi_batched(*x, *y) == pytest.approx(
+        np.mean([stats.probability_of_improvement(a, b) for a, b in zip(x, y)])
+    )
+    assert stats.iqm_batched(*x) == pytest.approx(stats.iqm(np.concatenate(x)))
+    rows = {r[0]: r for r in tables["aggregates"].rows}
+    assert rows["abc"][2:4] == ["44.8 [44.8, 44.8]", "1.00 [1.00, 1.00]"] and rows["nsr"][4] == "75%"

@@ -192,7 +192,42 @@ def analyze_block(
     block["average"] = _average(raw, by_label, metrics, benches)
     if baseline in by_label:
         _compare(block, raw, baseline, metrics, benches, resamples=resamples, seed=seed)
+    block["aggregates"] = aggregates(raw, list(by_label), baseline, benches, seed=seed)
     return block
+
+
+PROFILE_TAUS = [i / 20 for i in range(21)]  # the performance profile's thresholds (Avg@n, 0 to 1)
+
+
+def aggregates(raw, labels: Sequence[str], baseline: str | None, benches: Sequence[str], *, seed: int) -> dict:
+    """rliable's aggregates of each label's runs (Agarwal et al., 2021), one score per run and benchmark
+    (its final Avg@n; the benchmarks are rliable's tasks): the interquartile mean over all runs x tasks
+    and, against the baseline, the probability of improvement (the mean over tasks of P(X > Y) + P(X =
+    Y) / 2), each with a 95% stratified bootstrap interval (the runs of each task resampled on their
+    own, `stats.stratified_interval`); the performance profile, the share of run x task scores above
+    each of PROFILE_TAUS; and the share above the base model's mean."""
+    have = [b for b in benches if all(lb in raw[b] for lb in labels)]
+    if not have or not labels:
+        return {}
+    scores = {lb: [raw[b][lb][1]["avg"].mean(axis=1) for b in have] for lb in labels}  # per task: (S,)
+    base = [raw[b][BASE_LABEL][1]["avg"].mean() for b in have if BASE_LABEL in raw[b]]
+    out = {}
+    for lb in labels:
+        cols = scores[lb]
+        entry = {
+            "runs": int(sum(c.size for c in cols)),
+            "tasks": len(cols),
+            "iqm": stats.iqm(np.concatenate(cols)),
+            "iqm_ci": list(stats.stratified_interval(cols, stats.iqm_batched, seed=seed)),
+            "profile": stats.performance_profile(np.concatenate(cols), PROFILE_TAUS),
+            "above_base": float(np.mean(np.concatenate(cols) > np.mean(base))) if len(base) == len(have) else None,
+        }
+        if baseline in scores and lb != baseline:
+            base_cols = scores[baseline]
+            entry["poi"] = float(np.mean([stats.probability_of_improvement(x, y) for x, y in zip(cols, base_cols)]))
+            entry["poi_ci"] = list(stats.stratified_interval([*cols, *base_cols], stats.poi_batched, seed=seed))
+        out[lb] = entry
+    return out
 
 
 def _average(raw, by_label, metrics, benches) -> dict:

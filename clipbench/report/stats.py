@@ -291,10 +291,10 @@ def tost(diffs: Sequence[float], margin: float) -> dict:
 
 
 def stratified_interval(samples: Sequence[Sequence[float]], statistic, *, level: float = CI_LEVEL, seed: int = 0):
-    """(lo, hi) percentile interval of ``statistic(*samples)`` by the stratified bootstrap: each sample
-    (one task's runs, or one arm's) resampled with replacement on its own (`scipy.stats.bootstrap`,
-    BOOTSTRAP_RESAMPLES resamples, ``numpy.random.default_rng(seed)``); (nan, nan) when a sample has
-    fewer than 2 values."""
+    """(lo, hi) percentile interval of ``statistic(*samples, axis=-1)`` by the stratified bootstrap: each
+    sample (one task's runs, or one arm's) resampled with replacement on its own (`scipy.stats.bootstrap`,
+    vectorized: `statistic` takes a batch of resamples along the leading axes, BOOTSTRAP_RESAMPLES
+    resamples, ``numpy.random.default_rng(seed)``); (nan, nan) when a sample has fewer than 2 values."""
     from scipy import stats as sps  # noqa: PLC0415 - scipy is heavy
 
     arrays = [np.asarray(a, dtype=float) for a in samples]
@@ -304,10 +304,10 @@ def stratified_interval(samples: Sequence[Sequence[float]], statistic, *, level:
         warnings.simplefilter("ignore")
         res = sps.bootstrap(
             tuple(arrays),
-            lambda *xs: statistic(*xs),
+            statistic,
             n_resamples=BOOTSTRAP_RESAMPLES,
             method="percentile",
-            vectorized=False,
+            vectorized=True,
             confidence_level=level,
             rng=np.random.default_rng(seed),
         )
@@ -331,6 +331,26 @@ def probability_of_improvement(x: Sequence[float], y: Sequence[float]) -> float:
             np.asarray(x, dtype=float).reshape(-1, 1), np.asarray(y, dtype=float).reshape(-1, 1)
         )
     )
+
+
+def iqm_batched(*tasks: np.ndarray, axis: int = -1) -> np.ndarray:
+    """The IQM of the run x task scores pooled, for a batch of resamples (`scipy.stats.trim_mean`, 25%
+    cut each side: what rliable.metrics.aggregate_iqm computes, over the last axis)."""
+    from scipy import stats as sps  # noqa: PLC0415 - scipy is heavy
+
+    return sps.trim_mean(np.concatenate(tasks, axis=-1), 0.25, axis=-1)
+
+
+def poi_batched(*xs: np.ndarray, axis: int = -1) -> np.ndarray:
+    """The probability of improvement for a batch of resamples: xs the first arm's tasks, then the
+    second's (as many); per task P(X > Y) + P(X = Y) / 2 over all pairs, averaged over tasks (what
+    rliable.metrics.probability_of_improvement computes through the Mann-Whitney U statistic)."""
+    k = len(xs) // 2
+    per_task = [
+        ((x[..., :, None] > y[..., None, :]) + 0.5 * (x[..., :, None] == y[..., None, :])).mean(axis=(-2, -1))
+        for x, y in zip(xs[:k], xs[k:])
+    ]
+    return np.mean(per_task, axis=0)
 
 
 def performance_profile(scores: Sequence[float], taus: Sequence[float]) -> list[float]:

@@ -224,6 +224,43 @@ def significance(block: dict, baseline: str | None, resamples: int, seed: int) -
     return t
 
 
+def aggregates_table(block: dict, baseline: str | None) -> Table | None:
+    """rliable's aggregates per label (analysis.aggregates): IQM, probability of improvement over the
+    baseline, the share of runs above the base model."""
+    agg = block.get("aggregates") or {}
+    if not agg:
+        return None
+    n = block["n"]
+    cols = ["Method", "Runs x tasks", f"IQM Avg@{n} [95% CI]", f"P(> {baseline or 'baseline'}) [95% CI]", "Above base"]
+    t = Table("aggregates", f"Aggregates over runs (rliable): {model_title(block['model'])}", cols, sections=False)
+    for lb in ordered_labels(block, baseline):
+        e = agg.get(lb)
+        if e is None:
+            continue
+        lo, hi = e["iqm_ci"]
+        iqm = f"{100 * e['iqm']:.1f}" + (f" [{100 * lo:.1f}, {100 * hi:.1f}]" if math.isfinite(lo) else "")
+        poi = ""
+        if e.get("poi") is not None:
+            plo, phi = e["poi_ci"]
+            poi = f"{e['poi']:.2f}" + (f" [{plo:.2f}, {phi:.2f}]" if math.isfinite(plo) else "")
+        above = "" if e.get("above_base") is None else f"{100 * e['above_base']:.0f}%"
+        t.add(
+            [lb, f"{e['runs'] // max(e['tasks'], 1)} x {e['tasks']}", iqm, poi, above],
+            "baseline" if lb == baseline else "",
+        )
+    t.notes = [
+        "One score per run and benchmark (its final Avg@n; the benchmarks are the tasks). IQM: the interquartile "
+        "mean over all run x task scores (rliable.metrics.aggregate_iqm), robust to a collapsed run and less "
+        "noisy than the median. P(> baseline): the probability of improvement, the mean over tasks of "
+        "P(X > Y) + P(X = Y) / 2 between a run of the method and one of the baseline (rliable.metrics). 95% "
+        "CIs: percentile stratified bootstrap (each task's runs resampled on their own; scipy.stats.bootstrap). "
+        "Above base: the share of run x task scores above the base model's mean (one point of the performance "
+        "profile, kept in full in report.json). Agarwal et al., 'Deep RL at the edge of the statistical "
+        "precipice' (2021).",
+    ]
+    return t
+
+
 # ---- clip quadrants ---------------------------------------------------------------------------
 
 
@@ -448,6 +485,9 @@ def build_tables(result: dict, paper: dict | None) -> list[Table]:
         tables.append(t)
         if baseline:
             tables.append(significance(block, baseline, result["bootstrap"]["resamples"], result["bootstrap"]["seed"]))
+        agg = aggregates_table(block, baseline)
+        if agg is not None:
+            tables.append(agg)
     if show_paper and not inline:
         ref = paper_reference(paper)
         for t in tables:
