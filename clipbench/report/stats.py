@@ -30,6 +30,8 @@ package is imported.
 
 from __future__ import annotations
 
+import functools
+import gc
 import math
 import warnings
 from collections.abc import Sequence
@@ -137,13 +139,19 @@ def mde(se: float, df: float, *, alpha: float = ALPHA, power: float = POWER) -> 
     The exact effect for 80% noncentral-t power (scipy.stats.nct) is 5.1% larger at df = 2, 1.2% at
     df = 4, 0.1% at df = 9, equal to 0.01% at df = 127.
     nan when se or df is not finite (df nan with se 0: 0.0, nothing varies)."""
-    from scipy import stats as sps  # noqa: PLC0415 - scipy is heavy
-
     if se == 0.0:
         return 0.0
     if not (math.isfinite(se) and math.isfinite(df)) or df <= 0:
         return math.nan
-    return float((sps.t.ppf(1 - alpha / 2, df) + sps.t.ppf(power, df)) * se)
+    return _t_sum(float(df), alpha, power) * se
+
+
+@functools.lru_cache(maxsize=4096)
+def _t_sum(df: float, alpha: float, power: float) -> float:
+    """t_{1-alpha/2, df} + t_{power, df} (scipy.stats.t), cached: `seeds_needed` bisects over df."""
+    from scipy import stats as sps  # noqa: PLC0415 - scipy is heavy
+
+    return float(sps.t.ppf(1 - alpha / 2, df) + sps.t.ppf(power, df))
 
 
 def seeds_needed(sd: float, effect: float, *, start: int = 2, limit: int = 10_000) -> int | None:
@@ -249,7 +257,13 @@ def holm(pvalues: Sequence[float], *, alpha: float = ALPHA) -> list[float]:
     out = np.full(p.shape, math.nan)
     ok = np.isfinite(p)
     if ok.any():
-        out[ok] = multipletests(p[ok], alpha=alpha, method="holm")[1]
+        # statsmodels' holm branch calls gc.collect(), about a second on a report's heap: the objects
+        # that exist now are frozen (skipped by the collector) for the call, then thawed
+        gc.freeze()
+        try:
+            out[ok] = multipletests(p[ok], alpha=alpha, method="holm")[1]
+        finally:
+            gc.unfreeze()
     return [float(x) for x in out]
 
 
