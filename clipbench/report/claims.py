@@ -35,20 +35,22 @@ Statistics (stated in every row):
   per run as for the training figures: each seed's Avg@n (the mean over its problems; benchmarks
   averaged) paired by seed, Student's t interval over the per-seed differences and a paired t-test.
   Another seed trains another model, so this is the test of whether a rerun with other seeds would
-  agree (and the halves of a replication check use the same test). With one seed the seed noise
-  cannot be estimated: the difference is paired by problem, the interval Student's t over problems
-  and the p-value the report's paired bootstrap (`stats.paired_bootstrap_p`, as in the significance
-  table). That test speaks for the trained model at hand, not for another seed, and the row says
-  which test it used.
-- Verdict at level 0.05: "holds" when the difference has the claimed sign and p < 0.05, "does not
-  hold" when it has the opposite sign and p < 0.05, else "inconclusive at this scale" (a difference
-  of this size cannot be told from seed noise with these many seeds).
-- The smallest detectable effect (`mde`, 80% power, two-sided 0.05; `stats.mde`): from the standard
-  error of the test's own unit, sd / sqrt(n) of the seed differences (df n - 1) for the paired t,
-  the per-problem differences' (benchmarks combined as in the CI; Welch df) for the bootstrap. An
-  inconclusive verdict says what would detect its observed difference (`needed`): the paired seeds
-  (`stats.seeds_needed`, the observed sd) or the multiple of the problems, (mde / |estimate|)^2.
-- Whether a verdict replicates (the halves of the seeds, or a second sweep) is replication.py's.
+  agree (and the split halves use the same test). With one seed the seed noise cannot be estimated:
+  the difference is paired by problem, the interval Student's t over problems and the p-value the
+  paired bootstrap over problems (`stats.paired_bootstrap_p`). That test shows within-seed noise
+  only: it speaks for the trained model at hand, not for another seed, and the row says so.
+- The family: the claims of one report (`evaluate_claims`) are one family; `correct_family` adjusts
+  their p-values by Holm (`stats.holm`: statsmodels) and every verdict is read at the adjusted p
+  (p_holm; the raw p is kept beside it).
+- Kinds: a difference claim is tested against 0, two-sided: "holds" when the difference has the
+  claimed sign and p_holm < 0.05, "does not hold" when it has the opposite sign and p_holm < 0.05, else
+  "inconclusive at this scale" (not detected with these seeds: never "no difference"). A "does not
+  lose" claim (BASE_CLAIM) is non-inferiority against its declared margin (STABLE_MARGIN): the same
+  test against -margin (`stats.noninferiority`). A "no difference" claim (GSPO_NO_REPLAY) is
+  equivalence within +-margin (REPLAY_MARGIN) by two one-sided tests (`stats.tost`).
+- Whether a verdict is consistent over the halves of the seeds, or replicates on a second sweep, is
+  replication.py's. The machines a claim's runs ran on are kept (`machines`): one claim over several
+  machines is said next to its verdict.
 """
 
 from __future__ import annotations
