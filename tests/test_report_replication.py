@@ -348,3 +348,14 @@ def test_one_checksum_is_stated_and_unrecorded_runs_are_said(store):
     assert any(line.startswith("No provenance recorded for 2 run(s)") for line in header)
     assert not any(line.startswith("WARNING") for line in header)
     assert math.isfinite(result["claims"][0]["mde"])
+
+
+def test_a_replication_on_another_machine_is_said():
+    # issue 37 (5): a --replicate sweep whose runs ran elsewhere is said next to its verdict
+    from clipbench.report.claims_table import replication_cell
+
+    part = {"name": "B: seeds 0-4", "verdict": "holds", "estimate": 0.1, "p": 0.01, "machines": ["CPU B"]}
+    c = {"machines": ["CPU A"], "replication": {"status": "replicates", "parts": [part]}}
+    assert replication_cell(c).endswith("[on another machine: the same run ids need not give the same numbers]")
+    c["machines"] = ["CPU B"]
+    assert "another machine" not in replication_cell(c)

@@ -53,7 +53,10 @@ def replication_cell(c: dict) -> str:
         f"{x['name']}: {short.get(x['verdict'], x['verdict'])} {x['estimate']:+.3g}, p {_p_text(x['p'])}"
         for x in rep["parts"]
     )
-    return f"{rep['status']} ({parts})"
+    mine = set(c.get("machines") or [])
+    other = {m for x in rep["parts"] for m in x.get("machines") or []}
+    where = " [on another machine: the same run ids need not give the same numbers]" if mine and other - mine else ""
+    return f"{rep['status']} ({parts}){where}"
 
 
 def consistency_title(rows: list[dict]) -> str:

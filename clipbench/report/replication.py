@@ -85,6 +85,7 @@ def part(name: str, c: ClaimResult) -> dict:
         "n": c.n,
         "verdict": c.verdict,
         "checksums": list(c.checksums),
+        "machines": list(c.machines),
     }
 
 
