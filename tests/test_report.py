@@ -162,9 +162,26 @@ def test_bootstrap_p_golden_and_exact(result):
     # per-problem differences abc - grpo (seed-averaged): [1-1, .75-.375, .375-.25, .125-0] = [0, .375, .125, .125]
     d = np.array([0.0, 0.375, 0.125, 0.125])
     assert cell["delta"] == pytest.approx(d.mean())
-    assert cell["p"] == pytest.approx(70 / 2001)  # golden: default_rng(0), 2000 resamples -> 69 extreme + 1
+    # p_problems (within-seed sampling noise only; report.json): golden, default_rng(0), 2000 resamples -> 69 extreme + 1
+    assert cell["p_problems"] == pytest.approx(70 / 2001)
     exact = _exact_bootstrap_p(d)  # 4^4 = 256 resamples
-    assert abs(cell["p"] - exact) < 4 * math.sqrt(exact * (1 - exact) / 2000) + 1 / 2001
+    assert abs(cell["p_problems"] - exact) < 4 * math.sqrt(exact * (1 - exact) / 2000) + 1 / 2001
+
+
+def test_significance_is_a_paired_t_over_seeds_with_holm(result, tables):
+    # issue 37: the seed is the unit. abc - grpo on arith, each seed's Avg@4: s0 9/16 - 7/16 = 0.125,
+    # s1 9/16 - 6/16 = 0.1875: mean 0.15625, sd 0.0625 / sqrt(2) = 0.0441942, se 0.03125, t = 5.0 (df 1):
+    # p = 2 * (1 - T_1(5)) = 0.125666; 95% CI 0.15625 -+ 12.7062 * 0.03125 = [-0.2408, +0.5533]
+    rows = result["blocks"][0]["benchmarks"]["arith"]["rows"]
+    abc, nsr = rows["abc"]["metrics"]["avg"], rows["nsr"]["metrics"]["avg"]
+    assert abc["p"] == pytest.approx(0.1256659, abs=1e-6) and abc["paired_seeds"] == 2
+    assert abc["delta_ci"] == pytest.approx([0.15625 - 0.3970697, 0.15625 + 0.3970697], abs=1e-6)
+    # nsr - grpo: s0 7/16 - 7/16 = 0, s1 6/16 - 6/16 = 0 -> p 1.0; Holm over {abc, nsr}: abc 2 x 0.1257, nsr 1.0
+    assert nsr["p"] == 1.0 and nsr["family"] == 2
+    assert abc["p_holm"] == pytest.approx(2 * 0.1256659, abs=1e-6) and nsr["p_holm"] == 1.0
+    row = [r for r in tables["significance"].rows if r[1] == "abc"][1]  # GSM8K, arith, Average
+    assert row[4:7] == ["+15.6 [-24.1, +55.3]", "0.126", "0.251"]
+    assert "within-seed sampling noise only" in tables["significance"].notes[0]
 
 
 def test_bootstrap_monte_carlo_matches_enumeration():
@@ -377,6 +394,7 @@ def test_report_command_writes_every_format(results, tmp_path, capsys):
     assert {p.name for p in out.glob("*.csv")} == {
         "table3.csv",
         "significance.csv",
+        "aggregates.csv",
         "quadrants.csv",
         "dynamics.csv",
         "claims.csv",
@@ -467,3 +485,25 @@ def test_bootstrap_with_a_one_problem_benchmark():
     # resampled d* in {0.3, 0.325, 0.35}: |d* - d| <= 0.025 < 0.325, so no resample is extreme: p = 1 / (B + 1)
     assert stats.paired_bootstrap_p([[0.5], [0.1, 0.2]]) == pytest.approx(1 / 2001)
     assert stats.paired_bootstrap_p([[0.0]]) == 1.0  # d == 0
+
+
+def test_rliable_aggregates_golden(result, tables):
+    # issue 37 (8): one score per run and task (final Avg@4). abc: arith 9/16, 9/16; gsm8k 4/12, 4/12.
+    # IQM (25% cut each side of the 4 pooled scores): mean of 1/3 and 9/16 = 0.447917.
+    agg = result["blocks"][0]["aggregates"]
+    assert agg["abc"]["iqm"] == pytest.approx((1 / 3 + 9 / 16) / 2) and agg["abc"]["runs"] == 4
+    # P(abc > grpo): arith abc 9/16 beats grpo's 7/16 and 6/16 on every pair (1.0); gsm8k abc 4/12 beats
+    # 2/12 and 3/12 (1.0): 1.0. nsr: arith 7/16, 6/16 vs 7/16, 6/16: (0.5 + 1 + 0 + 0.5) / 4 = 0.5;
+    # gsm8k 2/12, 1/12 vs 2/12, 3/12: (0.5 + 0 + 0 + 0) / 4 = 0.125; mean 0.3125
+    assert agg["abc"]["poi"] == 1.0 and agg["nsr"]["poi"] == pytest.approx(0.3125)
+    lo, hi = agg["nsr"]["poi_ci"]
+    assert 0.0 <= lo <= 0.3125 <= hi <= 1.0
+    # the batched statistics the bootstrap uses equal rliable's on the data themselves
+    x = [np.array([0.1, 0.5, 0.3]), np.array([0.2, 0.2])]
+    y = [np.array([0.3, 0.1, 0.3]), np.array([0.2, 0.4])]
+    assert stats.poi_batched(*x, *y) == pytest.approx(
+        np.mean([stats.probability_of_improvement(a, b) for a, b in zip(x, y)])
+    )
+    assert stats.iqm_batched(*x) == pytest.approx(stats.iqm(np.concatenate(x)))
+    rows = {r[0]: r for r in tables["aggregates"].rows}
+    assert rows["abc"][2:4] == ["44.8 [44.8, 44.8]", "1.00 [1.00, 1.00]"] and rows["nsr"][4] == "75%"

@@ -53,6 +53,7 @@ def test_tiny_table3_pipeline(tmp_path):
         "table3",
         "paper_reference",
         "significance",
+        "aggregates",
         "quadrants",
         "gradient_mass",
         "dynamics",

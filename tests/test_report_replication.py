@@ -95,7 +95,11 @@ def test_mde_of_a_bootstrap_over_problems_golden():
     base = [0] * 8
     runs = [run("grpo", 0, final=[1] * 6 + [0, 0], base=base)]
     c = claim(runs, LEARNS)
-    assert c.estimate == pytest.approx(37.5) and c.n == 8 and c.test == "paired bootstrap, problems"
+    assert (
+        c.estimate == pytest.approx(37.5)
+        and c.n == 8
+        and c.test == "paired bootstrap, problems (within-seed noise only)"
+    )
     assert c.se == pytest.approx(8.18317, rel=1e-5) and c.df == pytest.approx(7)
     assert c.mde == pytest.approx(26.682, rel=1e-4)
 
@@ -122,61 +126,65 @@ def replicated(runs, name):
     return c
 
 
-def test_halves_that_agree_replicate():
+def test_halves_that_agree_are_consistent():
+    # issue 37: two halves of one sweep are split-half consistency, not replication
     c = replicated(entropy_runs([0.10, 0.12, 0.08, 0.11, 0.09, 0.10, 0.13, 0.07, 0.10, 0.11]), ENTROPY)
     rep = c.replication
-    assert c.verdict == "holds" and rep["status"] == "replicates" and rep["by"] == "on two halves of the seeds"
+    assert c.verdict == "holds" and rep["status"] == "consistent"
+    assert rep["by"] == "split-half consistency (two halves of the seeds)"
     assert [p["name"] for p in rep["parts"]] == ["seeds 0-4", "seeds 5-9"]
     assert [p["verdict"] for p in rep["parts"]] == ["holds", "holds"]
     assert rep["parts"][0]["estimate"] == pytest.approx(0.10) and rep["parts"][1]["estimate"] == pytest.approx(0.102)
 
 
-def test_a_verdict_only_the_pooled_seeds_reach_is_fragile():
+def test_a_verdict_only_the_pooled_seeds_reach_is_inconsistent():
     # seeds 0-4: mean +0.10, sd 0.0158, p = 0.00015 (holds); seeds 5-9: mean +0.006, p = 0.80 (inconclusive);
     # all 10: mean 0.053, sd 0.0607, t = 0.053 / (0.0607 / sqrt 10) = 2.76, p = 0.022 (holds): the half
     # that does not reach it makes the verdict fragile
     diffs = [0.10, 0.12, 0.08, 0.11, 0.09, 0.05, -0.04, 0.06, -0.05, 0.01]
     c = replicated(entropy_runs(diffs), ENTROPY)
     assert c.verdict == "holds" and c.p == pytest.approx(0.02215, abs=1e-4)
-    assert c.replication["status"] == "fragile"
+    assert c.replication["status"] == "inconsistent"
     assert [p["verdict"] for p in c.replication["parts"]] == ["holds", "inconclusive at this scale"]
 
 
-def test_inconclusive_halves_with_opposite_signs_are_fragile_and_same_signs_replicate():
-    # halves of 3 seeds: +0.067 (p = 0.69) and +0.05 (p = 0.71); all six p = 0.51
-    same = replicated(entropy_runs([0.3, -0.2, 0.1, 0.25, -0.15, 0.05]), ENTROPY)
-    assert same.verdict == "inconclusive at this scale" and same.replication["status"] == "replicates"
-    opposite = replicated(entropy_runs([0.3, -0.1, 0.2, -0.3, 0.1, -0.2]), ENTROPY)  # +0.133, -0.133 (p 0.38 each)
-    assert opposite.verdict == "inconclusive at this scale" and opposite.replication["status"] == "fragile"
+def test_inconclusive_halves_with_opposite_signs_are_inconsistent_and_same_signs_consistent():
+    # halves of 5 seeds, each +0.06 (sd 0.2133, t = 0.63, p 0.56); all ten +0.06, p 0.40
+    same = replicated(entropy_runs([0.3, -0.2, 0.1, 0.25, -0.15] * 2), ENTROPY)
+    assert same.verdict == "inconclusive at this scale" and same.replication["status"] == "consistent"
+    # halves +0.06 and -0.06 (p 0.49 each), the whole 0: opposite signs
+    opposite = replicated(entropy_runs([0.3, -0.1, 0.2, 0.1, -0.2, -0.3, 0.1, -0.2, -0.1, 0.2]), ENTROPY)
+    assert opposite.verdict == "inconclusive at this scale" and opposite.replication["status"] == "inconsistent"
 
 
-def test_accuracy_halves_disagree_fragile():
-    # seeds 0, 1: p0-p5 learned (both samples right), seeds 2, 3: nothing learned; base all wrong.
-    # all four, a paired t over seeds: gains +75, +75, 0, 0 -> mean +37.5, sd 43.30,
-    # t = 37.5 / (43.30 / 2) = 1.732, df 3, p = 0.1817 (inconclusive: two seeds of four learned).
-    # halves of 2 seeds, the same test: +75, +75 (no spread: p = 0, holds) and 0, 0 (p = 1,
-    # inconclusive); an inconclusive whole with a half that holds is fragile
+def test_accuracy_halves_disagree_inconsistent():
+    # seeds 0-4: p0-p5 learned (both samples right), seeds 5-9: nothing learned; base all wrong.
+    # all ten, a paired t over seeds: gains +75 x 5, 0 x 5 -> mean +37.5, sd 39.528,
+    # t = 37.5 / (39.528 / sqrt 10) = 3.0, df 9, p = 0.01496 (holds: the family is this one claim).
+    # halves of 5 seeds, the same test: +75 x 5 (no spread: p = 0, holds) and 0 x 5 (p = 1,
+    # inconclusive): a half that does not reach the whole's verdict makes it inconsistent
     base = [0] * 8
-    runs = [run("grpo", s, final=([2] * 6 + [0, 0]) if s < 2 else [0] * 8, base=base) for s in range(4)]
+    runs = [run("grpo", s, final=([2] * 6 + [0, 0]) if s < 5 else [0] * 8, base=base) for s in range(10)]
     c = replicated(runs, LEARNS)
-    assert c.verdict == "inconclusive at this scale" and c.estimate == pytest.approx(37.5)
-    assert c.test == "paired t, seeds" and c.n == 4 and c.p == pytest.approx(0.18169, abs=1e-5)
+    assert c.verdict == "holds" and c.estimate == pytest.approx(37.5)
+    assert c.test == "paired t, seeds" and c.n == 10 and c.p == pytest.approx(0.014956, abs=1e-5)
     parts = c.replication["parts"]
-    assert [p["name"] for p in parts] == ["seeds 0-1", "seeds 2-3"]
+    assert [p["name"] for p in parts] == ["seeds 0-4", "seeds 5-9"]
     assert parts[0]["estimate"] == pytest.approx(75.0) and parts[0]["verdict"] == "holds"
     assert parts[1]["estimate"] == 0.0 and parts[1]["verdict"] == "inconclusive at this scale"
-    assert c.replication["status"] == "fragile"
+    assert c.replication["status"] == "inconsistent"
 
 
 def test_too_few_seeds_to_split_is_said_not_guessed():
-    c = replicated(entropy_runs([0.1, 0.2, 0.3]), ENTROPY)  # a paired t needs 2 seeds per half
+    # issue 37: 5 seeds per half (a t over 2 or 3 seeds has 1 or 2 degrees of freedom); 9 seeds split 4 + 5
+    c = replicated(entropy_runs([0.1, 0.2, 0.3, 0.1, 0.2, 0.3, 0.1, 0.2, 0.3]), ENTROPY)
     assert c.replication["status"] == "not tested" and not c.replication["parts"]
-    assert c.replication["reason"] == "too few seeds to split: 3, each half needs 2 (4 in all)"
-    one = replicated([run("grpo", 0, final=[2, 0], base=[0, 0])], LEARNS)  # the bootstrap needs 1 per half
-    assert one.replication["reason"] == "too few seeds to split: 1, each half needs 1 (2 in all)"
-    two = replicated([run("grpo", s, final=[2, 0], base=[0, 0]) for s in (0, 1)], LEARNS)  # over seeds: 2 each
+    assert c.replication["reason"] == "too few seeds to split: 9, each half needs 5 (10 in all)"
+    one = replicated([run("grpo", 0, final=[2, 0], base=[0, 0])], LEARNS)  # one seed: no halves
+    assert one.replication["reason"] == "too few seeds to split: 1, each half needs 5 (10 in all)"
+    two = replicated([run("grpo", s, final=[2, 0], base=[0, 0]) for s in (0, 1)], LEARNS)
     assert two.test == "paired t, seeds" and two.replication["status"] == "not tested"
-    assert two.replication["reason"] == "too few seeds to split: 2, each half needs 2 (4 in all)"
+    assert two.replication["reason"] == "too few seeds to split: 2, each half needs 5 (10 in all)"
 
 
 def test_a_second_build_of_the_base_model_replicates():
@@ -320,7 +328,10 @@ def test_runs_compared_across_base_model_checksums_are_flagged(store):
     ] == [sha_a]
     (ct,) = [t for t in tables if t.key == "claims"]
     row = next(r for r, _ in zip(ct.rows, ct.styles) if r[1] == "abc - grpo" and r[2].startswith("Avg@"))
-    assert "[runs from 2 different base models: weights sha256 aaaaaaaa, bbbbbbbb]" in row[7]
+    assert "[runs from 2 different base models: weights sha256 aaaaaaaa, bbbbbbbb]" in row[8]  # after p, p Holm
+    # issue 37 (5): seeds 0 and 1 ran on two machines: said next to the verdict
+    assert "[runs from 2 machines: the same run ids give different numbers on each]" in row[8]
+    assert len(by_claim[("ABC-GRPO beats GRPO on held-out accuracy", "abc - grpo")]["machines"]) == 2
     assert ct.styles[ct.rows.index(row)] == "flagged"
     (pt,) = [t for t in tables if t.key == "provenance"]
     assert [r[1] for r in pt.rows] == [sha_a[:16]] * 2 + [sha_b[:16]] * 2 and set(pt.styles) == {"flagged"}
@@ -337,3 +348,14 @@ def test_one_checksum_is_stated_and_unrecorded_runs_are_said(store):
     assert any(line.startswith("No provenance recorded for 2 run(s)") for line in header)
     assert not any(line.startswith("WARNING") for line in header)
     assert math.isfinite(result["claims"][0]["mde"])
+
+
+def test_a_replication_on_another_machine_is_said():
+    # issue 37 (5): a --replicate sweep whose runs ran elsewhere is said next to its verdict
+    from clipbench.report.claims_table import replication_cell
+
+    part = {"name": "B: seeds 0-4", "verdict": "holds", "estimate": 0.1, "p": 0.01, "machines": ["CPU B"]}
+    c = {"machines": ["CPU A"], "replication": {"status": "replicates", "parts": [part]}}
+    assert replication_cell(c).endswith("[on another machine: the same run ids need not give the same numbers]")
+    c["machines"] = ["CPU B"]
+    assert "another machine" not in replication_cell(c)

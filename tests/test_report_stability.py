@@ -9,11 +9,12 @@ import importlib.util
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from clipbench.commands.report import report_command
 from clipbench.report.build import build_report
-from clipbench.report.stability import critical_rate
+from clipbench.report.stability import critical_rate, fitted_root
 from clipbench.report.stability_table import critical_text
 
 T975_DF2 = 4.302652729911275  # scipy.stats.t.ppf(0.975, 2)
@@ -64,8 +65,11 @@ def test_collapse_kinds_are_named_and_counted(ladder):
     assert cells["grpo"]["cells"][4e-4]["kinds"] == {"ratio explosion": 3, "accuracy collapse": 1}
     assert cells["grpo"]["cells"][1e-4]["flagged"] == 0
     t = next(t for t in tables if t.key == "stability")
-    assert t.columns == ["Rule", "Figure", "lr 0.0001", "lr 0.0002", "lr 0.0004", "Critical lr [interval]"]
-    assert t.rows[3] == ["", "collapsed: runs, kinds", "0/3", "0/3", "3/3: ratio explosion 3, accuracy collapse 1", ""]
+    assert t.columns[:5] == ["Rule", "Figure", "lr 0.0001", "lr 0.0002", "lr 0.0004"]  # then the critical rates
+    assert (
+        t.rows[3]
+        == ["", "collapsed: runs, kinds", "0/3", "0/3", "3/3: ratio explosion 3, accuracy collapse 1"] + [""] * 3
+    )
     assert t.rows[2][2] == "+10.4 [+1.5, +19.4] (3)"
     # the dynamics table says the same per method label, for any sweep (one rate or many)
     dyn = {row[0]: row[-1] for row in next(t for t in tables if t.key == "dynamics").rows}
@@ -112,24 +116,32 @@ def test_cliff_claims_and_the_first_line(ladder):
     # per seed (0 - 2, 0 - 2, 0 - 1) / 16 x 100 = -12.5, -12.5, -6.25: mean -10.4167, t = -10.4167 / 2.0833 = -5.0,
     # df 2, two-sided p = 1 - 5 / sqrt(27) = 0.03775: against the paper
     assert cispo["estimate"] == pytest.approx(-125 / 12) and cispo["p"] == pytest.approx(1 - 5 / math.sqrt(27))
-    assert cispo["verdict"] == "does not hold" and cispo["n"] == 3
+    # issue 37: read at Holm over the report's 5 claims (p 0, 0.0198, 0.0377, 0.0377, 1.0): the second
+    # smallest of the two 0.0377's is 3 x 0.0377 = 0.113 (Holm keeps the running maximum): not held
+    assert cispo["p_holm"] == pytest.approx(3 * (1 - 5 / math.sqrt(27))) and cispo["family"] == 5
+    assert cispo["verdict"] == "inconclusive at this scale" and cispo["n"] == 3
     assert not any(c["comparison"].startswith("cispo(lr=0.0002)") for c in result["claims"])  # not the cliff
     for c in result["claims"]:  # arms are compared at the same rate only (before: every pair of rates)
         assert (
             len({part.split("(lr=")[1].split(")")[0] for part in c["comparison"].split(" - ") if "(lr=" in part}) == 1
         )
     learns = {c["comparison"]: c["verdict"] for c in result["claims"] if c["claim"].startswith("RL from")}
-    # 1e-4: t = 10.4167 / 2.0833 = 5.0 (p 0.0377); 2e-4: mean 0; 4e-4: t = -14.583 / 2.0833 = -7.0 (p 0.0198)
+    # 1e-4: t = 10.4167 / 2.0833 = 5.0 (p 0.0377); 2e-4: mean 0; 4e-4: t = -14.583 / 2.0833 = -7.0 (p 0.0198);
+    # Holm over the 5 claims: 0.0198 x 4 = 0.079, 0.0377 x 3 = 0.113: none survives the correction
     assert learns == {
-        "grpo(lr=0.0001) - base model (step 0)": "holds",
+        "grpo(lr=0.0001) - base model (step 0)": "inconclusive at this scale",
         "grpo(lr=0.0002) - base model (step 0)": "inconclusive at this scale",
-        "grpo(lr=0.0004) - base model (step 0)": "does not hold",
+        "grpo(lr=0.0004) - base model (step 0)": "inconclusive at this scale",
     }
     assert header[0].startswith(
         "Finding: the gain over the base model runs from +10.4 points (grpo(lr=0.0001)) to -25.0 (cispo(lr="
     )
-    assert "critical learning rates: cispo 0.0001 [< 0.0001, 0.0002); grpo 0.0002 [0.0001, 0.0004)" in header[0]
-    # and cispo against its own base model at the cliff: -25 on every seed (a constant loss: p 0)
+    assert (
+        "critical learning rates: cispo fit 0.000104 [0.0001, 0.00011], 0.52 [0.36, 0.71] x grpo's; ladder 0.0001 "
+        "[< 0.0001, 0.0002); grpo fit 0.0002 [0.000155, 0.000275]; ladder 0.0002 [0.0001, 0.0004)" in header[0]
+    )
+    # and cispo against its own base model at the cliff: -25 on every seed (a constant loss: p 0), a
+    # non-inferiority claim with its declared 2-point margin: -25 lies below -2, shown (p 0): does not hold
     base = claims[
         (
             "CISPO trains stably: does not lose the base model's held-out accuracy at the lr cliff",
@@ -137,11 +149,9 @@ def test_cliff_claims_and_the_first_line(ladder):
         )
     ]
     assert base["estimate"] == pytest.approx(-25.0) and base["verdict"] == "does not hold"
-    assert (
-        "of 5 claims, 1 holds: RL from verifiable rewards raises held-out accuracy (grpo(lr=0.0001) - base model "
-        "(step 0), +10.4)" in header[0]
-    )
-    assert "3 do not hold: " in header[0] and header[0].endswith("1 inconclusive at this scale.")
+    assert base["kind"] == "non-inferiority" and base["margin"] == 2.0
+    assert "of 5 claims (one family, Holm over 5), 1 does not hold: CISPO trains stably" in header[0]
+    assert header[0].endswith("4 inconclusive at this scale.")
 
 
 def test_markdown_and_html_show_the_table_and_the_figure(ladder, tmp_path):
@@ -226,3 +236,29 @@ def test_the_study_sweeps_share_their_cliff_runs():
     shared = set(study) & set(ladder)
     assert len(shared) == 35 and {ladder[r]["train"]["lr"] for r in shared} == {2e-4}
     assert set(quick) <= set(study) and set(replay) <= set(study)  # recording is outside the run id
+
+
+def test_fitted_critical_rate_and_its_ratio_to_grpo(ladder):
+    # issue 37 (6): gain against t = log2(lr / 1e-4), pooled over seeds; 3 rates, 3 seeds each, so the
+    # least-squares quadratic passes through the rates' mean gains.
+    # grpo: means +10.417, 0, -14.583 at t = 0, 1, 2: the fit is 0 at t = 1 exactly, falling: 2e-4.
+    # cispo: means +2.083, -25, -25: f(t) = 13.542 t^2 - 40.625 t + 2.083, falling root
+    # t = (40.625 - sqrt(40.625^2 - 4 x 13.542 x 2.083)) / (2 x 13.542) = 0.05218: 1e-4 x 2^0.05218 = 1.0368e-4;
+    # ratio to grpo's 1.0368e-4 / 2e-4 = 0.5184. Intervals: percentile bootstrap over seeds (default_rng(0)).
+    _, (_, result, tables, _) = ladder
+    rules = next(iter(result["stability"].values()))["rules"]
+    grpo, cispo = rules["grpo"]["fit"], rules["cispo"]["fit"]
+    assert grpo["rate"] == pytest.approx(2e-4, rel=1e-9) and grpo["censored"] is None and grpo["ratio"] == 1.0
+    assert cispo["rate"] == pytest.approx(1.0368e-4, rel=1e-4) and cispo["ratio"] == pytest.approx(0.5184, rel=1e-3)
+    lo, hi = cispo["ratio_ci"]
+    assert lo < cispo["ratio"] < hi < 1.0  # cispo's critical rate is below grpo's, seeds resampled together
+    t = next(t for t in tables if t.key == "stability")
+    assert t.columns[-3:] == ["Critical lr, fit [95% CI, seeds]", "x grpo [95% CI]", "Critical lr [ladder]"]
+
+
+def test_fitted_root_is_censored_at_the_ladder_ends():
+    x = np.log([1e-4, 2e-4, 4e-4])
+    assert fitted_root(x, np.array([-1.0, -2.0, -3.0])) == (x[0], "below")  # loses at the lowest rate
+    assert fitted_root(x, np.array([3.0, 2.0, 1.0])) == (x[-1], "above")  # never loses on the ladder
+    root, censored = fitted_root(x[:2], np.array([1.0, -1.0]))  # a line: 0 halfway in log(lr)
+    assert censored is None and math.exp(root) == pytest.approx(math.sqrt(2) * 1e-4)

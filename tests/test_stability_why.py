@@ -46,8 +46,43 @@ def test_spearman_of_mean_gain_with_step_over_grpos(why):
     # KL ranks a1 grpo2 c3 d4 against gain ranks a4 grpo3 c2 d1: a perfect reversal, rho = -1
     assert out["rho"][("grpo", "kl")][0] == pytest.approx(-1.0)
     text = why.markdown(out)
-    assert "| c | 2 | -11.0 | 3.00 |" in text
-    assert "rho of the mean gain with the step over GRPO's = -0.80" in text and "4 rules" in text
+    assert "| c | 2 | -11.0 | 3.00 | 2.00 |" in text  # the pre-clip gradient norm, then the one-step KL
+    assert "rho of the mean gain with the pre-clip gradient norm over GRPO's = -0.80" in text and "4 rules" in text
+
+
+def test_the_test_is_at_the_family_level(why, monkeypatch):
+    # issue 37 (7): near-identical rules are one data point. Families {grpo, b} and {c}, {d}, {a}:
+    # gains grpo -5, b -7 -> family -6; a -2, c -11, d -20. KL over grpo's: grpo 1, b 1.5 -> 1.25; a 0.5, c 2, d 3
+    monkeypatch.setattr(why, "FAMILIES", (("grpo", "b"),))
+    gains = {"a": [-2.0], "grpo": [-5.0], "b": [-7.0], "c": [-11.0], "d": [-20.0]}
+    ref = _ref(
+        "grpo",
+        ["r0"],
+        {"a": 0.5, "grpo": 1.0, "b": 1.0, "c": 5.0, "d": 2.0},
+        {"a": 0.5, "grpo": 1.0, "b": 1.5, "c": 2.0, "d": 3.0},
+    )
+    out = why.association(gains, [ref])
+    fams = {f["family"]: f for f in out["families"]}
+    assert set(fams) == {"grpo/b", "a", "c", "d"} and fams["grpo/b"]["gain"] == -6.0
+    assert fams["grpo/b"]["kl"]["grpo"] == 1.25
+    # family gains -2, -6, -11, -20 against KL 0.5, 1.25, 2, 3: a perfect reversal over 4 families
+    assert out["rho_family"][("grpo", "kl")][0] == pytest.approx(-1.0)
+    text = why.markdown(out)
+    assert "Spearman's rho of the family's mean gain with its one-step KL over GRPO's = -1.00" in text
+    assert "4 families)" in text and "Rule level (near-identical rules counted separately" in text
+    # the rule with the largest pre-clip gradient norm is named with the rank of its gain
+    assert "the largest pre-clip gradient norm on grpo's batches: c (5.0x grpo's), whose mean gain ranks 4 of 5" in text
+
+
+def test_from_pages_reads_the_published_tables(why):
+    studies = SCRIPT.parent.parent / "docs" / "studies"
+    gains, refs, identical = why.from_pages(studies / "stability.md", studies / "stability_replay" / "report.md")
+    assert gains["luspo"][:2] == [-4.2, -10.2] and len(gains) == 27
+    grpo = next(r for r in refs if r["reference"] == "grpo")
+    # luspo on grpo's batches: its printed |grad| ratio over grpo's = 12.11 (why.md's luspo row)
+    out = why.association(gains, refs, identical)
+    luspo = next(r for r in out["rules"] if r["rule"] == "luspo")
+    assert luspo["step"]["grpo"] == pytest.approx(12.11, abs=0.01) and len(grpo["per_rule"]) == 27
 
 
 def test_a_rule_without_a_replay_or_without_a_gain_is_left_out(why):

@@ -82,8 +82,9 @@ def seed_values(runs: Sequence[RunRecord], bench: str, ks: Sequence[int], *, ini
     return ids, {m: np.stack(v) for m, v in values.items()}, [r.run_id for r, _ in payloads]
 
 
-def metric_row(values: Mapping[str, np.ndarray], problems: int) -> dict:
-    """{metric: mean +- std over seeds, t CI over problems (seeds averaged per problem)}."""
+def metric_row(values: Mapping[str, np.ndarray], problems: int, seeds: Sequence[int] | None = None) -> dict:
+    """{metric: mean +- std over seeds, t CI over problems (seeds averaged per problem: within-seed
+    sampling noise only)}; ``seeds``: the seed of each row of the values (``seed_ids``, for pairing)."""
     out = {}
     for m, v in values.items():  # v: (S, P)
         per_seed = v.mean(axis=1)
@@ -95,8 +96,11 @@ def metric_row(values: Mapping[str, np.ndarray], problems: int) -> dict:
             "p": None,
             "per_seed": per_seed.tolist(),
         }
-    seeds = int(next(iter(values.values())).shape[0]) if values else 0
-    return {"seeds": seeds, "problems": problems, "metrics": out}
+    n_seeds = int(next(iter(values.values())).shape[0]) if values else 0
+    row = {"seeds": n_seeds, "problems": problems, "metrics": out}
+    if seeds is not None:
+        row["seed_ids"] = [int(x) for x in seeds]
+    return row
 
 
 def _paired_diffs(a_ids, a_vals: np.ndarray, b_ids, b_vals: np.ndarray) -> np.ndarray:
@@ -173,20 +177,57 @@ def analyze_block(
             got = seed_values(rs, bench, ks)
             if got is None:
                 continue
-            ids, values, _ = got
-            raw[bench][lb] = (ids, values)
-            entry["rows"][lb] = metric_row(values, len(ids))
+            ids, values, run_ids = got
+            seed_of = {r.run_id: r.seed for r in rs}
+            raw[bench][lb] = (ids, values, [seed_of[rid] for rid in run_ids])
+            entry["rows"][lb] = metric_row(values, len(ids), raw[bench][lb][2])
             entry["problems"] = max(entry["problems"], len(ids))
         got = seed_values(base_runs, bench, ks, initial=True)
         if got is not None:
-            entry["base"] = metric_row(got[1], len(got[0]))
-            raw[bench][BASE_LABEL] = (got[0], got[1])
+            seed_of = {r.run_id: r.seed for r in base_runs}
+            entry["base"] = metric_row(got[1], len(got[0]), [seed_of[rid] for rid in got[2]])
+            raw[bench][BASE_LABEL] = (got[0], got[1], entry["base"]["seed_ids"])
         block["benchmarks"][bench] = entry
 
     block["average"] = _average(raw, by_label, metrics, benches)
     if baseline in by_label:
         _compare(block, raw, baseline, metrics, benches, resamples=resamples, seed=seed)
+    block["aggregates"] = aggregates(raw, list(by_label), baseline, benches, seed=seed)
     return block
+
+
+PROFILE_TAUS = [i / 20 for i in range(21)]  # the performance profile's thresholds (Avg@n, 0 to 1)
+
+
+def aggregates(raw, labels: Sequence[str], baseline: str | None, benches: Sequence[str], *, seed: int) -> dict:
+    """rliable's aggregates of each label's runs (Agarwal et al., 2021), one score per run and benchmark
+    (its final Avg@n; the benchmarks are rliable's tasks): the interquartile mean over all runs x tasks
+    and, against the baseline, the probability of improvement (the mean over tasks of P(X > Y) + P(X =
+    Y) / 2), each with a 95% stratified bootstrap interval (the runs of each task resampled on their
+    own, `stats.stratified_interval`); the performance profile, the share of run x task scores above
+    each of PROFILE_TAUS; and the share above the base model's mean."""
+    have = [b for b in benches if all(lb in raw[b] for lb in labels)]
+    if not have or not labels:
+        return {}
+    scores = {lb: [raw[b][lb][1]["avg"].mean(axis=1) for b in have] for lb in labels}  # per task: (S,)
+    base = [raw[b][BASE_LABEL][1]["avg"].mean() for b in have if BASE_LABEL in raw[b]]
+    out = {}
+    for lb in labels:
+        cols = scores[lb]
+        entry = {
+            "runs": int(sum(c.size for c in cols)),
+            "tasks": len(cols),
+            "iqm": stats.iqm(np.concatenate(cols)),
+            "iqm_ci": list(stats.stratified_interval(cols, stats.iqm_batched, seed=seed)),
+            "profile": stats.performance_profile(np.concatenate(cols), PROFILE_TAUS),
+            "above_base": float(np.mean(np.concatenate(cols) > np.mean(base))) if len(base) == len(have) else None,
+        }
+        if baseline in scores and lb != baseline:
+            base_cols = scores[baseline]
+            entry["poi"] = float(np.mean([stats.probability_of_improvement(x, y) for x, y in zip(cols, base_cols)]))
+            entry["poi_ci"] = list(stats.stratified_interval([*cols, *base_cols], stats.poi_batched, seed=seed))
+        out[lb] = entry
+    return out
 
 
 def _average(raw, by_label, metrics, benches) -> dict:
@@ -201,6 +242,8 @@ def _average(raw, by_label, metrics, benches) -> dict:
             "problems": sum(len(raw[b][lb][0]) for b in benches),
             "metrics": {},
         }
+        s = min(raw[b][lb][1][metrics[0]].shape[0] for b in benches)
+        row["seed_ids"] = list(raw[benches[0]][lb][2][:s])
         for m in metrics:
             per_seed = _average_per_seed([raw[b][lb][1][m] for b in benches])
             mean, std = stats.mean_std(per_seed)
@@ -220,38 +263,47 @@ def _average_per_seed(arrays: Sequence[np.ndarray]) -> list[float]:
     return [float(np.mean([a[i].mean() for a in arrays])) for i in range(s)]
 
 
+def _seed_diffs(a_row: dict, b_row: dict, metric: str) -> np.ndarray:
+    """Per seed both rows have (sorted), a's value minus b's: the differences a seed-level test pairs."""
+    a = dict(zip(a_row.get("seed_ids", []), a_row["metrics"][metric]["per_seed"]))
+    b = dict(zip(b_row.get("seed_ids", []), b_row["metrics"][metric]["per_seed"]))
+    return np.array([a[s] - b[s] for s in sorted(set(a) & set(b))])
+
+
 def _compare(block, raw, baseline, metrics, benches, *, resamples: int, seed: int) -> None:
-    """Gain (%) and paired-bootstrap p-values of every label vs the baseline, in place."""
+    """Gain (%), and per label against the baseline the seed-level paired t (delta, its interval and p,
+    Holm-adjusted over the labels of each benchmark and metric), in place. The paired bootstrap over
+    problems is kept as ``p_problems``: within-seed sampling noise only."""
+    entries = {bench: block["benchmarks"][bench]["rows"] for bench in benches}
+    if block["average"]["rows"]:
+        entries["average"] = block["average"]["rows"]
     for lb in block["labels"]:
         if lb == baseline:
             continue
         gains: dict[str, dict] = {}
-        for bench in benches:
-            rows = block["benchmarks"][bench]["rows"]
+        for key, rows in entries.items():
             if lb not in rows or baseline not in rows:
                 continue
-            gains[bench] = {}
+            gains[key] = {}
+            have = benches if key == "average" else [key]
             for m in metrics:
                 cell = rows[lb]["metrics"][m]
-                gains[bench][m] = stats.gain_percent(cell["mean"], rows[baseline]["metrics"][m]["mean"])
-                d = _paired_diffs(
-                    raw[bench][lb][0], raw[bench][lb][1][m], raw[bench][baseline][0], raw[bench][baseline][1][m]
-                )
-                cell["p"] = stats.paired_bootstrap_p([d], resamples=resamples, seed=seed)
-                cell["delta"] = float(d.mean()) if d.size else math.nan
-        avg_rows = block["average"]["rows"]
-        if lb in avg_rows and baseline in avg_rows:
-            gains["average"] = {}
-            for m in metrics:
-                cell = avg_rows[lb]["metrics"][m]
-                gains["average"][m] = stats.gain_percent(cell["mean"], avg_rows[baseline]["metrics"][m]["mean"])
+                gains[key][m] = stats.gain_percent(cell["mean"], rows[baseline]["metrics"][m]["mean"])
+                test = stats.seed_test(_seed_diffs(rows[lb], rows[baseline], m))
+                cell.update(delta=test["estimate"], delta_ci=test["ci"], p=test["p"], paired_seeds=test["n"])
                 diffs = [
                     _paired_diffs(raw[b][lb][0], raw[b][lb][1][m], raw[b][baseline][0], raw[b][baseline][1][m])
-                    for b in benches
+                    for b in have
                 ]
-                cell["p"] = stats.paired_bootstrap_p(diffs, resamples=resamples, seed=seed)
-                cell["delta"] = float(np.mean([d.mean() for d in diffs]))
+                cell["p_problems"] = stats.paired_bootstrap_p(diffs, resamples=resamples, seed=seed)
         block["gain"][lb] = gains
+    for rows in entries.values():  # Holm over the labels compared with the baseline, per metric
+        others = [lb for lb in rows if lb != baseline and rows[lb]["metrics"][metrics[0]].get("p") is not None]
+        for m in metrics:
+            adjusted = stats.holm([rows[lb]["metrics"][m]["p"] for lb in others])
+            for lb, p in zip(others, adjusted):
+                rows[lb]["metrics"][m]["p_holm"] = p
+                rows[lb]["metrics"][m]["family"] = len(others)
 
 
 # ---- clip quadrants ---------------------------------------------------------------------------
@@ -394,8 +446,19 @@ def analyze(
     out = {
         "sweep": sweep.name,
         "baseline": base,
-        "bootstrap": {"resamples": resamples, "seed": seed, "test": "paired, two-sided, null-centred"},
-        "ci": {"level": stats.CI_LEVEL, "method": "Student t over problems (seeds averaged per problem)"},
+        "bootstrap": {
+            "resamples": resamples,
+            "seed": seed,
+            "test": "p_problems: paired over problems, two-sided, null-centred (within-seed sampling noise only)",
+        },
+        "significance": {
+            "test": "paired t over seeds (seed the unit), two-sided",
+            "correction": "Holm over the labels",
+        },
+        "ci": {
+            "level": stats.CI_LEVEL,
+            "method": "Student t over problems (seeds averaged per problem): within-seed sampling noise only",
+        },
         "runs": {
             "total": len(sweep.runs),
             "states": states,

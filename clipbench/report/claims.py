@@ -35,20 +35,22 @@ Statistics (stated in every row):
   per run as for the training figures: each seed's Avg@n (the mean over its problems; benchmarks
   averaged) paired by seed, Student's t interval over the per-seed differences and a paired t-test.
   Another seed trains another model, so this is the test of whether a rerun with other seeds would
-  agree (and the halves of a replication check use the same test). With one seed the seed noise
-  cannot be estimated: the difference is paired by problem, the interval Student's t over problems
-  and the p-value the report's paired bootstrap (`stats.paired_bootstrap_p`, as in the significance
-  table). That test speaks for the trained model at hand, not for another seed, and the row says
-  which test it used.
-- Verdict at level 0.05: "holds" when the difference has the claimed sign and p < 0.05, "does not
-  hold" when it has the opposite sign and p < 0.05, else "inconclusive at this scale" (a difference
-  of this size cannot be told from seed noise with these many seeds).
-- The smallest detectable effect (`mde`, 80% power, two-sided 0.05; `stats.mde`): from the standard
-  error of the test's own unit, sd / sqrt(n) of the seed differences (df n - 1) for the paired t,
-  the per-problem differences' (benchmarks combined as in the CI; Welch df) for the bootstrap. An
-  inconclusive verdict says what would detect its observed difference (`needed`): the paired seeds
-  (`stats.seeds_needed`, the observed sd) or the multiple of the problems, (mde / |estimate|)^2.
-- Whether a verdict replicates (the halves of the seeds, or a second sweep) is replication.py's.
+  agree (and the split halves use the same test). With one seed the seed noise cannot be estimated:
+  the difference is paired by problem, the interval Student's t over problems and the p-value the
+  paired bootstrap over problems (`stats.paired_bootstrap_p`). That test shows within-seed noise
+  only: it speaks for the trained model at hand, not for another seed, and the row says so.
+- The family: the claims of one report (`evaluate_claims`) are one family; `correct_family` adjusts
+  their p-values by Holm (`stats.holm`: statsmodels) and every verdict is read at the adjusted p
+  (p_holm; the raw p is kept beside it).
+- Kinds: a difference claim is tested against 0, two-sided: "holds" when the difference has the
+  claimed sign and p_holm < 0.05, "does not hold" when it has the opposite sign and p_holm < 0.05, else
+  "inconclusive at this scale" (not detected with these seeds: never "no difference"). A "does not
+  lose" claim (BASE_CLAIM) is non-inferiority against its declared margin (STABLE_MARGIN): the same
+  test against -margin (`stats.noninferiority`). A "no difference" claim (GSPO_NO_REPLAY) is
+  equivalence within +-margin (REPLAY_MARGIN) by two one-sided tests (`stats.tost`).
+- Whether a verdict is consistent over the halves of the seeds, or replicates on a second sweep, is
+  replication.py's. The machines a claim's runs ran on are kept (`machines`): one claim over several
+  machines is said next to its verdict.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ from clipbench.report import stats
 from clipbench.report.analysis import _paired_diffs, block_benchmarks, block_n, run_dynamics, run_quadrants, seed_values
 from clipbench.report.load import RunRecord, Sweep
 from clipbench.report.stability import losing_rates, run_lr
+from clipbench.tracking.provenance import describe_machine
 
 ALPHA = stats.ALPHA
 QUADRANTS = ("q1", "q2", "q3", "q4")
@@ -89,6 +92,14 @@ GSPO_REPLAY = "routing replay matters for GRPO, not for GSPO (replay's gain is l
 NSR_GSPO = "NSR beats GSPO"
 NAMES = {"nsr": "NSR", "cispo": "CISPO", "gspo": "GSPO", "dual_clip": "dual-clip", "sapo": "SAPO"}
 BASE_CLAIM = "{name} trains stably: does not lose the base model's held-out accuracy at the lr cliff"
+# The margins of the claims tested as non-inferiority ("does not lose") or equivalence ("no
+# difference"), declared with the claims, in the figure's unit (Avg@n points), before any data:
+# 2 points is about one seed-to-seed sd of the base model's Avg@8 on the studies' regime (1.5) and a
+# fifth of GRPO's loss at the learning-rate cliff (about 9): a loss smaller than that is "not lost".
+STABLE_MARGIN = 2.0
+GSPO_NO_REPLAY = "GSPO does not need routing replay on a mixture-of-experts model (r2 and none equivalent)"
+REPLAY_MARGIN = 2.0  # points of Avg@n: the same yardstick as STABLE_MARGIN
+DIFFERENCE, NONINFERIORITY, EQUIVALENCE = "difference", "non-inferiority", "equivalence"
 
 
 @dataclass
@@ -110,7 +121,13 @@ class ClaimResult:
     mde: float = math.nan  # smallest effect detectable at 80% power
     needed: dict | None = None  # inconclusive: {"unit": seeds|problems, "n", "factor"}
     checksums: list = field(default_factory=list)  # base-model weights sha256 of its runs (None: unrecorded)
-    replication: dict | None = None  # replication.py: replicates | fragile | not tested
+    replication: dict | None = None  # replication.py: consistent/inconsistent (halves) or replicates/fragile
+    kind: str = DIFFERENCE  # difference (two-sided, claimed sign) | non-inferiority | equivalence
+    margin: float | None = None  # non-inferiority / equivalence: the declared margin, figure's unit
+    p_holm: float = math.nan  # Holm-adjusted over the report's claim family (correct_family)
+    family: int = 0  # the claims in that family
+    p_outside: float = math.nan  # equivalence: two-sided p against the nearer margin (does not hold)
+    machines: list = field(default_factory=list)  # the machines its runs ran on (report/machines.py)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -118,14 +135,41 @@ class ClaimResult:
         return (self.model, self.claim, self.comparison)
 
 
-def verdict(estimate: float, p: float, *, claimed_sign: int = 1) -> str:
+def verdict(estimate: float, p: float, *, claimed_sign: int = 1, margin: float | None = None) -> str:
+    """At level ALPHA on `p` (after the family's correction, `correct_family`): "holds" when the
+    estimate lies on the claimed side of 0 (non-inferiority: of -margin) and p < ALPHA, "does not
+    hold" on the other side, else "inconclusive at this scale"."""
     if not (math.isfinite(estimate) and math.isfinite(p)):
         return "inconclusive at this scale"
-    if p < ALPHA and estimate * claimed_sign > 0:
+    shifted = estimate + (margin or 0.0) * claimed_sign
+    if p < ALPHA and shifted * claimed_sign > 0:
         return "holds"
-    if p < ALPHA and estimate * claimed_sign < 0:
+    if p < ALPHA and shifted * claimed_sign < 0:
         return "does not hold"
     return "inconclusive at this scale"
+
+
+def decide(c: ClaimResult, p: float, family: int = 1) -> str:
+    """The verdict of a claim at its (corrected) p. Equivalence: "holds" when the TOST p < ALPHA; "does
+    not hold" when the estimate lies outside +-margin and its two-sided p against the nearer margin,
+    Bonferroni over the family (conservative), is < ALPHA; else inconclusive."""
+    if c.kind == EQUIVALENCE:
+        if math.isfinite(p) and p < ALPHA:
+            return "holds"
+        if math.isfinite(c.p_outside) and abs(c.estimate) > c.margin and c.p_outside * family < ALPHA:
+            return "does not hold"
+        return "inconclusive at this scale"
+    return verdict(c.estimate, p, margin=c.margin if c.kind == NONINFERIORITY else None)
+
+
+def correct_family(claims: Sequence[ClaimResult]) -> None:
+    """Holm over the claims of one report (its family), in place: each claim's p_holm, family and its
+    verdict at the adjusted p ("holds" only after the correction)."""
+    adjusted = stats.holm([c.p for c in claims])
+    family = sum(math.isfinite(c.p) for c in claims)
+    for c, p in zip(claims, adjusted):
+        c.p_holm, c.family = p, family
+        c.verdict = decide(c, p, family)
 
 
 def _t_ci(values: Sequence[float]) -> tuple[float, float]:
@@ -177,6 +221,11 @@ def _checksums(runs: Sequence[RunRecord]) -> list:
     return sorted({c for r in runs for c in r.checksums}, key=lambda c: c or "")
 
 
+def _machines(runs: Sequence[RunRecord]) -> list[str]:
+    """The machines a claim's runs ran on (`describe_machine` of each start; unrecorded ones left out)."""
+    return sorted({describe_machine(s) for r in runs for s in (r.provenance or []) if s})
+
+
 def _seed_design(res: ClaimResult, diffs: np.ndarray) -> ClaimResult:
     """se, df, mde of a paired t over seed differences; the seeds an inconclusive one would need."""
     if diffs.size >= 2:
@@ -217,9 +266,27 @@ def seed_claim(
     return _seed_t(claim, source, f"{a_label} - {b_label}", figure, diffs, sorted(set(va) & set(vb)), [*a, *b])
 
 
-def _seed_t(claim: str, source: str, label: str, figure: str, diffs, seeds: list, runs) -> ClaimResult:
-    """A claim tested by a paired t over the seeds' differences `diffs` (one per seed in `seeds`)."""
+def _seed_t(
+    claim: str,
+    source: str,
+    label: str,
+    figure: str,
+    diffs,
+    seeds: list,
+    runs,
+    kind: str = DIFFERENCE,
+    margin: float | None = None,
+) -> ClaimResult:
+    """A claim tested by a paired t over the seeds' differences `diffs` (one per seed in `seeds`):
+    against 0 (difference), -margin (non-inferiority, two-sided: the 95% interval's lower end against
+    -margin) or +-margin (equivalence, TOST)."""
     est, p = float(diffs.mean()), _ttest_rel_p(diffs)
+    p_outside = math.nan
+    if kind == NONINFERIORITY:
+        p = stats.noninferiority(diffs, margin)["p"] if diffs.size >= 2 else math.nan
+    elif kind == EQUIVALENCE:
+        p = stats.tost(diffs, margin)["p"] if diffs.size >= 2 else math.nan
+        p_outside = stats.noninferiority(diffs if est < 0 else -diffs, margin)["p"] if diffs.size >= 2 else math.nan
     res = ClaimResult(
         claim,
         source,
@@ -228,12 +295,17 @@ def _seed_t(claim: str, source: str, label: str, figure: str, diffs, seeds: list
         est,
         _t_ci(diffs),
         p,
-        "paired t, seeds",
+        "paired t, seeds" if kind == DIFFERENCE else f"paired t, seeds; {kind}, margin {margin:g}",
         int(diffs.size),
-        verdict(est, p),
+        "",
         seeds=seeds,
         checksums=_checksums(runs),
+        kind=kind,
+        margin=margin,
+        p_outside=p_outside,
+        machines=_machines(runs),
     )
+    res.verdict = decide(res, p)
     return _seed_design(res, diffs)
 
 
@@ -263,8 +335,11 @@ def accuracy_claim(
     b: Sequence[RunRecord],
     *,
     b_initial: bool = False,
+    kind: str = DIFFERENCE,
+    margin: float | None = None,
 ) -> ClaimResult | None:
-    """``b_initial``: compare with b's step-0 evaluation (the base model) instead of its last."""
+    """``b_initial``: compare with b's step-0 evaluation (the base model) instead of its last; ``kind``
+    and ``margin``: a non-inferiority or equivalence claim (points)."""
     a = [r for r in a if r.final_step is not None]
     b = [r for r in b if r.final_step is not None]
     benches = [x for x in block_benchmarks([*a, *b]) if x in block_benchmarks(a) and x in block_benchmarks(b)]
@@ -282,14 +357,32 @@ def accuracy_claim(
     vb = _seed_accuracy([gb for _, gb in blocks], b, metric)
     if len(set(va) & set(vb)) >= SEED_TEST_MIN:
         return _seed_t(
-            claim, source, f"{a_label} - {b_label}", figure, _paired_seeds(va, vb), sorted(set(va) & set(vb)), [*a, *b]
+            claim,
+            source,
+            f"{a_label} - {b_label}",
+            figure,
+            _paired_seeds(va, vb),
+            sorted(set(va) & set(vb)),
+            [*a, *b],
+            kind,
+            margin,
         )
     diffs = [_paired_diffs(ga[0], ga[1][metric], gb[0], gb[1][metric]) for ga, gb in blocks]
     if all(d.size == 0 for d in diffs):
         return None
     allv = 100.0 * np.concatenate(diffs)
     est = float(np.mean([100.0 * d.mean() for d in diffs]))
-    p = stats.paired_bootstrap_p(diffs)
+    p_outside, shift = math.nan, (margin or 0.0) / 100.0
+    if kind == NONINFERIORITY:  # the differences against -margin
+        p = stats.paired_bootstrap_p([d + shift for d in diffs])
+    elif kind == EQUIVALENCE:  # TOST by the bootstrap's one-sided halves: the larger of the two
+        p = max(
+            stats.paired_bootstrap_p([d + shift for d in diffs]), stats.paired_bootstrap_p([d - shift for d in diffs])
+        )
+        p_outside = stats.paired_bootstrap_p([d + (shift if est < 0 else -shift) for d in diffs])
+    else:
+        p = stats.paired_bootstrap_p(diffs)
+    test = "paired bootstrap, problems (within-seed noise only)"
     res = ClaimResult(
         claim,
         source,
@@ -298,12 +391,17 @@ def accuracy_claim(
         est,
         _t_ci(allv),
         p,
-        "paired bootstrap, problems",
+        test if kind == DIFFERENCE else f"{test}; {kind}, margin {margin:g}",
         int(allv.size),
-        verdict(est, p),
+        "",
         seeds=sorted({r.seed for r in a} & {r.seed for r in b}),
         checksums=_checksums([*a, *b]),
+        kind=kind,
+        margin=margin,
+        p_outside=p_outside,
+        machines=_machines([*a, *b]),
     )
+    res.verdict = decide(res, p)
     return _problem_design(res, diffs)
 
 
@@ -329,6 +427,7 @@ def q4_claim(label: str, runs: Sequence[RunRecord]) -> ClaimResult | None:
         verdict(est, p),
         seeds=sorted(leads),
         checksums=_checksums(runs),
+        machines=_machines(runs),
     )
     return _seed_design(res, lead)
 
@@ -373,6 +472,17 @@ def routing_claims(by_label: dict[str, list[RunRecord]], method_of: dict[str, st
         s_none, s_r2 = arm.get(("gspo", lr, sched, "none")), arm.get(("gspo", lr, sched, "r2"))
         if not s_none or not s_r2:
             continue
+        res = accuracy_claim(
+            GSPO_NO_REPLAY,
+            ROUTING_SOURCE,
+            s_r2,
+            by_label[s_r2],
+            s_none,
+            by_label[s_none],
+            kind=EQUIVALENCE,
+            margin=REPLAY_MARGIN,
+        )
+        out += [res] if res else []
         cells = [by_label[lb] for lb in (g_r2, g_none, s_r2, s_none)]
         runs = [r for c in cells for r in c if r.final_step is not None]
         benches = [b for b in block_benchmarks(runs) if all(b in block_benchmarks(c) for c in cells)]
@@ -412,6 +522,8 @@ def stability_claims(
                 "base model (step 0)",
                 by_label[a],
                 b_initial=True,
+                kind=NONINFERIORITY,
+                margin=STABLE_MARGIN,
             )
             out += [res] if res else []
     return out
@@ -518,6 +630,7 @@ def evaluate_claims(
         out += stability_claims(by_label, cliff, method_of)
         for res in out[first:]:
             res.model = model
+    correct_family(out)
     return out
 
 

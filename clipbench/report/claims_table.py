@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from clipbench.report.replication import seed_ranges
+from clipbench.report.replication import HALVES, MIN_PER_HALF, seed_ranges
 from clipbench.report.tables import Table, model_title
 
 # ---- the papers' claims -------------------------------------------------------------------------
@@ -33,6 +33,9 @@ def claim_verdict_cell(c: dict) -> str:
             f"; {c['estimate']:+.3g} needs ~{need['factor']:.1f}x the problems ({need['n']:,}) at 80% power "
             f"(or fewer with more samples per problem)"
         )
+    machines = c.get("machines") or []
+    if len(machines) > 1:
+        text += f" [runs from {len(machines)} machines: the same run ids give different numbers on each]"
     known = [x for x in c.get("checksums", []) if x]
     if len(known) > 1:
         text += f" [runs from {len(known)} different base models: weights sha256 {', '.join(x[:8] for x in known)}]"
@@ -50,7 +53,16 @@ def replication_cell(c: dict) -> str:
         f"{x['name']}: {short.get(x['verdict'], x['verdict'])} {x['estimate']:+.3g}, p {_p_text(x['p'])}"
         for x in rep["parts"]
     )
-    return f"{rep['status']} ({parts})"
+    mine = set(c.get("machines") or [])
+    other = {m for x in rep["parts"] for m in x.get("machines") or []}
+    where = " [on another machine: the same run ids need not give the same numbers]" if mine and other - mine else ""
+    return f"{rep['status']} ({parts}){where}"
+
+
+def consistency_title(rows: list[dict]) -> str:
+    """'Split-half consistency' for the halves of one sweep's seeds, 'Replication' against another sweep."""
+    by = next(((c.get("replication") or {}).get("by") for c in rows if c.get("replication")), None)
+    return "Split-half consistency" if by == HALVES else "Replication"
 
 
 def claims(rows: list[dict]) -> Table | None:
@@ -66,9 +78,10 @@ def claims(rows: list[dict]) -> Table | None:
         "Test",
         "n",
         "p",
+        "p Holm",
         "Verdict",
         "Detectable (80% power)",
-        "Replication",
+        consistency_title(rows),
     ]
     t = Table("claims", "The papers' claims at this scale", cols, sections=False)
     for c in rows:
@@ -77,8 +90,9 @@ def claims(rows: list[dict]) -> Table | None:
         mde = c.get("mde", math.nan)
         flagged = (
             c["verdict"] == "does not hold"
-            or (c.get("replication") or {}).get("status") == "fragile"
+            or (c.get("replication") or {}).get("status") in ("fragile", "inconsistent")
             or len([x for x in c.get("checksums", []) if x]) > 1
+            or len(c.get("machines") or []) > 1
         )
         t.add(
             [
@@ -89,6 +103,7 @@ def claims(rows: list[dict]) -> Table | None:
                 c["test"],
                 str(c["n"]),
                 _p_text(c["p"]),
+                _p_text(c.get("p_holm")),
                 claim_verdict_cell(c),
                 f"±{mde:.3g}" if math.isfinite(mde) else "",
                 replication_cell(c),
@@ -96,19 +111,31 @@ def claims(rows: list[dict]) -> Table | None:
             "flagged" if flagged else "",
         )
     by = next(((c.get("replication") or {}).get("by") for c in rows if c.get("replication")), None)
+    family = max((c.get("family") or 0 for c in rows), default=0)
     t.notes = [
-        "Holds: the difference has the claimed sign and p < 0.05; does not hold: the opposite sign and "
-        "p < 0.05; else inconclusive at this scale. Training figures are paired by seed; accuracy too from "
-        "2 seeds on (each seed's Avg@n), by problem with one seed (the bootstrap: it speaks for that "
-        "trained model, not for another seed). See clipbench/report/claims.py.",
+        f"The {len(rows)} claims are one family: p is each claim's own test, p Holm that p adjusted by Holm's "
+        f"method over the family ({family} tested; statsmodels multipletests). Verdicts are read at p Holm: holds: "
+        "the claimed sign and p Holm < 0.05; does not hold: the opposite sign and p Holm < 0.05; else "
+        "inconclusive at this scale. 'does not lose' claims are non-inferiority tests against their declared "
+        "margin (the estimate against -margin; holds when the 95% interval's lower end lies above -margin, "
+        "after correction), 'no difference' claims equivalence tests (TOST within +-margin). Training figures "
+        "are paired by seed; accuracy too from 2 seeds on (each seed's Avg@n), by problem with one seed (the "
+        "bootstrap: within-seed noise only, it speaks for that trained model, not for another seed). "
+        "See clipbench/report/claims.py and docs/reports.md.",
         "Detectable: the smallest difference this design detects with 80% power at p < 0.05 (two-sided), "
         "(t(0.975, df) + t(0.80, df)) x se, se from the observed spread: of the seed differences for a "
         "paired t (df = seeds - 1), of the per-problem differences for the bootstrap (df = problems - 1; "
         "Welch for several benchmarks). An inconclusive verdict says what would detect its estimate.",
-        f"Replication ({by or 'on two halves of the seeds'}): replicates when each part alone reaches the "
-        "whole's verdict with its sign (for an inconclusive verdict: each part inconclusive too, same "
-        "sign); fragile otherwise. Halves: the claim's seeds sorted, first half and second half; a paired "
-        "t needs 2 seeds per half, the bootstrap 1.",
+        (
+            f"Split-half consistency: the claim's seeds sorted, first half and second half, each computed alone "
+            f"(its own family, Holm); consistent when each half reaches the whole's verdict with its sign (for an "
+            f"inconclusive verdict: each half inconclusive too, same sign), inconsistent otherwise; not tested "
+            f"below {MIN_PER_HALF} seeds per half. Both halves share the sweep's build, machine and code: this is "
+            f"consistency, not replication (`clipbench report --replicate` checks another sweep)."
+            if by == HALVES
+            else f"Replication ({by or 'against another sweep'}): replicates when the other sweep reaches this "
+            "verdict with its sign (for an inconclusive verdict: inconclusive too, same sign); fragile otherwise."
+        ),
     ]
     return t
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from clipbench.report.stability_table import critical_text
+from clipbench.report.stability_table import critical_text, fit_text, ratio_text
 from clipbench.report.tables import model_title
 
 SHOWN = 4  # claims named per verdict; the rest are counted
@@ -54,14 +54,26 @@ def _outcome(result: dict) -> list[str]:
                 f"{gains[worst]:+.1f} ({worst}) (Avg@{block['n']}, mean of {seeds_text} per arm)"
             )
     for model, block in (result.get("stability") or {}).items():
-        crit = "; ".join(f"{rule} {critical_text(info['critical'])}" for rule, info in block["rules"].items())
+        crit = "; ".join(_critical(rule, info, block.get("reference")) for rule, info in block["rules"].items())
         parts.append(f"critical learning rates{' on ' + model_title(model) if multi else ''}: {crit}")
     return parts
 
 
+def _critical(rule: str, info: dict, reference: str | None) -> str:
+    """'grpo 0.0002 (fit [95% CI over seeds]: ...; ladder [lower, upper))'."""
+    fit = fit_text(info.get("fit"))
+    ratio = ratio_text(info.get("fit")) if reference and rule != reference else ""
+    said = f"fit {fit}" + (f", {ratio} x {reference}'s" if ratio else "") + "; " if fit else ""
+    return f"{rule} {said}ladder {critical_text(info['critical'])}"
+
+
 def _claim_name(c: dict) -> str:
     rep = (c.get("replication") or {}).get("status")
-    tag = f", {rep}" if rep in ("replicates", "fragile") else ""
+    tag = (
+        f", {rep}"
+        if rep in ("replicates", "fragile")
+        else (f", split halves {rep}" if rep in ("consistent", "inconsistent") else "")
+    )
     return f"{c['claim']} ({c['comparison']}, {c['estimate']:+.3g}{tag})"
 
 
@@ -84,7 +96,8 @@ def _claims(claims: list[dict]) -> str | None:
     rest = sum(c["verdict"].startswith("inconclusive") for c in claims)
     if rest:
         said.append(f"{rest} inconclusive at this scale")
-    return f"of {len(claims)} claims, " + ", ".join(said)
+    family = max((c.get("family") or 0 for c in claims), default=0)
+    return f"of {len(claims)} claims (one family, Holm over {family}), " + ", ".join(said)
 
 
 def finding_line(result: dict) -> str | None:

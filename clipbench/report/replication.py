@@ -1,21 +1,27 @@
-"""Whether a claim's verdict replicates: the same verdict on two disjoint halves of its seeds, or
-on a second sweep (`clipbench report A --replicate B`).
+"""Whether a claim's verdict holds up: split-half consistency (the same verdict on two disjoint halves
+of its seeds) or replication (the same verdict on a second sweep: another build, other seeds or
+another machine, `clipbench report A --replicate B`).
 
-    replicate_by_halves(claims, compared)        # in place: each claim's .replication
-    replicate_against(claims, other, "B")        # the same, against sweep B's claims
+    replicate_by_halves(claims, compared)        # in place: each claim's .replication (split-half consistency)
+    replicate_against(claims, other, "B")        # the same, against sweep B's claims (replication)
+
+Two halves of one sweep's seeds share its build, machine and code: their agreement is consistency,
+not replication, and with the effects of the studies it mostly measures power (two halves of 10 seeds
+both reach significance about a third of the time), so it is tested only from MIN_PER_HALF (5) seeds
+per half and never called "replicates".
 
 Halves: the claim's seeds (those both of its arms have) sorted, the first half ``seeds[:n // 2]``
 and the second ``seeds[n // 2:]`` (10 seeds: 0-4 and 5-9); the claim is computed again, by the
 same code (`claims.evaluate_claims`), on each half's runs alone.
 
-- "replicates": each half (or sweep B) reaches the whole's verdict (holds, does not hold or
-  inconclusive at this scale) with the whole's sign. A verdict only the pooled seeds reach is not
-  one a rerun of half the size would repeat, so it is "fragile"; so is an inconclusive one whose
-  halves point opposite ways or reach significance.
-- "fragile": any other outcome.
-- "not tested": too few seeds to split, said with the count, never guessed: a paired t over seeds
-  needs 2 seeds in each half (4 in all), the bootstrap over problems 1 in each (2 in all); or the
-  claim has no value on one half (or sweep B does not have it).
+- "consistent" (halves) / "replicates" (sweep B): each half (or sweep B) reaches the whole's verdict
+  (holds, does not hold or inconclusive at this scale) with the whole's sign; each half's verdict is
+  read at Holm over that half's own family of claims, as the whole's.
+- "inconsistent" (halves) / "fragile" (sweep B): any other outcome (a verdict only the pooled seeds
+  reach; an inconclusive one whose halves point opposite ways or reach significance).
+- "not tested": fewer than MIN_PER_HALF seeds in a half (a t-test of 2 or 3 seeds has 1 or 2 degrees
+  of freedom; a one-seed claim has no halves), said with the count, never guessed; or the claim has
+  no value on one half (or sweep B does not have it).
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ from clipbench.report.claims import ClaimResult, cliffs, evaluate_claims
 from clipbench.report.load import RunRecord
 
 REPLICATES, FRAGILE, NOT_TESTED = "replicates", "fragile", "not tested"
+CONSISTENT, INCONSISTENT = "consistent", "inconsistent"
+MIN_PER_HALF = 5  # seeds per half from which split-half consistency is tested
+HALVES = "split-half consistency (two halves of the seeds)"
 
 
 def seed_ranges(seeds: Sequence[int]) -> str:
@@ -53,8 +62,8 @@ def halves(seeds: Sequence[int]) -> tuple[list[int], list[int]]:
 
 
 def min_per_half(claim: ClaimResult) -> int:
-    """Seeds each half needs: a t over seed differences needs 2, the bootstrap over problems 1."""
-    return 2 if claim.test.startswith("paired t") else 1
+    """Seeds each half needs: MIN_PER_HALF, whatever the test (a one-seed claim has no halves)."""
+    return MIN_PER_HALF
 
 
 def _sign(x: float) -> int:
@@ -76,6 +85,7 @@ def part(name: str, c: ClaimResult) -> dict:
         "n": c.n,
         "verdict": c.verdict,
         "checksums": list(c.checksums),
+        "machines": list(c.machines),
     }
 
 
@@ -85,7 +95,7 @@ def _result(status: str, by: str, parts: list[dict], reason: str | None = None) 
 
 def replicate_by_halves(claims: Sequence[ClaimResult], compared: Sequence[RunRecord]) -> None:
     """Set each claim's .replication from its two seed halves (the claims of one seed set share them)."""
-    by = "on two halves of the seeds"
+    by = HALVES
     cache: dict[tuple[int, ...], tuple[dict, dict]] = {}
     cliff_rates = cliffs(compared)  # the whole's cliff: each half tests the same claims
     for c in claims:
@@ -111,7 +121,7 @@ def replicate_by_halves(claims: Sequence[ClaimResult], compared: Sequence[RunRec
             c.replication = _result(NOT_TESTED, by, [], f"the claim has no value on seeds {missing} alone")
             continue
         parts = [part(seeds_name(h), f) for h, f in zip((h1, h2), found)]
-        c.replication = _result(REPLICATES if all(agrees(c, f) for f in found) else FRAGILE, by, parts)
+        c.replication = _result(CONSISTENT if all(agrees(c, f) for f in found) else INCONSISTENT, by, parts)
 
 
 def replicate_against(claims: Sequence[ClaimResult], other: Sequence[ClaimResult], name: str) -> None:
@@ -143,8 +153,15 @@ def summary_line(claims: Sequence[dict]) -> str | None:
         status = (c.get("replication") or {}).get("status", NOT_TESTED)
         counts[status] = counts.get(status, 0) + 1
     by = next(((c.get("replication") or {}).get("by") for c in claims if c.get("replication")), "")
-    said = {REPLICATES: "replicate", FRAGILE: "fragile", NOT_TESTED: "not tested"}
-    text = ", ".join(f"{counts[k]} {said[k]}" for k in (REPLICATES, FRAGILE, NOT_TESTED) if counts.get(k))
+    said = {
+        REPLICATES: "replicate",
+        FRAGILE: "fragile",
+        CONSISTENT: "consistent",
+        INCONSISTENT: "inconsistent",
+        NOT_TESTED: "not tested",
+    }
+    order = (REPLICATES, FRAGILE, CONSISTENT, INCONSISTENT, NOT_TESTED)
+    text = ", ".join(f"{counts[k]} {said[k]}" for k in order if counts.get(k))
     reasons = sorted(
         {
             c["replication"]["reason"]
@@ -152,4 +169,5 @@ def summary_line(claims: Sequence[dict]) -> str | None:
             if c.get("replication") and c["replication"]["status"] == NOT_TESTED and c["replication"]["reason"]
         }
     )
-    return f"Claims ({len(claims)}) checked {by}: {text}" + (f" ({'; '.join(reasons)})" if reasons else "") + "."
+    how = f"checked for {by}" if by == HALVES else f"checked {by}"
+    return f"Claims ({len(claims)}) {how}: {text}" + (f" ({'; '.join(reasons)})" if reasons else "") + "."

@@ -20,7 +20,16 @@ Definitions (also in docs/reports.md):
   of the ladder is shown safe), the upper end the smallest rate above the estimate whose interval
   lies below 0 (None: no rate of the ladder is shown to lose). The critical rate lies in
   [lower, upper) if the gain falls with the rate; rates between the ends are ones where the seeds
-  cannot tell.
+  cannot tell. The bracket is built from uncorrected per-rate intervals: it has no stated coverage.
+- The fitted critical rate (``critical_fit``), the one with a stated coverage: the gain of every (seed,
+  rate) of a rule fitted against x = log(lr) by least squares (`numpy.polynomial.Polynomial.fit`; a
+  quadratic from three rates, else a line), and solved for gain = 0 where the fit falls through 0 past
+  its peak (the first descending root inside the ladder). Censored at the ladder's ends: a fit below 0
+  at the lowest rate gives the lowest rate ("below"), one above 0 at the highest the highest
+  ("above"); the fit never extrapolates. Its 95% interval is the percentile interval of the
+  bootstrap over seeds (a seed's runs at every rate resampled together, `scipy.stats.bootstrap`,
+  BOOTSTRAP_RESAMPLES resamples); the ratio to the reference rule's (grpo's) likewise, the seeds both
+  rules have resampled together (paired by seed).
 """
 
 from __future__ import annotations
@@ -35,6 +44,8 @@ from clipbench.config.load import recorded
 from clipbench.report import stats
 from clipbench.report.health import KINDS
 from clipbench.report.load import RunRecord, assign_labels
+
+REFERENCE = "grpo"  # the rule the fitted critical rates are divided by (when the block has one grpo rule)
 
 
 def run_lr(run: RunRecord) -> float | None:
@@ -107,6 +118,69 @@ def critical_rate(cells: Mapping[float, dict]) -> dict:
     return {"rate": rate, "lower": lower, "upper": upper, "rates": rates}
 
 
+def _points(cells: Mapping[float, dict], seeds: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(x = log lr, gain) over the (seed, rate) pairs of `seeds` (a seed drawn twice counts twice)."""
+    by = {lr: dict(zip(c["seeds"], c["gains"])) for lr, c in cells.items()}
+    xs, ys = [], []
+    for s in seeds:
+        for lr, g in by.items():
+            if s in g:
+                xs.append(math.log(lr))
+                ys.append(g[s])
+    return np.array(xs), np.array(ys)
+
+
+def fitted_root(x: np.ndarray, y: np.ndarray) -> tuple[float, str | None]:
+    """(x where the least-squares fit of y on x crosses 0 going down, censoring): a quadratic with three
+    or more distinct x, else a line; the first descending root inside [min x, max x]; without one, the
+    lowest x when the fit is below 0 there ("below"), else the highest ("above")."""
+    lo, hi = float(x.min()), float(x.max())
+    deg = 2 if np.unique(x).size >= 3 else 1
+    if np.unique(x).size < 2:
+        return math.nan, None
+    fit = np.polynomial.Polynomial.fit(x, y, deg)
+    slope = fit.deriv()
+    roots = sorted(float(r.real) for r in fit.roots() if abs(r.imag) < 1e-12 and lo <= r.real <= hi)
+    falling = [r for r in roots if slope(r) < 0]
+    if falling:
+        return falling[0], None
+    return (lo, "below") if fit(lo) < 0 else (hi, "above")
+
+
+def critical_fit(cells: Mapping[float, dict], reference: Mapping[float, dict] | None = None) -> dict | None:
+    """{"rate", "censored", "ci", "ratio", "ratio_ci", "seeds"}: the fitted critical rate, its bootstrap
+    interval over seeds and, with `reference` (the reference rule's cells), the ratio to its fitted rate
+    (module docstring); None with fewer than 2 rates or 2 seeds."""
+    from scipy import stats as sps  # noqa: PLC0415 - scipy is heavy
+
+    seeds = sorted({s for c in cells.values() for s in c["seeds"]})
+    if len(cells) < 2 or len(seeds) < 2:
+        return None
+    root = lambda idx: fitted_root(*_points(cells, [seeds[i] for i in np.asarray(idx, dtype=int)]))[0]  # noqa: E731
+    x, censored = fitted_root(*_points(cells, seeds))
+    out = {"rate": math.exp(x), "censored": censored, "ci": [math.nan, math.nan], "seeds": len(seeds)}
+    out.update(ratio=None, ratio_ci=[math.nan, math.nan])
+    rng = np.random.default_rng(stats.BOOTSTRAP_SEED)
+    boot = lambda stat, n: (
+        sps.bootstrap(  # noqa: E731 - the seeds resampled with replacement
+            (np.arange(n),), stat, n_resamples=stats.BOOTSTRAP_RESAMPLES, method="percentile", vectorized=False, rng=rng
+        ).confidence_interval
+    )
+    ci = boot(root, len(seeds))
+    out["ci"] = [math.exp(ci.low), math.exp(ci.high)]
+    if reference is not None:
+        shared = sorted(set(seeds) & {s for c in reference.values() for s in c["seeds"]})
+        if len(shared) >= 2 and len(reference) >= 2:
+            ratio = lambda idx: math.exp(  # noqa: E731
+                fitted_root(*_points(cells, [shared[i] for i in idx]))[0]
+                - fitted_root(*_points(reference, [shared[i] for i in idx]))[0]
+            )
+            out["ratio"] = ratio(np.arange(len(shared)))
+            rci = boot(ratio, len(shared))
+            out["ratio_ci"] = [float(rci.low), float(rci.high)]
+    return out
+
+
 def block_stability(runs: Sequence[RunRecord], health: Mapping[str, dict]) -> dict | None:
     rates = sorted({lr for r in runs if (lr := run_lr(r)) is not None})
     if len(rates) < 2:
@@ -120,6 +194,11 @@ def block_stability(runs: Sequence[RunRecord], health: Mapping[str, dict]) -> di
             lr: cell([r for r in mine if run_lr(r) == lr], health) for lr in rates if any(run_lr(r) == lr for r in mine)
         }
         out["rules"][rule] = {"method": mine[0].method, "cells": cells, "critical": critical_rate(cells)}
+    refs = [rule for rule, info in out["rules"].items() if info["method"] == REFERENCE]
+    ref = out["rules"][refs[0]]["cells"] if len(refs) == 1 else None
+    out["reference"] = refs[0] if len(refs) == 1 else None
+    for info in out["rules"].values():
+        info["fit"] = critical_fit(info["cells"], ref)
     return out
 
 

@@ -45,23 +45,49 @@ def critical_text(crit: dict) -> str:
     return f"{rate} [{lower}, {upper})"
 
 
+def fit_text(fit: dict | None) -> str:
+    """'1.4e-04 [1.2e-04, 1.6e-04]' (the fitted critical rate and its bootstrap interval over seeds);
+    '<= 6e-05' / '>= 3e-04' when the fit is censored at the ladder's end."""
+    if not fit or not math.isfinite(fit["rate"]):
+        return ""
+    rate = {"below": "<= ", "above": ">= "}.get(fit["censored"], "") + rate_text(fit["rate"])
+    lo, hi = fit["ci"]
+    return rate + (f" [{rate_text(lo)}, {rate_text(hi)}]" if math.isfinite(lo) and math.isfinite(hi) else "")
+
+
+def ratio_text(fit: dict | None) -> str:
+    if not fit or fit.get("ratio") is None or not math.isfinite(fit["ratio"]):
+        return ""
+    lo, hi = fit["ratio_ci"]
+    return f"{fit['ratio']:.2f}" + (f" [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) and math.isfinite(hi) else "")
+
+
 def stability_table(stab: dict | None) -> list[Table]:
     """One table per block with a learning-rate axis; [] without one."""
     tables = []
     for model, block in (stab or {}).items():
         rates = block["rates"]
-        cols = ["Rule", "Figure"] + [f"lr {rate_text(r)}" for r in rates] + ["Critical lr [interval]"]
+        ref = block.get("reference")
+        cols = (
+            ["Rule", "Figure"]
+            + [f"lr {rate_text(r)}" for r in rates]
+            + [
+                "Critical lr, fit [95% CI, seeds]",
+                f"x {ref} [95% CI]" if ref else "x reference",
+                "Critical lr [ladder]",
+            ]
+        )
         t = Table("stability", f"Stability: gain over the base model by learning rate ({model_title(model)})", cols)
         for rule, info in block["rules"].items():
             cells = [info["cells"].get(r) for r in rates]
             t.add(
                 [rule, "gain (pts) [95% CI] (seeds)"]
                 + [gain_text(c) if c else "" for c in cells]
-                + [critical_text(info["critical"])]
+                + [fit_text(info.get("fit")), ratio_text(info.get("fit")), critical_text(info["critical"])]
             )
             flagged = any(c and c["flagged"] for c in cells)
             t.add(
-                ["", "collapsed: runs, kinds"] + [flags_text(c) if c else "" for c in cells] + [""],
+                ["", "collapsed: runs, kinds"] + [flags_text(c) if c else "" for c in cells] + ["", "", ""],
                 "flagged" if flagged else "",
             )
         t.notes = [
@@ -69,10 +95,16 @@ def stability_table(stab: dict | None) -> list[Table]:
             "averaged); mean over seeds with Student's t 95% interval over the seeds' gains (none with one seed).",
             "Collapsed: runs at that rate whose health flags name a kind of collapse (see the Runs table's notes "
             "for each kind's threshold), counted per kind (a run may have several).",
-            "Critical lr: the largest rate at which the mean gain is >= 0 there and at every lower rate; "
+            "Critical lr, fit: every (seed, rate) gain fitted against log(lr) (a quadratic from 3 rates, else a "
+            "line) and solved for gain = 0 where the fit falls through 0 (never extrapolated: '<=' / '>=' at the "
+            "ladder's ends); 95% CI: percentile bootstrap over seeds (a seed's runs at every rate together). "
+            f"x {ref or 'reference'}: its ratio to {ref or 'the reference'}'s fitted rate, the shared seeds "
+            "resampled together.",
+            "Critical lr [ladder]: the largest rate at which the mean gain is >= 0 there and at every lower rate; "
             "[lower, upper): lower = the largest rate at or below it whose gain interval lies at or above 0, "
             "upper = the smallest rate above it whose gain interval lies below 0 ('< lowest' / '> highest': no "
-            "rate of the ladder is shown safe / shown to lose). Rates between the ends: the seeds cannot tell.",
+            "rate of the ladder is shown safe / shown to lose). Built from uncorrected per-rate intervals: a "
+            "bracket without a stated coverage (the fit's interval has one).",
         ]
         tables.append(t)
     return tables

@@ -4,8 +4,9 @@ Tables of a report, per block (base model):
 - ``table3``: the paper's Table 3 layout: per benchmark one row per method, Avg@n and Pass@k
   (k = 2, 4, ..., n), mean +- std over seeds in %, an Average block and Gain rows (% vs the
   baseline), the paper's reference rows inline when model and benchmark are the paper's;
-- ``significance``: Avg@n and Pass@n with 95% CIs over problems, the difference from the baseline
-  (percentage points) and its paired-bootstrap p-value;
+- ``significance``: Avg@n and Pass@n with 95% CIs over problems (within-seed sampling noise only),
+  the difference from the baseline (percentage points) with its interval and p over seeds (a paired t,
+  the seed the unit) and the Holm-adjusted p over the methods compared;
 and once: ``quadrants`` (share of clip events per quadrant, like the paper's Figure 4f), ``dynamics``
 (entropy and sampled accuracy early vs late, the off-policy out-of-band share), ``runs`` (every run:
 state, skipped steps, collapse flags, why it is not compared) and, for a grpo-vs-abc sweep on other
@@ -173,16 +174,27 @@ def table3(block: dict, baseline: str | None, paper: dict | None) -> Table:
 # ---- significance -----------------------------------------------------------------------------
 
 
+def delta_cell(c: dict) -> str:
+    """'+3.1 [-0.4, +6.6]': method - baseline in points, the mean over paired seeds and its t interval."""
+    delta = c.get("delta")
+    if delta is None or not math.isfinite(delta):
+        return ""
+    lo, hi = c.get("delta_ci") or (math.nan, math.nan)
+    ci = f" [{100 * lo:+.1f}, {100 * hi:+.1f}]" if math.isfinite(lo) and math.isfinite(hi) else ""
+    return f"{100 * delta:+.1f}{ci}"
+
+
 def significance(block: dict, baseline: str | None, resamples: int, seed: int) -> Table:
     n, metrics = block["n"], block["metrics"]
     headline = [metrics[0]] + ([metrics[-1]] if len(metrics) > 1 else [])
     cols = ["Benchmark", "Method", "Seeds x problems"]
     for m in headline:
-        cols += [f"{metric_title(m, n)} [95% CI]", "Δ (pp)", "p"]
+        cols += [f"{metric_title(m, n)} [95% CI, problems]", "Δ (pp) [95% CI, seeds]", "p (seeds)", "p Holm"]
     t = Table("significance", f"Significance vs {baseline or '(no baseline)'}: {model_title(block['model'])}", cols)
     entries = [(b, block["benchmarks"][b]) for b in ordered_benchmarks(block["benchmarks"])]
     if len(entries) > 1 and block["average"]["rows"]:
         entries.append(("average", block["average"]))
+    family = 0
     for bench, entry in entries:
         first = True
         for lb in ordered_labels(block, baseline):
@@ -193,17 +205,59 @@ def significance(block: dict, baseline: str | None, resamples: int, seed: int) -
             cells = [title if first else "", lb, f"{r['seeds']} x {r['problems']}"]
             for m in headline:
                 c = r["metrics"][m]
-                delta = c.get("delta")
-                cells += [ci_cell(c), "" if delta is None else f"{100 * delta:+.1f}", p_cell(c.get("p"))]
+                family = max(family, c.get("family") or 0)
+                cells += [ci_cell(c), delta_cell(c), p_cell(c.get("p")), p_cell(c.get("p_holm"))]
             t.add(cells, "baseline" if lb == baseline else "")
             first = False
     t.notes = [
-        "95% CI: Student t interval over problems of the per-problem values (each problem's value averaged "
-        "over seeds first), clipped to [0, 100]; for Average, the benchmarks' standard errors combined "
-        "(Welch-Satterthwaite df).",
-        f"p: two-sided paired bootstrap vs the baseline, problems paired by id and resampled with replacement "
-        f"({resamples} resamples, numpy default_rng({seed}); stratified by benchmark for Average); "
-        f"p = (1 + #{{|d* - d| >= |d|}}) / (B + 1). Δ: method - baseline in percentage points.",
+        "[95% CI, problems]: Student t interval over problems of the per-problem values (each problem's value "
+        "averaged over seeds first), clipped to [0, 100]; for Average, the benchmarks' standard errors combined "
+        "(Welch-Satterthwaite df). It shows within-seed sampling noise only (the problems drawn), not how much "
+        "another seed's run would differ.",
+        "Δ: method - baseline in percentage points, each seed's mean over its problems paired by seed; its "
+        "95% CI and p (two-sided): a paired t over the seeds' differences (scipy.stats.ttest_1samp; the seed is "
+        "the unit; blank with fewer than 2 paired seeds). p Holm: Holm's correction over the "
+        f"{family} method(s) compared with the baseline on that row's benchmark and metric "
+        "(statsmodels multipletests); a difference is significant at 0.05 only when p Holm < 0.05.",
+        f"report.json keeps p_problems: the paired bootstrap over problems ({resamples} resamples, "
+        f"default_rng({seed})), within-seed sampling noise only (it speaks for these trained models, not for a rerun).",
+    ]
+    return t
+
+
+def aggregates_table(block: dict, baseline: str | None) -> Table | None:
+    """rliable's aggregates per label (analysis.aggregates): IQM, probability of improvement over the
+    baseline, the share of runs above the base model."""
+    agg = block.get("aggregates") or {}
+    if not agg:
+        return None
+    n = block["n"]
+    cols = ["Method", "Runs x tasks", f"IQM Avg@{n} [95% CI]", f"P(> {baseline or 'baseline'}) [95% CI]", "Above base"]
+    t = Table("aggregates", f"Aggregates over runs (rliable): {model_title(block['model'])}", cols, sections=False)
+    for lb in ordered_labels(block, baseline):
+        e = agg.get(lb)
+        if e is None:
+            continue
+        lo, hi = e["iqm_ci"]
+        iqm = f"{100 * e['iqm']:.1f}" + (f" [{100 * lo:.1f}, {100 * hi:.1f}]" if math.isfinite(lo) else "")
+        poi = ""
+        if e.get("poi") is not None:
+            plo, phi = e["poi_ci"]
+            poi = f"{e['poi']:.2f}" + (f" [{plo:.2f}, {phi:.2f}]" if math.isfinite(plo) else "")
+        above = "" if e.get("above_base") is None else f"{100 * e['above_base']:.0f}%"
+        t.add(
+            [lb, f"{e['runs'] // max(e['tasks'], 1)} x {e['tasks']}", iqm, poi, above],
+            "baseline" if lb == baseline else "",
+        )
+    t.notes = [
+        "One score per run and benchmark (its final Avg@n; the benchmarks are the tasks). IQM: the interquartile "
+        "mean over all run x task scores (rliable.metrics.aggregate_iqm), robust to a collapsed run and less "
+        "noisy than the median. P(> baseline): the probability of improvement, the mean over tasks of "
+        "P(X > Y) + P(X = Y) / 2 between a run of the method and one of the baseline (rliable.metrics). 95% "
+        "CIs: percentile stratified bootstrap (each task's runs resampled on their own; scipy.stats.bootstrap). "
+        "Above base: the share of run x task scores above the base model's mean (one point of the performance "
+        "profile, kept in full in report.json). Agarwal et al., 'Deep RL at the edge of the statistical "
+        "precipice' (2021).",
     ]
     return t
 
@@ -432,6 +486,9 @@ def build_tables(result: dict, paper: dict | None) -> list[Table]:
         tables.append(t)
         if baseline:
             tables.append(significance(block, baseline, result["bootstrap"]["resamples"], result["bootstrap"]["seed"]))
+        agg = aggregates_table(block, baseline)
+        if agg is not None:
+            tables.append(agg)
     if show_paper and not inline:
         ref = paper_reference(paper)
         for t in tables:
