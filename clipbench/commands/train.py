@@ -76,7 +76,13 @@ def train_command(
             f"{where} -> {rd.path}"
         )
 
+    told = []
+
     def progress(ev: dict) -> None:
+        if not told:  # what resuming set aside or restored, once the run is under way
+            told.append(True)
+            for note in rd.status().get("checkpoint_notes") or ():
+                console.print(f"[yellow]warning:[/] {note}", soft_wrap=True, highlight=False)
         console.print(
             f"  step {ev['step']:>4}/{ev['steps']}  reward {ev['reward']:.3f}  acc {ev['accuracy']:.3f}  "
             f"entropy {ev['entropy']:.3f}  clip events {int(ev['clip_events'])}  skipped {ev.get('skipped', 0)}"

@@ -54,7 +54,7 @@ from clipbench.tracking.lock import try_run_lock
 from clipbench.tracking.mlflow_sink import run_sink
 from clipbench.tracking.store import RunDir, RunState
 from clipbench.train.checkpoint import checkpoint_step as step_of
-from clipbench.train.checkpoint import find_checkpoint
+from clipbench.train.checkpoint import find_checkpoint, has_checkpoint_dir
 from clipbench.train.preempt import SIGNALS, StopRequest, preempt_signals
 
 
@@ -123,7 +123,7 @@ def classify(rd: RunDir, retry_failed: bool = False) -> str:
         return "finished"
     if state is RunState.FAILED and not retry_failed and status.get("reason") != "disk-full":
         return "failed"
-    return "resume" if checkpoint_step(rd) is not None else "start"
+    return "resume" if checkpoint_step(rd) is not None or has_checkpoint_dir(rd.checkpoint_dir) else "start"
 
 
 def _outcome(task: RunTask, outcome: str, t0: float, **extra) -> dict:
@@ -198,7 +198,7 @@ def _run_one(task: RunTask, t0: float, *, progress, on_start) -> dict:
 
         cfg = from_dict(task.config)
         from_step = checkpoint_step(rd)
-        resume = from_step is not None
+        resume = action == "resume"  # also a damaged checkpoint: the run says so and sets it aside
         rd.start_attempt(sweep=task.sweep, resumed_from=from_step, pid=os.getpid())
         if on_start:
             on_start(task.run_id, cfg.train.steps, "resume" if resume else "start")
@@ -211,12 +211,12 @@ def _run_one(task: RunTask, t0: float, *, progress, on_start) -> dict:
                 n, "clipbench.sweep.worker", args, rd, log=rd.path / "torchrun.log", signals=preempt_signals(cfg)
             )
             if rd.state is RunState.PREEMPTED:
-                return _outcome(task, "preempted", t0, resumed_from=from_step, step=rd.status().get("step"))
+                return _outcome(task, "preempted", t0, **_resumed(rd, from_step), step=rd.status().get("step"))
             if rc != 0:
                 st = rd.status()
                 outcome = "disk-full" if st.get("reason") == "disk-full" else "failed"
                 return _outcome(task, outcome, t0, error=str(st.get("error", f"exit code {rc}"))[:500])
-            return _outcome(task, "resumed" if resume else "finished", t0, resumed_from=from_step)
+            return _outcome(task, "resumed" if resume else "finished", t0, **_resumed(rd, from_step))
         sinks = []
 
         def make_sink():
@@ -226,23 +226,38 @@ def _run_one(task: RunTask, t0: float, *, progress, on_start) -> dict:
         try:
             summary = run_as_rank(cfg, rd, resume=resume, make_sink=make_sink, progress=progress)
         except RunPreempted:  # checkpointed: the next invocation resumes it
-            return _outcome(task, "preempted", t0, resumed_from=from_step, step=rd.status().get("step"))
+            return _outcome(task, "preempted", t0, **_resumed(rd, from_step), step=rd.status().get("step"))
         except DiskFull:
             raise
-        except Exception as e:  # noqa: BLE001 - a failing run must not stop the sweep (run_as_rank marked it failed)
-            return _outcome(task, "failed", t0, error=f"{type(e).__name__}: {e}"[:500])
+        except BaseException as e:  # a failing run must not stop the sweep (run_as_rank marked it failed)
+            if isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+                raise  # not the run's failure (DCP's CheckpointException is a BaseException: it is one)
+            return _outcome(task, "failed", t0, error=f"{type(e).__name__}: {first_line(e)}"[:500])
         offline = bool(sinks) and getattr(sinks[0], "offline", False) and cfg.tracking.mlflow
         last = {k: v for k, v in (summary.get("last") or {}).items() if k in ("reward/mean", "accuracy", "entropy")}
         evals = {k: v for k, v in summary.items() if k.startswith("eval/")}
+        resumed = _resumed(rd, from_step)
         return _outcome(
             task,
-            "resumed" if resume else "finished",
+            "resumed" if resumed["resumed_from"] is not None else "finished",
             t0,
-            resumed_from=from_step,
+            **resumed,
             mlflow_offline=bool(offline),
             last=last,
             evals=evals,
         )
+
+
+def _resumed(rd: RunDir, from_step: int | None) -> dict:
+    """{"resumed_from": the step the run resumed from, "notes": what its resume set aside or
+    restored (status.json's checkpoint_notes; empty when nothing)}."""
+    st = rd.status()
+    notes = st.get("checkpoint_notes") or []
+    return {"resumed_from": st.get("resumed_from") if notes else from_step, "notes": notes}
+
+
+def first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0]
 
 
 def _worker_args(task: RunTask) -> list[str]:
@@ -257,7 +272,7 @@ def train_as_rank(task: RunTask) -> None:
 
     _quiet_libraries()
     cfg, rd = from_dict(task.config), task.run_dir
-    resume = checkpoint_step(rd) is not None
+    resume = checkpoint_step(rd) is not None or has_checkpoint_dir(rd.checkpoint_dir)
     run_as_rank(cfg, rd, resume=resume, make_sink=lambda: _make_sink(task, cfg, rd, resume))
 
 
@@ -446,7 +461,7 @@ def _signal_all(pids: list[int], signum: int) -> None:
 def _detail(res: dict) -> str:
     if res.get("error"):
         return str(res["error"]).splitlines()[0][:160]
-    parts = []
+    parts = ["checkpoint set aside (see below)"] if any("set aside" in n for n in res.get("notes") or ()) else []
     if res.get("resumed_from") is not None:
         parts.append(f"from step {res['resumed_from']}")
     for k, v in (res.get("evals") or {}).items():
