@@ -114,14 +114,17 @@ def checkpoint_step(rd: RunDir) -> int | None:
     return None if ckpt is None else step_of(ckpt)
 
 
+RETRIED = ("disk-full", "out-of-memory", "worker-killed")  # failures the same command retries (resumes)
+
+
 def classify(rd: RunDir, retry_failed: bool = False) -> str:
     """'finished' | 'failed' (to skip) | 'resume' | 'start' -- from the store alone. A run that a
-    full disk stopped is not skipped: the same command resumes it once there is room."""
+    full disk, a memory limit or a killed worker stopped is not skipped: the same command resumes it."""
     status = rd.status()
     state = RunState(status.get("state", RunState.PENDING.value))
     if state is RunState.FINISHED:
         return "finished"
-    if state is RunState.FAILED and not retry_failed and status.get("reason") != "disk-full":
+    if state is RunState.FAILED and not retry_failed and status.get("reason") not in RETRIED:
         return "failed"
     return "resume" if checkpoint_step(rd) is not None or has_checkpoint_dir(rd.checkpoint_dir) else "start"
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from clipbench.errors import DiskFull, StoreError
+from clipbench.errors import DiskFull, StoreError, disk_reason
 from clipbench.tracking.files import (
     REMEDIES,
     _read_text,
@@ -187,14 +187,14 @@ class RunDir:
         try:
             self.set_status(
                 RunState.FAILED,
-                error=f"no space left on device writing {path}",
+                error=f"{disk_reason(err)} writing {path}",
                 reason="disk-full",
                 failed_at=time.time(),
             )
             written = True
         except OSError:
             written = False
-        return DiskFull(path, status_written=written)
+        return DiskFull(path, status_written=written, reason=disk_reason(err))
 
     def remove_temporaries(self) -> None:
         """A checkpoint being written (`checkpoints/.tmp-*`) and atomic writes' temp files (`.NAME.*.tmp`)."""

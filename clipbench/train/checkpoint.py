@@ -33,6 +33,7 @@ import errno
 import hashlib
 import json
 import os
+import resource
 import shutil
 import warnings
 from pathlib import Path
@@ -98,10 +99,11 @@ def save_checkpoint(
                 os.fsync(f.fileno())
             install_checkpoint(tmp, last)
     except BaseException as e:  # DCP's CheckpointException is a BaseException
-        full_disk = no_space_left(e) is not None or _nearly_full(root)
+        full = no_space_left(e)
+        code = full.errno if full is not None else (errno.ENOSPC if _nearly_full(root) else _size_limit_hit(tmp))
         shutil.rmtree(tmp, ignore_errors=True)  # `last` is untouched: the previous checkpoint stays whole
-        if full_disk:  # torch's writers may report it as "unexpected pos" (the errno is lost in C++)
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp)) from e
+        if code:  # torch's writers may report it as "unexpected pos" (the errno is lost in C++)
+            raise OSError(code, os.strerror(code), str(tmp)) from e
         raise
     dist.barrier()
 
@@ -171,6 +173,16 @@ def logs_copy(path: Path, name: str) -> list[str] | None:
     """The lines of the checkpoint's copy of the run's file `name` (`logs/`), or None when it holds none."""
     f = path / LOGS / name
     return f.read_text().splitlines() if f.is_file() else None
+
+
+def _size_limit_hit(tmp: Path) -> int | None:
+    """EFBIG when a file of the failed checkpoint reached this process's file-size limit (`ulimit -f`:
+    torch's writers lose that errno too), else None."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit == resource.RLIM_INFINITY or not tmp.is_dir():
+        return None
+    hit = any(p.is_file() and p.stat().st_size >= limit for p in tmp.rglob("*"))
+    return errno.EFBIG if hit else None
 
 
 def _nearly_full(path: Path) -> bool:
