@@ -46,7 +46,7 @@ from clipbench.tracking.files import REMEDIES, check_writable_dir
 from clipbench.tracking.lock import LOCK_DIR
 from clipbench.tracking.metrics_table import load_sweep_metrics
 from clipbench.tracking.mirror import sync_hint
-from clipbench.tracking.mlflow_client import resolve_tracking_uri
+from clipbench.tracking.mlflow_client import damaged_database_line, resolve_tracking_uri
 from clipbench.tracking.mlflow_sink import finish_parent_run, sweep_parent_run
 from clipbench.tracking.store import RunDir, list_run_dirs
 
@@ -313,7 +313,10 @@ def finish(
     for r in results:
         for note in r.get("notes") or ():
             err.print(f"[yellow]warning:[/] run {r['run_id']}: {note}", soft_wrap=True)
-    if uri and any(r.get("mlflow_offline") for r in results):
+    damaged = damaged_database_line(uri, results_dir) if uri and any(r.get("mlflow_offline") for r in results) else None
+    if damaged is not None:
+        err.print(f"[yellow]MLflow was unreachable for some runs[/]: {damaged}", soft_wrap=True, highlight=False)
+    elif uri and any(r.get("mlflow_offline") for r in results):
         err.print(
             Text.assemble(
                 ("MLflow was unreachable for some runs", "yellow"),
