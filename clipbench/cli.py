@@ -12,7 +12,14 @@ from typing import Annotated
 
 import typer
 
-from clipbench.errors import PREEMPTED_EXIT, RunFailed, RunPreempted, UserError, disk_reason, no_space_left
+from clipbench.errors import (
+    RunFailed,
+    RunPreempted,
+    UserError,
+    disk_reason,
+    no_space_left,
+    stop_exit_code,
+)
 from clipbench.tracking.store_format import STORE_FORMAT
 
 app = typer.Typer(
@@ -87,7 +94,7 @@ def _user_errors(fn):
             raise typer.Exit(1) from None
         except RunPreempted as e:  # checkpointed and resumable: the same command with --resume continues
             typer.echo(f"preempted: {e}", err=True)
-            raise typer.Exit(PREEMPTED_EXIT) from None
+            raise typer.Exit(stop_exit_code(e.signal)) from None
         except OSError as e:  # a full disk outside a run (a manifest, a report): one line, exit 1
             if (full := no_space_left(e)) is None:
                 raise

@@ -41,8 +41,19 @@ class RunFailed(Exception):
 
 
 class RunPreempted(Exception):
-    """A run a signal (SIGTERM, or the run's launch.preempt_signal) stopped at a safe point after
-    writing a checkpoint; status.json says preempted and resuming continues it. Exit code 75."""
+    """A run a signal (SIGTERM, the run's launch.preempt_signal, Ctrl-C's SIGINT, SIGHUP) stopped at a
+    safe point after writing a checkpoint; status.json says preempted and resuming continues it.
+    Exit code 75 (130 for SIGINT, 129 for SIGHUP: `stop_exit_code`)."""
+
+    def __init__(self, message: str, signal: str = ""):
+        super().__init__(message)
+        self.signal = signal
+
+
+def stop_exit_code(signal: str | None) -> int:
+    """The exit code of a command a signal stopped at a checkpoint: 128 + n for Ctrl-C (SIGINT) and a
+    closed terminal (SIGHUP), as a shell reports them; 75 (EX_TEMPFAIL) for a preemption."""
+    return {"SIGINT": 130, "SIGHUP": 129}.get(signal or "", PREEMPTED_EXIT)
 
 
 class DiskFull(RunFailed):

@@ -34,7 +34,7 @@ from clipbench.engines import (
     ENGINES,
     preflight,  # the run's engine checks, then model, task, benchmarks, memory
 )
-from clipbench.errors import PREEMPTED_EXIT, StoreError, UserError
+from clipbench.errors import PREEMPTED_EXIT, StoreError, UserError, stop_exit_code
 from clipbench.objectives import METHODS
 from clipbench.sweep.execute import RunTask, checkpoint_step, classify, run_parallel, run_sequential, threads_per_worker
 from clipbench.sweep.expand import Expansion, expand, iter_summary
@@ -336,11 +336,14 @@ def finish(
     if failed or disk_full or (launcher_rc and incomplete):
         raise SystemExit(1)
     if preempted or not_started:
+        signals = {dirs[r["run_id"]].status().get("signal") for r in preempted} - {None}
+        code = max((stop_exit_code(s) for s in signals), default=PREEMPTED_EXIT)  # Ctrl-C: 130
+        what = {130: "interrupted (Ctrl-C)", 129: "stopped (SIGHUP)"}.get(code, "preempted")
         err.print(
-            "[yellow]preempted[/]: the running runs stopped at a checkpoint and no further run started; "
+            f"[yellow]{what}[/]: the running runs stopped at a checkpoint and no further run started; "
             "rerun the same command to resume"
         )
-        raise SystemExit(PREEMPTED_EXIT)
+        raise SystemExit(code)
     return {"sweep": sweep, "runs": list(manifest["runs"]), "results": results, "written": True, "finished": n_fin}
 
 

@@ -55,7 +55,7 @@ from clipbench.tracking.mlflow_sink import run_sink
 from clipbench.tracking.store import RunDir, RunState
 from clipbench.train.checkpoint import checkpoint_step as step_of
 from clipbench.train.checkpoint import find_checkpoint, has_checkpoint_dir
-from clipbench.train.preempt import SIGNALS, StopRequest, preempt_signals
+from clipbench.train.preempt import STOP_SIGNALS, StopRequest, preempt_signals
 
 
 @dataclass(frozen=True)
@@ -285,7 +285,7 @@ def train_as_rank(task: RunTask) -> None:
 
 def run_sequential(tasks: list[RunTask], ui=None) -> list[dict]:
     out = []
-    preempt = StopRequest.install(SIGNALS)  # between runs: start no further one (a run installs its own)
+    preempt = StopRequest.install(STOP_SIGNALS)  # between runs: start no further one (a run installs its own)
     try:
         return _run_each(tasks, ui, preempt, out)
     finally:
@@ -330,7 +330,7 @@ def _pool_init(q, threads: int, stop, parent: int) -> None:
 
     # Between runs a signal is kept (no further run starts here); a run installs its own handlers
     # inside these and passes a signal it received back out when it ends (StopRequest.restore).
-    _IDLE = StopRequest.install(SIGNALS, forward=lambda signum: _exit_if_orphaned())
+    _IDLE = StopRequest.install(STOP_SIGNALS, forward=lambda signum: _exit_if_orphaned())
     _die_with_parent()
     if q is not None:
         q.put(("pid", os.getpid()))
@@ -413,44 +413,83 @@ def run_parallel(tasks: list[RunTask], jobs: int, ui=None) -> list[dict]:
         stop_runs.set()
         _signal_all(workers, signum)
 
-    preempt = StopRequest.install(SIGNALS, forward=forward)
+    preempt = StopRequest.install(STOP_SIGNALS, forward=forward)
     try:
-        with ProcessPoolExecutor(
-            max_workers=jobs, mp_context=ctx, initializer=_pool_init, initargs=(q, threads, stop_runs, os.getpid())
-        ) as ex:
-            futs = {ex.submit(_pool_run, t): t for t in tasks}
-            for fut in as_completed(futs):
-                if preempt.received is not None:
-                    for f in futs:
-                        f.cancel()
-                task = futs[fut]
-                if fut.cancelled():
-                    out.append(_outcome(task, "not-started", time.time()))
-                    continue
-                try:
-                    res = fut.result()
-                except BrokenProcessPool as e:
-                    res = {"run_id": task.run_id, "label": task.label, "outcome": "crashed", "error": str(e)}
-                except Exception as e:  # noqa: BLE001
-                    res = {
-                        "run_id": task.run_id,
-                        "label": task.label,
-                        "outcome": "crashed",
-                        "error": f"{type(e).__name__}: {e}",
-                    }
-                if res["outcome"] == "disk-full":  # start no further run (queued ones included); running ones go on
-                    stop_runs.set()
-                    for f in futs:
-                        f.cancel()
-                time.sleep(0.05)  # let the pump drain the run's last events
-                if ui is not None:
-                    ui.end_run(task.run_id, res["outcome"], task.label, _detail(res))
-                out.append(res)
+        pending = tasks
+        while pending:  # a worker that died breaks the pool: the runs it did not kill go on in a new one
+            broken = _run_pool(pending, jobs, ctx, q, threads, stop_runs, preempt, ui, out)
+            pending = _after_broken_pool(broken, out, ui, stopping=preempt.received is not None or stop_runs.is_set())
     finally:
         preempt.restore()
         stop.set()
         th.join(timeout=2)
     return out
+
+
+def _run_pool(tasks, jobs, ctx, q, threads, stop_runs, preempt, ui, out: list[dict]) -> list[RunTask]:
+    """One process pool over `tasks`; outcomes appended to `out`. Returns the tasks whose future a
+    broken pool failed (a worker process died: `kill -9`, the kernel's out-of-memory killer)."""
+    broken = []
+    with ProcessPoolExecutor(
+        max_workers=jobs, mp_context=ctx, initializer=_pool_init, initargs=(q, threads, stop_runs, os.getpid())
+    ) as ex:
+        futs = {ex.submit(_pool_run, t): t for t in tasks}
+        for fut in as_completed(futs):
+            if preempt.received is not None:
+                for f in futs:
+                    f.cancel()
+            task = futs[fut]
+            if fut.cancelled():
+                out.append(_outcome(task, "not-started", time.time()))
+                continue
+            try:
+                res = fut.result()
+            except BrokenProcessPool:
+                broken.append(task)
+                continue
+            except Exception as e:  # noqa: BLE001
+                res = {
+                    "run_id": task.run_id,
+                    "label": task.label,
+                    "outcome": "crashed",
+                    "error": f"{type(e).__name__}: {e}",
+                }
+            if res["outcome"] == "disk-full":  # start no further run (queued ones included); running ones go on
+                stop_runs.set()
+                for f in futs:
+                    f.cancel()
+            time.sleep(0.05)  # let the pump drain the run's last events
+            if ui is not None:
+                ui.end_run(task.run_id, res["outcome"], task.label, _detail(res))
+            out.append(res)
+    return broken
+
+
+def _after_broken_pool(broken: list[RunTask], out: list[dict], ui, *, stopping: bool) -> list[RunTask]:
+    """The tasks of a broken pool: a run whose worker died while it trained (status still running) is
+    marked failed with reason worker-killed (the same command resumes it: classify); the others (a
+    sibling the pool stopped at a checkpoint, runs not started yet) are returned to run again, unless
+    the sweep is stopping."""
+    again = []
+    for task in broken:
+        rd = task.run_dir
+        st = rd.status() if rd.status_path.exists() else {}
+        if st.get("state") == RunState.RUNNING.value:
+            pid = st.get("pid")
+            error = (
+                f"its worker process{f' (pid {pid})' if pid else ''} died without a word while it trained "
+                "(killed: kill -9, or the kernel's out-of-memory killer)"
+            )
+            rd.set_status(RunState.FAILED, error=error, reason="worker-killed", failed_at=time.time())
+            res = _outcome(task, "killed", time.time(), error=error)
+            if ui is not None:
+                ui.end_run(task.run_id, "killed", task.label, _detail(res))
+            out.append(res)
+        elif stopping:
+            out.append(_outcome(task, "not-started", time.time()))
+        else:
+            again.append(task)
+    return again
 
 
 def _signal_all(pids: list[int], signum: int) -> None:

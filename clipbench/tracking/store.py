@@ -198,7 +198,7 @@ class RunDir:
 
     def remove_temporaries(self) -> None:
         """A checkpoint being written (`checkpoints/.tmp-*`) and atomic writes' temp files (`.NAME.*.tmp`)."""
-        for tmp in self.checkpoint_dir.parent.glob(".tmp-*"):
+        for tmp in [*self.checkpoint_dir.parent.glob(".tmp-*"), *self.checkpoint_dir.glob(".tmp-*")]:
             shutil.rmtree(tmp, ignore_errors=True)
         for tmp in self.path.rglob(".*.tmp"):
             tmp.unlink(missing_ok=True)

@@ -248,8 +248,11 @@ def find_checkpoint(last: Path) -> Path | None:
 
 
 def has_checkpoint_dir(last: Path) -> bool:
-    """Whether the run has a checkpoint directory (`last` or `prev`), whole or not: resuming checks it."""
-    return last.is_dir() or (last.parent / "prev").is_dir()
+    """Whether the run has a checkpoint directory (`last` or `prev`) with something in it, whole or
+    not: resuming checks it (and says what it sets aside)."""
+    return any(
+        d.is_dir() and any(not p.name.startswith(".tmp-") for p in d.iterdir()) for d in (last, last.parent / "prev")
+    )
 
 
 def checkpoint_step(path: Path) -> int | None:
