@@ -40,6 +40,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 import torch
@@ -379,6 +380,7 @@ def threads_per_worker(jobs: int) -> int:
 def run_parallel(tasks: list[RunTask], jobs: int, ui=None) -> list[dict]:
     """N spawned worker processes (torch threads = cores // N each); progress flows back on a queue."""
     ctx = mp.get_context("spawn")
+    _start_resource_tracker()
     q = ctx.Queue()
     threads = threads_per_worker(jobs)
     tasks = [replace(t, threads=threads) for t in tasks]
@@ -424,6 +426,19 @@ def run_parallel(tasks: list[RunTask], jobs: int, ui=None) -> list[dict]:
         stop.set()
         th.join(timeout=2)
     return out
+
+
+def _start_resource_tracker() -> None:
+    """multiprocessing's resource tracker (a child of this process), started with SIGHUP blocked: it
+    ignores SIGINT and SIGTERM itself, and a SIGHUP to the terminal's process group would kill it and
+    leave its successor printing KeyErrors for the semaphores it never saw."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _run_pool(tasks, jobs, ctx, q, threads, stop_runs, preempt, ui, out: list[dict]) -> list[RunTask]:
