@@ -12,7 +12,14 @@ from typing import Annotated
 
 import typer
 
-from clipbench.errors import PREEMPTED_EXIT, RunFailed, RunPreempted, UserError, no_space_left
+from clipbench.errors import (
+    RunFailed,
+    RunPreempted,
+    UserError,
+    disk_reason,
+    no_space_left,
+    stop_exit_code,
+)
 from clipbench.tracking.store_format import STORE_FORMAT
 
 app = typer.Typer(
@@ -67,6 +74,9 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
     return f"warning: {message}\n"
 
 
+_RESERVE = [bytearray(4 << 20)]  # freed on a MemoryError, so that its one line can still be printed
+
+
 def _user_errors(fn):
     """Bad input: one line on stderr, exit code 2. A run that failed for a stated reason: exit 1. A
     run preempted by a signal (checkpointed, resumable): exit 75. Warnings: one line."""
@@ -84,11 +94,19 @@ def _user_errors(fn):
             raise typer.Exit(1) from None
         except RunPreempted as e:  # checkpointed and resumable: the same command with --resume continues
             typer.echo(f"preempted: {e}", err=True)
-            raise typer.Exit(PREEMPTED_EXIT) from None
+            raise typer.Exit(stop_exit_code(e.signal)) from None
         except OSError as e:  # a full disk outside a run (a manifest, a report): one line, exit 1
-            if no_space_left(e) is None:
+            if (full := no_space_left(e)) is None:
                 raise
-            typer.echo(f"error: no space left on device{f' writing {e.filename}' if e.filename else ''}", err=True)
+            typer.echo(f"error: {disk_reason(full)}{f' writing {e.filename}' if e.filename else ''}", err=True)
+            raise typer.Exit(1) from None
+        except MemoryError:  # a process-wide memory limit: one line (the reserve freed to print it)
+            _RESERVE.clear()
+            typer.echo(
+                "error: out of memory (MemoryError): this process's memory limit (`ulimit -v`, a cgroup) is too "
+                "small for it; raise it and rerun the same command (finished runs are kept, others resume)",
+                err=True,
+            )
             raise typer.Exit(1) from None
 
     return wrapper

@@ -41,8 +41,19 @@ class RunFailed(Exception):
 
 
 class RunPreempted(Exception):
-    """A run a signal (SIGTERM, or the run's launch.preempt_signal) stopped at a safe point after
-    writing a checkpoint; status.json says preempted and resuming continues it. Exit code 75."""
+    """A run a signal (SIGTERM, the run's launch.preempt_signal, Ctrl-C's SIGINT, SIGHUP) stopped at a
+    safe point after writing a checkpoint; status.json says preempted and resuming continues it.
+    Exit code 75 (130 for SIGINT, 129 for SIGHUP: `stop_exit_code`)."""
+
+    def __init__(self, message: str, signal: str = ""):
+        super().__init__(message)
+        self.signal = signal
+
+
+def stop_exit_code(signal: str | None) -> int:
+    """The exit code of a command a signal stopped at a checkpoint: 128 + n for Ctrl-C (SIGINT) and a
+    closed terminal (SIGHUP), as a shell reports them; 75 (EX_TEMPFAIL) for a preemption."""
+    return {"SIGINT": 130, "SIGHUP": 129}.get(signal or "", PREEMPTED_EXIT)
 
 
 class DiskFull(RunFailed):
@@ -51,18 +62,48 @@ class DiskFull(RunFailed):
     no further run. One line, exit code 1; rerunning the same command after freeing space resumes."""
 
     def __init__(
-        self, path, *, status_written: bool = True, remedy: str = "free space and rerun the same command to resume"
+        self,
+        path,
+        *,
+        status_written: bool = True,
+        remedy: str = "free space and rerun the same command to resume",
+        reason: str = "no space left on device",
     ):
-        self.path, self.status_written = str(path), status_written
+        self.path, self.status_written, self.reason = str(path), status_written, reason
         note = "" if status_written else " (its status.json could not be updated: it still says running)"
+        if reason != "no space left on device":
+            remedy = remedy.replace("free space", "raise the limit")
         super().__init__(
-            f"no space left on device writing {self.path}{note}; temporary files removed, finished work "
-            f"untouched: {remedy}"
+            f"{reason} writing {self.path}{note}; temporary files removed, finished work untouched: {remedy}"
         )
 
 
+FILE_TOO_LARGE = "file too large for this process's file-size limit (`ulimit -f`)"
+
+
+def disk_reason(err: OSError) -> str:
+    """What stopped a write, in words: a full disk, or a file-size limit (EFBIG)."""
+    return FILE_TOO_LARGE if err.errno == errno.EFBIG else "no space left on device"
+
+
+def out_of_memory(exc: BaseException | None) -> BaseException | None:
+    """The memory error behind `exc` (Python's MemoryError, torch's CPU allocator failing), or None."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and "can't allocate memory" in str(e)):
+            return e
+        todo.extend(x for x in (e.__cause__, e.__context__) if isinstance(x, BaseException))
+    return None
+
+
 def no_space_left(exc: BaseException | None) -> OSError | None:
-    """The "no space left" error (ENOSPC or EDQUOT, or SQLite's "database or disk is full") behind `exc`:
+    """The "no space left" error (ENOSPC or EDQUOT, a file-size limit's EFBIG, or SQLite's "database or
+    disk is full") behind `exc`:
     searched through its causes and contexts, and through the per-rank failures of a
     torch.distributed.checkpoint ``CheckpointException``. None when the disk is not the reason."""
     seen: set[int] = set()
@@ -72,7 +113,7 @@ def no_space_left(exc: BaseException | None) -> OSError | None:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             return e
         if "database or disk is full" in str(e) and type(e).__name__ == "OperationalError":
             return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

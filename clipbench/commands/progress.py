@@ -23,6 +23,7 @@ OUTCOME_STYLE = {
     "failed-skipped": "red",
     "crashed": "red",
     "disk-full": "red",
+    "killed": "red",
     "preempted": "yellow",
     "not-started": "yellow",
 }
@@ -103,9 +104,9 @@ class SweepProgress(AbstractContextManager):
         if tid is not None:
             self.progress.remove_task(tid)
         self._frac.pop(run_id, None)
-        if outcome in ("finished", "resumed", "failed", "crashed", "disk-full"):
+        if outcome in ("finished", "resumed", "failed", "crashed", "disk-full", "killed"):
             self.done += 1
-        style = OUTCOME_STYLE.get(outcome, "")
+        style = OUTCOME_STYLE.get(outcome, "default")
         self.progress.console.print(f"[{style}]{outcome:>9}[/] {run_id} {label}" + (f"  {detail}" if detail else ""))
         self._update_sweep()
 

@@ -20,7 +20,7 @@ from clipbench.report import render
 from clipbench.report.replay import replay_tables, write_replay
 from clipbench.tracking.files import check_store_dir, check_writable_dir, dumps
 from clipbench.tracking.records import INDEX, REMEDY, damaged_records, list_records
-from clipbench.tracking.store import list_run_dirs
+from clipbench.tracking.store import check_formats, list_run_dirs
 
 FORMATS = ("rich", "markdown", "html", "csv", "latex")
 
@@ -83,6 +83,7 @@ def replay_command(
         raise UserError(f"--draws must be >= 1 and --top >= 0, got --draws {draws} --top {top}")
     results_dir = check_store_dir(results_dir) if not Path(target).is_dir() else Path(results_dir)
     name, runs = resolve(target, results_dir)
+    check_formats(runs)  # a store of a newer format: one line, nothing replayed
     recorded = [r for r in runs if list_records(r)]
     if not recorded and (damaged := [d for r in runs for d in damaged_records(r)]):
         raise UserError(f"{damaged[0]}: damaged record: no {INDEX} ({len(damaged)} such record(s)); {REMEDY}")

@@ -15,6 +15,7 @@ or a run's launch.preempt_signal: the running runs checkpointed; rerun to resume
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from dataclasses import replace
@@ -33,7 +34,7 @@ from clipbench.engines import (
     ENGINES,
     preflight,  # the run's engine checks, then model, task, benchmarks, memory
 )
-from clipbench.errors import PREEMPTED_EXIT, UserError
+from clipbench.errors import PREEMPTED_EXIT, StoreError, UserError, stop_exit_code
 from clipbench.objectives import METHODS
 from clipbench.sweep.execute import RunTask, checkpoint_step, classify, run_parallel, run_sequential, threads_per_worker
 from clipbench.sweep.expand import Expansion, expand, iter_summary
@@ -41,10 +42,11 @@ from clipbench.sweep.hydra_app import check_launcher, launch
 from clipbench.sweep.manifest import freeze, manifest_path, manifest_runs, merge, read_manifest
 from clipbench.sweep.spec import SweepSpec, load_spec
 from clipbench.sweep.submitted import plans_of, submit_plans
-from clipbench.tracking.files import check_writable_dir
+from clipbench.tracking.files import REMEDIES, check_writable_dir
+from clipbench.tracking.lock import LOCK_DIR
 from clipbench.tracking.metrics_table import load_sweep_metrics
 from clipbench.tracking.mirror import sync_hint
-from clipbench.tracking.mlflow_client import resolve_tracking_uri
+from clipbench.tracking.mlflow_client import damaged_database_line, resolve_tracking_uri
 from clipbench.tracking.mlflow_sink import finish_parent_run, sweep_parent_run
 from clipbench.tracking.store import RunDir, list_run_dirs
 
@@ -92,10 +94,14 @@ def sweep_command(
     if eng is not None and eng.in_process:  # the run config's own key, for every run
         run_overrides.append(f"engine={eng.name}")
     spec, exp = plan(file, run_overrides, plugins)
-    results_dir = check_writable_dir(results_dir)
+    # a plan writes nothing: a read-only store can show one
+    results_dir = check_store_path(results_dir) if dry_run or json_out else check_writable_dir(results_dir)
     mpath = manifest_path(results_dir, spec.name)
     existing = read_manifest(mpath)  # a damaged store: one line (StoreError), before anything is written
+    check_frozen_configs(mpath, existing)
     check_run_files(mpath.parent)
+    if not (dry_run or json_out):
+        check_writable_store(mpath.parent)
     if eng is not None and eng.submits:  # each run as the engine's own command (clipbench.sweep.submitted)
         return submitted_sweep(
             eng,
@@ -165,6 +171,14 @@ def sweep_command(
         experiment=experiment,
         err=err,
     )
+
+
+def check_store_path(results_dir: Path) -> Path:
+    """--dry-run / --json: the results dir is only read (it need not exist, nor be writable)."""
+    results_dir = Path(results_dir)
+    if results_dir.exists() and not results_dir.is_dir():
+        raise UserError(f"--results-dir {results_dir}: exists and is not a directory")
+    return results_dir
 
 
 def check_options(hydra_overrides: list[str], *, jobs: int, launcher: str | None, engine: str | None) -> Engine | None:
@@ -269,7 +283,11 @@ def finish(
     by_id = {r["run_id"]: r for r in results}
     final = {t.run_id: classify(t.run_dir) for t in tasks_all}
     all_done = all(s == "finished" for s in final.values())
-    failed = [r for r in results if r["outcome"] in ("failed", "crashed")]
+    failed = [r for r in results if r["outcome"] in ("failed", "crashed", "killed")]
+    # failures the same command resumes (a memory limit, a killed worker): not "--retry-failed"
+    again = [r for r in failed if final.get(r["run_id"]) in ("resume", "start")]
+    failed_skip = [r for r in failed if r not in again]
+    dirs = {t.run_id: t.run_dir for t in tasks_all}
     disk_full = [r for r in results if r["outcome"] == "disk-full"]
     preempted = [r for r in results if r["outcome"] == "preempted"]
     not_started = [r for r in results if r["outcome"] == "not-started"]
@@ -281,12 +299,24 @@ def finish(
     err.print(
         f"{n_fin}/{len(tasks_all)} runs finished"
         + (f"; {len(locked)} locked by another process" if locked else "")
-        + (f"; {len(failed)} failed (see status.json; rerun with --retry-failed)" if failed else "")
+        + (f"; {len(failed_skip)} failed (see status.json; rerun with --retry-failed)" if failed_skip else "")
+        + (
+            f"; {len(again)} stopped ({', '.join(sorted({_stop_reason(dirs[r['run_id']]) for r in again}))}): rerun the same "
+            "command to resume"
+            if again
+            else ""
+        )
         + (f"; {len(disk_full)} stopped by a full disk" if disk_full else "")
         + (f"; {len(preempted)} preempted (checkpointed)" if preempted else "")
         + (f"; {len(not_started)} not started (the sweep stopped)" if not_started else "")
     )
-    if uri and any(r.get("mlflow_offline") for r in results):
+    for r in results:
+        for note in r.get("notes") or ():
+            err.print(f"[yellow]warning:[/] run {r['run_id']}: {note}", soft_wrap=True)
+    damaged = damaged_database_line(uri, results_dir) if uri and any(r.get("mlflow_offline") for r in results) else None
+    if damaged is not None:
+        err.print(f"[yellow]MLflow was unreachable for some runs[/]: {damaged}", soft_wrap=True, highlight=False)
+    elif uri and any(r.get("mlflow_offline") for r in results):
         err.print(
             Text.assemble(
                 ("MLflow was unreachable for some runs", "yellow"),
@@ -306,12 +336,20 @@ def finish(
     if failed or disk_full or (launcher_rc and incomplete):
         raise SystemExit(1)
     if preempted or not_started:
+        signals = {dirs[r["run_id"]].status().get("signal") for r in preempted} - {None}
+        code = max((stop_exit_code(s) for s in signals), default=PREEMPTED_EXIT)  # Ctrl-C: 130
+        what = {130: "interrupted (Ctrl-C)", 129: "stopped (SIGHUP)"}.get(code, "preempted")
         err.print(
-            "[yellow]preempted[/]: the running runs stopped at a checkpoint and no further run started; "
+            f"[yellow]{what}[/]: the running runs stopped at a checkpoint and no further run started; "
             "rerun the same command to resume"
         )
-        raise SystemExit(PREEMPTED_EXIT)
+        raise SystemExit(code)
     return {"sweep": sweep, "runs": list(manifest["runs"]), "results": results, "written": True, "finished": n_fin}
+
+
+def _stop_reason(rd: RunDir) -> str:
+    reason = rd.status().get("reason", "")
+    return {"out-of-memory": "out of memory", "worker-killed": "its worker was killed"}.get(reason, reason)
 
 
 def submitted_sweep(
@@ -399,6 +437,31 @@ def check_run_files(sweep_dir: Path) -> None:
     for rd in list_run_dirs(sweep_dir):
         rd.status()
         rd.read_config()
+
+
+def check_frozen_configs(mpath: Path, manifest: dict | None) -> None:
+    """Every run config frozen in the manifest still loads (types included): one StoreError line
+    naming the run and the key, before anything is written (not a traceback when the run starts)."""
+    for rid, cfg in (manifest or {}).get("runs", {}).items():
+        try:
+            from_dict(cfg)
+        except Exception as e:  # noqa: BLE001 - omegaconf's ValidationError, a ConfigError, a TypeError
+            key = getattr(e, "full_key", None) or getattr(e, "key", None)
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise StoreError(
+                mpath, f"the frozen config of run {rid}{f' ({key})' if key else ''}: {first}", REMEDIES["manifest"]
+            ) from None
+
+
+def check_writable_store(sweep_dir: Path) -> None:
+    """In a writable results dir, a directory this sweep writes into that is read-only (the sweep's,
+    its .locks/, a run's): one line, before anything is written."""
+    for d in [sweep_dir, sweep_dir / LOCK_DIR, *(rd.path for rd in list_run_dirs(sweep_dir))]:
+        if d.is_dir() and not os.access(d, os.W_OK | os.X_OK):
+            raise UserError(
+                f"{d}: not writable by this user (a read-only directory inside the results store): make it "
+                f"writable (chmod -R u+w {d}) or use another --results-dir; nothing was written"
+            )
 
 
 def preflight_runs(configs: list[dict]) -> None:

@@ -17,7 +17,7 @@ from clipbench.config.schema import SINKS
 from clipbench.errors import UserError, did_you_mean
 from clipbench.tracking.files import check_store_dir
 from clipbench.tracking.mirror import run_name_of
-from clipbench.tracking.mlflow_client import client_for, resolve_tracking_uri
+from clipbench.tracking.mlflow_client import client_for, damaged_database_line, resolve_tracking_uri
 from clipbench.tracking.sinks import missing_package, replay_sink
 from clipbench.tracking.store import list_sweeps
 from clipbench.tracking.sync import load_sweeps, sync_sweeps
@@ -48,6 +48,8 @@ def sync_command(
         client = client_for(uri)
         client.search_experiments(max_results=1)
     except Exception as e:  # noqa: BLE001
+        if (damaged := damaged_database_line(uri, results_dir)) is not None:
+            raise UserError(damaged) from None
         raise UserError(
             f"cannot reach MLflow at {uri}: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
         ) from None

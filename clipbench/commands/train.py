@@ -55,7 +55,10 @@ def train_command(
     if n > 1 and not under_torchrun():  # this process only launches the ranks
         rc = launch_ranks(n, "clipbench", args + (["--resume"] if resume else []), rd, signals=preempt_signals(cfg))
         if rd.status().get("state") == "preempted":
-            raise RunPreempted(f"run {rd.run_id} on {n} processes stopped at a checkpoint; {resume_hint}")
+            raise RunPreempted(
+                f"run {rd.run_id} on {n} processes stopped at a checkpoint; {resume_hint}",
+                signal=rd.status().get("signal", ""),
+            )
         if rc != 0:
             raise RunFailed(
                 f"training on {n} processes failed (torchrun exit code {rc}; the failing rank's error "
@@ -76,7 +79,13 @@ def train_command(
             f"{where} -> {rd.path}"
         )
 
+    told = []
+
     def progress(ev: dict) -> None:
+        if not told:  # what resuming set aside or restored, once the run is under way
+            told.append(True)
+            for note in rd.status().get("checkpoint_notes") or ():
+                console.print(f"[yellow]warning:[/] {note}", soft_wrap=True, highlight=False)
         console.print(
             f"  step {ev['step']:>4}/{ev['steps']}  reward {ev['reward']:.3f}  acc {ev['accuracy']:.3f}  "
             f"entropy {ev['entropy']:.3f}  clip events {int(ev['clip_events'])}  skipped {ev.get('skipped', 0)}"
@@ -94,7 +103,7 @@ def train_command(
             ),
         )
     except RunPreempted as e:
-        raise RunPreempted(f"{e}; {resume_hint}") from None
+        raise RunPreempted(f"{e}; {resume_hint}", signal=e.signal) from None
     except DiskFull as e:
         raise DiskFull(e.path, status_written=e.status_written, remedy=f"free space, then {resume_hint}") from None
     for k, v in sorted(summary.items()):

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from clipbench.engines import engine_of, train_run
-from clipbench.errors import RunPreempted, no_space_left
+from clipbench.errors import RunFailed, RunPreempted, no_space_left, out_of_memory
 from clipbench.objectives.plugins import ensure_plugins
 from clipbench.tracking.store import RunDir, RunState
 from clipbench.train.distributed import close_distributed, init_distributed, raise_on_sigterm, torchrun_command
@@ -67,6 +67,14 @@ def run_as_rank(
         elif (full := no_space_left(e)) is not None:
             if dist.main:
                 raise rd.fail_for_disk(full) from None  # one line, not the writers' tracebacks
+        elif (oom := out_of_memory(e)) is not None:
+            if dist.main:  # one line; a rerun of the same command resumes it (like a full disk)
+                msg = f"out of memory ({type(oom).__name__}: {(str(oom).strip().splitlines() or [''])[0][:160]})"
+                rd.set_status(RunState.FAILED, error=msg, reason="out-of-memory", failed_at=time.time())
+                raise RunFailed(
+                    f"{msg}: this process's memory limit (`ulimit -v`, a cgroup) or the machine is too small for "
+                    f"run {rd.run_id}; raise it and rerun the same command to resume"
+                ) from None
         elif dist.main:
             rd.set_status(
                 RunState.FAILED,

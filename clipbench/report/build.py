@@ -39,11 +39,16 @@ def header_lines(sweep: Sweep, result: dict) -> list[str]:
     runs = result["runs"]
     states = ", ".join(f"{v} {k}" for k, v in sorted(runs["states"].items()))
     finding = finding_line(result)
-    lines = ([finding] if finding else []) + [
-        f"Sweep '{sweep.name}' ({sweep.path}): {runs['total']} runs ({states}); {runs['compared']} compared.",
-        f"Models: {', '.join(model_title(b['model']) for b in result['blocks']) or '(none compared)'}. "
-        f"Baseline: {result['baseline'] or 'none (no Gain row or p-values)'}.",
-    ]
+    incomplete = sweep.incomplete_line()  # first: the numbers below may still change
+    lines = (
+        ([incomplete] if incomplete else [])
+        + ([finding] if finding else [])
+        + [
+            f"Sweep '{sweep.name}' ({sweep.path}): {runs['total']} runs ({states}); {runs['compared']} compared.",
+            f"Models: {', '.join(model_title(b['model']) for b in result['blocks']) or '(none compared)'}. "
+            f"Baseline: {result['baseline'] or 'none (no Gain row or p-values)'}.",
+        ]
+    )
     for b in result["blocks"]:
         seeds = "; ".join(
             f"{lb}: seeds {', '.join(map(str, info['seeds']))} (final step {'/'.join(map(str, info['final_steps']))})"
@@ -113,6 +118,7 @@ def build_report(results_dir: Path, sweep_name: str, baseline: str | None, repli
     sweep = load_results(results_dir, sweep_name)
     other = load_replicate(results_dir, replicate) if replicate else None
     result = analyze(sweep, baseline)
+    result["incomplete"] = sweep.incomplete()  # None when every planned run finished
     claims_with_replication(sweep, result, other)
     tables = add_claim_tables(build_tables(result, paper_ref.load_paper()), result)
     stab = stability_table(result.get("stability"))
@@ -135,8 +141,9 @@ def build_report(results_dir: Path, sweep_name: str, baseline: str | None, repli
         states = ", ".join(f"{v} {k}" for k, v in sorted(result["runs"]["states"].items()))
         why = "; ".join(f"{e['run_id']}: {e['reason']}" for e in result["runs"]["excluded"][:3])
         retry = " (with --retry-failed for the failed ones)" if result["runs"]["states"].get("failed") else ""
+        planned = f" of {len(sweep.planned)} planned" if sweep.planned is not None else ""
         raise UserError(
-            f"sweep '{sweep_name}' has no finished runs to compare yet ({len(sweep.runs)} runs: "
+            f"sweep '{sweep_name}' has no finished runs to compare yet ({len(sweep.runs)}{planned} runs: "
             f"{states}{'; ' + why if why else ''}); run `clipbench sweep` to finish it{retry}"
         )
     return sweep, result, tables, header_lines(sweep, result)

@@ -15,11 +15,12 @@ from pathlib import Path
 from clipbench.config import flatten
 from clipbench.config.labels import group_label
 from clipbench.config.load import migrate, recorded
-from clipbench.errors import UserError, did_you_mean
+from clipbench.errors import StoreError, UserError, did_you_mean
 from clipbench.objectives import effective_bounds
-from clipbench.tracking.files import check_store_dir, read_jsonl
+from clipbench.tracking.files import REMEDIES, check_store_dir, read_json, read_jsonl
 from clipbench.tracking.provenance import read_provenance, weights_checksum
 from clipbench.tracking.store import RunDir, list_sweeps
+from clipbench.tracking.store_format import read_format
 
 # the model (it makes the block) and evaluation settings.
 _NOT_IN_LABEL_PREFIXES = (
@@ -94,6 +95,36 @@ class Sweep:
     path: Path
     runs: list[RunRecord]
     notes: list[str] = field(default_factory=list)  # what the readers skipped (a torn last line)
+    planned: list[str] | None = None  # the run ids its manifest.json plans (None: no manifest)
+
+    def incomplete(self) -> dict | None:
+        """What keeps the sweep from being complete: {"planned", "finished", "not_run": [run ids
+        planned without a run directory], STATE: [run ids of runs in that unfinished state]}; None
+        when every planned run (every run, without a manifest) is finished."""
+        have = {r.run_id: r.state for r in self.runs}
+        planned = self.planned if self.planned is not None else list(have)
+        out: dict = {"planned": len(planned), "finished": sum(1 for s in have.values() if s == "finished")}
+        out["not_run"] = [rid for rid in planned if rid not in have]
+        for r in self.runs:
+            if r.state != "finished":
+                out.setdefault(r.state, []).append(r.run_id)
+        return out if len(out) > 3 or out["not_run"] else None
+
+    def incomplete_line(self) -> str | None:
+        """The report's first line when the sweep is not complete (its numbers may still change)."""
+        inc = self.incomplete()
+        if inc is None:
+            return None
+        parts = [
+            f"{len(ids)} {'not yet run' if k == 'not_run' else k}: {_ids(ids)}"
+            for k, ids in inc.items()
+            if k not in ("planned", "finished") and ids
+        ]
+        return (
+            f"INCOMPLETE: sweep '{self.name}' has {inc['finished']} of its {inc['planned']} planned runs finished "
+            f"({'; '.join(parts)}); what follows is of the finished runs only and may change "
+            f"(`clipbench sweep` finishes it)."
+        )
 
     def blocks(self) -> dict[str, list[RunRecord]]:
         """{model name: runs}, in order of first appearance."""
@@ -113,10 +144,28 @@ def load_results(results_dir: str | Path, name: str) -> Sweep:
     if name not in sweeps:
         valid = ", ".join(sweeps) if sweeps else "(none)"
         raise UserError(f"no runs for sweep '{name}' in {root}{did_you_mean(name, sweeps)}; sweeps with runs: {valid}")
+    planned = planned_runs(root / name)
     notes: list[str] = []
     runs = [load_run(d, notes) for d in sorted((root / name).iterdir()) if (d / "config.yaml").is_file()]
     assign_labels(runs)
-    return Sweep(name=name, path=root / name, runs=runs, notes=notes)
+    return Sweep(name=name, path=root / name, runs=runs, notes=notes, planned=planned)
+
+
+def planned_runs(sweep_dir: Path) -> list[str] | None:
+    """The run ids the sweep's manifest.json plans (None without one); a damaged manifest or one of a
+    newer store format: StoreError (one line)."""
+    path = sweep_dir / "manifest.json"
+    m = read_json(path, None, kind="manifest")
+    if m is None:
+        return None
+    runs = read_format(path, m).get("runs")
+    if not isinstance(runs, dict):
+        raise StoreError(path, "'runs' is missing or not a JSON object", REMEDIES["manifest"])
+    return list(runs)
+
+
+def _ids(ids: list[str], shown: int = 6) -> str:
+    return ", ".join(ids[:shown]) + (f" and {len(ids) - shown} more" if len(ids) > shown else "")
 
 
 def load_run(path: str | Path, notes: list[str] | None = None) -> RunRecord:

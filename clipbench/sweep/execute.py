@@ -40,6 +40,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 import torch
@@ -54,8 +55,8 @@ from clipbench.tracking.lock import try_run_lock
 from clipbench.tracking.mlflow_sink import run_sink
 from clipbench.tracking.store import RunDir, RunState
 from clipbench.train.checkpoint import checkpoint_step as step_of
-from clipbench.train.checkpoint import find_checkpoint
-from clipbench.train.preempt import SIGNALS, StopRequest, preempt_signals
+from clipbench.train.checkpoint import find_checkpoint, has_checkpoint_dir
+from clipbench.train.preempt import STOP_SIGNALS, StopRequest, preempt_signals
 
 
 @dataclass(frozen=True)
@@ -114,16 +115,19 @@ def checkpoint_step(rd: RunDir) -> int | None:
     return None if ckpt is None else step_of(ckpt)
 
 
+RETRIED = ("disk-full", "out-of-memory", "worker-killed")  # failures the same command retries (resumes)
+
+
 def classify(rd: RunDir, retry_failed: bool = False) -> str:
     """'finished' | 'failed' (to skip) | 'resume' | 'start' -- from the store alone. A run that a
-    full disk stopped is not skipped: the same command resumes it once there is room."""
+    full disk, a memory limit or a killed worker stopped is not skipped: the same command resumes it."""
     status = rd.status()
     state = RunState(status.get("state", RunState.PENDING.value))
     if state is RunState.FINISHED:
         return "finished"
-    if state is RunState.FAILED and not retry_failed and status.get("reason") != "disk-full":
+    if state is RunState.FAILED and not retry_failed and status.get("reason") not in RETRIED:
         return "failed"
-    return "resume" if checkpoint_step(rd) is not None else "start"
+    return "resume" if checkpoint_step(rd) is not None or has_checkpoint_dir(rd.checkpoint_dir) else "start"
 
 
 def _outcome(task: RunTask, outcome: str, t0: float, **extra) -> dict:
@@ -198,7 +202,7 @@ def _run_one(task: RunTask, t0: float, *, progress, on_start) -> dict:
 
         cfg = from_dict(task.config)
         from_step = checkpoint_step(rd)
-        resume = from_step is not None
+        resume = action == "resume"  # also a damaged checkpoint: the run says so and sets it aside
         rd.start_attempt(sweep=task.sweep, resumed_from=from_step, pid=os.getpid())
         if on_start:
             on_start(task.run_id, cfg.train.steps, "resume" if resume else "start")
@@ -211,12 +215,12 @@ def _run_one(task: RunTask, t0: float, *, progress, on_start) -> dict:
                 n, "clipbench.sweep.worker", args, rd, log=rd.path / "torchrun.log", signals=preempt_signals(cfg)
             )
             if rd.state is RunState.PREEMPTED:
-                return _outcome(task, "preempted", t0, resumed_from=from_step, step=rd.status().get("step"))
+                return _outcome(task, "preempted", t0, **_resumed(rd, from_step), step=rd.status().get("step"))
             if rc != 0:
                 st = rd.status()
                 outcome = "disk-full" if st.get("reason") == "disk-full" else "failed"
                 return _outcome(task, outcome, t0, error=str(st.get("error", f"exit code {rc}"))[:500])
-            return _outcome(task, "resumed" if resume else "finished", t0, resumed_from=from_step)
+            return _outcome(task, "resumed" if resume else "finished", t0, **_resumed(rd, from_step))
         sinks = []
 
         def make_sink():
@@ -226,23 +230,38 @@ def _run_one(task: RunTask, t0: float, *, progress, on_start) -> dict:
         try:
             summary = run_as_rank(cfg, rd, resume=resume, make_sink=make_sink, progress=progress)
         except RunPreempted:  # checkpointed: the next invocation resumes it
-            return _outcome(task, "preempted", t0, resumed_from=from_step, step=rd.status().get("step"))
+            return _outcome(task, "preempted", t0, **_resumed(rd, from_step), step=rd.status().get("step"))
         except DiskFull:
             raise
-        except Exception as e:  # noqa: BLE001 - a failing run must not stop the sweep (run_as_rank marked it failed)
-            return _outcome(task, "failed", t0, error=f"{type(e).__name__}: {e}"[:500])
+        except BaseException as e:  # a failing run must not stop the sweep (run_as_rank marked it failed)
+            if isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+                raise  # not the run's failure (DCP's CheckpointException is a BaseException: it is one)
+            return _outcome(task, "failed", t0, error=f"{type(e).__name__}: {first_line(e)}"[:500])
         offline = bool(sinks) and getattr(sinks[0], "offline", False) and cfg.tracking.mlflow
         last = {k: v for k, v in (summary.get("last") or {}).items() if k in ("reward/mean", "accuracy", "entropy")}
         evals = {k: v for k, v in summary.items() if k.startswith("eval/")}
+        resumed = _resumed(rd, from_step)
         return _outcome(
             task,
-            "resumed" if resume else "finished",
+            "resumed" if resumed["resumed_from"] is not None else "finished",
             t0,
-            resumed_from=from_step,
+            **resumed,
             mlflow_offline=bool(offline),
             last=last,
             evals=evals,
         )
+
+
+def _resumed(rd: RunDir, from_step: int | None) -> dict:
+    """{"resumed_from": the step the run resumed from, "notes": what its resume set aside or
+    restored (status.json's checkpoint_notes; empty when nothing)}."""
+    st = rd.status()
+    notes = st.get("checkpoint_notes") or []
+    return {"resumed_from": st.get("resumed_from") if notes else from_step, "notes": notes}
+
+
+def first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0]
 
 
 def _worker_args(task: RunTask) -> list[str]:
@@ -257,7 +276,7 @@ def train_as_rank(task: RunTask) -> None:
 
     _quiet_libraries()
     cfg, rd = from_dict(task.config), task.run_dir
-    resume = checkpoint_step(rd) is not None
+    resume = checkpoint_step(rd) is not None or has_checkpoint_dir(rd.checkpoint_dir)
     run_as_rank(cfg, rd, resume=resume, make_sink=lambda: _make_sink(task, cfg, rd, resume))
 
 
@@ -267,7 +286,7 @@ def train_as_rank(task: RunTask) -> None:
 
 def run_sequential(tasks: list[RunTask], ui=None) -> list[dict]:
     out = []
-    preempt = StopRequest.install(SIGNALS)  # between runs: start no further one (a run installs its own)
+    preempt = StopRequest.install(STOP_SIGNALS)  # between runs: start no further one (a run installs its own)
     try:
         return _run_each(tasks, ui, preempt, out)
     finally:
@@ -312,7 +331,7 @@ def _pool_init(q, threads: int, stop, parent: int) -> None:
 
     # Between runs a signal is kept (no further run starts here); a run installs its own handlers
     # inside these and passes a signal it received back out when it ends (StopRequest.restore).
-    _IDLE = StopRequest.install(SIGNALS, forward=lambda signum: _exit_if_orphaned())
+    _IDLE = StopRequest.install(STOP_SIGNALS, forward=lambda signum: _exit_if_orphaned())
     _die_with_parent()
     if q is not None:
         q.put(("pid", os.getpid()))
@@ -361,6 +380,7 @@ def threads_per_worker(jobs: int) -> int:
 def run_parallel(tasks: list[RunTask], jobs: int, ui=None) -> list[dict]:
     """N spawned worker processes (torch threads = cores // N each); progress flows back on a queue."""
     ctx = mp.get_context("spawn")
+    _start_resource_tracker()
     q = ctx.Queue()
     threads = threads_per_worker(jobs)
     tasks = [replace(t, threads=threads) for t in tasks]
@@ -395,44 +415,96 @@ def run_parallel(tasks: list[RunTask], jobs: int, ui=None) -> list[dict]:
         stop_runs.set()
         _signal_all(workers, signum)
 
-    preempt = StopRequest.install(SIGNALS, forward=forward)
+    preempt = StopRequest.install(STOP_SIGNALS, forward=forward)
     try:
-        with ProcessPoolExecutor(
-            max_workers=jobs, mp_context=ctx, initializer=_pool_init, initargs=(q, threads, stop_runs, os.getpid())
-        ) as ex:
-            futs = {ex.submit(_pool_run, t): t for t in tasks}
-            for fut in as_completed(futs):
-                if preempt.received is not None:
-                    for f in futs:
-                        f.cancel()
-                task = futs[fut]
-                if fut.cancelled():
-                    out.append(_outcome(task, "not-started", time.time()))
-                    continue
-                try:
-                    res = fut.result()
-                except BrokenProcessPool as e:
-                    res = {"run_id": task.run_id, "label": task.label, "outcome": "crashed", "error": str(e)}
-                except Exception as e:  # noqa: BLE001
-                    res = {
-                        "run_id": task.run_id,
-                        "label": task.label,
-                        "outcome": "crashed",
-                        "error": f"{type(e).__name__}: {e}",
-                    }
-                if res["outcome"] == "disk-full":  # start no further run (queued ones included); running ones go on
-                    stop_runs.set()
-                    for f in futs:
-                        f.cancel()
-                time.sleep(0.05)  # let the pump drain the run's last events
-                if ui is not None:
-                    ui.end_run(task.run_id, res["outcome"], task.label, _detail(res))
-                out.append(res)
+        pending = tasks
+        while pending:  # a worker that died breaks the pool: the runs it did not kill go on in a new one
+            broken = _run_pool(pending, jobs, ctx, q, threads, stop_runs, preempt, ui, out)
+            pending = _after_broken_pool(broken, out, ui, stopping=preempt.received is not None or stop_runs.is_set())
     finally:
         preempt.restore()
         stop.set()
         th.join(timeout=2)
     return out
+
+
+def _start_resource_tracker() -> None:
+    """multiprocessing's resource tracker (a child of this process), started with SIGHUP blocked: it
+    ignores SIGINT and SIGTERM itself, and a SIGHUP to the terminal's process group would kill it and
+    leave its successor printing KeyErrors for the semaphores it never saw."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _run_pool(tasks, jobs, ctx, q, threads, stop_runs, preempt, ui, out: list[dict]) -> list[RunTask]:
+    """One process pool over `tasks`; outcomes appended to `out`. Returns the tasks whose future a
+    broken pool failed (a worker process died: `kill -9`, the kernel's out-of-memory killer)."""
+    broken = []
+    with ProcessPoolExecutor(
+        max_workers=jobs, mp_context=ctx, initializer=_pool_init, initargs=(q, threads, stop_runs, os.getpid())
+    ) as ex:
+        futs = {ex.submit(_pool_run, t): t for t in tasks}
+        for fut in as_completed(futs):
+            if preempt.received is not None:
+                for f in futs:
+                    f.cancel()
+            task = futs[fut]
+            if fut.cancelled():
+                out.append(_outcome(task, "not-started", time.time()))
+                continue
+            try:
+                res = fut.result()
+            except BrokenProcessPool:
+                broken.append(task)
+                continue
+            except Exception as e:  # noqa: BLE001
+                res = {
+                    "run_id": task.run_id,
+                    "label": task.label,
+                    "outcome": "crashed",
+                    "error": f"{type(e).__name__}: {e}",
+                }
+            if res["outcome"] == "disk-full":  # start no further run (queued ones included); running ones go on
+                stop_runs.set()
+                for f in futs:
+                    f.cancel()
+            time.sleep(0.05)  # let the pump drain the run's last events
+            if ui is not None:
+                ui.end_run(task.run_id, res["outcome"], task.label, _detail(res))
+            out.append(res)
+    return broken
+
+
+def _after_broken_pool(broken: list[RunTask], out: list[dict], ui, *, stopping: bool) -> list[RunTask]:
+    """The tasks of a broken pool: a run whose worker died while it trained (status still running) is
+    marked failed with reason worker-killed (the same command resumes it: classify); the others (a
+    sibling the pool stopped at a checkpoint, runs not started yet) are returned to run again, unless
+    the sweep is stopping."""
+    again = []
+    for task in broken:
+        rd = task.run_dir
+        st = rd.status() if rd.status_path.exists() else {}
+        if st.get("state") == RunState.RUNNING.value:
+            pid = st.get("pid")
+            error = (
+                f"its worker process{f' (pid {pid})' if pid else ''} died without a word while it trained "
+                "(killed: kill -9, or the kernel's out-of-memory killer)"
+            )
+            rd.set_status(RunState.FAILED, error=error, reason="worker-killed", failed_at=time.time())
+            res = _outcome(task, "killed", time.time(), error=error)
+            if ui is not None:
+                ui.end_run(task.run_id, "killed", task.label, _detail(res))
+            out.append(res)
+        elif stopping:
+            out.append(_outcome(task, "not-started", time.time()))
+        else:
+            again.append(task)
+    return again
 
 
 def _signal_all(pids: list[int], signum: int) -> None:
@@ -446,7 +518,7 @@ def _signal_all(pids: list[int], signum: int) -> None:
 def _detail(res: dict) -> str:
     if res.get("error"):
         return str(res["error"]).splitlines()[0][:160]
-    parts = []
+    parts = ["checkpoint set aside (see below)"] if any("set aside" in n for n in res.get("notes") or ()) else []
     if res.get("resumed_from") is not None:
         parts.append(f"from step {res['resumed_from']}")
     for k, v in (res.get("evals") or {}).items():

@@ -105,9 +105,18 @@ def load_spec(
     )
 
 
+NAME_MAX = 128  # characters: the sweep's directory, its MLflow parent run and lock paths are named by it
+
+
 def _name(name: Any, src: str) -> str:
     if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise ConfigError(src, "name", f"expected a directory-safe name (letters, digits, '_', '-', '.'), got {name!r}")
+        raise ConfigError(
+            src, "name", f"expected a directory-safe name (ASCII letters, digits, '_', '-', '.'), got {name!r}"
+        )
+    if len(name) > NAME_MAX:
+        raise ConfigError(
+            src, "name", f"{len(name)} characters, at most {NAME_MAX} (it names the sweep's directory): shorten it"
+        )
     if name in RESERVED_NAMES:
         raise ConfigError(src, "name", f"'{name}' is reserved; reserved names: {', '.join(RESERVED_NAMES)}")
     return name

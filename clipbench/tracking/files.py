@@ -100,7 +100,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 def raise_naming(err: BaseException, path: str | Path) -> None:
     """Re-raise a "no space left" OSError with the file it was writing (a write to an open file
     reports none), so the one line the user reads names it; any other error: return."""
-    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT) and not err.filename:
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) and not err.filename:
         raise OSError(err.errno, os.strerror(err.errno), str(path)) from err
 
 

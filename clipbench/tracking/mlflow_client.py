@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,47 @@ def artifact_location(uri: str, results_dir: str | Path) -> str | None:
 
 # ---------------------------------------------------------------------------------------------
 # Client-side lookups (raise on trouble; callers decide)
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def damaged_database(uri: str) -> str | None:
+    """Why the embedded MLflow store (`sqlite:///PATH`) is damaged, or None (not sqlite, missing,
+    empty: MLflow creates it, or whole as far as SQLite's quick_check sees)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    db = Path(uri[len("sqlite:///") :])
+    try:
+        if not db.is_file() or db.stat().st_size == 0:
+            return None
+        with open(db, "rb") as f:
+            if f.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
+                return "not an SQLite database"
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            rows = con.execute("PRAGMA quick_check").fetchall()
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as e:
+        return f"SQLite: {e}"
+    except OSError:
+        return None  # unreadable is not damaged: the caller's own error says why
+    if rows != [("ok",)]:
+        return f"SQLite's quick_check: {rows[0][0]}"
+    return None
+
+
+def damaged_database_line(uri: str, results_dir: str | Path) -> str | None:
+    """The one line that says the embedded MLflow store is damaged and how to rebuild it, or None."""
+    why = damaged_database(uri)
+    if why is None:
+        return None
+    db = uri[len("sqlite:///") :]
+    return (
+        f"the MLflow database {db} is damaged ({why}); the results store is the source of truth: move the "
+        f"database away (mv {db} {db}.damaged) and rebuild it with `clipbench sync --results-dir {results_dir}`"
+    )
 
 
 def client_for(uri: str):

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from clipbench.errors import DiskFull, StoreError
+from clipbench.errors import DiskFull, StoreError, disk_reason
 from clipbench.tracking.files import (
     REMEDIES,
     _read_text,
@@ -170,9 +170,9 @@ class RunDir:
     def state(self) -> RunState:
         return RunState(self.status().get("state", RunState.PENDING.value))
 
-    def set_status(self, state: RunState, **extra: Any) -> None:
-        """The one writer of status.json: `state` and `extra` over what it holds."""
-        cur = self.status()
+    def set_status(self, state: RunState, *, drop: Iterable[str] = (), **extra: Any) -> None:
+        """The one writer of status.json: `state` and `extra` over what it holds (less the keys `drop`)."""
+        cur = {k: v for k, v in self.status().items() if k not in drop}
         cur.update(extra)
         cur["state"] = RunState(state).value
         atomic_write_json(self.status_path, stamp(cur))
@@ -187,18 +187,18 @@ class RunDir:
         try:
             self.set_status(
                 RunState.FAILED,
-                error=f"no space left on device writing {path}",
+                error=f"{disk_reason(err)} writing {path}",
                 reason="disk-full",
                 failed_at=time.time(),
             )
             written = True
         except OSError:
             written = False
-        return DiskFull(path, status_written=written)
+        return DiskFull(path, status_written=written, reason=disk_reason(err))
 
     def remove_temporaries(self) -> None:
         """A checkpoint being written (`checkpoints/.tmp-*`) and atomic writes' temp files (`.NAME.*.tmp`)."""
-        for tmp in self.checkpoint_dir.glob(".tmp-*"):
+        for tmp in [*self.checkpoint_dir.parent.glob(".tmp-*"), *self.checkpoint_dir.glob(".tmp-*")]:
             shutil.rmtree(tmp, ignore_errors=True)
         for tmp in self.path.rglob(".*.tmp"):
             tmp.unlink(missing_ok=True)
@@ -209,10 +209,10 @@ class RunDir:
 
     def start_attempt(self, **extra: Any) -> None:
         """A sweep starts (or resumes) the run: state running, one more attempt, the last attempt's
-        error and traceback dropped."""
+        error, traceback and checkpoint notes dropped."""
         prev = self.status() if self.status_path.exists() else {}
         self.path.mkdir(parents=True, exist_ok=True)
-        cur = {k: v for k, v in prev.items() if k not in ("error", "traceback")}
+        cur = {k: v for k, v in prev.items() if k not in ("error", "traceback", "checkpoint_notes")}
         cur.update(extra, state=RunState.RUNNING.value, attempts=int(prev.get("attempts", 0)) + 1)
         atomic_write_json(self.status_path, stamp(cur))
 
@@ -305,6 +305,21 @@ def list_sweeps(results_dir: str | Path) -> list[str]:
         for d in sorted(root.iterdir())
         if d.is_dir() and d.name not in NOT_SWEEPS and not d.name.startswith(".") and list_run_dirs(d)
     ]
+
+
+def check_formats(run_dirs: Iterable[str | Path]) -> None:
+    """Every reader of a store (report, replay, sync) first: each run's status.json and its sweep's
+    manifest.json in a format this release reads (StoreError, one line, for a newer or damaged one)."""
+    seen = set()
+    for d in run_dirs:
+        rd = RunDir(d)
+        rd.status()
+        manifest = rd.path.parent / "manifest.json"
+        if manifest not in seen:
+            seen.add(manifest)
+            data = read_json(manifest, None, kind="manifest")
+            if data is not None:
+                read_format(manifest, data)
 
 
 def list_run_dirs(sweep_dir: str | Path) -> list[RunDir]:

@@ -40,6 +40,7 @@ from clipbench.tracking.mlflow_client import (
 )
 from clipbench.tracking.mlflow_sink import parent_run
 from clipbench.tracking.store import RunDir, RunState, list_run_dirs, list_sweeps
+from clipbench.tracking.store_format import read_format
 
 STATUS = {
     RunState.FINISHED: "FINISHED",
@@ -204,7 +205,8 @@ def load_sweeps(results_dir: Path, sweeps: Iterable[str]) -> dict[str, tuple[lis
     """{sweep: (its runs read from the store, the run ids its manifest plans)}; StoreError when damaged."""
     out = {}
     for sweep in sweeps:
-        manifest = read_json(results_dir / sweep / "manifest.json", {}, kind="manifest")
+        path = results_dir / sweep / "manifest.json"
+        manifest = read_format(path, read_json(path, {}, kind="manifest"))  # a newer store: refused here
         planned = manifest.get("runs") if isinstance(manifest.get("runs"), dict) else {}
         out[sweep] = ([read_run(rd, sweep) for rd in list_run_dirs(results_dir / sweep)], list(planned))
     return out

@@ -2,8 +2,11 @@
 
     checkpoints/last/
         state.json     trainer state: step, opt_step, skipped_nonfinite, LR scheduler, world size
-                       (+ "partial": true for a checkpoint taken mid-rollout-step by a preemption)
+                       (+ "partial": true for a checkpoint taken mid-rollout-step by a preemption);
+                       whose it is: run_id, seed; "files": every other file's bytes and sha256
         rollout.pt     with "partial": the interrupted rollout step (train/preempt.py: Partial)
+        logs/          a copy of the run's metrics.jsonl and hist/log_ratio.jsonl as they were when it
+                       was written: resume restores rows the store lost (a torn or unsynced append)
         dcp/           torch.distributed.checkpoint of {"model": ..., "optim": ...}: one file per rank
                        (__<rank>_0.distcp) + .metadata; parameter names are the HF model's
         model/         config.json, generation config and tokenizer (no weights): rebuilds the model
@@ -17,14 +20,20 @@ Design choices
 - Atomic: every rank writes into `checkpoints/.tmp-<step>`, rank 0 writes state.json last and swaps
   the directory in with renames, so `checkpoints/last` is always complete (a crash mid-swap leaves it
   as `checkpoints/prev`). With several nodes, `checkpoints/` must be on a filesystem all ranks share.
+- Checked before it is trusted (`check_checkpoint`): a checkpoint names its run (run id, seed) and
+  the size and sha256 of each of its files, so resume refuses one copied in from another run, a
+  truncated or zero-byte shard or rollout.pt and a damaged state.json, in one line each, and falls
+  back to the run's own older checkpoint (`prev`) or to step 0 (`usable_checkpoint`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
+import resource
 import shutil
 import warnings
 from pathlib import Path
@@ -49,10 +58,21 @@ ROLLOUT = "rollout.pt"
 
 
 def save_checkpoint(
-    last: Path, *, model, optimizer, scheduler, tokenizer, state: dict, dist: Dist, partial: dict | None = None
+    last: Path,
+    *,
+    model,
+    optimizer,
+    scheduler,
+    tokenizer,
+    state: dict,
+    dist: Dist,
+    partial: dict | None = None,
+    owner: dict | None = None,
+    logs: dict[str, Path] | None = None,
 ) -> None:
     """Every rank calls this (collective); rank 0 writes the small files and swaps the directories.
-    `partial`: an interrupted rollout step (the same on every rank), saved as rollout.pt."""
+    `partial`: an interrupted rollout step (the same on every rank), saved as rollout.pt; `owner`:
+    whose checkpoint it is ({"run_id", "seed"}); `logs`: {name: the run's file} copied into `logs/`."""
     root = last.parent
     tmp = root / f".tmp-{int(state['step'])}"
     if dist.main:
@@ -63,11 +83,15 @@ def save_checkpoint(
         if dist.main:
             if partial is not None:
                 torch.save(partial, tmp / ROLLOUT)
+            for name, src in (logs or {}).items():
+                copy_synced(src, tmp / LOGS / name)
             full = {
                 **state,
+                **(owner or {}),
                 "scheduler": scheduler.state_dict(),
                 "world_size": dist.world,
                 "partial": partial is not None,
+                "files": file_sums(tmp),
             }
             with open(tmp / "state.json", "w") as f:
                 f.write(json.dumps(full))
@@ -75,15 +99,90 @@ def save_checkpoint(
                 os.fsync(f.fileno())
             install_checkpoint(tmp, last)
     except BaseException as e:  # DCP's CheckpointException is a BaseException
-        full_disk = no_space_left(e) is not None or _nearly_full(root)
+        full = no_space_left(e)
+        code = full.errno if full is not None else (errno.ENOSPC if _nearly_full(root) else _size_limit_hit(tmp))
         shutil.rmtree(tmp, ignore_errors=True)  # `last` is untouched: the previous checkpoint stays whole
-        if full_disk:  # torch's writers may report it as "unexpected pos" (the errno is lost in C++)
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp)) from e
+        if code:  # torch's writers may report it as "unexpected pos" (the errno is lost in C++)
+            raise OSError(code, os.strerror(code), str(tmp)) from e
         raise
     dist.barrier()
 
 
 NEARLY_FULL = 1 << 20  # bytes
+LOGS = "logs"
+OWNER_KEYS = ("run_id", "seed")  # who a checkpoint belongs to (state.json); not trainer state
+
+
+def copy_synced(src: Path, dst: Path) -> None:
+    """`src`'s bytes (none when it does not exist) at `dst`, on disk (fsynced) before state.json is."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    data = src.read_bytes() if src.is_file() else b""
+    with open(dst, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def file_sums(root: Path) -> dict[str, list]:
+    """{relative path: [bytes, sha256]} of every file under `root` but state.json (which holds it)."""
+    return {
+        p.relative_to(root).as_posix(): [p.stat().st_size, _sha256(p)]
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != "state.json"
+    }
+
+
+def check_checkpoint(path: Path, *, run_id: str, seed: int, steps: int) -> tuple[dict | None, str | None]:
+    """(its state.json, None) when the checkpoint at `path` is this run's and whole, else (state or
+    None, why not: one clause). A checkpoint from before checkpoints named their run is taken on its
+    state.json alone (its files are checked when they load)."""
+    try:
+        state = json.loads((path / "state.json").read_text())
+        int(state["step"])
+    except FileNotFoundError:
+        return None, "it has no state.json (a checkpoint cut short)"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return None, f"its state.json is damaged ({type(e).__name__}: {str(e)[:80]})"
+    if not isinstance(state, dict):
+        return None, "its state.json is damaged (not a JSON object)"
+    if "run_id" in state and (state["run_id"], state.get("seed")) != (run_id, seed):
+        return state, (
+            f"it belongs to run {state['run_id']} (seed {state.get('seed')}), not to this run {run_id} (seed {seed})"
+        )
+    if int(state["step"]) > steps:
+        return state, f"it is at rollout step {state['step']}, past this run's {steps} steps"
+    for rel, (size, digest) in (state.get("files") or {}).items():
+        f = path / rel
+        if not f.is_file():
+            return state, f"its file {rel} is missing"
+        if f.stat().st_size != size:
+            return state, f"its file {rel} has {f.stat().st_size} bytes, not the {size} it was written with"
+        if _sha256(f) != digest:
+            return state, f"its file {rel} is damaged (its sha256 is not the one it was written with)"
+    if state.get("partial") and not (path / ROLLOUT).is_file():
+        return state, f"its {ROLLOUT} (the interrupted rollout step) is missing"
+    return state, None
+
+
+def logs_copy(path: Path, name: str) -> list[str] | None:
+    """The lines of the checkpoint's copy of the run's file `name` (`logs/`), or None when it holds none."""
+    f = path / LOGS / name
+    return f.read_text().splitlines() if f.is_file() else None
+
+
+def _size_limit_hit(tmp: Path) -> int | None:
+    """EFBIG when a file of the failed checkpoint reached this process's file-size limit (`ulimit -f`:
+    torch's writers lose that errno too), else None."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit == resource.RLIM_INFINITY or not tmp.is_dir():
+        return None
+    hit = any(p.is_file() and p.stat().st_size >= limit for p in tmp.rglob("*"))
+    return errno.EFBIG if hit else None
 
 
 def _nearly_full(path: Path) -> bool:
@@ -148,6 +247,14 @@ def find_checkpoint(last: Path) -> Path | None:
     return None
 
 
+def has_checkpoint_dir(last: Path) -> bool:
+    """Whether the run has a checkpoint directory (`last` or `prev`) with something in it, whole or
+    not: resuming checks it (and says what it sets aside)."""
+    return any(
+        d.is_dir() and any(not p.name.startswith(".tmp-") for p in d.iterdir()) for d in (last, last.parent / "prev")
+    )
+
+
 def checkpoint_step(path: Path) -> int | None:
     """The rollout step a checkpoint directory holds, or None when it is missing or incomplete."""
     try:
@@ -162,7 +269,8 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler) -> dict:
     state = json.loads((path / "state.json").read_text())
     load_model_state(path, model=model, optimizer=optimizer)
     scheduler.load_state_dict(state.pop("scheduler"))
-    state.pop("world_size", None)
+    for key in ("world_size", "files", *OWNER_KEYS):
+        state.pop(key, None)
     return state
 
 

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -57,13 +59,22 @@ from clipbench.objectives.corrections import NONE, apply_correction, is_batch_me
 from clipbench.rollout import build_sampler, resolve_backend
 from clipbench.seeds import generator
 from clipbench.tasks import build_run_task
+from clipbench.tracking.files import atomic_write_text
 from clipbench.tracking.mirror import run_params
 from clipbench.tracking.provenance import provenance_params, record_start
 from clipbench.tracking.sink import MetricSink, NullSink
 from clipbench.tracking.store import RunDir, RunState
 from clipbench.train.batch import RolloutBatch, collect_rollout
 from clipbench.train.build import build_models, build_optimizer, planned_optimizer_steps
-from clipbench.train.checkpoint import checkpoint_step, find_checkpoint, load_checkpoint, load_partial, save_checkpoint
+from clipbench.train.checkpoint import (
+    check_checkpoint,
+    checkpoint_step,
+    find_checkpoint,
+    load_checkpoint,
+    load_partial,
+    logs_copy,
+    save_checkpoint,
+)
 from clipbench.train.distributed import Dist, init_distributed
 from clipbench.train.metrics import log_step, metric_rows, sum_histogram
 from clipbench.train.packing import pack
@@ -121,14 +132,115 @@ class Trainer:
         )
 
 
-def prepare_run_dir(rd: RunDir, dist: Dist, resume: bool) -> Path | None:
-    """The checkpoint to resume from, or None: then rank 0 clears the files a previous start wrote."""
+def prepare_run_dir(rd: RunDir, dist: Dist, resume: bool, cfg: RunConfig) -> tuple[Path | None, list[str]]:
+    """(the checkpoint to resume from or None, what was decided about the run's checkpoints: one line
+    each, rank 0's). Rank 0 first sets aside every checkpoint that is not this run's own and whole
+    (`reject_checkpoints`); with none left it clears the files a previous start wrote."""
+    if dist.main:
+        rd.remove_temporaries()  # left by a crash mid-write (atomic writes' temp files, a checkpoint's)
+    notes = reject_checkpoints(rd, cfg) if resume and dist.main else []
+    dist.barrier()
     ckpt = find_checkpoint(rd.checkpoint_dir) if resume else None
     if dist.main and ckpt is None:  # a start from step 0 owns the directory's generated files
-        for p in (rd.metrics_path, rd.hist_path.parent, rd.path / "eval", rd.path / "checkpoints", rd.path / "record"):
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        clear_run_files(rd)
     dist.barrier()
-    return ckpt
+    if notes:
+        where = (
+            f"resumes from its own checkpoint at rollout step {checkpoint_step(ckpt)}"
+            if ckpt
+            else "restarts from step 0"
+        )
+        notes.append(f"the run {where}")
+    return ckpt, notes
+
+
+def damaged_checkpoint(e: BaseException) -> bool:
+    """Whether loading a checkpoint failed for what its files hold (truncated, not a checkpoint),
+    not for this process or machine (an interrupt, memory, a file it may not read, a failing disk)."""
+    if isinstance(e, (KeyboardInterrupt, SystemExit, MemoryError, GeneratorExit)):
+        return False
+    if isinstance(e, OSError) and e.errno is not None:
+        return False
+    return isinstance(e, Exception) or type(e).__name__ == "CheckpointException"
+
+
+def clear_run_files(rd: RunDir) -> None:
+    for p in (rd.metrics_path, rd.hist_path.parent, rd.path / "eval", rd.path / "checkpoints", rd.path / "record"):
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+
+def reject_checkpoints(rd: RunDir, cfg: RunConfig) -> list[str]:
+    """Rank 0: remove the run's checkpoints (`last`, then `prev`) that are not its own and whole,
+    newest first, until one is (it becomes `last`). Returns one line per checkpoint removed."""
+    last = rd.checkpoint_dir
+    notes = []
+    for d in (last, last.parent / "prev"):
+        if not d.is_dir():
+            continue
+        state, why = check_checkpoint(d, run_id=run_id(cfg), seed=cfg.seed, steps=cfg.train.steps)
+        why = why or disagrees_with_metrics(rd, d, state)
+        if why is None:
+            if d != last:
+                os.replace(d, last)
+            break
+        notes.append(f"checkpoint {d.relative_to(rd.path)} set aside (removed): {why}")
+        shutil.rmtree(d, ignore_errors=True)
+    return notes
+
+
+def disagrees_with_metrics(rd: RunDir, ckpt: Path, state: dict) -> str | None:
+    """Why the checkpoint does not continue the run's metrics.jsonl, or None. The rows the store
+    holds must be the checkpoint's copy of them (`logs/`); a shorter file lost its tail (restored on
+    resume). A checkpoint without a copy (an older clipbench's) must not be ahead of the file."""
+    have = _complete_lines(rd.metrics_path)
+    copy = logs_copy(ckpt, "metrics.jsonl")
+    if copy is None:
+        done = {json.loads(line).get("opt_step") for line in have if line.strip()}
+        missing = [k for k in range(1, int(state.get("opt_step", 0)) + 1) if k not in done]
+        if missing:
+            return (
+                f"it is ahead of metrics.jsonl, which lacks the rows of optimizer steps {missing[0]} to "
+                f"{missing[-1]} (and this checkpoint, written by an older clipbench, holds no copy of them)"
+            )
+        return None
+    for i, (a, b) in enumerate(zip(have, copy), 1):
+        if a != b and _parsed(a) != _parsed(b):
+            return f"its copy of metrics.jsonl differs from the run's at line {i}: it did not train this run's steps"
+    return None
+
+
+def _complete_lines(path: Path) -> list[str]:
+    """The lines of a jsonl file that end in a newline (a torn last line left out)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    return text.split("\n")[:-1]
+
+
+def _parsed(line: str):
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
+
+
+def restore_logs(rd: RunDir, ckpt: Path) -> list[str]:
+    """Rank 0, resuming from `ckpt`: metrics.jsonl and the histograms become the checkpoint's copy
+    of them (the rows after it are trained again). Returns a line per file whose rows it restored."""
+    notes = []
+    for path in (rd.metrics_path, rd.hist_path):
+        copy = logs_copy(ckpt, path.name)
+        if copy is None:
+            continue
+        lost = len(copy) - len(_complete_lines(path))
+        if lost > 0:
+            notes.append(
+                f"{path.relative_to(rd.path)} had lost its last {lost} row(s) (a torn or unsynced append): "
+                "restored from the checkpoint's copy"
+            )
+        atomic_write_text(path, "".join(line + "\n" for line in copy))
+    return notes
 
 
 def setup(
@@ -139,14 +251,31 @@ def setup(
             f"train.prompts_per_step: {cfg.train.prompts_per_step} prompts cannot be shared by whole "
             f"groups over {dist.world} processes (make it a multiple)"
         )
-    ckpt = prepare_run_dir(rd, dist, resume)
+    ckpt, notes = prepare_run_dir(rd, dist, resume, cfg)
     dtype = compute_dtype(cfg.model.dtype, dist.device)
     model, ref_model, tok = build_models(cfg, dist, dtype)
     optimizer, scheduler = build_optimizer(model, cfg.train)
     state, partial = {"step": 0, "opt_step": 0, "skipped_nonfinite": 0}, None
     if ckpt is not None:
-        state = load_checkpoint(ckpt, model=model, optimizer=optimizer, scheduler=scheduler)
-        partial = load_partial(ckpt)
+        try:
+            state = load_checkpoint(ckpt, model=model, optimizer=optimizer, scheduler=scheduler)
+            partial = load_partial(ckpt)
+        except BaseException as e:  # DCP's CheckpointException is a BaseException
+            if not damaged_checkpoint(e):
+                raise
+            # a damaged checkpoint its checksums could not catch (an older clipbench's): from step 0
+            first = (str(e).strip().splitlines() or [""])[0][:160]
+            notes += [
+                f"checkpoint {ckpt.relative_to(rd.path)} set aside (removed): it could not be loaded "
+                f"({type(e).__name__}: {first})",
+                "the run restarts from step 0",
+            ]
+            ckpt, state, partial = None, {"step": 0, "opt_step": 0, "skipped_nonfinite": 0}, None
+            if dist.main:
+                clear_run_files(rd)
+            dist.barrier()
+            model, ref_model, tok = build_models(cfg, dist, dtype)  # the failed load may have filled some tensors
+            optimizer, scheduler = build_optimizer(model, cfg.train)
     task = build_run_task(cfg)  # the run seed draws the problems, as `clipbench eval <run_dir>` does
     backend = resolve_backend(cfg.sampler.backend)
     sc = cfg.sampler
@@ -179,16 +308,19 @@ def setup(
     )
     if dist.main:
         if ckpt is not None:  # a mid-step checkpoint keeps that step's logged optimizer steps
+            notes += restore_logs(rd, ckpt)
             rd.truncate_after(state["step"], opt_step=state["opt_step"] if partial else None)
         rd.write_config(to_dict(cfg))
         rd.set_status(
             RunState.RUNNING,
+            drop=() if notes else ("checkpoint_notes",),
             run_id=run_id(cfg),
             step=state["step"],
             steps=cfg.train.steps,
             backend=backend,
             world_size=dist.world,
             started=rd.status().get("started", time.time()),
+            **({"checkpoint_notes": notes, "resumed_from": state["step"] if ckpt else None} if notes else {}),
         )
         sink.log_params(run_params(to_dict(cfg), backend))  # config + effective clip bounds (rule.*)
         starts = record_start(
@@ -429,6 +561,8 @@ def checkpoint(trainer: Trainer, step: int, partial: Partial | None = None) -> N
         state=trainer.state,
         dist=trainer.dist,
         partial=None if partial is None else vars(partial),
+        owner={"run_id": run_id(trainer.cfg), "seed": trainer.cfg.seed},
+        logs={"metrics.jsonl": trainer.rd.metrics_path, "log_ratio.jsonl": trainer.rd.hist_path},
     )
 
 

@@ -36,12 +36,14 @@ from clipbench.tracking.store import RunState
 from clipbench.train.distributed import Dist
 
 SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")  # what `launch.preempt_signal` may name (SIGTERM always asks)
+INTERRUPTS = ("SIGINT", "SIGHUP")  # Ctrl-C and a closed terminal: they stop a run at a checkpoint too
+STOP_SIGNALS = SIGNALS + INTERRUPTS  # what a sweep and its idle workers keep: start no further run
 
 
 def preempt_signals(cfg) -> list[str]:
-    """The signals that ask this run to stop: SIGTERM, its launch.preempt_signal, and submitit's
+    """The signals that ask this run to stop: SIGTERM, Ctrl-C's SIGINT, SIGHUP, its launch.preempt_signal, and submitit's
     when this process is a submitit job (its handler then requeues the job: `chain`)."""
-    return sorted({"SIGTERM", cfg.launch.preempt_signal} | ({submitit_signal()} - {None}))
+    return sorted({"SIGTERM", *INTERRUPTS, cfg.launch.preempt_signal} | ({submitit_signal()} - {None}))
 
 
 def submitit_signal() -> str | None:
@@ -173,5 +175,6 @@ def mark_preempted(trainer, step: int, stop: StopRequest) -> None:
     trainer.dist.barrier()
     raise RunPreempted(
         f"preempted by {stop.name} at rollout step {step} (optimizer step "
-        f"{trainer.state['opt_step']}); a checkpoint was written"
+        f"{trainer.state['opt_step']}); a checkpoint was written",
+        signal=stop.name,
     )
