@@ -356,7 +356,7 @@ VERL: dict[str, Support] = {
     "objective": mapped(
         A + "policy_loss.loss_mode, CLIPBENCH_RULE_PARAMS (loss_mode=clipbench.<method>; the "
         "parameters as JSON in the workers' environment, and verl's own fields where they mean the "
-        "same: clip_ratio_low, clip_ratio_high, clip_ratio_c, tau_pos, tau_neg, dro_beta, "
+        "same: clip_ratio_low, clip_ratio_high, clip_ratio_c, clip_ratio (cfpo's eps), tau_pos, tau_neg, dro_beta, "
         "clip_cov_ratio, clip_cov_lb, clip_cov_ub, kl_cov_ratio, ppo_kl_coef; a rule's mini-batch "
         "statistic per verl micro-batch, as the rules' sources do)",
         refuse=_reads(("reward", "entropy", "rollout_logp")),
