@@ -93,9 +93,14 @@ def make_batch(B: int, T: int, seed: int = 0):
 def time_objectives(B: int, T: int, repeats: int) -> dict:
     logp0, old, A, mask = make_batch(B, T)
     u = torch.rand(B, T, generator=torch.Generator().manual_seed(1))
-    # the inputs some rules read: each sequence's reward (topr), the token entropy (aspo); a rule's
-    # mini-batch statistic (bapo, m2po) is computed by the call itself (the unsplit step's cost)
-    extra = {"rewards": (A > 0).float(), "entropy": torch.rand(B, T, generator=torch.Generator().manual_seed(3))}
+    # the inputs some rules read: each sequence's reward (topr), the token entropy (aspo), the sampler's
+    # log-probs (rollout_is: old_logp, as with sampler.old_logp: sampler); a rule's mini-batch
+    # statistic (bapo, m2po) is computed by the call itself (the unsplit step's cost)
+    extra = {
+        "rewards": (A > 0).float(),
+        "entropy": torch.rand(B, T, generator=torch.Generator().manual_seed(3)),
+        "sampler_logp": old,
+    }
     methods = list(METHODS)
 
     def once(method):

@@ -92,7 +92,7 @@ def test_no_correction_still_measures_and_agreement_is_weight_one():
         "mismatch/rho_max",
     }
     for name in CORRECTIONS:  # the sampler agrees with the trainer: every correction keeps every token at 1
-        same = apply_correction({"name": name}, SAMPLER, SAMPLER.clone(), MASK)
+        same = apply_correction({"name": name}, SAMPLER, SAMPLER.clone(), MASK, advantages=torch.tensor([1.0, -1.0]))
         assert torch.equal(same.weights, MASK) and not (same.status != KEPT).any(), name
 
 
@@ -104,7 +104,7 @@ def test_extreme_log_ratios_stay_finite_and_weights_are_detached():
     for name in CORRECTIONS:
         for level in ("token", "sequence"):
             setting = {"name": name, "level": level} if name in ("tis", "icepop") else {"name": name}
-            o = apply_correction(setting, torch.zeros(1, 2), trainer, torch.ones(1, 2))
+            o = apply_correction(setting, torch.zeros(1, 2), trainer, torch.ones(1, 2), advantages=torch.ones(1))
             assert torch.isfinite(o.weights).all() and all(math.isfinite(v) for v in correction_stats(o.sums).values())
 
 
@@ -126,7 +126,9 @@ SETTINGS = [
     {"name": "veto", "low": 0.5, "high": 2.0},
     {"name": "kl_rs"},
     {"name": "kl_rs", "estimator": "k1", "level": "token", "low": 0.8, "high": 1.25},
+    {"name": "vaco", "high": 0.2},
 ]
+A6 = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.0])  # the advantages of _random's rows (vaco reads them)
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: "-".join(map(str, s.values())))
@@ -134,8 +136,11 @@ def test_sums_combine_across_ranks_exactly(setting):
     """Every rank holds the whole batch and counts its own rows (`counted`): the weights stay every
     row's, and `combine` (keys ending in /max, /min by extremum, the others added) gives the batch's sums."""
     s, t, mask = _random()
-    full = apply_correction(setting, s, t, mask)
-    own = [apply_correction(setting, s, t, mask, counted=(torch.arange(6) // 2 == r)[:, None]) for r in range(3)]
+    full = apply_correction(setting, s, t, mask, advantages=A6)
+    own = [
+        apply_correction(setting, s, t, mask, counted=(torch.arange(6) // 2 == r)[:, None], advantages=A6)
+        for r in range(3)
+    ]
     assert all(torch.equal(o.weights, full.weights) and torch.equal(o.status, full.status) for o in own)
     merged = combine([o.sums for o in own])
     assert merged.keys() == full.sums.keys()
@@ -569,3 +574,24 @@ def test_the_report_shows_the_mismatch_and_the_masked_shares():
     assert agg["seeds"] == 2 and agg["correction/masked_frac"]["mean"] == pytest.approx(0.2)
     md = to_markdown(correction_table({"m": {"grpo correction=icepop": agg}}, None))
     assert "grpo correction=icepop" in md and "20.00" in md and "7.50" in md  # masked 20% of tokens, 7.5% of Q1
+
+
+def test_vaco_golden():
+    """open-instruct's own example (test_rho_mask_tv_divergence): rho = [0.25, 1, 4] has TV = mean |rho - 1|
+    = (0.75 + 0 + 3)/3 = 1.25 <= 2: kept; rho = [4, 4, 4] has TV 3 > 2 and A = 1 > 0 with d = log 4 > 0
+    (the update raises the gap): every token masked. With A = -1 the update lowers it: kept."""
+    trainer = torch.log(torch.tensor([[0.25, 1.0, 4.0], [4.0, 4.0, 4.0]]))
+    sampler, mask = torch.zeros(2, 3), torch.ones(2, 3)
+    out = apply_correction({"name": "vaco", "cap": 10.0}, sampler, trainer, mask, advantages=torch.ones(2))
+    torch.testing.assert_close(out.weights, torch.tensor([[0.25, 1.0, 4.0], [0.0, 0.0, 0.0]]))
+    assert out.status.tolist() == [[0, 0, 0], [2, 2, 2]]  # masked: numerator only, still in the denominators
+    stats = correction_stats(out.sums)
+    assert stats["correction/raw_max"] == 3.0 and stats["correction/raw_min"] == 1.25  # the rows' TV
+    assert stats["correction/masked_frac"] == 0.5 and stats["correction/seq_masked_frac"] == 0.5
+    kept = apply_correction({"name": "vaco", "cap": 10.0}, sampler, trainer, mask, advantages=torch.tensor([1.0, -1.0]))
+    torch.testing.assert_close(kept.weights, torch.tensor([[0.25, 1.0, 4.0], [4.0, 4.0, 4.0]]))
+    # the default cap 2 truncates the kept weights: 4 -> 2
+    capped = apply_correction({"name": "vaco"}, sampler, trainer, mask, advantages=torch.tensor([1.0, -1.0]))
+    torch.testing.assert_close(capped.weights, torch.tensor([[0.25, 1.0, 2.0], [2.0, 2.0, 2.0]]))
+    with pytest.raises(ValueError, match="needs low < high"):
+        validate_correction({"name": "vaco", "low": 0.5, "high": 0.4})

@@ -166,6 +166,30 @@ def test_a_value_an_entry_refuses_fails_the_check(engine, key, value):
         check(config(**{key: value}), "r.yaml", engine=engine)
 
 
+@pytest.mark.parametrize(
+    "engine, key, value, why",
+    [
+        ("trl", "objective", {"method": "rollout_is"}, "no sampler log-probs (rollout_is)"),
+        ("verl", "objective", {"method": "rollout_is"}, "nor the sampler's log-probs (rollout_is)"),
+        ("trl", "sampler.correction", {"name": "vaco"}, "VACO's TV mask"),
+        ("verl", "sampler.correction", {"name": "vaco"}, "no TV mask (vaco)"),
+    ],
+)
+def test_an_input_or_correction_the_engine_cannot_feed_is_refused_in_one_line(engine, key, value, why):
+    """rollout_is reads the sampler's log-probs, which neither TRL's loss nor verl's policy-loss signature
+    passes; vaco has no counterpart in either. The built-in loop runs both; the other rules of issue 38
+    run everywhere."""
+    cfg = config(**{key: value})
+    with pytest.raises(ConfigError) as err:
+        check(cfg, "r.yaml", engine=engine)
+    assert f"{key}: engine '{engine}' cannot honour it" in str(err.value) and why in str(err.value)
+    assert "\n" not in str(err.value)
+    check(cfg, "r.yaml", engine="builtin")
+    for method in ("opsm", "ipo", "cfpo", "kimi15"):
+        check(config(objective={"method": method}), "r.yaml", engine=engine)
+    check(config(objective={"method": "cispo", "unified_mask": True}), "r.yaml", engine=engine)
+
+
 # ---- mapped entries are true -------------------------------------------------------------------
 
 

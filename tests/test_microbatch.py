@@ -92,9 +92,10 @@ def _run(model, tok, batch, objective, *, budget, world=1, correction=None):
         rewards=rewards,
         groups=tuple(i // G for i in range(16)),
         mask=packed.completion_mask,
+        sampler_logp=sampler if objective.reads_rollout_logp else None,  # rollout_is, as rule_inputs sets it
     )
     if correction is not None:  # the sampler correction's weights and status, as rule_inputs computes them
-        corr = apply_correction(correction, sampler, old, packed.completion_mask)
+        corr = apply_correction(correction, sampler, old, packed.completion_mask, advantages=adv)
         inputs.weights, inputs.correction_status = corr.weights, corr.status
     loss, counts, micro = 0.0, {}, []
     for rank in range(world):
@@ -134,6 +135,12 @@ CASES = [
     ("aspo", {}, "seq-mean-token-mean", 0.0, None),
     ("topr", {}, "prompt-mean", 0.0, None),
     ("grpo", {}, "token-mean", 0.0, {"name": "kl_rs", "estimator": "k1", "level": "token", "low": 0.8, "high": 1.25}),
+    # the rules of issue 38: the sampler's log-probs sliced per micro-batch (rollout_is), with vaco
+    # (which reads the advantages); a sequence mask (opsm); a penalty that moves zero-advantage tokens
+    ("rollout_is", {"eps_low": 0.5, "eps_high": 0.5}, "token-mean", 0.0, {"name": "vaco", "high": 0.3}),
+    ("opsm", {"delta": 0.02}, "seq-mean-token-mean", 0.0, None),
+    ("ipo", {}, "token-sum", 0.0, None),
+    ("cfpo", {}, "token-mean", 0.0, None),
 ]
 
 

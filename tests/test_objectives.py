@@ -24,6 +24,8 @@ def run_cases(method, cases, *, generator=None, tol=2e-6, **params):
     A = torch.tensor([float(c[1]) for c in cases])
     logp = torch.full((len(cases), 1), LOGP, requires_grad=True)
     old = (LOGP - torch.log(r)).float().reshape(-1, 1)
+    if method == "rollout_is":  # its ratio is against the sampler's log-probs: here the same as old
+        params = {**params, "sampler_logp": old}
     out = policy_loss(method, logp, old, A, torch.ones(len(cases), 1), generator=generator, **params)
     (grad,) = torch.autograd.grad(out.token_loss.sum(), logp)
     want_l = torch.tensor([c[2] for c in cases])
@@ -243,3 +245,100 @@ def test_gppo_golden():
         ],
     )
     run_cases("gppo", [(1.5, 2, -1.28, -1.28), (0.5, -2, 0.0, 0.0)], beta_high=0.5, beta_low=0.0)
+
+
+# --- the rules of issue 38 (transcription checks: tests/test_objectives_field.py) ---------------
+def test_opsm_golden():
+    # T = 1: the sequence's mean log(old/pi) is -log r; masked when A < 0 and -log r > delta
+    run_cases(
+        "opsm",
+        [
+            (1.1, 2, -2.2, -2.2),  # A>0: never masked, grpo
+            (1.5, 2, -2.4, 0.0),  # Q1 past 1.2: grpo's clip
+            (0.9, -2, 0.0, 0.0),  # Q3: -log 0.9 = 0.105 > 1e-4 -> masked (grpo: 1.8, 1.8)
+            (0.5, -2, 0.0, 0.0),  # Q3 past the bound: masked (grpo: 1.6, clipped)
+            (1.1, -2, 2.2, 2.2),  # Q4: -log 1.1 < 0 -> kept, grpo's unbounded -r*A
+            (1.5, 0, 0.0, 0.0),
+        ],
+    )
+    # delta = 0.2: -log 0.9 = 0.105 is kept, -log 0.5 = 0.693 masked
+    run_cases("opsm", [(0.9, -2, 1.8, 1.8), (0.5, -2, 0.0, 0.0)], delta=0.2)
+
+
+def test_rollout_is_golden():
+    # rho = r here (sampler_logp = old); l = -sg(rho*1[0.8 < rho < 1.2])*A*logp = w*A (logp = -1), grad -w*A
+    run_cases(
+        "rollout_is",
+        [
+            (1.1, 2, 2.2, -2.2),  # Q1 in the band: w = 1.1
+            (1.3, 2, 0.0, 0.0),  # Q1 past 1.2: w = 0
+            (0.9, 2, 1.8, -1.8),  # Q2 in band
+            (0.5, 2, 0.0, 0.0),  # Q2 below 0.8: w = 0 (grpo keeps it)
+            (0.85, -2, -1.7, 1.7),  # Q3 in band: w = 0.85
+            (0.7, -2, 0.0, 0.0),  # Q3 below 0.8
+            (1.5, -2, 0.0, 0.0),  # Q4 past 1.2: w = 0 (grpo: unbounded)
+            (1.1, 0, 0.0, 0.0),
+        ],
+    )
+
+
+def test_ipo_golden():
+    # p = e^-1 = 0.36788, q = p/r; kept where |p - q| <= 0.1: l = -A*r + 1e-3*(log r)^2,
+    # grad -A*r + 2e-3*log r; masked: only the penalty (also for A == 0)
+    ln = math.log
+    run_cases(
+        "ipo",
+        [
+            (1.1, 2, -2.2 + 1e-3 * ln(1.1) ** 2, -2.2 + 2e-3 * ln(1.1)),  # |p - q| = 0.0334: kept
+            (2.0, 2, 1e-3 * ln(2.0) ** 2, 2e-3 * ln(2.0)),  # |p - q| = 0.1839 > 0.1: masked
+            (0.9, -2, 1.8 + 1e-3 * ln(0.9) ** 2, 1.8 + 2e-3 * ln(0.9)),  # |p - q| = 0.0409: kept
+            (0.5, -2, 1e-3 * ln(0.5) ** 2, 2e-3 * ln(0.5)),  # |p - q| = 0.3679: masked
+            (1.5, 0, 1e-3 * ln(1.5) ** 2, 2e-3 * ln(1.5)),  # A == 0: the penalty keeps a gradient
+        ],
+    )
+
+
+def test_cfpo_golden():
+    # l = -(r*A - |A|*(r-1)^2/0.4); dl/dr = -A + |A|*(r-1)/0.2; grad = dl/dr * r
+    run_cases(
+        "cfpo",
+        [
+            (1.1, 2, -(2.2 - 2 * 0.01 / 0.4), (-2 + 2 * 0.1 / 0.2) * 1.1),  # -2.15, -1.1
+            (1.5, 2, -(3.0 - 2 * 0.25 / 0.4), (-2 + 2 * 0.5 / 0.2) * 1.5),  # past the stationary 1.2: -1.75, +4.5
+            (0.5, -2, -(-1.0 - 2 * 0.25 / 0.4), (2 - 2 * 0.5 / 0.2) * 0.5),  # Q3 below 0.8: 2.25, -1.5 (pushed back)
+            (1.5, -2, -(-3.0 - 2 * 0.25 / 0.4), (2 + 2 * 0.5 / 0.2) * 1.5),  # Q4: 4.25, 10.5
+            (0.9, 2, -(1.8 - 2 * 0.01 / 0.4), (-2 - 2 * 0.1 / 0.2) * 0.9),  # Q2: -1.75, -2.7
+            (1.5, 0, 0.0, 0.0),
+        ],
+        tol=1e-5,
+    )
+
+
+def test_kimi15_golden():
+    # l = -A*logp + 0.05*(log r)^2 = A + 0.05*(log r)^2 (logp = -1); grad -A + 0.1*log r
+    ln = math.log
+    run_cases(
+        "kimi15",
+        [
+            (1.5, 2, 2 + 0.05 * ln(1.5) ** 2, -2 + 0.1 * ln(1.5)),
+            (0.5, -2, -2 + 0.05 * ln(0.5) ** 2, 2 + 0.1 * ln(0.5)),
+            (1.0, 2, 2.0, -2.0),  # on-policy: the plain policy gradient
+            (1.5, 0, 0.05 * ln(1.5) ** 2, 0.1 * ln(1.5)),  # A == 0: the penalty's gradient only
+        ],
+    )
+
+
+def test_cispo_unified_mask_golden():
+    # eps 0.2/0.2: l = -sg(clip(r, 0.8, 1.2))*A*logp = clip(r)*A, grad -clip(r)*A; M = 0 in PPO's zeroed cells
+    cases = [
+        (1.1, 2, 2.2, -2.2),  # Q1 in band
+        (1.5, 2, 0.0, 0.0),  # Q1 past 1.2: masked (cispo: weight 1.2, grad -2.4)
+        (0.5, 2, 1.6, -1.6),  # Q2 below 0.8: weight 0.8, kept
+        (0.5, -2, 0.0, 0.0),  # Q3 below 0.8: masked
+        (1.5, -2, -2.4, 2.4),  # Q4 past 1.2: weight 1.2, kept
+        (1.5, 0, 0.0, 0.0),
+    ]
+    out = run_cases("cispo", cases, eps_low=0.2, eps_high=0.2, unified_mask=True)
+    assert [out.stats[f"{c}/zero_grad"].item() for c in CELLS] == [1, 0, 1, 0, 1, 0]
+    # off (the default): the same weights, nothing masked
+    run_cases("cispo", [(1.5, 2, 2.4, -2.4), (0.5, -2, -1.6, 1.6)], eps_low=0.2, eps_high=0.2)

@@ -173,6 +173,10 @@ def test_effective_bounds():
     assert effective_bounds("nsr", {"sides": "upper", "base": "sequence"})["nsr_band_lower"] == "none"
     assert effective_bounds("nsr", {"base": "sequence"})["ratio_level"] == "sequence"
     assert effective_bounds("cispo", {})["weight_cap"] == "[0, 5]"
+    assert "unified_mask" not in effective_bounds("cispo", {})  # a cispo run's logged params as before
+    assert effective_bounds("cispo", {"unified_mask": True})["unified_mask"] == "zero where PPO's clip zeroes"
+    assert effective_bounds("rollout_is", {})["weight_band"] == "(0.8, 1.2)"
+    assert effective_bounds("cfpo", {"eps": 0.3})["ref_band_neg"] == "[0.7, 1.3]"
     b = effective_bounds("abc", {"eps1": 0.3, "eps4": 0.1})
     assert b["clip_pos"] == "[0.8, 1.3]" and b["clip_neg"] == "[0.9, 1.2]"
     assert b["ref_band_pos"] == "[0.8, 1.3]" and b["ref_band_neg"] == "[0.9, 1.2]"
@@ -213,6 +217,12 @@ def test_registry_metadata():
         "topr",
         "aspo",
         "bapo",
+        # the rules the field uses now, issue 38 (tests/test_objectives_field.py)
+        "kimi15",
+        "cfpo",
+        "opsm",
+        "rollout_is",
+        "ipo",
     }
     for name, spec in METHODS.items():
         assert spec.description and "\n" not in spec.description and spec.formula and spec.source
@@ -225,7 +235,7 @@ def test_registry_metadata():
 @pytest.mark.parametrize(
     "method,params,match",
     [
-        ("grpp", {}, r"unknown method 'grpp' \(did you mean 'grpo'\?\); valid: abc, aspo, bapo, ce_gppo, cispo"),
+        ("grpp", {}, r"unknown method 'grpp' \(did you mean 'grpo'\?\); valid: abc, aspo, bapo, ce_gppo, cfpo, cispo"),
         ("grpo", {"eps_hgh": 0.3}, r"unknown parameter 'eps_hgh' \(did you mean 'eps_high'\?\)"),
         ("grpo", {"eps_low": -0.1}, r"'eps_low' must be >= 0"),
         ("grpo", {"eps_low": "0.2"}, r"'eps_low' must be a finite number"),

@@ -25,8 +25,9 @@ def test_the_rule_inputs_are_the_fields_of_one_dataclass_each_with_its_meaning()
     names = [f.name for f in dataclasses.fields(RuleInputs)]
     assert list(INPUTS) == names  # signature.py's INPUTS is derived, not a second list
     assert all(INPUTS[n] and f"{n}: {INPUTS[n]}" in RuleInputs.__doc__ for n in names)
-    assert KEYWORDS == {"rewards": "reward", "entropy": "entropy"}  # what a caller passes when a rule reads it
-    assert {n: GIVEN[n]["shape"] for n in GIVEN} == {"reward": "(B,)", "entropy": "(B, T)"}
+    # what a caller passes when a rule reads it
+    assert KEYWORDS == {"rewards": "reward", "entropy": "entropy", "sampler_logp": "rollout_logp"}
+    assert {n: GIVEN[n]["shape"] for n in GIVEN} == {"reward": "(B,)", "entropy": "(B, T)", "rollout_logp": "(B, T)"}
     # every input a registered rule names is a field (the registry refuses any other name)
     assert {i for spec in METHODS.values() for i in spec.inputs} <= set(names)
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -38,7 +39,11 @@ def _batch(seed: int, B: int = 6, T: int = 5):
     old = -torch.rand(B, T, generator=g) * 2
     logp = (old + 0.4 * torch.randn(B, T, generator=g)).requires_grad_(True)
     mask = (torch.rand(B, T, generator=g) > 0.25).float()
-    given = {"rewards": torch.rand(B, generator=g), "entropy": torch.rand(B, T, generator=g)}
+    given = {
+        "rewards": torch.rand(B, generator=g),
+        "entropy": torch.rand(B, T, generator=g),
+        "sampler_logp": old + 0.1 * torch.randn(B, T, generator=g),
+    }
     return logp, old, torch.randn(B, generator=g), mask, torch.rand(B, T, generator=g), given
 
 

@@ -22,16 +22,22 @@ def batch(B=16, T=24, spread=0.4, seed=0, pad=True):
     return logp, old, A, mask
 
 
-def row_inputs(logp, A):
+def row_inputs(logp, old, A):
     """The inputs some rules and aggregations read, for any batch: rewards (topr: 1 where A > 0),
-    an entropy (aspo: any non-negative (B, T)), prompt groups of two rows (prompt-mean)."""
+    an entropy (aspo: any non-negative (B, T)), prompt groups of two rows (prompt-mean), the
+    sampler's log-probs (rollout_is: old_logp, as with sampler.old_logp: sampler)."""
     B = logp.shape[0]
-    return {"rewards": (A > 0).float(), "entropy": (logp.detach() * 7.3).sin().abs(), "groups": torch.arange(B) // 2}
+    return {
+        "rewards": (A > 0).float(),
+        "entropy": (logp.detach() * 7.3).sin().abs(),
+        "groups": torch.arange(B) // 2,
+        "sampler_logp": old,
+    }
 
 
 def loss_and_grad(method, logp, old, A, mask, **kw):
     lp = logp.clone().requires_grad_(True)
-    out = policy_loss(method, lp, old, A, mask, **{**row_inputs(logp, A), **kw})
+    out = policy_loss(method, lp, old, A, mask, **{**row_inputs(logp, old, A), **kw})
     (grad,) = torch.autograd.grad(out.loss, lp)
     return out, grad
 

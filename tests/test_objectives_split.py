@@ -48,10 +48,12 @@ def _rows():
         "rewards": (A > 0).float(),
         "entropy": torch.rand(B, T, generator=g),
         "groups": torch.arange(B) // 2,
+        "sampler": sampler,  # rollout_is's rollout policy
         "icepop": apply_correction({"name": "icepop", "low": 0.8, "high": 1.25}, sampler, old, mask),
         "kl_rs": apply_correction(
             {"name": "kl_rs", "estimator": "k1", "level": "token", "low": 0.8, "high": 1.25}, sampler, old, mask
         ),
+        "vaco": apply_correction({"name": "vaco", "high": 0.3}, sampler, old, mask, advantages=A),
     }
 
 
@@ -62,7 +64,12 @@ PARAMS = {"gspo": {"eps_low": 0.05, "eps_high": 0.05}, "gspo_token": {"eps_low":
 def _call(method, agg, logp, old, A, mask, u, idx=None, correction=None, **counts):
     rows = _rows()
     idx = torch.arange(B) if idx is None else idx
-    extra = {"rewards": rows["rewards"][idx], "entropy": rows["entropy"][idx], "groups": rows["groups"][idx]}
+    extra = {
+        "rewards": rows["rewards"][idx],
+        "entropy": rows["entropy"][idx],
+        "groups": rows["groups"][idx],
+        "sampler_logp": rows["sampler"][idx],
+    }
     if correction is not None:
         extra.update(weights=rows[correction].weights[idx], correction_status=rows[correction].status[idx])
     lp = logp.clone().requires_grad_(True)
@@ -85,7 +92,7 @@ def _mini_batch(method, logp, old, A, mask, correction=None):
     return counts, groups, ({} if stat is None else {"batch_stat": stat})
 
 
-CORRECTIONS = {"grpo": ["icepop", "kl_rs"], "bapo": ["kl_rs"], "m2po": ["icepop"]}
+CORRECTIONS = {"grpo": ["icepop", "kl_rs", "vaco"], "bapo": ["kl_rs"], "m2po": ["icepop"], "rollout_is": ["vaco"]}
 
 
 @pytest.mark.parametrize("agg", sorted(AGGREGATIONS))

@@ -37,3 +37,23 @@ def test_a_shipped_recipe_keeps_its_run_id(rel):
 @pytest.mark.parametrize("rel", sorted(PINNED["sweeps"]))
 def test_a_shipped_sweep_keeps_its_run_ids_and_their_order(rel):
     assert list(expand(load_spec(PACKAGE / rel)).runs) == PINNED["sweeps"][rel]
+
+
+def test_a_parameter_added_to_a_rule_later_keeps_its_runs_ids():
+    """cispo's unified_mask (issue 38) came after cispo's runs had ids: at its default (off) it stays out
+    of the hash, so a config written before it existed, and one that spells the default, hash alike;
+    turned on, it is another run. (The shipped sweeps with cispo runs are pinned above.)"""
+    from clipbench.config import to_dict
+
+    recipe = PACKAGE / "recipes" / "quickstart.yaml"
+    cispo = load_run_config(recipe, ["objective.name=cispo"])
+    assert cispo.objective["unified_mask"] is False
+    before = to_dict(cispo)
+    before["objective"] = {k: v for k, v in before["objective"].items() if k != "unified_mask"}
+    assert run_id(before) == run_id(cispo)
+    on = load_run_config(recipe, ["objective.name=cispo", "objective.unified_mask=true"])
+    assert run_id(on) != run_id(cispo)
+    # the same parameter name in another rule's objective is not dropped (only cispo's)
+    assert run_id({**before, "objective": {**before["objective"], "method": "cispo_cap"}}) != run_id(
+        {**before, "objective": {**before["objective"], "method": "cispo_cap", "unified_mask": False}}
+    )

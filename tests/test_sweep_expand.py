@@ -281,7 +281,7 @@ def test_the_sampler_correction_is_an_axis_whose_parameters_apply_to_their_corre
         (
             {"grid": {"sampler.correction.name": ["tis"], "sampler.correction.low": [0.5]}},
             "grid.sampler.correction.low",
-            "only geo_mask, icepop, kl_rs, veto have it",
+            "only geo_mask, icepop, kl_rs, vaco, veto have it",
         ),
         ({"grid": {"sampler.correction.name": ["icepp"]}}, "grid.sampler.correction.name", "unknown correction"),
         ({"grid": {"sampler.mismatch_is": ["token"]}}, "grid.sampler.mismatch_is", "is now sampler.correction.name"),

@@ -302,3 +302,18 @@ def test_cli_train_end_to_end_with_embedded_mlflow_then_resume_is_a_no_op(tmp_pa
     res = _cli(tmp_path, *args, "--resume")
     assert res.returncode == 0, res.stderr
     assert rd.metrics_path.read_text() == before  # a finished run resumes to nothing new
+
+
+def test_rollout_is_gets_the_samplers_logprobs_in_the_builtin_loop(tmp_path):
+    """rollout_is reads the sampler's log-probs: with the hf sampler and old log-probs recomputed (no
+    correction), the loop asks the sampler for them (the mismatch is then measured) and passes them to
+    the rule per micro-batch; hf samples from the training model itself, so the two agree to round-off."""
+    run_training(
+        small_cfg("objective.name=rollout_is", "train.mini_batches=2", "train.steps=1", "eval.benchmarks=[]"),
+        tmp_path / "run",
+    )
+    rows = RunDir(tmp_path / "run").read_metrics()
+    assert len(rows) == 2
+    for r in rows:
+        assert r["mismatch/abs_mean"] < 1e-4 and r["mismatch/rho_min"] > 0.999, r
+        assert r["q1/tokens"] + r["q2/tokens"] + r["q3/tokens"] + r["q4/tokens"] + r["on_policy/tokens"] > 0

@@ -184,6 +184,18 @@ def test_rules_reading_the_entropy_or_a_mini_batch_statistic_run_inside_trl():
         train(ClipbenchGRPOTrainer, method="grpo", agg="prompt-mean", steps=1)
 
 
+def test_the_rules_of_issue_38_run_inside_trl_but_rollout_is():
+    """opsm (a sequence mask), ipo and kimi15 (penalties that move zero-advantage tokens) and cispo's
+    unified mask train as TRL's loss; rollout_is reads the sampler's log-probs, which TRL's loss inputs
+    do not carry: refused in one line before TRL loads anything."""
+    for method, params in (("opsm", {"delta": 0.01}), ("ipo", {}), ("kimi15", {}), ("cispo", {"unified_mask": True})):
+        _, grads = train(ClipbenchGRPOTrainer, method=method, params=params, steps=1)
+        assert all(torch.isfinite(g).all() for g in grads[-1].values()), method
+    with pytest.raises(ValueError, match="reads the sampler's log-probs of the sampled tokens") as err:
+        train(ClipbenchGRPOTrainer, method="rollout_is", steps=1)
+    assert "\n" not in str(err.value)
+
+
 def test_windows_without_an_exact_count_are_refused():
     with pytest.raises(ValueError, match=r"trl#5619"):
         train(ClipbenchGRPOTrainer, bs=4, ga=4, spg=1, steps=1, method="grpo")  # 1 x 2 iterations < 4

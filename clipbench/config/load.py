@@ -486,6 +486,9 @@ NESTED_ID_DEFAULTS = {
     ("model", "routing_replay"): "none",
     ("eval", "n_ends"): None,
 }
+# Rule parameters added to a rule after its runs had ids: (method, parameter) -> the value that keeps
+# it out of the hash, so every run id of that rule from before the parameter existed is unchanged.
+OBJECTIVE_ID_DEFAULTS = {("cispo", "unified_mask"): False}
 
 
 def in_id(key: str, value: Any) -> bool:
@@ -534,9 +537,21 @@ def _id_sampler(sampler: Mapping) -> dict:
     return {**out, "correction": corr}
 
 
+def _id_objective(objective: Mapping) -> dict:
+    """The objective as the run id hashes it: without the OBJECTIVE_ID_DEFAULTS parameters of its
+    method at their id values."""
+    method = objective.get("method")
+    return {
+        k: v
+        for k, v in objective.items()
+        if not ((method, k) in OBJECTIVE_ID_DEFAULTS and OBJECTIVE_ID_DEFAULTS[(method, k)] == v)
+    }
+
+
 def run_id(cfg: RunConfig | Mapping) -> str:
-    """12 hex chars of sha256 over the canonical JSON of the resolved config (minus tracking/name and
-    the ID_DEFAULTS keys at their defaults; the sampler correction as `_id_sampler` states)."""
+    """12 hex chars of sha256 over the canonical JSON of the resolved config (minus tracking/name, the
+    ID_DEFAULTS keys and OBJECTIVE_ID_DEFAULTS rule parameters at their defaults; the sampler
+    correction as `_id_sampler` states)."""
     d = to_dict(cfg) if isinstance(cfg, RunConfig) else migrate(cfg)
     d = {k: v for k, v in _without_nested(d).items() if in_id(k, v)}
     for (section, key), default in NESTED_ID_DEFAULTS.items():
@@ -544,6 +559,8 @@ def run_id(cfg: RunConfig | Mapping) -> str:
             d[section] = {k: v for k, v in d[section].items() if k != key}
     if isinstance(d.get("sampler"), Mapping):
         d["sampler"] = _id_sampler(d["sampler"])
+    if isinstance(d.get("objective"), Mapping):
+        d["objective"] = _id_objective(d["objective"])
     blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

@@ -204,13 +204,14 @@ def check_plugin_code(cfg) -> None:
             generator=g,
             rewards=A,
             entropy=torch.rand(4, 3, generator=g),
+            sampler_logp=old,
             groups=torch.tensor([0, 0, 1, 1]),
             **rule.params,
         )
         out.loss.backward()
     correction = slot(cfg, "correction")
     if correction.name != NONE and get_correction(correction.name).origin is not None:
-        apply_correction({"name": correction.name, **correction.params}, old, logp.detach(), mask)
+        apply_correction({"name": correction.name, **correction.params}, old, logp.detach(), mask, advantages=A)
 
 
 def check_sinks(cfg) -> None:

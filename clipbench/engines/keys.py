@@ -160,7 +160,7 @@ TRL: dict[str, Support] = {
         "TRL's ratio has no +-20 clamp, which only moves weights below e^-20)",
         refuse=trl_refuses_correction,
         why="TRL 1.16 corrects with truncated or masked importance sampling only (tis, "
-        "icepop with weight=rho): no sequence masks, veto or KL rejection",
+        "icepop with weight=rho): no sequence masks, veto, KL rejection or VACO's TV mask",
     ),
     "train.steps": mapped(G + "max_steps = steps x mini_batches x epochs"),
     "train.prompts_per_step": mapped(
@@ -233,8 +233,8 @@ TRL: dict[str, Support] = {
     "objective": honoured(
         "the rule is TRL's loss (ClipbenchGRPOTrainer); a rule's mini-batch statistic (bapo, "
         "m2po) is computed per TRL micro-batch, as the rules' sources do",
-        refuse=_reads(("reward",)),
-        why="TRL's loss inputs carry no per-sequence reward (topr)",
+        refuse=_reads(("reward", "rollout_logp")),
+        why="TRL's loss inputs carry no per-sequence reward (topr) and no sampler log-probs (rollout_is)",
     ),
 }
 
@@ -279,7 +279,7 @@ VERL: dict[str, Support] = {
         refuse=verl_refuses_correction,
         why="verl 0.9.1 has no floor for truncated IS, no weight=one or low=0 for IcePop, and "
         "its sequence masks drop tokens from the denominators (geo_mask and veto keep "
-        "them; use kl_rs with estimator=k1, level=seq_mean for verl's Geo-RS)",
+        "them; use kl_rs with estimator=k1, level=seq_mean for verl's Geo-RS); no TV mask (vaco)",
     ),
     "train.steps": mapped("trainer.total_training_steps"),
     "train.prompts_per_step": mapped(
@@ -357,11 +357,12 @@ VERL: dict[str, Support] = {
     "objective": mapped(
         A + "policy_loss.loss_mode, CLIPBENCH_RULE_PARAMS (loss_mode=clipbench.<method>; the "
         "parameters as JSON in the workers' environment, and verl's own fields where they mean the "
-        "same: clip_ratio_low, clip_ratio_high, clip_ratio_c, tau_pos, tau_neg, dro_beta, "
+        "same: clip_ratio_low, clip_ratio_high, clip_ratio_c, clip_ratio (cfpo's eps), tau_pos, tau_neg, dro_beta, "
         "clip_cov_ratio, clip_cov_lb, clip_cov_ub, kl_cov_ratio, ppo_kl_coef; a rule's mini-batch "
         "statistic per verl micro-batch, as the rules' sources do)",
-        refuse=_reads(("reward", "entropy")),
-        why="verl's policy-loss signature passes neither the sequence reward (topr) nor the token entropy (aspo)",
+        refuse=_reads(("reward", "entropy", "rollout_logp")),
+        why="verl's policy-loss signature passes neither the sequence reward (topr), the token entropy (aspo) "
+        "nor the sampler's log-probs (rollout_is)",
     ),
 }
 

@@ -42,8 +42,8 @@ Design choices:
   (beta > 0) is clipbench's k3, as TRL's (times the token ratio with `use_bias_correction_kl`).
 * Rules reading the token entropy (aspo) get TRL's entropies of the same forward; rules with a
   mini-batch statistic (bapo, m2po) compute it per micro-batch, as their sources do. A rule reading
-  the sequence reward (topr) and the prompt-mean aggregation are refused: TRL's loss inputs carry no
-  reward and its shuffled rows no prompt group. token-sum is multiplied by the process count
+  the sequence reward (topr) or the sampler's log-probs (rollout_is) and the prompt-mean aggregation
+  are refused: TRL's loss inputs carry neither and its shuffled rows no prompt group. token-sum is multiplied by the process count
   (DDP averages), as verl's. TRL's masked importance sampling (token_mask, sequence_mask) zeroes
   weights: those tokens are counted per cell as masked (`correction/<cell>/masked`).
 * NSR's coin flips come from a generator seeded by (args.seed, optimizer step, micro-batch, rank):

@@ -22,6 +22,7 @@ VERL_FIELDS = {
     "div_low": ("clip_ratio_low", "clip_ratio"),
     "div_high": ("clip_ratio_high", "clip_ratio"),  # dppo_*
     "is_cap": ("clip_ratio_c",),  # dppo_*: the importance-sampling cap
+    "eps": ("clip_ratio",),  # cfpo: verl PR #5252 reads the actor's clip_ratio
     "dro_beta": ("policy_loss.dro_beta",),
     "clip_cov_ratio": ("policy_loss.clip_cov_ratio",),
     "clip_cov_lb": ("policy_loss.clip_cov_lb",),

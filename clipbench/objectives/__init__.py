@@ -29,7 +29,15 @@ from clipbench.objectives.diagnostics import (
 from clipbench.objectives.inputs import Counts, RuleInputs
 from clipbench.objectives.loss import BoundRule, PolicyLossOutput, bind, policy_loss
 from clipbench.objectives.primitives import LOG_RATIO_CLAMP, kl_k3
-from clipbench.objectives.registry import METHODS, MethodSpec, PluginOrigin, effective_bounds, rule, validate_params
+from clipbench.objectives.registry import (
+    METHODS,
+    MethodSpec,
+    PluginOrigin,
+    effective_bounds,
+    reads_rollout_logp,
+    rule,
+    validate_params,
+)
 from clipbench.objectives.signature import INPUTS, Param, greater_than_one, nonneg, positive, unit_interval
 
 __all__ = [
@@ -68,5 +76,6 @@ __all__ = [
     "reduction",
     "rule",
     "unit_interval",
+    "reads_rollout_logp",
     "validate_params",
 ]

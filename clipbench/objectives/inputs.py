@@ -80,6 +80,13 @@ class RuleInputs:
         "entropy",
         "the current policy's token entropy, from the same forward as logp",
     )
+    rollout_logp: torch.Tensor | None = given(
+        "(B, T) the sampler's log-probs of the sampled tokens (the rollout policy, pi_rollout), detached; "
+        "0 at padding. Equal to old_logp with sampler.old_logp: sampler",
+        TOKEN,
+        "sampler_logp",
+        "the sampler's log-probs of the sampled tokens, the rollout policy",
+    )
     stat: dict | None = _input(
         "dict of 0-d tensors: the rule's mini-batch statistic (rule(batch_stat=...)), computed without "
         "gradient on the whole mini-batch (all micro-batches and ranks) before its loss"

@@ -238,6 +238,12 @@ def get_method(method: str) -> MethodSpec:
     return METHODS.lookup(method)
 
 
+def reads_rollout_logp(method: str) -> bool:
+    """Does the rule read the sampler's log-probs (the input rollout_logp: rollout_is)? Its run must
+    have them: the sampler returns them, and engines that cannot pass them refuse it."""
+    return "rollout_logp" in get_method(method).inputs
+
+
 def validate_params(method: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Defaults merged with ``params``, every value checked. Raises ValueError (did-you-mean) for an
     unknown method or parameter, or a bad value. A rule's ``warn`` is issued as a UserWarning."""

@@ -55,6 +55,7 @@ from clipbench.eval.evaluate import Shard
 from clipbench.eval.suite import eval_suite, run_eval
 from clipbench.models import compute_dtype, dtype_name, resolve_model_name
 from clipbench.models.routing import RouteReplay, row_routes_table
+from clipbench.objectives import reads_rollout_logp
 from clipbench.objectives.corrections import NONE, apply_correction, is_batch_metric
 from clipbench.rollout import build_sampler, resolve_backend
 from clipbench.seeds import generator
@@ -281,7 +282,13 @@ def setup(
     sc = cfg.sampler
     # the sampler's log-probs: its old log-probs, or the mismatch (always logged by vLLM; with hf only
     # when a correction asks for it: hf samples from the training model itself)
-    want_logp = sc.old_logp == "sampler" or slot(cfg, "correction").name != NONE or backend == "vllm"
+    # (and a rule that reads the rollout policy's log-probs: rollout_is)
+    want_logp = (
+        sc.old_logp == "sampler"
+        or slot(cfg, "correction").name != NONE
+        or backend == "vllm"
+        or reads_rollout_logp(slot(cfg, "objective").name)
+    )
     eval_tokens = cfg.eval.max_new_tokens or sc.max_new_tokens  # the engine must hold eval's completions too
     sampler = build_sampler(
         backend,
@@ -395,7 +402,7 @@ def update(trainer: Trainer, step: int, batch: RolloutBatch) -> tuple[list[dict]
             inputs,
             trainer.objective,
             histogram=cfg.train.log_histograms,
-            mismatch=first and inputs.sampler_logp is not None,
+            mismatch=first and cfg.sampler.old_logp == "sampler" and inputs.sampler_logp is not None,
             record=capture.forwards(s, inputs),
             **trainer.forward_kw(),
         )
@@ -467,8 +474,12 @@ def rule_inputs(trainer: Trainer, packed, batch: RolloutBatch, first_epoch: list
     )
     if sampled is None:
         return inputs, None
+    if trainer.objective.reads_rollout_logp:  # rollout_is: the rule's ratio is against the sampler
+        inputs.sampler_logp = sampled
     mine = own_rows(first_epoch, len(packed.completion_lens), dist.device)  # (B,): this rank's rows, counted once
-    corr = apply_correction(cfg.sampler.correction, sampled, old, inputs.mask, counted=mine[:, None] > 0)
+    corr = apply_correction(
+        cfg.sampler.correction, sampled, old, inputs.mask, counted=mine[:, None] > 0, advantages=inputs.advantages
+    )
     inputs.weights, inputs.correction_status = corr.weights, corr.status  # every row's (later epochs: other ranks)
     return inputs, corr.sums
 

@@ -210,6 +210,11 @@ class Objective:
         return self.bound.draws
 
     @property
+    def reads_rollout_logp(self) -> bool:
+        """Does this rule read the sampler's log-probs (rollout_is)?"""
+        return "rollout_logp" in self.bound.reads
+
+    @property
     def stat(self) -> bool:
         """Does this rule read a statistic of the whole mini-batch (bapo, m2po)?"""
         return self.bound.has_stat
@@ -236,7 +241,7 @@ class StepInputs:
     ref_logp: torch.Tensor | None = None  # (B, T)
     uniforms: torch.Tensor | None = None  # (B, T) this epoch's draws of a stochastic rule
     weights: torch.Tensor | None = None  # (B, T) the sampler correction's weights (objectives/corrections)
-    sampler_logp: torch.Tensor | None = None  # (B, T) the sampler's log-probs, to measure the mismatch
+    sampler_logp: torch.Tensor | None = None  # (B, T) the sampler's log-probs: the mismatch; rollout_is's input
     correction_status: torch.Tensor | None = None  # (B, T) int8: what the correction did to each token
     routes: torch.Tensor | None = None  # (B, layers, Lp + T, k) int32: MoE routing replay's experts (+1; 0: none)
     rewards: torch.Tensor | None = None  # (B,) each row's reward (rules that read it: topr)

@@ -81,13 +81,15 @@ def apply_correction(
     mask: torch.Tensor,
     *,
     counted: torch.Tensor | None = None,
+    advantages: torch.Tensor | None = None,
 ) -> Corrected:
     """The correction `setting` ({name, params...}, validated here) of one batch.
 
     sampler_logp, trainer_logp: (B, T) log-probs of the sampled tokens under the sampler and under
     the trainer's rollout policy; mask: (B, T) 1 on completion tokens; counted: bool, broadcastable
     to (B, T): the tokens the sums count (default all: a rank counts its own rows, so that the sums of
-    all ranks cover the batch once; the weights are every row's)."""
+    all ranks cover the batch once; the weights are every row's); advantages: (B,) the sequences'
+    advantages, for a correction that reads them (vaco)."""
     if not sampler_logp.shape == trainer_logp.shape == mask.shape:
         raise ValueError(
             f"sampler_logp {tuple(sampler_logp.shape)}, trainer_logp {tuple(trainer_logp.shape)} "
@@ -101,7 +103,10 @@ def apply_correction(
     if name == NONE:
         return Corrected(None, None, sums)
     spec = get_correction(name)
-    out = spec.call("correction", *[{"d": d, "mask": valid}[i] for i in spec.inputs], **params)
+    if "A" in spec.inputs and advantages is None:
+        raise ValueError(f"correction '{name}' reads the advantages: pass advantages=(B,)")
+    A = None if advantages is None else advantages.detach().float().reshape(-1, 1)  # (B, 1)
+    out = spec.call("correction", *[{"d": d, "mask": valid, "A": A}[i] for i in spec.inputs], **params)
     w = torch.where(valid, out.weights.detach().float().expand_as(d), 0.0)
     status = torch.where(valid, out.status.expand_as(d), 0).to(torch.int8)
     sums.update(_correction_sums(w, status, out.raw.detach(), valid, count))

@@ -23,6 +23,10 @@ SKYRL = (
     "(docs/content/docs/algorithms/off_policy_correction.mdx)"
 )
 TRL = "huggingface/trl @ f2cd577 (TRL 1.16) grpo_trainer.py _generate_and_score_completions"
+OPEN_INSTRUCT = (
+    "allenai/open-instruct @ e6c3044 open_instruct/grpo_utils.py compute_rho_correction "
+    "(rho_mask_tv_divergence, added in 61afa04, #1681)"
+)
 
 
 def ratio(d: torch.Tensor) -> torch.Tensor:
@@ -188,3 +192,39 @@ def kl_rs(
         stat = torch.where(torch.isinf(top), 0.0, top)
     keep = (stat >= math.log(low)) & (stat <= math.log(high)) if estimator == "k1" else stat <= max_kl
     return applied(torch.where(keep, 1.0, 0.0).expand_as(d), stat, rejected=~keep & mask)
+
+
+def _vaco_check(p) -> str | None:
+    if p["cap"] <= 1 or not 0 <= p["floor"] < 1:
+        return f"needs 0 <= floor < 1 < cap (a truncation around rho = 1), got {p['floor']:g}, {p['cap']:g}"
+    if p["high"] and p["high"] <= p["low"]:
+        return f"needs low < high (the TV band), got {p['low']:g}, {p['high']:g}"
+    return None
+
+
+@correction(
+    "vaco",
+    source=f"VACO (arXiv 2603.01365); {OPEN_INSTRUCT}: defaults rho_clamp_upper_bound 2.0, "
+    "rho_mask_lower/upper_bound 0 (off; 0 for high here would make vaco tis), high 2.0 as its "
+    "test_rho_mask_tv_divergence",
+    level="sequence",
+    checks={"low": nonneg, "high": nonneg, "floor": nonneg},
+    check=_vaco_check,
+)
+def vaco(d, mask, A, *, cap: float = 2.0, floor: float = 0.0, low: float = 0.0, high: float = 2.0):
+    """w = clamp(rho, floor, cap), but 0 on a token with sign(d)*A > 0 in a sequence whose TV = mean_t |rho - 1| lies outside [low, high]: VACO's TV-divergence mask
+
+    rho = exp(d) with d clamped to +-10 (open-instruct); the mask spares the tokens whose update
+    lowers the sequence's TV (sign(d)*A <= 0: the step moves pi_old toward the sampler). low = 0 or
+    high = 0 leaves that side open (open-instruct's "0 disables"). Masked tokens stay in the
+    denominators (open-instruct multiplies the per-token loss by the weights).
+    """
+    lr = d.clamp(-10.0, 10.0)
+    rho = torch.exp(lr)
+    tv = seq_mean((rho - 1.0).abs(), mask)  # (B, 1)
+    outside = ((tv < low) if low > 0 else torch.zeros_like(tv, dtype=torch.bool)) | (
+        (tv > high) if high > 0 else torch.zeros_like(tv, dtype=torch.bool)
+    )
+    drop = outside & (torch.sign(lr) * A > 0) & mask  # (B, T)
+    w = torch.clamp(rho, min=floor if floor > 0 else None, max=cap)
+    return applied(torch.where(drop, 0.0, w), tv, truncated=(rho > cap) | (rho < floor), masked=drop)

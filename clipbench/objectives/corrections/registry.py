@@ -10,7 +10,7 @@ A correction is a plain function whose signature is its schema, like a rule (sig
         return applied(torch.where(keep, rho, 0.0), masked=~keep)
 
 Its positional parameters name its inputs (:data:`CORRECTION_INPUTS`: ``d`` = log rho = trainer's old
-log-prob - sampler's log-prob, 0 at padding, and ``mask``); its keyword-only parameters, with
+log-prob - sampler's log-prob, 0 at padding, ``mask``, and ``A`` the advantages); its keyword-only parameters, with
 defaults, are its parameters (validated as a rule's: types, choices, ``checks``, then ``check`` for
 rules between parameters). It returns :class:`Applied`: the per-token weights and what it did to
 each token (kept, truncated, masked: the numerator only; rejected: out of the aggregation's
@@ -39,6 +39,7 @@ CORRECTION_INPUTS: dict[str, str] = {
     "d": "(B, T) log rho = log pi_old(y_t) - log pi_sampler(y_t) (the trainer's old log-prob minus the "
     "sampler's), float32, not clamped; 0 at padding",
     "mask": "(B, T) bool, True on real completion tokens",
+    "A": "(B, 1) the sequences' advantages, float32 (apply_correction(..., advantages=))",
 }
 
 # What a correction did to each token (Applied.status): the per-cell counts read these codes.

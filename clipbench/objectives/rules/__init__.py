@@ -13,8 +13,9 @@ in torch.clamp's gradient); ``d`` is how far a ratio lies past the PPO clip's ac
 
 Modules by family: clip (hard clips), sequence (sequence-level ratios), rescue (NSR, decay), soft
 (gradient kept past the bound, ASPO), divergence (trust regions that are not a ratio clip, plain and
-tapered policy gradient), batch (bounds from a statistic of the whole mini-batch: BAPO, M2PO). Importing this
+tapered policy gradient, quadratic penalties), masks (tokens or sequences dropped by how far the policy
+moved: OPSM, GLM-5's rollout IS, IPO), batch (bounds from a statistic of the whole mini-batch: BAPO, M2PO). Importing this
 package registers every built-in rule; the formulas they share are in objectives/primitives.py.
 """
 
-from clipbench.objectives.rules import batch, clip, divergence, rescue, sequence, soft  # noqa: F401  (register)
+from clipbench.objectives.rules import batch, clip, divergence, masks, rescue, sequence, soft  # noqa: F401  (register)

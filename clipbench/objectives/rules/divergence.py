@@ -1,5 +1,5 @@
-"""Trust regions that are not a ratio clip, and plain or tapered policy gradient: GPG, TOPR, DRO's quadratic
-penalty, DPPO's binary TV / KL regions, Clip-Cov and KL-Cov's covariance-selected tokens (verl).
+"""Trust regions that are not a ratio clip, and plain or tapered policy gradient: GPG, TOPR, DRO's and
+Kimi k1.5's quadratic log-ratio penalties, CFPO's quadratic ratio penalty, DPPO's binary TV / KL regions, Clip-Cov and KL-Cov's covariance-selected tokens (verl).
 """
 
 from __future__ import annotations
@@ -28,6 +28,43 @@ def dro(logp, log_ratio, A, *, dro_beta: float = 0.05):
     advantages built for its soft off-policy formulation.
     """
     return -(logp * A - 0.5 * dro_beta * log_ratio.square())
+
+
+@rule(
+    "kimi15",
+    source="Kimi k1.5 (arXiv 2501.12599) Eq. 3; alibaba/ROLL @ 8eb27cc roll/pipeline/rlvr/actor_pg_worker.py "
+    "_compute_kimi15_loss (pg_variant=kimi15, kimi15_tau 0.1)",
+    checks={"tau": nonneg},
+)
+def kimi15(logp, log_ratio, A, *, tau: float = 0.1):
+    """-A*logp + tau/2*(logp - old_logp)^2: Kimi k1.5's policy gradient with a squared log-ratio penalty
+
+    The same loss as dro with dro_beta = tau (ROLL's default 0.1, verl's test 0.05). No ratio, no
+    clip: the penalty pulls every token back toward old_logp, zero-advantage tokens included.
+    """
+    return -A * logp + 0.5 * tau * log_ratio.square()
+
+
+@rule(
+    "cfpo",
+    source="CFPO, clip-free policy optimisation (arXiv 2601.22801); verl-project/verl PR #5252 @ 18bd5cd "
+    "verl/trainer/ppo/core_algos.py compute_policy_loss_cfpo (epsilon = actor clip_ratio, 0.2)",
+    checks={"eps": positive},
+    band=lambda p: (1 - p["eps"], 1 + p["eps"]) * 2,
+    bounds=lambda p: {
+        "penalty": "|A| (r - 1)^2 / (2 eps)",
+        "stationary_pos": 1 + p["eps"],
+        "stationary_neg": 1 - p["eps"],
+    },
+)
+def cfpo(r, A, *, eps: float = 0.2):
+    """-(r*A - |A|*(r - 1)^2/(2*eps)): CFPO, a quadratic penalty on the ratio in place of PPO's clip
+
+    The gradient -A*r + |A|*(r - 1)*r/eps is zero at r = 1 + eps (A>0) / 1 - eps (A<0), the PPO
+    bound, and pushes the ratio back past it instead of vanishing: never zero for A != 0 off the
+    stationary point. eps is verl's clip_ratio (one value for both sides, as the PR).
+    """
+    return -(r * A - A.abs() * (r - 1).square() / (2 * eps))
 
 
 _DPPO_CHECKS = {"div_low": nonneg, "div_high": nonneg, "is_cap": positive}

@@ -14,21 +14,31 @@ from clipbench.objectives.signature import greater_than_one, nonneg, positive, u
 
 @rule(
     "cispo",
-    source="CISPO, MiniMax-M1 (arXiv 2506.13585); verl core_algos.py `cispo` (two-sided)",
+    source="CISPO, MiniMax-M1 (arXiv 2506.13585); verl core_algos.py `cispo` (two-sided); unified_mask: "
+    "MiniMax-M1 Eq. 7, alibaba/ROLL @ 8eb27cc roll/pipeline/rlvr/actor_pg_worker.py _compute_cispo_loss "
+    "(cispo_use_unified_mask)",
     checks=EPS_CHECKS,
     bounds=lambda p: {
         "weight_cap": interval(max(0.0, 1 - p["eps_low"]), 1 + p["eps_high"]),
         "weight_low": 1 - p["eps_low"],
         "weight_high": 1 + p["eps_high"],
+        **({"unified_mask": "zero where PPO's clip zeroes"} if p.get("unified_mask") else {}),
     },
 )
-def cispo(r, A, logp, *, eps_low: float = 1.0, eps_high: float = 4.0):
-    """-sg(clip(r, 1-eps_low, 1+eps_high))*A*logp: clipped importance-sampling weight on a REINFORCE term; never zero
+def cispo(r, A, logp, *, eps_low: float = 1.0, eps_high: float = 4.0, unified_mask: bool = False):
+    """-sg(clip(r, 1-eps_low, 1+eps_high))*A*logp: clipped importance-sampling weight on a REINFORCE term; never zero (unless unified_mask)
 
     The weight is clipped two-sided around 1 (verl's parametrisation); the defaults (no lower cap,
-    cap at 5) are TRL's `cispo`, see cispo_cap for its absolute-cap parametrisation.
+    cap at 5) are TRL's `cispo`, see cispo_cap for its absolute-cap parametrisation. unified_mask:
+    MiniMax-M1's Eq. 7 mask M, 0 where PPO's clip zeroes the gradient, (A>0, r > 1+eps_high) and
+    (A<0, r < 1-eps_low) (strict, ROLL's cispo_use_unified_mask), 1 elsewhere.
     """
-    return -torch.clamp(r, 1 - eps_low, 1 + eps_high).detach() * A * logp
+    loss = -torch.clamp(r, 1 - eps_low, 1 + eps_high).detach() * A * logp
+    if not unified_mask:
+        return loss
+    rd = r.detach()
+    masked = ((A > 0) & (rd > 1 + eps_high)) | ((A < 0) & (rd < 1 - eps_low))
+    return torch.where(masked, 0.0, loss)
 
 
 @rule(
