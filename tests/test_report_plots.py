@@ -130,3 +130,29 @@ def test_histogram_bounds_are_each_runs_effective_band(report_fixture, tmp_path)
             assert dashed(ax, colors["mystery"]) == []
     finally:
         close_figures({"h": fig})
+
+
+def test_eval_curve_with_more_samples_at_the_endpoints(report_fixture, tmp_path):
+    """eval.n_ends: the first and the last evaluation sample more (here 8 per problem) than the ones
+    between (4). The curve's points share the smallest n (Avg@4 / Pass@4), where Pass@8 of a 4-sample
+    step would raise; the tables read the endpoints at their own n."""
+    import json
+    import shutil
+
+    root = report_fixture.build(tmp_path / "results")
+    for start in (root / "fixture").glob("*/eval/step_000000"):
+        between = start.parent / "step_000001"  # an evaluation between, at the endpoints' old n
+        shutil.copytree(start, between)
+        for payload in between.glob("*.json"):
+            payload.write_text(json.dumps({**json.loads(payload.read_text()), "step": 1}))
+        for payload in [*start.glob("*.json"), *(start.parent / "step_000002").glob("*.json")]:
+            data = json.loads(payload.read_text())  # each problem's 4 samples twice over
+            payload.write_text(json.dumps({**data, "correct": [r + r for r in data["correct"]], "n": 2 * data["n"]}))
+    sweep = load_results(root, "fixture")
+    figs = make_figures(sweep, analyze(sweep, "grpo", resamples=50))
+    try:
+        assert [ax.get_title() for ax in figs["eval"].axes][2:] == ["arith: Avg@4", "arith: Pass@4"]
+        x, y = _lines(figs["eval"].axes[2])["abc"].get_data()
+        assert list(x) == [0, 1, 2] and np.allclose(y, [18.75, 18.75, 56.25])  # base 3/16 twice, final 9/16
+    finally:
+        close_figures(figs)

@@ -183,6 +183,9 @@ def eval_figure(groups: Mapping[str, list[RunRecord]], result: dict) -> Figure |
     """Avg@n and Pass@n (largest k) per benchmark over the evaluation steps."""
     benches = ordered_benchmarks({b for blk in result["blocks"] for b in blk["benchmarks"]})
     n = min((blk["n"] for blk in result["blocks"] if blk["n"]), default=0)
+    # a curve's points share one n: the smallest of every evaluation drawn (eval.n_ends samples the
+    # endpoints more than the steps between)
+    n = min([n, *(int(p["n"]) for rs in groups.values() for r in rs for ps in r.evals.values() for p in ps.values())])
     if not benches or not n:
         return None
     metrics = ["avg"] + ([f"pass@{n}"] if n > 1 else [])
