@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import errno
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 
 class UserError(Exception):
@@ -86,8 +86,9 @@ def disk_reason(err: OSError) -> str:
     return FILE_TOO_LARGE if err.errno == errno.EFBIG else "no space left on device"
 
 
-def out_of_memory(exc: BaseException | None) -> BaseException | None:
-    """The memory error behind `exc` (Python's MemoryError, torch's CPU allocator failing), or None."""
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """`exc` and every exception behind it, each once: causes, contexts, and the per-rank failures of a
+    torch.distributed.checkpoint ``CheckpointException`` ({rank: exception or (exception, tb)})."""
     seen: set[int] = set()
     todo = [exc]
     while todo:
@@ -95,9 +96,19 @@ def out_of_memory(exc: BaseException | None) -> BaseException | None:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
+        yield e
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict):
+            for f in failures.values():
+                todo.extend(x for x in (f if isinstance(f, tuple) else (f,)) if isinstance(x, BaseException))
+        todo.extend(x for x in (e.__cause__, e.__context__) if isinstance(x, BaseException))
+
+
+def out_of_memory(exc: BaseException | None) -> BaseException | None:
+    """The memory error behind `exc` (Python's MemoryError, torch's CPU allocator failing), or None."""
+    for e in _chain(exc):
         if isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and "can't allocate memory" in str(e)):
             return e
-        todo.extend(x for x in (e.__cause__, e.__context__) if isinstance(x, BaseException))
     return None
 
 
@@ -106,22 +117,11 @@ def no_space_left(exc: BaseException | None) -> OSError | None:
     disk is full") behind `exc`:
     searched through its causes and contexts, and through the per-rank failures of a
     torch.distributed.checkpoint ``CheckpointException``. None when the disk is not the reason."""
-    seen: set[int] = set()
-    todo = [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
+    for e in _chain(exc):
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             return e
         if "database or disk is full" in str(e) and type(e).__name__ == "OperationalError":
             return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        failures = getattr(e, "failures", None)  # CheckpointException: {rank: exception or (exception, tb)}
-        if isinstance(failures, dict):
-            for f in failures.values():
-                todo.extend(x for x in (f if isinstance(f, tuple) else (f,)) if isinstance(x, BaseException))
-        todo.extend(x for x in (e.__cause__, e.__context__) if isinstance(x, BaseException))
     return None
 
 
