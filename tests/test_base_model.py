@@ -4,6 +4,7 @@ model.generate, name resolution and errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
 import clipbench.basemodel.build as bm
 from clipbench import models
 from clipbench.basemodel import BUILTIN_RECIPES, DEFAULT_RECIPE, Recipe
+from clipbench.basemodel.recipes import recipe_record
 from clipbench.errors import UserError
 from clipbench.tasks.arith import ArithKnobs, ArithTask
 
@@ -62,7 +64,7 @@ def test_build_measures_accuracy_inside_the_grpo_band(built):
     assert last["val_sampled_acc"] >= DEFAULT_RECIPE.stop_at_sampled_acc
     assert all(h["val_sampled_acc"] < DEFAULT_RECIPE.stop_at_sampled_acc for h in sft["history"][:-1])
     assert info["build_cpu_seconds"] > 0  # recorded (its budget is a benchmark figure, not a test)
-    assert info["recipe"] == json.loads(json.dumps(bm.dataclasses.asdict(DEFAULT_RECIPE)))
+    assert info["recipe"] == json.loads(json.dumps(recipe_record(DEFAULT_RECIPE)))
 
 
 def test_reload_through_auto_classes(built, loaded):
@@ -167,7 +169,7 @@ def test_shipped_builds_are_their_recorded_bytes():
         info = models.read_build_info(path)
         assert info["name"] == f"builtin:{name}"
         assert models.weights_sha256(path) == info["weights_sha256"], name
-        assert info["recipe"] == json.loads(json.dumps(bm.dataclasses.asdict(BUILTIN_RECIPES[name]))), name
+        assert info["recipe"] == json.loads(json.dumps(recipe_record(BUILTIN_RECIPES[name]))), name
 
 
 def test_load_model_and_tokenizer(built, tmp_path):
@@ -232,7 +234,7 @@ def test_builtin_models_and_their_tasks():
 def test_steps_build_sft_targets_and_tokenizer(tmp_path):
     """The same builder with a steps task: the tokenizer knows '#', the SFT targets are the worked
     solutions, the format is recorded, and the build is deterministic (plumbing: a 1-layer model)."""
-    recipe = bm.dataclasses.replace(SMALL, task=ArithKnobs(operands=4, format="steps", train_size=2000, test_size=50))
+    recipe = dataclasses.replace(SMALL, task=ArithKnobs(operands=4, format="steps", train_size=2000, test_size=50))
     a = bm.build_base_model("arith-steps", tmp_path / "a", seed=1, recipe=recipe, log=lambda m: None)
     b = bm.build_base_model("arith-steps", tmp_path / "b", seed=1, recipe=recipe, log=lambda m: None)
     assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
@@ -320,7 +322,7 @@ def test_moe_build_is_deterministic_and_the_aux_loss_is_trained_when_asked(tmp_p
         tmp_path / "c",
         seed=2,
         log=lambda m: None,
-        recipe=bm.dataclasses.replace(MOE_SMALL, router_aux_loss_coef=0.01),
+        recipe=dataclasses.replace(MOE_SMALL, router_aux_loss_coef=0.01),
     )
     assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
     assert (a / "model.safetensors").read_bytes() != (c / "model.safetensors").read_bytes()
@@ -349,20 +351,20 @@ def test_shipped_organism_model_record():
 def test_slips_change_only_the_slipped_builds(tmp_path):
     """sft_slip_rate draws from a generator of its own: a recipe without slips builds the same bytes
     as before slips existed (arith-steps is unchanged), and one with slips trains on other targets."""
-    recipe = bm.dataclasses.replace(SMALL, task=ArithKnobs(operands=3, format="steps", train_size=500, test_size=20))
+    recipe = dataclasses.replace(SMALL, task=ArithKnobs(operands=3, format="steps", train_size=500, test_size=20))
     plain = bm.build_base_model("arith-steps", tmp_path / "a", seed=1, recipe=recipe, log=lambda m: None)
     again = bm.build_base_model(
         "arith-steps",
         tmp_path / "b",
         seed=1,
-        recipe=bm.dataclasses.replace(recipe, sft_slip_rate=0.0),
+        recipe=dataclasses.replace(recipe, sft_slip_rate=0.0),
         log=lambda m: None,
     )
     slipped = bm.build_base_model(
         "arith-steps",
         tmp_path / "c",
         seed=1,
-        recipe=bm.dataclasses.replace(recipe, sft_slip_rate=0.5),
+        recipe=dataclasses.replace(recipe, sft_slip_rate=0.5),
         log=lambda m: None,
     )
     assert (plain / "model.safetensors").read_bytes() == (again / "model.safetensors").read_bytes()

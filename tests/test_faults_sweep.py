@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,7 +33,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("faults_sweep"), pytest.
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = {
-    "train.steps": 6,
+    "train.steps": 16,  # long enough that no run finishes between "two runs training" and the signal
     "train.prompts_per_step": 2,
     "sampler.group_size": 4,
     "sampler.max_new_tokens": 8,
@@ -98,7 +99,7 @@ def assert_same_as(res: Path, ref: Path) -> None:
         a, b = RunDir(res / "par" / rid), RunDir(ref / "par" / rid)
         assert a.status()["state"] == "finished", rid
         assert stable(a.read_metrics()) == stable(b.read_metrics()), rid
-        assert len(a.read_metrics()) == 12  # 6 rollout steps x 2 mini-batches
+        assert len(a.read_metrics()) == 32  # 16 rollout steps x 2 mini-batches
         assert read_jsonl(a.hist_path) == read_jsonl(b.hist_path), rid
 
 
@@ -136,7 +137,9 @@ def test_kill_9_of_one_worker_stops_only_its_run_and_a_plain_rerun_recovers(clea
     assert st["state"] == "failed" and st["reason"] == "worker-killed"
     again = run_sweep(f, res)  # the plain command, no --retry-failed
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "3 finished, 1 to resume, 0 to start" in again.stderr
+    # the killed run resumes from its checkpoint, or starts again when it died before its first one
+    counts = r"3 finished, (1 to resume, 0 to start|0 to resume, 1 to start)"
+    assert re.search(counts, again.stderr), again.stderr[-2000:]
     assert_same_as(res, clean)
 
 

@@ -200,7 +200,7 @@ def test_load_benchmark_from_data_dir(data_dir, name, rows):
 
 
 def test_benchmark_registry_names_and_errors(data_dir, tmp_path):
-    assert set(BENCHMARKS) == {"aime24", "aime25", "amc23", "math500", "gsm8k", "arith"}
+    assert set(BENCHMARKS) == {"aime24", "aime25", "amc23", "math500", "gsm8k", "arith", "arith-val"}
     assert (BENCHMARKS["gsm8k"].hf_name, BENCHMARKS["gsm8k"].hf_config) == ("openai/gsm8k", "main")
     with pytest.raises(UserError, match="did you mean 'aime24'"):
         load_benchmark("aime2024", data_dir=data_dir)

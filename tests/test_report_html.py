@@ -87,7 +87,7 @@ def test_screenshot_and_dom(page, tmp_path):
     assert re.search(r"<td>abc</td><td>2</td><td>56\.2 ± 0\.0</td><td>72\.9 ± 2\.9</td><td>87\.5 ± 17\.7</td>", dom)
     assert "<td>Gain: abc vs grpo</td><td></td><td>+38.5%</td><td>+34.6%</td><td>+16.7%</td>" in dom
     assert "<td>Qwen3-4B-ABC-GRPO</td><td>25.9</td>" in dom
-    assert dom.count("<table>") == 7  # + gradient mass, claims, the Runs table
+    assert dom.count("<table>") == 8  # + rliable aggregates, gradient mass, claims, the Runs table
 
 
 @pytest.mark.browser

@@ -21,7 +21,6 @@ directory of its own and is used by path (``model.name: DIR``).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -34,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from clipbench.basemodel.recipes import BUILTIN_RECIPES, MoeRecipe, Recipe
+from clipbench.basemodel.recipes import BUILTIN_RECIPES, MoeRecipe, Recipe, recipe_record
 from clipbench.errors import UserError
 from clipbench.models.builtin import BUILTIN_PREFIX, LEGACY_NAMES, META_FILE, cache_root, weights_sha256
 from clipbench.tasks.arith import ALPHABET, ArithTask
@@ -432,7 +431,7 @@ def build_base_model(
         "name": BUILTIN_PREFIX + name,
         "task": {"name": arith.name, "seed": seed, **recipe.task.knobs()},
         "format": {**FORMAT_INFO[recipe.task.format], "bos_prepended": True, "char_level": True},
-        "recipe": dataclasses.asdict(recipe),
+        "recipe": recipe_record(recipe),
         "seed": seed,
         "parameters": n_params,
         "vocab_size": len(tokenizer),

@@ -7,6 +7,7 @@ the model's ``clipbench_base.json``. The weights clipbench trains from are shipp
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from clipbench.models.builtin import LEGACY_NAMES
@@ -58,6 +59,17 @@ class MoeRecipe(Recipe):
     moe_intermediate_size: int = 128
     norm_topk_prob: bool = True
     router_aux_loss_coef: float = 0.0  # load-balancing loss added to the SFT loss (0: none)
+
+
+# Recipe fields added after models were built and shipped, at the value that leaves a build unchanged:
+# a record leaves them out at that value, so every shipped record still names its recipe.
+ADDED_LATER = {"sft_slip_rate": 0.0}
+
+
+def recipe_record(recipe: Recipe) -> dict:
+    """The recipe as ``clipbench_base.json`` records it: every field, less ADDED_LATER's at their value."""
+    out = dataclasses.asdict(recipe)
+    return {k: v for k, v in out.items() if not (k in ADDED_LATER and v == ADDED_LATER[k])}
 
 
 # builtin name -> its recipe. arith-tiny: today's answer-only model (its weights must never change:

@@ -18,7 +18,7 @@ import numpy as np
 
 from clipbench.rehearse.scale import EVAL_PROBLEMS, EXPERTS, TOP_K, Plan
 from clipbench.tasks import build_run_task
-from clipbench.tasks.benchmarks import get_benchmark
+from clipbench.tasks.benchmarks import ARITH_SPLITS, get_benchmark
 from clipbench.tasks.templates import render
 
 TRAIN_PROBLEMS = 32
@@ -137,7 +137,7 @@ def write_local(plan: Plan, work: Path) -> None:
     if plan.benchmarks:
         texts += [render("dapo", q) + a for q, a in write_benchmarks(work / "data", plan.benchmarks, seed)]
         cfg["eval"]["data_dir"] = str(work / "data")
-        cfg["eval"]["benchmarks"] = [b for b in cfg["eval"]["benchmarks"] if b in plan.benchmarks or b == "arith"]
+        cfg["eval"]["benchmarks"] = [b for b in cfg["eval"]["benchmarks"] if b in plan.benchmarks or b in ARITH_SPLITS]
     if plan.generate_model is not None:
         cfg["model"]["name"] = str(build_model(plan.generate_model["shape"], texts, work / "model", seed))
     if plan.micro_batch_scaled:

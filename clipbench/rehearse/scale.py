@@ -29,6 +29,8 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from clipbench.tasks.benchmarks import ARITH_SPLITS
+
 STEPS = 3  # rollout steps: a checkpoint after each; the run is killed after the first
 MAX_GROUP = 4  # samples per prompt
 MAX_NEW_TOKENS = 12  # new tokens per completion (training and evaluation)
@@ -262,7 +264,7 @@ def _evaluation(plan: Plan, real: dict) -> None:
     if not re_["benchmarks"]:
         plan.add("evaluation", "as", "none")
         return
-    own = [b for b in re_["benchmarks"] if b == "arith" and real["task"]["name"] == "arith"]
+    own = [b for b in re_["benchmarks"] if b in ARITH_SPLITS and real["task"]["name"] == "arith"]
     plan.benchmarks = [b for b in re_["benchmarks"] if b not in own]
     if plan.benchmarks:
         plan.add(
@@ -271,7 +273,7 @@ def _evaluation(plan: Plan, real: dict) -> None:
             _arrow(", ".join(plan.benchmarks), f"{EVAL_PROBLEMS} generated problems each, local files (eval.data_dir)"),
         )
     if own:
-        plan.add("eval.benchmarks", "as", "arith: the run's own held-out split")
+        plan.add("eval.benchmarks", "as", f"{', '.join(own)}: the run's own held-out splits")
     ev["limit"] = EVAL_PROBLEMS
     ev["n"] = min(re_["n"], EVAL_SAMPLES)
     ev["every"] = EVAL_EVERY if re_["every"] else 0
