@@ -30,10 +30,10 @@ from pathlib import Path
 
 import numpy as np
 from scipy import stats
-from statsmodels.stats.multitest import multipletests
 
 from clipbench.eval.passk import pass_at_k_array
-from clipbench.report.analysis import NONZERO_ADV_CELLS, run_quadrants
+from clipbench.report import stats as report_stats
+from clipbench.report.analysis import NONZERO_ADV_CELLS, run_dynamics, run_quadrants
 from clipbench.report.load import RunRecord, load_results
 
 TEST, VAL = "arith", "arith-val"
@@ -85,9 +85,13 @@ def per_run(run: RunRecord) -> dict:
             "passk_start": {k: pass_k(c0, k) for k in ks(c0.shape[1])},
             "passk_end": {k: pass_k(c1, k) for k in ks(n)},
         }
-    ent = entropy_series(run)
-    e_first, e_last = fifths(ent)
-    out["entropy"] = {"series": ent, "first_fifth": e_first, "last_fifth": e_last, "ratio": e_last / e_first}
+    e_first, e_last = run_dynamics(run.metrics)["entropy"]  # the report's own first and last fifth
+    out["entropy"] = {
+        "series": entropy_series(run),
+        "first_fifth": e_first,
+        "last_fifth": e_last,
+        "ratio": e_last / e_first,
+    }
     lengths = {}
     for r in run.metrics:
         if r.get("response_length/mean") is not None:
@@ -137,11 +141,9 @@ def ks(n: int) -> list[int]:
 
 
 def t_interval(diffs: Sequence[float]) -> dict:
-    """Mean, 95% Student t interval and two-sided p of a one-sample t test over seeds."""
-    d = np.asarray(diffs, dtype=float)
-    res = stats.ttest_1samp(d, 0.0)
-    ci = res.confidence_interval(0.95)
-    return {"mean": float(d.mean()), "lo": float(ci.low), "hi": float(ci.high), "p": float(res.pvalue), "n": len(d)}
+    """The report's paired t over seeds (`report.stats.seed_test`): mean, 95% interval, two-sided p."""
+    t = report_stats.seed_test(diffs)
+    return {"mean": t["estimate"], "lo": t["ci"][0], "hi": t["ci"][1], "p": t["p"], "n": t["n"]}
 
 
 def gates(rows: list[dict]) -> dict:
@@ -179,7 +181,7 @@ def gates(rows: list[dict]) -> dict:
             res = stats.ttest_ind(xa, xb, equal_var=False)
             p = float(res.pvalue)  # nan only when both arms are constant: no evidence of a difference
             fam[name] = {"diff": float(np.mean(xa) - np.mean(xb)), "p": 1.0 if math.isnan(p) else p}
-        adjusted = multipletests([v["p"] for v in fam.values()], method="holm")[1]
+        adjusted = report_stats.holm([v["p"] for v in fam.values()])
         for v, adj in zip(fam.values(), adjusted):
             v["p_holm"] = float(adj)
     out["G5"] = {

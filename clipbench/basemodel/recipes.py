@@ -87,19 +87,14 @@ BUILTIN_RECIPES.register(
     ),
 )
 # arith-organism: the organism regime's base model (recipes/organism.yaml, docs/studies/organism.md). The
-# same task and model as arith-steps, but half of its SFT solutions carry one slip (a sum step's
+# same recipe as arith-steps (stopping at 30% sampled rather than 25%), but half of its SFT solutions carry one slip (a sum step's
 # result off by 1 or 10, carried on to a wrong answer), as text written by people does: the model
 # learns the right steps as the mode with mistakes around them, so it samples with more entropy
 # than it needs and its greedy answer beats its sampled one, the room RL sharpens into.
 BUILTIN_RECIPES.register(
     "arith-organism",
-    Recipe(
-        task=ArithKnobs(operands=3, format="steps"),
-        target_band=(0.15, 0.45),
-        batch_size=64,
-        eval_every=25,
-        stop_at_sampled_acc=0.30,
-        sft_slip_rate=0.5,
+    dataclasses.replace(
+        BUILTIN_RECIPES["arith-steps"], target_band=(0.15, 0.45), stop_at_sampled_acc=0.30, sft_slip_rate=0.5
     ),
 )
 # arith-steps-moe: the same task and stopping rule as arith-steps, on a tiny Qwen3-MoE (hidden 64 and
