@@ -42,7 +42,8 @@ import torch
 
 from clipbench.errors import no_space_left
 from clipbench.models import compute_dtype
-from clipbench.tracking.files import share_like_umask
+from clipbench.tracking.files import atomic_write_text, share_like_umask
+from clipbench.tracking.store import RunDir
 from clipbench.train.distributed import Dist
 
 
@@ -326,3 +327,88 @@ def load_policy(path: Path, *, dtype: str = "float32", device: str = "cpu"):
         model.to(device=device, dtype=compute_dtype(dtype, device)).eval(),
         AutoTokenizer.from_pretrained(path / "model"),
     )
+
+
+# ---- a checkpoint against the run it is to resume --------------------------------------------------
+def damaged_checkpoint(e: BaseException) -> bool:
+    """Whether loading a checkpoint failed for what its files hold (truncated, not a checkpoint),
+    not for this process or machine (an interrupt, memory, a file it may not read, a failing disk)."""
+    if isinstance(e, (KeyboardInterrupt, SystemExit, MemoryError, GeneratorExit)):
+        return False
+    if isinstance(e, OSError) and e.errno is not None:
+        return False
+    return isinstance(e, Exception) or type(e).__name__ == "CheckpointException"
+
+
+def reject_checkpoints(rd: RunDir, *, run_id: str, seed: int, steps: int) -> list[str]:
+    """Rank 0: remove the run's checkpoints (`last`, then `prev`) that are not its own and whole,
+    newest first, until one is (it becomes `last`). Returns one line per checkpoint removed."""
+    last = rd.checkpoint_dir
+    notes = []
+    for d in (last, last.parent / "prev"):
+        if not d.is_dir():
+            continue
+        state, why = check_checkpoint(d, run_id=run_id, seed=seed, steps=steps)
+        why = why or disagrees_with_metrics(rd, d, state)
+        if why is None:
+            if d != last:
+                os.replace(d, last)
+            break
+        notes.append(f"checkpoint {d.relative_to(rd.path)} set aside (removed): {why}")
+        shutil.rmtree(d, ignore_errors=True)
+    return notes
+
+
+def disagrees_with_metrics(rd: RunDir, ckpt: Path, state: dict) -> str | None:
+    """Why the checkpoint does not continue the run's metrics.jsonl, or None. The rows the store
+    holds must be the checkpoint's copy of them (`logs/`); a shorter file lost its tail (restored on
+    resume). A checkpoint without a copy (an older clipbench's) must not be ahead of the file."""
+    have = _complete_lines(rd.metrics_path)
+    copy = logs_copy(ckpt, "metrics.jsonl")
+    if copy is None:
+        done = {json.loads(line).get("opt_step") for line in have if line.strip()}
+        missing = [k for k in range(1, int(state.get("opt_step", 0)) + 1) if k not in done]
+        if missing:
+            return (
+                f"it is ahead of metrics.jsonl, which lacks the rows of optimizer steps {missing[0]} to "
+                f"{missing[-1]} (and this checkpoint, written by an older clipbench, holds no copy of them)"
+            )
+        return None
+    for i, (a, b) in enumerate(zip(have, copy), 1):
+        if a != b and _parsed(a) != _parsed(b):
+            return f"its copy of metrics.jsonl differs from the run's at line {i}: it did not train this run's steps"
+    return None
+
+
+def _complete_lines(path: Path) -> list[str]:
+    """The lines of a jsonl file that end in a newline (a torn last line left out)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    return text.split("\n")[:-1]
+
+
+def _parsed(line: str):
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
+
+
+def restore_logs(rd: RunDir, ckpt: Path) -> list[str]:
+    """Rank 0, resuming from `ckpt`: metrics.jsonl and the histograms become the checkpoint's copy
+    of them (the rows after it are trained again). Returns a line per file whose rows it restored."""
+    notes = []
+    for path in (rd.metrics_path, rd.hist_path):
+        copy = logs_copy(ckpt, path.name)
+        if copy is None:
+            continue
+        lost = len(copy) - len(_complete_lines(path))
+        if lost > 0:
+            notes.append(
+                f"{path.relative_to(rd.path)} had lost its last {lost} row(s) (a torn or unsynced append): "
+                "restored from the checkpoint's copy"
+            )
+        atomic_write_text(path, "".join(line + "\n" for line in copy))
+    return notes

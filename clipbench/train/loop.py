@@ -38,8 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -60,7 +58,6 @@ from clipbench.objectives.corrections import NONE, apply_correction, is_batch_me
 from clipbench.rollout import build_sampler, resolve_backend
 from clipbench.seeds import generator
 from clipbench.tasks import build_run_task
-from clipbench.tracking.files import atomic_write_text
 from clipbench.tracking.mirror import run_params
 from clipbench.tracking.provenance import provenance_params, record_start
 from clipbench.tracking.sink import MetricSink, NullSink
@@ -68,12 +65,13 @@ from clipbench.tracking.store import RunDir, RunState
 from clipbench.train.batch import RolloutBatch, collect_rollout
 from clipbench.train.build import build_models, build_optimizer, planned_optimizer_steps
 from clipbench.train.checkpoint import (
-    check_checkpoint,
     checkpoint_step,
+    damaged_checkpoint,
     find_checkpoint,
     load_checkpoint,
     load_partial,
-    logs_copy,
+    reject_checkpoints,
+    restore_logs,
     save_checkpoint,
 )
 from clipbench.train.distributed import Dist, init_distributed
@@ -139,7 +137,8 @@ def prepare_run_dir(rd: RunDir, dist: Dist, resume: bool, cfg: RunConfig) -> tup
     (`reject_checkpoints`); with none left it clears the files a previous start wrote."""
     if dist.main:
         rd.remove_temporaries()  # left by a crash mid-write (atomic writes' temp files, a checkpoint's)
-    notes = reject_checkpoints(rd, cfg) if resume and dist.main else []
+    own = {"run_id": run_id(cfg), "seed": cfg.seed, "steps": cfg.train.steps}
+    notes = reject_checkpoints(rd, **own) if resume and dist.main else []
     dist.barrier()
     ckpt = find_checkpoint(rd.checkpoint_dir) if resume else None
     if dist.main and ckpt is None:  # a start from step 0 owns the directory's generated files
@@ -155,93 +154,9 @@ def prepare_run_dir(rd: RunDir, dist: Dist, resume: bool, cfg: RunConfig) -> tup
     return ckpt, notes
 
 
-def damaged_checkpoint(e: BaseException) -> bool:
-    """Whether loading a checkpoint failed for what its files hold (truncated, not a checkpoint),
-    not for this process or machine (an interrupt, memory, a file it may not read, a failing disk)."""
-    if isinstance(e, (KeyboardInterrupt, SystemExit, MemoryError, GeneratorExit)):
-        return False
-    if isinstance(e, OSError) and e.errno is not None:
-        return False
-    return isinstance(e, Exception) or type(e).__name__ == "CheckpointException"
-
-
 def clear_run_files(rd: RunDir) -> None:
     for p in (rd.metrics_path, rd.hist_path.parent, rd.path / "eval", rd.path / "checkpoints", rd.path / "record"):
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-
-
-def reject_checkpoints(rd: RunDir, cfg: RunConfig) -> list[str]:
-    """Rank 0: remove the run's checkpoints (`last`, then `prev`) that are not its own and whole,
-    newest first, until one is (it becomes `last`). Returns one line per checkpoint removed."""
-    last = rd.checkpoint_dir
-    notes = []
-    for d in (last, last.parent / "prev"):
-        if not d.is_dir():
-            continue
-        state, why = check_checkpoint(d, run_id=run_id(cfg), seed=cfg.seed, steps=cfg.train.steps)
-        why = why or disagrees_with_metrics(rd, d, state)
-        if why is None:
-            if d != last:
-                os.replace(d, last)
-            break
-        notes.append(f"checkpoint {d.relative_to(rd.path)} set aside (removed): {why}")
-        shutil.rmtree(d, ignore_errors=True)
-    return notes
-
-
-def disagrees_with_metrics(rd: RunDir, ckpt: Path, state: dict) -> str | None:
-    """Why the checkpoint does not continue the run's metrics.jsonl, or None. The rows the store
-    holds must be the checkpoint's copy of them (`logs/`); a shorter file lost its tail (restored on
-    resume). A checkpoint without a copy (an older clipbench's) must not be ahead of the file."""
-    have = _complete_lines(rd.metrics_path)
-    copy = logs_copy(ckpt, "metrics.jsonl")
-    if copy is None:
-        done = {json.loads(line).get("opt_step") for line in have if line.strip()}
-        missing = [k for k in range(1, int(state.get("opt_step", 0)) + 1) if k not in done]
-        if missing:
-            return (
-                f"it is ahead of metrics.jsonl, which lacks the rows of optimizer steps {missing[0]} to "
-                f"{missing[-1]} (and this checkpoint, written by an older clipbench, holds no copy of them)"
-            )
-        return None
-    for i, (a, b) in enumerate(zip(have, copy), 1):
-        if a != b and _parsed(a) != _parsed(b):
-            return f"its copy of metrics.jsonl differs from the run's at line {i}: it did not train this run's steps"
-    return None
-
-
-def _complete_lines(path: Path) -> list[str]:
-    """The lines of a jsonl file that end in a newline (a torn last line left out)."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return []
-    return text.split("\n")[:-1]
-
-
-def _parsed(line: str):
-    try:
-        return json.loads(line)
-    except ValueError:
-        return None
-
-
-def restore_logs(rd: RunDir, ckpt: Path) -> list[str]:
-    """Rank 0, resuming from `ckpt`: metrics.jsonl and the histograms become the checkpoint's copy
-    of them (the rows after it are trained again). Returns a line per file whose rows it restored."""
-    notes = []
-    for path in (rd.metrics_path, rd.hist_path):
-        copy = logs_copy(ckpt, path.name)
-        if copy is None:
-            continue
-        lost = len(copy) - len(_complete_lines(path))
-        if lost > 0:
-            notes.append(
-                f"{path.relative_to(rd.path)} had lost its last {lost} row(s) (a torn or unsynced append): "
-                "restored from the checkpoint's copy"
-            )
-        atomic_write_text(path, "".join(line + "\n" for line in copy))
-    return notes
 
 
 def setup(
