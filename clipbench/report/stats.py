@@ -169,6 +169,25 @@ def seeds_needed(sd: float, effect: float, *, start: int = 2, limit: int = 10_00
     return lo
 
 
+def _bootstrap(samples, statistic, *, resamples: int, seed: int, level: float = CI_LEVEL):
+    """`scipy.stats.bootstrap` of a vectorized ``statistic(*samples, axis=-1)``, each sample resampled on
+    its own (percentile method, ``numpy.random.default_rng(seed)``). A constant or degenerate resample
+    warns about its interval; the distribution and the percentile interval are still right."""
+    from scipy import stats as sps  # noqa: PLC0415 - scipy is heavy
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return sps.bootstrap(
+            tuple(samples),
+            statistic,
+            n_resamples=resamples,
+            method="percentile",
+            vectorized=True,
+            confidence_level=level,
+            rng=np.random.default_rng(seed),
+        )
+
+
 def paired_bootstrap_p(
     diffs_by_group: Sequence[Sequence[float]], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED
 ) -> float:
@@ -182,8 +201,6 @@ def paired_bootstrap_p(
     (null-centred bootstrap; 1.0 when d == 0). A group of one problem resamples to itself.
     """
 
-    from scipy import stats as sps  # noqa: PLC0415 - scipy is heavy
-
     groups = [np.asarray(g, dtype=float) for g in diffs_by_group]
     if not groups or any(g.size == 0 for g in groups):
         return math.nan
@@ -195,16 +212,7 @@ def paired_bootstrap_p(
         def statistic(*samples, axis=-1):
             return sum(x.mean(axis=axis) for x in samples)
 
-        with warnings.catch_warnings():  # a constant sample makes the (unused) interval degenerate
-            warnings.simplefilter("ignore")
-            res = sps.bootstrap(
-                tuple(varying),
-                statistic,
-                n_resamples=resamples,
-                method="percentile",
-                vectorized=True,
-                rng=np.random.default_rng(seed),
-            )
+        res = _bootstrap(varying, statistic, resamples=resamples, seed=seed)
         boot = (res.bootstrap_distribution + fixed) / len(groups)
     else:
         boot = np.full(resamples, observed)
@@ -309,22 +317,11 @@ def stratified_interval(samples: Sequence[Sequence[float]], statistic, *, level:
     sample (one task's runs, or one arm's) resampled with replacement on its own (`scipy.stats.bootstrap`,
     vectorized: `statistic` takes a batch of resamples along the leading axes, BOOTSTRAP_RESAMPLES
     resamples, ``numpy.random.default_rng(seed)``); (nan, nan) when a sample has fewer than 2 values."""
-    from scipy import stats as sps  # noqa: PLC0415 - scipy is heavy
 
     arrays = [np.asarray(a, dtype=float) for a in samples]
     if any(a.size < 2 for a in arrays):
         return math.nan, math.nan
-    with warnings.catch_warnings():  # a degenerate resample (all equal) warns; the interval is still right
-        warnings.simplefilter("ignore")
-        res = sps.bootstrap(
-            tuple(arrays),
-            statistic,
-            n_resamples=BOOTSTRAP_RESAMPLES,
-            method="percentile",
-            vectorized=True,
-            confidence_level=level,
-            rng=np.random.default_rng(seed),
-        )
+    res = _bootstrap(arrays, statistic, resamples=BOOTSTRAP_RESAMPLES, seed=seed, level=level)
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
