@@ -196,6 +196,17 @@ def read_json(path: str | Path, default: Any = None, *, kind: str = "status", ex
     return obj
 
 
+def complete_lines(path: str | Path) -> bytes:
+    """The file's bytes up to its last newline (a torn last line, left by a crash, is dropped); b"" when
+    there is no file."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return b""
+    end = data.rfind(b"\n")
+    return data[: end + 1] if end >= 0 else b""
+
+
 def read_jsonl(path: str | Path, *, notes: list[str] | None = None) -> list[dict]:
     """Every row of an append-only jsonl file ([] when missing).
 

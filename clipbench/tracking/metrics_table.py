@@ -17,19 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from clipbench.tracking.files import _temp_beside, read_jsonl
+from clipbench.tracking.files import _temp_beside, complete_lines, read_jsonl
 from clipbench.tracking.store import RunDir, list_run_dirs
-
-
-def _complete_lines(path: Path) -> bytes:
-    """The file's bytes up to its last newline (a torn last line, left by a crash, is dropped)."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return b""
-    end = data.rfind(b"\n")
-    return data[: end + 1] if end >= 0 else b""
-
 
 CACHE_DIR = ".cache"
 
@@ -144,7 +133,7 @@ def load_sweep_metrics(
     for rd in runs:
         hit = index.get(rd.run_id)
         if cached is None or hit is None or tuple(hit[:2]) != tuple(sigs[rd.run_id]):
-            blob = _complete_lines(rd.path / filename)
+            blob = complete_lines(rd.path / filename)
             if blob:
                 fresh_ids.append(rd.run_id)
                 fresh_chunks.append(blob)

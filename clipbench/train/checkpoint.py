@@ -42,7 +42,7 @@ import torch
 
 from clipbench.errors import no_space_left
 from clipbench.models import compute_dtype
-from clipbench.tracking.files import atomic_write_text, share_like_umask
+from clipbench.tracking.files import atomic_write_text, complete_lines, share_like_umask
 from clipbench.tracking.store import RunDir
 from clipbench.train.distributed import Dist
 
@@ -382,11 +382,7 @@ def disagrees_with_metrics(rd: RunDir, ckpt: Path, state: dict) -> str | None:
 
 def _complete_lines(path: Path) -> list[str]:
     """The lines of a jsonl file that end in a newline (a torn last line left out)."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return []
-    return text.split("\n")[:-1]
+    return complete_lines(path).decode().split("\n")[:-1]
 
 
 def _parsed(line: str):
