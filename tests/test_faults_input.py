@@ -215,6 +215,8 @@ def test_stale_temp_files_of_atomic_writes_are_removed_when_the_run_starts_again
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text("{")
     (rd.path / "checkpoints" / ".tmp-4").mkdir(parents=True)
-    prepare_run_dir(rd, Dist(), True, None)
+    from clipbench.config import load_run_config
+
+    prepare_run_dir(rd, Dist(), True, load_run_config(REPO / "recipes" / "arith_tiny.yaml"))
     assert not any(p.exists() for p in stale) and not (rd.path / "checkpoints" / ".tmp-4").exists()
     assert rd.status()["state"] == "preempted"  # the whole files stay

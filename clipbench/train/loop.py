@@ -137,8 +137,9 @@ def prepare_run_dir(rd: RunDir, dist: Dist, resume: bool, cfg: RunConfig) -> tup
     (`reject_checkpoints`); with none left it clears the files a previous start wrote."""
     if dist.main:
         rd.remove_temporaries()  # left by a crash mid-write (atomic writes' temp files, a checkpoint's)
-    own = {"run_id": run_id(cfg), "seed": cfg.seed, "steps": cfg.train.steps}
-    notes = reject_checkpoints(rd, **own) if resume and dist.main else []
+    notes = []
+    if resume and dist.main:
+        notes = reject_checkpoints(rd, run_id=run_id(cfg), seed=cfg.seed, steps=cfg.train.steps)
     dist.barrier()
     ckpt = find_checkpoint(rd.checkpoint_dir) if resume else None
     if dist.main and ckpt is None:  # a start from step 0 owns the directory's generated files
