@@ -298,13 +298,21 @@ def report(
         "directory) every claim must replicate on, instead of the two halves "
         "of the seeds.",
     ),
+    tune_on: str | None = typer.Option(
+        None,
+        "--tune-on",
+        help="Read a learning-rate axis on this benchmark alone (a validation split, e.g. arith-val): "
+        "each rule's best rate and lr*, the peak of its fitted curve.",
+    ),
     plugin: Plugins = None,
 ):
     """Comparison tables (Table 3 layout), clip-quadrant table, claims (with whether they replicate) and plots."""
     from clipbench.commands.report import report_command  # noqa: PLC0415 - verbs load on use: `--help` stays light
 
     _load_plugins(plugin)
-    report_command(sweep, baseline=baseline, fmt=fmt, results_dir=results_dir, out=out, replicate=replicate)
+    report_command(
+        sweep, baseline=baseline, fmt=fmt, results_dir=results_dir, out=out, replicate=replicate, tune_on=tune_on
+    )
 
 
 @app.command()

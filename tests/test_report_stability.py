@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from clipbench.commands.report import report_command
+from clipbench.errors import UserError
 from clipbench.report.build import build_report
-from clipbench.report.stability import critical_rate, fitted_root
+from clipbench.report.stability import best_rate, critical_rate, fitted_peak, fitted_root
 from clipbench.report.stability_table import critical_text
 
 T975_DF2 = 4.302652729911275  # scipy.stats.t.ppf(0.975, 2)
@@ -262,3 +263,49 @@ def test_fitted_root_is_censored_at_the_ladder_ends():
     assert fitted_root(x, np.array([3.0, 2.0, 1.0])) == (x[-1], "above")  # never loses on the ladder
     root, censored = fitted_root(x[:2], np.array([1.0, -1.0]))  # a line: 0 halfway in log(lr)
     assert censored is None and math.exp(root) == pytest.approx(math.sqrt(2) * 1e-4)
+
+
+def test_fitted_peak_is_the_vertex_inside_the_ladder_and_censored_outside():
+    # issue 36: lr*, the peak of the same quadratic. In t = log2(lr / 1e-4), gains 0, 10, 4 at t = 0, 1, 2:
+    # c = (4 - 2 x 10 + 0) / 2 = -8, b = 10 - 0 - c = 18, vertex t = -b / 2c = 1.125: lr* = 1e-4 x 2^1.125.
+    x = np.log([1e-4, 2e-4, 4e-4])
+    peak, censored = fitted_peak(x, np.array([0.0, 10.0, 4.0]))
+    assert censored is None and math.exp(peak) == pytest.approx(1e-4 * 2**1.125, rel=1e-9)
+    assert fitted_peak(x, np.array([3.0, 2.0, 1.0])) == (x[0], "below")  # falls on the whole ladder
+    assert fitted_peak(x, np.array([1.0, 2.0, 3.0])) == (x[-1], "above")  # rises on the whole ladder
+    assert fitted_peak(x, np.array([5.0, 0.0, 4.0])) == (x[0], "below")  # convex: the higher end
+    assert fitted_peak(x[:2], np.array([1.0, 2.0])) == (x[1], "above")  # a line from two rates
+
+
+def test_best_rate_and_whether_the_ladder_brackets_it():
+    cell = lambda m: {"mean": m}  # noqa: E731
+    assert best_rate({1e-4: cell(1.0), 2e-4: cell(3.0), 4e-4: cell(2.0)}) == {"rate": 2e-4, "mean": 3.0, "edge": None}
+    assert best_rate({1e-4: cell(3.0), 2e-4: cell(3.0), 4e-4: cell(2.0)})["rate"] == 1e-4  # a tie: the lower rate
+    assert best_rate({1e-4: cell(1.0), 2e-4: cell(2.0)})["edge"] == "highest"
+    assert best_rate({1e-4: cell(math.nan), 2e-4: cell(2.0), 4e-4: cell(1.0)})["edge"] == "lowest"  # of the finite ones
+
+
+def test_the_tuning_table_and_tune_on(ladder, tmp_path):
+    # the ladder's gains (make_stability_fixture.py): grpo's means +10.417, 0, -14.583 at t = 0, 1, 2 give
+    # c = (-14.583 - 0 + 10.417) / 2 = -2.083, b = 0 - 10.417 - c = -8.333: vertex t = -2, below the ladder,
+    # so lr* is censored at 1e-4 ('<='), as its best rate is (the lowest: the ladder does not bracket it).
+    root, (_, result, tables, _) = ladder
+    block = result["stability"]["builtin:arith-tiny"]
+    grpo = block["rules"]["grpo"]
+    assert grpo["best"] == {"rate": 1e-4, "mean": pytest.approx(125 / 12), "edge": "lowest"}
+    assert grpo["peak"]["rate"] == pytest.approx(1e-4) and grpo["peak"]["censored"] == "below"
+    t = next(t for t in tables if t.key == "tuning")
+    assert t.rows[[r[0] for r in t.rows].index("grpo")][1:3] == [
+        "0.0001 (+10.4; the lowest rate of the ladder)",
+        # the resample of seed 1 thrice: gains 6.25, 6.25, -12.5: c = -9.375, b = 9.375, vertex t = 0.5
+        # (1.414e-4), drawn with probability 1/27 > 2.5%: the upper end
+        "<= 0.0001 [0.0001, 0.000141]",
+    ]
+    assert block["bench"] is None and "benchmarks averaged" in t.title
+    _, tuned, tuned_tables, _ = build_report(root, "ladder", None, tune_on="arith")
+    assert tuned["stability"]["builtin:arith-tiny"]["bench"] == "arith"
+    assert next(t for t in tuned_tables if t.key == "tuning").title.startswith("Tuned learning rate, gain on arith")
+    with pytest.raises(
+        UserError, match=r"--tune-on: sweep 'ladder' has no evaluation on 'arith-val' \(its benchmarks: arith\)"
+    ):
+        build_report(root, "ladder", None, tune_on="arith-val")

@@ -1,10 +1,11 @@
-"""`clipbench report [SWEEP] --baseline METHOD --format rich|markdown|latex|csv|html [--out DIR] [--replicate B]`.
+"""`clipbench report [SWEEP] --baseline METHOD --format rich|markdown|latex|csv|html [--out DIR] [--replicate B] [--tune-on BENCH]`.
 
 Reads the results store only (works offline; clipbench.report builds the report). Writes to ``--out``
 (default ``<results>/reports/<sweep>/``) the files of the format (report/build.py); `rich` prints the
 tables to the terminal. Paths written are printed, the HTML page last. ``--replicate B`` checks
 every claim of SWEEP against sweep B (a name in the results dir or a path to a sweep directory)
-instead of the two halves of SWEEP's seeds.
+instead of the two halves of SWEEP's seeds. ``--tune-on BENCH`` reads a learning-rate axis on that
+benchmark alone (a validation split): each rule's best rate and lr* (docs/reports.md).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def report_command(
     results_dir: Path,
     out: Path | None,
     replicate: str | None = None,
+    tune_on: str | None = None,
 ) -> list[Path]:
     if fmt not in render.FORMATS:
         raise UserError("--format: " + unknown_choice("format", fmt, render.FORMATS))
@@ -39,7 +41,7 @@ def report_command(
         )
     written: list[Path] = []
     for name in names:
-        s, result, tables, header = build_report(results_dir, name, baseline, replicate)
+        s, result, tables, header = build_report(results_dir, name, baseline, replicate, tune_on)
         if out is None:
             out_dir = check_writable_dir(results_dir / "reports" / name, "report directory")
         else:

@@ -429,9 +429,11 @@ def analyze(
     *,
     resamples: int = stats.BOOTSTRAP_RESAMPLES,
     seed: int = stats.BOOTSTRAP_SEED,
+    tune_on: str | None = None,
 ) -> dict:
     """Every number of the report. Only runs that finished with their final evaluation are compared
-    (`health.exclusion_reason`); the others are listed under runs.excluded with the reason."""
+    (`health.exclusion_reason`); the others are listed under runs.excluded with the reason.
+    `tune_on`: the benchmark the learning-rate axis's gains are read on (report/stability.py)."""
     labels = sweep.labels()
     methods = {r.label: r.method for r in sweep.runs}
     base = resolve_baseline(labels, methods, baseline)
@@ -486,7 +488,7 @@ def analyze(
         "correction": {},
         "routing": {},
     }
-    out["stability"] = stability(compared, out["health"])
+    out["stability"] = stability(compared, out["health"], tune_on)
     for model, rs in blocks.items():
         q, dyn = {}, {}
         corr = {lb: c for lb in labels if (c := label_correction([r for r in rs if r.label == lb])) is not None}

@@ -63,6 +63,12 @@ def header_lines(sweep: Sweep, result: dict) -> list[str]:
             f"is computed on it alone and must reach the same verdict."
         )
     lines += provenance_lines(result.get("provenance"))
+    if result.get("prereg"):
+        pre = result["prereg"]
+        lines.append(
+            f"Claims: the preregistered family frozen in the sweep's manifest ({pre['declared']} hypotheses "
+            f"declared, {pre['tested']} tested; accuracy on {pre['benchmark']}); the papers' claims are not added."
+        )
     claims_line = summary_line(result.get("claims", []))
     if claims_line:
         lines.append(claims_line)
@@ -101,23 +107,35 @@ def claims_with_replication(sweep: Sweep, result: dict, replicate: Sweep | None)
     claims = evaluate_claims(sweep, compared)
     runs, group = compared, (lambda r: r.label)
     if replicate is None:
-        replicate_by_halves(claims, compared)
-    else:
+        replicate_by_halves(claims, compared, sweep.claims)
+    else:  # the replication tests this sweep's family (a preregistered one), whatever its own manifest says
         other = [r for r in replicate.runs if exclusion_reason(r) is None]
-        replicate_against(claims, evaluate_claims(replicate, other), replicate.name)
+        replicate_against(claims, evaluate_claims(replicate, other, family=sweep.claims), replicate.name)
         mine = {id(r) for r in compared}
         runs, group = compared + other, (lambda r: r.label if id(r) in mine else f"{replicate.name}: {r.label}")
         result["replicate"] = {"sweep": replicate.name, "path": str(replicate.path), "compared": len(other)}
     result["claims"] = as_dicts(claims)
+    if sweep.claims is not None:  # declared and tested: the family's size, as frozen and as the runs allow
+        result["prereg"] = {**sweep.claims.to_dict(), "declared": sweep.claims.size(), "tested": len(claims)}
     result["provenance"] = provenance_summary(runs, group)
 
 
-def build_report(results_dir: Path, sweep_name: str, baseline: str | None, replicate: str | None = None):
+def build_report(
+    results_dir: Path, sweep_name: str, baseline: str | None, replicate: str | None = None, tune_on: str | None = None
+):
     """(sweep, analysis dict, tables, header lines) for one sweep; UserError when it has nothing to show.
-    `replicate`: a second sweep (name or path) every claim is checked against, instead of seed halves."""
+    `replicate`: a second sweep (name or path) every claim is checked against, instead of seed halves.
+    `tune_on`: the benchmark a learning-rate axis is read on (a validation split)."""
     sweep = load_results(results_dir, sweep_name)
     other = load_replicate(results_dir, replicate) if replicate else None
-    result = analyze(sweep, baseline)
+    if tune_on is not None:
+        evaluated = sorted({b for r in sweep.runs for ev in r.evals.values() for b in ev})
+        if tune_on not in evaluated:
+            raise UserError(
+                f"--tune-on: sweep '{sweep_name}' has no evaluation on '{tune_on}' "
+                f"(its benchmarks: {', '.join(evaluated) or 'none yet'})"
+            )
+    result = analyze(sweep, baseline, tune_on=tune_on)
     result["incomplete"] = sweep.incomplete()  # None when every planned run finished
     claims_with_replication(sweep, result, other)
     tables = add_claim_tables(build_tables(result, paper_ref.load_paper()), result)

@@ -15,6 +15,13 @@ A claim applies to a sweep when the sweep has the arms it compares (on the same 
     gspo_replay     routing replay matters for GRPO, not for GSPO (GSPO)        (grpo r2 - none) - (gspo r2 - none)
     nsr_vs_gspo     NSR beats GSPO (NSR, on MoE)                                nsr on gspo's sequence ratio vs gspo
 
+A sweep whose file declares a preregistered family (`claims:`, config/claims.py, frozen in its
+manifest) is tested on exactly that family instead (`family_claims`): each comparison a - b of two
+rules, each at its one setting (its own tuned rate, say), on each of its endpoints (Avg@n or Pass@n
+at the last evaluation on the family's benchmark, or the last fifth's entropy), a difference claim
+with the claimed sign + ("a beats b"), and for the equivalence endpoints an equivalence claim within
+the declared margin; Holm over all of them, as below.
+
 Arms are compared at the same learning rate (``train.lr`` and ``train.lr_schedule``) and the same
 ``model.routing_replay``, so a sweep with a learning-rate axis gets each claim once per rate, and one
 with a routing-replay axis (a mixture-of-experts model: docs/moe.md) once per replay setting; the
@@ -61,7 +68,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from clipbench.config.claims import ENDPOINTS, ClaimFamily
 from clipbench.config.load import recorded
+from clipbench.errors import UserError
+from clipbench.eval.passk import pass_at_k_array
 from clipbench.report import stats
 from clipbench.report.analysis import _paired_diffs, block_benchmarks, block_n, run_dynamics, run_quadrants, seed_values
 from clipbench.report.load import RunRecord, Sweep
@@ -550,11 +560,98 @@ def cliffs(compared: Sequence[RunRecord]) -> dict[str, set[float]]:
     return {model: _cliff(runs) for model, runs in _blocks(compared).items()}
 
 
+def _final(run: RunRecord, bench: str) -> np.ndarray | None:
+    """(P, n) correctness of the run's last evaluation on `bench`, or None."""
+    if run.final_step is None or bench not in (run.evals.get(run.final_step) or {}):
+        return None
+    correct = run.evals[run.final_step][bench].get("correct")
+    return np.asarray(correct, dtype=float) if correct else None
+
+
+def _endpoint(run: RunRecord, endpoint: str, bench: str) -> float | None:
+    """One run's value of a family endpoint (config/claims.py: ENDPOINTS)."""
+    if endpoint == "entropy":
+        return _last_entropy(run)
+    c = _final(run, bench)
+    if c is None:
+        return None
+    if endpoint == "avg":
+        return 100.0 * float(c.mean())
+    n = c.shape[1]
+    return 100.0 * float(np.mean(pass_at_k_array(n, c.sum(1).astype(int), n)))
+
+
+def _figure(endpoint: str, bench: str, runs: Sequence[RunRecord]) -> str:
+    ns = sorted({c.shape[1] for r in runs if (c := _final(r, bench)) is not None})
+    n = ns[0] if len(ns) == 1 else "n"
+    return {
+        "avg": f"Avg@{n}, last eval (pts, {bench})",
+        "pass": f"Pass@{n}, last eval (pts, {bench})",
+        "entropy": "entropy, last fifth (nats)",
+    }[endpoint]
+
+
+def family_claims(family: ClaimFamily, runs: Sequence[RunRecord]) -> list[ClaimResult]:
+    """The preregistered family on one block's runs (module docstring), uncorrected; a comparison whose
+    rule has no run here is left out (the report lists the family's size as declared and as tested)."""
+    by_rule: dict[str, list[RunRecord]] = {}
+    for r in runs:
+        by_rule.setdefault(r.method, []).append(r)
+    out: list[ClaimResult] = []
+    for rule, rs in by_rule.items():
+        if rule in family.rules() and len({r.label for r in rs}) > 1:
+            raise UserError(
+                f"the preregistered claims compare rule {rule!r}, which has runs at several settings here "
+                f"({', '.join(sorted({r.label for r in rs}))}): a compared arm is one setting"
+            )
+    for c in family.comparisons:
+        a, b = by_rule.get(c.a), by_rule.get(c.b)
+        if not a or not b:
+            continue
+        source = c.source or "preregistered"
+        for e in c.endpoints:
+            value = lambda r, e=e: _endpoint(r, e, family.benchmark)  # noqa: E731
+            diffs = _paired_seeds(_per_seed(a, value), _per_seed(b, value))
+            if diffs.size == 0:
+                continue
+            seeds = sorted(set(_per_seed(a, value)) & set(_per_seed(b, value)))
+            figure, label = _figure(e, family.benchmark, [*a, *b]), f"{c.a} - {c.b}"
+            out.append(_seed_t(FAMILY_CLAIMS[e].format(a=c.a, b=c.b), source, label, figure, diffs, seeds, [*a, *b]))
+            if e in family.equivalence:
+                m = family.margins[e]
+                claim = SAME.format(a=c.a, b=c.b, what=ENDPOINTS[e][0].split(" at ")[0], m=m, unit=ENDPOINTS[e][1])
+                out.append(_seed_t(claim, source, label, figure, diffs, seeds, [*a, *b], EQUIVALENCE, m))
+    return out
+
+
+# the claim each endpoint of a preregistered comparison tests (claimed sign +), and its equivalence
+FAMILY_CLAIMS = {
+    "avg": "{a} beats {b} on held-out accuracy",
+    "pass": "{a} keeps a higher Pass@n than {b}",
+    "entropy": "{a} keeps entropy higher than {b}",
+}
+SAME = "{a} and {b} do not differ in {what} (within +-{m:g} {unit})"
+
+
 def evaluate_claims(
-    sweep: Sweep, compared: Sequence[RunRecord], cliff_rates: dict[str, set[float]] | None = None
+    sweep: Sweep | None,
+    compared: Sequence[RunRecord],
+    cliff_rates: dict[str, set[float]] | None = None,
+    family: ClaimFamily | None = None,
 ) -> list[ClaimResult]:
-    """Every claim that applies to the compared runs of a sweep, block by block (base model).
+    """Every claim that applies to the compared runs of a sweep, block by block (base model): the
+    preregistered `family` when there is one (default: the sweep's own), else the papers' claims.
     `cliff_rates`: the cliff per block (default: `cliffs(compared)`)."""
+    family = family if family is not None else (sweep.claims if sweep is not None else None)
+    if family is not None:
+        out = []
+        for model, runs in _blocks(compared).items():
+            found = family_claims(family, runs)
+            for res in found:
+                res.model = model
+            out += found
+        correct_family(out)
+        return out
     out: list[ClaimResult] = []
     cliff_rates = cliffs(compared) if cliff_rates is None else cliff_rates
     for model, runs in _blocks(compared).items():

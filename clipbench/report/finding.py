@@ -4,14 +4,14 @@
 
 From numbers the report already has: each arm's gain over the base model (the Average row's Avg@n
 minus the base model's, per block), the critical learning rates when the sweep has a learning-rate
-axis (report/stability.py), and the claims' verdicts (report/claims.py) with whether they replicate.
+axis (report/stability.py; with --tune-on, each rule's best rate first), and the claims' verdicts (report/claims.py) with whether they replicate.
 """
 
 from __future__ import annotations
 
 import math
 
-from clipbench.report.stability_table import critical_text, fit_text, ratio_text
+from clipbench.report.stability_table import best_text, critical_text, fit_text, ratio_text
 from clipbench.report.tables import model_title
 
 SHOWN = 4  # claims named per verdict; the rest are counted
@@ -54,8 +54,12 @@ def _outcome(result: dict) -> list[str]:
                 f"{gains[worst]:+.1f} ({worst}) (Avg@{block['n']}, mean of {seeds_text} per arm)"
             )
     for model, block in (result.get("stability") or {}).items():
+        where = " on " + model_title(model) if multi else ""
+        if block.get("bench"):  # a tuning sweep (--tune-on): the rates it chose come first
+            best = "; ".join(f"{rule} {best_text(info['best'])}" for rule, info in block["rules"].items())
+            parts.append(f"best rates{where} by the gain on {block['bench']}: {best}")
         crit = "; ".join(_critical(rule, info, block.get("reference")) for rule, info in block["rules"].items())
-        parts.append(f"critical learning rates{' on ' + model_title(model) if multi else ''}: {crit}")
+        parts.append(f"critical learning rates{where}: {crit}")
     return parts
 
 

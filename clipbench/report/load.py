@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clipbench.config import flatten
+from clipbench.config.claims import ClaimFamily, parse_family
 from clipbench.config.labels import group_label
 from clipbench.config.load import migrate, recorded
 from clipbench.errors import StoreError, UserError, did_you_mean
@@ -96,6 +97,7 @@ class Sweep:
     runs: list[RunRecord]
     notes: list[str] = field(default_factory=list)  # what the readers skipped (a torn last line)
     planned: list[str] | None = None  # the run ids its manifest.json plans (None: no manifest)
+    claims: ClaimFamily | None = None  # the preregistered family its manifest froze (config/claims.py)
 
     def incomplete(self) -> dict | None:
         """What keeps the sweep from being complete: {"planned", "finished", "not_run": [run ids
@@ -144,24 +146,38 @@ def load_results(results_dir: str | Path, name: str) -> Sweep:
     if name not in sweeps:
         valid = ", ".join(sweeps) if sweeps else "(none)"
         raise UserError(f"no runs for sweep '{name}' in {root}{did_you_mean(name, sweeps)}; sweeps with runs: {valid}")
-    planned = planned_runs(root / name)
+    planned, claims = planned_runs(root / name), frozen_claims(root / name)
     notes: list[str] = []
     runs = [load_run(d, notes) for d in sorted((root / name).iterdir()) if (d / "config.yaml").is_file()]
     assign_labels(runs)
-    return Sweep(name=name, path=root / name, runs=runs, notes=notes, planned=planned)
+    return Sweep(name=name, path=root / name, runs=runs, notes=notes, planned=planned, claims=claims)
+
+
+def _manifest(sweep_dir: Path) -> tuple[Path, dict | None]:
+    path = sweep_dir / "manifest.json"
+    m = read_json(path, None, kind="manifest")
+    return path, None if m is None else read_format(path, m)
 
 
 def planned_runs(sweep_dir: Path) -> list[str] | None:
     """The run ids the sweep's manifest.json plans (None without one); a damaged manifest or one of a
     newer store format: StoreError (one line)."""
-    path = sweep_dir / "manifest.json"
-    m = read_json(path, None, kind="manifest")
+    path, m = _manifest(sweep_dir)
     if m is None:
         return None
-    runs = read_format(path, m).get("runs")
+    runs = m.get("runs")
     if not isinstance(runs, dict):
         raise StoreError(path, "'runs' is missing or not a JSON object", REMEDIES["manifest"])
     return list(runs)
+
+
+def frozen_claims(sweep_dir: Path) -> ClaimFamily | None:
+    """The preregistered claims the manifest froze (None: the sweep declared none); a damaged family is
+    a ConfigError naming the manifest and the key."""
+    path, m = _manifest(sweep_dir)
+    if m is None or m.get("claims") is None:
+        return None
+    return parse_family(m["claims"], str(path))
 
 
 def _ids(ids: list[str], shown: int = 6) -> str:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from clipbench.config.claims import ClaimFamily
 from clipbench.report.claims import ClaimResult, cliffs, evaluate_claims
 from clipbench.report.load import RunRecord
 
@@ -93,8 +94,11 @@ def _result(status: str, by: str, parts: list[dict], reason: str | None = None) 
     return {"status": status, "by": by, "parts": parts, "reason": reason}
 
 
-def replicate_by_halves(claims: Sequence[ClaimResult], compared: Sequence[RunRecord]) -> None:
-    """Set each claim's .replication from its two seed halves (the claims of one seed set share them)."""
+def replicate_by_halves(
+    claims: Sequence[ClaimResult], compared: Sequence[RunRecord], family: ClaimFamily | None = None
+) -> None:
+    """Set each claim's .replication from its two seed halves (the claims of one seed set share them);
+    `family`: the preregistered family the claims are of (config/claims.py), tested again on each half."""
     by = HALVES
     cache: dict[tuple[int, ...], tuple[dict, dict]] = {}
     cliff_rates = cliffs(compared)  # the whole's cliff: each half tests the same claims
@@ -112,7 +116,7 @@ def replicate_by_halves(claims: Sequence[ClaimResult], compared: Sequence[RunRec
         key = tuple(c.seeds)
         if key not in cache:
             cache[key] = tuple(
-                {x.key: x for x in evaluate_claims(None, [r for r in compared if r.seed in h], cliff_rates)}
+                {x.key: x for x in evaluate_claims(None, [r for r in compared if r.seed in h], cliff_rates, family)}
                 for h in (h1, h2)
             )
         found = [cache[key][i].get(c.key) for i in (0, 1)]

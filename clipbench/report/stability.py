@@ -30,6 +30,13 @@ Definitions (also in docs/reports.md):
   bootstrap over seeds (a seed's runs at every rate resampled together, `scipy.stats.bootstrap`,
   BOOTSTRAP_RESAMPLES resamples); the ratio to the reference rule's (grpo's) likewise, the seeds both
   rules have resampled together (paired by seed).
+- The tuned rate (``best_rate``): the rate of the ladder with the highest mean gain over seeds (the
+  lower rate on a tie); ``edge`` says when it is the ladder's lowest or highest rate (the ladder did
+  not bracket it). lr* (``peak_fit``): the peak of the same least-squares fit against log(lr)
+  (``fitted_peak``: the vertex of a concave quadratic inside the ladder; else the ladder's end where
+  the fit is higher, censored "below" / "above"), with the same seed bootstrap interval and ratio.
+- ``stability(..., bench=B)`` computes every gain on benchmark B alone: tuning reads a validation
+  split, never the split the verdicts use (``clipbench report --tune-on B``).
 """
 
 from __future__ import annotations
@@ -65,21 +72,22 @@ def rule_labels(runs: Sequence[RunRecord]) -> dict[str, str]:
     return {c.run_id: c.label for c in clones}
 
 
-def run_gain(run: RunRecord) -> float | None:
-    """Final Avg@n minus step-0 Avg@n (points), benchmarks both evaluations have averaged; None
-    without a step-0 evaluation distinct from the final one."""
+def run_gain(run: RunRecord, bench: str | None = None) -> float | None:
+    """Final Avg@n minus step-0 Avg@n (points), benchmarks both evaluations have averaged (`bench`
+    alone when given); None without a step-0 evaluation distinct from the final one."""
     if not run.evals or 0 not in run.evals or run.final_step in (None, 0):
         return None
     start, end = run.evals[0], run.evals[run.final_step]
-    benches = sorted(set(start) & set(end))
+    benches = sorted(set(start) & set(end) & ({bench} if bench else set(start)))
     if not benches:
         return None
     return float(np.mean([100.0 * (np.mean(end[b]["correct"]) - np.mean(start[b]["correct"])) for b in benches]))
 
 
-def cell(runs: Sequence[RunRecord], health: Mapping[str, dict]) -> dict:
-    """One (rule, rate): the seeds' gains, their mean and t interval, the runs flagged per kind."""
-    gains = {r.seed: g for r in runs if (g := run_gain(r)) is not None}
+def cell(runs: Sequence[RunRecord], health: Mapping[str, dict], bench: str | None = None) -> dict:
+    """One (rule, rate): the seeds' gains (on `bench` alone when given), their mean and t interval, the
+    runs flagged per kind."""
+    gains = {r.seed: g for r in runs if (g := run_gain(r, bench)) is not None}
     values = [gains[s] for s in sorted(gains)]
     mean = float(np.mean(values)) if values else math.nan
     ci = list(stats.t_interval(values)) if len(values) >= 2 else [math.nan, math.nan]
@@ -147,17 +155,53 @@ def fitted_root(x: np.ndarray, y: np.ndarray) -> tuple[float, str | None]:
     return (lo, "below") if fit(lo) < 0 else (hi, "above")
 
 
+def fitted_peak(x: np.ndarray, y: np.ndarray) -> tuple[float, str | None]:
+    """(x where the least-squares fit of y on x peaks, censoring): a quadratic with three or more
+    distinct x, else a line; the vertex of a concave quadratic when it lies inside [min x, max x];
+    otherwise the end where the fit is higher, censored "below" (the lowest x) or "above" (the highest)."""
+    if np.unique(x).size < 2:
+        return math.nan, None
+    lo, hi = float(x.min()), float(x.max())
+    deg = 2 if np.unique(x).size >= 3 else 1
+    fit = np.polynomial.Polynomial.fit(x, y, deg).convert()  # coefficients in x itself
+    c = np.pad(fit.coef, (0, 3 - fit.coef.size))
+    if c[2] < 0 and lo <= (vertex := -c[1] / (2 * c[2])) <= hi:
+        return float(vertex), None
+    return (lo, "below") if fit(lo) >= fit(hi) else (hi, "above")
+
+
+def best_rate(cells: Mapping[float, dict]) -> dict:
+    """{"rate", "mean", "edge"}: the rate with the highest mean gain (the lower rate on a tie); edge
+    "lowest" / "highest" when it is the ladder's end, else None."""
+    rates = sorted(r for r, c in cells.items() if math.isfinite(c["mean"]))
+    if not rates:
+        return {"rate": None, "mean": math.nan, "edge": None}
+    rate = max(rates, key=lambda r: (cells[r]["mean"], -r))
+    edge = "lowest" if rate == rates[0] else ("highest" if rate == rates[-1] else None)
+    return {"rate": rate, "mean": cells[rate]["mean"], "edge": edge if len(rates) > 1 else None}
+
+
 def critical_fit(cells: Mapping[float, dict], reference: Mapping[float, dict] | None = None) -> dict | None:
     """{"rate", "censored", "ci", "ratio", "ratio_ci", "seeds"}: the fitted critical rate, its bootstrap
     interval over seeds and, with `reference` (the reference rule's cells), the ratio to its fitted rate
     (module docstring); None with fewer than 2 rates or 2 seeds."""
+    return _fit(fitted_root, cells, reference)
+
+
+def peak_fit(cells: Mapping[float, dict], reference: Mapping[float, dict] | None = None) -> dict | None:
+    """critical_fit's dict for lr*, the peak of the fit (`fitted_peak`), and its ratio to the reference's."""
+    return _fit(fitted_peak, cells, reference)
+
+
+def _fit(solve, cells: Mapping[float, dict], reference: Mapping[float, dict] | None) -> dict | None:
+    """`solve` (fitted_root or fitted_peak) on every seed's gains, with the seed bootstrap's interval."""
     from scipy import stats as sps  # noqa: PLC0415 - scipy is heavy
 
     seeds = sorted({s for c in cells.values() for s in c["seeds"]})
     if len(cells) < 2 or len(seeds) < 2:
         return None
-    root = lambda idx: fitted_root(*_points(cells, [seeds[i] for i in np.asarray(idx, dtype=int)]))[0]  # noqa: E731
-    x, censored = fitted_root(*_points(cells, seeds))
+    at = lambda idx: solve(*_points(cells, [seeds[i] for i in np.asarray(idx, dtype=int)]))[0]  # noqa: E731
+    x, censored = solve(*_points(cells, seeds))
     out = {"rate": math.exp(x), "censored": censored, "ci": [math.nan, math.nan], "seeds": len(seeds)}
     out.update(ratio=None, ratio_ci=[math.nan, math.nan])
     rng = np.random.default_rng(stats.BOOTSTRAP_SEED)
@@ -166,14 +210,14 @@ def critical_fit(cells: Mapping[float, dict], reference: Mapping[float, dict] | 
             (np.arange(n),), stat, n_resamples=stats.BOOTSTRAP_RESAMPLES, method="percentile", vectorized=False, rng=rng
         ).confidence_interval
     )
-    ci = boot(root, len(seeds))
+    ci = boot(at, len(seeds))
     out["ci"] = [math.exp(ci.low), math.exp(ci.high)]
     if reference is not None:
         shared = sorted(set(seeds) & {s for c in reference.values() for s in c["seeds"]})
         if len(shared) >= 2 and len(reference) >= 2:
             ratio = lambda idx: math.exp(  # noqa: E731
-                fitted_root(*_points(cells, [shared[i] for i in idx]))[0]
-                - fitted_root(*_points(reference, [shared[i] for i in idx]))[0]
+                solve(*_points(cells, [shared[i] for i in idx]))[0]
+                - solve(*_points(reference, [shared[i] for i in idx]))[0]
             )
             out["ratio"] = ratio(np.arange(len(shared)))
             rci = boot(ratio, len(shared))
@@ -181,33 +225,42 @@ def critical_fit(cells: Mapping[float, dict], reference: Mapping[float, dict] | 
     return out
 
 
-def block_stability(runs: Sequence[RunRecord], health: Mapping[str, dict]) -> dict | None:
+def block_stability(runs: Sequence[RunRecord], health: Mapping[str, dict], bench: str | None = None) -> dict | None:
     rates = sorted({lr for r in runs if (lr := run_lr(r)) is not None})
     if len(rates) < 2:
         return None
     rule_of = rule_labels(runs)
     rules = list(dict.fromkeys(rule_of[r.run_id] for r in runs))
-    out: dict = {"rates": rates, "rules": {}}
+    out: dict = {"rates": rates, "rules": {}, "bench": bench}
     for rule in rules:
         mine = [r for r in runs if rule_of[r.run_id] == rule]
         cells = {
-            lr: cell([r for r in mine if run_lr(r) == lr], health) for lr in rates if any(run_lr(r) == lr for r in mine)
+            lr: cell([r for r in mine if run_lr(r) == lr], health, bench)
+            for lr in rates
+            if any(run_lr(r) == lr for r in mine)
         }
-        out["rules"][rule] = {"method": mine[0].method, "cells": cells, "critical": critical_rate(cells)}
+        out["rules"][rule] = {
+            "method": mine[0].method,
+            "cells": cells,
+            "critical": critical_rate(cells),
+            "best": best_rate(cells),
+        }
     refs = [rule for rule, info in out["rules"].items() if info["method"] == REFERENCE]
     ref = out["rules"][refs[0]]["cells"] if len(refs) == 1 else None
     out["reference"] = refs[0] if len(refs) == 1 else None
     for info in out["rules"].values():
         info["fit"] = critical_fit(info["cells"], ref)
+        info["peak"] = peak_fit(info["cells"], ref)
     return out
 
 
-def stability(compared: Sequence[RunRecord], health: Mapping[str, dict]) -> dict | None:
-    """{model: block_stability} for the blocks with a learning-rate axis; None when none has one."""
+def stability(compared: Sequence[RunRecord], health: Mapping[str, dict], bench: str | None = None) -> dict | None:
+    """{model: block_stability} for the blocks with a learning-rate axis; None when none has one.
+    `bench`: every gain on that benchmark alone (tuning on a validation split)."""
     blocks: dict[str, list[RunRecord]] = {}
     for r in compared:
         blocks.setdefault(r.model, []).append(r)
-    out = {m: s for m, rs in blocks.items() if (s := block_stability(rs, health)) is not None}
+    out = {m: s for m, rs in blocks.items() if (s := block_stability(rs, health, bench)) is not None}
     return out or None
 
 

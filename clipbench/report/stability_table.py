@@ -1,7 +1,8 @@
 """The stability table (display strings) from ``result["stability"]`` (report/stability.py): one
 pair of rows per rule, its gain over the base model at every learning rate with the seeds' 95%
 interval, then the runs flagged at that rate and the kinds of collapse; the last column its
-critical learning rate with its interval.
+critical learning rate with its interval. Then the tuning table: each rule's best rate of the ladder
+and lr*, the peak of the fitted curve, with its interval and its ratio to grpo's.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ def critical_text(crit: dict) -> str:
 
 
 def fit_text(fit: dict | None) -> str:
-    """'1.4e-04 [1.2e-04, 1.6e-04]' (the fitted critical rate and its bootstrap interval over seeds);
-    '<= 6e-05' / '>= 3e-04' when the fit is censored at the ladder's end."""
+    """'1.4e-04 [1.2e-04, 1.6e-04]' (the fitted critical rate, or lr*, and its bootstrap interval over
+    seeds); '<= 6e-05' / '>= 3e-04' when the fit is censored at the ladder's end."""
     if not fit or not math.isfinite(fit["rate"]):
         return ""
     rate = {"below": "<= ", "above": ">= "}.get(fit["censored"], "") + rate_text(fit["rate"])
@@ -62,8 +63,43 @@ def ratio_text(fit: dict | None) -> str:
     return f"{fit['ratio']:.2f}" + (f" [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) and math.isfinite(hi) else "")
 
 
+def gain_on(block: dict) -> str:
+    return f"on {block['bench']}" if block.get("bench") else "benchmarks averaged"
+
+
+def best_text(best: dict) -> str:
+    """'2e-04 (+21.3)', and ', the lowest rate' / ', the highest rate' when the ladder did not bracket it."""
+    if best["rate"] is None:
+        return ""
+    edge = f"; the {best['edge']} rate of the ladder" if best["edge"] else ""
+    return f"{rate_text(best['rate'])} ({best['mean']:+.1f}{edge})"
+
+
+def tuning_table(model: str, block: dict) -> Table:
+    ref = block.get("reference")
+    cols = [
+        "Rule",
+        "Best rate (mean gain, pts)",
+        "lr*, peak of the fit [95% CI]",
+        f"lr* x {ref}'s [95% CI]" if ref else "x reference",
+        "Seeds",
+    ]
+    t = Table("tuning", f"Tuned learning rate, gain {gain_on(block)} ({model_title(model)})", cols)
+    for rule, info in block["rules"].items():
+        peak = info.get("peak")
+        t.add([rule, best_text(info["best"]), fit_text(peak), ratio_text(peak), str(peak["seeds"]) if peak else ""])
+    t.notes = [
+        f"Best rate: the rate of the ladder with the highest mean gain over seeds ({gain_on(block)}); 'the lowest / "
+        "highest rate of the ladder': the ladder does not bracket the best rate (one rate beyond it would).",
+        "lr*: the peak of the least-squares quadratic of every (seed, rate) gain against log(lr) (the vertex when "
+        "the fit is concave inside the ladder; else the end where it is higher, '<=' / '>='); 95% CI: percentile "
+        "bootstrap over seeds, a seed's runs at every rate together (with 3 seeds a rough interval).",
+    ]
+    return t
+
+
 def stability_table(stab: dict | None) -> list[Table]:
-    """One table per block with a learning-rate axis; [] without one."""
+    """One table per block with a learning-rate axis, then its tuning table; [] without one."""
     tables = []
     for model, block in (stab or {}).items():
         rates = block["rates"]
@@ -77,7 +113,11 @@ def stability_table(stab: dict | None) -> list[Table]:
                 "Critical lr [ladder]",
             ]
         )
-        t = Table("stability", f"Stability: gain over the base model by learning rate ({model_title(model)})", cols)
+        t = Table(
+            "stability",
+            f"Stability: gain over the base model by learning rate, {gain_on(block)} ({model_title(model)})",
+            cols,
+        )
         for rule, info in block["rules"].items():
             cells = [info["cells"].get(r) for r in rates]
             t.add(
@@ -106,5 +146,5 @@ def stability_table(stab: dict | None) -> list[Table]:
             "rate of the ladder is shown safe / shown to lose). Built from uncorrected per-rate intervals: a "
             "bracket without a stated coverage (the fit's interval has one).",
         ]
-        tables.append(t)
+        tables += [t, tuning_table(model, block)]
     return tables

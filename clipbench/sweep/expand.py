@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from clipbench.config import compose, run_id, to_dict, validate
+from clipbench.config.claims import check_rules
 from clipbench.config.labels import METHOD_KEY, OBJ, label
 from clipbench.config.load import PATH_KEYS, deep_merge, migrate, outside_id, set_dotted, setting
 from clipbench.config.schema import SLOTS, RunConfig, leaf_keys, slot_of
@@ -61,11 +62,33 @@ def expand(spec: SweepSpec) -> Expansion:
     given = slots.given_keys(spec)
     stored = slots.stored_spec(spec)  # objective.name -> objective.method, train.agg.name -> train.agg
     try:
-        return _expand(stored)
+        exp = _expand(stored)
     except ConfigError as e:  # name the key as it was written
         if e.key not in given:
             raise
         raise ConfigError(e.file, given[e.key], e.reason) from None
+    if spec.claims is not None:
+        _check_claims(spec, exp)
+    return exp
+
+
+def _check_claims(spec: SweepSpec, exp: Expansion) -> None:
+    """The rules the preregistered family compares are the sweep's, each at one setting (its runs differ
+    in the seed alone), so that a rule's name is one arm."""
+    settings: dict[str, set[str]] = {}
+    for rid, cfg in exp.runs.items():
+        point = {k: v for k, v in exp.points[rid].items() if k != "seed" and not k.startswith(OBJ)}
+        settings.setdefault(cfg["objective"]["method"], set()).add(label(point) if point else "")
+    check_rules(spec.claims, list(settings), spec.source)
+    for i, c in enumerate(spec.claims.comparisons):
+        for side, rule in (("a", c.a), ("b", c.b)):
+            if len(settings[rule]) > 1:
+                raise ConfigError(
+                    spec.source,
+                    f"claims.compare[{i}].{side}",
+                    f"rule {rule!r} has {len(settings[rule])} settings in this sweep "
+                    f"({'; '.join(sorted(settings[rule]))}): a compared arm is one setting, its seeds",
+                )
 
 
 def _expand(spec: SweepSpec) -> Expansion:

@@ -2,7 +2,11 @@
 
     {"sweep": name, "source": sweep file, "base": recipe, "created": iso time, "updated": iso time,
      "runs": {run_id: resolved config}, "points": {run_id: {axis key: value}},
-     "plugins": [{"path": rule file, "sha256": its content hash}]}
+     "plugins": [{"path": rule file, "sha256": its content hash}],
+     "claims": the preregistered family (config/claims.py), when the sweep file declares one}
+
+The claims are frozen with the first write, as the runs are: a rerun with other claims in the sweep
+file keeps the frozen ones and says so (a family written after the runs started is not preregistered).
 
 The plugin files the runs use are recorded with their content hash: a rerun whose plugin changed
 stops with one line (the frozen runs would no longer be what was planned).
@@ -92,6 +96,8 @@ def merge(existing: dict | None, spec: SweepSpec, exp: Expansion) -> Merge:
         records = plugin_records(exp.runs.values())
         if records:
             m["plugins"] = records
+        if spec.claims is not None:
+            m["claims"] = spec.claims.to_dict()
         return Merge(m, list(exp.runs), [], [], True, [])
     check_plugin_records(existing.get("plugins", []), f"sweep '{spec.name}'")
     runs = dict(existing["runs"])
@@ -122,6 +128,13 @@ def merge(existing: dict | None, spec: SweepSpec, exp: Expansion) -> Merge:
     if new:
         shown = ", ".join(f"{r} ({label(points[r])})" for r in new[:5]) + (" ..." if len(new) > 5 else "")
         warnings.append(f"{len(new)} new run(s) appended to the frozen manifest: {shown}")
+    declared = spec.claims.to_dict() if spec.claims is not None else None
+    if declared != existing.get("claims"):
+        warnings.append(
+            f"the claims of the sweep file differ from those frozen in the manifest of sweep '{spec.name}' "
+            "when its runs were first planned; the frozen claims are kept (a family written later is not "
+            "preregistered: use a new sweep name to declare another)"
+        )
     if gone:
         warnings.append(
             f"{len(gone)} frozen run(s) are no longer produced by the sweep file; they stay in the manifest"

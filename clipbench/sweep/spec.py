@@ -10,6 +10,8 @@
     zip: {train.lr: [1e-5, 2e-5], train.warmup_steps: [0, 10]}   # optional: axes varying together
     exclude: [{objective.name: nsr, seed: 2}]                    # optional: partial assignments
     plugins: [../rules/lower_only.py]      # optional: your own rule files (relative to this file) or modules
+    claims: {benchmark: arith, compare: [[dapo, grpo]]}          # optional: the preregistered claims
+                                                                 # (config/claims.py), frozen in the manifest
 
 `zip` may also be a list of such mappings (several independent zip groups). Every problem is a
 `ConfigError(file, key, reason)`.
@@ -24,13 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from clipbench.config import flatten, parse_overrides, read_yaml
+from clipbench.config.claims import ClaimFamily, parse_family
 from clipbench.config.shipped import shipped_recipe, sweep_path
 from clipbench.errors import ConfigError, did_you_mean
 from clipbench.objectives.plugins import merge_specs, resolve
 from clipbench.sweep.slots import stored_key
 from clipbench.tracking.store import NOT_SWEEPS
 
-TOP_KEYS = ("name", "description", "base", "overrides", "grid", "zip", "exclude", "plugins")
+TOP_KEYS = ("name", "description", "base", "overrides", "grid", "zip", "exclude", "plugins", "claims")
 # Sub-directories of a results dir that are not sweeps (`tracking.store.NOT_SWEEPS`, their one
 # owner), and `train`, where `clipbench train` puts single runs.
 RESERVED_NAMES = ("train", *NOT_SWEEPS)
@@ -57,6 +60,7 @@ class SweepSpec:
     exclude: tuple[dict[str, Any], ...] = ()
     description: str = ""
     plugins: tuple[str, ...] = ()  # rule files (absolute) or modules, added to every run's `plugins`
+    claims: ClaimFamily | None = None  # the preregistered family the report tests (config/claims.py)
 
     @property
     def source(self) -> str:
@@ -102,6 +106,7 @@ def load_spec(
         exclude=_excludes(data.get("exclude"), seen, src),
         description=description,
         plugins=tuple(plugin_list),
+        claims=parse_family(data["claims"], src) if "claims" in data else None,
     )
 
 
