@@ -309,3 +309,22 @@ def test_the_tuning_table_and_tune_on(ladder, tmp_path):
         UserError, match=r"--tune-on: sweep 'ladder' has no evaluation on 'arith-val' \(its benchmarks: arith\)"
     ):
         build_report(root, "ladder", None, tune_on="arith-val")
+
+
+def test_the_completion_length_curve(ladder):
+    # make_stability_fixture.py: cispo's length rises 20 -> 45 over the 10 steps at 2e-4 and 4e-4; every
+    # other run stays at 20
+    from clipbench.report.load import load_results
+    from clipbench.report.plots import close_figures, make_figures
+
+    root, (_, result, _, _) = ladder
+    figs = make_figures(load_results(root, "ladder"), result)
+    try:
+        lines = {ln.get_label(): ln for ln in figs["length"].axes[0].get_lines() if not ln.get_label().startswith("_")}
+        assert len(lines) == 6  # one per (rule, rate) label
+        x, y = lines["grpo(lr=0.0001)"].get_data()
+        assert list(x) == list(range(10)) and np.allclose(y, 20.0)
+        _, y = lines["cispo(lr=0.0002)"].get_data()
+        assert np.allclose(y, [20 + 25 * s / 9 for s in range(10)])  # 20 + 25 x step / 9, every seed alike
+    finally:
+        close_figures(figs)

@@ -360,7 +360,7 @@ def stability_figure(stab: Mapping | None) -> Figure | None:
 
 def make_figures(sweep: Sweep, result: dict) -> dict[str, Figure]:
     """Every figure that has data, in display order (stability, when the sweep has a learning-rate
-    axis, then entropy)."""
+    axis, then entropy, reward, completion length, ...)."""
     excluded = frozenset(e["run_id"] for e in result.get("runs", {}).get("excluded", []))
     groups = group_runs(sweep, result.get("baseline"), excluded)
     figs: dict[str, Figure | None] = {"stability": stability_figure(result.get("stability"))}
@@ -368,6 +368,8 @@ def make_figures(sweep: Sweep, result: dict) -> dict[str, Figure]:
     figs["entropy"] = line_figure(groups, ent, "opt_step", "Token entropy", "nats / token") if ent else None
     rew = _first_key(groups, ("reward/mean", "reward"))
     figs["reward"] = line_figure(groups, rew, "step", "Mean reward", "reward") if rew else None
+    length = _first_key(groups, ("response_length/mean",))
+    figs["length"] = line_figure(groups, length, "step", "Completion length", "tokens") if length else None
     figs["eval"] = eval_figure(groups, result)
     figs["quadrants"] = quadrant_figure(groups)
     figs["log_ratio_hist"] = hist_figure(groups)
