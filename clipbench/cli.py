@@ -350,12 +350,15 @@ def replay(
 
 @app.command()
 @_user_errors
-def methods(plugin: Plugins = None):
-    """Every registered clip rule: parameters with defaults, the rule, and where it comes from."""
+def methods(
+    name: str | None = typer.Argument(None, help="A rule or correction: its full card (default: list them all)."),
+    plugin: Plugins = None,
+):
+    """Every registered clip rule and sampler correction, one line each; NAME's card: formula, parameters, source."""
     from clipbench.commands.methods import print_methods  # noqa: PLC0415 - verbs load on use: `--help` stays light
 
     _load_plugins(plugin)
-    print_methods()
+    print_methods(name=name)
 
 
 @app.command()
