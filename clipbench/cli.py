@@ -192,7 +192,7 @@ def plan(
         None, "--nproc-per-node", help="GPUs per node (default: launch.nproc_per_node, else 1)."
     ),
     nnodes: int = typer.Option(1, "--nnodes", help="Nodes (FSDP shards over nproc x nnodes GPUs)."),
-    gpu_memory: GpuMemory = 80.0,
+    gpu_memory: GpuMemory = None,
     prompt_tokens: int | None = typer.Option(
         None,
         "--prompt-tokens",
@@ -226,7 +226,7 @@ def rehearse(
     nproc_per_node: int | None = typer.Option(
         None, "--nproc-per-node", help="Processes for the rehearsal (default: the recipe's, at most 2 on a CPU)."
     ),
-    gpu_memory: GpuMemory = 80.0,
+    gpu_memory: GpuMemory = None,
     results_dir: ResultsDir = Path("results"),
     tracking_uri: TrackingUri = None,
     plugin: Plugins = None,
@@ -358,12 +358,15 @@ def replay(
 
 @app.command()
 @_user_errors
-def methods(plugin: Plugins = None):
-    """Every registered clip rule: parameters with defaults, the rule, and where it comes from."""
+def methods(
+    name: str | None = typer.Argument(None, help="A rule or correction: its full card (default: list them all)."),
+    plugin: Plugins = None,
+):
+    """Every registered clip rule and sampler correction, one line each; NAME's card: formula, parameters, source."""
     from clipbench.commands.methods import print_methods  # noqa: PLC0415 - verbs load on use: `--help` stays light
 
     _load_plugins(plugin)
-    print_methods()
+    print_methods(name=name)
 
 
 @app.command()

@@ -107,6 +107,8 @@ CHANGES = {
     "tracking.sinks": ["mlflow", "tensorboard"],
     "launch.nproc_per_node": 2,
     "launch.preempt_signal": "SIGUSR1",
+    "launch.gpu": "H200",
+    "launch.gpu_memory": 139.0,
     "train.record.every": 1,
     "train.record.state": "none",
     "train.record.max_mb": 64,

@@ -450,3 +450,76 @@ def test_table3_recipes_fit_their_80gib_gpus(slug, gpus):
                 world_size=gpus,
                 device_gib=80,
             )
+
+
+# ----------------------------------------------------------------------------------------------
+# The recipe's hardware (launch.gpu, launch.gpu_memory): what plan and rehearse plan on
+
+
+def test_plan_uses_the_recipes_declared_gpus_unless_told_otherwise():
+    """Issue 38: `clipbench plan qwen3_30b_a3b_grpo_r2.yaml` said "does not fit ... set --nproc-per-node
+    32" because the recipe's 8 x H200 was only a comment. Now it plans on launch.gpu_memory and says
+    which GPUs it assumed and why; a flag wins, and says so."""
+    from typer.testing import CliRunner
+
+    from clipbench.cli import app
+
+    runner = CliRunner()
+    recipe = "recipes/nsr_scale/qwen3_30b_a3b_grpo_r2.yaml"
+    res = runner.invoke(app, ["plan", recipe])
+    out = " ".join(res.output.split())
+    assert res.exit_code == 0, res.output
+    assert out.startswith("hardware: 8 x H200 of 139 GiB (GPUs: launch.nproc_per_node; memory: launch.gpu_memory)")
+    assert "fits: ~110 of 139 GiB per GPU" in out
+    res = runner.invoke(app, ["plan", recipe, "--gpu-memory", "80", "--nproc-per-node", "16"])
+    out = " ".join(res.output.split())
+    assert out.startswith(
+        "hardware: 16 GPUs of 80 GiB (GPUs: --nproc-per-node; memory: --gpu-memory; "
+        "the recipe's launch.gpu_memory is 139 GiB)"
+    )
+    # a recipe that declares nothing: 80 GiB, and the line says it is the default
+    res = runner.invoke(app, ["plan", "recipes/abc_grpo_table3/qwen3_4b_grpo.yaml", "launch.gpu_memory=null"])
+    assert " ".join(res.output.split()).startswith(
+        "hardware: 8 GPUs of 80 GiB (GPUs: launch.nproc_per_node; memory: the default 80 GiB: "
+        "the recipe sets no launch.gpu_memory)"
+    )
+
+
+def test_a_bad_declared_gpu_memory_is_one_line_naming_the_key(tmp_path):
+    from typer.testing import CliRunner
+
+    from clipbench.cli import app
+
+    res = CliRunner().invoke(app, ["plan", "recipes/arith_tiny.yaml", "launch.gpu_memory=0"])
+    assert res.exit_code == 2
+    assert "launch.gpu_memory" in res.output and "(0, 1e+06]" in res.output
+
+
+def test_every_shipped_gpu_recipe_declares_its_gpus():
+    """A recipe of a hub model (written for GPUs) declares launch.gpu and launch.gpu_memory, as its
+    header says (the CPU recipes of built-in models declare none)."""
+    from pathlib import Path
+
+    from clipbench.config import load_run_config
+    from clipbench.config.shipped import RECIPES
+    from clipbench.memory.plan import target_hardware
+    from clipbench.yamlio import load_yaml_file
+
+    seen = {}
+    for path in sorted(Path(RECIPES).rglob("*.yaml")):
+        data = load_yaml_file(path)
+        if "base" in data or "grid" in data:  # a sweep file
+            continue
+        cfg = load_run_config(path)
+        gpu = not cfg.model.name.startswith("builtin:")
+        assert (cfg.launch.gpu_memory is not None) == gpu and (cfg.launch.gpu is not None) == gpu, path
+        if gpu:
+            seen[path.stem] = target_hardware(cfg).describe().split(" (")[0]
+    assert seen == {
+        "qwen3_1p7b_abc": "1 x H100 / A100-80GB of 80 GiB",
+        "qwen3_1p7b_grpo": "1 x H100 / A100-80GB of 80 GiB",
+        "qwen3_4b_abc": "8 x H100 / A100-80GB of 80 GiB",
+        "qwen3_4b_grpo": "8 x H100 / A100-80GB of 80 GiB",
+        **{f"qwen2_5_7b_dapo{r}": "8 x H100 of 80 GiB" for r in ("", "_decay", "_nsr")},
+        **{f"qwen3_30b_a3b_{r}": "8 x H200 of 139 GiB" for r in ("gspo", "gspo_decay", "gspo_nsr", "grpo_r2")},
+    }

@@ -1,9 +1,9 @@
 """The NSR-paper-scale recipes (recipes/nsr_scale/): the published settings they claim, the sweeps'
-runs equal to the recipes, `clipbench plan` on the GPUs each header names, the headers' estimates,
+runs equal to the recipes, `clipbench plan` on the GPUs each recipe declares, the headers' estimates,
 and the tiny pipeline (`make reproduce-nsr SCALE=tiny`) for real.
 
 The recipes are rehearsed with the other shipped recipes (tests/test_rehearse.py: the four MoE ones
-here, on their header's GPUs; tests/test_vllm_rehearse.py: the three vLLM ones in .venv-vllm); one
+here, on their declared GPUs; tests/test_vllm_rehearse.py: the three vLLM ones in .venv-vllm); one
 vLLM recipe is also rehearsed here with the HF sampler (vllm is not installed in .venv).
 """
 
@@ -152,26 +152,27 @@ def test_the_tiny_sweeps_are_the_full_ones_on_the_builtin_models():
         assert run["train"]["dynamic_sampling"] and run["train"]["overlong"]["enabled"]
 
 
-# ---- the memory plan on the GPUs each header names -----------------------------------------------
+# ---- the memory plan on the GPUs each recipe declares -----------------------------------------------
 @pytest.mark.parametrize("name", MOE + DENSE)
-def test_each_recipe_passes_clipbench_plan_on_its_headers_gpus(name):
+def test_each_recipe_passes_clipbench_plan_on_its_declared_gpus(name):
     args = header_plan_args(name)
     assert args[0] == f"recipes/nsr_scale/{name}.yaml"
     res = runner.invoke(app, ["plan", str(REPO / args[0]), *args[1:]])
     assert res.exit_code == 0, res.output
     out = " ".join(res.output.split())
+    assert args[1:] == []  # the recipe declares its GPUs (launch.gpu, launch.gpu_memory): no flag
     if name in MOE:  # 8 x H200 (139 GiB as the device reports it), the HF sampler
-        assert args[1:] == ["--gpu-memory", "139"] and "fits: ~110 of 139 GiB per GPU" in out
-        assert "8 GPUs of 139 GiB" in out
+        assert "fits: ~110 of 139 GiB per GPU" in out and "8 GPUs of 139 GiB" in out
+        assert out.startswith("hardware: 8 x H200 of 139 GiB (GPUs: launch.nproc_per_node; memory: launch.gpu_memory)")
     else:  # 8 x 80 GB, vLLM asleep while training
-        assert args[1:] == [] and "fits: ~75 of 80 GiB per GPU" in out
+        assert "fits: ~75 of 80 GiB per GPU" in out and out.startswith("hardware: 8 x H100 of 80 GiB")
 
 
 def test_the_moe_header_says_why_not_8_x_80_gb():
     """Its figures: 8 x 80 GB does not fit (training ~81 GiB before the margin: the state alone is
     16 B x 30.53B / 8 = 57 GiB); 16 x 80 GB over 2 nodes fits with 4 prompts per generate call."""
     recipe = str(HERE / "qwen3_30b_a3b_gspo.yaml")
-    res = runner.invoke(app, ["plan", recipe, "--json"])
+    res = runner.invoke(app, ["plan", recipe, "--json", "--gpu-memory", "80"])
     assert res.exit_code == 1
     import json
 
@@ -179,7 +180,16 @@ def test_the_moe_header_says_why_not_8_x_80_gb():
     state = sum(r["bytes"] for r in plan["rows"] if r["name"].startswith(("parameters", "gradients", "AdamW")))
     assert state == 16 * 30_532_122_624 // 8 and round(state / 2**30) == 57
     assert round(plan["training_bytes"] * 1.1 / 2**30) == 89  # the header's ~89 GiB
-    two_nodes = runner.invoke(app, ["plan", recipe, "--nnodes", "2", "sampler.prompts_per_call=4"])
+    assert plan["hardware"] == {
+        "gpus_per_node": 8,
+        "nnodes": 1,
+        "gpu_memory_gib": 80.0,
+        "gpu": None,  # the recipe's H200 is not what --gpu-memory 80 plans on
+        "from": {"gpus_per_node": "launch.nproc_per_node", "gpu_memory_gib": "--gpu-memory"},
+    }
+    two_nodes = runner.invoke(
+        app, ["plan", recipe, "--nnodes", "2", "--gpu-memory", "80", "sampler.prompts_per_call=4"]
+    )
     assert two_nodes.exit_code == 0 and "fits: ~58 of 80 GiB per GPU" in " ".join(two_nodes.output.split())
 
 
@@ -202,9 +212,10 @@ def test_rehearse_plans_on_the_gpu_memory_it_is_given(tmp_path):
 
     real = load_run_config(HERE / "qwen3_30b_a3b_gspo.yaml")
     at80, at139 = Rehearsal("x", tmp_path, [], nproc=8), Rehearsal("x", tmp_path, [], nproc=8)
-    memory_plan(at80, real)
-    memory_plan(at139, real, gpu_memory=139)
+    memory_plan(at80, real, gpu_memory=80)
+    memory_plan(at139, real)  # the recipe's launch.gpu_memory
     assert not at80.plan.fits and at139.plan.fits and at139.plan.setup.device_gib == 139
+    assert at139.hardware.describe().startswith("8 x H200 of 139 GiB") and at80.hardware.gpu_gib_from == "--gpu-memory"
 
 
 def test_the_rehearsal_names_the_routing_replay():

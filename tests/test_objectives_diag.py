@@ -284,17 +284,43 @@ def test_bool_and_bf16_inputs():
     assert c.loss.dtype == torch.float32 and torch.isfinite(c.loss)
 
 
-def test_methods_table_renders():
+def test_methods_lists_one_line_per_rule_at_80_columns():
+    """`clipbench methods`: one line per rule and correction (name, level, summary), none wider than
+    the console; the formula, parameters and source are NAME's card."""
     from rich.console import Console
 
     from clipbench.commands.methods import print_methods
+    from clipbench.objectives.corrections import CORRECTIONS
 
-    console = Console(record=True, width=200)
+    console = Console(record=True, width=80)
     print_methods(console)
-    text = console.export_text()
-    for name in METHODS:
-        assert name in text
-    assert "2601.03895" in text and "token-mean" in text
+    lines = console.export_text().splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    first = {line.split()[0]: line.split() for line in lines if line.strip()}
+    for name in [*METHODS, *CORRECTIONS, "none"]:
+        assert sum(line.startswith(name + " ") for line in lines) == 1, name  # exactly one line
+    assert first["grpo"][:2] == ["grpo", "token"] and first["gspo"][1] == "sequence"
+    assert first["nsr"][1] == "token|sequence"  # its level is a function of its base parameter
+    assert "PPO/GRPO clipped surrogate" in " ".join(first["grpo"])
+    assert len(lines) < 2 * (len(METHODS) + len(CORRECTIONS))  # was 15+ lines a rule
+    assert "2601.03895" not in console.export_text() and any("token-mean" in line for line in lines)
+
+
+def test_methods_name_prints_the_full_card_and_an_unknown_name_is_one_line():
+    from rich.console import Console
+
+    from clipbench.commands.methods import print_methods
+    from clipbench.errors import UserError
+
+    console = Console(record=True, width=80)
+    print_methods(console, "abc")
+    text = " ".join(console.export_text().split())
+    for words in ("abc: asymmetric bounded clip", "loss -clip(r, lo, hi)*A", "eps1=0.2", "2601.03895", "inputs r, A"):
+        assert words in text, words
+    print_methods(console, "tis")
+    assert "cap=2.0" in " ".join(console.export_text().split())
+    with pytest.raises(UserError, match=r"unknown rule or correction 'grpoo' \(did you mean 'grpo'\?\)"):
+        print_methods(console, "grpoo")
 
 
 def test_validate_params_accepts_the_objective_mapping():

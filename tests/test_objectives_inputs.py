@@ -1,5 +1,6 @@
 """Issue 26 part 4: the rule inputs declared once (inputs.RuleInputs), the counts as one bundle
-(inputs.Counts), a rule bound once (loss.bind) and called per micro-batch, bit for bit policy_loss."""
+(inputs.Counts), a rule bound once (loss.bind) and called per micro-batch, bit for bit policy_loss.
+Issue 38 part 4: a call is one bundle in (RuleInputs), one output out."""
 
 from __future__ import annotations
 
@@ -17,14 +18,15 @@ import torch
 import clipbench
 from clipbench.objectives import INPUTS, METHODS, policy_loss, registry
 from clipbench.objectives import loss as loss_module
-from clipbench.objectives.inputs import GIVEN, KEYWORDS, Counts, RuleInputs
-from clipbench.objectives.loss import bind
+from clipbench.objectives.inputs import CALL_KEYWORDS, GIVEN, KEYWORDS, LOSS, Counts, RuleInputs
+from clipbench.objectives.loss import BoundRule, bind
 
 
 def test_the_rule_inputs_are_the_fields_of_one_dataclass_each_with_its_meaning():
     names = [f.name for f in dataclasses.fields(RuleInputs)]
-    assert list(INPUTS) == names  # signature.py's INPUTS is derived, not a second list
-    assert all(INPUTS[n] and f"{n}: {INPUTS[n]}" in RuleInputs.__doc__ for n in names)
+    assert list(INPUTS) + list(LOSS) == names  # signature.py's INPUTS is derived, not a second list
+    assert set(LOSS) == {"counts", "ref_logp", "weights", "correction_status", "token_splits"}  # no rule names these
+    assert all(doc and f"{n}: {doc}" in RuleInputs.__doc__ for n, doc in {**INPUTS, **LOSS}.items())
     # what a caller passes when a rule reads it
     assert KEYWORDS == {"rewards": "reward", "entropy": "entropy", "sampler_logp": "rollout_logp"}
     assert {n: GIVEN[n]["shape"] for n in GIVEN} == {"reward": "(B,)", "entropy": "(B, T)", "rollout_logp": "(B, T)"}
@@ -57,7 +59,7 @@ def test_a_bound_rule_called_per_micro_batch_is_policy_loss_bit_for_bit(method, 
     for seed in (0, 1):  # two micro-batches of one mini-batch
         logp, old, A, mask, u, given = _batch(seed)
         lp2 = logp.detach().clone().requires_grad_(True)
-        a = bound(logp, old, A, mask, counts, uniforms=u, **given)
+        a = bound(RuleInputs.of(logp=logp, old_logp=old, advantages=A, mask=mask, counts=counts, uniforms=u, **given))
         b = policy_loss(
             method, lp2, old, A, mask, agg=agg, uniforms=u, global_tokens=17.0, global_seqs=9, **given, **params
         )
@@ -95,8 +97,9 @@ def test_bind_looks_the_rule_up_and_validates_it_once_then_calls_do_neither(monk
     setup = n.lookups  # bind's own lookup (and validate_params')
     for seed in range(4):
         logp, old, A, mask, _, _ = _batch(seed)
-        stat = bound.mini_batch_stat(logp, old, A, mask)
-        bound(logp, old, A, mask, Counts(global_tokens=40.0), batch_stat=stat).loss.backward()
+        x = RuleInputs.of(logp=logp, old_logp=old, advantages=A, mask=mask)
+        stat = bound.mini_batch_stat(x)
+        bound(dataclasses.replace(x, counts=Counts(global_tokens=40.0), stat=stat)).loss.backward()
     assert (n.lookups, n.validations) == (setup, 1)
     policy_loss("m2po", *_batch(0)[:4], action="clip")  # the one-call form binds per call
     assert n.validations == 2
@@ -109,9 +112,29 @@ def test_a_rule_reading_an_input_it_is_not_given_is_refused_by_the_bound_rule():
     with pytest.raises(
         ValueError, match=r"topr reads the input 'reward': pass rewards=\(B,\) \(each sequence's reward\)"
     ):
-        bound(logp, old, A, mask)
-    with pytest.raises(TypeError, match="rule inputs are"):
-        bound(logp, old, A, mask, reward=torch.ones(6))  # the keyword is the caller's: rewards=
+        bound(RuleInputs.of(logp=logp, old_logp=old, advantages=A, mask=mask))
+    with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['reward'\]: the call's inputs are"):
+        RuleInputs.of(logp=logp, old_logp=old, advantages=A, mask=mask, reward=torch.ones(6))  # the caller's: rewards=
+    with pytest.raises(TypeError, match="not both"):
+        RuleInputs.of(logp=logp, counts=Counts(), global_tokens=3.0)
+
+
+def test_a_call_is_one_bundle_in_and_one_output_out():
+    """BoundRule.__call__ takes one RuleInputs (it took 5 positional and 7 keyword tensors plus
+    **given), policy_loss 8 named parameters (it took 15); the trainer's rows are a bundle too; a
+    rule's own function keeps its positional inputs (docs/plugins.md)."""
+    from clipbench.train.step import StepInputs
+
+    assert list(inspect.signature(BoundRule.__call__).parameters) == ["self", "inputs"]
+    assert list(inspect.signature(policy_loss).parameters) == [
+        "method", "logp", "old_logp", "advantages", "mask", "agg", "beta", "max_len", "params_and_inputs"
+    ]  # fmt: skip
+    assert set(CALL_KEYWORDS) >= set(KEYWORDS) | {"uniforms", "batch_stat", "weights", "global_tokens", "groups"}
+    assert list(inspect.signature(METHODS["grpo"].fn).parameters)[:2] == ["r", "A"]
+    logp, old, A, mask, u, given = _batch(0)
+    rows = StepInputs(advantages=A, old_logp=old, uniforms=u, rewards=given["rewards"]).rows(torch.arange(6), 5)
+    assert isinstance(rows, RuleInputs) and torch.equal(rows.A, A) and torch.equal(rows.reward, given["rewards"])
+    assert rows.logp is None and rows.u is not None  # the forward's logp is the caller's to add
 
 
 # The whole change that adds a rule input: one field (docs/objectives.md, "Adding a rule input").
@@ -125,6 +148,8 @@ NEW_FIELD = """
 """
 
 USE_IT = """
+from dataclasses import fields
+
 import torch
 from clipbench.objectives import INPUTS, policy_loss, rule
 from clipbench.objectives.loss import bind
@@ -159,8 +184,8 @@ class Record:  # a replay record that holds the new input under its keyword
 
 step = OptStepView(Record(), {"epoch": 0, "global_tokens": None, "global_seqs": None})
 x = step.inputs({"rows": [0, 1], "width": 3}, None)
-print(sorted(k for k in x if x[k] is not None))
-out = bind("value_baseline", agg="token-sum")(x.pop("logp"), x.pop("old_logp"), x.pop("advantages"), x.pop("mask"), **x)
+print(sorted(f.name for f in fields(x) if isinstance(getattr(x, f.name), torch.Tensor)))
+out = bind("value_baseline", agg="token-sum")(x)
 print(float(out.loss))
 """
 
@@ -190,7 +215,7 @@ def test_adding_a_rule_input_is_adding_one_field(tmp_path):
         "('values',)",
         "0.75",
         "value_baseline reads the input 'values': pass values=(B, T) (the critic's value of each token)",
-        "['advantages', 'logp', 'mask', 'old_logp', 'values']",
+        "['A', 'logp', 'mask', 'old_logp', 'values']",
         "0.75",
     ]
     assert "values" not in inspect.signature(policy_loss).parameters  # no keyword was added by hand

@@ -191,9 +191,14 @@ def test_cli_methods_lists_the_plugin(tmp_path):
     write(tmp_path / "lower_only.py", LOWER_ONLY)
     res = cli("methods", "--plugin", "lower_only.py", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    text = " ".join(res.stdout.replace("│", " ").split())
-    for words in ("lower_only", "eps_low=0.2", "-min(r*A, max(r,", "my idea", "plugin:"):
+    (line,) = [x for x in res.stdout.splitlines() if x.startswith("lower_only ")]  # one line in the list
+    assert line.split()[1] == "token" and "(plugin)" in line
+    res = cli("methods", "lower_only", "--plugin", "lower_only.py", cwd=tmp_path)  # its card
+    assert res.returncode == 0, res.stderr
+    text = " ".join(res.stdout.split())
+    for words in ("lower_only", "eps_low=0.2", "-min(r*A, max(r,", "my idea", "plugin"):
         assert words in text, words
+    assert str((tmp_path / "lower_only.py").resolve()) in "".join(res.stdout.split())  # (folded at 80 columns)
     res = cli("methods", "--plugin", "nope.py", cwd=tmp_path)
     assert res.returncode == 2 and res.stderr.strip().endswith("nope.py: plugin file not found")
 

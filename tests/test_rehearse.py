@@ -8,7 +8,7 @@ that sample with vLLM are rehearsed in .venv-vllm (tests/test_vllm_rehearse.py, 
 here every other recipe. Measured: the 9 CPU recipes' rehearsals take 265 CPU-seconds in all (about 29
 each: two `clipbench train` processes and the checks; 9.5 minutes of wall clock on 2 cores shared
 with a load average of 9, about 4.5 on idle ones in one xdist worker). The four NSR-scale MoE
-recipes (recipes/nsr_scale/qwen3_30b_a3b_*, a random 2-layer Qwen3-MoE, planned on their header's
+recipes (recipes/nsr_scale/qwen3_30b_a3b_*, a random 2-layer Qwen3-MoE, planned on their declared
 139 GiB GPUs): 72-86 s each on 2 cores shared with a load average of ~6.
 """
 
@@ -39,19 +39,15 @@ def shipped_recipes(vllm: bool) -> list[str]:
     return out
 
 
-def header_gpu_memory(recipe: str) -> float:
-    """The GiB per GPU of the `clipbench plan ... --gpu-memory N` line in a recipe's header (80 when
-    it names none): the GPUs the recipe is written for."""
-    import re
-
-    m = re.search(r"^#\s+clipbench plan \S+ --gpu-memory (\d+(?:\.\d+)?)", (REPO / recipe).read_text(), re.M)
-    return float(m.group(1)) if m else 80.0
+def declared_gpu_memory(recipe: str) -> float | None:
+    """The GiB per GPU the recipe declares (launch.gpu_memory): the GPUs it is written for."""
+    return (load_yaml_file(REPO / recipe).get("launch") or {}).get("gpu_memory")
 
 
 def check_rehearsal(recipe: str, tmp_path) -> None:
     from clipbench.rehearse import rehearse
 
-    result = rehearse(REPO / recipe, results_dir=tmp_path, gpu_memory=header_gpu_memory(recipe))
+    result = rehearse(REPO / recipe, results_dir=tmp_path)  # planned on the recipe's declared GPUs
     parts = {p.name: p for p in result.parts}
     failed = [f"{p.name}: {p.detail}" for p in result.parts if p.how == "failed"]
     assert result.ok, failed
@@ -61,7 +57,8 @@ def check_rehearsal(recipe: str, tmp_path) -> None:
     if "train.micro_batch_tokens" in parts and parts["train.micro_batch_tokens"].how == "scaled":
         assert parts["micro-batches"].how == "ran"  # every optimizer step in >= 2 micro-batches
     assert parts["evaluation"].how == "ran" and parts["report"].how == "ran"
-    assert result.plan is not None and result.plan.fits  # the real recipe on its header's GPUs (80 GiB unless named)
+    assert result.plan is not None and result.plan.fits  # the real recipe on its declared GPUs (80 GiB unless named)
+    assert result.plan.setup.device_gib == (declared_gpu_memory(recipe) or 80.0)
     assert result.verdict().startswith("rehearsal passed")
 
 
@@ -72,7 +69,7 @@ def test_the_recipes_are_found():
         f"recipes/abc_grpo_table3/qwen3_{m}_{r}.yaml" for m in ("1p7b", "4b") for r in ("abc", "grpo")
     ] + [f"recipes/nsr_scale/qwen2_5_7b_dapo{r}.yaml" for r in ("", "_decay", "_nsr")]
     moe = [f"recipes/nsr_scale/qwen3_30b_a3b_{r}.yaml" for r in ("gspo", "gspo_decay", "gspo_nsr", "grpo_r2")]
-    assert set(moe) <= set(cpu) and {header_gpu_memory(r) for r in moe} == {139.0}  # 8 x H200 (HF sampler)
+    assert set(moe) <= set(cpu) and {declared_gpu_memory(r) for r in moe} == {139}  # 8 x H200 (HF sampler)
 
 
 def test_the_4b_table3_recipe_shrunk_for_a_cpu_machine():

@@ -86,6 +86,60 @@ def test_preserved_global_state_restores_rngs_and_thread_setter():
     assert (torch.rand(1).item(), random.random(), np.random.rand()) == expected
 
 
+def test_engine_args_are_the_settings_the_sampler_hands_vllm():
+    """VLLMSampler's engine arguments (vllm_engine.engine_args, a pure function: no vllm needed)."""
+    from transformers import Qwen3Config
+
+    cfg = Qwen3Config(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+    base = dict(
+        dtype="float32",
+        seed=3,
+        max_model_len=100,
+        max_num_seqs=8,
+        enforce_eager=True,
+        sleep_mode=False,
+        record_routes=False,
+        external_launcher=False,
+        cpu=True,
+        kv_cache_bytes=None,
+        gpu_memory_utilization=0.3,
+    )
+    cpu = ve.engine_args("m", "t", cfg, **base)
+    assert cpu == {
+        "model": "m",
+        "tokenizer": "t",
+        "dtype": "float32",
+        "seed": 3,
+        "max_model_len": 100,
+        "max_num_seqs": 8,
+        "enforce_eager": True,
+        "logprobs_mode": "processed_logprobs",  # the distribution sampled from (module docstring)
+        "kv_cache_memory_bytes": ve.default_kv_cache_bytes(ve.kv_bytes_per_token(cfg, torch.float32), 100, 8),
+    }
+    gpu = ve.engine_args(
+        "m", "t", cfg, **{**base, "cpu": False, "sleep_mode": True, "record_routes": True, "external_launcher": True}
+    )
+    assert {k: gpu[k] for k in gpu.keys() - cpu.keys()} == {
+        "gpu_memory_utilization": 0.3,
+        "enable_sleep_mode": True,
+        "enable_return_routed_experts": True,
+        "distributed_executor_backend": "external_launcher",
+    }
+    assert (
+        ve.engine_args("m", "t", cfg, **{**base, "cpu": False, "kv_cache_bytes": 1e6})["kv_cache_memory_bytes"] == 10**6
+    )
+
+
+def test_bad_settings_are_refused_before_vllm_is_imported():
+    ok = dict(max_new_tokens=4, temperature=1.0, top_p=1.0, dtype="float32", max_num_seqs=1)
+    vb._check_settings(**ok, sleep_mode=False, record_routes=False)
+    for bad, match in (({"dtype": "flaot32"}, "did you mean 'float32'"), ({"max_num_seqs": 0}, "max_num_seqs")):
+        with pytest.raises(ValueError, match=match):
+            vb._check_settings(**{**ok, **bad}, sleep_mode=False, record_routes=False)
+    with pytest.raises(ValueError, match="top_p"):
+        vb._check_settings(**{**ok, "top_p": 0.0}, sleep_mode=False, record_routes=False)
+
+
 def test_module_imports_without_vllm_and_reports_availability():
     assert isinstance(ve.is_available(), bool)
     assert vb.VLLMSampler.name == "vllm"

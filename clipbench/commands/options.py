@@ -23,5 +23,10 @@ Overrides = Annotated[list[str] | None, typer.Argument(help="key=value overrides
 ReportFormat = Annotated[str, typer.Option("--format", help="rich | markdown | latex | csv | html")]
 Recipe = Annotated[Path, typer.Argument(help="Recipe YAML, or a shipped recipe by name (clipbench recipes).")]
 GpuMemory = Annotated[
-    float, typer.Option("--gpu-memory", help="Memory of one of the recipe's GPUs, GiB (its memory plan).")
+    float | None,
+    typer.Option(
+        "--gpu-memory",
+        help="Memory of one of the recipe's GPUs, GiB, for its memory plan (default: the recipe's "
+        "launch.gpu_memory, else 80).",
+    ),
 ]

@@ -1,7 +1,11 @@
 """`clipbench plan RECIPE [key=value ...]`: the memory plan of a run per GPU, before anything loads.
 
-    clipbench plan recipes/abc_grpo_table3/qwen3_1p7b_grpo.yaml --gpu-memory 80
-    clipbench plan recipes/abc_grpo_table3/qwen3_4b_grpo.yaml --nproc-per-node 8 --json
+    clipbench plan recipes/nsr_scale/qwen3_30b_a3b_grpo_r2.yaml             # on the recipe's 8 x H200
+    clipbench plan recipes/abc_grpo_table3/qwen3_4b_grpo.yaml --gpu-memory 40 --json
+
+The GPUs planned on are the recipe's (`launch.nproc_per_node`, `launch.gpu`, `launch.gpu_memory`)
+unless --nproc-per-node / --nnodes / --gpu-memory say otherwise (80 GiB when neither says:
+clipbench.memory.plan.target_hardware); the plan's first line says which and why.
 
 Exit code: 0 when the run fits, 1 when it does not (the last line says by how much and which knob
 to turn), 2 for bad input. The assumptions are listed in clipbench/memory/estimator.py.
@@ -18,7 +22,7 @@ from rich.table import Table
 from clipbench.config import load_run_config
 from clipbench.errors import UserError
 from clipbench.memory.estimator import MARGIN, MemoryPlan, advise, estimate, gib
-from clipbench.memory.plan import fit_message, launch_nproc, setup_for
+from clipbench.memory.plan import Hardware, fit_message, setup_for, target_hardware
 from clipbench.models import PROMPT_TOKENS, resolve_model_name
 from clipbench.models.shapes import model_shape
 
@@ -29,7 +33,7 @@ def plan_command(
     *,
     nproc_per_node: int | None,
     nnodes: int,
-    gpu_memory: float,
+    gpu_memory: float | None,
     prompt_tokens: int | None,
     json_out: bool,
 ) -> int:
@@ -38,29 +42,37 @@ def plan_command(
     prompt_tokens = PROMPT_TOKENS if prompt_tokens is None else prompt_tokens
 
     for key, v in {
-        "--nproc-per-node": nproc_per_node or 1,
+        "--nproc-per-node": 1 if nproc_per_node is None else nproc_per_node,
         "--nnodes": nnodes,
         "--prompt-tokens": prompt_tokens,
     }.items():
         if v < 1:
             raise UserError(f"{key} must be >= 1, got {v}")
-    if not gpu_memory > 0:
-        raise UserError(f"--gpu-memory must be > 0 (GiB), got {gpu_memory}")
+    check_gpu_memory(gpu_memory)
     cfg = load_run_config(recipe, overrides)
-    nproc = nproc_per_node or launch_nproc(cfg)
+    hw = target_hardware(cfg, nproc_per_node=nproc_per_node, nnodes=nnodes, gpu_memory=gpu_memory)
     shape = model_shape(resolve_model_name(cfg.model.name))
-    setup = setup_for(cfg, world_size=nproc * nnodes, device_gib=gpu_memory, prompt_tokens=prompt_tokens, shape=shape)
+    setup = setup_for(
+        cfg, world_size=hw.nproc * hw.nnodes, device_gib=hw.gpu_gib, prompt_tokens=prompt_tokens, shape=shape
+    )
     plan = estimate(shape, setup)
     knobs = [] if plan.fits else advise(shape, setup, nnodes=nnodes)
     if json_out:
-        print(json.dumps(plan_json(plan, knobs), indent=2))
+        print(json.dumps(plan_json(plan, knobs, hw), indent=2))
     else:
-        render(plan, knobs, nproc=nproc, nnodes=nnodes)
+        render(plan, knobs, hw)
     return 0 if plan.fits else 1
 
 
-def plan_json(plan: MemoryPlan, knobs: list[str]) -> dict:
+def check_gpu_memory(gpu_memory: float | None) -> None:
+    """UserError for a --gpu-memory that is not a positive number of GiB (None: the recipe's)."""
+    if gpu_memory is not None and not gpu_memory > 0:
+        raise UserError(f"--gpu-memory must be > 0 (GiB), got {gpu_memory}")
+
+
+def plan_json(plan: MemoryPlan, knobs: list[str], hw: Hardware) -> dict:
     return {
+        "hardware": hw.as_dict(),
         "model": asdict(plan.shape),
         "params": plan.shape.n_params(),
         "active_params": plan.shape.n_active_params(),
@@ -78,10 +90,12 @@ def plan_json(plan: MemoryPlan, knobs: list[str]) -> dict:
     }
 
 
-def render(plan: MemoryPlan, knobs: list[str], *, nproc: int, nnodes: int) -> None:
-
+def render(plan: MemoryPlan, knobs: list[str], hw: Hardware) -> None:
+    """The plan as a table, after one line naming the GPUs it is for and why."""
     s, u = plan.shape, plan.setup
+    nproc, nnodes = hw.nproc, hw.nnodes
     con = Console(highlight=False)
+    con.print(f"hardware: {hw.describe()}")
     mb_tokens, mb_rows, _ = u.micro_batch()
     moe = (
         f" ({s.n_active_params() / 1e9:.2f}B active: {s.num_experts} experts, {s.experts_per_tok} per token)"

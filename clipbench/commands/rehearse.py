@@ -30,16 +30,15 @@ def rehearse_command(
     results_dir: Path,
     tracking_uri: str | None,
     plugins: list[str] = (),
-    gpu_memory: float = 80.0,
+    gpu_memory: float | None = None,
 ) -> int:
     from clipbench.commands.doctor import doctor_command  # noqa: PLC0415 - commands.doctor pulls in omegaconf
-    from clipbench.commands.plan import render  # noqa: PLC0415 - commands.plan pulls in torch
+    from clipbench.commands.plan import check_gpu_memory, render  # noqa: PLC0415 - commands.plan pulls in torch
     from clipbench.config import load_run_config  # noqa: PLC0415 - config pulls in omegaconf
 
     if nproc_per_node is not None and nproc_per_node < 1:
         raise UserError(f"--nproc-per-node must be >= 1, got {nproc_per_node}")
-    if not gpu_memory > 0:
-        raise UserError(f"--gpu-memory must be > 0 (GiB), got {gpu_memory}")
+    check_gpu_memory(gpu_memory)
     cfg = load_run_config(recipe, overrides, plugins=plugins)  # bad input: one line, before anything is printed
     check_local_model(cfg.model.name)
     err = Console(stderr=True, highlight=False)
@@ -65,7 +64,7 @@ def rehearse_command(
     out.print(table)
     if result.plan is not None:
         out.print("memory plan of the real recipe (clipbench plan):")
-        render(result.plan, [result.plan_note] if result.plan_note else [], nproc=result.nproc, nnodes=1)
+        render(result.plan, [result.plan_note] if result.plan_note else [], result.hardware)
     elif result.plan_note:
         out.print(result.plan_note)
     out.print(("[green]" if result.ok else "[bold red]") + result.verdict() + "[/]")

@@ -461,6 +461,20 @@ class LaunchConfig:
         "resumable); SIGUSR1 / SIGUSR2 too when named here (SLURM: sbatch --signal=USR1@120)",
         choices=("SIGTERM", "SIGUSR1", "SIGUSR2"),  # clipbench.train.preempt.SIGNALS
     )
+    gpu: str | None = declared(
+        None,
+        Text(none=True, max_len=100),
+        "the GPU the recipe is written for (e.g. H200), shown with launch.gpu_memory by clipbench plan "
+        "and rehearse; a label only, outside the run's identity",
+    )
+    gpu_memory: float | None = declared(
+        None,
+        Range(0.0, 1e6, lo_open=True, none=True),
+        "GiB of memory of each of the recipe's GPUs (launch.nproc_per_node of them per node): what "
+        "clipbench plan and rehearse plan on unless --gpu-memory (null: 80, clipbench.memory.plan). The "
+        "recipe's target, not a check of this machine (the preflight plans on the GPU a run starts on); "
+        "outside the run's identity",
+    )
 
 
 @dataclass

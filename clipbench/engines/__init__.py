@@ -186,7 +186,7 @@ def check_plugin_code(cfg) -> None:
     import torch  # noqa: PLC0415 - torch is heavy
 
     # PLC0415, deferred: torch is heavy
-    from clipbench.objectives import METHODS, policy_loss  # noqa: PLC0415
+    from clipbench.objectives import METHODS, RuleInputs, bind  # noqa: PLC0415
     from clipbench.objectives.corrections import NONE, apply_correction, get_correction  # noqa: PLC0415
 
     g = torch.Generator().manual_seed(0)
@@ -195,20 +195,18 @@ def check_plugin_code(cfg) -> None:
     mask, A = torch.ones(4, 3), torch.tensor([1.0, -1.0, 0.5, -0.5])  # (B,)
     rule = slot(cfg, "objective")
     if METHODS[rule.name].origin is not None:
-        out = policy_loss(
-            rule.name,
-            logp,
-            old,
-            A,
-            mask,
+        every_input = RuleInputs.of(
+            logp=logp,
+            old_logp=old,
+            advantages=A,
+            mask=mask,
             generator=g,
             rewards=A,
             entropy=torch.rand(4, 3, generator=g),
             sampler_logp=old,
             groups=torch.tensor([0, 0, 1, 1]),
-            **rule.params,
         )
-        out.loss.backward()
+        bind(rule.name, rule.params)(every_input).loss.backward()
     correction = slot(cfg, "correction")
     if correction.name != NONE and get_correction(correction.name).origin is not None:
         apply_correction({"name": correction.name, **correction.params}, old, logp.detach(), mask, advantages=A)

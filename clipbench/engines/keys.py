@@ -113,6 +113,7 @@ def verl_refuses_correction(v: Any) -> bool:
 _TASK = "clipbench builds the task: prompts, reward, held-out split"
 _EVAL = "clipbench's evaluation of the model"
 _TRACK = "clipbench's results store and MLflow mirror"
+_HARDWARE = "the recipe's GPUs for clipbench plan and rehearse; training does not read it"
 
 # --- builtin: clipbench's GRPO loop honours every key ----------------------------------------------
 BUILTIN: dict[str, Support] = {key: honoured() for key in leaf_keys()}
@@ -226,6 +227,8 @@ TRL: dict[str, Support] = {
     **{f"eval.{k}": honoured(_EVAL) for k in EVAL_KEYS},
     **{f"tracking.{k}": honoured(_TRACK) for k in TRACKING_KEYS},
     "launch.nproc_per_node": honoured("torchrun processes (TRL's accelerate reads their environment)"),
+    "launch.gpu": honoured(_HARDWARE),
+    "launch.gpu_memory": honoured(_HARDWARE),
     "launch.preempt_signal": refused(
         "TRL's trainer has no preemption checkpoint (its generation buffer is not "
         "saved): a signal stops it; it resumes from its last checkpoint"
@@ -351,6 +354,8 @@ VERL: dict[str, Support] = {
     "tracking.experiment": mapped("trainer.project_name"),
     "tracking.batch_every": refused(_VERL_LOGS),
     "launch.nproc_per_node": mapped("trainer.n_gpus_per_node"),
+    "launch.gpu": honoured(_HARDWARE),
+    "launch.gpu_memory": honoured(_HARDWARE),
     "launch.preempt_signal": refused(
         "verl's trainer handles signals itself (it resumes from its own checkpoints: trainer.resume_mode=auto)"
     ),

@@ -16,10 +16,10 @@ Design choices:
 
 * One override, `_compute_loss`: TRL's own forward (`_get_per_token_logps_and_entropies`, so its
   temperature, chunking and multimodal inputs apply), TRL's old and reference log-probs and
-  advantages, then `clipbench.objectives.policy_loss`.
+  advantages, then the run's bound rule on one `RuleInputs` (clipbench.objectives).
 * Exact global normalisation. An optimizer step accumulates `gradient_accumulation_steps` (GA)
   micro-batches on each of W processes, and DDP/DeepSpeed/FSDP average the W gradients. Each
-  micro-batch's `policy_loss` gets the *optimizer step's* global counts / W as `global_tokens` /
+  micro-batch's loss gets the *optimizer step's* global counts / W as `global_tokens` /
   `global_seqs` (valid tokens for token-mean; sequences with a valid token for the seq-means),
   counted from the micro-batches of this window in TRL's generation buffer and summed over
   processes. The GA micro-batch losses then add up to the loss of the whole optimizer step, whatever
@@ -73,7 +73,7 @@ from clipbench.objectives import (
     log_ratio_histogram,
 )
 from clipbench.objectives.corrections import KEPT, MASKED
-from clipbench.objectives.inputs import GIVEN, Counts
+from clipbench.objectives.inputs import GIVEN, Counts, RuleInputs
 from clipbench.objectives.loss import bind
 from clipbench.seeds import derive_seed as _seed  # the one seed derivation
 
@@ -259,17 +259,19 @@ class ClipbenchGRPOTrainer(GRPOTrainer):
             else None
         )  # the rule's own draw
         out = self.clipbench_rule(
-            logp,
-            old,
-            adv,
-            maskf,
-            Counts(global_tokens=tokens, global_seqs=seqs),
-            generator=gen,
-            uniforms=u,
-            weights=weights,
-            ref_logp=None if corrected_kl else ref,
-            entropy=entropies,
-            correction_status=status,
+            RuleInputs.of(
+                logp=logp,
+                old_logp=old,
+                advantages=adv,
+                mask=maskf,
+                counts=Counts(global_tokens=tokens, global_seqs=seqs),
+                generator=gen,
+                uniforms=u,
+                weights=weights,
+                ref_logp=None if corrected_kl else ref,
+                entropy=entropies,
+                correction_status=status,
+            )
         )
         loss, sums = out.loss, dict(out.sums)
         if corrected_kl:  # TRL's importance-sampling-corrected KL: k3 times the token ratio

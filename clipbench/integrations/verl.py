@@ -31,7 +31,7 @@ Every value is checked by the registry on first use: a bad one is a one-line Val
 
 Design choices:
 
-* The per-token loss is clipbench's (`policy_loss(...).token_loss`), times verl's rollout
+* The per-token loss is clipbench's (the bound rule's `token_loss` on one `RuleInputs`), times verl's rollout
   correction weights when given; it is aggregated by verl's own `agg_loss` with
   `config.global_batch_info` (dp size, global token and sequence counts), so the normalisation is
   exactly verl's for every loss it ships, micro-batching and data parallelism included.
@@ -66,7 +66,7 @@ import torch.distributed as dist
 from clipbench.integrations.record import LossRecorder
 from clipbench.integrations.verl_settings import PARAMS_ENV, PLUGINS_ENV, RECORD_DIR_ENV, RECORD_MAX_MB_ENV, VERL_FIELDS
 from clipbench.objectives import METHODS
-from clipbench.objectives.inputs import GIVEN
+from clipbench.objectives.inputs import GIVEN, RuleInputs
 from clipbench.objectives.loss import BoundRule, bind
 from clipbench.objectives.plugins import load_plugins
 from clipbench.seeds import derive_seed as _seed  # the one seed derivation
@@ -174,7 +174,17 @@ def make_loss_fn(method: str):
         u = (
             torch.rand(log_prob.shape, generator=gen, device=gen.device).to(log_prob.device) if bound.draws else None
         )  # the rule's own draw, kept for a record
-        out = bound(log_prob, old_log_prob, adv, maskf, generator=gen, uniforms=u, weights=rollout_is_weights)
+        out = bound(
+            RuleInputs.of(
+                logp=log_prob,
+                old_logp=old_log_prob,
+                advantages=adv,
+                mask=maskf,
+                generator=gen,
+                uniforms=u,
+                weights=rollout_is_weights,
+            )
+        )
         info = dict(config.get("global_batch_info", None) or {}) if config is not None else {}
         # out.token_loss: (B, T), rollout weights included, 0 at padding; verl's own global normalisation
         loss = agg_loss(loss_mat=out.token_loss, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **info)

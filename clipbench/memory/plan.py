@@ -1,12 +1,16 @@
 """A run config -> its memory plan per GPU, and the check a run makes before it loads anything.
 
+    hw = target_hardware(cfg, gpu_memory=None)                # the recipe's GPUs (launch.*), or the flags'
     setup = setup_for(cfg, world_size=8, device_gib=80)      # the knobs that decide memory
     check_fits(cfg, model_path, world_size=8, device_gib=80)  # UserError naming the knob to turn
 
-Every run's preflight (clipbench.engines.preflight) runs `check_fits` with the GPU's memory.
+Every run's preflight (clipbench.engines.preflight) runs `check_fits` with the GPU's memory;
+`clipbench plan` and `clipbench rehearse` plan on the recipe's declared GPUs (`target_hardware`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from clipbench.config import RunConfig
 from clipbench.errors import UserError
@@ -20,11 +24,67 @@ def launch_nproc(cfg: RunConfig) -> int:
     return cfg.launch.nproc_per_node
 
 
+DEFAULT_GPU_GIB = 80.0  # the GPU memory assumed when neither --gpu-memory nor launch.gpu_memory says
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The GPUs a plan is for: `nproc` per node on `nnodes` nodes, `gpu_gib` GiB each, the GPU's
+    name when the recipe gives it, and where each figure comes from."""
+
+    nproc: int
+    nnodes: int
+    gpu_gib: float
+    gpu: str | None = None
+    nproc_from: str = "launch.nproc_per_node"
+    gpu_gib_from: str = "launch.gpu_memory"
+    recipe_gib: float | None = None  # the recipe's own launch.gpu_memory, when a flag overrides it
+
+    def describe(self) -> str:
+        """One line: what the plan assumes and why, e.g. "8 x H200 of 139 GiB (launch.nproc_per_node,
+        launch.gpu, launch.gpu_memory of the recipe)"."""
+        n = self.nproc * self.nnodes
+        gpus = f"{self.nproc} x {self.gpu}" if self.gpu else f"{self.nproc} GPU{'s' if self.nproc > 1 else ''}"
+        if self.nnodes > 1:
+            gpus += f" per node x {self.nnodes} nodes ({n} GPUs)"
+        why = [f"GPUs: {self.nproc_from}", f"memory: {self.gpu_gib_from}"]
+        if self.recipe_gib is not None:
+            why.append(f"the recipe's launch.gpu_memory is {self.recipe_gib:g} GiB")
+        return f"{gpus} of {self.gpu_gib:g} GiB ({'; '.join(why)})"
+
+    def as_dict(self) -> dict:
+        return {
+            "gpus_per_node": self.nproc,
+            "nnodes": self.nnodes,
+            "gpu_memory_gib": self.gpu_gib,
+            "gpu": self.gpu,
+            "from": {"gpus_per_node": self.nproc_from, "gpu_memory_gib": self.gpu_gib_from},
+        }
+
+
+def target_hardware(
+    cfg: RunConfig, *, nproc_per_node: int | None = None, nnodes: int = 1, gpu_memory: float | None = None
+) -> Hardware:
+    """The GPUs to plan `cfg` on: the flags' where given (--nproc-per-node, --nnodes, --gpu-memory),
+    else the recipe's (`launch.nproc_per_node`, `launch.gpu`, `launch.gpu_memory`), else
+    DEFAULT_GPU_GIB per GPU. The GPU's name is shown only with the recipe's memory."""
+    nproc_from = "--nproc-per-node" if nproc_per_node is not None else "launch.nproc_per_node"
+    nproc = nproc_per_node if nproc_per_node is not None else launch_nproc(cfg)
+    declared = cfg.launch.gpu_memory
+    if gpu_memory is not None:
+        overridden = declared if declared is not None and declared != gpu_memory else None
+        return Hardware(nproc, nnodes, gpu_memory, None, nproc_from, "--gpu-memory", overridden)
+    if declared is not None:
+        return Hardware(nproc, nnodes, float(declared), cfg.launch.gpu, nproc_from, "launch.gpu_memory")
+    why = f"the default {DEFAULT_GPU_GIB:g} GiB: the recipe sets no launch.gpu_memory"
+    return Hardware(nproc, nnodes, DEFAULT_GPU_GIB, None, nproc_from, why)
+
+
 def setup_for(
     cfg: RunConfig,
     *,
     world_size: int = 1,
-    device_gib: float = 80.0,
+    device_gib: float = DEFAULT_GPU_GIB,
     prompt_tokens: int = PROMPT_TOKENS,
     backend: str | None = None,
     shape: ModelShape | None = None,

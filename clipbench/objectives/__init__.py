@@ -4,7 +4,8 @@
     out = policy_loss("grpo", logp, old_logp, advantages, mask, agg="token-mean", eps_high=0.28)
     out.loss, out.token_loss, out.stats, out.sums
     bound = bind("grpo", {"eps_high": 0.28}, agg="token-mean")           # once per run: looked up, validated
-    out = bound(logp, old_logp, advantages, mask, Counts(global_tokens=n))   # per micro-batch
+    out = bound(RuleInputs.of(logp=logp, old_logp=old_logp, advantages=A, mask=mask,
+                              counts=Counts(global_tokens=n)))           # per micro-batch: one bundle in
 
 The rules are in rules/ (each reads as its formula; shared formulas in primitives.py); a user's own rule is one decorated function
 (docs/plugins.md). The math contract is docs/objectives.md; internal contracts in docs/architecture.md.

@@ -1,17 +1,20 @@
 """The policy loss: a rule bound once per run, called per micro-batch; ``policy_loss`` binds per call.
 
     bound = bind("grpo", {"eps_high": 0.28}, agg="token-mean", beta=0.0)     # once per run
-    out = bound(logp, old_logp, advantages, mask, Counts(global_tokens=n))   # per micro-batch
-    out = policy_loss("grpo", logp, old_logp, advantages, mask, eps_high=0.28)   # the same, one call
+    out = bound(RuleInputs.of(logp=logp, old_logp=old_logp, advantages=A, mask=mask,
+                              counts=Counts(global_tokens=n)))                # per micro-batch: one bundle in
+    out = policy_loss("grpo", logp, old_logp, A, mask, eps_high=0.28)         # the same, one call
 
 Design choices:
 * :func:`bind` looks the rule up, validates and completes its parameters (a rule's ``warn`` is
   issued here, once), checks the aggregation and the KL weight, and resolves once what every call
   needs: which given inputs the rule reads, whether this setting draws, the ratio level and the
   reference band. A :class:`BoundRule` call then only checks the tensors.
-* The rule is called with the inputs it names (inputs.py: :class:`RuleInputs`, built once per call
-  with padding neutralised, so padding values of logp/old_logp may be anything finite and a rule
-  never needs the mask). Counts travel as one bundle (:class:`Counts`).
+* One bundle in, one output out: a call takes one :class:`RuleInputs` (inputs.py: every tensor of the
+  call, the counts (:class:`Counts`) among them) and returns one :class:`PolicyLossOutput`, as verl's
+  policy losses share one signature. The rule itself is called with the inputs it names, by
+  position, from the bundle prepared with padding neutralised (so padding values of logp/old_logp
+  may be anything finite and a rule never needs the mask): its function reads as its formula.
 * The ratio's log is value-clamped to [-20, 20] with a straight-through gradient: r = exp(clamp(lr))
   and dr/dlr = r everywhere, so r <= e^20 stays finite and every rule keeps the gradient its formula
   prescribes. GSPO's s is clamped the same way.
@@ -22,7 +25,7 @@ Design choices:
   backpropagated here); the graph is kept for the caller's ``loss.backward()``.
 * A rule with a mini-batch statistic (``rule(batch_stat=...)``: bapo's bounds, m2po's threshold)
   reads it as its input ``stat``: the caller's (``batch_stat=``, computed by
-  :meth:`BoundRule.mini_batch_stat` on the whole mini-batch) or, without one, this call's own.
+  :meth:`BoundRule.mini_batch_stat` on the whole mini-batch's bundle) or, without one, this call's own.
 * A sampler correction enters as ``weights`` (the policy term's multiplier) and ``correction_status``
   (what it did to each token: corrections/registry.py codes); rejected tokens leave this call's own
   counts (a caller passing global counts leaves them out of those too).
@@ -41,12 +44,10 @@ from clipbench.errors import RuleError
 from clipbench.objectives.aggregation import aggregate, get_aggregation
 from clipbench.objectives.corrections.registry import REJECTED
 from clipbench.objectives.diagnostics import correction_cell_sums, finalize, split_cell_sums, stat_sums, step_sums
-from clipbench.objectives.inputs import GIVEN, KEYWORDS, NO_COUNTS, Counts, RuleInputs, check_given, missing_input
+from clipbench.objectives.inputs import CALL_KEYWORDS, GIVEN, NO_COUNTS, RuleInputs, missing_input
 from clipbench.objectives.primitives import kl_k3
 from clipbench.objectives.registry import MethodSpec, get_method, validate_params
 from clipbench.objectives.signature import Band
-
-COUNT_KEYWORDS = ("global_tokens", "global_seqs", "global_prompts", "group_tokens", "groups")
 
 
 @dataclass(frozen=True)
@@ -55,26 +56,6 @@ class PolicyLossOutput:
     token_loss: torch.Tensor  # (B, T) per-token loss before aggregation (weights and KL included), 0 at padding
     stats: dict  # str -> detached 0-d tensor: finalize(sums)
     sums: dict  # str -> detached 0-d float64 tensor, combinable over micro-batches and ranks (diagnostics.py)
-
-
-def _check_tensors(logp, old_logp, advantages, mask, ref_logp, weights, uniforms, generator, status) -> None:
-    if logp.dim() != 2:
-        raise ValueError(f"logp must be (B, T), got shape {tuple(logp.shape)}")
-    shape = tuple(logp.shape)
-    for name, t in (
-        ("old_logp", old_logp),
-        ("mask", mask),
-        ("ref_logp", ref_logp),
-        ("weights", weights),
-        ("uniforms", uniforms),
-        ("correction_status", status),
-    ):
-        if t is not None and tuple(t.shape) != shape:
-            raise ValueError(f"{name} must have logp's shape {shape}, got {tuple(t.shape)}")
-    if advantages.shape not in ((shape[0],), (shape[0], 1)):
-        raise ValueError(f"advantages must be (B,) = ({shape[0]},) (one per sequence), got {tuple(advantages.shape)}")
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise ValueError(f"generator must be a torch.Generator, got {type(generator).__name__}")
 
 
 def _check_beta(beta) -> None:
@@ -86,7 +67,7 @@ def _check_beta(beta) -> None:
 class BoundRule:
     """A rule bound for a run (:func:`bind`): its spec, its validated parameters (defaults merged), the
     aggregation, the KL weight and the fixed length, and what each call needs, resolved once.
-    Call it per micro-batch: ``bound(logp, old_logp, advantages, mask, counts, **tensors)``."""
+    Call it per micro-batch with the call's bundle: ``bound(RuleInputs.of(...)) -> PolicyLossOutput``."""
 
     spec: MethodSpec
     params: dict[str, Any]  # validated, every parameter
@@ -116,43 +97,29 @@ class BoundRule:
 
     # -- per call -----------------------------------------------------------------------------------
 
-    def __call__(
-        self,
-        logp: torch.Tensor,
-        old_logp: torch.Tensor,
-        advantages: torch.Tensor,
-        mask: torch.Tensor,
-        counts: Counts = NO_COUNTS,
-        *,
-        uniforms: torch.Tensor | None = None,
-        generator: torch.Generator | None = None,
-        batch_stat: dict | None = None,
-        ref_logp: torch.Tensor | None = None,
-        weights: torch.Tensor | None = None,
-        correction_status: torch.Tensor | None = None,
-        token_splits: dict | None = None,
-        **given: torch.Tensor | None,
-    ) -> PolicyLossOutput:
-        """The policy loss of one call (:func:`policy_loss` documents the tensors); ``counts``: the
-        mini-batch's normalisers when this call is one micro-batch of it; ``given``: the inputs some
-        rules read, by keyword (inputs.GIVEN: ``rewards`` (B,), ``entropy`` (B, T))."""
-        _check_tensors(logp, old_logp, advantages, mask, ref_logp, weights, uniforms, generator, correction_status)
-        values = self._given(given, tuple(logp.shape))
-        counts.check(logp.shape[0])
-        if self.beta > 0 and ref_logp is None:
+    def __call__(self, inputs: RuleInputs) -> PolicyLossOutput:
+        """The policy loss of one call (:func:`policy_loss` documents the tensors): ``inputs`` the call's
+        bundle (:meth:`RuleInputs.of`): logp, old_logp, advantages, mask; ``counts``, the mini-batch's
+        normalisers when this call is one micro-batch of it; the uniforms or generator of a rule that
+        draws; the given inputs the rule reads (inputs.GIVEN); ref_logp, weights, correction_status,
+        token_splits, batch_stat."""
+        inputs.check()
+        if self.beta > 0 and inputs.ref_logp is None:
             raise ValueError("beta > 0 needs ref_logp (the reference policy's log-probs, (B, T))")
+        counts = inputs.counts if inputs.counts is not None else NO_COUNTS
+        status, weights = inputs.correction_status, inputs.weights
 
         # Differentiate w.r.t. the caller's logp when it has a graph; else through a detached leaf copy
         # (and return detached outputs).
+        logp, mask = inputs.logp, inputs.mask
         track = torch.is_grad_enabled() and logp.requires_grad
         lp = logp.to(torch.float32) if track else logp.detach().to(torch.float32).requires_grad_(True)
         maskf = mask if mask.dtype == torch.float32 else (mask != 0).to(torch.float32)
         with torch.enable_grad():
-            u = self._uniforms(lp.shape, lp.device, uniforms, generator)
-            inputs = RuleInputs.build(lp, old_logp, advantages, maskf, u=u, generator=generator, **values)
-            if self.has_stat:
-                inputs = replace(inputs, stat=batch_stat if batch_stat is not None else self.stat(inputs))
-            rule_loss = self.rule_loss(inputs)  # (B, T)
+            x = inputs.prepared(lp, maskf, self._uniforms(lp.shape, lp.device, inputs.u, inputs.generator))
+            # the statistic of a rule that declares one: the caller's (the mini-batch's), else this call's
+            x = replace(x, stat=(inputs.stat if inputs.stat is not None else self.stat(x)) if self.has_stat else None)
+            rule_loss = self.rule_loss(x)  # (B, T)
             masked = rule_loss * maskf  # 0 at padding
             grad = None
             if masked.requires_grad:  # the rule's per-token gradient, on the rule graph only
@@ -162,9 +129,9 @@ class BoundRule:
             token_loss = masked if weights is None else masked * weights.detach().to(torch.float32)
             kl = None
             if self.beta > 0:
-                kl = kl_k3(inputs.logp, ref_logp.detach().to(torch.float32) * maskf) * maskf  # 0 at padding
+                kl = kl_k3(x.logp, inputs.ref_logp.detach().to(torch.float32) * maskf) * maskf  # 0 at padding
                 token_loss = token_loss + self.beta * kl
-            counted = maskf if correction_status is None else maskf * (correction_status != REJECTED)
+            counted = maskf if status is None else maskf * (status != REJECTED)
             loss = aggregate(
                 token_loss,
                 counted,
@@ -177,21 +144,10 @@ class BoundRule:
                 group_tokens=counts.group_tokens,
             )
 
-        sums = self._sums(inputs, rule_loss, grad, kl, correction_status, token_splits)
+        sums = self._sums(x, rule_loss, grad, kl)
         if not track:
             loss, token_loss = loss.detach(), token_loss.detach()
         return PolicyLossOutput(loss, token_loss, finalize(sums), sums)
-
-    @staticmethod
-    def _given(given: dict, shape: tuple[int, int]) -> dict[str, torch.Tensor | None]:
-        """The given inputs by field name, shapes checked (a keyword that names none is a TypeError)."""
-        unknown = set(given) - set(KEYWORDS)
-        if unknown:
-            raise TypeError(f"unexpected keyword argument(s) {sorted(unknown)}: rule inputs are {sorted(KEYWORDS)}")
-        values = {KEYWORDS[k]: t for k, t in given.items()}
-        for name, t in values.items():
-            check_given(name, t, shape)
-        return values
 
     def _uniforms(self, shape, device, uniforms, generator) -> torch.Tensor | None:
         """The rule's ``u``: the caller's uniforms, else torch.rand from the generator; zeros when this
@@ -232,18 +188,16 @@ class BoundRule:
             raise RuleError(f"rule '{self.method}' ({self.spec.where}): batch_stat must return a dict of 0-d tensors")
         return out
 
-    def mini_batch_stat(
-        self, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
-    ) -> dict | None:
-        """The rule's mini-batch statistic (``rule(batch_stat=...)``) from the whole mini-batch's (B, T)
-        log-probs (detached: the current policy's, before the step), old log-probs, (B,) advantages and
-        mask; pass it to each micro-batch's call as ``batch_stat=``. None for other rules."""
+    def mini_batch_stat(self, inputs: RuleInputs) -> dict | None:
+        """The rule's mini-batch statistic (``rule(batch_stat=...)``) from the whole mini-batch's bundle:
+        its (B, T) log-probs (detached: the current policy's, before the step), old log-probs, (B,)
+        advantages and mask; pass it to each micro-batch's call as ``batch_stat=``. None for other rules."""
         if not self.has_stat:
             return None
-        maskf = (mask != 0).to(torch.float32)
-        return self.stat(RuleInputs.build(logp.detach().to(torch.float32), old_logp, advantages, maskf))
+        maskf = (inputs.mask != 0).to(torch.float32)
+        return self.stat(inputs.prepared(inputs.logp.detach().to(torch.float32), maskf, None))
 
-    def _sums(self, inputs: RuleInputs, rule_loss, grad, kl, status, token_splits) -> dict:
+    def _sums(self, inputs: RuleInputs, rule_loss, grad, kl) -> dict:
         """The call's diagnostic sums (diagnostics.py), detached."""
         with torch.no_grad():
             valid = inputs.mask != 0
@@ -263,9 +217,9 @@ class BoundRule:
                 s=s,
                 kl=kl.detach() if kl is not None else None,
             )
-            if status is not None:
-                sums.update(correction_cell_sums(x=x, A=inputs.A, valid=valid, status=status))
-            if token_splits:  # the cells' counts over named subsets of the tokens (diagnostics only)
+            if inputs.correction_status is not None:
+                sums.update(correction_cell_sums(x=x, A=inputs.A, valid=valid, status=inputs.correction_status))
+            if inputs.token_splits:  # the cells' counts over named subsets of the tokens (diagnostics only)
                 sums.update(
                     split_cell_sums(
                         x=x,
@@ -275,7 +229,7 @@ class BoundRule:
                         grad=grad,
                         band=self.band,
                         params=self.params,
-                        splits=token_splits,
+                        splits=inputs.token_splits,
                     )
                 )
             if inputs.stat is not None:
@@ -309,8 +263,9 @@ def bind(
 def mini_batch_stat(
     method: str, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, **params
 ) -> dict | None:
-    """``bind(method, params).mini_batch_stat(logp, old_logp, advantages, mask)`` in one call."""
-    return bind(method, params).mini_batch_stat(logp, old_logp, advantages, mask)
+    """``bind(method, params).mini_batch_stat(...)`` on these tensors in one call."""
+    inputs = RuleInputs.of(logp=logp, old_logp=old_logp, advantages=advantages, mask=mask)
+    return bind(method, params).mini_batch_stat(inputs)
 
 
 def policy_loss(
@@ -323,24 +278,20 @@ def policy_loss(
     agg: str = "token-mean",
     beta: float = 0.0,
     max_len: int | None = None,
-    generator: torch.Generator | None = None,
-    uniforms: torch.Tensor | None = None,
-    ref_logp: torch.Tensor | None = None,
-    weights: torch.Tensor | None = None,
-    batch_stat: dict | None = None,
-    correction_status: torch.Tensor | None = None,
-    token_splits: dict | None = None,
     **params_and_inputs,
 ) -> PolicyLossOutput:
     """The clipped policy loss of ``method`` (docs/objectives.md) and its diagnostics: :func:`bind`
-    then one call (a loop over micro-batches binds once and calls the :class:`BoundRule`).
+    then one call on ``RuleInputs.of(...)`` (a loop over micro-batches binds once and calls the
+    :class:`BoundRule` with each micro-batch's bundle).
 
     logp, old_logp, mask: (B, T) (mask 1 on real completion tokens, 0 on padding; padding values of
     logp/old_logp may be anything finite); advantages: (B,).
-    ``params_and_inputs``: the method's parameters (defaults from ``METHODS[method].defaults``), the
-    counts (inputs.Counts: ``global_tokens``, ``global_seqs``, ``global_prompts``, ``group_tokens``,
-    ``groups``) and the inputs some rules read (inputs.GIVEN: ``rewards`` (B,) each sequence's reward
-    (topr), ``entropy`` (B, T) the current policy's token entropy (aspo)).
+    ``params_and_inputs``: the method's parameters (defaults from ``METHODS[method].defaults``) and the
+    call's other inputs by their keywords (inputs.CALL_KEYWORDS; the others are parameters):
+    the counts (inputs.Counts: ``global_tokens``, ``global_seqs``, ``global_prompts``, ``group_tokens``,
+    ``groups``, or ``counts=``), the inputs some rules read (inputs.GIVEN: ``rewards`` (B,) each
+    sequence's reward (topr), ``entropy`` (B, T) the current policy's token entropy (aspo),
+    ``sampler_logp`` (B, T) the rollout policy's (rollout_is)),
     ``uniforms`` (B, T) in [0, 1): the draws of stochastic rules (nsr); without them, drawn from
     ``generator``. ``weights`` (B, T): a detached per-token multiplier of the policy term (e.g.
     truncated importance sampling). ``beta * k3(ref_logp)`` is added per token when beta > 0.
@@ -351,21 +302,6 @@ def policy_loss(
     tokens and out-of-band tokens over each named subset (``{name}/{cell}/tokens|out_of_band``; a MoE
     policy's tokens whose experts moved). Computation is in float32 whatever the input dtype.
     """
-    counts = {k: params_and_inputs.pop(k) for k in COUNT_KEYWORDS if k in params_and_inputs}
-    given = {k: params_and_inputs.pop(k) for k in KEYWORDS if k in params_and_inputs}
+    keywords = {k: params_and_inputs.pop(k) for k in CALL_KEYWORDS if k in params_and_inputs}
     bound = bind(method, params_and_inputs, agg=agg, beta=beta, max_len=max_len)
-    return bound(
-        logp,
-        old_logp,
-        advantages,
-        mask,
-        Counts(**counts),
-        uniforms=uniforms,
-        generator=generator,
-        batch_stat=batch_stat,
-        ref_logp=ref_logp,
-        weights=weights,
-        correction_status=correction_status,
-        token_splits=token_splits,
-        **given,
-    )
+    return bound(RuleInputs.of(logp=logp, old_logp=old_logp, advantages=advantages, mask=mask, **keywords))

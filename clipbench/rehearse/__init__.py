@@ -38,6 +38,7 @@ class Rehearsal:
     plan: object | None = None  # the real recipe's memory.estimator.MemoryPlan
     plan_note: str = ""  # why there is none, or the knobs that make it fit
     nproc: int = 1  # the real recipe's GPUs per node
+    hardware: object | None = None  # the GPUs the plan is for: memory.plan.Hardware (which, and why)
     seconds: float = 0.0
     skipped: list[Part] = field(default_factory=list)
 
@@ -88,11 +89,12 @@ def rehearse(
     results_dir: Path = Path("results"),
     tracking_uri: str | None = None,
     plugins: list[str] = (),
-    gpu_memory: float = 80.0,
+    gpu_memory: float | None = None,
     say: Callable[[str], None] = lambda msg: None,
 ) -> Rehearsal:
     """Rehearse `recipe` (see the module docstring); `say` receives progress lines; `gpu_memory`: the
-    GiB of each of the real recipe's GPUs, for its memory plan (`clipbench plan --gpu-memory`)."""
+    GiB of each of the real recipe's GPUs, for its memory plan (`clipbench plan --gpu-memory`; None:
+    the recipe's launch.gpu_memory, else 80)."""
 
     # PLC0415, deferred: omegaconf is heavy
     from clipbench.config import load_run_config, run_id, to_dict  # noqa: PLC0415
@@ -139,12 +141,13 @@ def rehearse(
     return out
 
 
-def memory_plan(out: Rehearsal, real, gpu_memory: float = 80.0) -> None:
-    """The real recipe's memory plan per GPU (`gpu_memory` GiB, its processes), as `clipbench plan`
+def memory_plan(out: Rehearsal, real, gpu_memory: float | None = None) -> None:
+    """The real recipe's memory plan per GPU on its GPUs (its processes; `gpu_memory` GiB each, else
+    the recipe's launch.gpu_memory, else 80: `memory.plan.target_hardware`), as `clipbench plan`
     computes it."""
     # PLC0415, deferred: torch is heavy
     from clipbench.memory.estimator import advise, estimate  # noqa: PLC0415
-    from clipbench.memory.plan import setup_for  # noqa: PLC0415
+    from clipbench.memory.plan import setup_for, target_hardware  # noqa: PLC0415
     from clipbench.models import resolve_model_name  # noqa: PLC0415
     from clipbench.models.shapes import model_shape  # noqa: PLC0415
 
@@ -153,7 +156,9 @@ def memory_plan(out: Rehearsal, real, gpu_memory: float = 80.0) -> None:
     except UserError as e:
         out.plan_note = f"no memory plan: {e}"
         return
-    setup = setup_for(real, world_size=out.nproc, device_gib=gpu_memory, shape=shape)
+    out.hardware = hw = target_hardware(real, gpu_memory=gpu_memory)  # the real recipe's processes
+    out.nproc = hw.nproc
+    setup = setup_for(real, world_size=hw.nproc, device_gib=hw.gpu_gib, shape=shape)
     out.plan = estimate(shape, setup)
     out.plan_note = "" if out.plan.fits else "; ".join(advise(shape, setup))
 

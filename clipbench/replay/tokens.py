@@ -12,11 +12,12 @@ Design choices
   loss and counts exactly (tests/test_replay.py), and every other rule is computed the same way.
 - g = d loss / d logp per token (the aggregated loss, weights and KL included: what the model's
   backward receives), one `torch.autograd.grad` per micro-batch on the rule's small graph.
-- Each rule is bound once per optimizer step (objectives.loss.bind), then called per micro-batch.
-  The inputs a rule may read are passed under their keyword (objectives.inputs.KEYWORDS: rewards,
-  entropy) and prompt groups as the counts' `groups` whenever the record holds them, so a rule that
-  reads an input added later replays once the record has it; a rule whose input the record lacks
-  is reported as not replayable, not guessed.
+- Each rule is bound once per optimizer step (objectives.loss.bind), then called per micro-batch
+  with the micro-batch's bundle (objectives.inputs.RuleInputs.of, from the recorded tensors by their
+  names). The inputs a rule may read are taken under their keyword (objectives.inputs.KEYWORDS:
+  rewards, entropy) and prompt groups as the counts' `groups` whenever the record holds them, so a
+  rule that reads an input added later replays once the record has it; a rule whose input the
+  record lacks is reported as not replayable, not guessed.
 - Draws: a rule that draws replays the recorded uniforms (the trained rule's own draws) as draw 0;
   other draws, and every draw when none was recorded, come from (run seed, "replay", record, slot, draw).
 - Cells of the comparisons are the token-ratio quadrants (objectives.diagnostics.cell_index on r and
@@ -25,13 +26,13 @@ Design choices
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from clipbench.objectives import CELLS, METHODS, RuleError, combine, finalize
 from clipbench.objectives.diagnostics import cell_index
-from clipbench.objectives.inputs import GIVEN, KEYWORDS, Counts
+from clipbench.objectives.inputs import GIVEN, KEYWORDS, Counts, RuleInputs
 from clipbench.objectives.loss import bind
 from clipbench.replay.rules import RuleSpec
 from clipbench.seeds import generator
@@ -66,9 +67,9 @@ class OptStepView:
         t = t[rows]
         return t[:, :width] if width is not None and t.dim() == 2 else t
 
-    def inputs(self, mb: dict, uniforms: torch.Tensor | None) -> dict:
-        """The bound rule's tensors for one micro-batch (logp detached; the caller makes it a leaf),
-        with every given rule input the record holds, by its keyword."""
+    def inputs(self, mb: dict, uniforms: torch.Tensor | None) -> RuleInputs:
+        """The bound rule's bundle for one micro-batch (logp detached: the caller makes it a leaf), with
+        every given rule input the record holds, by its keyword, and the mini-batch's counts."""
         rows, w = torch.tensor(mb["rows"], dtype=torch.long), int(mb["width"])
         x = {
             "logp": self.tensor("logp", rows, w, slot=True),
@@ -83,7 +84,7 @@ class OptStepView:
             t = self.tensor(kw, rows, w, slot=kw in SLOT_INPUTS)
             if t is not None:
                 x[kw] = t
-        return x
+        return RuleInputs.of(**x, counts=self.counts(mb))
 
     def counts(self, mb: dict) -> Counts:
         """The mini-batch's counts as training passed them (and the rows' prompt groups when recorded)."""
@@ -133,9 +134,9 @@ def replay_rule(step: OptStepView, rule: RuleSpec, draw: int = 0) -> RuleResult:
                 losses.append(torch.zeros(()))  # a placeholder: no token, loss 0 (as in training)
                 continue
             x = step.inputs(mb, u)
-            logp = x.pop("logp").clone().requires_grad_(True)
+            logp = x.logp.clone().requires_grad_(True)
             try:
-                out = bound(logp, x.pop("old_logp"), x.pop("advantages"), x.pop("mask"), step.counts(mb), **x)
+                out = bound(replace(x, logp=logp))
             except (ValueError, RuleError) as e:  # e.g. an input or aggregation this record lacks
                 raise NotReplayable(f"{rule.label}: {e}") from None
             (g,) = torch.autograd.grad(out.loss, logp, allow_unused=True)

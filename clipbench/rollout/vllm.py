@@ -57,13 +57,13 @@ import torch
 
 from clipbench.errors import UserError, unknown_choice
 from clipbench.models import PROMPT_TOKENS as PROMPT_ROOM  # room for prompts beside completions
-from clipbench.models import compute_dtype
 from clipbench.rollout.base import Rollout, call_settings, prompt_seeds
 from clipbench.rollout.vllm_engine import (
     SleepCycle,
     completion_logprobs,
     count_cpu_moe_layers,
     default_kv_cache_bytes,
+    engine_args,
     head_logits,
     import_vllm,
     is_available,
@@ -128,19 +128,11 @@ class VLLMSampler:
             r3), from vLLM's `enable_return_routed_experts`; refused where vLLM cannot return them
             (`routed_experts_error`: on CPU, and in a vLLM without the option).
         """
-        _check_sampling(max_new_tokens, temperature, top_p)
-        if sleep_mode and (why := sleep_mode_error()):
-            raise UserError(why)
-        if record_routes and (why := routed_experts_error()):
-            raise UserError(why)
-        self.record_routes = record_routes
-        if dtype not in DTYPES:
-            raise ValueError(unknown_choice("dtype", dtype, DTYPES))
-        if max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        _check_settings(max_new_tokens, temperature, top_p, dtype, max_num_seqs, sleep_mode, record_routes)
         vllm = import_vllm()
         from vllm.platforms import current_platform  # noqa: PLC0415 - optional: vllm
 
+        self.record_routes = record_routes
         self.tokenizer = tokenizer
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.dtype = dtype
@@ -150,48 +142,27 @@ class VLLMSampler:
         # a process group that exists before the engine is the trainer's: the engine must not end it
         self._trainer_group = torch.distributed.is_available() and torch.distributed.is_initialized()
         try:
-            if isinstance(model_path_or_hf_model, (str, os.PathLike)):
-                model_dir = str(model_path_or_hf_model)
-                from transformers import AutoConfig  # noqa: PLC0415 - transformers is heavy
-
-                hf_config = AutoConfig.from_pretrained(model_dir)
-            else:
-                model_dir = str(self._tmp / "model")
-                model_path_or_hf_model.save_pretrained(model_dir)
-                hf_config = model_path_or_hf_model.config
-            tok_dir = str(self._tmp / "tokenizer")
-            tokenizer.save_pretrained(tok_dir)
-            hf_config.save_pretrained(tok_dir)  # vLLM reads config.json beside the tokenizer
+            model_dir, tok_dir, hf_config = self._stage(model_path_or_hf_model, tokenizer)
             self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
             self.max_model_len = model_len(
                 hf_config, max_model_len or (longest_new_tokens or max_new_tokens) + PROMPT_ROOM
             )
-            kwargs = dict(
-                model=model_dir,
-                tokenizer=tok_dir,
+            kwargs = engine_args(
+                model_dir,
+                tok_dir,
+                hf_config,
                 dtype=dtype,
                 seed=seed,
                 max_model_len=self.max_model_len,
                 max_num_seqs=max_num_seqs,
                 enforce_eager=enforce_eager,
-                logprobs_mode="processed_logprobs",
+                sleep_mode=sleep_mode,
+                record_routes=record_routes,
+                external_launcher=self._trainer_group and torch.distributed.get_world_size() > 1,
+                cpu=current_platform.is_cpu(),
+                kv_cache_bytes=kv_cache_bytes,
+                gpu_memory_utilization=gpu_memory_utilization,
             )
-            if sleep_mode:
-                kwargs["enable_sleep_mode"] = True
-            if record_routes:
-                kwargs["enable_return_routed_experts"] = True
-            if self._trainer_group and torch.distributed.get_world_size() > 1:
-                # one engine per rank inside the trainer's torchrun world (as TRL's colocate mode)
-                kwargs["distributed_executor_backend"] = "external_launcher"
-            if kv_cache_bytes is None and current_platform.is_cpu():
-                torch_dtype = compute_dtype(dtype, "cpu")
-                kv_cache_bytes = default_kv_cache_bytes(
-                    kv_bytes_per_token(hf_config, torch_dtype), self.max_model_len, max_num_seqs
-                )
-            if kv_cache_bytes is not None:
-                kwargs["kv_cache_memory_bytes"] = int(kv_cache_bytes)
-            else:
-                kwargs["gpu_memory_utilization"] = gpu_memory_utilization
             kwargs.update(engine_kwargs or {})
             self.engine_kwargs = kwargs
             with preserved_global_state():
@@ -201,6 +172,24 @@ class VLLMSampler:
         except BaseException:
             self.close()
             raise
+
+    def _stage(self, model_path_or_hf_model, tokenizer) -> tuple[str, str, object]:
+        """The engine's model directory (a checkpoint directory as it is, or a transformers model saved
+        to the temp dir), its tokenizer directory (the trainer's tokenizer saved beside the model's
+        config.json, which vLLM reads there) and the model's config."""
+        if isinstance(model_path_or_hf_model, (str, os.PathLike)):
+            model_dir = str(model_path_or_hf_model)
+            from transformers import AutoConfig  # noqa: PLC0415 - transformers is heavy
+
+            hf_config = AutoConfig.from_pretrained(model_dir)
+        else:
+            model_dir = str(self._tmp / "model")
+            model_path_or_hf_model.save_pretrained(model_dir)
+            hf_config = model_path_or_hf_model.config
+        tok_dir = str(self._tmp / "tokenizer")
+        tokenizer.save_pretrained(tok_dir)
+        hf_config.save_pretrained(tok_dir)  # vLLM reads config.json beside the tokenizer
+        return model_dir, tok_dir, hf_config
 
     # -- Sampler protocol ----------------------------------------------------------------------
 
@@ -393,6 +382,28 @@ class VLLMSampler:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _check_settings(
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    dtype: str,
+    max_num_seqs: int,
+    sleep_mode: bool,
+    record_routes: bool,
+) -> None:
+    """The sampler's settings, checked before vLLM is imported: sampling, sleep mode and routed
+    experts where this vLLM has them (UserError), the dtype and the batch size."""
+    _check_sampling(max_new_tokens, temperature, top_p)
+    if sleep_mode and (why := sleep_mode_error()):
+        raise UserError(why)
+    if record_routes and (why := routed_experts_error()):
+        raise UserError(why)
+    if dtype not in DTYPES:
+        raise ValueError(unknown_choice("dtype", dtype, DTYPES))
+    if max_num_seqs < 1:
+        raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
 
 
 def _check_sampling(max_new_tokens: int, temperature: float, top_p: float) -> None:

@@ -1,4 +1,4 @@
-"""What clipbench runs around vLLM's engine: availability, per-request seeds, engine sizes, the
+"""What clipbench runs around vLLM's engine: availability, per-request seeds, engine sizes and arguments, the
 sampled tokens' log-probs, the global state vLLM touches, tied output heads, and sleep mode.
 
 The sampler itself (clipbench.rollout.vllm.VLLMSampler) uses these; none of them needs an engine
@@ -18,7 +18,7 @@ from unittest import mock
 import numpy as np
 import torch
 
-from clipbench.models import shapes
+from clipbench.models import compute_dtype, shapes
 
 _MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 KV_CACHE_CAP_BYTES = 2 << 30  # default CPU KV cache never exceeds 2 GiB
@@ -44,6 +44,54 @@ def is_available() -> bool:
     except Exception:  # noqa: BLE001 - a broken install (e.g. CUDA-linked torchvision) is "not available"
         return False
     return True
+
+
+def engine_args(
+    model_dir: str,
+    tok_dir: str,
+    hf_config,
+    *,
+    dtype: str,
+    seed: int,
+    max_model_len: int,
+    max_num_seqs: int,
+    enforce_eager: bool,
+    sleep_mode: bool,
+    record_routes: bool,
+    external_launcher: bool,
+    cpu: bool,
+    kv_cache_bytes: int | None,
+    gpu_memory_utilization: float,
+) -> dict:
+    """The keyword arguments of `vllm.LLM` for one sampler (before the caller's `engine_kwargs`):
+    processed log-probs (the module docstring), sleep mode and routed experts when asked, one engine
+    per rank inside a trainer's torchrun world (`external_launcher`, as TRL's colocate mode), and
+    the KV cache: `kv_cache_bytes`, else on CPU room for max_num_seqs full-length sequences (at most
+    2 GiB), else vLLM's share of the GPU (gpu_memory_utilization)."""
+    kwargs = dict(
+        model=model_dir,
+        tokenizer=tok_dir,
+        dtype=dtype,
+        seed=seed,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        enforce_eager=enforce_eager,
+        logprobs_mode="processed_logprobs",
+    )
+    if sleep_mode:
+        kwargs["enable_sleep_mode"] = True
+    if record_routes:
+        kwargs["enable_return_routed_experts"] = True
+    if external_launcher:
+        kwargs["distributed_executor_backend"] = "external_launcher"
+    if kv_cache_bytes is None and cpu:
+        torch_dtype = compute_dtype(dtype, "cpu")
+        kv_cache_bytes = default_kv_cache_bytes(kv_bytes_per_token(hf_config, torch_dtype), max_model_len, max_num_seqs)
+    if kv_cache_bytes is not None:
+        kwargs["kv_cache_memory_bytes"] = int(kv_cache_bytes)
+    else:
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+    return kwargs
 
 
 # ----------------------------------------------------------------------------- pure helpers

@@ -45,7 +45,7 @@ from clipbench.models.routing import (
 from clipbench.objectives import PolicyLossOutput, combine, finalize, log_ratio_counts
 from clipbench.objectives.aggregation import NEEDS_GROUPS
 from clipbench.objectives.corrections import REJECTED, apply_correction, correction_stats
-from clipbench.objectives.inputs import KEYWORDS, Counts
+from clipbench.objectives.inputs import KEYWORDS, Counts, RuleInputs
 from clipbench.objectives.loss import BoundRule, bind
 from clipbench.train.distributed import Dist, full_tensor
 from clipbench.train.logprobs import completion_logprobs
@@ -219,11 +219,10 @@ class Objective:
         """Does this rule read a statistic of the whole mini-batch (bapo, m2po)?"""
         return self.bound.has_stat
 
-    def loss(self, logp, mask, counts: Counts, *, old_logp, advantages, **inputs) -> PolicyLossOutput:
-        """The bound rule's policy loss on one micro-batch: the mini-batch's `counts`; inputs: uniforms,
-        ref_logp, weights, correction_status, the statistic, the given rule inputs (rewards, entropy):
-        docs/architecture.md."""
-        return self.bound(logp, old_logp, advantages, mask, counts, **inputs)
+    def loss(self, inputs: RuleInputs) -> PolicyLossOutput:
+        """The bound rule's policy loss on one micro-batch's bundle (objectives.inputs.RuleInputs: its
+        log-probs, mask and entropy, its rows' StepInputs, the mini-batch's counts and statistic)."""
+        return self.bound(inputs)
 
 
 def draw_uniforms(shape: torch.Size, generator: torch.Generator, device) -> torch.Tensor:
@@ -248,11 +247,13 @@ class StepInputs:
     groups: tuple[int, ...] = ()  # each row's prompt group (prompt-mean)
     mask: torch.Tensor | None = None  # (B, T) the completion mask on the device (the mini-batch's counts)
 
-    def rows(self, idx: torch.Tensor | None, width: int) -> dict[str, torch.Tensor | None]:
+    def rows(self, idx: torch.Tensor | None, width: int) -> RuleInputs:
         """The loss's inputs for a micro-batch's rows, trimmed to its `width` (zeros for the
-        placeholder, idx None): old_logp, advantages, uniforms, ref_logp, weights, correction_status
-        and the given rule inputs held here (objectives.inputs.GIVEN: rewards)."""
-        return {name: _take(getattr(self, name), idx, width) for name in ROW_INPUTS}
+        placeholder, idx None), as the call's bundle (the forward's logp, mask and entropy and the
+        mini-batch's counts are the caller's to add): old_logp, advantages, uniforms, ref_logp,
+        weights, correction_status and the given rule inputs held here (objectives.inputs.GIVEN:
+        rewards, sampler_logp)."""
+        return RuleInputs.of(**{name: _take(getattr(self, name), idx, width) for name in ROW_INPUTS})
 
 
 # The per-row tensors of StepInputs each micro-batch's loss takes: the fixed ones and every given
@@ -392,7 +393,9 @@ def mini_batch_inputs(
         # (B, T): the policy before this step, on the step's rows
         rows = torch.tensor(step.rows, dtype=torch.long, device=current.device)
         out.batch_stat = objective.bound.mini_batch_stat(
-            current[rows], inputs.old_logp[rows], inputs.advantages[rows], mask[rows]
+            RuleInputs.of(
+                logp=current[rows], old_logp=inputs.old_logp[rows], advantages=inputs.advantages[rows], mask=mask[rows]
+            )
         )
     return out
 
@@ -428,14 +431,18 @@ def accumulate_gradients(
         with compute(), RouterLogits(model, on=objective.router_aux_loss_coef > 0) as routed:
             logp, entropy = completion_logprobs(model, mb, temperature=temperature)  # (b, T) each
         logp, mask = logp.float(), mb.completion_mask
-        x = inputs.rows(idx, mask.shape[1])  # old_logp, advantages, ...
-        if shared.batch_stat is not None:
-            x["batch_stat"] = shared.batch_stat
         moved = None if replay is None else moved_tokens(replay, mb, idx is not None)  # (layers, b, T) MoE routes
-        if moved is not None:  # the clip's cells split by whether the token's experts moved
-            x["token_splits"] = {"experts_moved": moved.any(0), "experts_kept": ~moved.any(0)}
-        counts = shared.rows(idx, mask.shape[1])
-        out = objective.loss(logp, mask, counts, entropy=entropy, **x)  # rule, aggregation
+        x = replace(
+            inputs.rows(idx, mask.shape[1]),  # old_logp, advantages, ...
+            logp=logp,
+            mask=mask,
+            entropy=entropy,
+            counts=shared.rows(idx, mask.shape[1]),
+            stat=shared.batch_stat,
+            # the clip's cells split by whether the token's experts moved
+            token_splits=None if moved is None else {"experts_moved": moved.any(0), "experts_kept": ~moved.any(0)},
+        )
+        out = objective.loss(x)  # rule, aggregation
         loss = out.loss
         if routed is not None:  # per forward, as TRL and transformers: weighted by the micro-batch's rows
             aux = routed.aux_loss(mb.attention_mask) * (len(rows) / len(step.rows))  # 0 for a placeholder
@@ -452,7 +459,7 @@ def accumulate_gradients(
                 apply_correction(None, _take(inputs.sampler_logp, idx, mask.shape[1]), logp.detach(), mask).sums
             )
         if histogram and idx is not None:
-            hist = add_histograms(hist, log_ratio_counts(logp.detach(), x["old_logp"], x["advantages"], mask))
+            hist = add_histograms(hist, log_ratio_counts(logp.detach(), x.old_logp, x.A, mask))
     if replay is not None:
         replay.off()
     return stats, hist
