@@ -334,6 +334,12 @@ def replay(
     top: int = typer.Option(5, "--top", help="Tokens where each rule departs most from the trained one, per step."),
     no_params: bool = typer.Option(False, "--no-params", help="Token level only (skip the recorded policy states)."),
     device: str = typer.Option("cpu", "--device", help="Where the parameter level runs the model (cpu, cuda)."),
+    lr: str | None = typer.Option(
+        None,
+        "--lr",
+        help="RULE=RATE,...: each named rule's look-ahead step at that learning rate (its own tuned rate) "
+        "instead of the run's.",
+    ),
     results_dir: ResultsDir = Path("results"),
     plugin: Plugins = None,
 ):
@@ -353,6 +359,7 @@ def replay(
         top=top,
         params=not no_params,
         device=device,
+        lr=lr,
     )
 
 

@@ -1,10 +1,12 @@
-"""`clipbench replay RUN_OR_SWEEP [--rules all|a,b,c] [--plugin F] [--steps ...] [--json] [--format F --out DIR]`.
+"""`clipbench replay RUN_OR_SWEEP [--rules all|a,b,c] [--lr RULE=RATE,...] [--plugin F] [--steps ...] [--json] [--format F --out DIR]`.
 
 Replays the recorded optimizer steps of a run (its directory, or SWEEP/RUN_ID) or of every run of a
 sweep (a name in --results-dir, or its directory) under every requested rule (clipbench.replay).
 `--json` prints one JSON object per line per (recorded optimizer step, rule), nothing else on stdout;
 otherwise the summary tables are printed and the report is written (default
-<results>/reports/<sweep>/replay/): replay.json, replay.jsonl and the format's files.
+<results>/reports/<sweep>/replay/): replay.json, replay.jsonl and the format's files. `--lr
+cispo=1e-4,grpo=2e-4`: the look-ahead step of each named rule (a label as `--rules` makes it) at
+that learning rate instead of the run's (each rule at its own tuned rate).
 """
 
 from __future__ import annotations
@@ -44,6 +46,38 @@ def parse_steps(text: str | None) -> set[int] | None:
     return out
 
 
+def parse_rates(text: str | None, specs) -> dict[str, float]:
+    """`--lr cispo=1e-4,grpo=2e-4`: {rule label: learning rate} for the look-ahead; every name is a rule
+    of --rules (its label, or its method when that is one label), every rate a number in (0, 1]."""
+    if not text:
+        return {}
+    labels = [s.label for s in specs]
+    by_method: dict[str, list[str]] = {}
+    for s in specs:
+        by_method.setdefault(s.method, []).append(s.label)
+    out: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, eq, value = part.rpartition("=")
+        name = name.strip()
+        if not eq or not name.strip():
+            raise UserError(f"--lr: {part!r} is not RULE=RATE (e.g. --lr cispo=1e-4,grpo=2e-4)")
+        if name not in labels and len(by_method.get(name, [])) > 1:
+            raise UserError(
+                f"--lr: {name!r} names {len(by_method[name])} rules of --rules ({', '.join(by_method[name])}): name one by its label"
+            )
+        label = name if name in labels else (by_method[name][0] if name in by_method else None)
+        if label is None:
+            raise UserError("--lr: " + unknown_choice("rule of --rules", name, labels))
+        try:
+            rate = float(value)
+        except ValueError:
+            raise UserError(f"--lr: {part!r}: {value!r} is not a number") from None
+        if not 0 < rate <= 1:
+            raise UserError(f"--lr: {part!r}: a learning rate in (0, 1], got {rate:g}")
+        out[label] = rate
+    return out
+
+
 def resolve(target: str, results_dir: Path) -> tuple[str, list[Path]]:
     """(a name for the output, the run directories) of RUN_OR_SWEEP."""
     path = Path(target)
@@ -75,6 +109,7 @@ def replay_command(
     top: int,
     params: bool,
     device: str,
+    lr: str | None = None,
 ) -> list[Path]:
 
     if fmt not in FORMATS:
@@ -90,13 +125,24 @@ def replay_command(
     if not recorded:
         raise UserError(f"{target}: no records in {len(runs)} run(s); train with train.record.every=N (docs/replay.md)")
     specs = parse_rules(rules)  # checked before anything runs or is written
+    rates = parse_rates(lr, specs)
+    if rates and not params:
+        raise UserError("--lr sets the look-ahead's rate, which is the parameter level: drop --no-params")
     opt_steps = parse_steps(steps)
     out_dir = None
     if not json_out:
         out_dir = check_writable_dir(out or results_dir / "reports" / name.replace("/", "_") / "replay", "--out")
     progress = None if json_out else (lambda msg: print(f"replaying {msg}", file=sys.stderr, flush=True))
     result = replay_runs(
-        recorded, specs, opt_steps=opt_steps, draws=draws, top=top, params=params, device=device, progress=progress
+        recorded,
+        specs,
+        opt_steps=opt_steps,
+        draws=draws,
+        top=top,
+        params=params,
+        device=device,
+        progress=progress,
+        rates=rates,
     )
     if not result.rows:
         raise UserError(f"{target}: no recorded optimizer step matches --steps {steps}")

@@ -210,9 +210,12 @@ def _dists(state: PolicyState, rows: list[int]):
     return torch.log_softmax(logits / state.temperature, -1), logp, ent, mb.completion_mask
 
 
-def lookahead(state: PolicyState, step, grads: list[torch.Tensor], before: dict | None = None) -> dict:
+def lookahead(
+    state: PolicyState, step, grads: list[torch.Tensor], before: dict | None = None, lr: float | None = None
+) -> dict:
     """One optimizer step with `grads` from the saved state, measured on the mini-batch; `before`: the
-    state's own distributions (computed once per state with `measure`)."""
+    state's own distributions (computed once per state with `measure`); `lr`: the step's learning rate
+    instead of the recorded optimizer's (a rule at its own tuned rate), restored with the state after."""
     before = before or measure(state, step)
     model, opt = state.model, state.optimizer
     restore(state)
@@ -220,11 +223,15 @@ def lookahead(state: PolicyState, step, grads: list[torch.Tensor], before: dict 
     for p, g in zip(params, grads):
         p.grad = g.clone()
     torch.nn.utils.clip_grad_norm_(params, state.grad_clip if state.grad_clip > 0 else float("inf"))
+    if lr is not None:
+        for group in opt.param_groups:
+            group["lr"] = lr
+    used = opt.param_groups[0]["lr"]
     opt.step()
     opt.zero_grad(set_to_none=True)
     after = measure(state, step)
     restore(state)
-    return _changes(before, after, step)
+    return {**_changes(before, after, step), "lookahead/lr": float(used)}
 
 
 def restore(state: PolicyState) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -146,9 +146,17 @@ def _with_draws(step: OptStepView, rule: RuleSpec, cells: Cells, g_ref, draws: i
 
 
 def replay_step(
-    step: OptStepView, rules: list[RuleSpec], *, draws: int = 1, top: int = 5, params: bool = True, device: str = "cpu"
+    step: OptStepView,
+    rules: list[RuleSpec],
+    *,
+    draws: int = 1,
+    top: int = 5,
+    params: bool = True,
+    device: str = "cpu",
+    rates: Mapping[str, float] | None = None,
 ) -> tuple[list[dict], dict, list[dict]]:
-    """(rows, matrix, disagreement tokens) of one recorded optimizer step."""
+    """(rows, matrix, disagreement tokens) of one recorded optimizer step; `rates`: {rule label: the
+    learning rate its look-ahead step takes} (default: the run's own, the recorded optimizer's)."""
     trained = trained_rule(step.record)
     order = [trained] + [r for r in rules if r != trained]
     cells = Cells.of(step)
@@ -187,12 +195,12 @@ def replay_step(
         "norms": [float(gs[k].norm()) for k in labels],
     }
     if params:
-        _param_level(step, rows, results, matrix, trained.label, device)
+        _param_level(step, rows, results, matrix, trained.label, device, rates or {})
     tokens = [{**base, "rule": row["rule"], **t} for row in rows for t in row.pop("disagree", [])]
     return rows, matrix, tokens
 
 
-def _param_level(step, rows, results, matrix, trained: str, device) -> None:
+def _param_level(step, rows, results, matrix, trained: str, device, rates: Mapping[str, float]) -> None:
     # PLC0415, deferred: torch is heavy
     from torch.distributed.checkpoint.api import CheckpointException  # noqa: PLC0415 - a BaseException, not an Exception
 
@@ -228,7 +236,7 @@ def _param_level(step, rows, results, matrix, trained: str, device) -> None:
                 **{
                     f"param/cosine/{name}": P.cosine([g[i] for i in idx], [ref[i] for i in idx]) for name, idx in groups
                 },
-                **P.lookahead(state, step, g, before),
+                **P.lookahead(state, step, g, before, lr=rates.get(row["rule"])),
             }
         )
     labels = matrix["rules"]
@@ -249,8 +257,10 @@ def replay_runs(
     params: bool = True,
     device: str = "cpu",
     progress: Callable[[str], None] | None = None,
+    rates: Mapping[str, float] | None = None,
 ) -> ReplayResult:
-    """Every selected recorded optimizer step of every run, under every rule (and the trained one)."""
+    """Every selected recorded optimizer step of every run, under every rule (and the trained one);
+    `rates`: {rule label: its look-ahead's learning rate} (replay_step)."""
     out = ReplayResult()
     for run_dir in run_dirs:
         run_dir = Path(run_dir)
@@ -274,7 +284,7 @@ def replay_runs(
                 if progress:
                     progress(f"{run_dir.name} opt_step {opt['opt_step']}")
                 rows, matrix, tokens = replay_step(
-                    OptStepView(rec, opt), rules, draws=draws, top=top, params=params, device=device
+                    OptStepView(rec, opt), rules, draws=draws, top=top, params=params, device=device, rates=rates
                 )
                 tag = {"run_id": run_dir.name, "trained_rule": trained_rule(rec).label, "seed": rec.index.get("seed")}
                 for row in rows:
