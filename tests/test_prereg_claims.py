@@ -178,6 +178,7 @@ def test_the_report_tests_exactly_the_preregistered_family(store):
     assert same["p"] == pytest.approx(stats.tost(diffs, 3.0)["p"])
     assert same["verdict"] in ("does not hold", "inconclusive at this scale") and same["verdict"] != "holds"
     assert any(t.key == "claims" for t in tables)
+    assert result["blocks"][0]["aggregate_tasks"] == ["arith"]  # the aggregates read the family's split alone
 
 
 def test_a_family_over_a_rule_at_several_settings_is_refused(store, tmp_path):

@@ -26,7 +26,7 @@ def _lines(ax) -> dict[str, object]:
 
 
 def test_figure_order_entropy_first(figs):
-    assert list(figs) == ["entropy", "reward", "eval", "quadrants", "log_ratio_hist"]
+    assert list(figs) == ["entropy", "reward", "eval", "profile", "quadrants", "log_ratio_hist"]
 
 
 def test_entropy_series(figs):
@@ -156,3 +156,14 @@ def test_eval_curve_with_more_samples_at_the_endpoints(report_fixture, tmp_path)
         assert list(x) == [0, 1, 2] and np.allclose(y, [18.75, 18.75, 56.25])  # base 3/16 twice, final 9/16
     finally:
         close_figures(figs)
+
+
+def test_the_performance_profile_is_each_labels_share_of_runs_above(figs):
+    # rliable's performance profile as a step function: per label, the share of its run x task scores
+    # (final Avg@4 on GSM8K and arith, 2 seeds: 4 scores) strictly above each score; it starts at 1
+    ax = figs["profile"].axes[0]
+    lines = _lines(ax)
+    assert list(lines) == ["grpo", "abc", "nsr"]
+    _, y = lines["grpo"].get_data()
+    assert y[0] == 1.0 and y[-1] == 0.0 and list(y) == sorted(y, reverse=True)
+    assert set(np.round(y, 6)) <= {1.0, 0.75, 0.5, 0.25, 0.0}  # quarters: 4 scores

@@ -142,7 +142,10 @@ def analyze_block(
     *,
     resamples: int = stats.BOOTSTRAP_RESAMPLES,
     seed: int = stats.BOOTSTRAP_SEED,
+    tasks: Sequence[str] | None = None,
 ) -> dict:
+    """One base model's tables. `tasks`: the benchmarks the aggregates read (default: all of them; a
+    preregistered family's benchmark, so that a split the tuning read is no task)."""
     evaluated = [r for r in runs if r.final_step is not None]
     benches = block_benchmarks(evaluated)
     n = block_n(evaluated, benches)
@@ -192,7 +195,9 @@ def analyze_block(
     block["average"] = _average(raw, by_label, metrics, benches)
     if baseline in by_label:
         _compare(block, raw, baseline, metrics, benches, resamples=resamples, seed=seed)
-    block["aggregates"] = aggregates(raw, list(by_label), baseline, benches, seed=seed)
+    on = [b for b in benches if tasks is None or b in tasks]
+    block["aggregates"] = aggregates(raw, list(by_label), baseline, on, seed=seed)
+    block["aggregate_tasks"] = on
     return block
 
 
@@ -220,6 +225,7 @@ def aggregates(raw, labels: Sequence[str], baseline: str | None, benches: Sequen
             "iqm": stats.iqm(np.concatenate(cols)),
             "iqm_ci": list(stats.stratified_interval(cols, stats.iqm_batched, seed=seed)),
             "profile": stats.performance_profile(np.concatenate(cols), PROFILE_TAUS),
+            "scores": [float(x) for x in np.concatenate(cols)],  # every run x task score: the profile's figure
             "above_base": float(np.mean(np.concatenate(cols) > np.mean(base))) if len(base) == len(have) else None,
         }
         if baseline in scores and lb != baseline:
@@ -445,6 +451,7 @@ def analyze(
     blocks: dict[str, list[RunRecord]] = {}
     for r in compared:
         blocks.setdefault(r.model, []).append(r)
+    tasks = [sweep.claims.benchmark] if sweep.claims is not None else None  # preregistered: its split alone
     out = {
         "sweep": sweep.name,
         "baseline": base,
@@ -476,7 +483,8 @@ def analyze(
             r.run_id: {"label": r.label, "seed": r.seed, "state": r.state, **health.run_health(r)} for r in sweep.runs
         },
         "blocks": [
-            analyze_block(model, rs, labels, base, resamples=resamples, seed=seed) for model, rs in blocks.items()
+            analyze_block(model, rs, labels, base, resamples=resamples, seed=seed, tasks=tasks)
+            for model, rs in blocks.items()
         ],
         "quadrants": {},
         "identical": {

@@ -358,6 +358,33 @@ def stability_figure(stab: Mapping | None) -> Figure | None:
     return _finish(fig, axes, "Stability: gain over the base model vs learning rate")
 
 
+def profile_figure(result: dict) -> Figure | None:
+    """The performance profile per base model (Agarwal et al., 2021): for each label, the share of its run x
+    task scores (final Avg@n, the aggregates' tasks) above each threshold tau, a step function over tau; one
+    panel per block with aggregates."""
+    blocks = [b for b in result.get("blocks", []) if b.get("aggregates")]
+    if not blocks:
+        return None
+    fig, axes = plt.subplots(1, len(blocks), figsize=(6.5 * len(blocks), 4.2), dpi=DPI, squeeze=False)
+    panels = []
+    for ax, block in zip(axes[0], blocks):
+        drawn = {}
+        agg = block["aggregates"]
+        order = sorted(agg, key=lambda lb: lb != result.get("baseline"))  # the baseline first, as elsewhere
+        for i, (lb, e) in enumerate((lb, agg[lb]) for lb in order):
+            x = np.sort(100.0 * np.asarray(e["scores"], dtype=float))
+            y = 1.0 - np.arange(1, x.size + 1) / x.size  # the share strictly above each score
+            ax.step(np.r_[x[0], x], np.r_[1.0, y], where="post", label=lb, color=COLORS[i % len(COLORS)])
+            drawn[lb] = pd.Series(y, index=x)
+        panels.append(drawn)
+        ax.set_xlabel(f"final Avg@{block['n']} (pts, {', '.join(block.get('aggregate_tasks') or [])})")
+        ax.set_ylabel("share of runs above")
+        ax.set_ylim(-0.03, 1.03)
+        ax.grid(alpha=0.3)
+        ax.set_title(model_title(block["model"]), fontsize=10)
+    return _finish(fig, axes[0], "Performance profile: the share of runs above each score", panels)
+
+
 def make_figures(sweep: Sweep, result: dict) -> dict[str, Figure]:
     """Every figure that has data, in display order (stability, when the sweep has a learning-rate
     axis, then entropy, reward, completion length, ...)."""
@@ -371,6 +398,7 @@ def make_figures(sweep: Sweep, result: dict) -> dict[str, Figure]:
     length = _first_key(groups, ("response_length/mean",))
     figs["length"] = line_figure(groups, length, "step", "Completion length", "tokens") if length else None
     figs["eval"] = eval_figure(groups, result)
+    figs["profile"] = profile_figure(result)
     figs["quadrants"] = quadrant_figure(groups)
     figs["log_ratio_hist"] = hist_figure(groups)
     return {k: v for k, v in figs.items() if v is not None}

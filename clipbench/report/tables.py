@@ -249,7 +249,9 @@ def aggregates_table(block: dict, baseline: str | None) -> Table | None:
             [lb, f"{e['runs'] // max(e['tasks'], 1)} x {e['tasks']}", iqm, poi, above],
             "baseline" if lb == baseline else "",
         )
+    tasks = block.get("aggregate_tasks")
     t.notes = [
+        f"Tasks: {', '.join(tasks)}." if tasks is not None and tasks != list(block["benchmarks"]) else "",
         "One score per run and benchmark (its final Avg@n; the benchmarks are the tasks). IQM: the interquartile "
         "mean over all run x task scores (rliable.metrics.aggregate_iqm), robust to a collapsed run and less "
         "noisy than the median. P(> baseline): the probability of improvement, the mean over tasks of "
@@ -259,6 +261,7 @@ def aggregates_table(block: dict, baseline: str | None) -> Table | None:
         "profile, kept in full in report.json). Agarwal et al., 'Deep RL at the edge of the statistical "
         "precipice' (2021).",
     ]
+    t.notes = [x for x in t.notes if x]
     return t
 
 
