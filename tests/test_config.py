@@ -142,8 +142,7 @@ def test_every_field_declares_its_values():
     import dataclasses
     import typing
 
-    from clipbench.config.load import choices
-    from clipbench.config.schema import RANGES, RunConfig
+    from clipbench.config.schema import RANGES, RunConfig, choices
 
     def leaves(cls, prefix=""):
         hints = typing.get_type_hints(cls)

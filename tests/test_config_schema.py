@@ -7,9 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from clipbench.config.load import choices
 from clipbench.config.reference import table
-from clipbench.config.schema import CHOICES, RANGES, SLOTS, Range, declarations, leaf_keys
+from clipbench.config.schema import CHOICES, RANGES, SLOTS, Range, choices, declarations, leaf_keys
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "config.md"
 

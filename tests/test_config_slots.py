@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from clipbench.config import load_run_config, run_id, to_dict
-from clipbench.config.load import slot
 from clipbench.config.schema import SLOTS, Slot
+from clipbench.config.slots import slot
 from clipbench.errors import ConfigError
 from clipbench.sweep import expand, load_spec
 

@@ -393,7 +393,7 @@ def test_config_keys_are_checked_before_anything_runs():
 def _without_later_keys(d: dict) -> dict:
     """`d` without the nested keys added after sampler.correction (config/load.py NESTED_ID_DEFAULTS):
     a config of the former shape has none of them."""
-    from clipbench.config.load import NESTED_ID_DEFAULTS
+    from clipbench.config.identity import NESTED_ID_DEFAULTS
 
     for section, key in NESTED_ID_DEFAULTS:
         d.get(section, {}).pop(key, None)
@@ -403,7 +403,7 @@ def _without_later_keys(d: dict) -> dict:
 def _former_run_id(d: dict) -> str:
     """The run id as clipbench computed it before sampler.correction (config/load.py at 5ba6cb3: the
     top-level keys `in_id` keeps, with the `train.record` section left out)."""
-    from clipbench.config.load import in_id
+    from clipbench.config.identity import in_id
 
     d = {k: ({kk: vv for kk, vv in v.items() if kk != "record"} if k == "train" else v) for k, v in d.items()}
     blob = json.dumps({k: v for k, v in d.items() if in_id(k, v)}, sort_keys=True, separators=(",", ":"), default=str)

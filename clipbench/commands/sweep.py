@@ -29,7 +29,7 @@ from rich.text import Text
 from clipbench.commands.progress import SweepProgress
 from clipbench.config import from_dict
 from clipbench.config.labels import format_value, label, run_label
-from clipbench.config.load import setting
+from clipbench.config.stored import setting
 from clipbench.engines import (
     ENGINES,
     preflight,  # the run's engine checks, then model, task, benchmarks, memory

@@ -17,7 +17,7 @@ Design choices:
 - Floats must be finite (1e400 in YAML is inf). Upper bounds are generous but finite, so a typo
   like `train.steps: 10**29` is an error, not a run that trains until it is killed.
 - Closed lists owned by the packages below config are read from their owner
-  (`clipbench.config.load.choices`): tasks and templates (`clipbench.tasks`), aggregations,
+  (`choices()` below): tasks and templates (`clipbench.tasks`), aggregations,
   advantages and methods (`clipbench.objectives`), benchmarks (`clipbench.tasks.benchmarks`): such
   a field names its `owner`. The `choices` declared below are the ones this schema owns; the
   packages above config (the samplers, the trainer) read them from here (`CHOICES`). Engine names are the engines' (`clipbench.engines`, above config).
@@ -25,6 +25,7 @@ Design choices:
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -32,8 +33,10 @@ import typing
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any
 
+from clipbench.tasks import TASK_NAMES
 from clipbench.tasks.arith import ARITH_DEFAULTS as _ARITH
-from clipbench.tasks.arith import MAX_DIGITS, MAX_OPERANDS, VALID_OPS
+from clipbench.tasks.arith import FORMATS, MAX_DIGITS, MAX_OPERANDS, VALID_OPS
+from clipbench.tasks.templates import TEMPLATE_CHOICES
 
 # The mirrors of the results store a run may log to (`tracking.sinks`; clipbench.tracking implements each).
 SINKS = ("mlflow", "wandb", "tensorboard")
@@ -227,7 +230,7 @@ def slot_of(key: str) -> tuple[SlotDecl, str | None] | None:
 # method's parameters; `sampler.correction`: against the correction's; `trl`: TRL's GRPOConfig
 # fields, checked by TRL) declares its values beside its default: a `check` (Range, Each, Text,
 # Source), closed `choices` this schema owns, or a closed list owned by a package below config
-# (`owner`, read by `clipbench.config.load.choices`). RANGES and CHOICES are derived from them.
+# (`owner`, read by `choices()` below). RANGES and CHOICES are derived from them.
 MAX_STEPS = 1_000_000  # rollout steps (and optimizer/eval/checkpoint intervals)
 MAX_TOKENS = 1 << 20  # new tokens per completion
 MAX_BATCH = 1 << 16  # prompts per step, samples per prompt / problem, mini-batches
@@ -244,7 +247,7 @@ def declared(
 ) -> Any:
     """A field of the run config with its declaration beside it: ``check`` (its values), closed
     ``choices`` (this schema's) or ``owner`` (the package below config whose closed list it is:
-    `clipbench.config.load.choices` reads it there), and ``help``. ``factory``: a default_factory."""
+    `choices()` reads it there), and ``help``. ``factory``: a default_factory."""
     meta = {"check": check, "choices": choices, "owner": owner, "help": help}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
@@ -339,7 +342,7 @@ class OverlongConfig:
 @dataclass
 class RecordConfig:
     """Recording of the rule's inputs for `clipbench replay` (docs/replay.md). Outside the run's
-    identity (config.load.NOT_IN_ID): it observes the run, it does not change what it computes."""
+    identity (config.identity.NOT_IN_ID): it observes the run, it does not change what it computes."""
 
     every: int = declared(
         0, Range(0, MAX_STEPS), "record rollout steps 0, N, 2N, ... (every optimizer step of each); 0 = off"
@@ -453,7 +456,7 @@ class LaunchConfig:
         1,
         Range(1, 4096),
         "processes per node: > 1 trains one run over N torchrun processes (FSDP2). Where a run computes, "
-        "not what: outside the run's identity (config.load.NOT_IN_ID), so a run may resume on another N",
+        "not what: outside the run's identity (config.identity.NOT_IN_ID), so a run may resume on another N",
     )
     preempt_signal: str = declared(
         "SIGTERM",
@@ -511,6 +514,32 @@ def declarations() -> dict[str, dict[str, Any]]:
 # Derived from the declarations above (their one place): the checks and the schema's closed lists.
 RANGES: dict[str, Range | Each | Text | Source] = {k: d["check"] for k, d in declarations().items() if d.get("check")}
 CHOICES: dict[str, tuple[str, ...]] = {k: d["choices"] for k, d in declarations().items() if d.get("choices")}
+
+
+@functools.lru_cache(maxsize=1)
+def choices() -> dict[str, tuple[str, ...]]:
+    """Every closed choice of the run config: the schema's own (`CHOICES`) and the lists owned by
+    the packages a key configures (read from there, never copied; the `owner` of a declaration)."""
+    # PLC0415, deferred: torch is heavy
+    from clipbench.objectives import AGGREGATIONS  # noqa: PLC0415
+    from clipbench.objectives.advantages import ADVANTAGES  # noqa: PLC0415
+
+    return {
+        **CHOICES,
+        "task.name": tuple(TASK_NAMES),
+        "task.template": tuple(TEMPLATE_CHOICES),
+        "task.format": FORMATS,
+        "train.agg": tuple(AGGREGATIONS),
+        "train.advantage": tuple(ADVANTAGES),
+    }
+
+
+def value_at(cfg: RunConfig, key: str) -> Any:
+    """The value at the dotted `key` of a RunConfig (``value_at(cfg, "train.lr")``)."""
+    node: Any = cfg
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
 
 
 def leaf_keys() -> tuple[str, ...]:

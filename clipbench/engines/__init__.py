@@ -31,7 +31,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from clipbench.config.load import slot
+from clipbench.config.slots import slot
 from clipbench.engines.keys import KEYS, Support, refusals
 from clipbench.errors import ConfigError, UserError, unknown_choice
 from clipbench.registry import Registry

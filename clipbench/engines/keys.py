@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from clipbench.config.load import setting
 from clipbench.config.schema import EvalConfig, RunConfig, TaskConfig, TrackingConfig, leaf_keys
+from clipbench.config.stored import setting
 
 # Every task.* key: both engines hand the whole task to clipbench's own loader and grader.
 TASK_KEYS = tuple(f.name for f in dataclasses.fields(TaskConfig))

@@ -45,7 +45,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from clipbench.config import run_id, to_dict
-from clipbench.config.load import slot
+from clipbench.config.slots import slot
 from clipbench.errors import ConfigError, UserError, did_you_mean
 from clipbench.eval.suite import eval_suite, run_eval
 from clipbench.models import compute_dtype, load_model_and_tokenizer, resolve_model_name

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from clipbench.config import RunConfig, from_dict
-from clipbench.config.load import slot
+from clipbench.config.slots import slot
 from clipbench.errors import UserError
 from clipbench.eval.suite import eval_suite
 from clipbench.integrations.verl_settings import (

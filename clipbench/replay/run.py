@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from clipbench.config.load import recorded, setting
+from clipbench.config.stored import recorded, setting
 from clipbench.errors import StoreError, UserError
 from clipbench.models import resolve_model_name
 from clipbench.objectives import METHODS

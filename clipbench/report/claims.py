@@ -61,7 +61,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from clipbench.config.load import recorded
+from clipbench.config.stored import recorded
 from clipbench.report import stats
 from clipbench.report.analysis import _paired_diffs, block_benchmarks, block_n, run_dynamics, run_quadrants, seed_values
 from clipbench.report.load import RunRecord, Sweep

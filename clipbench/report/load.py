@@ -14,7 +14,8 @@ from pathlib import Path
 
 from clipbench.config import flatten
 from clipbench.config.labels import group_label
-from clipbench.config.load import migrate, recorded
+from clipbench.config.slots import migrate
+from clipbench.config.stored import recorded
 from clipbench.errors import StoreError, UserError, did_you_mean
 from clipbench.objectives import effective_bounds
 from clipbench.tracking.files import REMEDIES, check_store_dir, read_json, read_jsonl

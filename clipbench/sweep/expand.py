@@ -33,9 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from clipbench.config import compose, run_id, to_dict, validate
+from clipbench.config.compose import PATH_KEYS, deep_merge, set_dotted
+from clipbench.config.identity import outside_id
 from clipbench.config.labels import METHOD_KEY, OBJ, label
-from clipbench.config.load import PATH_KEYS, deep_merge, migrate, outside_id, set_dotted, setting
 from clipbench.config.schema import SLOTS, RunConfig, leaf_keys, slot_of
+from clipbench.config.slots import migrate
+from clipbench.config.stored import setting
 from clipbench.engines import check
 from clipbench.errors import ConfigError, UserError, did_you_mean, unknown_choice
 from clipbench.objectives import METHODS, validate_params

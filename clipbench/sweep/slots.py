@@ -10,7 +10,7 @@
 
 The rule: a point's component is the slot's name axis value (else the base's name) with the
 parameters that component declares (its registry's defaults,
-`clipbench.config.load.slot_components`) taken from the base's explicit settings (recipe <
+`clipbench.config.slots.slot_components`) taken from the base's explicit settings (recipe <
 overrides < command line) and then the point's axis values; a value the component does not declare
 is dropped for that run (and the runs deduplicated by id). A parameter that no component of the
 sweep has is an error (a typo), except in the base recipe (it belonged to the recipe's component).
@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from clipbench.config.load import migrate, resolve_slot, slot_components
 from clipbench.config.schema import SLOTS, SlotDecl, slot_of
+from clipbench.config.slots import migrate, resolve_slot, slot_components
 from clipbench.errors import ConfigError, did_you_mean, unknown_choice
 
 CORRECTION = SLOTS["correction"]

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from clipbench.config import flatten, run_id
-from clipbench.config.load import recorded
+from clipbench.config.stored import recorded
 from clipbench.objectives import effective_bounds
 from clipbench.objectives.corrections import describe
 from clipbench.tracking.provenance import provenance_params, read_provenance

@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 
 from clipbench.config import RunConfig, run_id, to_dict
-from clipbench.config.load import slot
+from clipbench.config.slots import slot
 from clipbench.errors import RunFailed, UserError
 from clipbench.eval.evaluate import Shard
 from clipbench.eval.suite import eval_suite, run_eval

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import torch
 
-from clipbench.config.load import slot
+from clipbench.config.slots import slot
 from clipbench.objectives import METHODS
 from clipbench.tracking.records import (
     install_record,
