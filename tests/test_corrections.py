@@ -365,8 +365,8 @@ def test_config_keys_are_checked_before_anything_runs():
     from clipbench.errors import ConfigError
 
     cfg = load_run_config("recipes/quickstart.yaml", ["sampler.correction.name=tis", "sampler.correction.cap=3"])
-    assert cfg.sampler.correction == {"name": "tis", "level": "token", "cap": 3.0, "floor": 0.0}
-    assert load_run_config("recipes/quickstart.yaml").sampler.correction == {"name": "none"}  # default off
+    assert cfg.sampler.correction.one_form() == {"name": "tis", "level": "token", "cap": 3.0, "floor": 0.0}
+    assert load_run_config("recipes/quickstart.yaml").sampler.correction.one_form() == {"name": "none"}  # default off
     assert (
         load_run_config("recipes/quickstart.yaml", ["sampler.correction=geo_mask"]).sampler.correction["high"] == 1.01
     )
@@ -442,7 +442,7 @@ def test_a_manifest_of_the_former_shape_resumes_its_runs(tmp_path):
     (tmp_path / "old" / "manifest.json").write_text(json.dumps({"sweep": "old", "runs": {rid: cfg}, "points": {}}))
     task = task_from_manifest(tmp_path / "old" / "manifest.json", rid)
     loaded = from_dict(task.config)
-    assert run_id(loaded) == rid and loaded.sampler.correction == {
+    assert run_id(loaded) == rid and loaded.sampler.correction.one_form() == {
         "name": "tis",
         "level": "token",
         "cap": 2.0,

@@ -3,6 +3,7 @@
 (`clipbench.config.load.validate` checks it).
 
     compose("recipes/quickstart.yaml", ["train.steps=5", "objective.name=dapo"])
+    compose({"objective": {"method": "grpo"}}, ["objective.name=dapo"])  # -> {"objective": {"name": "dapo"}}
 
 Every failure is a `ConfigError(file, key, reason)`: one line, exit code 2 at the CLI, nothing written.
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from clipbench.config.shipped import recipe_path
-from clipbench.config.slots import one_form
+from clipbench.config.slots import layer, renamed
 from clipbench.errors import ConfigError
 from clipbench.yamlio import YamlError, load_yaml_file, load_yaml_text
 
@@ -102,7 +103,9 @@ def _resolve_plugins(d: dict, base_dir: Path) -> dict:
 def compose(
     recipe: str | Path | Mapping | None, overrides: Iterable[str] | Mapping = (), *, source: str | None = None
 ) -> dict:
-    """Recipe (file or mapping) + overrides -> a plain dict (not yet validated)."""
+    """Recipe (file or mapping) + overrides -> a plain dict (not yet validated). Each component is
+    kept in the spelling its layer wrote (an error names the key the user wrote); a later layer's
+    component name replaces an earlier one's, whichever spelling each uses (`slots.renamed`)."""
     if recipe is None:
         data, base_dir = {}, Path.cwd()
     elif isinstance(recipe, Mapping):
@@ -111,7 +114,7 @@ def compose(
         recipe = recipe_path(recipe)  # a local file, else the shipped recipe of that name
         source = source or str(recipe)
         data, base_dir = read_yaml(recipe), Path(recipe).resolve().parent
-    data = _resolve_paths(deep_merge({}, one_form(data, source)), base_dir)
-    over = dict(overrides) if isinstance(overrides, Mapping) else parse_overrides(overrides)
-    over = one_form(over, source if isinstance(overrides, Mapping) else "command line")
-    return deep_merge(data, _resolve_plugins(over, Path.cwd()))  # override paths: relative to the cwd
+    data = _resolve_paths(deep_merge({}, layer(data)), base_dir)
+    over = layer(dict(overrides) if isinstance(overrides, Mapping) else parse_overrides(overrides))
+    over = _resolve_plugins(over, Path.cwd())  # override paths: relative to the cwd
+    return deep_merge(renamed(data, over), over)

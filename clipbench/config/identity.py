@@ -11,9 +11,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from clipbench.config.schema import RunConfig
-from clipbench.config.slots import migrate
-from clipbench.config.stored import to_dict
+from clipbench.config.schema import SLOTS, RunConfig
+from clipbench.config.stored import stored_form, to_dict
 
 # Sections that do not change what a run computes, so they stay out of its identity.
 # plugins: where a rule is found (the manifest records its hash); launch: how many processes train the run.
@@ -81,7 +80,7 @@ def _id_sampler(sampler: Mapping) -> dict:
 def _id_objective(objective: Mapping) -> dict:
     """The objective as the run id hashes it: without the OBJECTIVE_ID_DEFAULTS parameters of its
     method at their id values."""
-    method = objective.get("method")
+    method = objective.get(SLOTS["objective"].name_key)
     return {
         k: v
         for k, v in objective.items()
@@ -90,10 +89,11 @@ def _id_objective(objective: Mapping) -> dict:
 
 
 def run_id(cfg: RunConfig | Mapping) -> str:
-    """12 hex chars of sha256 over the canonical JSON of the resolved config (minus tracking/name, the
-    ID_DEFAULTS keys and OBJECTIVE_ID_DEFAULTS rule parameters at their defaults; the sampler
-    correction as `_id_sampler` states)."""
-    d = to_dict(cfg) if isinstance(cfg, RunConfig) else migrate(cfg)
+    """12 hex chars of sha256 over the canonical JSON of the resolved config in its stored form (minus
+    tracking/name, the ID_DEFAULTS keys and OBJECTIVE_ID_DEFAULTS rule parameters at their defaults;
+    the sampler correction as `_id_sampler` states). `cfg`: a RunConfig, or a resolved config as a
+    mapping (a manifest's, a run's config.yaml, the sweep expander's), hashed as it is."""
+    d = to_dict(cfg) if isinstance(cfg, RunConfig) else stored_form(cfg)
     d = {k: v for k, v in _without_nested(d).items() if in_id(k, v)}
     for (section, key), default in NESTED_ID_DEFAULTS.items():
         if isinstance(d.get(section), Mapping) and d[section].get(key, default) == default:

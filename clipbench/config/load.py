@@ -1,7 +1,7 @@
 """Load a run config: compose it (recipe YAML + dotted overrides, `clipbench.config.compose`) and
 validate it against the code it configures.
 
-    cfg = load_run_config("recipes/quickstart.yaml", ["train.steps=5", "objective.method=dapo"])
+    cfg = load_run_config("recipes/quickstart.yaml", ["train.steps=5", "objective.name=dapo"])
 
 Every failure is a `ConfigError(file, key, reason)`: one line, exit code 2 at the CLI, nothing written.
 """
@@ -9,15 +9,15 @@ Every failure is a `ConfigError(file, key, reason)`: one line, exit code 2 at th
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import fields, is_dataclass
+from dataclasses import fields
 from pathlib import Path
 
 from omegaconf.errors import OmegaConfBaseException
 
 from clipbench.config.compose import compose
-from clipbench.config.schema import RANGES, RunConfig, choices, value_at
-from clipbench.config.slots import CORRECTION_KEY, migrate
-from clipbench.config.stored import from_dict
+from clipbench.config.schema import RANGES, SLOTS, RunConfig, choices, is_section, value_at
+from clipbench.config.slots import checked, migrate
+from clipbench.config.stored import set_slot, typed
 from clipbench.errors import ConfigError, UserError, did_you_mean, unknown_choice
 from clipbench.tasks.arith import ArithKnobError, ArithKnobs
 
@@ -37,24 +37,24 @@ def _check_unknown(data: Mapping, dc_type, prefix: str, source: str | None) -> N
             )
         f = next(f for f in fields(dc_type) if f.name == k)
         sub = f.default_factory() if callable(getattr(f, "default_factory", None)) else None  # type: ignore[misc]
-        if is_dataclass(sub):
+        if is_section(type(sub)):
             if not isinstance(v, Mapping):
                 raise ConfigError(source, full, f"expected a section (mapping), got {v!r}")
             _check_unknown(v, type(sub), full + ".", source)
 
 
 def validate(data: Mapping, source: str | None = None) -> RunConfig:
-    """A composed dict -> a validated RunConfig with the method's defaults filled into `objective`
-    and the correction's into `sampler.correction`."""
-    data = migrate(data, source)
-    _check_unknown(data, RunConfig, "", source)
+    """A composed dict (each component in any of its forms) -> a validated RunConfig, each
+    component's parameters resolved by its registry (the method's defaults filled into `objective`,
+    the correction's into `sampler.correction`). An error names the key as `data` wrote it."""
+    _check_unknown(migrate(data, source), RunConfig, "", source)
     try:
-        cfg = from_dict(data)
+        cfg, named = typed(data, source)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or None
         msg = str(e).splitlines()[0]
         raise ConfigError(source, key, msg) from None
-    check_values(cfg, source)
+    check_values(cfg, source, named)
     return cfg
 
 
@@ -85,26 +85,44 @@ def _overrides_key(override: str, key: str | None) -> bool:
     return k == key or key.startswith(k + ".") or k.startswith(key + ".")
 
 
-def check_values(cfg: RunConfig, source: str | None) -> None:
-    """Value checks of a structurally valid RunConfig; fills the method's defaults into `objective`.
-
-    Every field against its declaration (`schema.RANGES`, `choices()`), then the cross-field rules
-    below, then the objective against its method. The sweep expander's fast path calls this too."""
-    from clipbench.objectives import METHODS, validate_params  # noqa: PLC0415 - objectives pulls in torch
+def check_values(cfg: RunConfig, source: str | None, named: Mapping[str, str] | None = None) -> None:
+    """Value checks of a structurally valid RunConfig: every field against its declaration
+    (`schema.RANGES`, `choices()`), the cross-field rules, then each component against its registry
+    (after the run's plugins are imported), whose resolved parameters replace its own. `named`:
+    {slot: the dotted key that named its component, as written} (`stored.typed`), for the errors."""
 
     def err(key: str, reason: str):
         raise ConfigError(source, key, reason)
 
+    _check_fields(cfg, err)
+    _check_cross_field(cfg, err)
+    from clipbench.objectives.plugins import ensure_plugins  # noqa: PLC0415 - objectives.plugins pulls in torch
+
+    try:
+        ensure_plugins(cfg)
+    except UserError as e:
+        err("plugins", str(e))
+    named = {**{which: f"{decl.key}.name" for which, decl in SLOTS.items()}, **(named or {})}
+    for which, decl in SLOTS.items():
+        set_slot(cfg, which, checked(decl, value_at(cfg, decl.key), named[which], source))
+    _check_components(cfg, named, err)
+
+
+def _check_fields(cfg: RunConfig, err) -> None:
+    """Every field against its declaration (the components: against their registries, later)."""
+    components = {decl.key for decl in SLOTS.values()}
     for key, allowed in choices().items():
         val = value_at(cfg, key)
-        if val not in allowed:
+        if key not in components and val not in allowed:
             err(key, unknown_choice("value", val, allowed))
     for key, decl in RANGES.items():
         problem = decl.problem(value_at(cfg, key))
         if problem:
             err(key, problem)
 
-    # cross-field rules
+
+def _check_cross_field(cfg: RunConfig, err) -> None:
+    """The rules between fields (those of the components: `_check_components`)."""
     tc, sc = cfg.train, cfg.sampler
     if tc.mini_batches > tc.prompts_per_step * sc.group_size:
         err(
@@ -112,8 +130,6 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
             f"{tc.mini_batches} mini-batches cannot split a batch of "
             f"{tc.prompts_per_step * sc.group_size} sequences (prompts_per_step x group_size)",
         )
-    if tc.advantage != "group_mean" and sc.group_size < 2:
-        err("sampler.group_size", f"advantage '{tc.advantage}' needs group_size >= 2")
     if tc.overlong.enabled and tc.overlong.buffer > sc.max_new_tokens:
         err(
             "train.overlong.buffer",
@@ -127,6 +143,12 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
         )
     if sc.sleep_mode and sc.backend == "hf":
         err("sampler.sleep_mode", "applies to the vllm backend (the hf backend samples from the training model itself)")
+    if cfg.model.routing_replay == "r2" and sc.old_logp != "recompute":
+        err(
+            "model.routing_replay",
+            "r2 replays the experts of the old-log-prob forward: it needs "
+            "sampler.old_logp=recompute (with old_logp=sampler there is none; r3 replays the sampler's)",
+        )
     if cfg.task.name == "math" and not cfg.task.path:
         err("task.path", "task 'math' needs a path: a .jsonl/.parquet file or a Hugging Face dataset name")
     from clipbench.tasks.benchmarks import BENCHMARKS  # noqa: PLC0415 - tasks.benchmarks pulls in numpy
@@ -142,62 +164,15 @@ def check_values(cfg: RunConfig, source: str | None) -> None:
         except ArithKnobError as e:
             err(f"task.{e.knob}", str(e))
 
-    # The objective: method from the registry (after the run's plugins are imported), parameters
-    # exactly those the method declares.
-    from clipbench.objectives.plugins import ensure_plugins  # noqa: PLC0415 - objectives.plugins pulls in torch
 
-    try:
-        ensure_plugins(cfg)
-    except UserError as e:
-        err("plugins", str(e))
-    _check_correction(cfg, err)
-    obj = dict(cfg.objective)
-    method = obj.pop("method", None)
-    if method is None:
-        err("objective.method", f"missing; choose one of: {', '.join(sorted(METHODS))}")
-    if not isinstance(method, str):
+def _check_components(cfg: RunConfig, named: Mapping[str, str], err) -> None:
+    """The rules between a component and the other fields."""
+    sc = cfg.sampler
+    if cfg.train.advantage.name != "group_mean" and sc.group_size < 2:
+        err("sampler.group_size", f"advantage '{cfg.train.advantage.name}' needs group_size >= 2")
+    if sc.correction.name != "none" and sc.old_logp != "recompute":
         err(
-            "objective.method",
-            f"must be one method name, got {type(method).__name__} {method!r}"
-            + (
-                "; to compare several, make it a sweep axis (grid: objective.method: [...])"
-                if isinstance(method, list)
-                else ""
-            ),
-        )
-    if method not in METHODS:
-        err("objective.method", unknown_choice("method", method, METHODS))
-    try:
-        params = validate_params(method, obj)
-    except ValueError as e:
-        bad = next((k for k in obj if k not in METHODS[method].defaults), None)
-        if bad is None:  # a value error: find the offending key in the message when we can
-            bad = next((k for k in obj if f"'{k}'" in str(e) or str(k) in str(e)), None)
-        err(f"objective.{bad}" if bad else "objective", str(e))
-    cfg.objective = {"method": method, **params}
-
-
-def _check_correction(cfg: RunConfig, err) -> None:
-    """`sampler.correction` against its registry (after the plugins: a plugin may register one);
-    fills its defaults. A correction needs the recomputed old log-probs."""
-    # PLC0415, deferred: objectives.corrections pulls in torch
-    from clipbench.objectives.corrections import validate_correction  # noqa: PLC0415
-
-    setting = dict(cfg.sampler.correction)
-    try:
-        cfg.sampler.correction = validate_correction(setting)
-    except ValueError as e:
-        bad = next((k for k in setting if k != "name" and f"'{k}'" in str(e)), None)
-        err(f"{CORRECTION_KEY}.{bad or 'name'}", str(e))
-    if cfg.model.routing_replay == "r2" and cfg.sampler.old_logp != "recompute":
-        err(
-            "model.routing_replay",
-            "r2 replays the experts of the old-log-prob forward: it needs "
-            "sampler.old_logp=recompute (with old_logp=sampler there is none; r3 replays the sampler's)",
-        )
-    if cfg.sampler.correction["name"] != "none" and cfg.sampler.old_logp != "recompute":
-        err(
-            f"{CORRECTION_KEY}.name",
+            named["correction"],
             "needs sampler.old_logp=recompute: with old_logp=sampler the rule's ratio is "
             "already taken against the sampler's log-probs (rho = 1)",
         )

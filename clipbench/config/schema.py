@@ -3,7 +3,8 @@ knobs in ``clipbench.tasks.arith.ArithKnobs``, their one owner: ``TaskConfig`` r
 Each field is declared once (`declared`): its type, default, allowed values and help side by side;
 `RANGES`, `CHOICES` and the reference table of docs/config.md are derived from those declarations.
 The components of a run (objective, sampler correction, aggregation, advantage) are slots
-(`SLOTS`): a name plus parameters, with one YAML form (docs/config.md).
+(`SLOTS`), each a typed `Slot`: a name plus parameters, with one YAML form (docs/config.md); only
+`clipbench.config.stored` (to_dict / from_dict) translates them to and from the stored form.
 
 A recipe YAML is merged over these dataclasses (OmegaConf structured config), so an unknown key or
 a wrong type is an error naming the key. `clipbench.config.load.check_values` then checks every
@@ -170,10 +171,19 @@ class Source:
 @dataclass(frozen=True)
 class Slot:
     """A component of a run: its name in its registry and its parameters (the registry's defaults
-    filled in once validated). ``slot(cfg, "objective")`` reads one from a RunConfig."""
+    filled in once validated). A RunConfig holds one in each of its four slots (`SLOTS`):
+    ``cfg.objective.name``, ``cfg.objective["eps_high"]``, ``cfg.train.agg.name``."""
 
     name: str
     params: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, param: str) -> Any:
+        """The value of one parameter."""
+        return self.params[param]
+
+    def one_form(self) -> dict[str, Any]:
+        """The component in the one YAML form: ``{"name": ..., <param>: ...}``."""
+        return {"name": self.name, **self.params}
 
 
 @dataclass(frozen=True)
@@ -188,9 +198,16 @@ class SlotDecl:
 
     slot: str  # the slot's own name: objective | correction | aggregation | advantage
     key: str  # its dotted place in the run config
+    noun: str  # what one of its components is called in a message ("unknown method 'grpoo'")
     name_key: str = "name"  # the stored form's key of the name
     bare: bool = False  # stored as the bare name: its components take no parameters
     help: str = ""
+
+    @property
+    def spellings(self) -> tuple[str, ...]:
+        """The keys that name the component inside the slot's mapping: ``name``, then the older
+        ``name_key`` (``method`` for the objective)."""
+        return tuple(dict.fromkeys(("name", self.name_key)))
 
     @property
     def name_path(self) -> str:
@@ -205,10 +222,15 @@ class SlotDecl:
 SLOTS: dict[str, SlotDecl] = {
     d.slot: d
     for d in (
-        SlotDecl("objective", "objective", name_key="method", help="the clipping rule (`clipbench methods`)"),
-        SlotDecl("correction", "sampler.correction", help="the sampler/trainer correction (needs old_logp: recompute)"),
-        SlotDecl("aggregation", "train.agg", bare=True, help="how token losses reduce to the loss"),
-        SlotDecl("advantage", "train.advantage", bare=True, help="the advantage estimator"),
+        SlotDecl("objective", "objective", "method", name_key="method", help="the clipping rule (`clipbench methods`)"),
+        SlotDecl(
+            "correction",
+            "sampler.correction",
+            "correction",
+            help="the sampler/trainer correction (needs old_logp: recompute)",
+        ),
+        SlotDecl("aggregation", "train.agg", "aggregation", bare=True, help="how token losses reduce to the loss"),
+        SlotDecl("advantage", "train.advantage", "advantage", bare=True, help="the advantage estimator"),
     )
 }
 
@@ -226,9 +248,9 @@ def slot_of(key: str) -> tuple[SlotDecl, str | None] | None:
 
 # ---- the fields: type, default, allowed values and help, declared together ------------------------
 #
-# Every leaf of RunConfig that is neither a bool nor free-form (`objective`: checked against its
-# method's parameters; `sampler.correction`: against the correction's; `trl`: TRL's GRPOConfig
-# fields, checked by TRL) declares its values beside its default: a `check` (Range, Each, Text,
+# Every leaf of RunConfig that is neither a bool, a component `Slot` (checked against its registry:
+# its name and its component's parameters) nor free-form (`trl`: TRL's GRPOConfig fields, checked by
+# TRL) declares its values beside its default: a `check` (Range, Each, Text,
 # Source), closed `choices` this schema owns, or a closed list owned by a package below config
 # (`owner`, read by `choices()` below). RANGES and CHOICES are derived from them.
 MAX_STEPS = 1_000_000  # rollout steps (and optimizer/eval/checkpoint intervals)
@@ -323,8 +345,8 @@ class SamplerConfig:
     sleep_mode: bool = declared(
         False, help="vllm on CUDA: the engine sleeps while the trainer updates (frees its share)"
     )
-    correction: dict[str, Any] = declared(
-        factory=lambda: {"name": "none"},
+    correction: Slot = declared(
+        factory=lambda: Slot("none"),
         help="the sampler/trainer correction (needs old_logp: recompute): {name: <correction>, <param>: ...}, "
         "its parameters' defaults from clipbench.objectives.corrections (`clipbench methods` lists them)",
     )
@@ -378,8 +400,14 @@ class TrainConfig:
         help="constant | cosine (to 0 over all optimizer steps, after warmup)",
         choices=("constant", "cosine"),
     )
-    advantage: str = declared("group", help="the advantage estimator (a slot)", owner="clipbench.objectives.advantages")
-    agg: str = declared("token-mean", help="how token losses reduce to the loss (a slot)", owner="clipbench.objectives")
+    advantage: Slot = declared(
+        factory=lambda: Slot("group"), help="the advantage estimator (a slot)", owner="clipbench.objectives.advantages"
+    )
+    agg: Slot = declared(
+        factory=lambda: Slot("token-mean"),
+        help="how token losses reduce to the loss (a slot)",
+        owner="clipbench.objectives",
+    )
     beta: float = declared(0.0, Range(0.0, 1000.0), "KL-to-reference weight (k3); 0 keeps no reference model")
     grad_clip: float = declared(
         1.0, Range(0.0, 1e6), "max global gradient norm; 0 = no clipping (the norm is still logged)"
@@ -480,8 +508,8 @@ class RunConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    objective: dict[str, Any] = declared(
-        factory=lambda: {"method": "grpo"},
+    objective: Slot = declared(
+        factory=lambda: Slot("grpo"),
         help="the clipping rule: {name: <method>, <param>: ...} (a slot), its defaults from clipbench.objectives.METHODS",
     )
     plugins: list[str] = declared(
@@ -494,6 +522,12 @@ class RunConfig:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
 
 
+def is_section(hint: Any) -> bool:
+    """Whether a field's type is a section of the run config (a dataclass of fields), not a leaf
+    (a value, or a component `Slot`)."""
+    return is_dataclass(hint) and hint is not Slot
+
+
 def declarations() -> dict[str, dict[str, Any]]:
     """{dotted leaf key: its declaration (check, choices, owner, help)}, in schema order."""
 
@@ -502,7 +536,7 @@ def declarations() -> dict[str, dict[str, Any]]:
     def walk(cls, prefix: str) -> None:
         hints = typing.get_type_hints(cls)
         for f in fields(cls):
-            if is_dataclass(hints[f.name]):
+            if is_section(hints[f.name]):
                 walk(hints[f.name], f"{prefix}{f.name}.")
             else:
                 out[prefix + f.name] = dict(f.metadata)
@@ -543,7 +577,6 @@ def value_at(cfg: RunConfig, key: str) -> Any:
 
 
 def leaf_keys() -> tuple[str, ...]:
-    """Every dotted leaf key of RunConfig, in schema order ('objective', 'sampler.correction' and 'trl'
-    are free-form mappings: one key each, checked against the method's or the correction's parameters
-    and TRL's GRPOConfig)."""
+    """Every dotted leaf key of RunConfig, in schema order (each component slot is one key, checked
+    against its registry; 'trl' is one free-form mapping, TRL's GRPOConfig fields)."""
     return tuple(declarations())

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from clipbench.config import RunConfig, from_dict
-from clipbench.config.slots import slot
+from clipbench.config.schema import Slot
 from clipbench.errors import UserError
 from clipbench.eval.suite import eval_suite
 from clipbench.integrations.verl_settings import (
@@ -133,7 +133,7 @@ def rule_env(cfg: dict) -> dict[str, str]:
     (absolute paths once the config is composed: they must exist on the workers' nodes)."""
 
     run = _typed(cfg)
-    env = {"VERL_USE_EXTERNAL_MODULES": MODULE, PARAMS_ENV: json.dumps(slot(run, "objective").params, sort_keys=True)}
+    env = {"VERL_USE_EXTERNAL_MODULES": MODULE, PARAMS_ENV: json.dumps(run.objective.params, sort_keys=True)}
     if run.plugins:
         env[PLUGINS_ENV] = os.pathsep.join(run.plugins)
     return env
@@ -156,11 +156,10 @@ def _typed(cfg):
 RC = "algorithm.rollout_correction."
 
 
-def correction_overrides(correction: dict) -> dict[str, Any]:
+def correction_overrides(correction: Slot) -> dict[str, Any]:
     """verl's algorithm.rollout_correction of a (validated) sampler.correction (engines.keys refuses
     what has no counterpart); verl 0.9.1 computes the rollout log-probs by default."""
-    c = dict(correction)
-    name = c.pop("name")
+    name, c = correction.name, correction.params
     if name == "tis":
         return {RC + "rollout_is": c["level"], RC + "rollout_is_threshold": c["cap"]}
     if name == "icepop":
@@ -184,7 +183,7 @@ def verl_overrides(
     """verl main_ppo Hydra overrides for one resolved clipbench run config (see the module docstring)."""
 
     run = _typed(cfg)  # from_dict reads a manifest frozen before sampler.correction too
-    tc, sc, ev, rule = run.train, run.sampler, run.eval, slot(run, "objective")
+    tc, sc, ev, rule = run.train, run.sampler, run.eval, run.objective
     P, M = tc.prompts_per_step, tc.mini_batches
     if P % M:
         raise UserError(
@@ -194,8 +193,8 @@ def verl_overrides(
     model = resolve_model_name(run.model.name)
     dtype = dtype_name(compute_dtype(run.model.dtype, "cuda", bf16_supported=True))  # verl runs on GPUs
     o: dict[str, Any] = {
-        "algorithm.adv_estimator": ADV[tc.advantage],
-        "algorithm.norm_adv_by_std_in_grpo": tc.advantage == "group",
+        "algorithm.adv_estimator": ADV[tc.advantage.name],
+        "algorithm.norm_adv_by_std_in_grpo": tc.advantage.name == "group",
         "algorithm.use_kl_in_reward": False,
         "data.train_files": str(data[0]),
         "data.val_files": str(data[1]),
@@ -209,7 +208,7 @@ def verl_overrides(
         f"{R}.dtype": dtype,
         f"{R}.free_cache_engine": sc.sleep_mode,
         f"{A}.policy_loss.loss_mode": f"clipbench.{rule.name}",
-        f"{A}.loss_agg_mode": tc.agg,
+        f"{A}.loss_agg_mode": tc.agg.name,
         f"{A}.loss_scale_factor": sc.max_new_tokens,
         f"{A}.ppo_mini_batch_size": P // M,
         f"{A}.ppo_epochs": tc.epochs,

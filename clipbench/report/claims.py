@@ -433,7 +433,7 @@ def q4_claim(label: str, runs: Sequence[RunRecord]) -> ClaimResult | None:
 
 
 def _params(r: RunRecord) -> dict:
-    return {k: v for k, v in (recorded(r.config, "objective") or {}).items() if k != "method"}
+    return r.objective.params if r.objective else {}
 
 
 def _setting(runs: Sequence[RunRecord]) -> tuple:

@@ -29,7 +29,6 @@ from clipbench.errors import ConfigError, did_you_mean, unknown_choice
 CORRECTION = SLOTS["correction"]
 # The former truncated-IS keys: fine in overrides (read as the sampler.correction they meant), not as axes.
 LEGACY = {"sampler.mismatch_is": CORRECTION.name_path, "sampler.mismatch_is_cap": CORRECTION.key + ".cap"}
-NOUN = {"objective": "method", "correction": "correction", "aggregation": "aggregation", "advantage": "advantage"}
 
 
 def stored_key(key: str) -> str:
@@ -141,7 +140,7 @@ def build_rule(
     sweep file's own (a command line that pins the name makes the file's parameter axes
     inapplicable, not wrong). Unknown names and parameters are refused, naming the sweep key."""
     components = slot_components(decl.slot)
-    noun = NOUN[decl.slot]
+    noun = decl.noun
     names = _names(decl, base_name, axes, components, noun, source)
     file_names = [n for n in _axis_names(decl, file_axes) if isinstance(n, str) and n in components]
     known = {p for n in set(names) | set(file_names) for p in components[n]}
