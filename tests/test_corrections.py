@@ -431,7 +431,7 @@ def test_a_config_of_the_former_shape_loads_with_its_run_id(mode, cap):
 
 def test_a_manifest_of_the_former_shape_resumes_its_runs(tmp_path):
     """A sweep frozen before sampler.correction: its runs load from the manifest under their ids."""
-    from clipbench.config import from_dict, load_run_config, run_id, to_dict
+    from clipbench.config import load_run_config, run_id, to_dict
     from clipbench.sweep.execute import task_from_manifest
 
     cfg = _without_later_keys(to_dict(load_run_config("recipes/quickstart.yaml", ["sampler.mismatch_is=token"])))
@@ -441,7 +441,7 @@ def test_a_manifest_of_the_former_shape_resumes_its_runs(tmp_path):
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "manifest.json").write_text(json.dumps({"sweep": "old", "runs": {rid: cfg}, "points": {}}))
     task = task_from_manifest(tmp_path / "old" / "manifest.json", rid)
-    loaded = from_dict(task.config)
+    loaded = task.config  # read once, from the manifest's former shape
     assert run_id(loaded) == rid and loaded.sampler.correction.one_form() == {
         "name": "tis",
         "level": "token",
