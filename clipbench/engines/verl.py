@@ -128,29 +128,21 @@ def export_task(cfg: dict, out_dir: Path) -> tuple[Path, Path]:
     return train, val
 
 
-def rule_env(cfg: dict) -> dict[str, str]:
+def rule_env(run: RunConfig) -> dict[str, str]:
     """The environment of verl's workers: the module to import, the rule's parameters, the run's plugins
     (absolute paths once the config is composed: they must exist on the workers' nodes)."""
-
-    run = _typed(cfg)
     env = {"VERL_USE_EXTERNAL_MODULES": MODULE, PARAMS_ENV: json.dumps(run.objective.params, sort_keys=True)}
     if run.plugins:
         env[PLUGINS_ENV] = os.pathsep.join(run.plugins)
     return env
 
 
-def record_env(cfg: dict, run_dir: Path) -> dict[str, str]:
+def record_env(run: RunConfig, run_dir: Path) -> dict[str, str]:
     """train.record.every=1: the registered loss records every call into the run's record/ (docs/replay.md)."""
-    rec = _typed(cfg).train.record
+    rec = run.train.record
     if not rec.every:
         return {}
     return {RECORD_DIR_ENV: str(Path(run_dir) / "record"), RECORD_MAX_MB_ENV: str(rec.max_mb)}
-
-
-def _typed(cfg):
-    """A stored run config (a manifest's dict, perhaps of a former shape) as a RunConfig."""
-
-    return cfg if isinstance(cfg, RunConfig) else from_dict(cfg)
 
 
 RC = "algorithm.rollout_correction."
@@ -180,9 +172,10 @@ def verl_overrides(
     nnodes: int = 1,
     tracking_uri: str | None = None,
 ) -> list[str]:
-    """verl main_ppo Hydra overrides for one resolved clipbench run config (see the module docstring)."""
+    """verl main_ppo Hydra overrides for one resolved clipbench run config, as a manifest stores it
+    (see the module docstring)."""
 
-    run = _typed(cfg)  # from_dict reads a manifest frozen before sampler.correction too
+    run = from_dict(cfg)  # also a manifest frozen before sampler.correction
     tc, sc, ev, rule = run.train, run.sampler, run.eval, run.objective
     P, M = tc.prompts_per_step, tc.mini_batches
     if P % M:
