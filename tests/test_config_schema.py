@@ -8,7 +8,8 @@ import re
 from pathlib import Path
 
 from clipbench.config.reference import table
-from clipbench.config.schema import CHOICES, RANGES, SLOTS, Range, choices, declarations, leaf_keys
+from clipbench.config.schema import CHOICES, RANGES, SLOTS, choices, declarations, leaf_keys
+from clipbench.config.values import Range
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "config.md"
 

@@ -10,7 +10,8 @@ import dataclasses
 import json
 import typing
 
-from clipbench.config.schema import SLOTS, Each, Range, RunConfig, Slot, Text, declarations, is_section, value_at
+from clipbench.config.schema import SLOTS, RunConfig, Slot, declarations, is_section, value_at
+from clipbench.config.values import Each, Range, Text
 
 _SLOT_KEYS = {d.key: d for d in SLOTS.values()}
 
