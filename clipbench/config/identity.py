@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from clipbench.config.schema import SLOTS, RunConfig
-from clipbench.config.stored import stored_form, to_dict
+from clipbench.config.slots import stored_form
+from clipbench.config.stored import to_dict
 
 # Sections that do not change what a run computes, so they stay out of its identity.
 # plugins: where a rule is found (the manifest records its hash); launch: how many processes train the run.

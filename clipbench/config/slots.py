@@ -10,8 +10,9 @@ Every form reads to one `Slot` (`read_slot`), whichever layer wrote it:
 
 An error names a component's name by the key that gave it, as written (`objective.name`, or the
 older `objective.method`). `stored` writes a component in its stored form, for
-`clipbench.config.stored` (to_dict) alone. `slot_components` and `resolve_slot` read each slot's
-registry, `checked` resolves a component against it.
+`clipbench.config.stored.to_dict`, and `stored_form` a whole mapping read as it is (a stored
+config's run id, the report). `slot_components` and `resolve_slot` read each slot's registry,
+`checked` resolves a component against it.
 """
 
 from __future__ import annotations
@@ -134,6 +135,18 @@ def stored(decl: SlotDecl, slot: Slot) -> Any:
     """A component in its stored form (docs/config.md): the bare name where the slot's components take
     no parameters, else ``{<name_key>: name, <param>: value, ...}`` (``method`` for the objective)."""
     return slot.name if decl.bare else {decl.name_key: slot.name, **copy.deepcopy(slot.params)}
+
+
+def stored_form(d: Mapping) -> dict:
+    """A mapping read as it is (nothing filled in, nothing checked but each component's form) in the
+    stored form: the former correction keys as `sampler.correction`, each component as `stored`
+    writes it (a stored config's run id, the report's reading of a run's config.yaml)."""
+    out = migrate(d)
+    for decl in SLOTS.values():
+        value = _at(out, decl.key)
+        if value is not _ABSENT:
+            out = _with(out, decl.key, stored(decl, read_slot(decl, value)[0]))
+    return out
 
 
 @functools.cache

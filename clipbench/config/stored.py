@@ -5,8 +5,8 @@ the run id hashes): each component slot in its older form (`slots.stored`: ``obj
 ...}``, a bare name for train.agg and train.advantage), so that every run id and results store
 stays valid. `from_dict` reads a mapping in the stored form or any other form a config may give
 (`slots.read_slot`) back into a RunConfig. These two are the only translation between the typed
-slots and the stored form; `stored_form` is theirs for a mapping read as it is (the run id, the
-report). `setting`, `recorded` and `recorded_slot` read one key of a stored config (a manifest's, a
+slots and the stored form (and `slots.stored_form`, theirs for a mapping read as it is: the run id
+of a stored config, the report). `setting`, `recorded` and `recorded_slot` read one key of a stored config (a manifest's, a
 run's config.yaml), perhaps written before the key existed (docs/config.md, "Reading a run config").
 """
 
@@ -66,20 +66,6 @@ def set_slot(cfg: RunConfig, which: str, slot: Slot) -> None:
     """Put `slot` in the slot `which` of `cfg` (a validated component replacing its unresolved one)."""
     section, _, name = SLOTS[which].key.rpartition(".")
     setattr(value_at(cfg, section) if section else cfg, name, slot)
-
-
-def stored_form(d: Mapping) -> dict:
-    """A mapping read as it is (nothing filled in, nothing checked but each component's form) in
-    the stored form: the former correction keys as `sampler.correction`, each component as
-    `to_dict` writes it."""
-    out = migrate(d)
-    for decl in SLOTS.values():
-        head, _, rest = decl.key.partition(".")
-        section = out.get(head) if rest else out
-        if isinstance(section, Mapping) and (rest or head) in section:
-            value = stored(decl, read_slot(decl, section[rest or head])[0])
-            out = {**out, head: {**section, rest: value}} if rest else {**out, head: value}
-    return out
 
 
 @functools.lru_cache(maxsize=1)

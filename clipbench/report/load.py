@@ -15,7 +15,8 @@ from pathlib import Path
 from clipbench.config import flatten
 from clipbench.config.labels import METHOD_KEY, OBJ, group_label
 from clipbench.config.schema import Slot
-from clipbench.config.stored import recorded, recorded_slot, stored_form
+from clipbench.config.slots import stored_form
+from clipbench.config.stored import recorded, recorded_slot
 from clipbench.errors import StoreError, UserError, did_you_mean
 from clipbench.objectives import effective_bounds
 from clipbench.tracking.files import REMEDIES, check_store_dir, read_json, read_jsonl
