@@ -150,7 +150,7 @@ def run_sweep(configs: list, sweep_dir: Path, *, reference: bool) -> list[dict]:
         out.append(
             {
                 "run_id": rid,
-                "rule": cfg.objective["method"],
+                "rule": cfg.objective.name,
                 "cpu": split(clock.cpu, total_cpu),
                 "wall": split(clock.wall, total_wall),
                 "numbers": run_numbers(RunDir(sweep_dir / rid)),

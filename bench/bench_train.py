@@ -227,6 +227,7 @@ def force_min_new_tokens() -> None:
 
 
 def run_clipbench(clock: StepClock, steps: int, histograms: bool, workdir: Path) -> dict:
+    from clipbench.config import to_dict
     from clipbench.train.loop import run_training
 
     force_min_new_tokens()
@@ -238,9 +239,9 @@ def run_clipbench(clock: StepClock, steps: int, histograms: bool, workdir: Path)
         "per_step": rows,
         "config": {
             "lr": cfg.train.lr,
-            "objective": dict(cfg.objective),
+            "objective": to_dict(cfg)["objective"],  # the stored form, as the earlier results recorded it
             "histograms": histograms,
-            "agg": cfg.train.agg,
+            "agg": cfg.train.agg.name,
         },
     }
 

@@ -3,6 +3,7 @@
 import pytest
 
 from clipbench.config import compose, load_run_config, run_id, to_dict, validate
+from clipbench.config.schema import Slot
 from clipbench.errors import ConfigError
 from clipbench.objectives import METHODS
 
@@ -13,7 +14,7 @@ def test_quickstart_recipe_loads_with_method_defaults():
     cfg = load_run_config(RECIPE)
     assert cfg.train.mini_batches == 8 and cfg.train.epochs == 3 and cfg.sampler.group_size == 8
     assert cfg.model.name == "builtin:arith-steps" and cfg.task.format == "steps"
-    assert cfg.objective == {"method": "grpo", **METHODS["grpo"].defaults}
+    assert cfg.objective == Slot("grpo", METHODS["grpo"].defaults)
     tiny = load_run_config("recipes/arith_tiny.yaml")  # the answer-only regime the plumbing tests use
     assert tiny.model.name == "builtin:arith-tiny" and tiny.task.format == "answer" and tiny.train.mini_batches == 4
 
@@ -21,8 +22,8 @@ def test_quickstart_recipe_loads_with_method_defaults():
 def test_overrides_switch_method_and_fill_its_defaults():
     cfg = load_run_config(RECIPE, ["objective.method=nsr", "objective.p=0.25", "train.steps=3"])
     assert cfg.train.steps == 3
-    assert cfg.objective["method"] == "nsr" and cfg.objective["p"] == 0.25
-    assert set(cfg.objective) == {"method", *METHODS["nsr"].defaults}
+    assert cfg.objective.name == "nsr" and cfg.objective["p"] == 0.25
+    assert set(cfg.objective.params) == set(METHODS["nsr"].defaults)
 
 
 def test_run_id_is_deterministic_and_config_sensitive():
@@ -142,18 +143,18 @@ def test_every_field_declares_its_values():
     import dataclasses
     import typing
 
-    from clipbench.config.load import choices
-    from clipbench.config.schema import RANGES, RunConfig
+    from clipbench.config.schema import RANGES, SLOTS, RunConfig, choices, is_section
 
     def leaves(cls, prefix=""):
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            if dataclasses.is_dataclass(hints[f.name]):
+            if is_section(hints[f.name]):
                 yield from leaves(hints[f.name], f"{prefix}{f.name}.")
             else:
                 yield prefix + f.name, hints[f.name]
 
-    declared = set(RANGES) | set(choices()) | {"eval.benchmarks", "objective", "sampler.correction", "trl", "engine"}
+    slots = {d.key for d in SLOTS.values()}  # a component: checked against its registry
+    declared = set(RANGES) | set(choices()) | slots | {"eval.benchmarks", "trl", "engine"}
     missing = [k for k, t in leaves(RunConfig) if t is not bool and k not in declared]
     assert missing == []
     assert not set(RANGES) & set(choices())  # one declaration per field

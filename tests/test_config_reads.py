@@ -93,7 +93,6 @@ def test_setting_reads_the_schemas_default_where_a_stored_config_lacks_the_key()
     assert setting(stored, "seed") == 3 and setting(stored, "tracking.experiment") == "mine"
     assert setting(stored, "launch.nproc_per_node") == 1 == RunConfig().launch.nproc_per_node
     assert setting(stored, "tracking.sinks") == ["mlflow"] and setting(stored, "objective.method") == "grpo"
-    assert setting(RunConfig(), "train.steps") == 40 and setting(RunConfig(), "objective.method") == "grpo"
     assert setting({"objective": {"method": "nsr", "p": 0.5}}, "objective.p") == 0.5  # a component's parameter
     for key in ("tracking.experimnet", "train", "objective.p"):  # a typo, a section, an unset parameter
         with pytest.raises(KeyError):
@@ -105,6 +104,20 @@ def test_recorded_reads_none_where_a_partial_config_records_nothing():
     stored = {"seed": 3, "train": {"steps": 10}}
     assert recorded(stored, "train.steps") == 10 and recorded(stored, "seed") == 3
     assert recorded(stored, "train.lr") is None and recorded(stored, "objective.method") is None
-    assert recorded(RunConfig(), "train.lr") == 1e-6
     with pytest.raises(KeyError):
         recorded(stored, "train.stepz")
+
+
+def test_a_stored_component_reads_as_a_slot_none_where_the_config_records_none():
+    """The readers of stored runs (report, sync, replay) read a component through the translation
+    (`recorded_slot`), never by the stored form's keys."""
+    from clipbench.config.schema import Slot
+    from clipbench.config.stored import recorded_slot
+
+    assert recorded_slot({"objective": {"method": "nsr", "p": 0.5}}, "objective") == Slot("nsr", {"p": 0.5})
+    assert recorded_slot({"sampler": {"correction": {"name": "tis", "cap": 3.0}}}, "correction") == Slot(
+        "tis", {"cap": 3.0}
+    )
+    assert recorded_slot({"train": {"agg": "token-sum"}}, "aggregation") == Slot("token-sum")
+    assert recorded_slot({"seed": 3}, "objective") is None
+    assert recorded_slot({"objective": {"p": 0.5}}, "objective") is None  # a partial config: no name, no guess

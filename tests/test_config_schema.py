@@ -7,9 +7,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from clipbench.config.load import choices
 from clipbench.config.reference import table
-from clipbench.config.schema import CHOICES, RANGES, SLOTS, Range, declarations, leaf_keys
+from clipbench.config.schema import CHOICES, RANGES, SLOTS, choices, declarations, leaf_keys
+from clipbench.config.values import Range
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "config.md"
 

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clipbench.config import load_run_config, run_id, to_dict
-from clipbench.config.load import slot
+from clipbench.config import from_dict, load_run_config, run_id, to_dict
 from clipbench.config.schema import SLOTS, Slot
 from clipbench.errors import ConfigError
 from clipbench.sweep import expand, load_spec
@@ -43,12 +42,19 @@ def test_the_one_form_loads_to_the_older_forms_config_and_run_id(one_form, older
     assert run_id(new) != run_id(load_run_config(RECIPE))  # the setting took effect
 
 
-def test_a_slot_reads_as_name_and_resolved_parameters():
+def test_a_slot_is_a_typed_field_of_name_and_resolved_parameters():
     cfg = load_run_config(RECIPE, ["objective={name: dapo}", "sampler.correction={name: tis, cap: 3.0}"])
-    assert slot(cfg, "objective") == Slot("dapo", {"eps_low": 0.2, "eps_high": 0.28})  # dapo's registry defaults
-    assert slot(cfg, "correction") == Slot("tis", {"level": "token", "floor": 0.0, "cap": 3.0})
-    assert slot(cfg, "aggregation") == Slot("token-mean") and slot(cfg, "advantage") == Slot("group")
+    assert cfg.objective == Slot("dapo", {"eps_low": 0.2, "eps_high": 0.28})  # dapo's registry defaults
+    assert cfg.objective["eps_high"] == 0.28
+    assert cfg.sampler.correction == Slot("tis", {"level": "token", "floor": 0.0, "cap": 3.0})
+    assert cfg.train.agg == Slot("token-mean") and cfg.train.advantage == Slot("group")
     assert set(SLOTS) == {"objective", "correction", "aggregation", "advantage"}
+    # the stored form is the older one (to_dict alone translates): every run id stays valid
+    d = to_dict(cfg)
+    assert d["objective"] == {"method": "dapo", "eps_low": 0.2, "eps_high": 0.28}
+    assert d["sampler"]["correction"] == {"name": "tis", "level": "token", "floor": 0.0, "cap": 3.0}
+    assert d["train"]["agg"] == "token-mean" and d["train"]["advantage"] == "group"
+    assert from_dict(d) == cfg
 
 
 @pytest.mark.parametrize(
@@ -56,13 +62,61 @@ def test_a_slot_reads_as_name_and_resolved_parameters():
     [
         ("objective={name: dapo, method: grpo}", "objective.name", "set the name once"),
         ("train.agg={name: token-mean, scale: 2}", "train.agg.scale", "takes no parameters"),
-        ("train.advantage={name: grpo-ish}", "train.advantage", "unknown value 'grpo-ish'"),
+        ("train.advantage={name: grpo-ish}", "train.advantage.name", "unknown advantage 'grpo-ish'"),
+        ("train.advantage=grpo-ish", "train.advantage", "unknown advantage 'grpo-ish'"),
     ],
 )
 def test_a_bad_slot_setting_names_its_key(override, key, reason):
     with pytest.raises(ConfigError) as e:
         load_run_config(RECIPE, [override])
     assert e.value.key == key and reason in e.value.reason
+
+
+@pytest.mark.parametrize(
+    "override, key, noun",
+    [
+        ("objective.name=grpoo", "objective.name", "method"),
+        ("objective.method=grpoo", "objective.method", "method"),  # the older spelling, named as written
+        ("objective={name: grpoo, eps_high: 0.3}", "objective.name", "method"),
+        ("sampler.correction.name=icepp", "sampler.correction.name", "correction"),
+        ("train.agg.name=token-meen", "train.agg.name", "aggregation"),
+        ("train.agg=token-meen", "train.agg", "aggregation"),
+    ],
+)
+def test_an_unknown_component_names_the_key_the_user_wrote(override, key, noun):
+    """issue 38 part 2: `objective.name=grpoo` said "objective.method: unknown method 'grpoo'"."""
+    with pytest.raises(ConfigError) as e:
+        load_run_config(RECIPE, [override])
+    assert e.value.key == key and e.value.reason.startswith(f"unknown {noun} "), (e.value.key, e.value.reason)
+    assert e.value.file == f"command line ({override})"
+
+
+@pytest.mark.parametrize("spelled", ["name", "method"])
+def test_a_recipes_component_is_named_as_the_recipe_wrote_it(tmp_path, spelled):
+    recipe = yaml.safe_load(RECIPE.read_text())
+    recipe["objective"] = {spelled: "grpoo"}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
+    with pytest.raises(ConfigError) as e:
+        load_run_config(tmp_path / "r.yaml")
+    assert (e.value.file, e.value.key) == (str(tmp_path / "r.yaml"), f"objective.{spelled}")
+    # a later layer's name replaces the recipe's, whichever spelling each uses
+    other = "method" if spelled == "name" else "name"
+    assert load_run_config(tmp_path / "r.yaml", [f"objective.{other}=dapo"]).objective.name == "dapo"
+
+
+def test_train_names_the_key_the_user_wrote_exit_2_nothing_written(tmp_path):
+    """`clipbench train quickstart objective.name=grpoo`: one line naming objective.name, exit 2,
+    nothing written (the older objective.method named as written)."""
+    from typer.testing import CliRunner
+
+    from clipbench.cli import app
+
+    for key in ("objective.name", "objective.method"):
+        res = CliRunner().invoke(app, ["train", "quickstart", f"{key}=grpoo", "--results-dir", str(tmp_path / "r")])
+        assert res.exit_code == 2, res.output
+        lines = res.output.strip().splitlines()
+        assert len(lines) == 1 and f"{key}: unknown method 'grpoo' (did you mean 'grpo'?)" in lines[0], res.output
+        assert not (tmp_path / "r").exists()
 
 
 def _sweep(tmp_path: Path, body: dict, name: str = "s.yaml") -> Path:
@@ -184,6 +238,26 @@ def test_an_unknown_slot_parameter_or_name_names_the_sweep_key(tmp_path):
         with pytest.raises(ConfigError) as e:
             expand(load_spec(_sweep(tmp_path, body)))
         assert e.value.key == where and reason in e.value.reason, (e.value.key, e.value.reason)
+
+
+@pytest.mark.parametrize("key", ["objective.name", "objective.method"])
+def test_a_sweep_names_an_unknown_method_by_the_key_each_layer_wrote(tmp_path, key):
+    """The sweep-file and command-line equivalents of `clipbench train quickstart objective.name=grpoo`:
+    the axis, the overrides, the command line and the base recipe each name the key as written."""
+    recipe = yaml.safe_load(RECIPE.read_text())
+    recipe["objective"] = {key.split(".")[1]: "grpoo"}
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(recipe))
+    sweep = str(tmp_path / "s.yaml")
+    for body, cli, file, where in (
+        ({"grid": {key: ["grpo", "grpoo"]}}, [], sweep, f"grid.{key}"),
+        ({"grid": {"seed": [0]}, "overrides": {key: "grpoo"}}, [], sweep, f"overrides.{key}"),
+        ({"grid": {"seed": [0]}}, [f"{key}=grpoo"], "command line", key),
+        ({"base": str(tmp_path / "bad.yaml"), "grid": {"seed": [0]}}, [], str(tmp_path / "bad.yaml"), key),
+    ):
+        with pytest.raises(ConfigError) as e:
+            expand(load_spec(_sweep(tmp_path, body), cli))
+        assert (e.value.file, e.value.key) == (file, where), (body, cli, e.value)
+        assert e.value.reason.startswith("unknown method 'grpoo' (did you mean 'grpo'?)")
 
 
 def test_a_correction_setting_applies_to_every_correction_of_the_sweep_that_declares_it(tmp_path):

@@ -365,8 +365,8 @@ def test_config_keys_are_checked_before_anything_runs():
     from clipbench.errors import ConfigError
 
     cfg = load_run_config("recipes/quickstart.yaml", ["sampler.correction.name=tis", "sampler.correction.cap=3"])
-    assert cfg.sampler.correction == {"name": "tis", "level": "token", "cap": 3.0, "floor": 0.0}
-    assert load_run_config("recipes/quickstart.yaml").sampler.correction == {"name": "none"}  # default off
+    assert cfg.sampler.correction.one_form() == {"name": "tis", "level": "token", "cap": 3.0, "floor": 0.0}
+    assert load_run_config("recipes/quickstart.yaml").sampler.correction.one_form() == {"name": "none"}  # default off
     assert (
         load_run_config("recipes/quickstart.yaml", ["sampler.correction=geo_mask"]).sampler.correction["high"] == 1.01
     )
@@ -393,7 +393,7 @@ def test_config_keys_are_checked_before_anything_runs():
 def _without_later_keys(d: dict) -> dict:
     """`d` without the nested keys added after sampler.correction (config/load.py NESTED_ID_DEFAULTS):
     a config of the former shape has none of them."""
-    from clipbench.config.load import NESTED_ID_DEFAULTS
+    from clipbench.config.identity import NESTED_ID_DEFAULTS
 
     for section, key in NESTED_ID_DEFAULTS:
         d.get(section, {}).pop(key, None)
@@ -403,7 +403,7 @@ def _without_later_keys(d: dict) -> dict:
 def _former_run_id(d: dict) -> str:
     """The run id as clipbench computed it before sampler.correction (config/load.py at 5ba6cb3: the
     top-level keys `in_id` keeps, with the `train.record` section left out)."""
-    from clipbench.config.load import in_id
+    from clipbench.config.identity import in_id
 
     d = {k: ({kk: vv for kk, vv in v.items() if kk != "record"} if k == "train" else v) for k, v in d.items()}
     blob = json.dumps({k: v for k, v in d.items() if in_id(k, v)}, sort_keys=True, separators=(",", ":"), default=str)
@@ -431,7 +431,7 @@ def test_a_config_of_the_former_shape_loads_with_its_run_id(mode, cap):
 
 def test_a_manifest_of_the_former_shape_resumes_its_runs(tmp_path):
     """A sweep frozen before sampler.correction: its runs load from the manifest under their ids."""
-    from clipbench.config import from_dict, load_run_config, run_id, to_dict
+    from clipbench.config import load_run_config, run_id, to_dict
     from clipbench.sweep.execute import task_from_manifest
 
     cfg = _without_later_keys(to_dict(load_run_config("recipes/quickstart.yaml", ["sampler.mismatch_is=token"])))
@@ -441,8 +441,8 @@ def test_a_manifest_of_the_former_shape_resumes_its_runs(tmp_path):
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "manifest.json").write_text(json.dumps({"sweep": "old", "runs": {rid: cfg}, "points": {}}))
     task = task_from_manifest(tmp_path / "old" / "manifest.json", rid)
-    loaded = from_dict(task.config)
-    assert run_id(loaded) == rid and loaded.sampler.correction == {
+    loaded = task.config  # read once, from the manifest's former shape
+    assert run_id(loaded) == rid and loaded.sampler.correction.one_form() == {
         "name": "tis",
         "level": "token",
         "cap": 2.0,

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from clipbench.config import load_run_config, to_dict
-from clipbench.config.schema import leaf_keys
+from clipbench.config.schema import leaf_keys, value_at
 from clipbench.engines import check
 from clipbench.engines.keys import KEYS, settings
 from clipbench.errors import ConfigError
@@ -163,7 +163,7 @@ def test_a_refused_key_set_to_another_value_fails_the_check_naming_it(engine):
     ],
 )
 def test_a_value_an_entry_refuses_fails_the_check(engine, key, value):
-    assert KEYS[engine][key].refuse(value)
+    assert KEYS[engine][key].refuse(value_at(config(**{key: value}), key))  # a component's entry judges its Slot
     with pytest.raises(ConfigError, match=rf"{key}: engine '{engine}' cannot honour it"):
         check(config(**{key: value}), "r.yaml", engine=engine)
 

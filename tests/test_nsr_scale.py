@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from clipbench.cli import app
 from clipbench.config import load_run_config, to_dict
+from clipbench.config.schema import Slot
 
 REPO = Path(__file__).resolve().parent.parent
 HERE = REPO / "recipes" / "nsr_scale"
@@ -60,12 +61,11 @@ def test_the_moe_recipes_follow_gspo_published_settings():
     GRPO bounds 0.2 / 0.27 with routing replay on a MoE model; the four differ only in the objective
     (and GRPO's replay)."""
     cfgs = {n: load_run_config(HERE / f"{n}.yaml") for n in MOE}
-    assert cfgs["qwen3_30b_a3b_gspo"].objective == {"method": "gspo", "eps_low": 3e-4, "eps_high": 4e-4}
-    assert cfgs["qwen3_30b_a3b_grpo_r2"].objective == {"method": "grpo", "eps_low": 0.2, "eps_high": 0.27}
+    assert cfgs["qwen3_30b_a3b_gspo"].objective == Slot("gspo", {"eps_low": 3e-4, "eps_high": 4e-4})
+    assert cfgs["qwen3_30b_a3b_grpo_r2"].objective == Slot("grpo", {"eps_low": 0.2, "eps_high": 0.27})
     for rule in ("nsr", "decay"):
         obj = cfgs[f"qwen3_30b_a3b_gspo_{rule}"].objective
-        assert obj == {
-            "method": rule,
+        assert obj.name == rule and obj.params == {
             "base": "sequence",
             "eps_low": 3e-4,
             "eps_high": 4e-4,
@@ -77,7 +77,7 @@ def test_the_moe_recipes_follow_gspo_published_settings():
     for name, cfg in cfgs.items():
         assert cfg.model.name == "Qwen/Qwen3-30B-A3B-Base" and cfg.model.dtype == "bfloat16"
         assert cfg.model.routing_replay == ("r2" if name.endswith("_r2") else "none")
-        assert cfg.train.mini_batches == 4 and cfg.train.advantage == "group" and cfg.train.beta == 0.0
+        assert cfg.train.mini_batches == 4 and cfg.train.advantage.name == "group" and cfg.train.beta == 0.0
         assert cfg.sampler.backend == "hf" and cfg.launch.nproc_per_node == 8
         # 2 epochs of 17,398 prompts in batches of 256: 67 x 2 rollout steps; warmup 10% of 134 x 4
         assert cfg.train.steps == 2 * (17398 // 256) == 134 and cfg.train.warmup_steps == 134 * 4 // 10
@@ -94,16 +94,16 @@ def test_the_dense_recipes_follow_dapo_published_settings():
     rollout step), lr 1e-6 with warmup over 20 rollout steps, clip 0.2 / 0.28, token-mean, dynamic
     sampling, 20,480 tokens with overlong shaping over the last 4,096, no KL, avg@32 at T 1.0, top-p 0.7."""
     cfgs = {n: load_run_config(HERE / f"{n}.yaml") for n in DENSE}
-    assert cfgs["qwen2_5_7b_dapo"].objective == {"method": "dapo", "eps_low": 0.2, "eps_high": 0.28}
+    assert cfgs["qwen2_5_7b_dapo"].objective == Slot("dapo", {"eps_low": 0.2, "eps_high": 0.28})
     for rule in ("nsr", "decay"):
         obj = cfgs[f"qwen2_5_7b_dapo_{rule}"].objective
-        assert obj["method"] == rule and (obj["eps_low"], obj["eps_high"], obj["base"]) == (0.2, 0.28, "token")
+        assert obj.name == rule and (obj["eps_low"], obj["eps_high"], obj["base"]) == (0.2, 0.28, "token")
     for cfg in cfgs.values():
         t, s = cfg.train, cfg.sampler
         assert cfg.model.name == "Qwen/Qwen2.5-7B" and s.backend == "vllm" and cfg.launch.nproc_per_node == 8
         assert (t.prompts_per_step, s.group_size, t.prompts_per_step * s.group_size // t.mini_batches) == (512, 16, 512)
         assert t.lr == 1e-6 and t.warmup_steps == 20 * t.mini_batches and t.lr_schedule == "constant"
-        assert t.agg == "token-mean" and t.dynamic_sampling and t.beta == 0.0
+        assert t.agg.name == "token-mean" and t.dynamic_sampling and t.beta == 0.0
         assert s.max_new_tokens == 20480 and t.overlong.enabled and t.overlong.buffer == 4096
         assert (cfg.eval.n, cfg.eval.temperature, cfg.eval.top_p) == (32, 1.0, 0.7)
     a, b = to_dict(cfgs["qwen2_5_7b_dapo"]), to_dict(cfgs["qwen2_5_7b_dapo_nsr"])

@@ -142,7 +142,7 @@ def test_recipe_plugins_are_relative_to_the_recipe_and_merge_with_the_cli(isolat
         str((tmp_path / "rules" / "lower_only.py").resolve()),
         str((tmp_path / "cwd" / "other.py").resolve()),
     ]
-    assert cfg.objective == {"method": "lower_only", "eps_low": 0.3}
+    assert cfg.objective.one_form() == {"name": "lower_only", "eps_low": 0.3}
     assert run_id(cfg) == run_id(load_run_config(recipe, []))  # where a rule lives is not the run's identity
     # without its plugin the method is unknown; a broken plugin is one line naming the key and the file
     with pytest.raises(ConfigError, match="unknown method 'other_rul'"):

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from clipbench.config import load_run_config, to_dict
+from clipbench.config.schema import Slot
 from clipbench.objectives import METHODS
 
 ROOT = Path(__file__).resolve().parent.parent / "recipes"
@@ -26,9 +27,9 @@ def _expand(path: Path) -> list[dict]:
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_recipe_validates(path):
     cfg = load_run_config(path)
-    method = cfg.objective["method"]
+    method = cfg.objective.name
     assert method in METHODS
-    assert set(cfg.objective) - {"method"} == set(METHODS[method].defaults)  # parameters all exist
+    assert set(cfg.objective.params) == set(METHODS[method].defaults)  # parameters all exist
     assert cfg.train.mini_batches > 1  # off-policy, or clipping never acts
 
 
@@ -42,13 +43,13 @@ def test_recipe_validates(path):
 def test_table3_recipes_follow_the_paper(model, slug, prompts, max_new, steps, warmup):
     grpo = load_run_config(TABLE3 / f"{slug}_grpo.yaml")
     abc = load_run_config(TABLE3 / f"{slug}_abc.yaml")
-    assert grpo.objective == {"method": "grpo", "eps_low": 0.2, "eps_high": 0.2}
-    assert abc.objective == {"method": "abc", "eps1": 0.2, "eps2": 0.2, "eps3": 0.2, "eps4": 0.2}
+    assert grpo.objective == Slot("grpo", {"eps_low": 0.2, "eps_high": 0.2})
+    assert abc.objective == Slot("abc", {"eps1": 0.2, "eps2": 0.2, "eps3": 0.2, "eps4": 0.2})
     for cfg in (grpo, abc):
         assert cfg.model.name == model and cfg.model.dtype == "bfloat16"
         assert (cfg.task.name, cfg.task.path, cfg.task.template) == ("math", "open-r1/DAPO-Math-17k-Processed", "dapo")
         assert cfg.sampler.group_size == 8 and cfg.train.mini_batches == 4 and cfg.sampler.backend == "vllm"
-        assert cfg.train.advantage == "group_mean" and cfg.train.agg == "seq-mean-token-mean"
+        assert cfg.train.advantage.name == "group_mean" and cfg.train.agg.name == "seq-mean-token-mean"
         assert (cfg.train.prompts_per_step, cfg.sampler.max_new_tokens, cfg.train.steps, cfg.train.warmup_steps) == (
             prompts,
             max_new,

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from clipbench.config import compose, run_id, to_dict, validate
-from clipbench.config.load import deep_merge, set_dotted
+from clipbench.config.compose import deep_merge, set_dotted
 from clipbench.objectives import METHODS
 from clipbench.sweep import expand, freeze, load_spec, read_manifest
 from clipbench.sweep.manifest import manifest_path

@@ -206,17 +206,21 @@ def test_windows_without_an_exact_count_are_refused():
 
 
 def test_engine_trl_maps_the_correction_onto_trls_importance_sampling():
+    from clipbench.config.schema import SLOTS
+    from clipbench.config.slots import checked, read_slot
     from clipbench.engines.trl import correction_args
-    from clipbench.objectives.corrections import validate_correction
 
-    assert correction_args({"name": "none"}) == {"vllm_importance_sampling_correction": False}
-    assert correction_args(validate_correction({"name": "tis", "level": "sequence", "cap": 3.0})) == {
+    def correction(setting: dict):  # a validated sampler.correction
+        return checked(SLOTS["correction"], read_slot(SLOTS["correction"], setting)[0], "sampler.correction.name")
+
+    assert correction_args(correction({"name": "none"})) == {"vllm_importance_sampling_correction": False}
+    assert correction_args(correction({"name": "tis", "level": "sequence", "cap": 3.0})) == {
         "vllm_importance_sampling_correction": True,
         "vllm_importance_sampling_mode": "sequence_truncate",
         "vllm_importance_sampling_clip_min": None,
         "vllm_importance_sampling_clip_max": 3.0,
     }
-    assert correction_args(validate_correction({"name": "icepop"})) == {
+    assert correction_args(correction({"name": "icepop"})) == {
         "vllm_importance_sampling_correction": True,
         "vllm_importance_sampling_mode": "token_mask",
         "vllm_importance_sampling_clip_min": 0.5,
@@ -226,8 +230,8 @@ def test_engine_trl_maps_the_correction_onto_trls_importance_sampling():
 
     support = KEYS["trl"]["sampler.correction"]
     for name in ("geo_mask", "veto", "kl_rs"):
-        assert support.problem(validate_correction(name), {"name": "none"}), name
-    assert support.problem(validate_correction({"name": "icepop", "weight": "one"}), {"name": "none"})
+        assert support.problem(correction({"name": name}), correction({"name": "none"})), name
+    assert support.problem(correction({"name": "icepop", "weight": "one"}), correction({"name": "none"}))
 
 
 def test_engine_trl_config_checks():

@@ -271,11 +271,14 @@ def test_the_correction_maps_onto_verls_rollout_correction(setting):
     from hydra import compose, initialize_config_dir
     from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
 
+    from clipbench.config.schema import Slot
     from clipbench.engines.verl import _hydra_value, correction_overrides
     from clipbench.objectives.corrections import REJECTED, apply_correction, validate_correction
 
     setting = validate_correction(setting)
-    overrides = [f"{k}={_hydra_value(v)}" for k, v in correction_overrides(setting).items()]
+    params = dict(setting)
+    slot = Slot(params.pop("name"), params)  # the validated sampler.correction of a RunConfig
+    overrides = [f"{k}={_hydra_value(v)}" for k, v in correction_overrides(slot).items()]
     config_dir = str(Path(core_algos.__file__).resolve().parents[1] / "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         rc = compose("ppo_trainer", overrides=overrides).algorithm.rollout_correction

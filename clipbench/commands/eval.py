@@ -21,7 +21,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from clipbench.config.load import recorded, setting
+from clipbench.config.stored import recorded, setting
 from clipbench.errors import UserError
 from clipbench.eval.evaluate import evaluate
 from clipbench.eval.passk import default_ks

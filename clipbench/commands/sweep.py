@@ -18,7 +18,6 @@ import json
 import os
 import re
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,15 +27,23 @@ from rich.text import Text
 
 from clipbench.commands.progress import SweepProgress
 from clipbench.config import from_dict
-from clipbench.config.labels import format_value, label, run_label
-from clipbench.config.load import setting
+from clipbench.config.labels import format_value, label
+from clipbench.config.stored import setting
 from clipbench.engines import (
     ENGINES,
     preflight,  # the run's engine checks, then model, task, benchmarks, memory
 )
 from clipbench.errors import PREEMPTED_EXIT, StoreError, UserError, stop_exit_code
 from clipbench.objectives import METHODS
-from clipbench.sweep.execute import RunTask, checkpoint_step, classify, run_parallel, run_sequential, threads_per_worker
+from clipbench.sweep.execute import (
+    RunTask,
+    checkpoint_step,
+    classify,
+    run_parallel,
+    run_sequential,
+    run_task,
+    threads_per_worker,
+)
 from clipbench.sweep.expand import Expansion, expand, iter_summary
 from clipbench.sweep.hydra_app import check_launcher, launch
 from clipbench.sweep.manifest import freeze, manifest_path, manifest_runs, merge, read_manifest
@@ -125,22 +132,24 @@ def sweep_command(
     mg = freeze(results_dir, spec, exp)  # the first write of this command
     warn(err, list(exp.warnings) + mg.warnings)
     runs = manifest_runs(mg.manifest)
-    tasks_all = [
-        RunTask(
-            results_dir=str(results_dir),
-            sweep=spec.name,
-            run_id=rid,
-            config=cfg,
-            label=run_label(cfg, point),
-            retry_failed=retry_failed,
-            tracking_uri=tracking_uri,
-        )
-        for rid, cfg, point in runs
-    ]
-    states = {t.run_id: classify(t.run_dir, retry_failed) for t in tasks_all}
+    run_dirs = {rid: RunDir(results_dir / spec.name / rid) for rid, _, _ in runs}
+    states = {rid: classify(rd, retry_failed) for rid, rd in run_dirs.items()}
     err.print(start_line(spec.name, len(runs), results_dir, states))
     parent, uri, experiment = _parent_run(spec, runs, results_dir, tracking_uri, mpath)
-    tasks = [replace(t, parent_run_id=parent) for t in tasks_all if states[t.run_id] in ("resume", "start")]
+    tasks = [  # each run to train, its stored config read once
+        run_task(
+            results_dir,
+            spec.name,
+            rid,
+            cfg,
+            point,
+            retry_failed=retry_failed,
+            tracking_uri=tracking_uri,
+            parent_run_id=parent,
+        )
+        for rid, cfg, point in runs
+        if states[rid] in ("resume", "start")
+    ]
     try:
         results, launcher_rc = execute(
             tasks,
@@ -161,7 +170,8 @@ def sweep_command(
     return finish(
         spec.name,
         mg.manifest,
-        tasks_all,
+        run_dirs,
+        tasks,
         results,
         launcher,
         launcher_rc,
@@ -251,7 +261,7 @@ def execute(
             mpath,
             [t.run_id for t in tasks],
             launcher=launcher,
-            nprocs={t.run_id: setting(t.config, "launch.nproc_per_node") for t in tasks},
+            nprocs={t.run_id: t.config.launch.nproc_per_node for t in tasks},
             jobs=jobs if jobs > 1 else None,
             hydra_overrides=hydra_overrides,
             retry_failed=retry_failed,
@@ -268,7 +278,8 @@ def execute(
 def finish(
     sweep: str,
     manifest: dict,
-    tasks_all: list[RunTask],
+    run_dirs: dict[str, RunDir],
+    tasks: list[RunTask],
     results: list[dict],
     launcher: str | None,
     launcher_rc: int,
@@ -279,29 +290,29 @@ def finish(
     experiment,
     err: Console,
 ) -> dict[str, Any]:
-    """Close the MLflow parent, print the outcomes; exit 1 when a run failed in this invocation."""
+    """Close the MLflow parent, print the outcomes of `tasks` (the runs this invocation trained) and
+    the state of every run of the sweep (`run_dirs`); exit 1 when a run failed in this invocation."""
     by_id = {r["run_id"]: r for r in results}
-    final = {t.run_id: classify(t.run_dir) for t in tasks_all}
+    final = {rid: classify(rd) for rid, rd in run_dirs.items()}
     all_done = all(s == "finished" for s in final.values())
     failed = [r for r in results if r["outcome"] in ("failed", "crashed", "killed")]
     # failures the same command resumes (a memory limit, a killed worker): not "--retry-failed"
     again = [r for r in failed if final.get(r["run_id"]) in ("resume", "start")]
     failed_skip = [r for r in failed if r not in again]
-    dirs = {t.run_id: t.run_dir for t in tasks_all}
     disk_full = [r for r in results if r["outcome"] == "disk-full"]
     preempted = [r for r in results if r["outcome"] == "preempted"]
     not_started = [r for r in results if r["outcome"] == "not-started"]
     _finish_parent(parent, uri, experiment, sweep, "FINISHED" if all_done else ("FAILED" if failed else "RUNNING"))
     if results:
-        err.print(summary_table(tasks_all, by_id))
+        err.print(summary_table(tasks, by_id))
     locked = [r for r in results if r["outcome"] == "locked"]
     n_fin = sum(1 for s in final.values() if s == "finished")
     err.print(
-        f"{n_fin}/{len(tasks_all)} runs finished"
+        f"{n_fin}/{len(run_dirs)} runs finished"
         + (f"; {len(locked)} locked by another process" if locked else "")
         + (f"; {len(failed_skip)} failed (see status.json; rerun with --retry-failed)" if failed_skip else "")
         + (
-            f"; {len(again)} stopped ({', '.join(sorted({_stop_reason(dirs[r['run_id']]) for r in again}))}): rerun the same "
+            f"; {len(again)} stopped ({', '.join(sorted({_stop_reason(run_dirs[r['run_id']]) for r in again}))}): rerun the same "
             "command to resume"
             if again
             else ""
@@ -336,7 +347,7 @@ def finish(
     if failed or disk_full or (launcher_rc and incomplete):
         raise SystemExit(1)
     if preempted or not_started:
-        signals = {dirs[r["run_id"]].status().get("signal") for r in preempted} - {None}
+        signals = {run_dirs[r["run_id"]].status().get("signal") for r in preempted} - {None}
         code = max((stop_exit_code(s) for s in signals), default=PREEMPTED_EXIT)  # Ctrl-C: 130
         what = {130: "interrupted (Ctrl-C)", 129: "stopped (SIGHUP)"}.get(code, "preempted")
         err.print(

@@ -12,8 +12,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from clipbench.config.load import setting
 from clipbench.config.schema import SINKS
+from clipbench.config.stored import setting
 from clipbench.errors import UserError, did_you_mean
 from clipbench.tracking.files import check_store_dir
 from clipbench.tracking.mirror import run_name_of

@@ -75,8 +75,7 @@ def train_command(
             console.print(f"[yellow]no checkpoint in {rd.path}; starting from step 0[/]")
         where = f" on {dist.world} processes" if dist.sharded else ""
         console.print(
-            f"run {rd.run_id}: {cfg.objective['method']} on {cfg.task.name}, {cfg.train.steps} steps"
-            f"{where} -> {rd.path}"
+            f"run {rd.run_id}: {cfg.objective.name} on {cfg.task.name}, {cfg.train.steps} steps{where} -> {rd.path}"
         )
 
     told = []

@@ -12,9 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-OBJ = "objective."
-METHOD_KEY = "objective.method"
-CORRECTION = "sampler.correction."  # its name labels as correction=<name>, its parameters by their own names
+from clipbench.config.schema import SLOTS
+from clipbench.config.stored import recorded_slot
+
+OBJ = SLOTS["objective"].key + "."
+METHOD_KEY = SLOTS["objective"].name_path  # a point's key of the method (the stored form: objective.method)
+CORRECTION = SLOTS["correction"].key + "."  # its name labels as correction=<name>, its parameters by their own names
 
 
 def format_value(v: Any) -> str:
@@ -41,9 +44,11 @@ def label(point: Mapping[str, Any]) -> str:
 
 
 def run_label(config: Mapping, point: Mapping | None = None) -> str:
+    """The label of a stored run config (a manifest's) at its sweep point: its method first."""
     point = dict(point or {})
     if METHOD_KEY not in point:
-        point = {METHOD_KEY: config.get("objective", {}).get("method", "?"), **point}
+        objective = recorded_slot(config, "objective")
+        point = {METHOD_KEY: objective.name if objective else "?", **point}
     return label(point)
 
 

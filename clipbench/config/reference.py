@@ -10,10 +10,10 @@ import dataclasses
 import json
 import typing
 
-from clipbench.config.schema import SLOTS, Each, Range, RunConfig, Text, declarations
-from clipbench.yamlio import flatten
+from clipbench.config.schema import SLOTS, RunConfig, Slot, declarations, is_section, value_at
+from clipbench.config.values import Each, Range, Text
 
-_SLOT_KEYS = {d.key: d.slot for d in SLOTS.values()}
+_SLOT_KEYS = {d.key: d for d in SLOTS.values()}
 
 
 def _type_name(hint) -> str:
@@ -27,7 +27,7 @@ def _types() -> dict[str, str]:
     def walk(cls, prefix: str) -> None:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            if dataclasses.is_dataclass(hints[f.name]):
+            if is_section(hints[f.name]):
                 walk(hints[f.name], f"{prefix}{f.name}.")
             else:
                 out[prefix + f.name] = _type_name(hints[f.name])
@@ -37,18 +37,15 @@ def _types() -> dict[str, str]:
 
 
 def _defaults() -> dict[str, typing.Any]:
-    d = dataclasses.asdict(RunConfig())
-    return {
-        **flatten(d),
-        "objective": d["objective"],
-        "trl": d["trl"],
-        "sampler.correction": d["sampler"]["correction"],
-    }
+    """{key: its default as YAML writes it}: a component in the one form ({name: ...})."""
+    cfg = RunConfig()
+    values = {key: value_at(cfg, key) for key in declarations()}
+    return {k: v.one_form() if isinstance(v, Slot) else v for k, v in values.items()}
 
 
 def _values(key: str, decl: dict) -> str:
     if key in _SLOT_KEYS:
-        return f"a {_SLOT_KEYS[key]} (slot): its registry's names"
+        return f"a component (slot): one of its registry's {_SLOT_KEYS[key].noun} names, with its parameters"
     if decl.get("check") is not None:
         return _describe(decl["check"])
     if decl.get("choices"):

@@ -3,7 +3,8 @@ knobs in ``clipbench.tasks.arith.ArithKnobs``, their one owner: ``TaskConfig`` r
 Each field is declared once (`declared`): its type, default, allowed values and help side by side;
 `RANGES`, `CHOICES` and the reference table of docs/config.md are derived from those declarations.
 The components of a run (objective, sampler correction, aggregation, advantage) are slots
-(`SLOTS`): a name plus parameters, with one YAML form (docs/config.md).
+(`SLOTS`), each a typed `Slot`: a name plus parameters, with one YAML form (docs/config.md); only
+`clipbench.config.stored` (to_dict / from_dict) translates them to and from the stored form.
 
 A recipe YAML is merged over these dataclasses (OmegaConf structured config), so an unknown key or
 a wrong type is an error naming the key. `clipbench.config.load.check_values` then checks every
@@ -11,13 +12,14 @@ field against its declaration below (and the few cross-field rules it states), b
 written: a value that passes is one the trainer can run.
 
 Design choices:
-- Ranges are declarations beside their fields, not `if`s scattered through the loader, and every
+- Ranges are declarations beside their fields (the checks: `clipbench.config.values`: Range, Each,
+  Text, Source), not `if`s scattered through the loader, and every
   leaf of `RunConfig` has one (tests/test_config.py, test_config_schema.py check it): a new field
   must say what it accepts.
 - Floats must be finite (1e400 in YAML is inf). Upper bounds are generous but finite, so a typo
   like `train.steps: 10**29` is an error, not a run that trains until it is killed.
 - Closed lists owned by the packages below config are read from their owner
-  (`clipbench.config.load.choices`): tasks and templates (`clipbench.tasks`), aggregations,
+  (`choices()` below): tasks and templates (`clipbench.tasks`), aggregations,
   advantages and methods (`clipbench.objectives`), benchmarks (`clipbench.tasks.benchmarks`): such
   a field names its `owner`. The `choices` declared below are the ones this schema owns; the
   packages above config (the samplers, the trainer) read them from here (`CHOICES`). Engine names are the engines' (`clipbench.engines`, above config).
@@ -25,140 +27,19 @@ Design choices:
 
 from __future__ import annotations
 
-import math
-import os
-import re
+import functools
 import typing
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any
 
+from clipbench.config.values import Each, Range, Source, Text
+from clipbench.tasks import TASK_NAMES
 from clipbench.tasks.arith import ARITH_DEFAULTS as _ARITH
-from clipbench.tasks.arith import MAX_DIGITS, MAX_OPERANDS, VALID_OPS
+from clipbench.tasks.arith import FORMATS, MAX_DIGITS, MAX_OPERANDS, VALID_OPS
+from clipbench.tasks.templates import TEMPLATE_CHOICES
 
 # The mirrors of the results store a run may log to (`tracking.sinks`; clipbench.tracking implements each).
 SINKS = ("mlflow", "wandb", "tensorboard")
-
-
-# ---- value declarations ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Range:
-    """A finite number in [lo, hi] (an end is open with lo_open / hi_open; None = unbounded);
-    ``none``: null is allowed too; ``why``: a reason shown with the error."""
-
-    lo: float | None = None
-    hi: float | None = None
-    lo_open: bool = False
-    hi_open: bool = False
-    none: bool = False
-    why: str = ""
-
-    def describe(self) -> str:
-        def num(x):
-            return f"{x:g}" if isinstance(x, float) else str(x)
-
-        if self.lo is not None and self.hi is not None:
-            text = f"in {'(' if self.lo_open else '['}{num(self.lo)}, {num(self.hi)}{')' if self.hi_open else ']'}"
-        elif self.lo is not None:
-            text = f"{'>' if self.lo_open else '>='} {num(self.lo)}"
-        elif self.hi is not None:
-            text = f"{'<' if self.hi_open else '<='} {num(self.hi)}"
-        else:
-            text = "a finite number"
-        return text + (" or null" if self.none else "") + (f" ({self.why})" if self.why else "")
-
-    def problem(self, v: Any) -> str | None:
-        if v is None:
-            return None if self.none else "must not be null"
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            return f"must be a number {self.describe()}, got {v!r}"
-        if isinstance(v, float) and not math.isfinite(v):
-            return f"must be a finite number {self.describe()}, got {v}"
-        low = self.lo is not None and (v <= self.lo if self.lo_open else v < self.lo)
-        high = self.hi is not None and (v >= self.hi if self.hi_open else v > self.hi)
-        return f"must be {self.describe()}, got {v:g}" if low or high else None
-
-
-@dataclass(frozen=True)
-class Each:
-    """A list whose items each satisfy ``item``, with exactly ``length`` items when given."""
-
-    item: Any  # a Range, Text, ... (anything with .problem(value))
-    length: int | None = None
-    choices: tuple[str, ...] | None = None  # each item one of these
-    unique: bool = False
-
-    def problem(self, v: Any) -> str | None:
-        if not isinstance(v, (list, tuple)):
-            return f"must be a list, got {v!r}"
-        if self.length is not None and len(v) != self.length:
-            return f"must have {self.length} items, got {len(v)}"
-        for i, x in enumerate(v):
-            p = self.item.problem(x)
-            if p:
-                return f"item {i}: {p}"
-            if self.choices is not None and x not in self.choices:
-                return f"item {i}: unknown {x!r}; valid: {', '.join(self.choices)}"
-        if self.unique and len(set(v)) != len(v):
-            return f"lists an item twice: {list(v)}"
-        return None
-
-
-@dataclass(frozen=True)
-class Text:
-    """A string of one line (``max_len`` characters at most); ``alphabet``: only these characters,
-    each at most once; ``none``: null is allowed too."""
-
-    none: bool = False
-    max_len: int = 1000
-    alphabet: str | None = None
-
-    def problem(self, v: Any) -> str | None:
-        if v is None:
-            return None if self.none else "must not be null"
-        if not isinstance(v, str) or not v.strip():
-            return f"must be a non-empty string, got {v!r}"
-        if "\n" in v or len(v) > self.max_len:
-            return f"must be one line of at most {self.max_len} characters"
-        if self.alphabet is not None:
-            bad = [c for c in v if c not in self.alphabet]
-            if bad or len(set(v)) != len(v):
-                return f"must be characters of {self.alphabet!r}, each at most once, got {v!r}"
-        return None
-
-
-# A Hugging Face hub id: "name" or "namespace/name" (letters, digits, '-', '_', '.').
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-
-
-@dataclass(frozen=True)
-class Source:
-    """Where data or a model comes from: a local path (which must exist; ``dir_only``: a directory)
-    or, when ``hub`` allows it, a Hugging Face hub id; ``builtin``: ``builtin:<name>`` names are
-    allowed (the name is checked when the model loads: the trainer's preflight, before anything is
-    written); ``none``: null is allowed too."""
-
-    hub: bool = True
-    builtin: bool = False
-    dir_only: bool = False
-    none: bool = False
-
-    def problem(self, v: Any) -> str | None:
-        if v is None:
-            return None if self.none else "must not be null"
-        if not isinstance(v, str) or not v.strip():
-            return f"must be a non-empty string, got {v!r}"
-        if self.builtin and v.startswith("builtin:"):
-            return None if _HUB_ID.match(v.split(":", 1)[1]) else f"'{v}' is not a built-in model name (builtin:<name>)"
-        path = os.path.expanduser(v)
-        if os.path.exists(path):
-            return None if not self.dir_only or os.path.isdir(path) else f"'{v}' is not a directory"
-        if not self.hub or not _HUB_ID.match(v):  # '/x', './x', '~/x', 'a/b/c' are paths, not hub ids
-            what = "directory" if self.dir_only else "path"
-            hub = " and not a Hugging Face hub id (namespace/name)" if self.hub else ""
-            return f"no such {what} '{v}'{hub}"
-        return None
 
 
 # ---- components: the typed slots ---------------------------------------------------------------
@@ -167,10 +48,19 @@ class Source:
 @dataclass(frozen=True)
 class Slot:
     """A component of a run: its name in its registry and its parameters (the registry's defaults
-    filled in once validated). ``slot(cfg, "objective")`` reads one from a RunConfig."""
+    filled in once validated). A RunConfig holds one in each of its four slots (`SLOTS`):
+    ``cfg.objective.name``, ``cfg.objective["eps_high"]``, ``cfg.train.agg.name``."""
 
     name: str
     params: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, param: str) -> Any:
+        """The value of one parameter."""
+        return self.params[param]
+
+    def one_form(self) -> dict[str, Any]:
+        """The component in the one YAML form: ``{"name": ..., <param>: ...}``."""
+        return {"name": self.name, **self.params}
 
 
 @dataclass(frozen=True)
@@ -185,9 +75,16 @@ class SlotDecl:
 
     slot: str  # the slot's own name: objective | correction | aggregation | advantage
     key: str  # its dotted place in the run config
+    noun: str  # what one of its components is called in a message ("unknown method 'grpoo'")
     name_key: str = "name"  # the stored form's key of the name
     bare: bool = False  # stored as the bare name: its components take no parameters
     help: str = ""
+
+    @property
+    def spellings(self) -> tuple[str, ...]:
+        """The keys that name the component inside the slot's mapping: ``name``, then the older
+        ``name_key`` (``method`` for the objective)."""
+        return tuple(dict.fromkeys(("name", self.name_key)))
 
     @property
     def name_path(self) -> str:
@@ -202,10 +99,15 @@ class SlotDecl:
 SLOTS: dict[str, SlotDecl] = {
     d.slot: d
     for d in (
-        SlotDecl("objective", "objective", name_key="method", help="the clipping rule (`clipbench methods`)"),
-        SlotDecl("correction", "sampler.correction", help="the sampler/trainer correction (needs old_logp: recompute)"),
-        SlotDecl("aggregation", "train.agg", bare=True, help="how token losses reduce to the loss"),
-        SlotDecl("advantage", "train.advantage", bare=True, help="the advantage estimator"),
+        SlotDecl("objective", "objective", "method", name_key="method", help="the clipping rule (`clipbench methods`)"),
+        SlotDecl(
+            "correction",
+            "sampler.correction",
+            "correction",
+            help="the sampler/trainer correction (needs old_logp: recompute)",
+        ),
+        SlotDecl("aggregation", "train.agg", "aggregation", bare=True, help="how token losses reduce to the loss"),
+        SlotDecl("advantage", "train.advantage", "advantage", bare=True, help="the advantage estimator"),
     )
 }
 
@@ -223,11 +125,11 @@ def slot_of(key: str) -> tuple[SlotDecl, str | None] | None:
 
 # ---- the fields: type, default, allowed values and help, declared together ------------------------
 #
-# Every leaf of RunConfig that is neither a bool nor free-form (`objective`: checked against its
-# method's parameters; `sampler.correction`: against the correction's; `trl`: TRL's GRPOConfig
-# fields, checked by TRL) declares its values beside its default: a `check` (Range, Each, Text,
+# Every leaf of RunConfig that is neither a bool, a component `Slot` (checked against its registry:
+# its name and its component's parameters) nor free-form (`trl`: TRL's GRPOConfig fields, checked by
+# TRL) declares its values beside its default: a `check` (Range, Each, Text,
 # Source), closed `choices` this schema owns, or a closed list owned by a package below config
-# (`owner`, read by `clipbench.config.load.choices`). RANGES and CHOICES are derived from them.
+# (`owner`, read by `choices()` below). RANGES and CHOICES are derived from them.
 MAX_STEPS = 1_000_000  # rollout steps (and optimizer/eval/checkpoint intervals)
 MAX_TOKENS = 1 << 20  # new tokens per completion
 MAX_BATCH = 1 << 16  # prompts per step, samples per prompt / problem, mini-batches
@@ -244,7 +146,7 @@ def declared(
 ) -> Any:
     """A field of the run config with its declaration beside it: ``check`` (its values), closed
     ``choices`` (this schema's) or ``owner`` (the package below config whose closed list it is:
-    `clipbench.config.load.choices` reads it there), and ``help``. ``factory``: a default_factory."""
+    `choices()` reads it there), and ``help``. ``factory``: a default_factory."""
     meta = {"check": check, "choices": choices, "owner": owner, "help": help}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
@@ -320,8 +222,8 @@ class SamplerConfig:
     sleep_mode: bool = declared(
         False, help="vllm on CUDA: the engine sleeps while the trainer updates (frees its share)"
     )
-    correction: dict[str, Any] = declared(
-        factory=lambda: {"name": "none"},
+    correction: Slot = declared(
+        factory=lambda: Slot("none"),
         help="the sampler/trainer correction (needs old_logp: recompute): {name: <correction>, <param>: ...}, "
         "its parameters' defaults from clipbench.objectives.corrections (`clipbench methods` lists them)",
     )
@@ -339,7 +241,7 @@ class OverlongConfig:
 @dataclass
 class RecordConfig:
     """Recording of the rule's inputs for `clipbench replay` (docs/replay.md). Outside the run's
-    identity (config.load.NOT_IN_ID): it observes the run, it does not change what it computes."""
+    identity (config.identity.NOT_IN_ID): it observes the run, it does not change what it computes."""
 
     every: int = declared(
         0, Range(0, MAX_STEPS), "record rollout steps 0, N, 2N, ... (every optimizer step of each); 0 = off"
@@ -375,8 +277,14 @@ class TrainConfig:
         help="constant | cosine (to 0 over all optimizer steps, after warmup)",
         choices=("constant", "cosine"),
     )
-    advantage: str = declared("group", help="the advantage estimator (a slot)", owner="clipbench.objectives.advantages")
-    agg: str = declared("token-mean", help="how token losses reduce to the loss (a slot)", owner="clipbench.objectives")
+    advantage: Slot = declared(
+        factory=lambda: Slot("group"), help="the advantage estimator (a slot)", owner="clipbench.objectives.advantages"
+    )
+    agg: Slot = declared(
+        factory=lambda: Slot("token-mean"),
+        help="how token losses reduce to the loss (a slot)",
+        owner="clipbench.objectives",
+    )
     beta: float = declared(0.0, Range(0.0, 1000.0), "KL-to-reference weight (k3); 0 keeps no reference model")
     grad_clip: float = declared(
         1.0, Range(0.0, 1e6), "max global gradient norm; 0 = no clipping (the norm is still logged)"
@@ -453,7 +361,7 @@ class LaunchConfig:
         1,
         Range(1, 4096),
         "processes per node: > 1 trains one run over N torchrun processes (FSDP2). Where a run computes, "
-        "not what: outside the run's identity (config.load.NOT_IN_ID), so a run may resume on another N",
+        "not what: outside the run's identity (config.identity.NOT_IN_ID), so a run may resume on another N",
     )
     preempt_signal: str = declared(
         "SIGTERM",
@@ -491,8 +399,8 @@ class RunConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    objective: dict[str, Any] = declared(
-        factory=lambda: {"method": "grpo"},
+    objective: Slot = declared(
+        factory=lambda: Slot("grpo"),
         help="the clipping rule: {name: <method>, <param>: ...} (a slot), its defaults from clipbench.objectives.METHODS",
     )
     plugins: list[str] = declared(
@@ -505,6 +413,12 @@ class RunConfig:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
 
 
+def is_section(hint: Any) -> bool:
+    """Whether a field's type is a section of the run config (a dataclass of fields), not a leaf
+    (a value, or a component `Slot`)."""
+    return is_dataclass(hint) and hint is not Slot
+
+
 def declarations() -> dict[str, dict[str, Any]]:
     """{dotted leaf key: its declaration (check, choices, owner, help)}, in schema order."""
 
@@ -513,7 +427,7 @@ def declarations() -> dict[str, dict[str, Any]]:
     def walk(cls, prefix: str) -> None:
         hints = typing.get_type_hints(cls)
         for f in fields(cls):
-            if is_dataclass(hints[f.name]):
+            if is_section(hints[f.name]):
                 walk(hints[f.name], f"{prefix}{f.name}.")
             else:
                 out[prefix + f.name] = dict(f.metadata)
@@ -527,8 +441,33 @@ RANGES: dict[str, Range | Each | Text | Source] = {k: d["check"] for k, d in dec
 CHOICES: dict[str, tuple[str, ...]] = {k: d["choices"] for k, d in declarations().items() if d.get("choices")}
 
 
+@functools.lru_cache(maxsize=1)
+def choices() -> dict[str, tuple[str, ...]]:
+    """Every closed choice of the run config: the schema's own (`CHOICES`) and the lists owned by
+    the packages a key configures (read from there, never copied; the `owner` of a declaration)."""
+    # PLC0415, deferred: torch is heavy
+    from clipbench.objectives import AGGREGATIONS  # noqa: PLC0415
+    from clipbench.objectives.advantages import ADVANTAGES  # noqa: PLC0415
+
+    return {
+        **CHOICES,
+        "task.name": tuple(TASK_NAMES),
+        "task.template": tuple(TEMPLATE_CHOICES),
+        "task.format": FORMATS,
+        "train.agg": tuple(AGGREGATIONS),
+        "train.advantage": tuple(ADVANTAGES),
+    }
+
+
+def value_at(cfg: RunConfig, key: str) -> Any:
+    """The value at the dotted `key` of a RunConfig (``value_at(cfg, "train.lr")``)."""
+    node: Any = cfg
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
+
 def leaf_keys() -> tuple[str, ...]:
-    """Every dotted leaf key of RunConfig, in schema order ('objective', 'sampler.correction' and 'trl'
-    are free-form mappings: one key each, checked against the method's or the correction's parameters
-    and TRL's GRPOConfig)."""
+    """Every dotted leaf key of RunConfig, in schema order (each component slot is one key, checked
+    against its registry; 'trl' is one free-form mapping, TRL's GRPOConfig fields)."""
     return tuple(declarations())

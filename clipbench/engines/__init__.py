@@ -31,7 +31,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from clipbench.config.load import slot
 from clipbench.engines.keys import KEYS, Support, refusals
 from clipbench.errors import ConfigError, UserError, unknown_choice
 from clipbench.registry import Registry
@@ -193,7 +192,7 @@ def check_plugin_code(cfg) -> None:
     old = -torch.rand(4, 3, generator=g)  # (B, T)
     logp = (old + 0.3 * torch.randn(4, 3, generator=g)).requires_grad_(True)
     mask, A = torch.ones(4, 3), torch.tensor([1.0, -1.0, 0.5, -0.5])  # (B,)
-    rule = slot(cfg, "objective")
+    rule = cfg.objective
     if METHODS[rule.name].origin is not None:
         every_input = RuleInputs.of(
             logp=logp,
@@ -207,9 +206,9 @@ def check_plugin_code(cfg) -> None:
             groups=torch.tensor([0, 0, 1, 1]),
         )
         bind(rule.name, rule.params)(every_input).loss.backward()
-    correction = slot(cfg, "correction")
+    correction = cfg.sampler.correction
     if correction.name != NONE and get_correction(correction.name).origin is not None:
-        apply_correction({"name": correction.name, **correction.params}, old, logp.detach(), mask, advantages=A)
+        apply_correction(correction.one_form(), old, logp.detach(), mask, advantages=A)
 
 
 def check_sinks(cfg) -> None:

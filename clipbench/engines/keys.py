@@ -19,12 +19,11 @@ Every leaf of the run config has an entry for every engine (tests/test_engines.p
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from clipbench.config.load import setting
-from clipbench.config.schema import EvalConfig, RunConfig, TaskConfig, TrackingConfig, leaf_keys
+from clipbench.config.schema import EvalConfig, RunConfig, Slot, TaskConfig, TrackingConfig, leaf_keys, value_at
 
 # Every task.* key: both engines hand the whole task to clipbench's own loader and grader.
 TASK_KEYS = tuple(f.name for f in dataclasses.fields(TaskConfig))
@@ -76,33 +75,28 @@ def refused(why: str) -> Support:
 _OWN = "clipbench's own code runs it"
 
 
-def _correction(v: Any) -> tuple[str, dict]:
-    v = dict(v or {"name": "none"})
-    return v.pop("name", "none"), v
-
-
 def _reads(inputs: tuple[str, ...]) -> Callable[[Any], bool]:
     """Refuse an objective whose rule reads one of `inputs` (an engine that cannot pass them)."""
 
     def refuse(v: Any) -> bool:
         from clipbench.objectives import METHODS  # noqa: PLC0415 - objectives pulls in torch
 
-        spec = METHODS.get((v or {}).get("method"))
+        spec = METHODS.get(v.name)
         return spec is not None and any(i in spec.inputs for i in inputs)
 
     return refuse
 
 
-def trl_refuses_correction(v: Any) -> bool:
+def trl_refuses_correction(v: Slot) -> bool:
     """TRL 1.16's vllm_importance_sampling_mode: token/sequence x truncate (clip_min, clip_max) or mask."""
-    name, p = _correction(v)
+    name, p = v.name, v.params
     return not (name in ("none", "tis") or (name == "icepop" and p.get("weight", "rho") == "rho"))
 
 
-def verl_refuses_correction(v: Any) -> bool:
+def verl_refuses_correction(v: Slot) -> bool:
     """verl 0.9.1's algorithm.rollout_correction: rollout_is (TIS: one threshold; IcePop: 'lo_hi' with
     lo > 0) and rollout_rs (the KL-estimator rejection)."""
-    name, p = _correction(v)
+    name, p = v.name, v.params
     return not (
         name in ("none", "kl_rs")
         or (name == "tis" and p.get("floor", 0.0) == 0.0)
@@ -181,12 +175,12 @@ TRL: dict[str, Support] = {
     "train.lr_schedule": mapped(G + "lr_scheduler_type"),
     "train.advantage": mapped(
         G + "scale_rewards (group: 'group', group_mean: 'none')",
-        refuse=lambda v: v == "rloo",
+        refuse=lambda v: v.name == "rloo",
         why="TRL's GRPOTrainer has no rloo advantage",
     ),
     "train.agg": honoured(
         "ClipbenchGRPOTrainer(agg=...): clipbench's aggregation is TRL's loss",
-        refuse=lambda v: v == "prompt-mean",
+        refuse=lambda v: v.name == "prompt-mean",
         why="TRL shuffles a generation batch's rows, so its loss cannot tell their prompt groups",
     ),
     "train.beta": mapped(G + "beta"),
@@ -297,7 +291,7 @@ VERL: dict[str, Support] = {
     "train.lr_schedule": mapped(A + "optim.lr_scheduler_type"),
     "train.advantage": mapped("algorithm.adv_estimator, algorithm.norm_adv_by_std_in_grpo"),
     "train.agg": mapped(
-        A + "loss_agg_mode", refuse=lambda v: v == "prompt-mean", why="verl 0.9.1 has no prompt-mean aggregation"
+        A + "loss_agg_mode", refuse=lambda v: v.name == "prompt-mean", why="verl 0.9.1 has no prompt-mean aggregation"
     ),
     "train.beta": mapped(A + "use_kl_loss, " + A + "kl_loss_coef (kl_loss_type=low_var_kl: k3)"),
     "train.grad_clip": mapped(A + "grad_clip"),
@@ -374,13 +368,13 @@ VERL: dict[str, Support] = {
 KEYS: dict[str, dict[str, Support]] = {"builtin": BUILTIN, "trl": TRL, "verl": VERL}
 
 
-def refusals(cfg: RunConfig | Mapping[str, Any], engine: str) -> list[tuple[str, str]]:
-    """[(key, reason)] for every key of a resolved run config (a RunConfig or its stored dict) that
-    `engine` cannot honour."""
+def refusals(cfg: RunConfig, engine: str) -> list[tuple[str, str]]:
+    """[(key, reason)] for every key of a resolved run config that `engine` cannot honour (a
+    component's entry judges its `Slot`)."""
     defaults = RunConfig()
     out = []
     for key, support in KEYS[engine].items():
-        problem = support.problem(setting(cfg, key), setting(defaults, key))
+        problem = support.problem(value_at(cfg, key), value_at(defaults, key))
         if problem:
             out.append((key, problem))
     return out

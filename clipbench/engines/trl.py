@@ -1,6 +1,6 @@
 """`engine: trl`: one clipbench run trained by TRL's GRPOTrainer, written to the same results store.
 
-    clipbench train recipes/quickstart.yaml engine=trl objective.method=nsr
+    clipbench train recipes/quickstart.yaml engine=trl objective.name=nsr
     accelerate launch --num_processes 8 -m clipbench train RECIPE engine=trl trl.deepspeed=ds_z3.json
 
 The run config maps onto GRPOConfig so that one rollout step is one TRL generation batch and one
@@ -15,7 +15,7 @@ clipbench mini-batch is one TRL optimizer step:
     temperature, top_p, max_completion_length, bf16/fp16, gradient_checkpointing, use_vllm: from
     the run config; scale_rewards: group -> "group", group_mean -> "none"
 
-The loss is `ClipbenchGRPOTrainer` (objective.method and its parameters, train.agg, exact global
+The loss is `ClipbenchGRPOTrainer` (objective.name and its parameters, train.agg, exact global
 normalisation per optimizer step). Anything else TRL offers (DeepSpeed ZeRO-3, FSDP, vLLM server mode,
 report_to backends, ...) goes in the run config's `trl:` mapping of extra GRPOConfig fields; multi-GPU
 and multi-node runs start the same command under `accelerate launch`.
@@ -45,7 +45,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from clipbench.config import run_id, to_dict
-from clipbench.config.load import slot
+from clipbench.config.schema import Slot
 from clipbench.errors import ConfigError, UserError, did_you_mean
 from clipbench.eval.suite import eval_suite, run_eval
 from clipbench.models import compute_dtype, load_model_and_tokenizer, resolve_model_name
@@ -114,10 +114,9 @@ MODES = {
 }
 
 
-def correction_args(correction: dict) -> dict:
+def correction_args(correction: Slot) -> dict:
     """GRPOConfig's vllm_importance_sampling_* fields of a (validated) sampler.correction."""
-    c = dict(correction)
-    name = c.pop("name")
+    name, c = correction.name, correction.params
     if name == "none":
         return {"vllm_importance_sampling_correction": False}
     low, high = (c["floor"], c["cap"]) if name == "tis" else (c["low"], c["high"])
@@ -138,7 +137,7 @@ def _grpo_fields() -> list[str]:
 def check_config(cfg, source: str | None = None) -> None:
     """ConfigError for bad `trl:` entries and for what needs two keys together (the one-key refusals
     are the engines' table, clipbench.engines.keys)."""
-    if slot(cfg, "correction").name != NONE and not _uses_vllm(cfg):
+    if cfg.sampler.correction.name != NONE and not _uses_vllm(cfg):
         raise ConfigError(
             source,
             "sampler.correction.name",
@@ -214,7 +213,7 @@ def grpo_args(cfg, run_dir: Path, *, world_size: int):
         max_grad_norm=tc.grad_clip,
         router_aux_loss_coef=tc.router_aux_loss_coef,
         beta=tc.beta,
-        scale_rewards="group" if tc.advantage == "group" else "none",
+        scale_rewards="group" if tc.advantage.name == "group" else "none",
         logging_steps=1,
         save_strategy="steps",
         save_steps=tc.checkpoint_every * per_rollout,
@@ -476,7 +475,7 @@ def run_trl(
     dataset = Dataset.from_dict({"prompt": [p.prompt for p in problems], "problem": list(range(len(problems)))})
     suite = eval_suite(cfg, task) if cfg.eval.benchmarks else {}
     args = grpo_args(cfg, rd.path, world_size=int(os.environ.get("WORLD_SIZE", "1")))
-    rule = slot(cfg, "objective")
+    rule = cfg.objective
     callback = StoreCallback(cfg, rd, sink=sink, progress=progress, suite=suite, tokenizer=tok)
     trainer = ClipbenchGRPOTrainer(
         model=model,
@@ -487,7 +486,7 @@ def run_trl(
         callbacks=[callback],
         method=rule.name,
         params=rule.params,
-        agg=cfg.train.agg,
+        agg=cfg.train.agg.name,
         log_histograms=cfg.train.log_histograms,
         record=record_options(cfg, rd),
     )

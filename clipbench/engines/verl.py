@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from clipbench.config import RunConfig, from_dict
-from clipbench.config.load import slot
+from clipbench.config.schema import Slot
 from clipbench.errors import UserError
 from clipbench.eval.suite import eval_suite
 from clipbench.integrations.verl_settings import (
@@ -128,39 +128,30 @@ def export_task(cfg: dict, out_dir: Path) -> tuple[Path, Path]:
     return train, val
 
 
-def rule_env(cfg: dict) -> dict[str, str]:
+def rule_env(run: RunConfig) -> dict[str, str]:
     """The environment of verl's workers: the module to import, the rule's parameters, the run's plugins
     (absolute paths once the config is composed: they must exist on the workers' nodes)."""
-
-    run = _typed(cfg)
-    env = {"VERL_USE_EXTERNAL_MODULES": MODULE, PARAMS_ENV: json.dumps(slot(run, "objective").params, sort_keys=True)}
+    env = {"VERL_USE_EXTERNAL_MODULES": MODULE, PARAMS_ENV: json.dumps(run.objective.params, sort_keys=True)}
     if run.plugins:
         env[PLUGINS_ENV] = os.pathsep.join(run.plugins)
     return env
 
 
-def record_env(cfg: dict, run_dir: Path) -> dict[str, str]:
+def record_env(run: RunConfig, run_dir: Path) -> dict[str, str]:
     """train.record.every=1: the registered loss records every call into the run's record/ (docs/replay.md)."""
-    rec = _typed(cfg).train.record
+    rec = run.train.record
     if not rec.every:
         return {}
     return {RECORD_DIR_ENV: str(Path(run_dir) / "record"), RECORD_MAX_MB_ENV: str(rec.max_mb)}
 
 
-def _typed(cfg):
-    """A stored run config (a manifest's dict, perhaps of a former shape) as a RunConfig."""
-
-    return cfg if isinstance(cfg, RunConfig) else from_dict(cfg)
-
-
 RC = "algorithm.rollout_correction."
 
 
-def correction_overrides(correction: dict) -> dict[str, Any]:
+def correction_overrides(correction: Slot) -> dict[str, Any]:
     """verl's algorithm.rollout_correction of a (validated) sampler.correction (engines.keys refuses
     what has no counterpart); verl 0.9.1 computes the rollout log-probs by default."""
-    c = dict(correction)
-    name = c.pop("name")
+    name, c = correction.name, correction.params
     if name == "tis":
         return {RC + "rollout_is": c["level"], RC + "rollout_is_threshold": c["cap"]}
     if name == "icepop":
@@ -181,10 +172,11 @@ def verl_overrides(
     nnodes: int = 1,
     tracking_uri: str | None = None,
 ) -> list[str]:
-    """verl main_ppo Hydra overrides for one resolved clipbench run config (see the module docstring)."""
+    """verl main_ppo Hydra overrides for one resolved clipbench run config, as a manifest stores it
+    (see the module docstring)."""
 
-    run = _typed(cfg)  # from_dict reads a manifest frozen before sampler.correction too
-    tc, sc, ev, rule = run.train, run.sampler, run.eval, slot(run, "objective")
+    run = from_dict(cfg)  # also a manifest frozen before sampler.correction
+    tc, sc, ev, rule = run.train, run.sampler, run.eval, run.objective
     P, M = tc.prompts_per_step, tc.mini_batches
     if P % M:
         raise UserError(
@@ -194,8 +186,8 @@ def verl_overrides(
     model = resolve_model_name(run.model.name)
     dtype = dtype_name(compute_dtype(run.model.dtype, "cuda", bf16_supported=True))  # verl runs on GPUs
     o: dict[str, Any] = {
-        "algorithm.adv_estimator": ADV[tc.advantage],
-        "algorithm.norm_adv_by_std_in_grpo": tc.advantage == "group",
+        "algorithm.adv_estimator": ADV[tc.advantage.name],
+        "algorithm.norm_adv_by_std_in_grpo": tc.advantage.name == "group",
         "algorithm.use_kl_in_reward": False,
         "data.train_files": str(data[0]),
         "data.val_files": str(data[1]),
@@ -209,7 +201,7 @@ def verl_overrides(
         f"{R}.dtype": dtype,
         f"{R}.free_cache_engine": sc.sleep_mode,
         f"{A}.policy_loss.loss_mode": f"clipbench.{rule.name}",
-        f"{A}.loss_agg_mode": tc.agg,
+        f"{A}.loss_agg_mode": tc.agg.name,
         f"{A}.loss_scale_factor": sc.max_new_tokens,
         f"{A}.ppo_mini_batch_size": P // M,
         f"{A}.ppo_epochs": tc.epochs,

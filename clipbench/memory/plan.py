@@ -116,7 +116,7 @@ def setup_for(
         backend=backend,
         gpu_memory_utilization=sc.gpu_memory_utilization,
         sleep_mode=sc.sleep_mode,
-        sampler_logprobs=sc.old_logp == "sampler" or sc.correction["name"] != "none" or _reads_rollout_logp(cfg),
+        sampler_logprobs=sc.old_logp == "sampler" or sc.correction.name != "none" or _reads_rollout_logp(cfg),
     )
 
 
@@ -124,7 +124,7 @@ def _reads_rollout_logp(cfg: RunConfig) -> bool:
     """Does the run's rule read the sampler's log-probs (rollout_is)? The hf sampler then keeps them."""
     from clipbench.objectives import reads_rollout_logp  # noqa: PLC0415 - objectives pulls in torch
 
-    return reads_rollout_logp(cfg.objective["method"])
+    return reads_rollout_logp(cfg.objective.name)
 
 
 def fit_message(plan: MemoryPlan, knobs: list[str], where: str) -> str:

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from clipbench.config.load import recorded, setting
+from clipbench.config.schema import Slot
+from clipbench.config.stored import recorded_slot, setting
 from clipbench.errors import StoreError, UserError
 from clipbench.models import resolve_model_name
 from clipbench.objectives import METHODS
@@ -60,13 +61,12 @@ def check_rule(run_dir: Path, path: Path) -> None:
         return
     if cfg is None:
         return
-    ran = dict(recorded(cfg, "objective") or {})
-    method = ran.pop("method", None)
-    bad = [k for k, v in ran.items() if k in rec["params"] and rec["params"][k] != v]
-    if method != rec["method"] or bad:
+    ran = recorded_slot(cfg, "objective") or Slot("?")
+    bad = [k for k, v in ran.params.items() if k in rec["params"] and rec["params"][k] != v]
+    if ran.name != rec["method"] or bad:
         raise UserError(
             f"{path}: record of rule {rec['method']} {rec['params']}, but the run trained "
-            f"{method} {ran} (config.yaml): not this run's record; {REMEDY}"
+            f"{ran.name} {ran.params} (config.yaml): not this run's record; {REMEDY}"
         )
 
 

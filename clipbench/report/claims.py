@@ -69,7 +69,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from clipbench.config.claims import ENDPOINTS, ClaimFamily
-from clipbench.config.load import recorded
+from clipbench.config.stored import recorded
 from clipbench.errors import UserError
 from clipbench.eval.passk import pass_at_k_array
 from clipbench.report import stats
@@ -443,7 +443,7 @@ def q4_claim(label: str, runs: Sequence[RunRecord]) -> ClaimResult | None:
 
 
 def _params(r: RunRecord) -> dict:
-    return {k: v for k, v in (recorded(r.config, "objective") or {}).items() if k != "method"}
+    return r.objective.params if r.objective else {}
 
 
 def _setting(runs: Sequence[RunRecord]) -> tuple:

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from clipbench.config.load import recorded
+from clipbench.config.stored import recorded
 from clipbench.report.load import RunRecord
 from clipbench.report.stats import t_interval
 from clipbench.tracking.store import RunState

@@ -14,8 +14,10 @@ from pathlib import Path
 
 from clipbench.config import flatten
 from clipbench.config.claims import ClaimFamily, parse_family
-from clipbench.config.labels import group_label
-from clipbench.config.load import migrate, recorded
+from clipbench.config.labels import METHOD_KEY, OBJ, group_label
+from clipbench.config.schema import Slot
+from clipbench.config.slots import stored_form
+from clipbench.config.stored import recorded, recorded_slot
 from clipbench.errors import StoreError, UserError, did_you_mean
 from clipbench.objectives import effective_bounds
 from clipbench.tracking.files import REMEDIES, check_store_dir, read_json, read_jsonl
@@ -55,8 +57,13 @@ class RunRecord:
         return sorted({weights_checksum(p) for p in self.provenance} or {None}, key=lambda c: c or "")
 
     @property
+    def objective(self) -> Slot | None:
+        """The rule the run trained, None for a partial config that records none."""
+        return recorded_slot(self.config, "objective")
+
+    @property
     def method(self) -> str:
-        return str(recorded(self.config, "objective.method") or "?")  # a partial config: unknown
+        return self.objective.name if self.objective else "?"  # a partial config: unknown
 
     @property
     def seed(self) -> int:
@@ -75,10 +82,9 @@ class RunRecord:
         (lo, hi)}``: the band its ``out_of_band`` counts use, from its own rule and parameters
         (``clipbench.objectives.effective_bounds``). None when this install does not know the rule."""
 
-        obj = dict(recorded(self.config, "objective") or {})
-        method = obj.pop("method", None)
+        rule = self.objective
         try:
-            bounds = effective_bounds(method, obj)
+            bounds = effective_bounds(rule.name if rule else None, rule.params if rule else {})
         except ValueError:
             return None
         return {"pos": _parse_interval(bounds["ref_band_pos"]), "neg": _parse_interval(bounds["ref_band_neg"])}
@@ -192,7 +198,7 @@ def load_run(path: str | Path, notes: list[str] | None = None) -> RunRecord:
     return RunRecord(
         run_id=rd.run_id,
         path=rd.path,
-        config=migrate(rd.read_config() or {}),
+        config=stored_form(rd.read_config() or {}),
         state=status.get("state", "pending"),
         status=status,
         metrics=rd.read_metrics(notes),
@@ -228,7 +234,7 @@ def _assign_block_labels(runs: list[RunRecord]) -> None:
     varying_global = [
         k
         for k in keys
-        if not k.startswith("objective.")
+        if not k.startswith(OBJ)
         and _in_label(k)
         and (not k.startswith(corr) or k == corr_name)
         and len({flat[r.run_id].get(k) for r in runs}) > 1
@@ -244,11 +250,7 @@ def _assign_block_labels(runs: list[RunRecord]) -> None:
     for r in runs:
         by_method.setdefault(r.method, []).append(r)
     varying_obj = {
-        m: [
-            k
-            for k in keys
-            if k.startswith("objective.") and k != "objective.method" and len({flat[r.run_id].get(k) for r in rs}) > 1
-        ]
+        m: [k for k in keys if k.startswith(OBJ) and k != METHOD_KEY and len({flat[r.run_id].get(k) for r in rs}) > 1]
         for m, rs in by_method.items()
     }
     all_keys = varying_global + [k for ks in [*varying_obj.values(), *varying_corr.values()] for k in ks]
@@ -258,7 +260,7 @@ def _assign_block_labels(runs: list[RunRecord]) -> None:
         if k == corr_name:
             return "correction"
         tail = k.rsplit(".", 1)[-1]
-        return tail if last.count(tail) == 1 or k.startswith(("objective.", corr)) else k
+        return tail if last.count(tail) == 1 or k.startswith((OBJ, corr)) else k
 
     for r in runs:
         f = flat[r.run_id]

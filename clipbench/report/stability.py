@@ -47,7 +47,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from clipbench.config.load import recorded
+from clipbench.config.stored import recorded
 from clipbench.report import stats
 from clipbench.report.health import KINDS
 from clipbench.report.load import RunRecord, assign_labels

@@ -36,7 +36,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from clipbench.config import from_dict
+from clipbench.config import RunConfig, from_dict
 from clipbench.config.labels import run_label
 from clipbench.engines.launch import launch_ranks, run_as_rank
 from clipbench.errors import PREEMPTED_EXIT, DiskFull, RunPreempted, UserError, no_space_left, unknown_choice
@@ -66,7 +66,7 @@ class RunTask:
     results_dir: str
     sweep: str
     run_id: str
-    config: dict
+    config: RunConfig  # read once from the manifest's stored form (`run_task`)
     label: str = ""
     retry_failed: bool = False
     tracking_uri: str | None = None
@@ -76,6 +76,14 @@ class RunTask:
     @property
     def run_dir(self) -> RunDir:
         return RunDir(Path(self.results_dir) / self.sweep / self.run_id)
+
+
+def run_task(
+    results_dir: str | Path, sweep: str, run_id: str, stored: Mapping, point: Mapping | None, **options
+) -> RunTask:
+    """The task of one run of a manifest: its stored config read into a RunConfig once, its label
+    (`config.labels.run_label`); `options`: RunTask's others (retry_failed, tracking_uri, ...)."""
+    return RunTask(str(results_dir), sweep, run_id, from_dict(stored), run_label(stored, point), **options)
 
 
 def task_from_manifest(
@@ -95,12 +103,12 @@ def task_from_manifest(
         raise UserError(f"{path}: " + unknown_choice("run id", run_id, list(m["runs"])[:20]))
 
     check_plugin_records(m.get("plugins", []), f"sweep '{path.parent.name}'")
-    return RunTask(
-        results_dir=str(path.parent.parent),
-        sweep=path.parent.name,
-        run_id=run_id,
-        config=m["runs"][run_id],
-        label=run_label(m["runs"][run_id], m.get("points", {}).get(run_id)),
+    return run_task(
+        path.parent.parent,
+        path.parent.name,
+        run_id,
+        m["runs"][run_id],
+        m.get("points", {}).get(run_id),
         retry_failed=retry_failed,
         tracking_uri=tracking_uri,
         parent_run_id=parent_run_id,
@@ -200,7 +208,7 @@ def _run_one(task: RunTask, t0: float, *, progress, on_start) -> dict:
             torch.set_num_threads(task.threads)
         _quiet_libraries()
 
-        cfg = from_dict(task.config)
+        cfg = task.config
         from_step = checkpoint_step(rd)
         resume = action == "resume"  # also a damaged checkpoint: the run says so and sets it aside
         rd.start_attempt(sweep=task.sweep, resumed_from=from_step, pid=os.getpid())
@@ -275,7 +283,7 @@ def train_as_rank(task: RunTask) -> None:
     """One rank of a run that `run_one` launched over N processes (it holds the lock and the status)."""
 
     _quiet_libraries()
-    cfg, rd = from_dict(task.config), task.run_dir
+    cfg, rd = task.config, task.run_dir
     resume = checkpoint_step(rd) is not None or has_checkpoint_dir(rd.checkpoint_dir)
     run_as_rank(cfg, rd, resume=resume, make_sink=lambda: _make_sink(task, cfg, rd, resume))
 

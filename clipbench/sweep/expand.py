@@ -34,17 +34,21 @@ from typing import Any
 
 from clipbench.config import compose, run_id, to_dict, validate
 from clipbench.config.claims import check_rules
+from clipbench.config.compose import PATH_KEYS, deep_merge, set_dotted
+from clipbench.config.identity import outside_id
 from clipbench.config.labels import METHOD_KEY, OBJ, label
-from clipbench.config.load import PATH_KEYS, deep_merge, migrate, outside_id, set_dotted, setting
-from clipbench.config.schema import SLOTS, RunConfig, leaf_keys, slot_of
+from clipbench.config.schema import SLOTS, RunConfig, Slot, leaf_keys, slot_of
+from clipbench.config.slots import migrate, read_slot, resolve_slot, stored
+from clipbench.config.stored import recorded_slot, setting
 from clipbench.engines import check
 from clipbench.errors import ConfigError, UserError, did_you_mean, unknown_choice
-from clipbench.objectives import METHODS, validate_params
+from clipbench.objectives import METHODS
 from clipbench.objectives.plugins import load_plugins, merge_specs
 from clipbench.sweep import slots
 from clipbench.sweep.spec import Axis, SweepSpec
 
 TRL = "trl."  # free-form: the trl engine's GRPOConfig fields (checked by the engine)
+OBJECTIVE = SLOTS["objective"]
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,7 @@ def _check_claims(spec: SweepSpec, exp: Expansion) -> None:
     settings: dict[str, set[str]] = {}
     for rid, cfg in exp.runs.items():
         point = {k: v for k, v in exp.points[rid].items() if k != "seed" and not k.startswith(OBJ)}
-        settings.setdefault(cfg["objective"]["method"], set()).add(label(point) if point else "")
+        settings.setdefault(recorded_slot(cfg, "objective").name, set()).add(label(point) if point else "")
     check_rules(spec.claims, list(settings), spec.source)
     for i, c in enumerate(spec.claims.comparisons):
         for side, rule in (("a", c.a), ("b", c.b)):
@@ -149,7 +153,7 @@ def _components(rules: Mapping[str, slots.SlotRule], assign: dict) -> tuple[dict
             objective = _objective(name, tuple(sorted(params.items())))
         elif not rule.decl.bare and any(k.startswith(key + ".") for k in assign):
             assign = {k: v for k, v in assign.items() if not k.startswith(key + ".")}
-            assign[key] = {rule.decl.name_key: name, **params}  # replaces the base's component
+            assign[key] = stored(rule.decl, Slot(name, params))  # replaces the base's component
     return assign, objective, applies
 
 
@@ -243,13 +247,13 @@ class _Base:
                 cfg = self.validated(cfg, plain, src, lambda key: f"{prefix}{key}" if key in plain else key)
         self.config = cfg
         self.names = {
-            which: _get({**cfg, "objective": self.objective_defaults}, d.name_path) for which, d in SLOTS.items()
+            which: recorded_slot({**cfg, "objective": self.objective_defaults}, which).name for which in SLOTS
         }
         self.settings = {which: _settings(decl, raw, spec, cli) for which, decl in SLOTS.items()}
         method = cli.get(METHOD_KEY, spec.overrides.get(METHOD_KEY, self.names["objective"]))
         if not isinstance(method, str) or method not in METHODS:
             src, where = ("command line", METHOD_KEY) if METHOD_KEY in cli else (spec.source, f"overrides.{METHOD_KEY}")
-            raise ConfigError(src, where, unknown_choice("method", method, METHODS))
+            raise ConfigError(src, where, unknown_choice(OBJECTIVE.noun, method, METHODS))
         self.names["objective"] = method
 
     def validated(
@@ -282,10 +286,9 @@ def _settings(decl, raw: Mapping, spec: SweepSpec, cli: Mapping[str, Any]) -> li
     sweep's overrides, then the command line's."""
     head = decl.key + "."
     out = []
-    if not decl.bare:
-        recipe = dict(_get_or(raw, decl.key) or {})
-        recipe.pop(decl.name_key, None)
-        out += [(k, v, str(spec.base), head + k) for k, v in recipe.items()]
+    recipe = _get_or(raw, decl.key)
+    if not decl.bare and recipe is not None:
+        out += [(k, v, str(spec.base), head + k) for k, v in read_slot(decl, recipe)[0].params.items()]
     for layer, src, where in (
         (slots.former_keys(spec.overrides), spec.source, "overrides."),
         (slots.former_keys(cli), "command line", ""),
@@ -308,8 +311,9 @@ def _resolve_path(key: str, value: Any, base_dir: Path) -> Any:
 
 @functools.lru_cache(maxsize=4096)
 def _objective(method: str, params: tuple) -> dict:
-    """{"method": m, **every parameter} (the registry's defaults merged and checked)."""
-    return {"method": method, **validate_params(method, dict(params))}
+    """The objective in its stored form, every parameter resolved (the registry's defaults merged and
+    checked)."""
+    return stored(OBJECTIVE, Slot(method, resolve_slot("objective", method, dict(params))))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -375,14 +379,13 @@ _TOP_KEYS = _top_keys()
 def iter_summary(runs: Mapping[str, dict], points: Mapping[str, dict]) -> Iterable[dict]:
     """One row per run for tables: run_id, method, parameters, seed, steps, other axes."""
     for rid, cfg in runs.items():
-        obj = dict(setting(cfg, "objective"))
-        m = obj.pop("method", "?")
+        obj = recorded_slot(cfg, "objective") or Slot("?")
         pt = points.get(rid, {})
         other = {k: v for k, v in pt.items() if not k.startswith(OBJ) and k != "seed"}
         yield {
             "run_id": rid,
-            "method": m,
-            "params": obj,
+            "method": obj.name,
+            "params": obj.params,
             "seed": setting(cfg, "seed"),
             "steps": setting(cfg, "train.steps"),
             "other": other,

@@ -10,7 +10,7 @@
 
 The rule: a point's component is the slot's name axis value (else the base's name) with the
 parameters that component declares (its registry's defaults,
-`clipbench.config.load.slot_components`) taken from the base's explicit settings (recipe <
+`clipbench.config.slots.slot_components`) taken from the base's explicit settings (recipe <
 overrides < command line) and then the point's axis values; a value the component does not declare
 is dropped for that run (and the runs deduplicated by id). A parameter that no component of the
 sweep has is an error (a typo), except in the base recipe (it belonged to the recipe's component).
@@ -22,14 +22,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from clipbench.config.load import migrate, resolve_slot, slot_components
 from clipbench.config.schema import SLOTS, SlotDecl, slot_of
+from clipbench.config.slots import migrate, resolve_slot, slot_components
 from clipbench.errors import ConfigError, did_you_mean, unknown_choice
 
 CORRECTION = SLOTS["correction"]
 # The former truncated-IS keys: fine in overrides (read as the sampler.correction they meant), not as axes.
 LEGACY = {"sampler.mismatch_is": CORRECTION.name_path, "sampler.mismatch_is_cap": CORRECTION.key + ".cap"}
-NOUN = {"objective": "method", "correction": "correction", "aggregation": "aggregation", "advantage": "advantage"}
 
 
 def stored_key(key: str) -> str:
@@ -141,7 +140,7 @@ def build_rule(
     sweep file's own (a command line that pins the name makes the file's parameter axes
     inapplicable, not wrong). Unknown names and parameters are refused, naming the sweep key."""
     components = slot_components(decl.slot)
-    noun = NOUN[decl.slot]
+    noun = decl.noun
     names = _names(decl, base_name, axes, components, noun, source)
     file_names = [n for n in _axis_names(decl, file_axes) if isinstance(n, str) and n in components]
     known = {p for n in set(names) | set(file_names) for p in components[n]}

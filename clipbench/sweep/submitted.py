@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from clipbench.config.labels import run_label
-from clipbench.config.load import setting
+from clipbench.config.stored import setting
 from clipbench.engines import Engine
 from clipbench.sweep.manifest import manifest_runs
 from clipbench.tracking.store import RunDir, RunState

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from clipbench.config import flatten, run_id
-from clipbench.config.load import recorded
+from clipbench.config.stored import recorded, recorded_slot
 from clipbench.objectives import effective_bounds
 from clipbench.objectives.corrections import describe
 from clipbench.tracking.provenance import provenance_params, read_provenance
@@ -147,11 +147,10 @@ def run_params(config: Mapping, backend: str | None = None) -> dict[str, Any]:
     and the resolved sampler backend. (The trainer logs the same.)"""
 
     params = flatten(dict(config))
-    obj = dict(recorded(config, "objective") or {})
-    method = obj.pop("method", None)
-    if method is not None:
+    rule = recorded_slot(config, "objective")
+    if rule is not None:
         try:
-            params.update({f"rule.{k}": v for k, v in effective_bounds(method, obj).items()})
+            params.update({f"rule.{k}": v for k, v in effective_bounds(rule.name, rule.params).items()})
         except ValueError:
             pass
     correction = recorded(config, "sampler.correction")
@@ -175,7 +174,12 @@ def shown(value: Any) -> str:
 
 def run_name_of(config: Mapping, run_id: str) -> str:
     """A run's display name in the mirrors: '<method> seed=<seed> <run id>'."""
-    return f"{shown(recorded(config, 'objective.method'))} seed={shown(recorded(config, 'seed'))} {run_id}"
+    return f"{_method(config)} seed={shown(recorded(config, 'seed'))} {run_id}"
+
+
+def _method(config: Mapping) -> str:
+    rule = recorded_slot(config, "objective")
+    return shown(rule.name if rule else None)
 
 
 ROLE_TAG = "clipbench.role"  # "sweep" (a sweep's parent run) or "run"
@@ -185,7 +189,7 @@ def run_tags(config: Mapping, *, sweep: str, run_id: str) -> dict[str, str]:
     return {
         "sweep": sweep,
         "run_id": run_id,
-        "method": shown(recorded(config, "objective.method")),
+        "method": _method(config),
         "seed": shown(recorded(config, "seed")),
         "model": shown(recorded(config, "model.name")),
         ROLE_TAG: "run",

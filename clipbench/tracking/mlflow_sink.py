@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from clipbench.config import RunConfig, to_dict
-from clipbench.config.load import setting
+from clipbench.config.stored import setting
 from clipbench.errors import StoreError
 from clipbench.tracking.files import read_json
 from clipbench.tracking.lock import manifest_lock

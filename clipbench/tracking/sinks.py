@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from clipbench.config.load import setting
+from clipbench.config.stored import setting
 from clipbench.tracking.files import atomic_write_json, read_json
 from clipbench.tracking.mirror import expected_metrics, metric_name, mirror_points, opt_step_after, param_value
 from clipbench.tracking.store import RunDir, RunState

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clipbench.config.load import setting
+from clipbench.config.stored import setting
 from clipbench.tracking.files import read_json
 from clipbench.tracking.lock import LOCK_DIR, run_locked_elsewhere, try_run_lock
 from clipbench.tracking.mirror import expected_artifacts, expected_metrics, expected_params, run_tags

@@ -143,7 +143,7 @@ def collect_rollout(cfg, step: int, task, pool: list, sampler, dist: Dist) -> Ro
             if cfg.train.dynamic_sampling and not last and len(set(grp.rewards)) == 1:
                 continue  # DAPO: drop an all-equal group while more draws are allowed
             kept.append(grp)
-    return _batch(kept, sampled, G, cfg.train.advantage, times)
+    return _batch(kept, sampled, G, cfg.train.advantage.name, times)
 
 
 def _batch(kept: list[Group], sampled: list[Group], G: int, advantage: str, times: dict) -> RolloutBatch:

@@ -47,7 +47,6 @@ from pathlib import Path
 import torch
 
 from clipbench.config import RunConfig, run_id, to_dict
-from clipbench.config.load import slot
 from clipbench.errors import RunFailed, UserError
 from clipbench.eval.evaluate import Shard
 from clipbench.eval.suite import eval_suite, run_eval
@@ -201,9 +200,9 @@ def setup(
     # (and a rule that reads the rollout policy's log-probs: rollout_is)
     want_logp = (
         sc.old_logp == "sampler"
-        or slot(cfg, "correction").name != NONE
+        or cfg.sampler.correction.name != NONE
         or backend == "vllm"
-        or reads_rollout_logp(slot(cfg, "objective").name)
+        or reads_rollout_logp(cfg.objective.name)
     )
     eval_tokens = cfg.eval.max_new_tokens or sc.max_new_tokens  # the engine must hold eval's completions too
     sampler = build_sampler(
@@ -394,7 +393,12 @@ def rule_inputs(trainer: Trainer, packed, batch: RolloutBatch, first_epoch: list
         inputs.sampler_logp = sampled
     mine = own_rows(first_epoch, len(packed.completion_lens), dist.device)  # (B,): this rank's rows, counted once
     corr = apply_correction(
-        cfg.sampler.correction, sampled, old, inputs.mask, counted=mine[:, None] > 0, advantages=inputs.advantages
+        cfg.sampler.correction.one_form(),
+        sampled,
+        old,
+        inputs.mask,
+        counted=mine[:, None] > 0,
+        advantages=inputs.advantages,
     )
     inputs.weights, inputs.correction_status = corr.weights, corr.status  # every row's (later epochs: other ranks)
     return inputs, corr.sums

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import torch
 
-from clipbench.config.load import slot
 from clipbench.objectives import METHODS
 from clipbench.tracking.records import (
     install_record,
@@ -228,7 +227,7 @@ class Capture:
 
     def index(self) -> dict:
         cfg = self.r.cfg
-        rule = slot(cfg, "objective")
+        rule = cfg.objective
         return {
             "engine": "builtin",
             "step": self.step,
@@ -237,7 +236,7 @@ class Capture:
             "objective": {
                 "method": rule.name,
                 "params": rule.params,
-                "agg": cfg.train.agg,
+                "agg": cfg.train.agg.name,
                 "beta": cfg.train.beta,
                 "max_len": cfg.sampler.max_new_tokens,
             },
@@ -260,5 +259,5 @@ class Capture:
 def _draws(cfg) -> bool:
     """Does the trained rule draw uniforms (then each epoch's draws are recorded)?"""
 
-    rule = slot(cfg, "objective")
+    rule = cfg.objective
     return METHODS[rule.name].needs_draws(rule.params)

@@ -198,10 +198,14 @@ class Objective:
 
     @classmethod
     def from_config(cls, cfg) -> Objective:
-        params = dict(cfg.objective)
-        method = params.pop("method")
+        rule = cfg.objective
         return cls(
-            method, params, cfg.train.agg, cfg.train.beta, cfg.sampler.max_new_tokens, cfg.train.router_aux_loss_coef
+            rule.name,
+            dict(rule.params),
+            cfg.train.agg.name,
+            cfg.train.beta,
+            cfg.sampler.max_new_tokens,
+            cfg.train.router_aux_loss_coef,
         )
 
     @property
