@@ -328,3 +328,22 @@ def test_the_completion_length_curve(ladder):
         assert np.allclose(y, [20 + 25 * s / 9 for s in range(10)])  # 20 + 25 x step / 9, every seed alike
     finally:
         close_figures(figs)
+
+
+def test_the_tuning_figure_has_a_panel_per_rule_with_its_best_rate_and_lr_star(ladder):
+    from clipbench.report.load import load_results
+    from clipbench.report.plots import close_figures, make_figures
+
+    root, (_, result, _, _) = ladder
+    figs = make_figures(load_results(root, "ladder"), result)
+    try:
+        visible = [ax for ax in figs["tuning"].axes if ax.get_visible()]
+        assert [ax.get_title() for ax in visible] == ["cispo", "grpo"]
+        grpo = visible[1]
+        # the ring at the best rate (1e-4, mean gain 125/12) and lr*'s dashed line at 1e-4 (censored below)
+        ring = [ln for ln in grpo.get_lines() if ln.get_fillstyle() == "none"]
+        assert len(ring) == 1 and ring[0].get_xdata()[0] == 1e-4 and ring[0].get_ydata()[0] == pytest.approx(125 / 12)
+        dashed = [ln for ln in grpo.get_lines() if ln.get_linestyle() == "--"]
+        assert len(dashed) == 1 and dashed[0].get_xdata()[0] == pytest.approx(1e-4)
+    finally:
+        close_figures(figs)

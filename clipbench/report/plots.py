@@ -358,6 +358,56 @@ def stability_figure(stab: Mapping | None) -> Figure | None:
     return _finish(fig, axes, "Stability: gain over the base model vs learning rate")
 
 
+def tuning_figure(stab: Mapping | None) -> Figure | None:
+    """Each rule's learning-rate curve in its own panel (the first block with a learning-rate axis): the
+    gain (mean over seeds, 95% t interval) at every rate, the seeds' own gains as dots, the best rate
+    ringed, and lr*, the peak of the fitted quadratic, as a dashed line with its bootstrap interval
+    shaded (report/stability.py); the panels share the y axis."""
+    if not stab:
+        return None
+    model, block = next(iter(stab.items()))
+    rules = list(block["rules"].items())
+    cols = min(5, len(rules))
+    rows = math.ceil(len(rules) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows + 0.8), dpi=DPI, squeeze=False, sharey=True)
+    for ax in axes.flat[len(rules) :]:
+        ax.set_visible(False)
+    for i, (ax, (rule, info)) in enumerate(zip(axes.flat, rules)):
+        color = COLORS[i % len(COLORS)]
+        rates = sorted(info["cells"])
+        cells = [info["cells"][r] for r in rates]
+        mean = np.array([c["mean"] for c in cells], dtype=float)
+        lo = np.array([c["ci"][0] for c in cells], dtype=float)
+        hi = np.array([c["ci"][1] for c in cells], dtype=float)
+        err = np.vstack([np.where(np.isfinite(lo), mean - lo, 0.0), np.where(np.isfinite(hi), hi - mean, 0.0)])
+        ax.errorbar(rates, mean, yerr=err, color=color, marker="o", markersize=4, capsize=3, linewidth=1.5)
+        for r, c in zip(rates, cells):
+            ax.plot([r] * len(c["gains"]), c["gains"], linestyle="none", marker=".", color=color, alpha=0.5)
+        best = info.get("best") or {}
+        if best.get("rate") is not None:
+            ax.plot([best["rate"]], [best["mean"]], marker="o", markersize=11, fillstyle="none", color="black")
+        peak = info.get("peak")
+        if peak and math.isfinite(peak["rate"]):
+            ax.axvline(peak["rate"], color="black", linestyle="--", linewidth=0.9)
+            if all(math.isfinite(x) for x in peak["ci"]):
+                ax.axvspan(*peak["ci"], color="black", alpha=0.08)
+        ax.set_xscale("log")
+        ax.set_xticks(block["rates"])
+        ax.set_xticklabels([f"{r:.2g}" for r in block["rates"]], fontsize=7)
+        ax.minorticks_off()
+        ax.grid(alpha=0.3)
+        ax.set_title(rule, fontsize=10)
+    for ax in axes[:, 0]:
+        ax.set_ylabel(f"gain (pts, {block.get('bench') or 'benchmarks averaged'})", fontsize=8)
+    fig.suptitle(
+        f"{model_title(model)}: each rule's gain over the base model vs learning rate (mean, 95% t CI over seeds; "
+        "dots: seeds; ring: best rate; dashed: lr*, the fit's peak, and its bootstrap CI)",
+        fontsize=9,
+    )
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    return fig
+
+
 def profile_figure(result: dict) -> Figure | None:
     """The performance profile per base model (Agarwal et al., 2021): for each label, the share of its run x
     task scores (final Avg@n, the aggregates' tasks) above each threshold tau, a step function over tau; one
@@ -390,7 +440,10 @@ def make_figures(sweep: Sweep, result: dict) -> dict[str, Figure]:
     axis, then entropy, reward, completion length, ...)."""
     excluded = frozenset(e["run_id"] for e in result.get("runs", {}).get("excluded", []))
     groups = group_runs(sweep, result.get("baseline"), excluded)
-    figs: dict[str, Figure | None] = {"stability": stability_figure(result.get("stability"))}
+    figs: dict[str, Figure | None] = {
+        "stability": stability_figure(result.get("stability")),
+        "tuning": tuning_figure(result.get("stability")),
+    }
     ent = _first_key(groups, ("entropy", "entropy/mean"))
     figs["entropy"] = line_figure(groups, ent, "opt_step", "Token entropy", "nats / token") if ent else None
     rew = _first_key(groups, ("reward/mean", "reward"))
