@@ -85,6 +85,16 @@ study-organism: install ## The organism's gate, docs/studies/organism.md: grpo (
 	$(PY) scripts/organism_gate.py --results-dir $(RESULTS) --sweep organism_gate --out docs/studies/organism
 	$(VENV)/bin/clipbench report organism_gate --results-dir $(RESULTS) --baseline grpo --format markdown --out docs/studies/organism/report
 
+study-organism-compare: install ## Issue 36, docs/studies/organism_confirm.md: the tune (10 rules x 4 rates x 3 seeds), the preregistered confirmation (10 seeds + 5 on a second build), the reports and the replay at the tuned rates (~12 h on 2 cores)
+	$(VENV)/bin/clipbench sweep sweeps/organism_tune.yaml --results-dir $(RESULTS) --jobs 2
+	$(VENV)/bin/clipbench report organism_tune --results-dir $(RESULTS) --baseline grpo --tune-on arith-val --format markdown --out docs/studies/organism_tune
+	$(VENV)/bin/clipbench sweep sweeps/organism_confirm.yaml --results-dir $(RESULTS) --jobs 2
+	$(VENV)/bin/clipbench base-model arith-organism --seed 1 --out $(RESULTS)/models/arith-organism-seed1
+	$(VENV)/bin/clipbench sweep sweeps/organism_confirm_build2.yaml model.name=$(RESULTS)/models/arith-organism-seed1 --results-dir $(RESULTS) --jobs 2
+	$(VENV)/bin/clipbench report organism_confirm --results-dir $(RESULTS) --baseline grpo --replicate organism_confirm_build2 --format markdown --out docs/studies/organism_confirm
+	$(VENV)/bin/clipbench replay organism_confirm --results-dir $(RESULTS) --rules sweep --lr sweep --format markdown --out docs/studies/organism_confirm/replay
+	$(PY) scripts/stability_why.py --results-dir $(RESULTS) --outcomes organism_confirm --bench arith --by-method --families organism --replay docs/studies/organism_confirm/replay/replay.json > docs/studies/organism_confirm/why.md
+
 study-replay: install ## Study (c), docs/studies/replay.md: grpo on the quickstart regime with recording, every rule replayed
 	$(VENV)/bin/clipbench sweep sweeps/study_replay.yaml --results-dir $(RESULTS) --jobs 2
 	$(PY) scripts/replay_study.py --results-dir $(RESULTS) --sweep study_replay --out docs/studies
@@ -107,4 +117,4 @@ dist: install ## Build the wheel and sdist into dist/ (recipes and sweeps inside
 clean: ## Remove generated results (keeps results/README.md)
 	find $(RESULTS) -mindepth 1 ! -name README.md -exec rm -rf {} +
 
-.PHONY: help install install-browser dist lint test test-verl test-vllm bench quickstart reproduce-table3 reproduce-nsr study study-stability study-organism study-replay study-moe test-fast clean
+.PHONY: help install install-browser dist lint test test-verl test-vllm bench quickstart reproduce-table3 reproduce-nsr study study-stability study-organism study-organism-compare study-replay study-moe test-fast clean

@@ -320,7 +320,10 @@ def report(
 def replay(
     target: str = typer.Argument(..., help="A run directory, SWEEP/RUN_ID, or a sweep (name or directory)."),
     rules: str | None = typer.Option(
-        "all", "--rules", help="all, or rules with parameters and grids: grpo,dapo(eps_high=0.28,0.4),nsr(p=0.5)."
+        "all",
+        "--rules",
+        help="all, sweep (the rules the target's runs trained), or rules with parameters and grids: "
+        "grpo,dapo(eps_high=0.28,0.4),nsr(p=0.5).",
     ),
     steps: str | None = typer.Option(
         None,
@@ -338,7 +341,7 @@ def replay(
         None,
         "--lr",
         help="RULE=RATE,...: each named rule's look-ahead step at that learning rate (its own tuned rate) "
-        "instead of the run's.",
+        "instead of the run's; 'sweep': each rule at the rate its own runs in the target trained at.",
     ),
     results_dir: ResultsDir = Path("results"),
     plugin: Plugins = None,

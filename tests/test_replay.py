@@ -450,3 +450,29 @@ def test_a_truncated_saved_policy_state_is_one_line(recorded, tmp_path):
     last = out.stderr.strip().splitlines()[-1]  # after the progress lines of the steps replayed before it
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert last.startswith("error: ") and "the saved policy state does not load (RuntimeError: " in last
+
+
+def test_replay_rules_and_rates_from_the_sweep(tmp_path):
+    """`--rules sweep --lr sweep` (issue 36): every rule the target's runs trained, each at its rate."""
+    import yaml
+
+    from clipbench.commands.replay import sweep_rates, trained_settings
+
+    runs = []
+    for i, (obj, lr) in enumerate(
+        [
+            ({"method": "grpo"}, 2e-4),
+            ({"method": "cispo"}, 1e-4),
+            ({"method": "grpo"}, 2e-4),
+            ({"method": "dapo", "eps_high": 0.3}, 4e-4),
+        ]
+    ):
+        d = tmp_path / f"run{i}"
+        d.mkdir()
+        (d / "config.yaml").write_text(yaml.safe_dump({"seed": i, "objective": obj, "train": {"lr": lr}}))
+        runs.append(d)
+    settings = trained_settings(runs)
+    assert [(s.label, lr) for s, lr in settings] == [("grpo", 2e-4), ("cispo", 1e-4), ("dapo(eps_high=0.3)", 4e-4)]
+    assert sweep_rates(settings, "s") == {"grpo": 2e-4, "cispo": 1e-4, "dapo(eps_high=0.3)": 4e-4}
+    with pytest.raises(UserError, match=r"--lr sweep: rule grpo trained at 2 rates in s \(0.0001, 0.0002\)"):
+        sweep_rates([*settings, (settings[0][0], 1e-4)], "s")

@@ -6,7 +6,9 @@ sweep (a name in --results-dir, or its directory) under every requested rule (cl
 otherwise the summary tables are printed and the report is written (default
 <results>/reports/<sweep>/replay/): replay.json, replay.jsonl and the format's files. `--lr
 cispo=1e-4,grpo=2e-4`: the look-ahead step of each named rule (a label as `--rules` makes it) at
-that learning rate instead of the run's (each rule at its own tuned rate).
+that learning rate instead of the run's (each rule at its own tuned rate). `--rules sweep`: every rule
+the target's runs trained, with its parameters; `--lr sweep`: each rule's look-ahead at the rate its
+own runs trained at (a sweep of tuned rates: `clipbench replay organism_confirm --rules sweep --lr sweep`).
 """
 
 from __future__ import annotations
@@ -14,15 +16,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from clipbench.config.stored import recorded, recorded_slot
 from clipbench.errors import UserError, unknown_choice
-from clipbench.replay.rules import parse_rules
+from clipbench.replay.rules import RuleSpec, parse_rules
 from clipbench.replay.run import replay_runs
 from clipbench.replay.summary import summarize
 from clipbench.report import render
 from clipbench.report.replay import replay_tables, write_replay
 from clipbench.tracking.files import check_store_dir, check_writable_dir, dumps
 from clipbench.tracking.records import INDEX, REMEDY, damaged_records, list_records
-from clipbench.tracking.store import check_formats, list_run_dirs
+from clipbench.tracking.store import RunDir, check_formats, list_run_dirs
 
 FORMATS = ("rich", "markdown", "html", "csv", "latex")
 
@@ -78,6 +81,41 @@ def parse_rates(text: str | None, specs) -> dict[str, float]:
     return out
 
 
+SWEEP = "sweep"  # --rules sweep / --lr sweep: what the target's own runs trained
+
+
+def trained_settings(runs: list[Path]) -> list[tuple[RuleSpec, float | None]]:
+    """(rule with its parameters, learning rate) of every setting the runs trained, in run order; a rule
+    trained at several rates is listed once per rate."""
+    out: list[tuple[RuleSpec, float | None]] = []
+    for run in runs:
+        cfg = RunDir(run).read_config() if (run / "config.yaml").is_file() else None
+        rule = recorded_slot(cfg, "objective") if cfg is not None else None
+        if rule is None:
+            continue
+        lr = recorded(cfg, "train.lr")
+        item = (RuleSpec.of(rule.name, dict(rule.params)), float(lr) if lr is not None else None)
+        if item not in out:
+            out.append(item)
+    return out
+
+
+def sweep_rates(settings: list[tuple[RuleSpec, float | None]], target: str) -> dict[str, float]:
+    """`--lr sweep`: {rule label: the rate its runs trained at}; a rule at several rates is refused."""
+    rates: dict[str, set[float]] = {}
+    for spec, lr in settings:
+        if lr is not None:
+            rates.setdefault(spec.label, set()).add(lr)
+    several = {k: v for k, v in rates.items() if len(v) > 1}
+    if several:
+        k, v = next(iter(several.items()))
+        raise UserError(
+            f"--lr sweep: rule {k} trained at {len(v)} rates in {target} ({', '.join(f'{x:g}' for x in sorted(v))}): "
+            "name each rule's rate (--lr RULE=RATE,...)"
+        )
+    return {k: next(iter(v)) for k, v in rates.items()}
+
+
 def resolve(target: str, results_dir: Path) -> tuple[str, list[Path]]:
     """(a name for the output, the run directories) of RUN_OR_SWEEP."""
     path = Path(target)
@@ -124,8 +162,11 @@ def replay_command(
         raise UserError(f"{damaged[0]}: damaged record: no {INDEX} ({len(damaged)} such record(s)); {REMEDY}")
     if not recorded:
         raise UserError(f"{target}: no records in {len(runs)} run(s); train with train.record.every=N (docs/replay.md)")
-    specs = parse_rules(rules)  # checked before anything runs or is written
-    rates = parse_rates(lr, specs)
+    settings = trained_settings(runs) if SWEEP in (rules, lr) else []
+    specs = list(dict.fromkeys(s for s, _ in settings)) if rules == SWEEP else parse_rules(rules)
+    rates = sweep_rates(settings, target) if lr == SWEEP else parse_rates(lr, specs)
+    if lr == SWEEP:
+        rates = {k: v for k, v in rates.items() if k in {s.label for s in specs}}
     if rates and not params:
         raise UserError("--lr sets the look-ahead's rate, which is the parameter level: drop --no-params")
     opt_steps = parse_steps(steps)
