@@ -1,9 +1,12 @@
-"""Study (d)'s why across rules, docs/studies/stability.md: does the size of a rule's step on the same
-batches go with how much accuracy it loses at the learning-rate cliff?
+"""Why rules differ, across rules: does the size of a rule's step on the same batches go with its
+outcome? Study (d)'s at the learning-rate cliff (docs/studies/stability.md), and the organism's tuned
+comparison (docs/studies/organism_confirm.md: each rule replayed at its own tuned rate).
 
     python scripts/stability_why.py --results-dir results [--outcomes study_stability]
         [--replay docs/studies/stability_replay/report.json]
     python scripts/stability_why.py --from-pages     # from the published pages' tables (no store needed)
+    python scripts/stability_why.py --results-dir results --outcomes organism_confirm --bench arith \
+        --by-method --families organism --replay docs/studies/organism_confirm/replay/replay.json
 
 Reads two things the study already wrote: each rule's gain over the base model at the cliff (final
 Avg@n minus the run's own step 0, `clipbench.report.stability.run_gain`, mean over the seeds of the
@@ -15,6 +18,11 @@ rule's parameter gradient before gradient clipping, not the step the optimizer t
 same ratio of the one-step look-ahead KL (KL(new || old) after one AdamW step with the rule's gradient:
 the measure of how far the policy moves). It prints, as markdown, a row per rule and Spearman's rank
 correlation of the mean gain with the gradient norm and with the KL.
+
+`--bench B` reads every gain on benchmark B alone (the organism's test split), `--by-method` keys the
+outcomes by rule (the organism's arms are one rule each, at its own rate, so their labels name the
+rate too), `--families organism` groups the organism's ten rules (ORGANISM_FAMILIES), and `--replay`
+takes a report's report.json or `clipbench replay`'s replay.json.
 
 The rules are not independent: several are near-identical variants of one rule (FAMILIES: the same
 clip with another default, a cap that never binds, the token form of a sequence rule), and counting
@@ -51,15 +59,21 @@ FAMILIES = (
     ("cispo", "cispo_cap"),
     ("gspo", "gspo_token"),
 )
+# the organism's ten rules: GRPO's clip with its variants (clip-higher, a dual clip that never binds
+# here, NSR's rescue and its decay twin), the two sequence-ratio rules, and the rest one each
+ORGANISM_FAMILIES = (("grpo", "dapo", "dual_clip", "nsr", "decay"), ("gspo", "luspo"))
+PRESETS = {"stability": FAMILIES, "organism": ORGANISM_FAMILIES}
 WITHIN = (-11.5, -5.5)  # mean gains (points) of the group that loses 6-11 points at the cliff
 
 
-def gains_by_rule(results: Path, sweep: str) -> dict[str, list[float]]:
-    """{label: [gain per finished run]} of one sweep's store."""
+def gains_by_rule(
+    results: Path, sweep: str, bench: str | None = None, by_method: bool = False
+) -> dict[str, list[float]]:
+    """{label (or rule, `by_method`): [gain per finished run]} of one sweep's store; `bench`: on it alone."""
     out: dict[str, list[float]] = {}
     for run in load_results(results, sweep).runs:
-        if run.state == "finished" and (g := run_gain(run)) is not None:
-            out.setdefault(run.label, []).append(g)
+        if run.state == "finished" and (g := run_gain(run, bench)) is not None:
+            out.setdefault(run.method if by_method else run.label, []).append(g)
     return out
 
 
@@ -71,7 +85,11 @@ def relative(reference: Mapping, key: str, base: str = "grpo") -> dict[str, floa
 
 
 def association(
-    gains: Mapping[str, Sequence[float]], references: Sequence[Mapping], identical: Sequence[Sequence[str]] = ()
+    gains: Mapping[str, Sequence[float]],
+    references: Sequence[Mapping],
+    identical: Sequence[Sequence[str]] = (),
+    groups: Sequence[Sequence[str]] | None = None,
+    within: tuple[float, float] | None = WITHIN,
 ) -> dict:
     """Per rule: seeds, mean gain, and per reference its step and KL over GRPO's; per reference and
     measure: Spearman's rho and its p-value over the rules that have a gain and a replay. Of each group
@@ -100,7 +118,7 @@ def association(
         for measure, table in (("step", step), ("kl", kl)):
             res = stats.spearmanr(mean_gain, [table[n][r] for r in rules])
             rho[(n, measure)] = (float(res.statistic), float(res.pvalue))
-    fams = families(rules)
+    fams = families(rules, groups)
     fam_rows = [
         {
             "family": name,
@@ -112,7 +130,7 @@ def association(
         for name, members in fams.items()
     ]
     rho_family, rho_within = {}, {}
-    within = [row for row in rows if WITHIN[0] <= row["gain"] <= WITHIN[1]]
+    within = [row for row in rows if within is not None and within[0] <= row["gain"] <= within[1]]
     for n in refs:
         for measure in ("step", "kl"):
             if len(fam_rows) >= 3:
@@ -128,16 +146,17 @@ def association(
         "rho_family": rho_family,
         "within": [r["rule"] for r in within],
         "rho_within": rho_within,
+        "within_range": within,
         "references": {n: len(ref["runs"]) for n, ref in refs.items()},
     }
 
 
-def families(rules: Sequence[str]) -> dict[str, list[str]]:
-    """{family name: its rules among `rules`}: FAMILIES' groups (named by their first rule present),
-    every other rule a family of its own."""
+def families(rules: Sequence[str], groups: Sequence[Sequence[str]] | None = None) -> dict[str, list[str]]:
+    """{family name: its rules among `rules`}: the groups' (FAMILIES by default; named by their rules
+    present), every other rule a family of its own."""
     out: dict[str, list[str]] = {}
     placed = set()
-    for group in FAMILIES:
+    for group in FAMILIES if groups is None else groups:
         members = [r for r in group if r in rules]
         if members:
             out["/".join(members)] = members
@@ -192,8 +211,9 @@ def markdown(result: Mapping) -> str:
                     )
         lines.append("")
     if result.get("rho_within"):
+        lo, hi = result["within_range"]
         lines.append(
-            f"Within the rules that lose {-WITHIN[1]:g}-{-WITHIN[0]:g} points ({len(result['within'])} rules: "
+            f"Within the rules that lose {-hi:g}-{-lo:g} points ({len(result['within'])} rules: "
             f"{', '.join(result['within'])}):"
         )
         for n in names:
@@ -263,6 +283,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--outcomes", default="study_stability")
     ap.add_argument("--replay", type=Path, default=REPO / "docs" / "studies" / "stability_replay" / "report.json")
     ap.add_argument("--from-pages", action="store_true", help="read docs/studies' published tables, not a store")
+    ap.add_argument("--bench", default=None, help="read every gain on this benchmark alone (default: averaged)")
+    ap.add_argument("--by-method", action="store_true", help="key the outcomes by rule, not by label")
+    ap.add_argument("--families", choices=sorted(PRESETS), default="stability")
     args = ap.parse_args(argv)
     if args.from_pages:
         studies = REPO / "docs" / "studies"
@@ -270,9 +293,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = association(gains, references, identical)
         print(markdown(result), end="")
         return 0
-    replay = json.loads(args.replay.read_text())["replay"]
+    data = json.loads(args.replay.read_text())
+    replay = data.get("replay", data)  # a report's report.json, or `clipbench replay`'s replay.json
     identical = [group for ref in replay["references"] for group in ref.get("identical") or []]
-    result = association(gains_by_rule(args.results_dir, args.outcomes), replay["references"], identical)
+    result = association(
+        gains_by_rule(args.results_dir, args.outcomes, args.bench, args.by_method),
+        replay["references"],
+        identical,
+        PRESETS[args.families],
+        WITHIN if args.families == "stability" else None,
+    )
     print(markdown(result), end="")
     return 0
 

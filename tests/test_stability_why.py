@@ -96,3 +96,18 @@ def test_a_rule_without_a_replay_or_without_a_gain_is_left_out(why):
     out = why.association(gains, [ref])
     assert [r["rule"] for r in out["rules"]] == ["b", "a", "grpo"]
     assert out["rho"][("grpo", "step")][0] == pytest.approx(1.0)  # the larger step, the better here
+
+
+def test_the_organism_preset_groups_its_families_and_has_no_within_group(why):
+    # issue 36 (4): the organism's rules; grpo/dapo/dual_clip/nsr/decay one family, gspo/luspo another
+    rules = ["grpo", "dapo", "dual_clip", "nsr", "decay", "gspo", "luspo", "abc", "cispo", "sapo"]
+    gains = {r: [float(i)] for i, r in enumerate(rules)}  # grpo 0 ... sapo 9
+    ref = _ref("grpo", ["r0"], {r: 1.0 for r in rules}, {r: 1.0 + i for i, r in enumerate(rules)})
+    out = why.association(gains, [ref], groups=why.ORGANISM_FAMILIES, within=None)
+    fams = {f["family"]: f for f in out["families"]}
+    assert set(fams) == {"grpo/dapo/dual_clip/nsr/decay", "gspo/luspo", "abc", "cispo", "sapo"}
+    assert fams["grpo/dapo/dual_clip/nsr/decay"]["gain"] == 2.0  # (0 + 1 + 2 + 3 + 4) / 5
+    assert fams["gspo/luspo"]["kl"]["grpo"] == 6.5  # (6 + 7) / 2
+    # the families' gains 2, 5.5, 7, 8, 9 and KLs 3, 6.5, 8, 9, 10 rise together: rho +1 over 5 families
+    assert out["rho_family"][("grpo", "kl")][0] == pytest.approx(1.0)
+    assert out["within"] == [] and "Within the rules" not in why.markdown(out)
