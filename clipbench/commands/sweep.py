@@ -31,6 +31,8 @@ from clipbench.config.labels import format_value, label
 from clipbench.config.stored import setting
 from clipbench.engines import (
     ENGINES,
+    check,  # the run's engine check (its keys, the components it can feed)
+    check_plugin_code,
     preflight,  # the run's engine checks, then model, task, benchmarks, memory
 )
 from clipbench.errors import PREEMPTED_EXIT, StoreError, UserError, stop_exit_code
@@ -382,6 +384,7 @@ def submitted_sweep(
     --json), or freeze and submit them."""
 
     mpath = manifest_path(results_dir, spec.name)
+    check_engine_runs(eng, [cfg for _, cfg, _ in manifest_runs(merge(existing, spec, exp).manifest)], spec.source)
     if dry_run or json_out:
         mg = merge(existing, spec, exp)
         warn(err, list(exp.warnings) + mg.warnings)
@@ -477,19 +480,41 @@ def check_writable_store(sweep_dir: Path) -> None:
 
 def preflight_runs(configs: list[dict]) -> None:
     """The trainer's preflight (model, task and benchmarks load) once per distinct setting of the
-    runs entering the manifest (seeds and objectives share one), before it is written; runs frozen
-    earlier were checked when they entered it."""
+    runs entering the manifest (seeds and objectives share one), before it is written, and for each
+    other objective of a setting what the objective changes: the engine's check (a rule reading an
+    input the engine does not feed) and a plugin rule's own code. Runs frozen earlier were checked
+    when they entered it."""
 
+    settings, runs = set(), set()
+    for cfg in configs:
+        run = _distinct(cfg, "seed", "name", "tracking")
+        if run in runs:
+            continue
+        runs.add(run)
+        setting = _distinct(cfg, "seed", "name", "objective", "tracking")
+        if setting not in settings:
+            settings.add(setting)
+            preflight(from_dict(cfg))
+        else:
+            check(from_dict(cfg))
+            check_plugin_code(from_dict(cfg))
+
+
+def check_engine_runs(eng: Engine, configs: list[dict], source: str | None) -> None:
+    """An engine launched apart: its check of every distinct run (seeds share one) before anything is
+    planned or written, one line naming the key, the engine and why (a component it cannot feed
+    would fail on its workers)."""
     seen = set()
     for cfg in configs:
-        key = json.dumps(
-            {k: v for k, v in cfg.items() if k not in ("seed", "name", "objective", "tracking")},
-            sort_keys=True,
-            default=str,
-        )
+        key = _distinct(cfg, "seed", "name", "tracking")
         if key not in seen:
             seen.add(key)
-            preflight(from_dict(cfg))
+            eng.check(from_dict(cfg), source)
+
+
+def _distinct(cfg: dict, *without: str) -> str:
+    """A run config without the keys `without`, as one comparable string."""
+    return json.dumps({k: v for k, v in cfg.items() if k not in without}, sort_keys=True, default=str)
 
 
 def _parent_run(spec: SweepSpec, runs, results_dir: Path, tracking_uri: str | None, mpath: Path):

@@ -48,6 +48,7 @@ from clipbench.config import run_id, to_dict
 from clipbench.config.schema import Slot
 from clipbench.errors import ConfigError, UserError, did_you_mean
 from clipbench.eval.suite import eval_suite, run_eval
+from clipbench.integrations.trl_settings import FEEDS
 from clipbench.models import compute_dtype, load_model_and_tokenizer, resolve_model_name
 from clipbench.objectives import CELLS
 from clipbench.objectives.corrections import NONE
@@ -105,27 +106,13 @@ DERIVED = (
     "epsilon",
     "epsilon_high",
 )
-# sampler.correction -> TRL's vllm_importance_sampling_mode (engines.keys refuses what has no counterpart)
-MODES = {
-    ("tis", "token"): "token_truncate",
-    ("tis", "sequence"): "sequence_truncate",
-    ("icepop", "token"): "token_mask",
-    ("icepop", "sequence"): "sequence_mask",
-}
 
 
 def correction_args(correction: Slot) -> dict:
-    """GRPOConfig's vllm_importance_sampling_* fields of a (validated) sampler.correction."""
-    name, c = correction.name, correction.params
-    if name == "none":
-        return {"vllm_importance_sampling_correction": False}
-    low, high = (c["floor"], c["cap"]) if name == "tis" else (c["low"], c["high"])
-    return {
-        "vllm_importance_sampling_correction": True,
-        "vllm_importance_sampling_mode": MODES[name, c["level"]],
-        "vllm_importance_sampling_clip_min": low if low > 0 else None,
-        "vllm_importance_sampling_clip_max": high,
-    }
+    """GRPOConfig's vllm_importance_sampling_* fields of a (validated) sampler.correction: its
+    counterpart in what TRL's loss call is fed (integrations/trl_settings.py; the preflight refuses the
+    others)."""
+    return FEEDS.settings("correction", correction)
 
 
 def _grpo_fields() -> list[str]:
@@ -213,7 +200,7 @@ def grpo_args(cfg, run_dir: Path, *, world_size: int):
         max_grad_norm=tc.grad_clip,
         router_aux_loss_coef=tc.router_aux_loss_coef,
         beta=tc.beta,
-        scale_rewards="group" if tc.advantage.name == "group" else "none",
+        **FEEDS.settings("advantage", tc.advantage),  # scale_rewards
         logging_steps=1,
         save_strategy="steps",
         save_steps=tc.checkpoint_every * per_rollout,
