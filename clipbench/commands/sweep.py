@@ -38,6 +38,7 @@ from clipbench.engines import (
 from clipbench.errors import PREEMPTED_EXIT, StoreError, UserError, stop_exit_code
 from clipbench.objectives import METHODS
 from clipbench.sweep.execute import (
+    Next,
     RunTask,
     checkpoint_step,
     classify,
@@ -150,7 +151,7 @@ def sweep_command(
             parent_run_id=parent,
         )
         for rid, cfg, point in runs
-        if states[rid] in ("resume", "start")
+        if states[rid].trains
     ]
     try:
         results, launcher_rc = execute(
@@ -231,12 +232,12 @@ def show_plan(
     return {"sweep": spec.name, "runs": list(mg.manifest["runs"]), "written": False}
 
 
-def start_line(sweep: str, n_runs: int, results_dir: Path, states: dict[str, str]) -> str:
-    counts = {s: sum(1 for v in states.values() if v == s) for s in ("finished", "failed", "resume", "start")}
+def start_line(sweep: str, n_runs: int, results_dir: Path, states: dict[str, Next]) -> str:
+    counts = {s: sum(1 for v in states.values() if v is s) for s in Next}
     return (
         f"sweep [bold]{sweep}[/]: {n_runs} runs -> {results_dir / sweep}  "
-        f"({counts['finished']} finished, {counts['resume']} to resume, {counts['start']} to start"
-        + (f", {counts['failed']} failed: skipped (rerun them with --retry-failed)" if counts["failed"] else "")
+        f"({counts[Next.FINISHED]} finished, {counts[Next.RESUME]} to resume, {counts[Next.START]} to start"
+        + (f", {counts[Next.FAILED]} failed: skipped (rerun them with --retry-failed)" if counts[Next.FAILED] else "")
         + ")"
     )
 
@@ -296,10 +297,10 @@ def finish(
     the state of every run of the sweep (`run_dirs`); exit 1 when a run failed in this invocation."""
     by_id = {r["run_id"]: r for r in results}
     final = {rid: classify(rd) for rid, rd in run_dirs.items()}
-    all_done = all(s == "finished" for s in final.values())
+    all_done = all(s is Next.FINISHED for s in final.values())
     failed = [r for r in results if r["outcome"] in ("failed", "crashed", "killed")]
     # failures the same command resumes (a memory limit, a killed worker): not "--retry-failed"
-    again = [r for r in failed if final.get(r["run_id"]) in ("resume", "start")]
+    again = [r for r in failed if r["run_id"] in final and final[r["run_id"]].trains]
     failed_skip = [r for r in failed if r not in again]
     disk_full = [r for r in results if r["outcome"] == "disk-full"]
     preempted = [r for r in results if r["outcome"] == "preempted"]
@@ -308,7 +309,7 @@ def finish(
     if results:
         err.print(summary_table(tasks, by_id))
     locked = [r for r in results if r["outcome"] == "locked"]
-    n_fin = sum(1 for s in final.values() if s == "finished")
+    n_fin = sum(1 for s in final.values() if s is Next.FINISHED)
     err.print(
         f"{n_fin}/{len(run_dirs)} runs finished"
         + (f"; {len(locked)} locked by another process" if locked else "")
