@@ -65,7 +65,7 @@ def test_no_space_left_is_found_behind_causes_contexts_and_a_checkpoints_ranks()
 
 
 def test_a_run_the_disk_stopped_is_marked_failed_its_temporaries_removed_and_rerun(tmp_path):
-    from clipbench.sweep.execute import classify
+    from clipbench.sweep.execute import Next, classify
 
     rd = RunDir(tmp_path / "run")
     rd.start_attempt(pid=1)
@@ -80,7 +80,7 @@ def test_a_run_the_disk_stopped_is_marked_failed_its_temporaries_removed_and_rer
     assert (rd.path / "metrics.jsonl").read_text() == '{"step": 0}\n'  # finished work untouched
     st = rd.status()
     assert st["state"] == RunState.FAILED.value and st["reason"] == "disk-full"
-    assert classify(rd) == "start"  # not skipped like a failed run: the same command retries it
+    assert classify(rd) is Next.START  # not skipped like a failed run: the same command retries it
 
 
 # ---------------------------------------------------------------------------------------------

@@ -163,7 +163,8 @@ def test_a_refused_key_set_to_another_value_fails_the_check_naming_it(engine):
     ],
 )
 def test_a_value_an_entry_refuses_fails_the_check(engine, key, value):
-    assert KEYS[engine][key].refuse(value_at(config(**{key: value}), key))  # a component's entry judges its Slot
+    cfg = config(**{key: value})
+    assert KEYS[engine][key].problem(value_at(cfg, key), value_at(config(), key))  # a component's entry: its Slot
     with pytest.raises(ConfigError, match=rf"{key}: engine '{engine}' cannot honour it"):
         check(config(**{key: value}), "r.yaml", engine=engine)
 
@@ -171,10 +172,10 @@ def test_a_value_an_entry_refuses_fails_the_check(engine, key, value):
 @pytest.mark.parametrize(
     "engine, key, value, why",
     [
-        ("trl", "objective", {"method": "rollout_is"}, "no sampler log-probs (rollout_is)"),
-        ("verl", "objective", {"method": "rollout_is"}, "nor the sampler's log-probs (rollout_is)"),
-        ("trl", "sampler.correction", {"name": "vaco"}, "VACO's TV mask"),
-        ("verl", "sampler.correction", {"name": "vaco"}, "no TV mask (vaco)"),
+        ("trl", "objective", {"method": "rollout_is"}, "reads the sampler's log-probs of the sampled tokens"),
+        ("verl", "objective", {"method": "rollout_is"}, "which verl's policy-loss signature does not pass"),
+        ("trl", "sampler.correction", {"name": "vaco"}, "correction 'vaco' has no counterpart in TRL"),
+        ("verl", "sampler.correction", {"name": "vaco"}, "correction 'vaco' has no counterpart in verl"),
     ],
 )
 def test_an_input_or_correction_the_engine_cannot_feed_is_refused_in_one_line(engine, key, value, why):
@@ -190,6 +191,180 @@ def test_an_input_or_correction_the_engine_cannot_feed_is_refused_in_one_line(en
     for method in ("opsm", "ipo", "cfpo", "kimi15"):
         check(config(objective={"method": method}), "r.yaml", engine=engine)
     check(config(objective={"method": "cispo", "unified_mask": True}), "r.yaml", engine=engine)
+
+
+# ---- what an engine feeds: declared once per engine, every refusal derived -----------------------
+
+
+def refusal(cfg, engine: str) -> str | None:
+    """The engine's check of a run config: None when it passes, else its one-line message."""
+    try:
+        check(cfg, "r.yaml", engine=engine)
+    except ConfigError as e:
+        assert "\n" not in str(e)
+        return str(e)
+    return None
+
+
+@pytest.fixture
+def aggregations():
+    """Aggregations a test registers are removed afterwards (the config's closed lists re-read)."""
+    from clipbench.config.schema import choices
+    from clipbench.objectives import AGGREGATIONS
+
+    before = dict(AGGREGATIONS)
+    choices.cache_clear()
+    yield AGGREGATIONS
+    for name in set(AGGREGATIONS) - set(before):
+        del AGGREGATIONS[name]
+    choices.cache_clear()
+
+
+def test_a_new_aggregation_is_refused_by_the_engines_that_cannot_feed_it(aggregations):
+    """A new aggregation (registered here, named nowhere in engines/): verl has no counterpart in its
+    loss_agg_mode (it raised "Invalid loss_agg_mode" on verl's workers before), TRL and the built-in loop
+    run clipbench's aggregation; one that reads the prompt groups is refused by TRL too (its rows are
+    shuffled), and the built-in loop, which passes them, runs it."""
+    aggregations.register("half-token-mean", lambda token_loss, maskf, n: 0.5 * token_loss.sum() / n.tokens)
+    aggregations.register(
+        "half-prompt-mean", lambda token_loss, maskf, n: 0.5 * token_loss.sum() / n.prompts, needs_groups=True
+    )
+    plain, grouped = config(**{"train.agg": "half-token-mean"}), config(**{"train.agg": "half-prompt-mean"})
+    assert refusal(plain, "verl") == (
+        "r.yaml: train.agg: engine 'verl' cannot honour it: aggregation 'half-token-mean' has no counterpart in "
+        "verl 0.9.1's loss_agg_mode (it has token-mean, token-sum, seq-mean-token-mean, seq-mean-token-sum, "
+        "seq-mean-token-sum-norm)"
+    )
+    assert refusal(plain, "trl") is None and refusal(plain, "builtin") is None
+    assert refusal(grouped, "trl") == (
+        "r.yaml: train.agg: engine 'trl' cannot honour it: aggregation 'half-prompt-mean' reads each row's "
+        "prompt group, which TRL's loss call does not pass"
+    )
+    assert "'half-prompt-mean' has no counterpart" in refusal(grouped, "verl")
+    assert refusal(grouped, "builtin") is None
+    from clipbench.engines.keys import KEYS
+
+    assert "prompt-mean (reads prompt groups)" in KEYS["trl"]["train.agg"].describe()  # `clipbench engines`
+    assert "no counterpart: prompt-mean, half-token-mean, half-prompt-mean" in KEYS["verl"]["train.agg"].describe()
+
+
+PLUGIN_READS = """
+from clipbench.objectives import rule
+
+
+@rule("reads_reward", source="a test: a rule reading the sequence's reward")
+def reads_reward(r, A, reward):
+    \"\"\"-r*A*reward\"\"\"
+    return -r * A * reward
+
+
+@rule("reads_entropy", source="a test: a rule reading the token entropy")
+def reads_entropy(r, A, entropy):
+    \"\"\"-r*A*(1+entropy)\"\"\"
+    return -r * A * (1 + entropy)
+"""
+
+
+@pytest.mark.parametrize(
+    "rule, fed_by",
+    [("reads_reward", {"builtin"}), ("reads_entropy", {"builtin", "trl"})],
+)
+def test_a_plugin_rule_reading_an_input_an_engine_does_not_feed_is_refused_at_the_preflight(rule, fed_by, tmp_path):
+    """A plugin rule is judged by the given inputs it reads against what each engine declares it
+    passes (the built-in loop: every one; TRL: the entropy of its forward; verl: none): refused in one
+    line naming the key, the engine and the input, exit 2 and nothing written (clipbench train; clipbench
+    sweep --engine verl, which plans the runs' commands); the built-in loop's preflight passes."""
+    from typer.testing import CliRunner
+
+    from clipbench.cli import app
+    from clipbench.engines import preflight
+
+    plugin = tmp_path / "reads.py"
+    plugin.write_text(PLUGIN_READS)
+    cfg = config(plugins=[str(plugin)], objective={"name": rule})
+    what = {"reads_reward": "each sequence's reward (the input 'reward')", "reads_entropy": "(the input 'entropy')"}
+    for engine in ("builtin", "trl", "verl"):
+        why = refusal(cfg, engine)
+        assert (why is None) == (engine in fed_by), (engine, why)
+        if why is not None:
+            assert why.startswith(f"r.yaml: objective: engine '{engine}' cannot honour it: method '{rule}' reads ")
+            assert what[rule] in why and why.endswith("does not pass")
+    preflight(cfg, "r.yaml")  # the built-in loop: model, task, benchmarks and the plugin's own code too
+    runner, res = CliRunner(), tmp_path / "results"
+    over = [f"plugins=[{plugin}]", f"objective.name={rule}", "eval.benchmarks=[arith]"]
+    if "trl" not in fed_by:
+        r = runner.invoke(app, ["train", RECIPE, "engine=trl", *over, "--results-dir", str(res)])
+        assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.output
+        assert f"objective: engine 'trl' cannot honour it: method '{rule}' reads " in r.stderr
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(yaml.safe_dump({"name": "s", "base": RECIPE, "plugins": [str(plugin)], "grid": {"seed": [0]}}))
+    r = runner.invoke(
+        app, ["sweep", str(sweep), f"objective.name={rule}", "--engine", "verl", "--dry-run", "--results-dir", str(res)]
+    )
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.output
+    assert f"objective: engine 'verl' cannot honour it: method '{rule}' reads " in r.stderr
+    assert not res.exists()
+
+
+def test_a_new_rule_input_no_engine_feeds_is_refused_by_each(monkeypatch):
+    """A given rule input added to RuleInputs (here its declaration in objectives.inputs, as the field
+    would make it) that no engine declares it passes: a rule reading it is refused by every engine,
+    the built-in loop too, until the code that passes it is written and its engine declares it."""
+    from clipbench.objectives import METHODS, rule
+    from clipbench.objectives import inputs as rule_inputs
+
+    spec = {"doc": "(B, 1) a value per sequence", "keyword": "values", "kind": "rule", "shape": rule_inputs.SEQUENCE}
+    monkeypatch.setitem(rule_inputs.INPUTS, "value", spec["doc"])
+    monkeypatch.setitem(rule_inputs.GIVEN, "value", {**spec, "hint": "each sequence's value"})
+
+    @rule("reads_value", source="a test: a rule reading a new input")
+    def reads_value(r, A, value):
+        """-r*(A - value)"""
+        return -r * (A - value)
+
+    try:
+        cfg = config(objective={"name": "reads_value"})
+        for engine in ("builtin", "trl", "verl"):
+            assert refusal(cfg, engine).endswith(
+                f"objective: engine '{engine}' cannot honour it: method 'reads_value' reads each sequence's value "
+                "(the input 'value'), which "
+                + {"builtin": "the built-in loop", "trl": "TRL's loss call", "verl": "verl's policy-loss signature"}[
+                    engine
+                ]
+                + " does not pass"
+            )
+    finally:
+        del METHODS["reads_value"]
+
+
+def test_a_sweeps_preflight_checks_every_objective_against_the_engine():
+    """A sweep's preflight loads the model and task once per setting (its objectives share one) and
+    checks each objective against what the engine feeds: topr beside grpo on engine trl is refused
+    before the manifest is written."""
+    from clipbench.commands.sweep import preflight_runs
+
+    runs = [to_dict(config(engine="trl", objective={"name": m})) for m in ("grpo", "topr")]
+    with pytest.raises(ConfigError, match=r"objective: engine 'trl' cannot honour it: method 'topr' reads each"):
+        preflight_runs(runs)
+    preflight_runs(runs[:1])
+
+
+def test_each_engine_declares_what_it_feeds_in_one_place_and_the_engines_read_it():
+    """Each engine's one declaration (FEEDS): what the built-in loop declares it passes, it passes
+    (train/step.py's per-row inputs and the forward's entropy); the TRL and verl settings of a mapped
+    component are read from it (engines/trl.py grpo_args, engines/verl.py verl_overrides)."""
+    from clipbench.engines import ENGINES
+    from clipbench.engines.keys import FEEDS
+    from clipbench.integrations.feeds import GROUPS
+    from clipbench.objectives.inputs import GIVEN
+    from clipbench.train.step import ROW_INPUTS
+
+    assert set(FEEDS) == set(ENGINES) and all(ENGINES[name].feeds is FEEDS[name] for name in ENGINES)
+    fed = {name for name, given in GIVEN.items() if given["keyword"] in ROW_INPUTS} | {"entropy", GROUPS}
+    assert set(FEEDS["builtin"].passes) == fed  # every given input the loop fills, the forward's entropy
+    assert set(FEEDS["builtin"].passes) - {GROUPS} == set(GIVEN)
+    assert trl_settings(config(**{"train.advantage": "group_mean"}))["scale_rewards"] == "none"
+    assert trl_settings(config())["scale_rewards"] == "group"
 
 
 # ---- mapped entries are true -------------------------------------------------------------------

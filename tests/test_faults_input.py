@@ -185,7 +185,7 @@ def test_a_memory_error_in_a_run_is_one_line_and_the_same_command_resumes_it(tmp
     import clipbench.engines.launch as launch
     from clipbench.config import load_run_config
     from clipbench.errors import RunFailed
-    from clipbench.sweep.execute import classify
+    from clipbench.sweep.execute import Next, classify
 
     cfg = load_run_config(str(REPO / "recipes" / "arith_tiny.yaml"), [f"{k}={json.dumps(v)}" for k, v in TINY.items()])
 
@@ -201,7 +201,7 @@ def test_a_memory_error_in_a_run_is_one_line_and_the_same_command_resumes_it(tmp
     assert str(e.value).startswith("out of memory (MemoryError: ): this process's memory limit (`ulimit -v`")
     st = rd.status()
     assert st["state"] == "failed" and st["reason"] == "out-of-memory" and "traceback" not in st
-    assert classify(rd) == "start"  # not skipped like a failed run: the same command retries it
+    assert classify(rd) is Next.START  # not skipped like a failed run: the same command retries it
 
 
 def test_stale_temp_files_of_atomic_writes_are_removed_when_the_run_starts_again(tmp_path):

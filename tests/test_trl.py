@@ -240,13 +240,13 @@ def test_engine_trl_config_checks():
 
     check("trl.gradient_accumulation_steps=2", "trl.vllm_mode=server")
     for over, key, reason in [
-        ("train.advantage=rloo", "train.advantage", "no rloo advantage"),
+        ("train.advantage=rloo", "train.advantage", "advantage 'rloo' has no counterpart in TRL's scale_rewards"),
         ("train.dynamic_sampling=true", "train.dynamic_sampling", "no DAPO dynamic sampling"),
         ("trl.vlm_mode=server", "trl.vlm_mode", "not a GRPOConfig field (did you mean 'vllm_mode'?)"),
         ("trl.learning_rate=0.1", "trl.learning_rate", "clipbench sets it from the run config"),
         ("trl.gradient_accumulation_steps=3", "trl.gradient_accumulation_steps", "splits each mini-batch"),
-        ("train.agg=prompt-mean", "train.agg", "cannot tell their prompt groups"),
-        ("objective.method=topr", "objective", "no per-sequence reward"),
+        ("train.agg=prompt-mean", "train.agg", "reads each row's prompt group, which TRL's loss call does not pass"),
+        ("objective.method=topr", "objective", "reads each sequence's reward (the input 'reward')"),
         ("sampler.correction=icepop", "sampler.correction.name", "only with sampler.backend=vllm"),
     ]:
         with pytest.raises(ConfigError) as e:

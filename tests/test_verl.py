@@ -34,7 +34,9 @@ from verl.workers.config import ActorConfig  # noqa: E402
 
 import clipbench.integrations.verl as cbverl  # noqa: E402  (registers clipbench.* with verl)
 from clipbench.cli import app  # noqa: E402
-from clipbench.objectives import AGGREGATIONS, METHODS, policy_loss  # noqa: E402
+from clipbench.integrations.verl_settings import FEEDS  # noqa: E402
+from clipbench.objectives import METHODS, policy_loss  # noqa: E402
+from clipbench.objectives.inputs import GIVEN  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 get = core_algos.get_policy_loss_fn
@@ -90,8 +92,8 @@ def params_env(monkeypatch):
     return set_params
 
 
-VERL_AGGS = [a for a in AGGREGATIONS if a != "prompt-mean"]  # verl 0.9.1's loss_agg_mode values
-VERL_CANNOT = ("reward", "entropy", "rollout_logp")  # inputs verl's policy-loss signature does not pass
+VERL_AGGS = list(FEEDS.aggregations.of)  # verl 0.9.1's loss_agg_mode values, as the engine declares them
+VERL_CANNOT = set(GIVEN) - set(FEEDS.passes)  # the given inputs verl's policy-loss signature does not pass
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))

@@ -1,4 +1,5 @@
-"""`clipbench engines [--format rich|markdown]`: every engine, and how it treats every run-config key
+"""`clipbench engines [--format rich|markdown]`: every engine, what it feeds clipbench's loss (derived
+from its declaration, clipbench.engines.keys.FEEDS) and how it treats every run-config key
 (clipbench.engines.keys).
 
 A key an engine refuses fails the run's preflight when it is set to anything but its default (one
@@ -12,10 +13,20 @@ from rich.console import Console
 from rich.table import Table
 
 from clipbench.engines import ENGINES
-from clipbench.engines.keys import rows
+from clipbench.engines.keys import feeds_rows, rows
 from clipbench.errors import UserError, unknown_choice
 
 FORMATS = ("rich", "markdown")
+
+
+def feeds_table() -> Table:
+    table = Table(title="engines: what each feeds clipbench's loss", show_lines=False)
+    table.add_column("", overflow="fold")
+    for name in ENGINES:
+        table.add_column(name, overflow="fold")
+    for what, cells in feeds_rows():
+        table.add_row(what, *(cells[name] for name in ENGINES))
+    return table
 
 
 def engines_table() -> Table:
@@ -43,7 +54,23 @@ def engines_markdown() -> str:
         "",
     ]
     lines += [f"- `{e.name}`: {e.description}" for e in ENGINES.values()]
-    lines += ["", "| key | " + " | ".join(ENGINES) + " |", "|---" * (len(ENGINES) + 1) + "|"]
+    lines += [
+        "",
+        "## What each engine feeds clipbench's loss",
+        "",
+        "Derived from each engine's one declaration (`FEEDS`: `clipbench/engines/builtin.py`, "
+        "`clipbench/integrations/trl_settings.py`, `clipbench/integrations/verl_settings.py`; "
+        "`clipbench/integrations/feeds.py`) and the registries' metadata (the given inputs a rule reads, an "
+        "aggregation's needs_groups): a component an engine cannot feed, one registered later included, "
+        "is refused at the preflight in one line. Listed: the built-in components and what refuses them.",
+        "",
+        "| | " + " | ".join(ENGINES) + " |",
+        "|---" * (len(ENGINES) + 1) + "|",
+    ]
+    for what, cells in feeds_rows():
+        lines.append(f"| {what} | " + " | ".join(cell(cells[name]) for name in ENGINES) + " |")
+    lines += ["", "## How each engine treats each run-config key", ""]
+    lines += ["| key | " + " | ".join(ENGINES) + " |", "|---" * (len(ENGINES) + 1) + "|"]
     for key, support in rows():
         lines.append(f"| `{key}` | " + " | ".join(cell(support[name].describe()) for name in ENGINES) + " |")
     return "\n".join(lines) + "\n"
@@ -55,4 +82,6 @@ def engines_command(fmt: str = "rich", console: Console | None = None) -> None:
     if fmt == "markdown":
         print(engines_markdown(), end="")
         return
-    (console or Console()).print(engines_table())
+    console = console or Console()
+    console.print(feeds_table())
+    console.print(engines_table())

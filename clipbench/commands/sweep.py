@@ -31,11 +31,14 @@ from clipbench.config.labels import format_value, label
 from clipbench.config.stored import setting
 from clipbench.engines import (
     ENGINES,
+    check,  # the run's engine check (its keys, the components it can feed)
+    check_plugin_code,
     preflight,  # the run's engine checks, then model, task, benchmarks, memory
 )
 from clipbench.errors import PREEMPTED_EXIT, StoreError, UserError, stop_exit_code
 from clipbench.objectives import METHODS
 from clipbench.sweep.execute import (
+    Next,
     RunTask,
     checkpoint_step,
     classify,
@@ -148,7 +151,7 @@ def sweep_command(
             parent_run_id=parent,
         )
         for rid, cfg, point in runs
-        if states[rid] in ("resume", "start")
+        if states[rid].trains
     ]
     try:
         results, launcher_rc = execute(
@@ -229,12 +232,12 @@ def show_plan(
     return {"sweep": spec.name, "runs": list(mg.manifest["runs"]), "written": False}
 
 
-def start_line(sweep: str, n_runs: int, results_dir: Path, states: dict[str, str]) -> str:
-    counts = {s: sum(1 for v in states.values() if v == s) for s in ("finished", "failed", "resume", "start")}
+def start_line(sweep: str, n_runs: int, results_dir: Path, states: dict[str, Next]) -> str:
+    counts = {s: sum(1 for v in states.values() if v is s) for s in Next}
     return (
         f"sweep [bold]{sweep}[/]: {n_runs} runs -> {results_dir / sweep}  "
-        f"({counts['finished']} finished, {counts['resume']} to resume, {counts['start']} to start"
-        + (f", {counts['failed']} failed: skipped (rerun them with --retry-failed)" if counts["failed"] else "")
+        f"({counts[Next.FINISHED]} finished, {counts[Next.RESUME]} to resume, {counts[Next.START]} to start"
+        + (f", {counts[Next.FAILED]} failed: skipped (rerun them with --retry-failed)" if counts[Next.FAILED] else "")
         + ")"
     )
 
@@ -294,10 +297,10 @@ def finish(
     the state of every run of the sweep (`run_dirs`); exit 1 when a run failed in this invocation."""
     by_id = {r["run_id"]: r for r in results}
     final = {rid: classify(rd) for rid, rd in run_dirs.items()}
-    all_done = all(s == "finished" for s in final.values())
+    all_done = all(s is Next.FINISHED for s in final.values())
     failed = [r for r in results if r["outcome"] in ("failed", "crashed", "killed")]
     # failures the same command resumes (a memory limit, a killed worker): not "--retry-failed"
-    again = [r for r in failed if final.get(r["run_id"]) in ("resume", "start")]
+    again = [r for r in failed if r["run_id"] in final and final[r["run_id"]].trains]
     failed_skip = [r for r in failed if r not in again]
     disk_full = [r for r in results if r["outcome"] == "disk-full"]
     preempted = [r for r in results if r["outcome"] == "preempted"]
@@ -306,7 +309,7 @@ def finish(
     if results:
         err.print(summary_table(tasks, by_id))
     locked = [r for r in results if r["outcome"] == "locked"]
-    n_fin = sum(1 for s in final.values() if s == "finished")
+    n_fin = sum(1 for s in final.values() if s is Next.FINISHED)
     err.print(
         f"{n_fin}/{len(run_dirs)} runs finished"
         + (f"; {len(locked)} locked by another process" if locked else "")
@@ -382,6 +385,7 @@ def submitted_sweep(
     --json), or freeze and submit them."""
 
     mpath = manifest_path(results_dir, spec.name)
+    check_engine_runs(eng, [cfg for _, cfg, _ in manifest_runs(merge(existing, spec, exp).manifest)], spec.source)
     if dry_run or json_out:
         mg = merge(existing, spec, exp)
         warn(err, list(exp.warnings) + mg.warnings)
@@ -477,19 +481,41 @@ def check_writable_store(sweep_dir: Path) -> None:
 
 def preflight_runs(configs: list[dict]) -> None:
     """The trainer's preflight (model, task and benchmarks load) once per distinct setting of the
-    runs entering the manifest (seeds and objectives share one), before it is written; runs frozen
-    earlier were checked when they entered it."""
+    runs entering the manifest (seeds and objectives share one), before it is written, and for each
+    other objective of a setting what the objective changes: the engine's check (a rule reading an
+    input the engine does not feed) and a plugin rule's own code. Runs frozen earlier were checked
+    when they entered it."""
 
+    settings, runs = set(), set()
+    for cfg in configs:
+        run = _distinct(cfg, "seed", "name", "tracking")
+        if run in runs:
+            continue
+        runs.add(run)
+        setting = _distinct(cfg, "seed", "name", "objective", "tracking")
+        if setting not in settings:
+            settings.add(setting)
+            preflight(from_dict(cfg))
+        else:
+            check(from_dict(cfg))
+            check_plugin_code(from_dict(cfg))
+
+
+def check_engine_runs(eng: Engine, configs: list[dict], source: str | None) -> None:
+    """An engine launched apart: its check of every distinct run (seeds share one) before anything is
+    planned or written, one line naming the key, the engine and why (a component it cannot feed
+    would fail on its workers)."""
     seen = set()
     for cfg in configs:
-        key = json.dumps(
-            {k: v for k, v in cfg.items() if k not in ("seed", "name", "objective", "tracking")},
-            sort_keys=True,
-            default=str,
-        )
+        key = _distinct(cfg, "seed", "name", "tracking")
         if key not in seen:
             seen.add(key)
-            preflight(from_dict(cfg))
+            eng.check(from_dict(cfg), source)
+
+
+def _distinct(cfg: dict, *without: str) -> str:
+    """A run config without the keys `without`, as one comparable string."""
+    return json.dumps({k: v for k, v in cfg.items() if k not in without}, sort_keys=True, default=str)
 
 
 def _parent_run(spec: SweepSpec, runs, results_dir: Path, tracking_uri: str | None, mpath: Path):

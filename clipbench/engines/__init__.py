@@ -13,7 +13,8 @@ with one interface; nothing outside this package branches on an engine's name.
               (engines/verl.py; the losses in verl's registry: integrations/verl.py)
 
 An engine is a module (imported on first use, so `clipbench engines` imports no trainer) and one
-registration below: its keys table (engines/keys.py), and in its module either ``train(cfg, run_dir,
+registration below: its keys table (engines/keys.py), what its loss call feeds clipbench's loss
+(its one `FEEDS` declaration, collected in engines/keys.py), and in its module either ``train(cfg, run_dir,
 *, resume, sink, progress, dist, stop) -> summary`` (it trains inside a clipbench process: a run
 config's ``engine`` may name it) or ``check_can_launch``, ``plan_runs``, ``shell_line`` and
 ``submit`` (it is launched apart: ``clipbench sweep --engine NAME``), and optionally
@@ -31,7 +32,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from clipbench.engines.keys import KEYS, Support, refusals
+from clipbench.engines.keys import FEEDS, KEYS, Support, refusals
 from clipbench.errors import ConfigError, UserError, unknown_choice
 from clipbench.registry import Registry
 from clipbench.rollout import check_backend, check_sleep_mode, resolve_backend
@@ -55,6 +56,11 @@ class Engine:
     def keys(self) -> Mapping[str, Support]:
         """How it treats each run-config key (engines/keys.py)."""
         return KEYS[self.name]
+
+    @property
+    def feeds(self):
+        """What its loss call feeds clipbench's loss (its one declaration: integrations/feeds.py)."""
+        return FEEDS[self.name]
 
     @property
     def impl(self) -> ModuleType:
@@ -187,6 +193,7 @@ def check_plugin_code(cfg) -> None:
     # PLC0415, deferred: torch is heavy
     from clipbench.objectives import METHODS, RuleInputs, bind  # noqa: PLC0415
     from clipbench.objectives.corrections import NONE, apply_correction, get_correction  # noqa: PLC0415
+    from clipbench.objectives.inputs import GIVEN, TOKEN  # noqa: PLC0415
 
     g = torch.Generator().manual_seed(0)
     old = -torch.rand(4, 3, generator=g)  # (B, T)
@@ -194,16 +201,12 @@ def check_plugin_code(cfg) -> None:
     mask, A = torch.ones(4, 3), torch.tensor([1.0, -1.0, 0.5, -0.5])  # (B,)
     rule = cfg.objective
     if METHODS[rule.name].origin is not None:
+        given = {  # every given input (objectives.inputs.GIVEN), by its keyword: (B, T) or (B,)
+            spec["keyword"]: torch.rand(4, 3, generator=g) if spec["shape"] == TOKEN else torch.rand(4, generator=g)
+            for spec in GIVEN.values()
+        }
         every_input = RuleInputs.of(
-            logp=logp,
-            old_logp=old,
-            advantages=A,
-            mask=mask,
-            generator=g,
-            rewards=A,
-            entropy=torch.rand(4, 3, generator=g),
-            sampler_logp=old,
-            groups=torch.tensor([0, 0, 1, 1]),
+            logp=logp, old_logp=old, advantages=A, mask=mask, generator=g, groups=torch.tensor([0, 0, 1, 1]), **given
         )
         bind(rule.name, rule.params)(every_input).loss.backward()
     correction = cfg.sampler.correction
@@ -262,4 +265,14 @@ def train_run(
     return engine_of(cfg).train(cfg, run_dir, resume=resume, sink=sink, progress=progress, dist=dist, stop=stop)
 
 
-__all__ = ["ENGINES", "Engine", "KEYS", "RUN_ENGINES", "check", "engine_of", "preflight", "train_run"]
+__all__ = [
+    "ENGINES",
+    "Engine",
+    "KEYS",
+    "RUN_ENGINES",
+    "check",
+    "check_plugin_code",
+    "engine_of",
+    "preflight",
+    "train_run",
+]

@@ -5,6 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from clipbench.integrations.feeds import GROUPS, Feeds
+
+# What the loop feeds clipbench's loss (integrations/feeds.py): the given rule inputs of the rollout
+# (rewards and the sampler's log-probs: train/step.py StepInputs, filled by train/loop.py rule_inputs)
+# and of each micro-batch's own forward (the entropy: step.accumulate_gradients), each row's prompt
+# group; clipbench's own aggregation, correction and advantage code runs every registered one.
+FEEDS = Feeds("the built-in loop", passes=("reward", "entropy", "rollout_logp", GROUPS))
+
 
 def train(
     cfg,

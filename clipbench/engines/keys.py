@@ -3,6 +3,7 @@
     KEYS["trl"]["train.lr"]           -> mapped: GRPOConfig.learning_rate
     refusals(cfg, "trl")              -> [(key, reason)] for the keys the engine cannot honour as set
     rows()                            -> (key, {engine: Support}) for `clipbench engines` and the docs
+    feeds_rows()                      -> (what, {engine: text}): what each engine feeds clipbench's loss
 
 Kinds:
     honoured  the engine does what the key says (clipbench's own code runs it: task, evaluation, tracking)
@@ -12,6 +13,12 @@ Kinds:
               that changing the key changes the settings named, and only settings the entry mentions
     refused   the engine has no counterpart: any value other than the schema default is refused, so a
               key a user sets is never silently ignored; the reason says what the engine does instead
+
+A component key (config.schema.SLOTS: objective, sampler.correction, train.agg, train.advantage) is
+judged by what the engine feeds clipbench's loss (`FEEDS`, each engine's one declaration:
+integrations/feeds.py): its refusals and the facts `clipbench engines` shows are derived from that
+declaration and the registries' metadata, so a component registered later that the engine cannot
+feed is refused here, at the preflight, and never named in this file.
 
 Every leaf of the run config has an entry for every engine (tests/test_engines.py walks the schema).
 """
@@ -23,7 +30,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from clipbench.config.schema import EvalConfig, RunConfig, Slot, TaskConfig, TrackingConfig, leaf_keys, value_at
+from clipbench.config.schema import SLOTS, EvalConfig, RunConfig, TaskConfig, TrackingConfig, leaf_keys, value_at
+from clipbench.engines.builtin import FEEDS as BUILTIN_FEEDS
+from clipbench.integrations.feeds import Feeds
+from clipbench.integrations.trl_settings import FEEDS as TRL_FEEDS
+from clipbench.integrations.verl_settings import FEEDS as VERL_FEEDS
 
 # Every task.* key: both engines hand the whole task to clipbench's own loader and grader.
 TASK_KEYS = tuple(f.name for f in dataclasses.fields(TaskConfig))
@@ -40,11 +51,15 @@ class Support:
     detail: str = ""  # honoured: how; mapped: the engine's setting(s); refused: why
     refuse: Callable[[Any], bool] | None = None  # mapped/honoured: values with no counterpart
     why: str = ""  # ... and why they are refused
+    feeds: Feeds | None = None  # a component key: what the engine feeds clipbench's loss (judges its Slot)
+    slot: str = ""  # ... and the key's slot (config.schema.SLOTS)
 
     def problem(self, value: Any, default: Any) -> str | None:
         """Why `value` cannot run on this engine, or None."""
         if self.kind == "refused":
             return None if value == default else self.detail
+        if self.feeds is not None:
+            return self.feeds.refusal(self.slot, value.name, value.params)
         if self.refuse is not None and self.refuse(value):
             return self.why
         return None
@@ -57,7 +72,8 @@ class Support:
             text += f" ({self.detail})"
         if self.refuse is not None:
             text += f"; refused: {self.why}"
-        return text
+        derived = self.feeds.describe(self.slot) if self.feeds is not None and self.kind != "refused" else ""
+        return f"{text}; {derived}" if derived else text
 
 
 def honoured(how: str = "", *, refuse: Callable[[Any], bool] | None = None, why: str = "") -> Support:
@@ -73,35 +89,6 @@ def refused(why: str) -> Support:
 
 
 _OWN = "clipbench's own code runs it"
-
-
-def _reads(inputs: tuple[str, ...]) -> Callable[[Any], bool]:
-    """Refuse an objective whose rule reads one of `inputs` (an engine that cannot pass them)."""
-
-    def refuse(v: Any) -> bool:
-        from clipbench.objectives import METHODS  # noqa: PLC0415 - objectives pulls in torch
-
-        spec = METHODS.get(v.name)
-        return spec is not None and any(i in spec.inputs for i in inputs)
-
-    return refuse
-
-
-def trl_refuses_correction(v: Slot) -> bool:
-    """TRL 1.16's vllm_importance_sampling_mode: token/sequence x truncate (clip_min, clip_max) or mask."""
-    name, p = v.name, v.params
-    return not (name in ("none", "tis") or (name == "icepop" and p.get("weight", "rho") == "rho"))
-
-
-def verl_refuses_correction(v: Slot) -> bool:
-    """verl 0.9.1's algorithm.rollout_correction: rollout_is (TIS: one threshold; IcePop: 'lo_hi' with
-    lo > 0) and rollout_rs (the KL-estimator rejection)."""
-    name, p = v.name, v.params
-    return not (
-        name in ("none", "kl_rs")
-        or (name == "tis" and p.get("floor", 0.0) == 0.0)
-        or (name == "icepop" and p.get("weight", "rho") == "rho" and p.get("low", 0.5) > 0)
-    )
 
 
 _TASK = "clipbench builds the task: prompts, reward, held-out split"
@@ -153,9 +140,6 @@ TRL: dict[str, Support] = {
         "token_truncate, sequence_truncate with clip_min = floor, clip_max = cap; icepop: "
         "token_mask, sequence_mask with clip_min = low, clip_max = high; none: no correction; "
         "TRL's ratio has no +-20 clamp, which only moves weights below e^-20)",
-        refuse=trl_refuses_correction,
-        why="TRL 1.16 corrects with truncated or masked importance sampling only (tis, "
-        "icepop with weight=rho): no sequence masks, veto, KL rejection or VACO's TV mask",
     ),
     "train.steps": mapped(G + "max_steps = steps x mini_batches x epochs"),
     "train.prompts_per_step": mapped(
@@ -173,16 +157,8 @@ TRL: dict[str, Support] = {
     "train.betas": mapped(G + "adam_beta1, adam_beta2"),
     "train.warmup_steps": mapped(G + "warmup_steps (and lr_scheduler_type: constant_with_warmup when > 0)"),
     "train.lr_schedule": mapped(G + "lr_scheduler_type"),
-    "train.advantage": mapped(
-        G + "scale_rewards (group: 'group', group_mean: 'none')",
-        refuse=lambda v: v.name == "rloo",
-        why="TRL's GRPOTrainer has no rloo advantage",
-    ),
-    "train.agg": honoured(
-        "ClipbenchGRPOTrainer(agg=...): clipbench's aggregation is TRL's loss",
-        refuse=lambda v: v.name == "prompt-mean",
-        why="TRL shuffles a generation batch's rows, so its loss cannot tell their prompt groups",
-    ),
+    "train.advantage": mapped(G + "scale_rewards (group: 'group', group_mean: 'none')"),
+    "train.agg": honoured("ClipbenchGRPOTrainer(agg=...): clipbench's aggregation is TRL's loss"),
     "train.beta": mapped(G + "beta"),
     "train.grad_clip": mapped(G + "max_grad_norm (0: no clipping in both)"),
     "model.routing_replay": refused("TRL's GRPOTrainer has no routing replay; use engine builtin"),
@@ -229,9 +205,7 @@ TRL: dict[str, Support] = {
     ),
     "objective": honoured(
         "the rule is TRL's loss (ClipbenchGRPOTrainer); a rule's mini-batch statistic (bapo, "
-        "m2po) is computed per TRL micro-batch, as the rules' sources do",
-        refuse=_reads(("reward", "rollout_logp")),
-        why="TRL's loss inputs carry no per-sequence reward (topr) and no sampler log-probs (rollout_is)",
+        "m2po) is computed per TRL micro-batch, as the rules' sources do"
     ),
 }
 
@@ -273,10 +247,6 @@ VERL: dict[str, Support] = {
         "rollout_is_threshold (tis: level, cap; icepop: level, 'low_high'; kl_rs: "
         "algorithm.rollout_correction.rollout_rs, rollout_rs_threshold: <level>_<estimator>, "
         "'low_high' or max_kl); verl floors a token's weight at e^-20",
-        refuse=verl_refuses_correction,
-        why="verl 0.9.1 has no floor for truncated IS, no weight=one or low=0 for IcePop, and "
-        "its sequence masks drop tokens from the denominators (geo_mask and veto keep "
-        "them; use kl_rs with estimator=k1, level=seq_mean for verl's Geo-RS); no TV mask (vaco)",
     ),
     "train.steps": mapped("trainer.total_training_steps"),
     "train.prompts_per_step": mapped(
@@ -290,9 +260,7 @@ VERL: dict[str, Support] = {
     "train.warmup_steps": mapped(A + "optim.lr_warmup_steps"),
     "train.lr_schedule": mapped(A + "optim.lr_scheduler_type"),
     "train.advantage": mapped("algorithm.adv_estimator, algorithm.norm_adv_by_std_in_grpo"),
-    "train.agg": mapped(
-        A + "loss_agg_mode", refuse=lambda v: v.name == "prompt-mean", why="verl 0.9.1 has no prompt-mean aggregation"
-    ),
+    "train.agg": mapped(A + "loss_agg_mode"),
     "train.beta": mapped(A + "use_kl_loss, " + A + "kl_loss_coef (kl_loss_type=low_var_kl: k3)"),
     "train.grad_clip": mapped(A + "grad_clip"),
     "model.routing_replay": refused(
@@ -359,13 +327,25 @@ VERL: dict[str, Support] = {
         "same: clip_ratio_low, clip_ratio_high, clip_ratio_c, clip_ratio (cfpo's eps), tau_pos, tau_neg, dro_beta, "
         "clip_cov_ratio, clip_cov_lb, clip_cov_ub, kl_cov_ratio, ppo_kl_coef; a rule's mini-batch "
         "statistic per verl micro-batch, as the rules' sources do)",
-        refuse=_reads(("reward", "entropy", "rollout_logp")),
-        why="verl's policy-loss signature passes neither the sequence reward (topr), the token entropy (aspo) "
-        "nor the sampler's log-probs (rollout_is)",
     ),
 }
 
-KEYS: dict[str, dict[str, Support]] = {"builtin": BUILTIN, "trl": TRL, "verl": VERL}
+# What each engine feeds clipbench's loss: its one declaration (integrations/feeds.py), beside its loss call.
+FEEDS: dict[str, Feeds] = {"builtin": BUILTIN_FEEDS, "trl": TRL_FEEDS, "verl": VERL_FEEDS}
+
+
+def _judged(table: dict[str, Support], feeds: Feeds) -> dict[str, Support]:
+    """The table with each component key (config.schema.SLOTS) judged by what the engine feeds."""
+    slot_of = {decl.key: decl.slot for decl in SLOTS.values()}
+    return {
+        key: dataclasses.replace(support, feeds=feeds, slot=slot_of[key]) if key in slot_of else support
+        for key, support in table.items()
+    }
+
+
+KEYS: dict[str, dict[str, Support]] = {
+    name: _judged(table, FEEDS[name]) for name, table in (("builtin", BUILTIN), ("trl", TRL), ("verl", VERL))
+}
 
 
 def refusals(cfg: RunConfig, engine: str) -> list[tuple[str, str]]:
@@ -392,3 +372,23 @@ def rows() -> list[tuple[str, dict[str, Support]]]:
     """One row per run-config key: {engine: how it treats the key} (objective: every engine runs
     clipbench's own rule)."""
     return [(key, {name: table[key] for name, table in KEYS.items()}) for key in leaf_keys()]
+
+
+def feeds_rows() -> list[tuple[str, dict[str, str]]]:
+    """What each engine feeds clipbench's loss, derived from its declaration (`FEEDS`) and the
+    registries: the loss call, what it passes, and per component slot clipbench's own code or the
+    engine's counterparts (what it has, what it refuses)."""
+    out = [
+        ("loss call", {name: feeds.call for name, feeds in FEEDS.items()}),
+        ("passes (given rule inputs, prompt groups)", {name: feeds.passes_line() for name, feeds in FEEDS.items()}),
+    ]
+    for decl in SLOTS.values():
+        cells = {}
+        for name, feeds in FEEDS.items():
+            mapped = feeds.mapped(decl.slot)
+            whose = "clipbench's own" if mapped is None else mapped.setting
+            derived = feeds.describe(decl.slot)
+            sep = "; " if mapped is None else ": "  # clipbench's own; refused: ... | the engine's: has ...
+            cells[name] = f"{whose}{sep}{derived}" if derived else f"{whose}: every registered one"
+        out.append((f"{decl.key} ({decl.noun}s)", cells))
+    return out

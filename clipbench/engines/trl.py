@@ -34,7 +34,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
@@ -44,19 +43,18 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from clipbench.config import run_id, to_dict
 from clipbench.config.schema import Slot
 from clipbench.errors import ConfigError, UserError, did_you_mean
 from clipbench.eval.suite import eval_suite, run_eval
+from clipbench.integrations.trl_settings import FEEDS
 from clipbench.models import compute_dtype, load_model_and_tokenizer, resolve_model_name
 from clipbench.objectives import CELLS
 from clipbench.objectives.corrections import NONE
 from clipbench.rollout import build_sampler, resolve_backend
 from clipbench.tasks import build_run_task
 from clipbench.tracking.files import atomic_write_json, read_json
-from clipbench.tracking.mirror import run_params
-from clipbench.tracking.provenance import provenance_params, record_start
 from clipbench.tracking.records import record_steps
+from clipbench.tracking.run_entry import run_finished, run_started, run_summary
 from clipbench.tracking.sink import NullSink
 from clipbench.tracking.store import RunDir, RunState
 from clipbench.train.checkpoint import find_checkpoint, install_checkpoint
@@ -105,27 +103,13 @@ DERIVED = (
     "epsilon",
     "epsilon_high",
 )
-# sampler.correction -> TRL's vllm_importance_sampling_mode (engines.keys refuses what has no counterpart)
-MODES = {
-    ("tis", "token"): "token_truncate",
-    ("tis", "sequence"): "sequence_truncate",
-    ("icepop", "token"): "token_mask",
-    ("icepop", "sequence"): "sequence_mask",
-}
 
 
 def correction_args(correction: Slot) -> dict:
-    """GRPOConfig's vllm_importance_sampling_* fields of a (validated) sampler.correction."""
-    name, c = correction.name, correction.params
-    if name == "none":
-        return {"vllm_importance_sampling_correction": False}
-    low, high = (c["floor"], c["cap"]) if name == "tis" else (c["low"], c["high"])
-    return {
-        "vllm_importance_sampling_correction": True,
-        "vllm_importance_sampling_mode": MODES[name, c["level"]],
-        "vllm_importance_sampling_clip_min": low if low > 0 else None,
-        "vllm_importance_sampling_clip_max": high,
-    }
+    """GRPOConfig's vllm_importance_sampling_* fields of a (validated) sampler.correction: its
+    counterpart in what TRL's loss call is fed (integrations/trl_settings.py; the preflight refuses the
+    others)."""
+    return FEEDS.settings("correction", correction)
 
 
 def _grpo_fields() -> list[str]:
@@ -213,7 +197,7 @@ def grpo_args(cfg, run_dir: Path, *, world_size: int):
         max_grad_norm=tc.grad_clip,
         router_aux_loss_coef=tc.router_aux_loss_coef,
         beta=tc.beta,
-        scale_rewards="group" if tc.advantage.name == "group" else "none",
+        **FEEDS.settings("advantage", tc.advantage),  # scale_rewards
         logging_steps=1,
         save_strategy="steps",
         save_steps=tc.checkpoint_every * per_rollout,
@@ -439,8 +423,7 @@ def _prepare_run_dir(rd, *, resume: bool, main: bool) -> tuple[Path | None, dict
     if ckpt and state.get("engine") != "trl":
         raise UserError(f"{ckpt}: a checkpoint of engine '{state.get('engine', 'builtin')}', not 'trl'")
     if main and not resume:
-        for p in (rd.metrics_path, rd.hist_path.parent, rd.path / "eval", rd.path / "checkpoints", rd.path / "record"):
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        rd.clear_generated()
     if main and ckpt:
         rd.truncate_after(state["step"])
     rd.checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -474,7 +457,8 @@ def run_trl(
     problems = list(task.train_problems())
     dataset = Dataset.from_dict({"prompt": [p.prompt for p in problems], "problem": list(range(len(problems)))})
     suite = eval_suite(cfg, task) if cfg.eval.benchmarks else {}
-    args = grpo_args(cfg, rd.path, world_size=int(os.environ.get("WORLD_SIZE", "1")))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))  # accelerate's / torchrun's processes
+    args = grpo_args(cfg, rd.path, world_size=world_size)
     rule = cfg.objective
     callback = StoreCallback(cfg, rd, sink=sink, progress=progress, suite=suite, tokenizer=tok)
     trainer = ClipbenchGRPOTrainer(
@@ -493,29 +477,18 @@ def run_trl(
     callback.trainer = trainer
     for cb in (PrinterCallback, ProgressCallback):  # clipbench reports progress itself
         trainer.remove_callback(cb)
-    backend = "vllm" if args.use_vllm else "hf"
     if main:
-        rd.write_config(to_dict(cfg))
-        rd.set_status(
-            RunState.RUNNING,
-            run_id=run_id(cfg),
-            step=state["step"],
-            steps=cfg.train.steps,
-            backend=backend,
-            engine="trl",
-            started=rd.status().get("started", time.time()),
-        )
-        sink.log_params(run_params(to_dict(cfg), backend))
-        starts = record_start(
+        run_started(  # config, status running, provenance, the sink's params
+            cfg,
             rd,
-            cfg.model.name,
+            sink,
             engine="trl",
-            world_size=int(os.environ.get("WORLD_SIZE", "1")),
+            backend="vllm" if args.use_vllm else "hf",
+            world_size=world_size,
             device=resolve_device(cfg.model.device),
             step=state["step"],
             fresh=ckpt is None,
         )
-        sink.log_params(provenance_params(starts))  # machine, software, base-model sha256
 
     trainer.train(resume_from_checkpoint=str(ckpt / "model") if ckpt else None)
 
@@ -524,23 +497,9 @@ def run_trl(
         final = callback.evaluate(cfg.train.steps, trainer.model)
     _barrier()
     if main:
-        sink.log_artifact(rd.config_path)
-        if rd.hist_path.exists():
-            sink.log_artifact(rd.hist_path, "hist")
-        rd.set_status(
-            RunState.FINISHED,
-            step=cfg.train.steps,
-            finished=time.time(),
-            **({"records": record_steps(rd.path)} if cfg.train.record.every else {}),
-        )
+        run_finished(cfg, rd, sink, **({"records": record_steps(rd.path)} if cfg.train.record.every else {}))
         shutil.rmtree(args.output_dir, ignore_errors=True)  # TRL's own dir: its checkpoints were moved out
     del trainer
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return {
-        "run_id": run_id(cfg),
-        "run_dir": str(rd.path),
-        "steps": cfg.train.steps,
-        **final,
-        "last": {k: v for k, v in callback.last.items() if isinstance(v, (int, float))},
-    }
+    return run_summary(cfg, rd, final, callback.last)

@@ -45,6 +45,7 @@ from clipbench.config.schema import Slot
 from clipbench.errors import UserError
 from clipbench.eval.suite import eval_suite
 from clipbench.integrations.verl_settings import (
+    FEEDS,
     MODULE,
     PARAMS_ENV,
     PLUGINS_ENV,
@@ -58,7 +59,6 @@ from clipbench.tasks.benchmarks import ARITH_SPLITS
 
 A, R, REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
 _PLAIN = re.compile(r"[A-Za-z_/.~][A-Za-z0-9_./:@+~-]*")
-ADV = {"group": "grpo", "group_mean": "grpo", "rloo": "rloo"}
 
 
 def _hydra_value(v: Any) -> str:
@@ -145,21 +145,11 @@ def record_env(run: RunConfig, run_dir: Path) -> dict[str, str]:
     return {RECORD_DIR_ENV: str(Path(run_dir) / "record"), RECORD_MAX_MB_ENV: str(rec.max_mb)}
 
 
-RC = "algorithm.rollout_correction."
-
-
 def correction_overrides(correction: Slot) -> dict[str, Any]:
-    """verl's algorithm.rollout_correction of a (validated) sampler.correction (engines.keys refuses
-    what has no counterpart); verl 0.9.1 computes the rollout log-probs by default."""
-    name, c = correction.name, correction.params
-    if name == "tis":
-        return {RC + "rollout_is": c["level"], RC + "rollout_is_threshold": c["cap"]}
-    if name == "icepop":
-        return {RC + "rollout_is": c["level"], RC + "rollout_is_threshold": f"{c['low']!r}_{c['high']!r}"}
-    if name == "kl_rs":
-        threshold = f"{c['low']!r}_{c['high']!r}" if c["estimator"] == "k1" else c["max_kl"]
-        return {RC + "rollout_rs": f"{c['level']}_{c['estimator']}", RC + "rollout_rs_threshold": threshold}
-    return {}
+    """verl's algorithm.rollout_correction of a (validated) sampler.correction: its counterpart in what
+    verl's loss call is fed (integrations/verl_settings.py; the preflight refuses the others); verl
+    0.9.1 computes the rollout log-probs by default."""
+    return FEEDS.settings("correction", correction)
 
 
 def verl_overrides(
@@ -186,8 +176,7 @@ def verl_overrides(
     model = resolve_model_name(run.model.name)
     dtype = dtype_name(compute_dtype(run.model.dtype, "cuda", bf16_supported=True))  # verl runs on GPUs
     o: dict[str, Any] = {
-        "algorithm.adv_estimator": ADV[tc.advantage.name],
-        "algorithm.norm_adv_by_std_in_grpo": tc.advantage.name == "group",
+        **FEEDS.settings("advantage", tc.advantage),  # algorithm.adv_estimator, norm_adv_by_std_in_grpo
         "algorithm.use_kl_in_reward": False,
         "data.train_files": str(data[0]),
         "data.val_files": str(data[1]),
@@ -201,7 +190,7 @@ def verl_overrides(
         f"{R}.dtype": dtype,
         f"{R}.free_cache_engine": sc.sleep_mode,
         f"{A}.policy_loss.loss_mode": f"clipbench.{rule.name}",
-        f"{A}.loss_agg_mode": tc.agg.name,
+        **FEEDS.settings("aggregation", tc.agg),  # actor.loss_agg_mode
         f"{A}.loss_scale_factor": sc.max_new_tokens,
         f"{A}.ppo_mini_batch_size": P // M,
         f"{A}.ppo_epochs": tc.epochs,

@@ -40,11 +40,12 @@ Design choices:
   sequence-level ratio, `delta`). vLLM's truncated importance-sampling weights
   (`vllm_importance_sampling_correction`) multiply the rule's per-token loss as in TRL; the KL term
   (beta > 0) is clipbench's k3, as TRL's (times the token ratio with `use_bias_correction_kl`).
-* Rules reading the token entropy (aspo) get TRL's entropies of the same forward; rules with a
-  mini-batch statistic (bapo, m2po) compute it per micro-batch, as their sources do. A rule reading
-  the sequence reward (topr) or the sampler's log-probs (rollout_is) and the prompt-mean aggregation
-  are refused: TRL's loss inputs carry neither and its shuffled rows no prompt group. token-sum is multiplied by the process count
-  (DDP averages), as verl's. TRL's masked importance sampling (token_mask, sequence_mask) zeroes
+* What the loss call passes is declared once (`integrations/trl_settings.py: FEEDS`): rules reading
+  the token entropy (aspo) get TRL's entropies of the same forward; a rule reading a given input it
+  does not pass (topr's sequence reward, rollout_is's sampler log-probs) and an aggregation reading
+  each row's prompt group (TRL's rows are shuffled) are refused by it in one line, here and at the
+  engine's preflight. Rules with a mini-batch statistic (bapo, m2po) compute it per micro-batch, as
+  their sources do. token-sum is multiplied by the process count (DDP averages), as verl's. TRL's masked importance sampling (token_mask, sequence_mask) zeroes
   weights: those tokens are counted per cell as masked (`correction/<cell>/masked`).
 * NSR's coin flips come from a generator seeded by (args.seed, optimizer step, micro-batch, rank):
   no global RNG is touched, so TRL's own sampling stream is the same as with its built-in losses.
@@ -62,6 +63,7 @@ from trl import GRPOTrainer
 
 from clipbench.config.schema import RecordConfig  # train.record.max_mb's default: the schema's
 from clipbench.integrations.record import LossRecorder
+from clipbench.integrations.trl_settings import FEEDS
 from clipbench.objectives import (
     AGGREGATIONS,
     METHODS,
@@ -73,7 +75,7 @@ from clipbench.objectives import (
     log_ratio_histogram,
 )
 from clipbench.objectives.corrections import KEPT, MASKED
-from clipbench.objectives.inputs import GIVEN, Counts, RuleInputs
+from clipbench.objectives.inputs import Counts, RuleInputs
 from clipbench.objectives.loss import bind
 from clipbench.seeds import derive_seed as _seed  # the one seed derivation
 
@@ -88,8 +90,6 @@ AGG_OF_LOSS_TYPE = {
     "dr_grpo": "seq-mean-token-sum-norm",
     "luspo": "seq-mean-token-sum",
 }
-# The given rule inputs (objectives.inputs.GIVEN) TRL's loss has: the entropy of its own forward.
-TRL_INPUTS = ("entropy",)
 # Inputs of TRL's forward besides ids and mask (multimodal models), passed through unchanged.
 _FORWARD_KEYS = (
     "pixel_values",
@@ -163,13 +163,9 @@ class ClipbenchGRPOTrainer(GRPOTrainer):
         if method not in METHODS:
             raise ValueError(f"unknown clipbench method {method!r}; valid: {', '.join(sorted(METHODS))}")
         bound = bind(method, dict(params or {}))  # looked up and validated once, before TRL loads anything
-        for name in bound.reads:
-            if name not in TRL_INPUTS:
-                raise ValueError(f"method {method!r} reads {GIVEN[name]['hint']}, which TRL's loss inputs do not carry")
-        if agg == "prompt-mean":
-            raise ValueError(
-                "agg='prompt-mean' needs each row's prompt group, which TRL's shuffled batch does not keep"
-            )
+        for slot, name in (("objective", method), ("aggregation", agg)):  # what TRL's loss call cannot feed
+            if name is not None and (why := FEEDS.refusal(slot, name)):
+                raise ValueError(why)
         self.clipbench_method = method
         self.clipbench_params = bound.params
         super().__init__(*args, **kwargs)

@@ -41,8 +41,9 @@ Design choices:
   (and gradient masses) are reported per valid token of the micro-batch: `actor/clipbench/{cell}/{count}`,
   `actor/clipbench/clip_events`, plus `actor/clipbench/ratio/{mean,max,min}` and `approx_kl`, and
   verl's own `actor/pg_clipfrac` (zero-gradient tokens with A != 0) and `actor/ppo_kl`.
-* Rules reading the sequence reward (topr), the token entropy (aspo) or the sampler's log-probs
-  (rollout_is) are refused at their first call: verl's policy-loss signature passes none of them. A rule's mini-batch statistic (bapo, m2po) is
+* What verl's call passes is declared once (`verl_settings.FEEDS`: no given rule input): a rule
+  reading one (topr's sequence reward, aspo's entropy, rollout_is's sampler log-probs) is refused by
+  it at the preflight, and at its first call here. A rule's mini-batch statistic (bapo, m2po) is
   computed per call (verl's micro-batch), as its sources do.
 * NSR's coin flips: a torch.Generator per call seeded from (actor.data_loader_seed, rank, call
   number in this process); verl's global RNG is untouched.
@@ -64,9 +65,16 @@ import torch
 import torch.distributed as dist
 
 from clipbench.integrations.record import LossRecorder
-from clipbench.integrations.verl_settings import PARAMS_ENV, PLUGINS_ENV, RECORD_DIR_ENV, RECORD_MAX_MB_ENV, VERL_FIELDS
+from clipbench.integrations.verl_settings import (
+    FEEDS,
+    PARAMS_ENV,
+    PLUGINS_ENV,
+    RECORD_DIR_ENV,
+    RECORD_MAX_MB_ENV,
+    VERL_FIELDS,
+)
 from clipbench.objectives import METHODS
-from clipbench.objectives.inputs import GIVEN, RuleInputs
+from clipbench.objectives.inputs import RuleInputs
 from clipbench.objectives.loss import BoundRule, bind
 from clipbench.objectives.plugins import load_plugins
 from clipbench.seeds import derive_seed as _seed  # the one seed derivation
@@ -160,11 +168,8 @@ def make_loss_fn(method: str):
         from verl.trainer.ppo.core_algos import agg_loss  # noqa: PLC0415 - optional: verl
 
         bound = bound_rule(method, config)
-        if bound.reads:  # verl's signature passes none of the given rule inputs (rewards, entropy, sampler_logp)
-            raise ValueError(
-                f"clipbench.{method} reads {GIVEN[bound.reads[0]]['hint']}, which verl's policy-loss "
-                "signature does not pass"
-            )
+        if why := FEEDS.refusal("objective", method):  # a given input verl's signature does not pass
+            raise ValueError(f"clipbench.{method}: {why}")
         params = bound.params
         maskf = response_mask.to(torch.float32)  # (B, T)
         adv = sequence_advantages(advantages.to(torch.float32), maskf)  # (B,)

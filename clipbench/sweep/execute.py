@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
+from enum import Enum
 from multiprocessing import resource_tracker
 from pathlib import Path
 
@@ -126,16 +127,31 @@ def checkpoint_step(rd: RunDir) -> int | None:
 RETRIED = ("disk-full", "out-of-memory", "worker-killed")  # failures the same command retries (resumes)
 
 
-def classify(rd: RunDir, retry_failed: bool = False) -> str:
-    """'finished' | 'failed' (to skip) | 'resume' | 'start' -- from the store alone. A run that a
-    full disk, a memory limit or a killed worker stopped is not skipped: the same command resumes it."""
+class Next(str, Enum):
+    """What a sweep does next with one of its runs (`classify`): skip it, finished or failed (its
+    RunState, by the same name), or train it, resuming from a checkpoint or from the start. A str, so
+    it prints and serialises as its plain name."""
+
+    FINISHED = RunState.FINISHED.value  # skipped
+    FAILED = RunState.FAILED.value  # skipped (--retry-failed trains it again)
+    RESUME = "resume"
+    START = "start"
+
+    @property
+    def trains(self) -> bool:
+        return self in (Next.RESUME, Next.START)
+
+
+def classify(rd: RunDir, retry_failed: bool = False) -> Next:
+    """What to do with a run, from the store alone. A run that a full disk, a memory limit or a killed
+    worker stopped is not skipped: the same command resumes it."""
     status = rd.status()
     state = RunState(status.get("state", RunState.PENDING.value))
     if state is RunState.FINISHED:
-        return "finished"
+        return Next.FINISHED
     if state is RunState.FAILED and not retry_failed and status.get("reason") not in RETRIED:
-        return "failed"
-    return "resume" if checkpoint_step(rd) is not None or has_checkpoint_dir(rd.checkpoint_dir) else "start"
+        return Next.FAILED
+    return Next.RESUME if checkpoint_step(rd) is not None or has_checkpoint_dir(rd.checkpoint_dir) else Next.START
 
 
 def _outcome(task: RunTask, outcome: str, t0: float, **extra) -> dict:
@@ -199,9 +215,9 @@ def _run_one(task: RunTask, t0: float, *, progress, on_start) -> dict:
         if not got:
             return _outcome(task, "locked", t0)
         action = classify(rd, task.retry_failed)  # re-read under the lock: another process may have finished it
-        if action == "finished":
+        if action is Next.FINISHED:
             return _outcome(task, "skipped", t0)
-        if action == "failed":
+        if action is Next.FAILED:
             return _outcome(task, "failed-skipped", t0, error=rd.status().get("error"))
 
         if task.threads:
@@ -210,10 +226,10 @@ def _run_one(task: RunTask, t0: float, *, progress, on_start) -> dict:
 
         cfg = task.config
         from_step = checkpoint_step(rd)
-        resume = action == "resume"  # also a damaged checkpoint: the run says so and sets it aside
+        resume = action is Next.RESUME  # also a damaged checkpoint: the run says so and sets it aside
         rd.start_attempt(sweep=task.sweep, resumed_from=from_step, pid=os.getpid())
         if on_start:
-            on_start(task.run_id, cfg.train.steps, "resume" if resume else "start")
+            on_start(task.run_id, cfg.train.steps, action.value)
         n = cfg.launch.nproc_per_node
         if n > 1:
             manifest = str(Path(task.results_dir) / task.sweep / "manifest.json")

@@ -203,6 +203,18 @@ class RunDir:
         for tmp in self.path.rglob(".*.tmp"):
             tmp.unlink(missing_ok=True)
 
+    def clear_generated(self) -> None:
+        """What a start from step 0 owns and writes again: metrics, histograms, evaluations,
+        checkpoints and records (the config, status and provenance are rewritten by the start)."""
+        for p in (
+            self.metrics_path,
+            self.hist_path.parent,
+            self.path / "eval",
+            self.checkpoint_dir.parent,
+            self.path / "record",
+        ):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
     def update_status(self, **extra: Any) -> None:
         """Fields added to status.json, its state kept."""
         self.set_status(self.state, **extra)

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from clipbench.config import RunConfig, run_id, to_dict
+from clipbench.config import RunConfig, run_id
 from clipbench.errors import RunFailed, UserError
 from clipbench.eval.evaluate import Shard
 from clipbench.eval.suite import eval_suite, run_eval
@@ -57,8 +56,7 @@ from clipbench.objectives.corrections import NONE, apply_correction, is_batch_me
 from clipbench.rollout import build_sampler, resolve_backend
 from clipbench.seeds import generator
 from clipbench.tasks import build_run_task
-from clipbench.tracking.mirror import run_params
-from clipbench.tracking.provenance import provenance_params, record_start
+from clipbench.tracking.run_entry import run_finished, run_started, run_summary
 from clipbench.tracking.sink import MetricSink, NullSink
 from clipbench.tracking.store import RunDir, RunState
 from clipbench.train.batch import RolloutBatch, collect_rollout
@@ -142,7 +140,7 @@ def prepare_run_dir(rd: RunDir, dist: Dist, resume: bool, cfg: RunConfig) -> tup
     dist.barrier()
     ckpt = find_checkpoint(rd.checkpoint_dir) if resume else None
     if dist.main and ckpt is None:  # a start from step 0 owns the directory's generated files
-        clear_run_files(rd)
+        rd.clear_generated()
     dist.barrier()
     if notes:
         where = (
@@ -152,11 +150,6 @@ def prepare_run_dir(rd: RunDir, dist: Dist, resume: bool, cfg: RunConfig) -> tup
         )
         notes.append(f"the run {where}")
     return ckpt, notes
-
-
-def clear_run_files(rd: RunDir) -> None:
-    for p in (rd.metrics_path, rd.hist_path.parent, rd.path / "eval", rd.path / "checkpoints", rd.path / "record"):
-        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
 
 def setup(
@@ -188,7 +181,7 @@ def setup(
             ]
             ckpt, state, partial = None, {"step": 0, "opt_step": 0, "skipped_nonfinite": 0}, None
             if dist.main:
-                clear_run_files(rd)
+                rd.clear_generated()
             dist.barrier()
             model, ref_model, tok = build_models(cfg, dist, dtype)  # the failed load may have filled some tensors
             optimizer, scheduler = build_optimizer(model, cfg.train)
@@ -232,29 +225,19 @@ def setup(
         if ckpt is not None:  # a mid-step checkpoint keeps that step's logged optimizer steps
             notes += restore_logs(rd, ckpt)
             rd.truncate_after(state["step"], opt_step=state["opt_step"] if partial else None)
-        rd.write_config(to_dict(cfg))
-        rd.set_status(
-            RunState.RUNNING,
-            drop=() if notes else ("checkpoint_notes",),
-            run_id=run_id(cfg),
-            step=state["step"],
-            steps=cfg.train.steps,
-            backend=backend,
-            world_size=dist.world,
-            started=rd.status().get("started", time.time()),
-            **({"checkpoint_notes": notes, "resumed_from": state["step"] if ckpt else None} if notes else {}),
-        )
-        sink.log_params(run_params(to_dict(cfg), backend))  # config + effective clip bounds (rule.*)
-        starts = record_start(
+        run_started(  # config, status running, provenance, the sink's params
+            cfg,
             rd,
-            cfg.model.name,
+            sink,
             engine="builtin",
+            backend=backend,
             world_size=dist.world,
             device=dist.device,
             step=state["step"],
             fresh=ckpt is None,
-        )  # machine, software, base-model sha256
-        sink.log_params(provenance_params(starts))
+            drop=() if notes else ("checkpoint_notes",),
+            **({"checkpoint_notes": notes, "resumed_from": state["step"] if ckpt else None} if notes else {}),
+        )
     dist.barrier()
     autocast = dtype != torch.float32 and not dist.sharded  # sharded: FSDP casts the parameters itself
     compute = functools.partial(torch.autocast, dist.device.type, dtype=dtype) if autocast else contextlib.nullcontext
@@ -522,22 +505,8 @@ def finish(trainer: Trainer, last: dict) -> dict:
     if trainer.suite and not trainer.evaluated[1]:
         final = evaluate_run(trainer, cfg.train.steps)
     if trainer.dist.main:
-        trainer.sink.log_artifact(rd.config_path)
-        if rd.hist_path.exists():
-            trainer.sink.log_artifact(rd.hist_path, "hist")
-        rd.set_status(
-            RunState.FINISHED,
-            step=cfg.train.steps,
-            finished=time.time(),
-            skipped_nonfinite=trainer.state["skipped_nonfinite"],
-        )
-    return {
-        "run_id": run_id(cfg),
-        "run_dir": str(rd.path),
-        "steps": cfg.train.steps,
-        **final,
-        "last": {k: v for k, v in last.items() if isinstance(v, (int, float))},
-    }
+        run_finished(cfg, rd, trainer.sink, skipped_nonfinite=trainer.state["skipped_nonfinite"])
+    return run_summary(cfg, rd, final, last)
 
 
 # ----------------------------------------------------------------------------------------------
