@@ -39,7 +39,7 @@ def test_page_is_self_contained(page):
     assert not re.search(r"""(src|href)=["'](https?:|//|file:)""", html)  # nothing fetched from outside
     assert "<script" not in html
     images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
-    assert len(images) == 5  # entropy, reward, eval, quadrants, log-ratio histogram
+    assert len(images) == 6  # entropy, reward, eval, profile, quadrants, log-ratio histogram
     assert all(base64.b64decode(b)[:8] == b"\x89PNG\r\n\x1a\n" for b in images)
     for title in (
         "Table 3 layout: builtin:arith-tiny",
