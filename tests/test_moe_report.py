@@ -122,6 +122,16 @@ def sweep(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture
+def one_thread():
+    """The thread count training ran on (_train): a forward's summation order depends on it, so an exact
+    comparison with training's log-probs is made on one thread too."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _run(sweep: Path, mode: str) -> Path:
     from clipbench.tracking.store import RunDir
 
@@ -136,7 +146,7 @@ def _run(sweep: Path, mode: str) -> Path:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("mode", ["r2", "r3", "none"])
-def test_a_moe_record_replays_its_losses_and_routes_its_forwards_as_training_did(sweep, mode):
+def test_a_moe_record_replays_its_losses_and_routes_its_forwards_as_training_did(sweep, mode, one_thread):
     """r2, r3: the record holds the route table the update replayed, and the parameter level's forward
     routed by it is training's (routing freely is not: the routes had moved by the saved state);
     none: no routes, and the free forward is training's."""
