@@ -87,7 +87,7 @@ study-organism: install ## The organism's gate, docs/studies/organism.md: grpo (
 
 study-organism-compare: install ## Issue 36, docs/studies/organism_confirm.md: the tune (10 rules x 4 rates x 3 seeds), the preregistered confirmation (10 seeds + 5 on a second build), the reports and the replay at the tuned rates (~12 h on 2 cores)
 	$(VENV)/bin/clipbench sweep sweeps/organism_tune.yaml --results-dir $(RESULTS) --jobs 2
-	$(VENV)/bin/clipbench report organism_tune --results-dir $(RESULTS) --baseline grpo --tune-on arith-val --format markdown --out docs/studies/organism_tune
+	$(VENV)/bin/clipbench report organism_tune --results-dir $(RESULTS) --tune-on arith-val --format markdown --out docs/studies/organism_tune
 	$(VENV)/bin/clipbench sweep sweeps/organism_confirm.yaml --results-dir $(RESULTS) --jobs 2
 	$(VENV)/bin/clipbench base-model arith-organism --seed 1 --out $(RESULTS)/models/arith-organism-seed1
 	$(VENV)/bin/clipbench sweep sweeps/organism_confirm_build2.yaml model.name=$(RESULTS)/models/arith-organism-seed1 --results-dir $(RESULTS) --jobs 2

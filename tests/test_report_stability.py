@@ -14,7 +14,7 @@ import pytest
 
 from clipbench.commands.report import report_command
 from clipbench.errors import UserError
-from clipbench.report.build import build_report
+from clipbench.report.build import TUNING_NOTE, build_report
 from clipbench.report.stability import best_rate, critical_rate, fitted_peak, fitted_root
 from clipbench.report.stability_table import critical_text
 
@@ -305,6 +305,8 @@ def test_the_tuning_table_and_tune_on(ladder, tmp_path):
     _, tuned, tuned_tables, _ = build_report(root, "ladder", None, tune_on="arith")
     assert tuned["stability"]["builtin:arith-tiny"]["bench"] == "arith"
     assert next(t for t in tuned_tables if t.key == "tuning").title.startswith("Tuned learning rate, gain on arith")
+    assert result["claims"] and tuned["claims"] == []  # a tuning sweep tests no claims, and says so
+    assert TUNING_NOTE in tuned["notes"] and not any(t.key == "claims" for t in tuned_tables)
     with pytest.raises(
         UserError, match=r"--tune-on: sweep 'ladder' has no evaluation on 'arith-val' \(its benchmarks: arith\)"
     ):

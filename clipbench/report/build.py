@@ -98,13 +98,24 @@ def load_replicate(results_dir: Path, spec: str) -> Sweep:
     return load_results(results_dir, spec)
 
 
-def claims_with_replication(sweep: Sweep, result: dict, replicate: Sweep | None) -> None:
+TUNING_NOTE = (
+    "no claims are tested on a tuning sweep (--tune-on without a preregistered family): its runs chose "
+    "the rates; the claims are for runs on seeds the tuning never saw"
+)
+
+
+def claims_with_replication(sweep: Sweep, result: dict, replicate: Sweep | None, tuning: bool = False) -> None:
     """result["claims"] (each with its smallest detectable effect and whether it replicates: on the
     halves of its seeds, or on sweep `replicate`) and result["provenance"] (the machines and
-    base-model checksums of the runs compared, the replication sweep's included), in place."""
+    base-model checksums of the runs compared, the replication sweep's included), in place.
+    `tuning` (--tune-on) without a preregistered family: no claims (TUNING_NOTE)."""
     excluded = {e["run_id"] for e in result["runs"]["excluded"]}
     compared = [r for r in sweep.runs if r.run_id not in excluded]
-    claims = evaluate_claims(sweep, compared)
+    if tuning and sweep.claims is None:
+        claims = []
+        result["notes"].append(TUNING_NOTE)
+    else:
+        claims = evaluate_claims(sweep, compared)
     runs, group = compared, (lambda r: r.label)
     if replicate is None:
         replicate_by_halves(claims, compared, sweep.claims)
@@ -137,7 +148,7 @@ def build_report(
             )
     result = analyze(sweep, baseline, tune_on=tune_on)
     result["incomplete"] = sweep.incomplete()  # None when every planned run finished
-    claims_with_replication(sweep, result, other)
+    claims_with_replication(sweep, result, other, tuning=tune_on is not None)
     tables = add_claim_tables(build_tables(result, paper_ref.load_paper()), result)
     stab = stability_table(result.get("stability"))
     if stab:  # after the accuracy tables, before the quadrants, dynamics, claims and runs
