@@ -213,13 +213,18 @@ def checked(decl: SlotDecl, slot: Slot, key: str, source: str | None = None) -> 
 _ABSENT = object()
 
 
-def _at(d: Mapping, key: str) -> Any:
+def get_dotted(d: Mapping, key: str, default: Any = None) -> Any:
+    """The value at a dotted key of a nested mapping (a partial config), `default` where it is not set."""
     node: Any = d
     for part in key.split("."):
         if not isinstance(node, Mapping) or part not in node:
-            return _ABSENT
+            return default
         node = node[part]
     return node
+
+
+def _at(d: Mapping, key: str) -> Any:
+    return get_dotted(d, key, _ABSENT)
 
 
 def _with(d: Mapping, key: str, value: Any) -> dict:

@@ -38,7 +38,7 @@ from clipbench.config.compose import PATH_KEYS, deep_merge, set_dotted
 from clipbench.config.identity import outside_id
 from clipbench.config.labels import METHOD_KEY, OBJ, label
 from clipbench.config.schema import SLOTS, RunConfig, Slot, leaf_keys, slot_of
-from clipbench.config.slots import migrate, read_slot, resolve_slot, stored
+from clipbench.config.slots import get_dotted, migrate, read_slot, resolve_slot, stored
 from clipbench.config.stored import recorded_slot, setting
 from clipbench.engines import check
 from clipbench.errors import ConfigError, UserError, did_you_mean, unknown_choice
@@ -286,7 +286,7 @@ def _settings(decl, raw: Mapping, spec: SweepSpec, cli: Mapping[str, Any]) -> li
     sweep's overrides, then the command line's."""
     head = decl.key + "."
     out = []
-    recipe = _get_or(raw, decl.key)
+    recipe = get_dotted(raw, decl.key)
     if not decl.bare and recipe is not None:
         out += [(k, v, str(spec.base), head + k) for k, v in read_slot(decl, recipe)[0].params.items()]
     for layer, src, where in (
@@ -349,16 +349,6 @@ def _replaced(cfg: Mapping, key: str, value: Any) -> dict:
     """`cfg` with the value at the dotted `key` replaced (not merged)."""
     head, _, rest = key.partition(".")
     return {**cfg, head: _replaced(cfg[head], rest, value) if rest else value}
-
-
-def _get_or(cfg: Mapping, key: str) -> Any:
-    """The value at a dotted key of a partial config, None when it is not set."""
-    node: Any = cfg
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return None
-        node = node[part]
-    return node
 
 
 def _get(cfg: Mapping, key: str) -> Any:
