@@ -146,6 +146,21 @@ def import_attributed(origin: Origin, do_import: Callable[[], object]) -> None:
         _LOADING.pop()
 
 
+def snapshot() -> dict:
+    """Every registry's entries and the plugins imported, as they are now (for `restore`: a test that
+    loads a plugin leaves the process's registries as it found them)."""
+    return {"entries": {reg: dict(reg._entries) for reg in list(_REGISTRIES)}, "imported": dict(IMPORTED)}
+
+
+def restore(state: dict) -> None:
+    """The registries and the imported plugins as `snapshot` found them (a registry made since is left)."""
+    for reg, entries in state["entries"].items():
+        reg._entries.clear()
+        reg._entries.update(entries)
+    IMPORTED.clear()
+    IMPORTED.update(state["imported"])
+
+
 def _import_error(where: str, e: BaseException) -> UserError:
     """One line: the plugin's file and line of the error, the error itself."""
     line = None

@@ -37,14 +37,13 @@ def report_fixture():
     return mod
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def unload_plugins():
-    """Plugin rules a test loads are unloaded afterwards (METHODS and the plugin loader's cache)."""
-    from clipbench.objectives import METHODS, registry
+    """What a test registers (a plugin's rule, correction, aggregation, ...) is unloaded afterwards, in
+    every registry and the plugin loader's cache: a later test in the same process (xdist's workers
+    take files in any order) sees the registries as shipped."""
+    from clipbench import registry
 
-    methods, loaded = dict(METHODS), dict(registry.LOADED)
+    state = registry.snapshot()
     yield
-    METHODS.clear()
-    METHODS.update(methods)
-    registry.LOADED.clear()
-    registry.LOADED.update(loaded)
+    registry.restore(state)
