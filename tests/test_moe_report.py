@@ -122,16 +122,6 @@ def sweep(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.fixture
-def one_thread():
-    """The thread count training ran on (_train): a forward's summation order depends on it, so an exact
-    comparison with training's log-probs is made on one thread too."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _run(sweep: Path, mode: str) -> Path:
     from clipbench.tracking.store import RunDir
 
@@ -146,13 +136,14 @@ def _run(sweep: Path, mode: str) -> Path:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("mode", ["r2", "r3", "none"])
-def test_a_moe_record_replays_its_losses_and_routes_its_forwards_as_training_did(sweep, mode, one_thread):
+def test_a_moe_record_replays_its_losses_and_routes_its_forwards_as_training_did(sweep, mode):
     """r2, r3: the record holds the route table the update replayed, and the parameter level's forward
     routed by it is training's (routing freely is not: the routes had moved by the saved state);
     none: no routes, and the free forward is training's."""
     from clipbench.replay import params as P
     from clipbench.replay.rules import RuleSpec
     from clipbench.replay.tokens import OptStepView, replay_rule
+    from clipbench.tracking.provenance import recorded_threads
     from clipbench.tracking.records import list_records, load_record
     from clipbench.tracking.store import RunDir
 
@@ -179,12 +170,15 @@ def test_a_moe_record_replays_its_losses_and_routes_its_forwards_as_training_did
                 continue
             states += 1
             assert logged[opt["opt_step"]]["routing/changed_frac"] > 0  # the routes had moved by then
-            grads, diff = P.param_gradients(state, step, {"grpo": replay_rule(step, trained)})
+            assert recorded_threads(run) == 1  # _train's; the replay's forward runs on it (replay/run.py)
+            with P.threads(recorded_threads(record.run_dir)):
+                grads, diff = P.param_gradients(state, step, {"grpo": replay_rule(step, trained)})
             assert diff == 0.0  # training's forward (r2, r3: routed by the record)
             assert P.global_norm(grads["grpo"]) == pytest.approx(logged[opt["opt_step"]]["grad_norm"], rel=1e-5)
             if mode != "none":
                 state.routes = None  # free routing: another forward (the replay before routes were recorded)
-                _, free = P.param_gradients(state, step, {"grpo": replay_rule(step, trained)})
+                with P.threads(1):
+                    _, free = P.param_gradients(state, step, {"grpo": replay_rule(step, trained)})
                 assert free > 1e-4, free
     assert n == 8 and states == 2  # 2 rollout steps x 4 optimizer steps; state: last
 
@@ -216,6 +210,24 @@ def test_a_moe_record_without_its_routes_is_refused_or_noted_in_one_line(sweep, 
     (note,) = [n for n in res.notes if "routes" in n]
     assert "1 record(s) (step_000000)" in note and "routes freely" in note
     assert res.rows[0]["state/logp_max_abs_diff"] > 1e-4  # and it shows
+
+
+@pytest.mark.slow
+def test_clipbench_replay_forwards_on_the_runs_thread_count(sweep):
+    """The runs trained on 1 thread; the replay, asked on 2, runs its parameter level on the run's 1 and
+    gives training's log-probs bit for bit (on 2 threads the summation order differs: CI saw 2^-20)."""
+    from clipbench.replay.rules import parse_rules
+    from clipbench.replay.run import replay_runs
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        res = replay_runs([_run(sweep, "r2"), _run(sweep, "none")], parse_rules("grpo"), opt_steps={4, 8})
+        assert torch.get_num_threads() == 2  # restored
+    finally:
+        torch.set_num_threads(threads)
+    diffs = [r["state/logp_max_abs_diff"] for r in res.rows if "state/logp_max_abs_diff" in r]
+    assert len(diffs) == 4 and diffs == [0.0] * 4, diffs  # r2 and none, each at its 2 saved states
 
 
 @pytest.mark.slow

@@ -154,3 +154,22 @@ def test_a_real_run_records_its_provenance_once_per_start_and_mirrors_it(tmp_pat
 
     train(resume=False)  # a fresh start owns the directory: one record again
     assert [s["step"] for s in prov.read_provenance(rd.path)] == [0]
+
+
+def test_the_recorded_thread_count_is_the_starts_one_or_none(tmp_path):
+    import json
+
+    from clipbench.tracking.provenance import PROVENANCE_FILE, recorded_threads
+
+    def run(*threads):
+        d = tmp_path / "-".join(map(str, threads)) if threads else tmp_path / "none"
+        d.mkdir()
+        starts = [{"step": 10 * i, **({} if t is None else {"threads": t})} for i, t in enumerate(threads)]
+        (d / PROVENANCE_FILE).write_text(json.dumps({"starts": starts}))
+        return d
+
+    assert recorded_threads(run(1)) == 1
+    assert recorded_threads(run(2, 2)) == 2  # resumed on the same count
+    assert recorded_threads(run(1, 2)) is None  # resumed on another: no one count to replay on
+    assert recorded_threads(run(1, None)) is None  # a start that did not record it
+    assert recorded_threads(run()) is None and recorded_threads(tmp_path / "missing") is None

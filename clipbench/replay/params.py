@@ -11,8 +11,9 @@ Design choices
   vector-Jacobian product of that forward with the rule's token-level g (d loss / d logp, from
   tokens.py), accumulated over micro-batches: by the chain rule the gradient training's backward
   computes, for R rules at the cost of one forward and R backward passes. The forward's log-probs
-  are checked against the recorded ones (`state/logp_max_abs_diff`: 0 when the replay runs where the
-  run did, in its dtype).
+  are checked against the recorded ones (`state/logp_max_abs_diff`: 0 on the run's machine, in its dtype:
+  replay/run.py runs this level on the thread count the run recorded, since a forward's summation
+  order depends on it; on another machine, or a run resumed on another count, a few ulps).
 - Lookahead: from the saved weights and optimizer state, one step of the run's optimizer (AdamW, the
   recorded learning rate, the run's gradient clipping) with the rule's gradient, then one forward of
   the same mini-batch: KL(new || old) over the whole vocabulary at the sampling temperature, the
@@ -136,6 +137,18 @@ def _forward(state: PolicyState, rows: list[int], *, grad: bool):
     with torch.set_grad_enabled(grad), _routed(state, rows, mb):
         logp, ent = completion_logprobs(state.model, mb, temperature=state.temperature)
     return mb, logp, ent
+
+
+@contextlib.contextmanager
+def threads(n: int | None):
+    """torch's intra-op thread count set to `n` inside (None: left as it is), restored after."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def param_gradients(state: PolicyState, step, results: dict) -> tuple[dict[str, list[torch.Tensor]], float]:

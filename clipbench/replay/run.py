@@ -29,6 +29,7 @@ from clipbench.replay import params as P
 from clipbench.replay.rules import RuleSpec
 from clipbench.replay.tokens import Cells, NotReplayable, OptStepView, compare, cosine_matrix, flat_g, replay_rule
 from clipbench.tracking.files import read_jsonl
+from clipbench.tracking.provenance import recorded_threads
 from clipbench.tracking.records import INDEX, REMEDY, damaged_records, list_records, load_record
 from clipbench.tracking.store import RunDir
 
@@ -218,6 +219,11 @@ def _param_level(step, rows, results, matrix, trained: str, device, rates: Mappi
         ) from None
     if state is None:
         return
+    with P.threads(recorded_threads(step.record.run_dir)):  # the run's: its forward, bit for bit
+        _param_rows(state, step, rows, results, matrix, trained, rates)
+
+
+def _param_rows(state, step, rows, results, matrix, trained: str, rates: Mapping[str, float]) -> None:
     grads, diff = P.param_gradients(state, step, results)
     groups = P.layer_groups(state.model)
     before = P.measure(state, step)

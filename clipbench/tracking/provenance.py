@@ -158,6 +158,14 @@ def torch_threads() -> int:
     return torch.get_num_threads()
 
 
+def recorded_threads(run_dir: str | Path) -> int | None:
+    """The torch thread count the run's starts ran on, None when they disagree or none recorded it (a
+    forward's summation order depends on it: a replay on the same machine and thread count gives
+    training's log-probs bit for bit)."""
+    counts = {start.get("threads") for start in read_provenance(run_dir)}
+    return counts.pop() if len(counts) == 1 and None not in counts else None
+
+
 # ---- reading records: the MLflow mirror and the report -------------------------------------------
 
 

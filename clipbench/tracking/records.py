@@ -131,6 +131,11 @@ class Record:
     def get(self, name: str) -> torch.Tensor | None:
         return self.tensors.get(name)
 
+    @property
+    def run_dir(self) -> Path:
+        """The run this record belongs to (<run>/record/<record>)."""
+        return self.path.parent.parent
+
     def state(self, opt_step: int) -> Path | None:
         """The directory holding the policy before `opt_step`, or None when it was not saved."""
         p = self.path / state_name(opt_step)
