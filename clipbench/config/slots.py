@@ -22,6 +22,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
+from clipbench.config import dotted
 from clipbench.config.schema import SLOTS, RunConfig, Slot, SlotDecl, choices, value_at
 from clipbench.errors import ConfigError, unknown_choice
 
@@ -72,7 +73,7 @@ def layer(data: Mapping) -> dict:
     for decl in SLOTS.values():
         value = _at(out, decl.key)
         if not decl.bare and isinstance(value, str):
-            out = _with(out, decl.key, {"name": value})
+            out = dotted.replaced(out, decl.key, {"name": value})
     return out
 
 
@@ -83,7 +84,7 @@ def renamed(base: Mapping, over: Mapping) -> dict:
     for decl in SLOTS.values():
         earlier, later = _at(out, decl.key), _at(over, decl.key)
         if isinstance(earlier, Mapping) and isinstance(later, Mapping) and any(k in later for k in decl.spellings):
-            out = _with(out, decl.key, {k: v for k, v in earlier.items() if k not in decl.spellings})
+            out = dotted.replaced(out, decl.key, {k: v for k, v in earlier.items() if k not in decl.spellings})
     return out
 
 
@@ -126,7 +127,7 @@ def read_slots(data: Mapping, source: str | None = None) -> tuple[dict, dict[str
         if value is _ABSENT:
             components[which], named[which] = _default(which), f"{decl.key}.name"
             continue
-        rest = _without(rest, decl.key)
+        rest = dotted.without(rest, decl.key)
         components[which], named[which] = read_slot(decl, value, source)
     return rest, components, named
 
@@ -145,7 +146,7 @@ def stored_form(d: Mapping) -> dict:
     for decl in SLOTS.values():
         value = _at(out, decl.key)
         if value is not _ABSENT:
-            out = _with(out, decl.key, stored(decl, read_slot(decl, value)[0]))
+            out = dotted.replaced(out, decl.key, stored(decl, read_slot(decl, value)[0]))
     return out
 
 
@@ -207,33 +208,8 @@ def checked(decl: SlotDecl, slot: Slot, key: str, source: str | None = None) -> 
         raise ConfigError(source, f"{decl.key}.{bad}" if bad else decl.key, str(e)) from None
 
 
-# ---------------------------------------------------------------------------------------------
-# Dotted places in a nested mapping (copies along the path; the input is never changed)
-
 _ABSENT = object()
 
 
-def get_dotted(d: Mapping, key: str, default: Any = None) -> Any:
-    """The value at a dotted key of a nested mapping (a partial config), `default` where it is not set."""
-    node: Any = d
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return default
-        node = node[part]
-    return node
-
-
 def _at(d: Mapping, key: str) -> Any:
-    return get_dotted(d, key, _ABSENT)
-
-
-def _with(d: Mapping, key: str, value: Any) -> dict:
-    head, _, rest = key.partition(".")
-    return {**d, head: _with(d[head], rest, value) if rest else value}
-
-
-def _without(d: Mapping, key: str) -> dict:
-    head, _, rest = key.partition(".")
-    if rest:
-        return {**d, head: _without(d[head], rest)}
-    return {k: v for k, v in d.items() if k != head}
+    return dotted.value(d, key, _ABSENT)

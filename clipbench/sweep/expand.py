@@ -32,13 +32,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from clipbench.config import compose, run_id, to_dict, validate
+from clipbench.config import compose, dotted, run_id, to_dict, validate
 from clipbench.config.claims import check_rules
 from clipbench.config.compose import PATH_KEYS, deep_merge, set_dotted
 from clipbench.config.identity import outside_id
 from clipbench.config.labels import METHOD_KEY, OBJ, label
 from clipbench.config.schema import SLOTS, RunConfig, Slot, leaf_keys, slot_of
-from clipbench.config.slots import get_dotted, migrate, read_slot, resolve_slot, stored
+from clipbench.config.slots import migrate, read_slot, resolve_slot, stored
 from clipbench.config.stored import recorded_slot, setting
 from clipbench.engines import check
 from clipbench.errors import ConfigError, UserError, did_you_mean, unknown_choice
@@ -133,7 +133,7 @@ def _expand(spec: SweepSpec) -> Expansion:
                 )
             continue  # else only inapplicable component values differed: the same run again
         runs[rid] = cfg
-        points[rid] = {k: (v if slot_of(k) else _get(cfg, k)) for k, v in point.items()}
+        points[rid] = {k: (v if slot_of(k) else dotted.value(cfg, k)) for k, v in point.items()}
     if not runs:
         raise ConfigError(spec.source, "exclude", f"excludes every one of the {combos} grid points")
     return Expansion(runs, points, combos, excluded, tuple(warnings))
@@ -269,7 +269,7 @@ class _Base:
         merged = {**deep_merge(cfg, nested), "objective": self.objective_defaults}
         for decl in SLOTS.values():  # a component's parameters are its own: it replaces the base's
             if not decl.bare and decl.key in assign:
-                merged = _replaced(merged, decl.key, assign[decl.key])
+                merged = dotted.replaced(merged, decl.key, assign[decl.key])
         try:
             run = validate(merged, src)
             if engine_check:
@@ -286,7 +286,7 @@ def _settings(decl, raw: Mapping, spec: SweepSpec, cli: Mapping[str, Any]) -> li
     sweep's overrides, then the command line's."""
     head = decl.key + "."
     out = []
-    recipe = get_dotted(raw, decl.key)
+    recipe = dotted.value(raw, decl.key)
     if not decl.bare and recipe is not None:
         out += [(k, v, str(spec.base), head + k) for k, v in read_slot(decl, recipe)[0].params.items()]
     for layer, src, where in (
@@ -343,19 +343,6 @@ class _PlainPart:
                 engine_check=True,
             )
         return {k: v for k, v in self.cache[sub].items()}
-
-
-def _replaced(cfg: Mapping, key: str, value: Any) -> dict:
-    """`cfg` with the value at the dotted `key` replaced (not merged)."""
-    head, _, rest = key.partition(".")
-    return {**cfg, head: _replaced(cfg[head], rest, value) if rest else value}
-
-
-def _get(cfg: Mapping, key: str) -> Any:
-    node: Any = cfg
-    for part in key.split("."):
-        node = node[part]
-    return node
 
 
 def _top_keys() -> tuple[str, ...]:
