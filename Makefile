@@ -85,7 +85,7 @@ study-organism: install ## The organism's gate, docs/studies/organism.md: grpo (
 	$(PY) scripts/organism_gate.py --results-dir $(RESULTS) --sweep organism_gate --out docs/studies/organism
 	$(VENV)/bin/clipbench report organism_gate --results-dir $(RESULTS) --baseline grpo --format markdown --out docs/studies/organism/report
 
-study-organism-compare: install ## Issue 36, docs/studies/organism_confirm.md: the tune (10 rules x 4 rates x 3 seeds), the preregistered confirmation (10 seeds + 5 on a second build), the reports and the replay at the tuned rates (~12 h on 2 cores)
+study-organism-compare: install ## Issue 36, docs/studies/organism_confirm.md: the tune (10 rules x 4 rates x 3 seeds), the preregistered confirmation (10 seeds + 5 on a second build), the reports and the replay at the tuned rates (270 runs of 2.5-6 min on one core: 6-12 h on 2 cores)
 	$(VENV)/bin/clipbench sweep sweeps/organism_tune.yaml --results-dir $(RESULTS) --jobs 2
 	$(VENV)/bin/clipbench report organism_tune --results-dir $(RESULTS) --tune-on arith-val --format markdown --out docs/studies/organism_tune
 	$(VENV)/bin/clipbench sweep sweeps/organism_confirm.yaml --results-dir $(RESULTS) --jobs 2
