@@ -476,3 +476,46 @@ def test_replay_rules_and_rates_from_the_sweep(tmp_path):
     assert sweep_rates(settings, "s") == {"grpo": 2e-4, "cispo": 1e-4, "dapo(eps_high=0.3)": 4e-4}
     with pytest.raises(UserError, match=r"--lr sweep: rule grpo trained at 2 rates in s \(0.0001, 0.0002\)"):
         sweep_rates([*settings, (settings[0][0], 1e-4)], "s")
+
+
+@pytest.mark.slow
+def test_a_sweeps_replay_is_of_its_finished_runs_and_names_the_others(recorded, tmp_path):
+    """A sweep's runs still training have records of part of their steps and write more while the
+    replay reads: `clipbench replay SWEEP` (and the report's replay section) read its finished runs
+    and name the others; before, they were replayed with the finished ones without a word."""
+    import shutil
+
+    sweep = tmp_path / "rec"
+    shutil.copytree(recorded, sweep / recorded.name)
+    running = sweep / ("0" * len(recorded.name))
+    shutil.copytree(recorded, running)
+    status = json.loads((running / "status.json").read_text())
+    (running / "status.json").write_text(json.dumps({**status, "state": "running"}))
+
+    out = subprocess.run(
+        [sys.executable, "-m", "clipbench", "replay", "rec", "--results-dir", str(tmp_path), "--rules", "grpo",
+         "--no-params", "--format", "markdown", "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, cwd=REPO,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    md = (tmp_path / "out" / "replay.md").read_text()
+    assert "'rec': 1 run(s) with records, 8 optimizer steps" in md  # the finished run's 8, not 16
+    assert f"left out: 1 run(s) with records that have not finished (running 1: {running.name})" in md
+
+    from clipbench.report.load import load_results
+    from clipbench.report.replay import sweep_replay
+
+    summary = sweep_replay(load_results(tmp_path, "rec"), "grpo")
+    assert [r["runs"] for r in summary["references"]] == [[recorded.name]]
+    assert any(f"running 1: {running.name}" in n for n in summary["notes"])
+
+    shutil.rmtree(sweep / recorded.name)  # only the running run has records: one line, exit 2
+    only = subprocess.run(
+        [sys.executable, "-m", "clipbench", "replay", "rec", "--results-dir", str(tmp_path), "--no-params"],
+        capture_output=True, text=True, cwd=REPO,
+    )  # fmt: skip
+    assert only.returncode == 2 and only.stderr.count("\n") == 1, only.stderr[-2000:]
+    assert "no finished run has records yet" in only.stderr and running.name in only.stderr
+    alone = _replay_cli(running, "--no-params", "--format", "markdown", "--out", str(tmp_path / "alone"))
+    assert alone.returncode == 0, alone.stderr[-2000:]  # a run named on its own: as it stands, said
+    assert "running: its records cover the steps it has run so far" in (tmp_path / "alone" / "replay.md").read_text()

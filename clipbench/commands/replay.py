@@ -19,7 +19,7 @@ from pathlib import Path
 from clipbench.config.stored import recorded, recorded_slot
 from clipbench.errors import UserError, unknown_choice
 from clipbench.replay.rules import RuleSpec, parse_rules
-from clipbench.replay.run import replay_runs
+from clipbench.replay.run import finished_runs, replay_runs
 from clipbench.replay.summary import summarize
 from clipbench.report import render
 from clipbench.report.replay import replay_tables, write_replay
@@ -116,18 +116,18 @@ def sweep_rates(settings: list[tuple[RuleSpec, float | None]], target: str) -> d
     return {k: next(iter(v)) for k, v in rates.items()}
 
 
-def resolve(target: str, results_dir: Path) -> tuple[str, list[Path]]:
-    """(a name for the output, the run directories) of RUN_OR_SWEEP."""
+def resolve(target: str, results_dir: Path) -> tuple[str, list[Path], bool]:
+    """(a name for the output, the run directories, whether the target is a sweep) of RUN_OR_SWEEP."""
     path = Path(target)
     candidates = [path] if path.is_dir() else []
     if not path.is_absolute():
         candidates.append(results_dir / target)
     for p in candidates:
         if p.is_dir() and ((p / "record").is_dir() or (p / "config.yaml").is_file()):
-            return f"{p.parent.name}/{p.name}", [p]
+            return f"{p.parent.name}/{p.name}", [p], False
         runs = [r.path for r in list_run_dirs(p)] if p.is_dir() else []
         if runs:
-            return p.name, runs
+            return p.name, runs, True
     raise UserError(
         f"{target}: not a run directory, a sweep directory or a sweep in {results_dir} "
         f"(e.g. `clipbench replay quickstart` or `clipbench replay {results_dir}/quickstart/<run_id>`)"
@@ -155,11 +155,14 @@ def replay_command(
     if draws < 1 or top < 0:
         raise UserError(f"--draws must be >= 1 and --top >= 0, got --draws {draws} --top {top}")
     results_dir = check_store_dir(results_dir) if not Path(target).is_dir() else Path(results_dir)
-    name, runs = resolve(target, results_dir)
+    name, runs, is_sweep = resolve(target, results_dir)
     check_formats(runs)  # a store of a newer format: one line, nothing replayed
-    recorded = [r for r in runs if list_records(r)]
+    # a sweep: its finished runs; a run named on its own: as it stands
+    recorded, left_out = finished_runs(runs) if is_sweep else ([r for r in runs if list_records(r)], [])
     if not recorded and (damaged := [d for r in runs for d in damaged_records(r)]):
         raise UserError(f"{damaged[0]}: damaged record: no {INDEX} ({len(damaged)} such record(s)); {REMEDY}")
+    if not recorded and left_out:
+        raise UserError(f"{target}: no finished run has records yet ({left_out[0].removeprefix('left out: ')})")
     if not recorded:
         raise UserError(f"{target}: no records in {len(runs)} run(s); train with train.record.every=N (docs/replay.md)")
     settings = trained_settings(runs) if SWEEP in (rules, lr) else []
@@ -185,6 +188,7 @@ def replay_command(
         progress=progress,
         rates=rates,
     )
+    result.notes += left_out
     if not result.rows:
         raise UserError(f"{target}: no recorded optimizer step matches --steps {steps}")
     if json_out:

@@ -31,7 +31,7 @@ from clipbench.replay.tokens import Cells, NotReplayable, OptStepView, compare, 
 from clipbench.tracking.files import read_jsonl
 from clipbench.tracking.provenance import recorded_threads
 from clipbench.tracking.records import INDEX, REMEDY, damaged_records, list_records, load_record
-from clipbench.tracking.store import RunDir
+from clipbench.tracking.store import RunDir, RunState
 
 
 @dataclass
@@ -40,6 +40,32 @@ class ReplayResult:
     matrices: list[dict] = field(default_factory=list)
     tokens: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+
+def finished_runs(run_dirs: Iterable[Path]) -> tuple[list[Path], list[str]]:
+    """A sweep's runs that a replay reads: (the finished runs with records, a note naming the others
+    with records). A run still training, preempted or failed has records of only part of its steps,
+    and the runs still training write more while the replay reads, so a sweep's replay is of its
+    finished runs; a run named on its own is replayed as it stands (`replay_runs`)."""
+    kept, left = [], {}
+    for d in map(Path, run_dirs):
+        if not list_records(d):
+            continue
+        state = RunDir(d).state
+        if state is RunState.FINISHED:
+            kept.append(d)
+        else:
+            left.setdefault(state.value, []).append(d.name)
+    notes = (
+        [
+            f"left out: {sum(map(len, left.values()))} run(s) with records that have not finished ("
+            + "; ".join(f"{k} {len(v)}: {', '.join(v)}" for k, v in sorted(left.items()))
+            + "): their records cover part of their steps; replay them by run directory, or when they finish"
+        ]
+        if left
+        else []
+    )
+    return kept, notes
 
 
 def trained_rule(record) -> RuleSpec:
@@ -276,6 +302,8 @@ def replay_runs(
         if not records:
             out.notes.append(f"{run_dir}: no records (train.record.every was 0)")
             continue
+        if (state := RunDir(run_dir).state) is not RunState.FINISHED:
+            out.notes.append(f"{run_dir}: {state.value}: its records cover the steps it has run so far")
         for path in records:  # every record checked before any is replayed
             check_rule(run_dir, path)
         note = routes_note(run_dir, records)

@@ -16,12 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from clipbench.replay.rules import parse_rules
-from clipbench.replay.run import replay_runs
+from clipbench.replay.run import finished_runs, replay_runs
 from clipbench.replay.summary import summarize
 from clipbench.report import render
 from clipbench.report.tables import Table
 from clipbench.tracking.files import atomic_write_json, atomic_write_text, dumps
-from clipbench.tracking.records import list_records
 
 QUADS = ("q1", "q2", "q3", "q4")
 
@@ -29,10 +28,12 @@ QUADS = ("q1", "q2", "q3", "q4")
 def sweep_replay(sweep, rules: str | None = None) -> dict | None:
     """The replay summary of a sweep's finished runs with records (every registered rule), or None."""
 
-    dirs = [r.path for r in sweep.runs if list_records(r.path)]
+    dirs, notes = finished_runs(r.path for r in sweep.runs)
     if not dirs:
         return None
-    return summarize(replay_runs(dirs, parse_rules(rules)))
+    result = replay_runs(dirs, parse_rules(rules))
+    result.notes += notes
+    return summarize(result)
 
 
 def _f(x, digits: int = 3) -> str:
