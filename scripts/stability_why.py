@@ -6,7 +6,7 @@ comparison (docs/studies/organism_confirm.md: each rule replayed at its own tune
         [--replay docs/studies/stability_replay/report.json]
     python scripts/stability_why.py --from-pages     # from the published pages' tables (no store needed)
     python scripts/stability_why.py --results-dir results --outcomes organism_confirm --bench arith \
-        --by-method --families organism --replay docs/studies/organism_confirm/replay/replay.json
+        --by-method --families organism --replay docs/studies/organism_confirm/replay/replay.json --drift
 
 Reads two things the study already wrote: each rule's gain over the base model at the cliff (final
 Avg@n minus the run's own step 0, `clipbench.report.stability.run_gain`, mean over the seeds of the
@@ -18,6 +18,12 @@ rule's parameter gradient before gradient clipping, not the step the optimizer t
 same ratio of the one-step look-ahead KL (KL(new || old) after one AdamW step with the rule's gradient:
 the measure of how far the policy moves). It prints, as markdown, a row per rule and Spearman's rank
 correlation of the mean gain with the gradient norm and with the KL.
+
+`--drift` adds a scale-free measure the replay's look-ahead lacks: the look-ahead steps with the
+reference run's AdamW moments, so a rule whose gradient is k times GRPO's moves about k times as far
+there, while Adam in the rule's own run divides that scale out. Each rule's own runs' mean
+`approx_kl` (how far its own updates moved the policy from the rollout policy) is measured under its
+own moments; its rank correlation with the gain is printed beside the replay's.
 
 `--bench B` reads every gain on benchmark B alone (the organism's test split), `--by-method` keys the
 outcomes by rule (the organism's arms are one rule each, at its own rate, so their labels name the
@@ -75,6 +81,70 @@ def gains_by_rule(
         if run.state == "finished" and (g := run_gain(run, bench)) is not None:
             out.setdefault(run.method if by_method else run.label, []).append(g)
     return out
+
+
+def drift_by_rule(results: Path, sweep: str, by_method: bool = False) -> dict[str, list[float]]:
+    """{label (or rule): [per finished run, the mean over its optimizer steps of `approx_kl`]}: how far
+    each rule's own training moved the policy from the rollout policy within an update (the k3
+    estimate of KL(old || new) on the mini-batch, docs/objectives.md), under its own optimizer state."""
+    out: dict[str, list[float]] = {}
+    for run in load_results(results, sweep).runs:
+        kls = [m["approx_kl"] for m in run.metrics if m.get("approx_kl") is not None]
+        if run.state == "finished" and kls:
+            out.setdefault(run.method if by_method else run.label, []).append(float(np.mean(kls)))
+    return out
+
+
+def drift_association(
+    gains: Mapping[str, Sequence[float]],
+    drift: Mapping[str, Sequence[float]],
+    groups: Sequence[Sequence[str]] | None = None,
+    base: str = "grpo",
+) -> dict:
+    """Per rule: mean gain and its runs' in-run drift over `base`'s; Spearman's rho of the two over
+    the rules and over the families. Scale-free where the replay's look-ahead is not: each rule's
+    drift is under its own optimizer moments, the look-ahead's under the reference run's."""
+    rules = sorted((r for r in gains if r in drift), key=lambda r: -float(np.mean(gains[r])))
+    den = float(np.mean(drift[base]))
+    rows = [{"rule": r, "gain": float(np.mean(gains[r])), "drift": float(np.mean(drift[r])) / den} for r in rules]
+    res = stats.spearmanr([r["gain"] for r in rows], [r["drift"] for r in rows])
+    fams = families(rules, groups)
+    fam_rows = [
+        {
+            "family": name,
+            "gain": float(np.mean([row["gain"] for row in rows if row["rule"] in members])),
+            "drift": float(np.mean([row["drift"] for row in rows if row["rule"] in members])),
+        }
+        for name, members in fams.items()
+    ]
+    fam = stats.spearmanr([f["gain"] for f in fam_rows], [f["drift"] for f in fam_rows]) if len(fam_rows) >= 3 else None
+    return {
+        "rules": rows,
+        "rho": (float(res.statistic), float(res.pvalue)),
+        "families": fam_rows,
+        "rho_family": (float(fam.statistic), float(fam.pvalue)) if fam is not None else None,
+    }
+
+
+def drift_markdown(result: Mapping) -> str:
+    lines = [
+        "In-run drift: each rule's own runs' mean approx_kl (KL(old || new) within an update, under the "
+        "rule's own optimizer state) over GRPO's.",
+        "",
+        "| rule | mean gain (points) | in-run drift / grpo's |",
+        "|---|---:|---:|",
+        *(f"| {r['rule']} | {r['gain']:+.1f} | {r['drift']:.2f} |" for r in result["rules"]),
+        "",
+    ]
+    if result["rho_family"] is not None:
+        r, p = result["rho_family"]
+        lines.append(
+            f"- family level: Spearman's rho of the mean gain with the in-run drift = {r:+.2f} "
+            f"(p = {_p(p)}, {len(result['families'])} families)"
+        )
+    r, p = result["rho"]
+    lines.append(f"- rule level (not independent): rho = {r:+.2f} (p = {_p(p)}, {len(result['rules'])} rules)")
+    return "\n".join(lines) + "\n"
 
 
 def relative(reference: Mapping, key: str, base: str = "grpo") -> dict[str, float]:
@@ -286,6 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--bench", default=None, help="read every gain on this benchmark alone (default: averaged)")
     ap.add_argument("--by-method", action="store_true", help="key the outcomes by rule, not by label")
     ap.add_argument("--families", choices=sorted(PRESETS), default="stability")
+    ap.add_argument("--drift", action="store_true", help="also each rule's own in-run drift (approx_kl) vs gain")
     args = ap.parse_args(argv)
     if args.from_pages:
         studies = REPO / "docs" / "studies"
@@ -304,6 +375,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         WITHIN if args.families == "stability" else None,
     )
     print(markdown(result), end="")
+    if args.drift:
+        gains = gains_by_rule(args.results_dir, args.outcomes, args.bench, args.by_method)
+        drift = drift_by_rule(args.results_dir, args.outcomes, args.by_method)
+        print("\n" + drift_markdown(drift_association(gains, drift, PRESETS[args.families])), end="")
     return 0
 
 

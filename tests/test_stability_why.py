@@ -111,3 +111,35 @@ def test_the_organism_preset_groups_its_families_and_has_no_within_group(why):
     # the families' gains 2, 5.5, 7, 8, 9 and KLs 3, 6.5, 8, 9, 10 rise together: rho +1 over 5 families
     assert out["rho_family"][("grpo", "kl")][0] == pytest.approx(1.0)
     assert out["within"] == [] and "Within the rules" not in why.markdown(out)
+
+
+def test_the_in_run_drift_is_each_rules_own_approx_kl_over_grpos(why, tmp_path):
+    """The replay's look-ahead steps with the reference run's AdamW moments (a rule with k times
+    GRPO's gradient moves about k times as far); `--drift` reads each rule's own runs' approx_kl."""
+    import json
+
+    import yaml
+
+    for i, (rule, kls, state) in enumerate(
+        [("grpo", [1.0, 3.0], "finished"), ("grpo", [2.0, 2.0], "finished"), ("luspo", [3.0, 5.0], "finished"),
+         ("cispo", [1.0, 1.0], "finished"), ("cispo", [90.0], "running")]
+    ):  # fmt: skip
+        d = tmp_path / "s" / f"run{i}"
+        d.mkdir(parents=True)
+        (d / "config.yaml").write_text(
+            yaml.safe_dump({"seed": i, "objective": {"method": rule}, "train": {"lr": 1e-4}})
+        )
+        (d / "status.json").write_text(json.dumps({"state": state}))
+        (d / "metrics.jsonl").write_text(
+            "".join(json.dumps({"opt_step": j, "approx_kl": k}) + "\n" for j, k in enumerate(kls))
+        )
+    drift = why.drift_by_rule(tmp_path, "s", by_method=True)
+    # per run the mean over its steps: grpo (1+3)/2 = 2 and 2; luspo 4; cispo 1 (the running run is left out)
+    assert drift == {"grpo": [2.0, 2.0], "luspo": [4.0], "cispo": [1.0]}
+    gains = {"grpo": [10.0], "luspo": [5.0], "cispo": [20.0]}
+    out = why.drift_association(gains, drift, groups=why.ORGANISM_FAMILIES)
+    # over grpo's mean 2: cispo 0.5, grpo 1, luspo 2; gains cispo 20 > grpo 10 > luspo 5: a perfect reversal
+    assert [(r["rule"], r["drift"]) for r in out["rules"]] == [("cispo", 0.5), ("grpo", 1.0), ("luspo", 2.0)]
+    assert out["rho"][0] == pytest.approx(-1.0)
+    text = why.drift_markdown(out)
+    assert "| luspo | +5.0 | 2.00 |" in text and "rule level (not independent): rho = -1.00" in text
