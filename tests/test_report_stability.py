@@ -349,3 +349,19 @@ def test_the_tuning_figure_has_a_panel_per_rule_with_its_best_rate_and_lr_star(l
         assert len(dashed) == 1 and dashed[0].get_xdata()[0] == pytest.approx(1e-4)
     finally:
         close_figures(figs)
+
+
+def test_rules_each_at_one_rate_of_their_own_are_not_a_ladder(ladder):
+    """A tuned comparison trains each rule at its own rate (grpo 1e-4, cispo 2e-4): the block has two
+    rates but no rule has two, so there is no ladder to read a critical or tuned rate from (before,
+    the report gave every rule a 'critical rate >= its one rate' and a 'best rate' of one)."""
+    from clipbench.report.load import load_results
+    from clipbench.report.stability import run_lr, stability
+
+    root, _ = ladder
+    runs = load_results(root, "ladder").runs
+    own = [r for r in runs if (r.method, run_lr(r)) in {("grpo", 1e-4), ("cispo", 2e-4)}]
+    assert {run_lr(r) for r in own} == {1e-4, 2e-4}
+    assert stability(own, {}) is None
+    two = own + [r for r in runs if (r.method, run_lr(r)) == ("grpo", 4e-4)]  # grpo at two rates: a ladder
+    assert list(stability(two, {})["builtin:arith-tiny"]["rules"]) == ["cispo", "grpo"]

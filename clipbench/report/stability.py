@@ -3,7 +3,9 @@ that collapsed (and how), and its critical learning rate. Plain dicts, no format
 
     stability(compared, health) -> {model: {...}} or None     None: no block has two or more rates
 
-It applies to a block (base model) whose compared runs have at least two values of ``train.lr``.
+It applies to a block (base model) where some rule's compared runs have at least two values of
+``train.lr``. A block where every rule trained at one rate of its own (a tuned comparison: rates
+chosen elsewhere) has no ladder, so no stability table, critical rate or tuned rate.
 Definitions (also in docs/reports.md):
 - A rule is a run's label without the learning rate (``load.assign_labels`` on the configs with
   ``train.lr`` removed), so ``grpo`` at every rate is one line.
@@ -227,9 +229,13 @@ def _fit(solve, cells: Mapping[float, dict], reference: Mapping[float, dict] | N
 
 def block_stability(runs: Sequence[RunRecord], health: Mapping[str, dict], bench: str | None = None) -> dict | None:
     rates = sorted({lr for r in runs if (lr := run_lr(r)) is not None})
-    if len(rates) < 2:
-        return None
     rule_of = rule_labels(runs)
+    per_rule: dict[str, set[float]] = {}
+    for r in runs:
+        if (lr := run_lr(r)) is not None:
+            per_rule.setdefault(rule_of[r.run_id], set()).add(lr)
+    if max(map(len, per_rule.values()), default=0) < 2:  # no rule at two rates: no ladder to read
+        return None
     rules = list(dict.fromkeys(rule_of[r.run_id] for r in runs))
     out: dict = {"rates": rates, "rules": {}, "bench": bench}
     for rule in rules:
@@ -255,7 +261,7 @@ def block_stability(runs: Sequence[RunRecord], health: Mapping[str, dict], bench
 
 
 def stability(compared: Sequence[RunRecord], health: Mapping[str, dict], bench: str | None = None) -> dict | None:
-    """{model: block_stability} for the blocks with a learning-rate axis; None when none has one.
+    """{model: block_stability} for the blocks where a rule has a learning-rate axis; None when none has.
     `bench`: every gain on that benchmark alone (tuning on a validation split)."""
     blocks: dict[str, list[RunRecord]] = {}
     for r in compared:
