@@ -304,6 +304,12 @@ def report(
         help="Read a learning-rate axis on this benchmark alone (a validation split, e.g. arith-val): "
         "each rule's best rate and lr*, the peak of its fitted curve.",
     ),
+    replay: bool = typer.Option(
+        True,
+        "--replay/--no-replay",
+        help="The replay section of a sweep whose runs recorded (every rule on their batches); "
+        "--no-replay leaves it to `clipbench replay`.",
+    ),
     plugin: Plugins = None,
 ):
     """Comparison tables (Table 3 layout), clip-quadrant table, claims (with whether they replicate) and plots."""
@@ -311,7 +317,14 @@ def report(
 
     _load_plugins(plugin)
     report_command(
-        sweep, baseline=baseline, fmt=fmt, results_dir=results_dir, out=out, replicate=replicate, tune_on=tune_on
+        sweep,
+        baseline=baseline,
+        fmt=fmt,
+        results_dir=results_dir,
+        out=out,
+        replicate=replicate,
+        tune_on=tune_on,
+        replay=replay,
     )
 
 

@@ -519,3 +519,16 @@ def test_a_sweeps_replay_is_of_its_finished_runs_and_names_the_others(recorded, 
     alone = _replay_cli(running, "--no-params", "--format", "markdown", "--out", str(tmp_path / "alone"))
     assert alone.returncode == 0, alone.stderr[-2000:]  # a run named on its own: as it stands, said
     assert "running: its records cover the steps it has run so far" in (tmp_path / "alone" / "replay.md").read_text()
+
+
+@pytest.mark.slow
+def test_report_no_replay_leaves_the_section_to_clipbench_replay_and_says_so(recorded, tmp_path):
+    rep = subprocess.run(
+        [sys.executable, "-m", "clipbench", "report", "rec", "--results-dir", str(recorded.parent.parent),
+         "--no-replay", "--format", "markdown", "--out", str(tmp_path / "rep")],
+        capture_output=True, text=True, cwd=REPO,
+    )  # fmt: skip
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "Replay vs" not in md and "replay_zero_grad.png" not in md
+    assert "the runs' records were not replayed (--no-replay): `clipbench replay rec` writes that section" in md

@@ -28,6 +28,7 @@ def report_command(
     out: Path | None,
     replicate: str | None = None,
     tune_on: str | None = None,
+    replay: bool = True,
 ) -> list[Path]:
     if fmt not in render.FORMATS:
         raise UserError("--format: " + unknown_choice("format", fmt, render.FORMATS))
@@ -41,7 +42,7 @@ def report_command(
         )
     written: list[Path] = []
     for name in names:
-        s, result, tables, header = build_report(results_dir, name, baseline, replicate, tune_on)
+        s, result, tables, header = build_report(results_dir, name, baseline, replicate, tune_on, replay)
         if out is None:
             out_dir = check_writable_dir(results_dir / "reports" / name, "report directory")
         else:

@@ -33,6 +33,7 @@ from clipbench.report.routing_table import routing_table
 from clipbench.report.stability_table import stability_table
 from clipbench.report.tables import Table, build_tables, model_title
 from clipbench.tracking.files import atomic_write_json
+from clipbench.tracking.records import list_records
 
 
 def header_lines(sweep: Sweep, result: dict) -> list[str]:
@@ -132,11 +133,17 @@ def claims_with_replication(sweep: Sweep, result: dict, replicate: Sweep | None,
 
 
 def build_report(
-    results_dir: Path, sweep_name: str, baseline: str | None, replicate: str | None = None, tune_on: str | None = None
+    results_dir: Path,
+    sweep_name: str,
+    baseline: str | None,
+    replicate: str | None = None,
+    tune_on: str | None = None,
+    replay: bool = True,
 ):
     """(sweep, analysis dict, tables, header lines) for one sweep; UserError when it has nothing to show.
     `replicate`: a second sweep (name or path) every claim is checked against, instead of seed halves.
-    `tune_on`: the benchmark a learning-rate axis is read on (a validation split)."""
+    `tune_on`: the benchmark a learning-rate axis is read on (a validation split). `replay=False`: no
+    replay section (its cost grows with rules x recorded steps; `clipbench replay` writes it alone)."""
     sweep = load_results(results_dir, sweep_name)
     other = load_replicate(results_dir, replicate) if replicate else None
     if tune_on is not None:
@@ -156,7 +163,11 @@ def build_report(
             (i for i, t in enumerate(tables) if t.key not in ("table3", "significance", "paper_reference")), len(tables)
         )
         tables[at:at] = stab
-    result["replay"] = sweep_replay(sweep)  # None unless the sweep's runs recorded (train.record)
+    result["replay"] = sweep_replay(sweep) if replay else None  # None unless the sweep's runs recorded
+    if not replay and any(list_records(r.path) for r in sweep.runs):
+        result.setdefault("notes", []).append(
+            f"the runs' records were not replayed (--no-replay): `clipbench replay {sweep_name}` writes that section"
+        )
     tables += replay_tables(result["replay"])
     corr = correction_table(result.get("correction", {}), result["baseline"])
     if corr is not None:  # before the claims and the runs table
