@@ -91,9 +91,9 @@ study-organism-compare: install ## Issue 36, docs/studies/organism_confirm.md: t
 	$(VENV)/bin/clipbench sweep sweeps/organism_confirm.yaml --results-dir $(RESULTS) --jobs 2
 	$(VENV)/bin/clipbench base-model arith-organism --seed 1 --out $(RESULTS)/models/arith-organism-seed1
 	$(VENV)/bin/clipbench sweep sweeps/organism_confirm_build2.yaml model.name=$(RESULTS)/models/arith-organism-seed1 --results-dir $(RESULTS) --jobs 2
-	$(VENV)/bin/clipbench report organism_confirm --results-dir $(RESULTS) --baseline grpo --replicate organism_confirm_build2 --format markdown --out docs/studies/organism_confirm
+	$(VENV)/bin/clipbench report organism_confirm --results-dir $(RESULTS) --baseline grpo --replicate organism_confirm_build2 --no-replay --format markdown --out docs/studies/organism_confirm
 	$(VENV)/bin/clipbench replay organism_confirm --results-dir $(RESULTS) --rules sweep --lr sweep --format markdown --out docs/studies/organism_confirm/replay
-	$(PY) scripts/stability_why.py --results-dir $(RESULTS) --outcomes organism_confirm --bench arith --by-method --families organism --replay docs/studies/organism_confirm/replay/replay.json > docs/studies/organism_confirm/why.md
+	$(PY) scripts/stability_why.py --results-dir $(RESULTS) --outcomes organism_confirm --bench arith --by-method --families organism --replay docs/studies/organism_confirm/replay/replay.json --drift > docs/studies/organism_confirm/why.md
 
 study-replay: install ## Study (c), docs/studies/replay.md: grpo on the quickstart regime with recording, every rule replayed
 	$(VENV)/bin/clipbench sweep sweeps/study_replay.yaml --results-dir $(RESULTS) --jobs 2
