@@ -359,3 +359,17 @@ def test_a_replication_on_another_machine_is_said():
     assert replication_cell(c).endswith("[on another machine: the same run ids need not give the same numbers]")
     c["machines"] = ["CPU B"]
     assert "another machine" not in replication_cell(c)
+
+
+def test_a_replication_sweep_still_running_is_said_first(store):
+    """A partial replication sweep gave its verdicts without a word (the replicated sweep's own
+    incompleteness was said); now the header's first lines say both."""
+    shutil.copytree(store / "fixture", store / "again2")
+    victim = sorted(d for d in (store / "again2").iterdir() if d.is_dir() and d.name.startswith("abc"))[0]
+    status = json.loads((victim / "status.json").read_text())
+    (victim / "status.json").write_text(json.dumps({**status, "state": "running"}))
+    _, result, _, header = build_report(store, "fixture", "grpo", replicate="again2")
+    assert header[0].startswith("INCOMPLETE: sweep 'again2' (the replication) has ")
+    assert f"1 running: {victim.name}" in header[0] and result["replicate"]["compared"] == 5
+    _, result, _, header = build_report(store, "fixture", "grpo", replicate="fixture")  # complete: no line
+    assert result["replicate"]["incomplete"] is None and not header[0].startswith("INCOMPLETE")

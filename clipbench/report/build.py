@@ -40,9 +40,9 @@ def header_lines(sweep: Sweep, result: dict) -> list[str]:
     runs = result["runs"]
     states = ", ".join(f"{v} {k}" for k, v in sorted(runs["states"].items()))
     finding = finding_line(result)
-    incomplete = sweep.incomplete_line()  # first: the numbers below may still change
+    incomplete = [sweep.incomplete_line(), (result.get("replicate") or {}).get("incomplete")]
     lines = (
-        ([incomplete] if incomplete else [])
+        [line for line in incomplete if line]  # first: the numbers below may still change
         + ([finding] if finding else [])
         + [
             f"Sweep '{sweep.name}' ({sweep.path}): {runs['total']} runs ({states}); {runs['compared']} compared.",
@@ -125,7 +125,12 @@ def claims_with_replication(sweep: Sweep, result: dict, replicate: Sweep | None,
         replicate_against(claims, evaluate_claims(replicate, other, family=sweep.claims), replicate.name)
         mine = {id(r) for r in compared}
         runs, group = compared + other, (lambda r: r.label if id(r) in mine else f"{replicate.name}: {r.label}")
-        result["replicate"] = {"sweep": replicate.name, "path": str(replicate.path), "compared": len(other)}
+        result["replicate"] = {
+            "sweep": replicate.name,
+            "path": str(replicate.path),
+            "compared": len(other),
+            "incomplete": replicate.incomplete_line("the replication"),  # None when every planned run finished
+        }
     result["claims"] = as_dicts(claims)
     if sweep.claims is not None:  # declared and tested: the family's size, as frozen and as the runs allow
         result["prereg"] = {**sweep.claims.to_dict(), "declared": sweep.claims.size(), "tested": len(claims)}

@@ -118,8 +118,9 @@ class Sweep:
                 out.setdefault(r.state, []).append(r.run_id)
         return out if len(out) > 3 or out["not_run"] else None
 
-    def incomplete_line(self) -> str | None:
-        """The report's first line when the sweep is not complete (its numbers may still change)."""
+    def incomplete_line(self, role: str = "") -> str | None:
+        """The report's first line when the sweep is not complete (its numbers may still change);
+        `role`: what the sweep is to the report, e.g. "the replication"."""
         inc = self.incomplete()
         if inc is None:
             return None
@@ -129,7 +130,7 @@ class Sweep:
             if k not in ("planned", "finished") and ids
         ]
         return (
-            f"INCOMPLETE: sweep '{self.name}' has {inc['finished']} of its {inc['planned']} planned runs finished "
+            f"INCOMPLETE: sweep '{self.name}'{f' ({role})' if role else ''} has {inc['finished']} of its {inc['planned']} planned runs finished "
             f"({'; '.join(parts)}); what follows is of the finished runs only and may change "
             f"(`clipbench sweep` finishes it)."
         )
