@@ -13,7 +13,6 @@ Files per format, in ``out_dir``: ``report.json`` (every number) always, plus
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 from clipbench.errors import UserError, unknown_choice
@@ -195,14 +194,10 @@ def build_report(
 
 
 def _figures_png(sweep: Sweep, result: dict) -> dict[str, bytes]:
-    from clipbench.report.plots import close_figures, make_figures  # noqa: PLC0415 - report.plots pulls in matplotlib
+    from clipbench.report.plots import close_figures, make_figures, png  # noqa: PLC0415 - report.plots pulls in matplotlib
 
     figs = {**make_figures(sweep, result), **replay_figures(result.get("replay"))}
-    out = {}
-    for name, fig in figs.items():
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-        out[name] = buf.getvalue()
+    out = {name: png(fig) for name, fig in figs.items()}
     close_figures(figs)
     return out
 

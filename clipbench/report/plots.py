@@ -16,6 +16,7 @@ distribution of log r pooled over steps and seeds, split by the sign of A, with 
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -148,10 +149,12 @@ def _finish(fig: Figure, axes, title: str, panels: Sequence[Mapping[str, pd.Seri
             if lb not in labels:
                 handles.append(h)
                 labels.append(lb)
+    ncol = min(4, len(labels)) or 1
+    rows = -(-len(labels) // ncol)  # the legend's rows under the axes: room for each, and the x label
     if handles:
-        fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), frameon=False)
+        fig.legend(handles, labels, loc="lower center", ncol=ncol, frameon=False)
     fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0.08 if handles else 0, 1, 0.95))
+    fig.tight_layout(rect=(0, min(0.45, 0.02 + 0.055 * rows) if handles else 0, 1, 0.95))
     return fig
 
 
@@ -457,13 +460,20 @@ def make_figures(sweep: Sweep, result: dict) -> dict[str, Figure]:
     return {k: v for k, v in figs.items() if v is not None}
 
 
+def png(fig: Figure) -> bytes:
+    """The figure as PNG, its bounding box grown to the legend under the axes (long labels included)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    return buf.getvalue()
+
+
 def save_figures(figs: Mapping[str, Figure], out_dir: str | Path) -> dict[str, Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {}
     for name, fig in figs.items():
         path = out / f"{name}.png"
-        fig.savefig(path, format="png")
+        path.write_bytes(png(fig))
         paths[name] = path
     return paths
 

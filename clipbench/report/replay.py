@@ -10,7 +10,6 @@ One block per trained rule (the reference every other rule is compared with).
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import numpy as np
@@ -242,14 +241,11 @@ def replay_figures(summary: dict | None) -> dict:
 
 
 def _pngs(summary: dict) -> dict[str, bytes]:
-    import matplotlib.pyplot as plt  # noqa: PLC0415 - matplotlib is heavy
+    from clipbench.report.plots import close_figures, png  # noqa: PLC0415 - report.plots pulls in matplotlib
 
-    out = {}
-    for name, fig in replay_figures(summary).items():
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-        plt.close(fig)
-        out[name] = buf.getvalue()
+    figs = replay_figures(summary)
+    out = {name: png(fig) for name, fig in figs.items()}
+    close_figures(figs)
     return out
 
 
