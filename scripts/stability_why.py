@@ -72,27 +72,30 @@ PRESETS = {"stability": FAMILIES, "organism": ORGANISM_FAMILIES}
 WITHIN = (-11.5, -5.5)  # mean gains (points) of the group that loses 6-11 points at the cliff
 
 
-def gains_by_rule(
-    results: Path, sweep: str, bench: str | None = None, by_method: bool = False
-) -> dict[str, list[float]]:
-    """{label (or rule, `by_method`): [gain per finished run]} of one sweep's store; `bench`: on it alone."""
+def by_rule(runs: Sequence, value, by_method: bool = False) -> dict[str, list[float]]:
+    """{label (or rule, `by_method`): [value(run) per finished run where it is not None]}."""
     out: dict[str, list[float]] = {}
-    for run in load_results(results, sweep).runs:
-        if run.state == "finished" and (g := run_gain(run, bench)) is not None:
-            out.setdefault(run.method if by_method else run.label, []).append(g)
+    for run in runs:
+        if run.state == "finished" and (v := value(run)) is not None:
+            out.setdefault(run.method if by_method else run.label, []).append(v)
     return out
 
 
-def drift_by_rule(results: Path, sweep: str, by_method: bool = False) -> dict[str, list[float]]:
-    """{label (or rule): [per finished run, the mean over its optimizer steps of `approx_kl`]}: how far
-    each rule's own training moved the policy from the rollout policy within an update (the k3
-    estimate of KL(old || new) on the mini-batch, docs/objectives.md), under its own optimizer state."""
-    out: dict[str, list[float]] = {}
-    for run in load_results(results, sweep).runs:
+def gains_by_rule(runs: Sequence, bench: str | None = None, by_method: bool = False) -> dict[str, list[float]]:
+    """Each finished run's gain over its base model (`run_gain`; on `bench` alone when given)."""
+    return by_rule(runs, lambda run: run_gain(run, bench), by_method)
+
+
+def drift_by_rule(runs: Sequence, by_method: bool = False) -> dict[str, list[float]]:
+    """Each finished run's mean over its optimizer steps of `approx_kl`: how far the rule's own training
+    moved the policy from the rollout policy within an update (the k3 estimate of KL(old || new) on
+    the mini-batch, docs/objectives.md), under its own optimizer state."""
+
+    def mean_kl(run) -> float | None:
         kls = [m["approx_kl"] for m in run.metrics if m.get("approx_kl") is not None]
-        if run.state == "finished" and kls:
-            out.setdefault(run.method if by_method else run.label, []).append(float(np.mean(kls)))
-    return out
+        return float(np.mean(kls)) if kls else None
+
+    return by_rule(runs, mean_kl, by_method)
 
 
 def drift_association(
@@ -367,8 +370,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     data = json.loads(args.replay.read_text())
     replay = data.get("replay", data)  # a report's report.json, or `clipbench replay`'s replay.json
     identical = [group for ref in replay["references"] for group in ref.get("identical") or []]
+    runs = load_results(args.results_dir, args.outcomes).runs
+    gains = gains_by_rule(runs, args.bench, args.by_method)
     result = association(
-        gains_by_rule(args.results_dir, args.outcomes, args.bench, args.by_method),
+        gains,
         replay["references"],
         identical,
         PRESETS[args.families],
@@ -376,8 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(markdown(result), end="")
     if args.drift:
-        gains = gains_by_rule(args.results_dir, args.outcomes, args.bench, args.by_method)
-        drift = drift_by_rule(args.results_dir, args.outcomes, args.by_method)
+        drift = drift_by_rule(runs, args.by_method)
         print("\n" + drift_markdown(drift_association(gains, drift, PRESETS[args.families])), end="")
     return 0
 

@@ -167,3 +167,26 @@ def test_the_performance_profile_is_each_labels_share_of_runs_above(figs):
     _, y = lines["grpo"].get_data()
     assert y[0] == 1.0 and y[-1] == 0.0 and list(y) == sorted(y, reverse=True)
     assert set(np.round(y, 6)) <= {1.0, 0.75, 0.5, 0.25, 0.0}  # quarters: 4 scores
+
+
+def test_the_png_holds_a_legend_of_long_labels_whole():
+    """Before plots.png, a figure legend of long labels (organism_confirm's ten
+    'dual_clip(lr=0.0001)'-like labels, four columns) ran past both sides of a 7-inch figure and was
+    cut; the PNG now grows to the legend's extent."""
+    import struct
+
+    import matplotlib.pyplot as plt
+
+    from clipbench.report.plots import png
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
+    for i in range(10):
+        ax.plot([0, 1], [i, i + 1], label=f"a_rather_long_rule_name_{i}(lr=0.0001)")
+    legend = fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=4)
+    fig.canvas.draw()
+    wide = legend.get_window_extent().width  # pixels at the figure's dpi
+    assert wide > 700  # wider than the figure itself: the case that was cut
+    data = png(fig)
+    width = struct.unpack(">I", data[16:20])[0]  # the PNG's IHDR width
+    plt.close(fig)
+    assert width >= wide

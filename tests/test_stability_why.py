@@ -133,7 +133,9 @@ def test_the_in_run_drift_is_each_rules_own_approx_kl_over_grpos(why, tmp_path):
         (d / "metrics.jsonl").write_text(
             "".join(json.dumps({"opt_step": j, "approx_kl": k}) + "\n" for j, k in enumerate(kls))
         )
-    drift = why.drift_by_rule(tmp_path, "s", by_method=True)
+    from clipbench.report.load import load_results
+
+    drift = why.drift_by_rule(load_results(tmp_path, "s").runs, by_method=True)
     # per run the mean over its steps: grpo (1+3)/2 = 2 and 2; luspo 4; cispo 1 (the running run is left out)
     assert drift == {"grpo": [2.0, 2.0], "luspo": [4.0], "cispo": [1.0]}
     gains = {"grpo": [10.0], "luspo": [5.0], "cispo": [20.0]}

@@ -158,11 +158,11 @@ def replay_command(
     name, runs, is_sweep = resolve(target, results_dir)
     check_formats(runs)  # a store of a newer format: one line, nothing replayed
     # a sweep: its finished runs; a run named on its own: as it stands
-    recorded, left_out = finished_runs(runs) if is_sweep else ([r for r in runs if list_records(r)], [])
+    recorded, left_out = finished_runs(runs) if is_sweep else ([r for r in runs if list_records(r)], None)
     if not recorded and (damaged := [d for r in runs for d in damaged_records(r)]):
         raise UserError(f"{damaged[0]}: damaged record: no {INDEX} ({len(damaged)} such record(s)); {REMEDY}")
     if not recorded and left_out:
-        raise UserError(f"{target}: no finished run has records yet ({left_out[0].removeprefix('left out: ')})")
+        raise UserError(f"{target}: no finished run has records yet ({left_out})")
     if not recorded:
         raise UserError(f"{target}: no records in {len(runs)} run(s); train with train.record.every=N (docs/replay.md)")
     settings = trained_settings(runs) if SWEEP in (rules, lr) else []
@@ -188,7 +188,11 @@ def replay_command(
         progress=progress,
         rates=rates,
     )
-    result.notes += left_out
+    if left_out:
+        result.notes.append(
+            f"left out: {left_out}: their records cover part of their steps; replay them by run directory, "
+            "or when they finish"
+        )
     if not result.rows:
         raise UserError(f"{target}: no recorded optimizer step matches --steps {steps}")
     if json_out:

@@ -42,11 +42,11 @@ class ReplayResult:
     notes: list[str] = field(default_factory=list)
 
 
-def finished_runs(run_dirs: Iterable[Path]) -> tuple[list[Path], list[str]]:
-    """A sweep's runs that a replay reads: (the finished runs with records, a note naming the others
-    with records). A run still training, preempted or failed has records of only part of its steps,
-    and the runs still training write more while the replay reads, so a sweep's replay is of its
-    finished runs; a run named on its own is replayed as it stands (`replay_runs`)."""
+def finished_runs(run_dirs: Iterable[Path]) -> tuple[list[Path], str | None]:
+    """A sweep's runs that a replay reads: (the finished runs with records, a line naming the others
+    with records, None when there are none). A run still training, preempted or failed has records of
+    only part of its steps, and the runs still training write more while the replay reads, so a
+    sweep's replay is of its finished runs; a run named on its own is replayed as it stands."""
     kept, left = [], {}
     for d in map(Path, run_dirs):
         if not list_records(d):
@@ -56,16 +56,10 @@ def finished_runs(run_dirs: Iterable[Path]) -> tuple[list[Path], list[str]]:
             kept.append(d)
         else:
             left.setdefault(state.value, []).append(d.name)
-    notes = (
-        [
-            f"left out: {sum(map(len, left.values()))} run(s) with records that have not finished ("
-            + "; ".join(f"{k} {len(v)}: {', '.join(v)}" for k, v in sorted(left.items()))
-            + "): their records cover part of their steps; replay them by run directory, or when they finish"
-        ]
-        if left
-        else []
-    )
-    return kept, notes
+    if not left:
+        return kept, None
+    states = "; ".join(f"{k} {len(v)}: {', '.join(v)}" for k, v in sorted(left.items()))
+    return kept, f"{sum(map(len, left.values()))} run(s) with records that have not finished ({states})"
 
 
 def trained_rule(record) -> RuleSpec:

@@ -228,7 +228,6 @@ def _fit(solve, cells: Mapping[float, dict], reference: Mapping[float, dict] | N
 
 
 def block_stability(runs: Sequence[RunRecord], health: Mapping[str, dict], bench: str | None = None) -> dict | None:
-    rates = sorted({lr for r in runs if (lr := run_lr(r)) is not None})
     rule_of = rule_labels(runs)
     per_rule: dict[str, set[float]] = {}
     for r in runs:
@@ -236,6 +235,7 @@ def block_stability(runs: Sequence[RunRecord], health: Mapping[str, dict], bench
             per_rule.setdefault(rule_of[r.run_id], set()).add(lr)
     if max(map(len, per_rule.values()), default=0) < 2:  # no rule at two rates: no ladder to read
         return None
+    rates = sorted(set().union(*per_rule.values()))
     rules = list(dict.fromkeys(rule_of[r.run_id] for r in runs))
     out: dict = {"rates": rates, "rules": {}, "bench": bench}
     for rule in rules:
