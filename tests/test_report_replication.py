@@ -361,6 +361,29 @@ def test_a_replication_on_another_machine_is_said():
     assert "another machine" not in replication_cell(c)
 
 
+def test_a_replications_cell_gives_its_interval_and_the_holm_p_its_verdict_is_read_at():
+    # the preregistration shows the second build's estimates and intervals beside the primary's.
+    # B's abc - grpo per seed 0.09, 0.11, 0.10, 0.12, 0.08: mean 0.10, sd = sqrt(0.001 / 4) = 0.0158114,
+    # se = 0.0158114 / sqrt(5) = 0.00707107, t(0.975, 4) = 2.776445: 0.10 +- 0.0196324 = [0.0804, 0.1196];
+    # t = 14.14, p = 0.00015 (two-sided, df 4)
+    from clipbench.report.claims_table import replication_cell
+
+    cs = evaluate_claims(None, entropy_runs([0.10, 0.12, 0.08, 0.11, 0.09]))
+    replicate_against(cs, evaluate_claims(None, entropy_runs([0.09, 0.11, 0.10, 0.12, 0.08])), "B")
+    (e,) = [c for c in cs if c.claim == ENTROPY]
+    (b,) = e.replication["parts"]
+    assert b["ci"] == pytest.approx([0.0803676, 0.1196324], abs=1e-6) and b["p"] == pytest.approx(0.000146, rel=0.01)
+    assert b["p"] <= b["p_holm"] <= 1  # Holm over B's own family of claims
+    cell = replication_cell({"replication": e.replication})
+    assert cell.startswith("replicates (B: seeds 0-4: holds +0.1 [+0.0804, +0.12], p <0.001, p Holm ")
+    # a part written before parts kept an interval or a Holm p: neither is made up
+    old = {"name": "B", "verdict": "holds", "estimate": 0.1, "p": 0.01}
+    assert (
+        replication_cell({"replication": {"status": "replicates", "parts": [old]}})
+        == "replicates (B: holds +0.1, p 0.010)"
+    )
+
+
 def test_a_replication_sweep_still_running_is_said_first(store):
     """A partial replication sweep gave its verdicts without a word (the replicated sweep's own
     incompleteness was said); now the header's first lines say both."""

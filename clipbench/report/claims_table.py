@@ -42,6 +42,18 @@ def claim_verdict_cell(c: dict) -> str:
     return text
 
 
+def _ci_text(ci) -> str:
+    """' [-0.6, +1.1]'; '' for a part without one (a report written before parts kept it)."""
+    if not ci or not all(math.isfinite(x) for x in ci):
+        return ""
+    return f" [{ci[0]:+.3g}, {ci[1]:+.3g}]"
+
+
+def _holm_text(p_holm) -> str:
+    """', p Holm 0.017' (the part's verdict is read at it); '' where the part has no family."""
+    return f", p Holm {_p_text(p_holm)}" if p_holm is not None and math.isfinite(p_holm) else ""
+
+
 def replication_cell(c: dict) -> str:
     rep = c.get("replication")
     if not rep:
@@ -50,7 +62,8 @@ def replication_cell(c: dict) -> str:
         return f"not tested: {rep['reason']}"
     short = {"inconclusive at this scale": "inconclusive"}
     parts = "; ".join(
-        f"{x['name']}: {short.get(x['verdict'], x['verdict'])} {x['estimate']:+.3g}, p {_p_text(x['p'])}"
+        f"{x['name']}: {short.get(x['verdict'], x['verdict'])} {x['estimate']:+.3g}{_ci_text(x.get('ci'))}, "
+        f"p {_p_text(x['p'])}{_holm_text(x.get('p_holm'))}"
         for x in rep["parts"]
     )
     mine = set(c.get("machines") or [])

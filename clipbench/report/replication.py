@@ -83,6 +83,7 @@ def part(name: str, c: ClaimResult) -> dict:
         "estimate": c.estimate,
         "ci": list(c.ci),
         "p": c.p,
+        "p_holm": c.p_holm,  # the verdict is read at it, over the part's own family
         "n": c.n,
         "verdict": c.verdict,
         "checksums": list(c.checksums),
