@@ -43,7 +43,7 @@ def claim_verdict_cell(c: dict) -> str:
 
 
 def _ci_text(ci) -> str:
-    """' [-0.6, +1.1]'; '' for a part without one (a report written before parts kept it)."""
+    """' [-0.6, +1.1]'; '' without a finite interval (or a replication part written before parts kept it)."""
     if not ci or not all(math.isfinite(x) for x in ci):
         return ""
     return f" [{ci[0]:+.3g}, {ci[1]:+.3g}]"
@@ -51,7 +51,7 @@ def _ci_text(ci) -> str:
 
 def _holm_text(p_holm) -> str:
     """', p Holm 0.017' (the part's verdict is read at it); '' where the part has no family."""
-    return f", p Holm {_p_text(p_holm)}" if p_holm is not None and math.isfinite(p_holm) else ""
+    return f", p Holm {text}" if (text := _p_text(p_holm)) else ""
 
 
 def replication_cell(c: dict) -> str:
@@ -98,8 +98,6 @@ def claims(rows: list[dict]) -> Table | None:
     ]
     t = Table("claims", "The papers' claims at this scale", cols, sections=False)
     for c in rows:
-        lo, hi = c["ci"]
-        ci = f" [{lo:+.3g}, {hi:+.3g}]" if math.isfinite(lo) and math.isfinite(hi) else ""
         mde = c.get("mde", math.nan)
         flagged = (
             c["verdict"] == "does not hold"
@@ -112,7 +110,7 @@ def claims(rows: list[dict]) -> Table | None:
                 f"{c['claim']} ({c['source']})",
                 c["comparison"],
                 c["figure"],
-                f"{c['estimate']:+.3g}{ci}",
+                f"{c['estimate']:+.3g}{_ci_text(c['ci'])}",
                 c["test"],
                 str(c["n"]),
                 _p_text(c["p"]),
