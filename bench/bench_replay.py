@@ -231,6 +231,7 @@ def replay_speed(threads: int) -> dict:
     adv = ((grp - grp.mean(1, keepdim=True)) / (grp.std(1, keepdim=True) + 1e-6)).reshape(-1)
     tensors = {
         "logp": logp[None],
+        "entropy": (torch.rand(B, T, generator=g) * 2 * mask)[None],  # per slot, as training records it (aspo reads it)
         "old_logp": old,
         "mask": mask,
         "advantages": adv,
