@@ -2,9 +2,13 @@
 
 - case 5: `kill -9` of one worker of a `--jobs 2` sweep (what the kernel's out-of-memory killer
   does). Before: every run printed "crashed", the sibling's run was stopped, the queued runs never
-  started and the advice was "--retry-failed". Now the killed run is the one reported ("killed",
-  status failed with reason worker-killed), the sibling resumes from its checkpoint in a new pool, the
-  queued runs train, and a plain rerun finishes the killed run to the numbers of an uninterrupted sweep.
+  started and the advice was "--retry-failed"; later, with the standard library's pool, the sibling
+  was stopped and resumed in a new pool, and the sweep hung forever when the killed worker had held
+  the pool's shared queue lock (idle between runs, or writing a message: CI hung so once). Now each
+  worker has a pipe of its own: the killed run is the one reported ("killed", status failed with
+  reason worker-killed), the sibling trains on undisturbed (one attempt), the queued runs train, and
+  a plain rerun finishes the killed run to the numbers of an uninterrupted sweep. A worker killed
+  between runs costs nothing.
 - case 6: Ctrl-C (SIGINT to the terminal's process group) and SIGHUP with `--jobs 2`: the training
   runs checkpoint (status preempted), no queued run starts, exit 130 (129 for SIGHUP); the rerun
   finishes every run to the uninterrupted numbers. Before: the idle workers trained the queued runs to
@@ -135,12 +139,95 @@ def test_kill_9_of_one_worker_stops_only_its_run_and_a_plain_rerun_recovers(clea
     assert "3/4 runs finished; 1 stopped (its worker was killed): rerun the same command to resume" in err
     st = victim.status()
     assert st["state"] == "failed" and st["reason"] == "worker-killed"
+    others = [RunDir(d) for d in (res / "par").iterdir() if d.name != victim.run_id and (d / "status.json").exists()]
+    assert [(rd.status()["state"], rd.status()["attempts"]) for rd in others] == [("finished", 1)] * 3  # undisturbed
     again = run_sweep(f, res)  # the plain command, no --retry-failed
     assert again.returncode == 0, again.stderr[-3000:]
     # the killed run resumes from its checkpoint, or starts again when it died before its first one
     counts = r"3 finished, (1 to resume, 0 to start|0 to resume, 1 to start)"
     assert re.search(counts, again.stderr), again.stderr[-2000:]
     assert_same_as(res, clean)
+
+
+def test_a_worker_killed_between_runs_costs_nothing(tmp_path):
+    """A short run and a long one: once the short one has finished, its worker is killed (before:
+    the worker, idle in the pool's shared queue, held that queue's lock; the pool stopped the long
+    run, which then waited for the lock forever). Now the worker has left (nothing to hand it) or
+    dies with nothing of its own, and the long run trains on to its end."""
+    f = tmp_path / "two.yaml"
+    overrides = {k: v for k, v in TINY.items() if k != "train.steps"}
+    f.write_text(
+        yaml.safe_dump(
+            {
+                "name": "two",
+                "base": str(REPO / "recipes" / "arith_tiny.yaml"),
+                "overrides": overrides,
+                "grid": {"train.steps": [2, 40]},
+            }
+        )
+    )
+    res = tmp_path / "results"
+    p = start_sweep(f, res)
+    runs = lambda: [RunDir(d) for d in (res / "two").glob("*") if (d / "status.json").exists()]  # noqa: E731
+    done = lambda: [rd for rd in runs() if rd.status()["state"] == "finished"]  # noqa: E731
+    wait_for(lambda: done() and training(res / "two"), 400, "the short run finished, the long one training", p)
+    try:
+        os.kill(done()[0].status()["pid"], signal.SIGKILL)
+    except ProcessLookupError:  # it had left already
+        pass
+    _, err = p.communicate(timeout=800)
+    assert p.returncode == 0, err[-3000:]
+    assert "2/2 runs finished" in err
+    assert sorted(rd.status()["attempts"] for rd in runs()) == [1, 1]
+
+
+def _workers_of(pid: int) -> list[int]:
+    """The live spawned worker processes whose parent is `pid`."""
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            cmd = (d / "cmdline").read_bytes()
+        except (OSError, IndexError):
+            continue
+        if fields[1] == str(pid) and fields[0] != "Z" and b"spawn_main" in cmd:
+            out.append(int(d.name))
+    return out
+
+
+def test_a_worker_that_dies_before_its_run_starts_gives_the_run_back_once(tmp_path):
+    """A one-run sweep with --jobs 2: its worker is killed as it starts up (importing, before it read
+    the run), and so is the worker that replaces it. The first death gives the run back to the queue;
+    the second fails it with reason worker-killed, saying so; the same command then trains it."""
+    f = tmp_path / "one.yaml"
+    f.write_text(
+        yaml.safe_dump(
+            {
+                "name": "one",
+                "base": str(REPO / "recipes" / "arith_tiny.yaml"),
+                "overrides": {**TINY, "train.steps": 2},
+                "grid": {"seed": [0]},
+            }
+        )
+    )
+    res = tmp_path / "results"
+    p = start_sweep(f, res)
+    killed: set[int] = set()
+    t0 = time.time()
+    while len(killed) < 2 and time.time() - t0 < 300 and p.poll() is None:
+        for pid in set(_workers_of(p.pid)) - killed:
+            os.kill(pid, signal.SIGKILL)  # within milliseconds of its birth: it is still importing
+            killed.add(pid)
+        time.sleep(0.01)
+    _, err = p.communicate(timeout=300)
+    assert len(killed) == 2 and p.returncode == 1, err[-3000:]
+    (rd,) = [RunDir(d) for d in (res / "one").iterdir() if (d / "status.json").exists()]
+    st = rd.status()
+    assert st["state"] == "failed" and st["reason"] == "worker-killed" and "attempts" not in st  # never started
+    assert st["error"].startswith("its worker processes died twice before the run started (the last: pid ")
+    assert "0/1 runs finished; 1 stopped (its worker was killed): rerun the same command to resume" in err
+    again = run_sweep(f, res)
+    assert again.returncode == 0 and "1/1 runs finished" in again.stderr, again.stderr[-2000:]
 
 
 @pytest.mark.parametrize(

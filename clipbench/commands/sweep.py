@@ -42,14 +42,14 @@ from clipbench.sweep.execute import (
     RunTask,
     checkpoint_step,
     classify,
-    run_parallel,
+    outcome_from_store,
     run_sequential,
     run_task,
-    threads_per_worker,
 )
 from clipbench.sweep.expand import Expansion, expand, iter_summary
 from clipbench.sweep.hydra_app import check_launcher, launch
 from clipbench.sweep.manifest import freeze, manifest_path, manifest_runs, merge, read_manifest
+from clipbench.sweep.pool import run_parallel, threads_per_worker
 from clipbench.sweep.spec import SweepSpec, load_spec
 from clipbench.sweep.submitted import plans_of, submit_plans
 from clipbench.tracking.files import REMEDIES, check_writable_dir
@@ -273,7 +273,7 @@ def execute(
             threads=threads_per_worker(jobs) if launcher == "joblib" else None,
             sweep_dir=mpath.parent,
         )
-        return [_outcome_from_store(t) for t in tasks], rc
+        return [outcome_from_store(t) for t in tasks], rc
     with SweepProgress(len(tasks), console=err, title=sweep) as ui:
         return (run_parallel(tasks, jobs, ui) if jobs > 1 else run_sequential(tasks, ui)), 0
 
@@ -549,17 +549,6 @@ def _warm_metrics_cache(results_dir: Path, sweep: str) -> None:
         load_sweep_metrics(results_dir, sweep)
     except Exception:  # noqa: BLE001 - an optimisation only
         pass
-
-
-def _outcome_from_store(task: RunTask) -> dict:
-    st = task.run_dir.status()
-    state = st.get("state", "pending")
-    outcome = {
-        "finished": "resumed" if st.get("resumed_from") is not None else "finished",
-        "failed": "failed",
-        "preempted": "preempted",
-    }.get(state, "incomplete")
-    return {"run_id": task.run_id, "label": task.label, "outcome": outcome, "error": st.get("error")}
 
 
 def _state(rd: RunDir) -> str:
