@@ -5,10 +5,10 @@
 The sweep hands one run at a time to an idle worker over that worker's pipe, and reads the run's
 progress and its outcome back on the same pipe. Nothing is shared between the workers (no queue,
 lock or event), so a worker that dies at any moment, even halfway through writing a message, leaves
-the others nothing to wait on. The standard library's pools share one locked queue among their
-workers: a worker killed while it held that queue's lock (idle, waiting for its next task; or
-sending its progress or its result) left every other worker, and the sweep with them, waiting
-forever (`tests/test_faults_sweep.py` kills such a worker).
+the others nothing to wait on. The standard library's pools share locked queues among their
+workers: a worker killed while it held a lock (idle, waiting for its next task, as reproduced and
+now tested in `tests/test_faults_sweep.py`; or, by reading the code, while sending its progress or
+its result) left every other worker, and the sweep with them, waiting forever.
 
 A worker that dies (`kill -9`, the kernel's out-of-memory killer):
 - while it trained a run (the run's status says running, with the worker's pid): that run alone is
@@ -227,13 +227,12 @@ class _Pool:
                 w.process.terminate()
             else:
                 w.hand(None)
-            w.conn.close()  # a busy worker's outcome has nowhere to go: the store keeps its state
         for w in self.workers + self.retired:
+            w.conn.close()  # a busy worker's outcome has nowhere to go: the store keeps its state
             w.process.join(timeout=None if w in busy else 60)
             if w.process.is_alive():
                 w.process.kill()
                 w.process.join()
-            w.conn.close()
         self.workers, self.retired = [], []
 
 
