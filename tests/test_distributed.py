@@ -309,3 +309,42 @@ def test_sigterm_preempts_two_processes_and_one_process_resumes_the_same_run(one
     assert res.returncode == 0, res.stderr
     assert rd.status()["state"] == "finished"
     same_training(one_process, rd)
+
+
+@processes
+def test_a_lagged_run_on_two_processes_resumes_on_one_where_one_process_ends(tmp_path):
+    """sampler.lag on 2 processes (each rank keeps its shard of the past policies and swaps it in):
+    the same training as one process; preempted by SIGTERM and resumed on ONE process, the policies
+    the lagged sampler still needs come back from the 2 ranks' checkpoint (resharded)."""
+    lagged = [*overrides(), "sampler.lag=1"]  # the decoupled form: recompute, the behaviour gap through tis
+    one = RunDir(tmp_path / "one")
+    run_training(load_run_config(RECIPE, lagged), one.path)
+    results = tmp_path / "results"
+    args = ["train", RECIPE, *lagged, "--results-dir", str(results)]
+    rd = RunDir(results / "train" / run_id(load_run_config(RECIPE, lagged)))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "clipbench", *args, "--nproc-per-node", "2"],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 300
+    while not (rd.metrics_path.exists() and rd.metrics_path.read_text().count("\n") >= 5):
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-3000:]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # during rollout step 1 or 2: past the policy of step 0
+    err = proc.communicate(timeout=300)[1]
+    assert proc.returncode == 75, err[-3000:]
+    assert (rd.checkpoint_dir / "lag").is_dir()
+    res = clipbench(*args, "--resume")
+    assert res.returncode == 0, res.stderr
+    ra, rb = one.read_metrics(), rd.read_metrics()
+    assert [r["offpolicy/lag"] for r in rb[::4]] == [0, 1, 1]
+    for x, y in zip(ra, rb, strict=True):
+        assert abs(x["loss"] - y["loss"]) <= 1e-5 * max(abs(x["loss"]), 1.0), x["opt_step"]
+        assert x["reward/mean"] == y["reward/mean"]  # the same completions were sampled
+        assert x["offpolicy/kl"] == pytest.approx(y["offpolicy/kl"], rel=1e-4, abs=1e-9)
+        assert x["offpolicy/out_of_band"] == y["offpolicy/out_of_band"]
+    pa, pb = (load_policy(r.checkpoint_dir)[0].state_dict() for r in (one, rd))
+    assert max(float((pa[k] - pb[k]).norm() / pa[k].norm()) for k in pa) <= 1e-5

@@ -62,6 +62,7 @@ CHANGES = {
     "sampler.top_p": 0.9,
     "sampler.old_logp": "sampler",
     "sampler.prompts_per_call": 2,
+    "sampler.lag": 2,
     "sampler.gpu_memory_utilization": 0.5,
     "sampler.sleep_mode": True,
     "sampler.correction": "icepop",

@@ -60,6 +60,23 @@ def test_grpo_golden():
     assert [out.stats[f"{c}/zero_grad"].item() for c in CELLS] == [1, 0, 1, 0, 1, 0]
 
 
+def test_unclipped_golden():
+    # -r*A in every cell, gradient dl/dlogp = -A*r: never zero where A != 0 (no band)
+    out = run_cases(
+        "unclipped",
+        [
+            (1.5, 2, -3.0, -3.0),  # Q1 past 1.2 (grpo: clipped, 0): -1.5*2 = -3.0
+            (0.5, 2, -1.0, -1.0),  # Q2: -0.5*2
+            (0.5, -2, 1.0, 1.0),  # Q3 below 0.8 (grpo: clipped, 0): 0.5*2 = 1.0
+            (3.0, -2, 6.0, 6.0),  # Q4 far out: 3*2 = 6.0, as grpo's
+            (1.1, 2, -2.2, -2.2),  # Q1 in band: grpo's value
+            (1.5, 0, 0.0, 0.0),  # A == 0
+        ],
+    )
+    # the default band (0.2 / 0.2) counts the out-of-band tokens; none is zeroed
+    assert [out.stats[f"{c}/out_of_band"].item() for c in CELLS] == [1, 1, 1, 1, 1, 0]
+
+
 def test_dapo_golden():
     run_cases(
         "dapo",

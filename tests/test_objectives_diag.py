@@ -201,6 +201,7 @@ def test_registry_metadata():
         "gppo",
         # from verl, TRL and papers (tests/test_objectives_external.py)
         "gpg",
+        "unclipped",
         "dro",
         "clip_cov",
         "kl_cov",

@@ -26,6 +26,7 @@ NESTED_ID_DEFAULTS = {
     ("train", "router_aux_loss_coef"): 0.0,
     ("model", "routing_replay"): "none",
     ("eval", "n_ends"): None,
+    ("sampler", "lag"): 0,
 }
 # Rule parameters added to a rule after its runs had ids: (method, parameter) -> the value that keeps
 # it out of the hash, so every run id of that rule from before the parameter existed is unchanged.

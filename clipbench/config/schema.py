@@ -222,6 +222,14 @@ class SamplerConfig:
     sleep_mode: bool = declared(
         False, help="vllm on CUDA: the engine sleeps while the trainer updates (frees its share)"
     )
+    lag: int = declared(
+        0,
+        Range(0, MAX_STEPS),
+        "policy lag k: each rollout batch is sampled by the policy as it was k rollout steps earlier (the "
+        "first k steps by the oldest there is, the base model), as an asynchronous trainer's stale "
+        "workers do; 0: on-policy sampling. The ratio's reference is old_logp's (sampler: the behaviour "
+        "policy; recompute: the current policy, the behaviour gap through sampler.correction)",
+    )
     correction: Slot = declared(
         factory=lambda: Slot("none"),
         help="the sampler/trainer correction (needs old_logp: recompute): {name: <correction>, <param>: ...}, "

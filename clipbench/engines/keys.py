@@ -126,6 +126,10 @@ TRL: dict[str, Support] = {
         why="TRL recomputes the old log-probs itself (its importance-sampling correction is sampler.correction)",
     ),
     "sampler.prompts_per_call": refused("TRL samples a whole generation batch in one call"),
+    "sampler.lag": refused(
+        "TRL's GRPOTrainer samples each generation batch with the current policy (steps_per_generation "
+        "reuses a batch, it does not sample it with an older policy)"
+    ),
     "sampler.gpu_memory_utilization": mapped(G + "vllm_gpu_memory_utilization"),
     "sampler.sleep_mode": mapped(G + "vllm_enable_sleep_mode"),
     "sampler.correction": mapped(
@@ -240,6 +244,10 @@ VERL: dict[str, Support] = {
         why="not wired to verl's rollout-correction bypass mode",
     ),
     "sampler.prompts_per_call": refused("verl samples a whole batch per call"),
+    "sampler.lag": refused(
+        "verl's PPO trainer samples with the current policy; its asynchronous trainers (one-step-off-policy, "
+        "fully-async) are other entry points, not launched by clipbench"
+    ),
     "sampler.gpu_memory_utilization": mapped(R + "gpu_memory_utilization"),
     "sampler.sleep_mode": mapped(R + "free_cache_engine"),
     "sampler.correction": mapped(

@@ -7,6 +7,8 @@
         rollout.pt     with "partial": the interrupted rollout step (train/preempt.py: Partial)
         logs/          a copy of the run's metrics.jsonl and hist/log_ratio.jsonl as they were when it
                        was written: resume restores rows the store lost (a torn or unsynced append)
+        lag/<step>/    with sampler.lag: the policies a lagged sampler still samples from (train/lag.py),
+                       torch.distributed.checkpoint each; state.json's "lag_steps" lists them
         dcp/           torch.distributed.checkpoint of {"model": ..., "optim": ...}: one file per rank
                        (__<rank>_0.distcp) + .metadata; parameter names are the HF model's
         model/         config.json, generation config and tokenizer (no weights): rebuilds the model
@@ -36,6 +38,7 @@ import os
 import resource
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -70,10 +73,13 @@ def save_checkpoint(
     partial: dict | None = None,
     owner: dict | None = None,
     logs: dict[str, Path] | None = None,
+    also: Callable[[Path], None] | None = None,
 ) -> None:
     """Every rank calls this (collective); rank 0 writes the small files and swaps the directories.
     `partial`: an interrupted rollout step (the same on every rank), saved as rollout.pt; `owner`:
-    whose checkpoint it is ({"run_id", "seed"}); `logs`: {name: the run's file} copied into `logs/`."""
+    whose checkpoint it is ({"run_id", "seed"}); `logs`: {name: the run's file} copied into `logs/`;
+    `also(dir)`: every rank writes more of the run's state into the checkpoint's directory (a lagged
+    run's snapshots: train/lag.py), before its files are summed."""
     root = last.parent
     tmp = root / f".tmp-{int(state['step'])}"
     if dist.main:
@@ -81,6 +87,9 @@ def save_checkpoint(
             shutil.rmtree(stale, ignore_errors=True)
     try:
         save_model_state(tmp, model=model, optimizer=optimizer, tokenizer=tokenizer, dist=dist)
+        if also is not None:
+            also(tmp)
+            dist.barrier()  # every rank's files are written before rank 0 sums them
         if dist.main:
             if partial is not None:
                 torch.save(partial, tmp / ROLLOUT)

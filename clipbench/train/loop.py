@@ -52,7 +52,8 @@ from clipbench.eval.suite import eval_suite, run_eval
 from clipbench.models import compute_dtype, dtype_name, resolve_model_name
 from clipbench.models.routing import RouteReplay, row_routes_table
 from clipbench.objectives import reads_rollout_logp
-from clipbench.objectives.corrections import NONE, apply_correction, is_batch_metric
+from clipbench.objectives.corrections import NONE, apply_correction
+from clipbench.objectives.staleness import staleness_sums
 from clipbench.rollout import build_sampler, resolve_backend
 from clipbench.seeds import generator
 from clipbench.tasks import build_run_task
@@ -72,7 +73,8 @@ from clipbench.train.checkpoint import (
     save_checkpoint,
 )
 from clipbench.train.distributed import Dist, init_distributed
-from clipbench.train.metrics import log_step, metric_rows, sum_histogram
+from clipbench.train.lag import PolicyLag
+from clipbench.train.metrics import log_step, metric_rows, rollout_metric, sum_histogram
 from clipbench.train.packing import pack
 from clipbench.train.preempt import NO_STOP, Partial, StopRequest, cpu_inputs, mark_preempted
 from clipbench.train.record import NO_CAPTURE, Recorder
@@ -113,6 +115,7 @@ class Trainer:
     objective: Objective
     compute: Callable  # () -> context manager of the forward passes (autocast in one process)
     recorder: Recorder  # train.record: which rollout steps are recorded (train/record.py)
+    lag: PolicyLag  # sampler.lag: the policies a lagged sampler samples from (train/lag.py)
     state: dict  # step, opt_step, skipped_nonfinite (what a checkpoint restores)
     evaluated: tuple[bool, bool]  # the start's and the end's evaluation already stored (a resumed run)
     stop: StopRequest = NO_STOP  # a preemption request (train/preempt.py)
@@ -152,6 +155,17 @@ def prepare_run_dir(rd: RunDir, dist: Dist, resume: bool, cfg: RunConfig) -> tup
     return ckpt, notes
 
 
+def load_lag(lag: PolicyLag, ckpt: Path, model: torch.nn.Module, state: dict) -> None:
+    """A lagged run's snapshots from its checkpoint (the steps its state.json lists). A lagged run's
+    checkpoint without them cannot continue the run (ValueError: it is set aside as damaged)."""
+    steps = state.pop("lag_steps", None)
+    if not lag.active:
+        return
+    if steps is None:
+        raise ValueError("it holds no snapshots of the lagged sampler's policies (sampler.lag)")
+    lag.load(ckpt, model, steps)
+
+
 def setup(
     cfg: RunConfig, rd: RunDir, dist: Dist, *, resume: bool, sink: MetricSink, stop: StopRequest = NO_STOP
 ) -> Trainer:
@@ -165,10 +179,12 @@ def setup(
     model, ref_model, tok = build_models(cfg, dist, dtype)
     optimizer, scheduler = build_optimizer(model, cfg.train)
     state, partial = {"step": 0, "opt_step": 0, "skipped_nonfinite": 0}, None
+    lag = PolicyLag(cfg.sampler.lag)
     if ckpt is not None:
         try:
             state = load_checkpoint(ckpt, model=model, optimizer=optimizer, scheduler=scheduler)
             partial = load_partial(ckpt)
+            load_lag(lag, ckpt, model, state)
         except BaseException as e:  # DCP's CheckpointException is a BaseException
             if not damaged_checkpoint(e):
                 raise
@@ -180,6 +196,7 @@ def setup(
                 "the run restarts from step 0",
             ]
             ckpt, state, partial = None, {"step": 0, "opt_step": 0, "skipped_nonfinite": 0}, None
+            lag = PolicyLag(cfg.sampler.lag)
             if dist.main:
                 rd.clear_generated()
             dist.barrier()
@@ -191,11 +208,13 @@ def setup(
     # the sampler's log-probs: its old log-probs, or the mismatch (always logged by vLLM; with hf only
     # when a correction asks for it: hf samples from the training model itself)
     # (and a rule that reads the rollout policy's log-probs: rollout_is)
+    # (and a lagged sampler: the behaviour policy's log-probs measure the batch's staleness)
     want_logp = (
         sc.old_logp == "sampler"
         or cfg.sampler.correction.name != NONE
         or backend == "vllm"
         or reads_rollout_logp(cfg.objective.name)
+        or sc.lag > 0
     )
     eval_tokens = cfg.eval.max_new_tokens or sc.max_new_tokens  # the engine must hold eval's completions too
     sampler = build_sampler(
@@ -258,6 +277,7 @@ def setup(
         objective=Objective.from_config(cfg),
         compute=compute,
         recorder=Recorder(cfg, rd, dist, model, sink),
+        lag=lag,
         state=state,
         evaluated=evaluated,
         stop=stop,
@@ -266,7 +286,18 @@ def setup(
 
 
 # ----------------------------------------------------------------------------------------------
-# Update: every optimizer step of one rollout batch
+# Rollout and update: every optimizer step of one rollout batch
+
+
+def rollout(trainer: Trainer, step: int) -> RolloutBatch:
+    """Rollout step `step`'s batch, sampled by the behaviour policy (the current one, or with
+    sampler.lag the policy of `lag` rollout steps ago: train/lag.py), scored, with its advantages."""
+    trainer.lag.observe(step, trainer.model)
+    with trainer.lag.behaviour(step, trainer.model, trainer.sampler) as lag:
+        batch = collect_rollout(trainer.cfg, step, trainer.task, trainer.pool, trainer.sampler, trainer.dist)
+    if trainer.lag.active:
+        batch.metrics["offpolicy/lag"] = lag
+    return batch
 
 
 def update(trainer: Trainer, step: int, batch: RolloutBatch) -> tuple[list[dict], torch.Tensor | None, Partial | None]:
@@ -305,7 +336,7 @@ def update(trainer: Trainer, step: int, batch: RolloutBatch) -> tuple[list[dict]
             **trainer.forward_kw(),
         )
         if first and mismatch is not None:
-            stats.mismatch.append(mismatch)  # this rank's share: all-reduced with the step's statistics
+            stats.add_rollout(mismatch)  # this rank's share: all-reduced with the step's statistics
         capture.before_optimizer_step(s, trainer)
         grad_norm, stepped = optimizer_step(model, trainer.optimizer, trainer.scheduler, cfg.train.grad_clip)
         trainer.state["opt_step"] += 1
@@ -333,9 +364,9 @@ def update(trainer: Trainer, step: int, batch: RolloutBatch) -> tuple[list[dict]
 def update_start(
     trainer: Trainer, packed, batch: RolloutBatch, plan: list
 ) -> tuple[StepInputs, dict | None, int, torch.Tensor | None]:
-    """(the rule's inputs, the mismatch sums measured here, the first optimizer step to run, the
-    log-ratio counts so far): a fresh update's, or the rest of a rollout step a preemption interrupted
-    (its saved inputs; its counts so far on rank 0)."""
+    """(the rule's inputs, the rollout batch's sums measured here (mismatch, staleness), the first
+    optimizer step to run, the log-ratio counts so far): a fresh update's, or the rest of a rollout
+    step a preemption interrupted (its saved inputs; its counts so far on rank 0)."""
     resumed, trainer.partial = trainer.partial, None
     if resumed is None:
         return (*rule_inputs(trainer, packed, batch, [s for s in plan if s.epoch == 0]), 0, None)
@@ -347,9 +378,10 @@ def update_start(
 def rule_inputs(trainer: Trainer, packed, batch: RolloutBatch, first_epoch: list) -> tuple[StepInputs, dict | None]:
     """The rule's per-row inputs, fixed for the whole update: advantages, old log-probs (the policy's,
     recomputed; or the sampler's with sampler.old_logp=sampler), the reference's, rewards and prompt
-    groups, and the sampler correction's weights. Also the sampler/trainer mismatch sums when they
-    are measured here (old log-probs recomputed), else None: with old_logp=sampler the first step's
-    forward measures them."""
+    groups, and the sampler correction's weights. Also the rollout batch's sums measured here, or
+    None: the sampler/trainer mismatch (old log-probs recomputed; with old_logp=sampler the first
+    step's forward measures it) and the batch's staleness, the current policy against the sampler's
+    (objectives/staleness.py; with old_logp=sampler from a forward of its own)."""
     cfg, dist, kw = trainer.cfg, trainer.dist, trainer.forward_kw()
     sampled = (
         None
@@ -358,13 +390,17 @@ def rule_inputs(trainer: Trainer, packed, batch: RolloutBatch, first_epoch: list
     )  # (B, T)
     rows = batch.row_inputs(packed.completion_mask, cfg.sampler.group_size, dist.device)
     if cfg.sampler.old_logp == "sampler":
-        return StepInputs(
+        inputs = StepInputs(
             batch.advantages.to(dist.device),
             sampled,
             frozen_ref(trainer, packed, first_epoch),
             sampler_logp=sampled,
             **rows,
-        ), None
+        )
+        if sampled is None:
+            return inputs, None
+        current = frozen_logprobs(trainer.model, packed, first_epoch, **kw)  # (B, T) the policy before the update
+        return inputs, staleness(current, sampled, inputs, first_epoch, len(packed.completion_lens))
     routes, mode = batch_routes(trainer, packed, batch)  # r2: recorded by this forward; r3: the sampler's
     old = frozen_logprobs(trainer.model, packed, first_epoch, **kw, routes=None if routes is None else (mode, routes))
     inputs = StepInputs(
@@ -384,7 +420,13 @@ def rule_inputs(trainer: Trainer, packed, batch: RolloutBatch, first_epoch: list
         advantages=inputs.advantages,
     )
     inputs.weights, inputs.correction_status = corr.weights, corr.status  # every row's (later epochs: other ranks)
-    return inputs, corr.sums
+    return inputs, {**corr.sums, **staleness(old, sampled, inputs, first_epoch, len(packed.completion_lens))}
+
+
+def staleness(current: torch.Tensor, sampled: torch.Tensor, inputs: StepInputs, first_epoch: list, B: int) -> dict:
+    """This rank's staleness sums of the rollout batch: `current` (B, T) against the sampler's `sampled`."""
+    mine = own_rows(first_epoch, B, current.device) > 0  # (B,) this rank's rows, counted once
+    return staleness_sums(current, sampled, inputs.mask, inputs.advantages, mine)
 
 
 def batch_routes(trainer: Trainer, packed, batch: RolloutBatch) -> tuple[torch.Tensor | None, str]:
@@ -466,6 +508,8 @@ def after_step(trainer: Trainer, done: int) -> None:
 def checkpoint(trainer: Trainer, step: int, partial: Partial | None = None) -> None:
     """Every rank: the run's state at rollout step `step` (`partial`: inside it, by a preemption)."""
     trainer.state["step"] = step
+    if trainer.lag.active:
+        trainer.state["lag_steps"] = trainer.lag.steps()
     save_checkpoint(
         trainer.rd.checkpoint_dir,
         model=trainer.model,
@@ -477,6 +521,7 @@ def checkpoint(trainer: Trainer, step: int, partial: Partial | None = None) -> N
         partial=None if partial is None else vars(partial),
         owner={"run_id": run_id(trainer.cfg), "seed": trainer.cfg.seed},
         logs={"metrics.jsonl": trainer.rd.metrics_path, "log_ratio.jsonl": trainer.rd.hist_path},
+        also=functools.partial(trainer.lag.save, model=trainer.model) if trainer.lag.active else None,
     )
 
 
@@ -494,7 +539,7 @@ def stop_inside(trainer: Trainer, step: int, partial: Partial, rows: list[dict],
     rest's inputs with them (the histogram so far, summed over ranks), stop."""
     log_step(trainer, step, rows, None, None)
     partial.hist = None if hist is None else trainer.dist.all_reduce_(hist.to(torch.float64)).cpu()
-    partial.mismatch = {k: v for k, v in rows[0].items() if is_batch_metric(k)}
+    partial.mismatch = {k: v for k, v in rows[0].items() if rollout_metric(k)}
     checkpoint(trainer, step, partial)
     mark_preempted(trainer, step, trainer.stop)
 
@@ -543,7 +588,7 @@ def run_training(
             resumed = trainer.partial
             if resumed is None:
                 stop_at_boundary(trainer, step)
-                batch = collect_rollout(cfg, step, trainer.task, trainer.pool, trainer.sampler, dist)
+                batch = rollout(trainer, step)
                 stop_at_boundary(trainer, step)  # nothing trained yet: a resumed run samples the same again
             else:
                 batch = RolloutBatch(**resumed.batch)

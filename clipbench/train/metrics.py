@@ -11,6 +11,7 @@ import torch
 
 from clipbench.objectives import histogram_dict, reduce_sums
 from clipbench.objectives.corrections import is_batch_metric
+from clipbench.objectives.staleness import is_staleness_sum
 from clipbench.train.batch import RolloutBatch
 from clipbench.train.distributed import Dist
 from clipbench.train.step import StepStats
@@ -25,7 +26,7 @@ def metric_rows(
     reduced = reduce_sums([d["stats"].sums() for d in done], trainer.dist.all_reduce_, to="cpu")
     norms = torch.stack([d["grad_norm"] for d in done]).cpu().tolist()
     if mismatch is None:
-        mismatch = {k: v for k, v in StepStats.metrics(reduced[0]).items() if is_batch_metric(k)}
+        mismatch = {k: v for k, v in StepStats.metrics(reduced[0]).items() if rollout_metric(k)}
     return [
         {
             "step": step,
@@ -39,11 +40,17 @@ def metric_rows(
             "lr": d["lr"],
             "skipped_nonfinite": d["skipped_nonfinite"],
             "old_logp_source": 1 if trainer.cfg.sampler.old_logp == "sampler" else 0,
-            **mismatch,  # the rollout batch's sampler/trainer mismatch and correction, on each of its rows
+            **mismatch,  # the rollout batch's mismatch, correction and staleness, on each of its rows
             "time/update": seconds,
         }
         for d, r, norm in zip(done, reduced, norms)
     ]
+
+
+def rollout_metric(key: str) -> bool:
+    """A logged metric of the rollout batch as a whole (measured once, logged on each of its rows):
+    the sampler/trainer mismatch and correction, the staleness (`offpolicy/*`)."""
+    return is_batch_metric(key) or is_staleness_sum(key)
 
 
 def sum_histogram(counts: torch.Tensor | None, dist: Dist) -> dict | None:

@@ -47,6 +47,8 @@ from clipbench.objectives.aggregation import NEEDS_GROUPS
 from clipbench.objectives.corrections import REJECTED, apply_correction, correction_stats
 from clipbench.objectives.inputs import KEYWORDS, Counts, RuleInputs
 from clipbench.objectives.loss import BoundRule, bind
+from clipbench.objectives.staleness import TOKENS as STALENESS_TOKENS
+from clipbench.objectives.staleness import is_staleness_sum, staleness_stats
 from clipbench.train.distributed import Dist, full_tensor
 from clipbench.train.logprobs import completion_logprobs
 from clipbench.train.moe import RouterLogits
@@ -280,6 +282,7 @@ class StepStats:
     loss: list = field(default_factory=list)  # each micro-batch's share of the mini-batch loss
     entropy: list = field(default_factory=list)  # (summed token entropy, tokens) per micro-batch
     mismatch: list = field(default_factory=list)  # the mismatch's sums (objectives.corrections)
+    staleness: list = field(default_factory=list)  # the rollout batch's staleness sums (objectives.staleness)
     router_aux: list = field(default_factory=list)  # MoE: each micro-batch's share of the load-balancing loss
     routing: list = field(default_factory=list)  # MoE routing replay: each micro-batch's agreement sums
 
@@ -287,6 +290,16 @@ class StepStats:
         self.rule.append(out.sums)
         self.loss.append(out.loss.detach())
         self.entropy.append(((entropy * mask).sum(), mask.sum()))
+
+    def add_rollout(self, sums: dict[str, torch.Tensor]) -> None:
+        """The rollout batch's own sums (measured once, on its first optimizer step): the mismatch's
+        and the staleness's, each kind combined with its own."""
+        stale = {k: v for k, v in sums.items() if is_staleness_sum(k)}
+        rest = {k: v for k, v in sums.items() if not is_staleness_sum(k)}
+        if rest:
+            self.mismatch.append(rest)
+        if stale:
+            self.staleness.append(stale)
 
     def sums(self) -> dict[str, torch.Tensor]:
         ent = torch.stack([torch.stack(e) for e in self.entropy]).sum(0).to(torch.float64)
@@ -298,6 +311,8 @@ class StepStats:
         }
         if self.mismatch:
             out.update(combine(self.mismatch))
+        if self.staleness:
+            out.update(combine(self.staleness))
         if self.router_aux:
             out["router_aux_loss"] = torch.stack(self.router_aux).sum().to(torch.float64)
         if self.routing:
@@ -312,6 +327,7 @@ class StepStats:
             for k, v in reduced.items()
             if k not in ("loss", "entropy/sum", "entropy/tokens", "router_aux_loss")
             and not k.startswith(("mismatch/", "routing/"))
+            and not is_staleness_sum(k)
         }
         out = {
             "entropy": float(reduced["entropy/sum"] / reduced["entropy/tokens"].clamp(min=1.0)),
@@ -324,6 +340,8 @@ class StepStats:
             out.update(agreement_metrics(reduced))
         if "mismatch/tokens" in reduced:
             out.update(correction_stats({k: v for k, v in reduced.items() if k.startswith("mismatch/")}))
+        if STALENESS_TOKENS in reduced:
+            out.update(staleness_stats(reduced))
         return out
 
 

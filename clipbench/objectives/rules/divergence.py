@@ -1,5 +1,7 @@
-"""Trust regions that are not a ratio clip, and plain or tapered policy gradient: GPG, TOPR, DRO's and
-Kimi k1.5's quadratic log-ratio penalties, CFPO's quadratic ratio penalty, DPPO's binary TV / KL regions, Clip-Cov and KL-Cov's covariance-selected tokens (verl).
+"""Trust regions that are not a ratio clip, and plain or tapered policy gradient: GPG, the unclipped
+importance-sampled surrogate, TOPR, DRO's and Kimi k1.5's quadratic log-ratio penalties, CFPO's
+quadratic ratio penalty, DPPO's binary TV / KL regions, Clip-Cov and KL-Cov's covariance-selected
+tokens (verl).
 """
 
 from __future__ import annotations
@@ -18,6 +20,20 @@ from clipbench.objectives.signature import nonneg, positive, unit_interval
 def gpg(logp, A):
     """-logp*A: GPG, plain policy gradient with no ratio and no clip"""
     return -logp * A
+
+
+@rule(
+    "unclipped",
+    source="the importance-sampled policy-gradient surrogate of PPO (arXiv 1707.06347, L^CPI) with no clip; "
+    "the positive control for the ratio clips off-policy",
+)
+def unclipped(r, A):
+    """-r*A: the importance-sampled surrogate with no band (PPO's L^CPI), gradient -A*r*dlogp everywhere
+
+    GRPO's gradient wherever GRPO's ratio stays in its band: the control that shows what a clip does
+    once the data is off-policy (sampler.lag), since nothing here stops a token's ratio from growing.
+    """
+    return -r * A
 
 
 @rule("dro", source=f"{VERL} `dro` (verl#7245, docs/algo/dro.md)", checks={"dro_beta": positive})
