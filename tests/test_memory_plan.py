@@ -523,3 +523,14 @@ def test_every_shipped_gpu_recipe_declares_its_gpus():
         **{f"qwen2_5_7b_dapo{r}": "8 x H100 of 80 GiB" for r in ("", "_decay", "_nsr")},
         **{f"qwen3_30b_a3b_{r}": "8 x H200 of 139 GiB" for r in ("gspo", "gspo_decay", "gspo_nsr", "grpo_r2")},
     }
+
+
+def test_a_lagged_sampler_counts_its_snapshots_in_host_memory_by_hand():
+    """sampler.lag = k keeps k + 1 float32 copies of each rank's shard of the parameters on the host
+    (train/lag.py); the device's rows do not change."""
+    base = Setup(dtype="bfloat16", world_size=8, device_gib=80, backend="vllm")
+    plan, lagged = estimate(Q17, base), estimate(Q17, Setup(**{**vars(base), "lag": 8}))
+    n = 1_720_574_976
+    assert plan.host_bytes == 0
+    assert lagged.host_bytes == 9 * 4 * n // 8 == 7_742_587_392  # 9 copies x 4 B x 1.72B params / 8 ranks
+    assert [r.bytes for r in lagged.rows] == [r.bytes for r in plan.rows]

@@ -180,3 +180,66 @@ def test_r3_with_the_vllm_sampler_on_cpu_is_one_line_exit_2(tmp_path):
     err = [ln for ln in res.stderr.strip().splitlines() if not ln.startswith("Triton is installed")]
     assert res.returncode == 2 and len(err) == 1 and "CUDA GPU" in err[0], res.stderr
     assert not (tmp_path / "results").exists()
+
+
+def test_a_lagged_vllm_sampler_samples_the_old_policy_and_evaluates_the_current_one(tmp_path):
+    """sampler.lag=1 on the engine: rollout step 1 is sampled by the policy before the first update
+    (the engine's log-probs are that policy's, not the updated one's), and after the update the engine
+    holds the current weights again (what evaluation samples)."""
+    import torch
+
+    from clipbench.config import load_run_config
+    from clipbench.tracking.sink import NullSink
+    from clipbench.tracking.store import RunDir
+    from clipbench.train.distributed import Dist
+    from clipbench.train.logprobs import completion_logprobs
+    from clipbench.train.loop import rollout, setup, update
+    from clipbench.train.packing import pack
+
+    cfg = load_run_config(
+        "recipes/arith_tiny.yaml",
+        [
+            "sampler.backend=vllm",
+            "sampler.old_logp=sampler",
+            "sampler.lag=1",
+            "train.lr=1e-2",  # a large step: the two policies' log-probs differ by far more than the engine's numerics
+            "train.mini_batches=1",
+            "train.prompts_per_step=4",
+            "sampler.group_size=4",
+            "sampler.max_new_tokens=8",
+            "eval.benchmarks=[]",
+            "tracking.mlflow=false",
+        ],
+    )
+    tr = setup(cfg, RunDir(tmp_path / "run"), Dist(), resume=False, sink=NullSink())
+    try:
+        theta0 = [p.detach().clone() for p in tr.model.parameters()]
+        update(tr, 0, rollout(tr, 0))
+        b1 = rollout(tr, 1)
+        packed = pack(b1.prompt_ids, b1.completion_ids, tr.tokenizer.pad_token_id)
+        engine = b1.sampler_logp_tensor(packed.completion_ids.shape[1])
+
+        def logp(params=None):
+            current = [p.detach().clone() for p in tr.model.parameters()]
+            with torch.no_grad():
+                for p, q in zip(tr.model.parameters(), params or current):
+                    p.copy_(q)
+                out = completion_logprobs(tr.model, packed, with_entropy=False)[0] * packed.completion_mask
+                for p, q in zip(tr.model.parameters(), current):
+                    p.copy_(q)
+            return out
+
+        assert (engine - logp(theta0)).abs().max() < 1e-4  # the behaviour policy: theta_0
+        assert (engine - logp()).abs().max() > 1e-3  # not the updated policy
+        assert b1.metrics["offpolicy/lag"] == 1
+        update(tr, 1, b1)  # ends with the engine synced to the current weights
+        ro = tr.sampler.generate(["12+34="], 4, seed=7)
+        now = pack(ro.prompt_ids, ro.completion_ids, tr.tokenizer.pad_token_id)
+        with torch.no_grad():
+            cur = completion_logprobs(tr.model, now, with_entropy=False)[0] * now.completion_mask
+        got = torch.zeros_like(cur)
+        for i, lp in enumerate(ro.sampler_logp):
+            got[i, : len(lp)] = torch.tensor(lp)
+        assert (got - cur).abs().max() < 1e-4
+    finally:
+        tr.sampler.close()

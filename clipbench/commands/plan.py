@@ -87,6 +87,7 @@ def plan_json(plan: MemoryPlan, knobs: list[str], hw: Hardware) -> dict:
         "kv_sequences": plan.kv_sequences,
         "fits": plan.fits,
         "knobs": knobs,
+        "host_bytes": plan.host_bytes,
     }
 
 
@@ -137,6 +138,11 @@ def render(plan: MemoryPlan, knobs: list[str], hw: Hardware) -> None:
         f"{'on' if u.gradient_checkpointing else 'off'}; sampler {u.backend}"
         + (f", sleep mode {'on' if u.sleep_mode else 'off'}" if u.backend == "vllm" else "")
     )
+    if plan.host_bytes:
+        con.print(
+            f"host memory: ~{gib(plan.host_bytes)} GiB per GPU's process ({gib(plan.host_bytes * nproc)} per node) "
+            f"for sampler.lag={u.lag}: {u.lag + 1} float32 copies of its share of the parameters"
+        )
     if plan.fits:
         con.print(f"[green]fits[/]: ~{gib(plan.with_margin_bytes)} of {u.device_gib:g} GiB per GPU")
     else:

@@ -220,6 +220,7 @@ class Setup:
     gpu_memory_utilization: float = 0.3
     sleep_mode: bool = False
     sampler_logprobs: bool = False  # hf backend: generate keeps every step's scores
+    lag: int = 0  # sampler.lag: k + 1 snapshots of the parameters in host memory (train/lag.py)
 
     @property
     def seq_tokens(self) -> int:
@@ -282,6 +283,12 @@ class MemoryPlan:
     @property
     def fits(self) -> bool:
         return self.kv_fits and self.with_margin_bytes <= self.device_bytes
+
+    @property
+    def host_bytes(self) -> int:
+        """Host memory per rank the plan counts beside the device's: a lagged sampler's snapshots,
+        k + 1 float32 copies of the rank's shard of the parameters (train/lag.py)."""
+        return 0 if self.setup.lag == 0 else (self.setup.lag + 1) * 4 * self.shape.n_params() // self.setup.world_size
 
 
 def estimate(s: ModelShape, u: Setup) -> MemoryPlan:

@@ -116,7 +116,11 @@ def setup_for(
         backend=backend,
         gpu_memory_utilization=sc.gpu_memory_utilization,
         sleep_mode=sc.sleep_mode,
-        sampler_logprobs=sc.old_logp == "sampler" or sc.correction.name != "none" or _reads_rollout_logp(cfg),
+        sampler_logprobs=sc.old_logp == "sampler"
+        or sc.correction.name != "none"
+        or sc.lag > 0
+        or _reads_rollout_logp(cfg),
+        lag=sc.lag,
     )
 
 

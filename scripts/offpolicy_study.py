@@ -1,0 +1,382 @@
+"""The off-policy axis on the organism: its pilot, its gate, its map (docs/studies/offpolicy*.md).
+
+    python scripts/offpolicy_study.py pilot --results-dir results --out docs/studies/offpolicy_pilot
+
+Reads the runs of a sweep over `sampler.lag` from the results store and writes a page of tables and
+its numbers per run (JSON). Per run: test and validation Avg@n at step 0 and at the end (n =
+eval.n_ends), test Pass@n, the token entropy's first and last fifth, the rule's own out-of-band share
+(`clip_events` over all tokens and optimizer steps: the clip fraction verl logs as pg_clipfrac), and
+the batch's staleness against the behaviour policy (`offpolicy/*`, the mean over the rollout steps
+at the full lag, the first `lag` steps left out), and whether its accuracy collapsed (the report's
+definition, clipbench/report/health.py: the final Avg@n below half of step 0's, or the reward's last
+tenth below half its first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from organism_gate import TEST, VAL, per_run
+
+from clipbench.config.stored import recorded
+from clipbench.report import stats as report_stats
+from clipbench.report.analysis import run_quadrants
+from clipbench.report.health import run_health
+from clipbench.report.load import RunRecord, load_results
+
+STALENESS = ("out_of_band", "kl", "ess", "ess_seq", "q1", "q2", "q3", "q4", "zero_adv")
+COLLAPSES = ("accuracy collapse", "reward collapse")
+
+
+def lag_of(run: RunRecord) -> int:
+    return int(recorded(run.config, "sampler.lag") or 0)
+
+
+def staleness(run: RunRecord, lag: int) -> dict:
+    """Mean over the rollout steps at the full lag (step >= lag) of each `offpolicy/*` value."""
+    first: dict[int, dict] = {}
+    for r in run.metrics:
+        first.setdefault(int(r["step"]), r)
+    rows = [r for s, r in sorted(first.items()) if s >= lag and r.get("offpolicy/kl") is not None]
+    return {k: float(np.mean([r[f"offpolicy/{k}"] for r in rows])) if rows else math.nan for k in STALENESS}
+
+
+def row(run: RunRecord) -> dict:
+    lag = lag_of(run)
+    out = per_run(run)
+    q = run_quadrants(run.metrics)
+    kinds = run_health(run).get("kinds", [])
+    out.update(
+        lag=lag,
+        clip=q["out_of_band"] if q else math.nan,  # % of tokens out of the rule's band, over every optimizer step
+        staleness=staleness(run, lag),
+        kinds=list(kinds),
+        collapsed=any(k in kinds for k in COLLAPSES),
+    )
+    return out
+
+
+def load_rows(results: str, sweep: str) -> tuple[list[dict], int]:
+    data = load_results(results, sweep)
+    finished = [r for r in data.runs if r.state == "finished"]
+    return [row(r) for r in finished], len(data.runs)
+
+
+def f1(x: float) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1f}"
+
+
+def pilot_page(rows: list[dict], total: int, sweep: str) -> str:
+    lags = sorted({r["lag"] for r in rows})
+    by = {(r["method"], r["lag"]): r for r in rows}
+    out = [
+        f"# The off-policy axis's pilot: `{sweep}`",
+        "",
+        f"{len(rows)} of {total} runs finished. One seed per cell: a pilot, not a verdict. Test and validation",
+        "Avg@64 and Pass@64 in points; entropy in nats (last fifth / first fifth of the optimizer steps);",
+        "GRPO's clip: its own out-of-band tokens over all tokens and optimizer steps (%); staleness: the",
+        "rollout batch's current policy against its behaviour policy at the start of the update, the mean",
+        "over the rollout steps at the full lag (`offpolicy/*`, docs/metrics.md).",
+        "",
+        "| lag | rule | test Avg@64 start -> end | val end | test Pass@64 end | entropy end (ratio) | clip % | out of band % | KL | ESS | ESS seq | collapse |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for lag in lags:
+        for method in ("grpo", "unclipped"):
+            r = by.get((method, lag))
+            if r is None:
+                continue
+            t, v, s, e = r[TEST], r.get(VAL, {}), r["staleness"], r["entropy"]
+            out.append(
+                f"| {lag} | {method} | {f1(t['avg_start'])} -> {f1(t['avg_end'])} | {f1(v.get('avg_end', math.nan))} "
+                f"| {f1(t['pass_end'])} | {e['last_fifth']:.3f} ({e['ratio']:.2f}) | {r['clip']:.2f} "
+                f"| {100 * s['out_of_band']:.2f} | {s['kl']:.4f} | {s['ess']:.3f} | {s['ess_seq']:.3f} "
+                f"| {', '.join(r['kinds']) or '-'} |"
+            )
+    out.append("")
+    gaps = []
+    for lag in lags:
+        g, u = by.get(("grpo", lag)), by.get(("unclipped", lag))
+        if g and u:
+            gaps.append(f"lag {lag}: {u[TEST]['avg_end'] - g[TEST]['avg_end']:+.1f}")
+    out += ["Unclipped minus GRPO, test Avg@64 at the end (one seed): " + "; ".join(gaps) + ".", ""]
+    return "\n".join(out)
+
+
+# ---- the study: per-seed endpoints, the gate at a lag, the family of claims ---------------------
+
+ARMS = ("grpo", "unclipped", "dapo", "dual_clip", "cispo", "m2po", "bapo", "grpo_decoupled")
+AA = "grpo_aa"  # GRPO on seeds disjoint from the map's: the A/A control's second label
+FIELDS = (
+    "arm",
+    "lag",
+    "seed",
+    "build",
+    "run_id",
+    "test_avg_start",
+    "test_avg_end",
+    "test_pass_start",
+    "test_pass_end",
+    "val_avg_end",
+    "entropy_first",
+    "entropy_last",
+    "collapsed",
+    "clip",
+    "oob",
+    "kl",
+    "ess",
+    "ess_seq",
+)
+MARGIN = 3.0  # points of test Avg@64: "no difference" (the prereg)
+G6_LOSS = 5.0  # points: the unclipped surrogate "loses" at the top lag (the prereg)
+
+
+def arm_of(run: RunRecord, aa_seeds: Sequence[int] = ()) -> str:
+    """The study's arm: the rule, `_decoupled` when the ratio is against the recomputed current policy
+    (sampler.old_logp: recompute, the behaviour gap through sampler.correction), `grpo_aa` for GRPO on
+    the A/A control's seeds."""
+    arm = run.method + ("_decoupled" if recorded(run.config, "sampler.old_logp") == "recompute" else "")
+    return AA if arm == "grpo" and run.seed in aa_seeds else arm
+
+
+def seed_row(r: dict, arm: str, build: str) -> dict:
+    """One run's endpoints as a flat row of per_seed.csv (points, nats, shares in %)."""
+    t, s = r[TEST], r["staleness"]
+    return {
+        "arm": arm,
+        "lag": r["lag"],
+        "seed": r["seed"],
+        "build": build,
+        "run_id": r["run_id"],
+        "test_avg_start": t["avg_start"],
+        "test_avg_end": t["avg_end"],
+        "test_pass_start": t["pass_start"],
+        "test_pass_end": t["pass_end"],
+        "val_avg_end": r.get(VAL, {}).get("avg_end", math.nan),
+        "entropy_first": r["entropy"]["first_fifth"],
+        "entropy_last": r["entropy"]["last_fifth"],
+        "collapsed": int(r["collapsed"]),
+        "clip": r["clip"],
+        "oob": 100 * s["out_of_band"],
+        "kl": s["kl"],
+        "ess": s["ess"],
+        "ess_seq": s["ess_seq"],
+    }
+
+
+def write_per_seed(rows: list[dict], path: Path) -> None:
+    import csv  # noqa: PLC0415 - only here
+
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        for r in sorted(rows, key=lambda r: (r["build"], r["arm"], r["lag"], r["seed"])):
+            w.writerow({k: (repr(float(v)) if isinstance(v, float) else v) for k, v in r.items()})
+
+
+def read_per_seed(path: Path) -> list[dict]:
+    import csv  # noqa: PLC0415 - only here
+
+    ints = {"lag", "seed", "collapsed"}
+    text = {"arm", "build", "run_id"}
+    with open(path, newline="") as f:
+        return [
+            {k: (v if k in text else int(v) if k in ints else float(v)) for k, v in row.items()}
+            for row in csv.DictReader(f)
+        ]
+
+
+def select(rows: list[dict], arm: str, lag: int, build: str = "shipped") -> dict[int, dict]:
+    return {r["seed"]: r for r in rows if r["arm"] == arm and r["lag"] == lag and r["build"] == build}
+
+
+def paired(rows: list[dict], a: str, b: str, lag: int, key: str, build: str = "shipped") -> list[float]:
+    """a - b of `key`, one difference per seed both arms finished."""
+    ra, rb = select(rows, a, lag, build), select(rows, b, lag, build)
+    return [ra[s][key] - rb[s][key] for s in sorted(set(ra) & set(rb))]
+
+
+def signed_rank(diffs: Sequence[float]) -> float:
+    """Two-sided p of the Wilcoxon signed-rank test of paired differences (exact for small n)."""
+    from scipy import stats as sps  # noqa: PLC0415 - scipy is heavy
+
+    d = np.asarray(diffs, dtype=float)
+    if d.size < 2 or np.allclose(d, 0):
+        return math.nan if d.size < 2 else 1.0
+    return float(sps.wilcoxon(d).pvalue)
+
+
+def gate(rows: list[dict], lag: int) -> dict:
+    """G1-G5 of docs/studies/organism.md and G6 (the axis is real) at one lag; the seed is the unit."""
+    from scipy import stats as sps  # noqa: PLC0415 - scipy is heavy
+
+    g = select(rows, "grpo", lag)
+    grpo = [g[s] for s in sorted(g)]
+    out: dict = {"lag": lag, "seeds": sorted(g)}
+    if len(grpo) < 2:
+        return out
+    t = report_stats.seed_test([r["test_avg_end"] - r["test_avg_start"] for r in grpo])
+    out["G1"] = {**t, "pass": t["estimate"] >= 8.0 and t["ci"][0] > 4.0}
+    ratios = [r["entropy_last"] / r["entropy_first"] for r in grpo]
+    hits = sum(x <= 0.5 for x in ratios)
+    out["G2"] = {"ratios": ratios, "hits": hits, "n": len(ratios), "pass": len(ratios) >= 10 and hits >= 9}
+    d = paired(rows, "dapo", "grpo", lag, "entropy_last")
+    t = report_stats.seed_test(d)
+    out["G3"] = {**t, "p_signed_rank": signed_rank(d), "pass": t["estimate"] > 0 and t["p"] < 0.05}
+    t = report_stats.seed_test([r["test_pass_end"] - r["test_pass_start"] for r in grpo])
+    out["G4"] = {**t, "pass": t["estimate"] <= 1.0 and out["G1"]["pass"]}
+    aa = select(rows, AA, lag)
+    fam = {}
+    for name, f in (
+        ("test Avg@64 gain", lambda r: r["test_avg_end"] - r["test_avg_start"]),
+        ("test Avg@64 end", lambda r: r["test_avg_end"]),
+        ("test Pass@64 end", lambda r: r["test_pass_end"]),
+        ("val Avg@64 end", lambda r: r["val_avg_end"]),
+        ("entropy, last fifth", lambda r: r["entropy_last"]),
+    ):
+        xa, xb = [f(r) for r in grpo], [f(aa[s]) for s in sorted(aa)]
+        if len(xb) >= 2:
+            p = float(sps.ttest_ind(xa, xb, equal_var=False).pvalue)
+            fam[name] = {"diff": float(np.mean(xa) - np.mean(xb)), "p": 1.0 if math.isnan(p) else p}
+    for v, adj in zip(fam.values(), report_stats.holm([v["p"] for v in fam.values()])):
+        v["p_holm"] = adj
+    out["G5"] = {"family": fam, "pass": bool(fam) and all(v["p_holm"] >= 0.05 for v in fam.values())}
+    return out
+
+
+def g6(rows: list[dict], top: int) -> dict:
+    """The axis is real: the unclipped surrogate equivalent to GRPO at lag 0 (TOST, +-MARGIN points of
+    test Avg@64), and at the top lag losing >= G6_LOSS points (the paired mean, its 95% interval
+    below 0) or collapsing on at least half its seeds."""
+    d0 = paired(rows, "unclipped", "grpo", 0, "test_avg_end")
+    dt = paired(rows, "unclipped", "grpo", top, "test_avg_end")
+    eq, loss = report_stats.tost(d0, MARGIN), report_stats.seed_test(dt)
+    u = select(rows, "unclipped", top)
+    collapsed = sum(r["collapsed"] for r in u.values())
+    loses = loss["estimate"] <= -G6_LOSS and loss["ci"][1] < 0
+    return {
+        "equivalent_at_0": {**report_stats.seed_test(d0), "p_tost": eq["p"], "pass": eq["p"] < 0.05},
+        "top": top,
+        "loss_at_top": {**loss, "pass": loses},
+        "collapsed_at_top": {"n": collapsed, "of": len(u), "pass": 2 * collapsed >= len(u) > 0},
+        "pass": eq["p"] < 0.05 and (loses or (2 * collapsed >= len(u) > 0)),
+    }
+
+
+def family(rows: list[dict], lags: Sequence[int], arms: Sequence[str], build: str = "shipped") -> dict:
+    """The preregistered claims: for each lag and arm, against GRPO at that lag, paired over seeds.
+    Primary (Holm over its claims): test Avg@64 end, difference (paired t) and equivalence within
+    +-MARGIN (TOST). Secondary (Holm over its own): test Pass@64 end (paired t) and last-fifth entropy
+    (Wilcoxon signed-rank; the paired t beside it)."""
+    primary, secondary = [], []
+    for lag in lags:
+        for arm in arms:
+            d = paired(rows, arm, "grpo", lag, "test_avg_end", build)
+            if len(d) < 2:
+                continue
+            t = report_stats.seed_test(d)
+            sd = float(np.std(d, ddof=1))
+            base = {
+                "arm": arm,
+                "lag": lag,
+                "n": len(d),
+                **t,
+                "mde": report_stats.mde(sd / math.sqrt(len(d)), len(d) - 1),
+            }
+            primary.append({**base, "kind": "difference", "endpoint": "test Avg@64", "p_test": t["p"]})
+            primary.append(
+                {**base, "kind": "equivalence", "endpoint": "test Avg@64", "p_test": report_stats.tost(d, MARGIN)["p"]}
+            )
+            dp = paired(rows, arm, "grpo", lag, "test_pass_end", build)
+            tp = report_stats.seed_test(dp)
+            secondary.append(
+                {
+                    "arm": arm,
+                    "lag": lag,
+                    "n": len(dp),
+                    **tp,
+                    "kind": "difference",
+                    "endpoint": "test Pass@64",
+                    "p_test": tp["p"],
+                }
+            )
+            de = paired(rows, arm, "grpo", lag, "entropy_last", build)
+            te = report_stats.seed_test(de)
+            secondary.append(
+                {
+                    "arm": arm,
+                    "lag": lag,
+                    "n": len(de),
+                    **te,
+                    "kind": "difference",
+                    "endpoint": "entropy, last fifth",
+                    "p_t": te["p"],
+                    "p_test": signed_rank(de),
+                }
+            )
+    for fam in (primary, secondary):
+        for c, adj in zip(fam, report_stats.holm([c["p_test"] for c in fam])):
+            c["p_holm"] = adj
+            c["verdict"] = verdict_of(c)
+    return {"primary": primary, "secondary": secondary}
+
+
+def verdict_of(c: dict) -> str:
+    if not math.isfinite(c["p_holm"]) or c["p_holm"] >= 0.05:
+        return "inconclusive"
+    if c["kind"] == "equivalence":
+        return "equivalent"
+    return "higher" if c["estimate"] > 0 else "lower"
+
+
+def replication(primary: list[dict], again: list[dict]) -> dict:
+    """Each primary claim on the second build: replicates (the same verdict, the same sign of the
+    estimate), contradicted (the opposite conclusive verdict), else fragile; and the count over the
+    primary's conclusive verdicts alone."""
+    by = {(c["arm"], c["lag"], c["kind"]): c for c in again}
+    out = []
+    for c in primary:
+        o = by.get((c["arm"], c["lag"], c["kind"]))
+        if o is None:
+            continue
+        same = o["verdict"] == c["verdict"] and np.sign(o["estimate"]) == np.sign(c["estimate"])
+        opposite = {o["verdict"], c["verdict"]} == {"higher", "lower"} or (
+            "equivalent" in {o["verdict"], c["verdict"]} and {o["verdict"], c["verdict"]} & {"higher", "lower"}
+        )
+        out.append({**c, "again": o, "status": "replicates" if same else "contradicted" if opposite else "fragile"})
+    conclusive = [x for x in out if x["verdict"] != "inconclusive"]
+    return {
+        "claims": out,
+        "verdicts": len(conclusive),
+        "verdicts_replicated": sum(x["status"] == "replicates" for x in conclusive),
+        "contradicted": sum(x["status"] == "contradicted" for x in out),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=("pilot",))
+    ap.add_argument("--results-dir", default="results")
+    ap.add_argument("--sweep", default="offpolicy_pilot")
+    ap.add_argument("--out", default="docs/studies/offpolicy_pilot")
+    args = ap.parse_args(argv)
+    rows, total = load_rows(args.results_dir, args.sweep)
+    if not rows:
+        print(f"offpolicy_study: no finished runs in sweep {args.sweep}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "pilot.md").write_text(pilot_page(rows, total, args.sweep))
+    (out / "pilot.json").write_text(json.dumps(rows, indent=1, default=float) + "\n")
+    print((out / "pilot.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
