@@ -329,13 +329,16 @@ SMALL = [
 
 
 @pytest.mark.slow
-def test_a_run_with_micro_batches_logs_the_same_loss_grad_norm_and_counts(tmp_path):
+@pytest.mark.parametrize("lag", [[], ["sampler.lag=1", "sampler.old_logp=sampler"]], ids=["on-policy", "lagged"])
+def test_a_run_with_micro_batches_logs_the_same_loss_grad_norm_and_counts(tmp_path, lag):
     """2 rollout steps x 4 optimizer steps with and without train.micro_batch_tokens (2-4 micro-batches
     per step): the same loss and grad_norm (1e-5 relative; token losses are O(1) with unit-std
-    advantages, so the scale of a near-zero net loss is taken as 1) and identical counts."""
-    run_training(load_run_config("recipes/arith_tiny.yaml", SMALL), tmp_path / "whole")
+    advantages, so the scale of a near-zero net loss is taken as 1) and identical counts. Lagged
+    (sampler.lag: the second rollout step sampled by the base model), the batch's staleness too:
+    the same out-of-band shares, its KL and ESS within 1e-5."""
+    run_training(load_run_config("recipes/arith_tiny.yaml", SMALL + lag), tmp_path / "whole")
     run_training(
-        load_run_config("recipes/arith_tiny.yaml", SMALL + ["train.micro_batch_tokens=40"]), tmp_path / "micro"
+        load_run_config("recipes/arith_tiny.yaml", SMALL + lag + ["train.micro_batch_tokens=40"]), tmp_path / "micro"
     )
     whole, micro = RunDir(tmp_path / "whole").read_metrics(), RunDir(tmp_path / "micro").read_metrics()
     assert len(whole) == len(micro) == 8
@@ -351,6 +354,12 @@ def test_a_run_with_micro_batches_logs_the_same_loss_grad_norm_and_counts(tmp_pa
             k for k in a if k.split("/")[0] in ("q1", "q2", "q3", "q4", "zero_adv", "on_policy") and "mass" not in k
         ]  # token counts: exact (gradient masses are float sums)
         assert [a[k] for k in counts] == [b[k] for k in counts] and a["clip_events"] == b["clip_events"]
+        stale = [k for k in a if k.startswith("offpolicy/")]
+        assert bool(stale) == bool(lag)
+        for k in stale:
+            assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-9), (a["opt_step"], k)
+    if lag:
+        assert whole[-1]["offpolicy/lag"] == 1 and whole[-1]["offpolicy/kl"] > 0
 
 
 @pytest.mark.parametrize(
