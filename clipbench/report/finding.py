@@ -3,7 +3,7 @@
     finding_line(result) -> str | None
 
 From numbers the report already has: each arm's gain over the base model (the Average row's Avg@n
-minus the base model's, per block), the critical learning rates when the sweep has a learning-rate
+minus the base model's, per block; the line names the benchmarks it averages), the critical learning rates when the sweep has a learning-rate
 axis (report/stability.py; with --tune-on, each rule's best rate first), and the claims' verdicts (report/claims.py) with whether they replicate.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from clipbench.report.stability_table import best_text, critical_text, fit_text, ratio_text
-from clipbench.report.tables import model_title
+from clipbench.report.tables import BENCH_TITLES, model_title
 
 SHOWN = 4  # claims named per verdict; the rest are counted
 
@@ -30,6 +30,16 @@ def _gains(block: dict) -> dict[str, float]:
     }
 
 
+def _metric_text(block: dict) -> str:
+    """'Avg@8', or 'Avg@64 averaged over arith and arith (validation)' when the gains average several
+    benchmarks (a test and a validation split, say): the line says what it averages."""
+    averaged = block["average"].get("benchmarks") if block["average"]["rows"] else None
+    if not averaged or len(averaged) < 2:
+        return f"Avg@{block['n']}"
+    names = [BENCH_TITLES.get(b, b) for b in averaged]
+    return f"Avg@{block['n']} averaged over {', '.join(names[:-1])} and {names[-1]}"
+
+
 def _outcome(result: dict) -> list[str]:
     parts = []
     multi = len(result["blocks"]) > 1
@@ -45,13 +55,13 @@ def _outcome(result: dict) -> list[str]:
         best, worst = max(gains, key=gains.get), min(gains, key=gains.get)
         if best == worst:
             parts.append(
-                f"{best} ends {gains[best]:+.1f} points over the base model{where} (Avg@{block['n']}, "
+                f"{best} ends {gains[best]:+.1f} points over the base model{where} ({_metric_text(block)}, "
                 f"mean of {seeds_text})"
             )
         else:
             parts.append(
                 f"the gain over the base model{where} runs from {gains[best]:+.1f} points ({best}) to "
-                f"{gains[worst]:+.1f} ({worst}) (Avg@{block['n']}, mean of {seeds_text} per arm)"
+                f"{gains[worst]:+.1f} ({worst}) ({_metric_text(block)}, mean of {seeds_text} per arm)"
             )
     for model, block in (result.get("stability") or {}).items():
         where = " on " + model_title(model) if multi else ""
