@@ -189,3 +189,12 @@ def test_a_family_over_a_rule_at_several_settings_is_refused(store, tmp_path):
     (ladder / mod.SWEEP / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(UserError, match=r"compare rule 'cispo', which has runs at several settings here"):
         build_report(ladder, mod.SWEEP, None)
+
+
+def test_a_preregistered_report_tests_only_its_family(store):
+    root, mod = store
+    _, result, tables, _ = build_report(root, mod.SWEEP, "grpo(lr=0.0001)")
+    sig = next(t for t in tables if t.key == "significance")
+    # no Holm over the table's methods: that would be a second family beside the preregistered one
+    assert "p Holm" not in sig.columns and "p (seeds)" in sig.columns
+    assert any("the report tests the preregistered family of 3 claims" in n for n in sig.notes)

@@ -184,12 +184,16 @@ def delta_cell(c: dict) -> str:
     return f"{100 * delta:+.1f}{ci}"
 
 
-def significance(block: dict, baseline: str | None, resamples: int, seed: int) -> Table:
+def significance(block: dict, baseline: str | None, resamples: int, seed: int, prereg: int | None = None) -> Table:
+    """`prereg`: the size of the preregistered family the report tests; its comparisons are then the
+    report's only tests, so this table adjusts none of its own (no Holm over its methods: that would
+    be a second family, and a second adjusted p for the same comparison)."""
     n, metrics = block["n"], block["metrics"]
     headline = [metrics[0]] + ([metrics[-1]] if len(metrics) > 1 else [])
     cols = ["Benchmark", "Method", "Seeds x problems"]
     for m in headline:
-        cols += [f"{metric_title(m, n)} [95% CI, problems]", "Δ (pp) [95% CI, seeds]", "p (seeds)", "p Holm"]
+        cols += [f"{metric_title(m, n)} [95% CI, problems]", "Δ (pp) [95% CI, seeds]", "p (seeds)"]
+        cols += [] if prereg else ["p Holm"]
     t = Table("significance", f"Significance vs {baseline or '(no baseline)'}: {model_title(block['model'])}", cols)
     entries = [(b, block["benchmarks"][b]) for b in ordered_benchmarks(block["benchmarks"])]
     if len(entries) > 1 and block["average"]["rows"]:
@@ -206,7 +210,8 @@ def significance(block: dict, baseline: str | None, resamples: int, seed: int) -
             for m in headline:
                 c = r["metrics"][m]
                 family = max(family, c.get("family") or 0)
-                cells += [ci_cell(c), delta_cell(c), p_cell(c.get("p")), p_cell(c.get("p_holm"))]
+                cells += [ci_cell(c), delta_cell(c), p_cell(c.get("p"))]
+                cells += [] if prereg else [p_cell(c.get("p_holm"))]
             t.add(cells, "baseline" if lb == baseline else "")
             first = False
     t.notes = [
@@ -216,9 +221,15 @@ def significance(block: dict, baseline: str | None, resamples: int, seed: int) -
         "another seed's run would differ.",
         "Δ: method - baseline in percentage points, each seed's mean over its problems paired by seed; its "
         "95% CI and p (two-sided): a paired t over the seeds' differences (scipy.stats.ttest_1samp; the seed is "
-        "the unit; blank with fewer than 2 paired seeds). p Holm: Holm's correction over the "
-        f"{family} method(s) compared with the baseline on that row's benchmark and metric "
-        "(statsmodels multipletests); a difference is significant at 0.05 only when p Holm < 0.05.",
+        "the unit; blank with fewer than 2 paired seeds). "
+        + (
+            f"p (seeds) is each comparison's own test, uncorrected and not a verdict: the report tests the "
+            f"preregistered family of {prereg} claims (the claims table, Holm over the {prereg})."
+            if prereg
+            else f"p Holm: Holm's correction over the {family} method(s) compared with the baseline on that row's "
+            "benchmark and metric (statsmodels multipletests); a difference is significant at 0.05 only when "
+            "p Holm < 0.05."
+        ),
         f"report.json keeps p_problems: the paired bootstrap over problems ({resamples} resamples, "
         f"default_rng({seed})), within-seed sampling noise only (it speaks for these trained models, not for a rerun).",
     ]
@@ -488,7 +499,9 @@ def build_tables(result: dict, paper: dict | None) -> list[Table]:
         inline |= any(s == "ref" for s in t.styles)
         tables.append(t)
         if baseline:
-            tables.append(significance(block, baseline, result["bootstrap"]["resamples"], result["bootstrap"]["seed"]))
+            boot = result["bootstrap"]
+            prereg = (result.get("prereg") or {}).get("tested")
+            tables.append(significance(block, baseline, boot["resamples"], boot["seed"], prereg))
         agg = aggregates_table(block, baseline)
         if agg is not None:
             tables.append(agg)
