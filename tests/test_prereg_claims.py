@@ -22,6 +22,7 @@ from clipbench.config.claims import parse_family
 from clipbench.errors import ConfigError, UserError
 from clipbench.report import stats
 from clipbench.report.build import build_report
+from clipbench.report.per_seed import claims_from_per_seed
 from clipbench.sweep import load_spec
 from clipbench.sweep.expand import expand
 from clipbench.sweep.manifest import merge
@@ -198,3 +199,13 @@ def test_a_preregistered_report_tests_only_its_family(store):
     # no Holm over the table's methods: that would be a second family beside the preregistered one
     assert "p Holm" not in sig.columns and "p (seeds)" in sig.columns
     assert any("the report tests the preregistered family of 3 claims" in n for n in sig.notes)
+
+
+def test_a_preregistered_family_is_rederived_from_per_seed_values(store):
+    root, mod = store
+    _, result, _, _ = build_report(root, mod.SWEEP, None)
+    # cispo - grpo reads each run's Avg@4 and Pass@4 on arith: the family's columns, not an average
+    assert {tuple(c["reads"][0][1]) for c in result["claims"]} == {("avg_end:arith",), ("pass_end:arith",)}
+    again = claims_from_per_seed(result["per_seed"], result["claims"])
+    assert [(r.claim, r.verdict) for r in again] == [(c["claim"], c["verdict"]) for c in result["claims"]]
+    assert [r.p_holm for r in again] == pytest.approx([c["p_holm"] for c in result["claims"]], rel=1e-9)

@@ -4,10 +4,12 @@
     write_report(sweep, result, tables, header, "html", out_dir)     # -> the paths written
 
 Files per format, in ``out_dir``: ``report.json`` (every number) always, plus
-    markdown  report.md and the figures as plots/*.png
+    markdown  report.md and the figures as plots/*.png, and per_seed.csv
     latex     report.tex (booktabs fragment)
     csv       one <table>.csv per table
-    html      report.html: one self-contained page (tables + figures as base64 PNG)
+    html      report.html: one self-contained page (tables + figures as base64 PNG), and per_seed.csv
+per_seed.csv (report/per_seed.py): one row per compared run (the replication sweep's too) with the
+endpoints its claims' tests read, so a published verdict can be tested again without the store.
 (`rich`, the terminal, writes report.json only: the command prints the tables.)
 """
 
@@ -26,6 +28,7 @@ from clipbench.report.finding import finding_line
 from clipbench.report.health import exclusion_reason
 from clipbench.report.load import Sweep, load_results
 from clipbench.report.machines import provenance_lines, provenance_summary
+from clipbench.report.per_seed import per_seed_rows, write_per_seed
 from clipbench.report.replay import replay_figures, replay_tables, sweep_replay
 from clipbench.report.replication import replicate_against, replicate_by_halves, summary_line
 from clipbench.report.routing_table import routing_table
@@ -117,11 +120,13 @@ def claims_with_replication(sweep: Sweep, result: dict, replicate: Sweep | None,
     else:
         claims = evaluate_claims(sweep, compared)
     runs, group = compared, (lambda r: r.label)
+    result["per_seed"] = per_seed_rows(compared, sweep.name)
     if replicate is None:
         replicate_by_halves(claims, compared, sweep.claims)
     else:  # the replication tests this sweep's family (a preregistered one), whatever its own manifest says
         other = [r for r in replicate.runs if exclusion_reason(r) is None]
         replicate_against(claims, evaluate_claims(replicate, other, family=sweep.claims), replicate.name)
+        result["per_seed"] += per_seed_rows(other, replicate.name)
         mine = {id(r) for r in compared}
         runs, group = compared + other, (lambda r: r.label if id(r) in mine else f"{replicate.name}: {r.label}")
         result["replicate"] = {
@@ -213,6 +218,8 @@ def write_report(
     written: list[Path] = []
     atomic_write_json(out_dir / "report.json", result)
     written.append(out_dir / "report.json")
+    if fmt in ("markdown", "html"):  # the published formats: each run's endpoints beside them
+        written.append(write_per_seed(out_dir / "per_seed.csv", result.get("per_seed", [])))
     if fmt == "markdown":
         rel = {}
         for name, png in _figures_png(sweep, result).items():

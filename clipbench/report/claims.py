@@ -73,7 +73,16 @@ from clipbench.config.stored import recorded
 from clipbench.errors import UserError
 from clipbench.eval.passk import pass_at_k_array
 from clipbench.report import stats
-from clipbench.report.analysis import _paired_diffs, block_benchmarks, block_n, run_dynamics, run_quadrants, seed_values
+from clipbench.report.analysis import (
+    _initial_step,
+    _paired_diffs,
+    _payload_at,
+    block_benchmarks,
+    block_n,
+    run_dynamics,
+    run_quadrants,
+    seed_values,
+)
 from clipbench.report.load import RunRecord, Sweep
 from clipbench.report.stability import losing_rates, run_lr
 from clipbench.tracking.provenance import describe_machine
@@ -110,6 +119,16 @@ STABLE_MARGIN = 2.0
 GSPO_NO_REPLAY = "GSPO does not need routing replay on a mixture-of-experts model (r2 and none equivalent)"
 REPLAY_MARGIN = 2.0  # points of Avg@n: the same yardstick as STABLE_MARGIN
 DIFFERENCE, NONINFERIORITY, EQUIVALENCE = "difference", "non-inferiority", "equivalence"
+# The per-run endpoints the seed-level tests read, as named in per_seed.csv (report/per_seed.py)
+ENTROPY_COL, Q4_COL = "entropy_last_fifth", "q4_lead"
+
+
+def avg_col(bench: str, start: bool = False) -> str:
+    return f"avg_{'start' if start else 'end'}:{bench}"
+
+
+def pass_col(bench: str) -> str:
+    return f"pass_end:{bench}"
 
 
 @dataclass
@@ -138,6 +157,9 @@ class ClaimResult:
     family: int = 0  # the claims in that family
     p_outside: float = math.nan  # equivalence: two-sided p against the nearer margin (does not hold)
     machines: list = field(default_factory=list)  # the machines its runs ran on (report/machines.py)
+    # what its test reads per seed: [label, [per_seed.csv columns (averaged)], sign] terms summed
+    # (report/per_seed.py); None: not a seed-level test (one seed: tested over problems)
+    reads: list | None = None
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -267,13 +289,15 @@ def seed_claim(
     b: Sequence[RunRecord],
     figure: str,
     value,
-    scale: float = 1.0,
+    column: str,
 ) -> ClaimResult | None:
     va, vb = _per_seed(a, value), _per_seed(b, value)
-    diffs = scale * _paired_seeds(va, vb)
+    diffs = _paired_seeds(va, vb)
     if diffs.size == 0:
         return None
-    return _seed_t(claim, source, f"{a_label} - {b_label}", figure, diffs, sorted(set(va) & set(vb)), [*a, *b])
+    res = _seed_t(claim, source, f"{a_label} - {b_label}", figure, diffs, sorted(set(va) & set(vb)), [*a, *b])
+    res.reads = [[a_label, [column], 1], [b_label, [column], -1]]
+    return res
 
 
 def _seed_t(
@@ -366,7 +390,7 @@ def accuracy_claim(
     va = _seed_accuracy([ga for ga, _ in blocks], a, metric)
     vb = _seed_accuracy([gb for _, gb in blocks], b, metric)
     if len(set(va) & set(vb)) >= SEED_TEST_MIN:
-        return _seed_t(
+        res = _seed_t(
             claim,
             source,
             f"{a_label} - {b_label}",
@@ -377,6 +401,11 @@ def accuracy_claim(
             kind,
             margin,
         )
+        res.reads = [
+            [a[0].label, [avg_col(x) for x in benches], 1],
+            [b[0].label, [avg_col(x, start=b_initial) for x in benches], -1],
+        ]
+        return res
     diffs = [_paired_diffs(ga[0], ga[1][metric], gb[0], gb[1][metric]) for ga, gb in blocks]
     if all(d.size == 0 for d in diffs):
         return None
@@ -438,6 +467,7 @@ def q4_claim(label: str, runs: Sequence[RunRecord]) -> ClaimResult | None:
         seeds=sorted(leads),
         checksums=_checksums(runs),
         machines=_machines(runs),
+        reads=[[label, [Q4_COL], 1]],
     )
     return _seed_design(res, lead)
 
@@ -506,7 +536,10 @@ def routing_claims(by_label: dict[str, list[RunRecord]], method_of: dict[str, st
             continue
         diffs = np.array([(gr[s] - gn[s]) - (sr[s] - sn[s]) for s in seeds])
         comparison = f"({g_r2} - {g_none}) - ({s_r2} - {s_none})"
-        out.append(_seed_t(GSPO_REPLAY, ROUTING_SOURCE, comparison, figure, diffs, seeds, runs))
+        res = _seed_t(GSPO_REPLAY, ROUTING_SOURCE, comparison, figure, diffs, seeds, runs)
+        cols = [avg_col(x) for x in benches]
+        res.reads = [[g_r2, cols, 1], [g_none, cols, -1], [s_r2, cols, -1], [s_none, cols, 1]]
+        out.append(res)
     return out
 
 
@@ -568,6 +601,12 @@ def _final(run: RunRecord, bench: str) -> np.ndarray | None:
     return np.asarray(correct, dtype=float) if correct else None
 
 
+def _initial_avg(run: RunRecord, bench: str) -> float | None:
+    """Avg@n of the run's step-0 evaluation on `bench` (its base model), points; None without one."""
+    p = _payload_at(run, bench, _initial_step(run))
+    return None if p is None or not p.get("correct") else 100.0 * float(np.asarray(p["correct"], dtype=float).mean())
+
+
 def _endpoint(run: RunRecord, endpoint: str, bench: str) -> float | None:
     """One run's value of a family endpoint (config/claims.py: ENDPOINTS)."""
     if endpoint == "entropy":
@@ -616,11 +655,16 @@ def family_claims(family: ClaimFamily, runs: Sequence[RunRecord]) -> list[ClaimR
                 continue
             seeds = sorted(set(_per_seed(a, value)) & set(_per_seed(b, value)))
             figure, label = _figure(e, family.benchmark, [*a, *b]), f"{c.a} - {c.b}"
-            out.append(_seed_t(FAMILY_CLAIMS[e].format(a=c.a, b=c.b), source, label, figure, diffs, seeds, [*a, *b]))
+            col = {"avg": avg_col, "pass": pass_col}.get(e, lambda _: ENTROPY_COL)(family.benchmark)
+            reads = [[a[0].label, [col], 1], [b[0].label, [col], -1]]
+            found = [_seed_t(FAMILY_CLAIMS[e].format(a=c.a, b=c.b), source, label, figure, diffs, seeds, [*a, *b])]
             if e in family.equivalence:
                 m = family.margins[e]
                 claim = SAME.format(a=c.a, b=c.b, what=ENDPOINTS[e][0].split(" at ")[0], m=m, unit=ENDPOINTS[e][1])
-                out.append(_seed_t(claim, source, label, figure, diffs, seeds, [*a, *b], EQUIVALENCE, m))
+                found.append(_seed_t(claim, source, label, figure, diffs, seeds, [*a, *b], EQUIVALENCE, m))
+            for res in found:
+                res.reads = reads
+            out += found
     return out
 
 
@@ -685,6 +729,7 @@ def evaluate_claims(
                     by_label[g],
                     "entropy, last fifth (nats)",
                     _last_entropy,
+                    ENTROPY_COL,
                 )
                 out += [res] if res else []
                 res = accuracy_claim(
@@ -701,6 +746,7 @@ def evaluate_claims(
                     by_label[g],
                     "entropy, last fifth (nats)",
                     _last_entropy,
+                    ENTROPY_COL,
                 )
                 out += [res] if res else []
             res = q4_claim(g, by_label[g])
