@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -96,3 +97,18 @@ def test_gates_fail_where_the_truth_says(gate):
 def test_the_page_renders(gate):
     text = gate.render(gate.gates(store()), store())
     assert "| G1 RL works |" in text and "**passes**" in text
+
+
+def test_the_published_gate_is_rederived_from_its_per_seed_csv(gate, tmp_path):
+    """docs/studies/organism/per_seed.csv is what the script writes from the committed gate.json, and
+    the five gates computed from it alone are the published ones."""
+    docs = SCRIPT.parent.parent / "docs" / "studies" / "organism"
+    saved = json.loads((docs / "gate.json").read_text())
+    gate.write_per_seed(tmp_path / "per_seed.csv", saved["runs"])
+    assert (tmp_path / "per_seed.csv").read_text() == (docs / "per_seed.csv").read_text()
+    again = gate.gates(gate.read_per_seed(docs / "per_seed.csv"))
+    for key in ("G1", "G3", "G4"):
+        assert {k: again[key][k] for k in ("mean", "lo", "hi", "p", "n", "pass")} == saved["gates"][key]
+    assert again["G2"] == saved["gates"]["G2"]  # ratios 0.44-1.50, 8 of 10 at or under 0.5: fails
+    assert again["G5"] == saved["gates"]["G5"]  # smallest Holm p 0.709: passes
+    assert [again[k]["pass"] for k in ("G1", "G2", "G3", "G4", "G5")] == [True, False, False, True, True]
