@@ -1,5 +1,5 @@
-"""Issue 37's corrected procedures applied to the published study pages, from their printed numbers
-(the stores behind docs/studies/* are not kept in the repository):
+"""The report's multiplicity and non-inferiority procedures applied to a published study page, from its
+printed numbers (the stores behind docs/studies/* are not kept in the repository):
 
     python scripts/pages_recheck.py docs/studies/stability/report.md [...]
 
