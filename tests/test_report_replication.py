@@ -16,7 +16,7 @@ from clipbench.report import stats
 from clipbench.report.build import build_report
 from clipbench.report.claims import evaluate_claims
 from clipbench.report.load import RunRecord
-from clipbench.report.replication import halves, replicate_against, replicate_by_halves, seed_ranges
+from clipbench.report.replication import halves, replicate_against, replicate_by_halves, seed_ranges, summary_line
 
 
 def run(method, seed, entropy_last=0.5, final=None, base=None, n=2):
@@ -396,3 +396,21 @@ def test_a_replication_sweep_still_running_is_said_first(store):
     assert f"1 running: {victim.name}" in header[0] and result["replicate"]["compared"] == 5
     _, result, _, header = build_report(store, "fixture", "grpo", replicate="fixture")  # complete: no line
     assert result["replicate"]["incomplete"] is None and not header[0].startswith("INCOMPLETE")
+
+
+def test_the_header_counts_replicated_verdicts_apart_from_inconclusive_claims():
+    """The organism's confirmation: '19 replicate' over 40 claims, 16 of them inconclusive on both builds;
+    of its 13 verdicts 3 replicate."""
+    rep = lambda status: {"status": status, "by": "against sweep 'b2'"}  # noqa: E731
+    claims = (
+        [{"verdict": "holds", "replication": rep("replicates")}] * 2
+        + [{"verdict": "does not hold", "replication": rep("replicates")}]
+        + [{"verdict": "holds", "replication": rep("fragile")}] * 8
+        + [{"verdict": "does not hold", "replication": rep("fragile")}] * 2
+        + [{"verdict": "inconclusive at this scale", "replication": rep("replicates")}] * 16
+        + [{"verdict": "inconclusive at this scale", "replication": rep("fragile")}] * 11
+    )
+    assert summary_line(claims) == (
+        "Claims (40) checked against sweep 'b2': 19 replicate, 21 fragile; of the 13 that hold or do not hold, "
+        "3 replicate, 10 fragile."
+    )

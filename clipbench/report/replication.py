@@ -150,7 +150,9 @@ def replicate_against(claims: Sequence[ClaimResult], other: Sequence[ClaimResult
 
 
 def summary_line(claims: Sequence[dict]) -> str | None:
-    """'Claims: 2 replicate, 1 fragile, 1 not tested (...)' for the report's header."""
+    """'Claims (4): 2 replicate, 1 fragile, 1 not tested (...); of the 2 that hold or do not hold, 1
+    replicate, 1 fragile' for the report's header (the verdicts apart: an inconclusive claim that stays
+    inconclusive counts as replicating, and says little)."""
     if not claims:
         return None
     counts: dict[str, int] = {}
@@ -167,6 +169,15 @@ def summary_line(claims: Sequence[dict]) -> str | None:
     }
     order = (REPLICATES, FRAGILE, CONSISTENT, INCONSISTENT, NOT_TESTED)
     text = ", ".join(f"{counts[k]} {said[k]}" for k in order if counts.get(k))
+    decided = [c for c in claims if c.get("verdict") in ("holds", "does not hold")]
+    if decided and len(decided) < len(claims):  # an inconclusive claim staying inconclusive counts too: say apart
+        dcounts: dict[str, int] = {}
+        for c in decided:
+            status = (c.get("replication") or {}).get("status", NOT_TESTED)
+            dcounts[status] = dcounts.get(status, 0) + 1
+        text += f"; of the {len(decided)} that hold or do not hold, " + ", ".join(
+            f"{dcounts[k]} {said[k]}" for k in order if dcounts.get(k)
+        )
     reasons = sorted(
         {
             c["replication"]["reason"]
