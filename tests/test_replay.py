@@ -285,6 +285,28 @@ def test_the_record_budget_stops_recording_with_a_note(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_lagged_run_whose_ratio_is_the_samplers_records_and_replays_exactly(tmp_path):
+    """sampler.old_logp: sampler makes old_logp the sampler's log-probs themselves (one tensor): the
+    record keeps both names (safetensors refuses a storage under two names), and the trained rule
+    replays every logged loss of the lagged run exactly."""
+    from clipbench.tracking.store import RunDir
+
+    _train(
+        tmp_path / "run", "train.record.every=1", "train.record.state=none", "sampler.old_logp=sampler", "sampler.lag=1"
+    )
+    logged = {r["opt_step"]: r for r in RunDir(tmp_path / "run").read_metrics()}
+    records = list_records(tmp_path / "run")
+    assert len(records) == len({r["step"] for r in logged.values()})
+    rec = load_record(records[-1])
+    assert torch.equal(rec.tensors["old_logp"], rec.tensors["sampler_logp"])
+    for opt in rec.index["opt_steps"]:
+        res = replay_rule(
+            OptStepView(rec, opt), RuleSpec.of(rec.index["objective"]["method"], rec.index["objective"]["params"])
+        )
+        assert res.loss == logged[opt["opt_step"]]["loss"]
+
+
+@pytest.mark.slow
 def test_cli_replay_json_lines_and_report(recorded, tmp_path):
     env_py = [sys.executable, "-m", "clipbench"]
     out = subprocess.run(

@@ -61,7 +61,12 @@ def install_record(tmp: Path, index: dict, tensors: dict[str, torch.Tensor]) -> 
     the record's directory. Tensors go to the host, contiguous."""
     from safetensors.torch import save_file  # noqa: PLC0415 - safetensors is heavy
 
-    cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    cpu, seen = {}, set()
+    for k, v in tensors.items():  # safetensors refuses two names on one storage (old_logp is sampler_logp
+        t = v.detach().to("cpu").contiguous()  # with sampler.old_logp: sampler): each gets its own
+        ptr = t.untyped_storage().data_ptr()
+        cpu[k] = t.clone() if ptr in seen else t
+        seen.add(ptr)
     save_file(cpu, str(tmp / TENSORS), metadata={"format": str(FORMAT)})
     index = {
         **index,
