@@ -348,6 +348,19 @@ def test_labels_name_what_varies_within_a_block():
     assert [r.label for r in runs2] == ["grpo(steps=10)", "grpo(steps=20)"]
 
 
+def test_a_plugin_rule_added_to_a_sweep_labels_by_its_name_alone():
+    """A user's rule added to an existing sweep: its runs record `plugins` (an absolute path), the runs
+    trained before do not; a path is no setting, so it labels nothing (nor launch, tracking, name)."""
+    runs = [_run("a", "grpo"), _run("b", "grpo", seed=1), _run("c", "lower_only"), _run("d", "lower_only", seed=1)]
+    for r in runs[2:]:
+        r.config["plugins"] = ["/home/me/study/lower_only.py"]
+        r.config["launch"] = {"nproc_per_node": 2}
+        r.config["tracking"] = {"experiment": "mine"}
+        r.config["name"] = "mine"
+    assign_labels(runs)
+    assert [r.label for r in runs] == ["grpo", "grpo", "lower_only", "lower_only"]
+
+
 def test_unknown_sweep_lists_existing(results):
     assert list_sweeps(results) == ["fixture"]
     with pytest.raises(

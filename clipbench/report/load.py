@@ -14,6 +14,7 @@ from pathlib import Path
 
 from clipbench.config import flatten
 from clipbench.config.claims import ClaimFamily, parse_family
+from clipbench.config.identity import outside_id
 from clipbench.config.labels import METHOD_KEY, OBJ, group_label
 from clipbench.config.schema import Slot
 from clipbench.config.slots import stored_form
@@ -25,16 +26,15 @@ from clipbench.tracking.provenance import read_provenance, weights_checksum
 from clipbench.tracking.store import RunDir, list_sweeps
 from clipbench.tracking.store_format import read_format
 
-# the model (it makes the block) and evaluation settings.
+# Keys never in a label: the seed, the model (it makes the block), what is observed rather than trained
+# (evaluation, checkpoints, histograms) and every key outside the run's identity
+# (config.identity.NOT_IN_ID: its name, tracking, the paths of its plugins, how it is launched, records).
 _NOT_IN_LABEL_PREFIXES = (
     "seed",
-    "name",
-    "tracking.",
     "model.name",
     "eval.",
     "train.checkpoint_every",
     "train.log_histograms",
-    "train.record.",
 )
 
 
@@ -210,7 +210,7 @@ def load_run(path: str | Path, notes: list[str] | None = None) -> RunRecord:
 
 
 def _in_label(key: str) -> bool:
-    return not any(key == p or key.startswith(p) for p in _NOT_IN_LABEL_PREFIXES)
+    return not outside_id(key) and not any(key == p or key.startswith(p) for p in _NOT_IN_LABEL_PREFIXES)
 
 
 def assign_labels(runs: list[RunRecord]) -> None:
