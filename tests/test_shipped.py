@@ -103,6 +103,25 @@ def test_recipes_command_lists_every_name():
     assert "name: nsr_vs_decay" in res.output
 
 
+def test_recipes_show_prints_the_recipe_the_kit_names_and_the_sweep_when_asked(tmp_path, monkeypatch):
+    """`quickstart` is a recipe and a sweep: the bare name (what `clipbench train quickstart` runs, and
+    what the init kit and docs/install.md tell users to print) is the recipe, with one line naming the
+    sweep; `recipes/` and `sweeps/` pick one. (From a user's directory: a local file would win.)"""
+    monkeypatch.chdir(tmp_path)
+    for ref in ("quickstart", "recipes/quickstart", "recipes/quickstart.yaml"):
+        res = runner.invoke(app, ["recipes", "--show", ref])
+        assert res.exit_code == 0 and res.output.splitlines()[0] == f"# {RECIPES / 'quickstart.yaml'}", ref
+        assert "\nbase:" not in res.output and "objective:" in res.output
+    assert runner.invoke(app, ["recipes", "--show", "quickstart"]).output.splitlines()[1] == (
+        "# the sweep of this name: clipbench recipes --show sweeps/quickstart"
+    )
+    res = runner.invoke(app, ["recipes", "--show", "sweeps/quickstart"])
+    assert res.exit_code == 0 and res.output.splitlines()[0] == f"# {SWEEPS / 'quickstart.yaml'}"
+    assert "\nbase:" in res.output
+    res = runner.invoke(app, ["recipes", "--show", "sweeps/arith_tiny"])  # a recipe, not a sweep
+    assert res.exit_code == 2 and "no shipped recipe or sweep of that name" in res.stderr
+
+
 def test_version():
     from importlib.metadata import version
 

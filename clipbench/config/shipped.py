@@ -30,9 +30,9 @@ def _shipped(ref: str, dirs: tuple[Path, ...]) -> Path | None:
     """The shipped file `ref` names in one of `dirs` (with or without .yaml, with or without a
     leading recipes/ or sweeps/), or None."""
     name = ref.replace("\\", "/")
-    for prefix in ("recipes/", "sweeps/"):
-        if name.startswith(prefix):
-            name = name[len(prefix) :]
+    for prefix, root in (("recipes/", RECIPES), ("sweeps/", SWEEPS)):
+        if name.startswith(prefix):  # the prefix names where to look: `sweeps/quickstart` is never the recipe
+            name, dirs = name[len(prefix) :], tuple(d for d in dirs if d == root)
     if not name or name.startswith("/") or ".." in name.split("/"):
         return None
     names = (name,) if name.endswith((".yaml", ".yml")) else (name + ".yaml", name)
@@ -71,6 +71,11 @@ def sweep_path(ref: str | Path) -> Path:
 def shipped_recipe(ref: str) -> Path | None:
     """The shipped recipe `ref` names, or None (a sweep's `base:` falls back to it)."""
     return _shipped(ref, (RECIPES,))
+
+
+def shipped_sweep(ref: str) -> Path | None:
+    """The shipped sweep `ref` names (sweeps/ first, then beside the recipes), or None."""
+    return _shipped(ref, (SWEEPS, RECIPES))
 
 
 @dataclass(frozen=True)
