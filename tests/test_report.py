@@ -18,9 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from clipbench.commands.report import report_command
 from clipbench.errors import UserError
+from clipbench.objectives import METHODS
 from clipbench.report import stats
 from clipbench.report.analysis import analyze, run_quadrants
 from clipbench.report.build import build_report
@@ -359,6 +361,45 @@ def test_a_plugin_rule_added_to_a_sweep_labels_by_its_name_alone():
         r.config["name"] = "mine"
     assign_labels(runs)
     assert [r.label for r in runs] == ["grpo", "grpo", "lower_only", "lower_only"]
+
+
+def _with_plugin_rule(report_fixture, root: Path, rule_file: Path) -> None:
+    """The fixture store with nsr's runs turned into runs of a user's rule, as `clipbench sweep` writes
+    them: the config records the rule and the plugin's absolute path."""
+    report_fixture.build(root)
+    for seed in (0, 1):
+        path = root / "fixture" / report_fixture.run_id("nsr", seed) / "config.yaml"
+        cfg = yaml.safe_load(path.read_text())
+        cfg["objective"] = {"method": "lower_only", "eps_low": 0.1}
+        cfg["plugins"] = [str(rule_file)]
+        path.write_text(yaml.safe_dump(cfg))
+
+
+def test_report_loads_the_plugins_its_runs_recorded(tmp_path, report_fixture):
+    """Without --plugin, the report imports the rule file the runs recorded, so the log-ratio figure
+    draws the rule's own band (lower_only: [1 - 0.1, ...] for A < 0)."""
+    rule_file = tmp_path / "lower_only.py"
+    rule_file.write_text((Path(__file__).parent.parent / "examples" / "plugins" / "lower_only.py").read_text())
+    _with_plugin_rule(report_fixture, tmp_path / "r", rule_file)
+    assert "lower_only" not in METHODS
+    sweep = load_results(tmp_path / "r", "fixture")
+    assert sweep.notes == [] and METHODS["lower_only"].origin.path == str(rule_file)
+    (run,) = [r for r in sweep.runs if r.method == "lower_only" and r.seed == 0]
+    assert run.label == "lower_only" and run.ref_bands()["neg"][0] == pytest.approx(0.9)
+
+
+def test_report_says_in_one_line_when_a_recorded_plugin_cannot_be_loaded(tmp_path, report_fixture):
+    _with_plugin_rule(report_fixture, tmp_path / "r", tmp_path / "moved.py")
+    sweep = load_results(tmp_path / "r", "fixture")
+    assert sweep.notes == [
+        f"could not load the plugin the runs of lower_only recorded: {tmp_path / 'moved.py'}: plugin file not found",
+        "rule lower_only unknown to this install: the log-ratio figure leaves out its clip band; pass its file "
+        "with --plugin FILE",
+    ]
+    (run,) = [r for r in sweep.runs if r.method == "lower_only" and r.seed == 0]
+    assert run.ref_bands() is None
+    _, _, _, header = build_report(tmp_path / "r", "fixture", "grpo", replay=False)
+    assert f"Note: {sweep.notes[0]}" in header and f"Note: {sweep.notes[1]}" in header
 
 
 def test_unknown_sweep_lists_existing(results):

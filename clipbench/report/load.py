@@ -20,7 +20,8 @@ from clipbench.config.schema import Slot
 from clipbench.config.slots import stored_form
 from clipbench.config.stored import recorded, recorded_slot
 from clipbench.errors import StoreError, UserError, did_you_mean
-from clipbench.objectives import effective_bounds
+from clipbench.objectives import METHODS, effective_bounds
+from clipbench.objectives.plugins import load_plugin, merge_specs, plugin_specs
 from clipbench.tracking.files import REMEDIES, check_store_dir, read_json, read_jsonl
 from clipbench.tracking.provenance import read_provenance, weights_checksum
 from clipbench.tracking.store import RunDir, list_sweeps
@@ -156,8 +157,33 @@ def load_results(results_dir: str | Path, name: str) -> Sweep:
     planned, claims = planned_runs(root / name), frozen_claims(root / name)
     notes: list[str] = []
     runs = [load_run(d, notes) for d in sorted((root / name).iterdir()) if (d / "config.yaml").is_file()]
+    notes += load_recorded_plugins(runs)
     assign_labels(runs)
     return Sweep(name=name, path=root / name, runs=runs, notes=notes, planned=planned, claims=claims)
+
+
+def load_recorded_plugins(runs: list[RunRecord]) -> list[str]:
+    """Import the plugins the runs recorded (each config's `plugins`: absolute paths or module names), so
+    that the report knows their rules (the log-ratio figure's bands) without `--plugin`. Returns one
+    note per plugin that could not be loaded (moved, broken) and per rule still unknown; a rule already
+    known (`--plugin` gave it from another file) is not loaded again."""
+    notes = []
+    for spec in merge_specs(*(plugin_specs(r.config) for r in runs)):
+        users = sorted({r.method for r in runs if spec in plugin_specs(r.config)})
+        if all(m in METHODS for m in users):
+            continue
+        try:
+            load_plugin(spec)
+        except UserError as e:
+            notes.append(f"could not load the plugin the runs of {', '.join(users)} recorded: {e}")
+    unknown = sorted({r.method for r in runs if r.objective is not None and r.method not in METHODS})
+    if unknown:
+        many, its = len(unknown) > 1, "their" if len(unknown) > 1 else "its"
+        notes.append(
+            f"rule{'s' * many} {', '.join(unknown)} unknown to this install: the log-ratio figure leaves out "
+            f"{its} clip band{'s' * many}; pass {its} file with --plugin FILE"
+        )
+    return notes
 
 
 def _manifest(sweep_dir: Path) -> tuple[Path, dict | None]:
