@@ -176,7 +176,8 @@ def test_a_sweep_without_a_learning_rate_axis_has_no_stability_table(tmp_path, r
     # (7/16, 6/16) and (2/12, 1/12): (40.625 + 12.5) / 2 = 26.5625%, +13.02 points
     assert header[0].startswith(
         "Finding: the gain over the base model runs from +31.2 points (abc) to +13.0 (nsr) "
-        "(Avg@4 averaged over arith and GSM8K, mean of 2 seeds per arm); of "
+        "(Avg@4 averaged over arith and GSM8K, mean of 2 seeds per arm); against grpo (Avg@4 averaged over arith "
+        "and GSM8K, 95% t CI over seeds): abc +14.1 points "
     )
 
 

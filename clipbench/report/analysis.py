@@ -296,7 +296,13 @@ def _compare(block, raw, baseline, metrics, benches, *, resamples: int, seed: in
                 cell = rows[lb]["metrics"][m]
                 gains[key][m] = stats.gain_percent(cell["mean"], rows[baseline]["metrics"][m]["mean"])
                 test = stats.seed_test(_seed_diffs(rows[lb], rows[baseline], m))
-                cell.update(delta=test["estimate"], delta_ci=test["ci"], p=test["p"], paired_seeds=test["n"])
+                cell.update(
+                    delta=test["estimate"],
+                    delta_ci=test["ci"],
+                    delta_sd=test["sd"],
+                    p=test["p"],
+                    paired_seeds=test["n"],
+                )
                 diffs = [
                     _paired_diffs(raw[b][lb][0], raw[b][lb][1][m], raw[b][baseline][0], raw[b][baseline][1][m])
                     for b in have

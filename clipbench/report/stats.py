@@ -235,16 +235,16 @@ def gain_percent(method: float, baseline: float) -> float | None:
 def seed_test(diffs: Sequence[float], *, level: float = CI_LEVEL) -> dict:
     """A paired t over seeds: ``diffs`` one difference per seed (method - baseline, paired by seed).
 
-    {"estimate", "ci": [lo, hi], "p", "df", "n"}: the mean difference, Student's t interval over the
+    {"estimate", "ci": [lo, hi], "p", "df", "n", "sd"}: the mean difference, Student's t interval over the
     seeds' differences, the two-sided p of `scipy.stats.ttest_1samp` against 0 (= `ttest_rel` on the
-    pairs). Fewer than 2 seeds: ci and p nan. Every difference equal: the interval is that value and p
+    pairs), the differences' sample sd (what `seeds_needed` reads). Fewer than 2 seeds: ci, p and sd nan. Every difference equal: the interval is that value and p
     is 0.0 (1.0 when it is 0): nothing varies.
     """
     from scipy import stats as sps  # noqa: PLC0415 - scipy is heavy
 
     d = np.asarray(diffs, dtype=float)
     out = {"estimate": float(d.mean()) if d.size else math.nan, "ci": [math.nan, math.nan], "p": math.nan}
-    out.update({"df": float(d.size - 1), "n": int(d.size)})
+    out.update({"df": float(d.size - 1), "n": int(d.size), "sd": float(d.std(ddof=1)) if d.size > 1 else math.nan})
     if d.size < 2:
         return out
     if np.allclose(d, d[0]):
