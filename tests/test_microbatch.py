@@ -374,3 +374,22 @@ def test_a_run_with_micro_batches_logs_the_same_loss_grad_norm_and_counts(tmp_pa
 def test_loop_keys_are_checked(override, words):
     with pytest.raises(ConfigError, match=words.replace("[", r"\[").replace("]", r"\]")):
         load_run_config("recipes/arith_tiny.yaml", [override])
+
+
+def test_a_grouped_aggregation_registered_after_import_runs_in_the_built_in_step(tiny, batch):
+    """A user's aggregation that reads the prompt groups, registered after clipbench was imported (as a
+    plugin file would), passes the preflight and trains: the built-in step hands it the mini-batch's
+    prompt counts, unsplit and over micro-batches, so it equals prompt-mean's loss and gradients."""
+    from clipbench.objectives.aggregation import AGGREGATIONS, prompt_mean
+
+    AGGREGATIONS.register(
+        "my-prompt-mean", lambda token_loss, maskf, n: prompt_mean(token_loss, maskf, n), needs_groups=True
+    )
+    model, tok = tiny
+    loss0, _, grads0, _ = _run(model, tok, batch, Objective("grpo", {}, "prompt-mean", 0.0, max_len=12), budget=0)
+    for budget in (0, 40):
+        loss, _, grads, _ = _run(
+            model, tok, batch, Objective("grpo", {}, "my-prompt-mean", 0.0, max_len=12), budget=budget
+        )
+        assert abs(loss - loss0) <= 1e-6 * max(abs(loss0), 1.0)
+        assert all((grads[k] - g).norm() <= 1e-12 * g.norm() + 1e-15 for k, g in grads0.items())

@@ -143,13 +143,14 @@ def needs(slot: str, name: str) -> tuple[str, ...]:
     """What component `name` of `slot` reads from the engine's loss call, by its registry's
     metadata: a rule, the given inputs it names; an aggregation with needs_groups, GROUPS."""
     # PLC0415, deferred: the registries pull in torch
-    from clipbench.objectives import AGGREGATIONS, METHODS  # noqa: PLC0415
+    from clipbench.objectives import METHODS  # noqa: PLC0415
+    from clipbench.objectives.aggregation import needs_groups  # noqa: PLC0415
     from clipbench.objectives.inputs import GIVEN  # noqa: PLC0415
 
     if slot == "objective":
         return tuple(i for i in METHODS.lookup(name).inputs if i in GIVEN)
     if slot == "aggregation":
-        return (GROUPS,) if AGGREGATIONS.entry(name).meta.get("needs_groups") else ()
+        return (GROUPS,) if needs_groups(name) else ()
     return ()
 
 

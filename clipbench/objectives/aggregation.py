@@ -99,7 +99,12 @@ AGGREGATIONS.register("seq-mean-token-mean", seq_mean_token_mean, needs_groups=F
 AGGREGATIONS.register("seq-mean-token-sum", seq_mean_token_sum, needs_groups=False)
 AGGREGATIONS.register("seq-mean-token-sum-norm", seq_mean_token_sum_norm, needs_groups=False)
 AGGREGATIONS.register("prompt-mean", prompt_mean, needs_groups=True)
-NEEDS_GROUPS = AGGREGATIONS.names(needs_groups=True)  # the aggregations that need each row's prompt group
+
+
+def needs_groups(name: str) -> bool:
+    """Whether aggregation `name` reads each row's prompt group (its `needs_groups`), read from the
+    registry at each call: an aggregation registered after import (a plugin's) counts too."""
+    return bool(AGGREGATIONS.entry(name).meta.get("needs_groups"))
 
 
 def get_aggregation(name: str) -> Aggregation:
@@ -174,7 +179,7 @@ def aggregate(
         check_count(name, value)
     own = global_counts(maskf)
     prompts = per_group = None
-    if agg in NEEDS_GROUPS:
+    if needs_groups(agg):
         prompts, per_group = _group_norm(maskf, groups, group_tokens, global_prompts)
     norm = Norm(
         _normaliser(global_tokens, own["global_tokens"]),

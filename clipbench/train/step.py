@@ -43,7 +43,7 @@ from clipbench.models.routing import (
     moved_tokens,
 )
 from clipbench.objectives import PolicyLossOutput, combine, finalize, log_ratio_counts
-from clipbench.objectives.aggregation import NEEDS_GROUPS
+from clipbench.objectives.aggregation import needs_groups
 from clipbench.objectives.corrections import REJECTED, apply_correction, correction_stats
 from clipbench.objectives.inputs import KEYWORDS, Counts, RuleInputs
 from clipbench.objectives.loss import BoundRule, bind
@@ -366,7 +366,8 @@ def mini_batch_counts(step: OptStep, inputs: StepInputs, agg: str, mask: torch.T
     """The mini-batch's normalisers: valid tokens and sequences (without the correction's rejected
     tokens, which leave the denominators), and for prompt-mean its prompt groups and each row's
     group's tokens (B,). Device tensors where they depend on the correction; no host sync."""
-    if inputs.correction_status is None and agg not in NEEDS_GROUPS:
+    grouped = needs_groups(agg)
+    if inputs.correction_status is None and not grouped:
         return MiniBatch(Counts(global_tokens=step.tokens, global_seqs=step.seqs))
     rows = torch.tensor(step.rows, dtype=torch.long, device=mask.device)
     counted = mask[rows] > 0  # (b, T)
@@ -374,7 +375,7 @@ def mini_batch_counts(step: OptStep, inputs: StepInputs, agg: str, mask: torch.T
     if inputs.correction_status is not None:
         counted = counted & (inputs.correction_status[rows] != REJECTED)
         tokens, seqs = counted.sum().float(), counted.any(-1).sum().float()
-    if agg not in NEEDS_GROUPS:
+    if not grouped:
         return MiniBatch(Counts(global_tokens=tokens, global_seqs=seqs))
     ids = sorted({inputs.groups[r] for r in step.rows})
     which = torch.tensor([ids.index(inputs.groups[r]) for r in step.rows], device=rows.device)  # (b,)
