@@ -183,6 +183,70 @@ def test_load_benchmark_hub_offline_is_a_user_error(monkeypatch):
     assert "HuggingFaceH4/aime_2024" in msg and "--data-dir" in msg and "aime24.jsonl" in msg
 
 
+def test_hub_reachable_connects_once_to_the_hub_or_its_proxy(monkeypatch):
+    import socket
+
+    from clipbench.tasks import hub
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "https_proxy", "HTTPS_PROXY"):
+            monkeypatch.delenv(k, raising=False)
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+        hub.hub_reachable.cache_clear()
+        assert hub.hub_reachable()
+        hub.hub_reachable.cache_clear()
+        monkeypatch.setenv("HF_ENDPOINT", "https://hub.invalid")
+        monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{port}")  # the proxy is what a request reaches first
+        assert hub._probe_target() == ("127.0.0.1", port) and hub.hub_reachable()
+    hub.hub_reachable.cache_clear()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # said offline: nothing is tried
+    assert not hub.hub_reachable()
+    hub.hub_reachable.cache_clear()
+
+
+def test_eval_of_a_hub_benchmark_fails_at_once_when_the_hub_cannot_be_reached(tmp_path):
+    """`clipbench eval` of a hub benchmark on a machine that cannot reach the hub (here: an endpoint on a
+    closed local port, no offline variables set): one line saying so and naming --data-dir, exit 2, and
+    no retry of huggingface_hub's five (about 25 s) before it."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_OFFLINE") and "PROXY" not in k.upper()}
+    env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf"), HF_DATASETS_CACHE=str(tmp_path / "ds"))
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "clipbench",
+            "eval",
+            "--model",
+            "builtin:arith-tiny",
+            "--benchmarks",
+            "aime24",
+            "--n",
+            "1",
+            "--limit",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().splitlines()[-1] == (
+        "error: benchmark 'aime24': could not load dataset 'HuggingFaceH4/aime_2024' (split 'train'): the Hugging "
+        "Face hub (http://127.0.0.1:9) cannot be reached and the local cache does not hold it; without the hub, "
+        "pass --data-dir DIR holding aime24.jsonl"
+    )
+    assert "Retrying" not in res.stderr
+
+
 # ---- benchmarks registry --------------------------------------------------------------------
 
 

@@ -92,7 +92,9 @@ def load_benchmark(
     try:
         return load_problems(bench.hf_name, template, bench.hf_split, limit, config=bench.hf_config, label=name)
     except UserError as e:
-        raise UserError(f"benchmark '{name}': {e}; offline? pass --data-dir DIR holding {bench.local_file}") from None
+        raise UserError(
+            f"benchmark '{name}': {e}; without the hub, pass --data-dir DIR holding {bench.local_file}"
+        ) from None
 
 
 def benchmark_grader(name: str, *, arith: Task | None = None) -> Callable[[str, Problem], bool]:

@@ -15,6 +15,7 @@ Schemas are detected from the columns (nested dicts are also seen as dotted keys
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ import numpy as np
 from clipbench.errors import UserError
 from clipbench.tasks.base import Problem
 from clipbench.tasks.grader import grade, normalize_gold
+from clipbench.tasks.hub import endpoint, hub_or_cache
 from clipbench.tasks.templates import render, resolve_template
 from clipbench.yamlio import flatten
 
@@ -95,22 +97,28 @@ def _read_dir(path: Path, split: str, config: str | None) -> list[dict]:
 
     if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
         return _from_datasets(datasets.load_from_disk(str(path)), split, str(path))
-    return _load_hub_or_files(str(path), split, config)
+    return _load_hub_or_files(str(path), split, config, hub=False)
 
 
-def _load_hub_or_files(name: str, split: str, config: str | None) -> list[dict]:
+def _load_hub_or_files(name: str, split: str, config: str | None, *, hub: bool = True) -> list[dict]:
+    """`datasets.load_dataset(name)`: a local directory of data files, or (`hub`) a hub dataset, read
+    from the local cache at once when the hub cannot be reached (tasks/hub.py)."""
     import datasets  # noqa: PLC0415 - datasets is heavy
 
-    try:
-        ds = datasets.load_dataset(name, config, split=split)
-    except UserError:
-        raise
-    except Exception as e:  # noqa: BLE001 - hub, network, split and file errors all end here
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        cfg = f", config '{config}'" if config else ""
-        raise UserError(
-            f"could not load dataset '{name}' (split '{split}'{cfg}): {type(e).__name__}: {first}"
-        ) from None
+    with hub_or_cache() if hub else contextlib.nullcontext(True) as online:
+        try:
+            ds = datasets.load_dataset(name, config, split=split)
+        except UserError:
+            raise
+        except Exception as e:  # noqa: BLE001 - hub, network, split and file errors all end here
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            cfg = f", config '{config}'" if config else ""
+            why = (
+                f"{type(e).__name__}: {first}"
+                if online
+                else f"the Hugging Face hub ({endpoint()}) cannot be reached and the local cache does not hold it"
+            )
+            raise UserError(f"could not load dataset '{name}' (split '{split}'{cfg}): {why}") from None
     return _from_datasets(ds, split, name)
 
 
