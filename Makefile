@@ -51,6 +51,7 @@ bench: install ## Speed/memory targets, measured side by side (writes results/be
 	@$(PY) -c "import trl" 2>/dev/null || $(PIP) install --quiet -e ".[dev,bench]"
 	$(PY) bench/bench_objectives.py
 	$(PY) bench/bench_sweep.py
+	$(PY) bench/bench_sweep_start.py
 	$(PY) bench/bench_train.py
 	$(PY) bench/bench_train.py --long
 	$(PY) bench/bench_step.py

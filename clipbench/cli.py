@@ -139,21 +139,29 @@ def sweep(
     ] = None,
 ):
     """Expand a declarative sweep into runs and execute them (resumable)."""
-    from clipbench.commands.sweep import sweep_command  # noqa: PLC0415 - verbs load on use: `--help` stays light
+    # PLC0415, deferred: verbs load on use: `--help` stays light
+    from clipbench.commands.sweep_start import finished_rerun, sweep_stage  # noqa: PLC0415
 
-    sweep_command(
-        file,
-        overrides,
-        dry_run=dry_run,
-        json_out=json_out,
-        results_dir=results_dir,
-        jobs=jobs,
-        launcher=launcher,
-        retry_failed=retry_failed,
-        tracking_uri=tracking_uri,
-        plugins=plugins,
-        engine=engine,
-    )
+    plain = not (dry_run or json_out or launcher or engine) and jobs >= 1
+    if finished_rerun(file, overrides or [], results_dir=results_dir, plugins=plugins or [], plain=plain):
+        return
+    with sweep_stage(file) as stage:  # from the first second on a terminal: what it is doing
+        from clipbench.commands.sweep import sweep_command  # noqa: PLC0415 - torch, through the expansion
+
+        sweep_command(
+            file,
+            overrides,
+            dry_run=dry_run,
+            json_out=json_out,
+            results_dir=results_dir,
+            jobs=jobs,
+            launcher=launcher,
+            retry_failed=retry_failed,
+            tracking_uri=tracking_uri,
+            plugins=plugins,
+            engine=engine,
+            stage=stage,
+        )
 
 
 @app.command()

@@ -307,4 +307,101 @@ def test_the_cli_loads_without_torch_and_the_sweep_verb_passes_every_option():
     from clipbench.cli import sweep
     from clipbench.commands.sweep import sweep_command
 
-    assert list(inspect.signature(sweep).parameters) == list(inspect.signature(sweep_command).parameters)
+    # (and the terminal's status line, which cli.py opens before the import)
+    assert list(inspect.signature(sweep).parameters) == list(inspect.signature(sweep_command).parameters)[:-1]
+    assert list(inspect.signature(sweep_command).parameters)[-1] == "stage"
+
+
+def _clipbench(*args: str, cwd: Path, importtime: bool = False):
+    import subprocess
+    import sys
+
+    flags = ["-X", "importtime"] if importtime else []
+    return subprocess.run(
+        [sys.executable, *flags, "-m", "clipbench", *args], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
+
+
+def test_a_finished_sweep_reruns_without_its_expansion_until_an_input_changes(tmp_path):
+    """A sweep whose runs all finished (their status written as the trainer writes it): the full rerun
+    trains nothing, opens no MLflow, and remembers its inputs; the next rerun prints the same lines
+    without importing torch; an edited sweep file, another override or a run no longer finished take
+    the full path again."""
+    from clipbench.commands.sweep import plan
+    from clipbench.sweep.manifest import freeze
+    from clipbench.tracking.store import RunDir, RunState
+
+    sweep_file = tmp_path / "done.yaml"
+    sweep_file.write_text(yaml.safe_dump({"name": "done", "base": str(RECIPE), "grid": {"seed": [0, 1]}}))
+    results = tmp_path / "results"
+    spec, exp = plan(sweep_file)
+    freeze(results, spec, exp)
+    for rid in exp.runs:
+        RunDir(results / "done" / rid).set_status(RunState.FINISHED)
+    args = ("sweep", str(sweep_file), "--results-dir", str(results))
+    lines = [
+        f"sweep done: 2 runs -> {results / 'done'}  (2 finished, 0 to resume, 0 to start)",
+        "2/2 runs finished",
+    ]
+    full = _clipbench(*args, cwd=tmp_path)
+    assert full.returncode == 0 and full.stderr.splitlines() == lines, full.stderr
+    assert not (results / "mlflow.db").exists()  # nothing trained: MLflow untouched
+    assert (results / "done" / ".cache" / "rerun.json").is_file()
+
+    def imports_torch(res) -> bool:
+        return any(
+            line.startswith("import time:") and line.rstrip().endswith(" torch") for line in res.stderr.splitlines()
+        )
+
+    fast = _clipbench(*args, cwd=tmp_path, importtime=True)
+    assert fast.returncode == 0 and not imports_torch(fast)
+    assert [line for line in fast.stderr.splitlines() if not line.startswith("import time:")] == lines
+    # another override (outside the runs' identity: the same runs): the full path
+    again = _clipbench(*args, "tracking.mlflow=false", cwd=tmp_path, importtime=True)
+    assert imports_torch(again)
+    sweep_file.write_text(sweep_file.read_text() + "# edited\n")
+    assert imports_torch(_clipbench(*args, cwd=tmp_path, importtime=True))
+    RunDir(results / "done" / next(iter(exp.runs))).set_status(RunState.FAILED)
+    res = _clipbench(*args, cwd=tmp_path, importtime=True)
+    assert imports_torch(res) and "1 failed: skipped" in res.stderr
+
+
+def test_a_sweep_on_a_terminal_says_what_it_does_before_its_plan(tmp_path):
+    """On a terminal, the sweep's first words come before torch is imported: a status line ('loading
+    clipbench', then what it does), erased before the plan. (A pseudo-terminal, as a user's shell.)"""
+    import os
+    import pty
+    import select
+    import sys
+
+    sweep_file = tmp_path / "s.yaml"
+    sweep_file.write_text(yaml.safe_dump({"name": "s", "base": str(RECIPE), "grid": {"seed": [0, 1]}}))
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: clipbench on the terminal
+        os.environ["COLUMNS"] = "200"
+        os.execv(
+            sys.executable,
+            [
+                sys.executable,
+                "-m",
+                "clipbench",
+                "sweep",
+                str(sweep_file),
+                "--dry-run",
+                "--results-dir",
+                str(tmp_path / "r"),
+            ],
+        )
+    out = b""
+    while select.select([fd], [], [], 120)[0]:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.waitpid(pid, 0)
+    text = out.decode(errors="replace")
+    first, expanding = text.index("loading clipbench (torch)"), text.index("expanding its grid")
+    assert first < expanding < text.index("2 runs from 2 grid points")

@@ -16,18 +16,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
+from clipbench.commands import sweep_start
 from clipbench.commands.progress import SweepProgress
+from clipbench.commands.sweep_show import plan_table, show_plan, start_line, summary_table, warn
 from clipbench.config import from_dict
-from clipbench.config.labels import format_value, label
+from clipbench.config.labels import label
 from clipbench.config.stored import setting
 from clipbench.engines import (
     ENGINES,
@@ -36,17 +36,15 @@ from clipbench.engines import (
     preflight,  # the run's engine checks, then model, task, benchmarks, memory
 )
 from clipbench.errors import PREEMPTED_EXIT, StoreError, UserError, stop_exit_code
-from clipbench.objectives import METHODS
 from clipbench.sweep.execute import (
     Next,
     RunTask,
-    checkpoint_step,
     classify,
     outcome_from_store,
     run_sequential,
     run_task,
 )
-from clipbench.sweep.expand import Expansion, expand, iter_summary
+from clipbench.sweep.expand import Expansion, expand
 from clipbench.sweep.hydra_app import check_launcher, launch
 from clipbench.sweep.manifest import freeze, manifest_path, manifest_runs, merge, read_manifest
 from clipbench.sweep.pool import run_parallel, threads_per_worker
@@ -62,8 +60,6 @@ from clipbench.tracking.store import RunDir, list_run_dirs
 
 if TYPE_CHECKING:
     from clipbench.engines import Engine
-
-AVG_KEY = re.compile(r"/avg@(\d+|n)$")  # eval/<benchmark>/avg@<n> (avg@n: a store from before n was named)
 
 
 def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
@@ -94,15 +90,19 @@ def sweep_command(
     tracking_uri: str | None = None,
     plugins: list[str] | None = None,
     engine: str | None = None,
+    stage: sweep_start.Stage | None = None,
 ) -> dict[str, Any]:
     """Expand a declarative sweep into runs and execute them (resumable); the options are
-    `clipbench sweep`'s (cli.py declares them)."""
+    `clipbench sweep`'s (cli.py declares them). `stage`: the terminal's status line (erased before
+    anything else is printed)."""
     plugins = list(plugins or [])
+    stage = stage or sweep_start.Stage()
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     run_overrides, hydra_overrides = split_overrides(list(overrides or []))
     eng = check_options(hydra_overrides, jobs=jobs, launcher=launcher, engine=engine)
     if eng is not None and eng.in_process:  # the run config's own key, for every run
         run_overrides.append(f"engine={eng.name}")
+    stage.say(f"sweep {file}: expanding its grid, validating each setting")
     spec, exp = plan(file, run_overrides, plugins)
     # a plan writes nothing: a read-only store can show one
     results_dir = check_store_path(results_dir) if dry_run or json_out else check_writable_dir(results_dir)
@@ -112,6 +112,7 @@ def sweep_command(
     check_run_files(mpath.parent)
     if not (dry_run or json_out):
         check_writable_store(mpath.parent)
+    stage.done()
     if eng is not None and eng.submits:  # each run as the engine's own command (clipbench.sweep.submitted)
         return submitted_sweep(
             eng,
@@ -129,16 +130,58 @@ def sweep_command(
         )
     if dry_run or json_out:
         return show_plan(spec, exp, existing, results_dir=results_dir, json_out=json_out, err=err)
+    return run_sweep(
+        spec,
+        exp,
+        existing,
+        results_dir=results_dir,
+        jobs=jobs,
+        launcher=launcher,
+        hydra_overrides=hydra_overrides,
+        retry_failed=retry_failed,
+        tracking_uri=tracking_uri,
+        command_line=(list(overrides or []), plugins),
+        stage=stage,
+        err=err,
+    )
 
+
+def run_sweep(
+    spec: SweepSpec,
+    exp: Expansion,
+    existing: dict | None,
+    *,
+    results_dir: Path,
+    jobs: int,
+    launcher: str | None,
+    hydra_overrides: list[str],
+    retry_failed: bool,
+    tracking_uri: str | None,
+    command_line: tuple[list[str], list[str]],
+    stage: sweep_start.Stage,
+    err: Console,
+) -> dict[str, Any]:
+    """Preflight the new runs, freeze the manifest, train what is left, say what happened; a sweep that
+    ends with every run finished remembers its inputs (`command_line`: the overrides and --plugin as
+    given) for a rerun that needs no expansion (commands/sweep_start.py)."""
+    mpath = manifest_path(results_dir, spec.name)
     if not launcher:  # runs entering the manifest pass the preflight (a launcher's nodes may see other files)
-        preflight_runs([cfg for rid, cfg in merge(existing, spec, exp).new_runs()])
+        new = [cfg for rid, cfg in merge(existing, spec, exp).new_runs()]
+        stage.say(f"sweep {spec.name}: preflight of {len(new)} new runs (engine keys, model, task, benchmarks, memory)")
+        preflight_runs(new)
     mg = freeze(results_dir, spec, exp)  # the first write of this command
+    stage.done()
     warn(err, list(exp.warnings) + mg.warnings)
     runs = manifest_runs(mg.manifest)
     run_dirs = {rid: RunDir(results_dir / spec.name / rid) for rid, _, _ in runs}
     states = {rid: classify(rd, retry_failed) for rid, rd in run_dirs.items()}
     err.print(start_line(spec.name, len(runs), results_dir, states))
-    parent, uri, experiment = _parent_run(spec, runs, results_dir, tracking_uri, mpath)
+    trains = [rid for rid, _, _ in runs if states[rid].trains]
+    parent = uri = experiment = None  # nothing to train: MLflow is left as it is (`clipbench sync` mends it)
+    if trains:
+        stage.say(f"sweep {spec.name}: opening its MLflow parent run")
+        parent, uri, experiment = _parent_run(spec, runs, results_dir, tracking_uri, mpath)
+        stage.done()
     tasks = [  # each run to train, its stored config read once
         run_task(
             results_dir,
@@ -170,7 +213,7 @@ def sweep_command(
         err.print("[yellow]interrupted[/]: finished runs are kept; rerun the same command to resume")
         _finish_parent(parent, uri, experiment, spec.name, "KILLED")
         raise SystemExit(130) from None
-    return finish(
+    out = finish(
         spec.name,
         mg.manifest,
         run_dirs,
@@ -184,6 +227,16 @@ def sweep_command(
         experiment=experiment,
         err=err,
     )
+    if out["finished"] == len(runs):
+        files = [
+            spec.file,
+            spec.base,
+            *(r["path"] for r in mg.manifest.get("plugins", []) if Path(r["path"]).is_file()),
+        ]
+        warnings = list(exp.warnings) + merge(mg.manifest, spec, exp).warnings  # what a rerun would say
+        inputs = sweep_start.rerun_inputs(files, *command_line)
+        sweep_start.remember_finished(results_dir, spec.name, inputs, list(mg.manifest["runs"]), warnings)
+    return out
 
 
 def check_store_path(results_dir: Path) -> Path:
@@ -208,38 +261,6 @@ def check_options(hydra_overrides: list[str], *, jobs: int, launcher: str | None
     if launcher and not (eng is not None and eng.submits):  # an engine launched apart checks its own
         check_launcher(launcher)
     return eng
-
-
-def warn(err: Console, warnings: list[str]) -> None:
-    for w in warnings:
-        err.print(f"[yellow]warning:[/] {w}")
-
-
-def show_plan(
-    spec: SweepSpec, exp: Expansion, existing: dict | None, *, results_dir: Path, json_out: bool, err: Console
-) -> dict[str, Any]:
-    """--dry-run / --json: the plan, nothing written."""
-    mg = merge(existing, spec, exp)
-    warn(err, list(exp.warnings) + mg.warnings)
-    if json_out:
-        for rid, cfg, _ in manifest_runs(mg.manifest):
-            sys.stdout.write(json.dumps({"run_id": rid, "config": cfg}) + "\n")
-        sys.stdout.flush()
-    else:
-        out = Console(highlight=False, soft_wrap=False)
-        out.print(plan_table(spec, exp, mg.manifest, results_dir, existing is not None, set(mg.new)))
-        out.print(_plan_line(spec, exp, mg.manifest, results_dir))
-    return {"sweep": spec.name, "runs": list(mg.manifest["runs"]), "written": False}
-
-
-def start_line(sweep: str, n_runs: int, results_dir: Path, states: dict[str, Next]) -> str:
-    counts = {s: sum(1 for v in states.values() if v is s) for s in Next}
-    return (
-        f"sweep [bold]{sweep}[/]: {n_runs} runs -> {results_dir / sweep}  "
-        f"({counts[Next.FINISHED]} finished, {counts[Next.RESUME]} to resume, {counts[Next.START]} to start"
-        + (f", {counts[Next.FAILED]} failed: skipped (rerun them with --retry-failed)" if counts[Next.FAILED] else "")
-        + ")"
-    )
 
 
 def execute(
@@ -549,74 +570,6 @@ def _warm_metrics_cache(results_dir: Path, sweep: str) -> None:
         load_sweep_metrics(results_dir, sweep)
     except Exception:  # noqa: BLE001 - an optimisation only
         pass
-
-
-def _state(rd: RunDir) -> str:
-    st = rd.status() if rd.status_path.exists() else None
-    if st is None:
-        return "pending"
-    state = st.get("state", "pending")
-    if state in ("running", "pending", "preempted"):
-        ck = checkpoint_step(rd)
-        what = "preempted" if state == "preempted" else "interrupted"
-        return f"{what} (ckpt {ck})" if ck is not None else what
-    return state
-
-
-def plan_table(
-    spec: SweepSpec, exp: Expansion, manifest: dict, results_dir: Path, show_state: bool, new: set[str]
-) -> Table:
-    t = Table(title=f"sweep {spec.name} ({spec.file})", title_justify="left")
-    for col in ("run_id", "method", "parameters", "seed", "steps"):
-        t.add_column(col, justify="right" if col in ("seed", "steps") else "left")
-    rows = list(iter_summary(manifest["runs"], manifest.get("points", {})))
-    other = any(r["other"] for r in rows)
-    if other:
-        t.add_column("other axes")
-    if show_state:
-        t.add_column("state")
-    for r in rows:
-        defaults = METHODS[r["method"]].defaults if r["method"] in METHODS else {}
-        on_axis = {k[len("objective.") :] for k in manifest.get("points", {}).get(r["run_id"], {})}
-        params = (
-            " ".join(f"{k}={format_value(v)}" for k, v in r["params"].items() if k in on_axis or defaults.get(k) != v)
-            or "(defaults)"
-        )
-        cells = [r["run_id"], r["method"], params, str(r["seed"]), str(r["steps"])]
-        if other:
-            cells.append(" ".join(f"{k}={format_value(v)}" for k, v in r["other"].items()))
-        if show_state:
-            cells.append("new" if r["run_id"] in new else _state(RunDir(results_dir / spec.name / r["run_id"])))
-        t.add_row(*cells)
-    return t
-
-
-def _plan_line(spec: SweepSpec, exp: Expansion, manifest: dict, results_dir: Path) -> str:
-    n = len(manifest["runs"])
-    dropped = exp.combos - exp.excluded - len(exp.runs)
-    why = []
-    if exp.excluded:
-        why.append(f"{exp.excluded} excluded")
-    if dropped:
-        why.append(f"{dropped} dropped as duplicates (objective parameters a method does not have)")
-    return (
-        f"{n} runs from {exp.combos} grid points"
-        + (f" ({'; '.join(why)})" if why else "")
-        + f" -> {results_dir / spec.name} (dry run: nothing written)"
-    )
-
-
-def summary_table(tasks: list[RunTask], by_id: dict[str, dict]) -> Table:
-    t = Table(title="runs", title_justify="left")
-    for col in ("run_id", "run", "outcome", "time", "eval"):
-        t.add_column(col)
-    for task in tasks:
-        r = by_id.get(task.run_id)
-        if r is None:
-            continue
-        ev = " ".join(f"{k.split('/', 1)[1]}={v:.3f}" for k, v in (r.get("evals") or {}).items() if AVG_KEY.search(k))
-        t.add_row(task.run_id, task.label, r["outcome"], f"{r['seconds']:.0f}s" if r.get("seconds") else "", ev)
-    return t
 
 
 __all__ = ["sweep_command", "plan", "plan_table", "split_overrides", "label"]

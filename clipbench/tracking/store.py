@@ -40,7 +40,6 @@ from clipbench.tracking.files import (
     read_json,
     read_jsonl,
 )
-from clipbench.tracking.records import truncate_records
 from clipbench.tracking.store_format import read_format, stamp
 from clipbench.yamlio import YamlError, dump_yaml, load_yaml_text
 
@@ -265,6 +264,8 @@ class RunDir:
                     or (inside and r.get("step") == step and r.get("opt_step", opt_step + 1) <= opt_step)
                 ]
                 atomic_write_text(path, "".join(dumps(r) + "\n" for r in keep))
+        from clipbench.tracking.records import truncate_records  # noqa: PLC0415 - records pulls in torch
+
         kept = truncate_records(self.path, step)
         if "records" in self.status():
             self.update_status(records=kept)
