@@ -63,7 +63,12 @@ BAD = [
     ("unknown-top-key", with_(gird={"seed": [0]}), "gird", "unknown key (did you mean 'grid'?)"),
     ("grid-not-mapping", with_(grid=[1, 2]), "grid", "expected a mapping"),
     ("axis-not-list", with_(grid={"seed": 3}), "grid.seed", "expected a list of values"),
-    ("axis-wrong-type", with_(grid={"train.steps": ["ten"]}), "grid.train.steps", "could not be converted to Integer"),
+    (
+        "axis-wrong-type",
+        with_(grid={"train.steps": ["ten"]}),
+        "grid.train.steps",
+        "expected an integer, got a string: ten",
+    ),
     ("unknown-axis-key", with_(grid={"train.stepz": [1, 2]}), "grid.train.stepz", "did you mean 'train.steps'?"),
     (
         "unknown-method",
@@ -160,6 +165,42 @@ def test_bad_command_line_override_names_the_command_line(tmp_path):
         "error: command line: train.stepz: unknown key 'train.stepz' (did you mean 'train.steps'?)"
     )
     assert not res.exists()
+
+
+def test_hydras_multirun_form_on_the_command_line_is_a_sweep_axis(tmp_path):
+    """`seed=0,1` (Hydra's multirun form) on a sweep's command line: an axis of those values (replacing
+    the file's axis of that key, with a warning); a list stays one value; a repeated value is refused."""
+    f = write(tmp_path, with_())
+    rows = lambda res: [json.loads(line) for line in res.stdout.splitlines()]  # noqa: E731
+    result, res = sweep(tmp_path, str(f), "--json", "seed=0,1,2", "train.lr=1e-4,2e-4")
+    assert result.exit_code == 0, result.output
+    # (1 dapo + 2 nsr runs per seed) x 3 seeds x 2 rates = 18 runs
+    got = [(r["config"]["seed"], r["config"]["train"]["lr"]) for r in rows(result)]
+    assert len(got) == 18 and {s for s, _ in got} == {0, 1, 2} and {lr for _, lr in got} == {1e-4, 2e-4}
+    assert "warning: command-line override seed=0,1,2 replaces the axis grid.seed" in result.stderr
+    result, _ = sweep(tmp_path, str(f), "--json", "train.betas=[0.9,0.99]")  # a list is one value
+    assert result.exit_code == 0 and {tuple(r["config"]["train"]["betas"]) for r in rows(result)} == {(0.9, 0.99)}
+    result, res = sweep(tmp_path, str(f), "seed=1,1")
+    assert result.exit_code == 2 and result.stderr.strip() == "error: command line: seed: '1,1' repeats the value 1"
+    assert not res.exists()
+
+
+def test_several_values_for_one_run_are_refused_in_one_line_saying_how(tmp_path):
+    for verb in ("train", "plan", "rehearse"):
+        result = runner.invoke(
+            app, [verb, str(RECIPE), "seed=0,1", "--results-dir", str(tmp_path)][: 3 if verb == "plan" else 5]
+        )
+        assert result.exit_code == 2, (verb, result.output)
+        assert result.stderr.strip() == (
+            "error: command line: seed: '0,1' is several values (Hydra's multirun form) and one run takes one: give "
+            "one value, sweep them with `clipbench sweep SWEEP seed=0,1`, or write a list value as [0,1]"
+        ), verb
+    result = runner.invoke(app, ["train", str(RECIPE), "seed=[0,1]", "--results-dir", str(tmp_path)])
+    assert result.exit_code == 2 and result.stderr.strip() == (
+        "error: command line (seed=[0,1]): seed: expected an integer, got a list: [0, 1] (one run takes one value; "
+        "to run several, sweep them: `clipbench sweep SWEEP KEY=a,b`)"
+    )
+    assert not any(tmp_path.iterdir())
 
 
 def test_sweep_file_not_utf8(tmp_path):

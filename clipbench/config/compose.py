@@ -11,6 +11,7 @@ Every failure is a `ConfigError(file, key, reason)`: one line, exit code 2 at th
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,46 @@ def read_yaml(path: str | Path) -> dict:
     return data
 
 
-def parse_overrides(overrides: Iterable[str], source: str | None = "command line") -> dict:
-    """['a.b=1', 'c=x'] -> nested dict, values parsed as YAML scalars/lists."""
+@dataclass(frozen=True)
+class Several:
+    """A command-line value in Hydra's multirun form (`seed=0,1`): one value per run (a sweep's axis)."""
+
+    values: tuple
+    raw: str
+
+
+def multirun_values(raw: str) -> list[str] | None:
+    """The values of `raw` in Hydra's multirun form (`0,1,2`: commas outside brackets and quotes), or
+    None for one value (`[0.9,0.999]` is one list, `'a,b'` one string)."""
+    depth, quote, parts, start = 0, "", [], 0
+    for i, ch in enumerate(raw):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(raw[start:i])
+            start = i + 1
+    return [*parts, raw[start:]] if parts else None
+
+
+def _value(raw: str, source: str | None, key: str) -> Any:
+    try:
+        return load_yaml_text(raw) if raw.strip() else ""
+    except YamlError as e:
+        if "duplicate key" in e.reason:
+            raise ConfigError(source, key, e.reason) from None
+        return raw  # not YAML: the raw string (e.g. a path with a colon)
+
+
+def parse_overrides(overrides: Iterable[str], source: str | None = "command line", *, multirun: bool = False) -> dict:
+    """['a.b=1', 'c=x'] -> nested dict, values parsed as YAML scalars/lists. Hydra's multirun form
+    (`seed=0,1`) is a `Several` with `multirun` (a sweep's command line), else refused in one line:
+    one run takes one value."""
     out: dict = {}
     for item in overrides:
         if "=" not in item:
@@ -52,12 +91,15 @@ def parse_overrides(overrides: Iterable[str], source: str | None = "command line
         key = key.strip().lstrip("+")
         if not key:
             raise ConfigError(source, item, "empty key in override")
-        try:
-            value = load_yaml_text(raw) if raw.strip() else ""
-        except YamlError as e:
-            if "duplicate key" in e.reason:
-                raise ConfigError(source, key, e.reason) from None
-            value = raw  # not YAML: the raw string (e.g. a path with a colon)
+        several = multirun_values(raw)
+        if several is not None and not multirun:
+            raise ConfigError(
+                source,
+                key,
+                f"'{raw}' is several values (Hydra's multirun form) and one run takes one: give one value, sweep "
+                f"them with `clipbench sweep SWEEP {key}={raw}`, or write a list value as [{raw}]",
+            )
+        value = Several(tuple(_value(v, source, key) for v in several), raw) if several else _value(raw, source, key)
         set_dotted(out, key, value)
     return out
 

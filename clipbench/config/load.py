@@ -8,6 +8,7 @@ Every failure is a `ConfigError(file, key, reason)`: one line, exit code 2 at th
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import fields
 from pathlib import Path
@@ -43,6 +44,30 @@ def _check_unknown(data: Mapping, dc_type, prefix: str, source: str | None) -> N
             _check_unknown(v, type(sub), full + ".", source)
 
 
+_NOT_CONVERTED = re.compile(r"^Value '(?P<value>.*)' of type '(?P<type>\w+)' could not be converted to (?P<to>\w+)$")
+_WANTED = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "String": "a string"}
+_GIVEN = {
+    "ListConfig": "a list",
+    "DictConfig": "a mapping",
+    "str": "a string",
+    "int": "an integer",
+    "float": "a number",
+}
+
+
+def _type_reason(message: str) -> str:
+    """OmegaConf's 'Value '[0, 1]' of type 'ListConfig' could not be converted to Integer' in words: 'expected
+    an integer, got a list: [0, 1] (one run takes one value; ...)'; any other message as it is."""
+    m = _NOT_CONVERTED.match(message)
+    if m is None:
+        return message
+    wanted = _WANTED.get(m["to"], m["to"])
+    reason = f"expected {wanted}, got {_GIVEN.get(m['type'], m['type'])}: {m['value']}"
+    if m["type"] in ("ListConfig", "list"):
+        reason += " (one run takes one value; to run several, sweep them: `clipbench sweep SWEEP KEY=a,b`)"
+    return reason
+
+
 def validate(data: Mapping, source: str | None = None) -> RunConfig:
     """A composed dict (each component in any of its forms) -> a validated RunConfig, each
     component's parameters resolved by its registry (the method's defaults filled into `objective`,
@@ -52,8 +77,7 @@ def validate(data: Mapping, source: str | None = None) -> RunConfig:
         cfg, named = typed(data, source)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or None
-        msg = str(e).splitlines()[0]
-        raise ConfigError(source, key, msg) from None
+        raise ConfigError(source, key, _type_reason(str(e).splitlines()[0])) from None
     check_values(cfg, source, named)
     return cfg
 

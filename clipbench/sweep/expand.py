@@ -34,7 +34,7 @@ from typing import Any
 
 from clipbench.config import compose, dotted, run_id, to_dict, validate
 from clipbench.config.claims import check_rules
-from clipbench.config.compose import PATH_KEYS, deep_merge, set_dotted
+from clipbench.config.compose import PATH_KEYS, Several, deep_merge, set_dotted
 from clipbench.config.identity import outside_id
 from clipbench.config.labels import METHOD_KEY, OBJ, label
 from clipbench.config.schema import SLOTS, RunConfig, Slot, leaf_keys, slot_of
@@ -45,7 +45,7 @@ from clipbench.errors import ConfigError, UserError, did_you_mean, unknown_choic
 from clipbench.objectives import METHODS
 from clipbench.objectives.plugins import load_plugins, merge_specs
 from clipbench.sweep import slots
-from clipbench.sweep.spec import Axis, SweepSpec
+from clipbench.sweep.spec import CLI, Axis, SweepSpec
 
 TRL = "trl."  # free-form: the trl engine's GRPOConfig fields (checked by the engine)
 OBJECTIVE = SLOTS["objective"]
@@ -178,8 +178,10 @@ def _pin_axes(spec: SweepSpec) -> tuple[list[Axis], dict[str, Any], list[str]]:
         hit = [k for k in ax.keys if k in cli]
         if hit and len(ax.keys) == 1:
             k = ax.keys[0]
-            warnings.append(f"command-line override {k}={cli[k]!r} replaces the axis {ax.where}.{k}")
-            axes.append(Axis(ax.keys, ((cli.pop(k),),), ax.where))
+            v = cli.pop(k)
+            shown = v.raw if isinstance(v, Several) else repr(v)
+            warnings.append(f"command-line override {k}={shown} replaces the axis {ax.where}.{k}")
+            axes.append(Axis(ax.keys, tuple((x,) for x in _several(v, k)), ax.where))
         elif hit:
             raise ConfigError(
                 "command line",
@@ -188,16 +190,28 @@ def _pin_axes(spec: SweepSpec) -> tuple[list[Axis], dict[str, Any], list[str]]:
             )
         else:
             axes.append(ax)
+    for k in [k for k, v in cli.items() if isinstance(v, Several)]:  # Hydra's multirun form: an axis of its own
+        axes.append(Axis((k,), tuple((x,) for x in _several(cli.pop(k), k)), CLI))
     for ax in axes:
         if all(outside_id(k) for k in ax.keys):  # e.g. grid launch.nproc_per_node: [1, 8]
             raise ConfigError(
-                spec.source,
-                f"{ax.where}.{ax.keys[0]}",
+                CLI if ax.where == CLI else spec.source,
+                ax.place(ax.keys[0]),
                 "not part of a run's identity (how a run "
                 "is launched or tracked, not what it computes), so its values alone would be one "
                 "run; set it in overrides, or zip it with a key that differs",
             )
     return axes, cli, warnings
+
+
+def _several(value: Any, key: str) -> tuple:
+    """The values a command-line override gives an axis: each of `seed=0,1`, or the one value."""
+    if not isinstance(value, Several):
+        return (value,)
+    for i, v in enumerate(value.values):
+        if any(v == w and type(v) is type(w) for w in value.values[:i]):
+            raise ConfigError(CLI, key, f"'{value.raw}' repeats the value {v!r}")
+    return value.values
 
 
 def _check_keys(spec: SweepSpec, axes: list[Axis], cli: Mapping[str, Any]) -> None:
@@ -206,7 +220,7 @@ def _check_keys(spec: SweepSpec, axes: list[Axis], cli: Mapping[str, Any]) -> No
     places = (
         [(k, spec.source, f"overrides.{k}") for k in spec.overrides]
         + [(k, "command line", k) for k in cli]
-        + [(k, spec.source, f"{ax.where}.{k}") for ax in axes for k in ax.keys]
+        + [(k, CLI if ax.where == CLI else spec.source, ax.place(k)) for ax in axes for k in ax.keys]
     )
     for key, src, where in places:
         if key.startswith(TRL) or slot_of(key) is not None or key in leaves:
@@ -325,7 +339,7 @@ class _PlainPart:
         self.spec, self.axes, self.base = spec, axes, base
         self.sweep_dir = spec.file.resolve().parent
         self.plain_axes = [i for i, ax in enumerate(axes) if any(not k.startswith(OBJ) for k in ax.keys)]
-        self.where = {k: f"{ax.where}.{k}" for ax in axes for k in ax.keys}
+        self.where = {k: ax.place(k) for ax in axes for k in ax.keys}
         self.cache: dict[tuple, dict] = {}
 
     def config(self, idx: tuple, assign: Mapping[str, Any]) -> dict:

@@ -46,7 +46,14 @@ class Axis:
 
     keys: tuple[str, ...]
     values: tuple[tuple[Any, ...], ...]  # one tuple (a value per key) per position on the axis
-    where: str  # the key prefix for messages: "grid" or "zip" / "zip[1]"
+    where: str  # the key prefix for messages: "grid" or "zip" / "zip[1]"; CLI: the command line's (`seed=0,1`)
+
+    def place(self, key: str) -> str:
+        """How a message names `key` of this axis: `grid.seed`, or `seed` for the command line's."""
+        return key if self.where == CLI else f"{self.where}.{key}"
+
+
+CLI = "command line"
 
 
 @dataclass(frozen=True)
@@ -101,7 +108,7 @@ def load_spec(
         file=path,
         base=_base(data.get("base"), path, src),
         overrides=overrides,
-        cli_overrides=flatten(parse_overrides(cli_overrides, "command line")) if cli_overrides else {},
+        cli_overrides=flatten(parse_overrides(cli_overrides, "command line", multirun=True)) if cli_overrides else {},
         axes=tuple(axes),
         exclude=_excludes(data.get("exclude"), seen, src),
         description=description,
