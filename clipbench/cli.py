@@ -390,23 +390,34 @@ def replay(
 @app.command()
 @_user_errors
 def methods(
-    name: str | None = typer.Argument(None, help="A rule or correction: its full card (default: list them all)."),
+    words: list[str] | None = typer.Argument(
+        None,
+        help="A rule or correction: its full card; other words: the entries whose name, level, summary or source "
+        "holds every one (sequence, verl). Default: every entry.",
+    ),
+    long: bool = typer.Option(False, "--long", help="The summaries in full, over lines (not cut at the width)."),
     plugin: Plugins = None,
 ):
-    """Every registered clip rule and sampler correction, one line each; NAME's card: formula, parameters, source."""
+    """Every registered clip rule and sampler correction by name, one line each; NAME's card: formula, parameters, source."""
     from clipbench.commands.methods import print_methods  # noqa: PLC0415 - verbs load on use: `--help` stays light
 
     _load_plugins(plugin)
-    print_methods(name=name)
+    print_methods(words=words or [], wrap=long)
 
 
 @app.command()
 @_user_errors
-def engines(fmt: str = typer.Option("rich", "--format", help="rich | markdown (docs/engines.md)")):
+def engines(
+    words: list[str] | None = typer.Argument(
+        None, help="Words of run-config keys (train.agg, sampler): those keys, each engine's treatment in full."
+    ),
+    long: bool = typer.Option(False, "--long", help="Every key and what each engine feeds the loss, in full."),
+    fmt: str = typer.Option("rich", "--format", help="rich | markdown (docs/engines.md)"),
+):
     """Every engine, and how it treats every run-config key: honoured, mapped (to what) or refused (why)."""
     from clipbench.commands.engines import engines_command  # noqa: PLC0415 - verbs load on use: `--help` stays light
 
-    engines_command(fmt)
+    engines_command(fmt, words=words or [], long=long)
 
 
 @app.command("base-model")
@@ -446,11 +457,17 @@ def sync(
 
 @app.command()
 @_user_errors
-def recipes(show: str | None = typer.Option(None, "--show", help="Print one shipped recipe or sweep (to copy).")):
-    """The recipes and sweeps shipped with clipbench, runnable by name from any directory."""
+def recipes(
+    words: list[str] | None = typer.Argument(
+        None, help="Keep the entries whose name, scale or summary holds every word (gpu, cpu, table3, sweep)."
+    ),
+    show: str | None = typer.Option(None, "--show", help="Print one shipped recipe or sweep (to copy)."),
+    long: bool = typer.Option(False, "--long", help="The full table, with the expected times."),
+):
+    """The recipes and sweeps shipped with clipbench, runnable by name from any directory: one line each."""
     from clipbench.commands.recipes import recipes_command  # noqa: PLC0415 - verbs load on use: `--help` stays light
 
-    recipes_command(show)
+    recipes_command(show, words or [], long)
 
 
 @app.command()

@@ -23,7 +23,7 @@ from clipbench.config import load_run_config, to_dict
 from clipbench.config.schema import leaf_keys, value_at
 from clipbench.engines import check
 from clipbench.engines.keys import KEYS, settings
-from clipbench.errors import ConfigError
+from clipbench.errors import ConfigError, UserError
 
 pytestmark = pytest.mark.usefixtures("unload_plugins")  # the test value of `plugins` registers a rule
 
@@ -219,6 +219,30 @@ def aggregations():
     for name in set(AGGREGATIONS) - set(before):
         del AGGREGATIONS[name]
     choices.cache_clear()
+
+
+def test_engines_compact_view_a_line_per_key_and_the_keys_a_word_names_in_full():
+    """`clipbench engines`: one line per key some engine maps or refuses (a word per engine) within 80
+    columns, the keys every engine honours on a few lines; `clipbench engines train.agg`: that key's
+    treatment by each engine in full (was 638 lines at 80 columns)."""
+    from rich.console import Console
+
+    from clipbench.commands.engines import engines_command
+    from clipbench.engines.keys import rows
+
+    console = Console(record=True, width=80)
+    engines_command(console=console)
+    lines = console.export_text().splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80 and len(lines) < len(rows()) + 12
+    (agg,) = [line.split() for line in lines if line.startswith("train.agg ")]
+    assert " ".join(agg[1:]) == "honoured honoured (some) mapped (some)"  # trl: not prompt-mean; verl: no counterpart
+    assert any(line.startswith("honoured by every engine: ") for line in lines)
+    console = Console(record=True, width=80)
+    engines_command(console=console, words=["train.agg"])
+    text = " ".join(console.export_text().split())
+    assert "verl mapped: actor_rollout_ref.actor.loss_agg_mode" in text and "no counterpart: prompt-mean" in text
+    with pytest.raises(UserError, match="no run-config key holds 'warp'"):
+        engines_command(console=console, words=["warp"])
 
 
 def test_a_new_aggregation_is_refused_by_the_engines_that_cannot_feed_it(aggregations):

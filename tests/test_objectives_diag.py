@@ -307,6 +307,33 @@ def test_methods_lists_one_line_per_rule_at_80_columns():
     assert "2601.03895" not in console.export_text() and any("token-mean" in line for line in lines)
 
 
+def test_methods_are_listed_by_name_and_filtered_by_words():
+    """By name (not registration order); words keep the entries whose name, level, summary or source
+    holds every one; --long prints each summary whole, over lines."""
+    from rich.console import Console
+
+    from clipbench.commands.methods import print_methods
+    from clipbench.errors import UserError
+
+    console = Console(record=True, width=80)
+    print_methods(console)
+    names = [line.split()[0] for line in console.export_text().splitlines()[2 : 2 + len(METHODS)]]
+    assert names == sorted(METHODS)
+    print_methods(console, words=["sequence", "ratio"])
+    lines = console.export_text().splitlines()
+    shown = {line.split()[0] for line in lines if line.split() and line.split()[0] in METHODS}
+    assert shown == {"gspo", "vespo"}, (
+        lines
+    )  # 'sequence ratio, hard clip'; 'VESPO's gamma weight on the sequence ratio'
+    print_methods(console, words=["cispo"])  # a name: its card
+    assert "clipped importance-sampling weight" in console.export_text()
+    print_methods(console, words=["verl"], wrap=True)
+    text = console.export_text()
+    assert "…" not in text and "kl_rs" in text and "rejection sampling" in text
+    with pytest.raises(UserError, match=r"no rule or correction holds 'warp drive'"):
+        print_methods(console, words=["warp", "drive"])
+
+
 def test_methods_name_prints_the_full_card_and_an_unknown_name_is_one_line():
     from rich.console import Console
 

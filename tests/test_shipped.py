@@ -93,11 +93,32 @@ def test_unknown_name_is_one_line_exit_2(tmp_path, monkeypatch):
 
 
 def test_recipes_command_lists_every_name():
-    res = runner.invoke(app, ["recipes"], env={"COLUMNS": "250"})
+    res = runner.invoke(app, ["recipes", "--long"], env={"COLUMNS": "250"})
     assert res.exit_code == 0, res.output
     for s in catalog():
         verb = "train" if s.kind == "recipe" else "sweep"
         assert f"clipbench {verb} {s.name} " in res.output
+
+
+def test_recipes_lists_one_line_each_at_80_columns_and_filters_by_words():
+    """One line per shipped file at 80 columns (its name whole, never folded mid-word; where it runs; what
+    it runs, cut); words keep the entries that hold every one; none: one line, exit 2."""
+    res = runner.invoke(app, ["recipes"], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80 and len(lines) <= len(catalog()) + 8
+    for s in catalog():
+        verb = "train" if s.kind == "recipe" else "sweep"
+        assert sum(line.startswith(f"{verb} {s.name} ") for line in lines) == 1, s.name
+    assert any(line.startswith("train abc_grpo_table3/qwen3_4b_grpo ") and " 8 GPUs " in line for line in lines)
+    res = runner.invoke(app, ["recipes", "gpu", "table3"], env={"COLUMNS": "80"})
+    shown = [line.split()[1] for line in res.output.splitlines() if line.startswith(("train ", "sweep "))]
+    want = [s.name for s in catalog() if "table3" in s.name and "GPU" in s.scale]
+    assert res.exit_code == 0 and shown == want and len(want) == 5, shown
+    res = runner.invoke(app, ["recipes", "tpu"])
+    assert res.exit_code == 2 and res.stderr.strip() == (
+        "error: no shipped recipe or sweep holds 'tpu' (`clipbench recipes` lists them all)"
+    )
     res = runner.invoke(app, ["recipes", "--show", "nsr_vs_decay"])
     assert res.exit_code == 0 and res.output.splitlines()[0] == f"# {SWEEPS / 'nsr_vs_decay.yaml'}"
     assert "name: nsr_vs_decay" in res.output

@@ -1,6 +1,8 @@
-"""`clipbench engines [--format rich|markdown]`: every engine, what it feeds clipbench's loss (derived
-from its declaration, clipbench.engines.keys.FEEDS) and how it treats every run-config key
-(clipbench.engines.keys).
+"""`clipbench engines [KEY-WORD ...] [--long] [--format rich|markdown]`: every engine, what it feeds
+clipbench's loss (derived from its declaration, clipbench.engines.keys.FEEDS) and how it treats every
+run-config key (clipbench.engines.keys). By default one line per key an engine maps or refuses (a word
+per engine) and the keys every engine honours on a few lines; words show the matching keys in full
+(`clipbench engines train.agg`); --long both tables in full.
 
 A key an engine refuses fails the run's preflight when it is set to anything but its default (one
 line naming the key, exit 2, nothing written). docs/engines.md is `clipbench engines --format
@@ -10,8 +12,10 @@ markdown` (tests/test_engines.py checks that the committed file is current).
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from clipbench.commands.listing import listing, matches
 from clipbench.engines import ENGINES
 from clipbench.engines.keys import feeds_rows, rows
 from clipbench.errors import UserError, unknown_choice
@@ -76,12 +80,76 @@ def engines_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-def engines_command(fmt: str = "rich", console: Console | None = None) -> None:
+def _word(support) -> str:
+    """How an engine treats a key in one word: honoured, mapped or refused; '(some)' when it refuses
+    some values of a key it honours or maps (a value, or a component it cannot feed)."""
+    full = support.describe()
+    some = support.kind != "refused" and ("refused" in full or "no counterpart" in full)
+    return support.kind + (" (some)" if some else "")
+
+
+def engines_list(width: int) -> list:
+    """The compact view: one line per key an engine maps or refuses, the engines' words side by side;
+    then the keys every engine honours as they are, on a few lines."""
+    everywhere = [k for k, sup in rows() if all(_word(s) == "honoured" for s in sup.values())]
+    lines = [(k, *(_word(sup[name]) for name in ENGINES)) for k, sup in rows() if k not in everywhere]
+    table = listing(
+        "engines: how each treats each run-config key (honoured: as clipbench does; mapped: to its own setting; "
+        "refused: the preflight stops)",
+        ("key", *ENGINES),
+        lines,
+        width,
+    )
+    return [table, "honoured by every engine: " + ", ".join(everywhere)]
+
+
+def engines_cards(words: list[str]) -> list:
+    """The keys (and what each engine feeds the loss) that hold every word, each engine's treatment in
+    full; UserError when none does."""
+    out = []
+    for what, cells in feeds_rows():
+        if matches(words, what):
+            out.append(_card(what, {name: cells[name] for name in ENGINES}))
+    for key, support in rows():
+        if matches(words, key):
+            out.append(_card(key, {name: support[name].describe() for name in ENGINES}))
+    if not out:
+        raise UserError(f"no run-config key holds {' '.join(words)!r} (`clipbench engines` lists them)")
+    return out
+
+
+def _card(title: str, cells: dict[str, str]) -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
+    grid.add_row(f"[bold]{escape(title)}[/bold]", "")
+    for name, text in cells.items():
+        grid.add_row(f"  {name}", escape(text))
+    return grid
+
+
+def engines_command(
+    fmt: str = "rich", console: Console | None = None, *, words: list[str] = (), long: bool = False
+) -> None:
+    """The compact view; the keys that hold every word in full (`words`); both tables in full (`long`);
+    docs/engines.md (`fmt` markdown)."""
     if fmt not in FORMATS:
         raise UserError("--format: " + unknown_choice("format", fmt, FORMATS))
     if fmt == "markdown":
         print(engines_markdown(), end="")
         return
     console = console or Console()
-    console.print(feeds_table())
-    console.print(engines_table())
+    if words:
+        for card in engines_cards(list(words)):
+            console.print(card)
+        return
+    if long:
+        console.print(feeds_table())
+        console.print(engines_table())
+        return
+    for part in engines_list(console.width):
+        console.print(part)
+    console.print(
+        "`clipbench engines KEY ...`: what each engine does with the keys that hold every word (train.agg, "
+        "sampler, objective); --long: every key and what each engine feeds the loss, in full"
+    )

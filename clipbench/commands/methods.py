@@ -1,13 +1,15 @@
 """`clipbench methods [NAME]`: every registered rule and sampler correction, one line each; NAME's
 full card (read from METHODS and CORRECTIONS).
 
-    clipbench methods                              # one line per rule and correction: name, level, summary
+    clipbench methods                              # one line per rule and correction, by name: name, level, summary
+    clipbench methods sequence                     # those whose name, level or summary holds every word
+    clipbench methods --long                       # the summaries in full, over lines
     clipbench methods nsr                          # nsr's card: formula, parameters, inputs, source
     clipbench methods lower_only --plugin mine.py  # a plugin's rule, with its file
 
 The list fits one terminal line per entry (the summary is cut with an ellipsis at the console's
-width); the card is where the formula, the parameters with their defaults and choices, and the
-source are printed in full.
+width, unless --long); the card is where the formula, the parameters with their defaults and choices,
+and the source are printed in full.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from clipbench.commands.listing import listing, matches
 from clipbench.errors import UserError, unknown_choice
 from clipbench.objectives.aggregation import AGGREGATIONS
 from clipbench.objectives.corrections import CORRECTIONS, NONE
@@ -40,25 +43,6 @@ def levels(level: str | Callable, params) -> str:
     return "|".join(dict.fromkeys(seen))
 
 
-def _fit(text: str, width: int) -> str:
-    """`text` on one line of at most `width` characters (cut with an ellipsis)."""
-    return text if len(text) <= width else text[: max(width - 1, 0)].rstrip() + "…"
-
-
-def _listing(title: str, rows: list[tuple[str, str, str]], width: int) -> Table:
-    """One line per row (name, level, summary) in `width` columns: the first two columns as wide as
-    their longest entry, the summary cut with an ellipsis where it would wrap."""
-    widths = [max(len(col), *(len(r[i]) for r in rows)) for i, col in enumerate(("name", "level"))]
-    room = width - sum(widths) - 4  # two gaps of two spaces
-    table = Table(title=title, title_justify="left", box=None, pad_edge=False, padding=(0, 2, 0, 0))
-    table.add_column("name", no_wrap=True, min_width=widths[0], style="bold", header_style="bold")
-    table.add_column("level", no_wrap=True, min_width=widths[1], header_style="bold")
-    table.add_column("summary", no_wrap=True, header_style="bold")
-    for name, level, summary in rows:
-        table.add_row(escape(name), level, escape(_fit(summary, room)))
-    return table
-
-
 def _summary(spec) -> str:
     """The one-line description; a description that is only a name (BAPO, Clip-Cov) is followed by
     the formula; a plugin's is marked."""
@@ -68,17 +52,34 @@ def _summary(spec) -> str:
     return ("(plugin) " if spec.origin is not None else "") + text
 
 
-def methods_table(width: int = 80) -> Table:
-    """One line per rule in `width` columns: its name, the ratio its cells use, its description."""
-    rows = [(name, levels(spec.level, spec.params), _summary(spec)) for name, spec in METHODS.items()]
-    return _listing(f"clip rules (objective.name): {len(rows)}", rows, width)
+def _rows(registry, words: list[str]) -> list[tuple[str, str, str]]:
+    """(name, level, summary) of each entry whose name, level, summary or source holds every word, by name."""
+    rows = [
+        (name, levels(spec.level, spec.params), _summary(spec))
+        for name, spec in registry.items()
+        if matches(words, name, levels(spec.level, spec.params), _summary(spec), spec.source or "")
+    ]
+    return sorted(rows, key=lambda r: r[0])
 
 
-def corrections_table(width: int = 80) -> Table:
+def methods_table(width: int = 80, words: list[str] = (), wrap: bool = False) -> Table:
+    """One line per rule in `width` columns (by name): its name, the ratio its cells use, its
+    description (`wrap`: in full, over lines); `words`: those that hold every word."""
+    rows = _rows(METHODS, list(words))
+    shown = f"{len(rows)} of {len(METHODS)}" if words else f"{len(rows)}"
+    return listing(f"clip rules (objective.name): {shown}", ("name", "level", "summary"), rows, width, wrap=wrap)
+
+
+def corrections_table(width: int = 80, words: list[str] = (), wrap: bool = False) -> Table:
     """One line per sampler correction (and `none`) in `width` columns: name, unit, description."""
-    rows = [(NONE, "-", NO_CORRECTION)]
-    rows += [(name, levels(spec.level, spec.params), _summary(spec)) for name, spec in CORRECTIONS.items()]
-    return _listing("sampler corrections (sampler.correction.name; rho = pi_old / pi_sampler)", rows, width)
+    rows = [r for r in [(NONE, "-", NO_CORRECTION)] if matches(words, *r)] + _rows(CORRECTIONS, list(words))
+    return listing(
+        "sampler corrections (sampler.correction.name; rho = pi_old / pi_sampler)",
+        ("name", "level", "summary"),
+        rows,
+        width,
+        wrap=wrap,
+    )
 
 
 def _params(spec) -> str:
@@ -154,15 +155,29 @@ def card(name: str) -> Table:
     raise UserError(unknown_choice("rule or correction", name, [*METHODS, *CORRECTIONS, NONE]))
 
 
-def print_methods(console: Console | None = None, name: str | None = None) -> None:
-    """The one-line-per-entry list, or NAME's card."""
+def print_methods(console: Console | None = None, name: str | None = None, *, words=(), wrap: bool = False) -> None:
+    """NAME's card; or the one-line-per-entry list (`words`: the entries whose name, level or summary
+    holds every word; one word that names an entry is its card; `wrap`: the summaries in full)."""
     console = console or Console()
-    if name is not None:
-        console.print(card(name))
-        return
-    console.print(methods_table(console.width))
-    console.print()
-    console.print(corrections_table(console.width))
-    console.print()
-    console.print(escape("aggregations (train.agg.name): " + ", ".join(AGGREGATIONS)))
-    console.print("`clipbench methods NAME`: one entry's card (formula, parameters, source)")
+    words = [name] if name is not None else list(words)
+    unknown = None
+    if len(words) == 1:
+        try:
+            console.print(card(words[0]))  # an installed package's entry points load on an unknown name
+            return
+        except UserError as e:  # not a name: a word to look for
+            unknown = e
+    rules, corrections = methods_table(console.width, words, wrap), corrections_table(console.width, words, wrap)
+    if words and not rules.row_count and not corrections.row_count:
+        raise unknown or UserError(f"no rule or correction holds {' '.join(words)!r} (`clipbench methods` lists them)")
+    for table in (rules, corrections):
+        if table.row_count:
+            console.print(table)
+            console.print()
+    if not words:
+        console.print(escape("aggregations (train.agg.name): " + ", ".join(AGGREGATIONS)))
+    console.print(
+        "`clipbench methods NAME`: one entry's card (formula, parameters, source); `clipbench methods WORD ...`: "
+        "the entries whose name, level, summary or source holds every word (sequence, verl); --long: the "
+        "summaries in full"
+    )
