@@ -1,5 +1,5 @@
-"""Shared fixtures. The benchmark files live outside the package: $CLIPBENCH_DATA_DIR, default
-<repo>/../shared/data."""
+"""Shared fixtures. The benchmark slices the tests read ship in tests/data (README.md there: their
+sources, licences and checksums), so every clone runs the same tests."""
 
 from __future__ import annotations
 
@@ -16,15 +16,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_CACHE", str(Path(tempfile.gettempdir()) / "clipbench-tests-hf-datasets"))
 
-DEFAULT_DATA_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+DATA_DIR = Path(__file__).resolve().parent / "data"
 
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
-    path = Path(os.environ.get("CLIPBENCH_DATA_DIR", DEFAULT_DATA_DIR))
-    if not (path / "aime24.jsonl").is_file():
-        pytest.skip(f"benchmark data not found in {path} (set CLIPBENCH_DATA_DIR)")
-    return path
+    """Slices of the public math benchmarks (tests/data/README.md)."""
+    return DATA_DIR
 
 
 @pytest.fixture(scope="session")
