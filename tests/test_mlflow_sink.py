@@ -5,6 +5,7 @@ sync replaying exactly what is missing."""
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ from clipbench.commands.sync import sync_command
 from clipbench.config import load_run_config, run_id, to_dict
 from clipbench.tracking import mlflow_client as mc
 from clipbench.tracking import mlflow_sink as ms
-from clipbench.tracking.mirror import default_tracking_uri, expected_metrics, run_params
+from clipbench.tracking.mirror import default_tracking_uri, expected_metrics, mirror_points, run_params
 from clipbench.tracking.store import RunDir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -370,6 +371,30 @@ def test_live_rows_equal_the_replayed_rows_with_bookkeeping_as_params(shared_res
     } & set(run.data.metrics)
     assert run.data.params["eval/arith/n"] == "2" and run.data.params["eval/arith/num_problems"] == "8"
     assert history(cl, sink.mlflow_run_id, "eval/arith/avg_at_2") == [(0, 0.0), (6, 0.125)]  # opt steps
+    # and under verl's and TRL's names (tracking/aliases.py; docs/metrics.md)
+    assert history(cl, sink.mlflow_run_id, "val-core/arith/reward/mean_at_2") == [(0, 0.0), (6, 0.125)]
+    assert history(cl, sink.mlflow_run_id, "reward") == history(cl, sink.mlflow_run_id, "reward/mean")
+    assert {"actor/grad_norm", "reward_std"} & set(run.data.metrics) == {"actor/grad_norm"}  # no reward/std here
+
+
+def test_the_clip_fraction_and_others_under_the_names_verl_and_trl_log():
+    """One optimizer step's row: 100 valid tokens (q1 30, q2 20, q3 25, q4 15, zero_adv 10), 6 of q1 past
+    1 + eps_high and 4 of q3 below 1 - eps_low: the clip binds on 10 tokens, verl's pg_clipfrac and TRL's
+    clip_ratio/region_mean 0.10, TRL's high_mean 6 / 100, low_mean 4 / 100 (q2's and q4's out-of-band
+    tokens are not clipped by PPO's clip, so they count in neither)."""
+    from clipbench.tracking.aliases import aliases
+
+    row = {"q1/tokens": 30, "q2/tokens": 20, "q3/tokens": 25, "q4/tokens": 15, "zero_adv/tokens": 10}
+    row |= {"q1/out_of_band": 6, "q2/out_of_band": 3, "q3/out_of_band": 4, "q4/out_of_band": 9}
+    row |= {"entropy": 0.7, "grad_norm": None, "reward/mean": 0.25, "response_length/mean": 41.0}
+    got = aliases(row)
+    assert got["actor/pg_clipfrac"] == got["clip_ratio/region_mean"] == pytest.approx(0.10)
+    assert got["clip_ratio/high_mean"] == pytest.approx(0.06) and got["clip_ratio/low_mean"] == pytest.approx(0.04)
+    assert got["actor/entropy"] == 0.7 and math.isnan(got["actor/grad_norm"]) and got["reward"] == 0.25
+    assert got["completions/mean_length"] == 41.0 and "reward_std" not in got
+    assert aliases({"eval/aime24/avg@8": 0.3, "eval/aime24/pass@8": 0.5}) == {"val-core/aime24/reward/mean@8": 0.3}
+    points, _ = mirror_points(0, {"eval/aime24/avg@8": 0.3}, lambda k: 0)
+    assert sorted(points) == [("eval/aime24/avg_at_8", 0, 0.3), ("val-core/aime24/reward/mean_at_8", 0, 0.3)]
 
 
 def test_a_store_written_before_avg_at_n_named_its_n_is_read_as_such(tmp_path):

@@ -16,7 +16,10 @@ Rules (docs/architecture.md, "The MLflow mirror"):
   `num_problems` become the params `eval/<benchmark>/n` and `eval/<benchmark>/num_problems`.
 - Avg@n names its n: the summary key `avg@<n>` (MLflow `avg_at_<n>`); a store written before that
   change (`avg@n`) is read as `avg@<n>` of its own n.
-- Names are sanitised to MLflow's charset (`pass@8` -> `pass_at_8`, `/` kept).
+- Names are sanitised to MLflow's charset (`pass@8` -> `pass_at_8`, `/` kept: as verl's MLflow logger
+  does).
+- Beside clipbench's names, the names verl and TRL users look for (`actor/pg_clipfrac`,
+  `clip_ratio/region_mean`, `val-core/<benchmark>/reward/mean@<n>`, ...; `aliases.py`, docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from clipbench.config import flatten, run_id
 from clipbench.config.stored import recorded, recorded_slot
 from clipbench.objectives import effective_bounds
 from clipbench.objectives.corrections import describe
+from clipbench.tracking.aliases import aliases
 from clipbench.tracking.provenance import provenance_params, read_provenance
 from clipbench.tracking.records import list_records
 from clipbench.tracking.store import RunDir
@@ -120,6 +124,7 @@ def mirror_points(
         for k, v in metrics.items()
         if str(k).startswith(EVAL_PREFIX) and k.endswith("/n") and isinstance(v, (int, float))
     }
+    named: dict[str, Any] = {}
     for k, v in metrics.items():
         k = str(k)
         if k in ROW_BOOKKEEPING:
@@ -131,6 +136,8 @@ def mirror_points(
                 continue
             if stat == "avg@n" and ns.get(head):  # a store written before avg@n named its n
                 k = f"{head}/avg@{ns[head]}"
+        named[k] = v
+    for k, v in [*named.items(), *aliases(named).items()]:  # and under verl's and TRL's names (aliases.py)
         val = metric_value(v)
         if val is not None:
             points.append((metric_name(k), at, val))
