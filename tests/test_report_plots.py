@@ -1,4 +1,4 @@
-"""Training-dynamics figures: the expected series (inspected on the matplotlib objects) and valid PNGs."""
+"""The report's figures: the expected series (inspected on the matplotlib objects) and valid PNGs."""
 
 from __future__ import annotations
 
@@ -25,8 +25,25 @@ def _lines(ax) -> dict[str, object]:
     return {ln.get_label(): ln for ln in ax.get_lines() if not ln.get_label().startswith("_")}
 
 
-def test_figure_order_entropy_first(figs):
-    assert list(figs) == ["entropy", "reward", "eval", "profile", "quadrants", "log_ratio_hist"]
+def test_figure_order_passk_first(figs):
+    assert list(figs) == ["passk", "entropy", "reward", "eval", "profile", "quadrants", "log_ratio_hist"]
+
+
+def test_passk_against_k_base_model_and_each_rule_on_a_log2_axis(figs):
+    """arith, final step (n = 4), per-problem Pass@k of c correct = (0, 1/2, 5/6, 1, 1)[c] for k = 2:
+    grpo s0 c = [4, 2, 1, 0]: Avg 7/16, Pass@2 (1 + 5/6 + 1/2 + 0) / 4 = 0.5833, Pass@4 3/4; s1 [4, 1, 1, 0]:
+    6/16, 0.5, 3/4 -> means 40.625, 54.167, 75.0 (%). The base model (step 0) c = [2, 1, 0, 0]: 18.75,
+    (5/6 + 1/2) / 4 = 33.33, 50.0. Its interval: grpo's Pass@4 is 3/4 on both seeds, so none."""
+    axes = figs["passk"].axes
+    assert [ax.get_title() for ax in axes] == ["GSM8K", "arith", "benchmarks averaged"]
+    ax = axes[1]
+    assert ax.get_xscale() == "log" and list(ax.get_xticks()) == [1, 2, 4]
+    lines = _lines(ax)
+    assert list(lines) == ["base model (step 0)", "grpo", "abc", "nsr"]  # the base model, then the baseline
+    x, y = lines["grpo"].get_data()
+    assert list(x) == [1, 2, 4] and np.allclose(y, [40.625, (100 * 7 / 12 + 50) / 2, 75.0])
+    assert np.allclose(lines["base model (step 0)"].get_data()[1], [18.75, 100 / 3.0, 50.0])
+    assert lines["base model (step 0)"].get_linestyle() == "--"
 
 
 def test_entropy_series(figs):
@@ -37,10 +54,12 @@ def test_entropy_series(figs):
     x, y = lines["abc"].get_data()
     assert list(x) == [1, 2, 3, 4]
     assert np.allclose(y, [1.2 - 0.1 * s + 0.005 for s in (1, 2, 3, 4)])
-    # the seed band (min-max) is a filled polygon per method: 3 collections
+    # the seed band is the 95% t interval of the mean over the two seeds, a filled polygon per method: abc's
+    # seeds 1.2 - 0.1s and 1.21 - 0.1s, sd 0.00707, sem 0.005, t_.975,1 = 12.706: +-0.0635 around the mean
     assert len(ax.collections) == 3
-    band = ax.collections[1].get_paths()[0].vertices[:, 1]  # abc: between 1.2-0.1s and 1.21-0.1s
-    assert band.min() == pytest.approx(1.2 - 0.4) and band.max() == pytest.approx(1.21 - 0.1)
+    band = ax.collections[1].get_paths()[0].vertices[:, 1]
+    half = 12.706205 * 0.01 / np.sqrt(2) / np.sqrt(2)
+    assert band.min() == pytest.approx(1.205 - 0.4 - half) and band.max() == pytest.approx(1.205 - 0.1 + half)
 
 
 def test_reward_is_per_rollout_step(figs):
@@ -56,13 +75,19 @@ def test_eval_panels(figs):
     assert list(x) == [0, 2] and np.allclose(y, [18.75, 56.25])  # base 3/16, final 9/16
 
 
-def test_quadrant_shares_over_steps(figs):
-    axes = figs["quadrants"].axes
-    assert [ax.get_title() for ax in axes] == [f"Q{i} share of clip events" for i in (1, 2, 3, 4)]
-    _, y = _lines(axes[3])["grpo"].get_data()
-    assert np.allclose(y, [40.0, 40.0])
-    total = sum(_lines(ax)["nsr"].get_data()[1] for ax in axes)
-    assert np.allclose(total, 100.0)
+def test_quadrant_shares_are_a_stacked_bar_per_rule_with_its_events(figs):
+    """grpo's rows hold (2, 1, 3, 4) events in Q1-Q4: 20/10/30/40%, 10 a row x 4 rows x 2 seeds = 80 events;
+    nsr's seeds 20/20/20/40 and 25 x 4: 22.5/22.5/22.5/32.5."""
+    (ax,) = figs["quadrants"].axes
+    bars = {}
+    for patch in ax.patches:  # one bar segment per rule and quadrant, stacked left to right
+        bars.setdefault(round(patch.get_y() + patch.get_height() / 2), []).append(round(patch.get_width(), 6))
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels == ["grpo", "abc", "nsr"]
+    assert bars[0] == [20.0, 10.0, 30.0, 40.0] and bars[2] == [22.5, 22.5, 22.5, 32.5]
+    assert all(sum(w) == pytest.approx(100.0) for w in bars.values())
+    texts = [t.get_text() for t in ax.texts]
+    assert "80 events, 2 seeds" in texts and "32 events, 2 seeds" in texts
 
 
 def test_log_ratio_histogram(figs):
@@ -190,3 +215,31 @@ def test_the_png_holds_a_legend_of_long_labels_whole():
     width = struct.unpack(">I", data[16:20])[0]  # the PNG's IHDR width
     plt.close(fig)
     assert width >= wide
+
+
+def test_many_rules_get_distinct_styles_and_a_legend_beside_the_axes():
+    """27 rules (the stability study's): every series its own colour and line style, the legend to the
+    right of the axes (under them it covered the plot); the note naming identical curves sits under the
+    title, clear of the legend and the axes."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from clipbench.report.plots_style import draw_band, finish, series_styles
+
+    names = [f"rule_{i}(lr=0.0001)" for i in range(27)]
+    styles = series_styles(names)
+    assert len({(s["color"], s["linestyle"]) for s in styles.values()}) == 27
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
+    drawn = {}
+    for i, name in enumerate(names):
+        frame = pd.DataFrame({s: [1.0 - 0.02 * (i % 26) + 0.01 * s, 0.5 + 0.01 * s] for s in range(3)})
+        drawn[name] = draw_band(ax, frame, name, styles[name])  # rule_0 and rule_26: the same curve
+    finish(fig, ax, "Token entropy", [drawn])
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legend, axes = fig.legends[0].get_window_extent(renderer), ax.get_window_extent(renderer)
+    (note,) = [t for t in fig.texts if t.get_text().startswith("Identical curves")]
+    assert "rule_0(lr=0.0001) = rule_26(lr=0.0001)" in note.get_text()
+    box = note.get_window_extent(renderer)
+    assert legend.x0 >= axes.x1 and not box.overlaps(legend) and box.y0 >= axes.y1
+    plt.close(fig)

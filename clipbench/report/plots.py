@@ -1,43 +1,54 @@
-"""Training-dynamics plots (matplotlib, Agg backend, PNG): one line per method, seed band shaded.
+"""The report's figures (matplotlib, Agg backend, PNG): one line per method, its seed band shaded.
 
-    figs = make_figures(sweep, result)   # {name: Figure}, entropy first
+    figs = make_figures(sweep, result)   # {name: Figure}, Pass@k against k first
     paths = save_figures(figs, out_dir)  # {name: Path to PNG}
 
-Lines are the mean over seeds; the shaded band is the min-max over seeds (only where at least two
-seeds have a value). A sparse series (at most `SPARSE_POINTS` points, or a point with no neighbour
-to draw a line to) gets markers, so a single point is never invisible; series that coincide exactly
-(one would hide the other) are named in a note under the figure. Figures: ``stability`` (for a
-sweep with a learning-rate axis: gain over the base model vs learning rate per rule, t intervals over
-seeds; report/stability.py), ``entropy`` (token entropy per optimizer step), ``reward`` (mean
-reward per rollout step), ``eval`` (Avg@n and Pass@n per benchmark over the evaluation steps),
-``quadrants`` (share of clip events per quadrant per rollout step) and ``log_ratio_hist`` (the
-distribution of log r pooled over steps and seeds, split by the sign of A, with the clip bounds).
+Lines are the mean over seeds; the shaded band is its 95% Student t interval over the seeds (where at
+least two have a value); every series keeps one style across the figures, distinct for many rules
+(plots_style.py). A sparse series (at most `SPARSE_POINTS` points, or a point with no neighbour to draw a
+line to) gets markers, so a single point is never invisible; series that coincide exactly (one would
+hide the other) are named in a note under the title. Figures: ``passk`` (Pass@k against k, the base
+model and each rule, log-2 axis; plots_final.py), ``stability`` (for a sweep with a learning-rate axis:
+gain over the base model vs learning rate per rule, t intervals over seeds; report/stability.py),
+``entropy`` (token entropy per optimizer step), ``reward`` (mean reward per rollout step), ``eval``
+(Avg@n and Pass@n per benchmark over the evaluation steps), ``quadrants`` (each rule's clip events by
+quadrant, a stacked bar with the counts; plots_final.py) and ``log_ratio_hist`` (the distribution of
+log r pooled over steps and seeds, split by the sign of A, with the clip bounds).
 """
 
 from __future__ import annotations
 
-import io
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+from clipbench.report import stats
+from clipbench.report.load import RunRecord, Sweep
+from clipbench.report.plots_final import passk_figure, quadrant_figure
+from clipbench.report.plots_style import (  # noqa: F401 - _is_sparse, png, close_figures: the report's and tests' names
+    DPI,
+    _is_sparse,
+    close_figures,
+    draw_band,
+    finish,
+    png,
+    seed_frame,
+    series_styles,
+)
+from clipbench.report.tables import BENCH_TITLES, metric_title, model_title, ordered_benchmarks
 
-from clipbench.report import stats  # noqa: E402
-from clipbench.report.analysis import QUADRANTS  # noqa: E402
-from clipbench.report.load import RunRecord, Sweep  # noqa: E402
-from clipbench.report.tables import BENCH_TITLES, metric_title, model_title, ordered_benchmarks  # noqa: E402
-
-DPI = 100
-SPARSE_POINTS = 30
 DODGE = 1.02  # the stability figure's rules are drawn this factor apart on the (log) rate axis
-COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+Styles = Mapping[str, Mapping]
+
+
+def _styles(styles: Styles | None, names: Sequence[str]) -> Styles:
+    """The report's styles of these series, or their own when a name has none."""
+    return styles if styles is not None and all(n in styles for n in names) else series_styles(list(names))
 
 
 def series_key(run: RunRecord, multi_block: bool) -> str:
@@ -57,15 +68,6 @@ def group_runs(
     return out
 
 
-def seed_frame(runs: Sequence[RunRecord], extract: Callable[[RunRecord], Mapping[float, float]]) -> pd.DataFrame:
-    """Index x, one column per run (seed): values from ``extract(run) -> {x: y}``; NaN where missing."""
-    cols = {r.run_id: pd.Series(dict(extract(r)), dtype=float) for r in runs}
-    cols = {k: v for k, v in cols.items() if len(v)}
-    if not cols:
-        return pd.DataFrame()
-    return pd.DataFrame(cols).sort_index()
-
-
 def metric_by(run: RunRecord, key: str, x: str) -> dict[float, float]:
     """{x: mean of metric ``key`` over the rows with that x} from metrics.jsonl."""
     acc: dict[float, list[float]] = {}
@@ -76,103 +78,26 @@ def metric_by(run: RunRecord, key: str, x: str) -> dict[float, float]:
     return {k: float(np.mean(v)) for k, v in acc.items()}
 
 
-def _is_sparse(y: np.ndarray) -> bool:
-    """At most SPARSE_POINTS finite points, or a finite point whose neighbours are both missing."""
-    ok = np.isfinite(y)
-    if ok.sum() <= SPARSE_POINTS:
-        return True
-    left = np.r_[False, ok[:-1]]
-    right = np.r_[ok[1:], False]
-    return bool((ok & ~left & ~right).any())
-
-
-def draw_band(ax, frame: pd.DataFrame, label: str, color: str) -> pd.Series | None:
-    """Mean line over seeds (markers when sparse) and the min-max band where >= 2 seeds have a value.
-    Returns the plotted mean (None when there is nothing to draw)."""
-    if frame.empty:
-        return None
-    mean = frame.mean(axis=1)
-    marker = dict(marker="o", markersize=3.5) if _is_sparse(mean.to_numpy(dtype=float)) else {}
-    ax.plot(frame.index.values, mean.values, label=label, color=color, linewidth=1.6, **marker)
-    count = frame.notna().sum(axis=1)
-    if (count >= 2).any():
-        lo, hi = frame.min(axis=1), frame.max(axis=1)
-        ok = (count >= 2).values
-        ax.fill_between(
-            frame.index.values, lo.where(ok).values, hi.where(ok).values, color=color, alpha=0.2, linewidth=0
-        )
-    return mean
-
-
-def identical_series(panels: Sequence[Mapping[str, pd.Series | None]]) -> list[list[str]]:
-    """Groups of series names whose plotted means are exactly equal in every panel where any of them
-    has data (so one line hides the other)."""
-    names = list(dict.fromkeys(n for panel in panels for n, m in panel.items() if m is not None))
-
-    def same(a: str, b: str) -> bool:
-        seen = False
-        for panel in panels:
-            x, y = panel.get(a), panel.get(b)
-            if x is None and y is None:
-                continue
-            if x is None or y is None or not x.index.equals(y.index):
-                return False
-            if not np.array_equal(x.to_numpy(dtype=float), y.to_numpy(dtype=float), equal_nan=True):
-                return False
-            seen = True
-        return seen
-
-    groups: list[list[str]] = []
-    for n in names:
-        for g in groups:
-            if same(g[0], n):
-                g.append(n)
-                break
-        else:
-            groups.append([n])
-    return [g for g in groups if len(g) > 1]
-
-
-def _finish(fig: Figure, axes, title: str, panels: Sequence[Mapping[str, pd.Series | None]] = ()) -> Figure:
-    same = identical_series(panels)
-    if same:
-        fig.text(
-            0.01,
-            0.005,
-            "Identical curves (drawn on top of each other): " + "; ".join(" = ".join(g) for g in same),
-            fontsize=8,
-            color="#b45309",
-        )
-    handles, labels = [], []
-    for ax in np.ravel(axes):
-        for h, lb in zip(*ax.get_legend_handles_labels()):
-            if lb not in labels:
-                handles.append(h)
-                labels.append(lb)
-    ncol = min(4, len(labels)) or 1
-    rows = -(-len(labels) // ncol)  # the legend's rows under the axes: room for each, and the x label
-    if handles:
-        fig.legend(handles, labels, loc="lower center", ncol=ncol, frameon=False)
-    fig.suptitle(title)
-    fig.tight_layout(rect=(0, min(0.45, 0.02 + 0.055 * rows) if handles else 0, 1, 0.95))
-    return fig
-
-
 def line_figure(
-    groups: Mapping[str, list[RunRecord]], key: str, x: str, title: str, ylabel: str, scale: float = 1.0
+    groups: Mapping[str, list[RunRecord]],
+    key: str,
+    x: str,
+    title: str,
+    ylabel: str,
+    scale: float = 1.0,
+    styles: Styles | None = None,
 ) -> Figure | None:
     frames = {name: seed_frame(rs, lambda r: metric_by(r, key, x)) * scale for name, rs in groups.items()}
     frames = {k: v for k, v in frames.items() if not v.empty}
     if not frames:
         return None
+    styles = _styles(styles, list(groups))
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=DPI)
-    drawn = {
-        name: draw_band(ax, frame, name, COLORS[i % len(COLORS)]) for i, (name, frame) in enumerate(frames.items())
-    }
+    drawn = {name: draw_band(ax, frame, name, styles[name]) for name, frame in frames.items()}
     ax.set_xlabel("optimizer step" if x == "opt_step" else "rollout step")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    return _finish(fig, ax, f"{title} (mean over seeds; band: min-max)", [drawn])
+    return finish(fig, ax, f"{title} (mean over seeds; band: 95% t CI)", [drawn])
 
 
 def _first_key(groups: Mapping[str, list[RunRecord]], candidates: Sequence[str]) -> str | None:
@@ -182,8 +107,9 @@ def _first_key(groups: Mapping[str, list[RunRecord]], candidates: Sequence[str])
     return None
 
 
-def eval_figure(groups: Mapping[str, list[RunRecord]], result: dict) -> Figure | None:
+def eval_figure(groups: Mapping[str, list[RunRecord]], result: dict, styles: Styles | None = None) -> Figure | None:
     """Avg@n and Pass@n (largest k) per benchmark over the evaluation steps."""
+    styles = _styles(styles, list(groups))
     benches = ordered_benchmarks({b for blk in result["blocks"] for b in blk["benchmarks"]})
     n = min((blk["n"] for blk in result["blocks"] if blk["n"]), default=0)
     # a curve's points share one n: the smallest of every evaluation drawn (eval.n_ends samples the
@@ -212,56 +138,15 @@ def eval_figure(groups: Mapping[str, list[RunRecord]], result: dict) -> Figure |
             ax = axes[i][j]
             panels.append(
                 {
-                    name: draw_band(
-                        ax, seed_frame(rs, lambda r: extract(r, bench, metric)), name, COLORS[c % len(COLORS)]
-                    )
-                    for c, (name, rs) in enumerate(groups.items())
+                    name: draw_band(ax, seed_frame(rs, lambda r: extract(r, bench, metric)), name, styles[name])
+                    for name, rs in groups.items()
                 }
             )
             ax.set_title(f"{BENCH_TITLES.get(bench, bench)}: {metric_title(metric, n)}", fontsize=10)
             ax.set_xlabel("rollout step")
             ax.set_ylabel("%")
             ax.grid(alpha=0.3)
-    return _finish(fig, axes, f"Evaluation over training (n = {n}; mean over seeds; band: min-max)", panels)
-
-
-def quadrant_shares_by_step(run: RunRecord) -> dict[str, dict[float, float]]:
-    """{q: {rollout step: share of that step's Q1-Q4 clip events, %}}."""
-    per_step: dict[float, dict[str, float]] = {}
-    for row in run.metrics:
-        if "step" not in row:
-            continue
-        acc = per_step.setdefault(float(row["step"]), dict.fromkeys(QUADRANTS, 0.0))
-        for q in QUADRANTS:
-            acc[q] += float(row.get(f"{q}/out_of_band") or 0.0)
-    out: dict[str, dict[float, float]] = {q: {} for q in QUADRANTS}
-    for step, acc in per_step.items():
-        total = sum(acc.values())
-        if total > 0:
-            for q in QUADRANTS:
-                out[q][step] = 100 * acc[q] / total
-    return out
-
-
-def quadrant_figure(groups: Mapping[str, list[RunRecord]]) -> Figure | None:
-    shares = {name: {r.run_id: quadrant_shares_by_step(r) for r in rs} for name, rs in groups.items()}
-    if not any(s[q] for by_run in shares.values() for s in by_run.values() for q in QUADRANTS):
-        return None
-    fig, axes = plt.subplots(1, 4, figsize=(16, 3.8), dpi=DPI, sharey=True)
-    panels = []
-    for i, q in enumerate(QUADRANTS):
-        ax = axes[i]
-        panels.append(
-            {
-                name: draw_band(ax, seed_frame(rs, lambda r: shares[name][r.run_id][q]), name, COLORS[c % len(COLORS)])
-                for c, (name, rs) in enumerate(groups.items())
-            }
-        )
-        ax.set_title(f"{q.upper()} share of clip events", fontsize=10)
-        ax.set_xlabel("rollout step")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("% of Q1-Q4 events")
-    return _finish(fig, axes, "Clip events by quadrant over training (mean over seeds; band: min-max)", panels)
+    return finish(fig, axes, f"Evaluation over training (n = {n}; mean over seeds; band: 95% t CI)", panels)
 
 
 def _hist_arrays(run: RunRecord) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -281,20 +166,23 @@ def _hist_arrays(run: RunRecord) -> tuple[np.ndarray, np.ndarray, np.ndarray] | 
     return centres, pos[1:-1], neg[1:-1]
 
 
-def hist_figure(groups: Mapping[str, list[RunRecord]]) -> Figure | None:
+def hist_figure(groups: Mapping[str, list[RunRecord]], styles: Styles | None = None) -> Figure | None:
     data = {name: [h for h in (_hist_arrays(r) for r in rs) if h is not None] for name, rs in groups.items()}
     data = {k: v for k, v in data.items() if v}
     if not data:
         return None
+    styles = _styles(styles, list(groups))
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), dpi=DPI, sharey=True)
-    for c, (name, hs) in enumerate(data.items()):
-        color = COLORS[c % len(COLORS)]
+    for name, hs in data.items():
+        color, linestyle = styles[name]["color"], styles[name]["linestyle"]
         centres = hs[0][0]
         for ax, idx, sign in ((axes[0], 1, "A > 0"), (axes[1], 2, "A < 0")):
             counts = np.sum([h[idx] for h in hs if len(h[idx]) == len(centres)], axis=0)
             total = counts.sum()
             if total > 0:
-                ax.step(centres, counts / total, where="mid", label=name, color=color, linewidth=1.4)
+                ax.step(
+                    centres, counts / total, where="mid", label=name, color=color, linestyle=linestyle, linewidth=1.4
+                )
             ax.set_title(f"log r, tokens with {sign}", fontsize=10)
         bands = groups[name][0].ref_bands()  # the run's own bounds, per sign of A
         for ax, sign in ((axes[0], "pos"), (axes[1], "neg")):
@@ -306,7 +194,7 @@ def hist_figure(groups: Mapping[str, list[RunRecord]]) -> Figure | None:
         ax.set_xlabel("log r = logp - old_logp")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("fraction of tokens (pooled over steps and seeds)")
-    return _finish(
+    return finish(
         fig,
         axes,
         "Log-ratio near the clip bounds (dashed: each method's reference band, log(lo) and log(hi), for its sign of A)",
@@ -325,6 +213,7 @@ def stability_figure(stab: Mapping | None) -> Figure | None:
     for row, (model, block) in enumerate(stab.items()):
         ax, ax_c = axes[row]
         count = len(block["rules"])
+        rule_styles = series_styles(list(block["rules"]))
         for i, (rule, info) in enumerate(block["rules"].items()):
             rates = sorted(info["cells"])
             dodge = [r * DODGE ** (i - (count - 1) / 2) for r in rates]  # side by side, so intervals don't hide
@@ -333,7 +222,7 @@ def stability_figure(stab: Mapping | None) -> Figure | None:
             lo = np.array([c["ci"][0] for c in cells], dtype=float)
             hi = np.array([c["ci"][1] for c in cells], dtype=float)
             err = np.vstack([np.where(np.isfinite(lo), mean - lo, 0.0), np.where(np.isfinite(hi), hi - mean, 0.0)])
-            color = COLORS[i % len(COLORS)]
+            color = rule_styles[rule]["color"]
             ax.errorbar(
                 dodge, mean, yerr=err, label=rule, color=color, marker="o", markersize=4, capsize=3, linewidth=1.5
             )
@@ -358,7 +247,7 @@ def stability_figure(stab: Mapping | None) -> Figure | None:
         ax_c.set_ylabel("runs flagged as collapsed (%)")
         ax_c.set_ylim(-5, 105)
         ax_c.set_title("collapse (any kind; see the stability table)", fontsize=10)
-    return _finish(fig, axes, "Stability: gain over the base model vs learning rate")
+    return finish(fig, axes, "Stability: gain over the base model vs learning rate")
 
 
 def tuning_figure(stab: Mapping | None) -> Figure | None:
@@ -375,8 +264,9 @@ def tuning_figure(stab: Mapping | None) -> Figure | None:
     fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows + 0.8), dpi=DPI, squeeze=False, sharey=True)
     for ax in axes.flat[len(rules) :]:
         ax.set_visible(False)
-    for i, (ax, (rule, info)) in enumerate(zip(axes.flat, rules)):
-        color = COLORS[i % len(COLORS)]
+    rule_styles = series_styles([rule for rule, _ in rules])
+    for ax, (rule, info) in zip(axes.flat, rules):
+        color = rule_styles[rule]["color"]
         rates = sorted(info["cells"])
         cells = [info["cells"][r] for r in rates]
         mean = np.array([c["mean"] for c in cells], dtype=float)
@@ -411,7 +301,7 @@ def tuning_figure(stab: Mapping | None) -> Figure | None:
     return fig
 
 
-def profile_figure(result: dict) -> Figure | None:
+def profile_figure(result: dict, styles: Styles | None = None) -> Figure | None:
     """The performance profile per base model (Agarwal et al., 2021): for each label, the share of its run x
     task scores (final Avg@n, the aggregates' tasks) above each threshold tau, a step function over tau; one
     panel per block with aggregates."""
@@ -424,10 +314,11 @@ def profile_figure(result: dict) -> Figure | None:
         drawn = {}
         agg = block["aggregates"]
         order = sorted(agg, key=lambda lb: lb != result.get("baseline"))  # the baseline first, as elsewhere
-        for i, (lb, e) in enumerate((lb, agg[lb]) for lb in order):
+        own = _styles(styles, order)
+        for lb, e in ((lb, agg[lb]) for lb in order):
             x = np.sort(100.0 * np.asarray(e["scores"], dtype=float))
             y = 1.0 - np.arange(1, x.size + 1) / x.size  # the share strictly above each score
-            ax.step(np.r_[x[0], x], np.r_[1.0, y], where="post", label=lb, color=COLORS[i % len(COLORS)])
+            ax.step(np.r_[x[0], x], np.r_[1.0, y], where="post", label=lb, **own[lb])
             drawn[lb] = pd.Series(y, index=x)
         panels.append(drawn)
         ax.set_xlabel(f"final Avg@{block['n']} (pts, {', '.join(block.get('aggregate_tasks') or [])})")
@@ -435,36 +326,35 @@ def profile_figure(result: dict) -> Figure | None:
         ax.set_ylim(-0.03, 1.03)
         ax.grid(alpha=0.3)
         ax.set_title(model_title(block["model"]), fontsize=10)
-    return _finish(fig, axes[0], "Performance profile: the share of runs above each score", panels)
+    return finish(fig, axes[0], "Performance profile: the share of runs above each score", panels)
 
 
 def make_figures(sweep: Sweep, result: dict) -> dict[str, Figure]:
-    """Every figure that has data, in display order (stability, when the sweep has a learning-rate
-    axis, then entropy, reward, completion length, ...)."""
+    """Every figure that has data, in display order (Pass@k against k, stability when the sweep has a
+    learning-rate axis, then entropy, reward, completion length, ...), each series in one style."""
     excluded = frozenset(e["run_id"] for e in result.get("runs", {}).get("excluded", []))
     groups = group_runs(sweep, result.get("baseline"), excluded)
+    styles = series_styles(list(groups))
     figs: dict[str, Figure | None] = {
+        "passk": passk_figure(result, styles),
         "stability": stability_figure(result.get("stability")),
         "tuning": tuning_figure(result.get("stability")),
     }
     ent = _first_key(groups, ("entropy", "entropy/mean"))
-    figs["entropy"] = line_figure(groups, ent, "opt_step", "Token entropy", "nats / token") if ent else None
+    figs["entropy"] = (
+        line_figure(groups, ent, "opt_step", "Token entropy", "nats / token", styles=styles) if ent else None
+    )
     rew = _first_key(groups, ("reward/mean", "reward"))
-    figs["reward"] = line_figure(groups, rew, "step", "Mean reward", "reward") if rew else None
+    figs["reward"] = line_figure(groups, rew, "step", "Mean reward", "reward", styles=styles) if rew else None
     length = _first_key(groups, ("response_length/mean",))
-    figs["length"] = line_figure(groups, length, "step", "Completion length", "tokens") if length else None
-    figs["eval"] = eval_figure(groups, result)
-    figs["profile"] = profile_figure(result)
-    figs["quadrants"] = quadrant_figure(groups)
-    figs["log_ratio_hist"] = hist_figure(groups)
+    figs["length"] = (
+        line_figure(groups, length, "step", "Completion length", "tokens", styles=styles) if length else None
+    )
+    figs["eval"] = eval_figure(groups, result, styles)
+    figs["profile"] = profile_figure(result, styles)
+    figs["quadrants"] = quadrant_figure(result)
+    figs["log_ratio_hist"] = hist_figure(groups, styles)
     return {k: v for k, v in figs.items() if v is not None}
-
-
-def png(fig: Figure) -> bytes:
-    """The figure as PNG, its bounding box grown to the legend under the axes (long labels included)."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", bbox_inches="tight")
-    return buf.getvalue()
 
 
 def save_figures(figs: Mapping[str, Figure], out_dir: str | Path) -> dict[str, Path]:
@@ -476,8 +366,3 @@ def save_figures(figs: Mapping[str, Figure], out_dir: str | Path) -> dict[str, P
         path.write_bytes(png(fig))
         paths[name] = path
     return paths
-
-
-def close_figures(figs: Mapping[str, Figure]) -> None:
-    for fig in figs.values():
-        plt.close(fig)
