@@ -39,7 +39,7 @@ def test_page_is_self_contained(page):
     assert not re.search(r"""(src|href)=["'](https?:|//|file:)""", html)  # nothing fetched from outside
     assert "<script" not in html
     images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
-    assert len(images) == 6  # entropy, reward, eval, profile, quadrants, log-ratio histogram
+    assert len(images) == 7  # Pass@k against k, entropy, reward, eval, profile, quadrants, log-ratio histogram
     assert all(base64.b64decode(b)[:8] == b"\x89PNG\r\n\x1a\n" for b in images)
     for title in (
         "Table 3 layout: builtin:arith-tiny",
@@ -48,6 +48,22 @@ def test_page_is_self_contained(page):
         "Reference: ABC-GRPO paper, Table 3",
     ):
         assert title in html
+
+
+def test_page_leads_with_the_finding_then_contents_tables_figures_and_the_runs_last(page):
+    """The Finding is the headline; a table of contents links every table and figure (each anchor exists);
+    the figures come before the header's other lines (runs, models, seeds), which close the page."""
+    html = page.read_text()
+    finding = html.index('<p class="finding">Finding: ')
+    toc, tables, figures, about = (
+        html.index(s) for s in ('<nav class="toc">', 'id="tables"', 'id="figures"', 'id="about"')
+    )
+    assert html.index("<h1>") < finding < toc < tables < figures < about
+    assert html.index("Sweep &#39;fixture&#39;") > about and html.index("Models: ") > about
+    links = re.findall(r'<a href="#([^"]+)">', html[toc : html.index("</nav>")])
+    assert {"tables", "figures", "about", "table3", "fig-passk", "fig-quadrants"} <= set(links)
+    for anchor in links:
+        assert f'id="{anchor}"' in html, anchor
 
 
 def _chromium(*args: str, tmp: Path, timeout: int = 90) -> subprocess.CompletedProcess:

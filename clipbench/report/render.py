@@ -30,7 +30,10 @@ FIGURE_CAPTIONS = {
     "entropy": "Token entropy of the policy per optimizer step.",
     "reward": "Mean training reward per rollout step.",
     "eval": "Avg@n and Pass@n on each benchmark at every evaluation step.",
-    "quadrants": "Share of clip events per quadrant at every rollout step (the paper's Figure 4f over time).",
+    "quadrants": "Each rule's clip events by quadrant (ABC-GRPO's Figure 4f): the share of its out-of-band tokens in "
+    "each quadrant, the mean over seeds of each run's shares over all its steps, with the events counted.",
+    "passk": "Pass@k against k (log-2 axis): the base model at step 0 (dashed) and each rule at its final "
+    "evaluation, the mean over seeds of the unbiased Pass@k, shaded its 95% Student t interval over seeds.",
     "log_ratio_hist": "Distribution of log r = logp - old_logp near the clip bounds, by the sign of the advantage.",
     "replay_zero_grad": "Replay: share of each quadrant's tokens that get no gradient, per rule, on the same recorded "
     "batches (Q1 A>0 r>1, Q2 A>0 r<1, Q3 A<0 r<1, Q4 A<0 r>1).",
@@ -234,18 +237,51 @@ def png_data_uri(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
+FIGURE_TITLES = {  # the page's table of contents
+    "passk": "Pass@k against k",
+    "stability": "Gain against the learning rate",
+    "tuning": "Each rule's learning-rate curve",
+    "entropy": "Token entropy",
+    "reward": "Mean reward",
+    "length": "Completion length",
+    "eval": "Evaluation over training",
+    "profile": "Performance profile",
+    "quadrants": "Clip events by quadrant",
+    "log_ratio_hist": "Log-ratio near the clip bounds",
+    "replay_zero_grad": "Replay: tokens without gradient",
+    "replay_cosine": "Replay: cosine between rules",
+}
+
+
 def html_document(
     title: str, header: Sequence[str], tables: Sequence[Table], figures: Mapping[str, bytes] | None = None
 ) -> str:
-    """One self-contained page (templates/report.html): header lines, tables, figures."""
+    """One self-contained page (templates/report.html): the Finding as its headline (and a sweep's
+    INCOMPLETE line above it), a table of contents, the tables, the figures, then the other header
+    lines (runs, models, seeds, machines, notes) as the page's footnotes."""
     figs = [
-        {"name": name, "src": png_data_uri(png), "caption": FIGURE_CAPTIONS.get(name, name)}
+        {
+            "name": name,
+            "src": png_data_uri(png),
+            "caption": FIGURE_CAPTIONS.get(name, name),
+            "title": FIGURE_TITLES.get(name, name),
+        }
         for name, png in (figures or {}).items()
     ]
+    anchors = dict(zip((id(t) for t in tables), unique_names(tables)))
     return (
         _templates()
         .get_template("report.html")
-        .render(title=title, header=header, layout=html_layout(tables), figures=figs, text_columns=text_columns)
+        .render(
+            title=title,
+            alerts=[h for h in header if h.startswith("INCOMPLETE")],
+            finding=next((h for h in header if h.startswith("Finding: ")), None),
+            about=[h for h in header if not h.startswith(("INCOMPLETE", "Finding: "))],
+            layout=html_layout(tables),
+            anchor=lambda t: anchors[id(t)],
+            figures=figs,
+            text_columns=text_columns,
+        )
     )
 
 
