@@ -402,6 +402,25 @@ def test_report_says_in_one_line_when_a_recorded_plugin_cannot_be_loaded(tmp_pat
     assert f"Note: {sweep.notes[0]}" in header and f"Note: {sweep.notes[1]}" in header
 
 
+def test_tidy_csvs_hold_one_number_per_column(results, tmp_path):
+    """Beside the formatted tables: results_tidy.csv (label x benchmark x metric) and claims_tidy.csv,
+    read by pandas with no parsing. arith, Avg@4: abc 9/16 on both seeds = 56.25 (sd 0); grpo 7/16 and
+    6/16, so abc - grpo per seed 12.5 and 18.75, mean 15.625 points."""
+    import pandas as pd
+
+    written = report_command("fixture", baseline="grpo", fmt="markdown", results_dir=results, out=tmp_path)
+    assert {p.name for p in written} >= {"results_tidy.csv", "claims_tidy.csv", "per_seed.csv"}
+    res = pd.read_csv(tmp_path / "results_tidy.csv")
+    row = res[(res.benchmark == "arith") & (res.label == "abc") & (res.metric == "avg")].iloc[0]
+    assert (row.mean_pct, row.std_pct, row.seeds, row.problems, row.k, row.n) == (56.25, 0.0, 2, 4, 1, 4)
+    assert row.baseline == "grpo" and row.delta_pts == pytest.approx(15.625) and row.paired_seeds == 2
+    assert res[res.label == "base model (step 0)"].baseline.isna().all()
+    assert set(res.benchmark) == {"arith", "gsm8k", "average"}
+    claims = pd.read_csv(tmp_path / "claims_tidy.csv")
+    assert {"estimate", "ci_low", "ci_high", "p", "p_holm", "verdict"} <= set(claims.columns) and len(claims) == 4
+    assert all(isinstance(v, float) for v in claims.estimate)
+
+
 def test_unknown_sweep_lists_existing(results):
     assert list_sweeps(results) == ["fixture"]
     with pytest.raises(

@@ -56,6 +56,7 @@ def report_command(
             render.print_rich(tables, console)
         written += paths
         for p in paths:
-            if p.suffix != ".png" and p.name != "report.json":  # report.json: always, see docs/reports.md
+            # report.json and the tidy CSVs: always written, not printed (docs/reports.md)
+            if p.suffix != ".png" and p.name != "report.json" and not p.name.endswith("_tidy.csv"):
                 print(p)
     return written

@@ -3,14 +3,15 @@
     sweep, result, tables, header = build_report(results_dir, "quickstart", baseline="grpo")
     write_report(sweep, result, tables, header, "html", out_dir)     # -> the paths written
 
-Files per format, in ``out_dir``: ``report.json`` (every number) always, plus
+Files per format, in ``out_dir``: ``report.json`` (every number) and the tidy CSVs (``results_tidy.csv``,
+``claims_tidy.csv``: one number per column, report/tidy.py) always, plus
     markdown  report.md and the figures as plots/*.png, and per_seed.csv
     latex     report.tex (booktabs fragment)
     csv       one <table>.csv per table
     html      report.html: one self-contained page (tables + figures as base64 PNG), and per_seed.csv
 per_seed.csv (report/per_seed.py): one row per compared run (the replication sweep's too) with the
 endpoints its claims' tests read, so a published verdict can be tested again without the store.
-(`rich`, the terminal, writes report.json only: the command prints the tables.)
+(`rich`, the terminal, writes report.json and the tidy CSVs only: the command prints the tables.)
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from clipbench.report.replication import replicate_against, replicate_by_halves,
 from clipbench.report.routing_table import routing_table
 from clipbench.report.stability_table import stability_table
 from clipbench.report.tables import Table, build_tables, model_title
+from clipbench.report.tidy import tidy_tables
+from clipbench.report.tidy import to_csv as tidy_csv
 from clipbench.tracking.files import atomic_write_json
 from clipbench.tracking.records import list_records
 
@@ -220,6 +223,8 @@ def write_report(
     written.append(out_dir / "report.json")
     if fmt in ("markdown", "html"):  # the published formats: each run's endpoints beside them
         written.append(write_per_seed(out_dir / "per_seed.csv", result.get("per_seed", [])))
+    for name, rows in tidy_tables(result).items():  # one number per column, for pandas (report/tidy.py)
+        written.append(render.write_text(out_dir / f"{name}.csv", tidy_csv(rows)))
     if fmt == "markdown":
         rel = {}
         for name, png in _figures_png(sweep, result).items():
