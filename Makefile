@@ -86,7 +86,7 @@ study-organism: install ## The organism's gate, docs/studies/organism.md: grpo (
 	$(PY) scripts/organism_gate.py --results-dir $(RESULTS) --sweep organism_gate --out docs/studies/organism
 	$(VENV)/bin/clipbench report organism_gate --results-dir $(RESULTS) --baseline grpo --format markdown --out docs/studies/organism/report
 
-study-organism-compare: install ## Issue 36, docs/studies/organism_confirm.md: the tune (10 rules x 4 rates x 3 seeds), the preregistered confirmation (10 seeds + 5 on a second build), the reports and the replay at the tuned rates (270 runs of 2.5-6 min on one core: 6-12 h on 2 cores)
+study-organism-compare: install ## docs/studies/organism_confirm.md: the tune (10 rules x 4 rates x 3 seeds), the preregistered confirmation (10 seeds + 5 on a second build), the reports and the replay at the tuned rates (270 runs of 2.5-6 min on one core: 6-12 h on 2 cores)
 	$(VENV)/bin/clipbench sweep sweeps/organism_tune.yaml --results-dir $(RESULTS) --jobs 2
 	$(VENV)/bin/clipbench report organism_tune --results-dir $(RESULTS) --tune-on arith-val --format markdown --out docs/studies/organism_tune
 	$(VENV)/bin/clipbench sweep sweeps/organism_confirm.yaml --results-dir $(RESULTS) --jobs 2
@@ -100,7 +100,7 @@ study-replay: install ## Study (c), docs/studies/replay.md: grpo on the quicksta
 	$(VENV)/bin/clipbench sweep sweeps/study_replay.yaml --results-dir $(RESULTS) --jobs 2
 	$(PY) scripts/replay_study.py --results-dir $(RESULTS) --sweep study_replay --out docs/studies
 
-study-moe: install ## Issue 24 part 6, docs/moe.md: grpo, gspo, nsr (sequence) x routing replay none / r2 on builtin:arith-steps-moe, 10 seeds (60 runs)
+study-moe: install ## docs/moe.md: grpo, gspo, nsr (sequence) x routing replay none / r2 on builtin:arith-steps-moe, 10 seeds (60 runs)
 	$(VENV)/bin/clipbench sweep sweeps/study_moe.yaml --results-dir $(RESULTS) --jobs 2
 	$(VENV)/bin/clipbench report study_moe --results-dir $(RESULTS) --baseline 'grpo(routing_replay=none, agg=token-mean)' --format markdown --out docs/studies/moe
 

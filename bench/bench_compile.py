@@ -1,4 +1,4 @@
-"""The speed lever issue 25 did not take: `torch.compile` of the training forward and backward.
+"""A speed lever not taken: `torch.compile` of the training forward and backward.
 
     .venv/bin/python bench/bench_compile.py [--reps N] [--out results/bench/compile.json]
 

@@ -1,4 +1,4 @@
-"""GPU benchmark: a full GRPO step on a randomly initialised Qwen3-1.7B-shaped model (issue 9 §5).
+"""GPU benchmark: a full GRPO step on a randomly initialised Qwen3-1.7B-shaped model.
 
     .venv/bin/python bench/bench_gpu.py [--max-new 512] [--prompts 16] [--group 8] [--steps 3] [--warmup 1]
                                         [--peak-tflops X] [--out results/bench/gpu.json]
@@ -406,7 +406,7 @@ def main(argv: list[str] | None = None) -> dict:
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     peak = peak_tflops(device_name, args.peak_tflops)
     report = {
-        "benchmark": "GRPO step on a Qwen3-1.7B-shaped model (issue 9 §5)",
+        "benchmark": "GRPO step on a Qwen3-1.7B-shaped model",
         "device": device_name,
         "peak_bf16_tflops": peak,
         "steps": args.steps,

@@ -1,4 +1,4 @@
-"""Recording's overhead and replay's speed (issue 17; run by `make bench`).
+"""Recording's overhead and replay's speed (run by `make bench`).
 
     .venv/bin/python bench/bench_replay.py [--quick] [--out results/bench/replay.json]
 
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     report = {
-        "benchmark": "recording overhead and replay speed (issue 17)",
+        "benchmark": "recording overhead and replay speed",
         "quickstart": recording_at_quickstart(3 if args.quick else 7),
         "qwen3_06b": recording_at_qwen3_06b(1 if args.quick else 3),
         "replay": {"1_thread": replay_speed(1), "2_threads": replay_speed(2)},

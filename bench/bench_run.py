@@ -1,4 +1,4 @@
-"""A sweep's quickstart-regime runs, before and after issue 25's speed work, side by side in one process.
+"""A sweep's quickstart-regime runs, before and after the speed work of docs/speed.md, side by side in one process.
 
     .venv/bin/python bench/bench_run.py [--steps N] [--rules grpo dapo] [--repeats R] [--quick]
 
@@ -59,7 +59,7 @@ IMPORTS = (
 
 
 def one_sequence_chunks(b_size: int, t_size: int, rows: int):
-    """train/logprobs.py's chunks before issue 25: one sequence (or part of one) per chunk."""
+    """train/logprobs.py's chunks before the speed work: one sequence (or part of one) per chunk."""
     for b in range(b_size):
         for t0 in range(0, t_size, rows):
             yield slice(b, b + 1), slice(t0, min(t0 + rows, t_size))

@@ -1,4 +1,4 @@
-"""Sampling speed on the organism's base model against a bound derived for this CPU (issue 35, part 4).
+"""Sampling speed on the organism's base model against a bound derived for this CPU.
 
     .venv/bin/python bench/bench_sampling.py [--prompts 100] [--n 16] [--reps 3] [--out results/bench/sampling.json]
 

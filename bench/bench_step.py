@@ -1,4 +1,4 @@
-"""Micro-batching: its time overhead at equal tokens and its peak memory as the mini-batch grows (issue 9).
+"""Micro-batching: its time overhead at equal tokens and its peak memory as the mini-batch grows.
 
     .venv/bin/python bench/bench_step.py [--reps N] [--quick] [--out results/bench/step.json]
 
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     torch.set_num_threads(1)
     report = {
-        "benchmark": "micro-batching: overhead at equal tokens, peak memory at 4x the mini-batch (issue 9)",
+        "benchmark": "micro-batching: overhead at equal tokens, peak memory at 4x the mini-batch",
         "model": SHAPE,
         "overhead": overhead(args.reps or (3 if args.quick else 10)),
         "memory": memory(),

@@ -1,4 +1,4 @@
-"""Training speed: seconds per GRPO step, clipbench's trainer against TRL's `GRPOTrainer` (issue 3).
+"""Training speed: seconds per GRPO step, clipbench's trainer against TRL's `GRPOTrainer`.
 
     .venv/bin/python bench/bench_train.py [--steps N] [--block K] [--threads T] [--quick]
 
@@ -7,7 +7,7 @@ completions per rollout batch. Two workloads: by default `builtin:arith-tiny` on
 completions (3.4 tokens, up to 32: per-step overhead, target <= 1.0x); `--long`:
 `builtin:arith-steps` on the quickstart's worked steps with 40 to 48 new tokens on both sides
 (`min_new_tokens` 40: HF generate's own option, set in both arms' generation configs, so the length
-is the benchmark's choice, not the model's): compute, issue 9's target <= 0.9x, written to
+is the benchmark's choice, not the model's): compute, target <= 0.9x, written to
 train_long.json. Both: HF `generate`
 (no vLLM), temperature 1.0, top-p 1, top-k off; old log-probs recomputed by the policy once per
 rollout batch; then 4 mini-batches of 16 = 4 AdamW steps (same lr, betas, weight decay, grad clip
@@ -60,7 +60,7 @@ sys.path.insert(0, str(REPO))
 PROMPTS, GROUP, MINI_BATCHES = 8, 8, 4
 EPSILON = 0.2
 # The two workloads: answer-only completions (3.4 tokens: measures per-step overhead) and worked
-# steps over 4 operands (~34 tokens: measures compute; `--long`, issue 9's >= 32-token ratio).
+# steps over 4 operands (~34 tokens: measures compute; `--long`, the >= 32-token ratio).
 WORKLOADS = {
     "short": {
         "recipe": REPO / "recipes" / "arith_tiny.yaml",
@@ -603,7 +603,7 @@ def main(argv: list[str] | None = None) -> dict:
     paired, paired_ci = statistics.median(per_round), bootstrap_ci(per_round)
     per_round_cpu = [c / t for c, t in zip(cb["round_cpu_medians"], trl["round_cpu_medians"])][warmup // block :]
     report = {
-        "benchmark": "train step: clipbench run_training vs TRL GRPOTrainer (issue 3)",
+        "benchmark": "train step: clipbench run_training vs TRL GRPOTrainer",
         "workload": {
             "model": W["model"],
             "task": {"name": "arith", **W["task"]},

@@ -132,7 +132,7 @@ def header(ref: dict, rows: list[dict], runs: list[Path], seconds: float, args, 
         f"of the figures below). Every registered rule ({len(ref['rules'])}) was replayed on every recorded optimizer "
         f"step at its default parameters, NSR with {args.draws} draws. The runs took {train_min:.0f} minutes (first start "
         f"to last finish, `--jobs 2`) and the replay {seconds / 60:.0f} minutes, on 2 CPU cores shared with other jobs. "
-        "The runs used the shipped base model; the quickstart regime's training settings are the ones the issue-16 recalibration kept (calibration.md: no point of its frontier reached a robust gain, and this one is its most robust with at least 5% out of band).",
+        "The runs used the shipped base model; the quickstart regime's training settings are the ones the recalibration kept (calibration.md: no point of its frontier reached a robust gain, and this one is its most robust with at least 5% out of band).",
         "",
         "**Reproduce.** `make study-replay` (or `clipbench sweep sweeps/study_replay.yaml --jobs 2`, then "
         "`python scripts/replay_study.py --results-dir results --sweep study_replay --out docs/studies`).",
