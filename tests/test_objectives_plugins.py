@@ -266,13 +266,14 @@ def test_cli_sweep_runs_and_reports_a_plugin_rule_and_notices_a_changed_file(tmp
         "grpo",
         "--format",
         "markdown",
-        "--plugin",
-        str(rule_file),
         cwd=tmp_path,
-    )
+    )  # no --plugin: the report imports the rule file the runs recorded
     assert res.returncode == 0, res.stderr[-2000:]
-    report = (tmp_path / res.stdout.strip()).read_text()
+    (page,) = [line for line in res.stdout.splitlines() if line.endswith("report.md")]
+    report = (tmp_path / page).read_text()
     assert "lower_only" in report and "grpo" in report, report
+    assert "could not load" not in report and "unknown to this install" not in report
+    assert "| lower_only |" in report and "plugins=" not in report  # its label: the rule's name alone
     # a resumed sweep whose rule file changed stops: one line naming the file, exit 2, nothing written
     rule_file.write_text(LOWER_ONLY.replace("1 - eps_low", "1 - 2 * eps_low"))
     before = (tmp_path / "results" / "mine" / "manifest.json").read_text()
