@@ -405,6 +405,13 @@ def test_a_finished_sweep_reruns_without_its_expansion_until_an_input_changes(tm
     RunDir(results / "done" / next(iter(exp.runs))).set_status(RunState.FAILED)
     res = _clipbench(*args, cwd=tmp_path, importtime=True)
     assert imports_torch(res) and "1 failed: skipped" in res.stderr
+    # a finished sweep remembered again, then a run's config.yaml damaged: the full path finds it (one line)
+    RunDir(results / "done" / next(iter(exp.runs))).set_status(RunState.FINISHED)
+    assert _clipbench(*args, cwd=tmp_path).returncode == 0
+    assert not imports_torch(_clipbench(*args, cwd=tmp_path, importtime=True))
+    (results / "done" / next(iter(exp.runs)) / "config.yaml").write_text("objective: [unclosed\n")
+    res = _clipbench(*args, cwd=tmp_path)
+    assert res.returncode == 2 and "config.yaml" in res.stderr.strip().splitlines()[-1]
 
 
 def test_a_sweep_on_a_terminal_says_what_it_does_before_its_plan(tmp_path):

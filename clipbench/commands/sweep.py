@@ -228,11 +228,9 @@ def run_sweep(
         err=err,
     )
     if out["finished"] == len(runs):
-        files = [
-            spec.file,
-            spec.base,
-            *(r["path"] for r in mg.manifest.get("plugins", []) if Path(r["path"]).is_file()),
-        ]
+        plugins = [r["path"] for r in mg.manifest.get("plugins", []) if Path(r["path"]).is_file()]
+        stored = [mpath, *(rd.config_path for rd in run_dirs.values())]  # an edit or damage: the full path
+        files = [spec.file, spec.base, *plugins, *stored]
         warnings = list(exp.warnings) + merge(mg.manifest, spec, exp).warnings  # what a rerun would say
         inputs = sweep_start.rerun_inputs(files, *command_line)
         sweep_start.remember_finished(results_dir, spec.name, inputs, list(mg.manifest["runs"]), warnings)
