@@ -143,9 +143,11 @@ def sweep(
     from clipbench.commands.sweep_start import finished_rerun, sweep_stage  # noqa: PLC0415
 
     plain = not (dry_run or json_out or launcher or engine) and jobs >= 1
-    if finished_rerun(file, overrides or [], results_dir=results_dir, plugins=plugins or [], plain=plain):
-        return
     with sweep_stage(file) as stage:  # from the first second on a terminal: what it is doing
+        if finished_rerun(
+            file, overrides or [], results_dir=results_dir, plugins=plugins or [], plain=plain, stage=stage
+        ):
+            return
         from clipbench.commands.sweep import sweep_command  # noqa: PLC0415 - torch, through the expansion
 
         sweep_command(

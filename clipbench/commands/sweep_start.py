@@ -30,10 +30,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from clipbench.config.shipped import PACKAGE, sweep_path
 from clipbench.errors import UserError
-from clipbench.tracking.files import atomic_write_json, read_json
-from clipbench.tracking.store import RunDir, RunState
 from clipbench.yamlio import YamlError, load_yaml_file
 
 RERUN = Path(".cache") / "rerun.json"  # under the sweep's directory
@@ -90,6 +87,8 @@ def start_line(
 
 def package_digest() -> str:
     """sha256 of clipbench's own code and shipped files (.py, .yaml): what the expansion runs."""
+    from clipbench.config.shipped import PACKAGE  # noqa: PLC0415 - config pulls in omegaconf
+
     h = hashlib.sha256()
     for p in sorted(PACKAGE.rglob("*")):
         if p.suffix in (".py", ".yaml") and "__pycache__" not in p.parts:
@@ -119,12 +118,16 @@ def rerun_inputs(files: Iterable[str | Path], overrides: Iterable[str], plugins:
 
 def remember_finished(results_dir: Path, sweep: str, inputs: dict, run_ids: list[str], warnings: list[str]) -> None:
     """After a sweep whose every run finished: what a rerun needs to see that nothing changed."""
+    from clipbench.tracking.files import atomic_write_json  # noqa: PLC0415 - the status line comes first
+
     with contextlib.suppress(OSError):  # an optimisation only: a read-only or full store keeps the full path
         atomic_write_json(Path(results_dir) / sweep / RERUN, {**inputs, "runs": run_ids, "warnings": warnings})
 
 
 def _sweep_name(file: str | Path) -> tuple[Path, str] | None:
     """(the sweep file, its name) as `load_spec` reads them, or None when anything is unusual."""
+    from clipbench.config.shipped import sweep_path  # noqa: PLC0415 - config pulls in omegaconf
+
     try:
         path = sweep_path(file)
         data = load_yaml_file(path)
@@ -155,11 +158,16 @@ def finished_rerun(
     results_dir: Path,
     plugins: list[str],
     plain: bool,
+    stage: Stage | None = None,
     console: Console | None = None,
 ) -> bool:
     """The rerun of a finished sweep whose inputs have not changed: print what the full rerun prints
     and return True; False (nothing printed) whenever the full path is needed. `plain`: no option that
     changes what the command does beyond running the sweep (--dry-run, --json, --launcher, --engine)."""
+    # PLC0415, deferred: numpy (tracking.store): the status line comes first
+    from clipbench.tracking.files import read_json  # noqa: PLC0415
+    from clipbench.tracking.store import RunDir, RunState  # noqa: PLC0415
+
     found = _sweep_name(file) if plain else None
     if found is None:
         return False
@@ -180,6 +188,8 @@ def finished_rerun(
             return False
     except (UserError, OSError, ValueError):
         return False
+    if stage is not None:
+        stage.done()
     err = console or Console(stderr=True, highlight=False, soft_wrap=True)
     for w in remembered.get("warnings") or ():
         err.print(f"[yellow]warning:[/] {w}")
