@@ -327,6 +327,46 @@ def family(rows: list[dict], lags: Sequence[int], arms: Sequence[str], build: st
     return {"primary": primary, "secondary": secondary}
 
 
+def followup(rows: list[dict], lag: int = 128) -> list[dict]:
+    """The follow-up's family (docs/studies/offpolicy_followup_prereg.md), Holm over all of it: each new
+    arm against GRPO and against the unclipped surrogate (differences) and within +-MARGIN of the
+    unclipped surrogate (TOST) at `lag`; the unclipped surrogate against GRPO on the second build."""
+    claims = []
+
+    def claim(a: str, b: str, kind: str, build: str = "shipped") -> None:
+        d = paired(rows, a, b, lag, "test_avg_end", build)
+        if len(d) < 2:
+            return
+        t = report_stats.seed_test(d)
+        p = report_stats.tost(d, MARGIN)["p"] if kind == "equivalence" else t["p"]
+        claims.append({"a": a, "b": b, "build": build, "kind": kind, "n": len(d), **t, "p_test": p})
+
+    for arm in FOLLOWUP_ARMS:
+        claim(arm, "grpo", "difference")
+        claim(arm, "unclipped", "difference")
+        claim(arm, "unclipped", "equivalence")
+    claim("unclipped", "grpo", "difference", "build2")
+    for c, adj in zip(claims, report_stats.holm([c["p_test"] for c in claims])):
+        c["p_holm"] = adj
+        c["verdict"] = verdict_of(c)
+    return claims
+
+
+def followup_table(claims: list[dict]) -> list[str]:
+    out = [
+        "| comparison | build | kind | estimate [95% CI] | n | p | p Holm (family of "
+        + str(len(claims))
+        + ") | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in claims:
+        out.append(
+            f"| {c['a']} - {c['b']} | {c['build']} | {c['kind']} | {ci_text(c)} | {c['n']} | {p_text(c['p_test'])} "
+            f"| {p_text(c['p_holm'])} | {c['verdict']} |"
+        )
+    return out
+
+
 def verdict_of(c: dict) -> str:
     if not math.isfinite(c["p_holm"]) or c["p_holm"] >= 0.05:
         return "inconclusive"
@@ -361,8 +401,16 @@ def replication(primary: list[dict], again: list[dict]) -> dict:
 
 # ---- the pages ------------------------------------------------------------------------------------
 
-STUDY_SWEEPS = ("offpolicy_gate", "offpolicy_gate_aa", "offpolicy_g6", "offpolicy_map", "offpolicy_map_ends")
-BUILD2_SWEEP = "offpolicy_build2"
+STUDY_SWEEPS = (
+    "offpolicy_gate",
+    "offpolicy_gate_aa",
+    "offpolicy_g6",
+    "offpolicy_map",
+    "offpolicy_map_ends",
+    "offpolicy_top",
+)
+BUILD2_SWEEPS = ("offpolicy_build2", "offpolicy_build2_top")
+FOLLOWUP_ARMS = ("dual_clip", "cispo", "m2po", "bapo", "grpo_decoupled")
 AA_SEEDS = range(110, 120)
 TOP = 128
 
@@ -371,13 +419,13 @@ def study_rows(results: str) -> tuple[list[dict], list[dict], dict]:
     """(per-seed rows of every finished run of the study's sweeps found, the store-derived rows (with
     curves) for the figures, {sweep: (finished, total)})."""
     rows, full, counts = [], [], {}
-    for sweep in (*STUDY_SWEEPS, BUILD2_SWEEP):
+    for sweep in (*STUDY_SWEEPS, *BUILD2_SWEEPS):
         if not (Path(results) / sweep / "manifest.json").is_file():
             continue
         data = load_results(results, sweep)
         done = [r for r in data.runs if r.state == "finished"]
         counts[sweep] = (len(done), len(data.runs))
-        build = "build2" if sweep == BUILD2_SWEEP else "shipped"
+        build = "build2" if sweep in BUILD2_SWEEPS else "shipped"
         for run in done:
             r = row(run)
             arm = arm_of(run, AA_SEEDS)
@@ -459,6 +507,18 @@ def gate_page(rows: list[dict], counts: dict) -> str:
             f"| {lag} | {ci_text(t)} | {t['n']} | {p_text(t['p'])} | {p_text(report_stats.tost(d, MARGIN)['p'])} "
             f"| {sum(r['collapsed'] for r in u.values())} of {len(u)} | {verdict} |"
         )
+    claims = followup(rows)
+    if claims:
+        out += [
+            "",
+            "## The follow-up at lag " + str(TOP) + " (docs/studies/offpolicy_followup_prereg.md)",
+            "",
+            "Each rule the gate did not run against GRPO and against the unclipped surrogate, paired over seeds",
+            "100-109; the unclipped surrogate against GRPO again on the second build (seeds 100-104). Holm over the",
+            "whole family; higher / lower: the adjusted p < 0.05; equivalent: within +-3 points at the adjusted level.",
+            "",
+            *followup_table(claims),
+        ]
     out += ["", "## Each arm at each lag (mean ± sd over seeds)", ""]
     out += [
         "| arm | lag | seeds | test Avg@64 start -> end | test Pass@64 end | entropy first -> last fifth | clip % | out of band % | KL | ESS | ESS seq |",
@@ -469,14 +529,14 @@ def gate_page(rows: list[dict], counts: dict) -> str:
         v = np.asarray(vals, dtype=float)
         return f"{v.mean():.{nd}f} ± {v.std(ddof=1) if len(v) > 1 else 0:.{nd}f}"
 
-    for arm in (*ARMS, AA):
+    for arm, build in [(a, "shipped") for a in (*ARMS, AA)] + [(a, "build2") for a in ARMS]:
         for lag in lags:
-            rs = list(select(shipped, arm, lag).values())
+            rs = list(select(rows, arm, lag, build).values())
             if not rs:
                 continue
             col = lambda k: [r[k] for r in rs]  # noqa: E731
             out.append(
-                f"| {arm} | {lag} | {len(rs)} | {ms(col('test_avg_start'))} -> {ms(col('test_avg_end'))} "
+                f"| {arm if build == 'shipped' else arm + ' (build 2)'} | {lag} | {len(rs)} | {ms(col('test_avg_start'))} -> {ms(col('test_avg_end'))} "
                 f"| {ms(col('test_pass_end'))} | {ms(col('entropy_first'), 3)} -> {ms(col('entropy_last'), 3)} "
                 f"| {ms(col('clip'), 2)} | {ms(col('oob'), 2)} | {ms(col('kl'), 4)} | {ms(col('ess'), 3)} "
                 f"| {ms(col('ess_seq'), 3)} |"

@@ -121,3 +121,22 @@ def test_per_seed_csv_reads_back_what_was_written(study, tmp_path):
     for a, b in zip(sorted(rows, key=key), sorted(back, key=key)):
         assert a.keys() == b.keys()
         assert all(a[k] == b[k] or (isinstance(a[k], float) and math.isnan(a[k]) and math.isnan(b[k])) for k in a)
+
+
+def test_the_follow_up_places_each_rule_between_grpo_and_the_unclipped_surrogate(study):
+    rows = world(unclipped_top=+6.0)  # at lag 32 (the top here) the surrogate ends 6 points above grpo
+    for i, seed in enumerate(range(100, 110)):
+        base = 50.0 + NOISE[i]
+        rows.append(row("cispo", 32, seed, base + 6.0 - SPREAD[i]))  # where the surrogate ends
+        rows.append(row("m2po", 32, seed, base + SPREAD[i]))  # where grpo ends
+    for i, seed in enumerate(range(100, 105)):
+        rows.append(row("grpo", 32, seed, 40.0 + NOISE[i], build="build2"))
+        rows.append(row("unclipped", 32, seed, 46.0 + NOISE[i] + SPREAD[i], build="build2"))
+    claims = study.followup(rows, lag=32)
+    by = {(c["a"], c["b"], c["build"], c["kind"]): c["verdict"] for c in claims}
+    assert len(claims) == 7  # 2 of the 5 arms ran: 3 claims each, and the second build's
+    assert by[("cispo", "grpo", "shipped", "difference")] == "higher"
+    assert by[("cispo", "unclipped", "shipped", "equivalence")] == "equivalent"
+    assert by[("m2po", "unclipped", "shipped", "difference")] == "lower"
+    assert by[("m2po", "grpo", "shipped", "difference")] == "inconclusive"  # mean 0.01
+    assert by[("unclipped", "grpo", "build2", "difference")] == "higher"

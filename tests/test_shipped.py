@@ -30,8 +30,8 @@ def test_every_shipped_file_has_one_catalog_entry_and_reads():
     items = catalog()
     keys = [s.key for s in items]
     assert sorted(keys) == sorted(k for k, _, _ in shipped_files()) and len(set(keys)) == len(keys)
-    assert len(items) == 59  # 31 files under recipes/ (8 of them sweeps) + 28 under sweeps/
-    assert sum(s.kind == "sweep" for s in items) == 36
+    assert len(items) == 61  # 31 files under recipes/ (8 of them sweeps) + 30 under sweeps/
+    assert sum(s.kind == "sweep" for s in items) == 38
     kinds = {s.key: s.kind for s in items}
     assert kinds["recipes/quickstart"] == "recipe" and kinds["sweeps/quickstart"] == "sweep"
     assert kinds["recipes/abc_grpo_table3/sweep_tiny"] == "sweep"
