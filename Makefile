@@ -96,12 +96,15 @@ study-organism-compare: install ## docs/studies/organism_confirm.md: the tune (1
 	$(VENV)/bin/clipbench replay organism_confirm --results-dir $(RESULTS) --rules sweep --lr sweep --format markdown --out docs/studies/organism_confirm/replay
 	$(PY) scripts/stability_why.py --results-dir $(RESULTS) --outcomes organism_confirm --bench arith --by-method --families organism --replay docs/studies/organism_confirm/replay/replay.json --drift > docs/studies/organism_confirm/why.md
 
-study-offpolicy: install ## docs/studies/offpolicy.md: the policy-lag pilot, the gate (G1-G6 at lag 0 and 128), G6 at lags 4 and 32, the replay on GRPO's stale batches (138 runs of 3-4 min on one core: about 4.5 h on 2 cores)
+study-offpolicy: install ## docs/studies/offpolicy.md: the policy-lag pilot, the gate (G1-G6 at lag 0 and 128), G6 at lags 4 and 32, the follow-up at lag 128 (5 more rules; a second build), the replay on GRPO's stale batches (198 runs of 3-4 min on one core: about 6 h on 2 cores)
 	$(VENV)/bin/clipbench sweep sweeps/offpolicy_pilot.yaml --results-dir $(RESULTS) --jobs 2
 	$(PY) scripts/offpolicy_study.py pilot --results-dir $(RESULTS) --out docs/studies/offpolicy_pilot
 	$(VENV)/bin/clipbench sweep sweeps/offpolicy_gate.yaml --results-dir $(RESULTS) --jobs 2
 	$(VENV)/bin/clipbench sweep sweeps/offpolicy_gate_aa.yaml --results-dir $(RESULTS) --jobs 2
 	$(VENV)/bin/clipbench sweep sweeps/offpolicy_g6.yaml --results-dir $(RESULTS) --jobs 2
+	$(VENV)/bin/clipbench sweep sweeps/offpolicy_top.yaml --results-dir $(RESULTS) --jobs 2
+	$(VENV)/bin/clipbench base-model arith-organism --seed 1 --out $(RESULTS)/models/arith-organism-seed1
+	$(VENV)/bin/clipbench sweep sweeps/offpolicy_build2_top.yaml model.name=$(RESULTS)/models/arith-organism-seed1 --results-dir $(RESULTS) --jobs 2
 	$(PY) scripts/offpolicy_study.py gate --results-dir $(RESULTS) --out docs/studies/offpolicy
 	$(PY) scripts/offpolicy_study.py replay --results-dir $(RESULTS) --out docs/studies/offpolicy
 	$(VENV)/bin/clipbench report offpolicy_gate --results-dir $(RESULTS) --baseline grpo --no-replay --format markdown --out docs/studies/offpolicy/report
