@@ -61,7 +61,7 @@ bench: install ## Speed/memory targets, measured side by side (writes results/be
 	$(PY) bench/bench_sampling.py
 	$(PY) bench/bench_gpu.py
 
-quickstart: install ## Run sweeps/quickstart.yaml (grpo vs cispo at the lr cliff, 3 seeds) on the shipped worked-steps base model, print the report
+quickstart: install ## Run sweeps/quickstart.yaml (grpo on the organism, 2 seeds: RL's gain over the base model and Pass@k against k), print the report
 	$(VENV)/bin/clipbench sweep sweeps/quickstart.yaml --results-dir $(RESULTS) --jobs 2
 	$(VENV)/bin/clipbench report quickstart --results-dir $(RESULTS) --baseline grpo
 	$(VENV)/bin/clipbench report quickstart --results-dir $(RESULTS) --baseline grpo --format html

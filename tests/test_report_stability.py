@@ -221,23 +221,27 @@ def test_stability_pipeline(tmp_path):
 
 
 def test_the_study_sweeps_share_their_cliff_runs():
-    """What the headers of sweeps/study_stability_ladder.yaml, quickstart.yaml and
-    study_stability_replay.yaml say: a run id is the hash of the resolved config, so the ladder's 2e-4
-    runs (7 rules x seeds 0-4), the quickstart's (grpo and cispo x seeds 0-2) and the replay sweep's
-    (grpo, gspo, geo_mean, cispo x seeds 0-2) are runs of sweeps/study_stability.yaml."""
+    """What the headers of sweeps/study_stability_ladder.yaml and study_stability_replay.yaml say: a run
+    id is the hash of the resolved config, so the ladder's 2e-4 runs (7 rules x seeds 0-4) and the
+    replay sweep's (grpo, gspo, geo_mean, cispo x seeds 0-2) are runs of sweeps/study_stability.yaml;
+    so are grpo and cispo at the cliff on seeds 0-2, the quickstart's runs before it moved to the
+    organism."""
     from clipbench.sweep.expand import expand
     from clipbench.sweep.spec import load_spec
 
     sweeps = Path(__file__).resolve().parent.parent / "sweeps"
     study = expand(load_spec(sweeps / "study_stability.yaml")).runs
     ladder = expand(load_spec(sweeps / "study_stability_ladder.yaml")).runs
-    quick = expand(load_spec(sweeps / "quickstart.yaml")).runs
     replay = expand(load_spec(sweeps / "study_stability_replay.yaml")).runs
-    # 27 x 10; 7 x 4 x 5 + (cispo, gppo) x 5 at 6e-5; 2 x 3; 4 x 3
-    assert (len(study), len(ladder), len(quick), len(replay)) == (270, 150, 6, 12)
+    # 27 x 10; 7 x 4 x 5 + (cispo, gppo) x 5 at 6e-5; 4 x 3
+    assert (len(study), len(ladder), len(replay)) == (270, 150, 12)
     shared = set(study) & set(ladder)
     assert len(shared) == 35 and {ladder[r]["train"]["lr"] for r in shared} == {2e-4}
-    assert set(quick) <= set(study) and set(replay) <= set(study)  # recording is outside the run id
+    assert set(replay) <= set(study)  # recording is outside the run id
+    # grpo and cispo on seeds 0-2 at the cliff: the quickstart's run ids before it moved to the organism
+    assert {"85af8993c01a", "295a99417fe5", "ed122294be0d", "1b3720ea9e19", "90e63aeb9699", "def95b891b74"} <= set(
+        study
+    )
 
 
 def test_fitted_critical_rate_and_its_ratio_to_grpo(ladder):
