@@ -30,6 +30,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogits
 
 from clipbench.models.routing import RouteReplay
 from clipbench.rollout.base import Rollout, call_settings, prompt_seeds
+from clipbench.rollout.decode import decode, row_exact
 
 
 class GroupNoise(LogitsProcessor):
@@ -45,18 +46,48 @@ class GroupNoise(LogitsProcessor):
         self.logps: list[torch.Tensor] = []  # per position: (B,) log-prob of the chosen token
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        for warp in self.warpers:
-            scores = warp(input_ids, scores)
-        logp = scores.float().log_softmax(-1)  # (B, V)
-        u = torch.cat([torch.rand((self.n, logp.shape[1]), generator=g) for g in self.generators])
-        noisy = logp - torch.log(-torch.log(u.to(logp.device)))  # + Gumbel(0, 1)
+        logp = self.log_probs(input_ids, scores)  # (B, V)
+        noisy = logp - self.gumbel(logp.shape[1], logp.device)  # + Gumbel(0, 1)
         if self.record:
             self.logps.append(logp.gather(1, noisy.argmax(-1, keepdim=True)).squeeze(1))  # on device: no sync
         return noisy
 
+    def log_probs(self, input_ids: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
+        """(rows, V) float32 log-probs of the sampled distribution (the warpers, then log-softmax)."""
+        for warp in self.warpers:
+            scores = warp(input_ids, scores)
+        return scores.float().log_softmax(-1)
+
+    def gumbel(self, vocab: int, device) -> torch.Tensor:
+        """(B, V) -log(-log u) of this position: every row's draw, each prompt's n rows from its generator."""
+        u = torch.cat([torch.rand((self.n, vocab), generator=g) for g in self.generators])
+        return torch.log(-torch.log(u.to(device)))
+
+    def sample(self, scores: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(token, its log-prob) of each of `rows` (indices into the B rows), `scores` (len(rows), V) their
+        logits: what `__call__` and a greedy choice give those rows. The noise is drawn and transformed for
+        all B rows, as `__call__` does, then gathered (rollout/decode.py)."""
+        logp = self.log_probs(None, scores)
+        chosen = (logp - self.gumbel(logp.shape[1], logp.device)[rows]).argmax(-1)
+        return chosen, logp.gather(1, chosen[:, None]).squeeze(1)
+
+
+def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(P, W) token ids padded on the left to the longest prompt, and their (P, W) attention mask."""
+    width = max(len(r) for r in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    att = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, r in enumerate(prompts):
+        ids[i, width - len(r) :] = torch.tensor(r)
+        att[i, width - len(r) :] = 1
+    return ids, att
+
 
 class HFSampler:
     name = "hf"
+    # transformers' generate is the readable path; where rollout/decode.py gives its numbers bit for bit
+    # (float32 on the CPU, one process), its own loop samples the same tokens with less work
+    own_loop = True
 
     def __init__(
         self,
@@ -116,6 +147,22 @@ class HFSampler:
     def close(self) -> None:
         pass
 
+    def _generate(self, ids: torch.Tensor, att: torch.Tensor, n: int, noise: GroupNoise, settings: tuple, device):
+        """transformers' generate, greedy over `noise`'s scores, each of the p prompts `ids` (p, W) n times:
+        ((p*n, T) the sampled tokens, padded after EOS; (p*n, T) their log-probs when recorded, else None)."""
+        out = self.model.generate(
+            input_ids=ids.repeat_interleave(n, 0).to(device),
+            attention_mask=att.repeat_interleave(n, 0).to(device),
+            generation_config=self._generation_config(*settings),
+            logits_processor=LogitsProcessorList([noise]),
+            synced_gpus=self.synced_gpus,
+        )
+        gen = out.sequences[:, ids.shape[1] :].cpu()  # (b, T)
+        if not noise.record:
+            return gen, None
+        lp = torch.stack(noise.logps, 1)[:, : gen.shape[1]].cpu() if noise.logps else torch.zeros(len(gen), 0)
+        return gen, lp
+
     @torch.no_grad()
     def generate(
         self,
@@ -150,29 +197,21 @@ class HFSampler:
                 for start in range(0, len(prompts), chunk):
                     part = [ids for ids in prompt_ids[start : start + chunk] for _ in range(n)]  # prompt i: n rows
                     noise = self._noise(seeds[start : start + chunk], n, temperature, top_p)
-                    width = max(len(r) for r in part)
-                    ids = torch.full((len(part), width), tok.pad_token_id, dtype=torch.long)
-                    att = torch.zeros((len(part), width), dtype=torch.long)
-                    for i, r in enumerate(part):  # left padding
-                        ids[i, width - len(r) :] = torch.tensor(r)
-                        att[i, width - len(r) :] = 1
+                    ids, att = left_padded(prompt_ids[start : start + chunk], tok.pad_token_id)  # (p, W) each
+                    width = ids.shape[1]
                     if replay is not None:
                         replay.record_generation()
-                    out = model.generate(
-                        input_ids=ids.to(device),
-                        attention_mask=att.to(device),
-                        generation_config=self._generation_config(temperature, top_p, max_new),
-                        logits_processor=LogitsProcessorList([noise]),
-                        synced_gpus=self.synced_gpus,
-                    )
-                    gen = out.sequences[:, width:].cpu()  # (b, T')
-                    chunk_routes = replay.generated_routes(len(part)) if replay is not None else None
-                    if logps is not None:
-                        lp = (
-                            torch.stack(noise.logps, 1)[:, : gen.shape[1]].cpu()
-                            if noise.logps
-                            else torch.zeros(len(part), 0)
+                    if (
+                        self.own_loop
+                        and max_new > 0
+                        and row_exact(model, self.dtype, sharded=self.synced_gpus, routes=replay is not None)
+                    ):
+                        gen, lp = decode(
+                            model, ids, att, n=n, noise=noise, max_new=max_new, eos=eos, pad=tok.pad_token_id
                         )
+                    else:
+                        gen, lp = self._generate(ids, att, n, noise, (temperature, top_p, max_new), device)
+                    chunk_routes = replay.generated_routes(len(part)) if replay is not None else None
                     for i in range(gen.shape[0]):
                         seq = gen[i].tolist()
                         cut = seq.index(eos) + 1 if eos in seq else len(seq)
@@ -183,7 +222,7 @@ class HFSampler:
                                 own.shape[0], len(part[i]) + cut - own.shape[1], own.shape[2], dtype=own.dtype
                             )
                             routes.append(torch.cat([own, pad], 1))
-                        if logps is not None:
+                        if lp is not None:
                             logps.append(lp[i, :cut].tolist())
         finally:
             model.train(was_training)
