@@ -102,3 +102,26 @@ def test_the_own_loop_is_used_only_where_it_is_exact(organism):
     assert not decode_mod.row_exact(model, torch.float32, sharded=False, routes=True)  # routing replay's record
     moe, _ = load_model_and_tokenizer(resolve_model_name("builtin:arith-steps-moe"))
     assert not decode_mod.row_exact(moe, torch.float32, sharded=False, routes=False)  # experts batch tokens
+
+
+def test_calls_sampled_together_equal_each_call_alone(organism):
+    """An evaluation's batches through `generate_calls`: each call's rollout equals its own `generate`
+    call bit for bit; calls whose prompts pad to the same width are sampled together (up to
+    `merge_rows` rows), a call of another width on its own."""
+    model, tok = organism
+    s = HFSampler(model, tok, max_new_tokens=48, return_logprobs=True)
+    wide = PROMPTS[:4]  # "11+12-13=": 9 characters, BOS first
+    narrow = ["3+4-1=", "5+5-5=", "1+2-3=", "7-7+7="]  # 6 characters
+    calls = [(wide, 11), (wide[::-1], 12), (narrow, 13), (wide[1:], 14)]
+    rows, handle = count_rows(model)
+    together = s.generate_calls(calls, 8)
+    handle.remove()
+    alone = [s.generate(prompts, 8, seed=seed) for prompts, seed in calls]
+    for a, b in zip(together, alone):
+        assert a.completion_ids == b.completion_ids and a.sampler_logp == b.sampler_logp
+        assert a.texts == b.texts and a.prompt_ids == b.prompt_ids and a.truncated == b.truncated
+    # three calls: the first two together (64 rows, one width), the narrow one, the last one (its width
+    # again, after another): prefills of one row per prompt, and of one per row for the last's 3 prompts
+    assert [r for r in rows if r[1] > 1] == [(8, 10), (4, 7), (24, 10)]
+    s.merge_rows = 32  # one call's rows: none merged
+    assert [a.completion_ids for a in s.generate_calls(calls[:2], 8)] == [b.completion_ids for b in alone[:2]]

@@ -15,7 +15,9 @@ One payload per benchmark (what ``RunDir.write_eval`` stores and the report read
 Seeding: the prompts of a benchmark are sampled in batches of ``batch_prompts``; batch b of
 benchmark B is generated with the seed ``SeedSequence([seed, crc32(B), b])`` (one 31-bit word), so
 each benchmark's samples depend only on the seed, the benchmark and the batching, never on which
-other benchmarks are evaluated alongside it, nor on how many processes share the work.
+other benchmarks are evaluated alongside it, nor on how many processes share the work. One process
+hands a sampler with ``generate_calls`` (the hf sampler) every batch at once, each with its seed: it
+may sample several batches as one call where that gives the same tokens (rollout/hf.py).
 
 Several processes (``shard``: a run sharded over ranks, which sample in lockstep): process r samples
 and grades batches r, r + world, ...; a process with no batch left in a round repeats the last batch
@@ -71,6 +73,20 @@ def _public_summary(correct: np.ndarray) -> dict:
     return s
 
 
+def _graded(sampler, out, chunk: Sequence[Problem], n: int, grade: Grade) -> tuple[list[list[bool]], int, int]:
+    """A batch's (correct rows: prompt i owns rows i*n .. i*n+n-1, truncated rows, completion tokens)."""
+    if len(out.texts) != len(chunk) * n:
+        raise RuntimeError(
+            f"sampler {getattr(sampler, 'name', sampler)!r} returned {len(out.texts)} "
+            f"completions for {len(chunk)} prompts x n={n}"
+        )
+    return (
+        [[bool(grade(out.texts[i * n + j], problem)) for j in range(n)] for i, problem in enumerate(chunk)],
+        sum(bool(t) for t in out.truncated),
+        sum(len(c) for c in out.completion_ids),
+    )
+
+
 def evaluate_benchmark(
     sampler,
     name: str,
@@ -97,30 +113,20 @@ def evaluate_benchmark(
     chunks = [problems[start : start + step] for start in range(0, len(problems), step)]
     rank, world = (0, 1) if shard is None else (shard.rank, shard.world)
     graded: dict[int, tuple[list[list[bool]], int, int]] = {}  # batch -> (correct rows, truncated, tokens)
-    for first in range(0, len(chunks), world):  # one round: a batch per process
-        b = first + rank
-        mine = b < len(chunks)
-        run = b if mine else len(chunks) - 1  # no batch left: repeat the last one, discard it (lockstep)
-        chunk = chunks[run]
-        out = sampler.generate(
-            [p.prompt for p in chunk],
-            n,
-            seed=batch_seed(seed, name, run),
-            temperature=temperature,
-            max_new_tokens=max_new_tokens,
-            top_p=top_p,
+    settings = dict(temperature=temperature, max_new_tokens=max_new_tokens, top_p=top_p)
+    if shard is None and hasattr(sampler, "generate_calls"):  # every batch in one request (the sampler may merge them)
+        outs = sampler.generate_calls(
+            [([p.prompt for p in chunk], batch_seed(seed, name, b)) for b, chunk in enumerate(chunks)], n, **settings
         )
-        if len(out.texts) != len(chunk) * n:
-            raise RuntimeError(
-                f"sampler {getattr(sampler, 'name', sampler)!r} returned {len(out.texts)} "
-                f"completions for {len(chunk)} prompts x n={n}"
-            )
-        if mine:  # prompt i owns rows i*n .. i*n+n-1
-            graded[b] = (
-                [[bool(grade(out.texts[i * n + j], problem)) for j in range(n)] for i, problem in enumerate(chunk)],
-                sum(bool(t) for t in out.truncated),
-                sum(len(c) for c in out.completion_ids),
-            )
+        graded = {b: _graded(sampler, out, chunk, n, grade) for b, (chunk, out) in enumerate(zip(chunks, outs))}
+    else:
+        for first in range(0, len(chunks), world):  # one round: a batch per process
+            b = first + rank
+            mine = b < len(chunks)
+            run = b if mine else len(chunks) - 1  # no batch left: repeat the last one, discard it (lockstep)
+            out = sampler.generate([p.prompt for p in chunks[run]], n, seed=batch_seed(seed, name, run), **settings)
+            if mine:
+                graded[b] = _graded(sampler, out, chunks[b], n, grade)
     if shard is not None:
         graded = {b: part for every in shard.gather(graded) for b, part in every.items()}
     correct = np.array([row for b in range(len(chunks)) for row in graded[b][0]], dtype=np.int8)  # (P, n)

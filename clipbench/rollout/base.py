@@ -27,6 +27,26 @@ class Rollout:
     def __len__(self) -> int:
         return len(self.completion_ids)
 
+    def split(self, sizes: Sequence[int]) -> list[Rollout]:
+        """Consecutive parts of `sizes` rows each, as separate calls would return them; the sampling
+        seconds shared among them by their rows."""
+        parts, start = [], 0
+        for size in sizes:
+            rows = slice(start, start + size)
+            parts.append(
+                Rollout(
+                    prompt_ids=self.prompt_ids[rows],
+                    completion_ids=self.completion_ids[rows],
+                    texts=self.texts[rows],
+                    truncated=self.truncated[rows],
+                    sampler_logp=None if self.sampler_logp is None else self.sampler_logp[rows],
+                    stats={k: v * size / max(len(self), 1) for k, v in self.stats.items()},
+                    routes=None if self.routes is None else self.routes[rows],
+                )
+            )
+            start += size
+        return parts
+
 
 @runtime_checkable
 class Sampler(Protocol):
@@ -63,10 +83,19 @@ class Sampler(Protocol):
     def close(self) -> None: ...
 
 
+class PromptSeeds(tuple):
+    """Seeds already derived per prompt (`prompt_seeds`' own output), used as they are: the calls of
+    several seeds sampled as one call (`HFSampler.generate_calls`) keep each prompt's randomness."""
+
+
 def prompt_seeds(seed: int | Sequence[int], n_prompts: int) -> list[int]:
     """One seed per prompt of a call, 56 bits each: hashes of (seed, prompt index) for a call seed, or
-    the given per-prompt seeds folded to 56 bits. Far apart, so that seed + j (vLLM's seed for the
-    j-th sample of a request) never collides between prompts."""
+    the given per-prompt seeds folded to 56 bits (`PromptSeeds`: taken as they are). Far apart, so
+    that seed + j (vLLM's seed for the j-th sample of a request) never collides between prompts."""
+    if isinstance(seed, PromptSeeds):
+        if len(seed) != n_prompts:
+            raise ValueError(f"{len(seed)} seeds for {n_prompts} prompts")
+        return list(seed)
     if isinstance(seed, int):
         return [int.from_bytes(hashlib.sha256(f"{seed}:{i}".encode()).digest()[:7], "big") for i in range(n_prompts)]
     seeds = [int(s) for s in seed]

@@ -29,7 +29,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
 from clipbench.models.routing import RouteReplay
-from clipbench.rollout.base import Rollout, call_settings, prompt_seeds
+from clipbench.rollout.base import PromptSeeds, Rollout, call_settings, prompt_seeds
 from clipbench.rollout.decode import decode, row_exact
 
 
@@ -88,6 +88,7 @@ class HFSampler:
     # transformers' generate is the readable path; where rollout/decode.py gives its numbers bit for bit
     # (float32 on the CPU, one process), its own loop samples the same tokens with less work
     own_loop = True
+    merge_rows = 1024  # generate_calls: calls sampled together up to this many rows (one call's 16 x 64 alone)
 
     def __init__(
         self,
@@ -146,6 +147,41 @@ class HFSampler:
 
     def close(self) -> None:
         pass
+
+    def generate_calls(
+        self,
+        calls: Sequence[tuple[list[str], int | Sequence[int]]],
+        n: int,
+        *,
+        temperature: float | None = None,
+        max_new_tokens: int | None = None,
+        top_p: float | None = None,
+    ) -> list[Rollout]:
+        """One rollout per call (prompts, seed), each what `generate(prompts, n, seed=seed)` returns. Where
+        the own loop is exact (rollout/decode.py), consecutive calls whose prompts pad to the same width
+        are sampled as one call of up to `merge_rows` rows: each prompt draws from its own seed and its
+        rows are computed on their own, so they are the same tokens, with less work per token."""
+        exact = self.own_loop and row_exact(self.model, self.dtype, sharded=self.synced_gpus, routes=self.record_routes)
+        settings = dict(temperature=temperature, max_new_tokens=max_new_tokens, top_p=top_p)
+        if not exact:
+            return [self.generate(prompts, n, seed=seed, **settings) for prompts, seed in calls]
+        widths = [max((len(self.tokenizer(p)["input_ids"]) for p in prompts), default=0) for prompts, _ in calls]
+        out: list[Rollout] = []
+        start = 0
+        while start < len(calls):
+            end = start + 1
+            rows = len(calls[start][0]) * n
+            while (
+                end < len(calls) and widths[end] == widths[start] and rows + len(calls[end][0]) * n <= self.merge_rows
+            ):
+                rows += len(calls[end][0]) * n
+                end += 1
+            group = calls[start:end]
+            seeds = PromptSeeds(s for prompts, seed in group for s in prompt_seeds(seed, len(prompts)))
+            merged = self.generate([p for prompts, _ in group for p in prompts], n, seed=seeds, **settings)
+            out += merged.split([len(prompts) * n for prompts, _ in group])
+            start = end
+        return out
 
     def _generate(self, ids: torch.Tensor, att: torch.Tensor, n: int, noise: GroupNoise, settings: tuple, device):
         """transformers' generate, greedy over `noise`'s scores, each of the p prompts `ids` (p, W) n times:
