@@ -56,6 +56,7 @@ bench: install ## Speed/memory targets, measured side by side (writes results/be
 	$(PY) bench/bench_train.py --long
 	$(PY) bench/bench_step.py
 	$(PY) bench/bench_run.py
+	$(PY) bench/bench_organism.py
 	$(PY) bench/bench_compile.py
 	$(PY) bench/bench_replay.py
 	$(PY) bench/bench_sampling.py

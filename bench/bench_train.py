@@ -210,12 +210,15 @@ class CaptureSink(NullSink):
 
 def force_min_new_tokens() -> None:
     """`--long`: clipbench's HF sampler gets `min_new_tokens` in its GenerationConfig, as TRL's does
-    through `generation_kwargs` (the benchmark's fixed length; the product has no such option)."""
+    through `generation_kwargs` (the benchmark's fixed length; the product has no such option). Only
+    `generate` reads that config, so the sampler's own decode loop (rollout/decode.py) is off here:
+    the long workload times clipbench on transformers' `generate`, as TRL."""
     from clipbench.rollout.hf import HFSampler
 
     base = HFSampler._generation_config
     if getattr(base, "forced", False) or not W.get("min_new"):
         return
+    HFSampler.own_loop = False
 
     def with_min(self, *a, **k):
         cfg = base(self, *a, **k)

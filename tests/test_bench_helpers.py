@@ -6,6 +6,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
@@ -81,6 +82,23 @@ def test_sampling_bench_flops_per_token_and_run(tmp_path):
     config = AutoConfig.from_pretrained(builtin_path("arith-organism"))
     assert b.flops_per_token(config, 20) == 920_576
     out = tmp_path / "s.json"
-    assert b.main(["--prompts", "4", "--n", "2", "--reps", "1", "--out", str(out)]) == 0
+    assert b.main(["--quick", "--reps", "1", "--out", str(out)]) == 0  # 0: the two paths sampled the same tokens
     got = json.loads(out.read_text())
-    assert got["rows"] == 8 and got["tokens_per_s"] > 0 and 0 < got["fraction_of_bound"]
+    assert got["identical_tokens"] and got["evaluation"]["calls_prompts_n"] == [2, 4, 4]
+    for shape in ("evaluation", "rollout"):
+        assert 0 < got[shape]["product"]["fraction_of_bound"] and got[shape]["readable"]["tokens_per_s"] > 0
+
+
+@pytest.mark.slow  # two child processes, each trains a 1-step organism run
+def test_organism_bench_times_both_paths_and_compares_their_numbers(tmp_path):
+    import json
+
+    b = load("bench_organism")
+    out = tmp_path / "o.json"
+    over = ["--override=eval.limit=4", "--override=eval.n_ends=2", "--override=eval.every=0"]
+    b.main(["--steps", "1", *over, "--out", str(out)])  # SystemExit unless the two runs' numbers are identical
+    got = json.loads(out.read_text())
+    assert got["identical_numbers"] and got["overrides"][-1] == "train.steps=1"
+    for arm in ("before", "after"):
+        assert got[arm]["cpu_s"] > 0 and got[arm]["phases_cpu_s"]["update"] > 0
+    assert got["cpu_ratio"] == round(got["after"]["cpu_s"] / got["before"]["cpu_s"], 3)
