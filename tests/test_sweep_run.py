@@ -573,3 +573,55 @@ def test_kill_9_of_the_sweep_leaves_no_worker_behind(tmp_path):
     runs = [RunDir(d) for d in (res / "orph").iterdir() if (d / "status.json").exists()]
     assert [rd.status()["state"] for rd in runs] == ["preempted", "preempted"]
     assert all(ckpt_step(rd) is not None for rd in runs)  # resumable
+
+
+def test_an_organism_sweep_on_a_local_ray_cluster_reports_as_the_local_one(tmp_path, ray_cluster):
+    """The organism recipe, 2 rules x 2 seeds (2 rollout steps, a small evaluation), swept with
+    `--jobs 2` here and on the Ray cluster (2 CPUs, one per run: two runs at a time, each on one torch
+    thread, as each of the local sweep's 2 workers on 2 cores): the same runs with the same numbers,
+    and the same report, byte for byte but for the results directory it names."""
+    f = tmp_path / "org.yaml"
+    f.write_text(
+        yaml.safe_dump(
+            {
+                "name": "org",
+                "base": str(REPO / "recipes" / "organism.yaml"),
+                "overrides": {
+                    "train.steps": 2,
+                    "train.checkpoint_every": 2,
+                    "eval.every": 0,
+                    "eval.limit": 8,
+                    "eval.n": 2,
+                    "eval.n_ends": 4,
+                    "sampler.backend": "hf",
+                    "tracking.mlflow": False,
+                },
+                "grid": {"seed": [0, 1], "objective.name": ["grpo", "cispo"]},
+            }
+        )
+    )
+    reports = {}
+    for where, launch in (
+        ("local", ("--jobs", "2")),
+        (
+            "ray",
+            (
+                "--launcher",
+                "ray",
+                f"hydra.launcher.ray.init.address={ray_cluster}",
+                "+hydra.launcher.ray.remote.num_cpus=1",
+            ),
+        ),
+    ):
+        res = tmp_path / where
+        p = clipbench("sweep", str(f), "--results-dir", str(res), *launch)
+        assert p.returncode == 0, (where, p.stderr[-3000:])
+        out = tmp_path / f"report-{where}"
+        p = clipbench("report", "org", "--results-dir", str(res), "--format", "markdown", "--out", str(out))
+        assert p.returncode == 0, (where, p.stderr[-3000:])
+        # the report names the sweep's directory; everything else must be the same
+        reports[where] = {q.name: q.read_text().replace(str(res), "<results>") for q in sorted(out.glob("*.md"))}
+    runs = read_manifest(manifest_path(tmp_path / "local", "org"))["runs"]
+    assert len(runs) == 4 and list(read_manifest(manifest_path(tmp_path / "ray", "org"))["runs"]) == list(runs)
+    assert_same_results(tmp_path / "ray", {rid: RunDir(tmp_path / "local" / "org" / rid) for rid in runs}, "org")
+    assert reports["local"] and reports["ray"] == reports["local"]
