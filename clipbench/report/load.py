@@ -3,7 +3,8 @@
 A sweep's runs live in ``<results>/<sweep>/<run_id>/`` (docs/architecture.md). Runs are grouped
 into *blocks* by base model (the paper's Table 3 has one block per model) and, within a block, by
 *method label*: the objective method plus the settings that vary within the sweep (e.g.
-``nsr(p=0.5)``). The runs of one label differ only by seed.
+``nsr(p=0.5)``). The runs of one label differ only by seed: every other key in which a sweep's runs
+differ (an evaluation setting, the checkpoint interval) makes an arm of its own.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from clipbench.config import flatten
 from clipbench.config.claims import ClaimFamily, parse_family
 from clipbench.config.identity import outside_id
 from clipbench.config.labels import METHOD_KEY, OBJ, group_label
-from clipbench.config.schema import Slot
+from clipbench.config.schema import Slot, slot_of
 from clipbench.config.slots import stored_form
-from clipbench.config.stored import recorded, recorded_slot
+from clipbench.config.stored import recorded, recorded_slot, setting
 from clipbench.errors import StoreError, UserError, did_you_mean
 from clipbench.objectives import METHODS, effective_bounds
 from clipbench.objectives.plugins import load_plugin, merge_specs, plugin_specs
@@ -27,9 +28,10 @@ from clipbench.tracking.provenance import read_provenance, weights_checksum
 from clipbench.tracking.store import RunDir, list_sweeps
 from clipbench.tracking.store_format import read_format
 
-# Keys never in a label: the seed, the model (it makes the block), what is observed rather than trained
+# Keys out of a label: the seed, the model (it makes the block), what is observed rather than trained
 # (evaluation, checkpoints, histograms) and every key outside the run's identity
-# (config.identity.NOT_IN_ID: its name, tracking, the paths of its plugins, how it is launched, records).
+# (config.identity.NOT_IN_ID: its name, tracking, the paths of its plugins, how it is launched, records),
+# except where they set runs of one label apart (`_split_pooled`): runs never pool as seeds.
 _NOT_IN_LABEL_PREFIXES = (
     "seed",
     "model.name",
@@ -37,6 +39,9 @@ _NOT_IN_LABEL_PREFIXES = (
     "train.checkpoint_every",
     "train.log_histograms",
 )
+# Keys that cannot change what a run computes: arms that differ in these alone are still kept apart
+# (never pooled as seeds), and the report says that their runs cannot differ.
+_SAME_COMPUTATION = ("train.checkpoint_every", "train.log_histograms")
 
 
 @dataclass
@@ -158,7 +163,7 @@ def load_results(results_dir: str | Path, name: str) -> Sweep:
     notes: list[str] = []
     runs = [load_run(d, notes) for d in sorted((root / name).iterdir()) if (d / "config.yaml").is_file()]
     notes += load_recorded_plugins(runs)
-    assign_labels(runs)
+    notes += assign_labels(runs)
     return Sweep(name=name, path=root / name, runs=runs, notes=notes, planned=planned, claims=claims)
 
 
@@ -239,23 +244,62 @@ def _in_label(key: str) -> bool:
     return not outside_id(key) and not any(key == p or key.startswith(p) for p in _NOT_IN_LABEL_PREFIXES)
 
 
-def assign_labels(runs: list[RunRecord]) -> None:
+def assign_labels(runs: list[RunRecord]) -> list[str]:
     """Set ``run.label``: method, plus ``(k=v, ...)`` for the settings that vary within its block.
 
     Within the runs of one base model (a block: settings tied to the model, like batch sizes, vary
     with it and are no label): objective parameters count when they vary among the runs of the same
     method (method defaults differ between methods by design); other settings count when they vary
-    across the block. Keys are shown by their last component unless that is ambiguous.
+    across the block. Keys are shown by their last component unless that is ambiguous. Then every
+    other key in which runs of one label still differ (an evaluation setting, the checkpoint
+    interval, any key but the seed) joins their labels by its full name: runs that differ in anything
+    but the seed are never one arm. Returns a note per pair of arms whose runs cannot differ (they
+    differ only in keys that do not change what a run computes).
     """
     blocks: dict[str, list[RunRecord]] = {}
     for r in runs:
         blocks.setdefault(r.model, []).append(r)
-    for block in blocks.values():
-        _assign_block_labels(block)
+    return [note for block in blocks.values() for note in _assign_block_labels(block)]
 
 
-def _assign_block_labels(runs: list[RunRecord]) -> None:
+def _flat_configs(runs: list[RunRecord]) -> dict[str, dict]:
+    """{run id: its flattened config}, a key some configs lack (written before the key existed) read as
+    the schema's default where it has one, so that it sets no run apart."""
     flat = {r.run_id: {k: tuple(v) if isinstance(v, list) else v for k, v in flatten(r.config).items()} for r in runs}
+    keys = {k for f in flat.values() for k in f}
+    for k in keys:
+        if all(k in f for f in flat.values()) or slot_of(k) is not None or k.startswith("trl."):
+            continue
+        try:
+            default = setting({}, k)
+        except KeyError:
+            continue
+        default = tuple(default) if isinstance(default, list) else default
+        for f in flat.values():
+            f.setdefault(k, default)
+    return flat
+
+
+def arm_setting(run: RunRecord) -> tuple:
+    """What a run's arm is beside its rule and seed: its config's other keys that can change what it
+    computes, those at the schema's default left out (a config written before a key existed reads
+    the same). Two arms are compared in a claim only when these are equal."""
+    out = []
+    for k, v in sorted(flatten(run.config).items()):
+        if k == "seed" or k.startswith(OBJ) or outside_id(k) or k.startswith(_SAME_COMPUTATION):
+            continue
+        if slot_of(k) is None and not k.startswith("trl."):
+            try:
+                if setting({}, k) == v:
+                    continue
+            except KeyError:
+                pass
+        out.append((k, tuple(v) if isinstance(v, list) else v))
+    return tuple(out)
+
+
+def _assign_block_labels(runs: list[RunRecord]) -> list[str]:
+    flat = _flat_configs(runs)
     keys = sorted({k for f in flat.values() for k in f})
     corr, corr_name = "sampler.correction.", "sampler.correction.name"
     varying_global = [
@@ -289,10 +333,36 @@ def _assign_block_labels(runs: list[RunRecord]) -> None:
         tail = k.rsplit(".", 1)[-1]
         return tail if last.count(tail) == 1 or k.startswith((OBJ, corr)) else k
 
+    settings = {}
     for r in runs:
         f = flat[r.run_id]
         own = varying_obj[r.method] + varying_global + varying_corr[f.get(corr_name)]
-        r.label = group_label(r.method, [(short(k), f.get(k)) for k in own])
+        settings[r.run_id] = [(short(k), f.get(k)) for k in own]
+        r.label = group_label(r.method, settings[r.run_id])
+    return _split_pooled(runs, flat, keys, settings)
+
+
+def _split_pooled(runs: list[RunRecord], flat: dict, keys: list[str], settings: dict) -> list[str]:
+    """Runs of one label that still differ in a key other than the seed get that key in their labels
+    (by its full name); a note for each label so split whose runs cannot differ (`_SAME_COMPUTATION`
+    and the keys outside the run id differ alone)."""
+    by_label: dict[str, list[RunRecord]] = {}
+    for r in runs:
+        by_label.setdefault(r.label, []).append(r)
+    notes = []
+    for lb, rs in by_label.items():
+        split = [k for k in keys if k != "seed" and len({flat[r.run_id].get(k) for r in rs}) > 1]
+        if not split:
+            continue
+        for r in rs:
+            r.label = group_label(r.method, settings[r.run_id] + [(k, flat[r.run_id].get(k)) for k in split])
+        if all(outside_id(k) or k.startswith(_SAME_COMPUTATION) for k in split):
+            arms = sorted({r.label for r in rs})
+            notes.append(
+                f"{' and '.join(arms)} differ only in {', '.join(split)}, which does not change what a run "
+                "computes: their runs cannot differ, and they are kept apart (not pooled as seeds)"
+            )
+    return notes
 
 
 def resolve_baseline(labels: list[str], methods_by_label: Mapping[str, str], baseline: str | None) -> str | None:

@@ -1,0 +1,107 @@
+"""What a report reads that would change its numbers without a word: each case damages or widens a
+real results store (the hand-checkable fixture of tests/fixtures/make_report_fixture.py: grpo, abc,
+nsr x seeds 0 and 1, n = 4 samples, arith 4 problems and gsm8k 3) and runs `clipbench report` as a
+user does.
+
+- A grid axis the labels left out (`eval.n`, `eval.limit`, `train.checkpoint_every`) was pooled as
+  seeds: "grpo: seeds 0, 0, 1, 1", a mean of 4 "seeds" and an interval over duplicates. Every key
+  in which runs differ but the seed is an arm.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from clipbench.cli import app
+from clipbench.config.stored import setting
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def store(tmp_path, report_fixture) -> Path:
+    return report_fixture.build(tmp_path / "results")
+
+
+def report(store: Path, out: Path, *extra: str):
+    res = runner.invoke(app, ["report", "fixture", "--results-dir", str(store), "--out", str(out), *extra])
+    return res, (json.loads((out / "report.json").read_text()) if (out / "report.json").is_file() else None)
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())  # rich wraps long lines at the terminal's width
+
+
+def add_grid_point(store: Path, report_fixture, key: str, value, *, n: int | None = None) -> list[str]:
+    """grpo's two runs again at `key: value` (the other grid point of that axis), as a sweep with
+    `grid: {seed: [0, 1], objective.name: [grpo], KEY: [fixture's, value]}` leaves them; `n`: the
+    copies' evaluation has that many samples per problem (the first n of the fixture's). Returns
+    the new run ids."""
+    sweep = store / report_fixture.SWEEP
+    manifest = json.loads((sweep / "manifest.json").read_text())
+    new = []
+    for seed in (0, 1):
+        src = sweep / report_fixture.run_id("grpo", seed)
+        rid = f"g{seed}{key.replace('.', '')}"[:12].ljust(12, "0")
+        dst = sweep / rid
+        shutil.copytree(src, dst)
+        cfg = yaml.safe_load((dst / "config.yaml").read_text())
+        head, _, tail = key.partition(".")
+        cfg.setdefault(head, {})[tail] = value
+        (dst / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+        for f in (dst / "eval").rglob("*.json") if n else ():
+            ev = json.loads(f.read_text())
+            ev["n"], ev["correct"] = n, [row[:n] for row in ev["correct"]]
+            f.write_text(json.dumps(ev))
+        manifest["runs"][rid] = cfg
+        new.append(rid)
+    (sweep / "manifest.json").write_text(json.dumps(manifest))
+    return new
+
+
+def test_an_evaluation_axis_is_two_arms_never_four_seeds(store, report_fixture, tmp_path):
+    add_grid_point(store, report_fixture, "eval.n", 2, n=2)
+    res, rep = report(store, tmp_path / "rep")
+    assert res.exit_code == 0, res.output
+    out = one_line(res.stdout)
+    assert "grpo(eval.n=2): seeds 0, 1 (final step 2)" in out
+    assert "grpo(eval.n=4): seeds 0, 1 (final step 2)" in out
+    assert "seeds 0, 0" not in out
+    (block,) = rep["blocks"]
+    assert {lb: info["seeds"] for lb, info in block["labels"].items()} == {
+        "grpo(eval.n=4)": [0, 1],
+        "grpo(eval.n=2)": [0, 1],
+        "abc": [0, 1],
+        "nsr": [0, 1],
+    }
+    # grpo at n = 4 keeps the fixture's numbers: arith Avg@4 of seeds 7/16 and 6/16 -> 0.40625
+    assert block["benchmarks"]["arith"]["rows"]["grpo(eval.n=4)"]["metrics"]["avg"]["mean"] == pytest.approx(0.40625)
+    # the claims compare arms at one evaluation setting: abc (n = 4) against grpo at n = 4 only
+    compared = {c["comparison"] for c in rep["claims"] if c["claim"].startswith("ABC-GRPO")}
+    assert compared == {"abc - grpo(eval.n=4)"}
+
+
+@pytest.mark.parametrize(("key", "value"), [("eval.limit", 2), ("train.checkpoint_every", 7)])
+def test_any_key_in_which_runs_differ_but_the_seed_is_an_arm(store, report_fixture, tmp_path, key, value):
+    add_grid_point(store, report_fixture, key, value)
+    res, rep = report(store, tmp_path / "rep")
+    assert res.exit_code == 0, res.output
+    labels = set(rep["blocks"][0]["labels"])
+    default = setting({}, key)  # what the fixture's configs, which do not set the key, mean
+    assert {f"grpo({key}={value})", f"grpo({key}={default})"} <= labels and "grpo" not in labels
+    assert all(info["seeds"] == [0, 1] for info in rep["blocks"][0]["labels"].values())
+    cannot_differ = [n for n in rep["notes"] if "cannot differ" in n]
+    if key == "train.checkpoint_every":  # the checkpoint interval does not change what a run computes
+        assert cannot_differ == [
+            f"grpo({key}={default}) and grpo({key}={value}) differ only in {key}, which does not change what a run "
+            "computes: their runs cannot differ, and they are kept apart (not pooled as seeds)"
+        ]
+        assert f"Note: {cannot_differ[0]}" in one_line(res.stdout)
+    else:
+        assert cannot_differ == []
