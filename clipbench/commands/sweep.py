@@ -40,6 +40,7 @@ from clipbench.sweep.execute import (
     Next,
     RunTask,
     classify,
+    mend_finished,
     outcome_from_store,
     run_sequential,
     run_task,
@@ -176,6 +177,7 @@ def run_sweep(
     run_dirs = {rid: RunDir(results_dir / spec.name / rid) for rid, _, _ in runs}
     states = {rid: classify(rd, retry_failed) for rid, rd in run_dirs.items()}
     err.print(start_line(spec.name, len(runs), results_dir, states))
+    warn(err, mend_finished(run_dirs, {rid: cfg for rid, cfg, _ in runs}, states))
     trains = [rid for rid, _, _ in runs if states[rid].trains]
     parent = uri = experiment = None  # nothing to train: MLflow is left as it is (`clipbench sync` mends it)
     if trains:

@@ -45,7 +45,7 @@ def header_lines(sweep: Sweep, result: dict) -> list[str]:
     runs = result["runs"]
     states = ", ".join(f"{v} {k}" for k, v in sorted(runs["states"].items()))
     finding = finding_line(result)
-    incomplete = [sweep.incomplete_line(), (result.get("replicate") or {}).get("incomplete")]
+    incomplete = [sweep.incomplete_line(), sweep.lost_line(), (result.get("replicate") or {}).get("incomplete")]
     lines = (
         [line for line in incomplete if line]  # first: the numbers below may still change
         + ([finding] if finding else [])
@@ -167,6 +167,7 @@ def build_report(
             )
     result = analyze(sweep, baseline, tune_on=tune_on)
     result["incomplete"] = sweep.incomplete()  # None when every planned run finished
+    result["lost"] = {r.run_id: r.lost for r in sweep.runs if r.lost}  # training rows nothing restores
     claims_with_replication(sweep, result, other, tuning=tune_on is not None)
     tables = add_claim_tables(build_tables(result, paper_ref.load_paper()), result)
     stab = stability_table(result.get("stability"))

@@ -9,6 +9,7 @@ differ (an evaluation setting, the checkpoint interval) makes an arm of its own.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,10 +24,11 @@ from clipbench.config.stored import recorded, recorded_slot, setting
 from clipbench.errors import StoreError, UserError, did_you_mean
 from clipbench.objectives import METHODS, effective_bounds
 from clipbench.objectives.plugins import load_plugin, merge_specs, plugin_specs
-from clipbench.tracking.files import REMEDIES, check_store_dir, read_json, read_jsonl
+from clipbench.tracking.files import REMEDIES, check_store_dir, complete_lines, read_json, read_jsonl
 from clipbench.tracking.provenance import read_provenance, weights_checksum
-from clipbench.tracking.store import RunDir, list_sweeps
+from clipbench.tracking.store import RunDir, RunState, list_sweeps
 from clipbench.tracking.store_format import read_format
+from clipbench.train.checkpoint import lost_rows, lost_text
 
 # Keys out of a label: the seed, the model (it makes the block), what is observed rather than trained
 # (evaluation, checkpoints, histograms) and every key outside the run's identity
@@ -56,6 +58,7 @@ class RunRecord:
     hist: list[dict] = field(default_factory=list)
     label: str = ""
     provenance: list[dict] = field(default_factory=list)  # provenance.json: one record per start or resume
+    lost: list[str] = field(default_factory=list)  # what the store lost that nothing restores (load_run)
 
     @property
     def checksums(self) -> list[str | None]:
@@ -141,6 +144,18 @@ class Sweep:
             f"(`clipbench sweep` finishes it)."
         )
 
+    def lost_line(self) -> str | None:
+        """The report's first line when finished runs lost training rows that nothing restores."""
+        lost = [r for r in self.runs if r.lost]
+        if not lost:
+            return None
+        shown = "; ".join(f"{r.label} seed {r.seed} ({r.run_id}): {', '.join(r.lost)}" for r in lost[:6])
+        more = f"; and {len(lost) - 6} more (see the Runs table)" if len(lost) > 6 else ""
+        return (
+            f"LOST: {len(lost)} finished run(s) of sweep '{self.name}' lack training rows that nothing can "
+            f"restore ({shown}{more}); the training tables and the claims on them are of the other runs."
+        )
+
     def blocks(self) -> dict[str, list[RunRecord]]:
         """{model name: runs}, in order of first appearance."""
         out: dict[str, list[RunRecord]] = {}
@@ -224,20 +239,53 @@ def _ids(ids: list[str], shown: int = 6) -> str:
 
 def load_run(path: str | Path, notes: list[str] | None = None) -> RunRecord:
     """One run from the store; a damaged file raises StoreError (one line), a torn last line of a
-    jsonl file is skipped with a note in `notes`."""
+    jsonl file is skipped with a note in `notes`. A finished run's metrics or histograms that lost
+    rows its last checkpoint holds are read from that copy (with a note; `clipbench sweep` writes them
+    back); training rows nothing holds are named in `RunRecord.lost` and its rows are left out."""
     rd = RunDir(path)
     status = rd.status()
-    return RunRecord(
-        run_id=rd.run_id,
-        path=rd.path,
-        config=stored_form(rd.read_config() or {}),
-        state=status.get("state", "pending"),
-        status=status,
-        metrics=rd.read_metrics(notes),
-        evals=rd.read_evals(),
-        hist=read_jsonl(rd.hist_path, notes=notes),
-        provenance=read_provenance(rd.path),
-    )
+    config = stored_form(rd.read_config() or {})
+    state = status.get("state", "pending")
+    run = RunRecord(run_id=rd.run_id, path=rd.path, config=config, state=state, status=status, evals=rd.read_evals())
+    copies = lost_rows(rd, run_id=rd.run_id, seed=run.seed) if state == RunState.FINISHED else {}
+    for p in copies:
+        kept = len(complete_lines(p).splitlines())
+        (notes if notes is not None else []).append(
+            f"run {rd.run_id}: {lost_text(p, rd, kept, len(copies[p]))}: read from its last checkpoint's copy "
+            "(`clipbench sweep`, the same command, writes them back)"
+        )
+    rows = {p: [json.loads(line) for line in lines if line.strip()] for p, lines in copies.items()}
+    run.metrics = rows.get(rd.metrics_path) or rd.read_metrics(None if copies else notes)
+    run.hist = rows.get(rd.hist_path) or read_jsonl(rd.hist_path, notes=None if copies else notes)
+    run.provenance = read_provenance(rd.path)
+    if state == RunState.FINISHED and (missing := missing_steps(run)):
+        run.lost = [
+            f"metrics.jsonl lacks the rows of rollout steps {_spans(missing)} (no checkpoint of the run holds "
+            "them): its training rows are left out"
+        ]
+        run.metrics = []
+    return run
+
+
+def missing_steps(run: RunRecord) -> list[int]:
+    """The rollout steps of a finished run that no metrics row covers (a run whose config records no
+    `train.steps` is not judged)."""
+    steps = recorded(run.config, "train.steps")
+    if not isinstance(steps, int) or isinstance(steps, bool):
+        return []
+    have = {r.get("step") for r in run.metrics}
+    return [s for s in range(steps) if s not in have]
+
+
+def _spans(steps: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0 to 2, 5'."""
+    spans: list[list[int]] = []
+    for s in steps:
+        if spans and s == spans[-1][1] + 1:
+            spans[-1][1] = s
+        else:
+            spans.append([s, s])
+    return ", ".join(str(a) if a == b else f"{a} to {b}" for a, b in spans)
 
 
 def _in_label(key: str) -> bool:
@@ -350,7 +398,7 @@ def _split_pooled(runs: list[RunRecord], flat: dict, keys: list[str], settings: 
     for r in runs:
         by_label.setdefault(r.label, []).append(r)
     notes = []
-    for lb, rs in by_label.items():
+    for rs in by_label.values():
         split = [k for k in keys if k != "seed" and len({flat[r.run_id].get(k) for r in rs}) > 1]
         if not split:
             continue

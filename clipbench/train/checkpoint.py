@@ -417,3 +417,52 @@ def restore_logs(rd: RunDir, ckpt: Path) -> list[str]:
             )
         atomic_write_text(path, "".join(line + "\n" for line in copy))
     return notes
+
+
+# ---- a finished run's rows, against its last checkpoint's copy -------------------------------------
+def lost_rows(rd: RunDir, *, run_id: str, seed: int) -> dict[Path, list[str]]:
+    """{the run's file: the lines its last checkpoint's copy holds} for metrics.jsonl and the
+    histograms, each where the file lost rows the copy has (deleted, emptied, a torn last line, its
+    tail cut) and what it kept agrees with the copy. Only a checkpoint that names this run (run id and
+    seed) and a copy whose checksum holds are read; {} when nothing is lost or no checkpoint tells."""
+    ckpt = rd.checkpoint_dir
+    try:
+        state = json.loads((ckpt / "state.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(state, dict) or (state.get("run_id"), state.get("seed")) != (run_id, seed):
+        return {}
+    out = {}
+    for path in (rd.metrics_path, rd.hist_path):
+        rel = f"{LOGS}/{path.name}"
+        sums, f = (state.get("files") or {}).get(rel), ckpt / rel
+        if not sums or not f.is_file():
+            continue
+        copy = f.read_text().splitlines()
+        have = _complete_lines(path)
+        torn = path.is_file() and path.stat().st_size > sum(len(line.encode()) + 1 for line in have)
+        if not (len(have) < len(copy) or torn) or f.stat().st_size != sums[0] or _sha256(f) != sums[1]:
+            continue
+        if all(a == b or _parsed(a) == _parsed(b) for a, b in zip(have, copy)):
+            out[path] = copy
+    return out
+
+
+def restore_lost_rows(rd: RunDir, *, run_id: str, seed: int) -> list[str]:
+    """A finished run's metrics.jsonl and histograms made whole again from its last checkpoint's copy
+    (`lost_rows`), atomically. Returns a line per file restored."""
+    notes = []
+    for path, copy in lost_rows(rd, run_id=run_id, seed=seed).items():
+        what = lost_text(path, rd, len(_complete_lines(path)), len(copy))
+        atomic_write_text(path, "".join(line + "\n" for line in copy))
+        notes.append(f"{what}: restored from its last checkpoint's copy")
+    return notes
+
+
+def lost_text(path: Path, rd: RunDir, kept: int, rows: int) -> str:
+    """'metrics.jsonl had lost 8 of its 8 rows (it was missing)': what a file lost, in one clause."""
+    rel = path.relative_to(rd.path)
+    if rows == kept:
+        return f"{rel} had a torn last line"
+    how = "it was missing" if not path.is_file() else ("it was empty" if kept == 0 else "its tail was cut or torn")
+    return f"{rel} had lost {rows - kept} of its {rows} rows ({how})"

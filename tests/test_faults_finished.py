@@ -1,0 +1,148 @@
+"""A finished sweep whose files were damaged afterwards: a real two-run sweep of the tiny model (grpo,
+seeds 0 and 1; 2 rollout steps of 2 optimizer steps each, a checkpoint at the end, an evaluation at
+steps 0 and 2), trained once per module and copied for each test, then damaged as a user or a
+machine does it, and read with the commands a user types.
+
+- A finished run that lost its metrics.jsonl (deleted, emptied, a torn last row) dropped out of the
+  training tables and the claims while its Runs row said "ok", and no rerun restored it though its
+  last checkpoint holds a copy. Now the report reads the copy (with a note) and `clipbench sweep`
+  writes it back; what no checkpoint holds is named first and in the Runs table.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from clipbench.cli import app
+from clipbench.tracking.store import RunDir
+
+pytestmark = pytest.mark.slow  # trains the tiny model (about 20 s for the module)
+
+REPO = Path(__file__).resolve().parent.parent
+SWEEP = "tiny"
+TINY = {
+    "train.steps": 2,
+    "train.prompts_per_step": 2,
+    "sampler.group_size": 4,
+    "sampler.max_new_tokens": 8,
+    "train.mini_batches": 2,
+    "train.checkpoint_every": 2,
+    "eval.n": 2,
+    "eval.limit": 4,
+    "tracking.mlflow": False,
+}
+runner = CliRunner()
+
+
+def write_sweep(where: Path, **extra) -> Path:
+    f = where / f"{SWEEP}.yaml"
+    spec = {
+        "name": SWEEP,
+        "base": str(REPO / "recipes" / "arith_tiny.yaml"),
+        "overrides": TINY,
+        "grid": {"seed": [0, 1]},
+    }
+    f.write_text(yaml.safe_dump({**spec, **extra}, sort_keys=False))
+    return f
+
+
+def sweep(f: Path, results: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "clipbench", "sweep", str(f), "--results-dir", str(results), *extra],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """The sweep, finished: <tmp>/results (and its file beside it)."""
+    tmp = tmp_path_factory.mktemp("tiny")
+    p = sweep(write_sweep(tmp), tmp / "results")
+    assert p.returncode == 0, p.stderr[-3000:]
+    return tmp
+
+
+@pytest.fixture
+def store(trained, tmp_path) -> tuple[Path, Path]:
+    """(a copy of the finished sweep's results dir, the sweep file its manifest was frozen from)."""
+    shutil.copytree(trained / "results", tmp_path / "results")
+    return tmp_path / "results", trained / f"{SWEEP}.yaml"
+
+
+def runs(results: Path) -> dict[int, RunDir]:
+    """{seed: the run}."""
+    out = {}
+    for d in (results / SWEEP).iterdir():
+        if (d / "config.yaml").is_file():
+            out[yaml.safe_load((d / "config.yaml").read_text())["seed"]] = RunDir(d)
+    return out
+
+
+def report(results: Path, out: Path):
+    res = runner.invoke(app, ["report", SWEEP, "--results-dir", str(results), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    return res, json.loads((out / "report.json").read_text())
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize("damage", ["deleted", "emptied", "torn last row"])
+def test_a_finished_runs_lost_metrics_come_back_from_its_checkpoint(store, trained, tmp_path, damage):
+    results, f = store
+    rd = runs(results)[0]
+    clean = rd.metrics_path.read_bytes()
+    _, before = report(results, tmp_path / "before")
+    if damage == "deleted":
+        rd.metrics_path.unlink()
+        lost, how = 4, "it was missing"
+    elif damage == "emptied":
+        rd.metrics_path.write_bytes(b"")
+        lost, how = 4, "it was empty"
+    else:  # the last row cut in half (a power loss during its append)
+        rd.metrics_path.write_bytes(clean[: clean.rstrip(b"\n").rfind(b"\n") + 1 + 30])
+        lost, how = 1, "its tail was cut or torn"
+    what = f"metrics.jsonl had lost {lost} of its 4 rows ({how})"
+    res, after = report(results, tmp_path / "after")
+    assert (
+        f"Note: run {rd.run_id}: {what}: read from its last checkpoint's copy (`clipbench sweep`, the same "
+        "command, writes them back)" in one_line(res.stdout)
+    )
+    assert "LOST" not in res.stdout
+    # the training tables and claims read both seeds, as before the damage
+    assert after["claims"] == before["claims"] and after["dynamics"] == before["dynamics"]
+    p = sweep(f, results)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"warning: run {rd.run_id}: {what}: restored from its last checkpoint's copy" in one_line(p.stderr)
+    assert rd.metrics_path.read_bytes() == clean
+
+
+def test_training_rows_no_checkpoint_holds_are_named_first(store, tmp_path):
+    results, _ = store
+    rd = runs(results)[0]
+    rd.metrics_path.unlink()
+    shutil.rmtree(rd.path / "checkpoints")
+    res, rep = report(results, tmp_path / "rep")
+    lost = (
+        "metrics.jsonl lacks the rows of rollout steps 0 to 1 (no checkpoint of the run holds them): its training "
+        "rows are left out"
+    )
+    assert one_line(res.stdout).startswith(
+        f"LOST: 1 finished run(s) of sweep '{SWEEP}' lack training rows that nothing can restore (grpo seed 0 "
+        f"({rd.run_id}): {lost}); the training tables and the claims on them are of the other runs."
+    )
+    assert rep["lost"] == {rd.run_id: [lost]}
+    assert rep["health"][rd.run_id]["flags"][0] == lost  # the Runs table's Flags cell, not "ok"
+    assert rep["blocks"][0]["labels"]["grpo"]["seeds"] == [0, 1]  # its evaluation is still compared
