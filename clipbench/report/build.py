@@ -182,6 +182,8 @@ def build_report(
             f"the runs' records were not replayed (--no-replay): `clipbench replay {sweep_name}` writes that section"
         )
     tables += replay_tables(result["replay"])
+    for line in (result["replay"] or {}).get("partial", []):
+        result["notes"].append(f"the replay section is partial: {line}")
     corr = correction_table(result.get("correction", {}), result["baseline"])
     if corr is not None:  # before the claims and the runs table
         at = next((i for i, t in enumerate(tables) if t.key in ("claims", "runs")), len(tables))
