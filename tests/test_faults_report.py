@@ -6,6 +6,8 @@ user does.
 - A grid axis the labels left out (`eval.n`, `eval.limit`, `train.checkpoint_every`) was pooled as
   seeds: "grpo: seeds 0, 0, 1, 1", a mean of 4 "seeds" and an interval over duplicates. Every key
   in which runs differ but the seed is an arm.
+- An evaluation file that covers part of its problems, or holds one twice, changed the report's
+  numbers with no note. Its problem ids are checked against the benchmark's split.
 """
 
 from __future__ import annotations
@@ -38,11 +40,13 @@ def one_line(text: str) -> str:
     return " ".join(text.split())  # rich wraps long lines at the terminal's width
 
 
-def add_grid_point(store: Path, report_fixture, key: str, value, *, n: int | None = None) -> list[str]:
+def add_grid_point(
+    store: Path, report_fixture, key: str, value, *, n: int | None = None, problems: int | None = None
+) -> list[str]:
     """grpo's two runs again at `key: value` (the other grid point of that axis), as a sweep with
-    `grid: {seed: [0, 1], objective.name: [grpo], KEY: [fixture's, value]}` leaves them; `n`: the
-    copies' evaluation has that many samples per problem (the first n of the fixture's). Returns
-    the new run ids."""
+    `grid: {seed: [0, 1], objective.name: [grpo], KEY: [fixture's, value]}` leaves them; `n`, `problems`:
+    the copies' evaluations have that many samples per problem, problems per benchmark (the fixture's
+    first). Returns the new run ids."""
     sweep = store / report_fixture.SWEEP
     manifest = json.loads((sweep / "manifest.json").read_text())
     new = []
@@ -55,9 +59,11 @@ def add_grid_point(store: Path, report_fixture, key: str, value, *, n: int | Non
         head, _, tail = key.partition(".")
         cfg.setdefault(head, {})[tail] = value
         (dst / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-        for f in (dst / "eval").rglob("*.json") if n else ():
+        for f in (dst / "eval").rglob("*.json") if n or problems else ():
             ev = json.loads(f.read_text())
-            ev["n"], ev["correct"] = n, [row[:n] for row in ev["correct"]]
+            ev["problem_ids"] = ev["problem_ids"][:problems]
+            ev["correct"] = [row[:n] for row in ev["correct"][:problems]]
+            ev["n"] = len(ev["correct"][0])
             f.write_text(json.dumps(ev))
         manifest["runs"][rid] = cfg
         new.append(rid)
@@ -89,11 +95,12 @@ def test_an_evaluation_axis_is_two_arms_never_four_seeds(store, report_fixture, 
 
 @pytest.mark.parametrize(("key", "value"), [("eval.limit", 2), ("train.checkpoint_every", 7)])
 def test_any_key_in_which_runs_differ_but_the_seed_is_an_arm(store, report_fixture, tmp_path, key, value):
-    add_grid_point(store, report_fixture, key, value)
+    add_grid_point(store, report_fixture, key, value, problems=value if key == "eval.limit" else None)
     res, rep = report(store, tmp_path / "rep")
     assert res.exit_code == 0, res.output
     labels = set(rep["blocks"][0]["labels"])
-    default = setting({}, key)  # what the fixture's configs, which do not set the key, mean
+    section, _, leaf = key.partition(".")  # the fixture's value, or what its configs, not setting it, mean
+    default = report_fixture.config("grpo", 0)[section].get(leaf, setting({}, key))
     assert {f"grpo({key}={value})", f"grpo({key}={default})"} <= labels and "grpo" not in labels
     assert all(info["seeds"] == [0, 1] for info in rep["blocks"][0]["labels"].values())
     cannot_differ = [n for n in rep["notes"] if "cannot differ" in n]
@@ -105,3 +112,46 @@ def test_any_key_in_which_runs_differ_but_the_seed_is_an_arm(store, report_fixtu
         assert f"Note: {cannot_differ[0]}" in one_line(res.stdout)
     else:
         assert cannot_differ == []
+
+
+def cut(path: Path, keep: int | None = None, twice: bool = False) -> None:
+    """An evaluation file that lost all but `keep` problems, or holds its first problem twice."""
+    ev = json.loads(path.read_text())
+    if twice:
+        ev["problem_ids"][1], ev["correct"][1] = ev["problem_ids"][0], ev["correct"][0]
+    else:
+        ev["problem_ids"], ev["correct"] = ev["problem_ids"][:keep], ev["correct"][:keep]
+    path.write_text(json.dumps(ev))
+
+
+@pytest.mark.parametrize(
+    ("bench", "damage", "problem"),
+    [
+        (  # arith is generated: its split at the run's eval.limit (4) is read here
+            "arith",
+            {"keep": 2},
+            "covers 2 of the 4 problems of benchmark 'arith' (its split at the run's eval settings) (missing: "
+            "arith-test-00002, arith-test-00003)",
+        ),
+        (  # gsm8k would come from the Hugging Face hub: the ids the sweep's other evaluations hold
+            "gsm8k",
+            {"keep": 2},
+            "covers 2 of the 3 problems the sweep's other evaluations of 'gsm8k' with the same settings hold "
+            "(missing: gsm8k-2)",
+        ),
+        ("arith", {"twice": True}, "problem id 'arith-test-00000' is held 2 times (each problem once)"),
+    ],
+)
+def test_an_evaluation_that_lost_problems_is_one_line(store, report_fixture, tmp_path, bench, damage, problem):
+    """Before: the report aligned every run on the problems all evaluated, so one file cut to half its
+    problems cut every run of its benchmark (a Finding of -7.8 became +3.1); an id held twice counted
+    one problem's row for another's."""
+    f = store / report_fixture.SWEEP / report_fixture.run_id("abc", 1) / "eval" / "step_000002" / f"{bench}.json"
+    cut(f, **damage)
+    res, _ = report(store, tmp_path / "rep")
+    assert res.exit_code == 2
+    assert res.stderr == (
+        f"error: {f}: {problem}; move it away (the evaluation is then left out) or delete the run directory to "
+        "train the run again\n"
+    )
+    assert not (tmp_path / "rep").exists()

@@ -24,6 +24,7 @@ from clipbench.config.stored import recorded, recorded_slot, setting
 from clipbench.errors import StoreError, UserError, did_you_mean
 from clipbench.objectives import METHODS, effective_bounds
 from clipbench.objectives.plugins import load_plugin, merge_specs, plugin_specs
+from clipbench.report.problems import check_problem_ids
 from clipbench.tracking.files import REMEDIES, check_store_dir, complete_lines, read_json, read_jsonl
 from clipbench.tracking.provenance import read_provenance, weights_checksum
 from clipbench.tracking.store import RunDir, RunState, list_sweeps
@@ -178,6 +179,7 @@ def load_results(results_dir: str | Path, name: str) -> Sweep:
     notes: list[str] = []
     runs = [load_run(d, notes) for d in sorted((root / name).iterdir()) if (d / "config.yaml").is_file()]
     notes += load_recorded_plugins(runs)
+    check_problem_ids(runs)  # an evaluation that lost problems would cut every run down to them
     notes += assign_labels(runs)
     return Sweep(name=name, path=root / name, runs=runs, notes=notes, planned=planned, claims=claims)
 

@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import time
+from collections import Counter
 from collections.abc import Iterable
 from enum import Enum
 from pathlib import Path
@@ -68,6 +69,9 @@ def check_eval_payload(path: Path, payload: dict) -> dict:
     ids, correct = payload.get("problem_ids"), payload.get("correct")
     if not isinstance(ids, list) or not ids:
         bad("'problem_ids' is missing or empty")
+    twice = [i for i, c in Counter(map(str, ids)).items() if c > 1]
+    if twice:
+        bad(f"problem id {twice[0]!r} is held {Counter(map(str, ids))[twice[0]]} times (each problem once)")
     if not isinstance(correct, list) or len(correct) != len(ids):
         bad(f"'correct' must be a list of {len(ids)} rows (one per problem id)")
     try:
