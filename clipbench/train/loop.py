@@ -63,6 +63,7 @@ from clipbench.tracking.store import RunDir, RunState
 from clipbench.train.batch import RolloutBatch, collect_rollout
 from clipbench.train.build import build_models, build_optimizer, planned_optimizer_steps
 from clipbench.train.checkpoint import (
+    checkpoint_owner,
     checkpoint_step,
     damaged_checkpoint,
     find_checkpoint,
@@ -519,7 +520,7 @@ def checkpoint(trainer: Trainer, step: int, partial: Partial | None = None) -> N
         state=trainer.state,
         dist=trainer.dist,
         partial=None if partial is None else vars(partial),
-        owner={"run_id": run_id(trainer.cfg), "seed": trainer.cfg.seed},
+        owner=checkpoint_owner(trainer.cfg),
         logs={"metrics.jsonl": trainer.rd.metrics_path, "log_ratio.jsonl": trainer.rd.hist_path},
         also=functools.partial(trainer.lag.save, model=trainer.model) if trainer.lag.active else None,
     )
