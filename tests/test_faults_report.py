@@ -8,6 +8,7 @@ user does.
   in which runs differ but the seed is an arm.
 - An evaluation file that covers part of its problems, or holds one twice, changed the report's
   numbers with no note. Its problem ids are checked against the benchmark's split.
+- `--format csv` and `--format latex` of an unfinished sweep said nothing of it.
 """
 
 from __future__ import annotations
@@ -155,3 +156,26 @@ def test_an_evaluation_that_lost_problems_is_one_line(store, report_fixture, tmp
         "train the run again\n"
     )
     assert not (tmp_path / "rep").exists()
+
+
+@pytest.mark.parametrize("fmt", ["csv", "latex"])
+def test_csv_and_latex_of_an_unfinished_sweep_say_so(store, report_fixture, tmp_path, fmt):
+    """Markdown, HTML and the terminal said first that the sweep was unfinished; CSV and LaTeX said
+    nothing. Now report.tex opens with it, CSV's header.txt holds it, and the command says it on stderr."""
+    sweep = store / report_fixture.SWEEP
+    running = report_fixture.run_id("nsr", 1)
+    status = sweep / running / "status.json"
+    status.write_text(json.dumps({**json.loads(status.read_text()), "state": "running"}))
+    res, _ = report(store, tmp_path / "rep", "--format", fmt)
+    assert res.exit_code == 0, res.output
+    line = (
+        f"INCOMPLETE: sweep '{report_fixture.SWEEP}' has 5 of its 6 planned runs finished (1 running: {running}); "
+        "what follows is of the finished runs only and may change (`clipbench sweep` finishes it)."
+    )
+    assert res.stderr == f"warning: {line}\n"
+    if fmt == "csv":
+        assert (tmp_path / "rep" / "header.txt").read_text().splitlines()[0] == line
+    else:
+        tex = (tmp_path / "rep" / "report.tex").read_text()
+        first = tex.split("\n\n")[1].splitlines()[0]  # after the comment line: before any table
+        assert first == "\\noindent\\textbf{" + line.replace("_", "\\_") + "}\\par\\medskip"

@@ -6,8 +6,8 @@
 Files per format, in ``out_dir``: ``report.json`` (every number) and the tidy CSVs (``results_tidy.csv``,
 ``claims_tidy.csv``: one number per column, report/tidy.py) always, plus
     markdown  report.md and the figures as plots/*.png, and per_seed.csv
-    latex     report.tex (booktabs fragment)
-    csv       one <table>.csv per table
+    latex     report.tex (booktabs fragment; what its numbers lack first, as text)
+    csv       one <table>.csv per table, and header.txt (the header lines, what the numbers lack first)
     html      report.html: one self-contained page (tables + figures as base64 PNG), and per_seed.csv
 per_seed.csv (report/per_seed.py): one row per compared run (the replication sweep's too) with the
 endpoints its claims' tests read, so a published verdict can be tested again without the store.
@@ -41,13 +41,18 @@ from clipbench.tracking.files import atomic_write_json
 from clipbench.tracking.records import list_records
 
 
+def warning_lines(sweep: Sweep, result: dict) -> list[str]:
+    """The report's first lines: what its numbers lack (runs not finished, rows lost), in every format."""
+    lines = [sweep.incomplete_line(), sweep.lost_line(), (result.get("replicate") or {}).get("incomplete")]
+    return [line for line in lines if line]
+
+
 def header_lines(sweep: Sweep, result: dict) -> list[str]:
     runs = result["runs"]
     states = ", ".join(f"{v} {k}" for k, v in sorted(runs["states"].items()))
     finding = finding_line(result)
-    incomplete = [sweep.incomplete_line(), sweep.lost_line(), (result.get("replicate") or {}).get("incomplete")]
     lines = (
-        [line for line in incomplete if line]  # first: the numbers below may still change
+        warning_lines(sweep, result)  # first: the numbers below may still change
         + ([finding] if finding else [])
         + [
             f"Sweep '{sweep.name}' ({sweep.path}): {runs['total']} runs ({states}); {runs['compared']} compared.",
@@ -238,10 +243,12 @@ def write_report(
             written.append(p)
         written.append(render.write_text(out_dir / "report.md", render.markdown_document(title, header, tables, rel)))
     elif fmt == "latex":
-        written.append(render.write_text(out_dir / "report.tex", render.latex_document(tables)))
+        warnings = warning_lines(sweep, result)
+        written.append(render.write_text(out_dir / "report.tex", render.latex_document(tables, warnings)))
     elif fmt == "csv":
         for name, t in zip(render.unique_names(tables), tables):
             written.append(render.write_text(out_dir / f"{name}.csv", render.to_csv(t)))
+        written.append(render.write_text(out_dir / "header.txt", "".join(line + "\n" for line in header)))
     elif fmt == "html":
         page = render.html_document(title, header, tables, _figures_png(sweep, result))
         written.append(render.write_text(out_dir / "report.html", page))
