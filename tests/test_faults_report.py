@@ -9,6 +9,9 @@ user does.
 - An evaluation file that covers part of its problems, or holds one twice, changed the report's
   numbers with no note. Its problem ids are checked against the benchmark's split.
 - `--format csv` and `--format latex` of an unfinished sweep said nothing of it.
+- NaN, infinity or text in a stored metrics row, histogram or evaluation matrix: 70-132-line
+  tracebacks, a blank cell, or (1e308, how clipbench writes an infinite value) a 309-digit cell. Now
+  one line naming the file, row and key, and an overflow reads as 'inf'.
 """
 
 from __future__ import annotations
@@ -179,3 +182,74 @@ def test_csv_and_latex_of_an_unfinished_sweep_say_so(store, report_fixture, tmp_
         tex = (tmp_path / "rep" / "report.tex").read_text()
         first = tex.split("\n\n")[1].splitlines()[0]  # after the comment line: before any table
         assert first == "\\noindent\\textbf{" + line.replace("_", "\\_") + "}\\par\\medskip"
+
+
+def set_row_value(path: Path, line: int, key: str, value, *, raw: str | None = None) -> None:
+    """Line `line` (1-based) of a jsonl file with `key` set to `value` (or to the JSON text `raw`)."""
+    lines = path.read_text().splitlines()
+    row = json.loads(lines[line - 1])
+    row[key] = "@@" if raw is not None else value
+    lines[line - 1] = json.dumps(row).replace('"@@"', raw) if raw is not None else json.dumps(row)
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize(
+    ("file", "key", "raw", "problem"),
+    [
+        (
+            "metrics.jsonl",
+            "entropy",
+            "NaN",
+            "key 'entropy' holds nan, which clipbench never writes (it writes null or ±1e308)",
+        ),
+        (
+            "metrics.jsonl",
+            "entropy",
+            "1e400",
+            "key 'entropy' holds inf, which clipbench never writes (it writes null or ±1e308)",
+        ),
+        ("metrics.jsonl", "q4/out_of_band", '"7"', "key 'q4/out_of_band' holds '7' (str), not a number"),
+        ("metrics.jsonl", "q4/out_of_band", "1e308", "key 'q4/out_of_band' holds 1e+308, not a count"),
+        ("hist/log_ratio.jsonl", "pos", "[1, NaN]", "key 'pos' holds a list with nan, not a list of numbers"),
+    ],
+)
+def test_a_value_clipbench_never_writes_is_one_line_naming_file_row_and_key(
+    store, report_fixture, tmp_path, file, key, raw, problem
+):
+    """NaN, infinity or text in a stored row: 70-132-line tracebacks (int() of a NaN count, a sum of
+    text), or a blank cell."""
+    path = store / report_fixture.SWEEP / report_fixture.run_id("grpo", 0) / file
+    set_row_value(path, 2, key, None, raw=raw)
+    res, _ = report(store, tmp_path / "rep")
+    assert res.exit_code == 2
+    assert res.stderr == (
+        f"error: {path}: line 2: {problem}; repair or delete that line (the other rows are intact), or delete the "
+        "run directory to train the run again\n"
+    )
+
+
+def test_an_overflow_clipbench_wrote_reads_as_infinite_not_309_digits(store, report_fixture, tmp_path):
+    """clipbench writes an infinite value as 1e308; the dynamics table printed it as a 309-digit number."""
+    path = store / report_fixture.SWEEP / report_fixture.run_id("grpo", 0) / "metrics.jsonl"
+    for line in (1, 2, 3, 4):
+        set_row_value(path, line, "entropy", 1e308)
+    res, rep = report(store, tmp_path / "rep", "--format", "markdown")
+    assert res.exit_code == 0, res.output
+    row = next(
+        ln for ln in (tmp_path / "rep" / "report.md").read_text().splitlines() if ln.startswith("| grpo | 2 | inf")
+    )
+    assert len(row) < 120  # 'inf ± nan → inf ± nan', the other cells as before
+
+
+def test_text_in_an_evaluation_matrix_is_one_line(store, report_fixture, tmp_path):
+    """numpy read the text "1" as the number 1 (then a 70-line traceback where it summed text)."""
+    path = store / report_fixture.SWEEP / report_fixture.run_id("grpo", 0) / "eval" / "step_000002" / "arith.json"
+    ev = json.loads(path.read_text())
+    ev["correct"][1][2] = "1"
+    path.write_text(json.dumps(ev))
+    res, _ = report(store, tmp_path / "rep")
+    assert res.exit_code == 2
+    assert res.stderr == (
+        f"error: {path}: 'correct' row 1 (problem 'arith-test-00001') holds '1', not 0 or 1; move it away (the "
+        "evaluation is then left out) or delete the run directory to train the run again\n"
+    )

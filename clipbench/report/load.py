@@ -10,6 +10,7 @@ differ (an evaluation setting, the checkpoint interval) makes an arm of its own.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ from clipbench.errors import StoreError, UserError, did_you_mean
 from clipbench.objectives import METHODS, effective_bounds
 from clipbench.objectives.plugins import load_plugin, merge_specs, plugin_specs
 from clipbench.report.problems import check_problem_ids
-from clipbench.tracking.files import REMEDIES, check_store_dir, complete_lines, read_json, read_jsonl
+from clipbench.tracking.files import OVERFLOW, REMEDIES, check_store_dir, complete_lines, read_json, read_jsonl
 from clipbench.tracking.provenance import read_provenance, weights_checksum
 from clipbench.tracking.store import RunDir, RunState, list_sweeps
 from clipbench.tracking.store_format import read_format
@@ -257,7 +258,7 @@ def load_run(path: str | Path, notes: list[str] | None = None) -> RunRecord:
             "(`clipbench sweep`, the same command, writes them back)"
         )
     rows = {p: [json.loads(line) for line in lines if line.strip()] for p, lines in copies.items()}
-    run.metrics = rows.get(rd.metrics_path) or rd.read_metrics(None if copies else notes)
+    run.metrics = _overflow_as_inf(rows.get(rd.metrics_path) or rd.read_metrics(None if copies else notes))
     run.hist = rows.get(rd.hist_path) or read_jsonl(rd.hist_path, notes=None if copies else notes)
     run.provenance = read_provenance(rd.path)
     if state == RunState.FINISHED and (missing := missing_steps(run)):
@@ -267,6 +268,17 @@ def load_run(path: str | Path, notes: list[str] | None = None) -> RunRecord:
         ]
         run.metrics = []
     return run
+
+
+def _overflow_as_inf(rows: list[dict]) -> list[dict]:
+    """Rows with each ±1e308 read as the infinite value it stands for (`tracking.files.dumps` writes an
+    infinite value so): a table shows 'inf', not a number of 309 digits."""
+    for row in rows:
+        if any(v.__class__ is float and abs(v) >= OVERFLOW for v in row.values()):
+            row.update(
+                {k: math.copysign(math.inf, v) for k, v in row.items() if v.__class__ is float and abs(v) >= OVERFLOW}
+            )
+    return rows
 
 
 def missing_steps(run: RunRecord) -> list[int]:

@@ -75,9 +75,20 @@ def check_eval_payload(path: Path, payload: dict) -> dict:
     if not isinstance(correct, list) or len(correct) != len(ids):
         bad(f"'correct' must be a list of {len(ids)} rows (one per problem id)")
     try:
-        m = np.asarray(correct, dtype=float)
+        m = np.asarray(correct)
     except (TypeError, ValueError):
         bad("'correct' is not a rectangular matrix of numbers")
+    if m.dtype.kind not in "biuf":  # text among the numbers (numpy would read "1" as 1): name the first
+        for i, row in enumerate(correct):
+            x = (
+                next((x for x in row if x.__class__ not in (int, bool, float)), correct)
+                if isinstance(row, list)
+                else row
+            )
+            if x is not correct:
+                bad(f"'correct' row {i} (problem {ids[i]!r}) holds {x!r}, not 0 or 1")
+        bad("'correct' is not a rectangular matrix of numbers")
+    m = m.astype(float)
     if m.ndim != 2 or m.shape[1] == 0:
         bad(f"'correct' must be a (problems x samples) matrix, got shape {m.shape}")
     if not np.isin(m, (0.0, 1.0)).all():
