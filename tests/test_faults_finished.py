@@ -7,6 +7,7 @@ machine does it, and read with the commands a user types.
   training tables and the claims while its Runs row said "ok", and no rerun restored it though its
   last checkpoint holds a copy. Now the report reads the copy (with a note) and `clipbench sweep`
   writes it back; what no checkpoint holds is named first and in the Runs table.
+- A dangling run-directory symlink: a 118-line traceback (with `--jobs 2`, FileExistsError).
 """
 
 from __future__ import annotations
@@ -146,3 +147,27 @@ def test_training_rows_no_checkpoint_holds_are_named_first(store, tmp_path):
     assert rep["lost"] == {rd.run_id: [lost]}
     assert rep["health"][rd.run_id]["flags"][0] == lost  # the Runs table's Flags cell, not "ok"
     assert rep["blocks"][0]["labels"]["grpo"]["seeds"] == [0, 1]  # its evaluation is still compared
+
+
+def test_a_dangling_run_directory_link_is_one_line(store, tmp_path):
+    """A run directory moved to another disk and linked back, then lost: a 118-line traceback (with
+    --jobs 2, FileExistsError), and the report called the run "not yet run"."""
+    results, f = store
+    rd = runs(results)[0]
+    moved = tmp_path / "elsewhere" / rd.run_id
+    moved.parent.mkdir()
+    rd.path.rename(moved)
+    rd.path.symlink_to(tmp_path / "gone" / rd.run_id)
+    line = (
+        f"error: {rd.path}: a symbolic link to {tmp_path / 'gone' / rd.run_id}, which does not exist; restore what "
+        "it points to (the run's files), or remove the link to train the run again"
+    )
+    for extra in ((), ("--jobs", "2")):
+        p = sweep(f, results, *extra)
+        assert p.returncode == 2 and p.stderr.splitlines() == [line], p.stderr[-2000:]
+    res = runner.invoke(app, ["report", SWEEP, "--results-dir", str(results), "--out", str(tmp_path / "rep")])
+    assert res.exit_code == 2 and res.stderr.splitlines() == [line]
+    rd.path.unlink()
+    rd.path.symlink_to(moved)  # the link mended: the run is found finished where it points
+    p = sweep(f, results, "--jobs", "2")
+    assert p.returncode == 0 and "(2 finished, 0 to resume, 0 to start)" in p.stderr, p.stderr[-2000:]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,7 +58,7 @@ from clipbench.tracking.metrics_table import load_sweep_metrics
 from clipbench.tracking.mirror import sync_hint
 from clipbench.tracking.mlflow_client import damaged_database_line, resolve_tracking_uri
 from clipbench.tracking.mlflow_sink import finish_parent_run, sweep_parent_run
-from clipbench.tracking.store import RunDir, list_run_dirs
+from clipbench.tracking.store import RunDir, check_run_path, list_run_dirs
 
 if TYPE_CHECKING:
     from clipbench.engines import Engine
@@ -110,7 +111,7 @@ def sweep_command(
     mpath = manifest_path(results_dir, spec.name)
     existing = read_manifest(mpath)  # a damaged store: one line (StoreError), before anything is written
     check_frozen_configs(mpath, existing)
-    check_run_files(mpath.parent)
+    check_run_files(mpath.parent, [*exp.runs, *(existing or {}).get("runs", {})])
     if not (dry_run or json_out):
         check_writable_store(mpath.parent)
     stage.done()
@@ -467,9 +468,12 @@ def submitted_sweep(
 # ---------------------------------------------------------------------------------------------
 
 
-def check_run_files(sweep_dir: Path) -> None:
-    """Read every run's status.json and config.yaml once: a damaged one is a StoreError line now,
-    not a traceback halfway through the sweep."""
+def check_run_files(sweep_dir: Path, run_ids: Iterable[str] = ()) -> None:
+    """Read every run's status.json and config.yaml once, and see that every run's directory can be
+    one (`run_ids`: the runs planned; a dangling symbolic link, a file): a damaged one is a
+    StoreError line now, not a traceback halfway through the sweep."""
+    for rid in run_ids:
+        check_run_path(sweep_dir / rid)
     for rd in list_run_dirs(sweep_dir):
         rd.status()
         rd.read_config()

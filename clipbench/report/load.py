@@ -28,7 +28,7 @@ from clipbench.objectives.plugins import load_plugin, merge_specs, plugin_specs
 from clipbench.report.problems import check_problem_ids
 from clipbench.tracking.files import OVERFLOW, REMEDIES, check_store_dir, complete_lines, read_json, read_jsonl
 from clipbench.tracking.provenance import read_provenance, weights_checksum
-from clipbench.tracking.store import RunDir, RunState, list_sweeps
+from clipbench.tracking.store import RunDir, RunState, check_run_path, list_sweeps
 from clipbench.tracking.store_format import read_format
 from clipbench.train.checkpoint import lost_rows, lost_text
 
@@ -177,6 +177,8 @@ def load_results(results_dir: str | Path, name: str) -> Sweep:
         valid = ", ".join(sweeps) if sweeps else "(none)"
         raise UserError(f"no runs for sweep '{name}' in {root}{did_you_mean(name, sweeps)}; sweeps with runs: {valid}")
     planned, claims = planned_runs(root / name), frozen_claims(root / name)
+    for rid in planned or ():
+        check_run_path(root / name / rid)  # a dangling symbolic link is not "not yet run"
     notes: list[str] = []
     runs = [load_run(d, notes) for d in sorted((root / name).iterdir()) if (d / "config.yaml").is_file()]
     notes += load_recorded_plugins(runs)

@@ -350,6 +350,20 @@ def check_formats(run_dirs: Iterable[str | Path]) -> None:
                 read_format(manifest, data)
 
 
+def check_run_path(path: str | Path) -> None:
+    """StoreError (one line) when a run's directory cannot be one: a symbolic link whose target does
+    not exist (a run directory moved to another disk and linked back, then lost), or a file."""
+    path = Path(path)
+    if path.is_symlink() and not path.exists():
+        raise StoreError(
+            path,
+            f"a symbolic link to {os.readlink(path)}, which does not exist",
+            "restore what it points to (the run's files), or remove the link to train the run again",
+        )
+    if path.exists() and not path.is_dir():
+        raise StoreError(path, "not a directory (a run's files live in a directory of this name)", "move it away")
+
+
 def list_run_dirs(sweep_dir: str | Path) -> list[RunDir]:
     """Run directories of a sweep (those with a config.yaml or metrics), sorted by run id."""
     root = Path(sweep_dir)
