@@ -8,6 +8,8 @@ machine does it, and read with the commands a user types.
   last checkpoint holds a copy. Now the report reads the copy (with a note) and `clipbench sweep`
   writes it back; what no checkpoint holds is named first and in the Runs table.
 - A dangling run-directory symlink: a 118-line traceback (with `--jobs 2`, FileExistsError).
+- A sweep whose recipe was deleted could not resume, or took the shipped recipe of the same name
+  for new runs; it resumes from its manifest.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import yaml
 from typer.testing import CliRunner
 
 from clipbench.cli import app
+from clipbench.config.shipped import shipped_recipe
 from clipbench.tracking.store import RunDir
 
 pytestmark = pytest.mark.slow  # trains the tiny model (about 20 s for the module)
@@ -171,3 +174,38 @@ def test_a_dangling_run_directory_link_is_one_line(store, tmp_path):
     rd.path.symlink_to(moved)  # the link mended: the run is found finished where it points
     p = sweep(f, results, "--jobs", "2")
     assert p.returncode == 0 and "(2 finished, 0 to resume, 0 to start)" in p.stderr, p.stderr[-2000:]
+
+
+@pytest.mark.parametrize("recipe", ["arith_tiny.yaml", "mine.yaml"], ids=["a-shipped-name", "own-name"])
+def test_a_sweep_whose_recipe_is_gone_resumes_from_its_manifest(tmp_path, recipe):
+    """The sweep's recipe (beside it, `base: RECIPE`) deleted: it could not resume (recipe not found),
+    though its manifest holds every run's frozen config; or, its name being a shipped recipe's, new
+    runs silently took that recipe (a learning rate of 5e-5 where the deleted file said 1e-4). Now the
+    frozen runs resume from the manifest and no new run is planned from another file."""
+    mine = tmp_path / recipe
+    mine.write_text((REPO / "recipes" / "arith_tiny.yaml").read_text().replace("lr: 5.0e-5", "lr: 1.0e-4"))
+    f = tmp_path / "s.yaml"
+    spec = {"name": "s", "base": recipe, "overrides": TINY, "grid": {"seed": [0]}}
+    f.write_text(yaml.safe_dump(spec, sort_keys=False))
+    results = tmp_path / "results"
+    p = sweep(f, results)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (run,) = [d for d in (results / "s").iterdir() if (d / "config.yaml").is_file()]
+    mine.unlink()
+    shutil.rmtree(run)  # planned and frozen, not yet trained (as after a kill before its start)
+    f.write_text(yaml.safe_dump({**spec, "grid": {"seed": [0, 1]}}, sort_keys=False))  # and a seed added
+    p = sweep(f, results)
+    assert p.returncode == 0, p.stderr[-2000:]
+    instead = (
+        f", and its base '{recipe}' now names the shipped recipe {shipped_recipe(recipe)}, another recipe"
+        if recipe == "arith_tiny.yaml"
+        else ""
+    )
+    assert (
+        f"warning: the recipe {mine} that sweep 's' was frozen from is gone{instead}: its 1 frozen runs resume "
+        "from the manifest (each holds its whole config) and no new run is planned; restore the recipe to plan "
+        "new ones"
+    ) in one_line(p.stderr)
+    assert "1/1 runs finished" in p.stderr
+    assert yaml.safe_load((run / "config.yaml").read_text())["train"]["lr"] == 1.0e-4  # the deleted recipe's
+    assert len(json.loads((results / "s" / "manifest.json").read_text())["runs"]) == 1  # seed 1: not planned
