@@ -56,6 +56,7 @@ class RunState(str, Enum):
 
 
 STATES = tuple(s.value for s in RunState)
+CHECKPOINT_LOGS = "logs"  # a checkpoint's copy of the run's metrics.jsonl and histograms (train.checkpoint)
 # Sub-directories of a results dir that are not sweeps (`train` is: single `clipbench train` runs).
 NOT_SWEEPS = ("reports", "bench", "eval", "mlartifacts")
 
@@ -135,6 +136,21 @@ class RunDir:
     @property
     def checkpoint_dir(self) -> Path:
         return self.path / "checkpoints" / "last"
+
+    def rows_lost(self) -> bool:
+        """Whether metrics.jsonl or the histograms hold less than the last checkpoint's copy of them (a
+        cheap look, sizes and the last byte only: train.checkpoint.lost_rows says what and mends it)."""
+        for path in (self.metrics_path, self.hist_path):
+            copy = self.checkpoint_dir / CHECKPOINT_LOGS / path.name
+            if not copy.is_file() or copy.stat().st_size == 0:
+                continue
+            if not path.is_file() or path.stat().st_size < copy.stat().st_size:
+                return True
+            with open(path, "rb") as f:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    return True
+        return False
 
     def eval_path(self, step: int, benchmark: str) -> Path:
         return self.path / "eval" / f"step_{step:06d}" / f"{benchmark}.json"

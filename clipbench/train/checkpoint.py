@@ -49,7 +49,7 @@ from clipbench.errors import no_space_left
 from clipbench.models import compute_dtype
 from clipbench.tracking.files import atomic_write_text, complete_lines, share_like_umask
 from clipbench.tracking.provenance import clipbench_version
-from clipbench.tracking.store import RunDir
+from clipbench.tracking.store import CHECKPOINT_LOGS, RunDir
 from clipbench.train.distributed import Dist
 
 
@@ -122,7 +122,7 @@ def save_checkpoint(
 
 
 NEARLY_FULL = 1 << 20  # bytes
-LOGS = "logs"
+LOGS = CHECKPOINT_LOGS  # the copy of the run's rows (tracking.store owns the name: a finished sweep's rerun looks)
 OWNER_KEYS = ("run_id", "seed", "clipbench")  # whose checkpoint, and which clipbench wrote it; not trainer state
 
 
