@@ -36,7 +36,7 @@ from clipbench.engines import (
     check_plugin_code,
     preflight,  # the run's engine checks, then model, task, benchmarks, memory
 )
-from clipbench.errors import PREEMPTED_EXIT, ConfigError, StoreError, UserError, stop_exit_code
+from clipbench.errors import PREEMPTED_EXIT, StoreError, UserError, stop_exit_code
 from clipbench.sweep.execute import (
     Next,
     RunTask,
@@ -48,9 +48,9 @@ from clipbench.sweep.execute import (
 )
 from clipbench.sweep.expand import Expansion, expand
 from clipbench.sweep.hydra_app import check_launcher, launch
-from clipbench.sweep.manifest import freeze, manifest_path, manifest_runs, merge, read_manifest
+from clipbench.sweep.manifest import freeze, frozen_plan, manifest_path, manifest_runs, merge, read_manifest
 from clipbench.sweep.pool import run_parallel, threads_per_worker
-from clipbench.sweep.spec import SweepSpec, base_not_found, load_spec
+from clipbench.sweep.spec import SweepSpec, load_spec
 from clipbench.sweep.submitted import plans_of, submit_plans
 from clipbench.tracking.files import REMEDIES, check_writable_dir
 from clipbench.tracking.lock import LOCK_DIR
@@ -467,32 +467,6 @@ def submitted_sweep(
 
 
 # ---------------------------------------------------------------------------------------------
-
-
-def frozen_plan(spec: SweepSpec, existing: dict | None) -> Expansion | None:
-    """The frozen runs alone, when the recipe the manifest was frozen from is gone and the sweep file's
-    `base` no longer names it (no such file: nothing, or the shipped recipe of the same name, which is
-    another recipe): the runs resume from their frozen configs, and no new run is planned from a
-    recipe that is not theirs. None otherwise (the sweep file is expanded as usual); a first
-    invocation whose recipe is missing is the usual one line."""
-    frozen = (existing or {}).get("base")
-    gone = frozen is not None and frozen != str(spec.base) and not Path(frozen).is_file()
-    if existing is None or not (spec.base_found == "missing" or (gone and spec.base_found == "by_name")):
-        if spec.base_found == "missing":
-            raise ConfigError(spec.source, "base", base_not_found(spec.base, spec.base_written))
-        return None
-    instead = (
-        f", and its base '{spec.base_written}' now names the shipped recipe {spec.base}, another recipe"
-        if (spec.base_found == "by_name")
-        else ""
-    )
-    runs, points = dict(existing["runs"]), dict(existing.get("points", {}))
-    line = (
-        f"the recipe {frozen or spec.base} that sweep '{spec.name}' was frozen from is gone{instead}: its "
-        f"{len(runs)} frozen runs resume from the manifest (each holds its whole config) and no new run is "
-        "planned; restore the recipe to plan new ones"
-    )
-    return Expansion(runs, points, len(runs), 0, (line,))
 
 
 def check_run_files(sweep_dir: Path, run_ids: Iterable[str] = ()) -> None:
