@@ -211,7 +211,7 @@ def check_plugin_code(cfg) -> None:
         loss = bind(rule.name, rule.params)(every_input).loss
         if not torch.isfinite(loss):
             raise RuleError(
-                f"rule '{rule.name}' ({METHODS[rule.name].where}) returned a non-finite loss ({float(loss)}) on a "
+                f"rule '{rule.name}' ({METHODS[rule.name].where}) returned a non-finite loss ({float(loss.detach())}) on a "
                 "small batch of ratios near 1 (4 rows of 3 tokens): training would skip every such step"
             )
         loss.backward()
