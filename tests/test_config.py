@@ -263,10 +263,42 @@ def NAME(r, A):
 """
 
 
+NO_GRAD_RULE = """import torch
+from clipbench.objectives import rule
+
+
+@rule("NAME", source="a test")
+def NAME(r, A):
+    '''a rule with a bug: its loss is cut from the ratio'''
+    return -(r * A).detach()
+"""
+
+INF_RULE = """import torch
+from clipbench.objectives import rule
+
+
+@rule("NAME", source="a test")
+def NAME(r, A):
+    '''a rule with a bug: an infinite loss with a finite gradient'''
+    return -(r * A) + float("inf")
+"""
+
+
 @pytest.mark.parametrize("verb", ["train", "sweep"])
 @pytest.mark.parametrize(
     "plugin, key, said",
     [
+        (  # before: a 109-line traceback (backward of a tensor that does not require grad)
+            NO_GRAD_RULE,
+            "objective.method=NAME",
+            "rule 'NAME' (plugin {f}) returned a loss without a gradient: it must depend on its inputs r, s, "
+            "logp or log_ratio through differentiable operations",
+        ),
+        (  # before: trained on, every loss null, skipped_nonfinite 0, the run "ok"
+            INF_RULE,
+            "objective.method=NAME",
+            "rule 'NAME' (plugin {f}) returned a non-finite loss (inf) on a small batch of ratios near 1",
+        ),
         (
             RAISING_CORRECTION,
             "sampler.correction.name=NAME",

@@ -10,6 +10,8 @@ final parameters, exactly: one thread, the same arithmetic).
 - case 1: seed 1's checkpoint copied over seed 0's (before: seed 0 "finished" on seed 1's weights).
 - case 2: the last metrics row torn (its append not on disk while the checkpoint was; before: 7 of 8
   rows, for good).
+- an older layout's checkpoint (no run id, seed or checksums) of another run: it cannot show it is
+  the run's own, so it is set aside (before: resumed without a word).
 - case 4: a truncated DCP shard, a zero-byte rollout.pt, a truncated state.json (before: a torch
   traceback and a failed run that a rerun skipped; a one-line failure that never retried; a silent
   restart), and an older clipbench's checkpoint without checksums whose shard is truncated (it fails
@@ -24,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -166,13 +169,36 @@ def test_a_torn_last_metrics_row_is_restored_from_the_checkpoint(clean, tmp_path
     same_run(rd, clean[0])  # 8 of 8 rows, the uninterrupted run's
 
 
+def test_an_older_layout_checkpoint_of_another_run_is_set_aside(clean, tmp_path):
+    """Seed 1's final checkpoint in the layout from before checkpoints named their run (no run id,
+    seed, checksums or copy of the rows) copied over seed 0's: before, seed 0 "finished" on seed 1's
+    weights without a word. A checkpoint that cannot show it is the run's own is another run's."""
+    rd = interrupted(tmp_path)
+    shutil.rmtree(rd.checkpoint_dir)
+    shutil.copytree(clean[1].checkpoint_dir, rd.checkpoint_dir)
+    state = json.loads((rd.checkpoint_dir / "state.json").read_text())
+    assert state["clipbench"] == version("clipbench")  # checkpoints record the version that wrote them
+    for k in ("files", "run_id", "seed", "clipbench"):
+        state.pop(k)
+    (rd.checkpoint_dir / "state.json").write_text(json.dumps(state))
+    shutil.rmtree(rd.checkpoint_dir / "logs")
+    p = resume(tmp_path)
+    assert warnings_of(p) == [
+        "warning: checkpoint checkpoints/last set aside (removed): it does not name its run (a checkpoint of an "
+        "older clipbench, written before checkpoints recorded their run id and seed): it cannot show it is this "
+        "run's own",
+        "warning: the run restarts from step 0",
+    ]
+    same_run(rd, clean[0])  # seed 0's own numbers, not seed 1's
+
+
 def test_a_checkpoint_ahead_of_its_metrics_without_a_copy_is_set_aside(clean, tmp_path):
-    """An older clipbench's checkpoint (no copy of the rows, no checksums) at step 2 while
-    metrics.jsonl lost the rows of step 1: it cannot be continued without a hole, so the run restarts."""
+    """An older clipbench's checkpoint (its run named, but no copy of the rows, no checksums) at step 2
+    while metrics.jsonl lost the rows of step 1: it cannot be continued without a hole, so the run
+    restarts."""
     rd = interrupted(tmp_path)
     state = json.loads((rd.checkpoint_dir / "state.json").read_text())
-    for k in ("files", "run_id", "seed"):
-        state.pop(k)
+    state.pop("files")
     (rd.checkpoint_dir / "state.json").write_text(json.dumps(state))
     shutil.rmtree(rd.checkpoint_dir / "logs")
     rows = rd.metrics_path.read_text().splitlines(keepends=True)

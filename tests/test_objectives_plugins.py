@@ -282,3 +282,40 @@ def test_cli_sweep_runs_and_reports_a_plugin_rule_and_notices_a_changed_file(tmp
     err = res.stderr.strip()
     assert "\n" not in err and "lower_only.py: plugin changed since sweep 'mine' was planned" in err, err
     assert (tmp_path / "results" / "mine" / "manifest.json").read_text() == before
+
+
+INF_IN_TRAINING = """import torch
+from clipbench.objectives import rule
+
+
+@rule("inf_in_training", source="a test")
+def inf_in_training(r, A):
+    '''-r*A, and inf on batches of more than 4 rows: the preflight's 4 rows pass, training's do not'''
+    return -(r * A) + (float("inf") if r.shape[0] > 4 else 0.0)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_rule_whose_loss_is_infinite_is_skipped_by_the_non_finite_guard(tmp_path):
+    """An infinite loss with a finite gradient trained on: every loss null, skipped_nonfinite 0, the run
+    "ok". The step's loss now counts like its gradient norm: every step skipped, and the run fails past
+    train.max_skipped_frac (after its first rollout step: 2 optimizer steps of 8 rows), in one line."""
+    write(tmp_path / "inf_rule.py", INF_IN_TRAINING)
+    res = cli(
+        "train", str(RECIPE), "--plugin", "inf_rule.py", "objective.method=inf_in_training", "train.steps=2",
+        "train.mini_batches=2", *SMALL, "--results-dir", "results", cwd=tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 1
+    assert (
+        res.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "error: train.max_skipped_frac: 2 of the run's 4 optimizer steps were skipped (a non-finite loss or gradient "
+            "norm), more than 0.1 of them"
+        )
+    )
+    (run,) = (tmp_path / "results" / "train").iterdir()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["skipped_nonfinite"] for r in rows] == [1, 2] and all(r["loss"] is None for r in rows)
+    assert json.loads((run / "status.json").read_text())["state"] == "failed"

@@ -554,3 +554,27 @@ def test_report_no_replay_leaves_the_section_to_clipbench_replay_and_says_so(rec
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "Replay vs" not in md and "replay_zero_grad.png" not in md
     assert "the runs' records were not replayed (--no-replay): `clipbench replay rec` writes that section" in md
+
+
+@pytest.mark.slow
+def test_a_deleted_record_is_named_and_the_replay_marked_partial(recorded, tmp_path):
+    """A record the run wrote (status.json lists it) deleted: the replay replayed the other steps with
+    no word (8 optimizer steps of 12, every number different). Now its first line says PARTIAL and
+    names the rollout step and its optimizer steps; --json says it on stderr."""
+    import shutil
+
+    run = tmp_path / "rec" / recorded.name
+    shutil.copytree(recorded, run)
+    shutil.rmtree(run / "record" / "step_000001")  # rollout step 1: optimizer steps 5 to 8 (2 x 2 per step)
+    line = (
+        f"PARTIAL: this replay lacks recorded steps ({run.name}: the record(s) of rollout step(s) 1 are missing "
+        f"from {run / 'record'} (status.json lists them): optimizer steps 5, 6, 7, 8 are not replayed); its "
+        "numbers are of the other steps only."
+    )
+    out = _replay_cli(run, "--no-params", "--out", str(tmp_path / "rep"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert " ".join(out.stdout.split()).startswith(line)
+    assert line in (tmp_path / "rep" / "replay.md").read_text()
+    js = _replay_cli(run, "--no-params", "--json")
+    assert js.returncode == 0 and f"warning: {line}" in js.stderr
+    assert sorted({json.loads(r)["opt_step"] for r in js.stdout.splitlines()}) == [1, 2, 3, 4]

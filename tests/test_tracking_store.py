@@ -86,12 +86,18 @@ def test_empty_and_missing_sweeps(tmp_path):
 def test_fallback_reader_handles_what_arrow_rejects(tmp_path):
     rd = RunDir(tmp_path / "sw" / "r1")
     rd.write_config({})
-    # a column that is a number in one row and a string in another: Arrow refuses, pandas copes
+    # a column that is a number in one row and a list of numbers in another: Arrow refuses, pandas copes
+    rd.metrics_path.write_text(
+        json.dumps({"opt_step": 1, "x": 1.5}) + "\n" + json.dumps({"opt_step": 2, "x": [1, 2]}) + "\n"
+    )
+    df = load_sweep_metrics(tmp_path, "sw")
+    assert df.x.tolist() == [1.5, [1, 2]] and df.run_id.tolist() == ["r1", "r1"]
+    # text where a number belongs is a value clipbench never writes: one line naming the file, row and key
     rd.metrics_path.write_text(
         json.dumps({"opt_step": 1, "x": 1.5}) + "\n" + json.dumps({"opt_step": 2, "x": "n/a"}) + "\n"
     )
-    df = load_sweep_metrics(tmp_path, "sw")
-    assert df.x.tolist() == [1.5, "n/a"] and df.run_id.tolist() == ["r1", "r1"]
+    with pytest.raises(StoreError, match=r"metrics.jsonl: line 2: key 'x' holds 'n/a' \(str\), not a number"):
+        load_sweep_metrics(tmp_path, "sw")
 
 
 def test_run_lock_is_exclusive_across_processes_and_released_on_kill(tmp_path):

@@ -322,7 +322,11 @@ def test_engine_axis_sweep_trains_with_trl_and_reports_side_by_side(tmp_path):
 @pytest.mark.slow
 def test_engine_trl_run_resumes_from_its_checkpoint_with_the_same_numbers(tmp_path):
     """Interrupted after 2 of 3 rollout steps (checkpoint after each), resumed through TRL's own resume:
-    every metric of every optimizer step and the final evaluation equal an uninterrupted run's."""
+    every metric of every optimizer step and the final evaluation equal an uninterrupted run's. Its
+    checkpoint names the run; one that does not (the older layout) is set aside and the run restarts."""
+    import shutil
+
+    from clipbench.config import run_id
     from clipbench.engines import train_run
 
     cfg = load_run_config(RECIPE, ["engine=trl", *(f"{k}={v}" for k, v in {**TINY, "train.steps": 3}.items())])
@@ -339,10 +343,22 @@ def test_engine_trl_run_resumes_from_its_checkpoint_with_the_same_numbers(tmp_pa
         train_run(cfg, tmp_path / "cut", progress=stop)
     cut = RunDir(tmp_path / "cut")
     assert cut.status()["state"] == "running" and len(cut.read_metrics()) == 4
-    assert json.loads((cut.checkpoint_dir / "state.json").read_text())["step"] == 1
+    state = json.loads((cut.checkpoint_dir / "state.json").read_text())
+    assert state["step"] == 1 and (state["run_id"], state["seed"]) == (run_id(cfg), cfg.seed)
+    # the same checkpoint in the layout from before checkpoints named their run: not shown to be this run's
+    shutil.copytree(cut.path, tmp_path / "old")
+    old = RunDir(tmp_path / "old")
+    (old.checkpoint_dir / "state.json").write_text(json.dumps({"step": 1, "opt_step": 2, "engine": "trl"}))
     train_run(cfg, cut.path, resume=True)
     full = RunDir(tmp_path / "full")
+    train_run(cfg, old.path, resume=True)
+    assert old.status()["checkpoint_notes"] == [
+        "checkpoint checkpoints/last set aside (removed): it does not name its run (a checkpoint of an older "
+        "clipbench, written before checkpoints recorded their run id and seed): it cannot show it is this run's own",
+        "the run restarts from step 0",
+    ]
     strip = lambda rows: [{k: v for k, v in r.items() if k != "trl/step_time"} for r in rows]  # noqa: E731
+    assert strip(old.read_metrics()) == strip(full.read_metrics())  # trained from step 0
     assert strip(cut.read_metrics()) == strip(full.read_metrics())
     assert cut.read_evals()[3]["arith"]["correct"] == full.read_evals()[3]["arith"]["correct"]
     assert cut.status()["state"] == "finished"

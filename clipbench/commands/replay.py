@@ -195,12 +195,22 @@ def replay_command(
         )
     if not result.rows:
         raise UserError(f"{target}: no recorded optimizer step matches --steps {steps}")
+    partial = (
+        [
+            f"PARTIAL: this replay lacks recorded steps ({'; '.join(result.partial)}); its numbers are of the other steps only."
+        ]
+        if result.partial
+        else []
+    )
     if json_out:
+        for line in partial:
+            print(f"warning: {line}", file=sys.stderr)
         for row in result.rows:
             print(dumps(row))
         return []
     summary = summarize(result)
     header = [
+        *partial,
         f"Replay of '{name}': {len(recorded)} run(s) with records, {len(result.matrices)} optimizer steps, "
         f"{len({r['rule'] for r in result.rows})} rules ({'token and parameter level' if params else 'token level'}).",
         *(f"Note: {n}" for n in summary["notes"] + summary["skipped"]),

@@ -10,11 +10,12 @@ benchmark alone (a validation split): each rule's best rate and lr* (docs/report
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from clipbench.errors import UserError, unknown_choice
 from clipbench.report import render
-from clipbench.report.build import build_report, write_report
+from clipbench.report.build import build_report, warning_lines, write_report
 from clipbench.tracking.files import check_store_dir, check_writable_dir
 from clipbench.tracking.store import list_sweeps
 
@@ -48,6 +49,9 @@ def report_command(
         else:
             out_dir = check_writable_dir(Path(out) if len(names) == 1 else Path(out) / name, "--out")
         paths = write_report(s, result, tables, header, fmt, out_dir)
+        if fmt != "rich":  # the files say it first; so does the terminal
+            for line in warning_lines(s, result):
+                print(f"warning: {line}", file=sys.stderr)
         if fmt == "rich":
             console = render.report_console()
             for line in header:

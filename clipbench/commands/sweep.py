@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,13 +41,14 @@ from clipbench.sweep.execute import (
     Next,
     RunTask,
     classify,
+    mend_finished,
     outcome_from_store,
     run_sequential,
     run_task,
 )
 from clipbench.sweep.expand import Expansion, expand
 from clipbench.sweep.hydra_app import check_launcher, launch
-from clipbench.sweep.manifest import freeze, manifest_path, manifest_runs, merge, read_manifest
+from clipbench.sweep.manifest import freeze, frozen_plan, manifest_path, manifest_runs, merge, read_manifest
 from clipbench.sweep.pool import run_parallel, threads_per_worker
 from clipbench.sweep.spec import SweepSpec, load_spec
 from clipbench.sweep.submitted import plans_of, submit_plans
@@ -56,7 +58,7 @@ from clipbench.tracking.metrics_table import load_sweep_metrics
 from clipbench.tracking.mirror import sync_hint
 from clipbench.tracking.mlflow_client import damaged_database_line, resolve_tracking_uri
 from clipbench.tracking.mlflow_sink import finish_parent_run, sweep_parent_run
-from clipbench.tracking.store import RunDir, list_run_dirs
+from clipbench.tracking.store import RunDir, check_run_path, list_run_dirs
 
 if TYPE_CHECKING:
     from clipbench.engines import Engine
@@ -103,13 +105,14 @@ def sweep_command(
     if eng is not None and eng.in_process:  # the run config's own key, for every run
         run_overrides.append(f"engine={eng.name}")
     stage.say(f"sweep {file}: expanding its grid, validating each setting")
-    spec, exp = plan(file, run_overrides, plugins)
+    spec = load_spec(file, run_overrides, plugins, missing_base_ok=True)
     # a plan writes nothing: a read-only store can show one
     results_dir = check_store_path(results_dir) if dry_run or json_out else check_writable_dir(results_dir)
     mpath = manifest_path(results_dir, spec.name)
     existing = read_manifest(mpath)  # a damaged store: one line (StoreError), before anything is written
+    exp = frozen_plan(spec, existing) or expand(spec)
     check_frozen_configs(mpath, existing)
-    check_run_files(mpath.parent)
+    check_run_files(mpath.parent, [*exp.runs, *(existing or {}).get("runs", {})])
     if not (dry_run or json_out):
         check_writable_store(mpath.parent)
     stage.done()
@@ -176,6 +179,7 @@ def run_sweep(
     run_dirs = {rid: RunDir(results_dir / spec.name / rid) for rid, _, _ in runs}
     states = {rid: classify(rd, retry_failed) for rid, rd in run_dirs.items()}
     err.print(start_line(spec.name, len(runs), results_dir, states))
+    warn(err, mend_finished(run_dirs, {rid: cfg for rid, cfg, _ in runs}, states))
     trains = [rid for rid, _, _ in runs if states[rid].trains]
     parent = uri = experiment = None  # nothing to train: MLflow is left as it is (`clipbench sync` mends it)
     if trains:
@@ -465,9 +469,12 @@ def submitted_sweep(
 # ---------------------------------------------------------------------------------------------
 
 
-def check_run_files(sweep_dir: Path) -> None:
-    """Read every run's status.json and config.yaml once: a damaged one is a StoreError line now,
-    not a traceback halfway through the sweep."""
+def check_run_files(sweep_dir: Path, run_ids: Iterable[str] = ()) -> None:
+    """Read every run's status.json and config.yaml once, and see that every run's directory can be
+    one (`run_ids`: the runs planned; a dangling symbolic link, a file): a damaged one is a
+    StoreError line now, not a traceback halfway through the sweep."""
+    for rid in run_ids:
+        check_run_path(sweep_dir / rid)
     for rd in list_run_dirs(sweep_dir):
         rd.status()
         rd.read_config()

@@ -15,7 +15,7 @@ remembered in `<results>/<sweep>/.cache/rerun.json`: the command line (overrides
 directory), the sweep file, its base recipe and the plugin files its manifest records (each by
 sha256), and clipbench's own code (the sha256 of its .py and .yaml files). A rerun whose inputs are
 the same, byte for byte, whose manifest still plans the same runs and whose runs are all still
-finished prints what the full rerun prints (the warnings, the start line, "N/N runs finished")
+finished (their metrics and histograms no shorter than their last checkpoint's copy) prints what the full rerun prints (the warnings, the start line, "N/N runs finished")
 without importing torch, expanding the grid or opening MLflow. Anything else takes the full path.
 """
 
@@ -185,6 +185,8 @@ def finished_rerun(
         return False
     try:
         if any(RunDir(sweep_dir / rid).state is not RunState.FINISHED for rid in runs):
+            return False
+        if any(RunDir(sweep_dir / rid).rows_lost() for rid in runs):  # the full path writes them back
             return False
     except (UserError, OSError, ValueError):
         return False

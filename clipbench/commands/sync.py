@@ -48,7 +48,7 @@ def sync_command(
         client = client_for(uri)
         client.search_experiments(max_results=1)
     except Exception as e:  # noqa: BLE001
-        if (damaged := damaged_database_line(uri, results_dir)) is not None:
+        if (damaged := damaged_database_line(uri, results_dir, e)) is not None:
             raise UserError(damaged) from None
         raise UserError(
             f"cannot reach MLflow at {uri}: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"

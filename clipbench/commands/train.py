@@ -23,7 +23,7 @@ from clipbench.engines.launch import launch_ranks, run_as_rank
 from clipbench.errors import DiskFull, RunFailed, RunPreempted
 from clipbench.tracking.files import check_writable_dir
 from clipbench.tracking.mlflow_sink import run_sink
-from clipbench.tracking.store import RunDir
+from clipbench.tracking.store import RunDir, check_run_path
 from clipbench.train.checkpoint import find_checkpoint
 from clipbench.train.distributed import under_torchrun
 from clipbench.train.preempt import preempt_signals
@@ -45,6 +45,7 @@ def train_command(
     cfg = load_run_config(recipe, overrides, plugins=plugins)
     rd = RunDir(Path(results_dir) / "train" / run_id(cfg))
     check_writable_dir(results_dir)  # a file, or not writable: one line, not a traceback
+    check_run_path(rd.path)  # a dangling symbolic link in its place, a file: one line
     rd.status(), rd.read_config()  # a damaged store file of this run: one line (StoreError) before any write
     preflight(cfg, str(recipe))  # engine keys, model, task, benchmarks, sleep mode, GPU memory: nothing written
     n = cfg.launch.nproc_per_node

@@ -191,7 +191,7 @@ def check_plugin_code(cfg) -> None:
     import torch  # noqa: PLC0415 - torch is heavy
 
     # PLC0415, deferred: torch is heavy
-    from clipbench.objectives import METHODS, RuleInputs, bind  # noqa: PLC0415
+    from clipbench.objectives import METHODS, RuleError, RuleInputs, bind  # noqa: PLC0415
     from clipbench.objectives.corrections import NONE, apply_correction, get_correction  # noqa: PLC0415
     from clipbench.objectives.inputs import GIVEN, TOKEN  # noqa: PLC0415
 
@@ -208,7 +208,13 @@ def check_plugin_code(cfg) -> None:
         every_input = RuleInputs.of(
             logp=logp, old_logp=old, advantages=A, mask=mask, generator=g, groups=torch.tensor([0, 0, 1, 1]), **given
         )
-        bind(rule.name, rule.params)(every_input).loss.backward()
+        loss = bind(rule.name, rule.params)(every_input).loss
+        if not torch.isfinite(loss):
+            raise RuleError(
+                f"rule '{rule.name}' ({METHODS[rule.name].where}) returned a non-finite loss ({float(loss.detach())}) on a "
+                "small batch of ratios near 1 (4 rows of 3 tokens): training would skip every such step"
+            )
+        loss.backward()
     correction = cfg.sampler.correction
     if correction.name != NONE and get_correction(correction.name).origin is not None:
         apply_correction(correction.one_form(), old, logp.detach(), mask, advantages=A)

@@ -57,7 +57,7 @@ from clipbench.tracking.records import record_steps
 from clipbench.tracking.run_entry import run_finished, run_started, run_summary
 from clipbench.tracking.sink import NullSink
 from clipbench.tracking.store import RunDir, RunState
-from clipbench.train.checkpoint import find_checkpoint, install_checkpoint
+from clipbench.train.checkpoint import checkpoint_owner, find_checkpoint, install_checkpoint, not_own
 from clipbench.train.distributed import resolve_device
 
 # GRPOConfig fields clipbench derives from the run config (a `trl:` entry may not set them).
@@ -369,7 +369,10 @@ class StoreCallback(TrainerCallback):
             root = self.rd.checkpoint_dir.parent
             tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
             os.replace(src, tmp / "model")
-            atomic_write_json(tmp / "state.json", {"step": n // self.per_rollout, "opt_step": n, "engine": "trl"})
+            atomic_write_json(
+                tmp / "state.json",
+                {"step": n // self.per_rollout, "opt_step": n, "engine": "trl", **checkpoint_owner(self.cfg)},
+            )
             install_checkpoint(tmp, self.rd.checkpoint_dir)
             self.rd.set_status(RunState.RUNNING, step=n // self.per_rollout)
         _barrier()
@@ -414,21 +417,31 @@ def _reward_fn(task, problems):
     return clipbench_reward
 
 
-def _prepare_run_dir(rd, *, resume: bool, main: bool) -> tuple[Path | None, dict]:
-    """The checkpoint a resume starts from (None: a fresh start) and its state. A fresh start owns the
-    directory's generated files (removed); a resume drops what was written after its checkpoint."""
+def _prepare_run_dir(rd, cfg, *, resume: bool, main: bool) -> tuple[Path | None, dict, list[str]]:
+    """The checkpoint a resume starts from (None: a fresh start), its state and what was set aside. A
+    checkpoint that does not show it is this run's (its run id and seed) is removed with a line saying
+    so, and the run starts fresh. A fresh start owns the directory's generated files (removed); a
+    resume drops what was written after its checkpoint."""
 
     ckpt = find_checkpoint(rd.checkpoint_dir) if resume else None
     state = read_json(ckpt / "state.json") if ckpt else {"step": 0}
     if ckpt and state.get("engine") != "trl":
         raise UserError(f"{ckpt}: a checkpoint of engine '{state.get('engine', 'builtin')}', not 'trl'")
+    notes = []
+    why = not_own(state, cfg) if ckpt else None
+    if why is not None:
+        notes = [f"checkpoint {ckpt.relative_to(rd.path)} set aside (removed): {why}", "the run restarts from step 0"]
+        _barrier()  # every process has read it
+        if main:
+            shutil.rmtree(rd.checkpoint_dir.parent, ignore_errors=True)
+        ckpt, state, resume = None, {"step": 0}, False
     if main and not resume:
         rd.clear_generated()
     if main and ckpt:
         rd.truncate_after(state["step"])
     rd.checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
     _barrier()
-    return ckpt, state
+    return ckpt, state, notes
 
 
 def train(cfg, run_dir: Path, *, resume: bool = False, sink=None, progress=None, dist=None, stop=None) -> dict:
@@ -450,7 +463,7 @@ def run_trl(
     sink = sink or NullSink()
     rd = RunDir(run_dir)
     main = _main_process()
-    ckpt, state = _prepare_run_dir(rd, resume=resume, main=main)
+    ckpt, state, notes = _prepare_run_dir(rd, cfg, resume=resume, main=main)
 
     model, tok = load_model_and_tokenizer(resolve_model_name(cfg.model.name), dtype="float32", device="cpu")
     task = build_run_task(cfg)  # the run seed draws the problems, as in the builtin loop
@@ -488,6 +501,8 @@ def run_trl(
             device=resolve_device(cfg.model.device),
             step=state["step"],
             fresh=ckpt is None,
+            drop=() if notes else ("checkpoint_notes",),
+            **({"checkpoint_notes": notes, "resumed_from": None} if notes else {}),
         )
 
     trainer.train(resume_from_checkpoint=str(ckpt / "model") if ckpt else None)

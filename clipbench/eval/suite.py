@@ -14,21 +14,29 @@ from collections.abc import Callable
 
 from clipbench.eval.evaluate import Shard, evaluate_and_store
 from clipbench.seeds import derive_seed
-from clipbench.tasks.benchmarks import ARITH_SPLITS, arith_split, benchmark_grader, load_benchmark
+from clipbench.tasks.benchmarks import ARITH_SPLITS, arith_split, benchmark_grader, get_benchmark, load_benchmark
 
 
 def eval_suite(cfg, task) -> dict[str, tuple[list, Callable]]:
     """{benchmark: (problems, grade(completion, problem) -> bool)} for the run's eval config."""
+    return {name: benchmark_problems(cfg, task, name) for name in cfg.eval.benchmarks}
 
-    suite = {}
-    for name in cfg.eval.benchmarks:
-        if name in ARITH_SPLITS and cfg.task.name == "arith":  # the run's own held-out split and knobs
-            problems = list(arith_split(task, name))[: cfg.eval.limit or None]
-            suite[name] = (problems, task.is_correct)
-        else:
-            problems = load_benchmark(name, data_dir=cfg.eval.data_dir, limit=cfg.eval.limit)
-            suite[name] = (problems, benchmark_grader(name))
-    return suite
+
+def benchmark_problems(cfg, task, name: str) -> tuple[list, Callable]:
+    """(problems, grade) of one benchmark of the run's eval config: the problems its evaluations hold."""
+    if name in ARITH_SPLITS and cfg.task.name == "arith":  # the run's own held-out split and knobs
+        return list(arith_split(task, name))[: cfg.eval.limit or None], task.is_correct
+    return load_benchmark(name, data_dir=cfg.eval.data_dir, limit=cfg.eval.limit), benchmark_grader(name)
+
+
+def local_split(cfg, name: str) -> bool:
+    """Whether the problems of benchmark `name` for this eval config come from this machine alone (a
+    generated split, or a file in eval.data_dir): reading them needs neither the network nor a cache."""
+    return (
+        (name in ARITH_SPLITS and cfg.task.name == "arith")
+        or get_benchmark(name).hf_name is None
+        or (cfg.eval.data_dir is not None)
+    )
 
 
 def eval_n(cfg, step: int) -> int:

@@ -178,6 +178,12 @@ class BoundRule:
                 f"rule '{self.method}' ({self.spec.where}) returned {got}: a rule returns the per-token loss "
                 f"(B, T) = ({B}, {T}) or a per-sequence loss (B, 1) as a float tensor"
             )
+        if torch.is_grad_enabled() and inputs.logp.requires_grad and not out.requires_grad:
+            raise RuleError(
+                f"rule '{self.method}' ({self.spec.where}) returned a loss without a gradient: it must depend on "
+                "its inputs r, s, logp or log_ratio through differentiable operations (a .detach(), .item(), "
+                "torch.no_grad() or a new tensor cuts the gradient)"
+            )
         return out.to(torch.float32).expand(B, T)
 
     def stat(self, inputs: RuleInputs) -> dict:

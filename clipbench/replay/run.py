@@ -30,7 +30,15 @@ from clipbench.replay.rules import RuleSpec
 from clipbench.replay.tokens import Cells, NotReplayable, OptStepView, compare, cosine_matrix, flat_g, replay_rule
 from clipbench.tracking.files import read_jsonl
 from clipbench.tracking.provenance import recorded_threads
-from clipbench.tracking.records import INDEX, REMEDY, damaged_records, list_records, load_record
+from clipbench.tracking.records import (
+    INDEX,
+    REMEDY,
+    damaged_records,
+    list_records,
+    load_record,
+    record_step,
+    record_steps,
+)
 from clipbench.tracking.store import RunDir, RunState
 
 
@@ -40,6 +48,7 @@ class ReplayResult:
     matrices: list[dict] = field(default_factory=list)
     tokens: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    partial: list[str] = field(default_factory=list)  # recorded steps whose records are gone (missing_records)
 
 
 def finished_runs(run_dirs: Iterable[Path]) -> tuple[list[Path], str | None]:
@@ -132,6 +141,28 @@ def check_opt_steps(records: list[Path], logged: dict[int, dict]) -> None:
                     f"({min(logged)}..{max(logged)} in metrics.jsonl): not this run's record; {REMEDY}"
                 )
             seen[n] = path
+
+
+def missing_records(run_dir: Path, logged: dict[int, dict]) -> dict[int, list[int]]:
+    """{rollout step: the optimizer steps metrics.jsonl logged for it} of each record the run wrote
+    (status.json lists the steps it recorded) that is no longer in its store (deleted; a damaged
+    record, without its index, is noted apart). {} for a run whose status lists none."""
+    listed = RunDir(run_dir).status().get("records")
+    if not isinstance(listed, list):
+        return {}
+    here = set(record_steps(run_dir)) | {record_step(d) for d in damaged_records(run_dir)}
+    gone = sorted({int(s) for s in listed if isinstance(s, int) and s not in here})
+    return {k: sorted(n for n, row in logged.items() if row.get("step") == k) for k in gone}
+
+
+def partial_line(run_dir: Path, gone: dict[int, list[int]]) -> str:
+    """What a replay of `run_dir` lacks, in one line (`missing_records`)."""
+    opt = [n for ns in gone.values() for n in ns]
+    steps = f"optimizer steps {', '.join(map(str, opt))}" if opt else "their optimizer steps"
+    return (
+        f"{run_dir.name}: the record(s) of rollout step(s) {', '.join(map(str, gone))} are missing from "
+        f"{run_dir / 'record'} (status.json lists them): {steps} are not replayed"
+    )
 
 
 def _same_loss(replayed, logged, rel: float = 1e-4, abs_: float = 1e-6) -> bool:
@@ -304,6 +335,13 @@ def replay_runs(
         if note:
             out.notes.append(note)
         check_opt_steps(records, logged)
+        gone = {
+            k: ns
+            for k, ns in missing_records(run_dir, logged).items()
+            if opt_steps is None or not ns or opt_steps & set(ns)
+        }
+        if gone:
+            out.partial.append(partial_line(run_dir, gone))
         for path in records:
             rec = load_record(path)
             for opt in rec.index["opt_steps"]:

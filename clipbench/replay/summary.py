@@ -137,6 +137,7 @@ def summarize(result, top_tokens: int = 3) -> dict:
     return {
         "references": refs,
         "notes": list(result.notes),
+        "partial": list(result.partial),  # recorded steps whose records are gone: a partial replay
         "skipped": sorted({f"{r['rule']}: {r['skipped']}" for r in result.rows if "skipped" in r}),
     }
 

@@ -6,8 +6,8 @@
 Files per format, in ``out_dir``: ``report.json`` (every number) and the tidy CSVs (``results_tidy.csv``,
 ``claims_tidy.csv``: one number per column, report/tidy.py) always, plus
     markdown  report.md and the figures as plots/*.png, and per_seed.csv
-    latex     report.tex (booktabs fragment)
-    csv       one <table>.csv per table
+    latex     report.tex (booktabs fragment; what its numbers lack first, as text)
+    csv       one <table>.csv per table, and header.txt (the header lines, what the numbers lack first)
     html      report.html: one self-contained page (tables + figures as base64 PNG), and per_seed.csv
 per_seed.csv (report/per_seed.py): one row per compared run (the replication sweep's too) with the
 endpoints its claims' tests read, so a published verdict can be tested again without the store.
@@ -41,13 +41,18 @@ from clipbench.tracking.files import atomic_write_json
 from clipbench.tracking.records import list_records
 
 
+def warning_lines(sweep: Sweep, result: dict) -> list[str]:
+    """The report's first lines: what its numbers lack (runs not finished, rows lost), in every format."""
+    lines = [sweep.incomplete_line(), sweep.lost_line(), (result.get("replicate") or {}).get("incomplete")]
+    return [line for line in lines if line]
+
+
 def header_lines(sweep: Sweep, result: dict) -> list[str]:
     runs = result["runs"]
     states = ", ".join(f"{v} {k}" for k, v in sorted(runs["states"].items()))
     finding = finding_line(result)
-    incomplete = [sweep.incomplete_line(), (result.get("replicate") or {}).get("incomplete")]
     lines = (
-        [line for line in incomplete if line]  # first: the numbers below may still change
+        warning_lines(sweep, result)  # first: the numbers below may still change
         + ([finding] if finding else [])
         + [
             f"Sweep '{sweep.name}' ({sweep.path}): {runs['total']} runs ({states}); {runs['compared']} compared.",
@@ -167,6 +172,7 @@ def build_report(
             )
     result = analyze(sweep, baseline, tune_on=tune_on)
     result["incomplete"] = sweep.incomplete()  # None when every planned run finished
+    result["lost"] = {r.run_id: r.lost for r in sweep.runs if r.lost}  # training rows nothing restores
     claims_with_replication(sweep, result, other, tuning=tune_on is not None)
     tables = add_claim_tables(build_tables(result, paper_ref.load_paper()), result)
     stab = stability_table(result.get("stability"))
@@ -181,6 +187,8 @@ def build_report(
             f"the runs' records were not replayed (--no-replay): `clipbench replay {sweep_name}` writes that section"
         )
     tables += replay_tables(result["replay"])
+    for line in (result["replay"] or {}).get("partial", []):
+        result["notes"].append(f"the replay section is partial: {line}")
     corr = correction_table(result.get("correction", {}), result["baseline"])
     if corr is not None:  # before the claims and the runs table
         at = next((i for i, t in enumerate(tables) if t.key in ("claims", "runs")), len(tables))
@@ -235,10 +243,12 @@ def write_report(
             written.append(p)
         written.append(render.write_text(out_dir / "report.md", render.markdown_document(title, header, tables, rel)))
     elif fmt == "latex":
-        written.append(render.write_text(out_dir / "report.tex", render.latex_document(tables)))
+        warnings = warning_lines(sweep, result)
+        written.append(render.write_text(out_dir / "report.tex", render.latex_document(tables, warnings)))
     elif fmt == "csv":
         for name, t in zip(render.unique_names(tables), tables):
             written.append(render.write_text(out_dir / f"{name}.csv", render.to_csv(t)))
+        written.append(render.write_text(out_dir / "header.txt", "".join(line + "\n" for line in header)))
     elif fmt == "html":
         page = render.html_document(title, header, tables, _figures_png(sweep, result))
         written.append(render.write_text(out_dir / "report.html", page))

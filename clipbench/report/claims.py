@@ -83,7 +83,7 @@ from clipbench.report.analysis import (
     run_quadrants,
     seed_values,
 )
-from clipbench.report.load import RunRecord, Sweep
+from clipbench.report.load import RunRecord, Sweep, arm_setting
 from clipbench.report.stability import losing_rates, run_lr
 from clipbench.tracking.provenance import describe_machine
 
@@ -483,6 +483,12 @@ def _setting(runs: Sequence[RunRecord]) -> tuple:
     return (recorded(first, "train.lr"), recorded(first, "train.lr_schedule"), _replay(runs))
 
 
+def _same(a: Sequence[RunRecord], b: Sequence[RunRecord]) -> bool:
+    """Whether two arms may be compared: the same setting (`_setting`) and every other key that can
+    change what a run computes (an evaluation setting included) equal."""
+    return _setting(a) == _setting(b) and arm_setting(a[0]) == arm_setting(b[0])
+
+
 def _replay(runs: Sequence[RunRecord]) -> str:
     return recorded(runs[0].config, "model.routing_replay") or "none"
 
@@ -553,7 +559,7 @@ def stability_claims(
     for rule, ref, claim, source in STABILITY:
         for a in (lb for lb in by_label if method_of[lb] == rule and run_lr(by_label[lb][0]) in cliff):
             for b in (lb for lb in by_label if method_of[lb] == ref):
-                if _setting(by_label[a]) != _setting(by_label[b]):
+                if not _same(by_label[a], by_label[b]):
                     continue
                 res = accuracy_claim(claim, source, a, by_label[a], b, by_label[b])
                 out += [res] if res else []
@@ -705,7 +711,7 @@ def evaluate_claims(
             by_label.setdefault(r.label, []).append(r)
         method_of = {lb: rs[0].method for lb, rs in by_label.items()}
         arms = lambda m: [lb for lb in by_label if method_of[lb] == m]  # noqa: E731
-        same = lambda a, b: _setting(by_label[a]) == _setting(by_label[b])  # noqa: E731
+        same = lambda a, b: _same(by_label[a], by_label[b])  # noqa: E731
         cliff = cliff_rates.get(model, set())
 
         for g in arms("grpo"):

@@ -172,7 +172,7 @@ def run_health(run: RunRecord) -> dict:
         [int(r["skipped_nonfinite"]) for r in run.metrics if isinstance(r.get("skipped_nonfinite"), (int, float))]
         + [int(run.status.get("skipped_nonfinite") or 0)]
     )
-    flags: list[str] = []
+    flags: list[str] = list(run.lost)  # training rows the store lost (report/load.py)
     out: dict = {
         "steps_done": steps_done(run),
         "steps": total_steps(run),

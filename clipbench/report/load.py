@@ -3,11 +3,14 @@
 A sweep's runs live in ``<results>/<sweep>/<run_id>/`` (docs/architecture.md). Runs are grouped
 into *blocks* by base model (the paper's Table 3 has one block per model) and, within a block, by
 *method label*: the objective method plus the settings that vary within the sweep (e.g.
-``nsr(p=0.5)``). The runs of one label differ only by seed.
+``nsr(p=0.5)``). The runs of one label differ only by seed: every other key in which a sweep's runs
+differ (an evaluation setting, the checkpoint interval) makes an arm of its own.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,20 +19,23 @@ from clipbench.config import flatten
 from clipbench.config.claims import ClaimFamily, parse_family
 from clipbench.config.identity import outside_id
 from clipbench.config.labels import METHOD_KEY, OBJ, group_label
-from clipbench.config.schema import Slot
+from clipbench.config.schema import Slot, slot_of
 from clipbench.config.slots import stored_form
-from clipbench.config.stored import recorded, recorded_slot
+from clipbench.config.stored import recorded, recorded_slot, setting
 from clipbench.errors import StoreError, UserError, did_you_mean
 from clipbench.objectives import METHODS, effective_bounds
 from clipbench.objectives.plugins import load_plugin, merge_specs, plugin_specs
-from clipbench.tracking.files import REMEDIES, check_store_dir, read_json, read_jsonl
+from clipbench.report.problems import check_problem_ids
+from clipbench.tracking.files import OVERFLOW, REMEDIES, check_store_dir, complete_lines, read_json, read_jsonl
 from clipbench.tracking.provenance import read_provenance, weights_checksum
-from clipbench.tracking.store import RunDir, list_sweeps
+from clipbench.tracking.store import RunDir, RunState, check_run_path, list_sweeps
 from clipbench.tracking.store_format import read_format
+from clipbench.train.checkpoint import lost_rows, lost_text
 
-# Keys never in a label: the seed, the model (it makes the block), what is observed rather than trained
+# Keys out of a label: the seed, the model (it makes the block), what is observed rather than trained
 # (evaluation, checkpoints, histograms) and every key outside the run's identity
-# (config.identity.NOT_IN_ID: its name, tracking, the paths of its plugins, how it is launched, records).
+# (config.identity.NOT_IN_ID: its name, tracking, the paths of its plugins, how it is launched, records),
+# except where they set runs of one label apart (`_split_pooled`): runs never pool as seeds.
 _NOT_IN_LABEL_PREFIXES = (
     "seed",
     "model.name",
@@ -37,6 +43,9 @@ _NOT_IN_LABEL_PREFIXES = (
     "train.checkpoint_every",
     "train.log_histograms",
 )
+# Keys that cannot change what a run computes: arms that differ in these alone are still kept apart
+# (never pooled as seeds), and the report says that their runs cannot differ.
+_SAME_COMPUTATION = ("train.checkpoint_every", "train.log_histograms")
 
 
 @dataclass
@@ -51,6 +60,7 @@ class RunRecord:
     hist: list[dict] = field(default_factory=list)
     label: str = ""
     provenance: list[dict] = field(default_factory=list)  # provenance.json: one record per start or resume
+    lost: list[str] = field(default_factory=list)  # what the store lost that nothing restores (load_run)
 
     @property
     def checksums(self) -> list[str | None]:
@@ -136,6 +146,18 @@ class Sweep:
             f"(`clipbench sweep` finishes it)."
         )
 
+    def lost_line(self) -> str | None:
+        """The report's first line when finished runs lost training rows that nothing restores."""
+        lost = [r for r in self.runs if r.lost]
+        if not lost:
+            return None
+        shown = "; ".join(f"{r.label} seed {r.seed} ({r.run_id}): {', '.join(r.lost)}" for r in lost[:6])
+        more = f"; and {len(lost) - 6} more (see the Runs table)" if len(lost) > 6 else ""
+        return (
+            f"LOST: {len(lost)} finished run(s) of sweep '{self.name}' lack training rows that nothing can "
+            f"restore ({shown}{more}); the training tables and the claims on them are of the other runs."
+        )
+
     def blocks(self) -> dict[str, list[RunRecord]]:
         """{model name: runs}, in order of first appearance."""
         out: dict[str, list[RunRecord]] = {}
@@ -155,10 +177,13 @@ def load_results(results_dir: str | Path, name: str) -> Sweep:
         valid = ", ".join(sweeps) if sweeps else "(none)"
         raise UserError(f"no runs for sweep '{name}' in {root}{did_you_mean(name, sweeps)}; sweeps with runs: {valid}")
     planned, claims = planned_runs(root / name), frozen_claims(root / name)
+    for rid in planned or ():
+        check_run_path(root / name / rid)  # a dangling symbolic link is not "not yet run"
     notes: list[str] = []
     runs = [load_run(d, notes) for d in sorted((root / name).iterdir()) if (d / "config.yaml").is_file()]
     notes += load_recorded_plugins(runs)
-    assign_labels(runs)
+    check_problem_ids(runs)  # an evaluation that lost problems would cut every run down to them
+    notes += assign_labels(runs)
     return Sweep(name=name, path=root / name, runs=runs, notes=notes, planned=planned, claims=claims)
 
 
@@ -219,43 +244,126 @@ def _ids(ids: list[str], shown: int = 6) -> str:
 
 def load_run(path: str | Path, notes: list[str] | None = None) -> RunRecord:
     """One run from the store; a damaged file raises StoreError (one line), a torn last line of a
-    jsonl file is skipped with a note in `notes`."""
+    jsonl file is skipped with a note in `notes`. A finished run's metrics or histograms that lost
+    rows its last checkpoint holds are read from that copy (with a note; `clipbench sweep` writes them
+    back); training rows nothing holds are named in `RunRecord.lost` and its rows are left out."""
     rd = RunDir(path)
     status = rd.status()
-    return RunRecord(
-        run_id=rd.run_id,
-        path=rd.path,
-        config=stored_form(rd.read_config() or {}),
-        state=status.get("state", "pending"),
-        status=status,
-        metrics=rd.read_metrics(notes),
-        evals=rd.read_evals(),
-        hist=read_jsonl(rd.hist_path, notes=notes),
-        provenance=read_provenance(rd.path),
-    )
+    config = stored_form(rd.read_config() or {})
+    state = status.get("state", "pending")
+    run = RunRecord(run_id=rd.run_id, path=rd.path, config=config, state=state, status=status, evals=rd.read_evals())
+    copies = lost_rows(rd, run_id=rd.run_id, seed=run.seed) if state == RunState.FINISHED else {}
+    for p in copies:
+        kept = len(complete_lines(p).splitlines())
+        (notes if notes is not None else []).append(
+            f"run {rd.run_id}: {lost_text(p, rd, kept, len(copies[p]))}: read from its last checkpoint's copy "
+            "(`clipbench sweep`, the same command, writes them back)"
+        )
+    rows = {p: [json.loads(line) for line in lines if line.strip()] for p, lines in copies.items()}
+    run.metrics = _overflow_as_inf(rows.get(rd.metrics_path) or rd.read_metrics(None if copies else notes))
+    run.hist = rows.get(rd.hist_path) or read_jsonl(rd.hist_path, notes=None if copies else notes)
+    run.provenance = read_provenance(rd.path)
+    if state == RunState.FINISHED and (missing := missing_steps(run)):
+        run.lost = [
+            f"metrics.jsonl lacks the rows of rollout steps {_spans(missing)} (no checkpoint of the run holds "
+            "them): its training rows are left out"
+        ]
+        run.metrics = []
+    return run
+
+
+def _overflow_as_inf(rows: list[dict]) -> list[dict]:
+    """Rows with each ±1e308 read as the infinite value it stands for (`tracking.files.dumps` writes an
+    infinite value so): a table shows 'inf', not a number of 309 digits."""
+    for row in rows:
+        if any(v.__class__ is float and abs(v) >= OVERFLOW for v in row.values()):
+            row.update(
+                {k: math.copysign(math.inf, v) for k, v in row.items() if v.__class__ is float and abs(v) >= OVERFLOW}
+            )
+    return rows
+
+
+def missing_steps(run: RunRecord) -> list[int]:
+    """The rollout steps of a finished run that no metrics row covers (a run whose config records no
+    `train.steps` is not judged)."""
+    steps = recorded(run.config, "train.steps")
+    if not isinstance(steps, int) or isinstance(steps, bool):
+        return []
+    have = {r.get("step") for r in run.metrics}
+    return [s for s in range(steps) if s not in have]
+
+
+def _spans(steps: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0 to 2, 5'."""
+    spans: list[list[int]] = []
+    for s in steps:
+        if spans and s == spans[-1][1] + 1:
+            spans[-1][1] = s
+        else:
+            spans.append([s, s])
+    return ", ".join(str(a) if a == b else f"{a} to {b}" for a, b in spans)
 
 
 def _in_label(key: str) -> bool:
     return not outside_id(key) and not any(key == p or key.startswith(p) for p in _NOT_IN_LABEL_PREFIXES)
 
 
-def assign_labels(runs: list[RunRecord]) -> None:
+def assign_labels(runs: list[RunRecord]) -> list[str]:
     """Set ``run.label``: method, plus ``(k=v, ...)`` for the settings that vary within its block.
 
     Within the runs of one base model (a block: settings tied to the model, like batch sizes, vary
     with it and are no label): objective parameters count when they vary among the runs of the same
     method (method defaults differ between methods by design); other settings count when they vary
-    across the block. Keys are shown by their last component unless that is ambiguous.
+    across the block. Keys are shown by their last component unless that is ambiguous. Then every
+    other key in which runs of one label still differ (an evaluation setting, the checkpoint
+    interval, any key but the seed) joins their labels by its full name: runs that differ in anything
+    but the seed are never one arm. Returns a note per pair of arms whose runs cannot differ (they
+    differ only in keys that do not change what a run computes).
     """
     blocks: dict[str, list[RunRecord]] = {}
     for r in runs:
         blocks.setdefault(r.model, []).append(r)
-    for block in blocks.values():
-        _assign_block_labels(block)
+    return [note for block in blocks.values() for note in _assign_block_labels(block)]
 
 
-def _assign_block_labels(runs: list[RunRecord]) -> None:
+def _flat_configs(runs: list[RunRecord]) -> dict[str, dict]:
+    """{run id: its flattened config}, a key some configs lack (written before the key existed) read as
+    the schema's default where it has one, so that it sets no run apart."""
     flat = {r.run_id: {k: tuple(v) if isinstance(v, list) else v for k, v in flatten(r.config).items()} for r in runs}
+    keys = {k for f in flat.values() for k in f}
+    for k in keys:
+        if all(k in f for f in flat.values()) or slot_of(k) is not None or k.startswith("trl."):
+            continue
+        try:
+            default = setting({}, k)
+        except KeyError:
+            continue
+        default = tuple(default) if isinstance(default, list) else default
+        for f in flat.values():
+            f.setdefault(k, default)
+    return flat
+
+
+def arm_setting(run: RunRecord) -> tuple:
+    """What a run's arm is beside its rule and seed: its config's other keys that can change what it
+    computes, those at the schema's default left out (a config written before a key existed reads
+    the same). Two arms are compared in a claim only when these are equal."""
+    out = []
+    for k, v in sorted(flatten(run.config).items()):
+        if k == "seed" or k.startswith(OBJ) or outside_id(k) or k.startswith(_SAME_COMPUTATION):
+            continue
+        if slot_of(k) is None and not k.startswith("trl."):
+            try:
+                if setting({}, k) == v:
+                    continue
+            except KeyError:
+                pass
+        out.append((k, tuple(v) if isinstance(v, list) else v))
+    return tuple(out)
+
+
+def _assign_block_labels(runs: list[RunRecord]) -> list[str]:
+    flat = _flat_configs(runs)
     keys = sorted({k for f in flat.values() for k in f})
     corr, corr_name = "sampler.correction.", "sampler.correction.name"
     varying_global = [
@@ -289,10 +397,36 @@ def _assign_block_labels(runs: list[RunRecord]) -> None:
         tail = k.rsplit(".", 1)[-1]
         return tail if last.count(tail) == 1 or k.startswith((OBJ, corr)) else k
 
+    settings = {}
     for r in runs:
         f = flat[r.run_id]
         own = varying_obj[r.method] + varying_global + varying_corr[f.get(corr_name)]
-        r.label = group_label(r.method, [(short(k), f.get(k)) for k in own])
+        settings[r.run_id] = [(short(k), f.get(k)) for k in own]
+        r.label = group_label(r.method, settings[r.run_id])
+    return _split_pooled(runs, flat, keys, settings)
+
+
+def _split_pooled(runs: list[RunRecord], flat: dict, keys: list[str], settings: dict) -> list[str]:
+    """Runs of one label that still differ in a key other than the seed get that key in their labels
+    (by its full name); a note for each label so split whose runs cannot differ (`_SAME_COMPUTATION`
+    and the keys outside the run id differ alone)."""
+    by_label: dict[str, list[RunRecord]] = {}
+    for r in runs:
+        by_label.setdefault(r.label, []).append(r)
+    notes = []
+    for rs in by_label.values():
+        split = [k for k in keys if k != "seed" and len({flat[r.run_id].get(k) for r in rs}) > 1]
+        if not split:
+            continue
+        for r in rs:
+            r.label = group_label(r.method, settings[r.run_id] + [(k, flat[r.run_id].get(k)) for k in split])
+        if all(outside_id(k) or k.startswith(_SAME_COMPUTATION) for k in split):
+            arms = sorted({r.label for r in rs})
+            notes.append(
+                f"{' and '.join(arms)} differ only in {', '.join(split)}, which does not change what a run "
+                "computes: their runs cannot differ, and they are kept apart (not pooled as seeds)"
+            )
+    return notes
 
 
 def resolve_baseline(labels: list[str], methods_by_label: Mapping[str, str], baseline: str | None) -> str | None:

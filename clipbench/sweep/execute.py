@@ -3,7 +3,8 @@ at a time in this process (`clipbench.sweep.pool.run_parallel`: in N local worke
 
 The results store decides what to do with each run (it is the source of truth):
 
-    status finished                      -> skipped
+    status finished                      -> skipped (rows its metrics or histograms lost are
+                                            written back from its last checkpoint: mend_finished)
     status failed                        -> skipped, rerun (from its checkpoint if any) with --retry-failed
     otherwise, with a complete checkpoint -> resumed: train_run(..., resume=True) (the run's engine);
                                             a preempted run (status preempted) is one of these
@@ -37,6 +38,7 @@ import torch
 
 from clipbench.config import RunConfig, from_dict
 from clipbench.config.labels import run_label
+from clipbench.config.stored import recorded
 from clipbench.engines.launch import launch_ranks, run_as_rank
 from clipbench.errors import DiskFull, RunPreempted, UserError, no_space_left, unknown_choice
 from clipbench.objectives.plugins import check_plugin_records
@@ -45,7 +47,7 @@ from clipbench.tracking.lock import try_run_lock
 from clipbench.tracking.mlflow_sink import run_sink
 from clipbench.tracking.store import RunDir, RunState
 from clipbench.train.checkpoint import checkpoint_step as step_of
-from clipbench.train.checkpoint import find_checkpoint, has_checkpoint_dir
+from clipbench.train.checkpoint import find_checkpoint, has_checkpoint_dir, lost_rows, restore_lost_rows
 from clipbench.train.preempt import STOP_SIGNALS, StopRequest, preempt_signals
 
 
@@ -141,6 +143,22 @@ def classify(rd: RunDir, retry_failed: bool = False) -> Next:
     if state is RunState.FAILED and not retry_failed and status.get("reason") not in RETRIED:
         return Next.FAILED
     return Next.RESUME if checkpoint_step(rd) is not None or has_checkpoint_dir(rd.checkpoint_dir) else Next.START
+
+
+def mend_finished(run_dirs: Mapping[str, RunDir], configs: Mapping[str, dict], states: Mapping[str, Next]) -> list[str]:
+    """Rows a finished run's metrics.jsonl or histograms lost (deleted, emptied, a torn last line)
+    written back from its last checkpoint's copy, each under the run's lock. A line per file restored."""
+    notes = []
+    for rid, rd in run_dirs.items():
+        if states.get(rid) is not Next.FINISHED:
+            continue
+        seed = int(recorded(configs[rid], "seed") or 0)
+        if not lost_rows(rd, run_id=rid, seed=seed):
+            continue
+        with try_run_lock(rd.path.parent, rid) as got:
+            if got:
+                notes += [f"run {rid}: {n}" for n in restore_lost_rows(rd, run_id=rid, seed=seed)]
+    return notes
 
 
 def make_outcome(task: RunTask, outcome: str, t0: float, **extra) -> dict:

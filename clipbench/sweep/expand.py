@@ -109,6 +109,7 @@ def _expand(spec: SweepSpec) -> Expansion:
     runs: dict[str, dict] = {}
     points: dict[str, dict] = {}
     combos = excluded = 0
+    matched = [False] * len(spec.exclude)
     for idx in itertools.product(*[range(len(ax.values)) for ax in axes]):
         combos += 1
         assign = {k: v for ax, i in zip(axes, idx) for k, v in zip(ax.keys, ax.values[i])}
@@ -119,8 +120,11 @@ def _expand(spec: SweepSpec) -> Expansion:
             for k, v in zip(ax.keys, ax.values[i])
             if slot_of(k) is None or k in applies
         }
-        if any(all(k in point and point[k] == v for k, v in e.items()) for e in spec.exclude):
+        hits = [i for i, e in enumerate(spec.exclude) if all(k in point and point[k] == v for k, v in e.items())]
+        if hits:
             excluded += 1
+            for i in hits:
+                matched[i] = True
             continue
         cfg = {**plain.config(idx, assign), "objective": objective}
         cfg = {k: cfg[k] for k in _TOP_KEYS}  # the schema's key order (== to_dict(...))
@@ -134,9 +138,44 @@ def _expand(spec: SweepSpec) -> Expansion:
             continue  # else only inapplicable component values differed: the same run again
         runs[rid] = cfg
         points[rid] = {k: (v if slot_of(k) else dotted.value(cfg, k)) for k, v in point.items()}
+    _check_excludes(spec, matched, combos)
     if not runs:
         raise ConfigError(spec.source, "exclude", f"excludes every one of the {combos} grid points")
     return Expansion(runs, points, combos, excluded, tuple(warnings))
+
+
+def _check_excludes(spec: SweepSpec, matched: list[bool], combos: int) -> None:
+    """Every exclude entry leaves out a grid point: one that matches none (a value its axis does not
+    hold, a number written as text) is a typo, and the run it meant to leave out would train. An
+    entry on an axis the command line pinned is not judged (it may match another pin's points)."""
+    axes = {k: ax for ax in spec.axes for k in ax.keys}
+    for i, (entry, hit) in enumerate(zip(spec.exclude, matched)):
+        if hit or any(k in spec.cli_overrides for k in entry):
+            continue
+        for k, v in entry.items():
+            ax = axes[k]
+            held = [vals[ax.keys.index(k)] for vals in ax.values]
+            if not any(_same_value(v, h) for h in held):
+                like = [h for h in held if str(h) == str(v)]
+                hint = f"; write {like[0]!r} ({type(like[0]).__name__}), not {v!r} ({type(v).__name__})" if like else ""
+                raise ConfigError(
+                    spec.source,
+                    f"exclude[{i}].{k}",
+                    f"{v!r} is not a value of the axis {ax.where}.{k} ({', '.join(map(repr, held))}): the entry "
+                    f"leaves nothing out{hint}",
+                )
+        raise ConfigError(
+            spec.source,
+            f"exclude[{i}]",
+            f"matches none of the sweep's {combos} grid points (a component's parameter applies only to "
+            "the components that have it): the entry leaves nothing out",
+        )
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Equal and of one kind (a bool is not the number 1, text is not a number)."""
+    kind = lambda x: "bool" if isinstance(x, bool) else ("num" if isinstance(x, (int, float)) else type(x).__name__)  # noqa: E731
+    return kind(a) == kind(b) and a == b
 
 
 def _components(rules: Mapping[str, slots.SlotRule], assign: dict) -> tuple[dict, dict, set[str]]:

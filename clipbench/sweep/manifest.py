@@ -14,7 +14,8 @@ stops with one line (the frozen runs would no longer be what was planned).
 A rerun never re-plans a run already in the manifest: the current sweep file is expanded only to
 find runs it adds (appended, with a warning). A grid point that is already frozen keeps its frozen
 config even if the recipe or the overrides changed since (warning), so editing a recipe mid-sweep
-cannot change runs that are under way.
+cannot change runs that are under way. When the recipe the manifest was frozen from is gone and the
+sweep file's `base` no longer finds it, the frozen runs resume alone (`frozen_plan`).
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from clipbench.config.labels import label
-from clipbench.errors import StoreError
+from clipbench.errors import ConfigError, StoreError
 from clipbench.objectives.plugins import check_plugin_records, plugin_records
 from clipbench.sweep.expand import Expansion
-from clipbench.sweep.spec import SweepSpec
+from clipbench.sweep.spec import SweepSpec, base_not_found
 from clipbench.tracking.files import REMEDIES, atomic_write_json, read_json
 from clipbench.tracking.lock import manifest_lock
 from clipbench.tracking.store_format import STORE_FORMAT, read_format
@@ -147,6 +148,32 @@ def merge(existing: dict | None, spec: SweepSpec, exp: Expansion) -> Merge:
     if new:
         m["updated"] = _now()
     return Merge(m, new, kept, gone, bool(new), warnings)
+
+
+def frozen_plan(spec: SweepSpec, existing: dict | None) -> Expansion | None:
+    """The frozen runs alone, when the recipe the manifest was frozen from is gone and the sweep file's
+    `base` no longer names it (no such file: nothing, or the shipped recipe of the same name, which is
+    another recipe): the runs resume from their frozen configs, and no new run is planned from a
+    recipe that is not theirs. None otherwise (the sweep file is expanded as usual); a first
+    invocation whose recipe is missing is the usual one line."""
+    frozen = (existing or {}).get("base")
+    gone = frozen is not None and frozen != str(spec.base) and not Path(frozen).is_file()
+    if existing is None or not (spec.base_found == "missing" or (gone and spec.base_found == "by_name")):
+        if spec.base_found == "missing":
+            raise ConfigError(spec.source, "base", base_not_found(spec.base, spec.base_written))
+        return None
+    instead = (
+        f", and its base '{spec.base_written}' now names the shipped recipe {spec.base}, another recipe"
+        if (spec.base_found == "by_name")
+        else ""
+    )
+    runs, points = dict(existing["runs"]), dict(existing.get("points", {}))
+    line = (
+        f"the recipe {frozen or spec.base} that sweep '{spec.name}' was frozen from is gone{instead}: its "
+        f"{len(runs)} frozen runs resume from the manifest (each holds its whole config) and no new run is "
+        "planned; restore the recipe to plan new ones"
+    )
+    return Expansion(runs, points, len(runs), 0, (line,))
 
 
 def freeze(results_dir: str | Path, spec: SweepSpec, exp: Expansion) -> Merge:

@@ -68,6 +68,10 @@ class SweepSpec:
     description: str = ""
     plugins: tuple[str, ...] = ()  # rule files (absolute) or modules, added to every run's `plugins`
     claims: ClaimFamily | None = None  # the preregistered family the report tests (config/claims.py)
+    # how `base` was found: "file" (the path the sweep file names), "by_name" (no such file: the shipped
+    # recipe of that name), "missing" (neither: `base` is the path named; only a frozen sweep resumes)
+    base_found: str = "file"
+    base_written: str = ""  # `base:` as the sweep file writes it
 
     @property
     def source(self) -> str:
@@ -79,10 +83,16 @@ class SweepSpec:
 
 
 def load_spec(
-    path: str | Path, cli_overrides: list[str] | tuple[str, ...] = (), plugins: list[str] | tuple[str, ...] = ()
+    path: str | Path,
+    cli_overrides: list[str] | tuple[str, ...] = (),
+    plugins: list[str] | tuple[str, ...] = (),
+    *,
+    missing_base_ok: bool = False,
 ) -> SweepSpec:
     """Read and shape-check a sweep file. Nothing is written. ``plugins``: the CLI's --plugin
-    entries (relative to the working directory), after the file's own."""
+    entries (relative to the working directory), after the file's own. ``missing_base_ok``: a base
+    recipe that is not found is `base_found == "missing"`, not an error (a frozen sweep resumes
+    without it)."""
     path = sweep_path(path)  # a local file, else the shipped sweep of that name
     src = str(path)
     data = read_yaml(path)
@@ -103,10 +113,13 @@ def load_spec(
     if not isinstance(file_plugins, list) or not all(isinstance(p, str) and p.strip() for p in file_plugins):
         raise ConfigError(src, "plugins", f"expected a list of .py paths or module names, got {file_plugins!r}")
     plugin_list = merge_specs([resolve(p, path.resolve().parent) for p in file_plugins], [resolve(p) for p in plugins])
+    base, found = _base(data.get("base"), path, src, missing_base_ok)
     return SweepSpec(
         name=name,
         file=path,
-        base=_base(data.get("base"), path, src),
+        base=base,
+        base_found=found,
+        base_written=str(data.get("base")),
         overrides=overrides,
         cli_overrides=flatten(parse_overrides(cli_overrides, "command line", multirun=True)) if cli_overrides else {},
         axes=tuple(axes),
@@ -134,9 +147,9 @@ def _name(name: Any, src: str) -> str:
     return name
 
 
-def _base(base: Any, path: Path, src: str) -> Path:
-    """The recipe every run starts from, relative to the sweep file; else the shipped recipe of that
-    name (`base: quickstart` works from any directory)."""
+def _base(base: Any, path: Path, src: str, missing_ok: bool = False) -> tuple[Path, str]:
+    """(the recipe every run starts from, how it was found: `SweepSpec.base_found`): relative to the
+    sweep file; else the shipped recipe of that name (`base: quickstart` works from any directory)."""
     if base is None:
         raise ConfigError(
             src, "base", "missing: the recipe every run starts from, e.g. base: ../recipes/quickstart.yaml"
@@ -144,16 +157,18 @@ def _base(base: Any, path: Path, src: str) -> Path:
     if not isinstance(base, str):
         raise ConfigError(src, "base", f"expected a path to a recipe, got {base!r}")
     base_path = (path.resolve().parent / base).resolve()
-    if not base_path.is_file():
-        shipped = shipped_recipe(base)
-        if shipped is None:
-            raise ConfigError(
-                src,
-                "base",
-                f"recipe not found: {base_path} (nor a shipped recipe '{base}'; `clipbench recipes` lists them)",
-            )
-        base_path = shipped
-    return base_path
+    if base_path.is_file():
+        return base_path, "file"
+    shipped = shipped_recipe(base)
+    if shipped is not None:
+        return shipped, "by_name"
+    if missing_ok:
+        return base_path, "missing"
+    raise ConfigError(src, "base", base_not_found(base_path, base))
+
+
+def base_not_found(base_path: Path, base: str) -> str:
+    return f"recipe not found: {base_path} (nor a shipped recipe '{base}'; `clipbench recipes` lists them)"
 
 
 def _grid_axes(grid: Any, src: str) -> list[Axis]:

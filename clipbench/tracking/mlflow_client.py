@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import sqlite3
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -34,6 +35,7 @@ HTTP_DEFAULTS = {
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_PER_BATCH = 100
 MLFLOW_JSON = "mlflow.json"
+ARTIFACTS = "mlartifacts"  # the embedded store's artifact root, beside its mlflow.db
 
 
 def _apply_http_defaults() -> None:
@@ -53,7 +55,7 @@ def resolve_tracking_uri(tracking_uri: str | None, config_uri: str | None, resul
 def artifact_location(uri: str, results_dir: str | Path) -> str | None:
     """`<results>/mlartifacts` for the embedded store; the server's own choice otherwise."""
     if uri == default_tracking_uri(results_dir):
-        return str(Path(results_dir).resolve() / "mlartifacts")
+        return str(Path(results_dir).resolve() / ARTIFACTS)
     return None
 
 
@@ -90,9 +92,14 @@ def damaged_database(uri: str) -> str | None:
     return None
 
 
-def damaged_database_line(uri: str, results_dir: str | Path) -> str | None:
-    """The one line that says the embedded MLflow store is damaged and how to rebuild it, or None."""
+def damaged_database_line(uri: str, results_dir: str | Path, error: BaseException | None = None) -> str | None:
+    """The one line that says the embedded MLflow store is damaged and how to rebuild it, or None.
+    `error`: what opening it raised; a whole SQLite file that MLflow cannot open (a schema an older
+    clipbench left half-migrated: "out-of-date database schema", "table ... already exists") is
+    damaged too. A busy database ("locked") or an error of the file system is not."""
     why = damaged_database(uri)
+    if why is None and error is not None and _unopenable(uri, error):
+        why = f"MLflow cannot open it: {type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:160]}"
     if why is None:
         return None
     db = uri[len("sqlite:///") :]
@@ -100,6 +107,13 @@ def damaged_database_line(uri: str, results_dir: str | Path) -> str | None:
         f"the MLflow database {db} is damaged ({why}); the results store is the source of truth: move the "
         f"database away (mv {db} {db}.damaged) and rebuild it with `clipbench sync --results-dir {results_dir}`"
     )
+
+
+def _unopenable(uri: str, error: BaseException) -> bool:
+    if not uri.startswith("sqlite:///") or isinstance(error, OSError) or "locked" in str(error):
+        return False
+    db = Path(uri[len("sqlite:///") :])
+    return db.is_file() and db.stat().st_size > 0
 
 
 def client_for(uri: str):
@@ -115,7 +129,71 @@ def client_for(uri: str):
     # offline, `clipbench sync` exits 2), e.g. "database or disk is full".
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     with store_creation_lock(db):  # the client opens the store (creating its schema) here, one process at a time
+        if not db.is_file() or db.stat().st_size == 0:
+            create_database(db)
+        if uri == default_tracking_uri(db.parent):
+            relocate_artifacts(db)
         return MlflowClient(tracking_uri=uri)
+
+
+def create_database(db: Path) -> None:
+    """A new MLflow sqlite store at `db`, whole or not at all: its schema is created (MLflow's
+    migrations, a few seconds) in a temporary file beside it, which is then renamed into place, so a
+    kill meanwhile leaves no `db` (the next opener creates it again), never a half-migrated one that
+    MLflow cannot open ("out-of-date database schema", "table ... already exists"). Temporary files
+    such a kill left are removed first. The caller holds `store_creation_lock(db)`."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore  # noqa: PLC0415 - mlflow is heavy
+
+    for stale in db.parent.glob(f".{db.name}.*.tmp"):
+        stale.unlink(missing_ok=True)
+    tmp = db.parent / f".{db.name}.{secrets.token_hex(4)}.tmp"
+    try:
+        store = SqlAlchemyStore(f"sqlite:///{tmp}", str(db.parent / ARTIFACTS))
+        store.engine.dispose()
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, db)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def relocate_artifacts(db: Path) -> int:
+    """Point the embedded store's artifact locations at its own `mlartifacts`: a results store copied
+    or moved to another directory keeps an mlflow.db whose experiments and runs name the old store's
+    absolute paths (MLflow records them so), and MLflow would go on writing there. Every location in
+    another directory's `mlartifacts` is moved to the same place in this store's (experiments and runs,
+    one transaction); returns how many rows changed. A database without MLflow's tables yet, or
+    damaged, is left to MLflow and `damaged_database`."""
+    if not db.is_file() or db.stat().st_size == 0:
+        return 0
+    here = str(db.parent.resolve() / ARTIFACTS)
+    con = sqlite3.connect(db, timeout=30)
+    try:
+        with con:
+            n = 0
+            for table, key, col in (
+                ("experiments", "experiment_id", "artifact_location"),
+                ("runs", "run_uuid", "artifact_uri"),
+            ):
+                for k, loc in con.execute(f"SELECT {key}, {col} FROM {table}").fetchall():
+                    moved = _moved(loc, here)
+                    if moved is not None:
+                        n += con.execute(f"UPDATE {table} SET {col} = ? WHERE {key} = ?", (moved, k)).rowcount
+            return n
+    except sqlite3.DatabaseError:
+        return 0
+    finally:
+        con.close()
+
+
+def _moved(loc, here: str) -> str | None:
+    """`loc` in this store's artifact root `here` when it lies in another directory's `mlartifacts`."""
+    if not isinstance(loc, str):
+        return None
+    head, sep, tail = loc.partition("/" + ARTIFACTS)
+    if not sep or (tail and not tail.startswith("/")) or head.removeprefix("file://") + sep == here:
+        return None
+    return here + tail
 
 
 # MLflow 3's UI opens an experiment by its kind: a training tool's experiment is model development

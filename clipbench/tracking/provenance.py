@@ -152,6 +152,14 @@ def software() -> dict:
     return out
 
 
+def clipbench_version() -> str | None:
+    """The installed clipbench's version (None when it runs from a tree that is not installed)."""
+    try:
+        return metadata.version("clipbench")
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def torch_threads() -> int:
     import torch  # noqa: PLC0415 - torch is heavy
 

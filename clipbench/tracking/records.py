@@ -102,6 +102,12 @@ def damaged_records(run_path: str | Path) -> list[Path]:
 _STEP = re.compile(r"^step_(\d+)")  # step_<k>, step_<k>.rank<r> (a hook's record of one process)
 
 
+def record_step(path: str | Path) -> int | None:
+    """The rollout step (or call) a record directory's name holds (step_<k>), None for another name."""
+    m = _STEP.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
 def record_steps(run_path: str | Path) -> list[int]:
     """The rollout steps (or calls) of the run's records, from their names (step_<k>), once each."""
     return sorted({int(m.group(1)) for p in list_records(run_path) if (m := _STEP.match(p.name))})

@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import time
+from collections import Counter
 from collections.abc import Iterable
 from enum import Enum
 from pathlib import Path
@@ -55,6 +56,7 @@ class RunState(str, Enum):
 
 
 STATES = tuple(s.value for s in RunState)
+CHECKPOINT_LOGS = "logs"  # a checkpoint's copy of the run's metrics.jsonl and histograms (train.checkpoint)
 # Sub-directories of a results dir that are not sweeps (`train` is: single `clipbench train` runs).
 NOT_SWEEPS = ("reports", "bench", "eval", "mlartifacts")
 
@@ -68,12 +70,26 @@ def check_eval_payload(path: Path, payload: dict) -> dict:
     ids, correct = payload.get("problem_ids"), payload.get("correct")
     if not isinstance(ids, list) or not ids:
         bad("'problem_ids' is missing or empty")
+    twice = [i for i, c in Counter(map(str, ids)).items() if c > 1]
+    if twice:
+        bad(f"problem id {twice[0]!r} is held {Counter(map(str, ids))[twice[0]]} times (each problem once)")
     if not isinstance(correct, list) or len(correct) != len(ids):
         bad(f"'correct' must be a list of {len(ids)} rows (one per problem id)")
     try:
-        m = np.asarray(correct, dtype=float)
+        m = np.asarray(correct)
     except (TypeError, ValueError):
         bad("'correct' is not a rectangular matrix of numbers")
+    if m.dtype.kind not in "biuf":  # text among the numbers (numpy would read "1" as 1): name the first
+        for i, row in enumerate(correct):
+            x = (
+                next((x for x in row if x.__class__ not in (int, bool, float)), correct)
+                if isinstance(row, list)
+                else row
+            )
+            if x is not correct:
+                bad(f"'correct' row {i} (problem {ids[i]!r}) holds {x!r}, not 0 or 1")
+        bad("'correct' is not a rectangular matrix of numbers")
+    m = m.astype(float)
     if m.ndim != 2 or m.shape[1] == 0:
         bad(f"'correct' must be a (problems x samples) matrix, got shape {m.shape}")
     if not np.isin(m, (0.0, 1.0)).all():
@@ -120,6 +136,21 @@ class RunDir:
     @property
     def checkpoint_dir(self) -> Path:
         return self.path / "checkpoints" / "last"
+
+    def rows_lost(self) -> bool:
+        """Whether metrics.jsonl or the histograms hold less than the last checkpoint's copy of them (a
+        cheap look, sizes and the last byte only: train.checkpoint.lost_rows says what and mends it)."""
+        for path in (self.metrics_path, self.hist_path):
+            copy = self.checkpoint_dir / CHECKPOINT_LOGS / path.name
+            if not copy.is_file() or copy.stat().st_size == 0:
+                continue
+            if not path.is_file() or path.stat().st_size < copy.stat().st_size:
+                return True
+            with open(path, "rb") as f:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    return True
+        return False
 
     def eval_path(self, step: int, benchmark: str) -> Path:
         return self.path / "eval" / f"step_{step:06d}" / f"{benchmark}.json"
@@ -333,6 +364,20 @@ def check_formats(run_dirs: Iterable[str | Path]) -> None:
             data = read_json(manifest, None, kind="manifest")
             if data is not None:
                 read_format(manifest, data)
+
+
+def check_run_path(path: str | Path) -> None:
+    """StoreError (one line) when a run's directory cannot be one: a symbolic link whose target does
+    not exist (a run directory moved to another disk and linked back, then lost), or a file."""
+    path = Path(path)
+    if path.is_symlink() and not path.exists():
+        raise StoreError(
+            path,
+            f"a symbolic link to {os.readlink(path)}, which does not exist",
+            "restore what it points to (the run's files), or remove the link to train the run again",
+        )
+    if path.exists() and not path.is_dir():
+        raise StoreError(path, "not a directory (a run's files live in a directory of this name)", "move it away")
 
 
 def list_run_dirs(sweep_dir: str | Path) -> list[RunDir]:

@@ -3,7 +3,8 @@
     checkpoints/last/
         state.json     trainer state: step, opt_step, skipped_nonfinite, LR scheduler, world size
                        (+ "partial": true for a checkpoint taken mid-rollout-step by a preemption);
-                       whose it is: run_id, seed; "files": every other file's bytes and sha256
+                       whose it is: run_id, seed; the clipbench version that wrote it;
+                       "files": every other file's bytes and sha256
         rollout.pt     with "partial": the interrupted rollout step (train/preempt.py: Partial)
         logs/          a copy of the run's metrics.jsonl and hist/log_ratio.jsonl as they were when it
                        was written: resume restores rows the store lost (a torn or unsynced append)
@@ -43,10 +44,12 @@ from pathlib import Path
 
 import torch
 
+from clipbench.config import run_id as run_id_of
 from clipbench.errors import no_space_left
 from clipbench.models import compute_dtype
 from clipbench.tracking.files import atomic_write_text, complete_lines, share_like_umask
-from clipbench.tracking.store import RunDir
+from clipbench.tracking.provenance import clipbench_version
+from clipbench.tracking.store import CHECKPOINT_LOGS, RunDir
 from clipbench.train.distributed import Dist
 
 
@@ -77,7 +80,7 @@ def save_checkpoint(
 ) -> None:
     """Every rank calls this (collective); rank 0 writes the small files and swaps the directories.
     `partial`: an interrupted rollout step (the same on every rank), saved as rollout.pt; `owner`:
-    whose checkpoint it is ({"run_id", "seed"}); `logs`: {name: the run's file} copied into `logs/`;
+    whose checkpoint it is (`checkpoint_owner`); `logs`: {name: the run's file} copied into `logs/`;
     `also(dir)`: every rank writes more of the run's state into the checkpoint's directory (a lagged
     run's snapshots: train/lag.py), before its files are summed."""
     root = last.parent
@@ -119,8 +122,8 @@ def save_checkpoint(
 
 
 NEARLY_FULL = 1 << 20  # bytes
-LOGS = "logs"
-OWNER_KEYS = ("run_id", "seed")  # who a checkpoint belongs to (state.json); not trainer state
+LOGS = CHECKPOINT_LOGS  # the copy of the run's rows (tracking.store owns the name: a finished sweep's rerun looks)
+OWNER_KEYS = ("run_id", "seed", "clipbench")  # whose checkpoint, and which clipbench wrote it; not trainer state
 
 
 def copy_synced(src: Path, dst: Path) -> None:
@@ -149,8 +152,9 @@ def file_sums(root: Path) -> dict[str, list]:
 
 def check_checkpoint(path: Path, *, run_id: str, seed: int, steps: int) -> tuple[dict | None, str | None]:
     """(its state.json, None) when the checkpoint at `path` is this run's and whole, else (state or
-    None, why not: one clause). A checkpoint from before checkpoints named their run is taken on its
-    state.json alone (its files are checked when they load)."""
+    None, why not: one clause). A checkpoint that does not name its run (one from before checkpoints
+    recorded their run id and seed) cannot show it is this run's: it is treated as another run's. One
+    without checksums (older still) has its files checked when they load."""
     try:
         state = json.loads((path / "state.json").read_text())
         int(state["step"])
@@ -160,10 +164,8 @@ def check_checkpoint(path: Path, *, run_id: str, seed: int, steps: int) -> tuple
         return None, f"its state.json is damaged ({type(e).__name__}: {str(e)[:80]})"
     if not isinstance(state, dict):
         return None, "its state.json is damaged (not a JSON object)"
-    if "run_id" in state and (state["run_id"], state.get("seed")) != (run_id, seed):
-        return state, (
-            f"it belongs to run {state['run_id']} (seed {state.get('seed')}), not to this run {run_id} (seed {seed})"
-        )
+    if (why := _not_owner(state, run_id, seed)) is not None:
+        return state, why
     if int(state["step"]) > steps:
         return state, f"it is at rollout step {state['step']}, past this run's {steps} steps"
     for rel, (size, digest) in (state.get("files") or {}).items():
@@ -177,6 +179,27 @@ def check_checkpoint(path: Path, *, run_id: str, seed: int, steps: int) -> tuple
     if state.get("partial") and not (path / ROLLOUT).is_file():
         return state, f"its {ROLLOUT} (the interrupted rollout step) is missing"
     return state, None
+
+
+def checkpoint_owner(cfg) -> dict:
+    """What a checkpoint of run `cfg` records of whose it is: {"run_id", "seed", "clipbench" (version)}."""
+    return {"run_id": run_id_of(cfg), "seed": cfg.seed, "clipbench": clipbench_version()}
+
+
+def not_own(state: dict, cfg) -> str | None:
+    """Why a checkpoint's state.json does not show it is run `cfg`'s own (one clause), None when it does."""
+    return _not_owner(state, run_id_of(cfg), cfg.seed)
+
+
+def _not_owner(state: dict, run_id: str, seed: int) -> str | None:
+    if "run_id" not in state or "seed" not in state:
+        return (
+            "it does not name its run (a checkpoint of an older clipbench, written before checkpoints recorded "
+            "their run id and seed): it cannot show it is this run's own"
+        )
+    if (state["run_id"], state["seed"]) != (run_id, seed):
+        return f"it belongs to run {state['run_id']} (seed {state.get('seed')}), not to this run {run_id} (seed {seed})"
+    return None
 
 
 def logs_copy(path: Path, name: str) -> list[str] | None:
@@ -417,3 +440,52 @@ def restore_logs(rd: RunDir, ckpt: Path) -> list[str]:
             )
         atomic_write_text(path, "".join(line + "\n" for line in copy))
     return notes
+
+
+# ---- a finished run's rows, against its last checkpoint's copy -------------------------------------
+def lost_rows(rd: RunDir, *, run_id: str, seed: int) -> dict[Path, list[str]]:
+    """{the run's file: the lines its last checkpoint's copy holds} for metrics.jsonl and the
+    histograms, each where the file lost rows the copy has (deleted, emptied, a torn last line, its
+    tail cut) and what it kept agrees with the copy. Only a checkpoint that names this run (run id and
+    seed) and a copy whose checksum holds are read; {} when nothing is lost or no checkpoint tells."""
+    ckpt = rd.checkpoint_dir
+    try:
+        state = json.loads((ckpt / "state.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(state, dict) or (state.get("run_id"), state.get("seed")) != (run_id, seed):
+        return {}
+    out = {}
+    for path in (rd.metrics_path, rd.hist_path):
+        rel = f"{LOGS}/{path.name}"
+        sums, f = (state.get("files") or {}).get(rel), ckpt / rel
+        if not sums or not f.is_file():
+            continue
+        copy = f.read_text().splitlines()
+        have = _complete_lines(path)
+        torn = path.is_file() and path.stat().st_size > sum(len(line.encode()) + 1 for line in have)
+        if not (len(have) < len(copy) or torn) or f.stat().st_size != sums[0] or _sha256(f) != sums[1]:
+            continue
+        if all(a == b or _parsed(a) == _parsed(b) for a, b in zip(have, copy)):
+            out[path] = copy
+    return out
+
+
+def restore_lost_rows(rd: RunDir, *, run_id: str, seed: int) -> list[str]:
+    """A finished run's metrics.jsonl and histograms made whole again from its last checkpoint's copy
+    (`lost_rows`), atomically. Returns a line per file restored."""
+    notes = []
+    for path, copy in lost_rows(rd, run_id=run_id, seed=seed).items():
+        what = lost_text(path, rd, len(_complete_lines(path)), len(copy))
+        atomic_write_text(path, "".join(line + "\n" for line in copy))
+        notes.append(f"{what}: restored from its last checkpoint's copy")
+    return notes
+
+
+def lost_text(path: Path, rd: RunDir, kept: int, rows: int) -> str:
+    """'metrics.jsonl had lost 8 of its 8 rows (it was missing)': what a file lost, in one clause."""
+    rel = path.relative_to(rd.path)
+    if rows == kept:
+        return f"{rel} had a torn last line"
+    how = "it was missing" if not path.is_file() else ("it was empty" if kept == 0 else "its tail was cut or torn")
+    return f"{rel} had lost {rows - kept} of its {rows} rows ({how})"

@@ -63,6 +63,7 @@ from clipbench.tracking.store import RunDir, RunState
 from clipbench.train.batch import RolloutBatch, collect_rollout
 from clipbench.train.build import build_models, build_optimizer, planned_optimizer_steps
 from clipbench.train.checkpoint import (
+    checkpoint_owner,
     checkpoint_step,
     damaged_checkpoint,
     find_checkpoint,
@@ -338,7 +339,8 @@ def update(trainer: Trainer, step: int, batch: RolloutBatch) -> tuple[list[dict]
         if first and mismatch is not None:
             stats.add_rollout(mismatch)  # this rank's share: all-reduced with the step's statistics
         capture.before_optimizer_step(s, trainer)
-        grad_norm, stepped = optimizer_step(model, trainer.optimizer, trainer.scheduler, cfg.train.grad_clip)
+        loss = torch.stack(stats.loss).sum() if stats.loss else None  # a non-finite loss skips the step too
+        grad_norm, stepped = optimizer_step(model, trainer.optimizer, trainer.scheduler, cfg.train.grad_clip, loss)
         trainer.state["opt_step"] += 1
         trainer.state["skipped_nonfinite"] += int(not stepped)
         done.append(
@@ -461,8 +463,9 @@ def check_skipped(trainer: Trainer) -> None:
     if skipped > tc.max_skipped_frac * total:
         raise RunFailed(
             f"train.max_skipped_frac: {skipped} of the run's {total} optimizer steps were skipped "
-            f"(non-finite gradient norm), more than {tc.max_skipped_frac:g} of them: the loss overflows; "
-            f"lower train.lr or train.beta (metrics.jsonl shows where it starts)"
+            f"(a non-finite loss or gradient norm), more than {tc.max_skipped_frac:g} of them: the loss overflows; "
+            f"lower train.lr or train.beta, or mend a plugin rule that returns inf or NaN (metrics.jsonl shows "
+            f"where it starts)"
         )
 
 
@@ -519,7 +522,7 @@ def checkpoint(trainer: Trainer, step: int, partial: Partial | None = None) -> N
         state=trainer.state,
         dist=trainer.dist,
         partial=None if partial is None else vars(partial),
-        owner={"run_id": run_id(trainer.cfg), "seed": trainer.cfg.seed},
+        owner=checkpoint_owner(trainer.cfg),
         logs={"metrics.jsonl": trainer.rd.metrics_path, "log_ratio.jsonl": trainer.rd.hist_path},
         also=functools.partial(trainer.lag.save, model=trainer.model) if trainer.lag.active else None,
     )

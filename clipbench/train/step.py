@@ -503,10 +503,16 @@ def add_histograms(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
     return b if a is None else a + b
 
 
-def optimizer_step(model, optimizer, scheduler, grad_clip: float) -> tuple[torch.Tensor, bool]:
+def optimizer_step(
+    model, optimizer, scheduler, grad_clip: float, loss: torch.Tensor | None = None
+) -> tuple[torch.Tensor, bool]:
     """Clip (grad_clip 0 = no clipping; the norm is computed either way), then step, unless the
     global gradient norm is not finite: then the step is skipped (gradients dropped, LR schedule not
-    advanced). Returns (pre-clip global norm as a 0-d tensor, stepped)."""
+    advanced). `loss`: this rank's loss of the step; when it is not finite (a rule that returns inf
+    with finite gradients) the norm is made NaN, so the step is skipped and counted the same way, on
+    every rank alike. Returns (pre-clip global norm as a 0-d tensor, stepped)."""
+    if loss is not None:
+        nonfinite_loss_poisons_grad(model, loss)
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
     norm = full_tensor(norm).detach()
     stepped = bool(torch.isfinite(norm))  # the step's one host sync; the same global norm on every rank
@@ -515,3 +521,17 @@ def optimizer_step(model, optimizer, scheduler, grad_clip: float) -> tuple[torch
         scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return norm, stepped
+
+
+def nonfinite_loss_poisons_grad(model, loss: torch.Tensor) -> None:
+    """Multiply one gradient element block by 1 (exactly: nothing changes) or by NaN when `loss` is not
+    finite, without a host sync: the global norm then reads NaN on every rank (its all-reduce carries
+    it), and the one check of the step skips it. The block is a parameter whose local shard is not
+    empty (FSDP may leave a rank an empty shard)."""
+    for p in model.parameters():
+        if p.grad is None:
+            continue
+        g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad  # FSDP2: this rank's shard
+        if g.numel():
+            g.mul_(torch.where(torch.isfinite(loss), 1.0, float("nan")).to(g.dtype))
+            return
