@@ -473,6 +473,9 @@ def test_report_command_writes_every_format(results, tmp_path, capsys):
         "claims.csv",
         "runs.csv",
         "paper_reference.csv",
+        "per_seed.csv",  # one row per run and benchmark (report/per_seed.py)
+        "results_tidy.csv",  # the long, tidy forms of table3.csv and claims.csv
+        "claims_tidy.csv",
     }
     data = json.loads((out / "report.json").read_text())
     assert data["baseline"] == "grpo" and data["bootstrap"]["resamples"] == 2000

@@ -72,8 +72,9 @@ def test_tiny_table3_pipeline(tmp_path):
     out = tmp_path / "report"
     report_command("abc_grpo_table3_tiny", baseline="grpo", fmt="html", results_dir=results, out=out)
     html = (out / "report.html").read_text()
-    # every figure had data: entropy, reward, length, eval, profile, quadrants, log-ratio histogram
-    assert html.count('src="data:image/png;base64,') == 7
+    # every figure had data: Pass@k against k, entropy, reward, length, eval, profile, quadrants,
+    # log-ratio histogram
+    assert html.count('src="data:image/png;base64,') == 8
     report_command("abc_grpo_table3_tiny", baseline="grpo", fmt="csv", results_dir=results, out=out)
     rows = list(csv.reader(io.StringIO((out / "table3.csv").read_text())))
     assert rows[0] == ["Benchmark", "Method", "Seeds", "Avg@4", "Pass@2", "Pass@4", "kind"]

@@ -31,6 +31,7 @@ from clipbench.errors import ConfigError  # noqa: E402
 from clipbench.integrations.trl import ClipbenchGRPOTrainer  # noqa: E402
 from clipbench.models import load_model_and_tokenizer, resolve_model_name  # noqa: E402
 from clipbench.tasks import build_task  # noqa: E402
+from clipbench.tracking.provenance import clipbench_version  # noqa: E402
 from clipbench.tracking.store import RunDir
 
 pytestmark = pytest.mark.slow  # TRL's GRPOTrainer training
@@ -311,7 +312,9 @@ def test_engine_axis_sweep_trains_with_trl_and_reports_side_by_side(tmp_path):
         n_adv = sum(r[f"{c}/tokens"] for r in per_step for c in ("q1", "q2", "q3", "q4", "on_policy"))
         assert sum(h["pos"]) + sum(h["neg"]) == n_adv
     assert sorted(trl.read_evals()) == [0, 2]
-    assert json.loads((trl.checkpoint_dir / "state.json").read_text()) == {"step": 2, "opt_step": 4, "engine": "trl"}
+    # the checkpoint names whose it is (train/checkpoint.py's checkpoint_owner): run id, seed, version
+    owner = {"run_id": trl.path.name, "seed": 0, "clipbench": clipbench_version()}
+    assert json.loads((trl.checkpoint_dir / "state.json").read_text()) == {"step": 2, "opt_step": 4, "engine": "trl", **owner}
     assert (trl.checkpoint_dir / "model" / "model.safetensors").is_file()
 
     rep = clipbench("report", "engines", "--results-dir", str(res))

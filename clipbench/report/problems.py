@@ -18,7 +18,7 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 
-from clipbench.config import from_dict
+from clipbench.config import from_dict, setting
 from clipbench.errors import StoreError, UserError
 from clipbench.eval.suite import benchmark_problems, local_split
 from clipbench.tasks import build_run_task
@@ -53,8 +53,11 @@ def check_problem_ids(runs: Sequence) -> None:
 
 def _settings(config: dict) -> dict:
     """What decides a run's problems of a benchmark: its task section and eval limit and data dir."""
-    ev = config.get("eval") or {}
-    return {"task": config.get("task"), "limit": ev.get("limit", "default"), "data_dir": ev.get("data_dir")}
+    return {
+        "task": config.get("task"),
+        "limit": setting(config, "eval.limit"),
+        "data_dir": setting(config, "eval.data_dir"),
+    }
 
 
 def _split_ids(config: dict, bench: str) -> tuple[str, ...] | None:
