@@ -87,7 +87,10 @@ def test_a_named_recipe_and_sweep_run_from_an_empty_directory(installed, tmp_pat
     res = run([cb, "sweep", "quickstart", "--dry-run", "--json"], cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     plans = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
-    assert sorted((p["config"]["objective"]["method"], p["config"]["seed"]) for p in plans) == [("grpo", 0), ("grpo", 1)]
+    assert sorted((p["config"]["objective"]["method"], p["config"]["seed"]) for p in plans) == [
+        ("grpo", 0),
+        ("grpo", 1),
+    ]
     res = run([cb, "init", "kit"], cwd=tmp_path)
     assert res.returncode == 0 and (tmp_path / "kit" / "sweep.yaml").is_file(), res.stderr
     res = run([cb, "sweep", "kit/sweep.yaml", "--dry-run"], cwd=tmp_path)

@@ -111,7 +111,12 @@ def test_every_mirror_holds_what_the_store_holds(run_dir):
     # 68 clipbench names and 13 aliases under verl's and TRL's names (actor/entropy, clip_ratio/low_mean, ...);
     # loss at 2 rollout steps x 2 mini-batches
     assert len(want) == 81 and [s for s, _ in want["loss"]] == [1, 2, 3, 4]
-    assert {"actor/entropy", "clip_ratio/low_mean", "completions/mean_length", "val-core/arith/reward/mean_at_2"} <= set(want)
+    assert {
+        "actor/entropy",
+        "clip_ratio/low_mean",
+        "completions/mean_length",
+        "val-core/arith/reward/mean_at_2",
+    } <= set(want)
     got = tb_points(run_dir / "tensorboard")
     assert set(got) == set(want)
     for k in want:

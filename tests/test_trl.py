@@ -314,7 +314,12 @@ def test_engine_axis_sweep_trains_with_trl_and_reports_side_by_side(tmp_path):
     assert sorted(trl.read_evals()) == [0, 2]
     # the checkpoint names whose it is (train/checkpoint.py's checkpoint_owner): run id, seed, version
     owner = {"run_id": trl.path.name, "seed": 0, "clipbench": clipbench_version()}
-    assert json.loads((trl.checkpoint_dir / "state.json").read_text()) == {"step": 2, "opt_step": 4, "engine": "trl", **owner}
+    assert json.loads((trl.checkpoint_dir / "state.json").read_text()) == {
+        "step": 2,
+        "opt_step": 4,
+        "engine": "trl",
+        **owner,
+    }
     assert (trl.checkpoint_dir / "model" / "model.safetensors").is_file()
 
     rep = clipbench("report", "engines", "--results-dir", str(res))
