@@ -140,3 +140,36 @@ def test_the_follow_up_places_each_rule_between_grpo_and_the_unclipped_surrogate
     assert by[("m2po", "unclipped", "shipped", "difference")] == "lower"
     assert by[("m2po", "grpo", "shipped", "difference")] == "inconclusive"  # mean 0.01
     assert by[("unclipped", "grpo", "build2", "difference")] == "higher"
+
+
+def test_g5_tests_the_four_preregistered_endpoints(study):
+    """offpolicy_prereg.md's G5: Welch t on 4 endpoints, Holm over the 4 (validation Avg@64 is not one)."""
+    g5 = study.gate(world(), 0)["G5"]
+    assert list(g5["family"]) == ["test Avg@64 gain", "test Avg@64 end", "test Pass@64 end", "entropy, last fifth"]
+    # grpo (50 + NOISE) against grpo_aa (50 + NOISE reversed): the same values in another order, a mean
+    # difference of 0 and Welch p = 1; but world() gives grpo_aa an entropy of 0.1 on every seed against
+    # grpo's 0.09 + SPREAD/100 (mean 0.0901): a difference the A/A draw must flag, and G5 fails on it
+    fam = g5["family"]
+    assert fam["test Avg@64 end"]["diff"] == pytest.approx(0.0, abs=1e-12) and fam["test Avg@64 end"]["p"] == 1.0
+    assert fam["entropy, last fifth"]["diff"] == pytest.approx(-0.0099) and fam["entropy, last fifth"]["p_holm"] < 0.05
+    assert not g5["pass"]
+
+
+OFFPOLICY = ROOT / "docs" / "studies" / "offpolicy"
+
+
+@pytest.mark.skipif(not (OFFPOLICY / "per_seed.csv").is_file(), reason="the study's results are not published")
+def test_the_published_gate_is_rederived_from_its_per_seed_csv(study):
+    """docs/studies/offpolicy/gate.md is what the script writes from per_seed.csv and counts.json alone,
+    and its headline numbers are those the results page cites."""
+    import json
+
+    rows = study.read_per_seed(OFFPOLICY / "per_seed.csv")
+    counts = json.loads((OFFPOLICY / "counts.json").read_text())
+    assert study.gate_page(rows, counts) == (OFFPOLICY / "gate.md").read_text()
+    d = study.paired(rows, "unclipped", "grpo", 128, "test_avg_end")
+    assert len(d) == 10 and round(sum(d) / len(d), 1) == 5.1  # the clip's cost at lag 128, 10 seeds
+    g = study.select(rows, "grpo", 0)
+    assert round(sum(r["test_avg_end"] for r in g.values()) / len(g), 1) == 52.5
+    summary = json.loads((OFFPOLICY / "replay" / "replay.json").read_text())
+    assert study.replay_page(summary) == (OFFPOLICY / "replay" / "replay.md").read_text()
