@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +19,11 @@ from clipbench.objectives import (
     policy_loss,
     validate_params,
 )
+from clipbench.objectives import rules as rules_package
+from clipbench.objectives.reference import REGENERATE, filled
+from clipbench.objectives.rules import FAMILIES
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def from_ratios(r_rows, A, T=None):
@@ -186,51 +193,39 @@ def test_effective_bounds():
         assert all(isinstance(v, (str, float)) for v in effective_bounds(m, {}).values())
 
 
+def _registered_in(path: Path) -> list[str]:
+    """The names of a module's `@rule("name", ...)` decorations, read from its source."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    calls = [d for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) for d in node.decorator_list]
+    return [d.args[0].value for d in calls if isinstance(d, ast.Call) and getattr(d.func, "id", None) == "rule"]
+
+
 def test_registry_metadata():
-    assert set(METHODS) == {
-        "grpo",
-        "dapo",
-        "dual_clip",
-        "gspo",
-        "gspo_token",
-        "abc",
-        "nsr",
-        "decay",
-        "cispo",
-        "sapo",
-        "gppo",
-        # from verl, TRL and papers (tests/test_objectives_external.py)
-        "gpg",
-        "unclipped",
-        "dro",
-        "clip_cov",
-        "kl_cov",
-        "geo_mean",
-        "dppo_tv",
-        "dppo_kl",
-        "cispo_cap",
-        "luspo",
-        "vespo",
-        "ce_gppo",
-        "dcpo",
-        # off-policy rules (tests/test_objectives_offpolicy.py)
-        "m2po",
-        "topr",
-        "aspo",
-        "bapo",
-        # the rules the field uses now, issue 38 (tests/test_objectives_field.py)
-        "kimi15",
-        "cfpo",
-        "opsm",
-        "rollout_is",
-        "ipo",
-    }
+    """The built-in rules are the `@rule` registrations in the rules package's modules (the one list:
+    each module is one family of FAMILIES, the order docs/objectives.md shows them)."""
+    modules = {p: _registered_in(p) for p in Path(rules_package.__file__).parent.glob("*.py")}
+    assert {Path(m.__file__) for m in FAMILIES} == {p for p, names in modules.items() if names}
+    declared = [name for names in modules.values() for name in names]
+    assert sorted(n for n, spec in METHODS.items() if spec.origin is None) == sorted(declared)
+    assert len(set(declared)) == len(declared) > 30
     for name, spec in METHODS.items():
         assert spec.description and "\n" not in spec.description and spec.formula and spec.source
         assert validate_params(name, {}) == spec.defaults
     assert METHODS["dapo"].defaults == {"eps_low": 0.2, "eps_high": 0.28}
     assert METHODS["nsr"].defaults["schedule"] == "const"
     assert validate_params("grpo", {"eps_high": 1}) == {"eps_low": 0.2, "eps_high": 1.0}
+
+
+def test_the_tables_of_docs_objectives_are_written_from_the_registries():
+    """Every built-in rule, aggregation and sampler correction: its row in docs/objectives.md is its
+    docstring, signature and source (a new one is one registration and one regenerate command)."""
+    text = (REPO / "docs" / "objectives.md").read_text(encoding="utf-8")
+    assert filled(text) == text, f"docs/objectives.md is stale: {REGENERATE}"
+    for name in [
+        *(n for n, s in METHODS.items() if s.origin is None),
+        *(n for n in AGGREGATIONS if AGGREGATIONS.origin(n) is None),
+    ]:
+        assert f"| `{name}` |" in text
 
 
 @pytest.mark.parametrize(

@@ -18,10 +18,11 @@ from scipy import stats as sps
 from typer.testing import CliRunner
 
 from clipbench.cli import app
-from clipbench.config.claims import parse_family
+from clipbench.config.claims import ENDPOINTS, parse_family
 from clipbench.errors import ConfigError, UserError
 from clipbench.report import stats
 from clipbench.report.build import build_report
+from clipbench.report.claims.endpoints import family_endpoints
 from clipbench.report.per_seed import claims_from_per_seed
 from clipbench.sweep import load_spec
 from clipbench.sweep.expand import expand
@@ -48,6 +49,7 @@ def test_a_family_reads_and_counts_its_hypotheses():
     # dapo - grpo: avg and pass, plus avg's equivalence (3); nsr - dapo: avg and its equivalence (2)
     assert fam.size() == 5 and fam.rules() == ["dapo", "grpo", "nsr"]
     assert parse_family(fam.to_dict(), "manifest.json") == fam  # the stored form reads back
+    assert family_endpoints() == ENDPOINTS  # the names a sweep file may write are the registered ones
 
 
 @pytest.mark.parametrize(

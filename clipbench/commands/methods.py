@@ -24,10 +24,8 @@ from clipbench.commands.listing import listing, matches
 from clipbench.errors import UserError, unknown_choice
 from clipbench.objectives.aggregation import AGGREGATIONS
 from clipbench.objectives.corrections import CORRECTIONS, NONE
-from clipbench.objectives.corrections.registry import CorrectionSpec
+from clipbench.objectives.corrections.registry import MASKED_TOKENS, NONE_SUMMARY, CorrectionSpec
 from clipbench.objectives.registry import METHODS, MethodSpec
-
-NO_CORRECTION = "no correction (the mismatch is still measured)"
 
 
 def levels(level: str | Callable, params) -> str:
@@ -72,20 +70,13 @@ def methods_table(width: int = 80, words: list[str] = (), wrap: bool = False) ->
 
 def corrections_table(width: int = 80, words: list[str] = (), wrap: bool = False) -> Table:
     """One line per sampler correction (and `none`) in `width` columns: name, unit, description."""
-    rows = [r for r in [(NONE, "-", NO_CORRECTION)] if matches(words, *r)] + _rows(CORRECTIONS, list(words))
+    rows = [r for r in [(NONE, "-", NONE_SUMMARY)] if matches(words, *r)] + _rows(CORRECTIONS, list(words))
     return listing(
         "sampler corrections (sampler.correction.name; rho = pi_old / pi_sampler)",
         ("name", "level", "summary"),
         rows,
         width,
         wrap=wrap,
-    )
-
-
-def _params(spec) -> str:
-    return escape(
-        ", ".join(f"{p.name}={p.default}" + (f" ({'/'.join(p.choices)})" if p.choices else "") for p in spec.params)
-        or "-"
     )
 
 
@@ -115,7 +106,7 @@ def method_card(spec: MethodSpec) -> Table:
             ("rule", f"[bold]{escape(spec.name)}[/bold]: {escape(spec.description or '-')}"),
             ("level", levels(spec.level, spec.params)),
             ("loss", escape(spec.formula or "-")),
-            ("parameters", _params(spec)),
+            ("parameters", escape(spec.parameters)),
             ("inputs", ", ".join(spec.inputs)),
             ("scope", _scope(spec)),
             ("source", escape(spec.source)),
@@ -127,15 +118,14 @@ def method_card(spec: MethodSpec) -> Table:
 
 def correction_card(spec: CorrectionSpec) -> Table:
     """A sampler correction's full card: summary, unit, weight, parameters, denominators, source."""
-    where = "leave the denominators" if spec.denominator == "drop" else "stay in the denominators"
     return _card(
         [
             ("correction", f"[bold]{escape(spec.name)}[/bold]: {escape(spec.description or '-')}"),
             ("level", levels(spec.level, spec.params)),
             ("weight", escape(spec.formula or "-")),
-            ("parameters", _params(spec)),
+            ("parameters", escape(spec.parameters)),
             ("inputs", ", ".join(spec.inputs)),
-            ("masked tokens", where),
+            ("masked tokens", MASKED_TOKENS[spec.denominator]),
             ("source", escape(spec.source)),
             ("plugin", escape(spec.origin.path) if spec.origin is not None else None),
             ("needs", "sampler.old_logp: recompute; per token or per sequence (exact under any split)"),
@@ -146,7 +136,7 @@ def correction_card(spec: CorrectionSpec) -> Table:
 def card(name: str) -> Table:
     """NAME's card: a rule's, a correction's (`none` too); UserError with a did-you-mean otherwise."""
     if name == NONE:
-        return _card([("correction", f"[bold]{NONE}[/bold]: {NO_CORRECTION}"), ("weight", "1")])
+        return _card([("correction", f"[bold]{NONE}[/bold]: {NONE_SUMMARY}"), ("weight", "1")])
     for registry, make in ((METHODS, method_card), (CORRECTIONS, correction_card)):
         try:
             return make(registry.lookup(name))  # an installed package's entry points load on an unknown name

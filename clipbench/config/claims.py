@@ -11,7 +11,7 @@ before its first run and frozen with its manifest (docs/reports.md, "Preregister
         - {a: nsr, b: dapo, endpoints: [avg], source: "NSR, abstract"}   # source: whose claim it is
 
 An arm is a rule (`objective.name`): each rule of the comparison must have one setting in the sweep
-(its own tuned learning rate, say), so that "dapo" names one arm. The report (report/claims.py) tests
+(its own tuned learning rate, say), so that "dapo" names one arm. The report (report/claims/family.py) tests
 exactly this family: per comparison and endpoint a difference claim (two-sided paired t over seeds, the
 claimed sign +), and per comparison and equivalence endpoint an equivalence claim (two one-sided tests
 against +-margin), Holm over all of them. Nothing here reads runs: this is the family's shape, checked
@@ -26,12 +26,10 @@ from typing import Any
 
 from clipbench.errors import ConfigError, did_you_mean
 
-# endpoint -> (what is measured, its unit): one value per run
-ENDPOINTS = {
-    "avg": ("Avg@n at the last evaluation", "pts"),
-    "pass": ("Pass@n at the last evaluation", "pts"),
-    "entropy": ("mean token entropy, last fifth of the rollout steps", "nats"),
-}
+# the endpoints a comparison may name: Avg@n and Pass@n at the last evaluation, the last fifth's
+# entropy (what each measures, its value, unit, figure and claim: report/claims/endpoints.py, whose
+# family endpoints tests/test_prereg_claims.py holds equal to these)
+ENDPOINTS = ("avg", "pass", "entropy")
 KEYS = ("benchmark", "endpoints", "equivalence", "margins", "compare")
 COMPARE_KEYS = ("a", "b", "endpoints", "source")
 

@@ -61,17 +61,23 @@ def group_counts(mask: torch.Tensor, groups: torch.Tensor) -> dict[str, torch.Te
 
 
 def token_mean(token_loss, maskf, n: Norm):
-    """sum of all valid tokens' losses / number of valid tokens in the mini-batch (DAPO)."""
+    """sum of all valid tokens' losses / number of valid tokens in the mini-batch (DAPO).
+
+    The default (`train.agg`).
+    """
     return token_loss.sum() / n.tokens
 
 
 def token_sum(token_loss, maskf, n: Norm):
-    """sum of all valid tokens' losses, no normaliser (verl `token-sum`; the gradient grows with the tokens)."""
+    """sum of all valid tokens' losses, no normaliser (verl `token-sum`, verl#7197).
+
+    The gradient grows with the mini-batch's tokens, so the learning rate must be tuned for it.
+    """
     return token_loss.sum()
 
 
 def seq_mean_token_mean(token_loss, maskf, n: Norm):
-    """mean over sequences of each sequence's token mean (GRPO; ABC-GRPO eq. 6)."""
+    """mean over sequences of each sequence's token mean (the original GRPO; ABC-GRPO eq. 6)."""
     per_seq = token_loss.sum(-1) / maskf.sum(-1).clamp(min=1.0)  # (B,)
     return per_seq.sum() / n.seqs
 
@@ -87,7 +93,15 @@ def seq_mean_token_sum_norm(token_loss, maskf, n: Norm):
 
 
 def prompt_mean(token_loss, maskf, n: Norm):
-    """mean over the mini-batch's prompt groups of each group's pooled token mean (SkyRL `prompt_mean`)."""
+    """mean over the mini-batch's prompt groups of each group's pooled token mean, every group
+    weighing the same (SkyRL `prompt_mean`).
+
+    SkyRL pre-scales each group's advantages by 1 / (P x its tokens): the same loss for every rule
+    linear in A at a fixed sign (tested). P counts every group with a row in the mini-batch, also
+    one without valid tokens or with all-equal rewards (SkyRL's). clipbench's mini-batches are
+    strided row slices of the rollout batch, so a group's rows may lie in several mini-batches;
+    each mini-batch pools the rows it has (SkyRL's mini-batches are whole prompts).
+    """
     return (token_loss.sum(-1) / (n.prompts * n.group_tokens.clamp(min=1.0))).sum()
 
 

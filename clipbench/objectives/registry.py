@@ -52,6 +52,15 @@ class Registered:
         return {p.name: p.default for p in self.params}
 
     @property
+    def parameters(self) -> str:
+        """The parameters in one line: `name=default` each, a choice's alternatives after it
+        (`level=token (token/sequence)`); '-' for none (`clipbench methods`, docs/objectives.md)."""
+        text = ", ".join(
+            f"{p.name}={p.default}" + (f" ({'/'.join(p.choices)})" if p.choices else "") for p in self.params
+        )
+        return text or "-"
+
+    @property
     def where(self) -> str:
         """'built-in' or 'plugin <path>' (for messages)."""
         return describe_origin(self.origin)

@@ -158,7 +158,7 @@ def read_signature(
     return tuple(inputs), tuple(params)
 
 
-def _top_level_colon(line: str) -> int:
+def top_level_colon(line: str) -> int:
     """Index of the first ': ' outside parentheses/brackets, or -1."""
     depth = 0
     for i, ch in enumerate(line):
@@ -177,7 +177,7 @@ def formula_and_description(fn: Callable) -> tuple[str, str]:
         return "", ""
     paragraphs = doc.split("\n\n")
     first = paragraphs[0].splitlines()[0].strip()
-    i = _top_level_colon(first)
+    i = top_level_colon(first)
     if i >= 0:
         return first[:i].strip(), first[i + 2 :].strip()
     rest = " ".join(" ".join(paragraphs[1].split()).split(". ")[:1]) if len(paragraphs) > 1 else ""

@@ -132,7 +132,7 @@ def claims(rows: list[dict]) -> Table | None:
         "after correction), 'no difference' claims equivalence tests (TOST within +-margin). Training figures "
         "are paired by seed; accuracy too from 2 seeds on (each seed's Avg@n), by problem with one seed (the "
         "bootstrap: within-seed noise only, it speaks for that trained model, not for another seed). "
-        "See clipbench/report/claims.py and docs/reports.md.",
+        "See clipbench/report/claims/ and docs/reports.md.",
         "Detectable: the smallest difference this design detects with 80% power at p < 0.05 (two-sided), "
         "(t(0.975, df) + t(0.80, df)) x se, se from the observed spread: of the seed differences for a "
         "paired t (df = seeds - 1), of the per-problem differences for the bootstrap (df = problems - 1; "

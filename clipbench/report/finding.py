@@ -6,7 +6,7 @@ From numbers the report already has: each arm's gain over the base model (the Av
 minus the base model's, per block; the line names the benchmarks it averages), each arm's difference with the
 baseline (its interval, its paired seeds and, when the interval holds 0, the seeds 80% power needs; every
 arm when they are few, else the user's own rules), the critical learning rates when the sweep has a learning-rate
-axis (report/stability.py; with --tune-on, each rule's best rate first), and the claims' verdicts (report/claims.py) with whether they replicate.
+axis (report/stability.py; with --tune-on, each rule's best rate first), and the claims' verdicts (report/claims/) with whether they replicate.
 """
 
 from __future__ import annotations

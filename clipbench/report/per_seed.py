@@ -6,17 +6,13 @@
 
 `clipbench report` writes ``per_seed.csv`` beside ``report.md`` / ``report.html`` (a replication sweep's
 runs too, their ``sweep`` column naming it), so a published verdict can be checked, and tested again,
-without the results store. The endpoints (claims.py names them):
-
-    avg_start:<bench>, avg_end:<bench>   Avg@n at the first and the last evaluation, points
-    pass_end:<bench>                     Pass@n at the last evaluation, points
-    entropy_last_fifth                   mean token entropy over the last fifth of the run (nats)
-    q4_lead                              Q4's share of the clip events minus the largest other quadrant's
+without the results store: one column per endpoint (report/claims/endpoints.py registers each,
+with its column: avg_start:<bench>, avg_end:<bench>, pass_end:<bench>, entropy_last_fifth, q4_lead).
 
 Each seed-level claim says what it reads (``ClaimResult.reads``: terms [label, columns, sign], the
 columns of a term averaged, the terms summed per seed): ``claims_from_per_seed`` forms those per-seed
-values from the rows, then runs the claim's own test (claims._seed_t: the paired t, or TOST or
-non-inferiority against its margin) and Holm over the family (claims.correct_family). A claim tested
+values from the rows, then runs the claim's own test (`comparisons.seed_test`: the paired t, or TOST or
+non-inferiority against its margin) and Holm over the family (`verdicts.correct_family`). A claim tested
 over problems (one seed) has no per-seed values and is refused. Values are per run over all the
 problems it evaluated; the report pairs the problems a label's runs share, which is the same set
 when every run evaluated the same problems (as a sweep's runs do).
@@ -32,33 +28,21 @@ from pathlib import Path
 import numpy as np
 
 from clipbench.errors import UserError
-from clipbench.report.claims import (
-    ENTROPY_COL,
-    Q4_COL,
-    ClaimResult,
-    _endpoint,
-    _initial_avg,
-    _last_entropy,
-    _q4_lead,
-    _seed_t,
-    avg_col,
-    correct_family,
-    pass_col,
-)
+from clipbench.report.claims.comparisons import seed_test
+from clipbench.report.claims.endpoints import ENDPOINTS
+from clipbench.report.claims.verdicts import ClaimResult, correct_family
 from clipbench.report.load import RunRecord
 
 KEYS = ("sweep", "model", "label", "method", "seed", "run_id")
 
 
 def _run_row(run: RunRecord, sweep: str) -> dict:
+    """The run's keys, then each endpoint's value (per benchmark of its last evaluation, then per run)."""
     row: dict = {"sweep": sweep, "model": run.model, "label": run.label, "method": run.method}
     row.update(seed=run.seed, run_id=run.run_id)
     for bench in sorted((run.evals.get(run.final_step) or {}) if run.final_step is not None else {}):
-        row[avg_col(bench, start=True)] = _initial_avg(run, bench)
-        row[avg_col(bench)] = _endpoint(run, "avg", bench)
-        row[pass_col(bench)] = _endpoint(run, "pass", bench)
-    row[ENTROPY_COL] = _last_entropy(run)
-    row[Q4_COL] = _q4_lead(run)
+        row.update({e.column_of(bench): e.value(run, bench) for e in ENDPOINTS.values() if e.per_benchmark})
+    row.update({e.column: e.value(run, "") for e in ENDPOINTS.values() if not e.per_benchmark})
     return {k: v for k, v in row.items() if v is not None}
 
 
@@ -127,7 +111,7 @@ def claims_from_per_seed(
         values = {s: _value(c["reads"], by_label, s) for s in seeds}
         seeds = [s for s in seeds if math.isfinite(values[s])]
         diffs = np.array([values[s] for s in seeds])
-        res = _seed_t(
+        res = seed_test(
             c["claim"], c["source"], c["comparison"], c["figure"], diffs, seeds, [], c["kind"], c.get("margin")
         )
         res.model, res.reads = c["model"], c["reads"]

@@ -66,7 +66,8 @@ def tis(d, mask, *, level: Literal["token", "sequence"] = "token", cap: float = 
 
     cap 2.0 is verl's rollout_is_threshold (and SkyRL's token cap); floor 0 is no lower truncation
     (verl; TRL's clip_min=None; OpenRLHF truncates to [0.5, 5]). The exponent is clamped at log cap
-    before exp (no overflow; below, exp(d) exactly: verl floors it at e^-20).
+    before exp (no overflow; below, exp(d) exactly: verl floors it at e^-20). The former keys
+    sampler.mismatch_is / mismatch_is_cap read as this correction.
     """
     x = d if level == "token" else seq_sum(d, mask)  # (B, T) or (B, 1)
     w = torch.exp(x.clamp(max=math.log(cap))).clamp(min=floor)
@@ -217,7 +218,8 @@ def vaco(d, mask, A, *, cap: float = 2.0, floor: float = 0.0, low: float = 0.0, 
     rho = exp(d) with d clamped to +-10 (open-instruct); the mask spares the tokens whose update
     lowers the sequence's TV (sign(d)*A <= 0: the step moves pi_old toward the sampler). low = 0 or
     high = 0 leaves that side open (open-instruct's "0 disables"). Masked tokens stay in the
-    denominators (open-instruct multiplies the per-token loss by the weights).
+    denominators (open-instruct multiplies the per-token loss by the weights). It reads the
+    advantages (apply_correction(..., advantages=)).
     """
     lr = d.clamp(-10.0, 10.0)
     rho = torch.exp(lr)

@@ -94,6 +94,8 @@ class CorrectionSpec(Registered):
 
 
 NONE = "none"  # no correction: the mismatch is measured, nothing is re-weighted
+NONE_SUMMARY = "no correction (the mismatch is still measured)"
+MASKED_TOKENS = {"keep": "stay in the denominators", "drop": "leave the denominators"}  # by `denominator`
 # The corrections, in registration order ('none' is valid and no entry); installed packages' entry
 # points of the rules' group load on the first unknown name, as for the rules.
 CORRECTIONS: Registry[CorrectionSpec] = Registry(

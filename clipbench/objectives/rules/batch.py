@@ -1,7 +1,8 @@
 """Rules whose bounds come from a statistic of the whole mini-batch: BAPO's bound search, M2PO's
-second-moment budget. The statistic is the rule's ``batch_stat`` (registry.py): computed without
-gradient over every micro-batch and rank of the mini-batch before its first backward, so the rule
-is exact under micro-batching (the sources compute it per loss call, i.e. per micro-batch).
+second-moment budget. The statistic is the rule's ``batch_stat`` (``rule(batch_stat=...)``):
+computed without gradient over every micro-batch and rank of the mini-batch before its first
+backward, so the rule is exact under micro-batching (the sources compute it per loss call, i.e.
+per micro-batch).
 """
 
 from __future__ import annotations
@@ -120,6 +121,8 @@ def bapo(
     higher lower bound can only raise the negative side, the opposite of the paper's stated intent);
     measure=gradient counts r |A| over the tokens whose gradient the clip keeps (this project's
     reading of "filter low-probability negative tokens"; the paper's formula could not be checked).
+    The search raises the lower bound (lower_start -> lower_max by lower_step) while the ratio is
+    below target, then the upper bound (upper_start -> upper_max by upper_step).
     """
     loss = ppo_clip(r, A, stat["clip_low"], stat["clip_high"])
     return torch.where(A < 0, torch.minimum(loss, -c * A), loss)
@@ -210,7 +213,8 @@ def m2po(
     Algorithm 1, the official code); all: every token (AReaL's m2_threshold). Masked tokens keep
     their place in the token-mean denominator (the paper divides by sum |o_i|); tokens tied with
     the largest kept M2 stay. action=clip is the official code: no mask; PPO's clip with the band
-    whose level t caps the candidates' M2 at a mean of tau (every token, no dual clip).
+    whose level t caps the candidates' M2 at a mean of tau (every token, no dual clip; no band when
+    their mean is already within it).
     """
     if action == "clip":
         return ppo_clip(r, A, stat["clip_low"], stat["clip_high"])

@@ -23,7 +23,10 @@ def grpo(r, A, *, eps_low: float = 0.2, eps_high: float = 0.2):
 
 @rule("dapo", source="DAPO (arXiv 2503.14476)", checks=EPS_CHECKS, bounds=clip_bounds)
 def dapo(r, A, *, eps_low: float = 0.2, eps_high: float = 0.28):
-    """-min(r*A, clip(r, 1-eps_low, 1+eps_high)*A): GRPO clip with decoupled (clip-higher) bounds"""
+    """-min(r*A, clip(r, 1-eps_low, 1+eps_high)*A): GRPO clip with decoupled (clip-higher) bounds
+
+    The grpo rule with a higher upper bound (clip-higher); its gradient is grpo's with these bounds.
+    """
     return ppo_clip(r, A, 1 - eps_low, 1 + eps_high)
 
 
@@ -47,8 +50,10 @@ def _dual_clip_warning(p) -> str | None:
 def dual_clip(r, A, *, eps_low: float = 0.2, eps_high: float = 0.2, c: float = 3.0):
     """grpo, and min(grpo, -c*A) for A<0: GRPO clip plus a cap c on the loss of A<0 tokens
 
-    The gradient is also zero for (A<0, r > c). Equals TRL's `delta=c` when c > 1 + eps_high, and
-    verl's `vanilla` loss (PPO clip + dual clip with clip_ratio_c = 3.0) with the defaults.
+    The gradient is also zero for (A<0, r > c). Equals TRL's `delta=c` when c > 1 + eps_high
+    (tested); with c <= 1 + eps_high the cap binds inside the trust band, which is not what TRL's
+    `delta` computes, and a one-line warning says so. verl's `vanilla` loss (PPO clip + dual clip
+    with clip_ratio_c = 3.0) is this rule with the defaults.
     """
     loss = ppo_clip(r, A, 1 - eps_low, 1 + eps_high)
     return torch.where(A < 0, torch.minimum(loss, -c * A), loss)
@@ -67,7 +72,8 @@ def dual_clip(r, A, *, eps_low: float = 0.2, eps_high: float = 0.2, c: float = 3
 def abc(r, A, *, eps1: float = 0.2, eps2: float = 0.2, eps3: float = 0.2, eps4: float = 0.2):
     """-clip(r, lo, hi)*A, (lo, hi) = (1-eps2, 1+eps1) if A>0 else (1-eps4, 1+eps3): asymmetric bounded clip, no min
 
-    Zero gradient outside the band in all four quadrants: grpo in Q1/Q3, Q4 becomes bounded.
+    Zero gradient outside the band in all four quadrants: grpo is recovered in Q1/Q3, and Q4
+    becomes bounded.
     """
     lo = torch.where(A < 0, 1 - eps4, 1 - eps2)  # (B, 1); A == 0 rows take the A>0 band (l = 0 anyway)
     hi = torch.where(A < 0, 1 + eps3, 1 + eps1)

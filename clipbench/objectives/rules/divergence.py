@@ -31,7 +31,8 @@ def unclipped(r, A):
     """-r*A: the importance-sampled surrogate with no band (PPO's L^CPI), gradient -A*r*dlogp everywhere
 
     GRPO's gradient wherever GRPO's ratio stays in its band: the control that shows what a clip does
-    once the data is off-policy (sampler.lag), since nothing here stops a token's ratio from growing.
+    once the data is off-policy (sampler.lag, docs/lag.md), since nothing here stops a token's ratio
+    from growing: -A*r on every token, unbounded where GRPO's ratio leaves its band.
     """
     return -r * A
 
@@ -78,7 +79,8 @@ def cfpo(r, A, *, eps: float = 0.2):
 
     The gradient -A*r + |A|*(r - 1)*r/eps is zero at r = 1 + eps (A>0) / 1 - eps (A<0), the PPO
     bound, and pushes the ratio back past it instead of vanishing: never zero for A != 0 off the
-    stationary point. eps is verl's clip_ratio (one value for both sides, as the PR).
+    stationary point. eps is verl's clip_ratio (one value for both sides, as the PR; engine: verl
+    sets it). Reference band [1-eps, 1+eps].
     """
     return -(r * A - A.abs() * (r - 1).square() / (2 * eps))
 
@@ -149,7 +151,7 @@ def clip_cov(
     The candidates are valid tokens that grpo did not clip; max(int(clip_cov_ratio * tokens), 1) of
     them (fewer if there are fewer) get zero loss and gradient, picked by the smallest u (verl:
     torch.randperm). Per call, as in verl: the means, the token count and the choice range over
-    this call's tokens (verl's micro-batch).
+    this call's tokens (verl's micro-batch), so it is exact over micro-batch splits only unsplit.
     """
     loss = ppo_clip(r, A, 1 - eps_low, 1 + eps_high)
     cov = (A - masked_mean(A, mask)) * (logp - masked_mean(logp, mask)).detach()  # (B, T)

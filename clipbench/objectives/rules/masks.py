@@ -1,6 +1,7 @@
-"""Rules that drop tokens or whole sequences by how far the policy moved from the behaviour or
-rollout policy, instead of clipping a ratio: DeepSeek-V3.2's off-policy sequence mask (OPSM),
-GLM-5's rollout-anchored masked importance weight, prime-rl's IPO probability-difference mask.
+"""Rules that drop tokens or sequences by how far the policy moved: DeepSeek-V3.2's off-policy
+sequence mask (OPSM), GLM-5's rollout-anchored masked importance weight, prime-rl's IPO
+probability-difference mask, each measuring the move from the behaviour or rollout policy instead
+of clipping a ratio.
 
 A dropped token has loss 0 and gradient exactly 0 (``torch.where``), and stays in the
 aggregation's denominators, as in every source.
@@ -58,7 +59,9 @@ def rollout_is(logp, A, rollout_logp, *, eps_low: float = 0.2, eps_high: float =
 
     rho is taken against the sampler's log-probs (the rollout policy), never old_logp; its exponent
     is clamped to +-20 (SkyRL's safe_exp_delta). Tokens outside the open band get weight 0: loss
-    and gradient 0 (cispo would cap them instead). With sampler.old_logp: sampler, rho is r.
+    and gradient 0 (cispo would cap them instead). With sampler.old_logp: sampler, rho is r. It
+    reads the input rollout_logp (keyword sampler_logp): the built-in loop passes the sampler's
+    log-probs (asking the hf sampler for them); TRL and verl cannot, and refuse the rule in one line.
     """
     rho = torch.exp((logp.detach() - rollout_logp).clamp(-20.0, 20.0))  # (B, T)
     inside = (rho > 1 - eps_low) & (rho < 1 + eps_high)

@@ -82,8 +82,15 @@ def nsr(
 ):
     """grpo on x (r, or s for base='sequence'); where 0 < d <= delta and u < p(d), the unclipped -x*A
 
-    p(d) = p (const) or p*(1 - d/delta) (linear); sides: upper (A>0), lower (A<0) or both bounds
-    rescue; base='sequence' uses one draw per sequence, u[:, 0].
+    The base is the hard clip (grpo's rule with eps_low / eps_high). For a token the base rule
+    zeroes, d is its distance past the bound in ratio units (r - (1+eps_high) or (1-eps_low) - r);
+    if 0 < d <= delta it is rescued (m = 1{u < p(d)}, u uniform on [0, 1)) and takes the unclipped
+    loss -x*A; deeper violations stay clipped. p(d) = p (const) or p*(1 - d/delta) (linear); sides:
+    upper (A>0), lower (A<0) or both bounds rescue; base='sequence' applies it to gspo's s with one
+    draw per sequence, the row's first uniform u[:, 0]. The expected gradient is p(d) x the
+    unclipped gradient inside the band, zero beyond. The uniforms are drawn per (rollout row,
+    position) from an explicit generator seeded from the run seed and step (or passed in), so a run
+    replays and the draws do not depend on how the mini-batch is split.
     """
     x, u = (s, u[:, :1]) if base == "sequence" else (r, u)
     near, p_d = _near_band(x, A, eps_low, eps_high, delta, p, schedule, sides)
@@ -114,7 +121,8 @@ def decay(
 ):
     """grpo on x (r, or s for base='sequence'); where 0 < d <= delta, -sg(p(d))*x*A
 
-    nsr's expected gradient with no noise; zero gradient beyond the band.
+    The same band as nsr: nsr's expected gradient with no noise (tested by Monte Carlo); zero
+    gradient beyond the band.
     """
     x = s if base == "sequence" else r
     near, p_d = _near_band(x, A, eps_low, eps_high, delta, p, schedule, sides)

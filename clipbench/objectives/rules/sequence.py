@@ -20,7 +20,8 @@ _GSPO_SRC = "GSPO (arXiv 2507.18071)"
 def gspo(s, A, *, eps_low: float = 3e-4, eps_high: float = 4e-4):
     """-min(s*A, clip(s, 1-eps_low, 1+eps_high)*A), s = exp(mean_t(logp - old_logp)): sequence ratio, hard clip
 
-    Returns (B, 1): the whole sequence is zeroed when clipped.
+    s is the mean over the sequence's valid tokens. Returns (B, 1): the whole sequence's gradient
+    is zero when clipped.
     """
     return ppo_clip(s, A, 1 - eps_low, 1 + eps_high)
 
@@ -29,7 +30,8 @@ def gspo(s, A, *, eps_low: float = 3e-4, eps_high: float = 4e-4):
 def gspo_token(s, logp, A, *, eps_low: float = 3e-4, eps_high: float = 4e-4):
     """grpo's rule on s_tok = sg(s)*exp(logp - sg(logp)): GSPO-token, per-token s_tok with gspo's value and gradient
 
-    s_tok has the value s and d s_tok / d logp_t = s, so each token carries the sequence's clip decision.
+    s_tok has the value s and d s_tok / d logp_t = s, so each token carries the sequence's clip
+    decision: the same gradient as gspo when the advantages are per sequence (tested).
     """
     s_tok = s.detach() * torch.exp(logp - logp.detach())  # (B, T)
     return ppo_clip(s_tok, A, 1 - eps_low, 1 + eps_high)
@@ -62,8 +64,9 @@ def geo_mean(log_ratio, A, mask, *, eps_low: float = 0.4, eps_high: float = 0.4)
     """-A*exp(mean_t sgn(A)*min(sgn(A)*lr, sgn(A)*clip(lr, -eps_low, eps_high))): GMPO, geometric mean of the token ratios, clipped per token in log space
 
     Returns (B, 1) (verl averages it over sequences: agg=seq-mean-token-mean); the mean divides by
-    (tokens + 1e-8) as verl does. Clipped tokens get zero gradient. eps 0.4 is the paper's
-    (e^-0.4, e^0.4) range (verl's config default would be 0.2).
+    (tokens + 1e-8) as verl does. Clipped tokens get zero gradient. eps_low and eps_high are in log
+    space: the reference band is (e^-eps_low, e^eps_high); 0.4 is the paper's (e^-0.4, e^0.4) range
+    (verl's config default would be 0.2).
     """
     sgn = torch.sign(A)
     lr = sgn * torch.minimum(sgn * log_ratio, sgn * torch.clamp(log_ratio, -eps_low, eps_high))

@@ -31,7 +31,9 @@ def cispo(r, A, logp, *, eps_low: float = 1.0, eps_high: float = 4.0, unified_ma
     The weight is clipped two-sided around 1 (verl's parametrisation); the defaults (no lower cap,
     cap at 5) are TRL's `cispo`, see cispo_cap for its absolute-cap parametrisation. unified_mask:
     MiniMax-M1's Eq. 7 mask M, 0 where PPO's clip zeroes the gradient, (A>0, r > 1+eps_high) and
-    (A<0, r < 1-eps_low) (strict, ROLL's cispo_use_unified_mask), 1 elsewhere.
+    (A<0, r < 1-eps_low) (strict, ROLL's cispo_use_unified_mask), 1 elsewhere; off (the default),
+    it is left out of the run id. Without the mask the gradient is never zero; the weight is capped.
+    Other frameworks use other caps: the effective bounds are logged (rule.*).
     """
     loss = -torch.clamp(r, 1 - eps_low, 1 + eps_high).detach() * A * logp
     if not unified_mask:
@@ -48,7 +50,10 @@ def cispo(r, A, logp, *, eps_low: float = 1.0, eps_high: float = 4.0, unified_ma
     bounds=lambda p: {"gate": "sigmoid", "tau_pos": p["tau_pos"], "tau_neg": p["tau_neg"]},
 )
 def sapo(r, A, *, tau_pos: float = 1.0, tau_neg: float = 1.05):
-    """-(4/tau)*sigmoid(tau*(r-1))*A, tau = tau_pos if A>0 else tau_neg: soft adaptive gate, slope 1 at r=1"""
+    """-(4/tau)*sigmoid(tau*(r-1))*A, tau = tau_pos if A>0 else tau_neg: soft adaptive gate, slope 1 at r=1
+
+    A smooth gate in place of a clip: the gradient shrinks away from r = 1 and never vanishes.
+    """
     tau = torch.where(A > 0, tau_pos, tau_neg)  # (B, 1)
     return -(4 / tau) * torch.sigmoid(tau * (r - 1)) * A
 
@@ -66,7 +71,9 @@ def sapo(r, A, *, tau_pos: float = 1.0, tau_neg: float = 1.05):
 def gppo(r, A, *, eps_low: float = 0.2, eps_high: float = 0.28, beta_low: float = 1.0, beta_high: float = 1.0):
     """grpo, but -beta*b*r/sg(r)*A where grpo clips: gradient-preserving clip, constant-magnitude gradient past the bound
 
-    b is the bound hit: 1+eps_high with beta_high (A>0), 1-eps_low with beta_low (A<0).
+    In the two cells grpo zeroes, the loss is -beta*b*r/sg(r)*A, b the bound hit: 1+eps_high with
+    beta_high (A>0), 1-eps_low with beta_low (A<0). A constant-magnitude gradient instead of zero: a
+    deterministic alternative near and far past the bound.
     """
     lo, hi = 1 - eps_low, 1 + eps_high
     clipped = past_bound(r.detach(), A, lo, hi) > 0
@@ -85,6 +92,7 @@ def cispo_cap(r, A, logp, *, cap: float = 5.0):
     """-sg(min(r, cap))*A*logp: CISPO with TRL's absolute cap on the IS weight (TRL's epsilon_high)
 
     The same rule as cispo with eps_low=1, eps_high=cap-1; cispo clips two-sided around 1 (verl).
+    The cap is TRL's epsilon_high; 5.0 is ScaleRL's.
     """
     return -torch.clamp(r, max=cap).detach() * A * logp
 
@@ -160,12 +168,13 @@ def aspo(
     c_neg: float = 3.0,
     c_pos: float = 3.0,
 ):
-    """A<0: -A*max(r, 1-e) (-c_neg*A*logp where r > c_neg); A>=0: -A/min(r, 1+e) with gradient -A/r (-c_pos*A*logp where r < 1/c_pos): ASPO, flipped weight for positive tokens, soft dual clips
+    """-A*max(r, 1-e) if A<0 (-c_neg*A*logp where r > c_neg), else -A/min(r, 1+e) with gradient -A/r (-c_pos*A*logp where r < 1/c_pos): ASPO, flipped weight for positive tokens, soft dual clips
 
     e = eps_narrow on each sequence's low-entropy tokens (entropy <= its entropy_quantile) and
     eps_wide on the rest (Archer2.0: its `high_entropy_mask` marks the low-entropy 80%). The
     positive branch's value is -A/pc with pc = min(r, 1+e), its gradient -A/r inside the band (the
     flipped importance weight) and 0 past it; the dual clips keep a gradient of constant weight c.
+    As released in Archer2.0 (compute_policy_loss_archer, called by both shipped training scripts).
     """
     e = _entropy_bands(entropy, mask, entropy_quantile, eps_narrow, eps_wide)
     nc = torch.clamp(r, min=1 - e)  # clamp, not torch.maximum: a ratio on the bound keeps its whole gradient
