@@ -14,6 +14,9 @@ import torch
 from clipbench.config import RunConfig
 from clipbench.models import dtype_name, load_model_and_tokenizer, resolve_model_name
 from clipbench.models.routing import RouteReplay, replayable
+from clipbench.objectives import reads_rollout_logp
+from clipbench.objectives.corrections import NONE
+from clipbench.rollout import build_sampler, resolve_backend
 from clipbench.train.distributed import Dist, shard_model
 
 
@@ -79,3 +82,40 @@ def build_optimizer(model, tc):
         model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay, fused=True
     )  # one kernel for all tensors: 3x faster than the default on CPU
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tc))
+
+
+def build_run_sampler(cfg: RunConfig, model, tok, dist: Dist, dtype: torch.dtype):
+    """(backend name, sampler) of run `cfg`: the sampler over the policy `model`, asked for its log-probs
+    where the run reads them."""
+    backend = resolve_backend(cfg.sampler.backend)
+    sc = cfg.sampler
+    # the sampler's log-probs: its old log-probs, or the mismatch (always logged by vLLM; with hf only
+    # when a correction asks for it: hf samples from the training model itself)
+    # (and a rule that reads the rollout policy's log-probs: rollout_is)
+    # (and a lagged sampler: the behaviour policy's log-probs measure the batch's staleness)
+    want_logp = (
+        sc.old_logp == "sampler"
+        or cfg.sampler.correction.name != NONE
+        or backend == "vllm"
+        or reads_rollout_logp(cfg.objective.name)
+        or sc.lag > 0
+    )
+    eval_tokens = cfg.eval.max_new_tokens or sc.max_new_tokens  # the engine must hold eval's completions too
+    sampler = build_sampler(
+        backend,
+        model,
+        tok,
+        max_new_tokens=sc.max_new_tokens,
+        temperature=sc.temperature,
+        top_p=sc.top_p,
+        seed=cfg.seed,
+        return_logprobs=want_logp,
+        dtype=dtype_name(dtype),
+        gpu_memory_utilization=sc.gpu_memory_utilization,
+        longest_new_tokens=max(eval_tokens, sc.max_new_tokens),
+        sleep_mode=sc.sleep_mode,
+        synced_gpus=dist.sharded,
+        model_path=resolve_model_name(cfg.model.name) if dist.sharded else None,
+        record_routes=cfg.model.routing_replay == "r3",  # Rollout.routes: the experts the sampler chose
+    )
+    return backend, sampler

@@ -49,19 +49,17 @@ from clipbench.config import RunConfig, run_id
 from clipbench.errors import RunFailed, UserError
 from clipbench.eval.evaluate import Shard
 from clipbench.eval.suite import eval_suite, run_eval
-from clipbench.models import compute_dtype, dtype_name, resolve_model_name
+from clipbench.models import compute_dtype
 from clipbench.models.routing import RouteReplay, row_routes_table
-from clipbench.objectives import reads_rollout_logp
-from clipbench.objectives.corrections import NONE, apply_correction
+from clipbench.objectives.corrections import apply_correction
 from clipbench.objectives.staleness import staleness_sums
-from clipbench.rollout import build_sampler, resolve_backend
 from clipbench.seeds import generator
 from clipbench.tasks import build_run_task
 from clipbench.tracking.run_entry import run_finished, run_started, run_summary
 from clipbench.tracking.sink import MetricSink, NullSink
 from clipbench.tracking.store import RunDir, RunState
 from clipbench.train.batch import RolloutBatch, collect_rollout
-from clipbench.train.build import build_models, build_optimizer, planned_optimizer_steps
+from clipbench.train.build import build_models, build_optimizer, build_run_sampler, planned_optimizer_steps
 from clipbench.train.checkpoint import (
     checkpoint_owner,
     checkpoint_step,
@@ -204,37 +202,7 @@ def setup(
             model, ref_model, tok = build_models(cfg, dist, dtype)  # the failed load may have filled some tensors
             optimizer, scheduler = build_optimizer(model, cfg.train)
     task = build_run_task(cfg)  # the run seed draws the problems, as `clipbench eval <run_dir>` does
-    backend = resolve_backend(cfg.sampler.backend)
-    sc = cfg.sampler
-    # the sampler's log-probs: its old log-probs, or the mismatch (always logged by vLLM; with hf only
-    # when a correction asks for it: hf samples from the training model itself)
-    # (and a rule that reads the rollout policy's log-probs: rollout_is)
-    # (and a lagged sampler: the behaviour policy's log-probs measure the batch's staleness)
-    want_logp = (
-        sc.old_logp == "sampler"
-        or cfg.sampler.correction.name != NONE
-        or backend == "vllm"
-        or reads_rollout_logp(cfg.objective.name)
-        or sc.lag > 0
-    )
-    eval_tokens = cfg.eval.max_new_tokens or sc.max_new_tokens  # the engine must hold eval's completions too
-    sampler = build_sampler(
-        backend,
-        model,
-        tok,
-        max_new_tokens=sc.max_new_tokens,
-        temperature=sc.temperature,
-        top_p=sc.top_p,
-        seed=cfg.seed,
-        return_logprobs=want_logp,
-        dtype=dtype_name(dtype),
-        gpu_memory_utilization=sc.gpu_memory_utilization,
-        longest_new_tokens=max(eval_tokens, sc.max_new_tokens),
-        sleep_mode=sc.sleep_mode,
-        synced_gpus=dist.sharded,
-        model_path=resolve_model_name(cfg.model.name) if dist.sharded else None,
-        record_routes=cfg.model.routing_replay == "r3",  # Rollout.routes: the experts the sampler chose
-    )
+    backend, sampler = build_run_sampler(cfg, model, tok, dist, dtype)
     suite = eval_suite(cfg, task) if cfg.eval.benchmarks else {}
     first = next(iter(suite), None)  # decided before any rank can write an evaluation, so all agree
     evaluated = (
