@@ -19,7 +19,7 @@ from clipbench.sweep.execute import Next, RunTask, checkpoint_step
 from clipbench.sweep.expand import Expansion, iter_summary
 from clipbench.sweep.manifest import manifest_runs, merge
 from clipbench.sweep.spec import SweepSpec
-from clipbench.tracking.store import RunDir
+from clipbench.tracking.store import RunDir, RunState
 
 AVG_KEY = re.compile(r"/avg@(\d+|n)$")  # eval/<benchmark>/avg@<n> (avg@n: a store from before n was named)
 
@@ -62,11 +62,11 @@ def start_line(sweep: str, n_runs: int, results_dir: Path, states: dict[str, Nex
 def _state(rd: RunDir) -> str:
     st = rd.status() if rd.status_path.exists() else None
     if st is None:
-        return "pending"
-    state = st.get("state", "pending")
-    if state in ("running", "pending", "preempted"):
+        return RunState.PENDING.value
+    state = st.get("state", RunState.PENDING.value)
+    if state in (RunState.RUNNING, RunState.PENDING, RunState.PREEMPTED):
         ck = checkpoint_step(rd)
-        what = "preempted" if state == "preempted" else "interrupted"
+        what = "preempted" if state == RunState.PREEMPTED else "interrupted"
         return f"{what} (ckpt {ck})" if ck is not None else what
     return state
 

@@ -23,7 +23,7 @@ from clipbench.engines.launch import launch_ranks, run_as_rank
 from clipbench.errors import DiskFull, RunFailed, RunPreempted
 from clipbench.tracking.files import check_writable_dir
 from clipbench.tracking.mlflow_sink import run_sink
-from clipbench.tracking.store import RunDir, check_run_path
+from clipbench.tracking.store import RunDir, RunState, check_run_path
 from clipbench.train.checkpoint import find_checkpoint
 from clipbench.train.distributed import under_torchrun
 from clipbench.train.preempt import preempt_signals
@@ -55,7 +55,7 @@ def train_command(
     resume_hint = "resume it: " + shlex.join(["clipbench", *args, "--resume"])
     if n > 1 and not under_torchrun():  # this process only launches the ranks
         rc = launch_ranks(n, "clipbench", args + (["--resume"] if resume else []), rd, signals=preempt_signals(cfg))
-        if rd.status().get("state") == "preempted":
+        if rd.status().get("state") == RunState.PREEMPTED:
             raise RunPreempted(
                 f"run {rd.run_id} on {n} processes stopped at a checkpoint; {resume_hint}",
                 signal=rd.status().get("signal", ""),

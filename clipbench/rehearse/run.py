@@ -122,13 +122,13 @@ def train_kill_resume(
 def check_store(plan: Plan, run_dir: Path, uri: str) -> None:
     """The results store and the MLflow mirror are a finished run's: every optimizer step once, the
     micro-batch split, the evaluations; adds the parts."""
-    from clipbench.tracking.store import RunDir  # noqa: PLC0415 - tracking.store pulls in torch
+    from clipbench.tracking.store import RunDir, RunState  # noqa: PLC0415 - tracking.store pulls in torch
 
     rd = RunDir(run_dir)
     tc = plan.config["train"]
     st, rows = rd.status(), rd.read_metrics()
     want = list(range(1, STEPS * tc["mini_batches"] * tc["epochs"] + 1))
-    if st.get("state") != "finished" or [r["opt_step"] for r in rows] != want:
+    if st.get("state") != RunState.FINISHED or [r["opt_step"] for r in rows] != want:
         plan.add(
             "results store",
             "failed",

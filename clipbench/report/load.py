@@ -122,10 +122,10 @@ class Sweep:
         when every planned run (every run, without a manifest) is finished."""
         have = {r.run_id: r.state for r in self.runs}
         planned = self.planned if self.planned is not None else list(have)
-        out: dict = {"planned": len(planned), "finished": sum(1 for s in have.values() if s == "finished")}
+        out: dict = {"planned": len(planned), "finished": sum(1 for s in have.values() if s == RunState.FINISHED)}
         out["not_run"] = [rid for rid in planned if rid not in have]
         for r in self.runs:
-            if r.state != "finished":
+            if r.state != RunState.FINISHED:
                 out.setdefault(r.state, []).append(r.run_id)
         return out if len(out) > 3 or out["not_run"] else None
 
