@@ -173,3 +173,14 @@ def test_the_published_gate_is_rederived_from_its_per_seed_csv(study):
     assert round(sum(r["test_avg_end"] for r in g.values()) / len(g), 1) == 52.5
     summary = json.loads((OFFPOLICY / "replay" / "replay.json").read_text())
     assert study.replay_page(summary) == (OFFPOLICY / "replay" / "replay.md").read_text()
+
+
+def test_a_partial_follow_up_is_adjusted_over_the_whole_preregistered_family(study):
+    """With only the second build's claim run, its p is multiplied by 16 (Holm's first step over the
+    preregistered family), not by 1."""
+    rows = []
+    for i, seed in enumerate(range(100, 105)):
+        rows.append(row("grpo", 32, seed, 40.0 + NOISE[i], build="build2"))
+        rows.append(row("unclipped", 32, seed, 41.0 + NOISE[i] + SPREAD[i], build="build2"))
+    (c,) = study.followup(rows, lag=32)
+    assert study.FOLLOWUP_FAMILY == 16 and c["p_holm"] == pytest.approx(min(1.0, 16 * c["p_test"]))
